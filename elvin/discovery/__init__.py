@@ -1,0 +1,1 @@
+"""Router discovery: multicast advertisements and DNS-SD."""

@@ -1,0 +1,1 @@
+"""Router-to-router federation (Elvin federation protocol 1.0)."""

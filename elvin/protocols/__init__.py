@@ -1,0 +1,1 @@
+"""Transports and the XDR codec: bytes in, immutable packets out, and back."""

@@ -1,0 +1,626 @@
+"""Compile a checked subscription AST into a Python callable.
+
+Each node becomes a closure taking the notification (a dict in the form
+produced by ``elvin.values.normalise``) and returning a value, or for
+predicates True / False / None, where None is Elvin's *bottom*. A missing
+attribute or a value of the wrong type yields None, which propagates as the
+client protocol's Lukasiewicz logic table says.
+
+Compilation happens once per subscription; evaluating never walks the AST.
+Sub-trees that do not depend on the notification are folded to constants
+while compiling, which is also how a trivial (constant) expression is found.
+"""
+
+import math
+import unicodedata
+
+from elvin.subscription.ast import Kind
+from elvin.subscription import patterns
+from elvin.values import Int64
+
+__all__ = ["compile_tree", "Compiled"]
+
+_NUMERIC = (int, Int64, float)
+_INTEGER = (int, Int64)
+
+
+class Compiled:
+    """A compiled sub-tree: ``fn(attrs)``, and ``const`` when it is constant."""
+
+    __slots__ = ("fn", "const", "value")
+
+    def __init__(self, fn, const=False, value=None):
+        self.fn = fn
+        self.const = const
+        self.value = value
+
+
+def _constant(value):
+    return Compiled(lambda attrs: value, True, value)
+
+
+def compile_tree(root):
+    """Compile ``root`` (an already checked AST) to a ``Compiled``."""
+    return _compile(root)
+
+
+def _compile(node):
+    kind = node.kind
+    handler = _HANDLERS[kind]
+    return handler(node)
+
+
+def _fold(fn, children):
+    """Wrap ``fn``; if every child is constant, evaluate it now."""
+    if all(c.const for c in children):
+        return _constant(fn({}))
+    return Compiled(fn)
+
+
+# -- leaves -----------------------------------------------------------------
+
+def _name(node):
+    attribute = node.value
+
+    def fn(attrs):
+        return attrs.get(attribute)
+    return Compiled(fn)
+
+
+def _int32(node):
+    return _constant(node.value)
+
+
+def _int64(node):
+    return _constant(Int64(node.value))
+
+
+def _real64(node):
+    return _constant(float(node.value))
+
+
+def _string(node):
+    return _constant(node.value)
+
+
+# -- logic ------------------------------------------------------------------
+
+def _and(node):
+    parts = [_compile(c) for c in node.children]
+    if any(p.const and p.value is False for p in parts):
+        return _constant(False)
+    seed = None if any(p.const and p.value is None for p in parts) else True
+    fns = [p.fn for p in parts if not p.const]
+    if not fns:
+        return _constant(seed)
+    if len(fns) == 1 and seed is True:
+        return Compiled(fns[0])
+    if len(fns) == 2 and seed is True:
+        f1, f2 = fns
+
+        def fn2(attrs):
+            a = f1(attrs)
+            if a is False:
+                return False
+            b = f2(attrs)
+            if b is False:
+                return False
+            return True if (a is True and b is True) else None
+        return Compiled(fn2)
+
+    def fn(attrs):
+        result = seed
+        for f in fns:
+            v = f(attrs)
+            if v is False:
+                return False
+            if v is None:
+                result = None
+        return result
+    return Compiled(fn)
+
+
+def _or(node):
+    parts = [_compile(c) for c in node.children]
+    if any(p.const and p.value is True for p in parts):
+        return _constant(True)
+    seed = None if any(p.const and p.value is None for p in parts) else False
+    fns = [p.fn for p in parts if not p.const]
+    if not fns:
+        return _constant(seed)
+    if len(fns) == 1 and seed is False:
+        return Compiled(fns[0])
+    if len(fns) == 2 and seed is False:
+        f1, f2 = fns
+
+        def fn2(attrs):
+            a = f1(attrs)
+            if a is True:
+                return True
+            b = f2(attrs)
+            if b is True:
+                return True
+            return False if (a is False and b is False) else None
+        return Compiled(fn2)
+
+    def fn(attrs):
+        result = seed
+        for f in fns:
+            v = f(attrs)
+            if v is True:
+                return True
+            if v is None:
+                result = None
+        return result
+    return Compiled(fn)
+
+
+def _xor(node):
+    parts = [_compile(c) for c in node.children]
+    fns = [p.fn for p in parts]
+
+    def fn(attrs):
+        result = False
+        for f in fns:
+            v = f(attrs)
+            if v is None:
+                return None
+            result = result is not v
+        return result
+    if any(p.const and p.value is None for p in parts):
+        return _constant(None)
+    return _fold(fn, parts)
+
+
+def _not(node):
+    (part,) = [_compile(c) for c in node.children]
+    f = part.fn
+
+    def fn(attrs):
+        v = f(attrs)
+        return None if v is None else not v
+    return _fold(fn, [part])
+
+
+# -- comparison -------------------------------------------------------------
+
+def _real_compare(a, b):
+    """Total order on real64 as Java's ``Double.compare`` (what Avis uses).
+
+    The spec (6.1.11) defines real64 equality as equal sign, mantissa and
+    exponent, so NaN equals NaN and -0.0 differs from 0.0; NaN sorts above
+    every other value and -0.0 below 0.0.
+    """
+    if a < b:
+        return -1
+    if a > b:
+        return 1
+    if a == b:
+        if a == 0.0:
+            sa = math.copysign(1.0, a)
+            sb = math.copysign(1.0, b)
+            return 0 if sa == sb else (-1 if sa < sb else 1)
+        return 0
+    a_nan = a != a
+    b_nan = b != b
+    if a_nan and b_nan:
+        return 0
+    return 1 if a_nan else -1
+
+
+def _equal(a, b):
+    """Elvin equality: True/False for comparable values, else None."""
+    ta = type(a)
+    tb = type(b)
+    if ta is str:
+        return (a == b) if tb is str else None
+    if ta in _NUMERIC and tb in _NUMERIC:
+        if ta is float or tb is float:
+            return _real_compare(float(a), float(b)) == 0
+        return a == b
+    return None
+
+
+def _comparison(op):
+    """An ordering predicate; ``op`` is applied to ints or to a -1/0/1 order."""
+    def handler(node):
+        parts = [_compile(c) for c in node.children]
+        f1, f2 = parts[0].fn, parts[1].fn
+
+        def fn(attrs):
+            a = f1(attrs)
+            b = f2(attrs)
+            ta = type(a)
+            tb = type(b)
+            if ta not in _NUMERIC or tb not in _NUMERIC:
+                return None
+            if ta is float or tb is float:
+                return op(_real_compare(float(a), float(b)), 0)
+            return op(a, b)
+        return _fold(fn, parts)
+    return handler
+
+
+def _equals_node(negate):
+    def handler(node):
+        parts = [_compile(c) for c in node.children]
+        f1, f2 = parts[0].fn, parts[1].fn
+        if parts[1].const and type(parts[1].value) is str:
+            literal = parts[1].value
+
+            def fn(attrs):
+                a = f1(attrs)
+                if type(a) is not str:
+                    return None
+                return (a != literal) if negate else (a == literal)
+        elif negate:
+            def fn(attrs):
+                v = _equal(f1(attrs), f2(attrs))
+                return None if v is None else not v
+        else:
+            def fn(attrs):
+                return _equal(f1(attrs), f2(attrs))
+        return _fold(fn, parts)
+    return handler
+
+
+# -- arithmetic -------------------------------------------------------------
+
+def _wrap32(v):
+    return ((v + 0x80000000) & 0xFFFFFFFF) - 0x80000000
+
+
+def _wrap64(v):
+    return Int64(((v + 0x8000000000000000) & 0xFFFFFFFFFFFFFFFF) - 0x8000000000000000)
+
+
+def _int_result(a, b, value):
+    """``value`` wrapped to the promoted integer type of ``a`` and ``b``."""
+    if type(a) is Int64 or type(b) is Int64:
+        return _wrap64(value)
+    return _wrap32(value)
+
+
+def _trunc_div(a, b):
+    q = abs(a) // abs(b)
+    return q if (a < 0) == (b < 0) else -q
+
+
+def _trunc_mod(a, b):
+    r = abs(a) % abs(b)
+    return -r if a < 0 else r
+
+
+def _real_div(a, b):
+    try:
+        return a / b
+    except ZeroDivisionError:
+        if a != a or a == 0.0:
+            return math.nan
+        return math.copysign(math.inf, a) * math.copysign(1.0, b)
+
+
+def _real_mod(a, b):
+    try:
+        return math.fmod(a, b)
+    except ValueError:
+        return math.nan
+
+
+def _add(a, b):
+    if type(a) is float or type(b) is float:
+        return float(a) + float(b)
+    return _int_result(a, b, a + b)
+
+
+def _sub(a, b):
+    if type(a) is float or type(b) is float:
+        return float(a) - float(b)
+    return _int_result(a, b, a - b)
+
+
+def _mul(a, b):
+    if type(a) is float or type(b) is float:
+        try:
+            return float(a) * float(b)
+        except OverflowError:  # pragma: no cover - floats saturate
+            return math.inf
+    return _int_result(a, b, a * b)
+
+
+def _div(a, b):
+    if type(a) is float or type(b) is float:
+        return _real_div(float(a), float(b))
+    if b == 0:
+        return None
+    return _int_result(a, b, _trunc_div(a, b))
+
+
+def _mod(a, b):
+    if type(a) is float or type(b) is float:
+        return _real_mod(float(a), float(b))
+    if b == 0:
+        return None
+    return _int_result(a, b, _trunc_mod(a, b))
+
+
+def _int_bits(a, b):
+    return 64 if (type(a) is Int64 or type(b) is Int64) else 32
+
+
+def _shl(a, b):
+    bits = _int_bits(a, b)
+    return _int_result(a, b, a << (b & (bits - 1)))
+
+
+def _shr(a, b):
+    bits = _int_bits(a, b)
+    return _int_result(a, b, a >> (b & (bits - 1)))
+
+
+def _ushr(a, b):
+    bits = _int_bits(a, b)
+    mask = (1 << bits) - 1
+    return _int_result(a, b, (a & mask) >> (b & (bits - 1)))
+
+
+def _band(a, b):
+    return _int_result(a, b, a & b)
+
+
+def _bor(a, b):
+    return _int_result(a, b, a | b)
+
+
+def _bxor(a, b):
+    return _int_result(a, b, a ^ b)
+
+
+def _arith(op, operand_types):
+    def handler(node):
+        parts = [_compile(c) for c in node.children]
+        f1, f2 = parts[0].fn, parts[1].fn
+
+        def fn(attrs):
+            a = f1(attrs)
+            b = f2(attrs)
+            if type(a) not in operand_types or type(b) not in operand_types:
+                return None
+            return op(a, b)
+        return _fold(fn, parts)
+    return handler
+
+
+def _unary(op, operand_types):
+    def handler(node):
+        (part,) = [_compile(c) for c in node.children]
+        f = part.fn
+
+        def fn(attrs):
+            a = f(attrs)
+            if type(a) not in operand_types:
+                return None
+            return op(a)
+        return _fold(fn, [part])
+    return handler
+
+
+def _negate(a):
+    if type(a) is float:
+        return -a
+    if type(a) is Int64:
+        return _wrap64(-a)
+    return _wrap32(-a)
+
+
+def _invert(a):
+    return Int64(~a) if type(a) is Int64 else ~a
+
+
+# -- functions --------------------------------------------------------------
+
+def _type_test(expected):
+    def handler(node):
+        attribute = node.children[0].value
+
+        def fn(attrs):
+            v = attrs.get(attribute)
+            if v is None:
+                return None
+            return type(v) is expected
+        return Compiled(fn)
+    return handler
+
+
+def _is_nan(node):
+    attribute = node.children[0].value
+
+    def fn(attrs):
+        v = attrs.get(attribute)
+        if v is None:
+            return None
+        if type(v) is not float:
+            return None
+        return v != v
+    return Compiled(fn)
+
+
+def _type_test_opaque(node):
+    attribute = node.children[0].value
+
+    def fn(attrs):
+        v = attrs.get(attribute)
+        if v is None:
+            return None
+        return type(v) is bytes
+    return Compiled(fn)
+
+
+def _require(node):
+    attribute = node.children[0].value
+
+    def fn(attrs):
+        return True if attribute in attrs else None
+    return Compiled(fn)
+
+
+def _string_predicate(make_test):
+    def handler(node):
+        subject = _compile(node.children[0])
+        literals = tuple(c.value for c in node.children[1:])
+        test = make_test(literals)
+        f = subject.fn
+
+        def fn(attrs):
+            v = f(attrs)
+            if type(v) is not str:
+                return None
+            return test(v)
+        return _fold(fn, [subject])
+    return handler
+
+
+def _begins_with(literals):
+    return lambda v: v.startswith(literals)
+
+
+def _ends_with(literals):
+    return lambda v: v.endswith(literals)
+
+
+def _contains(literals):
+    if len(literals) == 1:
+        (needle,) = literals
+        return lambda v: needle in v
+    return lambda v: any(n in v for n in literals)
+
+
+def _wildcard(literals):
+    matcher = patterns.compile_wildcards(literals)
+    return lambda v: matcher(v) is not None
+
+
+def _regex(literals):
+    matcher = patterns.compile_regexes(literals)
+    return lambda v: matcher(v) is not None
+
+
+def _string_function(transform):
+    def handler(node):
+        (part,) = [_compile(c) for c in node.children]
+        f = part.fn
+
+        def fn(attrs):
+            v = f(attrs)
+            if type(v) is not str:
+                return None
+            return transform(v)
+        return _fold(fn, [part])
+    return handler
+
+
+def _size(node):
+    (part,) = [_compile(c) for c in node.children]
+    f = part.fn
+
+    def fn(attrs):
+        v = f(attrs)
+        t = type(v)
+        if t is str:
+            return len(v.encode("utf-8"))
+        if t is bytes:
+            return len(v)
+        return None
+    return _fold(fn, [part])
+
+
+def _func_equals(node):
+    parts = [_compile(c) for c in node.children]
+    subject = parts[0].fn
+    others = [p.fn for p in parts[1:]]
+    constants = [p.value for p in parts[1:]] if all(p.const for p in parts[1:]) else None
+    if constants is not None and all(type(c) is str for c in constants):
+        choices = frozenset(constants)
+
+        def fn(attrs):
+            v = subject(attrs)
+            if type(v) is not str:
+                return None
+            return v in choices
+        return _fold(fn, parts)
+
+    def fn(attrs):
+        v = subject(attrs)
+        if v is None or type(v) is bytes:
+            return None
+        result = False
+        for other in others:
+            r = _equal(v, other(attrs))
+            if r is True:
+                return True
+            if r is None:
+                result = None
+        return result
+    return _fold(fn, parts)
+
+
+def _casefold(v):
+    return v.casefold()
+
+
+def _nfd(v):
+    return unicodedata.normalize("NFD", v)
+
+
+def _nfkd(v):
+    return unicodedata.normalize("NFKD", v)
+
+
+_HANDLERS = {
+    Kind.NAME: _name,
+    Kind.INT32: _int32,
+    Kind.INT64: _int64,
+    Kind.REAL64: _real64,
+    Kind.STRING: _string,
+    Kind.AND: _and,
+    Kind.OR: _or,
+    Kind.XOR: _xor,
+    Kind.NOT: _not,
+    Kind.EQUALS: _equals_node(False),
+    Kind.NOT_EQUALS: _equals_node(True),
+    Kind.LESS_THAN: _comparison(lambda a, b: a < b),
+    Kind.LESS_THAN_EQUALS: _comparison(lambda a, b: a <= b),
+    Kind.GREATER_THAN: _comparison(lambda a, b: a > b),
+    Kind.GREATER_THAN_EQUALS: _comparison(lambda a, b: a >= b),
+    Kind.ADD: _arith(_add, _NUMERIC),
+    Kind.SUBTRACT: _arith(_sub, _NUMERIC),
+    Kind.MULTIPLY: _arith(_mul, _NUMERIC),
+    Kind.DIVIDE: _arith(_div, _NUMERIC),
+    Kind.MODULO: _arith(_mod, _NUMERIC),
+    Kind.SHIFT_LEFT: _arith(_shl, _INTEGER),
+    Kind.SHIFT_RIGHT: _arith(_shr, _INTEGER),
+    Kind.LOGICAL_SHIFT_RIGHT: _arith(_ushr, _INTEGER),
+    Kind.BIT_AND: _arith(_band, _INTEGER),
+    Kind.BIT_OR: _arith(_bor, _INTEGER),
+    Kind.BIT_XOR: _arith(_bxor, _INTEGER),
+    Kind.UNARY_MINUS: _unary(_negate, _NUMERIC),
+    Kind.UNARY_PLUS: _unary(lambda a: a, _NUMERIC),
+    Kind.BIT_NEGATE: _unary(_invert, _INTEGER),
+    Kind.FUNC_INT32: _type_test(int),
+    Kind.FUNC_INT64: _type_test(Int64),
+    Kind.FUNC_REAL64: _type_test(float),
+    Kind.FUNC_STRING: _type_test(str),
+    Kind.FUNC_OPAQUE: _type_test_opaque,
+    Kind.FUNC_NAN: _is_nan,
+    Kind.FUNC_REQUIRE: _require,
+    Kind.FUNC_BEGINS_WITH: _string_predicate(_begins_with),
+    Kind.FUNC_ENDS_WITH: _string_predicate(_ends_with),
+    Kind.FUNC_CONTAINS: _string_predicate(_contains),
+    Kind.FUNC_WILDCARD: _string_predicate(_wildcard),
+    Kind.FUNC_REGEX: _string_predicate(_regex),
+    Kind.FUNC_FOLD_CASE: _string_function(_casefold),
+    Kind.FUNC_DECOMPOSE: _string_function(_nfd),
+    Kind.FUNC_DECOMPOSE_COMPAT: _string_function(_nfkd),
+    Kind.FUNC_SIZE: _size,
+    Kind.FUNC_EQUALS: _func_equals,
+}

@@ -1,0 +1,356 @@
+"""PLY grammar for the subscription language: text to SubAST.
+
+Operator precedence, loosest first (docs/subscription-language.md):
+
+    ||   ^^   &&   !   == != < <= > >=   + -   * / %   << >> >>>   |   ^   &
+    unary - + ~
+
+as the language reference states (multiplicative operators bind looser
+than the bitwise ones; ``!`` binds tighter than ``&&`` but looser than a
+comparison, so ``! x == 1`` is ``!(x == 1)``). Chains of ``&&``, ``||`` and
+``^^`` that are not parenthesised become one n-ary node, as other routers
+do; parenthesised groups are kept, so printing and re-parsing a tree gives
+the same tree.
+
+A minus sign written directly before a number in prefix position is part of
+the literal (``-2147483648`` is a valid int32), as section 6.1.4 says.
+"""
+
+import ply.yacc as yacc
+
+from elvin import errors
+from elvin.errors import SubscriptionError
+from elvin.subscription import lexer as _lexer
+from elvin.subscription.ast import Kind, Node
+from elvin.values import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
+
+__all__ = ["parse", "ParseResult", "FUNCTIONS", "MAX_DEPTH"]
+
+#: Deepest nesting accepted (parentheses, or the height of the tree).
+MAX_DEPTH = 128
+
+#: function name -> (kind, minimum args, maximum args or None)
+FUNCTIONS = {
+    "require": (Kind.FUNC_REQUIRE, 1, 1),
+    "int32": (Kind.FUNC_INT32, 1, 1),
+    "int64": (Kind.FUNC_INT64, 1, 1),
+    "real64": (Kind.FUNC_REAL64, 1, 1),
+    "string": (Kind.FUNC_STRING, 1, 1),
+    "opaque": (Kind.FUNC_OPAQUE, 1, 1),
+    "nan": (Kind.FUNC_NAN, 1, 1),
+    "begins-with": (Kind.FUNC_BEGINS_WITH, 2, None),
+    "ends-with": (Kind.FUNC_ENDS_WITH, 2, None),
+    "contains": (Kind.FUNC_CONTAINS, 2, None),
+    "wildcard": (Kind.FUNC_WILDCARD, 2, None),
+    "regex": (Kind.FUNC_REGEX, 2, None),
+    "equals": (Kind.FUNC_EQUALS, 2, None),
+    "size": (Kind.FUNC_SIZE, 1, 1),
+    "fold-case": (Kind.FUNC_FOLD_CASE, 1, 1),
+    "decompose": (Kind.FUNC_DECOMPOSE, 1, 1),
+    "decompose-compat": (Kind.FUNC_DECOMPOSE_COMPAT, 1, 1),
+}
+
+_BINARY = {
+    "||": Kind.OR, "^^": Kind.XOR, "&&": Kind.AND,
+    "==": Kind.EQUALS, "!=": Kind.NOT_EQUALS, "<": Kind.LESS_THAN,
+    "<=": Kind.LESS_THAN_EQUALS, ">": Kind.GREATER_THAN,
+    ">=": Kind.GREATER_THAN_EQUALS,
+    "+": Kind.ADD, "-": Kind.SUBTRACT, "*": Kind.MULTIPLY, "/": Kind.DIVIDE,
+    "%": Kind.MODULO, "<<": Kind.SHIFT_LEFT, ">>": Kind.SHIFT_RIGHT,
+    ">>>": Kind.LOGICAL_SHIFT_RIGHT, "&": Kind.BIT_AND, "^": Kind.BIT_XOR,
+    "|": Kind.BIT_OR,
+}
+
+_NARY = (Kind.AND, Kind.OR, Kind.XOR)
+
+# Tokens after which a '-' is a prefix (sign), not a subtraction.
+_PREFIX_CONTEXT = frozenset({
+    None, "OR", "XOR", "AND", "NOT", "EQ", "NE", "LT", "LE", "GT", "GE",
+    "PLUS", "MINUS", "TIMES", "DIVIDE", "MOD", "LSHIFT", "RSHIFT", "URSHIFT",
+    "BITAND", "BITXOR", "BITOR", "TILDE", "LPAREN", "COMMA"})
+
+
+class ParseResult:
+    """The tree and where each node started in the text (for error offsets)."""
+
+    __slots__ = ("tree", "offsets", "op_offsets", "text")
+
+    def __init__(self, tree, offsets, op_offsets, text):
+        self.tree = tree
+        self.offsets = offsets
+        self.op_offsets = op_offsets
+        self.text = text
+
+
+class _Grammar:
+    tokens = _lexer.tokens
+
+    precedence = (
+        ("left", "OR"),
+        ("left", "XOR"),
+        ("left", "AND"),
+        ("right", "NOT"),
+        ("nonassoc", "EQ", "NE", "LT", "LE", "GT", "GE"),
+        ("left", "PLUS", "MINUS"),
+        ("left", "TIMES", "DIVIDE", "MOD"),
+        ("left", "LSHIFT", "RSHIFT", "URSHIFT"),
+        ("left", "BITOR"),
+        ("left", "BITXOR"),
+        ("left", "BITAND"),
+        ("right", "UMINUS", "UPLUS", "TILDE"),
+    )
+
+    def __init__(self):
+        self.state = None
+
+    # The state of one parse lives in ``self.state`` (a _ParseState).
+
+    def p_expression(self, p):
+        "expression : expr"
+        p[0] = p[1]
+
+    def p_expr_binary(self, p):
+        """expr : expr OR expr
+                | expr XOR expr
+                | expr AND expr
+                | expr EQ expr
+                | expr NE expr
+                | expr LT expr
+                | expr LE expr
+                | expr GT expr
+                | expr GE expr
+                | expr PLUS expr
+                | expr MINUS expr
+                | expr TIMES expr
+                | expr DIVIDE expr
+                | expr MOD expr
+                | expr LSHIFT expr
+                | expr RSHIFT expr
+                | expr URSHIFT expr
+                | expr BITAND expr
+                | expr BITXOR expr
+                | expr BITOR expr"""
+        kind = _BINARY[p[2]]
+        left, right = p[1], p[3]
+        s = self.state
+        if kind in _NARY and left.kind == kind and id(left) not in s.grouped:
+            result = Node(kind, None, left.children + (right,))
+        else:
+            result = Node(kind, None, (left, right))
+        s.keep(result, s.offsets.get(id(left), p.lexpos(2)))
+        s.op_offsets[id(result)] = p.lexpos(2)
+        p[0] = result
+
+    def p_expr_not(self, p):
+        "expr : NOT expr"
+        p[0] = self.state.keep(Node(Kind.NOT, None, (p[2],)), p.lexpos(1))
+
+    def p_expr_unary(self, p):
+        """expr : MINUS expr %prec UMINUS
+                | PLUS expr %prec UPLUS
+                | TILDE expr"""
+        kind = {"-": Kind.UNARY_MINUS, "+": Kind.UNARY_PLUS, "~": Kind.BIT_NEGATE}[p[1]]
+        p[0] = self.state.keep(Node(kind, None, (p[2],)), p.lexpos(1))
+
+    def p_expr_group(self, p):
+        "expr : LPAREN expr RPAREN"
+        p[0] = p[2]
+        self.state.grouped.add(id(p[2]))
+
+    def p_expr_call(self, p):
+        "expr : NAME LPAREN args RPAREN"
+        p[0] = self._call(p, p[3])
+
+    def p_expr_call_empty(self, p):
+        "expr : NAME LPAREN RPAREN"
+        p[0] = self._call(p, [])
+
+    def _call(self, p, args):
+        function, raw = p[1]
+        offset = p.lexpos(1)
+        spec = FUNCTIONS.get(function)
+        if spec is None:
+            raise SubscriptionError(errors.UNKNOWN_FUNC, offset,
+                                    f"unknown function {raw!r} at offset {offset}", raw)
+        kind, low, high = spec
+        if len(args) < low:
+            raise SubscriptionError(
+                errors.TOO_FEW_ARGS, offset,
+                f"too few arguments to {function}() at offset {offset}: "
+                f"needs at least {low}, got {len(args)}", function)
+        if high is not None and len(args) > high:
+            raise SubscriptionError(
+                errors.TOO_MANY_ARGS, offset,
+                f"too many arguments to {function}() at offset {offset}: "
+                f"takes at most {high}, got {len(args)}", function)
+        return self.state.keep(Node(kind, None, args), offset)
+
+    def p_args_one(self, p):
+        "args : expr"
+        p[0] = [p[1]]
+
+    def p_args_more(self, p):
+        "args : args COMMA expr"
+        p[1].append(p[3])
+        p[0] = p[1]
+
+    def p_expr_name(self, p):
+        "expr : NAME"
+        p[0] = self.state.keep(Node(Kind.NAME, p[1][0]), p.lexpos(1))
+
+    def p_expr_int(self, p):
+        "expr : INT"
+        p[0] = self.state.keep(_integer(p[1], p.lexpos(1)), p.lexpos(1))
+
+    def p_expr_real(self, p):
+        "expr : REAL"
+        p[0] = self.state.keep(_real(p[1], p.lexpos(1)), p.lexpos(1))
+
+    def p_expr_string(self, p):
+        "expr : STRING"
+        p[0] = self.state.keep(Node(Kind.STRING, p[1]), p.lexpos(1))
+
+    def p_error(self, tok):
+        text = self.state.text
+        if tok is None:
+            raise SubscriptionError(errors.PARSE_ERROR, len(text),
+                                    f"unexpected end of expression at offset {len(text)}", "")
+        shown = text[tok.lexpos:tok.lexpos + 20]
+        raise SubscriptionError(errors.PARSE_ERROR, tok.lexpos,
+                                f"syntax error at offset {tok.lexpos} near {shown!r}",
+                                _token_text(tok))
+
+
+class _ParseState:
+    __slots__ = ("text", "offsets", "op_offsets", "grouped")
+
+    def __init__(self, text):
+        self.text = text
+        self.offsets = {}
+        self.op_offsets = {}
+        self.grouped = set()
+
+    def keep(self, node, offset):
+        self.offsets[id(node)] = offset
+        return node
+
+
+def _token_text(tok):
+    if tok.type == "NAME":
+        return tok.value[1]
+    return str(tok.value)
+
+
+def _integer(text, offset):
+    body = text
+    wide = body[-1] in "lL"
+    if wide:
+        body = body[:-1]
+    negative = body.startswith("-")
+    digits = body[1:] if negative else body
+    if digits[:2] in ("0x", "0X"):
+        value = int(digits[2:], 16)
+    elif len(digits) > 1 and digits[0] == "0":
+        if any(c in "89" for c in digits):
+            raise SubscriptionError(errors.INVALID_TOKEN, offset,
+                                    f"invalid octal literal {text!r} at offset {offset}", text)
+        value = int(digits, 8)
+    else:
+        value = int(digits, 10)
+    if negative:
+        value = -value
+    if wide:
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise SubscriptionError(errors.OVERFLOW, offset,
+                                    f"int64 literal {text!r} at offset {offset} is out of range",
+                                    text)
+        return Node(Kind.INT64, value)
+    if not INT32_MIN <= value <= INT32_MAX:
+        raise SubscriptionError(
+            errors.OVERFLOW, offset,
+            f"int32 literal {text!r} at offset {offset} is out of range "
+            "(add an L suffix for int64)", text)
+    return Node(Kind.INT32, value)
+
+
+def _real(text, offset):
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise SubscriptionError(errors.OVERFLOW, offset,
+                                f"real64 literal {text!r} at offset {offset} is out of range",
+                                text)
+    return Node(Kind.REAL64, value)
+
+
+_GRAMMAR = None
+_PARSER = None
+
+
+def _parser():
+    global _GRAMMAR, _PARSER
+    if _PARSER is None:
+        _GRAMMAR = _Grammar()
+        _PARSER = yacc.yacc(module=_GRAMMAR, write_tables=False, debug=False,
+                            errorlog=yacc.NullLogger())
+    return _GRAMMAR, _PARSER
+
+
+class _TokenStream:
+    """Feeds pre-scanned tokens to yacc (PLY's ``lexer`` protocol)."""
+
+    def __init__(self, toks):
+        self._iter = iter(toks)
+
+    def token(self):
+        return next(self._iter, None)
+
+
+def _merge_signs(toks, text):
+    """Fold a '-' directly before a number in prefix position into it,
+    and enforce the parenthesis nesting limit."""
+    out = []
+    previous = None
+    depth = 0
+    i = 0
+    n = len(toks)
+    while i < n:
+        tok = toks[i]
+        if tok.type == "LPAREN":
+            depth += 1
+            if depth > MAX_DEPTH:
+                raise SubscriptionError(
+                    errors.NESTING_TOO_DEEP, tok.lexpos,
+                    f"expression nested more than {MAX_DEPTH} deep at offset {tok.lexpos}")
+        elif tok.type == "RPAREN":
+            depth -= 1
+        if (tok.type == "MINUS" and previous in _PREFIX_CONTEXT and i + 1 < n
+                and toks[i + 1].type in ("INT", "REAL")
+                and toks[i + 1].lexpos == tok.lexpos + 1):
+            number = toks[i + 1]
+            number.value = "-" + number.value
+            number.lexpos = tok.lexpos
+            out.append(number)
+            previous = number.type
+            i += 2
+            continue
+        out.append(tok)
+        previous = tok.type
+        i += 1
+    return out
+
+
+def parse(text):
+    """Parse subscription ``text`` into a ParseResult; raises SubscriptionError."""
+    if not isinstance(text, str):
+        raise TypeError(f"subscription expression must be str, not {type(text).__name__}")
+    toks = _merge_signs(_lexer.tokenize(text), text)
+    if not toks:
+        raise SubscriptionError(errors.PARSE_ERROR, 0, "empty subscription expression", "")
+    grammar, parser = _parser()
+    state = _ParseState(text)
+    grammar.state = state
+    try:
+        tree = parser.parse(lexer=_TokenStream(toks), tracking=False)
+    finally:
+        grammar.state = None
+    return ParseResult(tree, state.offsets, state.op_offsets, text)

@@ -1,0 +1,412 @@
+"""Parsing and formatting of ``elvin:`` URIs.
+
+Elvin routers advertise their endpoints, and clients name the router they
+want, with URIs defined by the "Elvin URI Scheme" draft
+(``/work/shared/specs/elvin-uri-scheme.m4.txt``)::
+
+    elvin_opaque_part = [ version ] "/" protocol "/" endpoint options
+    version           = 1*digit [ "." 1*digit ]
+    protocol          = protocol_name *( "," protocol_name )
+    options           = *( ";" option_name [ "=" option_value ] )
+    tcp_endpoint      = host [ ":" port ]        ; host as in RFC 2732
+
+for example ``elvin:4.0/tcp,none,xdr/router.example.com:2917;opt=v``.
+
+The router needs one strict, well-specified parser so that a URI given on
+the command line, in a config file or in a discovery advert always means
+the same thing, and so that a bad URI is reported once, clearly, as an
+:class:`InvalidURIError` (a :class:`ValueError`) naming the offending text,
+instead of failing later with a socket error.
+
+Decisions taken where the draft is silent (see :class:`ElvinURI`):
+
+* the version may be ``major`` alone (the grammar allows it); the minor
+  number then defaults to 0.  Any well-formed version is accepted: version
+  compatibility is negotiated by the protocol, not by the parser.
+* the protocol stack is exactly three modules,
+  ``transport,security,marshalling`` (the Elvin 4 client protocol layering),
+  or one of the two aliases: ``""`` (``tcp,none,xdr``) and ``secure``
+  (``ssl,none,xdr``, as the draft says).  Module names and aliases are
+  case-insensitive and are normalised to lower case.
+* the endpoint is parsed as ``host[:port]`` for every transport; the port
+  must be 1-65535 and, if the ``:`` is present, non-empty.
+* option names and values are percent-decoded as UTF-8; an option without
+  ``=`` has the value ``""``; a repeated option name is an error.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Mapping
+from urllib.parse import quote, unquote_to_bytes
+
+__all__ = [
+    "DEFAULT_PORT",
+    "DEFAULT_PROTOCOL",
+    "DEFAULT_VERSION",
+    "SECURE_PROTOCOL",
+    "PROTOCOL_ALIASES",
+    "ElvinURI",
+    "InvalidURIError",
+    "default_port",
+]
+
+#: The IANA-style well-known port for Elvin routers (used when a URI omits it).
+DEFAULT_PORT = 2917
+
+#: Protocol version of the URI syntax implemented here (used when omitted).
+DEFAULT_VERSION = (4, 0)
+
+#: The stack meant by the empty protocol alias, e.g. ``elvin://host``.
+DEFAULT_PROTOCOL = ("tcp", "none", "xdr")
+
+#: The stack meant by the ``secure`` alias, as defined by the draft.
+SECURE_PROTOCOL = ("ssl", "none", "xdr")
+
+#: Textual substitutions clients MUST perform on the protocol component.
+PROTOCOL_ALIASES: Mapping[str, tuple[str, str, str]] = {
+    "": DEFAULT_PROTOCOL,
+    "secure": SECURE_PROTOCOL,
+}
+
+#: Transport modules, and security modules, that encrypt the connection.
+_SECURE_TRANSPORTS = frozenset({"ssl", "tls"})
+_SECURE_SECURITY = frozenset({"ssl", "tls"})
+
+_SCHEME = "elvin"
+
+# All patterns are ASCII-only on purpose: "\d" would accept e.g. Arabic-Indic
+# digits, which are not URI characters.
+_VERSION_RE = re.compile(r"([0-9]+)(?:\.([0-9]+))?\Z")
+# official_name = alpha *( alphanum ); experimental_name = "x-" official_name
+_PROTOCOL_NAME_RE = re.compile(r"(?:x-)?[A-Za-z][A-Za-z0-9]*\Z", re.IGNORECASE)
+# RFC 2396 hostname with the RFC 1123 relaxation (labels may start with a
+# digit), which also covers RFC 2396 IPv4address; optional trailing dot.
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_HOSTNAME_RE = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?\Z")
+_PORT_RE = re.compile(r"[0-9]+\Z")
+# RFC 2396: unreserved = alphanum | mark; escaped = "%" hex hex
+_UNRESERVED = r"A-Za-z0-9\-_.!~*'()"
+_ESCAPED_TEXT_RE = re.compile(rf"(?:[{_UNRESERVED}]|%[0-9A-Fa-f]{{2}})*\Z")
+_OPTION_NAME_START_RE = re.compile(r"[A-Za-z]")
+# Characters left unescaped when formatting options: RFC 2396 unreserved.
+_OPTION_SAFE = "-_.!~*'()"
+
+_MAX_PORT = 65535
+
+
+class InvalidURIError(ValueError):
+    """An Elvin URI could not be parsed.
+
+    A ``ValueError`` subclass so callers that validate generic user input can
+    catch it as such.  ``uri`` is the offending text and ``reason`` says what
+    was wrong with it; both appear in the message.
+    """
+
+    def __init__(self, uri: object, reason: str) -> None:
+        self.uri = uri
+        self.reason = reason
+        super().__init__(f"invalid Elvin URI {uri!r}: {reason}")
+
+
+def default_port() -> int:
+    """Return :data:`DEFAULT_PORT`, the port used when a URI names none."""
+    return DEFAULT_PORT
+
+
+class ElvinURI:
+    """A parsed ``elvin:`` URI identifying an Elvin router endpoint.
+
+    ``ElvinURI(text)`` parses *text* or raises :class:`InvalidURIError`.
+    Instances are immutable and hashable (so they can key the router's
+    endpoint tables); equality compares the parsed fields, so equivalent
+    spellings such as ``elvin://host`` and ``elvin:4.0/tcp,none,xdr/host:2917``
+    are equal.  ``str()`` gives the canonical form, which always re-parses to
+    an equal object.
+
+    Attributes (read-only):
+
+    ``version``      ``(major, minor)``, default ``(4, 0)``
+    ``protocol``     ``(transport, security, marshalling)``, aliases expanded
+    ``host``         host name or address, IPv6 without brackets
+    ``port``         ``int``, default :data:`DEFAULT_PORT`
+    ``options``      ``dict`` of percent-decoded options, in URI order
+                     (a fresh copy on every access)
+    """
+
+    __slots__ = ("_version", "_protocol", "_host", "_port", "_options")
+
+    _version: tuple[int, int]
+    _protocol: tuple[str, str, str]
+    _host: str
+    _port: int
+    _options: tuple[tuple[str, str], ...]
+
+    def __init__(self, text: str) -> None:
+        if not isinstance(text, str):
+            raise InvalidURIError(
+                text, f"expected a str, not {type(text).__name__}")
+        try:
+            fields = _parse(text)
+        except InvalidURIError:
+            raise
+        except Exception as e:  # pragma: no cover - defensive
+            # The contract is that bad input only ever raises InvalidURIError.
+            raise InvalidURIError(text, f"unparseable ({e})") from e
+        for name, value in zip(self.__slots__, fields):
+            object.__setattr__(self, name, value)
+
+    # -- immutability --------------------------------------------------------
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __reduce__(self):
+        """Pickle/copy via the canonical text (``__setattr__`` is blocked)."""
+        return (type(self), (str(self),))
+
+    # -- fields --------------------------------------------------------------
+
+    @property
+    def version(self) -> tuple[int, int]:
+        """Protocol version as ``(major, minor)``."""
+        return self._version
+
+    @property
+    def protocol(self) -> tuple[str, str, str]:
+        """Protocol stack ``(transport, security, marshalling)``."""
+        return self._protocol
+
+    @property
+    def transport(self) -> str:
+        """Transport module name, e.g. ``"tcp"`` or ``"ssl"``."""
+        return self._protocol[0]
+
+    @property
+    def security(self) -> str:
+        """Security module name, e.g. ``"none"`` or ``"ssl"``."""
+        return self._protocol[1]
+
+    @property
+    def marshalling(self) -> str:
+        """Marshalling module name, e.g. ``"xdr"``."""
+        return self._protocol[2]
+
+    @property
+    def host(self) -> str:
+        """Host name or IP address (IPv6 literals without brackets)."""
+        return self._host
+
+    @property
+    def port(self) -> int:
+        """TCP port number, 1-65535."""
+        return self._port
+
+    @property
+    def options(self) -> dict[str, str]:
+        """URI options as a new ``{name: value}`` dict, in URI order."""
+        return dict(self._options)
+
+    @property
+    def is_secure(self) -> bool:
+        """True if the stack encrypts the connection (TLS/SSL transport or
+        security layer), e.g. ``secure``, ``ssl,none,xdr`` or ``tcp,ssl,xdr``.
+        """
+        return (self.transport in _SECURE_TRANSPORTS
+                or self.security in _SECURE_SECURITY)
+
+    # -- comparison and text -------------------------------------------------
+
+    def _key(self) -> tuple:
+        # Options compare as a set: their order carries no meaning.
+        return (self._version, self._protocol, self._host, self._port,
+                frozenset(self._options))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ElvinURI):
+            return NotImplemented
+        return self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __str__(self) -> str:
+        major, minor = self._version
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        text = (f"{_SCHEME}:{major}.{minor}/{','.join(self._protocol)}/"
+                f"{host}:{self._port}")
+        return text + "".join(f";{_quote(name)}={_quote(value)}"
+                              for name, value in self._options)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self)!r})"
+
+
+# -- parsing -----------------------------------------------------------------
+
+
+def _parse(text: str) -> tuple:
+    """Split *text* into ElvinURI fields, or raise InvalidURIError."""
+
+    def fail(reason: str) -> InvalidURIError:
+        return InvalidURIError(text, reason)
+
+    scheme, colon, rest = text.partition(":")
+    if not colon:
+        raise fail("missing 'elvin:' scheme")
+    if not scheme.isascii() or scheme.lower() != _SCHEME:
+        raise fail(f"wrong scheme {scheme!r}, expected 'elvin'")
+
+    # [ version ] "/" protocol "/" endpoint options
+    version_text, slash, rest = rest.partition("/")
+    if not slash:
+        raise fail("missing '/' before the protocol stack "
+                   "(expected elvin:[version]/[protocol]/host)")
+    version = _parse_version(version_text, fail)
+
+    protocol_text, slash, rest = rest.partition("/")
+    if not slash:
+        raise fail("missing '/' between the protocol stack and the endpoint "
+                   "(expected elvin:[version]/[protocol]/host)")
+    protocol = _parse_protocol(protocol_text, fail)
+
+    endpoint, semi, options_text = rest.partition(";")
+    host, port = _parse_endpoint(endpoint, fail)
+    options = _parse_options(options_text, fail) if semi else ()
+    return version, protocol, host, port, options
+
+
+def _parse_version(text: str, fail) -> tuple[int, int]:
+    if not text:
+        return DEFAULT_VERSION
+    match = _VERSION_RE.match(text)
+    if match is None:
+        raise fail(f"bad version {text!r}, expected major[.minor] digits")
+    major, minor = match.groups()
+    try:
+        return int(major), int(minor) if minor is not None else 0
+    except ValueError:  # absurdly long digit strings
+        raise fail(f"bad version {text!r}, number too large") from None
+
+
+def _parse_protocol(text: str, fail) -> tuple[str, str, str]:
+    lowered = text.lower()
+    if "," not in text:
+        try:
+            return PROTOCOL_ALIASES[lowered]
+        except KeyError:
+            raise fail(
+                f"unknown protocol stack alias {text!r} (expected 'secure', "
+                "empty, or transport,security,marshalling)") from None
+    names = lowered.split(",")
+    for name in names:
+        if not name:
+            raise fail(f"malformed protocol stack {text!r}: "
+                       "empty module name")
+        if _PROTOCOL_NAME_RE.match(name) is None:
+            raise fail(f"malformed protocol stack {text!r}: bad module name "
+                       f"{name!r}")
+    if len(names) != 3:
+        raise fail(f"malformed protocol stack {text!r}: expected exactly 3 "
+                   f"modules (transport,security,marshalling), got "
+                   f"{len(names)}")
+    return names[0], names[1], names[2]
+
+
+def _parse_endpoint(text: str, fail) -> tuple[str, int]:
+    if not text:
+        raise fail("missing host")
+    if text.startswith("["):
+        close = text.find("]")
+        if close < 0:
+            raise fail("unterminated IPv6 literal (missing ']')")
+        host = text[1:close]
+        after = text[close + 1:]
+        if not host:
+            raise fail("missing host (empty IPv6 literal '[]')")
+        if not _is_ipv6(host):
+            raise fail(f"invalid IPv6 literal {host!r}")
+        if not after:
+            return host, DEFAULT_PORT
+        if not after.startswith(":"):
+            raise fail(f"unexpected {after!r} after IPv6 literal "
+                       "(expected ':port')")
+        return host, _parse_port(after[1:], fail)
+
+    if "/" in text:
+        raise fail(f"unexpected '/' in endpoint {text!r} (Elvin URIs have "
+                   "no path)")
+    if text.count(":") > 1:
+        raise fail(f"IPv6 literal {text!r} must be enclosed in brackets: "
+                   "'[...]'")
+    host, colon, port_text = text.partition(":")
+    if not host:
+        raise fail("missing host")
+    if "]" in text or "[" in text:
+        raise fail(f"invalid host {host!r} (stray '[' or ']')")
+    if _HOSTNAME_RE.match(host) is None:
+        raise fail(f"invalid host {host!r}")
+    return host, _parse_port(port_text, fail) if colon else DEFAULT_PORT
+
+
+def _is_ipv6(text: str) -> bool:
+    # RFC 2732 has no zone identifiers; ipaddress would accept "fe80::1%eth0".
+    if "%" in text or not text.isascii():
+        return False
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _parse_port(text: str, fail) -> int:
+    if not text:
+        raise fail("bad port: empty after ':'")
+    if _PORT_RE.match(text) is None:
+        raise fail(f"bad port {text!r}: not a number")
+    # Check the length first so huge digit strings can't trip int()'s limits.
+    digits = text.lstrip("0")
+    port = int(digits) if 0 < len(digits) <= 5 else 0
+    if not 1 <= port <= _MAX_PORT:
+        raise fail(f"bad port {text!r}: must be 1-{_MAX_PORT}")
+    return port
+
+
+def _parse_options(text: str, fail) -> tuple[tuple[str, str], ...]:
+    """Parse what follows the endpoint's first ';' into (name, value) pairs."""
+    options: dict[str, str] = {}
+    for item in text.split(";"):
+        raw_name, equals, raw_value = item.partition("=")
+        if not raw_name:
+            raise fail(f"malformed option {item!r}: missing name")
+        if _OPTION_NAME_START_RE.match(raw_name) is None:
+            raise fail(f"malformed option {item!r}: name must start with a "
+                       "letter")
+        name = _unquote(raw_name, item, fail)
+        value = _unquote(raw_value, item, fail) if equals else ""
+        if name in options:
+            raise fail(f"duplicate option {name!r}")
+        options[name] = value
+    return tuple(options.items())
+
+
+def _unquote(raw: str, item: str, fail) -> str:
+    """Decode RFC 2396 ``*( unreserved | escaped )`` text as UTF-8."""
+    if _ESCAPED_TEXT_RE.match(raw) is None:
+        raise fail(f"malformed option {item!r}: characters other than "
+                   "letters, digits, -_.!~*'() and %XX escapes")
+    try:
+        return unquote_to_bytes(raw).decode("utf-8")
+    except UnicodeDecodeError:
+        raise fail(f"malformed option {item!r}: escapes are not "
+                   "valid UTF-8") from None
+
+
+def _quote(text: str) -> str:
+    """Inverse of :func:`_unquote`: escape all but RFC 2396 unreserved."""
+    return quote(text, safe=_OPTION_SAFE, encoding="utf-8", errors="strict")

@@ -1,0 +1,41 @@
+"""Packaging for elvin, a content-based message router speaking Elvin 4.0."""
+
+from setuptools import setup
+
+setup(
+    name="elvin",
+    version="0.1.0",
+    description="Elvin 4.0 content-based message router, client library and tools",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11",
+    packages=[
+        "elvin",
+        "elvin.subscription",
+        "elvin.protocols",
+        "elvin.federation",
+        "elvin.discovery",
+        "spark_analysis",
+        "twisted.plugins",
+    ],
+    package_data={"twisted": ["plugins/elvin_plugin.py"]},
+    install_requires=[
+        "twisted>=23.10",
+        "pyopenssl>=23.0",
+        "service-identity>=23.1",
+        "ply>=3.11",
+        "zeroconf>=0.131",
+    ],
+    extras_require={
+        "test": ["hypothesis>=6.90", "trustme>=1.1"],
+        "spark": ["pyspark>=3.5", "matplotlib>=3.8"],
+    },
+    entry_points={
+        "console_scripts": [],
+    },
+    classifiers=[
+        "Framework :: Twisted",
+        "Programming Language :: Python :: 3.11",
+        "Topic :: System :: Networking",
+    ],
+)

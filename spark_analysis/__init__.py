@@ -1,0 +1,1 @@
+"""Offline PySpark analysis of federation trace files."""
