@@ -15,6 +15,7 @@ setup(
         "elvin.protocols",
         "elvin.federation",
         "elvin.discovery",
+        "elvin.tools",
         "spark_analysis",
         "twisted.plugins",
     ],
@@ -31,7 +32,10 @@ setup(
         "spark": ["pyspark>=3.5", "matplotlib>=3.8"],
     },
     entry_points={
-        "console_scripts": [],
+        "console_scripts": [
+            "elvin-notify = elvin.tools.notify:main",
+            "elvin-subscribe = elvin.tools.subscribe:main",
+        ],
     },
     classifiers=[
         "Framework :: Twisted",

@@ -24,6 +24,8 @@ _INTEGER = frozenset({INT32, INT64})
 _STRING = frozenset({STRING})
 _SIZED = frozenset({STRING, OPAQUE})
 
+_GLUE = ("==", "!=", "<", ">", "&&", "||", "^^", "+", "*", "/", "%", "=")
+
 _LITERAL_TYPE = {Kind.INT32: INT32, Kind.INT64: INT64, Kind.REAL64: REAL64,
                  Kind.STRING: STRING}
 
@@ -81,6 +83,7 @@ class _Checker:
         """Check ``node`` and require it to be a predicate."""
         result = self.check(node)
         if result is not BOOL:
+            self._glued_name(node)
             what = "literal" if node.kind in LITERAL_KINDS else (
                 "name" if node.kind == Kind.NAME else "value expression")
             self.fail(errors.PARSE_ERROR, node,
@@ -101,6 +104,7 @@ class _Checker:
 
     def check(self, node):
         kind = node.kind
+        self._arity(node)
         if kind == Kind.NAME:
             return _ANY
         if kind in _LITERAL_TYPE:
@@ -158,6 +162,25 @@ class _Checker:
             return BOOL
         self.fail(errors.PARSE_ERROR, node, f"unexpected node kind {kind.name}")
 
+    def _arity(self, node):
+        """Child counts, for trees that did not come from our parser."""
+        low, high = _ARITY.get(node.kind, (0, 0))
+        count = len(node.children)
+        if count < low:
+            self.fail(errors.TOO_FEW_ARGS, node,
+                      f"{_describe(node.kind)} needs at least {low} operands, got {count}")
+        if high is not None and count > high:
+            self.fail(errors.TOO_MANY_ARGS, node,
+                      f"{_describe(node.kind)} takes at most {high} operands, got {count}")
+
+    def _glued_name(self, node):
+        """A name like ``x==1`` is almost always missing spaces: say so."""
+        if node.kind == Kind.NAME and any(op in node.value for op in _GLUE):
+            self.fail(errors.PARSE_ERROR, node,
+                      f"{node.value!r} is read as one attribute name, because names "
+                      "may contain operator characters: put spaces around operators, "
+                      "e.g. 'x == 1'", node.value)
+
     def _comparable(self, left, right, node, context):
         if (left & _NUMERIC and right & _NUMERIC) or (STRING in left and STRING in right):
             return
@@ -192,6 +215,18 @@ class _Checker:
             self.fail(errors.INVALID_REGEXP, node, str(e), node.value)
 
 
+def _arities():
+    from elvin.subscription.parser import FUNCTIONS
+    table = {kind: (low, high) for kind, low, high in FUNCTIONS.values()}
+    for kind in _LOGICAL - {Kind.NOT}:
+        table[kind] = (2, None)
+    for kind in _EQUALITY | _ORDERING | _ARITHMETIC | _BITWISE:
+        table[kind] = (2, 2)
+    for kind in (Kind.NOT, Kind.UNARY_MINUS, Kind.UNARY_PLUS, Kind.BIT_NEGATE):
+        table[kind] = (1, 1)
+    return table
+
+
 def _promote(left, right):
     """Static result type of a binary numeric operator."""
     if len(left) == 1 and len(right) == 1:
@@ -212,6 +247,9 @@ def _too_deep(tree, offsets):
     return None
 
 
+_ARITY = _arities()
+
+
 def check(tree, offsets=None, op_offsets=None):
     """Raise SubscriptionError unless ``tree`` is a well-formed subscription."""
     offsets = offsets or {}
@@ -222,8 +260,14 @@ def check(tree, offsets=None, op_offsets=None):
                                 f"expression nested more than {MAX_DEPTH} deep "
                                 f"(at offset {offset})")
     checker = _Checker(offsets, op_offsets or {})
+    for node in tree.walk():
+        if node.kind in (Kind.NAME, Kind.STRING) and "\x00" in node.value:
+            checker.fail(errors.INVALID_TOKEN, node, "NUL character in a name or string")
+        if node.kind == Kind.NAME and not node.value:
+            checker.fail(errors.PARSE_ERROR, node, "empty attribute name")
     result = checker.check(tree)
     if result is not BOOL:
+        checker._glued_name(tree)
         checker.fail(errors.PARSE_ERROR, tree,
                      "the expression is a value, not a predicate: compare it with "
                      "something, e.g. 'x == 1'")

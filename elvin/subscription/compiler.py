@@ -527,7 +527,7 @@ def _size(node):
         v = f(attrs)
         t = type(v)
         if t is str:
-            return len(v.encode("utf-8"))
+            return len(v.encode("utf-8", "surrogatepass"))
         if t is bytes:
             return len(v)
         return None

@@ -159,6 +159,8 @@ def _lexer_for(text):
         _TEMPLATE = lex.lex(module=_Rules(""), optimize=False, debug=False,
                             errorlog=lex.NullLogger())
     lexer = _TEMPLATE.clone(_Rules(text))
+    # clone() rebinds the rules in lexstatere but not the active lexre.
+    lexer.begin("INITIAL")
     lexer.input(text)
     return lexer
 

@@ -1,0 +1,127 @@
+"""The router's configuration file.
+
+One setting per line, ``name = value``; ``#`` starts a comment; blank lines
+are ignored; ``listen`` may be repeated. Connection options (section 7.5
+names, e.g. ``Send-Queue.Max-Length = 1048576``) set the router's default
+for every client. Any line the router does not understand stops it from
+starting, with the file, the line number and the reason, rather than being
+guessed at.
+"""
+
+from elvin.options import OPTIONS, DropPolicy
+from elvin.uri import ElvinURI, InvalidURIError
+
+__all__ = ["ConfigError", "RouterConfig", "load", "parse"]
+
+
+class ConfigError(ValueError):
+    """A configuration file is wrong; the message names file and line."""
+
+
+_BOOLEANS = {"yes": True, "true": True, "on": True, "1": True,
+             "no": False, "false": False, "off": False, "0": False}
+
+
+class RouterConfig:
+    """Settings for one router, from defaults, a file and the command line."""
+
+    def __init__(self):
+        self.listen = []
+        self.verbose = False
+        self.max_connections = 10_000
+        self.max_subscriptions = 1_000_000
+        self.connect_timeout = 30.0
+        self.option_specs = dict(OPTIONS)
+        self.source = None
+
+    def set(self, name, value, where):
+        """Apply one ``name = value`` setting; ``where`` is 'file:line'."""
+        key = name.strip()
+        value = value.strip()
+        lowered = key.lower()
+        if lowered == "listen":
+            try:
+                self.listen.append(ElvinURI(value))
+            except InvalidURIError as e:
+                raise ConfigError(f"{where}: bad listen URI: {e}") from None
+        elif lowered == "verbose":
+            self.verbose = _boolean(value, key, where)
+        elif lowered == "max-connections":
+            self.max_connections = _integer(value, key, where, 1)
+        elif lowered == "max-subscriptions":
+            self.max_subscriptions = _integer(value, key, where, 1)
+        elif lowered == "connect-timeout":
+            try:
+                self.connect_timeout = float(value)
+            except ValueError:
+                raise ConfigError(f"{where}: connect-timeout must be a number of "
+                                  f"seconds, not {value!r}") from None
+            if self.connect_timeout < 0:
+                raise ConfigError(f"{where}: connect-timeout must not be negative")
+        elif key in OPTIONS:
+            spec = self.option_specs[key]
+            if spec.kind is int:
+                number = _integer(value, key, where, spec.low)
+                if number > spec.high:
+                    raise ConfigError(f"{where}: {key} must be at most {spec.high}, "
+                                      f"not {number}")
+                self.option_specs[key] = spec.with_default(number)
+            else:
+                if value not in spec.choices:
+                    raise ConfigError(f"{where}: {key} must be one of "
+                                      f"{', '.join(spec.choices)}, not {value!r}")
+                self.option_specs[key] = spec.with_default(value)
+        else:
+            known = ["listen", "verbose", "max-connections", "max-subscriptions",
+                     "connect-timeout"] + sorted(OPTIONS)
+            raise ConfigError(f"{where}: unknown setting {key!r} "
+                              f"(known: {', '.join(known)})")
+
+
+def _boolean(value, key, where):
+    try:
+        return _BOOLEANS[value.lower()]
+    except KeyError:
+        raise ConfigError(f"{where}: {key} must be yes or no, not {value!r}") from None
+
+
+def _integer(value, key, where, minimum):
+    try:
+        number = int(value, 0)
+    except ValueError:
+        raise ConfigError(f"{where}: {key} must be an integer, not {value!r}") from None
+    if number < minimum:
+        raise ConfigError(f"{where}: {key} must be at least {minimum}, not {number}")
+    return number
+
+
+def parse(text, filename="<config>", config=None):
+    """Apply the settings in ``text`` to ``config`` (a new one by default)."""
+    config = config or RouterConfig()
+    config.source = filename
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{filename}:{number}"
+        if "=" not in line:
+            raise ConfigError(f"{where}: expected 'name = value', got {raw.strip()!r}")
+        name, value = line.split("=", 1)
+        if not name.strip():
+            raise ConfigError(f"{where}: missing setting name before '='")
+        if not value.strip():
+            raise ConfigError(f"{where}: missing value for {name.strip()!r}")
+        config.set(name, value, where)
+    return config
+
+
+def load(path, config=None):
+    """Read and apply the configuration file at ``path``."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read configuration: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text: {e}") from None
+    return parse(text, path, config)

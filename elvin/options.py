@@ -1,0 +1,156 @@
+"""Connection options (client protocol 4.0, section 7.5) and their negotiation.
+
+For each option a client requests, the router either accepts the value,
+offers the value it is prepared to provide (clamped into its range), or,
+for an option it does not recognise, leaves it out of the reply. Legacy
+``router.*`` names (section 7.5.3) are understood and answered under the
+name the client used.
+"""
+
+import enum
+
+from elvin.values import INT32_MAX
+
+__all__ = ["OptionSpec", "OPTIONS", "COMPAT_NAMES", "DropPolicy",
+           "ConnectionOptions", "canonical_name", "VENDOR_IDENTIFICATION"]
+
+VENDOR_IDENTIFICATION = "elvin-python 0.1 (Twisted)"
+
+
+class DropPolicy(str, enum.Enum):
+    OLDEST = "oldest"
+    NEWEST = "newest"
+    LARGEST = "largest"
+    NONE = "none"
+
+
+class OptionSpec:
+    """One negotiable option: its type, default and acceptable range."""
+
+    __slots__ = ("name", "kind", "default", "low", "high", "choices")
+
+    def __init__(self, name, kind, default, low=None, high=None, choices=None):
+        self.name = name
+        self.kind = kind
+        self.default = default
+        self.low = low
+        self.high = high
+        self.choices = choices
+
+    def offer(self, requested):
+        """The value the router provides when ``requested`` is asked for."""
+        if self.kind is int:
+            if type(requested) is not int and not isinstance(requested, int):
+                return self.default
+            if isinstance(requested, bool):
+                return self.default
+            return max(self.low, min(self.high, int(requested)))
+        if self.kind is str:
+            if isinstance(requested, str) and requested in self.choices:
+                return requested
+            return self.default
+        return self.default
+
+    def with_default(self, default, low=None, high=None):
+        return OptionSpec(self.name, self.kind, default,
+                          self.low if low is None else low,
+                          self.high if high is None else high, self.choices)
+
+
+_POLICIES = tuple(p.value for p in DropPolicy)
+KiB = 1024
+MiB = 1024 * 1024
+
+OPTIONS = {spec.name: spec for spec in (
+    OptionSpec("Attribute.Max-Count", int, 256, 16, 65536),
+    OptionSpec("Attribute.Name.Max-Length", int, 2048, 64, 64 * KiB),
+    OptionSpec("Attribute.Opaque.Max-Length", int, 1 * MiB, 1024, 64 * MiB),
+    OptionSpec("Attribute.String.Max-Length", int, 1 * MiB, 1024, 64 * MiB),
+    OptionSpec("Packet.Max-Length", int, 2 * MiB, 1024, 64 * MiB),
+    OptionSpec("Receive-Queue.Drop-Policy", str, "oldest", choices=_POLICIES),
+    OptionSpec("Receive-Queue.Max-Length", int, 1 * MiB, 1024, 64 * MiB),
+    OptionSpec("Send-Queue.Drop-Policy", str, "oldest", choices=_POLICIES),
+    OptionSpec("Send-Queue.Max-Length", int, 2 * MiB, 1024, 256 * MiB),
+    OptionSpec("Subscription.Max-Count", int, 10000, 16, INT32_MAX),
+    OptionSpec("Subscription.Max-Length", int, 4096, 1024, 1 * MiB),
+    OptionSpec("TCP.Send-Immediately", int, 0, 0, 1),
+)}
+
+#: Legacy names (section 7.5.3) -> standard names.
+COMPAT_NAMES = {
+    "router.attribute.max-count": "Attribute.Max-Count",
+    "router.attribute.name.max-length": "Attribute.Name.Max-Length",
+    "router.attribute.opaque.max-length": "Attribute.Opaque.Max-Length",
+    "router.attribute.string.max-length": "Attribute.String.Max-Length",
+    "router.packet.max-length": "Packet.Max-Length",
+    "router.recv-queue.drop-policy": "Receive-Queue.Drop-Policy",
+    "router.recv-queue.max-length": "Receive-Queue.Max-Length",
+    "router.send-queue.drop-policy": "Send-Queue.Drop-Policy",
+    "router.send-queue.max-length": "Send-Queue.Max-Length",
+    "router.subscription.max-count": "Subscription.Max-Count",
+    "router.subscription.max-length": "Subscription.Max-Length",
+    "router.supported-keyschemes": "Supported-Key-Schemes",
+    "router.vendor-identification": "Vendor-Identification",
+}
+
+_INFORMATIONAL = ("Vendor-Identification", "Supported-Key-Schemes")
+
+
+def canonical_name(name):
+    """The standard name for ``name`` (legacy names mapped), or None."""
+    if name in OPTIONS or name in _INFORMATIONAL:
+        return name
+    return COMPAT_NAMES.get(name)
+
+
+class ConnectionOptions:
+    """The options in force for one connection, and how to negotiate them.
+
+    ``specs`` lets the router's configuration change defaults and ranges.
+    """
+
+    def __init__(self, specs=None, key_schemes=()):
+        self.specs = dict(OPTIONS if specs is None else specs)
+        self.key_schemes = tuple(key_schemes)
+        self.values = {name: spec.default for name, spec in self.specs.items()}
+
+    def __getitem__(self, name):
+        return self.values[name]
+
+    def negotiate(self, requested):
+        """Apply a ConnRqst/QosRqst options table; return the reply table.
+
+        The reply has an entry for every recognised requested option (under
+        the name the client used), plus the informational options.
+        """
+        reply = {}
+        proposed = dict(self.values)
+        for name, value in requested.items():
+            standard = canonical_name(name)
+            if standard is None:
+                continue
+            if standard in _INFORMATIONAL:
+                reply[name] = self._informational(standard)
+                continue
+            spec = self.specs[standard]
+            offered = spec.offer(value)
+            proposed[standard] = offered
+            reply[name] = offered
+        self.values = proposed
+        for standard in _INFORMATIONAL:
+            if standard not in reply and not any(
+                    canonical_name(n) == standard for n in reply):
+                reply[standard] = self._informational(standard)
+        return reply
+
+    def _informational(self, standard):
+        if standard == "Vendor-Identification":
+            return VENDOR_IDENTIFICATION
+        return " ".join(self.key_schemes)
+
+    def as_dict(self):
+        """Every option in force, by standard name."""
+        result = dict(self.values)
+        for standard in _INFORMATIONAL:
+            result[standard] = self._informational(standard)
+        return result

@@ -1,0 +1,155 @@
+"""The router side of a client channel over a stream transport (TCP, TLS).
+
+``ElvinServerProtocol`` frames and decodes packets for one ``ClientSession``
+and implements its output. Writes go straight to the transport while the
+socket drains; when Twisted's write buffer fills, the transport pauses us
+(we are its push producer) and packets wait in a bounded ``SendQueue``
+where the client's drop policy applies, so a slow consumer costs only its
+own queue and never stalls anybody else.
+"""
+
+from twisted.internet import protocol
+from twisted.logger import Logger
+from zope.interface import implementer
+from twisted.internet.interfaces import IPushProducer
+
+from elvin.protocols import packets as P
+from elvin.protocols.framing import FramedProtocol
+from elvin.protocols.xdr import DecodeError
+from elvin.router import SessionOutput
+from elvin.sendqueue import QueueOverflow, SendQueue
+
+__all__ = ["ElvinServerProtocol", "ElvinServerFactory", "CONNECT_TIMEOUT"]
+
+#: Seconds a new channel may stay silent before it must send ConnRqst/UNotify.
+CONNECT_TIMEOUT = 30.0
+
+_DROPWARN = P.encode(P.DropWarn())
+
+
+@implementer(IPushProducer)
+class ElvinServerProtocol(FramedProtocol, SessionOutput):
+    log = Logger()
+
+    def __init__(self):
+        super().__init__()
+        self.session = None
+        self.paused = False
+        self.closing = False
+        self.queue = None
+        self._timeout = None
+
+    # -- channel lifecycle -------------------------------------------------
+
+    def connectionMade(self):
+        factory = self.factory
+        peer = self.transport.getPeer()
+        self.peer = f"{getattr(peer, 'host', peer)}:{getattr(peer, 'port', '')}"
+        self.session = factory.router.open_session(self, self.peer)
+        options = self.session.options
+        self.max_frame_length = options["Packet.Max-Length"]
+        self.queue = SendQueue(options["Send-Queue.Max-Length"],
+                               options["Send-Queue.Drop-Policy"], _DROPWARN)
+        self.transport.registerProducer(self, True)
+        if factory.connect_timeout:
+            self._timeout = factory.clock.callLater(factory.connect_timeout,
+                                                    self._connect_timed_out)
+
+    def _connect_timed_out(self):
+        self._timeout = None
+        if self.session.state == self.session.NEW:
+            self.log.info("closing silent channel from {peer}", peer=self.peer)
+            self.transport.loseConnection()
+
+    def _cancel_timeout(self):
+        if self._timeout is not None and self._timeout.active():
+            self._timeout.cancel()
+        self._timeout = None
+
+    def connectionLost(self, reason=None):
+        super().connectionLost(reason)
+        self._cancel_timeout()
+        if self.queue is not None:
+            self.queue.clear()
+        if self.session is not None:
+            self.session.connection_lost()
+
+    # -- input -------------------------------------------------------------
+
+    def frameReceived(self, data):
+        try:
+            packet = P.decode(data)
+        except DecodeError as e:
+            self.session.decode_failed(str(e))
+            return
+        if self._timeout is not None:
+            self._cancel_timeout()
+        self.session.packet_received(packet)
+
+    # -- SessionOutput -----------------------------------------------------
+
+    def send(self, packet):
+        self.send_encoded(P.encode(packet), False)
+
+    def send_encoded(self, data, droppable):
+        if self.closing or self.transport is None:
+            return
+        if self.paused or self.queue:
+            try:
+                dropped = self.queue.push(data, droppable)
+            except QueueOverflow as e:
+                self.log.warn("disconnecting slow client {peer}: {reason}",
+                              peer=self.peer, reason=str(e))
+                self.abort()
+                return
+            if dropped:
+                self.session.dropped += dropped
+            return
+        self.sendFrame(data)
+
+    def is_idle(self):
+        return not self.queue and not self.paused
+
+    def configure(self, options):
+        self.max_frame_length = options["Packet.Max-Length"]
+        self.queue.configure(options["Send-Queue.Max-Length"],
+                             options["Send-Queue.Drop-Policy"])
+
+    def close(self):
+        self.closing = True
+        if not self.queue:
+            self.transport.loseConnection()
+
+    def abort(self):
+        self.closing = True
+        self.queue.clear()
+        self.transport.abortConnection()
+
+    # -- IPushProducer -----------------------------------------------------
+
+    def pauseProducing(self):
+        self.paused = True
+
+    def resumeProducing(self):
+        self.paused = False
+        queue = self.queue
+        while queue and not self.paused:
+            self.sendFrame(queue.pop())
+        if self.closing and not queue:
+            self.transport.loseConnection()
+
+    def stopProducing(self):
+        self.paused = True
+
+
+class ElvinServerFactory(protocol.Factory):
+    """Makes a protocol per accepted channel, all sharing one Router."""
+
+    protocol = ElvinServerProtocol
+
+    def __init__(self, router, clock=None, connect_timeout=CONNECT_TIMEOUT):
+        if clock is None:
+            from twisted.internet import reactor as clock
+        self.router = router
+        self.clock = clock
+        self.connect_timeout = connect_timeout

@@ -1,0 +1,483 @@
+"""The router core: sessions, subscriptions and routing, with no I/O.
+
+Sessions receive decoded packet objects from a transport and answer through
+an *output* object the transport supplies (see ``SessionOutput``); the core
+never touches sockets or the reactor, so it is tested by feeding packets.
+
+A notification is decoded once by the transport, matched once per candidate
+subscription, and its attributes are encoded once however many clients it
+reaches; only the per-client subscription-id arrays differ.
+"""
+
+import itertools
+
+from twisted.logger import Logger
+
+from elvin import errors
+from elvin.errors import SubscriptionError
+from elvin.index import SubscriptionIndex
+from elvin.options import ConnectionOptions, OPTIONS
+from elvin.protocols import packets as P
+from elvin.subscription import Subscription
+from elvin.values import OPAQUE, STRING, type_of
+
+__all__ = ["Router", "ClientSession", "SessionOutput", "SubscriptionEntry",
+           "DISCONN_SHUTDOWN", "DISCONN_REDIRECT", "DISCONN_PROTOCOL_ERRORS"]
+
+DISCONN_SHUTDOWN = 1
+DISCONN_REDIRECT = 2
+DISCONN_PROTOCOL_ERRORS = 4
+
+#: Protocol versions this router speaks (major, highest minor).
+PROTOCOL_MAJOR = 4
+PROTOCOL_MINOR = 0
+
+#: Repeated protocol errors after which a client is disconnected (7.3.3).
+MAX_PROTOCOL_ERRORS = 100
+
+
+class SessionOutput:
+    """What a transport gives a session to talk back with (an interface)."""
+
+    def send(self, packet):
+        """Queue ``packet`` (never dropped)."""
+        raise NotImplementedError
+
+    def send_encoded(self, data, droppable):
+        """Queue an already encoded packet; ``droppable`` for deliveries."""
+        raise NotImplementedError
+
+    def is_idle(self):
+        """True when nothing is waiting to be written to the client."""
+        raise NotImplementedError
+
+    def configure(self, options):
+        """Apply negotiated options (packet and send-queue limits)."""
+        raise NotImplementedError
+
+    def close(self):
+        """Flush what is queued, then close the channel."""
+        raise NotImplementedError
+
+    def abort(self):
+        """Close the channel at once (protocol violation)."""
+        raise NotImplementedError
+
+
+class SubscriptionEntry:
+    """A registered subscription: who owns it, its compiled form, its keys."""
+
+    __slots__ = ("id", "session", "subscription", "evaluate", "accept_insecure",
+                 "keys")
+
+    def __init__(self, sub_id, session, subscription, accept_insecure, keys):
+        self.id = sub_id
+        self.session = session
+        self.subscription = subscription
+        self.evaluate = subscription.evaluator
+        self.accept_insecure = accept_insecure
+        self.keys = keys
+
+
+class Router:
+    """The routing core shared by every session and transport."""
+
+    log = Logger()
+
+    def __init__(self, option_specs=None, max_subscriptions=1_000_000,
+                 max_connections=10_000, verbose=False):
+        self.option_specs = dict(OPTIONS if option_specs is None else option_specs)
+        self.max_subscriptions = max_subscriptions
+        self.max_connections = max_connections
+        self.verbose = verbose
+        self.sessions = set()
+        self.subscriptions = {}
+        self.index = SubscriptionIndex()
+        self._sub_ids = itertools.count(1)
+        self.closing = False
+        self.stats = {"notifications": 0, "deliveries": 0, "unotify": 0,
+                      "rejected_notifications": 0}
+
+    # -- sessions -----------------------------------------------------------
+
+    def open_session(self, output, peer=None):
+        """A transport accepted a channel: make its session."""
+        session = ClientSession(self, output, peer)
+        self.sessions.add(session)
+        return session
+
+    def session_closed(self, session):
+        self.sessions.discard(session)
+        for entry in list(session.subscriptions.values()):
+            self._remove_entry(entry)
+        session.subscriptions.clear()
+
+    def new_options(self):
+        return ConnectionOptions(self.option_specs, self.key_schemes())
+
+    def key_schemes(self):
+        return ()
+
+    def shutdown(self):
+        """Tell every connected client the router is closing (Disconn 1)."""
+        self.closing = True
+        for session in list(self.sessions):
+            session.disconnect(DISCONN_SHUTDOWN, "router is shutting down")
+
+    # -- subscriptions -------------------------------------------------------
+
+    def add_subscription(self, session, subscription, accept_insecure, keys):
+        if len(self.subscriptions) >= self.max_subscriptions:
+            raise errors.ElvinError(errors.IMPL_LIMIT,
+                                    "the router holds its maximum number of subscriptions")
+        entry = SubscriptionEntry(next(self._sub_ids), session, subscription,
+                                  accept_insecure, keys)
+        self.subscriptions[entry.id] = entry
+        self.index.add(entry)
+        return entry
+
+    def replace_subscription(self, entry, subscription):
+        self.index.remove(entry)
+        entry.subscription = subscription
+        entry.evaluate = subscription.evaluator
+        self.index.add(entry)
+
+    def _remove_entry(self, entry):
+        self.subscriptions.pop(entry.id, None)
+        self.index.remove(entry)
+
+    def remove_subscription(self, entry):
+        self._remove_entry(entry)
+
+    # -- routing -------------------------------------------------------------
+
+    def route(self, attributes, deliver_insecure, keys):
+        """Deliver a (normalised) notification to every matching subscription.
+
+        Returns the number of clients it was delivered to.
+        """
+        self.stats["notifications"] += 1
+        matches = {}
+        for entry in self.index.candidates(attributes):
+            if entry.evaluate(attributes) is not True:
+                continue
+            if deliver_insecure and entry.accept_insecure:
+                found = matches.get(entry.session)
+                if found is None:
+                    matches[entry.session] = found = ([], [])
+                found[1].append(entry.id)
+        if not matches:
+            return 0
+        body = P.encode_attributes(attributes)
+        for session, (secure, insecure) in matches.items():
+            session.deliver(P.encode_notify_deliver_from(body, secure, insecure))
+        self.stats["deliveries"] += len(matches)
+        return len(matches)
+
+
+class ClientSession:
+    """One client's session: the state machine of section 5.4."""
+
+    log = Logger()
+
+    NEW, CONNECTED, UNOTIFY, CLOSING, CLOSED = range(5)
+
+    def __init__(self, router, output, peer=None):
+        self.router = router
+        self.output = output
+        self.peer = peer
+        self.state = self.NEW
+        self.options = router.new_options()
+        self.subscriptions = {}
+        self.protocol_errors = 0
+        self.dropped = 0
+
+    # -- input ----------------------------------------------------------------
+
+    def packet_received(self, packet):
+        """Handle one decoded packet from the client."""
+        if self.state in (self.CLOSING, self.CLOSED):
+            return
+        if type(packet) not in _HANDLERS:
+            self.violation(f"unexpected {type(packet).__name__} packet from client")
+            return
+        if self.state == self.NEW:
+            if type(packet) is P.ConnRqst:
+                self._connect(packet)
+            elif type(packet) is P.UNotify:
+                self.state = self.UNOTIFY
+                self._unotify(packet)
+            else:
+                self.violation(f"{type(packet).__name__} before ConnRqst")
+            return
+        if self.state == self.UNOTIFY:
+            if type(packet) is P.UNotify:
+                self._unotify(packet)
+            else:
+                self.violation(f"{type(packet).__name__} on a session-less channel")
+            return
+        if type(packet) is P.ConnRqst or type(packet) is P.UNotify:
+            self.violation(f"{type(packet).__name__} on an established session")
+            return
+        _HANDLERS[type(packet)](self, packet)
+
+    def decode_failed(self, reason):
+        """The transport could not unmarshal a packet: a protocol violation."""
+        self.violation(f"undecodable packet: {reason}")
+
+    def connection_lost(self):
+        if self.state != self.CLOSED:
+            self.state = self.CLOSED
+            self.router.session_closed(self)
+
+    # -- output ---------------------------------------------------------------
+
+    def deliver(self, data):
+        if self.state == self.CONNECTED:
+            self.output.send_encoded(data, True)
+
+    def send(self, packet):
+        self.output.send(packet)
+
+    def nack(self, xid, code, message, args=()):
+        self.send(P.Nack(xid, code, message, tuple(args)))
+
+    def disconnect(self, reason, args=""):
+        """Send Disconn and close (router shutdown, redirection, abuse)."""
+        if self.state in (self.CLOSING, self.CLOSED):
+            return
+        if self.state == self.CONNECTED:
+            self.send(P.Disconn(reason, args))
+        self._close()
+
+    def _close(self):
+        self.state = self.CLOSING
+        self.router.session_closed(self)
+        self.output.close()
+
+    def violation(self, reason):
+        """Section 7.3.2: drop the channel without a closure exchange."""
+        self.log.warn("protocol violation from {peer}: {reason}; closing",
+                      peer=self.peer, reason=reason)
+        if self.state != self.CLOSED:
+            self.state = self.CLOSING
+            self.router.session_closed(self)
+        self.output.abort()
+
+    def protocol_error(self, xid, code, message, args=()):
+        """Section 7.3.3: Nack, keep the session, unless it keeps happening."""
+        self.log.info("rejected request from {peer}: {message}", peer=self.peer,
+                      message=message)
+        self.nack(xid, code, message, args)
+        self.protocol_errors += 1
+        if self.protocol_errors >= MAX_PROTOCOL_ERRORS:
+            self.disconnect(DISCONN_PROTOCOL_ERRORS,
+                            "too many protocol errors (suspected denial of service)")
+
+    # -- connection -----------------------------------------------------------
+
+    def _connect(self, packet):
+        router = self.router
+        if router.closing:
+            self.nack(packet.xid, errors.IMPL_LIMIT, "router is shutting down")
+            self._close()
+            return
+        if (packet.client_major_version != PROTOCOL_MAJOR
+                or packet.client_minor_version > PROTOCOL_MINOR):
+            self.log.info("refused {peer}: protocol {major}.{minor}", peer=self.peer,
+                          major=packet.client_major_version,
+                          minor=packet.client_minor_version)
+            self.nack(packet.xid, errors.PROT_INCOMPAT,
+                      f"protocol version {packet.client_major_version}."
+                      f"{packet.client_minor_version} not supported "
+                      f"(this router speaks {PROTOCOL_MAJOR}.{PROTOCOL_MINOR})")
+            return
+        if sum(1 for s in router.sessions if s.state == s.CONNECTED) >= router.max_connections:
+            self.nack(packet.xid, errors.IMPL_LIMIT, "too many connections")
+            self._close()
+            return
+        if not self._check_keys(packet.xid, packet.nfn_keys, packet.sub_keys):
+            return
+        reply = self.options.negotiate(packet.options)
+        self.output.configure(self.options)
+        self.state = self.CONNECTED
+        self.log.info("client connected from {peer}", peer=self.peer)
+        self.send(P.ConnRply(packet.xid, reply))
+
+    def _check_keys(self, xid, *keysets):
+        """Nack unknown key schemes (issue: key support arrives separately)."""
+        supported = set(self.router.key_schemes())
+        for keys in keysets:
+            for scheme in keys.schemes():
+                if scheme not in supported:
+                    self.protocol_error(xid, errors.BAD_KEY_SCHEME,
+                                        f"key scheme {scheme} is not supported",
+                                        (scheme,))
+                    return False
+        return True
+
+    def _disconn_rqst(self, packet):
+        self.send(P.DisconnRply(packet.xid))
+        self.log.info("client at {peer} disconnected", peer=self.peer)
+        self._close()
+
+    def _test_conn(self, packet):
+        if self.output.is_idle():
+            self.send(P.ConfConn())
+
+    def _qos_rqst(self, packet):
+        reply = self.options.negotiate(packet.options)
+        self.output.configure(self.options)
+        self.send(P.QosRply(packet.xid, reply))
+
+    def _sec_rqst(self, packet):
+        if self._check_keys(packet.xid, packet.add_nfn_keys, packet.del_nfn_keys,
+                            packet.add_sub_keys, packet.del_sub_keys):
+            self.send(P.SecRply(packet.xid))
+
+    def _quench(self, packet):
+        self.protocol_error(packet.xid, errors.NOT_IMPL,
+                            "quench is not implemented by this router yet")
+
+    # -- notifications ----------------------------------------------------------
+
+    def _notification_problem(self, attributes):
+        """Why ``attributes`` break this session's limits, or None."""
+        options = self.options
+        if not attributes:
+            return "a notification needs at least one attribute"
+        if len(attributes) > options["Attribute.Max-Count"]:
+            return f"more than Attribute.Max-Count ({options['Attribute.Max-Count']}) attributes"
+        name_max = options["Attribute.Name.Max-Length"]
+        string_max = options["Attribute.String.Max-Length"]
+        opaque_max = options["Attribute.Opaque.Max-Length"]
+        for name, value in attributes.items():
+            if len(name) > name_max and len(name.encode("utf-8")) > name_max:
+                return f"attribute name longer than Attribute.Name.Max-Length ({name_max})"
+            kind = type_of(value)
+            if kind == STRING and len(value) * 4 > string_max and len(
+                    value.encode("utf-8")) > string_max:
+                return (f"string attribute {name!r} longer than "
+                        f"Attribute.String.Max-Length ({string_max})")
+            if kind == OPAQUE and len(value) > opaque_max:
+                return (f"opaque attribute {name!r} longer than "
+                        f"Attribute.Opaque.Max-Length ({opaque_max})")
+        return None
+
+    def _notify_emit(self, packet):
+        self._emit(packet.attributes, packet.deliver_insecure, packet.keys)
+
+    def _unotify(self, packet):
+        if (packet.client_major_version != PROTOCOL_MAJOR
+                or packet.client_minor_version > PROTOCOL_MINOR):
+            return  # 7.4.1: silently discarded
+        self.router.stats["unotify"] += 1
+        self._emit(packet.attributes, packet.deliver_insecure, packet.keys)
+
+    def _emit(self, attributes, deliver_insecure, keys):
+        problem = self._notification_problem(attributes)
+        if problem is not None:
+            # 7.3.3: a protocol error in a NotifyEmit is ignored, not Nacked.
+            self.router.stats["rejected_notifications"] += 1
+            self.log.info("ignored notification from {peer}: {problem}",
+                          peer=self.peer, problem=problem)
+            return
+        if self.router.verbose:
+            self.log.info("notification from {peer}: {names}", peer=self.peer,
+                          names=sorted(attributes))
+        self.router.route(attributes, deliver_insecure, keys)
+
+    # -- subscriptions ----------------------------------------------------------
+
+    def _compile(self, xid, expression):
+        """Parse ``expression`` or Nack; returns a Subscription or None."""
+        max_length = self.options["Subscription.Max-Length"]
+        if len(expression.encode("utf-8")) > max_length:
+            self.protocol_error(xid, errors.QOS_LIMIT,
+                                f"subscription longer than Subscription.Max-Length "
+                                f"({max_length} bytes)", ("Subscription.Max-Length",))
+            return None
+        try:
+            return Subscription(expression)
+        except SubscriptionError as e:
+            self.protocol_error(xid, e.code, str(e), _nack_args(e))
+            return None
+
+    def _sub_add(self, packet):
+        limit = self.options["Subscription.Max-Count"]
+        if len(self.subscriptions) >= limit:
+            self.protocol_error(packet.xid, errors.QOS_LIMIT,
+                                f"client already has Subscription.Max-Count ({limit}) "
+                                "subscriptions", ("Subscription.Max-Count",))
+            return
+        if not self._check_keys(packet.xid, packet.keys):
+            return
+        subscription = self._compile(packet.xid, packet.expression)
+        if subscription is None:
+            return
+        try:
+            entry = self.router.add_subscription(self, subscription,
+                                                 packet.accept_insecure, packet.keys)
+        except errors.ElvinError as e:
+            self.protocol_error(packet.xid, e.code, str(e))
+            return
+        self.subscriptions[entry.id] = entry
+        self.send(P.SubRply(packet.xid, entry.id))
+
+    def _sub_mod(self, packet):
+        entry = self.subscriptions.get(packet.subscription_id)
+        if entry is None:
+            self.protocol_error(packet.xid, errors.NO_SUCH_SUB,
+                                f"no such subscription: {packet.subscription_id}",
+                                (_id_arg(packet.subscription_id),))
+            return
+        if not self._check_keys(packet.xid, packet.add_keys, packet.del_keys):
+            return
+        if packet.expression:
+            subscription = self._compile(packet.xid, packet.expression)
+            if subscription is None:
+                return
+            self.router.replace_subscription(entry, subscription)
+        entry.accept_insecure = packet.accept_insecure
+        self.send(P.SubRply(packet.xid, entry.id))
+
+    def _sub_del(self, packet):
+        entry = self.subscriptions.pop(packet.subscription_id, None)
+        if entry is None:
+            self.protocol_error(packet.xid, errors.NO_SUCH_SUB,
+                                f"no such subscription: {packet.subscription_id}",
+                                (_id_arg(packet.subscription_id),))
+            return
+        self.router.remove_subscription(entry)
+        self.send(P.SubRply(packet.xid, entry.id))
+
+
+def _id_arg(value):
+    from elvin.values import Int64
+    return Int64(value if value < (1 << 63) else value - (1 << 64))
+
+
+def _nack_args(error):
+    """Nack arguments for a subscription error, as the table in 7.4.2 lists."""
+    if error.code == errors.EXP_IS_TRIVIAL:
+        return ()
+    if error.code in (errors.UNTERM_STRING, errors.NESTING_TOO_DEEP):
+        return (error.offset,)
+    return (error.offset, error.token or "")
+
+
+_HANDLERS = {
+    P.ConnRqst: None,
+    P.UNotify: None,
+    P.DisconnRqst: ClientSession._disconn_rqst,
+    P.TestConn: ClientSession._test_conn,
+    P.QosRqst: ClientSession._qos_rqst,
+    P.SecRqst: ClientSession._sec_rqst,
+    P.NotifyEmit: ClientSession._notify_emit,
+    P.SubAddRqst: ClientSession._sub_add,
+    P.SubModRqst: ClientSession._sub_mod,
+    P.SubDelRqst: ClientSession._sub_del,
+    P.QnchAddRqst: ClientSession._quench,
+    P.QnchModRqst: ClientSession._quench,
+    P.QnchDelRqst: ClientSession._quench,
+}

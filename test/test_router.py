@@ -1,0 +1,390 @@
+"""Unit tests of the sans-IO router core: packets in, packets out, no reactor."""
+
+from twisted.trial import unittest
+
+from elvin import errors
+from elvin.protocols import packets as P
+from elvin.router import Router, SessionOutput
+from elvin.values import Int64
+
+
+class RecordingOutput(SessionOutput):
+    """A SessionOutput that keeps what the session sends, decoded."""
+
+    def __init__(self):
+        self.sent = []
+        self.droppable = []
+        self.closed = False
+        self.aborted = False
+        self.configured = None
+        self.idle = True
+
+    def send(self, packet):
+        self.sent.append(P.decode(P.encode(packet)))
+        self.droppable.append(False)
+
+    def send_encoded(self, data, droppable):
+        self.sent.append(P.decode(data))
+        self.droppable.append(droppable)
+
+    def is_idle(self):
+        return self.idle
+
+    def configure(self, options):
+        self.configured = options
+
+    def close(self):
+        self.closed = True
+
+    def abort(self):
+        self.aborted = True
+
+    def take(self):
+        sent, self.sent = self.sent, []
+        return sent
+
+
+class RouterTestCase(unittest.TestCase):
+    def setUp(self):
+        self.router = Router()
+        self._xid = 0
+
+    def xid(self):
+        self._xid += 1
+        return self._xid
+
+    def connect(self, options=None):
+        out = RecordingOutput()
+        session = self.router.open_session(out, "test")
+        session.packet_received(P.ConnRqst(self.xid(), 4, 0, options or {},
+                                           P.Keys.EMPTY, P.Keys.EMPTY))
+        (reply,) = out.take()
+        self.assertIsInstance(reply, P.ConnRply)
+        return session, out
+
+    def subscribe(self, session, out, expression, accept_insecure=True):
+        session.packet_received(P.SubAddRqst(self.xid(), expression, accept_insecure,
+                                             P.Keys.EMPTY))
+        (reply,) = out.take()
+        return reply
+
+    def emit(self, session, attributes, deliver_insecure=True):
+        session.packet_received(P.NotifyEmit(attributes, deliver_insecure, P.Keys.EMPTY))
+
+
+class ConnectTests(RouterTestCase):
+    def test_connrply_answers_every_understood_option(self):
+        out = RecordingOutput()
+        session = self.router.open_session(out)
+        session.packet_received(P.ConnRqst(7, 4, 0, {
+            "Subscription.Max-Count": 50,
+            "router.attribute.max-count": 100,
+            "Unknown.Option": 3,
+            "Attribute.Max-Count": 10,           # below the minimum: offered 16
+            "Send-Queue.Drop-Policy": "bogus",   # not a policy: offered the default
+        }, P.Keys.EMPTY, P.Keys.EMPTY))
+        (reply,) = out.take()
+        self.assertEqual(reply.xid, 7)
+        self.assertEqual(reply.options["Subscription.Max-Count"], 50)
+        self.assertEqual(reply.options["router.attribute.max-count"], 100)
+        self.assertNotIn("Unknown.Option", reply.options)
+        self.assertEqual(reply.options["Attribute.Max-Count"], 16)
+        self.assertEqual(reply.options["Send-Queue.Drop-Policy"], "oldest")
+        self.assertIn("Vendor-Identification", reply.options)
+        self.assertIn("Supported-Key-Schemes", reply.options)
+        self.assertEqual(session.options["Subscription.Max-Count"], 50)
+        self.assertIs(out.configured, session.options)
+
+    def test_wrong_major_version_is_nacked(self):
+        out = RecordingOutput()
+        session = self.router.open_session(out)
+        session.packet_received(P.ConnRqst(3, 5, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY))
+        (nack,) = out.take()
+        self.assertIsInstance(nack, P.Nack)
+        self.assertEqual((nack.xid, nack.error), (3, errors.PROT_INCOMPAT))
+
+    def test_newer_minor_version_is_nacked(self):
+        out = RecordingOutput()
+        session = self.router.open_session(out)
+        session.packet_received(P.ConnRqst(3, 4, 1, {}, P.Keys.EMPTY, P.Keys.EMPTY))
+        self.assertEqual(out.take()[0].error, errors.PROT_INCOMPAT)
+
+    def test_packet_before_connect_is_a_violation(self):
+        out = RecordingOutput()
+        session = self.router.open_session(out)
+        session.packet_received(P.SubAddRqst(1, "x == 1", True, P.Keys.EMPTY))
+        self.assertTrue(out.aborted)
+        self.assertEqual(out.take(), [])
+
+    def test_second_connrqst_is_a_violation(self):
+        session, out = self.connect()
+        session.packet_received(P.ConnRqst(9, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY))
+        self.assertTrue(out.aborted)
+
+    def test_reply_packet_from_client_is_a_violation(self):
+        session, out = self.connect()
+        session.packet_received(P.SubRply(1, 1))
+        self.assertTrue(out.aborted)
+
+    def test_undecodable_packet_is_a_violation(self):
+        session, out = self.connect()
+        session.decode_failed("bad")
+        self.assertTrue(out.aborted)
+        self.assertNotIn(session, self.router.sessions)
+
+    def test_unknown_key_scheme_is_nacked(self):
+        out = RecordingOutput()
+        session = self.router.open_session(out)
+        keys = P.Keys({99: [[b"k"]]})
+        session.packet_received(P.ConnRqst(2, 4, 0, {}, keys, P.Keys.EMPTY))
+        (nack,) = out.take()
+        self.assertEqual(nack.error, errors.BAD_KEY_SCHEME)
+
+    def test_disconnect_request(self):
+        session, out = self.connect()
+        self.subscribe(session, out, "x == 1")
+        session.packet_received(P.DisconnRqst(44))
+        (reply,) = out.take()
+        self.assertEqual(reply, P.DisconnRply(44))
+        self.assertTrue(out.closed)
+        self.assertEqual(len(self.router.index), 0)
+        self.assertNotIn(session, self.router.sessions)
+
+    def test_test_conn_gets_conf_conn_when_idle(self):
+        session, out = self.connect()
+        session.packet_received(P.TestConn())
+        self.assertEqual(out.take(), [P.ConfConn()])
+
+    def test_test_conn_not_answered_when_packets_are_waiting(self):
+        session, out = self.connect()
+        out.idle = False
+        session.packet_received(P.TestConn())
+        self.assertEqual(out.take(), [])
+
+    def test_shutdown_sends_disconn(self):
+        s1, out1 = self.connect()
+        s2, out2 = self.connect()
+        self.router.shutdown()
+        for out in (out1, out2):
+            (packet,) = out.take()
+            self.assertIsInstance(packet, P.Disconn)
+            self.assertEqual(packet.reason, 1)
+            self.assertTrue(out.closed)
+        self.assertEqual(self.router.sessions, set())
+
+    def test_connect_refused_while_shutting_down(self):
+        self.router.shutdown()
+        out = RecordingOutput()
+        session = self.router.open_session(out)
+        session.packet_received(P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY))
+        self.assertIsInstance(out.take()[0], P.Nack)
+        self.assertTrue(out.closed)
+
+    def test_max_connections(self):
+        self.router.max_connections = 1
+        self.connect()
+        out = RecordingOutput()
+        session = self.router.open_session(out)
+        session.packet_received(P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY))
+        self.assertEqual(out.take()[0].error, errors.IMPL_LIMIT)
+
+    def test_qos_renegotiates(self):
+        session, out = self.connect()
+        session.packet_received(P.QosRqst(5, {"Subscription.Max-Count": 20}))
+        (reply,) = out.take()
+        self.assertIsInstance(reply, P.QosRply)
+        self.assertEqual(reply.options["Subscription.Max-Count"], 20)
+        self.assertEqual(session.options["Subscription.Max-Count"], 20)
+
+    def test_quench_not_implemented(self):
+        session, out = self.connect()
+        session.packet_received(P.QnchAddRqst(5, ("x",), True, P.Keys.EMPTY))
+        (nack,) = out.take()
+        self.assertEqual((nack.xid, nack.error), (5, errors.NOT_IMPL))
+
+
+class SubscriptionTests(RouterTestCase):
+    def test_add_modify_delete(self):
+        session, out = self.connect()
+        reply = self.subscribe(session, out, 'Group == "chat"')
+        self.assertIsInstance(reply, P.SubRply)
+        sub_id = reply.subscription_id
+        self.assertNotEqual(sub_id, 0)
+        self.emit(session, {"Group": "chat"})
+        (deliver,) = out.take()
+        self.assertEqual(deliver.insecure_matches, (sub_id,))
+        session.packet_received(P.SubModRqst(8, sub_id, 'Group == "news"', True,
+                                             P.Keys.EMPTY, P.Keys.EMPTY))
+        self.assertEqual(out.take(), [P.SubRply(8, sub_id)])
+        self.emit(session, {"Group": "chat"})
+        self.assertEqual(out.take(), [])
+        self.emit(session, {"Group": "news"})
+        self.assertEqual(len(out.take()), 1)
+        session.packet_received(P.SubDelRqst(9, sub_id))
+        self.assertEqual(out.take(), [P.SubRply(9, sub_id)])
+        self.emit(session, {"Group": "news"})
+        self.assertEqual(out.take(), [])
+
+    def test_parse_error_nack_carries_code_and_args(self):
+        session, out = self.connect()
+        nack = self.subscribe(session, out, 'x == "abc')
+        self.assertIsInstance(nack, P.Nack)
+        self.assertEqual(nack.error, errors.UNTERM_STRING)
+        self.assertEqual(nack.args, (5,))
+        nack = self.subscribe(session, out, "foo(x)")
+        self.assertEqual(nack.error, errors.UNKNOWN_FUNC)
+        self.assertEqual(nack.args, (0, "foo"))
+        nack = self.subscribe(session, out, "1 == 1")
+        self.assertEqual((nack.error, nack.args), (errors.EXP_IS_TRIVIAL, ()))
+
+    def test_modify_with_bad_expression_keeps_old(self):
+        session, out = self.connect()
+        sub_id = self.subscribe(session, out, "x == 1").subscription_id
+        session.packet_received(P.SubModRqst(3, sub_id, "x ==", True,
+                                             P.Keys.EMPTY, P.Keys.EMPTY))
+        self.assertEqual(out.take()[0].error, errors.PARSE_ERROR)
+        self.emit(session, {"x": 1})
+        self.assertEqual(len(out.take()), 1)
+
+    def test_modify_empty_expression_changes_only_insecure_flag(self):
+        session, out = self.connect()
+        sub_id = self.subscribe(session, out, "x == 1").subscription_id
+        session.packet_received(P.SubModRqst(3, sub_id, "", False,
+                                             P.Keys.EMPTY, P.Keys.EMPTY))
+        self.assertEqual(out.take(), [P.SubRply(3, sub_id)])
+        self.emit(session, {"x": 1})
+        self.assertEqual(out.take(), [])  # no keys, and insecure not accepted
+
+    def test_no_such_subscription(self):
+        session, out = self.connect()
+        session.packet_received(P.SubDelRqst(4, 12345))
+        (nack,) = out.take()
+        self.assertEqual(nack.error, errors.NO_SUCH_SUB)
+        self.assertEqual(nack.args, (Int64(12345),))
+        session.packet_received(P.SubModRqst(5, 12345, "x == 1", True,
+                                             P.Keys.EMPTY, P.Keys.EMPTY))
+        self.assertEqual(out.take()[0].error, errors.NO_SUCH_SUB)
+
+    def test_cannot_touch_another_clients_subscription(self):
+        s1, out1 = self.connect()
+        s2, out2 = self.connect()
+        sub_id = self.subscribe(s1, out1, "x == 1").subscription_id
+        s2.packet_received(P.SubDelRqst(4, sub_id))
+        self.assertEqual(out2.take()[0].error, errors.NO_SUCH_SUB)
+
+    def test_subscription_max_count(self):
+        session, out = self.connect({"Subscription.Max-Count": 16})
+        for i in range(16):
+            self.assertIsInstance(self.subscribe(session, out, f"x == {i}"), P.SubRply)
+        nack = self.subscribe(session, out, "x == 99")
+        self.assertEqual(nack.error, errors.QOS_LIMIT)
+        self.assertEqual(nack.args, ("Subscription.Max-Count",))
+
+    def test_subscription_max_length(self):
+        session, out = self.connect({"Subscription.Max-Length": 1024})
+        nack = self.subscribe(session, out, "x == " + "1 + " * 300 + "1")
+        self.assertEqual(nack.error, errors.QOS_LIMIT)
+        self.assertEqual(nack.args, ("Subscription.Max-Length",))
+
+    def test_router_wide_subscription_cap(self):
+        self.router.max_subscriptions = 2
+        session, out = self.connect()
+        self.subscribe(session, out, "x == 1")
+        self.subscribe(session, out, "x == 2")
+        self.assertEqual(self.subscribe(session, out, "x == 3").error, errors.IMPL_LIMIT)
+
+    def test_connection_lost_removes_subscriptions(self):
+        session, out = self.connect()
+        self.subscribe(session, out, "x == 1")
+        session.connection_lost()
+        self.assertEqual(len(self.router.index), 0)
+        self.assertEqual(self.router.subscriptions, {})
+
+    def test_repeated_protocol_errors_disconnect(self):
+        session, out = self.connect()
+        for i in range(100):
+            session.packet_received(P.SubDelRqst(i + 1, 999))
+        packets = out.take()
+        self.assertIsInstance(packets[-1], P.Disconn)
+        self.assertEqual(packets[-1].reason, 4)
+        self.assertTrue(out.closed)
+
+
+class RoutingTests(RouterTestCase):
+    def test_one_delivery_per_client_with_all_matching_ids(self):
+        s1, out1 = self.connect()
+        s2, out2 = self.connect()
+        a = self.subscribe(s1, out1, "x > 1").subscription_id
+        b = self.subscribe(s1, out1, "x > 2").subscription_id
+        self.subscribe(s1, out1, "x > 100")
+        c = self.subscribe(s2, out2, "require(x)").subscription_id
+        publisher, pout = self.connect()
+        self.emit(publisher, {"x": 5, "y": "text"})
+        (d1,) = out1.take()
+        self.assertEqual(sorted(d1.insecure_matches), sorted([a, b]))
+        self.assertEqual(d1.secure_matches, ())
+        self.assertEqual(d1.attributes, {"x": 5, "y": "text"})
+        (d2,) = out2.take()
+        self.assertEqual(d2.insecure_matches, (c,))
+        self.assertEqual(pout.take(), [])
+        self.assertEqual(out1.droppable, [False] * 4 + [True])  # ConnRply, 3 SubRply
+
+    def test_types_survive_delivery(self):
+        session, out = self.connect()
+        self.subscribe(session, out, "require(a)")
+        attrs = {"a": 1, "b": Int64(2), "c": 2.5, "d": "s", "e": b"\x00\x01"}
+        self.emit(session, attrs)
+        (deliver,) = out.take()
+        self.assertEqual(deliver.attributes, attrs)
+        self.assertIs(type(deliver.attributes["b"]), Int64)
+
+    def test_deliver_insecure_false_without_keys_reaches_nobody(self):
+        session, out = self.connect()
+        self.subscribe(session, out, "require(a)")
+        self.emit(session, {"a": 1}, deliver_insecure=False)
+        self.assertEqual(out.take(), [])
+
+    def test_notification_over_attribute_limit_is_ignored(self):
+        session, out = self.connect({"Attribute.Max-Count": 16})
+        self.subscribe(session, out, "require(a0)")
+        self.emit(session, {f"a{i}": i for i in range(17)})
+        self.assertEqual(out.take(), [])
+        self.assertEqual(self.router.stats["rejected_notifications"], 1)
+        self.emit(session, {f"a{i}": i for i in range(16)})
+        self.assertEqual(len(out.take()), 1)
+
+    def test_string_length_limit(self):
+        session, out = self.connect({"Attribute.String.Max-Length": 1024})
+        self.subscribe(session, out, "require(a)")
+        self.emit(session, {"a": "é" * 600})  # 1200 bytes of UTF-8
+        self.assertEqual(out.take(), [])
+        self.emit(session, {"a": "e" * 1000})
+        self.assertEqual(len(out.take()), 1)
+
+    def test_empty_notification_is_ignored(self):
+        session, out = self.connect()
+        self.subscribe(session, out, "require(a)")
+        self.emit(session, {})
+        self.assertEqual(out.take(), [])
+
+    def test_unotify(self):
+        consumer, out = self.connect()
+        self.subscribe(consumer, out, "require(a)")
+        producer_out = RecordingOutput()
+        producer = self.router.open_session(producer_out)
+        producer.packet_received(P.UNotify(4, 0, {"a": 1}, True, P.Keys.EMPTY))
+        producer.packet_received(P.UNotify(4, 0, {"a": 2}, True, P.Keys.EMPTY))
+        producer.packet_received(P.UNotify(3, 0, {"a": 3}, True, P.Keys.EMPTY))
+        self.assertEqual([d.attributes["a"] for d in out.take()], [1, 2])
+        self.assertEqual(producer_out.take(), [])
+        producer.packet_received(P.NotifyEmit({"a": 1}, True, P.Keys.EMPTY))
+        self.assertTrue(producer_out.aborted)
+
+    def test_no_delivery_after_disconnect_request(self):
+        session, out = self.connect()
+        self.subscribe(session, out, "require(a)")
+        session.packet_received(P.DisconnRqst(1))
+        out.take()
+        other, _ = self.connect()
+        self.emit(other, {"a": 1})
+        self.assertEqual(out.take(), [])

@@ -1,0 +1,214 @@
+"""Protocol tests: the server protocol over StringTransport, and the send queue."""
+
+import struct
+
+from twisted.internet.testing import StringTransport
+from twisted.internet.task import Clock
+from twisted.trial import unittest
+
+from elvin import errors
+from elvin.options import DropPolicy
+from elvin.protocols import packets as P
+from elvin.protocols.server import ElvinServerFactory
+from elvin.router import Router
+from elvin.sendqueue import QueueOverflow, SendQueue
+
+
+def frame(packet):
+    data = P.encode(packet)
+    return struct.pack(">I", len(data)) + data
+
+
+def unframe(data):
+    packets = []
+    while data:
+        (length,) = struct.unpack(">I", data[:4])
+        packets.append(P.decode(data[4:4 + length]))
+        data = data[4 + length:]
+    return packets
+
+
+class Harness:
+    def __init__(self, router=None, clock=None):
+        self.router = router or Router()
+        self.clock = clock or Clock()
+        self.factory = ElvinServerFactory(self.router, self.clock, connect_timeout=30)
+
+    def client(self):
+        proto = self.factory.buildProtocol(None)
+        transport = StringTransport()
+        proto.makeConnection(transport)
+        return proto, transport
+
+
+class ServerProtocolTests(unittest.TestCase):
+    def setUp(self):
+        self.h = Harness()
+
+    def connected(self, options=None):
+        proto, transport = self.h.client()
+        proto.dataReceived(frame(P.ConnRqst(1, 4, 0, options or {}, P.Keys.EMPTY,
+                                            P.Keys.EMPTY)))
+        (reply,) = unframe(transport.value())
+        self.assertIsInstance(reply, P.ConnRply)
+        transport.clear()
+        return proto, transport
+
+    def test_connect_split_across_reads(self):
+        proto, transport = self.h.client()
+        data = frame(P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY))
+        for i in range(len(data)):
+            proto.dataReceived(data[i:i + 1])
+        self.assertIsInstance(unframe(transport.value())[0], P.ConnRply)
+
+    def test_subscribe_and_deliver(self):
+        proto, transport = self.connected()
+        proto.dataReceived(frame(P.SubAddRqst(2, "a > 1", True, P.Keys.EMPTY))
+                           + frame(P.NotifyEmit({"a": 2}, True, P.Keys.EMPTY)))
+        rply, deliver = unframe(transport.value())
+        self.assertEqual(rply.xid, 2)
+        self.assertEqual(deliver.insecure_matches, (rply.subscription_id,))
+
+    def test_garbage_packet_aborts_only_that_connection(self):
+        good, good_t = self.connected()
+        good.dataReceived(frame(P.SubAddRqst(2, "require(a)", True, P.Keys.EMPTY)))
+        good_t.clear()
+        bad, bad_t = self.connected()
+        bad.dataReceived(struct.pack(">II", 4, 9999))  # unknown packet id
+        self.assertTrue(bad_t.disconnecting)
+        other, other_t = self.connected()
+        other.dataReceived(frame(P.NotifyEmit({"a": 1}, True, P.Keys.EMPTY)))
+        self.assertEqual(len(unframe(good_t.value())), 1)
+
+    def test_oversize_frame_resets(self):
+        proto, transport = self.connected({"Packet.Max-Length": 1024})
+        proto.dataReceived(struct.pack(">I", 4096))
+        self.assertTrue(transport.disconnecting)
+
+    def test_silent_channel_closed_after_timeout(self):
+        proto, transport = self.h.client()
+        self.h.clock.advance(31)
+        self.assertTrue(transport.disconnecting)
+
+    def test_connected_channel_not_timed_out(self):
+        proto, transport = self.connected()
+        self.h.clock.advance(31)
+        self.assertFalse(transport.disconnecting)
+
+    def test_disconnect_flushes_then_closes(self):
+        proto, transport = self.connected()
+        proto.dataReceived(frame(P.DisconnRqst(5)))
+        self.assertEqual(unframe(transport.value()), [P.DisconnRply(5)])
+        self.assertTrue(transport.disconnecting)
+
+    def test_connection_lost_cleans_up(self):
+        proto, transport = self.connected()
+        proto.dataReceived(frame(P.SubAddRqst(2, "require(a)", True, P.Keys.EMPTY)))
+        proto.connectionLost(None)
+        self.assertEqual(len(self.h.router.index), 0)
+        self.assertEqual(self.h.router.sessions, set())
+
+    def test_slow_consumer_gets_dropwarn_and_others_keep_receiving(self):
+        slow, slow_t = self.connected({"Send-Queue.Max-Length": 4096})
+        fast, fast_t = self.connected()
+        for proto in (slow, fast):
+            proto.dataReceived(frame(P.SubAddRqst(2, "require(n)", True, P.Keys.EMPTY)))
+        slow_t.clear()
+        fast_t.clear()
+        slow.pauseProducing()  # what Twisted does when the socket stops draining
+        producer, _ = self.connected()
+        for n in range(200):
+            producer.dataReceived(frame(P.NotifyEmit({"n": n, "pad": "x" * 100},
+                                                     True, P.Keys.EMPTY)))
+        self.assertEqual(len(unframe(fast_t.value())), 200)
+        self.assertEqual(slow_t.value(), b"")
+        self.assertLessEqual(slow.queue.size, 4096)
+        slow.resumeProducing()
+        received = unframe(slow_t.value())
+        kinds = [type(p) for p in received]
+        self.assertIn(P.DropWarn, kinds)
+        numbers = [p.attributes["n"] for p in received if type(p) is P.NotifyDeliver]
+        self.assertEqual(numbers, sorted(numbers))
+        self.assertEqual(numbers[-1], 199)  # policy "oldest" keeps the newest
+        self.assertGreater(slow.session.dropped, 0)
+
+    def test_replies_are_never_dropped(self):
+        proto, transport = self.connected({"Send-Queue.Max-Length": 1024})
+        proto.dataReceived(frame(P.SubAddRqst(2, "require(n)", True, P.Keys.EMPTY)))
+        transport.clear()
+        proto.pauseProducing()
+        for i in range(100):
+            proto.dataReceived(frame(P.SubAddRqst(10 + i, f"n == {i}", True, P.Keys.EMPTY)))
+        proto.resumeProducing()
+        replies = [p for p in unframe(transport.value()) if type(p) is P.SubRply]
+        self.assertEqual(len(replies), 100)
+
+    def test_shutdown_sends_disconn_to_every_client(self):
+        clients = [self.connected() for _ in range(3)]
+        self.h.router.shutdown()
+        for proto, transport in clients:
+            (packet,) = unframe(transport.value())
+            self.assertEqual(packet, P.Disconn(1, "router is shutting down"))
+            self.assertTrue(transport.disconnecting)
+
+
+class SendQueueTests(unittest.TestCase):
+    WARN = b"WARN----"
+
+    def queue(self, policy, size=100):
+        return SendQueue(size, policy, self.WARN)
+
+    def drain(self, q):
+        out = []
+        while q:
+            out.append(q.pop())
+        return out
+
+    def test_fits(self):
+        q = self.queue(DropPolicy.OLDEST)
+        self.assertEqual(q.push(b"a" * 40, True), 0)
+        self.assertEqual(q.push(b"b" * 40, True), 0)
+        self.assertEqual(q.size, 80)
+        self.assertEqual(self.drain(q), [b"a" * 40, b"b" * 40])
+
+    def test_oldest(self):
+        q = self.queue(DropPolicy.OLDEST)
+        q.push(b"a" * 40, True)
+        q.push(b"b" * 40, True)
+        self.assertEqual(q.push(b"c" * 40, True), 1)
+        self.assertEqual(self.drain(q), [self.WARN, b"b" * 40, b"c" * 40])
+
+    def test_newest(self):
+        q = self.queue(DropPolicy.NEWEST)
+        q.push(b"a" * 40, True)
+        q.push(b"b" * 40, True)
+        self.assertEqual(q.push(b"c" * 40, True), 1)
+        self.assertEqual(q.push(b"d" * 40, True), 1)
+        self.assertEqual(self.drain(q), [b"a" * 40, b"b" * 40, self.WARN])
+
+    def test_largest(self):
+        q = self.queue(DropPolicy.LARGEST)
+        q.push(b"a" * 20, True)
+        q.push(b"b" * 60, True)
+        q.push(b"c" * 30, True)
+        self.assertEqual(self.drain(q), [b"a" * 20, self.WARN, b"c" * 30])
+
+    def test_none_refuses(self):
+        q = self.queue(DropPolicy.NONE)
+        q.push(b"a" * 80, True)
+        self.assertRaises(QueueOverflow, q.push, b"b" * 40, True)
+
+    def test_undroppable_packets_are_kept(self):
+        q = self.queue(DropPolicy.OLDEST)
+        q.push(b"r" * 60, False)
+        q.push(b"d" * 30, True)
+        q.push(b"s" * 60, False)
+        self.assertEqual(self.drain(q), [b"r" * 60, self.WARN, b"s" * 60])
+
+    def test_adjacent_warnings_coalesce(self):
+        q = self.queue(DropPolicy.OLDEST)
+        for c in b"abcdef":
+            q.push(bytes([c]) * 30, True)
+        packets = self.drain(q)
+        self.assertEqual(packets.count(self.WARN), 1)
+        self.assertEqual(packets[-1], b"f" * 30)
