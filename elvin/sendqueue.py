@@ -6,7 +6,9 @@ limit, droppable packets (deliveries and quench notifications) are removed
 as the client's ``Send-Queue.Drop-Policy`` says, and a DropWarn takes the
 place of what was dropped, so the client learns where the gap is (5.4.6).
 Replies (SubRply, Nack, ...) are never dropped: losing them would break the
-session's state.
+session's state. A DropWarn marks a gap and does not count against the
+limit (at most one stands between two surviving packets), so the newest
+packet always fits under policy ``oldest``.
 """
 
 import collections
@@ -88,7 +90,6 @@ class SendQueue:
                 del entries[index]
             else:
                 entries[index] = _Entry(self._dropwarn, False, True)
-                self.size += len(self._dropwarn)
 
     def _choose_victim(self):
         entries = self._entries
@@ -111,12 +112,12 @@ class SendQueue:
     def _warn_at_tail(self):
         if not (self._entries and self._entries[-1].dropwarn):
             self._entries.append(_Entry(self._dropwarn, False, True))
-            self.size += len(self._dropwarn)
 
     def pop(self):
         """Remove and return the oldest packet's bytes."""
         entry = self._entries.popleft()
-        self.size -= len(entry.data)
+        if not entry.dropwarn:
+            self.size -= len(entry.data)
         return entry.data
 
     def clear(self):

@@ -1,0 +1,403 @@
+"""Tests for elvin.config: the router's configuration file."""
+
+import os
+
+from twisted.trial import unittest
+
+from elvin import config
+from elvin.config import ConfigError, RouterConfig
+from elvin.options import OPTIONS
+from elvin.uri import ElvinURI
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(REPO, "conf", "elvind.conf")
+
+
+class DefaultsTests(unittest.TestCase):
+
+    def test_defaults(self):
+        c = RouterConfig()
+        self.assertEqual(c.listen, [])
+        self.assertFalse(c.verbose)
+        self.assertEqual(c.max_connections, 10_000)
+        self.assertEqual(c.max_subscriptions, 1_000_000)
+        self.assertEqual(c.connect_timeout, 30.0)
+        self.assertIsNone(c.source)
+        for name, spec in OPTIONS.items():
+            self.assertEqual(c.option_specs[name].default, spec.default, name)
+
+    def test_empty_text(self):
+        c = config.parse("")
+        self.assertEqual(c.listen, [])
+        self.assertEqual(c.source, "<config>")
+
+    def test_option_specs_are_a_copy(self):
+        """Changing a default in one config leaves OPTIONS and others alone."""
+        before = OPTIONS["Send-Queue.Max-Length"].default
+        c = config.parse("Send-Queue.Max-Length = 4096\n")
+        self.assertEqual(c.option_specs["Send-Queue.Max-Length"].default, 4096)
+        self.assertEqual(OPTIONS["Send-Queue.Max-Length"].default, before)
+        self.assertEqual(RouterConfig().option_specs["Send-Queue.Max-Length"].default,
+                         before)
+
+
+class ParseTests(unittest.TestCase):
+
+    def test_comments_and_blank_lines(self):
+        text = ("# a comment\n"
+                "\n"
+                "   \n"
+                "   # an indented comment\n"
+                "verbose = yes   # trailing comment\n"
+                "\t\n")
+        c = config.parse(text, "x.conf")
+        self.assertTrue(c.verbose)
+        self.assertEqual(c.listen, [])
+        self.assertEqual(c.source, "x.conf")
+
+    def test_repeated_listen(self):
+        c = config.parse("listen = elvin://localhost:2917\n"
+                         "listen = elvin:4.0/tcp,none,xdr/[::1]:2918\n"
+                         "listen=elvin:/tcp,none,xdr/0.0.0.0:2919\n")
+        self.assertEqual(c.listen, [ElvinURI("elvin://localhost:2917"),
+                                    ElvinURI("elvin:4.0/tcp,none,xdr/[::1]:2918"),
+                                    ElvinURI("elvin:/tcp,none,xdr/0.0.0.0:2919")])
+        self.assertEqual([(u.host, u.port) for u in c.listen],
+                         [("localhost", 2917), ("::1", 2918), ("0.0.0.0", 2919)])
+
+    def test_every_router_setting(self):
+        c = config.parse("verbose = on\n"
+                         "max-connections = 12\n"
+                         "max-subscriptions = 0x100\n"
+                         "connect-timeout = 2.5\n")
+        self.assertTrue(c.verbose)
+        self.assertEqual(c.max_connections, 12)
+        self.assertEqual(c.max_subscriptions, 256)
+        self.assertEqual(c.connect_timeout, 2.5)
+
+    def test_setting_names_case_insensitive(self):
+        c = config.parse("Verbose = yes\nMAX-CONNECTIONS = 3\nListen = elvin://h\n")
+        self.assertTrue(c.verbose)
+        self.assertEqual(c.max_connections, 3)
+        self.assertEqual(c.listen, [ElvinURI("elvin://h")])
+
+    def test_connect_timeout_zero(self):
+        """Zero disables the timeout for silent channels."""
+        self.assertEqual(config.parse("connect-timeout = 0").connect_timeout, 0.0)
+
+    def test_booleans(self):
+        for word in ("yes", "true", "on", "1", "YES", "True"):
+            self.assertTrue(config.parse(f"verbose = {word}").verbose, word)
+        for word in ("no", "false", "off", "0", "No"):
+            self.assertFalse(config.parse(f"verbose = {word}").verbose, word)
+
+    def test_later_setting_wins(self):
+        c = config.parse("max-connections = 5\nmax-connections = 7\n")
+        self.assertEqual(c.max_connections, 7)
+
+    def test_connection_options(self):
+        c = config.parse("Send-Queue.Max-Length = 4096\n"
+                         "Send-Queue.Drop-Policy = newest\n"
+                         "Receive-Queue.Drop-Policy = largest\n"
+                         "Subscription.Max-Count = 16\n"
+                         "TCP.Send-Immediately = 1\n")
+        specs = c.option_specs
+        self.assertEqual(specs["Send-Queue.Max-Length"].default, 4096)
+        self.assertEqual(specs["Send-Queue.Drop-Policy"].default, "newest")
+        self.assertEqual(specs["Receive-Queue.Drop-Policy"].default, "largest")
+        self.assertEqual(specs["Subscription.Max-Count"].default, 16)
+        self.assertEqual(specs["TCP.Send-Immediately"].default, 1)
+        # The range a client may negotiate within is unchanged.
+        for name in ("Send-Queue.Max-Length", "Subscription.Max-Count"):
+            self.assertEqual((specs[name].low, specs[name].high),
+                             (OPTIONS[name].low, OPTIONS[name].high))
+        # Options not mentioned keep their defaults.
+        self.assertEqual(specs["Packet.Max-Length"].default,
+                         OPTIONS["Packet.Max-Length"].default)
+
+    def test_every_connection_option_at_its_bounds(self):
+        for name, spec in OPTIONS.items():
+            if spec.kind is int:
+                for value in (spec.low, spec.high):
+                    c = config.parse(f"{name} = {value}")
+                    self.assertEqual(c.option_specs[name].default, value, name)
+            else:
+                for value in spec.choices:
+                    c = config.parse(f"{name} = {value}")
+                    self.assertEqual(c.option_specs[name].default, value, name)
+
+    def test_connection_options_reach_sessions(self):
+        """A configured default is what a new connection starts with."""
+        from elvin.options import ConnectionOptions
+        c = config.parse("Send-Queue.Max-Length = 4096\nSend-Queue.Drop-Policy = newest\n")
+        options = ConnectionOptions(c.option_specs)
+        self.assertEqual(options["Send-Queue.Max-Length"], 4096)
+        self.assertEqual(options["Send-Queue.Drop-Policy"], "newest")
+
+    def test_whitespace_around_name_and_value(self):
+        c = config.parse("   max-connections   =    9   \n")
+        self.assertEqual(c.max_connections, 9)
+
+    def test_value_with_equals(self):
+        """Only the first '=' separates name from value (URI options use '=')."""
+        c = config.parse("listen = elvin://localhost:2917;opt=v\n")
+        self.assertEqual(c.listen[0].options, {"opt": "v"})
+
+    def test_parse_into_existing_config(self):
+        c = RouterConfig()
+        c.max_connections = 3
+        result = config.parse("verbose = yes", "f", c)
+        self.assertIs(result, c)
+        self.assertTrue(c.verbose)
+        self.assertEqual(c.max_connections, 3)
+
+    def test_crlf_line_endings(self):
+        c = config.parse("verbose = yes\r\nmax-connections = 4\r\n")
+        self.assertTrue(c.verbose)
+        self.assertEqual(c.max_connections, 4)
+
+
+class ErrorTests(unittest.TestCase):
+    """Every error is a ConfigError naming the file and line."""
+
+    def assertConfigError(self, text, line, *fragments, filename="router.conf"):
+        with self.assertRaises(ConfigError) as cm:
+            config.parse(text, filename)
+        message = str(cm.exception)
+        self.assertTrue(message.startswith(f"{filename}:{line}: "), message)
+        for fragment in fragments:
+            self.assertIn(fragment, message)
+        return message
+
+    def test_is_value_error(self):
+        self.assertTrue(issubclass(ConfigError, ValueError))
+
+    def test_unknown_setting(self):
+        message = self.assertConfigError("# ok\n\nlisen = elvin://h\n", 3,
+                                         "unknown setting", "'lisen'")
+        # The message lists what is known.
+        self.assertIn("listen", message)
+        self.assertIn("Send-Queue.Max-Length", message)
+
+    def test_connection_option_names_are_exact(self):
+        self.assertConfigError("send-queue.max-length = 4096", 1, "unknown setting")
+
+    def test_missing_equals(self):
+        self.assertConfigError("verbose = yes\nmax-connections 5\n", 2,
+                               "expected 'name = value'", "max-connections 5")
+
+    def test_missing_name(self):
+        self.assertConfigError("= 5", 1, "missing setting name")
+
+    def test_missing_value(self):
+        self.assertConfigError("verbose = yes\n\nmax-connections =\n", 3,
+                               "missing value", "max-connections")
+
+    def test_value_is_only_a_comment(self):
+        self.assertConfigError("max-connections = # none\n", 1, "missing value")
+
+    def test_bad_uri(self):
+        self.assertConfigError("listen = elvin://localhost:2917\nlisten = http://x\n", 2,
+                               "bad listen URI", "http://x")
+
+    def test_bad_port(self):
+        self.assertConfigError("listen = elvin://localhost:99999", 1, "bad listen URI")
+
+    def test_bad_integer(self):
+        self.assertConfigError("max-connections = lots", 1,
+                               "max-connections", "must be an integer", "'lots'")
+
+    def test_bad_integer_connection_option(self):
+        self.assertConfigError("\nSend-Queue.Max-Length = 4k\n", 2,
+                               "Send-Queue.Max-Length", "must be an integer")
+
+    def test_float_is_not_an_integer(self):
+        self.assertConfigError("max-subscriptions = 1.5", 1, "must be an integer")
+
+    def test_below_minimum(self):
+        self.assertConfigError("max-connections = 0", 1, "at least 1", "not 0")
+        self.assertConfigError("max-subscriptions = -3", 1, "at least 1")
+
+    def test_option_below_minimum(self):
+        low = OPTIONS["Send-Queue.Max-Length"].low
+        self.assertConfigError(f"Send-Queue.Max-Length = {low - 1}", 1,
+                               "Send-Queue.Max-Length", f"at least {low}")
+
+    def test_option_above_maximum(self):
+        high = OPTIONS["Send-Queue.Max-Length"].high
+        self.assertConfigError(f"#\nSend-Queue.Max-Length = {high + 1}", 2,
+                               "Send-Queue.Max-Length", f"at most {high}",
+                               f"not {high + 1}")
+
+    def test_every_integer_option_range_checked(self):
+        for name, spec in OPTIONS.items():
+            if spec.kind is not int:
+                continue
+            self.assertConfigError(f"{name} = {spec.low - 1}", 1, name, "at least")
+            self.assertConfigError(f"{name} = {spec.high + 1}", 1, name, "at most")
+
+    def test_bad_drop_policy(self):
+        self.assertConfigError("Send-Queue.Drop-Policy = random", 1,
+                               "Send-Queue.Drop-Policy", "oldest", "newest",
+                               "largest", "none", "'random'")
+        self.assertConfigError("\n\nReceive-Queue.Drop-Policy = 1", 3,
+                               "Receive-Queue.Drop-Policy")
+
+    def test_drop_policy_is_case_sensitive(self):
+        self.assertConfigError("Send-Queue.Drop-Policy = Newest", 1,
+                               "Send-Queue.Drop-Policy")
+
+    def test_bad_boolean(self):
+        self.assertConfigError("verbose = maybe", 1, "verbose", "yes or no", "'maybe'")
+
+    def test_bad_connect_timeout(self):
+        self.assertConfigError("connect-timeout = soon", 1, "connect-timeout",
+                               "number of seconds")
+        self.assertConfigError("connect-timeout = -1", 1, "connect-timeout",
+                               "negative")
+
+    def test_first_error_stops(self):
+        """A bad line stops parsing: nothing after it is applied."""
+        c = RouterConfig()
+        self.assertRaises(ConfigError, config.parse,
+                          "max-connections = 5\nbogus = 1\nverbose = yes\n", "f", c)
+        self.assertFalse(c.verbose)
+
+
+class LoadTests(unittest.TestCase):
+
+    def write(self, data, mode="w"):
+        path = self.mktemp()
+        kwargs = {} if "b" in mode else {"encoding": "utf-8"}
+        with open(path, mode, **kwargs) as f:
+            f.write(data)
+        return path
+
+    def test_load(self):
+        path = self.write("# router\nlisten = elvin://localhost:3917\n"
+                          "listen = elvin://127.0.0.1:3918\nverbose = yes\n"
+                          "Send-Queue.Drop-Policy = newest\n")
+        c = config.load(path)
+        self.assertEqual(c.source, path)
+        self.assertEqual([u.port for u in c.listen], [3917, 3918])
+        self.assertTrue(c.verbose)
+        self.assertEqual(c.option_specs["Send-Queue.Drop-Policy"].default, "newest")
+
+    def test_load_utf8(self):
+        path = self.write("# réglages du routeur — ok\nmax-connections = 2\n")
+        self.assertEqual(config.load(path).max_connections, 2)
+
+    def test_load_into_config(self):
+        c = RouterConfig()
+        path = self.write("max-subscriptions = 10\n")
+        self.assertIs(config.load(path, c), c)
+        self.assertEqual(c.max_subscriptions, 10)
+
+    def test_error_names_file_and_line(self):
+        path = self.write("verbose = yes\n\n# x\nmax-connections = none\n")
+        with self.assertRaises(ConfigError) as cm:
+            config.load(path)
+        self.assertTrue(str(cm.exception).startswith(f"{path}:4: "), str(cm.exception))
+
+    def test_missing_file(self):
+        path = self.mktemp()
+        with self.assertRaises(ConfigError) as cm:
+            config.load(path)
+        message = str(cm.exception)
+        self.assertTrue(message.startswith(f"{path}: "), message)
+        self.assertIn("cannot read", message)
+        self.assertIn("No such file", message)
+
+    def test_directory(self):
+        path = self.mktemp()
+        os.mkdir(path)
+        with self.assertRaises(ConfigError) as cm:
+            config.load(path)
+        self.assertTrue(str(cm.exception).startswith(f"{path}: cannot read"))
+
+    def test_path_through_a_file(self):
+        parent = self.write("verbose = yes\n")
+        path = os.path.join(parent, "child.conf")
+        with self.assertRaises(ConfigError) as cm:
+            config.load(path)
+        message = str(cm.exception)
+        self.assertTrue(message.startswith(f"{path}: cannot read"), message)
+        self.assertIn("Not a directory", message)
+
+    def test_unreadable_file(self):
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            raise unittest.SkipTest("root can read a file with mode 000")
+        path = self.write("verbose = yes\n")
+        os.chmod(path, 0)
+        self.addCleanup(os.chmod, path, 0o600)
+        with self.assertRaises(ConfigError) as cm:
+            config.load(path)
+        message = str(cm.exception)
+        self.assertTrue(message.startswith(f"{path}: cannot read"), message)
+        self.assertIn("Permission denied", message)
+
+    def test_not_utf8(self):
+        path = self.write(b"verbose = yes\n# caf\xe9\n", mode="wb")
+        with self.assertRaises(ConfigError) as cm:
+            config.load(path)
+        message = str(cm.exception)
+        self.assertTrue(message.startswith(f"{path}: "), message)
+        self.assertIn("not UTF-8", message)
+
+
+class ExampleFileTests(unittest.TestCase):
+    """conf/elvind.conf, the documented example, loads as shipped."""
+
+    def test_example_loads(self):
+        c = config.load(EXAMPLE)
+        self.assertEqual(c.listen, [ElvinURI("elvin://localhost:2917")])
+        # Everything else is commented out, so defaults hold.
+        default = RouterConfig()
+        self.assertEqual(c.verbose, default.verbose)
+        self.assertEqual(c.max_connections, default.max_connections)
+        self.assertEqual(c.max_subscriptions, default.max_subscriptions)
+        self.assertEqual(c.connect_timeout, default.connect_timeout)
+        for name, spec in OPTIONS.items():
+            self.assertEqual(c.option_specs[name].default, spec.default, name)
+
+    def example_settings(self):
+        """The commented-out ``# name = value`` lines of the example."""
+        settings = []
+        with open(EXAMPLE, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                stripped = line.strip()
+                if stripped.startswith("#") and "=" in stripped:
+                    body = stripped.lstrip("#").strip()
+                    name = body.split("=", 1)[0].strip()
+                    if name and " " not in name:
+                        settings.append((number, body))
+        return settings
+
+    def test_example_mentions_every_setting(self):
+        names = {body.split("=", 1)[0].strip().lower()
+                 for _, body in self.example_settings()}
+        names.add("listen")
+        for name in ["listen", "verbose", "max-connections", "max-subscriptions",
+                     "connect-timeout"] + list(OPTIONS):
+            self.assertIn(name.lower(), names)
+
+    def test_example_commented_settings_are_valid(self):
+        """Uncommenting any example line gives a valid configuration, so
+        the documented defaults are real values, not placeholders."""
+        for number, body in self.example_settings():
+            try:
+                config.parse(body, f"{EXAMPLE}:{number}")
+            except ConfigError as e:
+                self.fail(f"example line {number} {body!r}: {e}")
+
+    def test_example_documents_option_defaults(self):
+        """Each connection option appears with its real default."""
+        found = {}
+        for _, body in self.example_settings():
+            name, value = (part.strip() for part in body.split("=", 1))
+            value = value.split("#", 1)[0].strip()
+            if name in OPTIONS:
+                found[name] = value
+        for name, spec in OPTIONS.items():
+            self.assertIn(name, found)
+            self.assertEqual(found[name], str(spec.default), name)

@@ -1,0 +1,351 @@
+"""Tests for elvin.tap: ``twistd elvin`` options, service tree and plugin."""
+
+import os
+import signal
+import socket
+import struct
+import sys
+
+from twisted.application import service
+from twisted.application.service import IServiceMaker
+from twisted.internet import defer, error, protocol, reactor, task
+from twisted.internet.testing import MemoryReactor, MemoryReactorClock, StringTransport
+from twisted.plugin import getPlugins
+from twisted.python import usage
+from twisted.trial import unittest
+
+from elvin import tap
+from elvin.endpoints import SUPPORTED_STACKS
+from elvin.protocols import packets as P
+from elvin.protocols.framing import frame
+from elvin.protocols.server import ElvinServerFactory
+from elvin.router import DISCONN_SHUTDOWN, Router
+from elvin.uri import ElvinURI
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse(*args):
+    options = tap.Options()
+    options.parseOptions(list(args))
+    return options
+
+
+def frames(data):
+    """Decode every whole framed packet in ``data``."""
+    packets = []
+    while len(data) >= 4:
+        (length,) = struct.unpack(">I", data[:4])
+        packets.append(P.decode(data[4:4 + length]))
+        data = data[4 + length:]
+    return packets
+
+
+class OptionsTests(unittest.TestCase):
+
+    def write_config(self, text):
+        path = self.mktemp()
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        return path
+
+    def test_default_listen(self):
+        options = parse()
+        self.assertEqual(tap.DEFAULT_LISTEN, "elvin://localhost:2917")
+        self.assertEqual(options.router_config.listen,
+                         [ElvinURI("elvin://localhost:2917")])
+        self.assertFalse(options.router_config.verbose)
+
+    def test_listen_repeated(self):
+        options = parse("-l", "elvin://localhost:3000",
+                        "--listen", "elvin:4.0/tcp,none,xdr/[::1]:3001",
+                        "--listen=elvin://127.0.0.1:3002",
+                        "-lelvin://0.0.0.0:3003")
+        self.assertEqual([(u.host, u.port) for u in options.router_config.listen],
+                         [("localhost", 3000), ("::1", 3001), ("127.0.0.1", 3002),
+                          ("0.0.0.0", 3003)])
+
+    def test_verbose(self):
+        self.assertTrue(parse("--verbose").router_config.verbose)
+        self.assertTrue(parse("-v").router_config.verbose)
+
+    def test_bad_uri(self):
+        with self.assertRaises(usage.UsageError) as cm:
+            parse("-l", "http://localhost:2917")
+        self.assertIn("http://localhost:2917", str(cm.exception))
+
+    def test_bad_port(self):
+        self.assertRaises(usage.UsageError, parse, "--listen", "elvin://localhost:70000")
+
+    def test_unsupported_stack(self):
+        stack = ("udp", "none", "xdr")
+        if stack in SUPPORTED_STACKS:  # pragma: no cover - once UDP exists
+            stack = ("xyz", "none", "xdr")
+        uri = f"elvin:/{','.join(stack)}/localhost:2917"
+        with self.assertRaises(usage.UsageError) as cm:
+            parse("-l", uri)
+        message = str(cm.exception)
+        self.assertIn(",".join(stack), message)
+        self.assertIn("not supported", message)
+
+    def test_supported_stacks_accepted(self):
+        for stack in SUPPORTED_STACKS:
+            uri = f"elvin:/{','.join(stack)}/localhost:2917"
+            self.assertEqual(parse("-l", uri).router_config.listen[0].protocol, stack)
+
+    def test_config_file(self):
+        path = self.write_config("listen = elvin://localhost:4000\n"
+                                 "listen = elvin://127.0.0.1:4001\n"
+                                 "verbose = yes\nmax-connections = 5\n"
+                                 "Send-Queue.Max-Length = 4096\n")
+        config = parse("-c", path).router_config
+        self.assertEqual([u.port for u in config.listen], [4000, 4001])
+        self.assertTrue(config.verbose)
+        self.assertEqual(config.max_connections, 5)
+        self.assertEqual(config.option_specs["Send-Queue.Max-Length"].default, 4096)
+        self.assertEqual(config.source, path)
+        self.assertEqual(parse("--config", path).router_config.max_connections, 5)
+
+    def test_command_line_listen_replaces_config(self):
+        path = self.write_config("listen = elvin://localhost:4000\n")
+        config = parse("-c", path, "-l", "elvin://localhost:5000").router_config
+        self.assertEqual([u.port for u in config.listen], [5000])
+
+    def test_config_without_listen_uses_default(self):
+        path = self.write_config("verbose = no\n")
+        config = parse("-c", path).router_config
+        self.assertEqual(config.listen, [ElvinURI(tap.DEFAULT_LISTEN)])
+
+    def test_verbose_flag_overrides_config(self):
+        path = self.write_config("verbose = no\n")
+        self.assertTrue(parse("-c", path, "--verbose").router_config.verbose)
+
+    def test_config_error(self):
+        path = self.write_config("listen = elvin://localhost:4000\n\nbogus = 1\n")
+        with self.assertRaises(usage.UsageError) as cm:
+            parse("-c", path)
+        self.assertTrue(str(cm.exception).startswith(f"{path}:3: "), str(cm.exception))
+        self.assertIn("bogus", str(cm.exception))
+
+    def test_config_bad_value(self):
+        path = self.write_config("Send-Queue.Drop-Policy = sometimes\n")
+        with self.assertRaises(usage.UsageError) as cm:
+            parse("-c", path)
+        self.assertTrue(str(cm.exception).startswith(f"{path}:1: "))
+
+    def test_config_missing(self):
+        path = self.mktemp()
+        with self.assertRaises(usage.UsageError) as cm:
+            parse("-c", path)
+        self.assertIn(path, str(cm.exception))
+
+    def test_config_unsupported_stack(self):
+        path = self.write_config("listen = elvin:/udp,none,xdr/localhost:2917\n")
+        if ("udp", "none", "xdr") in SUPPORTED_STACKS:  # pragma: no cover
+            raise unittest.SkipTest("UDP is supported")
+        self.assertRaises(usage.UsageError, parse, "-c", path)
+
+    def test_example_config(self):
+        config = parse("-c", os.path.join(REPO, "conf", "elvind.conf")).router_config
+        self.assertEqual(config.listen, [ElvinURI("elvin://localhost:2917")])
+
+    def test_unknown_option(self):
+        self.assertRaises(usage.UsageError, parse, "--no-such-option")
+
+    def test_usage_text(self):
+        text = str(tap.Options())
+        for word in ("--listen", "--config", "--verbose"):
+            self.assertIn(word, text)
+
+
+class MakeServiceTests(unittest.TestCase):
+
+    def make(self, *args):
+        # MemoryReactorClock is a MemoryReactor that also has callLater,
+        # which the server protocol needs for its connect timeout.
+        self.reactor = MemoryReactorClock()
+        return tap.makeService(parse(*args), reactor=self.reactor)
+
+    def test_service_tree(self):
+        top = self.make("-l", "elvin://localhost:3000", "-l", "elvin://localhost:3001")
+        self.assertIsInstance(top, service.MultiService)
+        self.assertIsInstance(top.router, Router)
+        self.assertEqual(len(list(top)), 2)
+        self.assertEqual(self.reactor.tcpServers, [])  # nothing until started
+
+    def test_one_listener_per_uri(self):
+        top = self.make("-l", "elvin://localhost:3000",
+                        "-l", "elvin:4.0/tcp,none,xdr/[::1]:3001",
+                        "-l", "elvin://0.0.0.0:3002",
+                        "-l", "elvin://192.0.2.7:3003")
+        top.startService()
+        self.addCleanup(top.stopService)
+        servers = self.reactor.tcpServers
+        self.assertEqual([(port, interface) for port, _, _, interface in servers],
+                         [(3000, "127.0.0.1"), (3001, "::1"), (3002, ""),
+                          (3003, "192.0.2.7")])
+        factories = {factory for _, factory, _, _ in servers}
+        self.assertEqual(len(factories), 1)
+        (factory,) = factories
+        self.assertIsInstance(factory, ElvinServerFactory)
+        self.assertIs(factory.router, top.router)
+        self.assertIs(factory.clock, self.reactor)
+
+    def test_default_listener(self):
+        top = self.make()
+        top.startService()
+        self.addCleanup(top.stopService)
+        self.assertEqual([(s[0], s[3]) for s in self.reactor.tcpServers],
+                         [(2917, "127.0.0.1")])
+
+    def test_config_reaches_router(self):
+        path = self.mktemp()
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("verbose = yes\nmax-connections = 7\nmax-subscriptions = 9\n"
+                    "connect-timeout = 4\nSend-Queue.Drop-Policy = newest\n")
+        top = self.make("-c", path, "-l", "elvin://localhost:3000")
+        router = top.router
+        self.assertTrue(router.verbose)
+        self.assertEqual(router.max_connections, 7)
+        self.assertEqual(router.max_subscriptions, 9)
+        self.assertEqual(router.option_specs["Send-Queue.Drop-Policy"].default, "newest")
+        self.assertEqual(router.new_options()["Send-Queue.Drop-Policy"], "newest")
+        top.startService()
+        self.addCleanup(top.stopService)
+        factory = self.reactor.tcpServers[0][1]
+        self.assertEqual(factory.connect_timeout, 4.0)
+
+    def test_make_service_parses_if_needed(self):
+        """makeService works on Options whose postOptions has not run."""
+        options = tap.Options()
+        top = tap.makeService(options, reactor=MemoryReactor())
+        self.assertEqual(top.config.listen, [ElvinURI(tap.DEFAULT_LISTEN)])
+
+    def test_stop_shuts_router_down(self):
+        top = self.make("-l", "elvin://localhost:3000")
+        top.startService()
+        factory = self.reactor.tcpServers[0][1]
+
+        # A connected client, driven through the real server protocol.
+        proto = factory.buildProtocol(None)
+        transport = StringTransport()
+        proto.makeConnection(transport)
+        proto.dataReceived(frame(P.encode(P.ConnRqst(1, 4, 0))))
+        self.assertIsInstance(frames(transport.value())[0], P.ConnRply)
+        transport.clear()
+
+        self.assertFalse(top.router.closing)
+        d = top.stopService()
+        self.assertTrue(top.router.closing)
+        self.assertFalse(top.running)
+        packets = frames(transport.value())
+        self.assertEqual(len(packets), 1)
+        self.assertIsInstance(packets[0], P.Disconn)
+        self.assertEqual(packets[0].reason, DISCONN_SHUTDOWN)
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(top.router.sessions, set())
+        return d
+
+    def test_new_connection_refused_while_closing(self):
+        top = self.make("-l", "elvin://localhost:3000")
+        top.startService()
+        factory = self.reactor.tcpServers[0][1]
+        d = top.stopService()
+        proto = factory.buildProtocol(None)
+        transport = StringTransport()
+        proto.makeConnection(transport)
+        proto.dataReceived(frame(P.encode(P.ConnRqst(1, 4, 0))))
+        (nack,) = frames(transport.value())
+        self.assertIsInstance(nack, P.Nack)
+        self.assertEqual(nack.error, 2006)
+        return d
+
+
+class PluginTests(unittest.TestCase):
+
+    def test_discoverable(self):
+        makers = [p for p in getPlugins(IServiceMaker) if p.tapname == "elvin"]
+        self.assertTrue(makers, "no IServiceMaker with tapname 'elvin'")
+        maker = makers[0]
+        self.assertIsInstance(maker.options(), tap.Options)
+        self.assertIn("Elvin", maker.description)
+
+    def test_maker_builds_service(self):
+        (maker,) = {p.tapname: p for p in getPlugins(IServiceMaker)
+                    if p.tapname == "elvin"}.values()
+        options = maker.options()
+        options.parseOptions(["-l", "elvin://localhost:3000"])
+        self.assertIsInstance(maker.makeService(options), tap.RouterService)
+
+
+def free_port():
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+    finally:
+        s.close()
+
+
+class _Collect(protocol.ProcessProtocol):
+    def __init__(self):
+        self.out = []
+        self.ended = defer.Deferred()
+
+    def outReceived(self, data):
+        self.out.append(data)
+
+    errReceived = outReceived
+
+    def processEnded(self, reason):
+        self.ended.callback((b"".join(self.out), reason.value))
+
+
+class TwistdTests(unittest.TestCase):
+    """``twistd -n elvin`` end to end: start, serve a client, stop on SIGTERM."""
+
+    timeout = 30
+
+    @defer.inlineCallbacks
+    def test_twistd_elvin(self):
+        from elvin import client
+        port = free_port()
+        uri = f"elvin://127.0.0.1:{port}"
+        env = dict(os.environ)
+        env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+        rundir = self.mktemp()
+        os.mkdir(rundir)
+        proc = _Collect()
+        transport = reactor.spawnProcess(
+            proc, sys.executable,
+            [sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
+             "-n", "--pidfile=", "elvin", "-l", uri],
+            env=env, path=rundir)
+        self.addCleanup(lambda: transport.pid and transport.signalProcess("KILL"))
+
+        conn = None
+        for _ in range(100):
+            try:
+                conn = yield client.connect(uri, reactor=reactor)
+                break
+            except (error.ConnectError, OSError):
+                yield task.deferLater(reactor, 0.1, lambda: None)
+        self.assertIsNotNone(conn, "twistd elvin did not start listening")
+        seen = []
+        conn.on_disconnect = lambda reason, args: seen.append(reason)
+        yield conn.test_connection()
+        transport.signalProcess("TERM")
+        yield conn.disconnected
+        output, reason = yield proc.ended
+        output = output.decode("utf-8", "replace")
+        self.assertEqual(seen, [DISCONN_SHUTDOWN], output)
+        # twistd re-raises the signal that stopped it once it has shut down
+        # cleanly, so the process ends "by signal 15"; anything else (an
+        # exit status, another signal) means it crashed.
+        if not isinstance(reason, error.ProcessDone):
+            self.assertIsInstance(reason, error.ProcessTerminated, output)
+            self.assertEqual((reason.exitCode, reason.signal),
+                             (None, signal.SIGTERM), output)
+        self.assertIn("Server Shut Down", output)
+        self.assertNotIn("Traceback", output)
+        self.assertIn("Elvin router listening on", output)
