@@ -125,6 +125,9 @@ class Connection:
         self._close_deferred = None
         self.on_disconnect = None
         self.on_dropwarn = None
+        #: Called once per delivered notification, however many of this
+        #: connection's subscriptions it matched (before their callbacks).
+        self.on_notification = None
         self.dropwarns = 0
         self.disconnected = defer.Deferred()
 
@@ -167,6 +170,11 @@ class Connection:
     def _deliver(self, packet):
         note = Notification(packet.attributes, packet.secure_matches,
                             packet.insecure_matches)
+        if self.on_notification is not None:
+            try:
+                self.on_notification(note)
+            except Exception:
+                self.log.failure("on_notification raised")
         seen = set()
         for sub_id in itertools.chain(packet.secure_matches, packet.insecure_matches):
             sub = self.subscriptions.get(sub_id)

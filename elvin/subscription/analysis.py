@@ -1,0 +1,116 @@
+"""What a subscription needs of a notification before it can be true.
+
+Used by the matching index (and by quench and federation), these are sound
+over-approximations under Elvin's three-valued logic: if a notification
+lacks a name in ``required_names(tree)``, or does not carry one of the
+values ``equality_constraints(tree)`` lists for a name, the subscription
+cannot evaluate to true. Nothing here ever rules out a real match.
+
+For every node we compute the names needed for it to be *true* (T) and for
+it to be *false* (F). An atomic predicate is bottom when any name it reads
+is missing, so T = F = its names; ``!`` swaps T and F; ``&&`` is true when
+all children are (T = union) and false when one is (F = intersection);
+``||`` is the dual; ``^^`` needs every child defined.
+"""
+
+from elvin.subscription.ast import Kind, LITERAL_KINDS
+from elvin.values import Int64
+
+__all__ = ["required_names", "equality_constraints", "index_key"]
+
+_LOGICAL = {Kind.AND, Kind.OR, Kind.XOR, Kind.NOT}
+
+
+def _atomic_names(node):
+    """Names whose absence makes the atomic predicate ``node`` bottom."""
+    kind = node.kind
+    if kind == Kind.FUNC_EQUALS or kind in (
+            Kind.FUNC_BEGINS_WITH, Kind.FUNC_CONTAINS, Kind.FUNC_ENDS_WITH,
+            Kind.FUNC_WILDCARD, Kind.FUNC_REGEX):
+        # equals(x, y, 1) can be true with y missing; patterns are literals.
+        return node.children[0].names()
+    return node.names()
+
+
+def _true_false(node):
+    kind = node.kind
+    if kind not in _LOGICAL:
+        names = _atomic_names(node)
+        return names, names
+    parts = [_true_false(c) for c in node.children]
+    if kind == Kind.NOT:
+        t, f = parts[0]
+        return f, t
+    if kind == Kind.AND:
+        return (frozenset().union(*(t for t, _ in parts)),
+                frozenset.intersection(*(f for _, f in parts)))
+    if kind == Kind.OR:
+        return (frozenset.intersection(*(t for t, _ in parts)),
+                frozenset().union(*(f for _, f in parts)))
+    defined = frozenset().union(*(t & f for t, f in parts))
+    return defined, defined
+
+
+def required_names(tree):
+    """Names that must all be present for ``tree`` to be true."""
+    return _true_false(tree)[0]
+
+
+def index_key(value):
+    """The hashable key under which an attribute value is indexed.
+
+    Numbers are compared as Elvin promotes them (to real64 when mixed), so
+    they are keyed by their real64 value; strings by themselves. Opaque
+    values are never equal to anything, and have no key (None).
+    """
+    kind = type(value)
+    if kind is str:
+        return value
+    if kind is int or kind is float or kind is Int64:
+        return float(value)
+    return None
+
+
+def _literal_key(node):
+    if node.kind == Kind.STRING:
+        return node.value
+    if node.kind in (Kind.INT32, Kind.INT64, Kind.REAL64):
+        return float(node.value)
+    return None
+
+
+def _equalities(node):
+    """{name: frozenset(keys)} that must hold for ``node`` to be true."""
+    kind = node.kind
+    if kind == Kind.EQUALS:
+        left, right = node.children
+        if left.kind == Kind.NAME and right.kind in LITERAL_KINDS:
+            return {left.value: frozenset([_literal_key(right)])}
+        if right.kind == Kind.NAME and left.kind in LITERAL_KINDS:
+            return {right.value: frozenset([_literal_key(left)])}
+        return {}
+    if kind == Kind.FUNC_EQUALS:
+        subject, *choices = node.children
+        if subject.kind == Kind.NAME and all(c.kind in LITERAL_KINDS for c in choices):
+            return {subject.value: frozenset(_literal_key(c) for c in choices)}
+        return {}
+    if kind == Kind.AND:
+        result = {}
+        for child in node.children:
+            for name, keys in _equalities(child).items():
+                result[name] = result[name] & keys if name in result else keys
+        return result
+    if kind == Kind.OR:
+        parts = [_equalities(c) for c in node.children]
+        common = set(parts[0]).intersection(*parts[1:])
+        return {name: frozenset().union(*(p[name] for p in parts)) for name in common}
+    return {}
+
+
+def equality_constraints(tree):
+    """Per name, the values (as ``index_key`` keys) one of which must match.
+
+    Only constraints that hold whenever ``tree`` is true are reported; an
+    empty set for a name means the subscription can never be true.
+    """
+    return _equalities(tree)
