@@ -127,6 +127,16 @@ def start_router():
     raise SystemExit("router did not start")
 
 
+def cpu_seconds(pid):
+    """User+system CPU seconds the process has used (nan if unknown)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
 def rss_mb(pid):
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -156,6 +166,7 @@ def run_one(url, subs, notifs, window, seed, router_pid, latency_rate):
     expressions = [make_subscription(rng, subs) for _ in range(subs)]
     conn_of = [i % n_conns for i in range(subs)]
     start = time.perf_counter()
+    cpu0 = cpu_seconds(router_pid) if router_pid else float("nan")
     pending = []
     for i, text in enumerate(expressions):
         conn = consumers[conn_of[i]]
@@ -166,6 +177,7 @@ def run_one(url, subs, notifs, window, seed, router_pid, latency_rate):
             pending = []
     yield defer.gatherResults(pending, consumeErrors=True)
     placement = subs / (time.perf_counter() - start)
+    placement_cpu = (cpu_seconds(router_pid) if router_pid else float("nan")) - cpu0
     for conn in consumers:
         conn.on_notification = on_note  # once per delivered packet
 
@@ -176,6 +188,7 @@ def run_one(url, subs, notifs, window, seed, router_pid, latency_rate):
     latencies.clear()
     received["n"] = 0
     start = time.perf_counter()
+    cpu0 = cpu_seconds(router_pid) if router_pid else float("nan")
     sent_expected = 0
     interval = 1.0 / latency_rate if latency_rate else 0
     for i, note in enumerate(notes):
@@ -197,6 +210,7 @@ def run_one(url, subs, notifs, window, seed, router_pid, latency_rate):
     while received["n"] < expected and time.perf_counter() < deadline:
         yield task.deferLater(reactor, 0.005, lambda: None)
     elapsed = time.perf_counter() - start
+    router_cpu = (cpu_seconds(router_pid) if router_pid else float("nan")) - cpu0
     rss = rss_mb(router_pid) if router_pid else float("nan")
     latencies.sort()
 
@@ -208,7 +222,8 @@ def run_one(url, subs, notifs, window, seed, router_pid, latency_rate):
     print(f"subs={subs} notifs={notifs} delivered={received['n']} expected={expected} "
           f"notif_rate={notifs / elapsed:.0f} deliver_rate={received['n'] / elapsed:.0f} "
           f"p50_ms={pct(0.50):.2f} p99_ms={pct(0.99):.2f} router_rss_mb={rss:.1f} "
-          f"placement_rate={placement:.0f}", flush=True)
+          f"placement_rate={placement:.0f} router_cpu={router_cpu / elapsed:.0%} "
+          f"placement_router_cpu_s={placement_cpu:.2f}", flush=True)
     for conn in consumers + [producer]:
         yield conn.close()
 

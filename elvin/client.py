@@ -14,7 +14,7 @@ Every request returns a Deferred that fires with the reply, or fails with
 
 import itertools
 
-from twisted.internet import defer, protocol
+from twisted.internet import defer, error, protocol
 from twisted.logger import Logger
 
 from elvin.errors import ElvinError
@@ -188,7 +188,10 @@ class Connection:
 
     def _lost(self, reason):
         self._closed = True
-        self._fail_pending(ConnectionClosed("connection to the router was lost"))
+        why = ""
+        if hasattr(reason, "check") and not reason.check(error.ConnectionDone):
+            why = f": {reason.getErrorMessage()}"  # e.g. a TLS verification failure
+        self._fail_pending(ConnectionClosed(f"connection to the router was lost{why}"))
         if self._close_deferred is not None and not self._close_deferred.called:
             self._close_deferred.callback(None)
         if not self.disconnected.called:
@@ -319,25 +322,61 @@ class _ClientFactory(protocol.Factory):
         self.connection = connection
 
 
-def _endpoint(reactor, uri):
+def _endpoint(reactor, uri, tls=None):
     from elvin.endpoints import client_endpoint
-    return client_endpoint(reactor, uri)
+    return client_endpoint(reactor, uri, **(tls or {}))
+
+
+def _tls_args(tls, tls_ca, tls_certificate, tls_key, tls_hostname):
+    return {"tls": tls, "tls_ca": tls_ca, "tls_certificate": tls_certificate,
+            "tls_key": tls_key, "tls_hostname": tls_hostname}
 
 
 @defer.inlineCallbacks
-def connect(uri=DEFAULT_URI, options=None, reactor=None, nfn_keys=None,
-            sub_keys=None):
+def connect(uri=None, options=None, reactor=None, nfn_keys=None,
+            sub_keys=None, *, tls=None, tls_ca=None, tls_certificate=None,
+            tls_key=None, tls_hostname=None, scope=None, discover=False,
+            discoverer=None, discovery_timeout=10.0):
     """Connect to the router at ``uri``; fires with a Connection.
 
     ``options`` is a dict of connection options to request (section 7.5);
     the router's answer is in ``connection.options``.
+
+    The URI's protocol stack picks the transport (docs/protocols.md). For
+    TLS stacks (``secure``, ``ssl,none,xdr``, ``tcp,ssl,xdr``) the router's
+    certificate is verified against ``tls_ca`` (PEM file path or bytes, an
+    ``ssl.Certificate`` or any trust root; default: the platform's trust
+    store) and must name ``tls_hostname`` (default: the URI's host).
+    ``tls_certificate`` (PEM path with the key, or with ``tls_key``, or an
+    ``ssl.PrivateCertificate``) is presented to routers that verify
+    clients. ``tls`` takes ready-made client TLS options instead.
+
+    Without a ``uri`` this connects to ``elvin://localhost:2917``, unless
+    discovery is asked for -- ``discover=True``, a ``scope`` name, or a
+    started ``elvin.discovery.Discoverer`` -- when a router is found by
+    router discovery (ERDP multicast and DNS-SD, docs/discovery.md): with
+    ``scope`` one of that scope, else a default router. Each usable URI
+    is tried in turn for up to ``discovery_timeout`` seconds;
+    ``connection.router`` is the router chosen.
     """
     if reactor is None:
         from twisted.internet import reactor
+    if uri is None and (discover or scope is not None or discoverer is not None):
+        from elvin.discovery.discoverer import connect_discovered
+        connection = yield connect_discovered(
+            scope, discoverer, discovery_timeout, reactor, options=options,
+            nfn_keys=nfn_keys, sub_keys=sub_keys, tls=tls, tls_ca=tls_ca,
+            tls_certificate=tls_certificate, tls_key=tls_key,
+            tls_hostname=tls_hostname)
+        return connection
+    if uri is None:
+        uri = DEFAULT_URI
     if not isinstance(uri, ElvinURI):
         uri = ElvinURI(uri)
     connection = Connection(uri, reactor)
-    yield _endpoint(reactor, uri).connect(_ClientFactory(connection))
+    yield _endpoint(reactor, uri, _tls_args(tls, tls_ca, tls_certificate, tls_key,
+                                            tls_hostname)).connect(
+        _ClientFactory(connection))
     try:
         yield connection._handshake(options, nfn_keys, sub_keys)
     except Exception:
@@ -348,15 +387,29 @@ def connect(uri=DEFAULT_URI, options=None, reactor=None, nfn_keys=None,
 
 
 @defer.inlineCallbacks
-def unotify(uri, attributes, deliver_insecure=True, keys=None, reactor=None):
-    """Send one session-less notification (UNotify) and close the channel."""
+def unotify(uri, attributes, deliver_insecure=True, keys=None, reactor=None, *,
+            tls=None, tls_ca=None, tls_certificate=None, tls_key=None,
+            tls_hostname=None):
+    """Send one session-less notification (UNotify) and close the channel.
+
+    Over ``udp,none,xdr`` it is one datagram, and nothing confirms that
+    the router received it. TLS arguments as for ``connect``.
+    """
     if reactor is None:
         from twisted.internet import reactor
     if not isinstance(uri, ElvinURI):
         uri = ElvinURI(uri)
+    packet = P.UNotify(4, 0, normalise(attributes), deliver_insecure,
+                       keys or P.Keys.EMPTY)
+    if uri.transport == "udp":
+        from elvin.endpoints import check_supported
+        from elvin.protocols.udp import send_unotify
+        yield send_unotify(reactor, check_supported(uri), packet)
+        return
     connection = Connection(uri, reactor)
-    proto = yield _endpoint(reactor, uri).connect(_ClientFactory(connection))
-    proto.send(P.UNotify(4, 0, normalise(attributes), deliver_insecure,
-                         keys or P.Keys.EMPTY))
+    proto = yield _endpoint(reactor, uri, _tls_args(
+        tls, tls_ca, tls_certificate, tls_key, tls_hostname)).connect(
+        _ClientFactory(connection))
+    proto.send(packet)
     proto.transport.loseConnection()
     yield connection.disconnected

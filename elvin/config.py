@@ -8,6 +8,9 @@ starting, with the file, the line number and the reason, rather than being
 guessed at.
 """
 
+import os
+
+from elvin.discovery import settings as _discovery_settings
 from elvin.options import OPTIONS, DropPolicy
 from elvin.uri import ElvinURI, InvalidURIError
 
@@ -33,6 +36,15 @@ class RouterConfig:
         self.connect_timeout = 30.0
         self.option_specs = dict(OPTIONS)
         self.source = None
+        # Router discovery, off by default (docs/discovery.md)
+        _discovery_settings.init(self)
+        # TLS listeners (docs/security.md) and the HTTP tunnel (docs/protocols.md)
+        self.tls_certificate = None
+        self.tls_key = None
+        self.tls_ca = None
+        self.require_authenticated = False
+        self.http_session_timeout = 60.0
+        self.http_poll_timeout = 20.0
 
     def set(self, name, value, where):
         """Apply one ``name = value`` setting; ``where`` is 'file:line'."""
@@ -58,6 +70,24 @@ class RouterConfig:
                                   f"seconds, not {value!r}") from None
             if self.connect_timeout < 0:
                 raise ConfigError(f"{where}: connect-timeout must not be negative")
+        elif lowered in ("tls-certificate", "tls-key", "tls-ca"):
+            setattr(self, lowered.replace("-", "_"), self._path(value))
+        elif lowered == "require-authenticated":
+            self.require_authenticated = _boolean(value, key, where)
+        elif lowered in ("http-session-timeout", "http-poll-timeout"):
+            try:
+                seconds = float(value)
+            except ValueError:
+                raise ConfigError(f"{where}: {key} must be a number of seconds, "
+                                  f"not {value!r}") from None
+            if not seconds > 0:
+                raise ConfigError(f"{where}: {key} must be more than 0")
+            setattr(self, lowered.replace("-", "_"), seconds)
+        elif lowered == "discovery" or lowered.startswith("discovery-"):
+            try:
+                _discovery_settings.apply_setting(self, lowered, value)
+            except ValueError as e:
+                raise ConfigError(f"{where}: {e}") from None
         elif key in OPTIONS:
             spec = self.option_specs[key]
             if spec.kind is int:
@@ -73,9 +103,18 @@ class RouterConfig:
                 self.option_specs[key] = spec.with_default(value)
         else:
             known = ["listen", "verbose", "max-connections", "max-subscriptions",
-                     "connect-timeout"] + sorted(OPTIONS)
+                     "connect-timeout", "tls-certificate", "tls-key", "tls-ca",
+                     "require-authenticated", "http-session-timeout",
+                     "http-poll-timeout"] + _discovery_settings.SETTINGS + sorted(OPTIONS)
             raise ConfigError(f"{where}: unknown setting {key!r} "
                               f"(known: {', '.join(known)})")
+
+    def _path(self, value):
+        """A file named in the configuration: relative to the file's folder."""
+        source = self.source
+        if os.path.isabs(value) or not source or source.startswith("<"):
+            return value
+        return os.path.join(os.path.dirname(source), value)
 
 
 def _boolean(value, key, where):

@@ -1,5 +1,22 @@
-"""Map ``elvin:`` URIs to Twisted endpoints: the URI is the single source
-of truth for where a router listens and where a client connects.
+"""Map ``elvin:`` URIs to Twisted endpoints and listeners: the URI is the
+single source of truth for where a router listens and where a client
+connects, and its protocol stack alone picks the transport.
+
+=====================  =========  ==========================================
+stack                  kind       router side / client side
+=====================  =========  ==========================================
+``tcp,none,xdr``       ``tcp``    framed packets on TCP / ``HostnameEndpoint``
+``ssl,none,xdr``       ``tls``    the same inside TLS (``wrapServerTLS`` /
+(alias ``secure``),               ``wrapClientTLS``), see ``elvin.tls``
+``tcp,ssl,xdr``
+``udp,none,xdr``       ``udp``    UNotify datagrams (``elvin.protocols.udp``)
+``http,none,xdr``      ``http``   sessions tunnelled through HTTP
+                                  (``elvin.protocols.httptunnel`` /
+                                  ``elvin.httpclient``)
+=====================  =========  ==========================================
+
+Anything else is refused with :class:`UnsupportedStackError`. See
+docs/protocols.md for each transport.
 """
 
 import ipaddress
@@ -8,11 +25,24 @@ from twisted.internet import endpoints
 
 from elvin.uri import ElvinURI
 
-__all__ = ["check_supported", "server_endpoint", "client_endpoint", "UnsupportedStackError",
-           "SUPPORTED_STACKS", "listen_host"]
+__all__ = ["check_supported", "stack_kind", "server_endpoint", "client_endpoint",
+           "listener_service", "UnsupportedStackError", "SUPPORTED_STACKS",
+           "STACK_KINDS", "TCP", "TLS", "UDP", "HTTP", "listen_host"]
 
-#: Protocol stacks (transport, security, marshalling) this build speaks.
-SUPPORTED_STACKS = {("tcp", "none", "xdr")}
+TCP, TLS, UDP, HTTP = "tcp", "tls", "udp", "http"
+
+#: Each supported protocol stack (transport, security, marshalling) and the
+#: kind of transport that carries it.
+STACK_KINDS = {
+    ("tcp", "none", "xdr"): TCP,
+    ("ssl", "none", "xdr"): TLS,   # also spelt "secure"
+    ("tcp", "ssl", "xdr"): TLS,
+    ("udp", "none", "xdr"): UDP,
+    ("http", "none", "xdr"): HTTP,
+}
+
+#: Protocol stacks this build speaks.
+SUPPORTED_STACKS = frozenset(STACK_KINDS)
 
 
 class UnsupportedStackError(ValueError):
@@ -23,12 +53,17 @@ def check_supported(uri):
     """Return ``uri`` as an ElvinURI, or raise UnsupportedStackError."""
     if not isinstance(uri, ElvinURI):
         uri = ElvinURI(uri)
-    if uri.protocol not in SUPPORTED_STACKS:
+    if uri.protocol not in STACK_KINDS:
         supported = ", ".join(",".join(s) for s in sorted(SUPPORTED_STACKS))
         raise UnsupportedStackError(
             f"{uri}: protocol stack {','.join(uri.protocol)} is not supported "
-            f"(supported: {supported})")
+            f"(supported: {supported}; 'secure' means ssl,none,xdr)")
     return uri
+
+
+def stack_kind(uri):
+    """``"tcp"``, ``"tls"``, ``"udp"`` or ``"http"`` for a supported URI."""
+    return STACK_KINDS[check_supported(uri).protocol]
 
 
 def _is_ipv6(host):
@@ -47,16 +82,97 @@ def listen_host(host):
     return host
 
 
-def server_endpoint(reactor, uri, backlog=128):
-    """A stream server endpoint listening where ``uri`` says."""
-    uri = check_supported(uri)
+def _tcp_server(reactor, uri, backlog):
     host = listen_host(uri.host)
     if _is_ipv6(host):
         return endpoints.TCP6ServerEndpoint(reactor, uri.port, backlog, host)
     return endpoints.TCP4ServerEndpoint(reactor, uri.port, backlog, host)
 
 
-def client_endpoint(reactor, uri, timeout=30):
-    """A stream client endpoint connecting where ``uri`` says."""
+def server_endpoint(reactor, uri, backlog=128, tls=None):
+    """A stream server endpoint listening where ``uri`` says.
+
+    For TLS stacks ``tls`` is the server's TLS options (see
+    ``elvin.tls.server_options``); without it a TLS URI is refused, naming
+    the missing setting. HTTP stacks get the plain TCP endpoint the web
+    server listens on. UDP is not a stream transport: use
+    :func:`listener_service`.
+    """
     uri = check_supported(uri)
-    return endpoints.HostnameEndpoint(reactor, uri.host, uri.port, timeout=timeout)
+    kind = STACK_KINDS[uri.protocol]
+    if kind == UDP:
+        raise UnsupportedStackError(
+            f"{uri}: udp,none,xdr is a datagram transport and has no stream "
+            "endpoint (use elvin.endpoints.listener_service)")
+    endpoint = _tcp_server(reactor, uri, backlog)
+    if kind == TLS:
+        if tls is None:
+            from elvin.tls import TLSConfigError
+            raise TLSConfigError(
+                f"{uri}: a TLS listener needs the router's certificate: set "
+                "tls-certificate (and tls-key, unless the key is in the same "
+                "file) in the configuration file")
+        endpoint = endpoints.wrapServerTLS(tls, endpoint)
+    return endpoint
+
+
+def client_endpoint(reactor, uri, timeout=30, tls=None, tls_ca=None,
+                    tls_certificate=None, tls_key=None, tls_hostname=None):
+    """A stream client endpoint connecting where ``uri`` says.
+
+    TLS stacks verify the router's certificate: pass ready-made client TLS
+    options as ``tls`` (e.g. ``ssl.optionsForClientTLS(...)``), or let them
+    be made from ``tls_ca``, ``tls_certificate``, ``tls_key`` and
+    ``tls_hostname`` (default: the URI's host) -- see
+    ``elvin.tls.client_options``. HTTP stacks give an endpoint whose
+    protocols run over the HTTP tunnel, so the client code is the same for
+    every stream stack. UDP has no stream endpoint.
+    """
+    uri = check_supported(uri)
+    kind = STACK_KINDS[uri.protocol]
+    if kind == UDP:
+        raise UnsupportedStackError(
+            f"{uri}: udp,none,xdr carries only UNotify datagrams; it has no "
+            "sessions (use elvin.client.unotify)")
+    if kind == HTTP:
+        from elvin.httpclient import HTTPTunnelEndpoint
+        return HTTPTunnelEndpoint(reactor, uri, timeout=timeout)
+    endpoint = endpoints.HostnameEndpoint(reactor, uri.host, uri.port, timeout=timeout)
+    if kind == TLS:
+        if tls is None:
+            from elvin.tls import client_options
+            tls = client_options(tls_hostname or uri.host, tls_ca, tls_certificate,
+                                 tls_key)
+        endpoint = endpoints.wrapClientTLS(tls, endpoint)
+    return endpoint
+
+
+def listener_service(reactor, uri, router, factory, config, tls=None):
+    """The service that listens on ``uri`` for ``router``.
+
+    ``factory`` is the ElvinServerFactory shared by the stream listeners;
+    ``config`` the RouterConfig (for the HTTP timeouts); ``tls`` the
+    server TLS options, made from ``config`` when a TLS listener needs them.
+    """
+    from twisted.application.internet import StreamServerEndpointService, UDPServer
+
+    uri = check_supported(uri)
+    kind = STACK_KINDS[uri.protocol]
+    if kind == UDP:
+        from elvin.protocols.udp import UNotifyDatagramProtocol
+        proto = UNotifyDatagramProtocol(router)
+        service = UDPServer(uri.port, proto, interface=listen_host(uri.host),
+                            maxPacketSize=proto.read_size, reactor=reactor)
+        service.datagram_protocol = proto
+        return service
+    if kind == TLS and tls is None:
+        from elvin.tls import server_options_from_config
+        tls = server_options_from_config(config)
+    if kind == HTTP:
+        from elvin.protocols.httptunnel import ElvinHTTPSite
+        factory = ElvinHTTPSite(factory, session_timeout=config.http_session_timeout,
+                                poll_timeout=config.http_poll_timeout)
+    listener = StreamServerEndpointService(server_endpoint(reactor, uri, tls=tls),
+                                           factory)
+    listener._raiseSynchronously = True
+    return listener

@@ -9,6 +9,7 @@ subscription, and its attributes are encoded once however many clients it
 reaches; only the per-client subscription-id arrays differ.
 """
 
+import functools
 import itertools
 
 from twisted.logger import Logger
@@ -398,7 +399,7 @@ class ClientSession:
                                 f"({max_length} bytes)", ("Subscription.Max-Length",))
             return None
         try:
-            return Subscription(expression)
+            return compile_expression(expression)
         except SubscriptionError as e:
             self.protocol_error(xid, e.code, str(e), _nack_args(e))
             return None
@@ -450,6 +451,16 @@ class ClientSession:
             return
         self.router.remove_subscription(entry)
         self.send(P.SubRply(packet.xid, entry.id))
+
+
+@functools.lru_cache(maxsize=8192)
+def compile_expression(expression):
+    """A compiled Subscription for ``expression``, shared between clients.
+
+    Subscriptions are immutable, so many clients registering the same text
+    (the common case) pay for parsing and compiling once.
+    """
+    return Subscription(expression)
 
 
 def _id_arg(value):

@@ -3,12 +3,12 @@
 import sys
 
 from twisted.application import service
-from twisted.application.internet import StreamServerEndpointService
 from twisted.logger import Logger
 from twisted.python import usage
 
 from elvin.config import ConfigError, RouterConfig, load
-from elvin.endpoints import UnsupportedStackError, check_supported, server_endpoint
+from elvin.endpoints import (TLS, UnsupportedStackError, check_supported,
+                             listener_service, stack_kind)
 from elvin.protocols.server import ElvinServerFactory
 from elvin.router import Router
 from elvin.uri import ElvinURI, InvalidURIError
@@ -25,6 +25,8 @@ class Options(usage.Options):
 
     optFlags = [
         ["verbose", "v", "Log every notification routed (names only, never keys)."],
+        ["discovery", None, "Advertise this router by multicast discovery (ERDP) "
+                            "and DNS-SD (see docs/discovery.md)."],
     ]
     optParameters = [
         ["config", "c", None, "Configuration file (see conf/elvind.conf)."],
@@ -56,10 +58,19 @@ class Options(usage.Options):
             config.listen = [ElvinURI(DEFAULT_LISTEN)]
         if self["verbose"]:
             config.verbose = True
+        if self["discovery"]:
+            config.discovery = True
         for uri in config.listen:
             try:
                 check_supported(uri)
             except UnsupportedStackError as e:
+                raise usage.UsageError(str(e)) from None
+        if config.tls_certificate and any(stack_kind(u) == TLS for u in config.listen):
+            # Check the certificate files now, to report them as usage errors.
+            from elvin.tls import server_options_from_config
+            try:
+                server_options_from_config(config)
+            except ConfigError as e:
                 raise usage.UsageError(str(e)) from None
         self.router_config = config
 
@@ -97,9 +108,13 @@ def makeService(options, reactor=None):
     top = RouterService(router, config)
     factory = ElvinServerFactory(router, reactor, config.connect_timeout)
     for uri in config.listen:
-        listener = StreamServerEndpointService(server_endpoint(reactor, uri), factory)
-        listener._raiseSynchronously = True
-        listener.setServiceParent(top)
+        # The URI's stack picks the service: TCP, TLS, UDP or HTTP (a TLS
+        # listener without tls-certificate raises a ConfigError naming it).
+        listener_service(reactor, uri, router, factory, config).setServiceParent(top)
+    if getattr(config, "discovery", False):
+        # Added last, so stopped first: withdraw before the listeners close.
+        from elvin.discovery.service import DiscoveryService
+        DiscoveryService.from_config(config, reactor=reactor).setServiceParent(top)
     return top
 
 

@@ -1,1 +1,36 @@
-"""Router discovery: multicast advertisements and DNS-SD."""
+"""Router discovery: multicast advertisements and DNS-SD.
+
+* ``packets``     -- ERDP SvrRqst / SvrAdvt / SvrAdvtClose and their XDR form
+* ``advertiser``  -- the router's side of ERDP (rate limit, revisions), no I/O
+* ``solicitor``   -- the client's active discovery (pre-request intervals,
+                     suppression, expanding locality), no I/O
+* ``cache``       -- the client's passive cache and the choice of a URI
+* ``channel``     -- ERDP over IPv4 multicast on Twisted
+* ``dnssd``       -- DNS-SD (``_elvin._tcp.local.``) through ``zeroconf``
+* ``service``     -- ``DiscoveryService``, the router's Twisted service
+* ``discoverer``  -- ``Discoverer``, the client's finder; ``connect_discovered``
+* ``settings``    -- the ``discovery*`` configuration file settings
+
+See docs/discovery.md.  The names below are imported on first use, so
+importing this package (as the configuration module does) stays cheap.
+"""
+
+__all__ = ["Discoverer", "NoRouterFound", "DiscoveryService",
+           "DiscoveryUnavailable", "connect_discovered", "resolve_uri"]
+
+_LAZY = {
+    "Discoverer": "elvin.discovery.discoverer",
+    "NoRouterFound": "elvin.discovery.discoverer",
+    "connect_discovered": "elvin.discovery.discoverer",
+    "resolve_uri": "elvin.discovery.discoverer",
+    "DiscoveryService": "elvin.discovery.service",
+    "DiscoveryUnavailable": "elvin.discovery.channel",
+}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'elvin.discovery' has no attribute {name!r}")
+    import importlib
+    return getattr(importlib.import_module(module), name)

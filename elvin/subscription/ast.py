@@ -108,6 +108,17 @@ class Node:
         object.__setattr__(self, "children", children)
         object.__setattr__(self, "_hash", None)
 
+    @classmethod
+    def _trusted(cls, kind, value, children):
+        """Build without validation (the parser has already checked)."""
+        self = object.__new__(cls)
+        setter = object.__setattr__
+        setter(self, "kind", kind)
+        setter(self, "value", value)
+        setter(self, "children", children)
+        setter(self, "_hash", None)
+        return self
+
     def __setattr__(self, attr, value):
         raise AttributeError("subscription AST nodes are immutable")
 

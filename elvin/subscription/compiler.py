@@ -41,7 +41,12 @@ def _constant(value):
 
 def compile_tree(root):
     """Compile ``root`` (an already checked AST) to a ``Compiled``."""
-    return _compile(root)
+    compiled = _compile(root)
+    if not compiled.const:
+        generated = _generate(root)
+        if generated is not None:
+            return Compiled(generated)
+    return compiled
 
 
 def _compile(node):
@@ -624,3 +629,110 @@ _HANDLERS = {
     Kind.FUNC_SIZE: _size,
     Kind.FUNC_EQUALS: _func_equals,
 }
+
+
+# -- generated code for the common shape -------------------------------------
+#
+# Most subscriptions are a conjunction (or disjunction) of comparisons of an
+# attribute with a literal. For those the closure tree costs a call per
+# node; instead we generate one straight-line function with the same
+# three-valued semantics: each operand is computed inline (or, when it is
+# not a simple comparison, by its compiled closure), and the first false
+# operand of && (true operand of ||) returns at once.
+
+_FLIP = {Kind.LESS_THAN: Kind.GREATER_THAN, Kind.GREATER_THAN: Kind.LESS_THAN,
+         Kind.LESS_THAN_EQUALS: Kind.GREATER_THAN_EQUALS,
+         Kind.GREATER_THAN_EQUALS: Kind.LESS_THAN_EQUALS,
+         Kind.EQUALS: Kind.EQUALS, Kind.NOT_EQUALS: Kind.NOT_EQUALS}
+_PYOP = {Kind.LESS_THAN: "<", Kind.GREATER_THAN: ">", Kind.LESS_THAN_EQUALS: "<=",
+         Kind.GREATER_THAN_EQUALS: ">=", Kind.EQUALS: "==", Kind.NOT_EQUALS: "!="}
+_NUMBER_KINDS = (Kind.INT32, Kind.INT64, Kind.REAL64)
+
+
+def _simple_comparison(node):
+    """(op, name, literal node) for ``name OP literal``, else None."""
+    if node.kind not in _PYOP:
+        return None
+    left, right = node.children
+    if left.kind == Kind.NAME and (right.kind in _NUMBER_KINDS or right.kind == Kind.STRING):
+        return node.kind, left.value, right
+    if right.kind == Kind.NAME and (left.kind in _NUMBER_KINDS or left.kind == Kind.STRING):
+        return _FLIP[node.kind], right.value, left
+    return None
+
+
+def _atom_code(node, consts, index):
+    """Lines computing ``x`` (True/False/None) for one operand."""
+    simple = _simple_comparison(node)
+    if simple is None:
+        consts[f"f{index}"] = _compile(node).fn
+        return [f"x = f{index}(a)"]
+    kind, attribute, literal = simple
+    consts[f"n{index}"] = attribute
+    op = _PYOP[kind]
+    lines = [f"v = a.get(n{index})"]
+    if literal.kind == Kind.STRING:
+        if kind not in (Kind.EQUALS, Kind.NOT_EQUALS):
+            return [f"x = None"]  # ordering strings is bottom (checker rejects it)
+        consts[f"c{index}"] = literal.value
+        lines += [f"x = (v {op} c{index}) if v.__class__ is str else None"]
+        return lines
+    real = float(literal.value)
+    consts[f"r{index}"] = real
+    cmp_real = f"(_rc(v, r{index}) {op} 0)"
+    if literal.kind == Kind.REAL64:
+        int_case = f"_rc(float(v), r{index}) {op} 0" if real == 0.0 else f"float(v) {op} r{index}"
+    else:
+        consts[f"i{index}"] = literal.value
+        int_case = f"v {op} i{index}"
+    fast_real = cmp_real if real == 0.0 else (
+        f"(v {op} r{index}) if (v == v and v != 0.0) else {cmp_real}")
+    lines += [
+        "t = v.__class__",
+        "if t is int or t is _I64:",
+        f"    x = {int_case}",
+        "elif t is float:",
+        f"    x = {fast_real}",
+        "else:",
+        "    x = None",
+    ]
+    return lines
+
+
+def _generate(root):
+    """A generated evaluator for ``root``, or None when it does not apply."""
+    if root.kind in (Kind.AND, Kind.OR):
+        operands = root.children
+        stop, seed = ("False", "True") if root.kind == Kind.AND else ("True", "False")
+    elif _simple_comparison(root) is not None:
+        operands = (root,)
+        stop, seed = "False", "True"
+    else:
+        return None
+    if not any(_simple_comparison(c) is not None for c in operands):
+        return None
+    consts = {"_rc": _real_compare, "_I64": Int64}
+    body = [f"r = {seed}"]
+    for index, operand in enumerate(operands):
+        body += _atom_code(operand, consts, index)
+        body += [f"if x is {stop}:", f"    return {stop}",
+                 "if x is None:", "    r = None"]
+    body.append("return r")
+    names = sorted(consts)
+    source = (f"def make({', '.join(names)}):\n    def evaluate(a):\n"
+              + "".join(f"        {line}\n" for line in body) + "    return evaluate\n")
+    make = _FACTORIES.get(source)
+    if make is None:
+        # Literals are parameters, so one compile serves every subscription
+        # of the same shape (compile() costs about a millisecond).
+        namespace = {}
+        exec(compile(source, "<subscription>", "exec"), namespace)
+        make = namespace["make"]
+        if len(_FACTORIES) >= _MAX_FACTORIES:
+            _FACTORIES.pop(next(iter(_FACTORIES)))
+        _FACTORIES[source] = make
+    return make(*(consts[n] for n in names))
+
+
+_FACTORIES = {}
+_MAX_FACTORIES = 4096

@@ -62,6 +62,7 @@ _BINARY = {
 }
 
 _NARY = (Kind.AND, Kind.OR, Kind.XOR)
+_node = Node._trusted
 
 # Tokens after which a '-' is a prefix (sign), not a subtraction.
 _PREFIX_CONTEXT = frozenset({
@@ -134,23 +135,23 @@ class _Grammar:
         left, right = p[1], p[3]
         s = self.state
         if kind in _NARY and left.kind == kind and id(left) not in s.grouped:
-            result = Node(kind, None, left.children + (right,))
+            result = _node(kind, None, left.children + (right,))
         else:
-            result = Node(kind, None, (left, right))
+            result = _node(kind, None, (left, right))
         s.keep(result, s.offsets.get(id(left), p.lexpos(2)))
         s.op_offsets[id(result)] = p.lexpos(2)
         p[0] = result
 
     def p_expr_not(self, p):
         "expr : NOT expr"
-        p[0] = self.state.keep(Node(Kind.NOT, None, (p[2],)), p.lexpos(1))
+        p[0] = self.state.keep(_node(Kind.NOT, None, (p[2],)), p.lexpos(1))
 
     def p_expr_unary(self, p):
         """expr : MINUS expr %prec UMINUS
                 | PLUS expr %prec UPLUS
                 | TILDE expr"""
         kind = {"-": Kind.UNARY_MINUS, "+": Kind.UNARY_PLUS, "~": Kind.BIT_NEGATE}[p[1]]
-        p[0] = self.state.keep(Node(kind, None, (p[2],)), p.lexpos(1))
+        p[0] = self.state.keep(_node(kind, None, (p[2],)), p.lexpos(1))
 
     def p_expr_group(self, p):
         "expr : LPAREN expr RPAREN"
@@ -183,7 +184,7 @@ class _Grammar:
                 errors.TOO_MANY_ARGS, offset,
                 f"too many arguments to {function}() at offset {offset}: "
                 f"takes at most {high}, got {len(args)}", function)
-        return self.state.keep(Node(kind, None, args), offset)
+        return self.state.keep(_node(kind, None, tuple(args)), offset)
 
     def p_args_one(self, p):
         "args : expr"
@@ -196,7 +197,7 @@ class _Grammar:
 
     def p_expr_name(self, p):
         "expr : NAME"
-        p[0] = self.state.keep(Node(Kind.NAME, p[1][0]), p.lexpos(1))
+        p[0] = self.state.keep(_node(Kind.NAME, p[1][0], ()), p.lexpos(1))
 
     def p_expr_int(self, p):
         "expr : INT"
@@ -208,7 +209,7 @@ class _Grammar:
 
     def p_expr_string(self, p):
         "expr : STRING"
-        p[0] = self.state.keep(Node(Kind.STRING, p[1]), p.lexpos(1))
+        p[0] = self.state.keep(_node(Kind.STRING, p[1], ()), p.lexpos(1))
 
     def p_error(self, tok):
         text = self.state.text
@@ -264,13 +265,13 @@ def _integer(text, offset):
             raise SubscriptionError(errors.OVERFLOW, offset,
                                     f"int64 literal {text!r} at offset {offset} is out of range",
                                     text)
-        return Node(Kind.INT64, value)
+        return _node(Kind.INT64, value, ())
     if not INT32_MIN <= value <= INT32_MAX:
         raise SubscriptionError(
             errors.OVERFLOW, offset,
             f"int32 literal {text!r} at offset {offset} is out of range "
             "(add an L suffix for int64)", text)
-    return Node(Kind.INT32, value)
+    return _node(Kind.INT32, value, ())
 
 
 def _real(text, offset):
@@ -279,7 +280,7 @@ def _real(text, offset):
         raise SubscriptionError(errors.OVERFLOW, offset,
                                 f"real64 literal {text!r} at offset {offset} is out of range",
                                 text)
-    return Node(Kind.REAL64, value)
+    return _node(Kind.REAL64, value, ())
 
 
 _GRAMMAR = None

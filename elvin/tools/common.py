@@ -13,14 +13,32 @@ DEFAULT_URI = "elvin://localhost:2917"
 
 class ToolOptions(usage.Options):
     optParameters = [
-        ["elvin", "e", DEFAULT_URI, "URI of the Elvin router to use."],
+        ["elvin", "e", None, "URI of the Elvin router to use (default: find a "
+                             "router by discovery, else " + DEFAULT_URI + ")."],
+        ["scope", None, None, "Without -e: discover a router of this scope "
+                              "(no fallback to " + DEFAULT_URI + ")."],
+        ["discovery-time", None, 1.5, "Without -e: seconds to look for a router.",
+         float],
     ]
 
     def postOptions(self):
         try:
-            self["uri"] = ElvinURI(self["elvin"])
+            # None: found by discovery when the tool runs (see _with_uri)
+            self["uri"] = None if self["elvin"] is None else ElvinURI(self["elvin"])
         except InvalidURIError as e:
             raise usage.UsageError(str(e)) from None
+
+
+async def _with_uri(reactor, options, body):
+    """Run ``body``; first, if a tool got no -e, find its router by
+    discovery (docs/discovery.md): a router of ``--scope``, or else a
+    default router, else DEFAULT_URI."""
+    if isinstance(options, ToolOptions) and options.get("uri") is None:
+        from elvin.discovery.discoverer import resolve_uri
+        options["uri"] = await resolve_uri(
+            reactor, scope=options["scope"], timeout=options["discovery-time"],
+            fallback=DEFAULT_URI)
+    return await body(reactor, options)
 
 
 def run(options_class, body, argv=None):
@@ -35,7 +53,7 @@ def run(options_class, body, argv=None):
     status = {"code": 0}
 
     def main(reactor):
-        d = defer.ensureDeferred(body(reactor, options))
+        d = defer.ensureDeferred(_with_uri(reactor, options, body))
 
         def failed(failure):
             error = failure.value

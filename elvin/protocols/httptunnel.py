@@ -1,0 +1,422 @@
+"""The ``http,none,xdr`` transport: Elvin sessions tunnelled through HTTP.
+
+For clients that can only reach the router through HTTP proxies or
+firewalls. The bytes inside the tunnel are exactly the bytes of the TCP
+transport -- packets behind their 4-byte length header (8.2.1) -- and the
+router side of every tunnel is an ordinary ``ElvinServerProtocol`` whose
+transport is a :class:`TunnelTransport`, so sessions, limits, the send
+queue and its drop policies, timeouts and shutdown all behave exactly as
+on TCP. docs/protocols.md has the wire description; in short::
+
+    POST   /elvin/session            -> 201, body: session id (text)
+    POST   /elvin/session/<id>?seq=N    body: framed packets  -> 204
+    GET    /elvin/session/<id>[?mode=poll]
+                                     -> 200, chunked body: framed packets
+    DELETE /elvin/session/<id>       -> 204 (the client hangs up)
+
+* Upstream, each POST body is fed to the protocol as if read from a
+  socket. ``seq`` numbers a session's POSTs from 1 so a client may resend
+  one whose response it lost: a repeat is acknowledged and ignored, a gap
+  is refused with 409 (the session continues).
+* Downstream, a GET attaches to the session and receives what the router
+  sends. With no GET attached the protocol is paused, exactly like a TCP
+  socket that is not draining: packets wait in the session's SendQueue
+  under its Send-Queue.Max-Length and drop policy. ``mode=stream`` (the
+  default) keeps the response open, streaming packets as they come, until
+  ``poll_timeout`` seconds have passed; ``mode=poll`` ends the response as
+  soon as it has carried some packets. Either way the client simply
+  issues the next GET. A newer GET replaces an older one (which is ended).
+* A GET whose connection is lost after packets were written to it may
+  have lost them, so the session is closed, as a reset TCP connection
+  would close it; one lost before anything was written is just detached.
+* A session with no GET attached and no POST for ``session_timeout``
+  seconds is abandoned: it ends as if its TCP connection had been lost.
+  The timers run on an injectable clock.
+* When the router closes the session (DisconnRply, Disconn, a protocol
+  violation, connect timeout) the GET is ended and the id forgotten: any
+  further request for it gets 404, which tells the client the session is
+  over.
+* Session ids are 192 random bits and are the only credential of a
+  session, so request URLs are never logged.
+"""
+
+import secrets
+
+from twisted.internet import error
+from twisted.internet.interfaces import IConsumer, IPushProducer, ITransport
+from twisted.logger import Logger
+from twisted.python import failure
+from twisted.web import http, resource, server
+from zope.interface import implementer
+
+__all__ = ["ElvinHTTPSite", "TunnelTransport", "SESSION_PATH", "STREAM", "POLL",
+           "DEFAULT_SESSION_TIMEOUT", "DEFAULT_POLL_TIMEOUT"]
+
+#: The URL path of the session collection.
+SESSION_PATH = b"/elvin/session"
+
+STREAM, POLL = "stream", "poll"
+
+DEFAULT_SESSION_TIMEOUT = 60.0
+DEFAULT_POLL_TIMEOUT = 20.0
+
+#: Content type of tunnelled (framed XDR) bodies.
+CONTENT_TYPE = b"application/x-elvin-xdr"
+
+#: Upper bound on a POST body: the largest Packet.Max-Length a session may
+#: negotiate (64 MiB), its header, and room for other frames batched with it.
+MAX_BODY = (64 << 20) + 4 + (64 << 10)
+
+
+class TunnelAbandoned(error.ConnectionLost):
+    """No request arrived for a session for its whole session timeout."""
+
+
+@implementer(ITransport, IConsumer, IPushProducer)
+class TunnelTransport:
+    """The transport of one tunnelled session's ElvinServerProtocol.
+
+    It is the protocol's consumer (the protocol registers itself as a push
+    producer, as on TCP) and the producer for the attached GET response.
+    """
+
+    log = Logger()
+    disconnecting = False
+
+    def __init__(self, site, session_id, peer, host):
+        self.site = site
+        self.session_id = session_id
+        self._peer = peer
+        self._host = host
+        self.protocol = None
+        self.producer = None
+        self.closed = False
+        self.next_seq = 1
+        self.down = None          # the attached GET request
+        self.down_mode = STREAM
+        self.down_wrote = False
+        self._draining = False
+        self._pending = []        # written with no GET attached (not expected)
+        self._hold_timer = None
+        self._idle_timer = None
+
+    # -- ITransport (used by the protocol) ------------------------------------
+
+    def write(self, data):
+        if self.closed or not data:
+            return
+        request = self.down
+        if request is None:
+            self._pending.append(data)
+            return
+        request.write(data)
+        self.down_wrote = True
+        if self.down_mode == POLL and not self._draining:
+            self._pause_protocol()
+            self._end_downstream()
+
+    def writeSequence(self, data):
+        self.write(b"".join(data))
+
+    def loseConnection(self):
+        """The router closes the session after flushing (the protocol only
+        calls this once its queue is empty)."""
+        self._shutdown(error.ConnectionDone("session closed by the router"))
+
+    def abortConnection(self):
+        self._shutdown(error.ConnectionAborted("session aborted by the router"))
+
+    def getPeer(self):
+        return self._peer
+
+    def getHost(self):
+        return self._host
+
+    # -- IConsumer ------------------------------------------------------------
+
+    def registerProducer(self, producer, streaming):
+        self.producer = producer
+        if self.down is None:
+            producer.pauseProducing()
+
+    def unregisterProducer(self):
+        self.producer = None
+
+    def _pause_protocol(self):
+        if self.producer is not None:
+            self.producer.pauseProducing()
+
+    def _resume_protocol(self):
+        if self.producer is not None:
+            self.producer.resumeProducing()
+
+    # -- IPushProducer (for the GET response) -----------------------------------
+
+    def pauseProducing(self):
+        self._pause_protocol()
+
+    def resumeProducing(self):
+        if self.down is not None and not self.closed:
+            self._resume_protocol()
+
+    def stopProducing(self):
+        """The GET's connection went away; notifyFinish handles it."""
+
+    # -- requests -------------------------------------------------------------
+
+    def received(self, body):
+        """A POST body: framed packets, as if read from the socket."""
+        if self.down is None:
+            self._start_idle_timer()
+        if body:
+            self.protocol.dataReceived(body)
+
+    def attach(self, request, mode):
+        """A GET: send what the router has for the client on ``request``."""
+        if self.down is not None:
+            self._end_downstream()
+        self._cancel(self._idle_timer)
+        self._idle_timer = None
+        self.down = request
+        self.down_mode = mode
+        self.down_wrote = False
+        request.setResponseCode(http.OK)
+        request.setHeader(b"content-type", CONTENT_TYPE)
+        request.setHeader(b"cache-control", b"no-store")
+        request.setHeader(b"x-accel-buffering", b"no")  # nginx: do not buffer
+        request.registerProducer(self, True)
+        request.notifyFinish().addBoth(self._downstream_finished, request)
+        request.write(b"")  # headers now: the client knows it is attached
+        self._hold_timer = self.site.clock.callLater(
+            self.site.poll_timeout, self._hold_expired, request)
+        pending, self._pending = self._pending, []
+        self._draining = True
+        try:
+            for data in pending:
+                self.write(data)
+            self._resume_protocol()  # flushes the send queue into the response
+        finally:
+            self._draining = False
+        if self.down is request and mode == POLL and self.down_wrote:
+            self._pause_protocol()
+            self._end_downstream()
+
+    def client_closed(self):
+        """DELETE: the client hung up, like closing its TCP connection."""
+        self._shutdown(error.ConnectionDone("client closed the HTTP session"))
+
+    # -- internals ----------------------------------------------------------
+
+    def _end_downstream(self):
+        request, self.down = self.down, None
+        self._cancel(self._hold_timer)
+        self._hold_timer = None
+        self._pause_protocol()
+        if request is not None:
+            request.unregisterProducer()
+            request.finish()
+        if not self.closed:
+            self._start_idle_timer()
+
+    def _downstream_finished(self, result, request):
+        if self.down is not request:
+            return None  # we ended it ourselves
+        # The client's connection went away in the middle of the response.
+        self.down = None
+        self._cancel(self._hold_timer)
+        self._hold_timer = None
+        self._pause_protocol()
+        if self.down_wrote:
+            self.log.info("HTTP tunnel from {peer}: response lost with data in it; "
+                          "closing the session", peer=self._peer)
+            self._shutdown(error.ConnectionLost("HTTP response lost in transit"))
+        else:
+            self._start_idle_timer()
+        return None
+
+    def _hold_expired(self, request):
+        self._hold_timer = None
+        if self.down is request:
+            self._end_downstream()
+
+    def _start_idle_timer(self):
+        self._cancel(self._idle_timer)
+        self._idle_timer = self.site.clock.callLater(self.site.session_timeout,
+                                                     self._abandoned)
+
+    def _abandoned(self):
+        self._idle_timer = None
+        self.log.info("HTTP tunnel from {peer} abandoned after {timeout}s",
+                      peer=self._peer, timeout=self.site.session_timeout)
+        self._shutdown(TunnelAbandoned("HTTP session abandoned"))
+
+    @staticmethod
+    def _cancel(call):
+        if call is not None and call.active():
+            call.cancel()
+
+    def _shutdown(self, reason):
+        if self.closed:
+            return
+        self.closed = True
+        self.disconnecting = True
+        self.site.tunnels.pop(self.session_id, None)
+        self._cancel(self._idle_timer)
+        self._idle_timer = None
+        if self.down is not None:
+            self._end_downstream()
+        self._pending = []
+        if self.protocol is not None:
+            self.protocol.connectionLost(failure.Failure(reason))
+
+
+class _LimitedRequest(server.Request):
+    """A Request that stops storing a body past MAX_BODY bytes."""
+
+    body_too_large = False
+    _body_size = 0
+
+    def handleContentChunk(self, data):
+        self._body_size += len(data)
+        if self._body_size > MAX_BODY:
+            self.body_too_large = True
+            return
+        super().handleContentChunk(data)
+
+
+class SessionResource(resource.Resource):
+    """``/elvin/session`` and ``/elvin/session/<id>``."""
+
+    isLeaf = True
+
+    def __init__(self, site):
+        super().__init__()
+        self.site = site
+
+    def _tunnel(self, request):
+        """The tunnel named by the path, or None (response code set)."""
+        path = [p for p in request.postpath if p]
+        if len(path) != 1:
+            request.setResponseCode(http.NOT_FOUND)
+            return None
+        tunnel = self.site.tunnels.get(path[0].decode("ascii", "replace"))
+        if tunnel is None:
+            request.setResponseCode(http.NOT_FOUND)
+        return tunnel
+
+    @staticmethod
+    def _body(request):
+        if request.body_too_large:
+            request.setResponseCode(http.REQUEST_ENTITY_TOO_LARGE)
+            return None
+        request.content.seek(0)
+        return request.content.read()
+
+    def render_POST(self, request):
+        request.setHeader(b"cache-control", b"no-store")
+        if not [p for p in request.postpath if p]:
+            body = self._body(request)
+            if body is None:
+                return b""
+            tunnel = self.site.open_tunnel(request)
+            if tunnel is None:
+                request.setResponseCode(http.SERVICE_UNAVAILABLE)
+                return b"too many sessions\n"
+            request.setResponseCode(http.CREATED)
+            request.setHeader(b"content-type", b"text/plain; charset=ascii")
+            request.setHeader(b"location", SESSION_PATH + b"/" +
+                              tunnel.session_id.encode("ascii"))
+            tunnel.received(body)
+            return tunnel.session_id.encode("ascii")
+        tunnel = self._tunnel(request)
+        if tunnel is None:
+            return b""
+        seq = request.args.get(b"seq")
+        if seq:
+            try:
+                number = int(seq[0])
+            except ValueError:
+                request.setResponseCode(http.BAD_REQUEST)
+                return b"bad seq\n"
+            if number < tunnel.next_seq:
+                request.setResponseCode(http.NO_CONTENT)  # a resend: done already
+                return b""
+            if number > tunnel.next_seq:
+                request.setResponseCode(http.CONFLICT)
+                return b"expected seq=%d\n" % tunnel.next_seq
+        body = self._body(request)
+        if body is None:
+            return b""
+        tunnel.next_seq += 1
+        request.setResponseCode(http.NO_CONTENT)
+        tunnel.received(body)
+        return b""
+
+    def render_GET(self, request):
+        tunnel = self._tunnel(request)
+        if tunnel is None:
+            return b""
+        mode = request.args.get(b"mode", [b"stream"])[0]
+        if mode not in (b"stream", b"poll"):
+            request.setResponseCode(http.BAD_REQUEST)
+            return b"mode must be stream or poll\n"
+        tunnel.attach(request, mode.decode("ascii"))
+        return server.NOT_DONE_YET
+
+    def render_DELETE(self, request):
+        tunnel = self._tunnel(request)
+        if tunnel is None:
+            return b""
+        request.setResponseCode(http.NO_CONTENT)
+        tunnel.client_closed()
+        return b""
+
+
+class ElvinHTTPSite(server.Site):
+    """The web server of an ``http,none,xdr`` listener.
+
+    ``factory`` is the ElvinServerFactory whose protocols run inside the
+    tunnels; ``clock`` (default: the factory's) runs the timeouts.
+    ``max_sessions`` (default: the router's max-connections) caps how many
+    tunnels may exist at once.
+    """
+
+    displayTracebacks = False
+    noisy = False
+    requestFactory = _LimitedRequest
+
+    def __init__(self, factory, session_timeout=DEFAULT_SESSION_TIMEOUT,
+                 poll_timeout=DEFAULT_POLL_TIMEOUT, clock=None, max_sessions=None):
+        root = resource.Resource()
+        elvin = resource.Resource()
+        root.putChild(b"elvin", elvin)
+        elvin.putChild(b"session", SessionResource(self))
+        super().__init__(root, parsePOSTFormSubmission=False)
+        self.elvin_factory = factory
+        self.clock = clock if clock is not None else factory.clock
+        self.session_timeout = session_timeout
+        self.poll_timeout = poll_timeout
+        self.max_sessions = (max_sessions if max_sessions is not None
+                             else factory.router.max_connections)
+        self.tunnels = {}
+
+    def log(self, request):
+        """Session ids in URLs are credentials: no access log."""
+
+    def open_tunnel(self, request):
+        if len(self.tunnels) >= self.max_sessions:
+            return None
+        session_id = secrets.token_urlsafe(24)
+        peer = request.getClientAddress()
+        tunnel = TunnelTransport(self, session_id, peer, request.getHost())
+        self.tunnels[session_id] = tunnel
+        proto = self.elvin_factory.buildProtocol(peer)
+        tunnel.protocol = proto
+        proto.makeConnection(tunnel)
+        tunnel._start_idle_timer()
+        return tunnel
+
+    def close_all(self):
+        """Abort every tunnelled session (tests, emergency stop)."""
+        for tunnel in list(self.tunnels.values()):
+            tunnel.abortConnection()
