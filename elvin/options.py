@@ -74,6 +74,9 @@ OPTIONS = {spec.name: spec for spec in (
     OptionSpec("Subscription.Max-Count", int, 10000, 16, INT32_MAX),
     OptionSpec("Subscription.Max-Length", int, 4096, 1024, 1 * MiB),
     OptionSpec("TCP.Send-Immediately", int, 0, 0, 1),
+    # Key limits, named as the Avis router names them.
+    OptionSpec("Connection.Max-Keys", int, 1024, 0, 65536),
+    OptionSpec("Subscription.Max-Keys", int, 256, 0, 65536),
 )}
 
 #: Legacy names (section 7.5.3) -> standard names.

@@ -17,6 +17,7 @@ from twisted.logger import Logger
 from elvin import errors
 from elvin.errors import SubscriptionError
 from elvin.index import SubscriptionIndex
+from elvin.keys import CONSUMER, PRODUCER, SUPPORTED_KEY_SCHEMES, KeyRing
 from elvin.options import ConnectionOptions, OPTIONS
 from elvin.protocols import packets as P
 from elvin.subscription import Subscription
@@ -117,7 +118,7 @@ class Router:
         return ConnectionOptions(self.option_specs, self.key_schemes())
 
     def key_schemes(self):
-        return ()
+        return SUPPORTED_KEY_SCHEMES
 
     def shutdown(self):
         """Tell every connected client the router is closing (Disconn 1)."""
@@ -152,21 +153,34 @@ class Router:
 
     # -- routing -------------------------------------------------------------
 
-    def route(self, attributes, deliver_insecure, keys):
+    def route(self, attributes, deliver_insecure, keys=KeyRing.EMPTY,
+              connection_keys=KeyRing.EMPTY):
         """Deliver a (normalised) notification to every matching subscription.
 
-        Returns the number of clients it was delivered to.
+        ``keys`` and ``connection_keys`` are the producer's prepared
+        KeyRings (the notification's own and its connection's). A match is
+        secure when either producer ring matches the subscription's keys or
+        its connection's subscription keys; otherwise it is delivered
+        insecurely only when both the notification allows it
+        (``deliver_insecure``) and the subscription accepts it. Returns the
+        number of clients it was delivered to.
         """
         self.stats["notifications"] += 1
         matches = {}
+        keyed = bool(keys) or bool(connection_keys)
         for entry in self.index.candidates(attributes):
             if entry.evaluate(attributes) is not True:
                 continue
-            if deliver_insecure and entry.accept_insecure:
-                found = matches.get(entry.session)
-                if found is None:
-                    matches[entry.session] = found = ([], [])
-                found[1].append(entry.id)
+            if keyed and _secure(keys, connection_keys, entry):
+                slot = 0
+            elif deliver_insecure and entry.accept_insecure:
+                slot = 1
+            else:
+                continue
+            found = matches.get(entry.session)
+            if found is None:
+                matches[entry.session] = found = ([], [])
+            found[slot].append(entry.id)
         if not matches:
             return 0
         body = P.encode_attributes(attributes)
@@ -174,6 +188,14 @@ class Router:
             session.deliver(P.encode_notify_deliver_from(body, secure, insecure))
         self.stats["deliveries"] += len(matches)
         return len(matches)
+
+
+def _secure(keys, connection_keys, entry):
+    for producer in (keys, connection_keys):
+        if producer and (producer.matches(entry.keys)
+                         or producer.matches(entry.session.sub_keys)):
+            return True
+    return False
 
 
 class ClientSession:
@@ -192,6 +214,8 @@ class ClientSession:
         self.subscriptions = {}
         self.protocol_errors = 0
         self.dropped = 0
+        self.nfn_keys = KeyRing.EMPTY
+        self.sub_keys = KeyRing.EMPTY
 
     # -- input ----------------------------------------------------------------
 
@@ -297,25 +321,31 @@ class ClientSession:
             self.nack(packet.xid, errors.IMPL_LIMIT, "too many connections")
             self._close()
             return
-        if not self._check_keys(packet.xid, packet.nfn_keys, packet.sub_keys):
+        nfn_keys = self._keys(packet.xid, packet.nfn_keys, PRODUCER)
+        sub_keys = self._keys(packet.xid, packet.sub_keys, CONSUMER)
+        if nfn_keys is None or sub_keys is None:
             return
         reply = self.options.negotiate(packet.options)
+        if len(nfn_keys) + len(sub_keys) > self.options["Connection.Max-Keys"]:
+            self.protocol_error(packet.xid, errors.QOS_LIMIT,
+                                "more keys than Connection.Max-Keys",
+                                ("Connection.Max-Keys",))
+            return
+        self.nfn_keys, self.sub_keys = nfn_keys, sub_keys
         self.output.configure(self.options)
         self.state = self.CONNECTED
         self.log.info("client connected from {peer}", peer=self.peer)
         self.send(P.ConnRply(packet.xid, reply))
 
-    def _check_keys(self, xid, *keysets):
-        """Nack unknown key schemes (issue: key support arrives separately)."""
-        supported = set(self.router.key_schemes())
-        for keys in keysets:
-            for scheme in keys.schemes():
-                if scheme not in supported:
-                    self.protocol_error(xid, errors.BAD_KEY_SCHEME,
-                                        f"key scheme {scheme} is not supported",
-                                        (scheme,))
-                    return False
-        return True
+    def _keys(self, xid, keys, role):
+        """Prepare wire keys for ``role``, or Nack and return None."""
+        if not keys:
+            return KeyRing.EMPTY
+        try:
+            return KeyRing.from_wire(keys, role)
+        except errors.ElvinError as e:
+            self.protocol_error(xid, e.code, str(e), e.nack_args)
+            return None
 
     def _disconn_rqst(self, packet):
         self.send(P.DisconnRply(packet.xid))
@@ -332,9 +362,30 @@ class ClientSession:
         self.send(P.QosRply(packet.xid, reply))
 
     def _sec_rqst(self, packet):
-        if self._check_keys(packet.xid, packet.add_nfn_keys, packet.del_nfn_keys,
-                            packet.add_sub_keys, packet.del_sub_keys):
-            self.send(P.SecRply(packet.xid))
+        xid = packet.xid
+        prepared = [self._keys(xid, packet.add_nfn_keys, PRODUCER),
+                    self._keys(xid, packet.del_nfn_keys, PRODUCER),
+                    self._keys(xid, packet.add_sub_keys, CONSUMER),
+                    self._keys(xid, packet.del_sub_keys, CONSUMER)]
+        if any(ring is None for ring in prepared):
+            return
+        add_nfn, del_nfn, add_sub, del_sub = prepared
+        # 7.4.8: adding a registered key or removing an unknown one is a
+        # protocol error, and the change is atomic.
+        if self.nfn_keys.intersects(add_nfn) or self.sub_keys.intersects(add_sub):
+            self.protocol_error(xid, errors.KEY_EXISTS, "key already registered")
+            return
+        if not (self.nfn_keys.contains_all(del_nfn) and self.sub_keys.contains_all(del_sub)):
+            self.protocol_error(xid, errors.NO_SUCH_KEY, "no such key to remove")
+            return
+        nfn_keys = self.nfn_keys.union(add_nfn).difference(del_nfn)
+        sub_keys = self.sub_keys.union(add_sub).difference(del_sub)
+        if len(nfn_keys) + len(sub_keys) > self.options["Connection.Max-Keys"]:
+            self.protocol_error(xid, errors.QOS_LIMIT, "more keys than Connection.Max-Keys",
+                                ("Connection.Max-Keys",))
+            return
+        self.nfn_keys, self.sub_keys = nfn_keys, sub_keys
+        self.send(P.SecRply(xid))
 
     def _quench(self, packet):
         self.protocol_error(packet.xid, errors.NOT_IMPL,
@@ -366,17 +417,25 @@ class ClientSession:
         return None
 
     def _notify_emit(self, packet):
-        self._emit(packet.attributes, packet.deliver_insecure, packet.keys)
+        self._emit(packet.attributes, packet.deliver_insecure, packet.keys,
+                   self.nfn_keys)
 
     def _unotify(self, packet):
         if (packet.client_major_version != PROTOCOL_MAJOR
                 or packet.client_minor_version > PROTOCOL_MINOR):
             return  # 7.4.1: silently discarded
         self.router.stats["unotify"] += 1
-        self._emit(packet.attributes, packet.deliver_insecure, packet.keys)
+        self._emit(packet.attributes, packet.deliver_insecure, packet.keys,
+                   KeyRing.EMPTY)
 
-    def _emit(self, attributes, deliver_insecure, keys):
+    def _emit(self, attributes, deliver_insecure, wire_keys, connection_keys):
         problem = self._notification_problem(attributes)
+        keys = KeyRing.EMPTY
+        if problem is None and wire_keys:
+            try:
+                keys = KeyRing.from_wire(wire_keys, PRODUCER)
+            except errors.ElvinError as e:
+                problem = str(e)
         if problem is not None:
             # 7.3.3: a protocol error in a NotifyEmit is ignored, not Nacked.
             self.router.stats["rejected_notifications"] += 1
@@ -386,7 +445,7 @@ class ClientSession:
         if self.router.verbose:
             self.log.info("notification from {peer}: {names}", peer=self.peer,
                           names=sorted(attributes))
-        self.router.route(attributes, deliver_insecure, keys)
+        self.router.route(attributes, deliver_insecure, keys, connection_keys)
 
     # -- subscriptions ----------------------------------------------------------
 
@@ -411,14 +470,20 @@ class ClientSession:
                                 f"client already has Subscription.Max-Count ({limit}) "
                                 "subscriptions", ("Subscription.Max-Count",))
             return
-        if not self._check_keys(packet.xid, packet.keys):
+        keys = self._keys(packet.xid, packet.keys, CONSUMER)
+        if keys is None:
+            return
+        if len(keys) > self.options["Subscription.Max-Keys"]:
+            self.protocol_error(packet.xid, errors.QOS_LIMIT,
+                                "more keys than Subscription.Max-Keys",
+                                ("Subscription.Max-Keys",))
             return
         subscription = self._compile(packet.xid, packet.expression)
         if subscription is None:
             return
         try:
             entry = self.router.add_subscription(self, subscription,
-                                                 packet.accept_insecure, packet.keys)
+                                                 packet.accept_insecure, keys)
         except errors.ElvinError as e:
             self.protocol_error(packet.xid, e.code, str(e))
             return
@@ -432,13 +497,23 @@ class ClientSession:
                                 f"no such subscription: {packet.subscription_id}",
                                 (_id_arg(packet.subscription_id),))
             return
-        if not self._check_keys(packet.xid, packet.add_keys, packet.del_keys):
+        add_keys = self._keys(packet.xid, packet.add_keys, CONSUMER)
+        del_keys = self._keys(packet.xid, packet.del_keys, CONSUMER)
+        if add_keys is None or del_keys is None:
+            return
+        # 7.4.18: adding a present key or removing an absent one is ignored.
+        keys = entry.keys.union(add_keys).difference(del_keys)
+        if len(keys) > self.options["Subscription.Max-Keys"]:
+            self.protocol_error(packet.xid, errors.QOS_LIMIT,
+                                "more keys than Subscription.Max-Keys",
+                                ("Subscription.Max-Keys",))
             return
         if packet.expression:
             subscription = self._compile(packet.xid, packet.expression)
             if subscription is None:
                 return
             self.router.replace_subscription(entry, subscription)
+        entry.keys = keys
         entry.accept_insecure = packet.accept_insecure
         self.send(P.SubRply(packet.xid, entry.id))
 

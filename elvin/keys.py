@@ -1,0 +1,206 @@
+"""Security keys: the SHA-1 producer, consumer and dual schemes.
+
+A key is a byte string. A *private* key is hashed with SHA-1 to give its
+*public* key. Scheme ids are those other Elvin routers use: dual 1,
+producer 2, consumer 3.
+
+- Producer scheme (2): the producer holds the private key and sends it
+  with its notifications; consumers subscribe with the public key. The
+  router hashes notification keys, and delivers securely when one equals a
+  subscription key — only the holder of the private key can produce what
+  those consumers receive securely.
+- Consumer scheme (3): the consumer holds the private key and subscribes
+  with it; producers send the public key. The router hashes subscription
+  keys — only the holder of the private key can receive.
+- Dual scheme (1): two key sets per side, producer keys then consumer
+  keys; both halves must match.
+
+The router hashes every private key it receives on arrival (clients send
+raw keys), so what it keeps and compares are public keys, and it never
+logs a key. ``KeyRing`` is the immutable, prepared form.
+"""
+
+import hashlib
+
+from elvin import errors
+from elvin.errors import ElvinError
+
+__all__ = ["SHA1_DUAL", "SHA1_PRODUCER", "SHA1_CONSUMER", "SCHEMES",
+           "SUPPORTED_KEY_SCHEMES", "PRODUCER", "CONSUMER", "KeyRing",
+           "public_key", "producer_keys", "consumer_keys", "dual_keys"]
+
+SHA1_DUAL = 1
+SHA1_PRODUCER = 2
+SHA1_CONSUMER = 3
+SCHEMES = {SHA1_DUAL: "SHA-1-Dual", SHA1_PRODUCER: "SHA-1-Producer",
+           SHA1_CONSUMER: "SHA-1-Consumer"}
+
+#: The Supported-Key-Schemes connection option value (as Avis reports it).
+SUPPORTED_KEY_SCHEMES = ("SHA-1",)
+
+PRODUCER = "producer"
+CONSUMER = "consumer"
+
+
+def public_key(private):
+    """The public (SHA-1) key for a private key."""
+    return hashlib.sha1(bytes(private)).digest()
+
+
+class KeyRing:
+    """Prepared (public) keys: scheme -> (producer set, consumer set).
+
+    Single-key schemes keep their keys in the half their role uses:
+    producer-scheme keys in the producer half, consumer-scheme keys in the
+    consumer half.
+    """
+
+    __slots__ = ("_sets",)
+
+    def __init__(self, sets=None):
+        self._sets = {s: (frozenset(p), frozenset(c)) for s, (p, c) in (sets or {}).items()
+                      if p or c}
+
+    EMPTY = None  # set below
+
+    def __bool__(self):
+        return bool(self._sets)
+
+    def __len__(self):
+        return sum(len(p) + len(c) for p, c in self._sets.values())
+
+    def __eq__(self, other):
+        return isinstance(other, KeyRing) and self._sets == other._sets
+
+    def __hash__(self):
+        return hash(frozenset(self._sets.items()))
+
+    def __repr__(self):
+        return f"<KeyRing {len(self)} keys in schemes {sorted(self._sets)}>"
+
+    @classmethod
+    def from_wire(cls, keys, role):
+        """Prepare ``keys`` (a packets.Keys) sent by a client in ``role``.
+
+        Private keys of the role are hashed; raises ElvinError with
+        BAD_KEY_SCHEME for an unknown scheme and BAD_KEY_INDEX for a wrong
+        number of key sets.
+        """
+        sets = {}
+        for scheme, key_sets in keys.entries():
+            if scheme not in SCHEMES:
+                raise ElvinError(errors.BAD_KEY_SCHEME,
+                                 f"unknown key scheme {scheme}", (scheme,))
+            expected = 2 if scheme == SHA1_DUAL else 1
+            if len(key_sets) != expected:
+                raise ElvinError(errors.BAD_KEY_INDEX,
+                                 f"key scheme {scheme} needs {expected} key set(s), "
+                                 f"got {len(key_sets)}", (scheme, len(key_sets)))
+            producer, consumer = sets.get(scheme, (set(), set()))
+            producer, consumer = set(producer), set(consumer)
+            if scheme == SHA1_DUAL:
+                p_keys, c_keys = key_sets
+            elif scheme == SHA1_PRODUCER:
+                p_keys, c_keys = key_sets[0], ()
+            else:
+                p_keys, c_keys = (), key_sets[0]
+            hash_producer = role == PRODUCER
+            producer.update(public_key(k) if hash_producer else bytes(k) for k in p_keys)
+            consumer.update(public_key(k) if not hash_producer else bytes(k) for k in c_keys)
+            sets[scheme] = (producer, consumer)
+        return cls(sets)
+
+    def union(self, other):
+        merged = {s: (set(p), set(c)) for s, (p, c) in self._sets.items()}
+        for s, (p, c) in other._sets.items():
+            mp, mc = merged.setdefault(s, (set(), set()))
+            mp |= p
+            mc |= c
+        return KeyRing(merged)
+
+    def difference(self, other):
+        result = {}
+        for s, (p, c) in self._sets.items():
+            op, oc = other._sets.get(s, ((), ()))
+            result[s] = (p - set(op), c - set(oc))
+        return KeyRing(result)
+
+    def contains_all(self, other):
+        """True when every key of ``other`` is in this ring."""
+        for s, (p, c) in other._sets.items():
+            mine = self._sets.get(s)
+            if mine is None or not (p <= mine[0] and c <= mine[1]):
+                return False
+        return True
+
+    def intersects(self, other):
+        """True when any key of ``other`` is already in this ring."""
+        for s, (p, c) in other._sets.items():
+            mine = self._sets.get(s)
+            if mine is not None and (p & mine[0] or c & mine[1]):
+                return True
+        return False
+
+    def matches(self, consumer):
+        """True when this (producer) ring lets ``consumer`` receive securely."""
+        if not self._sets or not consumer._sets:
+            return False
+        for scheme, (p, c) in self._sets.items():
+            theirs = consumer._sets.get(scheme)
+            if theirs is None:
+                continue
+            tp, tc = theirs
+            if scheme == SHA1_PRODUCER:
+                if not p.isdisjoint(tp):
+                    return True
+            elif scheme == SHA1_CONSUMER:
+                if not c.isdisjoint(tc):
+                    return True
+            elif not p.isdisjoint(tp) and not c.isdisjoint(tc):
+                return True
+        return False
+
+
+KeyRing.EMPTY = KeyRing()
+
+
+# -- helpers for clients -------------------------------------------------------
+
+def _wire(entries):
+    from elvin.protocols.packets import Keys
+    return Keys(entries)
+
+
+def producer_keys(secret):
+    """Keys for the producer scheme from a raw secret.
+
+    Returns ``(notification_keys, subscription_keys)``: the producer sends
+    the first with its notifications (or sets it on its connection), its
+    consumers subscribe with the second.
+    """
+    secret = _bytes(secret)
+    return (_wire({SHA1_PRODUCER: [[secret]]}),
+            _wire({SHA1_PRODUCER: [[public_key(secret)]]}))
+
+
+def consumer_keys(secret):
+    """Keys for the consumer scheme from a raw secret.
+
+    Returns ``(notification_keys, subscription_keys)``: producers send the
+    first (public), the consumer subscribes with the second (private).
+    """
+    secret = _bytes(secret)
+    return (_wire({SHA1_CONSUMER: [[public_key(secret)]]}),
+            _wire({SHA1_CONSUMER: [[secret]]}))
+
+
+def dual_keys(producer_secret, consumer_secret):
+    """Keys for the dual scheme: both sides must hold their secret."""
+    p = _bytes(producer_secret)
+    c = _bytes(consumer_secret)
+    return (_wire({SHA1_DUAL: [[p], [public_key(c)]]}),
+            _wire({SHA1_DUAL: [[public_key(p)], [c]]}))
+
+
+def _bytes(secret):
+    return secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)
