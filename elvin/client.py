@@ -25,7 +25,8 @@ from elvin.uri import ElvinURI
 from elvin.values import normalise
 
 __all__ = ["connect", "unotify", "Connection", "ClientSubscription",
-           "NackError", "ConnectionClosed", "Notification"]
+           "ClientQuench", "QuenchState", "AutoQuench", "NackError",
+           "ConnectionClosed", "Notification"]
 
 DEFAULT_URI = "elvin://localhost:2917"
 
@@ -81,6 +82,161 @@ class ClientSubscription:
         return f"<ClientSubscription {self.id} {self.expression!r}>"
 
 
+class ClientQuench:
+    """A quench registered with the router (see ``Connection.quench``).
+
+    ``on_add(term_id, tree, secure)``, ``on_modify(term_id, tree, secure)``
+    and ``on_delete(term_id)`` are called as subscriptions referring to the
+    quench's names come, change and go; ``tree`` is the subscription's
+    ``elvin.subscription.ast.Node``.
+    """
+
+    def __init__(self, connection, quench_id, names, on_add, on_modify, on_delete,
+                 deliver_insecure):
+        self.connection = connection
+        self.id = quench_id
+        self.names = frozenset(names)
+        self.on_add = on_add
+        self.on_modify = on_modify
+        self.on_delete = on_delete
+        self.deliver_insecure = deliver_insecure
+
+    def modify(self, add_names=(), del_names=(), deliver_insecure=None,
+               add_keys=None, del_keys=None):
+        """Change the names (and flags/keys); fires with self."""
+        return self.connection._modify_quench(self, add_names, del_names,
+                                              deliver_insecure, add_keys, del_keys)
+
+    def remove(self):
+        return self.connection._remove_quench(self)
+
+    def _event(self, kind, term_id, tree=None, secure=False):
+        handler = {"add": self.on_add, "modify": self.on_modify,
+                   "delete": self.on_delete}[kind]
+        if handler is None:
+            return
+        if kind == "delete":
+            handler(term_id)
+        else:
+            handler(term_id, tree, secure)
+
+    def __repr__(self):
+        return f"<ClientQuench {self.id} {sorted(self.names)}>"
+
+
+class QuenchState:
+    """What subscriptions exist on some names, as told by quench notifications.
+
+    Pass its ``add``/``modify``/``delete`` methods as the quench callbacks
+    (``state.callbacks()`` gives them as keyword arguments).
+    ``could_interest(attrs, unknown)`` answers whether a notification with
+    ``attrs`` could match any known subscription, evaluating the received
+    ASTs with three-valued logic; names in ``unknown`` are attributes whose
+    value the producer does not know yet (they could be anything).
+    """
+
+    def __init__(self):
+        from elvin.subscription.partial import PartialEvaluator
+        self._make = PartialEvaluator
+        self.terms = {}
+
+    def callbacks(self):
+        return {"on_add": self.add, "on_modify": self.modify, "on_delete": self.delete}
+
+    def add(self, term_id, tree, secure=False):
+        try:
+            self.terms[term_id] = self._make(tree)
+        except Exception:
+            # A tree this library cannot evaluate: assume it wants everything.
+            self.terms[term_id] = None
+
+    modify = add
+
+    def delete(self, term_id):
+        self.terms.pop(term_id, None)
+
+    def __bool__(self):
+        return bool(self.terms)
+
+    def could_interest(self, attributes, unknown=()):
+        attrs = normalise(attributes)
+        for evaluator in self.terms.values():
+            if evaluator is None or evaluator.could_match(attrs, unknown):
+                return True
+        return False
+
+
+class AutoQuench:
+    """Auto-quench (the Elvin4 paper): emit only what somebody could want.
+
+    Wraps a Connection: the attribute names of everything emitted through
+    ``notify`` are registered as a quench (the quench grows as new names
+    appear), and a notification that no known subscription could match is
+    silently dropped (counted in ``dropped``). ``ready`` fires once the
+    initial registration and its notifications have arrived. Until the
+    router has answered a change of names, notifications with the new names
+    are dropped: auto-quench errs towards silence.
+    """
+
+    def __init__(self, connection, names=(), deliver_insecure=True, keys=None):
+        self.connection = connection
+        self.state = QuenchState()
+        self.names = set(names)
+        self.deliver_insecure = deliver_insecure
+        self.keys = keys
+        self.quench = None
+        self.sent = 0
+        self.dropped = 0
+        self._pending = None
+        self.ready = defer.Deferred()
+        if self.names:
+            self._sync()
+        else:
+            self.ready.callback(self)
+
+    def _sync(self):
+        """Make the router's quench cover ``names`` (one request at a time)."""
+        if self._pending is not None:
+            return
+        conn = self.connection
+        if self.quench is None:
+            d = conn.quench(self.names, deliver_insecure=self.deliver_insecure,
+                            keys=self.keys, **self.state.callbacks())
+            d.addCallback(lambda quench: setattr(self, "quench", quench))
+        else:
+            missing = self.names - self.quench.names
+            if not missing:
+                return
+            d = self.quench.modify(add_names=missing)
+        # The round trip returns after the router's initial notifications.
+        d.addCallback(lambda _: conn.test_connection())
+        self._pending = d
+
+        def settled(result):
+            self._pending = None
+            if not self.ready.called:
+                self.ready.callback(self)
+            if isinstance(result, Exception) or hasattr(result, "value"):
+                self.connection.log.warn("auto-quench registration failed: {r}", r=result)
+                return None
+            self._sync()  # names may have grown meanwhile
+            return None
+        d.addBoth(settled)
+
+    def notify(self, attributes, deliver_insecure=True, keys=None):
+        """Emit ``attributes`` if any subscription could want it; returns
+        True when sent."""
+        if not set(attributes) <= self.names:
+            self.names |= set(attributes)
+            self._sync()
+        if self._pending is None and self.state.could_interest(attributes):
+            self.connection.notify(attributes, deliver_insecure, keys)
+            self.sent += 1
+            return True
+        self.dropped += 1
+        return False
+
+
 class ElvinClientProtocol(FramedProtocol):
     """Frames, decodes and dispatches packets for one Connection."""
 
@@ -119,6 +275,7 @@ class Connection:
         self.protocol = None
         self.options = {}
         self.subscriptions = {}
+        self.quenches = {}
         self._pending = {}
         self._xids = itertools.count(1)
         self._closed = False
@@ -151,6 +308,16 @@ class Connection:
             self._fail_pending(ConnectionClosed(
                 f"router disconnected us (reason {packet.reason}): {packet.args}",
                 packet.reason, packet.args))
+        elif kind is P.SubAddNotify or kind is P.SubModNotify:
+            event = "add" if kind is P.SubAddNotify else "modify"
+            for secure, ids in ((True, packet.secure_quench_ids),
+                                (False, packet.insecure_quench_ids)):
+                for quench_id in ids:
+                    self._quench_event(quench_id, event, packet.term_id,
+                                       packet.sub_expr, secure)
+        elif kind is P.SubDelNotify:
+            for quench_id in packet.quench_ids:
+                self._quench_event(quench_id, "delete", packet.term_id)
         elif kind is P.DropWarn:
             self.dropwarns += 1
             if self.on_dropwarn is not None:
@@ -185,6 +352,15 @@ class Connection:
                 sub.callback(note)
             except Exception:
                 self.log.failure("subscription callback for {sub} raised", sub=sub)
+
+    def _quench_event(self, quench_id, event, term_id, tree=None, secure=False):
+        quench = self.quenches.get(quench_id)
+        if quench is None:
+            return
+        try:
+            quench._event(event, term_id, tree, secure)
+        except Exception:
+            self.log.failure("quench callback for {q} raised", q=quench)
 
     def _lost(self, reason):
         self._closed = True
@@ -262,6 +438,44 @@ class Connection:
         def removed(reply):
             self.subscriptions.pop(sub.id, None)
             return None
+        return d.addCallback(removed)
+
+    def quench(self, names, on_add=None, on_modify=None, on_delete=None,
+               deliver_insecure=True, keys=None):
+        """Ask to be told about subscriptions referring to ``names``.
+
+        Fires with a ClientQuench; its callbacks then receive every existing
+        and future subscription on those names (see ClientQuench).
+        """
+        names = tuple(sorted(set(names)))
+        d = self._request(lambda xid: P.QnchAddRqst(xid, names, deliver_insecure,
+                                                    keys or P.Keys.EMPTY))
+
+        def added(reply):
+            quench = ClientQuench(self, reply.quench_id, names, on_add, on_modify,
+                                  on_delete, deliver_insecure)
+            self.quenches[quench.id] = quench
+            return quench
+        return d.addCallback(added)
+
+    def _modify_quench(self, quench, add_names, del_names, deliver_insecure,
+                       add_keys, del_keys):
+        insecure = quench.deliver_insecure if deliver_insecure is None else deliver_insecure
+        d = self._request(lambda xid: P.QnchModRqst(
+            xid, quench.id, tuple(add_names), tuple(del_names), insecure,
+            add_keys or P.Keys.EMPTY, del_keys or P.Keys.EMPTY))
+
+        def modified(reply):
+            quench.names = (quench.names | set(add_names)) - set(del_names)
+            quench.deliver_insecure = insecure
+            return quench
+        return d.addCallback(modified)
+
+    def _remove_quench(self, quench):
+        d = self._request(lambda xid: P.QnchDelRqst(xid, quench.id))
+
+        def removed(reply):
+            self.quenches.pop(quench.id, None)
         return d.addCallback(removed)
 
     def notify(self, attributes, deliver_insecure=True, keys=None):

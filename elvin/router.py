@@ -19,6 +19,7 @@ from elvin.errors import SubscriptionError
 from elvin.index import SubscriptionIndex
 from elvin.keys import CONSUMER, PRODUCER, SUPPORTED_KEY_SCHEMES, KeyRing
 from elvin.options import ConnectionOptions, OPTIONS
+from elvin.quench import QuenchEntry, QuenchRegistry
 from elvin.protocols import packets as P
 from elvin.subscription import Subscription
 from elvin.values import OPAQUE, STRING, type_of
@@ -95,7 +96,9 @@ class Router:
         self.sessions = set()
         self.subscriptions = {}
         self.index = SubscriptionIndex()
+        self.quench = QuenchRegistry()
         self._sub_ids = itertools.count(1)
+        self._quench_ids = itertools.count(1)
         self.closing = False
         self.stats = {"notifications": 0, "deliveries": 0, "unotify": 0,
                       "rejected_notifications": 0}
@@ -110,6 +113,7 @@ class Router:
 
     def session_closed(self, session):
         self.sessions.discard(session)
+        self.quench.session_closed(session)
         for entry in list(session.subscriptions.values()):
             self._remove_entry(entry)
         session.subscriptions.clear()
@@ -136,17 +140,26 @@ class Router:
                                   accept_insecure, keys)
         self.subscriptions[entry.id] = entry
         self.index.add(entry)
+        self.quench.subscription_added(entry)
         return entry
 
-    def replace_subscription(self, entry, subscription):
-        self.index.remove(entry)
-        entry.subscription = subscription
-        entry.evaluate = subscription.evaluator
-        self.index.add(entry)
+    def modify_subscription(self, entry, subscription, keys, accept_insecure):
+        """Change an entry (None keeps the expression); quenchers are told."""
+        token = self.quench.subscription_changing(entry)
+        if subscription is not None:
+            self.index.remove(entry)
+            entry.subscription = subscription
+            entry.evaluate = subscription.evaluator
+            self.index.add(entry)
+        entry.keys = keys
+        entry.accept_insecure = accept_insecure
+        self.quench.subscription_changed(entry, token)
 
     def _remove_entry(self, entry):
-        self.subscriptions.pop(entry.id, None)
+        if self.subscriptions.pop(entry.id, None) is None:
+            return
         self.index.remove(entry)
+        self.quench.subscription_removed(entry)
 
     def remove_subscription(self, entry):
         self._remove_entry(entry)
@@ -216,6 +229,7 @@ class ClientSession:
         self.dropped = 0
         self.nfn_keys = KeyRing.EMPTY
         self.sub_keys = KeyRing.EMPTY
+        self.quenches = {}
 
     # -- input ----------------------------------------------------------------
 
@@ -263,6 +277,11 @@ class ClientSession:
 
     def send(self, packet):
         self.output.send(packet)
+
+    def send_droppable(self, packet):
+        """Quench notifications: may be dropped (with DropWarn) when congested."""
+        if self.state == self.CONNECTED:
+            self.output.send_encoded(P.encode(packet), True)
 
     def nack(self, xid, code, message, args=()):
         self.send(P.Nack(xid, code, message, tuple(args)))
@@ -387,9 +406,64 @@ class ClientSession:
         self.nfn_keys, self.sub_keys = nfn_keys, sub_keys
         self.send(P.SecRply(xid))
 
-    def _quench(self, packet):
-        self.protocol_error(packet.xid, errors.NOT_IMPL,
-                            "quench is not implemented by this router yet")
+    # -- quench ------------------------------------------------------------------
+
+    def _qnch_add(self, packet):
+        if not packet.names:
+            self.protocol_error(packet.xid, errors.EMPTY_QUENCH,
+                                "a quench needs at least one attribute name")
+            return
+        keys = self._keys(packet.xid, packet.keys, PRODUCER)
+        if keys is None:
+            return
+        router = self.router
+        quench = QuenchEntry(next(router._quench_ids), self, packet.names,
+                             packet.deliver_insecure, keys)
+        self.quenches[quench.id] = quench
+        self.send(P.QnchRply(packet.xid, quench.id))
+        router.quench.add(quench)
+
+    def _qnch_mod(self, packet):
+        quench = self.quenches.get(packet.quench_id)
+        if quench is None:
+            self.protocol_error(packet.xid, errors.NO_SUCH_QUENCH,
+                                f"no such quench: {packet.quench_id}",
+                                (_id_arg(packet.quench_id),))
+            return
+        names = set(quench.names)
+        for name in packet.names_add:
+            if name in names:
+                self.protocol_error(packet.xid, errors.ATTR_EXISTS,
+                                    f"quench already has attribute {name!r}", (name,))
+                return
+            names.add(name)
+        for name in packet.names_del:
+            if name not in names:
+                self.protocol_error(packet.xid, errors.NO_SUCH_ATTR,
+                                    f"quench has no attribute {name!r}", (name,))
+                return
+            names.discard(name)
+        if not names:
+            self.protocol_error(packet.xid, errors.EMPTY_QUENCH,
+                                "the change would leave the quench with no names")
+            return
+        add_keys = self._keys(packet.xid, packet.add_keys, PRODUCER)
+        del_keys = self._keys(packet.xid, packet.del_keys, PRODUCER)
+        if add_keys is None or del_keys is None:
+            return
+        keys = quench.keys.union(add_keys).difference(del_keys)
+        self.send(P.QnchRply(packet.xid, quench.id))
+        self.router.quench.modify(quench, names, packet.deliver_insecure, keys)
+
+    def _qnch_del(self, packet):
+        quench = self.quenches.pop(packet.quench_id, None)
+        if quench is None:
+            self.protocol_error(packet.xid, errors.NO_SUCH_QUENCH,
+                                f"no such quench: {packet.quench_id}",
+                                (_id_arg(packet.quench_id),))
+            return
+        self.router.quench.remove(quench)
+        self.send(P.QnchRply(packet.xid, quench.id))
 
     # -- notifications ----------------------------------------------------------
 
@@ -508,13 +582,12 @@ class ClientSession:
                                 "more keys than Subscription.Max-Keys",
                                 ("Subscription.Max-Keys",))
             return
+        subscription = None
         if packet.expression:
             subscription = self._compile(packet.xid, packet.expression)
             if subscription is None:
                 return
-            self.router.replace_subscription(entry, subscription)
-        entry.keys = keys
-        entry.accept_insecure = packet.accept_insecure
+        self.router.modify_subscription(entry, subscription, keys, packet.accept_insecure)
         self.send(P.SubRply(packet.xid, entry.id))
 
     def _sub_del(self, packet):
@@ -563,7 +636,7 @@ _HANDLERS = {
     P.SubAddRqst: ClientSession._sub_add,
     P.SubModRqst: ClientSession._sub_mod,
     P.SubDelRqst: ClientSession._sub_del,
-    P.QnchAddRqst: ClientSession._quench,
-    P.QnchModRqst: ClientSession._quench,
-    P.QnchDelRqst: ClientSession._quench,
+    P.QnchAddRqst: ClientSession._qnch_add,
+    P.QnchModRqst: ClientSession._qnch_mod,
+    P.QnchDelRqst: ClientSession._qnch_del,
 }

@@ -1,0 +1,56 @@
+"""elvin-quench: print subscription adds, changes and removals on names.
+
+    elvin-quench -e elvin://host price volume
+
+Each line is ``add TERM [secure|insecure] EXPRESSION``,
+``modify TERM [secure|insecure] EXPRESSION`` or ``delete TERM``, printed as
+the router reports subscriptions referring to the names, until interrupted.
+"""
+
+import sys
+
+from twisted.internet import defer
+
+from elvin import client
+from elvin.subscription.printer import to_text
+from elvin.tools.common import ToolOptions, run
+
+
+class Options(ToolOptions):
+    synopsis = "[-e URI] NAME [NAME ...]"
+
+    def parseArgs(self, *names):
+        if not names:
+            from twisted.python import usage
+            raise usage.UsageError("give at least one attribute name to quench on")
+        self["names"] = names
+
+
+def _line(kind, term_id, tree=None, secure=False):
+    if tree is None:
+        return f"{kind} {term_id}\n"
+    return f"{kind} {term_id} {'secure' if secure else 'insecure'} {to_text(tree)}\n"
+
+
+async def body(reactor, options):
+    conn = await client.connect(options["uri"], reactor=reactor)
+
+    def show(kind):
+        def handler(term_id, tree=None, secure=False):
+            sys.stdout.write(_line(kind, term_id, tree, secure))
+            sys.stdout.flush()
+        return handler
+
+    await conn.quench(options["names"], on_add=show("add"), on_modify=show("modify"),
+                      on_delete=show("delete"))
+    done = defer.Deferred()
+    conn.disconnected.addBoth(lambda _: done.called or done.callback(None))
+    await done
+
+
+def main(argv=None):
+    run(Options, body, argv)
+
+
+if __name__ == "__main__":
+    main()
