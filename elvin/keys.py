@@ -110,6 +110,37 @@ class KeyRing:
             sets[scheme] = (producer, consumer)
         return cls(sets)
 
+    def to_wire(self):
+        """These prepared (public) keys as packets.Keys, e.g. for FedNotify."""
+        entries = {}
+        for scheme, (p, c) in sorted(self._sets.items()):
+            if scheme == SHA1_DUAL:
+                entries[scheme] = [sorted(p), sorted(c)]
+            elif scheme == SHA1_PRODUCER:
+                entries[scheme] = [sorted(p)]
+            else:
+                entries[scheme] = [sorted(c)]
+        return _wire(entries)
+
+    @classmethod
+    def from_prepared_wire(cls, keys):
+        """Keys already prepared by another router (FedNotify): no hashing."""
+        sets = {}
+        for scheme, key_sets in keys.entries():
+            if scheme not in SCHEMES:
+                raise ElvinError(errors.BAD_KEY_SCHEME, f"unknown key scheme {scheme}",
+                                 (scheme,))
+            if scheme == SHA1_DUAL and len(key_sets) == 2:
+                sets[scheme] = ({bytes(k) for k in key_sets[0]}, {bytes(k) for k in key_sets[1]})
+            elif scheme == SHA1_PRODUCER and len(key_sets) == 1:
+                sets[scheme] = ({bytes(k) for k in key_sets[0]}, set())
+            elif scheme == SHA1_CONSUMER and len(key_sets) == 1:
+                sets[scheme] = (set(), {bytes(k) for k in key_sets[0]})
+            else:
+                raise ElvinError(errors.BAD_KEY_INDEX, f"bad key sets for scheme {scheme}",
+                                 (scheme, len(key_sets)))
+        return cls(sets)
+
     def union(self, other):
         merged = {s: (set(p), set(c)) for s, (p, c) in self._sets.items()}
         for s, (p, c) in other._sets.items():

@@ -100,6 +100,8 @@ class Router:
         self._sub_ids = itertools.count(1)
         self._quench_ids = itertools.count(1)
         self.closing = False
+        #: The FederationManager, when this router federates (or None).
+        self.federation = None
         self.stats = {"notifications": 0, "deliveries": 0, "unotify": 0,
                       "rejected_notifications": 0}
 
@@ -127,6 +129,8 @@ class Router:
     def shutdown(self):
         """Tell every connected client the router is closing (Disconn 1)."""
         self.closing = True
+        if self.federation is not None:
+            self.federation.shutdown()
         for session in list(self.sessions):
             session.disconnect(DISCONN_SHUTDOWN, "router is shutting down")
 
@@ -141,6 +145,8 @@ class Router:
         self.subscriptions[entry.id] = entry
         self.index.add(entry)
         self.quench.subscription_added(entry)
+        if self.federation is not None:
+            self.federation.subscriptions_changed()
         return entry
 
     def modify_subscription(self, entry, subscription, keys, accept_insecure):
@@ -154,12 +160,16 @@ class Router:
         entry.keys = keys
         entry.accept_insecure = accept_insecure
         self.quench.subscription_changed(entry, token)
+        if subscription is not None and self.federation is not None:
+            self.federation.subscriptions_changed()
 
     def _remove_entry(self, entry):
         if self.subscriptions.pop(entry.id, None) is None:
             return
         self.index.remove(entry)
         self.quench.subscription_removed(entry)
+        if self.federation is not None:
+            self.federation.subscriptions_changed()
 
     def remove_subscription(self, entry):
         self._remove_entry(entry)
@@ -167,7 +177,7 @@ class Router:
     # -- routing -------------------------------------------------------------
 
     def route(self, attributes, deliver_insecure, keys=KeyRing.EMPTY,
-              connection_keys=KeyRing.EMPTY):
+              connection_keys=KeyRing.EMPTY, routing=(), source=None):
         """Deliver a (normalised) notification to every matching subscription.
 
         ``keys`` and ``connection_keys`` are the producer's prepared
@@ -176,9 +186,15 @@ class Router:
         its connection's subscription keys; otherwise it is delivered
         insecurely only when both the notification allows it
         (``deliver_insecure``) and the subscription accepts it. Returns the
-        number of clients it was delivered to.
+        number of clients it was delivered to. ``routing`` and ``source``
+        are set for notifications that arrived over a federation link; the
+        notification then goes on over every other link that wants it.
         """
         self.stats["notifications"] += 1
+        if self.federation is not None:
+            self.federation.forward(attributes, deliver_insecure,
+                                    keys.union(connection_keys) if connection_keys else keys,
+                                    routing, source)
         matches = {}
         keyed = bool(keys) or bool(connection_keys)
         for entry in self.index.candidates(attributes):

@@ -1,0 +1,255 @@
+"""One federation link: the router-to-router session of federation 1.0.
+
+Like ``ClientSession``, it takes decoded packets and answers through an
+output object (``send``, ``send_encoded``, ``close``, ``abort``), so it is
+tested without sockets. The connecting side sends FedConnRqst; the
+accepting side checks version, domain and class, and answers FedConnRply
+or Nack. Once up, each side sends FedSubReplace with its pull filter and
+acknowledges the other's; FedNotify carries notifications both ways.
+"""
+
+import itertools
+
+from twisted.logger import Logger
+
+from elvin import errors
+from elvin.errors import SubscriptionError
+from elvin.federation import filters as F
+from elvin.federation import packets as FP
+from elvin.keys import KeyRing
+from elvin.protocols import packets as P
+
+__all__ = ["FederationLink"]
+
+
+class FederationLink:
+    log = Logger()
+
+    CONNECTING, AWAITING_REQUEST, UP, CLOSED = range(4)
+
+    def __init__(self, manager, output, outgoing, fed_class=None, peer_host=None):
+        self.manager = manager
+        self.output = output
+        self.outgoing = outgoing
+        self.fed_class = fed_class
+        self.peer_host = peer_host
+        self.peer_domain = None
+        self.state = self.CONNECTING if outgoing else self.AWAITING_REQUEST
+        self.remote_filter = F.Filter(F.FALSE)   # what the peer asked us for
+        self.sent_filter = None                  # what we last asked the peer for
+        self.acked_filter = None
+        self._xids = itertools.count(1)
+        self._pending = {}
+        self.stats = {"in": 0, "out": 0, "loops": 0, "suppressed": 0}
+        self._size = None
+
+    def __repr__(self):
+        return f"<FederationLink {self.peer_domain or self.peer_host} state={self.state}>"
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def start(self):
+        """Called when the channel is open."""
+        if self.outgoing:
+            xid = next(self._xids)
+            self._pending[xid] = "connect"
+            self.output.send(FP.FedConnRqst(xid, FP.PROTOCOL_MAJOR, FP.PROTOCOL_MINOR,
+                                            self.manager.domain))
+
+    def connection_lost(self, reason="connection lost"):
+        if self.state != self.CLOSED:
+            was_up = self.state == self.UP
+            self.state = self.CLOSED
+            self.manager.link_down(self, reason, was_up)
+
+    def close(self, reason="closing"):
+        """Close politely (Disconn) and forget the link at once."""
+        if self.state == self.UP:
+            self.output.send(P.Disconn(1, reason))
+        self.connection_lost(reason)
+        self.output.close()
+
+    def violation(self, reason):
+        self.log.warn("federation protocol violation from {peer}: {reason}",
+                      peer=self.peer_domain or self.peer_host, reason=reason)
+        self.connection_lost(reason)
+        self.output.abort()
+
+    # -- input -------------------------------------------------------------------
+
+    def packet_received(self, packet, size=None):
+        """Handle one packet; ``size`` is its encoded length (for traces)."""
+        if self.state == self.CLOSED:
+            return
+        self._size = size
+        kind = type(packet)
+        if self.state == self.AWAITING_REQUEST:
+            if kind is FP.FedConnRqst:
+                self._accept(packet)
+            else:
+                self.violation(f"{kind.__name__} before FedConnRqst")
+            return
+        if self.state == self.CONNECTING:
+            if kind is FP.FedConnRply and self._pending.pop(packet.xid, None) == "connect":
+                self._connected(packet.router_domain)
+            elif kind is P.Nack and self._pending.pop(packet.xid, None) == "connect":
+                self.log.warn("federation peer {host} refused us: {message} ({code})",
+                              host=self.peer_host, message=packet.message, code=packet.error)
+                self.connection_lost(f"refused: {packet.message}")
+                self.output.close()
+            elif kind is P.Disconn:
+                self.connection_lost("disconnected by peer")
+                self.output.close()
+            else:
+                self.violation(f"{kind.__name__} while connecting")
+            return
+        handler = _HANDLERS.get(kind)
+        if handler is None:
+            self.violation(f"unexpected {kind.__name__} on an established link")
+            return
+        handler(self, packet)
+
+    def _accept(self, packet):
+        manager = self.manager
+        if packet.major_version != FP.PROTOCOL_MAJOR or packet.minor_version > FP.PROTOCOL_MINOR:
+            # Federation 6.2.1: close at once, as for a protocol violation.
+            self.violation(f"federation protocol {packet.major_version}."
+                           f"{packet.minor_version} not supported")
+            return
+        problem = manager.check_domain(packet.router_domain, self)
+        if problem is None and self.fed_class is None:
+            problem = f"no federation class applies to {self.peer_host}"
+        if problem is not None:
+            self.log.warn("refused federation from {host} ({domain}): {problem}",
+                          host=self.peer_host, domain=packet.router_domain, problem=problem)
+            self.output.send(P.Nack(packet.xid, errors.AUTHZ_FAIL, problem, ()))
+            self.state = self.CLOSED
+            self.output.close()
+            return
+        self.output.send(FP.FedConnRply(packet.xid, manager.domain))
+        self._up(packet.router_domain)
+
+    def _connected(self, domain):
+        problem = self.manager.check_domain(domain, self)
+        if problem is not None:
+            self.log.warn("closing federation link to {host}: {problem}",
+                          host=self.peer_host, problem=problem)
+            self.connection_lost(problem)
+            self.output.close()
+            return
+        self._up(domain)
+
+    def _up(self, domain):
+        self.peer_domain = domain
+        self.state = self.UP
+        self.manager.link_up(self)
+
+    # -- filters -------------------------------------------------------------------
+
+    def send_filter(self, tree):
+        """Send our pull filter if it changed since the last one."""
+        if self.state != self.UP or tree == self.sent_filter:
+            return False
+        self.sent_filter = tree
+        xid = next(self._xids)
+        self._pending[xid] = ("filter", tree)
+        packet = FP.FedSubReplace(xid, F.to_wire(tree))
+        self.output.send(packet)
+        self.manager.trace.subreplace(self, "out", tree)
+        return True
+
+    def _sub_replace(self, packet):
+        try:
+            tree = F.from_wire(packet.pull_filter)
+        except SubscriptionError as e:
+            self.output.send(P.Nack(packet.xid, e.code, f"bad pull filter: {e}", ()))
+            return
+        self.remote_filter = F.Filter(tree)
+        self.output.send(FP.Ack(packet.xid))
+        self.manager.trace.subreplace(self, "in", tree)
+        self.manager.remote_filter_changed(self)
+
+    def _ack(self, packet):
+        pending = self._pending.pop(packet.xid, None)
+        if isinstance(pending, tuple) and pending[0] == "filter":
+            self.acked_filter = pending[1]
+
+    def _nack(self, packet):
+        pending = self._pending.pop(packet.xid, None)
+        self.log.warn("federation peer {peer} rejected our {what}: {message}",
+                      peer=self.peer_domain, what=pending, message=packet.message)
+
+    # -- notifications --------------------------------------------------------------
+
+    def wants(self, attributes, routing):
+        """Should a notification with ``routing`` go over this link?"""
+        return (self.state == self.UP and self.peer_domain not in routing
+                and self.remote_filter.matches(attributes))
+
+    def _fed_notify(self, packet):
+        self.stats["in"] += 1
+        manager = self.manager
+        if manager.domain in packet.routing:
+            self.stats["loops"] += 1
+            manager.trace.notify(self, "notify_dropped_loop", "in", packet.attributes,
+                                 packet.routing, self._encoded_size(packet))
+            return
+        attributes = packet.attributes
+        if not self.fed_class.import_filter.matches(attributes):
+            self.stats["suppressed"] += 1
+            manager.trace.notify(self, "notify_dropped_import", "in", attributes,
+                                 packet.routing, self._encoded_size(packet))
+            return
+        manager.trace.notify(self, "notify_received", "in", attributes, packet.routing,
+                             self._encoded_size(packet))
+        try:
+            keys = KeyRing.from_prepared_wire(packet.keys)
+        except errors.ElvinError:
+            keys = KeyRing.EMPTY
+        manager.router.route(attributes, packet.deliver_insecure, keys, KeyRing.EMPTY,
+                             routing=tuple(packet.routing), source=self)
+
+    def _encoded_size(self, packet):
+        size = self._size
+        if size is None:
+            return lambda: P.encode(packet)
+        return lambda: _Sized(size)
+
+    def _test_conn(self, packet):
+        self.output.send(P.ConfConn())
+
+    def _conf_conn(self, packet):
+        pass
+
+    def _disconn(self, packet):
+        self.log.info("federation peer {peer} disconnected (reason {reason})",
+                      peer=self.peer_domain, reason=packet.reason)
+        self.connection_lost("disconnected by peer")
+        self.output.close()
+
+    def _drop_warn(self, packet):
+        self.log.warn("federation peer {peer} dropped packets", peer=self.peer_domain)
+
+
+class _Sized:
+    """Stands in for bytes of a known length (only ``len`` is used)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+
+_HANDLERS = {
+    FP.FedSubReplace: FederationLink._sub_replace,
+    FP.FedNotify: FederationLink._fed_notify,
+    FP.Ack: FederationLink._ack,
+    P.Nack: FederationLink._nack,
+    P.TestConn: FederationLink._test_conn,
+    P.ConfConn: FederationLink._conf_conn,
+    P.Disconn: FederationLink._disconn,
+    P.DropWarn: FederationLink._drop_warn,
+}

@@ -1,0 +1,193 @@
+"""The federation manager: links, pull filters and forwarding for one router.
+
+Filters follow subscriptions: whenever local subscriptions or a peer's
+pull filter change, the filter each link should carry is recomputed after a
+short debounce (so a burst of changes costs one FedSubReplace per link)
+and sent if it changed. What we ask peer P for is the union of our local
+subscriptions and the pull filters of our *other* peers (so interest
+propagates across a tree of routers), generalised past ``max_filter_nodes``
+and intersected with P's import filter.
+
+A notification, from a local client or a link, goes over each other link
+whose peer is not in its routing list, whose acknowledged pull filter it
+matches, and whose export filter allows it; the FedNotify is encoded once
+for all of them.
+"""
+
+from twisted.logger import Logger
+
+from elvin.federation import filters as F
+from elvin.federation import packets as FP
+from elvin.federation.trace import NullTrace
+from elvin.protocols import packets as P
+
+__all__ = ["FederationClass", "FederationManager"]
+
+
+class FederationClass:
+    """Per-peer policy: what we import and export, and who it applies to."""
+
+    def __init__(self, name, import_filter=F.TRUE, export_filter=F.TRUE, hosts=(),
+                 require_authenticated=False):
+        self.name = name
+        self.import_tree = import_filter
+        self.export_tree = export_filter
+        self.import_filter = F.Filter(import_filter)
+        self.export_filter = F.Filter(export_filter)
+        self.hosts = tuple(hosts)
+        self.require_authenticated = require_authenticated
+
+    def applies_to(self, *hosts):
+        import fnmatch
+        for pattern in self.hosts:
+            for host in hosts:
+                if host and fnmatch.fnmatchcase(host.lower(), pattern.lower()):
+                    return True
+        return False
+
+    def __repr__(self):
+        return f"<FederationClass {self.name}>"
+
+
+class FederationManager:
+    log = Logger()
+
+    def __init__(self, router, domain, classes=(), default_class=None, clock=None,
+                 max_filter_nodes=2000, debounce=0.05, trace=None):
+        if clock is None:
+            from twisted.internet import reactor as clock
+        self.router = router
+        self.domain = domain
+        self.classes = {c.name: c for c in classes}
+        self.default_class = default_class
+        self.clock = clock
+        self.max_filter_nodes = max_filter_nodes
+        self.debounce = debounce
+        self.trace = trace or NullTrace()
+        self.links = []
+        self._update_call = None
+        router.federation = self
+
+    # -- classes ------------------------------------------------------------------
+
+    def class_for(self, *hosts):
+        """The class for a peer known by ``hosts`` (names/addresses), or None."""
+        for fed_class in self.classes.values():
+            if fed_class.applies_to(*hosts):
+                return fed_class
+        if self.default_class is not None:
+            return self.classes.get(self.default_class)
+        return None
+
+    # -- links --------------------------------------------------------------------------
+
+    def check_domain(self, domain, link):
+        if not domain:
+            return "empty router domain"
+        if domain == self.domain:
+            return f"peer claims our own router domain {domain!r}"
+        for other in self.links:
+            if other is not link and other.peer_domain == domain:
+                return f"already federated with {domain!r}"
+        return None
+
+    def link_up(self, link):
+        self.links.append(link)
+        self.log.info("federation link up: {domain} ({host}, class {cls})",
+                      domain=link.peer_domain, host=link.peer_host,
+                      cls=link.fed_class.name if link.fed_class else None)
+        self.trace.link(link, "link_up")
+        link.send_filter(self.pull_filter_for(link))
+
+    def link_down(self, link, reason, was_up):
+        if link in self.links:
+            self.links.remove(link)
+        if was_up:
+            self.log.info("federation link down: {domain}: {reason}",
+                          domain=link.peer_domain, reason=reason)
+        self.trace.link(link, "link_down", reason=reason)
+        if was_up:
+            self.schedule_update()
+
+    def remote_filter_changed(self, link):
+        self.schedule_update()
+
+    def subscriptions_changed(self):
+        if self.links:
+            self.schedule_update()
+
+    # -- filters -----------------------------------------------------------------------
+
+    def local_trees(self):
+        return {entry.subscription.ast for entry in self.router.subscriptions.values()}
+
+    def pull_filter_for(self, link, local=None):
+        local = self.local_trees() if local is None else local
+        others = [other.remote_filter.tree for other in self.links
+                  if other is not link and other.state == other.UP]
+        import_tree = link.fed_class.import_tree if link.fed_class else F.TRUE
+        return F.build_pull_filter(local, others, import_tree, self.max_filter_nodes)
+
+    def schedule_update(self):
+        if self._update_call is None or not self._update_call.active():
+            self._update_call = self.clock.callLater(self.debounce, self.update_filters)
+
+    def update_filters(self):
+        """Recompute and send every link's pull filter (now)."""
+        self._update_call = None
+        if not self.links:
+            return
+        local = self.local_trees()
+        for link in list(self.links):
+            link.send_filter(self.pull_filter_for(link, local))
+
+    # -- forwarding ----------------------------------------------------------------------
+
+    def forward(self, attributes, deliver_insecure, keys, routing=(), source=None):
+        """Send a routed notification over every link that should carry it."""
+        candidates = [link for link in self.links
+                      if link is not source and link.state == link.UP
+                      and link.peer_domain not in routing]
+        if not candidates:
+            return 0
+        out_routing = tuple(routing) + (self.domain,)
+        trace = self.trace
+        body = None
+        sent = 0
+        for link in candidates:
+            if not link.remote_filter.matches(attributes):
+                trace.notify(link, "notify_suppressed_filter", "out", attributes, out_routing,
+                             lambda: self._encode(attributes, deliver_insecure, keys, out_routing))
+                continue
+            if link.fed_class is not None and not link.fed_class.export_filter.matches(attributes):
+                trace.notify(link, "notify_suppressed_export", "out", attributes, out_routing,
+                             lambda: self._encode(attributes, deliver_insecure, keys, out_routing))
+                continue
+            if body is None:
+                body = self._encode(attributes, deliver_insecure, keys, out_routing)
+            if link.output.send_encoded(body, True) is False:
+                trace.notify(link, "notify_dropped_overload", "out", attributes, out_routing,
+                             lambda: body)
+                continue
+            link.stats["out"] += 1
+            sent += 1
+            trace.notify(link, "notify_forwarded", "out", attributes, out_routing, lambda: body)
+        return sent
+
+    @staticmethod
+    def _encode(attributes, deliver_insecure, keys, routing):
+        wire_keys = keys.to_wire() if keys else P.Keys.EMPTY
+        return P.encode(FP.FedNotify(attributes, deliver_insecure, wire_keys, routing))
+
+    def shutdown(self):
+        for link in list(self.links):
+            link.close("shutdown")
+        if self._update_call is not None and self._update_call.active():
+            self._update_call.cancel()
+        self.trace.close()
+
+    def status(self):
+        return [{"domain": l.peer_domain, "host": l.peer_host,
+                 "class": l.fed_class.name if l.fed_class else None,
+                 "outgoing": l.outgoing, **l.stats} for l in self.links]
+

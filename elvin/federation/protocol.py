@@ -1,0 +1,208 @@
+"""Federation links over stream transports, and ``ewaf:`` URIs.
+
+``FederationProtocol`` frames and decodes federation packets for one
+``FederationLink`` and implements its output with the same bounded send
+queue as client channels (a stalled peer costs only its own queue; what
+does not fit is dropped and traced as overload). Idle links are probed
+with TestConn; a link that stays silent is closed, its peer's filter is
+forgotten at once, and an outgoing link is redialled by a ``ClientService``
+with jittered exponential backoff.
+"""
+
+import random
+
+from twisted.application.internet import ClientService, backoffPolicy
+from twisted.internet import protocol, task
+from twisted.internet.interfaces import IPushProducer
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from elvin.federation import packets as FP
+from elvin.federation.link import FederationLink
+from elvin.protocols import packets as P
+from elvin.protocols.framing import FramedProtocol
+from elvin.protocols.xdr import DecodeError
+from elvin.sendqueue import QueueOverflow, SendQueue
+from elvin.uri import ElvinURI, InvalidURIError
+
+__all__ = ["FederationProtocol", "AcceptorFactory", "ConnectorFactory",
+           "parse_ewaf", "DEFAULT_FEDERATION_PORT", "connector_service"]
+
+DEFAULT_FEDERATION_PORT = 2916
+_DROPWARN = P.encode(P.DropWarn())
+
+
+def parse_ewaf(text):
+    """An ``ewaf:`` URI as an ElvinURI (version 1.0, port 2916 by default)."""
+    if not isinstance(text, str) or not text.lower().startswith("ewaf:"):
+        raise InvalidURIError(text, "a federation URI must start with 'ewaf:'")
+    rest = text[5:]
+    try:
+        uri = ElvinURI("elvin:" + rest)
+    except InvalidURIError as e:
+        raise InvalidURIError(text, e.reason) from None
+    explicit_port = _has_port(rest)
+    explicit_version = rest[:1].isdigit()
+    port = uri.port if explicit_port else DEFAULT_FEDERATION_PORT
+    version = ".".join(map(str, uri.version)) if explicit_version else "1.0"
+    options = "".join(f";{k}={v}" for k, v in uri.options.items())
+    host = f"[{uri.host}]" if ":" in uri.host else uri.host
+    return ElvinURI(f"elvin:{version}/{','.join(uri.protocol)}/{host}:{port}{options}")
+
+
+def _has_port(rest):
+    authority = rest.split(";", 1)[0].rstrip("/").rsplit("/", 1)[-1]
+    if authority.startswith("["):
+        return "]:" in authority
+    return ":" in authority
+
+
+@implementer(IPushProducer)
+class FederationProtocol(FramedProtocol):
+    log = Logger()
+
+    def __init__(self, manager, outgoing, fed_class=None, keepalive=30.0,
+                 send_queue_bytes=8 * 1024 * 1024, clock=None):
+        super().__init__()
+        self.manager = manager
+        self.outgoing = outgoing
+        self.fed_class = fed_class
+        self.keepalive = keepalive
+        self.clock = clock or manager.clock
+        self.queue = SendQueue(send_queue_bytes, "newest", _DROPWARN)
+        self.paused = False
+        self.closing = False
+        self.link = None
+        self._heard = True
+        self._probe_sent = False
+        self._liveness = None
+        self.max_frame_length = 16 * 1024 * 1024
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def connectionMade(self):
+        peer = self.transport.getPeer()
+        host = getattr(peer, "host", str(peer))
+        fed_class = self.fed_class
+        if fed_class is None:
+            fed_class = self.manager.class_for(host)
+        self.link = FederationLink(self.manager, self, self.outgoing, fed_class, host)
+        self.transport.registerProducer(self, True)
+        if self.keepalive:
+            self._liveness = task.LoopingCall(self._check_liveness)
+            self._liveness.clock = self.clock
+            self._liveness.start(self.keepalive, now=False)
+        self.link.start()
+
+    def _check_liveness(self):
+        if self._heard:
+            self._heard = False
+            self._probe_sent = False
+            return
+        if not self._probe_sent:
+            self._probe_sent = True
+            self.send(P.TestConn())
+            return
+        self.log.warn("federation link to {peer} is silent; closing",
+                      peer=self.link.peer_domain or self.link.peer_host)
+        self.link.connection_lost("liveness")
+        self.transport.abortConnection()
+
+    def connectionLost(self, reason=None):
+        super().connectionLost(reason)
+        if self._liveness is not None and self._liveness.running:
+            self._liveness.stop()
+        self.queue.clear()
+        if self.link is not None:
+            self.link.connection_lost("connection_lost")
+
+    # -- input -------------------------------------------------------------------
+
+    def frameReceived(self, data):
+        self._heard = True
+        try:
+            packet = FP.decode(data)
+        except DecodeError as e:
+            self.link.violation(f"protocol_error: {e}")
+            return
+        self.link.packet_received(packet, len(data))
+
+    # -- output (the link's) ---------------------------------------------------
+
+    def send(self, packet):
+        self.send_encoded(P.encode(packet), False)
+
+    def send_encoded(self, data, droppable):
+        """Queue ``data``; False when it was dropped (overload)."""
+        if self.closing or self.transport is None:
+            return False
+        if self.paused or self.queue:
+            try:
+                # Policy "newest": when it does not fit, it is this packet
+                # that is dropped.
+                return self.queue.push(data, droppable) == 0
+            except QueueOverflow:
+                return False
+        self.sendFrame(data)
+        return True
+
+    def close(self):
+        self.closing = True
+        if not self.queue and self.transport is not None:
+            self.transport.loseConnection()
+
+    def abort(self):
+        self.closing = True
+        self.queue.clear()
+        if self.transport is not None:
+            self.transport.abortConnection()
+
+    # -- IPushProducer ------------------------------------------------------------
+
+    def pauseProducing(self):
+        self.paused = True
+
+    def resumeProducing(self):
+        self.paused = False
+        while self.queue and not self.paused:
+            self.sendFrame(self.queue.pop())
+        if self.closing and not self.queue:
+            self.transport.loseConnection()
+
+    def stopProducing(self):
+        self.paused = True
+
+
+class AcceptorFactory(protocol.Factory):
+    """Incoming links: the class is chosen from the peer's address."""
+
+    def __init__(self, manager, keepalive=30.0):
+        self.manager = manager
+        self.keepalive = keepalive
+
+    def buildProtocol(self, addr):
+        proto = FederationProtocol(self.manager, False, None, self.keepalive)
+        proto.factory = self
+        return proto
+
+
+class ConnectorFactory(protocol.Factory):
+    """Outgoing links of one configured class."""
+
+    def __init__(self, manager, fed_class, keepalive=30.0):
+        self.manager = manager
+        self.fed_class = fed_class
+        self.keepalive = keepalive
+
+    def buildProtocol(self, addr):
+        proto = FederationProtocol(self.manager, True, self.fed_class, self.keepalive)
+        proto.factory = self
+        return proto
+
+
+def connector_service(reactor, endpoint, factory, initial_delay=0.5, max_delay=30.0):
+    """A ClientService that keeps an outgoing link up, redialling with
+    jittered exponential backoff."""
+    policy = backoffPolicy(initialDelay=initial_delay, maxDelay=max_delay, factor=2.0,
+                           jitter=random.random)
+    return ClientService(endpoint, factory, retryPolicy=policy, clock=reactor)

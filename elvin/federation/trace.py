@@ -1,0 +1,187 @@
+"""Federation traces: one JSON object per event, per docs/traces.md.
+
+``TraceWriter`` formats records on the reactor thread (cheap) and hands
+lines to a background thread that writes and rotates files, so writing
+never blocks the reactor; ``close()`` flushes everything and waits for the
+thread. ``NullTrace`` is what a router without tracing uses.
+"""
+
+import collections
+import datetime
+import hashlib
+import json
+import os
+import threading
+import time
+
+from elvin.protocols.xdr import Writer
+
+__all__ = ["NullTrace", "TraceWriter", "notification_digest", "trace_file_name"]
+
+FORMAT_VERSION = 1
+
+
+def notification_digest(attributes):
+    """SHA-1 of the attributes' canonical XDR (sorted by UTF-8 name)."""
+    ordered = dict(sorted(attributes.items(), key=lambda kv: kv[0].encode("utf-8")))
+    return hashlib.sha1(Writer().name_values(ordered).getvalue()).hexdigest()
+
+
+def _safe_domain(domain):
+    out = []
+    for c in domain:
+        if c.isascii() and (c.isalnum() or c in "._-"):
+            out.append(c)
+        else:
+            out.extend(f"%{b:02X}" for b in c.encode("utf-8"))
+    return "".join(out)
+
+
+def trace_file_name(domain, when, seq):
+    stamp = datetime.datetime.fromtimestamp(when, datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{_safe_domain(domain)}-{stamp}-{seq:06d}.jsonl"
+
+
+class NullTrace:
+    """Tracing switched off: every call does nothing."""
+
+    enabled = False
+
+    def link(self, link, event, reason=None):
+        pass
+
+    def subreplace(self, link, direction, tree):
+        pass
+
+    def notify(self, link, event, direction, attributes, routing, encoded=None):
+        pass
+
+    def close(self):
+        pass
+
+
+class TraceWriter:
+    """Writes trace records for the router ``domain`` into ``directory``."""
+
+    enabled = True
+
+    def __init__(self, directory, domain, max_bytes=64 * 1024 * 1024,
+                 max_seconds=3600.0, now=time.time):
+        self.directory = directory
+        self.domain = domain
+        self.max_bytes = max_bytes
+        self.max_seconds = max_seconds
+        self.now = now
+        os.makedirs(directory, exist_ok=True)
+        self._lines = collections.deque()
+        self._cond = threading.Condition()
+        self._closing = False
+        self._seq = 0
+        self._file = None
+        self._opened = 0.0
+        self._written = 0
+        self.records = 0
+        self._thread = threading.Thread(target=self._run, name="elvin-trace", daemon=True)
+        self._thread.start()
+        self._digests = (None, None)
+
+    # -- records -------------------------------------------------------------
+
+    def _emit(self, record):
+        line = json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n"
+        with self._cond:
+            self._lines.append(line)
+            self.records += 1
+            self._cond.notify()
+
+    def _base(self, link, event, direction):
+        return {"v": FORMAT_VERSION, "ts_us": int(self.now() * 1_000_000),
+                "router": self.domain, "peer": link.peer_domain, "event": event,
+                "direction": direction}
+
+    def link(self, link, event, reason=None):
+        record = self._base(link, event, "out" if link.outgoing else "in")
+        if reason is not None:
+            record["reason"] = reason
+        self._emit(record)
+
+    def subreplace(self, link, direction, tree):
+        from elvin.federation.filters import node_count, to_wire
+        record = self._base(link, "subreplace_sent" if direction == "out"
+                            else "subreplace_received", direction)
+        record["filter_nodes"] = node_count(tree)
+        record["filter_bytes"] = len(Writer().ast(to_wire(tree)).getvalue())
+        self._emit(record)
+
+    def notify(self, link, event, direction, attributes, routing, encoded=None):
+        record = self._base(link, event, direction)
+        record["routing"] = list(routing)
+        if encoded is None:
+            from elvin.federation import packets as FP
+            from elvin.protocols import packets as P
+            size = len(P.encode(FP.FedNotify(attributes, False, P.Keys.EMPTY, routing)))
+        else:
+            size = len(encoded() if callable(encoded) else encoded)
+        record["size"] = size
+        record["attrs"] = sorted(attributes, key=lambda n: n.encode("utf-8"))
+        record["digest"] = self._digest(attributes)
+        self._emit(record)
+
+    def _digest(self, attributes):
+        # The same notification is traced once per link: digest it once.
+        cached, digest = self._digests
+        if cached is attributes:
+            return digest
+        digest = notification_digest(attributes)
+        self._digests = (attributes, digest)
+        return digest
+
+    # -- files (background thread) -------------------------------------------
+
+    def _open(self):
+        self._seq += 1
+        self._opened = self.now()
+        path = os.path.join(self.directory, trace_file_name(self.domain, self._opened, self._seq))
+        self._file = open(path, "a", encoding="utf-8")
+        self._written = 0
+
+    def _run(self):
+        while True:
+            with self._cond:
+                while not self._lines and not self._closing:
+                    self._cond.wait(1.0)
+                    if self._file is not None and not self._lines:
+                        self._file.flush()
+                batch = list(self._lines)
+                self._lines.clear()
+                closing = self._closing
+            for line in batch:
+                if (self._file is None or self._written >= self.max_bytes
+                        or self.now() - self._opened >= self.max_seconds):
+                    if self._file is not None:
+                        self._file.close()
+                    self._open()
+                self._file.write(line)
+                self._written += len(line.encode("utf-8"))
+            if closing:
+                if self._file is not None:
+                    self._file.close()
+                    self._file = None
+                return
+
+    def flush(self):
+        """Wait until every record so far is written (for tests)."""
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with self._cond:
+                if not self._lines:
+                    break
+            time.sleep(0.005)
+        if self._file is not None:
+            self._file.flush()
+
+    def close(self):
+        with self._cond:
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(10)

@@ -1,0 +1,407 @@
+"""Federation: real routers linked on 127.0.0.1."""
+
+import glob
+import json
+import os
+
+from twisted.internet import defer, endpoints, reactor
+from twisted.trial import unittest
+
+from elvin import client
+from elvin.federation import filters as F
+from elvin.federation.manager import FederationClass, FederationManager
+from elvin.federation.protocol import AcceptorFactory, ConnectorFactory, parse_ewaf
+from elvin.federation.trace import TraceWriter, notification_digest
+from elvin.protocols.server import ElvinServerFactory
+from elvin.router import Router
+from elvin.subscription import parse
+from test.test_integration import wait_until
+
+
+class FedRouter:
+    """One router with a client port and a federation port."""
+
+    def __init__(self, test, domain, fed_class=None, trace_dir=None):
+        self.domain = domain
+        self.router = Router()
+        self.fed_class = fed_class or FederationClass("Default", hosts=["127.0.0.1"])
+        trace = TraceWriter(trace_dir, domain) if trace_dir else None
+        self.manager = FederationManager(self.router, domain, [self.fed_class], None,
+                                         reactor, debounce=0.01, trace=trace)
+        self.client_port = reactor.listenTCP(0, ElvinServerFactory(self.router, reactor),
+                                             interface="127.0.0.1")
+        self.fed_port = reactor.listenTCP(0, AcceptorFactory(self.manager, keepalive=0),
+                                          interface="127.0.0.1")
+        self.uri = f"elvin://127.0.0.1:{self.client_port.getHost().port}"
+        self.connectors = []
+        test.addCleanup(self.stop)
+
+    @defer.inlineCallbacks
+    def link_to(self, other):
+        """Dial ``other``'s federation port; fires when the link is up."""
+        endpoint = endpoints.TCP4ClientEndpoint(reactor, "127.0.0.1",
+                                                other.fed_port.getHost().port)
+        proto = yield endpoint.connect(ConnectorFactory(self.manager, self.fed_class, 0))
+        self.connectors.append(proto)
+        yield wait_until(lambda: any(l.peer_domain == other.domain for l in self.manager.links)
+                         and any(l.peer_domain == self.domain for l in other.manager.links))
+        return proto
+
+    def link(self, domain):
+        return next(l for l in self.manager.links if l.peer_domain == domain)
+
+    @defer.inlineCallbacks
+    def stop(self):
+        self.manager.shutdown()
+        for proto in self.connectors:
+            if proto.transport is not None:
+                proto.transport.abortConnection()
+        yield self.client_port.stopListening()
+        yield self.fed_port.stopListening()
+
+
+class FederationTestCase(unittest.TestCase):
+    timeout = 30
+
+    def setUp(self):
+        self.connections = []
+
+    @defer.inlineCallbacks
+    def tearDown(self):
+        for conn in self.connections:
+            if conn.protocol is not None and conn.protocol.transport is not None:
+                conn.protocol.transport.abortConnection()
+        yield defer.DeferredList([c.disconnected for c in self.connections])
+
+    @defer.inlineCallbacks
+    def connect(self, fed_router):
+        conn = yield client.connect(fed_router.uri)
+        self.connections.append(conn)
+        return conn
+
+    @defer.inlineCallbacks
+    def settle(self, *routers):
+        """Wait for pending filter updates to be sent and acknowledged."""
+        def settled():
+            for r in routers:
+                call = r.manager._update_call
+                if call is not None and call.active():
+                    return False
+                for link in r.manager.links:
+                    if link.sent_filter is not link.acked_filter and link.sent_filter != link.acked_filter:
+                        return False
+            return True
+        yield wait_until(settled)
+
+
+class ChainTests(FederationTestCase):
+    @defer.inlineCallbacks
+    def setUp(self):
+        super().setUp()
+        self.a = FedRouter(self, "a.test")
+        self.b = FedRouter(self, "b.test")
+        self.c = FedRouter(self, "c.test")
+        yield self.a.link_to(self.b)
+        yield self.c.link_to(self.b)
+
+    @defer.inlineCallbacks
+    def test_exactly_the_matching_subscribers_exactly_once(self):
+        consumer = yield self.connect(self.c)
+        bystander = yield self.connect(self.b)
+        got, seen_b = [], []
+        yield consumer.subscribe("x == 1", got.append)
+        yield bystander.subscribe("y == 1", seen_b.append)
+        yield self.settle(self.a, self.b, self.c)
+        producer = yield self.connect(self.a)
+        producer.notify({"x": 1})
+        producer.notify({"x": 2})
+        producer.notify({"y": 1})
+        yield wait_until(lambda: got and seen_b)
+        yield producer.test_connection()
+        yield defer.succeed(None)
+        self.assertEqual([n["x"] for n in got], [1])
+        self.assertEqual([n["y"] for n in seen_b], [1])
+        # a -> b carried only what b's side asked for: x == 1 and y == 1.
+        self.assertEqual(self.a.link("b.test").stats["out"], 2)
+        # b -> c carried only x == 1.
+        self.assertEqual(self.b.link("c.test").stats["out"], 1)
+
+    @defer.inlineCallbacks
+    def test_filters_follow_subscriptions(self):
+        consumer = yield self.connect(self.c)
+        got = []
+        sub = yield consumer.subscribe("x > 0", got.append)
+        yield self.settle(self.a, self.b, self.c)
+        link_ab = self.a.link("b.test")
+        self.assertTrue(link_ab.remote_filter.matches({"x": 5}))
+        yield sub.modify("x > 10")
+        yield self.settle(self.a, self.b, self.c)
+        self.assertFalse(link_ab.remote_filter.matches({"x": 5}))
+        self.assertTrue(link_ab.remote_filter.matches({"x": 50}))
+        yield sub.remove()
+        yield self.settle(self.a, self.b, self.c)
+        self.assertTrue(link_ab.remote_filter.is_false)
+        producer = yield self.connect(self.a)
+        producer.notify({"x": 50})
+        yield producer.test_connection()
+        self.assertEqual(link_ab.stats["out"], 0)
+
+    @defer.inlineCallbacks
+    def test_burst_of_changes_costs_one_replace(self):
+        consumer = yield self.connect(self.c)
+        yield self.settle(self.a, self.b, self.c)
+        link_cb = self.c.link("b.test")
+        before = link_cb._xids
+        sent = []
+        original = link_cb.send_filter
+
+        def counting(tree):
+            result = original(tree)
+            if result:
+                sent.append(tree)
+            return result
+        link_cb.send_filter = counting
+        yield defer.gatherResults([consumer.subscribe(f"x == {i}", lambda n: None)
+                                   for i in range(50)])
+        yield self.settle(self.a, self.b, self.c)
+        self.assertLessEqual(len(sent), 2)
+        self.assertIs(link_cb._xids, before)
+
+
+class StarTests(FederationTestCase):
+    @defer.inlineCallbacks
+    def test_leaf_to_leaf_through_hub_and_traces(self):
+        trace_dir = self.mktemp()
+        hub = FedRouter(self, "hub.test", trace_dir=os.path.join(trace_dir, "hub"))
+        left = FedRouter(self, "left.test", trace_dir=os.path.join(trace_dir, "left"))
+        right = FedRouter(self, "right.test", trace_dir=os.path.join(trace_dir, "right"))
+        yield left.link_to(hub)
+        yield right.link_to(hub)
+        consumer = yield self.connect(right)
+        got = []
+        yield consumer.subscribe('topic == "news"', got.append)
+        yield self.settle(hub, left, right)
+        producer = yield self.connect(left)
+        producer.notify({"topic": "news", "n": 1})
+        producer.notify({"topic": "sport", "n": 2})
+        yield wait_until(lambda: got)
+        yield producer.test_connection()
+        self.assertEqual([(n["topic"], n["n"]) for n in got], [("news", 1)])
+        for r in (hub, left, right):
+            r.manager.trace.flush()
+        records = []
+        for path in glob.glob(os.path.join(trace_dir, "*", "*.jsonl")):
+            with open(path) as f:
+                records.extend(json.loads(line) for line in f)
+        digest = notification_digest({"topic": "news", "n": 1})
+        hops = sorted((r["router"], r["event"]) for r in records if r.get("digest") == digest)
+        self.assertIn(("left.test", "notify_forwarded"), hops)
+        self.assertIn(("hub.test", "notify_received"), hops)
+        self.assertIn(("hub.test", "notify_forwarded"), hops)
+        self.assertIn(("right.test", "notify_received"), hops)
+        forwarded = [r for r in records if r["router"] == "hub.test"
+                     and r["event"] == "notify_forwarded" and r["digest"] == digest]
+        self.assertEqual(forwarded[0]["routing"], ["left.test", "hub.test"])
+        sport = notification_digest({"topic": "sport", "n": 2})
+        self.assertIn(("left.test", "notify_suppressed_filter"),
+                      [(r["router"], r["event"]) for r in records if r.get("digest") == sport])
+        self.assertTrue(any(r["event"] == "link_up" for r in records))
+        self.assertTrue(any(r["event"] == "subreplace_sent" for r in records))
+
+
+class RejoinTests(FederationTestCase):
+    @defer.inlineCallbacks
+    def test_killed_and_restarted_router_rejoins(self):
+        a = FedRouter(self, "a.test")
+        b = FedRouter(self, "b.test")
+        proto = yield a.link_to(b)
+        consumer = yield self.connect(b)
+        got = []
+        yield consumer.subscribe("require(x)", got.append)
+        yield self.settle(a, b)
+        proto.transport.abortConnection()   # the link dies
+        yield wait_until(lambda: not a.manager.links and not b.manager.links)
+        yield a.link_to(b)                  # and is redialled
+        yield self.settle(a, b)
+        producer = yield self.connect(a)
+        producer.notify({"x": 1})
+        yield wait_until(lambda: got)
+        self.assertEqual(len(got), 1)
+
+
+class LoopTests(FederationTestCase):
+    @defer.inlineCallbacks
+    def test_triangle_is_stopped_by_routing_lists(self):
+        a = FedRouter(self, "a.test")
+        b = FedRouter(self, "b.test")
+        c = FedRouter(self, "c.test")
+        yield a.link_to(b)
+        yield b.link_to(c)
+        yield c.link_to(a)
+        consumers = {}
+        for r in (a, b, c):
+            conn = yield self.connect(r)
+            got = []
+            yield conn.subscribe("require(x)", got.append)
+            consumers[r.domain] = got
+        yield self.settle(a, b, c)
+        producer = yield self.connect(a)
+        producer.notify({"x": 1})
+        yield wait_until(lambda: all(consumers.values()))
+        yield producer.test_connection()
+        for r in (a, b, c):
+            conn = yield self.connect(r)
+            yield conn.test_connection()
+        # Each router saw it at most twice (once per neighbour) and it stopped:
+        # a sender never offers it to a router already in its routing list.
+        def carried():
+            return sum(l.stats["in"] for r in (a, b, c) for l in r.manager.links)
+        before = carried()
+        self.assertLessEqual(before, 4)
+        for got in consumers.values():
+            self.assertIn(len(got), (1, 2))
+        yield self.settle(a, b, c)
+        self.assertEqual(carried(), before)
+
+    @defer.inlineCallbacks
+    def test_notification_with_own_domain_is_dropped(self):
+        from elvin.federation import packets as FP
+        from elvin.protocols import packets as P
+        a = FedRouter(self, "a.test")
+        b = FedRouter(self, "b.test")
+        yield a.link_to(b)
+        consumer = yield self.connect(b)
+        got = []
+        yield consumer.subscribe("require(x)", got.append)
+        link = b.link("a.test")
+        link.packet_received(FP.FedNotify({"x": 1}, True, P.Keys.EMPTY, ("a.test", "b.test")))
+        link.packet_received(FP.FedNotify({"x": 2}, True, P.Keys.EMPTY, ("a.test",)))
+        yield wait_until(lambda: got)
+        yield consumer.test_connection()
+        self.assertEqual([n["x"] for n in got], [2])
+        self.assertEqual(link.stats["loops"], 1)
+
+
+class RefusalTests(FederationTestCase):
+    @defer.inlineCallbacks
+    def test_same_domain_refused(self):
+        a = FedRouter(self, "same.test")
+        b = FedRouter(self, "same.test")
+        endpoint = endpoints.TCP4ClientEndpoint(reactor, "127.0.0.1", b.fed_port.getHost().port)
+        proto = yield endpoint.connect(ConnectorFactory(a.manager, a.fed_class, 0))
+        yield wait_until(lambda: proto.link.state == proto.link.CLOSED)
+        self.assertEqual(a.manager.links, [])
+        self.assertEqual(b.manager.links, [])
+
+    @defer.inlineCallbacks
+    def test_unknown_peer_refused(self):
+        strict = FedRouter(self, "strict.test",
+                           FederationClass("Partners", hosts=["partner.example.org"]))
+        a = FedRouter(self, "a.test")
+        endpoint = endpoints.TCP4ClientEndpoint(reactor, "127.0.0.1",
+                                                strict.fed_port.getHost().port)
+        proto = yield endpoint.connect(ConnectorFactory(a.manager, a.fed_class, 0))
+        yield wait_until(lambda: proto.link.state == proto.link.CLOSED)
+        self.assertEqual(strict.manager.links, [])
+
+    @defer.inlineCallbacks
+    def test_export_filter_limits_what_leaves(self):
+        a = FedRouter(self, "a.test", FederationClass("Default", export_filter=parse("public == 1"),
+                                                        hosts=["127.0.0.1"]))
+        b = FedRouter(self, "b.test")
+        yield a.link_to(b)
+        consumer = yield self.connect(b)
+        got = []
+        yield consumer.subscribe("require(x)", got.append)
+        yield self.settle(a, b)
+        producer = yield self.connect(a)
+        producer.notify({"x": 1})
+        producer.notify({"x": 2, "public": 1})
+        yield wait_until(lambda: got)
+        yield producer.test_connection()
+        self.assertEqual([n["x"] for n in got], [2])
+
+
+class FilterUnitTests(unittest.TestCase):
+    def test_wire_forms(self):
+        self.assertIs(F.from_wire(F.to_wire(F.TRUE)), F.TRUE)
+        self.assertIs(F.from_wire(F.to_wire(F.FALSE)), F.FALSE)
+        tree = parse("x == 1")
+        self.assertEqual(F.from_wire(F.to_wire(tree)), tree)
+
+    def test_generalise_never_narrows(self):
+        trees = [parse(f"x == {i} && y > {i}") for i in range(100)]
+        general = F.generalise(trees, 20)
+        self.assertLessEqual(F.node_count(general), 20)
+        filt = F.Filter(general)
+        for i in range(100):
+            self.assertTrue(filt.matches({"x": i, "y": i + 1}))
+
+    def test_union_and_intersect(self):
+        self.assertIs(F.union([]), F.FALSE)
+        self.assertIs(F.union([F.TRUE, parse("x == 1")]), F.TRUE)
+        self.assertIs(F.intersect(F.TRUE, F.FALSE), F.FALSE)
+        both = F.Filter(F.intersect(parse("x == 1"), parse("y == 2")))
+        self.assertTrue(both.matches({"x": 1, "y": 2}))
+        self.assertFalse(both.matches({"x": 1}))
+
+    def test_ewaf_uris(self):
+        self.assertEqual(parse_ewaf("ewaf://host").port, 2916)
+        self.assertEqual(parse_ewaf("ewaf://host").version, (1, 0))
+        self.assertEqual(parse_ewaf("ewaf://host:3000").port, 3000)
+        self.assertEqual(parse_ewaf("ewaf:/secure/host:29160").protocol, ("ssl", "none", "xdr"))
+
+
+class ConfigTests(FederationTestCase):
+    def test_examples_load(self):
+        from elvin.config import load
+        root = os.path.join(os.path.dirname(__file__), "..", "conf")
+        paths = sorted(glob.glob(os.path.join(root, "federation-*.conf")))
+        self.assertGreaterEqual(len(paths), 8)
+        for path in paths:
+            config = load(path)
+            self.assertTrue(config.federation.enabled, path)
+
+    def test_errors_name_file_and_line(self):
+        from elvin.config import ConfigError, parse
+        for text, fragment in [
+            ("Federation.Connect[X] = http://host", ":1: bad federation URI"),
+            ("\nFederation.Subscribe[X] = x ==", ":2: bad Federation.Subscribe[X] filter"),
+            ("Federation.Bogus = 1", ":1: unknown federation setting"),
+            ("Federation.Default-Class = Nope", "unknown class 'Nope'"),
+        ]:
+            with self.assertRaises(ConfigError) as cm:
+                parse(text, "fed.conf")
+            self.assertIn(fragment, str(cm.exception))
+            self.assertIn("fed.conf", str(cm.exception))
+
+    @defer.inlineCallbacks
+    def test_pair_from_config_files(self):
+        from elvin.config import parse
+        from elvin.federation.service import FederationService
+        import socket
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            free = sock.getsockname()[1]
+        right_cfg = parse("Federation.Router-Name = right.test\n"
+                          f"Federation.Listen = ewaf://127.0.0.1:{free}\n"
+                          "Federation.Apply-Class[Peer] = 127.0.0.1\n"
+                          "Federation.Provide[Peer] = require(ok)\n")
+        right = Router()
+        right_service = FederationService(right, right_cfg, reactor)
+        right_service.startService()
+        self.addCleanup(right_service.stopService)
+        listener = list(right_service)[0]
+        ports = []
+        listener._waitingForPort.addCallback(lambda p: ports.append(p) or p)
+        yield wait_until(lambda: ports)
+        port = ports[0]
+        left_cfg = parse("Federation.Router-Name = left.test\n"
+                         f"Federation.Connect[Peer] = ewaf://127.0.0.1:{port.getHost().port}\n")
+        left = Router()
+        left_service = FederationService(left, left_cfg, reactor)
+        left_service.startService()
+        self.addCleanup(left_service.stopService)
+        yield wait_until(lambda: left_service.manager.links and right_service.manager.links)
+        self.assertEqual(left_service.manager.links[0].peer_domain, "right.test")
+        self.assertEqual(right_service.manager.links[0].fed_class.name, "Peer")
