@@ -14,7 +14,7 @@ Every request returns a Deferred that fires with the reply, or fails with
 
 import itertools
 
-from twisted.internet import defer, error, protocol
+from twisted.internet import defer, error, protocol, task
 from twisted.logger import Logger
 
 from elvin.errors import ElvinError
@@ -29,6 +29,10 @@ __all__ = ["connect", "unotify", "Connection", "ClientSubscription",
            "ConnectionClosed", "Notification"]
 
 DEFAULT_URI = "elvin://localhost:2917"
+
+
+#: Seconds ``unotify`` keeps a stream channel open after sending.
+UNOTIFY_LINGER = 0.1
 
 
 class NackError(ElvinError):
@@ -277,6 +281,7 @@ class Connection:
         self.subscriptions = {}
         self.quenches = {}
         self._pending = {}
+        self._liveness_waiters = []
         self._xids = itertools.count(1)
         self._closed = False
         self._close_deferred = None
@@ -295,6 +300,13 @@ class Connection:
 
     def _packet(self, packet):
         kind = type(packet)
+        if self._liveness_waiters and kind not in (P.TestConn, P.Disconn):
+            # Any packet from the router proves it is alive: a router with
+            # packets queued for us may skip ConfConn (ours does, in
+            # ClientSession._test_conn; so does Avis).
+            waiters, self._liveness_waiters = self._liveness_waiters, []
+            for d in waiters:
+                d.callback(True)
         if kind is P.NotifyDeliver:
             self._deliver(packet)
         elif kind is P.Nack:
@@ -325,9 +337,7 @@ class Connection:
         elif kind is P.TestConn:
             self.protocol.send(P.ConfConn())
         elif kind is P.ConfConn:
-            d = self._pending.pop("testconn", None)
-            if d is not None:
-                d.callback(True)
+            pass  # answered test_connection above, like any other packet
         else:
             xid = getattr(packet, "xid", None)
             d = self._pending.pop(xid, None)
@@ -375,7 +385,8 @@ class Connection:
 
     def _fail_pending(self, error):
         pending, self._pending = self._pending, {}
-        for d in pending.values():
+        waiters, self._liveness_waiters = self._liveness_waiters, []
+        for d in list(pending.values()) + waiters:
             d.errback(error)
 
     # -- requests ------------------------------------------------------------
@@ -510,7 +521,7 @@ class Connection:
         if self._closed or self.protocol is None:
             return defer.fail(ConnectionClosed("connection is closed"))
         d = defer.Deferred()
-        self._pending["testconn"] = d
+        self._liveness_waiters.append(d)
         self.protocol.send(P.TestConn())
         return d
 
@@ -625,5 +636,8 @@ def unotify(uri, attributes, deliver_insecure=True, keys=None, reactor=None, *,
         tls, tls_ca, tls_certificate, tls_key, tls_hostname)).connect(
         _ClientFactory(connection))
     proto.send(packet)
+    # Linger before closing: a router may discard packets it has not yet
+    # processed when it sees the channel close (Avis drops most UNotifys).
+    yield task.deferLater(reactor, UNOTIFY_LINGER, lambda: None)
     proto.transport.loseConnection()
     yield connection.disconnected

@@ -45,13 +45,18 @@ class RouterConfig:
         self.require_authenticated = False
         self.http_session_timeout = 60.0
         self.http_poll_timeout = 20.0
+        # Federation (docs/federation.md)
+        from elvin.federation.config import FederationConfig
+        self.federation = FederationConfig()
 
     def set(self, name, value, where):
         """Apply one ``name = value`` setting; ``where`` is 'file:line'."""
         key = name.strip()
         value = value.strip()
         lowered = key.lower()
-        if lowered == "listen":
+        if lowered.startswith("federation."):
+            self.federation.set(key, value, where)
+        elif lowered == "listen":
             try:
                 self.listen.append(ElvinURI(value))
             except InvalidURIError as e:
@@ -151,6 +156,7 @@ def parse(text, filename="<config>", config=None):
         if not value.strip():
             raise ConfigError(f"{where}: missing value for {name.strip()!r}")
         config.set(name, value, where)
+    config.federation.check(filename)
     return config
 
 

@@ -82,6 +82,7 @@ OPTIONS = {spec.name: spec for spec in (
 #: Legacy names (section 7.5.3) -> standard names.
 COMPAT_NAMES = {
     "router.attribute.max-count": "Attribute.Max-Count",
+    "router.coalesce-delay": "TCP.Send-Immediately",  # inverted, see _INVERTED
     "router.attribute.name.max-length": "Attribute.Name.Max-Length",
     "router.attribute.opaque.max-length": "Attribute.Opaque.Max-Length",
     "router.attribute.string.max-length": "Attribute.String.Max-Length",
@@ -97,6 +98,9 @@ COMPAT_NAMES = {
 }
 
 _INFORMATIONAL = ("Vendor-Identification", "Supported-Key-Schemes")
+
+#: Legacy names whose 0/1 value is the inverse of the standard option's.
+_INVERTED = frozenset({"router.coalesce-delay"})
 
 
 def canonical_name(name):
@@ -136,9 +140,11 @@ class ConnectionOptions:
                 reply[name] = self._informational(standard)
                 continue
             spec = self.specs[standard]
+            if name in _INVERTED and type(value) is int:
+                value = 0 if value else 1
             offered = spec.offer(value)
             proposed[standard] = offered
-            reply[name] = offered
+            reply[name] = (0 if offered else 1) if name in _INVERTED else offered
         self.values = proposed
         for standard in _INFORMATIONAL:
             if standard not in reply and not any(

@@ -110,7 +110,17 @@ def makeService(options, reactor=None):
     for uri in config.listen:
         # The URI's stack picks the service: TCP, TLS, UDP or HTTP (a TLS
         # listener without tls-certificate raises a ConfigError naming it).
-        listener_service(reactor, uri, router, factory, config).setServiceParent(top)
+        try:
+            listener = listener_service(reactor, uri, router, factory, config)
+        except ConfigError as e:
+            if getattr(options, "parent", None) is not None:
+                raise SystemExit(f"twistd elvin: {e}") from None  # no traceback
+            raise
+        listener.setServiceParent(top)
+    federation = getattr(config, "federation", None)
+    if federation is not None and federation.enabled:
+        from elvin.federation.service import FederationService
+        FederationService(router, config, reactor).setServiceParent(top)
     if getattr(config, "discovery", False):
         # Added last, so stopped first: withdraw before the listeners close.
         from elvin.discovery.service import DiscoveryService

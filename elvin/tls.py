@@ -25,13 +25,16 @@ import os
 import re
 
 from OpenSSL import SSL, crypto
-from twisted.internet import ssl
+from twisted.internet import error, ssl
+from twisted.internet.interfaces import IStreamServerEndpoint
+from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
+from zope.interface import implementer
 
 from elvin.config import ConfigError
 
 __all__ = ["TLSConfigError", "MINIMUM_VERSION", "load_certificates",
            "load_private_certificate", "server_options", "server_options_from_config",
-           "client_options"]
+           "client_options", "TLSServerEndpoint"]
 
 #: The lowest TLS version either side will negotiate.
 MINIMUM_VERSION = ssl.TLSVersion.TLSv1_2
@@ -79,12 +82,13 @@ def load_private_certificate(certificate, key=None, cert_setting="tls-certificat
     certs = load_certificates(certificate, cert_setting)
     if key is None:
         key_data, key_name = _read(certificate, cert_setting)
-        key_setting = cert_setting
     else:
         key_data, key_name = _read(key, key_setting)
     match = _KEY_RE.search(key_data)
     if match is None:
         hint = "" if key is not None else f" (set {key_setting} to the key file)"
+        if key is None:
+            key_setting = cert_setting
         raise TLSConfigError(f"{key_setting}: no unencrypted PEM private key in "
                              f"{key_name}{hint}")
     try:
@@ -92,13 +96,9 @@ def load_private_certificate(certificate, key=None, cert_setting="tls-certificat
     except (crypto.Error, ValueError, TypeError) as e:
         raise TLSConfigError(f"{key_setting}: cannot load the private key in "
                              f"{key_name}: {e}") from None
-    leaf = ssl.PrivateCertificate.fromCertificateAndKeyPair(certs[0], pair)
     try:
-        context = SSL.Context(SSL.TLS_METHOD)
-        context.use_certificate(leaf.original)
-        context.use_privatekey(pair.original)
-        context.check_privatekey()
-    except SSL.Error:
+        leaf = ssl.PrivateCertificate.fromCertificateAndKeyPair(certs[0], pair)
+    except error.VerifyError:
         raise TLSConfigError(f"{key_setting}: the private key in {key_name} does not "
                              f"match the certificate in {cert_setting}") from None
     return leaf, certs[1:]
@@ -178,3 +178,35 @@ def client_options(hostname, ca=None, certificate=None, key=None):
                 extra["extraCertChain"] = [c.original for c in chain]
     return ssl.optionsForClientTLS(hostname, _trust_root(ca), client_cert,
                                    extraCertificateOptions=extra)
+
+
+class _TLSServerProtocol(TLSMemoryBIOProtocol):
+    """Closes when asked even with a streaming producer registered.
+
+    TLSMemoryBIOProtocol defers its close_notify until the producer is
+    unregistered, but ElvinServerProtocol stays registered as the push
+    producer until the connection is lost (on plain TCP that does not hold
+    up a close), so a router-side close (DisconnRply, Disconn, connect
+    timeout) would never complete over TLS. ElvinServerProtocol only
+    closes once its queue is empty, so nothing is lost by unregistering.
+    """
+
+    def loseConnection(self):
+        super().loseConnection()
+        if self.disconnecting:
+            self.unregisterProducer()
+
+
+@implementer(IStreamServerEndpoint)
+class TLSServerEndpoint:
+    """``endpoints.wrapServerTLS`` for Elvin: TLS with ``options`` over
+    ``endpoint``, using :class:`_TLSServerProtocol`."""
+
+    def __init__(self, options, endpoint):
+        self.options = options
+        self.endpoint = endpoint
+
+    def listen(self, factory):
+        tls_factory = TLSMemoryBIOFactory(self.options, False, factory)
+        tls_factory.protocol = _TLSServerProtocol
+        return self.endpoint.listen(tls_factory)

@@ -49,7 +49,9 @@ from twisted.python import failure
 from twisted.web import http, resource, server
 from zope.interface import implementer
 
-__all__ = ["ElvinHTTPSite", "TunnelTransport", "SESSION_PATH", "STREAM", "POLL",
+from elvin.protocols.server import ElvinServerProtocol
+
+__all__ = ["ElvinHTTPSite", "TunnelTransport", "TunnelServerProtocol", "SESSION_PATH", "STREAM", "POLL",
            "DEFAULT_SESSION_TIMEOUT", "DEFAULT_POLL_TIMEOUT"]
 
 #: The URL path of the session collection.
@@ -88,6 +90,7 @@ class TunnelTransport:
         self.session_id = session_id
         self._peer = peer
         self._host = host
+        self.peer_text = f"{getattr(peer, 'host', peer)}:{getattr(peer, 'port', '')}"
         self.protocol = None
         self.producer = None
         self.closed = False
@@ -228,7 +231,7 @@ class TunnelTransport:
         self._pause_protocol()
         if self.down_wrote:
             self.log.info("HTTP tunnel from {peer}: response lost with data in it; "
-                          "closing the session", peer=self._peer)
+                          "closing the session", peer=self.peer_text)
             self._shutdown(error.ConnectionLost("HTTP response lost in transit"))
         else:
             self._start_idle_timer()
@@ -247,7 +250,7 @@ class TunnelTransport:
     def _abandoned(self):
         self._idle_timer = None
         self.log.info("HTTP tunnel from {peer} abandoned after {timeout}s",
-                      peer=self._peer, timeout=self.site.session_timeout)
+                      peer=self.peer_text, timeout=self.site.session_timeout)
         self._shutdown(TunnelAbandoned("HTTP session abandoned"))
 
     @staticmethod
@@ -268,6 +271,19 @@ class TunnelTransport:
         self._pending = []
         if self.protocol is not None:
             self.protocol.connectionLost(failure.Failure(reason))
+
+
+class TunnelServerProtocol(ElvinServerProtocol):
+    """ElvinServerProtocol for a tunnel: nothing else differs but idleness.
+
+    Between GETs the protocol is paused, yet nothing is stuck on its way
+    to the client: with an empty queue the session is idle and answers
+    TestConn (the reply waits for the next GET), as an idle TCP session
+    would. Paused by the attached GET's connection, it is not idle.
+    """
+
+    def is_idle(self):
+        return not self.queue and (not self.paused or self.transport.down is None)
 
 
 class _LimitedRequest(server.Request):
@@ -410,7 +426,8 @@ class ElvinHTTPSite(server.Site):
         peer = request.getClientAddress()
         tunnel = TunnelTransport(self, session_id, peer, request.getHost())
         self.tunnels[session_id] = tunnel
-        proto = self.elvin_factory.buildProtocol(peer)
+        proto = TunnelServerProtocol()
+        proto.factory = self.elvin_factory
         tunnel.protocol = proto
         proto.makeConnection(tunnel)
         tunnel._start_idle_timer()

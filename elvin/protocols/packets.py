@@ -420,7 +420,11 @@ class Registry:
         if entry is None:
             raise UnknownPacketError(pkt_id)
         cls, decoder = entry
-        packet = decoder(reader)
+        try:
+            packet = decoder(reader)
+        except struct.error as e:
+            # A corrupted count or length can make an unpack run off the end.
+            raise DecodeError(f"malformed {cls.__name__}: {e}", reader.pos) from None
         if reader.pos != reader.end:
             raise DecodeError(f"{reader.end - reader.pos} trailing bytes after "
                               f"{cls.__name__}", reader.pos)

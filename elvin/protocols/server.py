@@ -38,6 +38,7 @@ class ElvinServerProtocol(FramedProtocol, SessionOutput):
         self.closing = False
         self.queue = None
         self._timeout = None
+        self._registered = False
 
     # -- channel lifecycle -------------------------------------------------
 
@@ -51,6 +52,7 @@ class ElvinServerProtocol(FramedProtocol, SessionOutput):
         self.queue = SendQueue(options["Send-Queue.Max-Length"],
                                options["Send-Queue.Drop-Policy"], _DROPWARN)
         self.transport.registerProducer(self, True)
+        self._registered = True
         if factory.connect_timeout:
             self._timeout = factory.clock.callLater(factory.connect_timeout,
                                                     self._connect_timed_out)
@@ -118,12 +120,24 @@ class ElvinServerProtocol(FramedProtocol, SessionOutput):
     def close(self):
         self.closing = True
         if not self.queue:
-            self.transport.loseConnection()
+            self._hang_up()
 
     def abort(self):
         self.closing = True
         self.queue.clear()
+        self._unregister()
         self.transport.abortConnection()
+
+    def _unregister(self):
+        # A producer still registered keeps some transports (TLS) from
+        # finishing a close.
+        if self._registered and self.transport is not None:
+            self._registered = False
+            self.transport.unregisterProducer()
+
+    def _hang_up(self):
+        self._unregister()
+        self.transport.loseConnection()
 
     # -- IPushProducer -----------------------------------------------------
 
@@ -136,7 +150,7 @@ class ElvinServerProtocol(FramedProtocol, SessionOutput):
         while queue and not self.paused:
             self.sendFrame(queue.pop())
         if self.closing and not queue:
-            self.transport.loseConnection()
+            self._hang_up()
 
     def stopProducing(self):
         self.paused = True

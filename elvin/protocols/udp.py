@@ -113,6 +113,11 @@ class UNotifyDatagramProtocol(protocol.DatagramProtocol):
             counters["malformed"] += 1
             self.log.debug("dropped malformed datagram from {peer}: {e}", peer=peer, e=e)
             return
+        except Exception as e:  # a decoder bug must not let garbage through
+            counters["malformed"] += 1
+            self.log.warn("dropped malformed datagram from {peer}: decoder raised "
+                          "{e!r}", peer=peer, e=e)
+            return
         if type(packet) is not P.UNotify:
             counters["unexpected"] += 1
             self.log.debug("dropped {kind} datagram from {peer} (only UNotify is "

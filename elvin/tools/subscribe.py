@@ -36,8 +36,17 @@ async def body(reactor, options):
         if limit is not None and seen["n"] >= limit and not done.called:
             done.callback(None)
 
+    def router_closed(reason, message):
+        sys.stderr.write(f"elvin-subscribe: router closed the connection "
+                         f"(reason {reason}): {message}\n")
+
+    def lost(_):
+        if not done.called:
+            done.errback(ConnectionError("connection to the router closed"))
+
+    conn.on_disconnect = router_closed
     await conn.subscribe(options["expression"], show)
-    conn.disconnected.addBoth(lambda _: done.called or done.callback(None))
+    conn.disconnected.addBoth(lost)
     await done
     await conn.close()
 

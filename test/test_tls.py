@@ -1,0 +1,272 @@
+"""TLS transport: ssl,none,xdr (alias secure) and tcp,ssl,xdr on 127.0.0.1,
+with throwaway certificates from trustme."""
+
+from twisted.internet import defer, ssl
+from twisted.trial import unittest
+
+from elvin import client, config, tls
+from elvin.uri import ElvinURI
+
+from test.transport_fixtures import Certificates, PubSubScenarios, RouterFixture, wait_until
+
+
+class TLSFixture(RouterFixture):
+    stack = "ssl,none,xdr"
+    client_cert = False
+
+    def setUp(self):
+        super().setUp()
+        self.certs = Certificates(self.mktemp())
+        self.server_options = tls.server_options(self.certs.server_cert,
+                                                 self.certs.server_key)
+        self.uri = self.listen_tls(self.server_options, self.stack)
+        self.client_args = {"tls_ca": self.certs.ca_path}
+
+
+class SSLStackTests(TLSFixture, PubSubScenarios):
+    """The secure stack as ssl,none,xdr."""
+
+
+class TCPSSLStackTests(TLSFixture, PubSubScenarios):
+    """The same stack written tcp,ssl,xdr."""
+
+    stack = "tcp,ssl,xdr"
+
+
+class SecureAliasTests(TLSFixture):
+    stack = "secure"
+
+    @defer.inlineCallbacks
+    def test_alias(self):
+        self.assertEqual(ElvinURI(self.uri).protocol, ("ssl", "none", "xdr"))
+        conn = yield self.connect(**self.client_args)
+        got = []
+        yield conn.subscribe("require(a)", got.append)
+        conn.notify({"a": 1})
+        yield wait_until(lambda: got)
+
+    @defer.inlineCallbacks
+    def test_connection_is_tls_1_2_or_better(self):
+        conn = yield self.connect(**self.client_args)
+        version = conn.protocol.transport.getHandle().get_protocol_version_name()
+        self.assertIn(version, ("TLSv1.2", "TLSv1.3"))
+
+    @defer.inlineCallbacks
+    def test_trust_root_object_and_hostname_override(self):
+        ca = ssl.Certificate.loadPEM(open(self.certs.ca_path, "rb").read())
+        uri = self.uri.replace("127.0.0.1", "localhost")
+        # The certificate does not name "localhost", but we say which name
+        # to expect.
+        conn = yield client.connect(uri, tls_ca=ca, tls_hostname="router.test")
+        self.connections.append(conn)
+        yield conn.test_connection()
+
+
+class HostnameVerificationTests(RouterFixture):
+    """The client checks the router's certificate names the URI's host."""
+
+    def setUp(self):
+        super().setUp()
+        self.certs = Certificates(self.mktemp(), server_names=("router.test",))
+        self.uri = self.listen_tls(tls.server_options(self.certs.server_cert,
+                                                      self.certs.server_key))
+
+    @defer.inlineCallbacks
+    def test_wrong_hostname_refused(self):
+        with self.assertRaises(client.ConnectionClosed) as cm:
+            yield client.connect(self.uri, tls_ca=self.certs.ca_path)
+        self.assertIn("mismatch", str(cm.exception).lower())
+        self.assertEqual(self.router.stats["notifications"], 0)
+        yield wait_until(lambda: not self.router.sessions)
+
+    @defer.inlineCallbacks
+    def test_right_hostname_accepted(self):
+        conn = yield client.connect(self.uri, tls_ca=self.certs.ca_path,
+                                    tls_hostname="router.test")
+        self.connections.append(conn)
+        yield conn.test_connection()
+
+    @defer.inlineCallbacks
+    def test_untrusted_router_refused(self):
+        with self.assertRaises(client.ConnectionClosed):
+            yield client.connect(self.uri, tls_ca=self.certs.other_ca_path,
+                                 tls_hostname="router.test")
+
+    @defer.inlineCallbacks
+    def test_unotify_over_tls(self):
+        conn = yield client.connect(self.uri, tls_ca=self.certs.ca_path,
+                                    tls_hostname="router.test")
+        self.connections.append(conn)
+        got = []
+        yield conn.subscribe("require(u)", got.append)
+        yield client.unotify(self.uri, {"u": 1}, tls_ca=self.certs.ca_path,
+                             tls_hostname="router.test")
+        yield wait_until(lambda: got)
+
+
+class ClientCertificateTests(RouterFixture):
+    """tls-ca asks clients for certificates; require-authenticated demands one."""
+
+    def make(self, require):
+        self.certs = Certificates(self.mktemp())
+        options = tls.server_options(self.certs.server_cert, self.certs.server_key,
+                                     ca=self.certs.ca_path,
+                                     require_authenticated=require)
+        self.uri = self.listen_tls(options)
+
+    @defer.inlineCallbacks
+    def test_trusted_client_accepted(self):
+        self.make(True)
+        conn = yield client.connect(self.uri, tls_ca=self.certs.ca_path,
+                                    tls_certificate=self.certs.client_pem)
+        self.connections.append(conn)
+        yield conn.test_connection()
+
+    @defer.inlineCallbacks
+    def test_untrusted_client_refused(self):
+        self.make(True)
+        with self.assertRaises(client.ConnectionClosed):
+            yield client.connect(self.uri, tls_ca=self.certs.ca_path,
+                                 tls_certificate=self.certs.stranger_pem)
+        yield wait_until(lambda: not self.router.sessions)
+        self.assertEqual(self.router.stats["notifications"], 0)
+
+    @defer.inlineCallbacks
+    def test_client_without_certificate_refused(self):
+        self.make(True)
+        with self.assertRaises(client.ConnectionClosed):
+            yield client.connect(self.uri, tls_ca=self.certs.ca_path)
+        yield wait_until(lambda: not self.router.sessions)
+
+    @defer.inlineCallbacks
+    def test_optional_verification(self):
+        """Without require-authenticated, no certificate is fine, a bad one is not."""
+        self.make(False)
+        conn = yield client.connect(self.uri, tls_ca=self.certs.ca_path)
+        self.connections.append(conn)
+        yield conn.test_connection()
+        with self.assertRaises(client.ConnectionClosed):
+            yield client.connect(self.uri, tls_ca=self.certs.ca_path,
+                                 tls_certificate=self.certs.stranger_pem)
+
+
+class TLSConfigTests(unittest.TestCase):
+    """Router TLS settings from the configuration file, and their errors."""
+
+    def setUp(self):
+        self.certs = Certificates(self.mktemp())
+
+    def parse(self, text):
+        path = self.certs._write("elvind.conf", text.encode("utf-8"))
+        return config.load(path)
+
+    def test_settings(self):
+        cfg = self.parse("tls-certificate = server.pem\ntls-key = server.key\n"
+                         "tls-ca = ca.pem\nrequire-authenticated = yes\n")
+        # Relative paths are relative to the configuration file.
+        self.assertEqual(cfg.tls_certificate, self.certs.server_cert)
+        self.assertEqual(cfg.tls_key, self.certs.server_key)
+        self.assertEqual(cfg.tls_ca, self.certs.ca_path)
+        self.assertTrue(cfg.require_authenticated)
+        options = tls.server_options_from_config(cfg)
+        self.assertTrue(options.verify)
+        self.assertTrue(options.requireCertificate)
+
+    def test_defaults(self):
+        cfg = config.RouterConfig()
+        self.assertIsNone(cfg.tls_certificate)
+        self.assertFalse(cfg.require_authenticated)
+        self.assertIsNone(tls.server_options_from_config(cfg))
+
+    def test_combined_certificate_and_key_file(self):
+        options = tls.server_options(self.certs.client_pem)
+        self.assertIsNotNone(options.getContext())
+
+    def test_missing_key(self):
+        with self.assertRaises(tls.TLSConfigError) as cm:
+            tls.server_options(self.certs.server_cert)
+        self.assertIn("tls-key", str(cm.exception))
+
+    def test_missing_file(self):
+        with self.assertRaises(tls.TLSConfigError) as cm:
+            tls.server_options(self.certs.server_cert + ".nope", self.certs.server_key)
+        self.assertIn("tls-certificate", str(cm.exception))
+        self.assertIn(".nope", str(cm.exception))
+
+    def test_mismatched_key(self):
+        other = Certificates(self.mktemp())
+        with self.assertRaises(tls.TLSConfigError) as cm:
+            tls.server_options(self.certs.server_cert, other.server_key)
+        self.assertIn("does not match", str(cm.exception))
+
+    def test_not_a_certificate(self):
+        with self.assertRaises(tls.TLSConfigError) as cm:
+            tls.server_options(self.certs.server_key, self.certs.server_key)
+        self.assertIn("no PEM certificate", str(cm.exception))
+
+    def test_require_authenticated_needs_ca(self):
+        cfg = self.parse("tls-certificate = server.pem\ntls-key = server.key\n"
+                         "require-authenticated = yes\n")
+        with self.assertRaises(tls.TLSConfigError) as cm:
+            tls.server_options_from_config(cfg)
+        self.assertIn("tls-ca", str(cm.exception))
+
+    def test_key_without_certificate(self):
+        cfg = self.parse("tls-key = server.key\n")
+        with self.assertRaises(tls.TLSConfigError) as cm:
+            tls.server_options_from_config(cfg)
+        self.assertIn("tls-certificate", str(cm.exception))
+
+    def test_bad_boolean(self):
+        with self.assertRaises(config.ConfigError):
+            self.parse("require-authenticated = maybe\n")
+
+    def test_minimum_version(self):
+        self.assertEqual(tls.MINIMUM_VERSION, ssl.TLSVersion.TLSv1_2)
+        options = tls.server_options(self.certs.server_cert, self.certs.server_key)
+        from OpenSSL import SSL
+        self.assertTrue(options._options & SSL.OP_NO_TLSv1_1)
+        self.assertTrue(options._options & SSL.OP_NO_TLSv1)
+
+
+class TapTLSTests(unittest.TestCase):
+    """``twistd elvin`` with TLS listeners."""
+
+    def setUp(self):
+        self.certs = Certificates(self.mktemp())
+
+    def make(self, *args):
+        from twisted.internet.testing import MemoryReactorClock
+        from elvin import tap
+        options = tap.Options()
+        options.parseOptions(list(args))
+        self.reactor = MemoryReactorClock()
+        return tap.makeService(options, reactor=self.reactor)
+
+    def test_tls_listener_without_certificate(self):
+        with self.assertRaises(config.ConfigError) as cm:
+            self.make("-l", "elvin:/secure/localhost:29170")
+        self.assertIn("tls-certificate", str(cm.exception))
+        self.assertIn("elvin:4.0/ssl,none,xdr/localhost:29170", str(cm.exception))
+
+    def test_tls_listeners(self):
+        path = self.certs._write("elvind.conf", b"tls-certificate = server.pem\n"
+                                                b"tls-key = server.key\n")
+        top = self.make("-c", path, "-l", "elvin:/secure/localhost:29170",
+                        "-l", "elvin:/tcp,ssl,xdr/localhost:29171",
+                        "-l", "elvin://localhost:2917")
+        top.startService()
+        self.addCleanup(top.stopService)
+        servers = self.reactor.tcpServers
+        self.assertEqual([s[0] for s in servers], [29170, 29171, 2917])
+        # The TLS listeners wrap the Elvin factory in TLS; the TCP one does not.
+        self.assertTrue(all(hasattr(s[1], "wrappedFactory") for s in servers[:2]))
+        self.assertFalse(hasattr(servers[2][1], "wrappedFactory"))
+
+    def test_bad_certificate_is_usage_error(self):
+        from twisted.python import usage
+        path = self.certs._write("elvind.conf", b"tls-certificate = missing.pem\n")
+        from elvin import tap
+        with self.assertRaises(usage.UsageError) as cm:
+            tap.Options().parseOptions(["-c", path, "-l", "elvin:/secure/localhost:1"])
+        self.assertIn("missing.pem", str(cm.exception))
