@@ -18,6 +18,7 @@ from twisted.internet import defer, error, protocol, task
 from twisted.logger import Logger
 
 from elvin.errors import ElvinError
+from elvin.options import OPTIONS
 from elvin.protocols import packets as P
 from elvin.protocols.framing import FramedProtocol
 from elvin.protocols.xdr import DecodeError
@@ -245,6 +246,10 @@ class ElvinClientProtocol(FramedProtocol):
     """Frames, decodes and dispatches packets for one Connection."""
 
     log = Logger()
+
+    #: The router limits what it accepts (Packet.Max-Length), not what it
+    #: sends; accept any packet up to the largest it could be configured for.
+    max_frame_length = OPTIONS["Packet.Max-Length"].high
 
     def connectionMade(self):
         self.factory.connection._attached(self)

@@ -8,6 +8,7 @@ starting, with the file, the line number and the reason, rather than being
 guessed at.
 """
 
+import math
 import os
 
 from elvin.discovery import settings as _discovery_settings
@@ -61,6 +62,11 @@ class RouterConfig:
                 self.listen.append(ElvinURI(value))
             except InvalidURIError as e:
                 raise ConfigError(f"{where}: bad listen URI: {e}") from None
+            from elvin.endpoints import UnsupportedStackError, check_supported
+            try:
+                check_supported(self.listen[-1])
+            except UnsupportedStackError as e:
+                raise ConfigError(f"{where}: {e}") from None
         elif lowered == "verbose":
             self.verbose = _boolean(value, key, where)
         elif lowered == "max-connections":
@@ -73,8 +79,9 @@ class RouterConfig:
             except ValueError:
                 raise ConfigError(f"{where}: connect-timeout must be a number of "
                                   f"seconds, not {value!r}") from None
-            if self.connect_timeout < 0:
-                raise ConfigError(f"{where}: connect-timeout must not be negative")
+            if not math.isfinite(self.connect_timeout) or self.connect_timeout < 0:
+                raise ConfigError(f"{where}: connect-timeout must be a finite, "
+                                  f"non-negative number of seconds, not {value!r}")
         elif lowered in ("tls-certificate", "tls-key", "tls-ca"):
             setattr(self, lowered.replace("-", "_"), self._path(value))
         elif lowered == "require-authenticated":

@@ -13,6 +13,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "conf", "elvind.conf")
 
 
+def known_settings():
+    """The setting names the configuration understands, from the list its
+    'unknown setting' error gives."""
+    try:
+        config.parse("no-such-setting = 1")
+    except ConfigError as e:
+        listed = str(e).split("(known: ", 1)[1].rstrip(")")
+        return [name.strip() for name in listed.split(",")]
+    raise AssertionError("an unknown setting was accepted")
+
+
 class DefaultsTests(unittest.TestCase):
 
     def test_defaults(self):
@@ -155,6 +166,57 @@ class ParseTests(unittest.TestCase):
         c = config.parse("verbose = yes\r\nmax-connections = 4\r\n")
         self.assertTrue(c.verbose)
         self.assertEqual(c.max_connections, 4)
+
+
+class TransportSettingsTests(unittest.TestCase):
+    """Settings for the TLS listeners and the HTTP tunnel."""
+
+    def test_defaults(self):
+        c = RouterConfig()
+        self.assertIsNone(c.tls_certificate)
+        self.assertIsNone(c.tls_key)
+        self.assertIsNone(c.tls_ca)
+        self.assertFalse(c.require_authenticated)
+        self.assertEqual(c.http_session_timeout, 60.0)
+        self.assertEqual(c.http_poll_timeout, 20.0)
+
+    def test_parse(self):
+        c = config.parse("tls-certificate = /etc/elvin/router.pem\n"
+                         "tls-key = /etc/elvin/router.key\n"
+                         "TLS-CA = /etc/elvin/clients-ca.pem\n"
+                         "require-authenticated = yes\n"
+                         "http-session-timeout = 90\n"
+                         "http-poll-timeout = 2.5\n")
+        self.assertEqual(c.tls_certificate, "/etc/elvin/router.pem")
+        self.assertEqual(c.tls_key, "/etc/elvin/router.key")
+        self.assertEqual(c.tls_ca, "/etc/elvin/clients-ca.pem")
+        self.assertTrue(c.require_authenticated)
+        self.assertEqual(c.http_session_timeout, 90.0)
+        self.assertEqual(c.http_poll_timeout, 2.5)
+
+    def test_relative_paths_follow_the_file(self):
+        """A relative TLS path in a file is relative to that file's folder."""
+        folder = self.mktemp()
+        os.mkdir(folder)
+        path = os.path.join(folder, "router.conf")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("tls-certificate = router.pem\ntls-ca = /abs/ca.pem\n")
+        c = config.load(path)
+        self.assertEqual(c.tls_certificate, os.path.join(folder, "router.pem"))
+        self.assertEqual(c.tls_ca, "/abs/ca.pem")
+
+    def test_relative_path_from_text(self):
+        self.assertEqual(config.parse("tls-key = k.pem").tls_key, "k.pem")
+
+    def test_errors(self):
+        for text, fragment in [("require-authenticated = sometimes", "yes or no"),
+                               ("http-session-timeout = soon", "number of seconds"),
+                               ("http-poll-timeout = 0", "more than 0"),
+                               ("http-poll-timeout = -1", "more than 0")]:
+            with self.assertRaises(ConfigError) as cm:
+                config.parse("# tunnel\n" + text, "t.conf")
+            self.assertTrue(str(cm.exception).startswith("t.conf:2: "), text)
+            self.assertIn(fragment, str(cm.exception))
 
 
 class ErrorTests(unittest.TestCase):
@@ -357,6 +419,10 @@ class ExampleFileTests(unittest.TestCase):
         self.assertEqual(c.max_connections, default.max_connections)
         self.assertEqual(c.max_subscriptions, default.max_subscriptions)
         self.assertEqual(c.connect_timeout, default.connect_timeout)
+        for name, value in vars(default).items():
+            simple = value is None or isinstance(value, (bool, int, float, str, list, tuple))
+            if simple and name not in ("listen", "source"):
+                self.assertEqual(getattr(c, name), value, name)
         for name, spec in OPTIONS.items():
             self.assertEqual(c.option_specs[name].default, spec.default, name)
 
@@ -374,12 +440,18 @@ class ExampleFileTests(unittest.TestCase):
         return settings
 
     def test_example_mentions_every_setting(self):
+        """Every setting the router knows (as its 'unknown setting' error
+        lists them) appears in the example, so a new setting needs a line
+        there too."""
         names = {body.split("=", 1)[0].strip().lower()
                  for _, body in self.example_settings()}
         names.add("listen")
+        known = known_settings()
         for name in ["listen", "verbose", "max-connections", "max-subscriptions",
                      "connect-timeout"] + list(OPTIONS):
-            self.assertIn(name.lower(), names)
+            self.assertIn(name, known)
+        for name in known:
+            self.assertIn(name.lower(), names, f"{name} is not in {EXAMPLE}")
 
     def test_example_commented_settings_are_valid(self):
         """Uncommenting any example line gives a valid configuration, so

@@ -512,7 +512,7 @@ class Reader:
                             result[name] = word
                             pos += 8
                             continue
-                        if code == _STRING:
+                        if code == _STRING and word >= 0:  # >= 2**31 overruns
                             start = pos + 8
                             stop = start + word
                             if stop + (-word & 3) <= end:

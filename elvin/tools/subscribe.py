@@ -30,6 +30,8 @@ async def body(reactor, options):
     limit = options["count"]
 
     def show(notification):
+        if done.called:
+            return  # past --count: later packets of the same read are ignored
         sys.stdout.write(format_notification(notification))
         sys.stdout.flush()
         seen["n"] += 1

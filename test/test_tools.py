@@ -1,0 +1,423 @@
+"""Integration tests of elvin-notify and elvin-subscribe.
+
+A real router (elvin.router.Router behind ElvinServerFactory) listens on
+loopback in the test's reactor; the tools run as subprocesses
+(``python -m elvin.tools.notify`` / ``elvin.tools.subscribe`` from the
+repository root, so they use the working tree) and talk to it over TCP.
+"""
+
+import math
+import os
+import sys
+
+from twisted.internet import defer, protocol, reactor, task
+from twisted.internet.utils import getProcessOutputAndValue
+from twisted.trial import unittest
+
+from elvin import client
+from elvin.protocols.server import ElvinServerFactory, ElvinServerProtocol
+from elvin.router import Router
+from elvin.textformat import format_notification, read_notifications
+from elvin.values import INT32, INT64, OPAQUE, REAL64, STRING, Int64, type_of
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class _TrackedServerProtocol(ElvinServerProtocol):
+    """Server protocol whose end the test can wait for (no dirty reactor)."""
+
+    def connectionMade(self):
+        self.lost = defer.Deferred()
+        self.factory.protocols.append(self)
+        super().connectionMade()
+
+    def connectionLost(self, reason=None):
+        super().connectionLost(reason)
+        if not self.lost.called:
+            self.lost.callback(None)
+
+
+class _TrackingFactory(ElvinServerFactory):
+    protocol = _TrackedServerProtocol
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.protocols = []
+
+
+class _ToolProcess(protocol.ProcessProtocol):
+    """Runs a tool with ``stdin`` written to it; ``ended`` fires with
+    (stdout, stderr, exit code)."""
+
+    def __init__(self, stdin=b""):
+        self.stdin = stdin
+        self.out = []
+        self.err = []
+        self.ended = defer.Deferred()
+
+    def connectionMade(self):
+        if self.stdin:
+            self.transport.write(self.stdin)
+        self.transport.closeStdin()
+
+    def outReceived(self, data):
+        self.out.append(data)
+
+    def errReceived(self, data):
+        self.err.append(data)
+
+    def processEnded(self, reason):
+        self.ended.callback((b"".join(self.out), b"".join(self.err),
+                             reason.value.exitCode))
+
+
+def wait_until(condition, timeout=20.0, interval=0.02):
+    """A Deferred that fires when ``condition()`` is true (fails on timeout)."""
+    @defer.inlineCallbacks
+    def poll():
+        deadline = reactor.seconds() + timeout
+        while not condition():
+            if reactor.seconds() > deadline:
+                raise AssertionError(f"timed out waiting for {condition}")
+            yield task.deferLater(reactor, interval, lambda: None)
+    return poll()
+
+
+class ToolTestCase(unittest.TestCase):
+    timeout = 30
+
+    def setUp(self):
+        self.router = Router()
+        self.factory = _TrackingFactory(self.router, reactor)
+        self.port = reactor.listenTCP(0, self.factory, interface="127.0.0.1")
+        self.uri = f"elvin://127.0.0.1:{self.port.getHost().port}"
+        self.connections = []
+
+    @defer.inlineCallbacks
+    def tearDown(self):
+        for conn in self.connections:
+            yield conn.close()
+        self.router.shutdown()
+        yield defer.DeferredList([p.lost for p in self.factory.protocols])
+        yield self.port.stopListening()
+
+    # -- helpers ------------------------------------------------------------
+
+    def tool(self, name, *args):
+        """Run ``python -m elvin.tools.NAME ARGS``; fires (out, err, code)."""
+        return getProcessOutputAndValue(
+            sys.executable, ["-m", f"elvin.tools.{name}"] + list(args),
+            env=os.environ, path=REPO)
+
+    def tool_with_stdin(self, name, stdin, *args):
+        proc = _ToolProcess(stdin)
+        reactor.spawnProcess(proc, sys.executable,
+                             [sys.executable, "-m", f"elvin.tools.{name}"] + list(args),
+                             env=os.environ, path=REPO)
+        return proc.ended
+
+    @defer.inlineCallbacks
+    def connect(self):
+        conn = yield client.connect(self.uri, reactor=reactor)
+        self.connections.append(conn)
+        return conn
+
+    @defer.inlineCallbacks
+    def collect(self, expression):
+        """Subscribe through the client library; returns the list it fills."""
+        conn = yield self.connect()
+        received = []
+        yield conn.subscribe(expression, received.append)
+        return received
+
+    def wait_for_subscriptions(self, count):
+        return wait_until(lambda: len(self.router.subscriptions) >= count)
+
+    def assertSucceeded(self, result):
+        out, err, code = result
+        self.assertEqual(code, 0, f"exit {code}; stderr: {err!r}")
+        self.assertEqual(err, b"")
+        return out
+
+    def unused_uri(self):
+        """A loopback URI nobody listens on."""
+        port = reactor.listenTCP(0, protocol.Factory(), interface="127.0.0.1")
+        number = port.getHost().port
+        return port.stopListening().addCallback(
+            lambda _: f"elvin://127.0.0.1:{number}")
+
+
+class NotifyTests(ToolTestCase):
+
+    @defer.inlineCallbacks
+    def test_arguments(self):
+        received = yield self.collect('Group == "chat"')
+        result = yield self.tool(
+            "notify", "-e", self.uri, 'Group: "chat"', "Num: 42", "Big: 12L",
+            "Huge: 3000000000", "R: 2.5", "E: 1e3", "Blob: [de ad]",
+            r'Text: "line\n\"quoted\""', "Single: 'it\\'s'", "urn:x:y: 1")
+        self.assertSucceeded(result)
+        yield wait_until(lambda: received)
+        (note,) = received
+        self.assertEqual(note, {"Group": "chat", "Num": 42, "Big": 12, "Huge": 3000000000,
+                                "R": 2.5, "E": 1000.0, "Blob": b"\xde\xad",
+                                "Text": 'line\n"quoted"', "Single": "it's",
+                                "urn:x:y": 1})
+        self.assertEqual(type_of(note["Num"]), INT32)
+        self.assertEqual(type_of(note["Big"]), INT64)
+        self.assertIsInstance(note["Big"], Int64)
+        self.assertEqual(type_of(note["Huge"]), INT64)
+        self.assertEqual(type_of(note["R"]), REAL64)
+        self.assertEqual(type_of(note["Blob"]), OPAQUE)
+        self.assertEqual(type_of(note["Text"]), STRING)
+
+    @defer.inlineCallbacks
+    def test_arguments_not_matching(self):
+        received = yield self.collect('Group == "chat"')
+        result = yield self.tool("notify", "-e", self.uri, 'Group: "news"')
+        self.assertSucceeded(result)
+        self.assertEqual(self.router.stats["notifications"], 1)
+        self.assertEqual(received, [])
+
+    @defer.inlineCallbacks
+    def test_stdin(self):
+        received = yield self.collect("require(N)")
+        text = ('N: 1\nS: "one"\n---\n'
+                "N: 2\nR: inf\n\n"
+                "\n---\n"              # extra separators are not notifications
+                "N: 3\nB: [00 ff]\n"   # the last needs no separator
+                ).encode()
+        result = yield self.tool_with_stdin("notify", text, "-e", self.uri)
+        self.assertSucceeded(result)
+        yield wait_until(lambda: len(received) >= 3)
+        self.assertEqual([dict(n) for n in received],
+                         [{"N": 1, "S": "one"}, {"N": 2, "R": math.inf},
+                          {"N": 3, "B": b"\x00\xff"}])
+
+    @defer.inlineCallbacks
+    def test_stdin_through_shell_pipe(self):
+        received = yield self.collect("require(N)")
+        command = (f"printf 'N: 1\\n---\\nN: 2\\n---\\n' | "
+                   f"'{sys.executable}' -m elvin.tools.notify -e '{self.uri}'")
+        result = yield getProcessOutputAndValue("/bin/sh", ["-c", command],
+                                                env=os.environ, path=REPO)
+        self.assertSucceeded(result)
+        yield wait_until(lambda: len(received) >= 2)
+        self.assertEqual([n["N"] for n in received], [1, 2])
+
+    @defer.inlineCallbacks
+    def test_empty_stdin(self):
+        result = yield self.tool_with_stdin("notify", b"", "-e", self.uri)
+        self.assertSucceeded(result)
+        self.assertEqual(self.router.stats["notifications"], 0)
+
+    @defer.inlineCallbacks
+    def test_unreliable(self):
+        received = yield self.collect('Kind == "udp-ish"')
+        result = yield self.tool("notify", "-e", self.uri, "--unreliable",
+                                 'Kind: "udp-ish"', "N: 7L")
+        self.assertSucceeded(result)
+        yield wait_until(lambda: received)
+        self.assertEqual(received, [{"Kind": "udp-ish", "N": 7}])
+        self.assertEqual(type_of(received[0]["N"]), INT64)
+        self.assertEqual(self.router.stats["unotify"], 1)
+
+    @defer.inlineCallbacks
+    def test_unreliable_stdin_short_option(self):
+        received = yield self.collect("require(N)")
+        result = yield self.tool_with_stdin("notify", b"N: 1\n---\nN: 2\n",
+                                            "-u", "-e", self.uri)
+        self.assertSucceeded(result)
+        yield wait_until(lambda: len(received) >= 2)
+        self.assertEqual(sorted(n["N"] for n in received), [1, 2])
+        self.assertEqual(self.router.stats["unotify"], 2)
+
+    @defer.inlineCallbacks
+    def test_bad_argument(self):
+        out, err, code = yield self.tool("notify", "-e", self.uri, "Num 42")
+        self.assertEqual(code, 1)
+        self.assertIn(b"error:", err)
+        self.assertIn(b"Num 42", err)
+        self.assertIn(b"Name: value", err)
+        self.assertEqual(self.router.stats["notifications"], 0)
+
+    @defer.inlineCallbacks
+    def test_bad_value_argument(self):
+        out, err, code = yield self.tool("notify", "-e", self.uri, "Group: chat")
+        self.assertEqual(code, 1)
+        self.assertIn(b"quotes", err)
+        self.assertEqual(self.router.stats["notifications"], 0)
+
+    @defer.inlineCallbacks
+    def test_bad_stdin_line(self):
+        """A bad line stops elvin-notify with the line number; notifications
+        read before it have been emitted (stdin is streamed, not slurped)."""
+        received = yield self.collect("require(A) || require(B)")
+        out, err, code = yield self.tool_with_stdin(
+            "notify", b"A: 1\n---\nB: 2\nC: nonsense\n", "-e", self.uri)
+        self.assertEqual(code, 1)
+        self.assertIn(b"error: <stdin>:4:", err)
+        self.assertIn(b"nonsense", err)
+        self.assertNotIn(b"Traceback", err)
+        yield wait_until(lambda: received)
+        self.assertEqual(received, [{"A": 1}])
+
+    @defer.inlineCallbacks
+    def test_unreachable_router(self):
+        uri = yield self.unused_uri()
+        out, err, code = yield self.tool("notify", "-e", uri, "A: 1")
+        self.assertNotEqual(code, 0)
+        self.assertIn(b"error:", err)
+        self.assertIn(b"refused", err.lower())
+        self.assertNotIn(b"Traceback", err)
+
+    @defer.inlineCallbacks
+    def test_unreachable_router_unreliable(self):
+        uri = yield self.unused_uri()
+        out, err, code = yield self.tool("notify", "-e", uri, "-u", "A: 1")
+        self.assertNotEqual(code, 0)
+        self.assertIn(b"refused", err.lower())
+        self.assertNotIn(b"Traceback", err)
+
+    @defer.inlineCallbacks
+    def test_bad_uri_is_usage_error(self):
+        out, err, code = yield self.tool("notify", "-e", "http://nowhere", "A: 1")
+        self.assertEqual(code, 2)
+        self.assertIn(b"http://nowhere", err)
+        self.assertIn(b"--elvin", err)
+
+
+class SubscribeTests(ToolTestCase):
+
+    def start_subscriber(self, *args):
+        return self.tool("subscribe", "-e", self.uri, *args)
+
+    @defer.inlineCallbacks
+    def test_count(self):
+        running = self.start_subscriber("-n", "2", 'Group == "chat"')
+        yield self.wait_for_subscriptions(1)
+        conn = yield self.connect()
+        conn.notify({"Group": "chat", "Num": 1})
+        conn.notify({"Group": "news", "Num": 99})        # does not match
+        conn.notify({"Group": "chat", "Text": 'a "b"\n', "Big": Int64(5),
+                     "R": 0.5, "Blob": b"\x01\xab"})
+        conn.notify({"Group": "chat", "Num": 3})         # after the count
+        out = self.assertSucceeded((yield running))
+        text = out.decode("utf-8")
+        self.assertTrue(text.startswith('Group: "chat"\nNum: 1\n---\n'), text)
+        notes = list(read_notifications(text.splitlines(True), "<output>"))
+        self.assertEqual(notes, [{"Group": "chat", "Num": 1},
+                                 {"Group": "chat", "Text": 'a "b"\n', "Big": 5,
+                                  "R": 0.5, "Blob": b"\x01\xab"}])
+        self.assertEqual(type_of(notes[1]["Big"]), INT64)
+        self.assertEqual(text.count("---\n"), 2)
+
+    @defer.inlineCallbacks
+    def test_output_is_text_format(self):
+        note = {"S": "x\ty", "I": -4, "L": Int64(2**40), "F": 1e-3, "O": b"\xde\xad"}
+        running = self.start_subscriber("--count=1", "require(S)")
+        yield self.wait_for_subscriptions(1)
+        conn = yield self.connect()
+        conn.notify(note)
+        out = self.assertSucceeded((yield running))
+        self.assertEqual(out.decode("utf-8"), format_notification(note))
+
+    @defer.inlineCallbacks
+    def test_output_feeds_notify(self):
+        """What elvin-subscribe prints, elvin-notify reads back unchanged."""
+        first = {"Topic": "relay", "I": 1, "L": Int64(-2), "F": 2.25,
+                 "S": "tab\there 'q' \"dq\" back\\slash", "O": b"\x00\x10"}
+        second = {"Topic": "relay", "I": 2}
+        running = self.start_subscriber("-n", "2", 'Topic == "relay"')
+        yield self.wait_for_subscriptions(1)
+        conn = yield self.connect()
+        conn.notify(first)
+        conn.notify(second)
+        out = self.assertSucceeded((yield running))
+
+        received = yield self.collect('Topic == "relay"')
+        result = yield self.tool_with_stdin("notify", out, "-e", self.uri)
+        self.assertSucceeded(result)
+        yield wait_until(lambda: len(received) >= 2)
+        self.assertEqual(received, [first, second])
+        self.assertEqual([{k: type_of(v) for k, v in n.items()} for n in received],
+                         [{k: type_of(v) for k, v in n.items()} for n in (first, second)])
+
+    @defer.inlineCallbacks
+    def test_notify_to_subscribe(self):
+        """The two-terminal walkthrough: both tools, no library in between."""
+        running = self.start_subscriber("-n", "1", 'Group == "chat"')
+        yield self.wait_for_subscriptions(1)
+        result = yield self.tool("notify", "-e", self.uri, 'Group: "chat"',
+                                 'Message: "hello"')
+        self.assertSucceeded(result)
+        out = self.assertSucceeded((yield running))
+        self.assertEqual(out, b'Group: "chat"\nMessage: "hello"\n---\n')
+
+    @defer.inlineCallbacks
+    def test_large_notification(self):
+        """A notification within the router's default limits (two opaques
+        just under Attribute.Opaque.Max-Length, a packet of 1.8 MB under
+        Packet.Max-Length) reaches the tool."""
+        big = {"A": b"\xaa" * 900_000, "B": b"\xbb" * 900_000}
+        running = self.start_subscriber("-n", "1", "require(A)")
+        yield self.wait_for_subscriptions(1)
+        conn = yield self.connect()
+        conn.notify(big)
+        out, err, code = yield running
+        notes = list(read_notifications(out.decode().splitlines(True)))
+        # Compare without printing megabytes on failure.
+        self.assertEqual((code, err, len(notes)), (0, b"", 1))
+        self.assertTrue(notes[0] == big, "large notification arrived changed")
+
+    @defer.inlineCallbacks
+    def test_bad_expression(self):
+        out, err, code = yield self.start_subscriber("Group ==")
+        self.assertEqual(code, 1)
+        self.assertEqual(out, b"")
+        self.assertIn(b"error:", err)
+        self.assertIn(b"Nack 2101", err)
+        self.assertNotIn(b"Traceback", err)
+        self.assertEqual(self.router.subscriptions, {})
+
+    @defer.inlineCallbacks
+    def test_unknown_function(self):
+        out, err, code = yield self.start_subscriber("nosuchfunction(x)")
+        self.assertEqual(code, 1)
+        self.assertIn(b"Nack 2104", err)
+
+    @defer.inlineCallbacks
+    def test_unreachable_router(self):
+        uri = yield self.unused_uri()
+        out, err, code = yield self.tool("subscribe", "-e", uri, "require(A)")
+        self.assertNotEqual(code, 0)
+        self.assertEqual(out, b"")
+        self.assertIn(b"error:", err)
+        self.assertIn(b"refused", err.lower())
+        self.assertNotIn(b"Traceback", err)
+
+    @defer.inlineCallbacks
+    def test_missing_expression_is_usage_error(self):
+        out, err, code = yield self.tool("subscribe", "-e", self.uri)
+        self.assertEqual(code, 2)
+        self.assertTrue(err)
+
+    @defer.inlineCallbacks
+    def test_bad_count_is_usage_error(self):
+        out, err, code = yield self.tool("subscribe", "-e", self.uri, "-n", "two",
+                                         "require(A)")
+        self.assertEqual(code, 2)
+
+    @defer.inlineCallbacks
+    def test_router_shutdown_ends_subscriber(self):
+        """A Disconn from the router ends elvin-subscribe (it does not hang)."""
+        running = self.start_subscriber("require(A)")
+        yield self.wait_for_subscriptions(1)
+        self.router.shutdown()
+        out, err, code = yield running
+        self.assertEqual(out, b"")
+        self.assertNotIn(b"Traceback", err)
+        # It stopped before --count (none given), so it is an error, and
+        # the router's Disconn reason is reported.
+        self.assertEqual(code, 1, err)
+        self.assertIn(b"router is shutting down", err)
