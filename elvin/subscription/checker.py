@@ -211,6 +211,8 @@ class _Checker:
     def _pattern(self, node, validate):
         try:
             validate(node.value)
+        except patterns.PatternTooComplex as e:
+            self.fail(errors.REGEXP_TOO_COMPLEX, node, str(e), node.value)
         except patterns.PatternError as e:
             self.fail(errors.INVALID_REGEXP, node, str(e), node.value)
 

@@ -709,7 +709,8 @@ def _generate(root):
         stop, seed = "False", "True"
     else:
         return None
-    if not any(_simple_comparison(c) is not None for c in operands):
+    if len(operands) > _MAX_GENERATED_OPERANDS or not any(
+            _simple_comparison(c) is not None for c in operands):
         return None
     consts = {"_rc": _real_compare, "_I64": Int64}
     body = [f"r = {seed}"]
@@ -735,4 +736,7 @@ def _generate(root):
 
 
 _FACTORIES = {}
+#: Longer && / || chains keep the closure form (a huge OR of comparisons
+#: would cost more to compile than it saves).
+_MAX_GENERATED_OPERANDS = 64
 _MAX_FACTORIES = 4096

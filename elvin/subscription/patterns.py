@@ -3,16 +3,67 @@
 Both are compiled once, when a subscription is compiled; several patterns in
 one call (``wildcard(x, "a*", "b*")``) become one alternation, so a match
 costs one regex scan however many patterns there are.
+
+Matching runs on RE2 (the ``google-re2`` package), whose time is linear in
+the input, so no subscription can make the router backtrack for ever
+(``(a+)+$`` against a long string costs microseconds). RE2's syntax covers
+everything common in POSIX and Python expressions; what it cannot run in
+linear time — backreferences, lookaround — is refused with
+REGEXP_TOO_COMPLEX, as is a pattern whose program would need more than
+``MAX_PROGRAM_MEMORY``. Without the package, Python's ``re`` is used.
 """
 
 import re
 
-__all__ = ["PatternError", "wildcard_to_regex", "compile_wildcards",
-           "compile_regexes", "check_regex", "check_wildcard"]
+try:
+    import re2
+except ImportError:  # pragma: no cover - google-re2 is a dependency
+    re2 = None
+
+__all__ = ["PatternError", "PatternTooComplex", "wildcard_to_regex",
+           "compile_wildcards", "compile_regexes", "check_regex", "check_wildcard",
+           "ENGINE", "MAX_PROGRAM_MEMORY"]
+
+ENGINE = "re2" if re2 is not None else "re"
+MAX_PROGRAM_MEMORY = 8 << 20
 
 
 class PatternError(ValueError):
     """A pattern cannot be compiled; ``str()`` says why."""
+
+
+class PatternTooComplex(PatternError):
+    """A valid pattern that cannot be matched in bounded time or memory."""
+
+
+def _options():
+    options = re2.Options()
+    options.dot_nl = True
+    options.log_errors = False
+    options.max_mem = MAX_PROGRAM_MEMORY
+    return options
+
+
+def _compile(source, what):
+    """Compile ``source``: RE2 when available, else Python's re (DOTALL)."""
+    if re2 is None:
+        try:
+            return re.compile(source, re.DOTALL)
+        except (re.error, OverflowError, RecursionError) as e:
+            raise PatternError(f"invalid {what}: {e}") from None
+    try:
+        return re2.compile(source, _options())
+    except re2.error as e:
+        reason = e.args[0].decode("utf-8", "replace") if e.args and isinstance(
+            e.args[0], bytes) else str(e)
+    except (TypeError, ValueError) as e:  # e.g. NUL bytes
+        raise PatternError(f"invalid {what}: {e}") from None
+    try:
+        re.compile(source, re.DOTALL)
+    except (re.error, OverflowError, RecursionError) as e:
+        raise PatternError(f"invalid {what}: {e}") from None
+    raise PatternTooComplex(f"{what} cannot be matched in linear time "
+                            f"(backreferences, lookaround or too large): {reason}")
 
 
 def wildcard_to_regex(pattern):
@@ -65,31 +116,25 @@ def wildcard_to_regex(pattern):
 
 def check_wildcard(pattern):
     """Raise PatternError if ``pattern`` is not a valid wildcard."""
-    try:
-        re.compile(wildcard_to_regex(pattern), re.DOTALL)
-    except re.error as e:
-        raise PatternError(f"invalid wildcard {pattern!r}: {e}") from None
+    _compile(wildcard_to_regex(pattern), f"wildcard {pattern!r}")
 
 
 def check_regex(pattern):
-    """Raise PatternError if ``pattern`` is not a valid regular expression."""
-    try:
-        re.compile(pattern, re.DOTALL)
-    except (re.error, OverflowError, RecursionError) as e:
-        raise PatternError(f"invalid regular expression {pattern!r}: {e}") from None
+    """Raise PatternError (or PatternTooComplex) unless ``pattern`` compiles."""
+    _compile(pattern, f"regular expression {pattern!r}")
 
 
 def compile_wildcards(patterns):
     """Return a ``fullmatch`` callable true for any of ``patterns``."""
     source = "|".join(f"(?:{wildcard_to_regex(p)})" for p in patterns)
-    return re.compile(source, re.DOTALL).fullmatch
+    return _compile(source, "wildcards").fullmatch
 
 
 def compile_regexes(patterns):
     """Return a ``search`` callable true for any of ``patterns`` (unanchored)."""
     if len(patterns) == 1:
-        return re.compile(patterns[0], re.DOTALL).search
-    compiled = [re.compile(p, re.DOTALL).search for p in patterns]
+        return _compile(patterns[0], "regular expression").search
+    compiled = [_compile(p, "regular expression").search for p in patterns]
 
     def search(value):
         for s in compiled:
