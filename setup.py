@@ -26,6 +26,7 @@ setup(
         "service-identity>=23.1",
         "ply>=3.11",
         "zeroconf>=0.131",
+        "google-re2>=1.1",
     ],
     extras_require={
         "test": ["hypothesis>=6.90", "trustme>=1.1"],
@@ -35,6 +36,8 @@ setup(
         "console_scripts": [
             "elvin-notify = elvin.tools.notify:main",
             "elvin-subscribe = elvin.tools.subscribe:main",
+            "elvin-quench = elvin.tools.quench:main",
+            "elvin-discover = elvin.tools.discover:main",
         ],
     },
     classifiers=[
