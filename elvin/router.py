@@ -145,6 +145,7 @@ class Router:
         self.subscriptions[entry.id] = entry
         self.index.add(entry)
         self.quench.subscription_added(entry)
+        subscription.compact()
         if self.federation is not None:
             self.federation.subscriptions_changed()
         return entry
@@ -157,6 +158,7 @@ class Router:
             entry.subscription = subscription
             entry.evaluate = subscription.evaluator
             self.index.add(entry)
+            subscription.compact()
         entry.keys = keys
         entry.accept_insecure = accept_insecure
         self.quench.subscription_changed(entry, token)

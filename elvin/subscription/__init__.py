@@ -5,6 +5,8 @@
     True
 """
 
+import sys
+
 from elvin import errors
 from elvin.errors import SubscriptionError
 from elvin.subscription import ast, checker, compiler, parser
@@ -32,7 +34,7 @@ class Subscription:
     true; ``evaluate`` gives the three-valued result (None is bottom).
     """
 
-    __slots__ = ("expression", "ast", "names", "_fn")
+    __slots__ = ("expression", "_tree", "_packed", "names", "_fn", "__weakref__")
 
     def __init__(self, expression):
         result = parser.parse(expression)
@@ -58,9 +60,32 @@ class Subscription:
                 f"the expression is constant (always {value}), so it would "
                 "match everything or nothing: refer to an attribute")
         self.expression = expression
-        self.ast = tree
-        self.names = tree.names()
+        self._tree = tree
+        self._packed = None
+        self.names = frozenset(sys.intern(n) for n in tree.names())
         self._fn = compiled.fn
+
+    @property
+    def ast(self):
+        """The immutable tree (kinds are the protocol's SubAST typecodes)."""
+        tree = self._tree
+        if tree is None:
+            from elvin.protocols.xdr import decode_ast
+            tree = decode_ast(self._packed)
+        return tree
+
+    def compact(self):
+        """Keep the tree only in its XDR encoding (a few hundred bytes).
+
+        A router holding many subscriptions calls this once it has indexed
+        one: evaluation never needs the tree, and ``ast`` decodes it again
+        on demand. Returns self.
+        """
+        if self._tree is not None:
+            from elvin.protocols.xdr import encode_ast
+            self._packed = encode_ast(self._tree)
+            self._tree = None
+        return self
 
     @property
     def evaluator(self):

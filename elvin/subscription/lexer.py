@@ -6,6 +6,8 @@ be separated from a preceding name by whitespace. A backslash in a name or
 a string literal makes the next character literal.
 """
 
+import sys
+
 import ply.lex as lex
 
 from elvin import errors
@@ -98,7 +100,7 @@ class _Rules:
         if nul >= 0:
             raise SubscriptionError(errors.INVALID_TOKEN, t.lexpos + 1 + nul,
                                     "NUL character in string literal", "\x00")
-        t.value = unescape(raw)
+        t.value = sys.intern(unescape(raw))
         return t
 
     def t_REAL(self, t):
@@ -113,7 +115,7 @@ class _Rules:
 
     def t_NAME(self, t):
         r"(?:[A-Za-z_]|\\[^\x00])(?:[\x21\x23-\x26\x2a\x2b\x2d-\x5a\x5e-\xff]|\\[^\x00])*"
-        t.value = (unescape(t.value), t.value)
+        t.value = (sys.intern(unescape(t.value)), t.value)
         return t
 
     def _check_number_end(self, t):
