@@ -252,6 +252,12 @@ class ElvinClientProtocol(FramedProtocol):
     max_frame_length = OPTIONS["Packet.Max-Length"].high
 
     def connectionMade(self):
+        set_nodelay = getattr(self.transport, "setTcpNoDelay", None)
+        if set_nodelay is not None:
+            try:
+                set_nodelay(True)  # requests and notifications are small
+            except OSError:
+                pass
         self.factory.connection._attached(self)
 
     def frameReceived(self, data):

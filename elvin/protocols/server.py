@@ -8,6 +8,8 @@ where the client's drop policy applies, so a slow consumer costs only its
 own queue and never stalls anybody else.
 """
 
+import struct
+
 from twisted.internet import protocol
 from twisted.logger import Logger
 from zope.interface import implementer
@@ -16,7 +18,7 @@ from twisted.internet.interfaces import IPushProducer
 from elvin.protocols import packets as P
 from elvin.protocols.framing import FramedProtocol
 from elvin.protocols.xdr import DecodeError
-from elvin.router import SessionOutput
+from elvin.router import CLIENT_PACKET_IDS, SessionOutput
 from elvin.sendqueue import QueueOverflow, SendQueue
 
 __all__ = ["ElvinServerProtocol", "ElvinServerFactory", "CONNECT_TIMEOUT"]
@@ -25,6 +27,7 @@ __all__ = ["ElvinServerProtocol", "ElvinServerFactory", "CONNECT_TIMEOUT"]
 CONNECT_TIMEOUT = 30.0
 
 _DROPWARN = P.encode(P.DropWarn())
+_packet_id = struct.Struct(">I").unpack_from
 
 
 @implementer(IPushProducer)
@@ -46,11 +49,26 @@ class ElvinServerProtocol(FramedProtocol, SessionOutput):
         factory = self.factory
         peer = self.transport.getPeer()
         self.peer = f"{getattr(peer, 'host', peer)}:{getattr(peer, 'port', '')}"
-        self.session = factory.router.open_session(self, self.peer)
+        router = factory.router
+        if len(router.sessions) >= 2 * router.max_connections:
+            # max-connections sessions, and as many again still connecting:
+            # beyond that a channel costs memory nobody can use. Close it.
+            self.log.warn("refusing channel from {peer}: {count} channels open "
+                          "(max-connections {max})", peer=self.peer,
+                          count=len(router.sessions), max=router.max_connections)
+            self._stopped = True
+            self.closing = True
+            self.transport.abortConnection()
+            return
+        self.session = router.open_session(self, self.peer)
         options = self.session.options
         self.max_frame_length = options["Packet.Max-Length"]
         self.queue = SendQueue(options["Send-Queue.Max-Length"],
                                options["Send-Queue.Drop-Policy"], _DROPWARN)
+        budget = getattr(factory.router, "queue_budget", None)
+        if budget is not None:
+            budget.join(self.queue, self._evicted, self._shed)
+        self._apply_nodelay(options)
         self.transport.registerProducer(self, True)
         self._registered = True
         if factory.connect_timeout:
@@ -73,12 +91,20 @@ class ElvinServerProtocol(FramedProtocol, SessionOutput):
         self._cancel_timeout()
         if self.queue is not None:
             self.queue.clear()
+            if self.queue.budget is not None:
+                self.queue.budget.leave(self.queue)
         if self.session is not None:
             self.session.connection_lost()
 
     # -- input -------------------------------------------------------------
 
     def frameReceived(self, data):
+        if _packet_id(data)[0] not in CLIENT_PACKET_IDS:
+            # Not a packet a client may send (7.3.2): refuse it undecoded,
+            # so nobody can make the router parse, say, a huge SubAST.
+            self.session.decode_failed(f"packet id {_packet_id(data)[0]} is not "
+                                       "one a client sends")
+            return
         try:
             packet = P.decode(data)
         except DecodeError as e:
@@ -106,13 +132,36 @@ class ElvinServerProtocol(FramedProtocol, SessionOutput):
                 return
             if dropped:
                 self.session.dropped += dropped
+            budget = self.queue.budget
+            if budget is not None and budget.over():
+                budget.enforce()
             return
         self.sendFrame(data)
+
+    def _shed(self, dropped):
+        """The router-wide queue budget dropped deliveries from our queue."""
+        self.session.dropped += dropped
+
+    def _evicted(self, queue):
+        """The router-wide queue budget is exhausted and ours is the largest
+        queue that cannot shed: disconnect, as for drop policy none."""
+        self.log.warn("disconnecting slow client {peer}: router-wide send queue "
+                      "memory (max-queue-memory) exhausted", peer=self.peer)
+        self.abort()
 
     def is_idle(self):
         return not self.queue and not self.paused
 
+    def _apply_nodelay(self, options):
+        set_nodelay = getattr(self.transport, "setTcpNoDelay", None)
+        if set_nodelay is not None:
+            try:
+                set_nodelay(bool(options["TCP.Send-Immediately"]))
+            except OSError:
+                pass
+
     def configure(self, options):
+        self._apply_nodelay(options)
         self.max_frame_length = options["Packet.Max-Length"]
         self.queue.configure(options["Send-Queue.Max-Length"],
                              options["Send-Queue.Drop-Policy"])
