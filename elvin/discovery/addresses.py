@@ -20,7 +20,6 @@ __all__ = ["local_addresses", "advertisable_uris", "with_host", "is_loopback",
            "is_unspecified", "host_label"]
 
 _IPV4_WILDCARDS = {"0.0.0.0", "*", ""}
-_IPV6_WILDCARDS = {"::"}
 
 
 def local_addresses():
@@ -107,9 +106,9 @@ def advertisable_uris(uris, addresses=None):
         if not isinstance(uri, ElvinURI):
             uri = ElvinURI(uri)
         host = uri.host
-        if host in _IPV4_WILDCARDS or host == "0.0.0.0":
+        if host in _IPV4_WILDCARDS:
             expanded = [with_host(uri, a) for a in _ordered(addresses, 4)]
-        elif host in _IPV6_WILDCARDS or is_unspecified(host):
+        elif is_unspecified(host):
             expanded = [with_host(uri, a) for a in _ordered(addresses, 6)]
         elif host.lower() == "localhost":
             expanded = [with_host(uri, "127.0.0.1")]

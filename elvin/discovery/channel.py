@@ -38,6 +38,8 @@ class DiscoveryUnavailable(OSError):
 
 
 class _Receiver(protocol.DatagramProtocol):
+    noisy = False
+
     def __init__(self, channel):
         self.channel = channel
 
@@ -46,6 +48,8 @@ class _Receiver(protocol.DatagramProtocol):
 
 
 class _Sender(protocol.DatagramProtocol):
+    noisy = False
+
     def datagramReceived(self, data, addr):  # pragma: no cover - unicast noise
         pass
 

@@ -16,7 +16,8 @@ The TXT record (keys short, as RFC 6763 section 6.4 suggests):
 
 The SRV record points at the host (``<hostname>.local.``) and the port of
 the first URI; the address records carry the IP addresses named by the
-URIs (or all of the host's, if the URIs name none).
+URIs (or all of the host's, if the URIs name none), loopback addresses only
+when there are no others.
 
 Threads: zeroconf's synchronous API runs its own asyncio loop in a thread
 of its own and its calls block, so every call is made in the reactor's
@@ -183,6 +184,10 @@ class DnsSdPublisher:
                 addresses.append(str(address))
         if not addresses:
             addresses = local_addresses()
+        # Loopback addresses only if there is nothing else: the A records
+        # are for other hosts too.
+        routable = [a for a in addresses if not ipaddress.ip_address(a).is_loopback]
+        addresses = routable or addresses
         full = (self.registered_name
                 or f"{self.instance}.{SERVICE_TYPE}")
         return ServiceInfo(

@@ -151,6 +151,8 @@ class DiscoveryService(service.Service):
 
     def startService(self):
         super().startService()
+        if self.ready.called:
+            self.ready = defer.Deferred()   # started again after a stop
         uris = self.offered_uris()
         if not uris:
             self.log.error("discovery: no URI to advertise; discovery is off")

@@ -177,20 +177,25 @@ class Solicitor:
         self.waiting = False
         locality = self.locality
         now = self.clock.seconds()
-        if self._suppressed:
-            self._suppressed = False
-            _append(self.suppressed, (now, locality))
-            _append(self.history, (self._wait_started, now, locality, "suppressed"))
-        else:
+        send = not self._suppressed
+        self._suppressed = False
+        if send:
             _append(self.sent, (now, locality))
             _append(self.history, (self._wait_started, now, locality, "sent"))
             self.last_sent_at = now
             self._arm_passive_timer()
-            self._send(SvrRqst(locality=locality), locality)
-        if self.index + 1 < len(self.steps):
+        else:
+            _append(self.suppressed, (now, locality))
+            _append(self.history, (self._wait_started, now, locality, "suppressed"))
+        # The next step's wait starts before the packet leaves, so that an
+        # answer arriving at once (even re-entrantly) falls inside it.
+        exhausted = self.index + 1 >= len(self.steps)
+        if not exhausted:
             self.index += 1
             self._start_wait()
-        elif self.on_exhausted is not None:
+        if send:
+            self._send(SvrRqst(locality=locality), locality)
+        if exhausted and self.on_exhausted is not None:
             self.on_exhausted()
 
     def _arm_passive_timer(self):

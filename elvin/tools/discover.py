@@ -104,18 +104,30 @@ async def body(reactor, options, out=None):
 
     discoverer.cache.listeners.append(show)
     await discoverer.start()
-    stopping = reactor.addSystemEventTrigger("before", "shutdown", discoverer.stop)
+    done = defer.Deferred()
+    interrupted = []
+
+    def shutting_down():
+        # Interrupted (Ctrl-C): close the sockets and end quietly.
+        interrupted.append(True)
+        if not done.called:
+            done.callback(None)
+        return discoverer.stop()
+    trigger = reactor.addSystemEventTrigger("before", "shutdown", shutting_down)
+    timer = None
     try:
         if not options["passive"]:
             discoverer.solicit()
-        done = defer.Deferred()
         if options["time"] is not None:
-            reactor.callLater(options["time"], done.callback, None)
+            timer = reactor.callLater(options["time"], done.callback, None)
         await done
     finally:
-        reactor.removeSystemEventTrigger(stopping)
-        await discoverer.stop()
-    if not seen:
+        if timer is not None and timer.active():
+            timer.cancel()
+        if not interrupted:
+            reactor.removeSystemEventTrigger(trigger)
+            await discoverer.stop()
+    if not seen and not interrupted:
         which = "" if scope is None else f" of scope {scope!r}"
         raise NoRouterFound(f"no Elvin router{which} seen in {options['time']:g} s")
 
