@@ -136,6 +136,29 @@ def _kinds_by_code(typecodes):
     return {code: Kind(kind) for kind, code in typecodes.items()}
 
 
+#: Attribute names repeat in almost every notification: their encoded form
+#: (length, UTF-8, padding) is cached, up to a bound.
+_NAME_CACHE = {}
+_NAME_CACHE_MAX = 4096
+
+
+def _encode_name(name):
+    if type(name) is not str:
+        if not isinstance(name, str):
+            raise TypeError(f"attribute name must be str, not {type(name).__name__}")
+        name = str(name)
+    try:
+        data = name.encode()
+    except UnicodeEncodeError as e:
+        raise EncodeError(f"attribute name is not encodable as UTF-8: "
+                          f"{e.reason} at character {e.start}") from None
+    n = len(data)
+    encoded = _pack_I(n) + data + _PAD[n & 3]
+    if len(_NAME_CACHE) < _NAME_CACHE_MAX and n <= 256:
+        _NAME_CACHE[name] = encoded
+    return encoded
+
+
 class Writer:
     """Accumulates XDR items; ``getvalue()`` returns the bytes.
 
@@ -257,23 +280,17 @@ class Writer:
         buf = self._buf
         buf += _pack_I(len(mapping))
         value = self.value
+        names = _NAME_CACHE
         for name, item in mapping.items():
-            if type(name) is not str:
-                if not isinstance(name, str):
-                    raise TypeError(f"attribute name must be str, not {type(name).__name__}")
-                name = str(name)
-            try:
-                data = name.encode()
-            except UnicodeEncodeError as e:
-                raise EncodeError(f"attribute name is not encodable as UTF-8: "
-                                  f"{e.reason} at character {e.start}") from None
-            n = len(data)
-            buf += _pack_I(n)
-            buf += data
-            buf += _PAD[n & 3]
+            encoded = names.get(name) if type(name) is str else None
+            if encoded is None:
+                encoded = _encode_name(name)
+            buf += encoded
             kind = type(item)
             if kind is int and _I32_MIN <= item <= _I32_MAX:
                 buf += _pack_ii(_INT32, item)
+            elif kind is float:
+                buf += _id.pack(_REAL64, item)
             elif kind is str:
                 try:
                     data = item.encode()
@@ -288,6 +305,7 @@ class Writer:
         return self
 
     def strings(self, items):
+        """An array of strings."""
         self._buf += _pack_I(len(items))
         for item in items:
             self.string(item)
