@@ -29,7 +29,8 @@ setup(
         "google-re2>=1.1",
     ],
     extras_require={
-        "test": ["hypothesis>=6.90", "trustme>=1.1"],
+        "test": ["hypothesis>=6.90", "trustme>=1.1",
+                 "pyspark>=3.5", "matplotlib>=3.8", "jsonschema>=4.18"],
         "spark": ["pyspark>=3.5", "matplotlib>=3.8"],
     },
     entry_points={

@@ -34,6 +34,7 @@ class RouterConfig:
         self.verbose = False
         self.max_connections = 10_000
         self.max_subscriptions = 1_000_000
+        self.max_queue_memory = 512 * 1024 * 1024
         self.connect_timeout = 30.0
         self.option_specs = dict(OPTIONS)
         self.source = None
@@ -73,6 +74,8 @@ class RouterConfig:
             self.max_connections = _integer(value, key, where, 1)
         elif lowered == "max-subscriptions":
             self.max_subscriptions = _integer(value, key, where, 1)
+        elif lowered == "max-queue-memory":
+            self.max_queue_memory = _integer(value, key, where, 0)
         elif lowered == "connect-timeout":
             try:
                 self.connect_timeout = float(value)
@@ -115,8 +118,8 @@ class RouterConfig:
                 self.option_specs[key] = spec.with_default(value)
         else:
             known = ["listen", "verbose", "max-connections", "max-subscriptions",
-                     "connect-timeout", "tls-certificate", "tls-key", "tls-ca",
-                     "require-authenticated", "http-session-timeout",
+                     "max-queue-memory", "connect-timeout", "tls-certificate",
+                     "tls-key", "tls-ca", "require-authenticated", "http-session-timeout",
                      "http-poll-timeout"] + _discovery_settings.SETTINGS + sorted(OPTIONS)
             raise ConfigError(f"{where}: unknown setting {key!r} "
                               f"(known: {', '.join(known)})")

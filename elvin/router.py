@@ -20,12 +20,14 @@ from elvin.index import SubscriptionIndex
 from elvin.keys import CONSUMER, PRODUCER, SUPPORTED_KEY_SCHEMES, KeyRing
 from elvin.options import ConnectionOptions, OPTIONS
 from elvin.quench import QuenchEntry, QuenchRegistry
+from elvin.sendqueue import QueueBudget
 from elvin.protocols import packets as P
 from elvin.subscription import Subscription
 from elvin.values import OPAQUE, STRING, type_of
 
 __all__ = ["Router", "ClientSession", "SessionOutput", "SubscriptionEntry",
-           "DISCONN_SHUTDOWN", "DISCONN_REDIRECT", "DISCONN_PROTOCOL_ERRORS"]
+           "DISCONN_SHUTDOWN", "DISCONN_REDIRECT", "DISCONN_PROTOCOL_ERRORS",
+           "CLIENT_PACKET_IDS", "notification_problem", "DEFAULT_MAX_QUEUE_MEMORY"]
 
 DISCONN_SHUTDOWN = 1
 DISCONN_REDIRECT = 2
@@ -37,6 +39,9 @@ PROTOCOL_MINOR = 0
 
 #: Repeated protocol errors after which a client is disconnected (7.3.3).
 MAX_PROTOCOL_ERRORS = 100
+
+#: Default router-wide cap on the bytes in all client send queues.
+DEFAULT_MAX_QUEUE_MEMORY = 512 * 1024 * 1024
 
 
 class SessionOutput:
@@ -88,10 +93,13 @@ class Router:
     log = Logger()
 
     def __init__(self, option_specs=None, max_subscriptions=1_000_000,
-                 max_connections=10_000, verbose=False):
+                 max_connections=10_000, verbose=False,
+                 max_queue_memory=DEFAULT_MAX_QUEUE_MEMORY):
         self.option_specs = dict(OPTIONS if option_specs is None else option_specs)
         self.max_subscriptions = max_subscriptions
         self.max_connections = max_connections
+        #: Router-wide cap on bytes waiting in client send queues (0: none).
+        self.queue_budget = QueueBudget(max_queue_memory)
         self.verbose = verbose
         self.sessions = set()
         self.subscriptions = {}
@@ -354,7 +362,9 @@ class ClientSession:
                       f"{packet.client_minor_version} not supported "
                       f"(this router speaks {PROTOCOL_MAJOR}.{PROTOCOL_MINOR})")
             return
-        if sum(1 for s in router.sessions if s.state == s.CONNECTED) >= router.max_connections:
+        # (Counting is O(sessions): only done when it could reach the cap.)
+        if len(router.sessions) > router.max_connections and sum(
+                1 for s in router.sessions if s.state == s.CONNECTED) >= router.max_connections:
             self.nack(packet.xid, errors.IMPL_LIMIT, "too many connections")
             self._close()
             return
@@ -378,6 +388,13 @@ class ClientSession:
         """Prepare wire keys for ``role``, or Nack and return None."""
         if not keys:
             return KeyRing.EMPTY
+        # More keys than any key limit allows are refused before they are
+        # hashed (hashing a packet full of keys would stall the router).
+        option = max(("Connection.Max-Keys", "Subscription.Max-Keys"),
+                     key=lambda name: self.options[name])
+        if keys.key_count() > self.options[option]:
+            self.protocol_error(xid, errors.QOS_LIMIT, f"more keys than {option}", (option,))
+            return None
         try:
             return KeyRing.from_wire(keys, role)
         except errors.ElvinError as e:
@@ -431,10 +448,21 @@ class ClientSession:
             self.protocol_error(packet.xid, errors.EMPTY_QUENCH,
                                 "a quench needs at least one attribute name")
             return
+        if self._quench_problem(packet.xid, len(packet.names), len(self.quenches) + 1):
+            return
         keys = self._keys(packet.xid, packet.keys, PRODUCER)
         if keys is None:
             return
+        if len(keys) > self.options["Subscription.Max-Keys"]:
+            self.protocol_error(packet.xid, errors.QOS_LIMIT,
+                                "more keys than Subscription.Max-Keys",
+                                ("Subscription.Max-Keys",))
+            return
         router = self.router
+        if len(router.quench) >= router.max_subscriptions:
+            self.protocol_error(packet.xid, errors.IMPL_LIMIT,
+                                "the router holds its maximum number of quenches")
+            return
         quench = QuenchEntry(next(router._quench_ids), self, packet.names,
                              packet.deliver_insecure, keys)
         self.quenches[quench.id] = quench
@@ -465,6 +493,8 @@ class ClientSession:
             self.protocol_error(packet.xid, errors.EMPTY_QUENCH,
                                 "the change would leave the quench with no names")
             return
+        if self._quench_problem(packet.xid, len(names), len(self.quenches)):
+            return
         add_keys = self._keys(packet.xid, packet.add_keys, PRODUCER)
         del_keys = self._keys(packet.xid, packet.del_keys, PRODUCER)
         if add_keys is None or del_keys is None:
@@ -472,6 +502,23 @@ class ClientSession:
         keys = quench.keys.union(add_keys).difference(del_keys)
         self.send(P.QnchRply(packet.xid, quench.id))
         self.router.quench.modify(quench, names, packet.deliver_insecure, keys)
+
+    def _quench_problem(self, xid, names, quenches):
+        """Nack a quench that breaks this client's limits (True if so).
+
+        The spec sets no limits on quenches; without them one client could
+        register names without bound. A quench is held to the limits of a
+        subscription: at most Subscription.Max-Count quenches per client,
+        at most Attribute.Max-Count names in one.
+        """
+        for option, value in (("Attribute.Max-Count", names),
+                              ("Subscription.Max-Count", quenches)):
+            if value > self.options[option]:
+                self.protocol_error(xid, errors.QOS_LIMIT,
+                                    f"quench over {option} ({self.options[option]})",
+                                    (option,))
+                return True
+        return False
 
     def _qnch_del(self, packet):
         quench = self.quenches.pop(packet.quench_id, None)
@@ -487,26 +534,7 @@ class ClientSession:
 
     def _notification_problem(self, attributes):
         """Why ``attributes`` break this session's limits, or None."""
-        options = self.options
-        if not attributes:
-            return "a notification needs at least one attribute"
-        if len(attributes) > options["Attribute.Max-Count"]:
-            return f"more than Attribute.Max-Count ({options['Attribute.Max-Count']}) attributes"
-        name_max = options["Attribute.Name.Max-Length"]
-        string_max = options["Attribute.String.Max-Length"]
-        opaque_max = options["Attribute.Opaque.Max-Length"]
-        for name, value in attributes.items():
-            if len(name) > name_max and len(name.encode("utf-8")) > name_max:
-                return f"attribute name longer than Attribute.Name.Max-Length ({name_max})"
-            kind = type_of(value)
-            if kind == STRING and len(value) * 4 > string_max and len(
-                    value.encode("utf-8")) > string_max:
-                return (f"string attribute {name!r} longer than "
-                        f"Attribute.String.Max-Length ({string_max})")
-            if kind == OPAQUE and len(value) > opaque_max:
-                return (f"opaque attribute {name!r} longer than "
-                        f"Attribute.Opaque.Max-Length ({opaque_max})")
-        return None
+        return notification_problem(self.options, attributes)
 
     def _notify_emit(self, packet):
         self._emit(packet.attributes, packet.deliver_insecure, packet.keys,
@@ -619,6 +647,30 @@ class ClientSession:
         self.send(P.SubRply(packet.xid, entry.id))
 
 
+def notification_problem(options, attributes):
+    """Why ``attributes`` break the attribute limits in ``options`` (a
+    ConnectionOptions or a mapping of option name to value), or None."""
+    if not attributes:
+        return "a notification needs at least one attribute"
+    if len(attributes) > options["Attribute.Max-Count"]:
+        return f"more than Attribute.Max-Count ({options['Attribute.Max-Count']}) attributes"
+    name_max = options["Attribute.Name.Max-Length"]
+    string_max = options["Attribute.String.Max-Length"]
+    opaque_max = options["Attribute.Opaque.Max-Length"]
+    for name, value in attributes.items():
+        if len(name) > name_max and len(name.encode("utf-8")) > name_max:
+            return f"attribute name longer than Attribute.Name.Max-Length ({name_max})"
+        kind = type_of(value)
+        if kind == STRING and len(value) * 4 > string_max and len(
+                value.encode("utf-8")) > string_max:
+            return (f"string attribute {name!r} longer than "
+                    f"Attribute.String.Max-Length ({string_max})")
+        if kind == OPAQUE and len(value) > opaque_max:
+            return (f"opaque attribute {name!r} longer than "
+                    f"Attribute.Opaque.Max-Length ({opaque_max})")
+    return None
+
+
 @functools.lru_cache(maxsize=8192)
 def compile_expression(expression):
     """A compiled Subscription for ``expression``, shared between clients.
@@ -658,3 +710,6 @@ _HANDLERS = {
     P.QnchModRqst: ClientSession._qnch_mod,
     P.QnchDelRqst: ClientSession._qnch_del,
 }
+
+#: pkt_ids a client may send; a transport refuses any other undecoded.
+CLIENT_PACKET_IDS = frozenset(cls.ID for cls in _HANDLERS)

@@ -104,7 +104,9 @@ def makeService(options, reactor=None):
         options.postOptions()
         config = options.router_config
     router = Router(config.option_specs, max_subscriptions=config.max_subscriptions,
-                    max_connections=config.max_connections, verbose=config.verbose)
+                    max_connections=config.max_connections, verbose=config.verbose,
+                    max_queue_memory=getattr(config, "max_queue_memory",
+                                             512 * 1024 * 1024))
     top = RouterService(router, config)
     factory = ElvinServerFactory(router, reactor, config.connect_timeout)
     for uri in config.listen:

@@ -18,6 +18,7 @@ from elvin.federation import filters as F
 from elvin.federation import packets as FP
 from elvin.keys import KeyRing
 from elvin.protocols import packets as P
+from elvin.router import notification_problem
 
 __all__ = ["FederationLink"]
 
@@ -42,6 +43,10 @@ class FederationLink:
         self._pending = {}
         self.stats = {"in": 0, "out": 0, "loops": 0, "suppressed": 0}
         self._size = None
+        # Notifications from a peer are held to the attribute limits an
+        # ordinary client of this router gets (its default connection options).
+        specs = getattr(manager.router, "option_specs", None) or {}
+        self._limits = {name: spec.default for name, spec in specs.items()}
 
     def __repr__(self):
         return f"<FederationLink {self.peer_domain or self.peer_host} state={self.state}>"
@@ -160,7 +165,13 @@ class FederationLink:
 
     def _sub_replace(self, packet):
         try:
-            tree = F.from_wire(packet.pull_filter)
+            if _larger_than(packet.pull_filter, self.manager.max_filter_nodes):
+                # We never send a filter over max_filter_nodes; a bigger one
+                # would cost every notification its evaluation. Widen it to
+                # TRUE: the peer gets more than it asked for, never less.
+                tree = F.TRUE
+            else:
+                tree = F.from_wire(packet.pull_filter)
         except SubscriptionError as e:
             self.output.send(P.Nack(packet.xid, e.code, f"bad pull filter: {e}", ()))
             return
@@ -195,7 +206,11 @@ class FederationLink:
                                  packet.routing, self._encoded_size(packet))
             return
         attributes = packet.attributes
-        if not self.fed_class.import_filter.matches(attributes):
+        problem = notification_problem(self._limits, attributes) if self._limits else None
+        if problem is not None or not self.fed_class.import_filter.matches(attributes):
+            if problem is not None:
+                self.log.info("dropped notification from federation peer {peer}: {problem}",
+                              peer=self.peer_domain, problem=problem)
             self.stats["suppressed"] += 1
             manager.trace.notify(self, "notify_dropped_import", "in", attributes,
                                  packet.routing, self._encoded_size(packet))
@@ -229,6 +244,19 @@ class FederationLink:
 
     def _drop_warn(self, packet):
         self.log.warn("federation peer {peer} dropped packets", peer=self.peer_domain)
+
+
+def _larger_than(tree, limit):
+    """True when the SubAST ``tree`` has more than ``limit`` nodes."""
+    count = 0
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        count += 1
+        if count > limit:
+            return True
+        stack.extend(node.children)
+    return False
 
 
 class _Sized:

@@ -165,7 +165,7 @@ class FederationManager:
                 continue
             if body is None:
                 body = self._encode(attributes, deliver_insecure, keys, out_routing)
-            if link.output.send_encoded(body, True) is False:
+            if len(body) > FP.MAX_PACKET_LENGTH or link.output.send_encoded(body, True) is False:
                 trace.notify(link, "notify_dropped_overload", "out", attributes, out_routing,
                              lambda: body)
                 continue

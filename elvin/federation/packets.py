@@ -6,14 +6,20 @@ also uses (Nack, Disconn, DropWarn, TestConn, ConfConn), so a client port
 never decodes federation packets and vice versa.
 """
 
+from elvin.protocols import packets as P
 from elvin.protocols.packets import (BOOLEAN, CLIENT, ID32, KEYS, NAME_VALUES, STRING,
                                      STRINGS, SUBAST, UINT32, define)
 
 __all__ = ["FEDERATION", "FedConnRqst", "FedConnRply", "FedSubReplace",
-           "FedNotify", "Ack", "decode", "PROTOCOL_MAJOR", "PROTOCOL_MINOR"]
+           "FedNotify", "Ack", "decode", "PROTOCOL_MAJOR", "PROTOCOL_MINOR",
+           "MAX_PACKET_LENGTH", "LINK_PACKET_IDS"]
 
 PROTOCOL_MAJOR = 1
 PROTOCOL_MINOR = 0
+
+#: Longest federation packet a router sends or accepts (a longer frame
+#: resets the link, so a notification that would need one is not forwarded).
+MAX_PACKET_LENGTH = 16 * 1024 * 1024
 
 FEDERATION = CLIENT.copy()
 
@@ -49,6 +55,12 @@ class FedNotify:
 @define(65, registry=FEDERATION)
 class Ack:
     xid: ID32
+
+
+#: pkt_ids a peer may send on a link; any other is refused undecoded.
+LINK_PACKET_IDS = frozenset(cls.ID for cls in (
+    FedConnRqst, FedConnRply, FedSubReplace, FedNotify, Ack, P.Nack, P.Disconn,
+    P.DropWarn, P.TestConn, P.ConfConn))
 
 
 def decode(data):

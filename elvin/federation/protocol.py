@@ -10,6 +10,7 @@ with jittered exponential backoff.
 """
 
 import random
+import struct
 
 from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet import protocol, task
@@ -30,6 +31,7 @@ __all__ = ["FederationProtocol", "AcceptorFactory", "ConnectorFactory",
 
 DEFAULT_FEDERATION_PORT = 2916
 _DROPWARN = P.encode(P.DropWarn())
+_packet_id = struct.Struct(">I").unpack_from
 
 
 def parse_ewaf(text):
@@ -76,7 +78,7 @@ class FederationProtocol(FramedProtocol):
         self._heard = True
         self._probe_sent = False
         self._liveness = None
-        self.max_frame_length = 16 * 1024 * 1024
+        self.max_frame_length = FP.MAX_PACKET_LENGTH
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -120,6 +122,10 @@ class FederationProtocol(FramedProtocol):
 
     def frameReceived(self, data):
         self._heard = True
+        if _packet_id(data)[0] not in FP.LINK_PACKET_IDS:
+            self.link.violation(f"protocol_error: packet id {_packet_id(data)[0]} "
+                                "is not one a federation peer sends")
+            return
         try:
             packet = FP.decode(data)
         except DecodeError as e:
@@ -153,6 +159,7 @@ class FederationProtocol(FramedProtocol):
 
     def abort(self):
         self.closing = True
+        self._stopped = True   # no more frames from the chunk being read
         self.queue.clear()
         if self.transport is not None:
             self.transport.abortConnection()

@@ -81,6 +81,7 @@ class TraceWriter:
         self._opened = 0.0
         self._written = 0
         self.records = 0
+        self.dropped_after_close = 0
         self._thread = threading.Thread(target=self._run, name="elvin-trace", daemon=True)
         self._thread.start()
         self._digests = (None, None)
@@ -90,6 +91,10 @@ class TraceWriter:
     def _emit(self, record):
         line = json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n"
         with self._cond:
+            if self._closing:
+                # After close() nothing is written: do not accept (count) it.
+                self.dropped_after_close += 1
+                return
             self._lines.append(line)
             self.records += 1
             self._cond.notify()

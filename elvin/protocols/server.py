@@ -173,6 +173,7 @@ class ElvinServerProtocol(FramedProtocol, SessionOutput):
 
     def abort(self):
         self.closing = True
+        self._stopped = True   # no more frames from the chunk being read
         self.queue.clear()
         self._unregister()
         self.transport.abortConnection()

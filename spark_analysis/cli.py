@@ -1,0 +1,101 @@
+"""``python -m spark_analysis TRACE_DIR --out REPORT_DIR [--since T] [--until T] [--master M]``.
+
+The same module runs under ``spark-submit`` (the master then comes from
+spark-submit; ``--master`` here is only for plain ``python -m``).
+Exit status: 0 done, 1 the traces cannot be analysed (message on stderr),
+2 bad command line.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+from spark_analysis import traceformat as tf
+
+__all__ = ["main", "build_parser"]
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="python -m spark_analysis",
+        description="Analyse Elvin federation traces (docs/traces.md) with Spark and write "
+                    "Parquet tables, CSV summaries, PNG charts and an HTML report.")
+    parser.add_argument("trace_dir", metavar="TRACE_DIR",
+                        help="directory holding *.jsonl / *.jsonl.gz trace files (searched "
+                             "recursively); any Hadoop URI (hdfs://, s3a://) on a cluster")
+    parser.add_argument("--out", required=True, metavar="REPORT_DIR",
+                        help="directory for report.html, charts/, csv/ and parquet/")
+    parser.add_argument("--since", metavar="TIME",
+                        help="only records at or after TIME (ISO 8601, UTC unless an offset "
+                             "is given, or seconds since 1970)")
+    parser.add_argument("--until", metavar="TIME", help="only records before TIME")
+    parser.add_argument("--tables", metavar="URI",
+                        help="where to write the Parquet tables (default REPORT_DIR/parquet); "
+                             "on a cluster, a path every executor can write, e.g. hdfs:///...")
+    parser.add_argument("--master", metavar="URL",
+                        help="Spark master (e.g. local[4], spark://host:7077, yarn); default: "
+                             "whatever spark-submit or Spark's configuration says, else local[*]")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra Spark setting (repeatable)")
+    parser.add_argument("--no-report", action="store_true",
+                        help="only write the tables (no charts, no HTML)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        since = tf.parse_time(args.since) if args.since else None
+        until = tf.parse_time(args.until) if args.until else None
+    except ValueError as e:
+        parser.error(str(e))
+    if since is not None and until is not None and until <= since:
+        parser.error("--until must be later than --since")
+    conf = {}
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep:
+            parser.error(f"--conf {item!r}: expected KEY=VALUE")
+        conf[key] = value
+    progress = None if args.quiet else sys.stderr
+
+    from spark_analysis import ingest, pipeline
+    from spark_analysis.session import get_session, pyspark_available
+
+    files = None
+    if ingest._is_local(args.trace_dir):
+        # fail fast, before starting a JVM, if there is nothing to read
+        try:
+            files = ingest.list_trace_files(args.trace_dir)
+        except ingest.TraceInputError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+    missing = pyspark_available()
+    if missing:
+        print(f"error: {missing}", file=sys.stderr)
+        return 1
+    if "PYSPARK_GATEWAY_PORT" not in os.environ and (args.master or "local").startswith("local"):
+        # we start a local Spark ourselves: its Python workers use this Python
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    began = time.monotonic()
+    if progress:
+        print("starting Spark ...", file=progress, flush=True)
+    spark = get_session(args.master, conf=conf)
+    if progress:
+        print(f"      Spark {spark.version}, master {spark.sparkContext.master} "
+              f"({time.monotonic() - began:.1f} s)", file=progress, flush=True)
+    try:
+        analysis = pipeline.run(spark, args.trace_dir, args.out, since, until,
+                                progress=progress, files=files, report=not args.no_report,
+                                tables_dir=args.tables)
+    except ingest.TraceInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if progress:
+        where = os.path.join(args.out, "report.html") if not args.no_report else args.out
+        print(f"wrote {where} ({analysis.records:,} records, {analysis.bad_lines:,} bad lines "
+              f"skipped, {time.monotonic() - began:.1f} s)", file=progress, flush=True)
+    return 0

@@ -1,0 +1,307 @@
+"""Stage 1: find the trace files, parse and check every line, write ``events``.
+
+The JSON is parsed once, with an explicit schema (``trace_schema()``), by
+Spark's JSON data source; every later job reads the Parquet table this
+stage writes. A line is *bad* when it is not a JSON object of the schema's types
+or breaks a rule of docs/traces.md; ``bad_reason`` says which, in the same
+words as ``traceformat.check_record``. Bad lines are counted per file and
+skipped; ``locate_bad_lines`` finds their line numbers afterwards (only for
+the files that have some).
+"""
+
+import os
+import re
+
+from spark_analysis import traceformat as tf
+
+__all__ = ["trace_schema", "TraceInputError", "list_trace_files", "prune_by_name",
+           "read_traces", "write_events", "ingest_stats", "locate_bad_lines",
+           "display_path"]
+
+
+class TraceInputError(Exception):
+    """The trace directory cannot be analysed (missing, empty, nothing valid)."""
+
+
+def _schema():
+    from pyspark.sql import types as T
+    L, S = T.LongType(), T.StringType()
+    return T.StructType([
+        T.StructField("v", L), T.StructField("ts_us", L), T.StructField("router", S),
+        T.StructField("peer", S), T.StructField("event", S), T.StructField("direction", S),
+        T.StructField("routing", T.ArrayType(S)), T.StructField("size", L),
+        T.StructField("attrs", T.ArrayType(S)), T.StructField("digest", S),
+        T.StructField("filter_nodes", L), T.StructField("filter_bytes", L),
+        T.StructField("reason", S), T.StructField("_corrupt", S),
+    ])
+
+
+def trace_schema():
+    """The explicit Spark schema of a trace record (plus ``_corrupt``)."""
+    return _schema()
+
+
+# ---------------------------------------------------------------------------
+# files
+
+_SCHEME = re.compile(r"\A[A-Za-z][A-Za-z0-9+.-]*:")
+
+
+def _is_local(path):
+    return not _SCHEME.match(path) or path.startswith("file:")
+
+
+def _local(path):
+    return path[5:] if path.startswith("file:") else path
+
+
+def list_trace_files(path, spark=None):
+    """[(path, size)] of ``*.jsonl`` and ``*.jsonl.gz`` under ``path``, recursively.
+
+    Local paths are listed with os; other URIs (hdfs://, s3a://, ...) with
+    Hadoop's FileSystem through ``spark``. Raises TraceInputError if the
+    path does not exist or holds no trace file.
+    """
+    found = []
+    if _is_local(path):
+        root = _local(path)
+        if not os.path.exists(root):
+            raise TraceInputError(f"trace directory {path} does not exist")
+        if os.path.isfile(root):
+            found.append((os.path.abspath(root), os.path.getsize(root)))
+        else:
+            for dirpath, dirnames, filenames in os.walk(root):
+                dirnames[:] = sorted(d for d in dirnames if not d.startswith((".", "_")))
+                for name in sorted(filenames):
+                    if tf.is_trace_file(name):
+                        full = os.path.abspath(os.path.join(dirpath, name))
+                        found.append((full, os.path.getsize(full)))
+    else:
+        if spark is None:
+            raise TraceInputError(f"{path}: listing a remote path needs Spark")
+        jvm = spark.sparkContext._jvm
+        hpath = jvm.org.apache.hadoop.fs.Path(path)
+        fs = hpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+        if not fs.exists(hpath):
+            raise TraceInputError(f"trace directory {path} does not exist")
+        files = fs.listFiles(hpath, True)
+        while files.hasNext():
+            status = files.next()
+            name = status.getPath().getName()
+            if tf.is_trace_file(name):
+                found.append((status.getPath().toString(), status.getLen()))
+        found.sort()
+    if not found:
+        raise TraceInputError(f"no trace files (*.jsonl, *.jsonl.gz) under {path}")
+    return found
+
+
+def prune_by_name(files, since_us=None, until_us=None, margin_us=300 * 10**6):
+    """Drop files whose name shows they hold nothing in [since, until).
+
+    A file named ``<domain>-<opened>-<seq>.jsonl`` holds records from when it
+    was opened until the next file of the same domain was opened. Files
+    with other names are always kept; ``margin_us`` allows for clock steps.
+    """
+    if since_us is None and until_us is None:
+        return list(files)
+    parsed, kept = {}, []
+    for path, size in files:
+        info = tf.parse_trace_file_name(os.path.basename(path))
+        if info is None:
+            kept.append((path, size))
+        else:
+            parsed.setdefault(info[0], []).append((info[1], info[2], path, size))
+    for domain, items in parsed.items():
+        items.sort()
+        for i, (opened, _, path, size) in enumerate(items):
+            ends = items[i + 1][0] if i + 1 < len(items) else None
+            if until_us is not None and opened - margin_us >= until_us:
+                continue
+            if since_us is not None and ends is not None and ends + margin_us <= since_us:
+                continue
+            kept.append((path, size))
+    kept.sort()
+    return kept
+
+
+# ---------------------------------------------------------------------------
+# parsing and checking
+
+def _bad_reason():
+    """Column: why a parsed line is bad, or null (traceformat.check_record's rules)."""
+    from pyspark.sql import functions as F
+    r = lambda name: F.col("r." + name)  # noqa: E731
+    event = r("event")
+    notify = event.isin(*tf.NOTIFY_EVENTS)
+    subreplace = event.isin(*tf.SUBREPLACE_EVENTS)
+    checks = [
+        (F.col("r").isNull(), F.lit("not a JSON object")),
+        (r("_corrupt").isNotNull(), F.lit("not a JSON object with fields of the right types")),
+        (r("v").isNull(), F.lit("missing field 'v'")),
+        (r("v") != tf.FORMAT_VERSION,
+         F.concat(F.lit("unsupported format version "), r("v").cast("string"))),
+        (r("ts_us").isNull(), F.lit("missing field 'ts_us'")),
+        ((r("ts_us") < tf.MIN_TS_US) | (r("ts_us") > tf.MAX_TS_US),
+         F.lit("ts_us out of range (microseconds since 1970 expected)")),
+        (r("router").isNull(), F.lit("missing field 'router'")),
+        (r("router") == "", F.lit("empty 'router'")),
+        (event.isNull(), F.lit("missing field 'event'")),
+        (~event.isin(*tf.EVENTS), F.concat(F.lit("unknown event '"), event, F.lit("'"))),
+        (r("direction").isNull(), F.lit("missing field 'direction'")),
+    ]
+    allowed = None
+    for name, directions in tf.DIRECTIONS.items():
+        cond = (event == name) & ~r("direction").isin(*directions)
+        allowed = cond if allowed is None else allowed | cond
+    checks += [
+        (allowed, F.concat(F.lit("direction '"), r("direction"),
+                           F.lit("' not allowed for "), event)),
+        (r("peer").isNull() & (event != "link_down"),
+         F.lit("'peer' may be null only for link_down")),
+    ]
+    for name in tf.NOTIFY_FIELDS:
+        checks.append((notify & r(name).isNull(), F.lit(f"missing field {name!r}")))
+    checks += [
+        (notify & (F.size(r("routing")) == 0), F.lit("'routing' must not be empty")),
+        (notify & F.exists(r("routing"), lambda d: d.isNull()),
+         F.lit("'routing' must be a list of strings")),
+        (notify & F.exists(r("attrs"), lambda d: d.isNull()),
+         F.lit("'attrs' must be a list of strings")),
+        (notify & (r("size") < 0), F.lit("negative 'size'")),
+        (notify & ~r("digest").rlike("^[0-9a-f]{40}$"),
+         F.lit("'digest' must be 40 lowercase hex digits")),
+    ]
+    for name in ("filter_nodes", "filter_bytes"):
+        checks.append((subreplace & r(name).isNull(), F.lit(f"missing field {name!r}")))
+    checks += [
+        (subreplace & ((r("filter_nodes") < 0) | (r("filter_bytes") < 0)),
+         F.lit("negative filter size")),
+        ((event == "link_down") & r("reason").isNull(), F.lit("missing field 'reason'")),
+    ]
+    expr = None
+    for cond, reason in checks:
+        expr = F.when(cond, reason) if expr is None else expr.when(cond, reason)
+    return expr
+
+
+def _checked(lines):
+    """Columns ``r`` (parsed struct), ``file``, ``value`` -> record columns + bad_reason."""
+    from pyspark.sql import functions as F
+    parsed = lines.withColumn("bad_reason", _bad_reason())
+    r = lambda name: F.col("r." + name)  # noqa: E731
+    return parsed.select(
+        r("ts_us").alias("ts_us"), r("router").alias("router"), r("peer").alias("peer"),
+        r("event").alias("event"), r("direction").alias("direction"),
+        r("routing").alias("routing"), r("size").alias("size"),
+        F.array_sort(r("attrs")).alias("attrs"), r("digest").alias("digest"),
+        r("filter_nodes").alias("filter_nodes"), r("filter_bytes").alias("filter_bytes"),
+        r("reason").alias("reason"),
+        F.get(r("routing"), 0).alias("origin"),
+        F.size(r("routing")).alias("hops"),
+        "file", "bad_reason",
+        F.when(F.col("bad_reason").isNotNull(), F.substring("value", 1, 300)).alias("raw"))
+
+
+def read_traces(spark, files, since_us=None, until_us=None):
+    """Parsed records of ``files`` ([(path, size)]), with status 'ok' or 'bad'.
+
+    Spark's JSON data source with the explicit schema, in PERMISSIVE mode
+    (a line that is not a JSON object of the schema's types keeps its text
+    in ``_corrupt``). Records outside [since, until) are left out (they
+    are not bad). Blank lines are ignored.
+    """
+    from pyspark.sql import functions as F
+    raw = (spark.read.schema(_schema())
+           .option("mode", "PERMISSIVE")
+           .option("columnNameOfCorruptRecord", "_corrupt")
+           .json([p for p, _ in files]))
+    lines = raw.select(F.struct(*[F.col(c) for c in raw.columns]).alias("r"),
+                       F.col("_metadata.file_path").alias("file"),
+                       F.col("_corrupt").alias("value"))
+    parsed = _checked(lines)
+    ok = F.col("bad_reason").isNull()
+    keep = F.lit(True)
+    if since_us is not None:
+        keep = keep & (~ok | (F.col("ts_us") >= since_us))
+    if until_us is not None:
+        keep = keep & (~ok | (F.col("ts_us") < until_us))
+    return (parsed.where(keep)
+            .withColumn("status", F.when(ok, F.lit("ok")).otherwise(F.lit("bad"))))
+
+
+def write_events(parsed, path):
+    """Write the parsed records as Parquet partitioned by status (ok / bad)."""
+    parsed.write.mode("overwrite").partitionBy("status").parquet(path)
+
+
+def ingest_stats(spark, events_path):
+    """{file: (good, bad)} from the written events table."""
+    from pyspark.sql import functions as F
+    rows = (spark.read.parquet(events_path)
+            .groupBy("file").agg(F.sum(F.when(F.col("status") == "ok", 1).otherwise(0)).alias("ok"),
+                                 F.sum(F.when(F.col("status") == "bad", 1).otherwise(0)).alias("bad"))
+            .collect())
+    return {row["file"]: (row["ok"], row["bad"]) for row in rows}
+
+
+def display_path(file):
+    """A Spark file URI as people write it (file:/a%20b -> /a b); others unchanged."""
+    if file.startswith("file:"):
+        from urllib.parse import unquote
+        path = unquote(file[5:])
+        return "/" + path.lstrip("/") if path.startswith("//") else path
+    return file
+
+
+def _check_lines(spark, lines, limit):
+    """lines: DataFrame (idx, value) -> first ``limit`` bad ones as (idx, reason, text)."""
+    from pyspark.sql import functions as F
+    parsed = (lines.where(F.trim("value") != "")
+              .select("idx", "value", F.from_json("value", _schema(),
+                                                  {"mode": "PERMISSIVE",
+                                                   "columnNameOfCorruptRecord": "_corrupt"}
+                                                  ).alias("r")))
+    bad = (parsed.withColumn("bad_reason", _bad_reason())
+           .where(F.col("bad_reason").isNotNull())
+           .orderBy("idx").limit(limit)
+           .select("idx", "bad_reason", F.substring("value", 1, 120).alias("text"))
+           .collect())
+    return [(row["idx"] + 1, row["bad_reason"], row["text"]) for row in bad]
+
+
+def locate_bad_lines(spark, file, limit=5, chunk=50000):
+    """[(line_number, reason, text)] of the first bad lines of one file.
+
+    The same checks as the ingest, applied to numbered lines. A local file
+    is read here, ``chunk`` lines at a time, stopping once ``limit`` bad
+    lines are found; a remote one is numbered with zipWithIndex (no code of
+    ours runs on the executors).
+    """
+    from pyspark.sql import types as T
+    schema = T.StructType([T.StructField("idx", T.LongType()),
+                           T.StructField("value", T.StringType())])
+    if _is_local(file):
+        import gzip
+        import itertools
+        path = display_path(file)
+        opener = gzip.open if path.endswith(".gz") else open
+        found, start = [], 0
+        with opener(path, "rt", encoding="utf-8", errors="replace", newline="\n") as f:
+            while len(found) < limit:
+                batch = [(start + i, line.rstrip("\r\n"))
+                         for i, line in enumerate(itertools.islice(f, chunk))]
+                if not batch:
+                    break
+                found += _check_lines(spark, spark.createDataFrame(batch, schema),
+                                      limit - len(found))
+                start += len(batch)
+        return found
+    from pyspark.sql import functions as F
+    indexed = spark.read.text(file).rdd.zipWithIndex()
+    rows = T.StructType([
+        T.StructField("row", T.StructType([T.StructField("value", T.StringType())])),
+        T.StructField("idx", T.LongType())])
+    lines = spark.createDataFrame(indexed, rows).select(
+        "idx", F.col("row.value").alias("value"))
+    return _check_lines(spark, lines, limit)

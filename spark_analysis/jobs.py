@@ -1,0 +1,456 @@
+"""The analysis jobs: DataFrame in (the ``events`` table), DataFrames out.
+
+Every function takes the valid, in-window records (``events``, columns as
+written by ``ingest``: ts_us, router, peer, event, direction, routing,
+size, attrs, digest, filter_nodes, filter_bytes, reason, origin, hops) and
+returns named DataFrames. Only the DataFrame API and built-in functions
+are used -- no Python UDFs -- so the work runs in the JVM, on a cluster as
+on one machine. The only Python on the driver is the small flood model
+(``flood_model``), built from the list of links.
+
+Terms: a *link* is (router, peer) seen from ``router``; ``direction``
+"out" is traffic router -> peer, "in" peer -> router. *Wire* traffic is
+every FedNotify that crossed a link: notify_forwarded (out) at the sender,
+and notify_received / notify_dropped_* (in) at the receiver.
+"""
+
+from spark_analysis import traceformat as tf
+
+__all__ = ["CONSIDERED", "IN_WIRE", "MINUTE_US", "window_of", "links", "filters",
+           "flood_model", "drops", "paths", "interest", "overview"]
+
+CONSIDERED = ("notify_forwarded", "notify_suppressed_filter", "notify_suppressed_export",
+              "notify_dropped_overload")
+IN_WIRE = ("notify_received", "notify_dropped_loop", "notify_dropped_import",
+           "notify_dropped_overload")
+MINUTE_US = 60 * 10**6
+SECOND_US = 10**6
+PERCENTILES = [0.5, 0.9, 0.99]
+
+
+def _F():
+    from pyspark.sql import functions as F
+    return F
+
+
+def _floor(col, unit_us):
+    return col - col % unit_us
+
+
+def _ratio(num, den):
+    """num / den as double, null when den is 0 or null (safe under ANSI mode)."""
+    F = _F()
+    return F.when(den > 0, num.cast("double") / den)
+
+
+def _count_if(cond):
+    F = _F()
+    return F.sum(F.when(cond, 1).otherwise(0))
+
+
+def _sum_if(cond, col):
+    F = _F()
+    return F.sum(F.when(cond, col).otherwise(0))
+
+
+def window_of(events, since_us=None, until_us=None):
+    """(start_us, end_us) of the analysis: --since/--until, else the data's span."""
+    F = _F()
+    row = events.agg(F.min("ts_us").alias("lo"), F.max("ts_us").alias("hi")).collect()[0]
+    start = since_us if since_us is not None else row["lo"]
+    end = until_us if until_us is not None else row["hi"]
+    if start is None or end is None:
+        return None, None
+    return start, max(end, start + 1)
+
+
+def overview(events):
+    """Records per router and event, with first and last timestamps."""
+    F = _F()
+    return {"overview": events.groupBy("router", "event").agg(
+        F.count(F.lit(1)).alias("records"), F.min("ts_us").alias("first_us"),
+        F.max("ts_us").alias("last_us"))}
+
+
+# ---------------------------------------------------------------------------
+# links
+
+def _wire(events):
+    F = _F()
+    return events.where((F.col("event") == "notify_forwarded")
+                        | ((F.col("direction") == "in") & F.col("event").isin(*IN_WIRE)))
+
+
+def link_uptime(events, start_us, end_us):
+    """Per link (router, peer): seconds up in the window, ups, downs, last reason.
+
+    Sessions run from link_up to the next link event of the link (normally
+    its link_down) or the window's end; a link whose first event in the
+    window is a link_down was up from the window's start; a link with
+    records but no link event was up all the window.
+    """
+    F = _F()
+    from pyspark.sql import Window
+    link_events = (events.where(F.col("event").isin("link_up", "link_down")
+                                & F.col("peer").isNotNull())
+                   .select("router", "peer", "ts_us", "event", "reason"))
+    w = Window.partitionBy("router", "peer").orderBy("ts_us", "event")
+    marked = (link_events
+              .withColumn("next_ts", F.lead("ts_us").over(w))
+              .withColumn("prev_event", F.lag("event").over(w)))
+    up_sessions = (marked.where(F.col("event") == "link_up")
+                   .select("router", "peer", F.col("ts_us").alias("s"),
+                           F.coalesce("next_ts", F.lit(end_us)).alias("e")))
+    open_at_start = (marked.where((F.col("event") == "link_down") & F.col("prev_event").isNull())
+                     .select("router", "peer", F.lit(start_us).cast("long").alias("s"),
+                             F.col("ts_us").alias("e")))
+    sessions = up_sessions.unionByName(open_at_start).select(
+        "router", "peer",
+        F.greatest(F.least("e", F.lit(end_us)) - F.greatest("s", F.lit(start_us)),
+                   F.lit(0)).alias("up_us"))
+    up = sessions.groupBy("router", "peer").agg(F.sum("up_us").alias("up_us"))
+    counts = link_events.groupBy("router", "peer").agg(
+        _count_if(F.col("event") == "link_up").alias("ups"),
+        _count_if(F.col("event") == "link_down").alias("downs"),
+        F.max_by(F.when(F.col("event") == "link_down", F.col("reason")),
+                 F.when(F.col("event") == "link_down", F.col("ts_us"))).alias("last_down_reason"))
+    pairs = events.where(F.col("peer").isNotNull()).select("router", "peer").distinct()
+    length = end_us - start_us
+    return (pairs.join(up, ["router", "peer"], "left").join(counts, ["router", "peer"], "left")
+            .select("router", "peer",
+                    (F.coalesce(F.col("up_us"), F.when(F.col("ups").isNull(), F.lit(length)),
+                                F.lit(0)) / 1e6).alias("uptime_s"),
+                    F.coalesce("ups", F.lit(0)).alias("ups"),
+                    F.coalesce("downs", F.lit(0)).alias("downs"),
+                    "last_down_reason")
+            .withColumn("uptime_pct", F.round(F.col("uptime_s") * 1e8 / length, 2)))
+
+
+def links(events, start_us, end_us):
+    """Per link and direction: notifications and bytes per minute; rates; uptime.
+
+    Tables: ``link_minute`` (router, peer, direction, minute_us, minute,
+    notifications, bytes), ``links`` (totals, peak per second and per
+    minute, mean per minute over the link's uptime, uptime),
+    ``link_uptime``.
+    """
+    F = _F()
+    wire = _wire(events).select("router", "peer", "direction", "ts_us", "size")
+    minute = (wire.groupBy("router", "peer", "direction",
+                           _floor(F.col("ts_us"), MINUTE_US).alias("minute_us"))
+              .agg(F.count(F.lit(1)).alias("notifications"), F.sum("size").alias("bytes"))
+              .withColumn("minute", F.timestamp_micros("minute_us")))
+    peak_s = (wire.groupBy("router", "peer", "direction",
+                           _floor(F.col("ts_us"), SECOND_US).alias("second_us"))
+              .agg(F.count(F.lit(1)).alias("n"))
+              .groupBy("router", "peer", "direction").agg(F.max("n").alias("peak_per_s")))
+    uptime = link_uptime(events, start_us, end_us)
+    totals = minute.groupBy("router", "peer", "direction").agg(
+        F.sum("notifications").alias("notifications"), F.sum("bytes").alias("bytes"),
+        F.max("notifications").alias("peak_per_min"),
+        F.max("bytes").alias("peak_bytes_per_min"),
+        F.count(F.lit(1)).alias("active_minutes"))
+    summary = (totals.join(peak_s, ["router", "peer", "direction"], "left")
+               .join(uptime.select("router", "peer", "uptime_s", "uptime_pct", "downs"),
+                     ["router", "peer"], "left")
+               .withColumn("mean_per_min", F.round(_ratio(F.col("notifications") * 60,
+                                                          F.col("uptime_s")), 3))
+               .withColumn("mean_bytes_per_s", F.round(_ratio(F.col("bytes"),
+                                                              F.col("uptime_s")), 1))
+               .select("router", "peer", "direction", "notifications", "bytes",
+                       "peak_per_s", "peak_per_min", "mean_per_min", "peak_bytes_per_min",
+                       "mean_bytes_per_s", "active_minutes", "uptime_s", "uptime_pct",
+                       "downs"))
+    return {"link_minute": minute, "links": summary, "link_uptime": uptime}
+
+
+# ---------------------------------------------------------------------------
+# filters
+
+def flood_model(edges, traced):
+    """Rows (origin, first_hop, router, peer, extra_bytes) of a flood without filters.
+
+    ``edges`` is an iterable of (router, peer) pairs (either direction;
+    treated as undirected links), ``traced`` the routers that wrote traces.
+    For each traced origin O the flood follows a breadth-first tree from O
+    (the tree itself when the links form one; ties broken by name), and
+    each directed tree edge router -> peer is listed with the first hop from
+    O it lies behind and the routing-list bytes added between O and router
+    (a notification of size s leaving O has size s + extra_bytes there).
+    """
+    graph = {}
+    for a, b in edges:
+        if a is None or b is None or a == b:
+            continue
+        graph.setdefault(a, set()).add(b)
+        graph.setdefault(b, set()).add(a)
+    rows = []
+    for origin in sorted(traced):
+        if origin not in graph:
+            continue
+        extra = {origin: 0}
+        first = {}
+        frontier = [origin]
+        while frontier:
+            nxt = []
+            for x in frontier:
+                for z in sorted(graph[x]):
+                    if z in extra:
+                        continue
+                    first[z] = z if x == origin else first[x]
+                    extra[z] = extra[x] + tf.routing_entry_size(z)
+                    rows.append((origin, first[z], x, z, extra[x]))
+                    nxt.append(z)
+            frontier = nxt
+    return rows
+
+
+def filters(events, spark):
+    """Filter effectiveness per link, and the flood a federation without filters sends.
+
+    Tables: ``filter_effect`` (router, peer: considered / forwarded /
+    suppressed by pull filter / by export filter / dropped for overload,
+    counts and bytes), ``flood`` (router, peer: a flood's notifications and
+    bytes vs. those actually forwarded, for notifications published at
+    traced routers, and the saving).
+    """
+    F = _F()
+    from pyspark.sql import types as T
+    out = events.where((F.col("direction") == "out") & F.col("event").isin(*CONSIDERED))
+    e = F.col("event")
+    aggs = [F.count(F.lit(1)).alias("considered"), F.sum("size").alias("considered_bytes")]
+    for name, label in (("notify_forwarded", "forwarded"),
+                        ("notify_suppressed_filter", "suppressed_filter"),
+                        ("notify_suppressed_export", "suppressed_export"),
+                        ("notify_dropped_overload", "dropped_overload")):
+        aggs += [_count_if(e == name).alias(label),
+                 _sum_if(e == name, F.col("size")).alias(label + "_bytes")]
+    effect = out.groupBy("router", "peer").agg(*aggs)
+    for label in ("forwarded", "suppressed_filter", "suppressed_export", "dropped_overload"):
+        effect = effect.withColumn(label + "_pct",
+                                   F.round(_ratio(F.col(label) * 100, F.col("considered")), 2))
+
+    traced = [row["router"] for row in events.select("router").distinct().collect()]
+    edges = [(row["router"], row["peer"]) for row in
+             events.where(F.col("peer").isNotNull()).select("router", "peer").distinct().collect()]
+    model_schema = T.StructType([
+        T.StructField("origin", T.StringType()), T.StructField("first_hop", T.StringType()),
+        T.StructField("router", T.StringType()), T.StructField("peer", T.StringType()),
+        T.StructField("extra_bytes", T.LongType())])
+    model = spark.createDataFrame(flood_model(edges, traced), model_schema)
+    at_origin = (out.where((F.col("hops") == 1) & (F.col("router") == F.col("origin")))
+                 .select("origin", F.col("peer").alias("first_hop"), "size"))
+    flood = (at_origin.join(F.broadcast(model), ["origin", "first_hop"])
+             .groupBy("router", "peer")
+             .agg(F.count(F.lit(1)).alias("flood_notifications"),
+                  F.sum(F.col("size") + F.col("extra_bytes")).alias("flood_bytes")))
+    actual = (events.where((F.col("event") == "notify_forwarded")
+                           & F.col("origin").isin(*traced) if traced else F.lit(False))
+              .groupBy("router", "peer")
+              .agg(F.count(F.lit(1)).alias("forwarded"), F.sum("size").alias("forwarded_bytes")))
+    table = (flood.join(actual, ["router", "peer"], "full")
+             .na.fill(0, ["flood_notifications", "flood_bytes", "forwarded", "forwarded_bytes"])
+             .withColumn("saved_notifications", F.col("flood_notifications") - F.col("forwarded"))
+             .withColumn("saved_bytes", F.col("flood_bytes") - F.col("forwarded_bytes"))
+             .withColumn("saved_pct", F.round(_ratio(F.col("saved_bytes") * 100,
+                                                     F.col("flood_bytes")), 2)))
+    return {"filter_effect": effect, "flood": table}
+
+
+# ---------------------------------------------------------------------------
+# drops
+
+def drops(events):
+    """Loop, import and overload drops per link over time.
+
+    Tables: ``drops_minute`` (router, peer, direction, event, minute_us,
+    minute, drops, bytes) and ``drops`` (totals, first and last).
+    """
+    F = _F()
+    dropped = events.where(F.col("event").isin("notify_dropped_loop", "notify_dropped_import",
+                                               "notify_dropped_overload"))
+    keys = ["router", "peer", "direction", "event"]
+    per_minute = (dropped.groupBy(*keys, _floor(F.col("ts_us"), MINUTE_US).alias("minute_us"))
+                  .agg(F.count(F.lit(1)).alias("drops"), F.sum("size").alias("bytes"))
+                  .withColumn("minute", F.timestamp_micros("minute_us")))
+    totals = dropped.groupBy(*keys).agg(
+        F.count(F.lit(1)).alias("drops"), F.sum("size").alias("bytes"),
+        F.min("ts_us").alias("first_us"), F.max("ts_us").alias("last_us"))
+    return {"drops_minute": per_minute, "drops": totals}
+
+
+# ---------------------------------------------------------------------------
+# paths
+
+def _nearest(rows, partition, anchor_col):
+    """For each target row, the ``anchor_col`` value of the nearest anchor row in time.
+
+    ``rows`` holds anchor rows (``anchor_col`` set to their ``ts_us``) and
+    target rows (``anchor_col`` null); within each ``partition`` a target
+    gets the anchor time closest to its own, preceding or following (a
+    receiver's clock may be behind the sender's). Both are running
+    aggregates over growing frames, ascending and descending, which Spark
+    computes in one pass each (a frame reaching to the partition's end
+    would be quadratic in the partition size, and one digest can recur
+    thousands of times).
+    """
+    F = _F()
+    from pyspark.sql import Window
+    running = (Window.unboundedPreceding, Window.currentRow)
+    up = Window.partitionBy(*partition).orderBy("ts_us", "is_target").rowsBetween(*running)
+    down = (Window.partitionBy(*partition)
+            .orderBy(F.col("ts_us").desc(), F.col("is_target").asc()).rowsBetween(*running))
+    ts = F.col("ts_us")
+    return (rows.withColumn("_before", F.max(anchor_col).over(up))
+            .withColumn("_after", F.min(anchor_col).over(down))
+            .where(F.col("is_target") == 1)
+            .withColumn("anchor_us",
+                        F.when(F.col("_before").isNull(), F.col("_after"))
+                        .when(F.col("_after").isNull(), F.col("_before"))
+                        .when(ts - F.col("_before") <= F.col("_after") - ts, F.col("_before"))
+                        .otherwise(F.col("_after")))
+            .drop("_before", "_after"))
+
+
+def _percentiles(col, prefix):
+    F = _F()
+    p = F.percentile_approx(col, PERCENTILES, 10000)
+    return [p[i].alias(f"{prefix}p{int(q * 100)}_us") for i, q in enumerate(PERCENTILES)]
+
+
+def paths(events):
+    """Hop counts, routes and latencies, joining each notification's digest across routers.
+
+    Tables:
+
+    * ``hops``: deliveries (notify_received) by hop count (routing list
+      length as received = links crossed) and distinct notifications;
+    * ``routes``: per route (origin > ... > destination) deliveries, bytes,
+      and latency from publication at the origin router to arrival:
+      p50/p90/p99/min/max in microseconds (difference of two hosts' clocks);
+    * ``hop_latency``: per directed link, forwarded-to-received delay
+      percentiles, and where both directions are seen an estimate of the
+      clock offset between the two hosts and of the one-way delay.
+
+    Matching: a delivery is joined to the origin's out record with the same
+    digest and origin for the same first link (the second routing-list
+    entry, or the receiving router after one hop), and a forwarded record
+    to the receive record with the same digest, routing list and link; when
+    one digest recurs (identical notifications) the nearest in time is
+    taken. The published time is when the origin queued the notification on
+    that first link.
+    """
+    F = _F()
+    received = events.where(F.col("event") == "notify_received")
+    route_key = F.xxhash64("routing", "router")
+    hops = (received.groupBy("hops")
+            .agg(F.count(F.lit(1)).alias("deliveries"),
+                 F.approx_count_distinct("digest").alias("notifications")))
+
+    # partition keys are 64-bit hashes: much cheaper to shuffle and sort than
+    # the strings, and a collision (2^-64 per pair) would only mismatch a few
+    published = (events.where((F.col("direction") == "out") & F.col("event").isin(*CONSIDERED)
+                              & (F.col("hops") == 1) & (F.col("router") == F.col("origin")))
+                 .select(F.xxhash64("digest", "origin", "peer").alias("pkey"), "ts_us",
+                         F.col("ts_us").alias("published_us"),
+                         F.lit(None).cast("long").alias("route_key"),
+                         F.lit(0).alias("is_target")))
+    first_hop = F.coalesce(F.get(F.col("routing"), 1), F.col("router"))
+    deliveries = received.select(F.xxhash64("digest", "origin", first_hop).alias("pkey"), "ts_us",
+                                 F.lit(None).cast("long").alias("published_us"),
+                                 route_key.alias("route_key"), F.lit(1).alias("is_target"))
+    matched = (_nearest(published.unionByName(deliveries), ["pkey"], "published_us")
+               .withColumn("latency_us", F.col("ts_us") - F.col("anchor_us")))
+    latency = (matched.where(F.col("anchor_us").isNotNull())
+               .groupBy("route_key")
+               .agg(F.count(F.lit(1)).alias("timed"), *_percentiles(F.col("latency_us"), "latency_"),
+                    F.min("latency_us").alias("latency_min_us"),
+                    F.max("latency_us").alias("latency_max_us")))
+    routes = (received.groupBy(route_key.alias("route_key"))
+              .agg(F.first("routing").alias("routing"), F.first("router").alias("destination"),
+                   F.count(F.lit(1)).alias("deliveries"), F.sum("size").alias("bytes"))
+              .select(F.concat_ws(" > ", F.concat("routing", F.array("destination"))).alias("route"),
+                      F.get(F.col("routing"), 0).alias("origin"), "destination",
+                      F.size("routing").alias("hops"), "deliveries", "bytes", "route_key")
+              .join(latency, ["route_key"], "left")
+              .drop("route_key"))
+
+    sent = (events.where(F.col("event") == "notify_forwarded")
+            .select(F.xxhash64("digest", "routing", "router", "peer").alias("pkey"),
+                    F.col("router").alias("sender"), F.col("peer").alias("receiver"), "ts_us",
+                    F.col("ts_us").alias("sent_us"), F.lit(0).alias("is_target")))
+    arrived = (events.where((F.col("direction") == "in") & F.col("event").isin(*IN_WIRE))
+               .select(F.xxhash64("digest", "routing", "peer", "router").alias("pkey"),
+                       F.col("peer").alias("sender"), F.col("router").alias("receiver"), "ts_us",
+                       F.lit(None).cast("long").alias("sent_us"), F.lit(1).alias("is_target")))
+    hop = (_nearest(sent.unionByName(arrived), ["pkey"], "sent_us")
+           .where(F.col("anchor_us").isNotNull())
+           .withColumn("delay_us", F.col("ts_us") - F.col("anchor_us"))
+           .groupBy("sender", "receiver")
+           .agg(F.count(F.lit(1)).alias("matched"), *_percentiles(F.col("delay_us"), "delay_"),
+                F.min("delay_us").alias("delay_min_us"), F.max("delay_us").alias("delay_max_us")))
+    # small; materialised once so that joining it with itself does not redo the work
+    hop = hop.localCheckpoint()
+    back = hop.select(F.col("sender").alias("receiver"), F.col("receiver").alias("sender"),
+                      F.col("delay_p50_us").alias("reverse_p50_us"))
+    hop = (hop.join(back, ["sender", "receiver"], "left")
+           .withColumn("clock_offset_est_us",
+                       ((F.col("delay_p50_us") - F.col("reverse_p50_us")) / 2).cast("long"))
+           .withColumn("one_way_est_us",
+                       ((F.col("delay_p50_us") + F.col("reverse_p50_us")) / 2).cast("long")))
+    return {"hops": hops, "routes": routes, "hop_latency": hop}
+
+
+# ---------------------------------------------------------------------------
+# interest
+
+def interest(events, start_us, end_us):
+    """Attribute-name sets and pull-filter churn.
+
+    Tables: ``attr_sets`` (per set of attribute names: publications at
+    traced routers, distinct contents (digests), link crossings and bytes,
+    considered, suppressed by each filter), ``filter_changes`` (every FedSubReplace: time, link,
+    direction, nodes, bytes) and ``filter_churn`` (per link and direction:
+    replaces, per hour, filter size min/mean/max/last, refused).
+    """
+    F = _F()
+    notify = events.where(F.col("event").isin(*tf.NOTIFY_EVENTS))
+    e = F.col("event")
+    names = F.concat_ws(",", "attrs").alias("attribute_names")
+    # every publication at a traced router gives one out record per candidate
+    # link there, so the busiest link of the origin counts its publications
+    published = (notify.where((F.col("direction") == "out") & e.isin(*CONSIDERED)
+                              & (F.col("hops") == 1) & (F.col("router") == F.col("origin")))
+                 .groupBy(names, "origin", "peer").agg(F.count(F.lit(1)).alias("n"))
+                 .groupBy("attribute_names", "origin").agg(F.max("n").alias("n"))
+                 .groupBy("attribute_names").agg(F.sum("n").alias("published")))
+    attr_sets = (notify.groupBy(names, F.size("attrs").alias("attributes"))
+                 .agg(F.approx_count_distinct("digest").alias("distinct"),
+                      _count_if(e == "notify_forwarded").alias("crossings"),
+                      _sum_if(e == "notify_forwarded", F.col("size")).alias("crossing_bytes"),
+                      _count_if((F.col("direction") == "out") & e.isin(*CONSIDERED))
+                      .alias("considered"),
+                      _count_if(e == "notify_suppressed_filter").alias("suppressed_filter"),
+                      _count_if(e == "notify_suppressed_export").alias("suppressed_export"))
+                 .join(published, ["attribute_names"], "left")
+                 .withColumn("published", F.coalesce("published", F.lit(0)))
+                 .select("attribute_names", "attributes", "published", "distinct", "crossings",
+                         "crossing_bytes", "considered", "suppressed_filter",
+                         "suppressed_export"))
+    changes = (events.where(F.col("event").isin(*tf.SUBREPLACE_EVENTS))
+               .select("router", "peer", "direction", "event", "ts_us",
+                       F.timestamp_micros("ts_us").alias("time"),
+                       "filter_nodes", "filter_bytes", "reason"))
+    hours = (end_us - start_us) / 3.6e9
+    churn = (changes.groupBy("router", "peer", "direction")
+             .agg(F.count(F.lit(1)).alias("replaces"),
+                  F.min("filter_nodes").alias("nodes_min"),
+                  F.round(F.avg("filter_nodes"), 1).alias("nodes_mean"),
+                  F.max("filter_nodes").alias("nodes_max"),
+                  F.max_by("filter_nodes", "ts_us").alias("nodes_last"),
+                  F.max_by("filter_bytes", "ts_us").alias("bytes_last"),
+                  F.max("filter_bytes").alias("bytes_max"),
+                  _count_if(F.col("reason").isNotNull()).alias("refused"),
+                  F.min("ts_us").alias("first_us"), F.max("ts_us").alias("last_us"))
+             .withColumn("replaces_per_hour", F.round(F.col("replaces") / F.lit(hours), 2)))
+    return {"attr_sets": attr_sets, "filter_changes": changes, "filter_churn": churn}

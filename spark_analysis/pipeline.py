@@ -1,0 +1,303 @@
+"""The whole analysis: trace directory in, report directory out.
+
+``run(spark, trace_dir, out_dir, ...)`` runs the stages in order, printing
+one progress line per stage, and returns an ``Analysis`` holding the
+small result tables (as lists of dicts) the report and the tests use.
+
+Output layout (``out_dir``)::
+
+    report.html            the report (self-contained: charts embedded)
+    charts/*.png           the charts
+    csv/*.csv              summary tables
+    parquet/<table>/       every table, Parquet (events: status=ok|bad);
+                           elsewhere if tables_dir is given
+"""
+
+import csv
+import datetime
+import os
+import sys
+import time
+
+from spark_analysis import ingest, jobs
+from spark_analysis import traceformat as tf
+
+__all__ = ["Analysis", "run", "CSV_TABLES"]
+
+# table -> (sort columns, descending?, row limit for CSV and report)
+CSV_TABLES = {
+    "overview": (["router", "event"], False, None),
+    "links": (["notifications"], True, None),
+    "link_uptime": (["router", "peer"], False, None),
+    "filter_effect": (["considered"], True, None),
+    "flood": (["flood_bytes"], True, None),
+    "drops": (["drops"], True, None),
+    "hops": (["hops"], False, None),
+    "routes": (["deliveries"], True, 5000),
+    "hop_latency": (["sender", "receiver"], False, None),
+    "attr_sets": (["published", "distinct"], True, 5000),
+    "filter_churn": (["replaces"], True, None),
+}
+
+
+class Analysis:
+    """What a run produced: paths, counts, and the small tables as dicts."""
+
+    def __init__(self, out_dir, tables_dir=None):
+        self.out_dir = out_dir
+        self.tables_dir = tables_dir or os.path.join(out_dir, "parquet")
+        self.tables = {}          # name -> [dict] (CSV tables, sorted, limited)
+        self.series = {}          # chart data -> [dict]
+        self.files = []           # [(path, size)] read
+        self.file_stats = {}      # path -> (ok, bad)
+        self.bad_examples = []    # [(file, line, reason, text)]
+        self.records = 0
+        self.bad_lines = 0
+        self.start_us = self.end_us = None
+        self.since_us = self.until_us = None
+        self.trace_dir = None
+        self.stage_seconds = {}
+        self.charts = {}          # name -> path of PNG
+        self.written = []         # Parquet tables written
+
+    def parquet(self, name):
+        return self.tables_dir.rstrip("/") + "/" + name
+
+    def table_names(self):
+        return sorted(self.written)
+
+
+class _Progress:
+    def __init__(self, stages, stream):
+        self.stages, self.stream, self.n = stages, stream, 0
+
+    def start(self, text):
+        self.n += 1
+        self.t0 = time.monotonic()
+        self.text = text
+        if self.stream:
+            print(f"[{self.n}/{self.stages}] {text} ...", file=self.stream, flush=True)
+
+    def done(self, detail=""):
+        elapsed = time.monotonic() - self.t0
+        if self.stream:
+            extra = f": {detail}" if detail else ""
+            print(f"      done in {elapsed:.1f} s{extra}", file=self.stream, flush=True)
+        return elapsed
+
+
+def _rows(df):
+    return [row.asDict(recursive=True) for row in df.collect()]
+
+
+def _write_csv(path, rows, columns=None):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if columns is None:
+        columns = list(rows[0].keys()) if rows else []
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([_csv_value(row.get(c)) for c in columns])
+
+
+def _csv_value(value):
+    if value is None:
+        return ""
+    if isinstance(value, datetime.datetime):
+        return value.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, list):
+        return ";".join(str(v) for v in value)
+    return value
+
+
+def _save(spark, analysis, name, df):
+    """Write ``df`` as Parquet and return it read back; summary tables also go to CSV."""
+    from pyspark.sql import functions as F
+    path = analysis.parquet(name)
+    df.write.mode("overwrite").parquet(path)
+    analysis.written.append(name)
+    back = spark.read.parquet(path)
+    if name not in CSV_TABLES:
+        return back
+    order, descending, limit = CSV_TABLES[name]
+    cols = [F.col(c).desc_nulls_last() if descending else F.col(c).asc_nulls_last()
+            for c in order]
+    # deterministic tie-break on the remaining key-like string columns
+    ties = [c for c, t in back.dtypes if t == "string" and c not in order]
+    ordered = back.orderBy(*cols, *ties)
+    rows = _rows(ordered.limit(limit) if limit else ordered)
+    analysis.tables[name] = rows
+    _write_csv(os.path.join(analysis.out_dir, "csv", name + ".csv"), rows, back.columns)
+    return back
+
+
+def _bucket_us(start_us, end_us, points=360):
+    """A chart bucket: whole minutes, at most ~``points`` buckets in the window."""
+    minutes = max(1, (end_us - start_us) // (jobs.MINUTE_US * points) + 1)
+    for nice in (1, 2, 5, 10, 15, 30, 60, 120, 240, 360, 720, 1440):
+        if nice >= minutes:
+            return nice * jobs.MINUTE_US
+    return minutes * jobs.MINUTE_US
+
+
+def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.stderr,
+        files=None, report=True, max_bad_files=10, tables_dir=None):
+    """Run every stage; returns the Analysis. Raises ingest.TraceInputError.
+
+    ``out_dir`` is a local directory (the driver writes the report, charts
+    and CSV there); the Parquet tables go to ``tables_dir``, by default
+    ``out_dir/parquet`` -- on a cluster, a URI every executor can write to.
+    """
+    from pyspark.sql import functions as F
+    analysis = Analysis(out_dir, tables_dir)
+    analysis.trace_dir, analysis.since_us, analysis.until_us = trace_dir, since_us, until_us
+    os.makedirs(out_dir, exist_ok=True)
+    steps = _Progress(8 if report else 7, progress)
+
+    steps.start(f"finding trace files under {trace_dir}")
+    if files is None:
+        files = ingest.list_trace_files(trace_dir, spark)
+    listed = len(files)
+    files = ingest.prune_by_name(files, since_us, until_us)
+    if not files:
+        raise ingest.TraceInputError(
+            f"none of the {listed} trace files under {trace_dir} can hold records "
+            f"in the requested time range")
+    analysis.files = files
+    total = sum(size for _, size in files)
+    analysis.stage_seconds["files"] = steps.done(
+        f"{len(files)} files, {total / 1e6:.1f} MB"
+        + (f" ({listed - len(files)} skipped by name)" if listed > len(files) else ""))
+
+    steps.start("reading and checking records (JSON -> Parquet)")
+    events_path = analysis.parquet("events")
+    ingest.write_events(ingest.read_traces(spark, files, since_us, until_us), events_path)
+    analysis.written.append("events")
+    stats = ingest.ingest_stats(spark, events_path)
+    analysis.file_stats = stats
+    analysis.records = sum(ok for ok, _ in stats.values())
+    analysis.bad_lines = sum(bad for _, bad in stats.values())
+    bad_files = sorted(f for f, (_, bad) in stats.items() if bad)
+    for file in bad_files[:max_bad_files]:
+        for line, reason, text in ingest.locate_bad_lines(spark, file):
+            analysis.bad_examples.append((file, line, reason, text))
+    for file, line, reason, text in analysis.bad_examples:
+        if progress:
+            print(f"      warning: {_display(file)} line {line}: {reason}; skipped",
+                  file=progress, flush=True)
+    if analysis.bad_lines and progress:
+        more = len(bad_files) - min(len(bad_files), max_bad_files)
+        print(f"      warning: {analysis.bad_lines} bad lines in {len(bad_files)} files "
+              f"counted and skipped" + (f" ({more} files not itemised)" if more else ""),
+              file=progress, flush=True)
+    _write_csv(os.path.join(out_dir, "csv", "files.csv"),
+               [{"file": f, "records": ok, "bad_lines": bad}
+                for f, (ok, bad) in sorted(stats.items())], ["file", "records", "bad_lines"])
+    _write_csv(os.path.join(out_dir, "csv", "bad_lines.csv"),
+               [{"file": f, "line": n, "reason": r, "text": t}
+                for f, n, r, t in analysis.bad_examples], ["file", "line", "reason", "text"])
+    if analysis.records == 0:
+        if analysis.bad_lines:
+            first = analysis.bad_examples[0] if analysis.bad_examples else None
+            where = (f"; first: {_display(first[0])} line {first[1]}: {first[2]}"
+                     if first else "")
+            raise ingest.TraceInputError(
+                f"no valid trace records under {trace_dir}: {analysis.bad_lines} bad lines"
+                + where)
+        raise ingest.TraceInputError(
+            f"no trace records under {trace_dir}"
+            + (" in the requested time range" if since_us or until_us else
+               " (the files are empty)"))
+    events = spark.read.parquet(events_path).where(F.col("status") == "ok").drop(
+        "status", "bad_reason", "raw")
+    start, end = jobs.window_of(events, since_us, until_us)
+    analysis.start_us, analysis.end_us = start, end
+    analysis.stage_seconds["ingest"] = steps.done(
+        f"{analysis.records:,} records, {analysis.bad_lines:,} bad lines, "
+        f"{tf.format_time(start)} .. {tf.format_time(end)}")
+
+    steps.start("overview and links: traffic per link and direction, rates, uptime")
+    for name, df in jobs.overview(events).items():
+        _save(spark, analysis, name, df)
+    tables = jobs.links(events, start, end)
+    minute = _save(spark, analysis, "link_minute", tables["link_minute"])
+    _save(spark, analysis, "links", tables["links"])
+    _save(spark, analysis, "link_uptime", tables["link_uptime"])
+    bucket = _bucket_us(start, end)
+    analysis.series["bucket_us"] = bucket
+    top = [(r["router"], r["peer"], r["direction"]) for r in analysis.tables["links"]
+           if r["direction"] == "out"][:8]
+    analysis.series["link_traffic"] = _series(minute, top, bucket, "notifications", "bytes")
+    analysis.stage_seconds["links"] = steps.done(f"{len(analysis.tables['links'])} link directions")
+
+    steps.start("filters: considered, forwarded, suppressed; flood without filters")
+    for name, df in jobs.filters(events, spark).items():
+        _save(spark, analysis, name, df)
+    analysis.stage_seconds["filters"] = steps.done()
+
+    steps.start("loops and drops over time")
+    tables = jobs.drops(events)
+    drop_minute = _save(spark, analysis, "drops_minute", tables["drops_minute"])
+    _save(spark, analysis, "drops", tables["drops"])
+    analysis.series["drops"] = _rows(
+        drop_minute.groupBy("event", "direction", (F.col("minute_us") - F.col("minute_us") % bucket)
+                            .alias("t_us")).agg(F.sum("drops").alias("drops"))
+        .orderBy("t_us"))
+    analysis.stage_seconds["drops"] = steps.done(
+        f"{sum(r['drops'] for r in analysis.tables['drops']):,} drops")
+
+    steps.start("paths: hop counts, routes, latency (joining digests across routers)")
+    for name, df in jobs.paths(events).items():
+        _save(spark, analysis, name, df)
+    analysis.stage_seconds["paths"] = steps.done(f"{len(analysis.tables['routes'])} routes")
+
+    steps.start("interest: attribute-name sets, pull-filter churn")
+    tables = jobs.interest(events, start, end)
+    _save(spark, analysis, "attr_sets", tables["attr_sets"])
+    changes = _save(spark, analysis, "filter_changes", tables["filter_changes"])
+    _save(spark, analysis, "filter_churn", tables["filter_churn"])
+    busiest = [(r["router"], r["peer"]) for r in analysis.tables["filter_churn"]
+               if r["direction"] == "out"][:8]
+    analysis.series["filter_sizes"] = _rows(
+        changes.where((F.col("direction") == "out") & _pairs(busiest))
+        .select("router", "peer", "ts_us", "filter_nodes").orderBy("ts_us").limit(20000))
+    analysis.stage_seconds["interest"] = steps.done(
+        f"{len(analysis.tables['attr_sets'])} attribute sets")
+
+    if report:
+        from spark_analysis import report as report_module
+        steps.start("charts and HTML report")
+        path = report_module.write_report(analysis)
+        analysis.stage_seconds["report"] = steps.done(path)
+    return analysis
+
+
+def _pairs(keys, names=("router", "peer", "direction")):
+    """Column: (router, peer[, direction]) is one of ``keys``."""
+    from pyspark.sql import functions as F
+    cond = F.lit(False)
+    for key in keys:
+        c = F.lit(True)
+        for name, value in zip(names, key):
+            c = c & (F.col(name) == value)
+        cond = cond | c
+    return cond
+
+
+def _series(minute, links, bucket, *values):
+    """Per-bucket sums of ``values`` for the given (router, peer, direction) links."""
+    from pyspark.sql import functions as F
+    if not links:
+        return []
+    return _rows(minute.where(_pairs(links))
+                 .groupBy("router", "peer", "direction",
+                          (F.col("minute_us") - F.col("minute_us") % bucket).alias("t_us"))
+                 .agg(*[F.sum(v).alias(v) for v in values]).orderBy("t_us"))
+
+
+def _display(path):
+    from spark_analysis.ingest import display_path
+    return display_path(path)

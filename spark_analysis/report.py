@@ -1,0 +1,733 @@
+"""Charts (matplotlib, Agg) and the one-file HTML report.
+
+Works only from ``pipeline.Analysis`` (small tables already collected on
+the driver); no Spark here. Each figure gets a short reading in plain
+words, computed from the same numbers.
+"""
+
+import base64
+import datetime
+import html
+import os
+
+from spark_analysis import traceformat as tf
+
+__all__ = ["write_report"]
+
+COLOURS = {"forwarded": "#2b8a3e", "suppressed_filter": "#74c0fc",
+           "suppressed_export": "#f59f00", "dropped_overload": "#e03131"}
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def _n(value):
+    return f"{int(value or 0):,}"
+
+
+def _bytes(value):
+    value = float(value or 0)
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(value) < 1000 or unit == "TB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} TB"
+
+
+def _pct(part, whole):
+    return 100.0 * part / whole if whole else 0.0
+
+
+def _ms(us):
+    return "n/a" if us is None else f"{us / 1000:.2f} ms"
+
+
+def _short(domain, routers):
+    """Shortest unambiguous prefix of a domain's labels (syd.elvin.example.net -> syd)."""
+    if domain is None:
+        return "?"
+    labels = domain.split(".")
+    for k in range(1, len(labels) + 1):
+        cand = ".".join(labels[:k])
+        if sum(1 for r in routers if r is not None and ".".join(r.split(".")[:k]) == cand) <= 1:
+            return cand
+    return domain
+
+
+def _when(ts_us):
+    return datetime.datetime(1970, 1, 1) + datetime.timedelta(microseconds=int(ts_us))
+
+
+class _Figures:
+    def __init__(self, analysis):
+        self.a = analysis
+        self.dir = os.path.join(analysis.out_dir, "charts")
+        os.makedirs(self.dir, exist_ok=True)
+        names = set()
+        for row in analysis.tables.get("overview", []):
+            names.add(row["router"])
+        for row in analysis.tables.get("link_uptime", []):
+            names.add(row["peer"])
+        self.names = names
+
+    def s(self, domain):
+        return _short(domain, self.names)
+
+    def save(self, fig, name):
+        plt = _plt()
+        path = os.path.join(self.dir, name + ".png")
+        fig.savefig(path, dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        self.a.charts[name] = path
+        return path
+
+
+def _time_axis(ax):
+    import matplotlib.dates as mdates
+    locator = mdates.AutoDateLocator(minticks=3, maxticks=8)
+    ax.xaxis.set_major_locator(locator)
+    ax.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
+    ax.set_xlabel("time (UTC)")
+
+
+def _rate_points(analysis, rows, value):
+    """(time, value per minute) for bucketed rows, using the part of each bucket
+    inside the analysed window and skipping buckets less than 10% inside it."""
+    bucket = analysis.series["bucket_us"]
+    points = []
+    for r in rows:
+        lo = max(r["t_us"], analysis.start_us)
+        hi = min(r["t_us"] + bucket, analysis.end_us)
+        covered = hi - lo
+        if covered < bucket / 10:
+            continue
+        points.append((_when(r["t_us"]), r[value] / (covered / 60e6)))
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def _empty(fig_name, figs, message):
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(8, 1.6))
+    ax.axis("off")
+    ax.text(0.5, 0.5, message, ha="center", va="center", fontsize=12, color="#555")
+    return figs.save(fig, fig_name)
+
+
+# ---------------------------------------------------------------------------
+# figures, each returning (name, reading)
+
+def fig_topology(figs):
+    plt = _plt()
+    a = figs.a
+    volume = {}
+    for row in a.tables.get("links", []):
+        key = frozenset((row["router"], row["peer"]))
+        if row["direction"] == "out":
+            volume[key] = volume.get(key, 0) + (row["bytes"] or 0)
+    edges = {frozenset((r["router"], r["peer"])) for r in a.tables.get("link_uptime", [])}
+    nodes = sorted({n for e in edges for n in e} | set(r["router"] for r in a.tables["overview"]))
+    traced = {r["router"] for r in a.tables["overview"]}
+    graph = {n: set() for n in nodes}
+    for e in edges:
+        if len(e) == 2:
+            x, y = tuple(e)
+            graph[x].add(y)
+            graph[y].add(x)
+    # layered layout from the best-connected router
+    positions, layer_of = {}, {}
+    remaining = set(nodes)
+    layers = []
+    while remaining:
+        root = max(sorted(remaining), key=lambda n: len(graph[n]))
+        frontier, seen = [root], {root}
+        depth = 0
+        while frontier:
+            layers.append((depth, sorted(frontier)))
+            nxt = []
+            for x in frontier:
+                for z in sorted(graph[x]):
+                    if z not in seen and z in remaining:
+                        seen.add(z)
+                        nxt.append(z)
+            frontier = nxt
+            depth += 1
+        remaining -= seen
+    rows = {}
+    for depth, members in layers:
+        rows.setdefault(depth, []).extend(members)
+    for depth, members in rows.items():
+        for i, n in enumerate(members):
+            positions[n] = ((i + 1) / (len(members) + 1), -depth)
+            layer_of[n] = depth
+    fig, ax = plt.subplots(figsize=(8, max(2.5, 1.4 * (len(rows) + 1))))
+    top = max(volume.values()) if volume else 0
+    for e in edges:
+        if len(e) != 2:
+            continue
+        x, y = tuple(e)
+        (x0, y0), (x1, y1) = positions[x], positions[y]
+        width = 1 + 7 * (volume.get(e, 0) / top if top else 0)
+        ax.plot([x0, x1], [y0, y1], color="#868e96", linewidth=width, zorder=1)
+        if volume.get(e):
+            f = 0.35 if y0 >= y1 else 0.65          # nearer the upper end
+            ax.text(x0 + f * (x1 - x0), y0 + f * (y1 - y0), _bytes(volume[e]), fontsize=8,
+                    ha="center", va="center", color="#343a40",
+                    bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8})
+    for n, (x, y) in positions.items():
+        ax.scatter([x], [y], s=900, color="#1971c2" if n in traced else "#ced4da",
+                   zorder=2, edgecolors="white")
+        ax.text(x, y - 0.28, figs.s(n), ha="center", va="top", fontsize=9)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(min(p[1] for p in positions.values()) - 0.7 if positions else -1, 0.5)
+    ax.axis("off")
+    ax.set_title("Federation links (line width: bytes forwarded, both directions)")
+    figs.save(fig, "topology")
+    busiest = max(volume.items(), key=lambda kv: kv[1]) if volume else None
+    reading = (f"{len(traced)} router{'s' if len(traced) != 1 else ''} wrote traces; "
+               f"{len(edges)} link{'s were' if len(edges) != 1 else ' was'} seen "
+               f"(grey circles are peers without traces).")
+    if busiest:
+        x, y = sorted(busiest[0])
+        reading += (f" The busiest link is {figs.s(x)} \u2013 {figs.s(y)}, "
+                    f"with {_bytes(busiest[1])} of notifications in both directions.")
+    return "topology", reading
+
+
+def fig_link_traffic(figs):
+    plt = _plt()
+    a = figs.a
+    series = a.series.get("link_traffic", [])
+    links = a.tables.get("links", [])
+    if not series:
+        return "link_traffic", (_empty("link_traffic", figs, "no notification traffic crossed "
+                                       "any link") and "No notification crossed any link.")
+    per = {}
+    for row in series:
+        per.setdefault((row["router"], row["peer"]), []).append(row)
+    fig, ax = plt.subplots(figsize=(9, 4))
+    for (router, peer), rows in per.items():
+        xs, ys = _rate_points(a, rows, "notifications")
+        ax.plot(xs, ys, label=f"{figs.s(router)} \u2192 {figs.s(peer)}", linewidth=1.2)
+    ax.set_ylabel("notifications per minute")
+    ax.set_title("Notifications forwarded per minute, busiest links")
+    ax.legend(fontsize=8, ncol=2)
+    ax.grid(alpha=0.3)
+    _time_axis(ax)
+    figs.save(fig, "link_traffic")
+    out = [r for r in links if r["direction"] == "out"]
+    reading = ""
+    if out:
+        top = out[0]
+        reading = (f"The busiest direction is {figs.s(top['router'])} \u2192 "
+                   f"{figs.s(top['peer'])}: {_n(top['notifications'])} notifications "
+                   f"({_bytes(top['bytes'])}), on average {top['mean_per_min'] or 0:.1f} a minute "
+                   f"while the link was up, peaking at {_n(top['peak_per_min'])} in one minute "
+                   f"and {_n(top['peak_per_s'])} in one second.")
+        peaky = max(out, key=lambda r: (r["peak_per_min"] or 0) / max(r["mean_per_min"] or 1e-9, 1e-9))
+        ratio = (peaky["peak_per_min"] or 0) / max(peaky["mean_per_min"] or 1e-9, 1e-9)
+        if ratio >= 3:
+            reading += (f" Traffic is bursty: {figs.s(peaky['router'])} \u2192 "
+                        f"{figs.s(peaky['peer'])} peaked at {ratio:.0f}\u00d7 its mean rate.")
+    if a.series["bucket_us"] > 60e6:
+        reading += f" (Each point averages {a.series['bucket_us'] / 60e6:.0f} minutes.)"
+    return "link_traffic", reading
+
+
+def fig_uptime(figs):
+    a = figs.a
+    rows = a.tables.get("link_uptime", [])
+    flaky = [r for r in rows if r["downs"]]
+    if not rows:
+        return None, ""
+    if not flaky:
+        return None, "Every link stayed up for the whole period."
+    worst = min(rows, key=lambda r: r["uptime_pct"] if r["uptime_pct"] is not None else 100)
+    reasons = sorted({r["last_down_reason"] for r in flaky if r["last_down_reason"]})
+    return None, (f"{len(flaky)} of {len(rows)} link ends saw the link go down "
+                  f"({sum(r['downs'] for r in flaky)} times in all; reasons: "
+                  f"{', '.join(reasons) or 'not given'}). Lowest uptime: "
+                  f"{figs.s(worst['router'])} \u2013 {figs.s(worst['peer'])}, "
+                  f"{worst['uptime_pct'] or 0:.1f}% of the period.")
+
+
+def fig_filter_effect(figs):
+    plt = _plt()
+    a = figs.a
+    rows = sorted(a.tables.get("filter_effect", []), key=lambda r: r["considered"])[-16:]
+    if not rows:
+        return "filter_effect", (_empty("filter_effect", figs, "no notification was considered "
+                                        "for any link") and "No notification was considered "
+                                 "for forwarding on any link.")
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.5))
+    labels = [f"{figs.s(r['router'])} \u2192 {figs.s(r['peer'])}" for r in rows]
+    left = [0] * len(rows)
+    for key, label in (("forwarded", "forwarded"), ("suppressed_filter", "stopped by pull filter"),
+                       ("suppressed_export", "stopped by export filter"),
+                       ("dropped_overload", "dropped: overload")):
+        values = [r[key] or 0 for r in rows]
+        ax.barh(labels, values, left=left, color=COLOURS[key], label=label)
+        left = [x + v for x, v in zip(left, values)]
+    ax.set_xlabel("notifications considered for the link")
+    ax.set_title("What happened to the notifications each link could have carried")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    figs.save(fig, "filter_effect")
+    every = a.tables["filter_effect"]
+    considered = sum(r["considered"] for r in every)
+    fwd = sum(r["forwarded"] for r in every)
+    pull = sum(r["suppressed_filter"] for r in every)
+    export = sum(r["suppressed_export"] for r in every)
+    over = sum(r["dropped_overload"] for r in every)
+    reading = (f"Of {_n(considered)} times a router had a notification it could send on a link, "
+               f"it sent {_pct(fwd, considered):.0f}%. The pull filters (the far side did not ask "
+               f"for it) stopped {_pct(pull, considered):.0f}%, the export filters (our policy "
+               f"withheld what was asked for) {_pct(export, considered):.0f}%"
+               + (f", and {_pct(over, considered):.1f}% was dropped because a send queue was full"
+                  if over else "") + ".")
+    return "filter_effect", reading
+
+
+def fig_flood(figs):
+    plt = _plt()
+    a = figs.a
+    rows = sorted(a.tables.get("flood", []), key=lambda r: r["flood_bytes"])[-16:]
+    if not rows or not any(r["flood_bytes"] for r in rows):
+        return "flood", (_empty("flood", figs, "no notification published at a traced router")
+                         and "No notification was published at a traced router, so there is "
+                         "no flood to compare with.")
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.5))
+    labels = [f"{figs.s(r['router'])} \u2192 {figs.s(r['peer'])}" for r in rows]
+    ys = range(len(rows))
+    ax.barh([y + 0.2 for y in ys], [r["flood_bytes"] / 1e6 for r in rows], height=0.4,
+            color="#ced4da", label="flood without filters")
+    ax.barh([y - 0.2 for y in ys], [r["forwarded_bytes"] / 1e6 for r in rows], height=0.4,
+            color=COLOURS["forwarded"], label="actually forwarded")
+    ax.set_yticks(list(ys))
+    ax.set_yticklabels(labels)
+    ax.set_xlabel("MB")
+    ax.set_title("Bytes per link: flooding everything vs. what the filters let through")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    figs.save(fig, "flood")
+    every = a.tables["flood"]
+    flood_b = sum(r["flood_bytes"] for r in every)
+    fwd_b = sum(r["forwarded_bytes"] for r in every)
+    flood_n = sum(r["flood_notifications"] for r in every)
+    fwd_n = sum(r["forwarded"] for r in every)
+    reading = (f"Had every router sent every notification to every peer (a flood over the same "
+               f"links), the links would have carried {_n(flood_n)} notifications, "
+               f"{_bytes(flood_b)}. With the filters they carried {_n(fwd_n)}, "
+               f"{_bytes(fwd_b)}: a saving of {_pct(flood_b - fwd_b, flood_b):.0f}% of the bytes.")
+    if fwd_b > flood_b:
+        reading += (" More was sent than a flood would send, which means notifications "
+                    "went round a loop or were duplicated (see Loops and drops).")
+    return "flood", reading
+
+
+def fig_drops(figs):
+    plt = _plt()
+    a = figs.a
+    series = a.series.get("drops", [])
+    totals = a.tables.get("drops", [])
+    if not series:
+        _empty("drops", figs, "no loop, import or overload drops")
+        return "drops", ("No notification was dropped: no routing loop was stopped and no "
+                         "send queue overflowed.")
+    per = {}
+    for row in series:
+        label = {"notify_dropped_loop": "loop (own domain in routing list)",
+                 "notify_dropped_import": "import filter",
+                 "notify_dropped_overload": f"overload ({row['direction']})"}[row["event"]]
+        per.setdefault(label, []).append(row)
+    fig, ax = plt.subplots(figsize=(9, 3.5))
+    for label, rows in sorted(per.items()):
+        xs, ys = _rate_points(a, rows, "drops")
+        ax.plot(xs, ys, marker=".", linewidth=1, label=label)
+    ax.set_ylabel("drops per minute")
+    ax.set_title("Loops stopped and notifications dropped")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    _time_axis(ax)
+    figs.save(fig, "drops")
+    parts = []
+    for event, words in (("notify_dropped_loop", "loop drops"),
+                         ("notify_dropped_overload", "overload drops"),
+                         ("notify_dropped_import", "import-filter drops")):
+        rows = [r for r in totals if r["event"] == event]
+        if rows:
+            top = max(rows, key=lambda r: r["drops"])
+            parts.append(f"{_n(sum(r['drops'] for r in rows))} {words} (most at "
+                         f"{figs.s(top['router'])}, on the link with {figs.s(top['peer'])})")
+    reading = "There were " + "; ".join(parts) + "."
+    if any(r["event"] == "notify_dropped_loop" for r in totals):
+        reading += (" Loop drops mean a notification came back to a router it had already "
+                    "passed: the links form a cycle and some router forwards without checking "
+                    "the routing list. The routing lists stopped it, but the link carried it.")
+    return "drops", reading
+
+
+def fig_hops(figs):
+    plt = _plt()
+    rows = sorted(figs.a.tables.get("hops", []), key=lambda r: r["hops"])
+    if not rows:
+        return "hops", (_empty("hops", figs, "no notification was received from a peer")
+                        and "No notification was received over a link.")
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.bar([str(r["hops"]) for r in rows], [r["deliveries"] for r in rows], color="#1971c2")
+    ax.set_xlabel("links crossed to get there (hop count)")
+    ax.set_ylabel("notifications received")
+    ax.set_title("How far notifications travel")
+    ax.grid(axis="y", alpha=0.3)
+    figs.save(fig, "hops")
+    total = sum(r["deliveries"] for r in rows)
+    one = sum(r["deliveries"] for r in rows if r["hops"] == 1)
+    far = max(rows, key=lambda r: r["hops"])
+    mean = sum(r["hops"] * r["deliveries"] for r in rows) / total
+    return "hops", (f"{_pct(one, total):.0f}% of the {_n(total)} notifications received over a "
+                    f"link came straight from the router they were published at; on average "
+                    f"they had crossed {mean:.2f} links, at most {far['hops']}.")
+
+
+def fig_routes(figs):
+    plt = _plt()
+    rows = figs.a.tables.get("routes", [])[:12]
+    if not rows:
+        return "routes", ""
+    rows = rows[::-1]
+    labels = [" > ".join(figs.s(d) for d in r["route"].split(" > ")) for r in rows]
+    fig, ax = plt.subplots(figsize=(9, 0.42 * len(rows) + 1.4))
+    ax.barh(labels, [r["deliveries"] for r in rows], color="#5c940d")
+    ax.set_xlabel("notifications delivered along the route")
+    ax.set_title("Most frequent routes (origin > ... > receiving router)")
+    ax.tick_params(axis="y", labelsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    figs.save(fig, "routes")
+    top = rows[-1]
+    total = sum(r["deliveries"] for r in figs.a.tables["routes"])
+    return "routes", (f"{len(figs.a.tables['routes'])} distinct routes were used. The most "
+                      f"frequent, {labels[-1]}, carried {_pct(top['deliveries'], total):.0f}% "
+                      f"of all deliveries between routers.")
+
+
+def fig_latency(figs):
+    plt = _plt()
+    rows = [r for r in figs.a.tables.get("routes", []) if r.get("timed")][:12]
+    if not rows:
+        _empty("latency", figs, "no delivery could be matched to its publication")
+        if not figs.a.tables.get("routes"):
+            return "latency", ""
+        return "latency", ("No delivery could be matched to its publication (the routers "
+                           "where the notifications were published wrote no traces).")
+    rows = rows[::-1]
+    labels = [" > ".join(figs.s(d) for d in r["route"].split(" > ")) for r in rows]
+    fig, ax = plt.subplots(figsize=(9, 0.42 * len(rows) + 1.4))
+    ys = list(range(len(rows)))
+    for key, colour, label in (("latency_p50_us", "#1971c2", "median"),
+                               ("latency_p90_us", "#f59f00", "90th percentile"),
+                               ("latency_p99_us", "#e03131", "99th percentile")):
+        ax.scatter([r[key] / 1000 for r in rows], ys, color=colour, label=label, zorder=2)
+    for y, r in zip(ys, rows):
+        ax.plot([r["latency_min_us"] / 1000, r["latency_max_us"] / 1000], [y, y],
+                color="#ced4da", zorder=1)
+    ax.set_yticks(ys)
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.set_xlabel("ms from publication to arrival (grey: min to max)")
+    ax.set_title("Latency per route (includes clock differences between hosts)")
+    ax.legend(fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    figs.save(fig, "latency")
+    slow = max(rows, key=lambda r: r["latency_p50_us"])
+    reading = (f"The slowest frequent route is {labels[rows.index(slow)]}: half its notifications "
+               f"arrived within {_ms(slow['latency_p50_us'])}, 99% within "
+               f"{_ms(slow['latency_p99_us'])}. These are differences between two hosts' clocks, "
+               f"so they include any clock offset between them.")
+    if any((r["latency_min_us"] or 0) < 0 for r in rows):
+        reading += (" Some are negative: the receiving host's clock is behind the "
+                    "publishing host's.")
+    return "latency", reading
+
+
+def hop_latency_reading(figs):
+    rows = figs.a.tables.get("hop_latency", [])
+    pairs = [r for r in rows if r.get("clock_offset_est_us") is not None]
+    if not pairs:
+        return ""
+    worst = max(pairs, key=lambda r: abs(r["clock_offset_est_us"]))
+    return (f"Where a link carries traffic both ways, comparing the two directions' median "
+            f"delays separates network delay from clock offset (as NTP does, assuming the "
+            f"delay is the same both ways). The largest offset estimated is "
+            f"{_ms(abs(worst['clock_offset_est_us']))}: {figs.s(worst['receiver'])}'s clock is "
+            f"{'ahead of' if worst['clock_offset_est_us'] > 0 else 'behind'} "
+            f"{figs.s(worst['sender'])}'s; one-way delay on that link is about "
+            f"{_ms(worst['one_way_est_us'])}.")
+
+
+def fig_attr_sets(figs):
+    plt = _plt()
+    rows = figs.a.tables.get("attr_sets", [])[:12]
+    if not rows:
+        return "attr_sets", ""
+    rows = rows[::-1]
+    labels = [(r["attribute_names"][:60] + "\u2026") if len(r["attribute_names"]) > 61
+              else r["attribute_names"] for r in rows]
+    fig, ax = plt.subplots(figsize=(9, 0.42 * len(rows) + 1.4))
+    ys = list(range(len(rows)))
+    ax.barh([y + 0.2 for y in ys], [r["published"] for r in rows], height=0.4,
+            color="#1971c2", label="published (at traced routers)")
+    ax.barh([y - 0.2 for y in ys], [r["crossings"] for r in rows], height=0.4,
+            color=COLOURS["forwarded"], label="link crossings")
+    ax.set_yticks(ys)
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.set_title("Most frequent kinds of notification (by attribute names)")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    figs.save(fig, "attr_sets")
+    every = figs.a.tables["attr_sets"]
+    total = sum(r["published"] for r in every)
+    top = rows[-1]
+    reading = f"{len(every)} different sets of attribute names were seen."
+    if total:
+        reading += (f" The most common, {top['attribute_names']}, is "
+                    f"{_pct(top['published'], total):.0f}% of the notifications published.")
+        spread = [r for r in every if r["published"]]
+        widest = max(spread, key=lambda r: r["crossings"] / r["published"])
+        reading += (f" The most widely spread is {widest['attribute_names']}: each crossed "
+                    f"{widest['crossings'] / widest['published']:.1f} links on average.")
+        same = [r for r in spread if r["distinct"] * 10 < r["published"]]
+        if same:
+            reading += (f" {same[0]['attribute_names']} repeats the same contents "
+                        f"({_n(same[0]['distinct'])} distinct in {_n(same[0]['published'])}), "
+                        f"like a heartbeat.")
+    return "attr_sets", reading
+
+
+def fig_filter_sizes(figs):
+    plt = _plt()
+    a = figs.a
+    rows = a.series.get("filter_sizes", [])
+    churn = a.tables.get("filter_churn", [])
+    if not rows:
+        _empty("filter_sizes", figs, "no FedSubReplace was traced")
+        return "filter_sizes", "No pull filter (FedSubReplace) was sent in the period."
+    per = {}
+    for r in rows:
+        per.setdefault((r["router"], r["peer"]), []).append(r)
+    end = _when(a.end_us)
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    for (router, peer), items in per.items():
+        xs = [_when(r["ts_us"]) for r in items] + [end]
+        ys = [r["filter_nodes"] for r in items] + [items[-1]["filter_nodes"]]
+        ax.step(xs, ys, where="post", label=f"{figs.s(router)} asks {figs.s(peer)}", linewidth=1.2)
+    ax.set_ylabel("pull filter size (SubAST nodes)")
+    ax.set_title("Pull filters over time (what each router asks its peer for)")
+    ax.legend(fontsize=8, ncol=2)
+    ax.grid(alpha=0.3)
+    _time_axis(ax)
+    figs.save(fig, "filter_sizes")
+    sent = [r for r in churn if r["direction"] == "out"]
+    if not sent:
+        return "filter_sizes", ""
+    busiest = max(sent, key=lambda r: r["replaces"])
+    biggest = max(sent, key=lambda r: r["nodes_max"] or 0)
+    refused = sum(r["refused"] for r in churn)
+    return "filter_sizes", (f"Routers sent {_n(sum(r['replaces'] for r in sent))} pull filters. "
+                            f"{figs.s(busiest['router'])} re-sent its filter to "
+                            f"{figs.s(busiest['peer'])} most often ({_n(busiest['replaces'])} "
+                            f"times, {busiest['replaces_per_hour']:.1f} an hour) as its clients' "
+                            f"subscriptions changed. The largest filter, "
+                            f"{_n(biggest['nodes_max'])} nodes, is the one "
+                            f"{figs.s(biggest['router'])} sends {figs.s(biggest['peer'])}."
+                            + (f" {refused} filters were refused." if refused else ""))
+
+
+# ---------------------------------------------------------------------------
+# HTML
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1000px;margin:2em auto;
+padding:0 1em;color:#212529;line-height:1.45}
+h1{font-size:1.6em;margin-bottom:.2em}h2{margin-top:2em;border-bottom:2px solid #dee2e6;padding-bottom:.2em}
+.meta{color:#495057}.reading{background:#f1f3f5;border-left:4px solid #1971c2;padding:.6em 1em;margin:.6em 0}
+figure{margin:1em 0}img{max-width:100%;border:1px solid #e9ecef}figcaption{font-size:.85em;color:#6c757d}
+table{border-collapse:collapse;font-size:.82em;margin:.6em 0;width:100%}
+th,td{border:1px solid #dee2e6;padding:.25em .5em;text-align:right}th{background:#f8f9fa}
+td.l,th.l{text-align:left}.warn{background:#fff3bf;border-left:4px solid #f59f00;padding:.6em 1em}
+nav a{margin-right:1em}code{background:#f1f3f5;padding:0 .2em}
+"""
+
+
+def _img(figs, name):
+    path = figs.a.charts.get(name)
+    if not path:
+        return ""
+    with open(path, "rb") as f:
+        data = base64.b64encode(f.read()).decode("ascii")
+    rel = os.path.relpath(path, figs.a.out_dir)
+    return (f'<figure><img alt="{html.escape(name)}" src="data:image/png;base64,{data}">'
+            f'<figcaption><a href="{html.escape(rel)}">{html.escape(rel)}</a></figcaption></figure>')
+
+
+def _table(rows, columns, figs, limit=15, csv_name=None):
+    if not rows:
+        return ""
+    out = ["<table><tr>"]
+    for key, title, _ in columns:
+        out.append(f'<th class="{"l" if _ == "s" else ""}">{html.escape(title)}</th>')
+    out.append("</tr>")
+    for row in rows[:limit]:
+        out.append("<tr>")
+        for key, _, kind in columns:
+            value = row.get(key)
+            if kind == "s":
+                text = figs.s(value) if key in ("router", "peer", "sender", "receiver") else \
+                    ("" if value is None else str(value))
+                out.append(f'<td class="l">{html.escape(text)}</td>')
+            elif kind == "b":
+                out.append(f"<td>{_bytes(value)}</td>")
+            elif kind == "ms":
+                out.append(f"<td>{'' if value is None else f'{value / 1000:.2f}'}</td>")
+            elif kind == "f":
+                out.append(f"<td>{'' if value is None else f'{value:,.1f}'}</td>")
+            else:
+                out.append(f"<td>{'' if value is None else _n(value)}</td>")
+        out.append("</tr>")
+    out.append("</table>")
+    if csv_name:
+        more = f" ({len(rows) - limit} more rows)" if len(rows) > limit else ""
+        out.append(f'<p class="meta">All rows{more}: <a href="csv/{csv_name}.csv">csv/{csv_name}.csv</a>'
+                   f' (and the Parquet table <code>{csv_name}</code>)</p>')
+    return "".join(out)
+
+
+def _section(title, anchor, body):
+    return f'<h2 id="{anchor}">{html.escape(title)}</h2>{body}'
+
+
+def _reading(text):
+    return f'<p class="reading">{html.escape(text)}</p>' if text else ""
+
+
+def write_report(analysis):
+    """Draw every chart and write ``report.html``; returns its path."""
+    figs = _Figures(analysis)
+    a = analysis
+    readings = {}
+    for fn in (fig_topology, fig_link_traffic, fig_filter_effect, fig_flood, fig_drops,
+               fig_hops, fig_routes, fig_latency, fig_attr_sets, fig_filter_sizes):
+        name, text = fn(figs)
+        readings[name] = text
+    readings["uptime"] = fig_uptime(figs)[1]
+    readings["hop_latency"] = hop_latency_reading(figs)
+
+    routers = sorted({r["router"] for r in a.tables["overview"]})
+    records_by_event = {}
+    for r in a.tables["overview"]:
+        records_by_event[r["event"]] = records_by_event.get(r["event"], 0) + r["records"]
+    parts = [f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+             f"<title>Federation traffic report</title><style>{CSS}</style></head><body>",
+             "<h1>Federation traffic report</h1>",
+             f'<p class="meta">{html.escape(tf.format_time(a.start_us))} to '
+             f'{html.escape(tf.format_time(a.end_us))} UTC '
+             f'({(a.end_us - a.start_us) / 6e7:.1f} minutes) \u00b7 {len(routers)} routers traced '
+             f'\u00b7 {_n(a.records)} trace records from {len(a.files)} files under '
+             f'<code>{html.escape(str(a.trace_dir))}</code></p>',
+             '<nav><a href="#links">Links</a><a href="#filters">Filters</a>'
+             '<a href="#drops">Loops and drops</a><a href="#paths">Paths</a>'
+             '<a href="#interest">Interest</a><a href="#data">Data</a></nav>']
+    if a.bad_lines:
+        items = "".join(f"<li>{html.escape(_display(f))} line {n}: {html.escape(r)}</li>"
+                        for f, n, r, _ in a.bad_examples[:20])
+        parts.append(f'<div class="warn"><b>{_n(a.bad_lines)} bad trace lines were skipped.</b>'
+                     f'<ul>{items}</ul>All: <a href="csv/bad_lines.csv">csv/bad_lines.csv</a>, '
+                     f'per file: <a href="csv/files.csv">csv/files.csv</a></div>')
+    parts.append(_img(figs, "topology") + _reading(readings["topology"]))
+    parts.append(_table([{"router": r, **{e: sum(x["records"] for x in a.tables["overview"]
+                                                if x["router"] == r and x["event"] == e)
+                                          for e in tf.EVENTS}} for r in routers],
+                        [("router", "router", "s")] + [(e, e.replace("notify_", "").replace("_", " "), "n")
+                                                      for e in tf.EVENTS if records_by_event.get(e)],
+                        figs, limit=50, csv_name="overview"))
+
+    parts.append(_section("Links: what each link carries", "links",
+                          _img(figs, "link_traffic") + _reading(readings["link_traffic"])
+                          + _reading(readings["uptime"])
+                          + _table(a.tables["links"], [
+                              ("router", "router", "s"), ("peer", "peer", "s"),
+                              ("direction", "dir", "s"), ("notifications", "notifications", "n"),
+                              ("bytes", "bytes", "b"), ("peak_per_s", "peak/s", "n"),
+                              ("peak_per_min", "peak/min", "n"), ("mean_per_min", "mean/min", "f"),
+                              ("mean_bytes_per_s", "mean B/s", "f"), ("uptime_pct", "uptime %", "f"),
+                              ("downs", "downs", "n")], figs, 20, "links")))
+    parts.append(_section("Filters: what the pull and export filters save", "filters",
+                          _img(figs, "filter_effect") + _reading(readings["filter_effect"])
+                          + _img(figs, "flood") + _reading(readings["flood"])
+                          + _table(a.tables["flood"], [
+                              ("router", "router", "s"), ("peer", "peer", "s"),
+                              ("flood_notifications", "flood notifications", "n"),
+                              ("forwarded", "forwarded", "n"), ("flood_bytes", "flood bytes", "b"),
+                              ("forwarded_bytes", "forwarded bytes", "b"),
+                              ("saved_pct", "saved %", "f")], figs, 20, "flood")
+                          + '<p class="meta">Per-link counts of each outcome: '
+                            '<a href="csv/filter_effect.csv">csv/filter_effect.csv</a>. The flood '
+                            'assumes every link seen in the period was up, and covers '
+                            'notifications published at traced routers.</p>'))
+    parts.append(_section("Loops and drops", "drops",
+                          _img(figs, "drops") + _reading(readings["drops"])
+                          + _table(a.tables["drops"], [
+                              ("router", "router", "s"), ("peer", "peer", "s"),
+                              ("direction", "dir", "s"), ("event", "event", "s"),
+                              ("drops", "drops", "n"), ("bytes", "bytes", "b")],
+                              figs, 20, "drops")))
+    parts.append(_section("Paths: how far and how fast", "paths",
+                          _img(figs, "hops") + _reading(readings["hops"])
+                          + _img(figs, "routes") + _reading(readings["routes"])
+                          + _img(figs, "latency") + _reading(readings["latency"])
+                          + _reading(readings["hop_latency"])
+                          + _table(a.tables["hop_latency"], [
+                              ("sender", "from", "s"), ("receiver", "to", "s"),
+                              ("matched", "matched", "n"), ("delay_p50_us", "p50 ms", "ms"),
+                              ("delay_p90_us", "p90 ms", "ms"), ("delay_p99_us", "p99 ms", "ms"),
+                              ("clock_offset_est_us", "clock offset est. ms", "ms"),
+                              ("one_way_est_us", "one-way est. ms", "ms")],
+                              figs, 30, "hop_latency")
+                          + '<p class="meta">Clock skew: every latency here is a difference of '
+                            'timestamps taken on two hosts, so it is only as good as their clock '
+                            'synchronisation; keep routers on NTP. Negative values and '
+                            'asymmetric link delays are the sign of an offset.</p>'))
+    parts.append(_section("Interest: what is published and asked for", "interest",
+                          _img(figs, "attr_sets") + _reading(readings["attr_sets"])
+                          + _img(figs, "filter_sizes") + _reading(readings["filter_sizes"])
+                          + _table(a.tables["filter_churn"], [
+                              ("router", "router", "s"), ("peer", "peer", "s"),
+                              ("direction", "dir", "s"), ("replaces", "replaces", "n"),
+                              ("replaces_per_hour", "per hour", "f"),
+                              ("nodes_mean", "mean nodes", "f"), ("nodes_max", "max nodes", "n"),
+                              ("nodes_last", "last nodes", "n"), ("bytes_last", "last bytes", "b")],
+                              figs, 20, "filter_churn")))
+    tables = a.table_names()
+    where = os.path.relpath(a.tables_dir, a.out_dir) if "://" not in a.tables_dir and \
+        not a.tables_dir.startswith("file:") else a.tables_dir
+    csvs = sorted(f for f in os.listdir(os.path.join(a.out_dir, "csv")) if f.endswith(".csv"))
+    parts.append(_section("Data", "data",
+                          "<p>CSV summaries: " + ", ".join(
+                              f'<a href="csv/{c}">{c}</a>' for c in csvs)
+                          + f"</p><p>Parquet tables under <code>{html.escape(where)}/</code>: "
+                          + ", ".join(f"<code>{t}</code>" for t in tables)
+                          + " (<code>events</code> holds every record, partitioned by "
+                            "<code>status=ok|bad</code>).</p>"
+                          + "<p class=\"meta\">Stage times: " + ", ".join(
+                              f"{k} {v:.1f} s" for k, v in a.stage_seconds.items()) + "</p>"))
+    parts.append("</body></html>")
+    path = os.path.join(a.out_dir, "report.html")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\n".join(parts))
+    return path
+
+
+def _display(path):
+    from spark_analysis.ingest import display_path
+    return display_path(path)

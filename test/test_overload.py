@@ -1,0 +1,690 @@
+"""Overload: slow consumers, floods, router-wide caps, limits on every path.
+
+A real router on 127.0.0.1 (port 0) with real clients:
+
+* ``SendQueueTests``: the send queue's bookkeeping under random operations
+  for every policy, and that dropping costs O(log n) however long it is.
+* ``SlowConsumerTests``: a client that stops reading is held to its
+  Send-Queue.Max-Length by its drop policy (the server-side queue is
+  watched after every packet), gets DropWarn, and the router's socket
+  buffer for it stays bounded too; a fast consumer meanwhile sees every
+  notification. Policy ``none`` disconnects it; so does leaving replies
+  unread.
+* ``FloodTests``: a publisher writing as fast as its socket allows cannot
+  starve another publisher (fair reading).
+* ``RouterCapTests``: max-connections (and the channel cap), subscriptions
+  and quenches per client and router-wide, and max-queue-memory.
+* ``PathLimitTests``: connection-option limits on each path the router
+  has -- TCP, TLS, HTTP, UDP and federation.
+"""
+
+import random
+import socket
+import struct
+import time
+
+from twisted.internet import defer, endpoints, protocol, reactor, task
+from twisted.trial import unittest
+
+from elvin import client, errors
+from elvin.federation import packets as FP
+from elvin.federation.manager import FederationClass, FederationManager
+from elvin.options import DropPolicy, OPTIONS
+from elvin.protocols import packets as P
+from elvin.protocols.framing import frame
+from elvin.protocols.server import ElvinServerFactory, ElvinServerProtocol
+from elvin.protocols.udp import UNotifyDatagramProtocol
+from elvin.router import Router
+from elvin.sendqueue import REPLY_SLACK, QueueBudget, QueueOverflow, SendQueue
+
+from test.transport_fixtures import Certificates, RouterFixture, wait_until
+
+WARN = b"W" * 4
+
+
+# -- the queue itself --------------------------------------------------------------
+
+
+class SendQueueTests(unittest.TestCase):
+    def check(self, q):
+        """Bookkeeping: size is the bytes of the queued non-DropWarn
+        packets, and no two DropWarns are adjacent."""
+        entries = []
+        node = q._head.next
+        while node is not q._head:
+            entries.append(node)
+            node = node.next
+        self.assertEqual(len(entries), len(q))
+        self.assertEqual(q.size, sum(len(e.data) for e in entries if not e.dropwarn))
+        for a, b in zip(entries, entries[1:]):
+            self.assertFalse(a.dropwarn and b.dropwarn)
+
+    def test_random_operations_keep_the_books(self):
+        rng = random.Random(7)
+        for policy in DropPolicy:
+            q = SendQueue(1000, policy, WARN)
+            expect_order = []
+            for step in range(3000):
+                op = rng.random()
+                if op < 0.6:
+                    data = bytes([step % 251]) * rng.randrange(1, 200)
+                    droppable = rng.random() < 0.85
+                    try:
+                        q.push(data, droppable)
+                    except QueueOverflow:
+                        self.assertTrue(policy == DropPolicy.NONE or not droppable)
+                        continue
+                    expect_order.append(data)
+                elif op < 0.9 and q:
+                    q.pop()
+                elif op < 0.95:
+                    q.shed(rng.randrange(1, 500))
+                else:
+                    q.configure(rng.choice([500, 1000, 2000]), rng.choice(list(DropPolicy)))
+                    policy = q.policy
+                self.check(q)
+                if all(not e.droppable for e in self._entries(q)):
+                    continue
+                # Deliveries never exceed the limit; replies at most REPLY_SLACK x
+                # (the largest limit configured: a smaller one applies to
+                # what is pushed next).
+                self.assertLessEqual(q.size, REPLY_SLACK * 2000 + 200)
+            # What comes out keeps the order it went in.
+            out = []
+            while q:
+                out.append(q.pop())
+            survivors = [d for d in out if d != WARN]
+            positions = [expect_order.index(d) if d in expect_order else -1 for d in survivors]
+            self.assertEqual(q.size, 0)
+            self.assertEqual(len(positions), len(survivors))
+
+    @staticmethod
+    def _entries(q):
+        node = q._head.next
+        while node is not q._head:
+            yield node
+            node = node.next
+
+    def test_deliveries_stay_under_the_limit(self):
+        for policy in (DropPolicy.OLDEST, DropPolicy.NEWEST, DropPolicy.LARGEST):
+            q = SendQueue(4096, policy, WARN)
+            for i in range(2000):
+                q.push(b"d" * (10 + i % 90), True)
+                self.assertLessEqual(q.size, 4096)
+            self.assertGreater(q.dropped, 0)
+
+    def test_unread_replies_overflow(self):
+        q = SendQueue(1024, DropPolicy.OLDEST, WARN)
+        with self.assertRaises(QueueOverflow):
+            for _ in range(1000):
+                q.push(b"r" * 100, False)
+        self.assertLessEqual(q.size, REPLY_SLACK * 1024)
+
+    def test_budget_sheds_largest_then_evicts(self):
+        budget = QueueBudget(10_000)
+        evicted, shed = [], []
+        queues = {}
+        for name, policy in (("a", DropPolicy.OLDEST), ("b", DropPolicy.NONE),
+                             ("c", DropPolicy.NEWEST)):
+            q = queues[name] = SendQueue(1 << 20, policy, WARN)
+            budget.join(q, evicted.append, lambda n, name=name: shed.append((name, n)))
+        for i in range(30):
+            for name in "abc":
+                if queues[name] in evicted:
+                    continue   # that client is gone
+                queues[name].push(b"%d" % i * 100, True)
+                budget.enforce()
+                self.assertLessEqual(budget.total, 10_000)
+        self.assertEqual(evicted, [queues["b"]])       # could not shed: evicted
+        self.assertEqual(queues["b"].size, 0)
+        self.assertTrue(shed and {name for name, _ in shed} <= {"a", "c"}, shed)
+        self.assertEqual(budget.total, queues["a"].size + queues["c"].size)
+        self.assertEqual(budget.evictions, 1)
+        for q in queues.values():
+            budget.leave(q)
+        self.assertEqual(budget.total, 0)
+        self.assertEqual(len(budget), 0)
+
+    def test_dropping_costs_the_same_however_long_the_queue(self):
+        """A victim is found in O(log n): a 16 MiB queue of small packets
+        (about 200,000 of them) costs no more per push than a short one."""
+        timings = {}
+        for policy in (DropPolicy.OLDEST, DropPolicy.NEWEST, DropPolicy.LARGEST):
+            for limit in (64 * 1024, 16 * 1024 * 1024):
+                q = SendQueue(limit, policy, WARN)
+                while q.size + 80 <= limit:
+                    q.push(b"x" * 80, True)
+                started = time.perf_counter()
+                for i in range(2000):
+                    q.push(b"y" * (40 + i % 80), True)
+                timings[policy, limit] = time.perf_counter() - started
+        for policy in (DropPolicy.OLDEST, DropPolicy.NEWEST, DropPolicy.LARGEST):
+            # Scanning 200,000 entries per push would take seconds here.
+            self.assertLess(timings[policy, 16 * 1024 * 1024], 0.5, timings)
+
+
+# -- live routers ------------------------------------------------------------------
+
+
+class _WatchedProtocol(ElvinServerProtocol):
+    """Records, after every packet queued, the largest its queue and its
+    transport's write buffer have been, and the router-wide total."""
+
+    def send_encoded(self, data, droppable):
+        super().send_encoded(data, droppable)
+        factory = self.factory
+        if self.queue is not None:
+            factory.max_queue[self] = max(factory.max_queue.get(self, 0), self.queue.size)
+        transport = self.transport
+        if transport is not None and hasattr(transport, "_tempDataLen"):
+            buffered = len(transport.dataBuffer) - transport.offset + transport._tempDataLen
+            factory.max_buffer[self] = max(factory.max_buffer.get(self, 0), buffered)
+        factory.max_total = max(factory.max_total, factory.router.queue_budget.total)
+
+
+class LiveFixture(RouterFixture):
+    timeout = 60
+
+    def make_router(self):
+        return Router()
+
+    def setUp(self):
+        super().setUp()
+        self.router = self.make_router()
+        self.factory = ElvinServerFactory(self.router, reactor)
+        self.factory.protocol = _WatchedProtocol
+        self.factory.max_queue = {}
+        self.factory.max_buffer = {}
+        self.factory.max_total = 0
+        self.uri = self.listen_tcp()
+
+    def stop_reading(self, conn):
+        """Make ``conn`` stop reading its socket, with small kernel buffers
+        on both ends so the router's own queue is reached quickly."""
+        conn.protocol.transport.getHandle().setsockopt(socket.SOL_SOCKET,
+                                                       socket.SO_RCVBUF, 4096)
+        self.server_side(conn).transport.getHandle().setsockopt(socket.SOL_SOCKET,
+                                                                socket.SO_SNDBUF, 4096)
+        conn.protocol.transport.pauseProducing()
+
+    def server_side(self, conn):
+        """The router's protocol for client connection ``conn``."""
+        ids = set(conn.subscriptions)
+        for session in self.router.sessions:
+            if ids and ids & set(session.subscriptions):
+                return session.output
+        raise LookupError("no session holds that connection's subscriptions")
+
+
+class SlowConsumerTests(LiveFixture):
+    LIMIT = 8192
+    TOTAL = 1500
+
+    @defer.inlineCallbacks
+    def flood_past_slow_consumer(self, policy):
+        slow = yield self.connect({"Send-Queue.Max-Length": self.LIMIT,
+                                   "Send-Queue.Drop-Policy": policy})
+        fast = yield self.connect()
+        producer = yield self.connect()
+        slow_got, fast_got = [], []
+        yield slow.subscribe("require(n)", slow_got.append)
+        yield fast.subscribe("require(n)", fast_got.append)
+        server = self.server_side(slow)
+        self.stop_reading(slow)
+        pad = "x" * 1000
+        for n in range(self.TOTAL):
+            producer.notify({"n": n, "pad": pad})
+        yield wait_until(lambda: len(fast_got) == self.TOTAL, timeout=30)
+        yield producer.test_connection()
+        return slow, fast, server, slow_got, fast_got
+
+    @defer.inlineCallbacks
+    def check_policy(self, policy):
+        slow, fast, server, slow_got, fast_got = yield self.flood_past_slow_consumer(policy)
+        # The fast consumer saw everything, in order.
+        self.assertEqual([x["n"] for x in fast_got], list(range(self.TOTAL)))
+        self.assertEqual(fast.dropwarns, 0)
+        # The slow one was held to its limit all along: its queue, and the
+        # router's socket buffer for it (one write buffer and one packet).
+        self.assertGreater(server.session.dropped, 0)
+        self.assertLessEqual(self.factory.max_queue[server], self.LIMIT)
+        self.assertLessEqual(self.factory.max_buffer[server],
+                             server.transport.bufferSize + 1100)
+        # Reading again, it learns it missed notifications.
+        slow.protocol.transport.resumeProducing()
+        yield wait_until(lambda: slow.dropwarns > 0 and server.queue.size == 0, timeout=30)
+        # Round trips until nothing more arrives (test_connection settles on
+        # any packet, so one is not enough while deliveries are in flight).
+        while True:
+            before = len(slow_got)
+            yield slow.test_connection()
+            yield task.deferLater(reactor, 0.05, lambda: None)
+            if len(slow_got) == before:
+                break
+        got = [x["n"] for x in slow_got]
+        self.assertLess(len(got), self.TOTAL)
+        self.assertEqual(got, sorted(got))   # what survived is in order
+        return got
+
+    @defer.inlineCallbacks
+    def test_oldest(self):
+        got = yield self.check_policy("oldest")
+        self.assertEqual(got[-1], self.TOTAL - 1)   # the newest survive
+
+    @defer.inlineCallbacks
+    def test_newest(self):
+        got = yield self.check_policy("newest")
+        self.assertLess(got[-1], self.TOTAL - 1)     # the newest were dropped
+
+    @defer.inlineCallbacks
+    def test_largest(self):
+        got = yield self.check_policy("largest")
+        self.assertEqual(got[-1], self.TOTAL - 1)
+
+    @defer.inlineCallbacks
+    def test_none_disconnects_only_the_slow_client(self):
+        slow, fast, server, slow_got, fast_got = yield self.flood_past_slow_consumer("none")
+        yield wait_until(lambda: server.session.state == server.session.CLOSED)
+        self.assertEqual([x["n"] for x in fast_got], list(range(self.TOTAL)))
+        self.assertLessEqual(self.factory.max_queue[server], self.LIMIT)
+        slow.protocol.transport.resumeProducing()
+        yield slow.disconnected
+        self.assertFalse(fast.disconnected.called)
+
+    @defer.inlineCallbacks
+    def test_client_not_reading_its_replies_is_disconnected(self):
+        """Replies are never dropped, so a client that keeps asking and never
+        reads would grow its queue without bound: past REPLY_SLACK x its
+        limit it is disconnected instead."""
+        done = defer.Deferred()
+
+        class Asker(protocol.Protocol):
+            def connectionMade(self):
+                self.transport.getHandle().setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                self.transport.pauseProducing()    # never read
+                options = {name: spec.default for name, spec in OPTIONS.items()}
+                options["Send-Queue.Max-Length"] = 1024
+                self.transport.write(frame(P.encode(P.ConnRqst(1, 4, 0, options))))
+                request = frame(P.encode(P.QosRqst(2, options)))
+                self.transport.write(request * 30000)   # about 30 MB of replies
+
+            def connectionLost(self, reason):
+                done.callback(None)
+
+        yield endpoints.TCP4ClientEndpoint(reactor, "127.0.0.1", self.ports[0].getHost().port
+                                           ).connect(protocol.Factory.forProtocol(Asker))
+        yield wait_until(lambda: self.factory.max_queue and not self.router.sessions,
+                         timeout=30)
+        (server,) = self.factory.max_queue
+        self.assertLessEqual(self.factory.max_queue[server], REPLY_SLACK * 1024)
+        yield done
+
+
+class _Flooder(protocol.Protocol):
+    """Writes ``count`` pre-encoded NotifyEmit frames as fast as the socket
+    takes them."""
+
+    def __init__(self, count):
+        self.count = count
+
+    def connectionMade(self):
+        self.transport.write(frame(P.encode(P.ConnRqst(1, 4, 0))))
+        note = frame(P.encode(P.NotifyEmit({"flood": 1, "pad": "f" * 64}, True)))
+        self.transport.write(note * self.count)
+
+
+class FloodTests(LiveFixture):
+    @defer.inlineCallbacks
+    def test_flooding_publisher_cannot_starve_another(self):
+        flood_sub = yield self.connect()
+        flood_seen = []
+        yield flood_sub.subscribe("require(flood)", lambda n: flood_seen.append(1))
+        good_sub = yield self.connect()
+        good_pub = yield self.connect()
+        latencies = {}
+        sent_at = {}
+        received = []
+
+        def got(note):
+            latencies[note["seq"]] = time.monotonic() - sent_at[note["seq"]]
+            received.append(note["seq"])
+        yield good_sub.subscribe("require(seq)", got)
+        flood = 40_000
+        flooder = yield endpoints.TCP4ClientEndpoint(
+            reactor, "127.0.0.1", self.ports[0].getHost().port).connect(
+            protocol.Factory.forProtocol(lambda: _Flooder(flood)))
+        self.addCleanup(lambda: flooder.transport.abortConnection())
+        flood_start = self.router.stats["notifications"]
+        sent = []
+
+        def publish():
+            seq = len(sent)
+            sent_at[seq] = time.monotonic()
+            good_pub.notify({"seq": seq})
+            sent.append(seq)
+        ticker = task.LoopingCall(publish)
+        ticker.start(0.005)
+        # Publish while the flood is being read ...
+        yield wait_until(lambda: self.router.stats["notifications"] - flood_start
+                         >= flood + len(sent), timeout=40)
+        ticker.stop()
+        flood_done = self.router.stats["notifications"] - flood_start - len(sent)
+        yield good_pub.test_connection()
+        yield good_sub.test_connection()
+        # ... and every good notification got through, in order, promptly.
+        self.assertEqual(received, sent)
+        self.assertEqual(flood_done, flood)
+        self.assertGreater(len(sent), 20, "the flood was too short to measure")
+        worst = max(latencies.values())
+        self.assertLess(worst, 1.0, f"worst latency {worst:.3f}s during the flood")
+
+
+class RouterCapTests(LiveFixture):
+    def make_router(self):
+        return Router(max_connections=3, max_subscriptions=40)
+
+    @defer.inlineCallbacks
+    def test_max_connections(self):
+        conns = []
+        for _ in range(3):
+            conns.append((yield self.connect()))
+        with self.assertRaises(client.NackError) as cm:
+            yield self.connect()
+        self.assertEqual(cm.exception.code, errors.IMPL_LIMIT)
+        yield conns[0].close()
+        yield wait_until(lambda: len(self.router.sessions) == 2)
+        yield self.connect()
+
+    @defer.inlineCallbacks
+    def test_channels_beyond_twice_max_connections_are_closed(self):
+        """Channels that never send ConnRqst count too: at most as many
+        again as max-connections may wait, so idle sockets cannot pile up."""
+        port = self.ports[0].getHost().port
+        socks = []
+        try:
+            for _ in range(6):
+                socks.append(socket.create_connection(("127.0.0.1", port)))
+            yield wait_until(lambda: len(self.router.sessions) == 6)
+            extra = socket.create_connection(("127.0.0.1", port))
+            socks.append(extra)
+            extra.setblocking(False)
+            yield wait_until(lambda: _closed(extra), timeout=5)
+            self.assertEqual(len(self.router.sessions), 6)
+        finally:
+            for sock in socks:
+                sock.close()
+
+    @defer.inlineCallbacks
+    def test_subscriptions_per_client_and_router_wide(self):
+        a = yield self.connect({"Subscription.Max-Count": 16})
+        for i in range(16):
+            yield a.subscribe(f"x == {i}", lambda n: None)
+        with self.assertRaises(client.NackError) as cm:
+            yield a.subscribe("x == 99", lambda n: None)
+        self.assertEqual(cm.exception.code, errors.QOS_LIMIT)
+        b = yield self.connect()
+        for i in range(24):
+            yield b.subscribe(f"y == {i}", lambda n: None)
+        with self.assertRaises(client.NackError) as cm:
+            yield b.subscribe("y == 99", lambda n: None)
+        self.assertEqual(cm.exception.code, errors.IMPL_LIMIT)
+        self.assertEqual(len(self.router.subscriptions), 40)
+
+    @defer.inlineCallbacks
+    def test_quenches_are_limited_like_subscriptions(self):
+        conn = yield self.connect({"Subscription.Max-Count": 16, "Attribute.Max-Count": 16})
+        with self.assertRaises(client.NackError) as cm:
+            yield conn.quench([f"name{i}" for i in range(17)])
+        self.assertEqual(cm.exception.nack_args, ("Attribute.Max-Count",))
+        for i in range(16):
+            yield conn.quench([f"q{i}"])
+        with self.assertRaises(client.NackError) as cm:
+            yield conn.quench(["one-too-many"])
+        self.assertEqual(cm.exception.nack_args, ("Subscription.Max-Count",))
+        self.assertEqual(len(self.router.quench), 16)
+
+
+def _closed(sock):
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+class QueueMemoryTests(LiveFixture):
+    CAP = 48 * 1024
+
+    def make_router(self):
+        return Router(max_queue_memory=self.CAP)
+
+    @defer.inlineCallbacks
+    def test_router_wide_cap_sheds_then_evicts(self):
+        """Two paused clients each allowed 64 KiB, the router only 48 KiB
+        for all queues: the one that may drop (oldest) sheds, the one that
+        may not (none) is disconnected once it is the largest."""
+        options = {"Send-Queue.Max-Length": 65536}
+        shedder = yield self.connect(dict(options, **{"Send-Queue.Drop-Policy": "oldest"}))
+        strict = yield self.connect(dict(options, **{"Send-Queue.Drop-Policy": "none"}))
+        fast = yield self.connect()
+        producer = yield self.connect()
+        fast_got = []
+        for conn in (shedder, strict):
+            yield conn.subscribe("require(n)", lambda n: None)
+        yield fast.subscribe("require(n)", fast_got.append)
+        shedder_side = self.server_side(shedder)
+        strict_side = self.server_side(strict)
+        self.stop_reading(shedder)
+        self.stop_reading(strict)
+        # Paced, so the fast consumer keeps up: the cap takes from the
+        # largest queues, whoever they belong to at the time.
+        sent = iter(range(2000))
+
+        def emit():
+            for n in sent:
+                producer.notify({"n": n, "pad": "x" * 500})
+                if n % 20 == 19:
+                    return
+            ticker.stop()
+        ticker = task.LoopingCall(emit)
+        yield ticker.start(0.005)
+        yield wait_until(lambda: len(fast_got) == 2000, timeout=30)
+        self.assertEqual([x["n"] for x in fast_got], list(range(2000)))
+        self.assertEqual(fast.dropwarns, 0)
+        yield wait_until(lambda: strict_side.session.state == strict_side.session.CLOSED)
+        self.assertLessEqual(self.factory.max_total, self.CAP)
+        self.assertLessEqual(self.router.queue_budget.total, self.CAP)
+        self.assertEqual(self.router.queue_budget.evictions, 1)
+        self.assertGreater(shedder_side.session.dropped, 0)
+        self.assertEqual(shedder_side.session.state, shedder_side.session.CONNECTED)
+        shedder.protocol.transport.resumeProducing()
+        yield wait_until(lambda: shedder.dropwarns > 0)
+        strict.protocol.transport.resumeProducing()
+        yield strict.disconnected
+        self.assertFalse(fast.disconnected.called)
+
+    def test_configured(self):
+        from elvin import config, tap
+        cfg = config.parse("max-queue-memory = 1048576\n")
+        self.assertEqual(cfg.max_queue_memory, 1048576)
+        options = tap.Options()
+        options.router_config = cfg
+        cfg.listen = []
+        from twisted.internet.testing import MemoryReactor
+        top = tap.makeService(options, reactor=MemoryReactor())
+        self.assertEqual(top.router.queue_budget.max_bytes, 1048576)
+        with self.assertRaises(config.ConfigError):
+            config.parse("max-queue-memory = -1\n")
+
+
+class CostTests(unittest.TestCase):
+    """Packets built to be expensive are refused before the expense."""
+
+    def connected(self):
+        from twisted.internet.testing import StringTransport
+        factory = ElvinServerFactory(Router(), task.Clock())
+        proto = factory.buildProtocol(None)
+        transport = StringTransport()
+        proto.makeConnection(transport)
+        proto.dataReceived(frame(P.encode(P.ConnRqst(1, 4, 0))))
+        transport.clear()
+        return proto, transport
+
+    def test_packet_a_client_never_sends_is_not_decoded(self):
+        """A SubAddNotify (router-to-client) carrying a 2 MiB SubAST of
+        130,000 nodes would take seconds to decode: it is refused unread."""
+        proto, transport = self.connected()
+        leaf = struct.pack(">ii", 1, 4) + struct.pack(">I", 1) + b"x\0\0\0"
+        body = (struct.pack(">IIIQ", P.SubAddNotify.ID, 0, 0, 1)
+                + struct.pack(">iii", 16, 0, 130_000) + leaf * 130_000)
+        started = time.perf_counter()
+        proto.dataReceived(struct.pack(">I", len(body)) + body)
+        self.assertLess(time.perf_counter() - started, 0.1)
+        self.assertTrue(transport.disconnecting)
+
+    def test_key_bomb_is_refused_before_hashing(self):
+        proto, transport = self.connected()
+        count = 200_000
+        keys = (struct.pack(">IIII", 1, 2, 1, count)
+                + (struct.pack(">I", 1) + b"k\0\0\0") * count)
+        body = struct.pack(">II", P.SecRqst.ID, 9) + keys + struct.pack(">III", 0, 0, 0)
+        started = time.perf_counter()
+        proto.dataReceived(struct.pack(">I", len(body)) + body)
+        elapsed = time.perf_counter() - started
+        (length,) = struct.unpack(">I", transport.value()[:4])
+        nack = P.decode(transport.value()[4:4 + length])
+        self.assertEqual((nack.xid, nack.error), (9, errors.QOS_LIMIT))
+        # Decoding 200,000 keys is the cost left; hashing them would double it.
+        self.assertLess(elapsed, 1.0)
+        self.assertFalse(transport.disconnecting)
+
+
+# -- one representative limit on every path ------------------------------------------
+
+
+class PathLimitTests(RouterFixture):
+    """Attribute.Max-Count and Packet.Max-Length on TCP, TLS and HTTP;
+    Attribute.Max-Count and the datagram size on UDP; the federation
+    link's own limits."""
+
+    timeout = 60
+    client_args = {}
+
+    @defer.inlineCallbacks
+    def check_stream_limits(self, uri):
+        self.uri = uri
+        watcher = yield self.connect(**self.client_args)
+        got = []
+        yield watcher.subscribe("require(a0)", got.append)
+        small = yield self.connect({"Attribute.Max-Count": 16, "Packet.Max-Length": 1024},
+                                   **self.client_args)
+        self.assertEqual(small.options["Attribute.Max-Count"], 16)
+        small.notify({f"a{i}": i for i in range(17)})   # one too many: ignored
+        small.notify({f"a{i}": i for i in range(16)})   # at the limit: routed
+        yield small.test_connection()
+        yield wait_until(lambda: got)
+        yield watcher.test_connection()
+        self.assertEqual([len(n) for n in got], [16])
+        self.assertEqual(self.router.stats["rejected_notifications"], 1)
+        # A packet over Packet.Max-Length resets that connection only.
+        small.notify({"a0": "x" * 2000})
+        yield small.disconnected
+        self.connections.remove(small)
+        yield watcher.test_connection()
+        self.assertEqual(len(got), 1)
+
+    def test_tcp(self):
+        return self.check_stream_limits(self.listen_tcp())
+
+    def test_tls(self):
+        from elvin import tls
+        certs = Certificates(self.mktemp())
+        options = tls.server_options(certs.server_cert, certs.server_key)
+        self.client_args = {"tls_ca": certs.ca_path}
+        return self.check_stream_limits(self.listen_tls(options))
+
+    def test_http(self):
+        uri, _site = self.listen_http()
+        return self.check_stream_limits(uri)
+
+    @defer.inlineCallbacks
+    def test_udp(self):
+        from elvin.options import OPTIONS as SPECS
+        specs = dict(SPECS)
+        specs["Packet.Max-Length"] = specs["Packet.Max-Length"].with_default(8192)
+        self.router = Router(specs)
+        self.factory = ElvinServerFactory(self.router, reactor)
+        self.uri = self.listen_tcp()
+        udp = UNotifyDatagramProtocol(self.router)
+        port = reactor.listenUDP(0, udp, interface="127.0.0.1", maxPacketSize=udp.read_size)
+        self.ports.append(port)
+        watcher = yield self.connect()
+        got = []
+        yield watcher.subscribe("require(a0)", got.append)
+        sender = reactor.listenUDP(0, protocol.DatagramProtocol(), interface="127.0.0.1")
+        self.ports.append(sender)
+        target = ("127.0.0.1", port.getHost().port)
+        many = OPTIONS["Attribute.Max-Count"].default + 1
+        sender.write(P.encode(P.UNotify(4, 0, {f"a{i}": i for i in range(many)}, True)), target)
+        sender.write(P.encode(P.UNotify(4, 0, {"a0": "y" * 9000}, True)), target)
+        sender.write(P.encode(P.UNotify(4, 0, {"a0": 1}, True)), target)
+        yield wait_until(lambda: got)
+        self.assertEqual(udp.counters["oversize"], 1)
+        self.assertEqual(self.router.stats["rejected_notifications"], 1)
+        self.assertEqual([dict(n) for n in got], [{"a0": 1}])
+
+    @defer.inlineCallbacks
+    def test_federation(self):
+        """A peer's notifications are held to this router's default
+        attribute limits; a frame over the federation packet limit, or a
+        packet a peer never sends, closes the link without being decoded;
+        a pull filter bigger than we would ever send is widened to TRUE."""
+        from twisted.internet.testing import StringTransport
+        from elvin.federation import filters as F
+        from elvin.federation.protocol import FederationProtocol
+        from elvin.subscription.ast import Kind, Node
+
+        self.uri = self.listen_tcp()
+        manager = FederationManager(self.router, "here.test",
+                                    [FederationClass("Peers", hosts=["*"])], None, reactor,
+                                    max_filter_nodes=50)
+        watcher = yield self.connect()
+        got = []
+        yield watcher.subscribe("require(a0)", got.append)
+
+        def peer():
+            proto = FederationProtocol(manager, False, None, keepalive=0)
+            transport = StringTransport()
+            proto.makeConnection(transport)
+            proto.dataReceived(frame(P.encode(FP.FedConnRqst(1, 1, 0,
+                                                             f"peer{len(manager.links)}.test"))))
+            self.assertEqual(proto.link.state, proto.link.UP)
+            return proto, transport
+
+        proto, transport = peer()
+        many = OPTIONS["Attribute.Max-Count"].default + 1
+        proto.dataReceived(frame(P.encode(FP.FedNotify({f"a{i}": i for i in range(many)},
+                                                       True, P.Keys.EMPTY, ("far.test",)))))
+        proto.dataReceived(frame(P.encode(FP.FedNotify({"a0": 1}, True, P.Keys.EMPTY,
+                                                       ("far.test",)))))
+        yield wait_until(lambda: got)
+        yield watcher.test_connection()
+        self.assertEqual([dict(n) for n in got], [{"a0": 1}])
+        self.assertEqual(proto.link.stats["suppressed"], 1)
+        # A filter of more nodes than max_filter_nodes is taken as TRUE.
+        wide = Node(Kind.OR, None, [Node(Kind.FUNC_REQUIRE, None, [Node(Kind.NAME, f"n{i}")])
+                                    for i in range(100)])
+        proto.dataReceived(frame(P.encode(FP.FedSubReplace(5, wide))))
+        self.assertIs(proto.link.remote_filter.tree, F.TRUE)
+        # A packet only a router sends a client: refused undecoded.
+        proto.dataReceived(frame(P.encode(P.SubRply(1, 1))))
+        self.assertTrue(transport.disconnecting or proto.link.state == proto.link.CLOSED)
+        self.assertNotIn(proto.link, manager.links)
+        # A frame header over the federation packet limit resets the link.
+        proto2, transport2 = peer()
+        proto2.dataReceived(struct.pack(">I", FP.MAX_PACKET_LENGTH + 4))
+        self.assertTrue(transport2.disconnecting)
+        proto2.connectionLost(None)
+        self.assertEqual(manager.links, [])
+        manager.shutdown()

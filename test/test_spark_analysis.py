@@ -1,0 +1,649 @@
+"""Tests for spark_analysis: the trace format, the generator, and the Spark jobs.
+
+The Spark tests share one local SparkSession (local[2], no UI, 2 shuffle
+partitions), created the first time a test needs it and kept for the whole
+run, and one run of the whole pipeline over a small hand-made federation
+trace whose answers are worked out by hand below. They are skipped, with
+the reason, when pyspark or Java is missing.
+"""
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import tempfile
+
+from twisted.trial import unittest
+
+from elvin.values import Int64
+from spark_analysis import synth
+from spark_analysis import traceformat as tf
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SCHEMA_PATH = os.path.join(ROOT, "elvin", "federation", "trace_schema.json")
+
+T0 = 1714564800 * 10**6            # 2024-05-01T12:00:00Z
+
+
+def T(seconds, us=0):
+    return T0 + int(seconds * 10**6) + us
+
+
+# ---------------------------------------------------------------------------
+# shared Spark session and pipeline run (module-level cache, lazy)
+
+_spark = {"session": None, "skip": None}
+_runs = {}
+
+
+def spark_session():
+    """The shared local session; raises SkipTest if Spark cannot run here."""
+    if _spark["session"] is None and _spark["skip"] is None:
+        from spark_analysis.session import local_test_session, pyspark_available
+        reason = pyspark_available()
+        if reason is None:
+            try:
+                _spark["session"] = local_test_session()
+            except Exception as e:  # no JVM, port trouble, ...
+                reason = f"cannot start a local Spark session: {e}"
+        _spark["skip"] = reason
+    if _spark["session"] is None:
+        raise unittest.SkipTest(_spark["skip"])
+    return _spark["session"]
+
+
+def _tempdir(name):
+    path = tempfile.mkdtemp(prefix=f"elvin-spark-{name}-")
+    return path
+
+
+# ---------------------------------------------------------------------------
+# the hand-made federation: a - b - c (a dials b, c dials b)
+
+N1 = {"Group": "chat", "n": 1}
+N2 = {"Group": "chat", "n": 2}
+N3 = {"Symbol": "ACME", "Price": 1.5}
+HB = {"Heartbeat": 1}
+N4 = {"Loop": Int64(1)}
+N5 = {"Group": "chat", "n": 5}
+N6 = {"Group": "chat", "n": 6}
+
+
+def base_size(attrs):
+    return 16 + len(tf.canonical_attributes(attrs))
+
+
+def size(attrs, routing):
+    return base_size(attrs) + sum(tf.routing_entry_size(d) for d in routing)
+
+
+def handmade_records():
+    """{router: [line]} of the scenario; the answers are in HandmadeTests."""
+    out = {"a": [], "b": [], "c": []}
+
+    def rec(router, ts, peer, event, direction, **kw):
+        out[router].append((ts, tf.format_record(ts, router, peer, event, direction, **kw)))
+
+    def note(router, ts, peer, event, direction, attrs, routing):
+        rec(router, ts, peer, event, direction, routing=routing, size=size(attrs, routing),
+            attrs=list(attrs), digest=tf.notification_digest(attrs))
+
+    rec("a", T(0), "b", "link_up", "out")
+    rec("b", T(0), "a", "link_up", "in")
+    rec("c", T(0), "b", "link_up", "out")
+    rec("b", T(0), "c", "link_up", "in")
+    rec("b", T(0.1), "a", "subreplace_sent", "out", filter_nodes=3, filter_bytes=52)
+    rec("a", T(0.1, 1000), "b", "subreplace_received", "in", filter_nodes=3, filter_bytes=52)
+    rec("c", T(0.2), "b", "subreplace_sent", "out", filter_nodes=5, filter_bytes=80)
+    rec("b", T(0.2, 2000), "c", "subreplace_received", "in", filter_nodes=5, filter_bytes=80)
+    rec("b", T(120), "a", "subreplace_sent", "out", filter_nodes=7, filter_bytes=120)
+    rec("a", T(120, 1000), "b", "subreplace_received", "in", filter_nodes=7, filter_bytes=120)
+    # n1: a -> b -> c
+    note("a", T(10), "b", "notify_forwarded", "out", N1, ["a"])
+    note("b", T(10, 1000), "a", "notify_received", "in", N1, ["a"])
+    note("b", T(10, 1100), "c", "notify_forwarded", "out", N1, ["a", "b"])
+    note("c", T(10, 3100), "b", "notify_received", "in", N1, ["a", "b"])
+    # n2: b does not want it
+    note("a", T(20), "b", "notify_suppressed_filter", "out", N2, ["a"])
+    # n3: c -> b, b's export filter keeps it from a
+    note("c", T(30), "b", "notify_forwarded", "out", N3, ["c"])
+    note("b", T(30, 2000), "c", "notify_received", "in", N3, ["c"])
+    note("b", T(30, 2010), "a", "notify_suppressed_export", "out", N3, ["c", "b"])
+    # the same heartbeat twice, 10 s apart: a -> b, c does not want it
+    for s in (40, 50):
+        note("a", T(s), "b", "notify_forwarded", "out", HB, ["a"])
+        note("b", T(s, 1000), "a", "notify_received", "in", HB, ["a"])
+        note("b", T(s, 1010), "c", "notify_suppressed_filter", "out", HB, ["a", "b"])
+    # n4: a broken b sends back to a; a drops the loop
+    note("b", T(60), "a", "notify_forwarded", "out", N4, ["a", "b"])
+    note("a", T(60, 1500), "b", "notify_dropped_loop", "in", N4, ["a", "b"])
+    # n5: published at b; to a; c's queue is full
+    note("b", T(70), "a", "notify_forwarded", "out", N5, ["b"])
+    note("b", T(70, 5), "c", "notify_dropped_overload", "out", N5, ["b"])
+    note("a", T(70, 1500), "b", "notify_received", "in", N5, ["b"])
+    # b - c down from 300 s to 360 s
+    rec("b", T(300), "c", "link_down", "in", reason="liveness")
+    rec("c", T(300, 500), "b", "link_down", "out", reason="connection lost")
+    rec("c", T(360), "b", "link_up", "out")
+    rec("b", T(360), "c", "link_up", "in")
+    # n6: a -> b while b - c is down (no record for c)
+    note("a", T(330), "b", "notify_forwarded", "out", N6, ["a"])
+    note("b", T(330, 1000), "a", "notify_received", "in", N6, ["a"])
+    return {router: [line for _, line in sorted(lines)] for router, lines in out.items()}
+
+
+C_FILE = os.path.join("hosts", "c", "c-20240501T120000Z-000001.jsonl")
+
+
+def write_handmade(directory):
+    """Write the scenario; c's file (in a sub-directory) has two bad lines, 2 and 5."""
+    records = handmade_records()
+    for router in ("a", "b"):
+        with open(os.path.join(directory, f"{router}-20240501T120000Z-000001.jsonl"), "w") as f:
+            f.write("\n".join(records[router]) + "\n")
+    lines = list(records["c"])
+    lines.insert(1, "this is not json")
+    lines.insert(4, json.dumps({"v": 1, "ts_us": T(5), "router": "c", "peer": "b",
+                                "event": "bogus", "direction": "in"}))
+    os.makedirs(os.path.join(directory, "hosts", "c"))
+    with open(os.path.join(directory, C_FILE), "w") as f:
+        f.write("\n".join(lines) + "\n\n")        # a trailing blank line is ignored
+    with open(os.path.join(directory, "README.txt"), "w") as f:
+        f.write("not a trace file\n")
+
+
+def handmade_analysis():
+    """Run the whole pipeline once over the hand-made traces (cached)."""
+    if "handmade" not in _runs:
+        spark = spark_session()
+        from spark_analysis import pipeline
+        traces = _tempdir("traces")
+        write_handmade(traces)
+        out = _tempdir("report")
+        _runs["handmade"] = (traces, pipeline.run(spark, traces, out, T(0), T(600),
+                                                  progress=None))
+    return _runs["handmade"]
+
+
+def by_key(rows, *keys):
+    return {tuple(row[k] for k in keys) if len(keys) > 1 else row[keys[0]]: row for row in rows}
+
+
+# ---------------------------------------------------------------------------
+# format (no Spark)
+
+class DigestTests(unittest.SynchronousTestCase):
+
+    def test_vectors(self):
+        """The digests docs/traces.md gives as test vectors."""
+        self.assertEqual(tf.notification_digest({}), "9069ca78e7450a285173431b3e52c5c25299e473")
+        self.assertEqual(tf.notification_digest({"Group": "chat", "n": 7}),
+                         "c597f3b23a4564404c253d86bd3952930a0c0a82")
+        self.assertEqual(tf.notification_digest(
+            {"Group": "chat", "From": "alice", "Message": "hi", "Count": Int64(3),
+             "Price": 1.5, "Blob": b"\x00\x01", "n": 7}),
+            "34c28bf246c1b4c055b19704359d95f534cf4c5c")
+        self.assertEqual(tf.canonical_attributes({"Group": "chat", "n": 7}).hex(),
+                         "00000002" "00000005" "47726f7570000000" "00000004" "00000004"
+                         "63686174" "00000001" "6e000000" "00000001" "00000007")
+
+    def test_order_and_type(self):
+        """Attribute order does not matter; the value's wire type does."""
+        self.assertEqual(tf.notification_digest({"b": 1, "a": "x"}),
+                         tf.notification_digest({"a": "x", "b": 1}))
+        self.assertNotEqual(tf.notification_digest({"a": 5}), tf.notification_digest({"a": Int64(5)}))
+        self.assertNotEqual(tf.notification_digest({"a": 5}), tf.notification_digest({"a": 5.0}))
+        self.assertNotEqual(tf.notification_digest({"a": "x"}), tf.notification_digest({"a": b"x"}))
+
+    def test_sort_is_by_utf8_bytes(self):
+        """Names sort by UTF-8 bytes: 'Z' < 'a' < 'é'."""
+        canonical = tf.canonical_attributes({"\u00e9": 1, "a": 1, "Z": 1})
+        self.assertLess(canonical.index(b"Z"), canonical.index(b"a"))
+        self.assertLess(canonical.index(b"a"), canonical.index("\u00e9".encode()))
+
+    def test_routing_entry_size(self):
+        self.assertEqual(tf.routing_entry_size("a"), 8)
+        self.assertEqual(tf.routing_entry_size("abcd"), 8)
+        self.assertEqual(tf.routing_entry_size("abcde"), 12)
+        self.assertEqual(tf.routing_entry_size("\u00e9"), 8)
+
+
+class FileNameTests(unittest.SynchronousTestCase):
+
+    def test_round_trip(self):
+        name = tf.trace_file_name("hub.example.org", T(3723, 999), 7)
+        self.assertEqual(name, "hub.example.org-20240501T130203Z-000007.jsonl")
+        self.assertEqual(tf.parse_trace_file_name(name), ("hub.example.org", T(3723), 7))
+        self.assertEqual(tf.parse_trace_file_name(name + ".gz"), ("hub.example.org", T(3723), 7))
+        self.assertIsNone(tf.parse_trace_file_name("notes.jsonl"))
+
+    def test_unsafe_characters(self):
+        name = tf.trace_file_name("r\u00fc/x y", T0, 1, gzip=True)
+        self.assertEqual(name, "r%C3%BC%2Fx%20y-20240501T120000Z-000001.jsonl.gz")
+        self.assertEqual(tf.parse_trace_file_name(name)[0], "r\u00fc/x y")
+
+    def test_prune_by_name(self):
+        from spark_analysis.ingest import prune_by_name
+        files = [(f"/t/{tf.trace_file_name('a', T(h * 3600), h + 1)}", 1) for h in range(4)]
+        files.append(("/t/other.jsonl", 1))
+        kept = [p for p, _ in prune_by_name(files, T(2 * 3600 + 600), T(2 * 3600 + 700))]
+        self.assertEqual(kept, ["/t/a-20240501T140000Z-000003.jsonl", "/t/other.jsonl"])
+        self.assertEqual(len(prune_by_name(files)), 5)
+        # files ending (or starting) within 5 minutes of the range are kept: clocks step
+        kept = [p for p, _ in prune_by_name(files, T(2 * 3600 + 10), T(3 * 3600 - 10))]
+        self.assertEqual(len(kept), 4)
+
+
+class TimeTests(unittest.SynchronousTestCase):
+
+    def test_parse_time(self):
+        self.assertEqual(tf.parse_time("2024-05-01T12:00:00Z"), T0)
+        self.assertEqual(tf.parse_time("2024-05-01 12:00"), T0)
+        self.assertEqual(tf.parse_time("2024-05-01T14:00:00+02:00"), T0)
+        self.assertEqual(tf.parse_time("1714564800.5"), T0 + 500000)
+        self.assertEqual(tf.format_time(T0), "2024-05-01T12:00:00Z")
+        self.assertRaises(ValueError, tf.parse_time, "yesterday")
+
+
+GOOD = [
+    {"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "link_up", "direction": "out"},
+    {"v": 1, "ts_us": T0, "router": "a", "peer": None, "event": "link_down", "direction": "out",
+     "reason": "connect_failed"},
+    {"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "subreplace_sent",
+     "direction": "out", "filter_nodes": 0, "filter_bytes": 4},
+    {"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "notify_dropped_overload",
+     "direction": "in", "routing": ["b"], "size": 60, "attrs": ["A", "b"], "digest": "0" * 40},
+    {"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "link_up", "direction": "in",
+     "future_field": [1, 2]},
+]
+BAD = [
+    ({"v": 2, "ts_us": T0, "router": "a", "peer": "b", "event": "link_up", "direction": "out"},
+     "unsupported format version"),
+    ({"v": 1, "ts_us": T0 // 10**6, "router": "a", "peer": "b", "event": "link_up",
+      "direction": "out"}, "ts_us out of range"),
+    ({"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "link_sideways",
+      "direction": "out"}, "unknown event"),
+    ({"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "notify_forwarded",
+      "direction": "in", "routing": ["a"], "size": 1, "attrs": [], "digest": "0" * 40},
+     "direction 'in' not allowed"),
+    ({"v": 1, "ts_us": T0, "router": "a", "peer": None, "event": "link_up", "direction": "out"},
+     "'peer' may be null only"),
+    ({"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "link_down", "direction": "out"},
+     "missing field 'reason'"),
+    ({"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "notify_received",
+      "direction": "in", "routing": [], "size": 1, "attrs": [], "digest": "0" * 40},
+     "'routing' must not be empty"),
+    ({"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "notify_received",
+      "direction": "in", "routing": ["b"], "size": 1, "attrs": [], "digest": "0" * 39},
+     "'digest' must be"),
+    ({"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "subreplace_received",
+      "direction": "in", "filter_nodes": 1}, "missing field 'filter_bytes'"),
+    ({"v": 1, "ts_us": str(T0), "router": "a", "peer": "b", "event": "link_up",
+      "direction": "out"}, "wrong type"),
+    ({"v": 1, "ts_us": T0, "router": "a", "event": "link_up", "direction": "out"},
+     "missing field 'peer'"),
+]
+
+
+class RecordTests(unittest.SynchronousTestCase):
+
+    def test_format_record(self):
+        line = tf.format_record(T0, "a", "b", "notify_forwarded", "out", routing=["a"],
+                                size=68, attrs=["n", "Group"],
+                                digest=tf.notification_digest({"Group": "chat", "n": 7}))
+        obj = json.loads(line)
+        self.assertEqual(obj["attrs"], ["Group", "n"])
+        self.assertNotIn("reason", obj)
+        self.assertIsNone(tf.check_record(obj))
+        self.assertNotIn("\n", line)
+
+    def test_good_and_bad(self):
+        for obj in GOOD:
+            self.assertIsNone(tf.check_record(obj), obj)
+        for obj, reason in BAD:
+            self.assertIn(reason, tf.check_record(obj) or "", obj)
+        self.assertIn("not JSON", tf.check_line("{nope"))
+        self.assertEqual(tf.check_line("[1]"), "not a JSON object")
+        self.assertIsNone(tf.check_line("   \n"))
+
+    def test_schema_agrees(self):
+        """trace_schema.json accepts and rejects the same records."""
+        try:
+            import jsonschema
+        except ImportError:
+            raise unittest.SkipTest("jsonschema is not installed")
+        with open(SCHEMA_PATH) as f:
+            schema = json.load(f)
+        jsonschema.Draft202012Validator.check_schema(schema)
+        validator = jsonschema.Draft202012Validator(schema)
+        for obj in GOOD:
+            self.assertEqual(list(validator.iter_errors(obj)), [], obj)
+        for obj, _ in BAD:
+            self.assertNotEqual(list(validator.iter_errors(obj)), [], obj)
+        for lines in handmade_records().values():
+            for line in lines:
+                self.assertEqual(list(validator.iter_errors(json.loads(line))), [], line)
+        self.assertEqual(set(schema["properties"]["event"]["enum"]), set(tf.EVENTS))
+
+    def test_doc_examples(self):
+        """The example lines in docs/traces.md are valid records."""
+        with open(os.path.join(ROOT, "docs", "traces.md"), encoding="utf-8") as f:
+            examples = [line for line in f if line.startswith('{"v":')]
+        self.assertGreaterEqual(len(examples), 6)
+        for line in examples:
+            self.assertIsNone(tf.check_line(line), line)
+        forwarded = json.loads(examples[2])
+        self.assertEqual(forwarded["size"], size({"Group": "chat", "n": 7}, ["a"]))
+
+    def test_check_file(self):
+        directory = _tempdir("check")
+        self.addCleanup(shutil.rmtree, directory, True)
+        write_handmade(directory)
+        bad = tf.check_file(os.path.join(directory, C_FILE))
+        self.assertEqual([n for n, _ in bad], [2, 5])
+        self.assertIn("unknown event", bad[1][1])
+        self.assertEqual(tf.check_file(os.path.join(directory, "a-20240501T120000Z-000001.jsonl")), [])
+
+
+class SynthTests(unittest.SynchronousTestCase):
+    """The generator writes valid, self-consistent traces."""
+
+    def setUp(self):
+        self.out = _tempdir("synth")
+        self.addCleanup(shutil.rmtree, self.out, True)
+
+    def load(self):
+        records = []
+        for name in sorted(os.listdir(self.out)):
+            if tf.is_trace_file(name):
+                path = os.path.join(self.out, name)
+                self.assertEqual(tf.check_file(path), [], name)
+                with open(path) as f:
+                    records.extend(json.loads(line) for line in f)
+        return records
+
+    def test_consistent(self):
+        stats = synth.generate(self.out, routers=5, clients=15, rate=40, seconds=70, seed=3,
+                               rotate_bytes=200_000)
+        records = self.load()
+        self.assertEqual(len(records), stats["records"])
+        self.assertGreater(stats["files"], 5)                  # rotated by size
+        events = {r["event"] for r in records}
+        for event in ("link_up", "link_down", "subreplace_sent", "subreplace_received",
+                      "notify_forwarded", "notify_received", "notify_suppressed_filter",
+                      "notify_dropped_overload"):
+            self.assertIn(event, events)
+        sent, received = {}, {}
+        for r in records:
+            if r["event"] not in tf.NOTIFY_EVENTS:
+                continue
+            if r["direction"] == "out":
+                self.assertEqual(r["routing"][-1], r["router"])
+            else:
+                self.assertEqual(r["routing"][-1], r["peer"])
+            # size = base + routing entries, so base is the same on every hop
+            base = r["size"] - sum(tf.routing_entry_size(d) for d in r["routing"])
+            key = (r["digest"], tuple(r["routing"]))
+            if r["event"] == "notify_forwarded":
+                sent[key + (r["router"], r["peer"])] = sent.get(key + (r["router"], r["peer"]), 0) + 1
+            elif r["direction"] == "in":
+                received[key + (r["peer"], r["router"])] = \
+                    received.get(key + (r["peer"], r["router"]), 0) + 1
+            self.assertGreater(base, 16)
+        # every FedNotify sent was received, with the same digest and routing list
+        self.assertEqual(sent, received)
+        # routing lists grow by one domain per hop
+        self.assertTrue(any(len(key[1]) >= 3 for key in sent))
+
+    def test_loops_and_export(self):
+        stats = synth.generate(self.out, routers=4, clients=12, rate=30, seconds=20, seed=5,
+                               extra_links=1, flap=False, burst=False)
+        self.assertGreater(stats["events"].get("notify_dropped_loop", 0), 0)
+        for r in self.load():
+            if r["event"] == "notify_dropped_loop":
+                self.assertIn(r["router"], r["routing"])
+
+    def test_deterministic(self):
+        a = synth.generate(os.path.join(self.out, "1"), routers=3, clients=6, rate=20,
+                           seconds=5, seed=9)
+        b = synth.generate(os.path.join(self.out, "2"), routers=3, clients=6, rate=20,
+                           seconds=5, seed=9)
+        self.assertEqual(a, b)
+
+    def test_command_line(self):
+        with contextlib.redirect_stdout(io.StringIO()) as stdout:
+            self.assertEqual(synth.main(["--out", self.out, "--routers", "3", "--clients", "5",
+                                         "--rate", "10", "--seconds", "3", "--gzip"]), 0)
+        self.assertIn("records", stdout.getvalue())
+        self.assertTrue(any(n.endswith(".jsonl.gz") for n in os.listdir(self.out)))
+        self.assertTrue(os.path.exists(os.path.join(self.out, "topology.json")))
+
+
+class FloodModelTests(unittest.SynchronousTestCase):
+
+    def test_chain(self):
+        from spark_analysis.jobs import flood_model
+        rows = flood_model([("a", "b"), ("b", "a"), ("c", "b")], ["a", "b", "c"])
+        self.assertEqual(sorted(r for r in rows if r[0] == "a"),
+                         [("a", "b", "a", "b", 0), ("a", "b", "b", "c", 8)])
+        self.assertEqual(sorted(r for r in rows if r[0] == "b"),
+                         [("b", "a", "b", "a", 0), ("b", "c", "b", "c", 0)])
+
+    def test_cycle_uses_a_tree(self):
+        from spark_analysis.jobs import flood_model
+        rows = flood_model([("a", "b"), ("b", "c"), ("c", "a")], ["a"])
+        self.assertEqual(len(rows), 2)                         # n - 1 links per origin
+
+
+class CommandLineTests(unittest.SynchronousTestCase):
+    """Errors the command line reports before starting Spark."""
+
+    def run_main(self, *argv):
+        from spark_analysis.cli import main
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            try:
+                status = main(list(argv))
+            except SystemExit as e:
+                status = e.code
+        return status, err.getvalue()
+
+    def test_missing_directory(self):
+        status, err = self.run_main("/nonexistent/traces", "--out", "/tmp/x")
+        self.assertEqual(status, 1)
+        self.assertIn("/nonexistent/traces does not exist", err)
+
+    def test_empty_directory(self):
+        directory = _tempdir("empty")
+        self.addCleanup(shutil.rmtree, directory, True)
+        with open(os.path.join(directory, "notes.txt"), "w") as f:
+            f.write("x")
+        status, err = self.run_main(directory, "--out", os.path.join(directory, "out"))
+        self.assertEqual(status, 1)
+        self.assertIn("no trace files (*.jsonl, *.jsonl.gz) under", err)
+
+    def test_bad_arguments(self):
+        status, err = self.run_main("/tmp", "--out", "/tmp/x", "--since", "whenever")
+        self.assertEqual(status, 2)
+        self.assertIn("cannot read 'whenever' as a time", err)
+        status, err = self.run_main("/tmp", "--out", "/tmp/x", "--since", "2024-05-02",
+                                    "--until", "2024-05-01")
+        self.assertEqual(status, 2)
+
+
+# ---------------------------------------------------------------------------
+# Spark
+
+class HandmadeTests(unittest.SynchronousTestCase):
+    """The whole pipeline over the hand-made traces: answers worked out by hand."""
+
+    timeout = 600
+
+    def setUp(self):
+        self.traces, self.analysis = handmade_analysis()
+        self.t = self.analysis.tables
+
+    def test_ingest(self):
+        a = self.analysis
+        self.assertEqual(len(a.files), 3)                      # README.txt is not read
+        self.assertEqual(a.bad_lines, 2)
+        self.assertEqual(a.records, sum(len(v) for v in handmade_records().values()))
+        self.assertEqual([(os.path.basename(f), n) for f, n, _, _ in a.bad_examples],
+                         [(os.path.basename(C_FILE), 2), (os.path.basename(C_FILE), 5)])
+        self.assertIn("unknown event 'bogus'", a.bad_examples[1][2])
+        self.assertEqual((a.start_us, a.end_us), (T(0), T(600)))
+        with open(os.path.join(a.out_dir, "csv", "bad_lines.csv")) as f:
+            self.assertEqual(len(f.read().strip().splitlines()), 3)
+
+    def test_links(self):
+        links = by_key(self.t["links"], "router", "peer", "direction")
+        ab = links[("a", "b", "out")]
+        self.assertEqual(ab["notifications"], 4)
+        self.assertEqual(ab["bytes"], sum(size(n, ["a"]) for n in (N1, HB, HB, N6)))
+        self.assertEqual(ab["peak_per_min"], 3)                # n1, two heartbeats
+        self.assertEqual(ab["peak_per_s"], 1)
+        self.assertAlmostEqual(ab["mean_per_min"], 0.4)        # 4 in 10 minutes
+        self.assertEqual(links[("b", "a", "in")]["notifications"], 4)
+        # in: the loop drop crossed the wire too
+        self.assertEqual(links[("a", "b", "in")]["notifications"], 2)
+        bc = links[("b", "c", "out")]
+        self.assertEqual(bc["notifications"], 1)
+        self.assertAlmostEqual(bc["mean_per_min"], 1 / 9, places=3)   # up 540 s
+        uptime = by_key(self.t["link_uptime"], "router", "peer")
+        self.assertAlmostEqual(uptime[("b", "c")]["uptime_s"], 540)
+        self.assertEqual(uptime[("b", "c")]["uptime_pct"], 90)
+        self.assertEqual(uptime[("b", "c")]["downs"], 1)
+        self.assertEqual(uptime[("b", "c")]["last_down_reason"], "liveness")
+        self.assertAlmostEqual(uptime[("c", "b")]["uptime_s"], 540.0005)
+        self.assertEqual(uptime[("a", "b")]["uptime_pct"], 100)
+
+    def test_filter_effect(self):
+        effect = by_key(self.t["filter_effect"], "router", "peer")
+        self.assertEqual(
+            {k: tuple(v[c] for c in ("considered", "forwarded", "suppressed_filter",
+                                     "suppressed_export", "dropped_overload"))
+             for k, v in effect.items()},
+            {("a", "b"): (5, 4, 1, 0, 0), ("b", "a"): (3, 2, 0, 1, 0),
+             ("b", "c"): (4, 1, 2, 0, 1), ("c", "b"): (1, 1, 0, 0, 0)})
+        self.assertEqual(effect[("b", "a")]["suppressed_export_bytes"], size(N3, ["c", "b"]))
+
+    def test_flood(self):
+        flood = by_key(self.t["flood"], "router", "peer")
+        self.assertEqual({k: (v["flood_notifications"], v["forwarded"]) for k, v in flood.items()},
+                         {("a", "b"): (5, 4), ("b", "c"): (6, 1), ("b", "a"): (2, 2),
+                          ("c", "b"): (1, 1)})
+        from_a = [N1, N2, HB, HB, N6]
+        self.assertEqual(flood[("a", "b")]["flood_bytes"], sum(size(n, ["a"]) for n in from_a))
+        self.assertEqual(flood[("b", "c")]["flood_bytes"],
+                         sum(size(n, ["a", "b"]) for n in from_a) + size(N5, ["b"]))
+        self.assertEqual(flood[("b", "a")]["flood_bytes"], size(N5, ["b"]) + size(N3, ["c", "b"]))
+        self.assertEqual(flood[("a", "b")]["saved_bytes"], size(N2, ["a"]))
+
+    def test_drops(self):
+        drops = by_key(self.t["drops"], "router", "peer", "direction", "event")
+        self.assertEqual({k: v["drops"] for k, v in drops.items()},
+                         {("a", "b", "in", "notify_dropped_loop"): 1,
+                          ("b", "c", "out", "notify_dropped_overload"): 1})
+        self.assertEqual({(r["event"], r["t_us"]) for r in self.analysis.series["drops"]},
+                         {("notify_dropped_loop", T(60)), ("notify_dropped_overload", T(60))})
+
+    def test_paths(self):
+        hops = by_key(self.t["hops"], "hops")
+        self.assertEqual({h: r["deliveries"] for h, r in hops.items()}, {1: 6, 2: 1})
+        self.assertEqual(hops[1]["notifications"], 5)          # n1, n3, heartbeat, n5, n6
+        routes = by_key(self.t["routes"], "route")
+        self.assertEqual({r: v["deliveries"] for r, v in routes.items()},
+                         {"a > b": 4, "a > b > c": 1, "c > b": 1, "b > a": 1})
+        self.assertEqual(routes["a > b > c"]["hops"], 2)
+        self.assertEqual(routes["a > b > c"]["destination"], "c")
+        # the heartbeat recurs: each delivery is matched to its own publication
+        for p in ("latency_p50_us", "latency_p99_us", "latency_max_us"):
+            self.assertEqual(routes["a > b"][p], 1000)
+        self.assertEqual(routes["a > b > c"]["latency_p50_us"], 3100)
+        self.assertEqual(routes["c > b"]["latency_p50_us"], 2000)
+        self.assertEqual(routes["b > a"]["latency_p50_us"], 1500)
+        self.assertEqual(self.t["routes"][0]["route"], "a > b")
+
+    def test_hop_latency(self):
+        hop = by_key(self.t["hop_latency"], "sender", "receiver")
+        self.assertEqual(hop[("a", "b")]["matched"], 4)
+        self.assertEqual(hop[("a", "b")]["delay_p50_us"], 1000)
+        self.assertEqual(hop[("b", "a")]["matched"], 2)        # n4 (loop drop) and n5
+        self.assertEqual(hop[("b", "a")]["delay_p50_us"], 1500)
+        self.assertEqual(hop[("a", "b")]["clock_offset_est_us"], -250)
+        self.assertEqual(hop[("a", "b")]["one_way_est_us"], 1250)
+        self.assertEqual(hop[("b", "c")]["delay_p50_us"], 2000)
+        self.assertEqual(hop[("c", "b")]["clock_offset_est_us"], 0)
+
+    def test_interest(self):
+        sets = by_key(self.t["attr_sets"], "attribute_names")
+        # published: n1 n2 n6 at a, n5 at b; the heartbeat twice; n4 has no origin record
+        self.assertEqual({k: (v["published"], v["distinct"], v["crossings"])
+                          for k, v in sets.items()},
+                         {"Group,n": (4, 4, 4), "Heartbeat": (2, 1, 2),
+                          "Price,Symbol": (1, 1, 1), "Loop": (0, 1, 1)})
+        self.assertEqual(self.t["attr_sets"][0]["attribute_names"], "Group,n")
+        churn = by_key(self.t["filter_churn"], "router", "peer", "direction")
+        self.assertEqual({k: (v["replaces"], v["nodes_last"], v["nodes_min"]) for k, v in churn.items()},
+                         {("b", "a", "out"): (2, 7, 3), ("a", "b", "in"): (2, 7, 3),
+                          ("c", "b", "out"): (1, 5, 5), ("b", "c", "in"): (1, 5, 5)})
+        self.assertEqual(churn[("b", "a", "out")]["bytes_last"], 120)
+        self.assertEqual(churn[("b", "a", "out")]["replaces_per_hour"], 12)
+
+    def test_outputs(self):
+        out = self.analysis.out_dir
+        for table in ("events", "link_minute", "links", "link_uptime", "filter_effect", "flood",
+                      "drops_minute", "drops", "hops", "routes", "hop_latency", "attr_sets",
+                      "filter_changes", "filter_churn", "overview"):
+            self.assertTrue(os.path.isdir(os.path.join(out, "parquet", table)), table)
+        self.assertTrue(os.path.isdir(os.path.join(out, "parquet", "events", "status=bad")))
+        for name in ("links", "flood", "routes", "hop_latency", "files", "bad_lines"):
+            self.assertTrue(os.path.exists(os.path.join(out, "csv", name + ".csv")), name)
+        with open(os.path.join(out, "csv", "links.csv")) as f:
+            self.assertTrue(f.readline().startswith("router,peer,direction,notifications,bytes"))
+        charts = sorted(os.listdir(os.path.join(out, "charts")))
+        self.assertEqual(charts, sorted(["topology.png", "link_traffic.png", "filter_effect.png",
+                                         "flood.png", "drops.png", "hops.png", "routes.png",
+                                         "latency.png", "attr_sets.png", "filter_sizes.png"]))
+        with open(os.path.join(out, "charts", "hops.png"), "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+        with open(os.path.join(out, "report.html"), encoding="utf-8") as f:
+            page = f.read()
+        self.assertEqual(page.count("data:image/png;base64,"), 10)   # self-contained
+        for text in ("Links: what each link carries", "2 bad trace lines were skipped",
+                     "line 5: unknown event", "saving of", "loop drops", 'href="csv/links.csv"'):
+            self.assertIn(text, page)
+
+    def test_since_until(self):
+        """Only records in [since, until) are read; bad lines are still counted."""
+        from pyspark.sql import functions as F
+        from spark_analysis import ingest
+        spark = spark_session()
+        files = ingest.list_trace_files(self.traces)
+        rows = (ingest.read_traces(spark, files, T(35), T(55))
+                .groupBy("status").agg(F.count(F.lit(1)).alias("n")).collect())
+        self.assertEqual({r["status"]: r["n"] for r in rows}, {"ok": 6, "bad": 2})
+
+
+class BadInputTests(unittest.SynchronousTestCase):
+    """A directory with nothing valid is an error naming the file and line."""
+
+    timeout = 300
+
+    def test_all_bad(self):
+        spark_session()
+        from spark_analysis.cli import main
+        directory = _tempdir("bad")
+        self.addCleanup(shutil.rmtree, directory, True)
+        with open(os.path.join(directory, "x-20240501T120000Z-000001.jsonl"), "w") as f:
+            f.write('{"v":1}\n\n[1,2,3]\n')
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            status = main([directory, "--out", os.path.join(directory, "out"), "--quiet"])
+        self.assertEqual(status, 1)
+        message = err.getvalue()
+        self.assertIn("no valid trace records", message)
+        self.assertIn("2 bad lines", message)
+        self.assertIn("x-20240501T120000Z-000001.jsonl line 1: missing field 'ts_us'", message)
