@@ -9,6 +9,7 @@ subscription, and its attributes are encoded once however many clients it
 reaches; only the per-client subscription-id arrays differ.
 """
 
+import abc
 import functools
 import itertools
 
@@ -44,32 +45,32 @@ MAX_PROTOCOL_ERRORS = 100
 DEFAULT_MAX_QUEUE_MEMORY = 512 * 1024 * 1024
 
 
-class SessionOutput:
+class SessionOutput(abc.ABC):
     """What a transport gives a session to talk back with (an interface)."""
 
+    @abc.abstractmethod
     def send(self, packet):
         """Queue ``packet`` (never dropped)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def send_encoded(self, data, droppable):
         """Queue an already encoded packet; ``droppable`` for deliveries."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def is_idle(self):
         """True when nothing is waiting to be written to the client."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def configure(self, options):
         """Apply negotiated options (packet and send-queue limits)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def close(self):
         """Flush what is queued, then close the channel."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def abort(self):
         """Close the channel at once (protocol violation)."""
-        raise NotImplementedError
 
 
 class SubscriptionEntry:
@@ -384,6 +385,14 @@ class ClientSession:
         self.log.info("client connected from {peer}", peer=self.peer)
         self.send(P.ConnRply(packet.xid, reply))
 
+    def _too_many_keys(self, xid, keys):
+        """Nack (and say True) when ``keys`` exceed Subscription.Max-Keys."""
+        if len(keys) > self.options["Subscription.Max-Keys"]:
+            self.protocol_error(xid, errors.QOS_LIMIT, "more keys than Subscription.Max-Keys",
+                                ("Subscription.Max-Keys",))
+            return True
+        return False
+
     def _keys(self, xid, keys, role):
         """Prepare wire keys for ``role``, or Nack and return None."""
         if not keys:
@@ -453,10 +462,7 @@ class ClientSession:
         keys = self._keys(packet.xid, packet.keys, PRODUCER)
         if keys is None:
             return
-        if len(keys) > self.options["Subscription.Max-Keys"]:
-            self.protocol_error(packet.xid, errors.QOS_LIMIT,
-                                "more keys than Subscription.Max-Keys",
-                                ("Subscription.Max-Keys",))
+        if self._too_many_keys(packet.xid, keys):
             return
         router = self.router
         if len(router.quench) >= router.max_subscriptions:
@@ -593,10 +599,7 @@ class ClientSession:
         keys = self._keys(packet.xid, packet.keys, CONSUMER)
         if keys is None:
             return
-        if len(keys) > self.options["Subscription.Max-Keys"]:
-            self.protocol_error(packet.xid, errors.QOS_LIMIT,
-                                "more keys than Subscription.Max-Keys",
-                                ("Subscription.Max-Keys",))
+        if self._too_many_keys(packet.xid, keys):
             return
         subscription = self._compile(packet.xid, packet.expression)
         if subscription is None:
@@ -623,10 +626,7 @@ class ClientSession:
             return
         # 7.4.18: adding a present key or removing an absent one is ignored.
         keys = entry.keys.union(add_keys).difference(del_keys)
-        if len(keys) > self.options["Subscription.Max-Keys"]:
-            self.protocol_error(packet.xid, errors.QOS_LIMIT,
-                                "more keys than Subscription.Max-Keys",
-                                ("Subscription.Max-Keys",))
+        if self._too_many_keys(packet.xid, keys):
             return
         subscription = None
         if packet.expression:
