@@ -369,8 +369,9 @@ class FloodTests(LiveFixture):
                          >= flood + len(sent), timeout=40)
         ticker.stop()
         flood_done = self.router.stats["notifications"] - flood_start - len(sent)
+        yield wait_until(lambda: len(received) >= len(sent), timeout=10)
         yield good_pub.test_connection()
-        yield good_sub.test_connection()
+        yield task.deferLater(reactor, 0.1, lambda: None)
         # ... and every good notification got through, in order, promptly.
         self.assertEqual(received, sent)
         self.assertEqual(flood_done, flood)
