@@ -28,24 +28,10 @@ from elvin.protocols.server import ElvinServerFactory
 from elvin.router import Router
 from elvin.tools import common, discover
 from elvin.uri import ElvinURI
+from test.polling import wait_until
 
 LOOPBACK = "127.0.0.1"
 
-
-def wait_until(predicate, timeout=10.0, step=0.02):
-    """Poll ``predicate`` on the reactor (bounded) until it is true."""
-    d = defer.Deferred()
-    deadline = reactor.seconds() + timeout
-
-    def check():
-        if predicate():
-            d.callback(True)
-        elif reactor.seconds() > deadline:
-            d.errback(AssertionError("condition not met in time"))
-        else:
-            reactor.callLater(step, check)
-    check()
-    return d
 
 
 def sleep(seconds):

@@ -10,7 +10,7 @@ import math
 import os
 import sys
 
-from twisted.internet import defer, protocol, reactor, task
+from twisted.internet import defer, protocol, reactor
 from twisted.internet.utils import getProcessOutputAndValue
 from twisted.trial import unittest
 
@@ -19,6 +19,7 @@ from elvin.protocols.server import ElvinServerFactory, ElvinServerProtocol
 from elvin.router import Router
 from elvin.textformat import format_notification, read_notifications
 from elvin.values import INT32, INT64, OPAQUE, REAL64, STRING, Int64, type_of
+from test.polling import wait_until
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -70,17 +71,6 @@ class _ToolProcess(protocol.ProcessProtocol):
         self.ended.callback((b"".join(self.out), b"".join(self.err),
                              reason.value.exitCode))
 
-
-def wait_until(condition, timeout=20.0, interval=0.02):
-    """A Deferred that fires when ``condition()`` is true (fails on timeout)."""
-    @defer.inlineCallbacks
-    def poll():
-        deadline = reactor.seconds() + timeout
-        while not condition():
-            if reactor.seconds() > deadline:
-                raise AssertionError(f"timed out waiting for {condition}")
-            yield task.deferLater(reactor, interval, lambda: None)
-    return poll()
 
 
 class ToolTestCase(unittest.TestCase):

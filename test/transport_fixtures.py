@@ -13,22 +13,8 @@ from elvin.protocols.httptunnel import ElvinHTTPSite
 from elvin.protocols.server import ElvinServerFactory
 from elvin.router import Router
 from elvin.values import Int64
+from test.polling import wait_until
 
-
-def wait_until(predicate, timeout=10.0, step=0.01):
-    """Poll ``predicate`` on the reactor (bounded) until it is true."""
-    d = defer.Deferred()
-    deadline = reactor.seconds() + timeout
-
-    def check():
-        if predicate():
-            d.callback(True)
-        elif reactor.seconds() > deadline:
-            d.errback(AssertionError("condition not met in time"))
-        else:
-            reactor.callLater(step, check)
-    check()
-    return d
 
 
 class Certificates:
