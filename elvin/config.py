@@ -13,6 +13,7 @@ import os
 
 from elvin.discovery import settings as _discovery_settings
 from elvin.options import OPTIONS, DropPolicy
+from elvin.router import MAX_PROTOCOL_ERRORS, PROTOCOL_ERROR_WINDOW
 from elvin.uri import ElvinURI, InvalidURIError
 
 __all__ = ["ConfigError", "RouterConfig", "load", "parse"]
@@ -36,6 +37,8 @@ class RouterConfig:
         self.max_subscriptions = 1_000_000
         self.max_queue_memory = 512 * 1024 * 1024
         self.connect_timeout = 30.0
+        self.max_protocol_errors = MAX_PROTOCOL_ERRORS
+        self.protocol_error_window = PROTOCOL_ERROR_WINDOW
         self.option_specs = dict(OPTIONS)
         self.source = None
         # Router discovery, off by default (docs/discovery.md)
@@ -77,27 +80,18 @@ class RouterConfig:
         elif lowered == "max-queue-memory":
             self.max_queue_memory = _integer(value, key, where, 0)
         elif lowered == "connect-timeout":
-            try:
-                self.connect_timeout = float(value)
-            except ValueError:
-                raise ConfigError(f"{where}: connect-timeout must be a number of "
-                                  f"seconds, not {value!r}") from None
-            if not math.isfinite(self.connect_timeout) or self.connect_timeout < 0:
-                raise ConfigError(f"{where}: connect-timeout must be a finite, "
-                                  f"non-negative number of seconds, not {value!r}")
+            self.connect_timeout = _seconds(value, key, where, allow_zero=True)
+        elif lowered == "max-protocol-errors":
+            self.max_protocol_errors = _integer(value, key, where, 0)
+        elif lowered == "protocol-error-window":
+            self.protocol_error_window = _seconds(value, key, where, allow_zero=False)
         elif lowered in ("tls-certificate", "tls-key", "tls-ca"):
             setattr(self, lowered.replace("-", "_"), self._path(value))
         elif lowered == "require-authenticated":
             self.require_authenticated = _boolean(value, key, where)
         elif lowered in ("http-session-timeout", "http-poll-timeout"):
-            try:
-                seconds = float(value)
-            except ValueError:
-                raise ConfigError(f"{where}: {key} must be a number of seconds, "
-                                  f"not {value!r}") from None
-            if not seconds > 0:
-                raise ConfigError(f"{where}: {key} must be more than 0")
-            setattr(self, lowered.replace("-", "_"), seconds)
+            setattr(self, lowered.replace("-", "_"),
+                    _seconds(value, key, where, allow_zero=False))
         elif lowered == "discovery" or lowered.startswith("discovery-"):
             try:
                 _discovery_settings.apply_setting(self, lowered, value)
@@ -118,7 +112,8 @@ class RouterConfig:
                 self.option_specs[key] = spec.with_default(value)
         else:
             known = ["listen", "verbose", "max-connections", "max-subscriptions",
-                     "max-queue-memory", "connect-timeout", "tls-certificate",
+                     "max-queue-memory", "connect-timeout", "max-protocol-errors",
+                     "protocol-error-window", "tls-certificate",
                      "tls-key", "tls-ca", "require-authenticated", "http-session-timeout",
                      "http-poll-timeout"] + _discovery_settings.SETTINGS + sorted(OPTIONS)
             raise ConfigError(f"{where}: unknown setting {key!r} "
@@ -147,6 +142,22 @@ def _integer(value, key, where, minimum):
     if number < minimum:
         raise ConfigError(f"{where}: {key} must be at least {minimum}, not {number}")
     return number
+
+
+def _seconds(value, key, where, allow_zero):
+    """A finite number of seconds: at least 0, or more than 0."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ConfigError(f"{where}: {key} must be a number of seconds, "
+                          f"not {value!r}") from None
+    if allow_zero and not (math.isfinite(seconds) and seconds >= 0):
+        raise ConfigError(f"{where}: {key} must be a finite, non-negative number "
+                          f"of seconds, not {value!r}")
+    if not allow_zero and not (math.isfinite(seconds) and seconds > 0):
+        raise ConfigError(f"{where}: {key} must be more than 0 (and finite), "
+                          f"not {value!r}")
+    return seconds
 
 
 def parse(text, filename="<config>", config=None):

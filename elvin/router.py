@@ -10,8 +10,10 @@ reaches; only the per-client subscription-id arrays differ.
 """
 
 import abc
+import collections
 import functools
 import itertools
+import time
 
 from twisted.logger import Logger
 
@@ -38,8 +40,10 @@ DISCONN_PROTOCOL_ERRORS = 4
 PROTOCOL_MAJOR = 4
 PROTOCOL_MINOR = 0
 
-#: Repeated protocol errors after which a client is disconnected (7.3.3).
-MAX_PROTOCOL_ERRORS = 100
+#: Protocol errors (1xxx Nacks) within PROTOCOL_ERROR_WINDOW seconds after
+#: which a client is disconnected (7.3.3); refused requests (2xxx) never count.
+MAX_PROTOCOL_ERRORS = 50
+PROTOCOL_ERROR_WINDOW = 10.0
 
 #: Default router-wide cap on the bytes in all client send queues.
 DEFAULT_MAX_QUEUE_MEMORY = 512 * 1024 * 1024
@@ -95,8 +99,16 @@ class Router:
 
     def __init__(self, option_specs=None, max_subscriptions=1_000_000,
                  max_connections=10_000, verbose=False,
-                 max_queue_memory=DEFAULT_MAX_QUEUE_MEMORY):
+                 max_queue_memory=DEFAULT_MAX_QUEUE_MEMORY,
+                 max_protocol_errors=MAX_PROTOCOL_ERRORS,
+                 protocol_error_window=PROTOCOL_ERROR_WINDOW, clock=time.monotonic):
         self.option_specs = dict(OPTIONS if option_specs is None else option_specs)
+        #: A client making ``max_protocol_errors`` protocol errors within
+        #: ``protocol_error_window`` seconds is disconnected (0: never).
+        self.max_protocol_errors = max_protocol_errors
+        self.protocol_error_window = protocol_error_window
+        #: Seconds, monotonic; injected so the core stays free of the reactor.
+        self.clock = clock
         self.max_subscriptions = max_subscriptions
         self.max_connections = max_connections
         #: Router-wide cap on bytes waiting in client send queues (0: none).
@@ -252,11 +264,13 @@ class ClientSession:
         self.state = self.NEW
         self.options = router.new_options()
         self.subscriptions = {}
-        self.protocol_errors = 0
+        #: Times of recent protocol errors (at most max_protocol_errors kept).
+        self.protocol_errors = collections.deque(maxlen=router.max_protocol_errors or 1)
         self.dropped = 0
         self.nfn_keys = KeyRing.EMPTY
         self.sub_keys = KeyRing.EMPTY
         self.quenches = {}
+        self._version_logged = False
 
     # -- input ----------------------------------------------------------------
 
@@ -336,14 +350,29 @@ class ClientSession:
         self.output.abort()
 
     def protocol_error(self, xid, code, message, args=()):
-        """Section 7.3.3: Nack, keep the session, unless it keeps happening."""
+        """Nack a request and keep the session (7.3.3).
+
+        Only protocol errors proper (1xxx codes: packets inconsistent with
+        the session, such as deleting an unknown subscription) count toward
+        disconnection, and only as a rate: a client that makes
+        ``router.max_protocol_errors`` of them within
+        ``router.protocol_error_window`` seconds is disconnected as a
+        suspected denial of service. Refused requests (2xxx: a bad
+        expression, a limit reached) are ordinary answers and never count.
+        """
         self.log.info("rejected request from {peer}: {message}", peer=self.peer,
                       message=message)
         self.nack(xid, code, message, args)
-        self.protocol_errors += 1
-        if self.protocol_errors >= MAX_PROTOCOL_ERRORS:
+        router = self.router
+        if not (errors.PROT_ERROR <= code < errors.NO_SUCH_KEY) or not router.max_protocol_errors:
+            return
+        now = router.clock()
+        recent = self.protocol_errors
+        recent.append(now)
+        if len(recent) == recent.maxlen and now - recent[0] <= router.protocol_error_window:
             self.disconnect(DISCONN_PROTOCOL_ERRORS,
-                            "too many protocol errors (suspected denial of service)")
+                            f"{len(recent)} protocol errors within "
+                            f"{router.protocol_error_window:g} s (suspected denial of service)")
 
     # -- connection -----------------------------------------------------------
 
@@ -353,8 +382,7 @@ class ClientSession:
             self.nack(packet.xid, errors.IMPL_LIMIT, "router is shutting down")
             self._close()
             return
-        if (packet.client_major_version != PROTOCOL_MAJOR
-                or packet.client_minor_version > PROTOCOL_MINOR):
+        if packet.client_major_version != PROTOCOL_MAJOR:
             self.log.info("refused {peer}: protocol {major}.{minor}", peer=self.peer,
                           major=packet.client_major_version,
                           minor=packet.client_minor_version)
@@ -363,6 +391,7 @@ class ClientSession:
                       f"{packet.client_minor_version} not supported "
                       f"(this router speaks {PROTOCOL_MAJOR}.{PROTOCOL_MINOR})")
             return
+        self._announced_version(packet)
         # (Counting is O(sessions): only done when it could reach the cap.)
         if len(router.sessions) > router.max_connections and sum(
                 1 for s in router.sessions if s.state == s.CONNECTED) >= router.max_connections:
@@ -409,6 +438,20 @@ class ClientSession:
         except errors.ElvinError as e:
             self.protocol_error(xid, e.code, str(e), e.nack_args)
             return None
+
+    def _announced_version(self, packet):
+        """Note (once per channel, at debug level) a client's minor version.
+
+        A later minor version is a compatible revision (the Go tools of
+        cobaro/elvin announce 4.1): the client is served, in 4.0.
+        """
+        if self._version_logged:
+            return
+        self._version_logged = True
+        self.log.debug("client at {peer} announced protocol {major}.{minor}; speaking "
+                       "{ours}", peer=self.peer, major=packet.client_major_version,
+                       minor=packet.client_minor_version,
+                       ours=f"{PROTOCOL_MAJOR}.{PROTOCOL_MINOR}")
 
     def _disconn_rqst(self, packet):
         self.send(P.DisconnRply(packet.xid))
@@ -547,9 +590,9 @@ class ClientSession:
                    self.nfn_keys)
 
     def _unotify(self, packet):
-        if (packet.client_major_version != PROTOCOL_MAJOR
-                or packet.client_minor_version > PROTOCOL_MINOR):
+        if packet.client_major_version != PROTOCOL_MAJOR:
             return  # 7.4.1: silently discarded
+        self._announced_version(packet)
         self.router.stats["unotify"] += 1
         self._emit(packet.attributes, packet.deliver_insecure, packet.keys,
                    KeyRing.EMPTY)

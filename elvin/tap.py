@@ -105,8 +105,9 @@ def makeService(options, reactor=None):
         config = options.router_config
     router = Router(config.option_specs, max_subscriptions=config.max_subscriptions,
                     max_connections=config.max_connections, verbose=config.verbose,
-                    max_queue_memory=getattr(config, "max_queue_memory",
-                                             512 * 1024 * 1024))
+                    max_queue_memory=config.max_queue_memory,
+                    max_protocol_errors=config.max_protocol_errors,
+                    protocol_error_window=config.protocol_error_window)
     top = RouterService(router, config)
     factory = ElvinServerFactory(router, reactor, config.connect_timeout)
     for uri in config.listen:

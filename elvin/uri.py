@@ -83,7 +83,10 @@ _VERSION_RE = re.compile(r"([0-9]+)(?:\.([0-9]+))?\Z")
 _PROTOCOL_NAME_RE = re.compile(r"(?:x-)?[A-Za-z][A-Za-z0-9]*\Z", re.IGNORECASE)
 # RFC 2396 hostname with the RFC 1123 relaxation (labels may start with a
 # digit), which also covers RFC 2396 IPv4address; optional trailing dot.
-_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+# Labels may also hold '_' anywhere: container runtimes and internal DNS
+# zones hand out such names, resolvers look them up, and the Avis router and
+# client accept them.
+_LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]*[A-Za-z0-9_])?"
 _HOSTNAME_RE = re.compile(rf"{_LABEL}(?:\.{_LABEL})*\.?\Z")
 _PORT_RE = re.compile(r"[0-9]+\Z")
 # RFC 2396: unreserved = alphanum | mark; escaped = "%" hex hex

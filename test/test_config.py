@@ -312,6 +312,20 @@ class ErrorTests(unittest.TestCase):
     def test_bad_boolean(self):
         self.assertConfigError("verbose = maybe", 1, "verbose", "yes or no", "'maybe'")
 
+    def test_protocol_error_rate(self):
+        parsed = config.parse("max-protocol-errors = 7\nprotocol-error-window = 2.5\n")
+        self.assertEqual((parsed.max_protocol_errors, parsed.protocol_error_window), (7, 2.5))
+        self.assertEqual(config.parse("max-protocol-errors = 0").max_protocol_errors, 0)
+        default = RouterConfig()
+        self.assertEqual((default.max_protocol_errors, default.protocol_error_window),
+                         (50, 10.0))
+        self.assertConfigError("max-protocol-errors = -1", 1, "max-protocol-errors",
+                               "at least 0")
+        self.assertConfigError("protocol-error-window = 0", 1, "protocol-error-window",
+                               "more than 0")
+        self.assertConfigError("protocol-error-window = inf", 1, "protocol-error-window",
+                               "more than 0")
+
     def test_bad_connect_timeout(self):
         self.assertConfigError("connect-timeout = soon", 1, "connect-timeout",
                                "number of seconds")

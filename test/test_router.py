@@ -1,5 +1,6 @@
 """Unit tests of the sans-IO router core: packets in, packets out, no reactor."""
 
+from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial import unittest
 
 from elvin import errors
@@ -103,11 +104,39 @@ class ConnectTests(RouterTestCase):
         self.assertIsInstance(nack, P.Nack)
         self.assertEqual((nack.xid, nack.error), (3, errors.PROT_INCOMPAT))
 
-    def test_newer_minor_version_is_nacked(self):
+    def test_later_minor_version_is_served_in_4_0(self):
+        """4.1 (what the cobaro/elvin Go tools announce) is a compatible
+        revision: the client is connected, and the version logged once."""
+        events = []
+        observer = events.append
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
         out = RecordingOutput()
         session = self.router.open_session(out)
         session.packet_received(P.ConnRqst(3, 4, 1, {}, P.Keys.EMPTY, P.Keys.EMPTY))
-        self.assertEqual(out.take()[0].error, errors.PROT_INCOMPAT)
+        (reply,) = out.take()
+        self.assertIsInstance(reply, P.ConnRply)
+        session.packet_received(P.SubAddRqst(4, "require(a)", True, P.Keys.EMPTY))
+        self.assertIsInstance(out.take()[0], P.SubRply)
+        announced = [e for e in events if "announced" in e.get("log_format", "")]
+        self.assertEqual(len(announced), 1)
+        self.assertEqual(announced[0]["log_level"], LogLevel.debug)
+        self.assertEqual((announced[0]["major"], announced[0]["minor"]), (4, 1))
+
+    def test_any_minor_version_of_4_is_accepted(self):
+        for minor in (0, 1, 9, 255):
+            out = RecordingOutput()
+            session = self.router.open_session(out)
+            session.packet_received(P.ConnRqst(3, 4, minor, {}, P.Keys.EMPTY, P.Keys.EMPTY))
+            self.assertIsInstance(out.take()[0], P.ConnRply, minor)
+
+    def test_other_majors_are_nacked(self):
+        for major in (0, 3, 5, 255):
+            out = RecordingOutput()
+            session = self.router.open_session(out)
+            session.packet_received(P.ConnRqst(3, major, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY))
+            (nack,) = out.take()
+            self.assertEqual(nack.error, errors.PROT_INCOMPAT, major)
 
     def test_packet_before_connect_is_a_violation(self):
         out = RecordingOutput()
@@ -301,13 +330,53 @@ class SubscriptionTests(RouterTestCase):
         self.assertEqual(self.router.subscriptions, {})
 
     def test_repeated_protocol_errors_disconnect(self):
+        """50 protocol errors (1xxx) within 10 s: Disconn reason 4."""
         session, out = self.connect()
-        for i in range(100):
+        for i in range(49):
             session.packet_received(P.SubDelRqst(i + 1, 999))
+        self.assertFalse(out.closed)
+        session.packet_received(P.SubDelRqst(50, 999))
         packets = out.take()
+        self.assertEqual([p.error for p in packets[:-1]], [errors.NO_SUCH_SUB] * 50)
         self.assertIsInstance(packets[-1], P.Disconn)
         self.assertEqual(packets[-1].reason, 4)
         self.assertTrue(out.closed)
+
+    def test_refused_requests_never_disconnect(self):
+        """A long-lived client relaying user-typed subscriptions collects
+        2xxx Nacks without end and keeps its session."""
+        session, out = self.connect()
+        for i in range(1000):
+            session.packet_received(P.SubAddRqst(i + 1, "x ==", True, P.Keys.EMPTY))
+        packets = out.take()
+        self.assertEqual({p.error for p in packets}, {errors.PARSE_ERROR})
+        self.assertEqual(len(packets), 1000)
+        self.assertFalse(out.closed)
+        self.assertIsInstance(self.subscribe(session, out, "require(a)"), P.SubRply)
+
+    def test_protocol_errors_count_as_a_rate(self):
+        """Errors spread wider than the window never add up to a Disconn."""
+        now = [0.0]
+        self.router = Router(clock=lambda: now[0], max_protocol_errors=5,
+                             protocol_error_window=10.0)
+        session, out = self.connect()
+        for i in range(100):
+            now[0] += 2.6  # 5 errors span 10.4 s > the window
+            session.packet_received(P.SubDelRqst(i + 1, 999))
+        self.assertFalse(out.closed)
+        self.assertEqual(len(out.take()), 100)
+        for i in range(4):
+            now[0] += 2.4  # now 5 fall within 9.6 s (the last slow one included)
+            session.packet_received(P.SubDelRqst(200 + i, 999))
+        self.assertIsInstance(out.take()[-1], P.Disconn)
+        self.assertTrue(out.closed)
+
+    def test_zero_max_protocol_errors_never_disconnects(self):
+        self.router = Router(max_protocol_errors=0)
+        session, out = self.connect()
+        for i in range(200):
+            session.packet_received(P.SubDelRqst(i + 1, 999))
+        self.assertFalse(out.closed)
 
 
 class RoutingTests(RouterTestCase):
@@ -375,7 +444,9 @@ class RoutingTests(RouterTestCase):
         producer.packet_received(P.UNotify(4, 0, {"a": 1}, True, P.Keys.EMPTY))
         producer.packet_received(P.UNotify(4, 0, {"a": 2}, True, P.Keys.EMPTY))
         producer.packet_received(P.UNotify(3, 0, {"a": 3}, True, P.Keys.EMPTY))
-        self.assertEqual([d.attributes["a"] for d in out.take()], [1, 2])
+        producer.packet_received(P.UNotify(4, 1, {"a": 4}, True, P.Keys.EMPTY))
+        producer.packet_received(P.UNotify(5, 0, {"a": 5}, True, P.Keys.EMPTY))
+        self.assertEqual([d.attributes["a"] for d in out.take()], [1, 2, 4])
         self.assertEqual(producer_out.take(), [])
         producer.packet_received(P.NotifyEmit({"a": 1}, True, P.Keys.EMPTY))
         self.assertTrue(producer_out.aborted)

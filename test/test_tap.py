@@ -194,6 +194,13 @@ class MakeServiceTests(unittest.TestCase):
         self.assertIs(factory.router, top.router)
         self.assertIs(factory.clock, self.reactor)
 
+    def test_protocol_error_rate_reaches_the_router(self):
+        path = self.mktemp()
+        with open(path, "w") as f:
+            f.write("max-protocol-errors = 3\nprotocol-error-window = 1.5\n")
+        router = self.make("-c", path).router
+        self.assertEqual((router.max_protocol_errors, router.protocol_error_window), (3, 1.5))
+
     def test_default_listener(self):
         top = self.make()
         top.startService()

@@ -176,6 +176,16 @@ class EndpointTests(unittest.TestCase):
                      "router.example.com.", "3com.com", "A.B.C"]:
             self.assertEqual(ElvinURI(f"elvin://{host}:5").host, host)
 
+    def test_hostnames_with_underscores(self):
+        """Container runtimes and internal DNS zones hand out names with
+        '_'; resolvers look them up and Avis accepts them."""
+        for host in ["elvin_host", "router_1", "_srv.example.org", "a_", "_",
+                     "my_app-1.internal_zone.local."]:
+            self.assertEqual(ElvinURI(f"elvin://{host}").host, host)
+            self.assertEqual(ElvinURI(f"elvin://{host}:2917").port, 2917)
+            self.assertEqual(ElvinURI(f"elvin:4.0/tcp,none,xdr/{host}:2917").host, host)
+            self.assertEqual(ElvinURI(str(ElvinURI(f"elvin://{host}"))).host, host)
+
     def test_ipv6_default_port(self):
         u = ElvinURI("elvin://[::1]")
         self.assertEqual(u.host, "::1")
@@ -398,8 +408,9 @@ class RejectionTests(unittest.TestCase):
         self.assertRejected("elvin://ho[st", "host")
 
     def test_bad_host(self):
-        for host in ["ho st", "-host", "host-", "a..b", ".host", "h_st",
-                     "h%41", "h?x", "h#x", "h@x", "ho\u00e9t", "h\x00",
+        for host in ["ho st", "-host", "host-", "a..b", ".host", "h$st",
+                     "h%41", "h,st", "h[1]", "h]", "", "h?x", "h#x", "h@x",
+                     "ho\u00e9t", "h\x00",
                      "user@host"]:
             self.assertRejected(f"elvin://{host}:2917", "host")
 
@@ -434,7 +445,7 @@ class RejectionTests(unittest.TestCase):
 
 if given is not None:
 
-    _label = st.from_regex(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,10}[A-Za-z0-9])?",
+    _label = st.from_regex(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,10}[A-Za-z0-9_])?",
                            fullmatch=True)
     _hostnames = st.lists(_label, min_size=1, max_size=4).map(".".join)
     _ipv6 = st.ip_addresses(v=6).map(str)
