@@ -48,7 +48,9 @@ __all__ = [
     "SECURE_PROTOCOL",
     "PROTOCOL_ALIASES",
     "ElvinURI",
+    "EwafURI",
     "InvalidURIError",
+    "parse_ewaf",
     "default_port",
 ]
 
@@ -146,18 +148,23 @@ class ElvinURI:
     _port: int
     _options: tuple[tuple[str, str], ...]
 
+    #: The scheme this class parses and prints, and its defaults.
+    SCHEME = _SCHEME
+    DEFAULT_VERSION = DEFAULT_VERSION
+    DEFAULT_PORT = DEFAULT_PORT
+
     def __init__(self, text: str) -> None:
         if not isinstance(text, str):
             raise InvalidURIError(
                 text, f"expected a str, not {type(text).__name__}")
         try:
-            fields = _parse(text)
+            fields = _parse(text, self.SCHEME, self.DEFAULT_VERSION, self.DEFAULT_PORT)
         except InvalidURIError:
             raise
         except Exception as e:  # pragma: no cover - defensive
             # The contract is that bad input only ever raises InvalidURIError.
             raise InvalidURIError(text, f"unparseable ({e})") from e
-        for name, value in zip(self.__slots__, fields):
+        for name, value in zip(ElvinURI.__slots__, fields):
             object.__setattr__(self, name, value)
 
     # -- immutability --------------------------------------------------------
@@ -226,7 +233,7 @@ class ElvinURI:
 
     def _key(self) -> tuple:
         # Options compare as a set: their order carries no meaning.
-        return (self._version, self._protocol, self._host, self._port,
+        return (self.SCHEME, self._version, self._protocol, self._host, self._port,
                 frozenset(self._options))
 
     def __eq__(self, other: object) -> bool:
@@ -240,7 +247,7 @@ class ElvinURI:
     def __str__(self) -> str:
         major, minor = self._version
         host = f"[{self._host}]" if ":" in self._host else self._host
-        text = (f"{_SCHEME}:{major}.{minor}/{','.join(self._protocol)}/"
+        text = (f"{self.SCHEME}:{major}.{minor}/{','.join(self._protocol)}/"
                 f"{host}:{self._port}")
         return text + "".join(f";{_quote(name)}={_quote(value)}"
                               for name, value in self._options)
@@ -249,10 +256,34 @@ class ElvinURI:
         return f"{type(self).__name__}({str(self)!r})"
 
 
+class EwafURI(ElvinURI):
+    """A parsed ``ewaf:`` URI: where a router offers or dials federation.
+
+    The same grammar as ``elvin:`` (federation 1.0, section on URIs), with
+    its own defaults: version 1.0 and port 2916. It prints as ``ewaf:``, so
+    logs and traces name a federation link as what it is, and never equals
+    an ``elvin:`` URI of the same fields.
+    """
+
+    __slots__ = ()
+
+    SCHEME = "ewaf"
+    DEFAULT_VERSION = (1, 0)
+    DEFAULT_PORT = 2916
+
+
+def parse_ewaf(text: str) -> EwafURI:
+    """An ``ewaf:`` URI, or InvalidURIError naming what was wrong."""
+    if not isinstance(text, str) or not text.lower().startswith("ewaf:"):
+        raise InvalidURIError(text, "a federation URI must start with 'ewaf:'")
+    return EwafURI(text)
+
+
 # -- parsing -----------------------------------------------------------------
 
 
-def _parse(text: str) -> tuple:
+def _parse(text: str, expected_scheme: str, default_version: tuple[int, int],
+           default_port: int) -> tuple:
     """Split *text* into ElvinURI fields, or raise InvalidURIError."""
 
     def fail(reason: str) -> InvalidURIError:
@@ -260,25 +291,27 @@ def _parse(text: str) -> tuple:
 
     scheme, colon, rest = text.partition(":")
     if not colon:
-        raise fail("missing 'elvin:' scheme")
-    if not scheme.isascii() or scheme.lower() != _SCHEME:
-        raise fail(f"wrong scheme {scheme!r}, expected 'elvin'")
+        raise fail(f"missing '{expected_scheme}:' scheme")
+    if not scheme.isascii() or scheme.lower() != expected_scheme:
+        raise fail(f"wrong scheme {scheme!r}, expected '{expected_scheme}'")
 
     # [ version ] "/" protocol "/" endpoint options
     version_text, slash, rest = rest.partition("/")
     if not slash:
         raise fail("missing '/' before the protocol stack "
-                   "(expected elvin:[version]/[protocol]/host)")
-    version = _parse_version(version_text, fail)
+                   f"(expected {expected_scheme}:[version]/[protocol]/host)")
+    version = _parse_version(version_text, fail) if version_text else default_version
 
     protocol_text, slash, rest = rest.partition("/")
     if not slash:
         raise fail("missing '/' between the protocol stack and the endpoint "
-                   "(expected elvin:[version]/[protocol]/host)")
+                   f"(expected {expected_scheme}:[version]/[protocol]/host)")
     protocol = _parse_protocol(protocol_text, fail)
 
     endpoint, semi, options_text = rest.partition(";")
     host, port = _parse_endpoint(endpoint, fail)
+    if port is None:
+        port = default_port
     options = _parse_options(options_text, fail) if semi else ()
     return version, protocol, host, port, options
 
@@ -334,7 +367,7 @@ def _parse_endpoint(text: str, fail) -> tuple[str, int]:
         if not _is_ipv6(host):
             raise fail(f"invalid IPv6 literal {host!r}")
         if not after:
-            return host, DEFAULT_PORT
+            return host, None
         if not after.startswith(":"):
             raise fail(f"unexpected {after!r} after IPv6 literal "
                        "(expected ':port')")
@@ -353,7 +386,7 @@ def _parse_endpoint(text: str, fail) -> tuple[str, int]:
         raise fail(f"invalid host {host!r} (stray '[' or ']')")
     if _HOSTNAME_RE.match(host) is None:
         raise fail(f"invalid host {host!r}")
-    return host, _parse_port(port_text, fail) if colon else DEFAULT_PORT
+    return host, _parse_port(port_text, fail) if colon else None
 
 
 def _is_ipv6(text: str) -> bool:

@@ -15,6 +15,7 @@ from elvin.federation.trace import TraceWriter, notification_digest
 from elvin.protocols.server import ElvinServerFactory
 from elvin.router import Router
 from elvin.subscription import parse
+from elvin.uri import ElvinURI, InvalidURIError
 from test.test_integration import wait_until
 
 
@@ -350,6 +351,12 @@ class FilterUnitTests(unittest.TestCase):
         self.assertEqual(parse_ewaf("ewaf://host").version, (1, 0))
         self.assertEqual(parse_ewaf("ewaf://host:3000").port, 3000)
         self.assertEqual(parse_ewaf("ewaf:/secure/host:29160").protocol, ("ssl", "none", "xdr"))
+        self.assertEqual(str(parse_ewaf("ewaf://host")), "ewaf:1.0/tcp,none,xdr/host:2916")
+        self.assertEqual(repr(parse_ewaf("ewaf://[::1]:7")), "EwafURI('ewaf:1.0/tcp,none,xdr/[::1]:7')")
+        self.assertEqual(parse_ewaf(str(parse_ewaf("ewaf://h;a=b"))), parse_ewaf("ewaf://h;a=b"))
+        self.assertNotEqual(parse_ewaf("ewaf://h:2917"), ElvinURI("elvin://h:2917"))
+        for bad in ("elvin://host", "ewaf://ho st", "ewaf:", "http://host"):
+            self.assertRaises(InvalidURIError, parse_ewaf, bad)
 
 
 class ConfigTests(FederationTestCase):
@@ -380,6 +387,10 @@ class ConfigTests(FederationTestCase):
         from elvin.config import parse
         from elvin.federation.service import FederationService
         import socket
+        from twisted.logger import formatEvent, globalLogPublisher
+        events = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             free = sock.getsockname()[1]
@@ -405,3 +416,8 @@ class ConfigTests(FederationTestCase):
         yield wait_until(lambda: left_service.manager.links and right_service.manager.links)
         self.assertEqual(left_service.manager.links[0].peer_domain, "right.test")
         self.assertEqual(right_service.manager.links[0].fed_class.name, "Peer")
+        # Federation URIs are logged as what they are: ewaf:, never elvin:.
+        text = "\n".join(formatEvent(e) for e in events)
+        self.assertIn(f"ewaf:1.0/tcp,none,xdr/127.0.0.1:{port.getHost().port}", text)
+        self.assertIn(f"ewaf:1.0/tcp,none,xdr/127.0.0.1:{free}", text)
+        self.assertNotIn("elvin:1.0", text)

@@ -1,4 +1,4 @@
-"""Federation links over stream transports, and ``ewaf:`` URIs.
+"""Federation links over stream transports (``ewaf:`` URIs: elvin.uri).
 
 ``FederationProtocol`` frames and decodes federation packets for one
 ``FederationLink`` and implements its output with the same bounded send
@@ -24,39 +24,14 @@ from elvin.protocols import packets as P
 from elvin.protocols.framing import FramedProtocol
 from elvin.protocols.xdr import DecodeError
 from elvin.sendqueue import QueueOverflow, SendQueue
-from elvin.uri import ElvinURI, InvalidURIError
+from elvin.uri import EwafURI, parse_ewaf
 
 __all__ = ["FederationProtocol", "AcceptorFactory", "ConnectorFactory",
            "parse_ewaf", "DEFAULT_FEDERATION_PORT", "connector_service"]
 
-DEFAULT_FEDERATION_PORT = 2916
+DEFAULT_FEDERATION_PORT = EwafURI.DEFAULT_PORT
 _DROPWARN = P.encode(P.DropWarn())
 _packet_id = struct.Struct(">I").unpack_from
-
-
-def parse_ewaf(text):
-    """An ``ewaf:`` URI as an ElvinURI (version 1.0, port 2916 by default)."""
-    if not isinstance(text, str) or not text.lower().startswith("ewaf:"):
-        raise InvalidURIError(text, "a federation URI must start with 'ewaf:'")
-    rest = text[5:]
-    try:
-        uri = ElvinURI("elvin:" + rest)
-    except InvalidURIError as e:
-        raise InvalidURIError(text, e.reason) from None
-    explicit_port = _has_port(rest)
-    explicit_version = rest[:1].isdigit()
-    port = uri.port if explicit_port else DEFAULT_FEDERATION_PORT
-    version = ".".join(map(str, uri.version)) if explicit_version else "1.0"
-    options = "".join(f";{k}={v}" for k, v in uri.options.items())
-    host = f"[{uri.host}]" if ":" in uri.host else uri.host
-    return ElvinURI(f"elvin:{version}/{','.join(uri.protocol)}/{host}:{port}{options}")
-
-
-def _has_port(rest):
-    authority = rest.split(";", 1)[0].rstrip("/").rsplit("/", 1)[-1]
-    if authority.startswith("["):
-        return "]:" in authority
-    return ":" in authority
 
 
 @implementer(IPushProducer)
