@@ -540,8 +540,7 @@ if given is not None:
     @_memo
     def integer_value(depth):
         base = st.one_of(_name_nodes, _int_lits,
-                         string_subject(max(depth - 1, 0)).map(
-                             lambda s: A.node(Kind.FUNC_SIZE, s)))
+                         _name_nodes.map(lambda s: A.node(Kind.FUNC_SIZE, s)))
         if depth <= 0:
             return base
         sub = integer_value(depth - 1)
@@ -576,9 +575,9 @@ if given is not None:
                       _name_nodes, st.lists(st.one_of(numeric_value(0), _str_lits),
                                             min_size=1, max_size=3)),
             st.builds(lambda s, vs: A.node(Kind.FUNC_EQUALS, s, *vs),
-                      numeric_value(1), st.lists(numeric_value(1), min_size=1, max_size=3)),
+                      _name_nodes, st.lists(numeric_value(1), min_size=1, max_size=3)),
             st.builds(lambda s, vs: A.node(Kind.FUNC_EQUALS, s, *vs),
-                      string_subject(1), st.lists(string_value(0), min_size=1, max_size=3)),
+                      _name_nodes, st.lists(string_value(0), min_size=1, max_size=3)),
         )
         if depth <= 0:
             return leaves

@@ -318,9 +318,78 @@ _add_rejects(TypeMismatchTests, TYPE_MISMATCH, [
     ("fold_case_of_int", 'fold-case(1) == "a"', 10),
     ("decompose_of_real", 'decompose(1.0) == "a"', 10),
     ("decompose_compat_of_int", 'decompose-compat(7) == "a"', 17),
-    ("equals_mixed_literal_subject", 'equals(size(x), "a")', None),
     ("in_second_clause", 'x == 1 && y < "z"', 14),
 ])
+
+
+class GrammarArgumentTests(_Base):
+    """Arguments the grammar restricts (issue 13, item 4): a name where
+    the language says ``name`` (type tests, require, size, the first
+    argument of equals); a name or string function as the subject of a
+    string predicate; a name, string literal or string function inside a
+    string function. Refused at parse time, at the argument: a literal
+    with TYPE_MISMATCH, any other expression with PARSE_ERROR."""
+
+
+_add_rejects(GrammarArgumentTests, PARSE_ERROR, [
+    ("size_of_string_function", "size(fold-case(x)) == 1", 5),
+    ("size_of_arithmetic", "size(x + 1) == 1", 5),
+    ("size_of_grouped_name", "size((x)) == 1", 6),
+    ("size_of_size", "size(size(x)) == 1", 5),
+    ("equals_of_function", 'equals(size(x), 1)', 7),
+    ("equals_of_string_function", 'equals(fold-case(x), "a")', 7),
+    ("equals_of_arithmetic", "equals(x * 2, 4)", 7),
+    ("equals_of_grouped_name", "equals((x), 4)", 8),
+    ("begins_with_arithmetic_subject", 'begins-with(x + 1, "a")', 12),
+    ("ends_with_size_subject", 'ends-with(size(x), "a")', 10),
+    ("contains_grouped_subject", 'contains((x), "a")', 10),
+    ("regex_subject_unary", 'regex(-x, "a")', 6),
+    ("wildcard_subject_arithmetic", 'wildcard(x & 1, "a*")', 9),
+    ("fold_case_of_size", 'fold-case(size(x)) == "a"', 10),
+    ("decompose_of_arithmetic", 'decompose(x + y) == "a"', 10),
+    ("require_of_string_function", "require(fold-case(x))", 8),
+    ("nan_of_grouped_name", "nan((x))", 5),
+    ("in_second_clause", 'x == 1 && size(fold-case(y)) > 2', 15),
+])
+
+_add_rejects(GrammarArgumentTests, TYPE_MISMATCH, [
+    ("size_of_string_literal", 'size("abc") == 3', 5),
+    ("size_of_real_literal", "size(1.5) == 3", 5),
+    ("equals_of_string_literal", 'equals("a", x)', 7),
+    ("equals_of_int_literal", "equals(1, x)", 7),
+    ("begins_with_string_subject", 'begins-with("abc", "a")', 12),
+    ("regex_string_subject", "regex('x', 'y')", 6),
+])
+
+_add_accepts(GrammarArgumentTests, [
+    ("begins_with_fold_case", 'begins-with(fold-case(x), "foo")'),
+    ("ends_with_decompose", 'ends-with(decompose(x), "e")'),
+    ("contains_nested_string_functions", 'contains(fold-case(decompose-compat(x)), "a")'),
+    ("fold_case_of_name", 'fold-case(x) == "a"'),
+    ("fold_case_of_string_function", 'fold-case(decompose(x)) == "a"'),
+    ("fold_case_compared_to_literal_fold", 'x == fold-case("ABC")'),
+    ("equals_values", 'equals(x, 1, 2L, 3.5, "s", y, z + 1)'),
+    ("size_of_name", "size(x) > 3"),
+    ("type_tests", "int32(a) || int64(b) || real64(c) || string(d) || opaque(e) || nan(f)"),
+])
+
+
+class GrammarArgumentNackTests(unittest.TestCase):
+    """The router Nacks such a SubAddRqst with the code and (offset, token)."""
+
+    def test_nack_carries_code_offset_and_token(self):
+        from elvin.protocols import packets as P
+        from elvin.router import Router
+        from test.test_router import RecordingOutput
+        out = RecordingOutput()
+        session = Router().open_session(out, "test")
+        session.packet_received(P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY))
+        out.take()
+        session.packet_received(P.SubAddRqst(2, "size(fold-case(x)) > 1", True, P.Keys.EMPTY))
+        session.packet_received(P.SubAddRqst(3, 'equals("a", x)', True, P.Keys.EMPTY))
+        first, second = out.take()
+        self.assertEqual((first.xid, first.error, first.args), (2, PARSE_ERROR, (5, "fold-case")))
+        self.assertEqual((second.xid, second.error, second.args), (3, TYPE_MISMATCH, (7, "a")))
 
 
 class TooFewArgsTests(_Base):

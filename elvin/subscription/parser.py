@@ -50,6 +50,32 @@ FUNCTIONS = {
     "decompose-compat": (Kind.FUNC_DECOMPOSE_COMPAT, 1, 1),
 }
 
+_NAME_ONLY = frozenset({Kind.NAME})
+_STRING_FUNCTIONS = frozenset({Kind.FUNC_FOLD_CASE, Kind.FUNC_DECOMPOSE,
+                               Kind.FUNC_DECOMPOSE_COMPAT})
+_STRING_SUBJECT = _NAME_ONLY | _STRING_FUNCTIONS
+_STRING_VALUE = _STRING_SUBJECT | {Kind.STRING}
+
+#: function kind -> the node kinds its first argument may be (grammar).
+_ARGUMENT_FORMS = {
+    **{kind: _NAME_ONLY for kind in (
+        Kind.FUNC_REQUIRE, Kind.FUNC_INT32, Kind.FUNC_INT64, Kind.FUNC_REAL64,
+        Kind.FUNC_STRING, Kind.FUNC_OPAQUE, Kind.FUNC_NAN, Kind.FUNC_SIZE,
+        Kind.FUNC_EQUALS)},
+    **{kind: _STRING_SUBJECT for kind in (
+        Kind.FUNC_BEGINS_WITH, Kind.FUNC_ENDS_WITH, Kind.FUNC_CONTAINS,
+        Kind.FUNC_WILDCARD, Kind.FUNC_REGEX)},
+    **{kind: _STRING_VALUE for kind in _STRING_FUNCTIONS},
+}
+_FORM_NAMES = {
+    _NAME_ONLY: "an attribute name",
+    _STRING_SUBJECT: "an attribute name or a string function (fold-case, decompose, "
+                     "decompose-compat)",
+    _STRING_VALUE: "an attribute name, a string literal or a string function",
+}
+_LITERAL_FORMS = {Kind.INT32: "int32 literal", Kind.INT64: "int64 literal",
+                  Kind.REAL64: "real64 literal", Kind.STRING: "string literal"}
+
 _BINARY = {
     "||": Kind.OR, "^^": Kind.XOR, "&&": Kind.AND,
     "==": Kind.EQUALS, "!=": Kind.NOT_EQUALS, "<": Kind.LESS_THAN,
@@ -184,7 +210,41 @@ class _Grammar:
                 errors.TOO_MANY_ARGS, offset,
                 f"too many arguments to {function}() at offset {offset}: "
                 f"takes at most {high}, got {len(args)}", function)
+        self._restrict_arguments(function, kind, args)
         return self.state.keep(_node(kind, None, tuple(args)), offset)
+
+    def _restrict_arguments(self, function, kind, args):
+        """Refuse arguments the grammar does not allow in their place.
+
+        Where the language requires an attribute name (type tests,
+        ``require``, ``size``, the first argument of ``equals``), or a
+        string subject (the string predicates: a name or a string
+        function; the string functions: a name, a string literal or a
+        string function), anything else is refused here, at parse time, as
+        the Avis router does: a literal with TYPE_MISMATCH (its type does
+        not fit its place), any other expression with PARSE_ERROR.
+        """
+        allowed = _ARGUMENT_FORMS.get(kind)
+        if allowed is None:
+            return
+        first = args[0]
+        state = self.state
+        if id(first) in state.grouped:
+            form = "parenthesised expression"
+        elif first.kind in allowed:
+            return
+        elif first.kind in _LITERAL_FORMS:
+            form = _LITERAL_FORMS[first.kind]
+        else:
+            form = "expression"
+        offset = state.offsets.get(id(first), 0)
+        literal = form in _LITERAL_FORMS.values()
+        code = errors.TYPE_MISMATCH if literal else errors.PARSE_ERROR
+        raise SubscriptionError(
+            code, offset,
+            f"{function}() needs {_FORM_NAMES[allowed]} as its first argument, "
+            f"not {'an' if form[0] in 'aei' else 'a'} {form} (at offset {offset})",
+            _token_at(state.text, offset))
 
     def p_args_one(self, p):
         "args : expr"
@@ -234,6 +294,17 @@ class _ParseState:
     def keep(self, node, offset):
         self.offsets[id(node)] = offset
         return node
+
+
+def _token_at(text, offset):
+    """The token starting at ``offset`` in ``text`` (for Nack arguments)."""
+    lexer = _lexer._lexer_for(text)
+    lexer.lexpos = offset
+    try:
+        tok = lexer.token()
+    except SubscriptionError:
+        tok = None
+    return "" if tok is None else _token_text(tok)
 
 
 def _token_text(tok):
