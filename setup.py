@@ -19,6 +19,11 @@ setup(
         "spark_analysis",
         "twisted.plugins",
     ],
+    # A flat layout declared as such: `pip install -e .` then puts the
+    # checkout on sys.path (a static .pth) rather than an import finder,
+    # so Twisted's plugin scan finds twisted/plugins/elvin_plugin.py and
+    # `twistd elvin` works after an editable install as after a normal one.
+    package_dir={"": "."},
     package_data={"twisted": ["plugins/elvin_plugin.py"]},
     install_requires=[
         "twisted>=23.10",
