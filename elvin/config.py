@@ -177,7 +177,7 @@ def parse(text, filename="<config>", config=None):
         if not value.strip():
             raise ConfigError(f"{where}: missing value for {name.strip()!r}")
         config.set(name, value, where)
-    config.federation.check(filename)
+    config.federation.check(filename, config.tls_ca)
     return config
 
 

@@ -46,6 +46,9 @@ class FederationConfig:
         self.trace_directory = None
         self.trace_max_bytes = 64 * 1024 * 1024
         self.trace_max_seconds = 3600.0
+        #: Avis's global form: peers whose host matches one of these
+        #: patterns must authenticate, whatever their class.
+        self.require_authenticated_hosts = []
 
     @property
     def enabled(self):
@@ -101,6 +104,8 @@ class FederationConfig:
                     self.listen.append(parse_ewaf(item))
                 except InvalidURIError as e:
                     raise ConfigError(f"{where}: bad federation URI: {e}") from None
+        elif lowered == "federation.require-authenticated":
+            self.require_authenticated_hosts.extend(value.split())
         elif lowered == "federation.default-class":
             self.default_class = value
         elif lowered in ("federation.keepalive-interval", "federation.keepalive"):
@@ -125,13 +130,23 @@ class FederationConfig:
             raise ConfigError(f"{where}: unknown federation setting {key!r} (known: "
                               "Federation.Activated, Router-Name, Listen, Connect[C], "
                               "Subscribe[C], Provide[C], Apply-Class[C], Default-Class, "
-                              "Require-Authenticated[C], Keepalive-Interval, "
+                              "Require-Authenticated[C], Require-Authenticated, "
+                              "Keepalive-Interval, "
                               "Filter.Max-Nodes, Trace-Directory, Trace.Max-Bytes, "
                               "Trace.Max-Seconds)")
 
-    def check(self, source="<config>"):
+    def requires_authentication(self):
+        """True when some link must be authenticated (a class or hosts)."""
+        return bool(self.require_authenticated_hosts) or any(
+            c.require_authenticated for c in self.classes.values())
+
+    def check(self, source="<config>", tls_ca=None):
         """Cross-setting checks after the whole file is read."""
         from elvin.config import ConfigError
+        if self.requires_authentication() and tls_ca is None:
+            raise ConfigError(f"{source}: Federation.Require-Authenticated needs tls-ca: "
+                              "the CA certificate(s) a federation peer's certificate "
+                              "must chain to")
         if self.default_class is not None and self.default_class not in self.classes:
             raise ConfigError(f"{source}: Federation.Default-Class names unknown class "
                               f"{self.default_class!r}")

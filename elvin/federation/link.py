@@ -122,20 +122,55 @@ class FederationLink:
                            f"{packet.minor_version} not supported")
             return
         problem = manager.check_domain(packet.router_domain, self)
+        code = errors.AUTHZ_FAIL
         if problem is None and self.fed_class is None:
             problem = f"no federation class applies to {self.peer_host}"
+        if problem is None:
+            problem = self._authentication_problem()
+            code = errors.AUTHN_FAIL
         if problem is not None:
             self.log.warn("refused federation from {host} ({domain}): {problem}",
                           host=self.peer_host, domain=packet.router_domain, problem=problem)
-            self.output.send(P.Nack(packet.xid, errors.AUTHZ_FAIL, problem, ()))
+            self.output.send(P.Nack(packet.xid, code, problem, ()))
             self.state = self.CLOSED
             self.output.close()
             return
         self.output.send(FP.FedConnRply(packet.xid, manager.domain))
         self._up(packet.router_domain)
 
+    def _authentication_problem(self):
+        """Why this link may not go on unauthenticated, or None.
+
+        A class with ``Federation.Require-Authenticated[Class] = yes`` (or
+        a peer host matching Avis's ``Federation.Require-Authenticated``)
+        needs a TLS link whose peer presented a certificate that tls-ca
+        verifies.
+        """
+        if not self.manager.requires_authentication(self.fed_class, self.peer_host):
+            return None
+        if not self.output.is_tls():
+            return (f"{self._class_name()} requires an authenticated peer, and the link "
+                    f"with {self.peer_host} is not over TLS")
+        if self.output.peer_certificate() is None:
+            return (f"{self._class_name()} requires an authenticated peer, and "
+                    f"{self.peer_host} presented no certificate")
+        return None
+
+    def _class_name(self):
+        if self.fed_class is not None and self.fed_class.require_authenticated:
+            return f"federation class {self.fed_class.name!r}"
+        return "Federation.Require-Authenticated"
+
+    def refuse_unauthenticated(self, why):
+        """An outgoing link that cannot be authenticated: log, close."""
+        self.log.warn("not federating with {host}: {cls} requires an authenticated "
+                      "peer, and {why}", host=self.peer_host, cls=self._class_name(),
+                      why=why)
+        self.connection_lost("unauthenticated")
+        self.output.abort()
+
     def _connected(self, domain):
-        problem = self.manager.check_domain(domain, self)
+        problem = self.manager.check_domain(domain, self) or self._authentication_problem()
         if problem is not None:
             self.log.warn("closing federation link to {host}: {problem}",
                           host=self.peer_host, problem=problem)

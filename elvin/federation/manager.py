@@ -14,6 +14,8 @@ matches, and whose export filter allows it; the FedNotify is encoded once
 for all of them.
 """
 
+import fnmatch
+
 from twisted.logger import Logger
 
 from elvin.federation import filters as F
@@ -21,7 +23,16 @@ from elvin.federation import packets as FP
 from elvin.federation.trace import NullTrace
 from elvin.protocols import packets as P
 
-__all__ = ["FederationClass", "FederationManager"]
+__all__ = ["FederationClass", "FederationManager", "host_matches"]
+
+
+def host_matches(patterns, *hosts):
+    """True when a host (name or address) matches a pattern (``*``, ``?``)."""
+    for pattern in patterns:
+        for host in hosts:
+            if host and fnmatch.fnmatchcase(host.lower(), pattern.lower()):
+                return True
+    return False
 
 
 class FederationClass:
@@ -38,12 +49,7 @@ class FederationClass:
         self.require_authenticated = require_authenticated
 
     def applies_to(self, *hosts):
-        import fnmatch
-        for pattern in self.hosts:
-            for host in hosts:
-                if host and fnmatch.fnmatchcase(host.lower(), pattern.lower()):
-                    return True
-        return False
+        return host_matches(self.hosts, *hosts)
 
     def __repr__(self):
         return f"<FederationClass {self.name}>"
@@ -53,7 +59,8 @@ class FederationManager:
     log = Logger()
 
     def __init__(self, router, domain, classes=(), default_class=None, clock=None,
-                 max_filter_nodes=2000, debounce=0.05, trace=None):
+                 max_filter_nodes=2000, debounce=0.05, trace=None,
+                 require_authenticated_hosts=()):
         if clock is None:
             from twisted.internet import reactor as clock
         self.router = router
@@ -66,6 +73,8 @@ class FederationManager:
         self.trace = trace or NullTrace()
         self.links = []
         self._update_call = None
+        #: Peers that must authenticate whatever their class (Avis's form).
+        self.require_authenticated_hosts = tuple(require_authenticated_hosts)
         router.federation = self
 
     # -- classes ------------------------------------------------------------------
@@ -78,6 +87,11 @@ class FederationManager:
         if self.default_class is not None:
             return self.classes.get(self.default_class)
         return None
+
+    def requires_authentication(self, fed_class, host):
+        """Must a link of ``fed_class`` with ``host`` be authenticated?"""
+        return bool(fed_class is not None and fed_class.require_authenticated) or \
+            host_matches(self.require_authenticated_hosts, host)
 
     # -- links --------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet import protocol, task
 from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
+from twisted.protocols.tls import TLSMemoryBIOProtocol
 from zope.interface import implementer
 
 from elvin.federation import packets as FP
@@ -64,6 +65,12 @@ class FederationProtocol(FramedProtocol):
         if fed_class is None:
             fed_class = self.manager.class_for(host)
         self.link = FederationLink(self.manager, self, self.outgoing, fed_class, host)
+        if (self.outgoing and not self.is_tls()
+                and self.manager.requires_authentication(fed_class, host)):
+            # Nothing, not even our domain, goes to a peer we cannot verify.
+            self.link.refuse_unauthenticated("the link is not over TLS (use an "
+                                             "ewaf:/secure/... URI)")
+            return
         self.transport.registerProducer(self, True)
         if self.keepalive:
             self._liveness = task.LoopingCall(self._check_liveness)
@@ -131,6 +138,17 @@ class FederationProtocol(FramedProtocol):
         self.closing = True
         if not self.queue and self.transport is not None:
             self.transport.loseConnection()
+
+    def is_tls(self):
+        return isinstance(self.transport, TLSMemoryBIOProtocol)
+
+    def peer_certificate(self):
+        """The peer's certificate, which the TLS handshake verified against
+        tls-ca (an unverifiable one ends the handshake), or None: plain TCP,
+        or a TLS peer that presented none."""
+        if not self.is_tls():
+            return None
+        return self.transport.getPeerCertificate()
 
     def abort(self):
         self.closing = True

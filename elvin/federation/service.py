@@ -31,8 +31,9 @@ class FederationService(service.MultiService):
         if fed.trace_directory:
             trace = TraceWriter(fed.trace_directory, domain, fed.trace_max_bytes,
                                 fed.trace_max_seconds)
-        self.manager = FederationManager(router, domain, classes, fed.default_class,
-                                         reactor, fed.max_filter_nodes, trace=trace)
+        self.manager = FederationManager(
+            router, domain, classes, fed.default_class, reactor, fed.max_filter_nodes,
+            trace=trace, require_authenticated_hosts=fed.require_authenticated_hosts)
         tls = None
         for uri in fed.listen:
             uri = check_supported(uri)
