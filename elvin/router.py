@@ -200,7 +200,8 @@ class Router:
     # -- routing -------------------------------------------------------------
 
     def route(self, attributes, deliver_insecure, keys=KeyRing.EMPTY,
-              connection_keys=KeyRing.EMPTY, routing=(), source=None):
+              connection_keys=KeyRing.EMPTY, routing=(), source=None,
+              forward_keys=KeyRing.EMPTY):
         """Deliver a (normalised) notification to every matching subscription.
 
         ``keys`` and ``connection_keys`` are the producer's prepared
@@ -211,12 +212,13 @@ class Router:
         (``deliver_insecure``) and the subscription accepts it. Returns the
         number of clients it was delivered to. ``routing`` and ``source``
         are set for notifications that arrived over a federation link; the
-        notification then goes on over every other link that wants it.
+        notification then goes on over every other link that wants it,
+        carrying ``forward_keys``: the producer's keys as it gave them
+        (unprepared), which is what a FedNotify holds (docs/federation.md).
         """
         self.stats["notifications"] += 1
         if self.federation is not None:
-            self.federation.forward(attributes, deliver_insecure,
-                                    keys.union(connection_keys) if connection_keys else keys,
+            self.federation.forward(attributes, deliver_insecure, forward_keys,
                                     routing, source)
         matches = {}
         keyed = bool(keys) or bool(connection_keys)
@@ -268,6 +270,9 @@ class ClientSession:
         self.protocol_errors = collections.deque(maxlen=router.max_protocol_errors or 1)
         self.dropped = 0
         self.nfn_keys = KeyRing.EMPTY
+        #: The connection's notification keys as the client sent them
+        #: (unprepared), forwarded with its notifications over federation.
+        self.nfn_raw_keys = KeyRing.EMPTY
         self.sub_keys = KeyRing.EMPTY
         self.quenches = {}
         self._version_logged = False
@@ -409,6 +414,7 @@ class ClientSession:
                                 ("Connection.Max-Keys",))
             return
         self.nfn_keys, self.sub_keys = nfn_keys, sub_keys
+        self.nfn_raw_keys = _raw(packet.nfn_keys)
         self.output.configure(self.options)
         self.state = self.CONNECTED
         self.log.info("client connected from {peer}", peer=self.peer)
@@ -491,6 +497,8 @@ class ClientSession:
                                 ("Connection.Max-Keys",))
             return
         self.nfn_keys, self.sub_keys = nfn_keys, sub_keys
+        self.nfn_raw_keys = self.nfn_raw_keys.union(_raw(packet.add_nfn_keys)).difference(
+            _raw(packet.del_nfn_keys))
         self.send(P.SecRply(xid))
 
     # -- quench ------------------------------------------------------------------
@@ -587,7 +595,7 @@ class ClientSession:
 
     def _notify_emit(self, packet):
         self._emit(packet.attributes, packet.deliver_insecure, packet.keys,
-                   self.nfn_keys)
+                   self.nfn_keys, self.nfn_raw_keys)
 
     def _unotify(self, packet):
         if packet.client_major_version != PROTOCOL_MAJOR:
@@ -595,9 +603,10 @@ class ClientSession:
         self._announced_version(packet)
         self.router.stats["unotify"] += 1
         self._emit(packet.attributes, packet.deliver_insecure, packet.keys,
-                   KeyRing.EMPTY)
+                   KeyRing.EMPTY, KeyRing.EMPTY)
 
-    def _emit(self, attributes, deliver_insecure, wire_keys, connection_keys):
+    def _emit(self, attributes, deliver_insecure, wire_keys, connection_keys,
+              connection_raw_keys):
         problem = self._notification_problem(attributes)
         keys = KeyRing.EMPTY
         if problem is None and wire_keys:
@@ -614,7 +623,11 @@ class ClientSession:
         if self.router.verbose:
             self.log.info("notification from {peer}: {names}", peer=self.peer,
                           names=sorted(attributes))
-        self.router.route(attributes, deliver_insecure, keys, connection_keys)
+        forward_keys = connection_raw_keys
+        if wire_keys:
+            forward_keys = forward_keys.union(_raw(wire_keys))
+        self.router.route(attributes, deliver_insecure, keys, connection_keys,
+                          forward_keys=forward_keys)
 
     # -- subscriptions ----------------------------------------------------------
 
@@ -722,6 +735,16 @@ def compile_expression(expression):
     (the common case) pay for parsing and compiling once.
     """
     return Subscription(expression)
+
+
+def _raw(wire_keys):
+    """Keys as a client sent them, kept unprepared (already validated)."""
+    if not wire_keys:
+        return KeyRing.EMPTY
+    try:
+        return KeyRing.from_prepared_wire(wire_keys)
+    except errors.ElvinError:
+        return KeyRing.EMPTY
 
 
 def _id_arg(value):

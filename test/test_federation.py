@@ -421,3 +421,89 @@ class ConfigTests(FederationTestCase):
         self.assertIn(f"ewaf:1.0/tcp,none,xdr/127.0.0.1:{port.getHost().port}", text)
         self.assertIn(f"ewaf:1.0/tcp,none,xdr/127.0.0.1:{free}", text)
         self.assertNotIn("elvin:1.0", text)
+
+
+class _LinkOutput:
+    """What a FederationLink writes, kept as packets (no sockets)."""
+
+    def __init__(self):
+        self.sent = []
+        self.closed = False
+
+    def send(self, packet):
+        self.sent.append(packet)
+
+    def send_encoded(self, data, droppable):
+        from elvin.federation import packets as FP
+        self.sent.append(FP.decode(data))
+        return True
+
+    def close(self):
+        self.closed = True
+
+    abort = close
+
+    def is_tls(self):
+        return False
+
+    def peer_certificate(self):
+        return None
+
+
+class FederationKeyTests(unittest.TestCase):
+    """A FedNotify carries the producer's keys as the producer gave them,
+    as the Avis router sends and expects them (docs/federation.md), so
+    key-restricted delivery works across an Avis link in both directions."""
+
+    def setUp(self):
+        from twisted.internet.task import Clock
+        from elvin.federation import packets as FP
+        from elvin.federation.link import FederationLink
+        from elvin.protocols import packets as P
+        self.FP, self.P = FP, P
+        self.router = Router()
+        self.clock = Clock()
+        fed_class = FederationClass("Peer", hosts=["peer.test"])
+        self.manager = FederationManager(self.router, "ours.test", [fed_class], None,
+                                         self.clock, debounce=0)
+        self.out = _LinkOutput()
+        self.link = FederationLink(self.manager, self.out, False, fed_class, "peer.test")
+        self.link.start()
+        self.link.packet_received(FP.FedConnRqst(1, 1, 0, "avis.test"))
+        self.link.packet_received(FP.FedSubReplace(2, F.to_wire(F.TRUE)))
+        self.clock.advance(1)
+        self.out.sent.clear()
+
+    def client(self):
+        from test.test_router import RecordingOutput
+        out = RecordingOutput()
+        session = self.router.open_session(out, "client")
+        session.packet_received(self.P.ConnRqst(1, 4, 0, {}, self.P.Keys.EMPTY,
+                                                self.P.Keys.EMPTY))
+        out.take()
+        return session, out
+
+    def test_incoming_raw_producer_key_is_prepared_here(self):
+        from elvin import keys as K
+        nfn_keys, sub_keys = K.producer_keys(b"secret")
+        consumer, out = self.client()
+        consumer.packet_received(self.P.SubAddRqst(2, "require(x)", False, sub_keys))
+        out.take()
+        self.link.packet_received(self.FP.FedNotify({"x": 1}, False, nfn_keys, ("avis.test",)))
+        (delivery,) = out.take()
+        (entry,) = consumer.subscriptions.values()
+        self.assertEqual((tuple(delivery.secure_matches), tuple(delivery.insecure_matches)),
+                         ((entry.id,), ()))
+
+    def test_outgoing_fednotify_carries_the_producers_keys(self):
+        from elvin import keys as K
+        nfn_keys, _ = K.producer_keys(b"secret")
+        conn_keys, _ = K.producer_keys(b"connection secret")
+        producer, _ = self.client()
+        producer.packet_received(self.P.SecRqst(3, conn_keys, self.P.Keys.EMPTY,
+                                                self.P.Keys.EMPTY, self.P.Keys.EMPTY))
+        producer.packet_received(self.P.NotifyEmit({"x": 1}, False, nfn_keys))
+        (fed,) = [p for p in self.out.sent if isinstance(p, self.FP.FedNotify)]
+        sent = {bytes(k) for _, sets in fed.keys.entries() for s in sets for k in s}
+        self.assertEqual(sent, {b"secret", b"connection secret"})
+        self.assertEqual(fed.routing, ("ours.test",))

@@ -177,7 +177,7 @@ class UNotifyDatagramUnitTests(unittest.TestCase):
     def test_delivery_path(self):
         router = Router()
         routed = []
-        router.route = lambda attrs, insecure, *keys: routed.append((attrs, insecure))
+        router.route = lambda attrs, insecure, *keys, **kw: routed.append((attrs, insecure))
         proto = UNotifyDatagramProtocol(router)
         proto.datagramReceived(unotify_bytes({"a": 1}, insecure=False), ("192.0.2.1", 9))
         self.assertEqual(routed, [({"a": 1}, False)])

@@ -16,7 +16,7 @@ from elvin import errors
 from elvin.errors import SubscriptionError
 from elvin.federation import filters as F
 from elvin.federation import packets as FP
-from elvin.keys import KeyRing
+from elvin.keys import PRODUCER, KeyRing
 from elvin.protocols import packets as P
 from elvin.router import notification_problem
 
@@ -252,12 +252,17 @@ class FederationLink:
             return
         manager.trace.notify(self, "notify_received", "in", attributes, packet.routing,
                              self._encoded_size(packet))
+        # A FedNotify carries the producer's keys as the producer gave them
+        # (what Avis sends): prepared here as a NotifyEmit's would be, and
+        # passed on unchanged.
         try:
-            keys = KeyRing.from_prepared_wire(packet.keys)
+            keys = KeyRing.from_wire(packet.keys, PRODUCER)
+            forward_keys = KeyRing.from_prepared_wire(packet.keys)
         except errors.ElvinError:
-            keys = KeyRing.EMPTY
+            keys = forward_keys = KeyRing.EMPTY
         manager.router.route(attributes, packet.deliver_insecure, keys, KeyRing.EMPTY,
-                             routing=tuple(packet.routing), source=self)
+                             routing=tuple(packet.routing), source=self,
+                             forward_keys=forward_keys)
 
     def _encoded_size(self, packet):
         size = self._size
