@@ -25,8 +25,8 @@ from elvin.protocols.xdr import DecodeError
 from elvin.uri import ElvinURI
 from elvin.values import normalise
 
-__all__ = ["connect", "unotify", "Connection", "ClientSubscription",
-           "ClientQuench", "QuenchState", "AutoQuench", "NackError",
+__all__ = ["connect", "unotify", "Connection", "ClientSubscription", "ConnectFailed",
+           "DEFAULT_CONNECT_TIMEOUT", "ClientQuench", "QuenchState", "AutoQuench", "NackError",
            "ConnectionClosed", "Notification"]
 
 DEFAULT_URI = "elvin://localhost:2917"
@@ -51,6 +51,16 @@ class ConnectionClosed(ElvinError):
         super().__init__(0, message)
         self.reason = reason
         self.disconn_args = args
+
+
+class ConnectFailed(ConnectionClosed, ConnectionError):
+    """``connect`` could not open a session; the message names the URI,
+    what went wrong and what to try. Also a ``ConnectionError`` (so an
+    ``OSError``), as the socket errors it replaces were."""
+
+
+#: Seconds ``connect`` waits for the channel and for the router's ConnRply.
+DEFAULT_CONNECT_TIMEOUT = 10.0
 
 
 class Notification(dict):
@@ -260,14 +270,28 @@ class ElvinClientProtocol(FramedProtocol):
                 pass
         self.factory.connection._attached(self)
 
+    def dataReceived(self, data):
+        if self.factory.connection.first_bytes is None:
+            self.factory.connection.first_bytes = data[:16]
+        super().dataReceived(data)
+
     def frameReceived(self, data):
         try:
             packet = P.decode(data)
         except DecodeError as e:
             self.log.warn("undecodable packet from router: {e}", e=e)
+            self.factory.connection.problem = "not_elvin"
             self.transport.abortConnection()
             return
         self.factory.connection._packet(packet)
+
+    def frameTooLong(self, length):
+        self.factory.connection.problem = "not_elvin"
+        super().frameTooLong(length)
+
+    def badFrame(self, reason):
+        self.factory.connection.problem = "not_elvin"
+        super().badFrame(reason)
 
     def connectionLost(self, reason=None):
         super().connectionLost(reason)
@@ -303,6 +327,10 @@ class Connection:
         self.on_notification = None
         self.dropwarns = 0
         self.disconnected = defer.Deferred()
+        #: What the peer first sent, and whether it was not Elvin framing:
+        #: for a message that says what the server at ``uri`` really is.
+        self.first_bytes = None
+        self.problem = None
 
     # -- protocol callbacks --------------------------------------------------
 
@@ -572,7 +600,7 @@ def _tls_args(tls, tls_ca, tls_certificate, tls_key, tls_hostname):
 def connect(uri=None, options=None, reactor=None, nfn_keys=None,
             sub_keys=None, *, tls=None, tls_ca=None, tls_certificate=None,
             tls_key=None, tls_hostname=None, scope=None, discover=False,
-            discoverer=None, discovery_timeout=10.0):
+            discoverer=None, discovery_timeout=10.0, timeout=DEFAULT_CONNECT_TIMEOUT):
     """Connect to the router at ``uri``; fires with a Connection.
 
     ``options`` is a dict of connection options to request (section 7.5);
@@ -594,6 +622,12 @@ def connect(uri=None, options=None, reactor=None, nfn_keys=None,
     ``scope`` one of that scope, else a default router. Each usable URI
     is tried in turn for up to ``discovery_timeout`` seconds;
     ``connection.router`` is the router chosen.
+
+    ``timeout`` (seconds, default 10; 0 or None: none) bounds both the
+    connect and the ConnRqst/ConnRply handshake. Failing to open a session
+    raises ``ConnectFailed`` (a ``ConnectionClosed``) whose message names
+    the URI, what went wrong (refused, no ConnRply, not an Elvin server,
+    TLS failure) and what to try; a Nack to ConnRqst raises ``NackError``.
     """
     if reactor is None:
         from twisted.internet import reactor
@@ -610,16 +644,89 @@ def connect(uri=None, options=None, reactor=None, nfn_keys=None,
     if not isinstance(uri, ElvinURI):
         uri = ElvinURI(uri)
     connection = Connection(uri, reactor)
-    yield _endpoint(reactor, uri, _tls_args(tls, tls_ca, tls_certificate, tls_key,
-                                            tls_hostname)).connect(
-        _ClientFactory(connection))
+    tls_args = _tls_args(tls, tls_ca, tls_certificate, tls_key, tls_hostname)
+    if timeout:
+        tls_args["timeout"] = timeout
+    endpoint = _endpoint(reactor, uri, tls_args)
     try:
-        yield connection._handshake(options, nfn_keys, sub_keys)
-    except Exception:
-        if connection.protocol is not None and connection.protocol.transport:
-            connection.protocol.transport.abortConnection()
+        yield endpoint.connect(_ClientFactory(connection))
+    except Exception as e:
+        raise ConnectFailed(_cannot_connect(uri, e)) from e
+    handshake = connection._handshake(options, nfn_keys, sub_keys)
+    if timeout:
+        handshake.addTimeout(timeout, reactor)
+    try:
+        yield handshake
+    except defer.TimeoutError:
+        _abort(connection)
+        raise ConnectFailed(
+            f"no Elvin ConnRply from {_shown(uri)} within {timeout:g} s: is this an Elvin "
+            f"router?{_stack_hint(uri)}") from None
+    except NackError:
+        _abort(connection)
         raise
+    except ConnectionClosed as e:
+        _abort(connection)
+        raise ConnectFailed(_handshake_lost(uri, connection, e)) from e
     return connection
+
+
+def _abort(connection):
+    if connection.protocol is not None and connection.protocol.transport:
+        connection.protocol.transport.abortConnection()
+
+
+def _stack_hint(uri):
+    if uri.is_secure:
+        return (f" (if it is a plain listener, use elvin://{_endpoint_text(uri)}"
+                " rather than a TLS URI)")
+    return (f" (if it is a TLS listener, use elvin:/secure/{_endpoint_text(uri)})")
+
+
+def _shown(uri):
+    """``uri`` as a person would write it (the short form when it has one)."""
+    if uri.protocol == ("tcp", "none", "xdr") and uri.version == (4, 0) and not uri.options:
+        return f"elvin://{_endpoint_text(uri)}"
+    return str(uri)
+
+
+def _endpoint_text(uri):
+    host = f"[{uri.host}]" if ":" in uri.host else uri.host
+    return f"{host}:{uri.port}"
+
+
+def _cannot_connect(uri, error_value):
+    """A sentence for a failed TCP/TLS connect to ``uri``."""
+    if isinstance(error_value, (error.ConnectionRefusedError, ConnectionRefusedError)):
+        return (f"{_shown(uri)}: connection refused: is the router running there? (start "
+                f"one with 'twistd -n elvin', or give another URI with -e)")
+    if isinstance(error_value, (error.DNSLookupError,)):
+        return f"{_shown(uri)}: cannot resolve host {uri.host!r}: check the host name"
+    if isinstance(error_value, (error.TimeoutError, defer.TimeoutError, TimeoutError)):
+        return (f"{_shown(uri)}: no answer to the TCP connect: is the host up, and the port "
+                f"open (no firewall in between)?")
+    return f"{_shown(uri)}: cannot connect: {error_value}"
+
+
+def _handshake_lost(uri, connection, closed):
+    """A sentence for a channel that ended before ConnRply."""
+    if connection.problem == "not_elvin":
+        first = connection.first_bytes or b""
+        if first[:1] in (b"\x15", b"\x16") and first[1:2] == b"\x03":
+            return (f"{_shown(uri)} answered with TLS: it is a TLS listener, so use "
+                    f"elvin:/secure/{_endpoint_text(uri)}")
+        return (f"{_shown(uri)} answered with something that is not Elvin (it began "
+                f"{first!r}): is this an Elvin router?{_stack_hint(uri)}")
+    if closed.reason is not None:
+        return str(closed)  # the router sent Disconn: its own words
+    text = str(closed)
+    detail = text.split("was lost: ", 1)[1] if "was lost: " in text else ""
+    if uri.is_secure and detail:
+        return (f"TLS with {_shown(uri)} failed ({detail}): is it a TLS listener, does "
+                f"tls_ca trust its certificate, and does the certificate name "
+                f"{uri.host!r}?{_stack_hint(uri)}")
+    return (f"{_shown(uri)} closed the connection before answering ConnRqst: is this an "
+            f"Elvin router?{_stack_hint(uri)}")
 
 
 @defer.inlineCallbacks

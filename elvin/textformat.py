@@ -15,7 +15,8 @@ first ``:``), so names may contain colons.
 
 import math
 
-from elvin.values import INT32, INT64, OPAQUE, REAL64, STRING, Int64, type_of
+from elvin.values import (INT32, INT64, INT64_MAX, INT64_MIN, OPAQUE, REAL64, STRING,
+                          Int64, type_of)
 
 __all__ = ["FormatError", "format_value", "format_notification", "parse_value",
            "parse_line", "read_notifications"]
@@ -91,6 +92,16 @@ def parse_value(text):
         except ValueError:
             raise FormatError(f"opaque value must be hex bytes like [de ad]: {text!r}") from None
     lowered = text.lower()
+    try:
+        value = int(lowered[:-1] if lowered.endswith("l") else lowered, 0)
+    except ValueError:
+        value = None
+    if value is not None:
+        if not INT64_MIN <= value <= INT64_MAX:
+            raise FormatError(
+                f"integer {text} is out of range: Elvin integers are int32 or int64 "
+                f"({INT64_MIN} to {INT64_MAX}); write a real like {value}.0 for a "
+                "larger number")
     try:
         if lowered.endswith("l"):
             return Int64(int(text[:-1], 0))

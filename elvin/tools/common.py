@@ -1,65 +1,185 @@
-"""What the command-line tools share: the -e option and running a reactor."""
+"""What the command-line tools share: options, finding the router, running
+a reactor, and ending well (Ctrl-C, a closed pipe, errors in one line)."""
 
+import os
+import signal
 import sys
 
 from twisted.internet import defer, task
 from twisted.python import usage
 
-from elvin.errors import ElvinError
+from elvin import __version__
+from elvin.client import DEFAULT_CONNECT_TIMEOUT
 from elvin.uri import ElvinURI, InvalidURIError
 
 DEFAULT_URI = "elvin://localhost:2917"
 
+#: Environment variable naming the router the tools use without -e.
+URI_VARIABLE = "ELVIN_URI"
 
-class ToolOptions(usage.Options):
+
+def default_uri():
+    """The router tried first without -e: $ELVIN_URI, else DEFAULT_URI."""
+    return os.environ.get(URI_VARIABLE) or DEFAULT_URI
+
+
+class BaseOptions(usage.Options):
+    """Help that names the program, and --version that is elvin's."""
+
+    name = "elvin-tool"
+
+    def getSynopsis(self):
+        return f"Usage: {self.name} [options] {self.synopsis}".rstrip()
+
+    def opt_version(self):
+        """Print the version and exit."""
+        print(f"{self.name} (elvin) {__version__}")
+        sys.exit(0)
+
+
+class ToolOptions(BaseOptions):
+    """Options every tool that talks to a router takes."""
+
+    optFlags = [
+        ["discover", None, "Without -e: find a router by discovery first, before "
+                           "trying $ELVIN_URI or " + DEFAULT_URI + "."],
+    ]
     optParameters = [
-        ["elvin", "e", None, "URI of the Elvin router to use (default: find a "
-                             "router by discovery, else " + DEFAULT_URI + ")."],
-        ["scope", None, None, "Without -e: discover a router of this scope "
-                              "(no fallback to " + DEFAULT_URI + ")."],
+        ["elvin", "e", None, "URI of the Elvin router to use (default: $ELVIN_URI, or "
+                             + DEFAULT_URI + " if a router answers there, else one "
+                             "found by discovery)."],
+        ["scope", None, None, "Without -e: discover a router of this scope only."],
         ["discovery-time", None, 1.5, "Without -e: seconds to look for a router.",
          float],
+        ["timeout", "t", DEFAULT_CONNECT_TIMEOUT,
+         "Seconds to wait for the router to accept and answer ConnRqst.", float],
     ]
 
     def postOptions(self):
+        if not self["timeout"] > 0:
+            raise usage.UsageError(f"--timeout must be more than 0 seconds, "
+                                   f"not {self['timeout']:g}")
         try:
-            # None: found by discovery when the tool runs (see _with_uri)
+            # None: found when the tool runs (see _with_uri)
             self["uri"] = None if self["elvin"] is None else ElvinURI(self["elvin"])
         except InvalidURIError as e:
             raise usage.UsageError(str(e)) from None
 
 
+async def _answers(reactor, uri, timeout):
+    """True when something accepts a TCP connection at ``uri`` in time."""
+    from twisted.internet.endpoints import HostnameEndpoint, connectProtocol
+    from twisted.internet.protocol import Protocol
+    endpoint = HostnameEndpoint(reactor, uri.host, uri.port, timeout=timeout)
+    try:
+        proto = await connectProtocol(endpoint, Protocol())
+    except Exception:
+        return False
+    proto.transport.abortConnection()
+    return True
+
+
+async def find_router(reactor, options):
+    """The router a tool without -e uses (README, "What the tools do
+    without -e"): with --scope, one of that scope by discovery; otherwise
+    $ELVIN_URI or elvin://localhost:2917 if a router answers there, else a
+    router found by discovery, else that default again (so the error names
+    it). --discover tries discovery first."""
+    from elvin.discovery.discoverer import resolve_uri
+    fallback = ElvinURI(default_uri())
+    if options["scope"] is not None:
+        return await resolve_uri(reactor, scope=options["scope"],
+                                 timeout=options["discovery-time"])
+    if not options["discover"] and await _answers(reactor, fallback, 1.0):
+        return fallback
+    return await resolve_uri(reactor, timeout=options["discovery-time"],
+                             fallback=fallback)
+
+
+class _Interrupt:
+    """Ctrl-C (SIGINT) and SIGTERM: the first ends the tool politely (the
+    reactor stops, so shutdown triggers close the session with
+    DisconnRqst); later ones are ignored rather than raising from a
+    reactor that is already stopping."""
+
+    def __init__(self, reactor):
+        self.reactor = reactor
+        self.interrupted = False
+
+    def install(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self.handle)
+
+    def handle(self, signum, frame):
+        if self.interrupted:
+            return
+        self.interrupted = True
+        self.reactor.callFromThread(self._stop)
+
+    def _stop(self):
+        if self.reactor.running:
+            self.reactor.stop()
+
+
+def closing(reactor, conn):
+    """Close ``conn`` politely (DisconnRqst) when the reactor is stopped."""
+    def close():
+        if conn._closed:
+            return None
+        d = conn.close()
+        d.addTimeout(2.0, reactor)
+        d.addErrback(lambda _: None)
+        return d
+    reactor.addSystemEventTrigger("before", "shutdown", close)
+
+
+class StdoutClosed(Exception):
+    """Whoever reads our output went away (``| head``): end quietly."""
+
+
+def write(text):
+    """Write to stdout; a closed pipe raises StdoutClosed."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Later flushes (at exit) must not complain either.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise StdoutClosed() from None
+
+
 async def _with_uri(reactor, options, body):
-    """Run ``body``; first, if a tool got no -e, find its router by
-    discovery (docs/discovery.md): a router of ``--scope``, or else a
-    default router, else DEFAULT_URI."""
+    """Run ``body`` once the router's URI is known."""
     if isinstance(options, ToolOptions) and options.get("uri") is None:
-        from elvin.discovery.discoverer import resolve_uri
-        options["uri"] = await resolve_uri(
-            reactor, scope=options["scope"], timeout=options["discovery-time"],
-            fallback=DEFAULT_URI)
+        options["uri"] = await find_router(reactor, options)
     return await body(reactor, options)
 
 
 def run(options_class, body, argv=None):
-    """Parse options, run ``body(reactor, options)`` (a Deferred) and exit."""
+    """Parse options, run ``body(reactor, options)`` (a coroutine) and exit:
+    0 on success, on Ctrl-C and when stdout is closed; 1 with one line on
+    stderr on any error; 2 for usage errors."""
     options = options_class()
     try:
         options.parseOptions(sys.argv[1:] if argv is None else argv)
     except usage.UsageError as e:
-        prog = sys.argv[0].rsplit("/", 1)[-1]
-        sys.stderr.write(f"{prog}: {e}\n{options}")
+        sys.stderr.write(f"{options.name}: {e}\n{options}")
         sys.exit(2)
     status = {"code": 0}
 
     def main(reactor):
+        interrupt = _Interrupt(reactor)
+        # After the reactor's own handlers are in place (it installs them as
+        # it starts), so ours replace them.
+        reactor.callWhenRunning(reactor.callLater, 0, interrupt.install)
+        options["_reactor_interrupt"] = interrupt
         d = defer.ensureDeferred(_with_uri(reactor, options, body))
 
         def failed(failure):
-            error = failure.value
-            if isinstance(error, (ElvinError, ValueError, OSError, ConnectionError)) or \
-                    failure.check(Exception):
-                sys.stderr.write(f"error: {error}\n")
+            if interrupt.interrupted or failure.check(StdoutClosed, defer.CancelledError):
+                return None
+            sys.stderr.write(f"{options.name}: error: {failure.value}\n")
             status["code"] = 1
         d.addErrback(failed)
         return d
@@ -67,5 +187,8 @@ def run(options_class, body, argv=None):
         task.react(main)
     except SystemExit as e:
         if e.code not in (0, None) or status["code"]:
-            sys.exit(status["code"] or e.code)
+            status["code"] = status["code"] or e.code
+    # A further Ctrl-C while the interpreter exits (which restores default
+    # handlers) would kill us by the signal: ignore it, we are ending.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     sys.exit(status["code"])

@@ -25,11 +25,12 @@ from twisted.python import usage
 from elvin.discovery import packets as D
 from elvin.discovery.discoverer import DEFAULT_MAX_LOCALITY, Discoverer, NoRouterFound
 from elvin.discovery.settings import parse_group
-from elvin.tools.common import run
+from elvin.tools.common import BaseOptions, run
 
 
-class Options(usage.Options):
-    synopsis = "[--time SECONDS] [--scope NAME] [--passive] [--interface ADDRESS]"
+class Options(BaseOptions):
+    name = "elvin-discover"
+    synopsis = ""
     longdesc = ("List Elvin routers found by router discovery (ERDP multicast and "
                 "DNS-SD): name, scope, default flag and URIs, as they are seen, "
                 "for --time seconds or until interrupted.")

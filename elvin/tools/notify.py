@@ -2,55 +2,96 @@
 
     elvin-notify -e elvin://host 'Group: "chat"' 'Message: "hi"' 'Num: 42'
     printf 'Group: "chat"\\nNum: 42\\n---\\n' | elvin-notify
+
+Stdin is read by a thread, so each notification is sent as soon as its
+'---' (or blank line) arrives: ``elvin-subscribe -e A ... | elvin-notify -e
+B`` relays as it goes, and Ctrl-C works while reading from a terminal.
 """
 
 import sys
+import threading
 
 from twisted.internet import defer
 
 from elvin import client
 from elvin.textformat import FormatError, parse_line, read_notifications
-from elvin.tools.common import ToolOptions, run
+from elvin.tools.common import ToolOptions, closing, run
 
 
 class Options(ToolOptions):
-    synopsis = "[-e URI] [--unreliable] ['Name: value' ...]"
+    name = "elvin-notify"
+    synopsis = "['Name: value' ...]"
     longdesc = ("Emit one notification built from the arguments, or, with no "
                 "arguments, every notification read from stdin (attributes one "
-                "per line, each notification ended by '---' or a blank line).")
-    optFlags = [["unreliable", "u", "Send UNotify (session-less) instead of NotifyEmit."]]
+                "per line, each notification ended by '---' or a blank line), "
+                "each sent as soon as it is complete.")
+    optFlags = [["unreliable", "u", "Send UNotify (session-less) instead of NotifyEmit; "
+                                    "needed for udp,none,xdr URIs."]]
 
     def parseArgs(self, *attributes):
         self["attributes"] = attributes
 
+    def postOptions(self):
+        super().postOptions()
+        uri = self["uri"]
+        if uri is not None and uri.transport == "udp" and not self["unreliable"]:
+            from twisted.python import usage
+            raise usage.UsageError(
+                f"{self['elvin']} is a UDP URI, which carries only session-less "
+                "notifications: add -u (--unreliable)")
 
-def _notifications(options):
-    if options["attributes"]:
-        attrs = {}
-        for arg in options["attributes"]:
-            try:
-                name, value = parse_line(arg)
-            except FormatError as e:
-                raise FormatError(f"argument {arg!r}: {e}") from None
-            attrs[name] = value
-        return [attrs]
-    return read_notifications(sys.stdin)
+
+def _from_arguments(arguments):
+    attrs = {}
+    for arg in arguments:
+        try:
+            name, value = parse_line(arg)
+        except FormatError as e:
+            raise FormatError(f"argument {arg!r}: {e}") from None
+        attrs[name] = value
+    return attrs
+
+
+def _read_stdin(reactor, queue):
+    """In a daemon thread: hand each notification to the reactor as soon as
+    it is complete; then None (end of input) or the FormatError."""
+    try:
+        for attrs in read_notifications(sys.stdin):
+            reactor.callFromThread(queue.put, attrs)
+    except Exception as e:  # FormatError, or a read error
+        reactor.callFromThread(queue.put, e)
+        return
+    reactor.callFromThread(queue.put, None)
 
 
 async def body(reactor, options):
-    notes = _notifications(options)
+    uri = options["uri"]
+    if options["attributes"]:
+        notes = defer.DeferredQueue()
+        notes.put(_from_arguments(options["attributes"]))
+        notes.put(None)
+    else:
+        notes = defer.DeferredQueue()
+        threading.Thread(target=_read_stdin, args=(reactor, notes), daemon=True,
+                         name="elvin-notify stdin").start()
     if options["unreliable"]:
-        for attrs in notes:
-            await client.unotify(options["uri"], attrs, reactor=reactor)
+        while (attrs := await notes.get()) is not None:
+            if isinstance(attrs, Exception):
+                raise attrs
+            await client.unotify(uri, attrs, reactor=reactor)
         return
-    conn = await client.connect(options["uri"], reactor=reactor)
+    conn = await client.connect(uri, reactor=reactor, timeout=options["timeout"])
+    closing(reactor, conn)
     try:
-        for attrs in notes:
+        while (attrs := await notes.get()) is not None:
+            if isinstance(attrs, Exception):
+                raise attrs
             conn.notify(attrs)
         # A round trip makes sure everything emitted reached the router.
         await conn.test_connection()
     finally:
-        await conn.close()
+        if not conn._closed:
+            await conn.close()
 
 
 def main(argv=None):

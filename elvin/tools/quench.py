@@ -7,17 +7,20 @@ Each line is ``add TERM [secure|insecure] EXPRESSION``,
 the router reports subscriptions referring to the names, until interrupted.
 """
 
-import sys
-
 from twisted.internet import defer
 
 from elvin import client
 from elvin.subscription.printer import to_text
-from elvin.tools.common import ToolOptions, run
+from elvin.tools.common import StdoutClosed, ToolOptions, closing, run, write
 
 
 class Options(ToolOptions):
-    synopsis = "[-e URI] NAME [NAME ...]"
+    name = "elvin-quench"
+    synopsis = "NAME [NAME ...]"
+    longdesc = ("Quench on attribute names: print a line whenever a subscription "
+                "that refers to one of them is added, modified or removed at the "
+                "router ('add TERM secure|insecure EXPRESSION', 'modify ...', "
+                "'delete TERM'), until interrupted.")
 
     def parseArgs(self, *names):
         if not names:
@@ -33,19 +36,29 @@ def _line(kind, term_id, tree=None, secure=False):
 
 
 async def body(reactor, options):
-    conn = await client.connect(options["uri"], reactor=reactor)
+    conn = await client.connect(options["uri"], reactor=reactor,
+                                timeout=options["timeout"])
+    closing(reactor, conn)
+    done = defer.Deferred()
 
     def show(kind):
         def handler(term_id, tree=None, secure=False):
-            sys.stdout.write(_line(kind, term_id, tree, secure))
-            sys.stdout.flush()
+            try:
+                write(_line(kind, term_id, tree, secure))
+            except StdoutClosed as e:
+                if not done.called:
+                    done.errback(e)
         return handler
 
     await conn.quench(options["names"], on_add=show("add"), on_modify=show("modify"),
                       on_delete=show("delete"))
-    done = defer.Deferred()
-    conn.disconnected.addBoth(lambda _: done.called or done.callback(None))
-    await done
+    conn.disconnected.addBoth(lambda _: done.called or done.errback(
+        client.ConnectionClosed(f"the connection to {options['uri']} was lost")))
+    try:
+        await done
+    finally:
+        if not conn._closed:
+            await conn.close()
 
 
 def main(argv=None):

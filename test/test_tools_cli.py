@@ -1,0 +1,267 @@
+"""The first hour with the tools (issue 14): they never hang, never lie, end
+well on Ctrl-C and closed pipes, and say what to do. Each test runs the tool
+as a subprocess against servers on loopback, with bounded waits."""
+
+import os
+import signal
+import socket
+import sys
+
+from twisted.internet import defer, protocol, reactor, task
+
+from elvin.textformat import read_notifications
+from test.polling import wait_until
+from test.test_tools import REPO, ToolTestCase
+
+
+class _Silent(protocol.Protocol):
+    """Accepts and says nothing (a listener that is not an Elvin router)."""
+
+
+class _HTTPish(protocol.Protocol):
+    def dataReceived(self, data):
+        self.transport.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+
+class _Tool(protocol.ProcessProtocol):
+    """A running tool: stdin kept open, output collected as it comes."""
+
+    def __init__(self):
+        self.out = b""
+        self.err = b""
+        self.ended = defer.Deferred()
+        self.code = None
+
+    def outReceived(self, data):
+        self.out += data
+
+    def errReceived(self, data):
+        self.err += data
+
+    def processEnded(self, reason):
+        self.code = reason.value.exitCode
+        self.ended.callback((self.out, self.err, self.code))
+
+
+class CLITestCase(ToolTestCase):
+
+    def spawn(self, name, *args, env=None):
+        proc = _Tool()
+        environment = dict(os.environ if env is None else env)
+        reactor.spawnProcess(proc, sys.executable,
+                             [sys.executable, "-m", f"elvin.tools.{name}"] + list(args),
+                             env=environment, path=REPO)
+
+        def stop():
+            if proc.code is None:
+                proc.transport.signalProcess("KILL")
+                return proc.ended
+        self.addCleanup(stop)
+        return proc
+
+    def listen(self, proto):
+        factory = protocol.Factory.forProtocol(proto)
+        port = reactor.listenTCP(0, factory, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        return f"elvin://127.0.0.1:{port.getHost().port}"
+
+    @defer.inlineCallbacks
+    def wait_ended(self, proc, timeout=15):
+        yield wait_until(lambda: proc.code is not None, timeout=timeout)
+        return (proc.out, proc.err, proc.code)
+
+
+class HangTests(CLITestCase):
+    """Item 1: a server that does not answer ends the tool with a message."""
+
+    @defer.inlineCallbacks
+    def test_silent_listener_times_out(self):
+        uri = self.listen(_Silent)
+        for tool, args in (("notify", ["a: 1"]), ("subscribe", ["require(a)"])):
+            out, err, code = yield self.tool(tool, "-e", uri, "--timeout", "0.5", *args)
+            self.assertEqual(code, 1, err)
+            self.assertIn(f"no Elvin ConnRply from {uri} within 0.5 s: is this an Elvin "
+                          "router?".encode(), err)
+            self.assertNotIn(b"Traceback", err)
+
+    @defer.inlineCallbacks
+    def test_http_server_is_named(self):
+        uri = self.listen(_HTTPish)
+        out, err, code = yield self.tool("notify", "-e", uri, "a: 1")
+        self.assertEqual(code, 1)
+        self.assertIn(f"{uri} answered with something that is not Elvin".encode(), err)
+        self.assertIn(b"HTTP/1.1 400", err)
+
+    def test_library_default_timeout(self):
+        from elvin import client
+        self.assertEqual(client.DEFAULT_CONNECT_TIMEOUT, 10.0)
+
+    @defer.inlineCallbacks
+    def test_connect_timeout_parameter(self):
+        from elvin import client
+        uri = self.listen(_Silent)
+        with self.assertRaises(client.ConnectFailed) as cm:
+            yield client.connect(uri, timeout=0.3)
+        self.assertIn("no Elvin ConnRply", str(cm.exception))
+
+
+class RelayTests(CLITestCase):
+    """Item 2: notify sends each notification as soon as its '---' arrives."""
+
+    @defer.inlineCallbacks
+    def test_each_notification_leaves_before_stdin_closes(self):
+        received = yield self.collect("require(n)")
+        proc = self.spawn("notify", "-e", self.uri)
+        proc.transport.write(b'n: 1\nwhat: "first"\n---\n')
+        yield wait_until(lambda: len(received) == 1, timeout=15)
+        proc.transport.write(b"n: 2\n---\n")
+        yield wait_until(lambda: len(received) == 2, timeout=15)
+        self.assertIsNone(proc.code)  # still reading
+        proc.transport.closeStdin()
+        out, err, code = yield self.wait_ended(proc)
+        self.assertEqual((code, err), (0, b""))
+
+
+class PipeTests(CLITestCase):
+    """Item 3: a closed stdout ends elvin-subscribe quietly, exit 0."""
+
+    @defer.inlineCallbacks
+    def test_closed_stdout(self):
+        proc = self.spawn("subscribe", "-e", self.uri, "--ready", "require(n)")
+        yield wait_until(lambda: b"ready" in proc.err, timeout=15)
+        proc.transport.closeChildFD(1)   # the reader went away (| head)
+        conn = yield self.connect()
+        for i in range(5):
+            conn.notify({"n": i})
+            yield task.deferLater(reactor, 0.05, lambda: None)
+        out, err, code = yield self.wait_ended(proc)
+        self.assertEqual(code, 0, err)
+        self.assertNotIn(b"Traceback", err)
+        self.assertNotIn(b"BrokenPipe", err)
+
+
+class InterruptTests(CLITestCase):
+    """Item 4: Ctrl-C disconnects politely and exits 0; twice, no traceback."""
+
+    @defer.inlineCallbacks
+    def interrupted(self, tool, args, times):
+        before = len(self.router.sessions)
+        proc = self.spawn(tool, "-e", self.uri, *args)
+        yield wait_until(lambda: sum(s.state == s.CONNECTED for s in self.router.sessions)
+                         > before, timeout=15)
+        yield task.deferLater(reactor, 0.3, lambda: None)
+        for _ in range(times):
+            if proc.code is None:   # a fast exit may beat the second press
+                proc.transport.signalProcess("INT")
+            yield task.deferLater(reactor, 0.01, lambda: None)
+        result = yield self.wait_ended(proc)
+        return result
+
+    @defer.inlineCallbacks
+    def test_ctrl_c_on_subscribe(self):
+        disconn = []
+        original = self.router.session_closed
+
+        def closed(session):
+            disconn.append(session.state)
+            original(session)
+        self.router.session_closed = closed
+        out, err, code = yield self.interrupted("subscribe", ["require(n)"], 1)
+        self.assertEqual(code, 0, err)
+        self.assertEqual(err, b"")
+        # DisconnRqst puts the session in CLOSING before it is closed.
+        yield wait_until(lambda: disconn, timeout=5)
+        self.assertEqual(disconn[0], 3)
+
+    @defer.inlineCallbacks
+    def test_ctrl_c_twice(self):
+        for tool, args in (("subscribe", ["require(n)"]), ("quench", ["n"])):
+            out, err, code = yield self.interrupted(tool, args, 2)
+            self.assertEqual(code, 0, (tool, err))
+            self.assertNotIn(b"Traceback", err)
+            self.assertNotIn(b"ReactorNotRunning", err)
+
+
+class UsageTests(CLITestCase):
+    """Items 8, 9 and 12: usage errors, messages, help and versions."""
+
+    @defer.inlineCallbacks
+    def test_count_must_be_positive(self):
+        for count in ("0", "-1"):
+            out, err, code = yield self.tool("subscribe", "-e", self.uri, "-n", count,
+                                             "require(a)")
+            self.assertEqual(code, 2)
+            self.assertIn(f"--count must be at least 1, not {count}".encode(), err)
+
+    @defer.inlineCallbacks
+    def test_version_is_elvins(self):
+        import elvin
+        for tool in ("notify", "subscribe", "quench", "discover"):
+            out, err, code = yield self.tool(tool, "--version")
+            self.assertEqual(code, 0)
+            self.assertEqual(out.decode().strip(),
+                             f"elvin-{tool} (elvin) {elvin.__version__}")
+
+    @defer.inlineCallbacks
+    def test_help_names_the_program_and_says_what_it_does(self):
+        for tool, words in (("notify", b"Emit"), ("subscribe", b"Subscribe to"),
+                            ("quench", b"Quench on"), ("discover", b"List Elvin")):
+            out, err, code = yield self.tool(tool, "--help")
+            self.assertEqual(code, 0)
+            self.assertTrue(out.startswith(f"Usage: elvin-{tool} ".encode()), out[:60])
+            self.assertIn(words, out)
+
+    @defer.inlineCallbacks
+    def test_udp_uri_without_u(self):
+        out, err, code = yield self.tool("notify", "-e", "elvin:/udp,none,xdr/127.0.0.1:9",
+                                         "a: 1")
+        self.assertEqual(code, 2)
+        self.assertIn(b"add -u (--unreliable)", err)
+        self.assertNotIn(b"elvin.client", err)
+
+    @defer.inlineCallbacks
+    def test_integer_out_of_range(self):
+        out, err, code = yield self.tool("notify", "-e", self.uri,
+                                         "Big: 99999999999999999999999")
+        self.assertEqual(code, 1)
+        self.assertIn(b"out of range", err)
+        self.assertNotIn(b"not a value", err)
+
+    @defer.inlineCallbacks
+    def test_refused_names_the_uri(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        uri = f"elvin://127.0.0.1:{port}"
+        out, err, code = yield self.tool("notify", "-e", uri, "a: 1")
+        self.assertEqual(code, 1)
+        self.assertIn(f"{uri}: connection refused".encode(), err)
+
+    @defer.inlineCallbacks
+    def test_one_message_for_a_router_shutdown(self):
+        proc = self.spawn("subscribe", "-e", self.uri, "--ready", "require(n)")
+        yield wait_until(lambda: b"ready" in proc.err, timeout=15)
+        self.router.shutdown()
+        out, err, code = yield self.wait_ended(proc)
+        self.assertEqual(code, 1)
+        lines = [l for l in err.decode().splitlines() if l != "ready"]
+        self.assertEqual(len(lines), 1, lines)
+        self.assertIn("router closed the connection (Disconn reason 1", lines[0])
+
+
+class DefaultRouterTests(CLITestCase):
+    """Item 11: without -e the tools use $ELVIN_URI (or localhost:2917)
+    when a router answers there, before any multicast."""
+
+    @defer.inlineCallbacks
+    def test_elvin_uri_variable(self):
+        received = yield self.collect("require(via)")
+        env = dict(os.environ, ELVIN_URI=self.uri)
+        out, err, code = yield self.tool_env(env, "notify", 'via: "ELVIN_URI"')
+        self.assertEqual((code, err), (0, b""))
+        yield wait_until(lambda: received, timeout=10)
+
+    def tool_env(self, env, name, *args):
+        from twisted.internet.utils import getProcessOutputAndValue
+        return getProcessOutputAndValue(sys.executable, ["-m", f"elvin.tools.{name}"]
+                                        + list(args), env=env, path=REPO)
