@@ -16,6 +16,7 @@ setup(
         "elvin.federation",
         "elvin.discovery",
         "elvin.tools",
+        "elvin.data",
         "spark_analysis",
         "twisted.plugins",
     ],
@@ -24,7 +25,7 @@ setup(
     # so Twisted's plugin scan finds twisted/plugins/elvin_plugin.py and
     # `twistd elvin` works after an editable install as after a normal one.
     package_dir={"": "."},
-    package_data={"twisted": ["plugins/elvin_plugin.py"]},
+    package_data={"twisted": ["plugins/elvin_plugin.py"], "elvin.data": ["elvind.conf"]},
     install_requires=[
         "twisted>=23.10",
         "pyopenssl>=23.0",
@@ -44,6 +45,7 @@ setup(
             "elvin-subscribe = elvin.tools.subscribe:main",
             "elvin-quench = elvin.tools.quench:main",
             "elvin-discover = elvin.tools.discover:main",
+            "elvin-config-example = elvin.tools.config_example:main",
         ],
     },
     classifiers=[

@@ -36,6 +36,10 @@ DISCONN_SHUTDOWN = 1
 DISCONN_REDIRECT = 2
 DISCONN_PROTOCOL_ERRORS = 4
 
+_DISCONN_CAUSES = {DISCONN_SHUTDOWN: "router shutdown",
+                   DISCONN_REDIRECT: "redirected to another router",
+                   DISCONN_PROTOCOL_ERRORS: "too many protocol errors"}
+
 #: Protocol versions this router speaks (major, highest minor).
 PROTOCOL_MAJOR = 4
 PROTOCOL_MINOR = 0
@@ -276,6 +280,10 @@ class ClientSession:
         self.sub_keys = KeyRing.EMPTY
         self.quenches = {}
         self._version_logged = False
+        #: Why the session ended, logged once for sessions logged as connected.
+        self.end_cause = None
+        self._announced = False
+        self._end_logged = False
 
     # -- input ----------------------------------------------------------------
 
@@ -310,10 +318,22 @@ class ClientSession:
         """The transport could not unmarshal a packet: a protocol violation."""
         self.violation(f"undecodable packet: {reason}")
 
-    def connection_lost(self):
+    def connection_lost(self, why="connection lost"):
+        """The transport's channel ended (``why``, when nothing else said)."""
+        self.ending(why)
         if self.state != self.CLOSED:
             self.state = self.CLOSED
             self.router.session_closed(self)
+        if self._announced and not self._end_logged:
+            self._end_logged = True
+            self.log.info("client at {peer} disconnected: {cause}", peer=self.peer,
+                          cause=self.end_cause)
+
+    def ending(self, cause):
+        """Record why this session ends (the first cause given wins); it is
+        logged once, with the peer, when the channel is gone."""
+        if self.end_cause is None:
+            self.end_cause = cause
 
     # -- output ---------------------------------------------------------------
 
@@ -336,6 +356,8 @@ class ClientSession:
         """Send Disconn and close (router shutdown, redirection, abuse)."""
         if self.state in (self.CLOSING, self.CLOSED):
             return
+        self.ending(_DISCONN_CAUSES.get(reason, f"disconnected by the router "
+                                                f"(reason {reason})"))
         if self.state == self.CONNECTED:
             self.send(P.Disconn(reason, args))
         self._close()
@@ -349,6 +371,7 @@ class ClientSession:
         """Section 7.3.2: drop the channel without a closure exchange."""
         self.log.warn("protocol violation from {peer}: {reason}; closing",
                       peer=self.peer, reason=reason)
+        self.ending(f"protocol violation: {reason}")
         if self.state != self.CLOSED:
             self.state = self.CLOSING
             self.router.session_closed(self)
@@ -418,6 +441,7 @@ class ClientSession:
         self.output.configure(self.options)
         self.state = self.CONNECTED
         self.log.info("client connected from {peer}", peer=self.peer)
+        self._announced = True
         self.send(P.ConnRply(packet.xid, reply))
 
     def _too_many_keys(self, xid, keys):
@@ -461,7 +485,7 @@ class ClientSession:
 
     def _disconn_rqst(self, packet):
         self.send(P.DisconnRply(packet.xid))
-        self.log.info("client at {peer} disconnected", peer=self.peer)
+        self.ending("client closed the session (DisconnRqst)")
         self._close()
 
     def _test_conn(self, packet):

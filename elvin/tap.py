@@ -1,8 +1,10 @@
 """``twistd elvin``: command-line options and the router's service tree."""
 
+import errno
 import sys
 
 from twisted.application import service
+from twisted.internet.error import CannotListenError
 from twisted.logger import Logger
 from twisted.python import usage
 
@@ -29,8 +31,22 @@ class Options(usage.Options):
                             "and DNS-SD (see docs/discovery.md)."],
     ]
     optParameters = [
-        ["config", "c", None, "Configuration file (see conf/elvind.conf)."],
+        ["config", "c", None, "Configuration file (print a commented example with "
+                              "--print-config or elvin-config-example)."],
     ]
+
+    def opt_version(self):
+        """Print elvin's version (and Twisted's) and exit."""
+        import twisted
+        from elvin import __version__
+        print(f"twistd elvin (elvin) {__version__}, on Twisted {twisted.__version__}")
+        sys.exit(0)
+
+    def opt_print_config(self):
+        """Print the commented example configuration file and exit."""
+        from elvin.tools.config_example import example_text
+        sys.stdout.write(example_text())
+        sys.exit(0)
 
     def __init__(self):
         super().__init__()
@@ -45,13 +61,23 @@ class Options(usage.Options):
 
     opt_l = opt_listen
 
+    def _refuse(self, message):
+        """A configuration problem: under twistd, one line (file and line,
+        and where to look) and exit 1, without twistd's page of usage;
+        otherwise (called from code) a UsageError."""
+        if getattr(self, "parent", None) is not None:
+            raise SystemExit(f"twistd elvin: {message}\n"
+                             "(see 'twistd elvin --help'; 'twistd elvin --print-config' "
+                             "prints a commented example)")
+        raise usage.UsageError(message)
+
     def postOptions(self):
         config = RouterConfig()
         if self["config"]:
             try:
                 load(self["config"], config)
             except ConfigError as e:
-                raise usage.UsageError(str(e)) from None
+                self._refuse(str(e))
         if self["listen"]:
             config.listen = list(self["listen"])
         if not config.listen:
@@ -64,15 +90,23 @@ class Options(usage.Options):
             try:
                 check_supported(uri)
             except UnsupportedStackError as e:
-                raise usage.UsageError(str(e)) from None
+                self._refuse(str(e))
         if config.tls_certificate and any(stack_kind(u) == TLS for u in config.listen):
             # Check the certificate files now, to report them as usage errors.
             from elvin.tls import server_options_from_config
             try:
                 server_options_from_config(config)
             except ConfigError as e:
-                raise usage.UsageError(str(e)) from None
+                self._refuse(str(e))
         self.router_config = config
+
+
+def _short(uri):
+    """``elvin://host:port`` for the default stack, else the canonical URI."""
+    if uri.protocol == ("tcp", "none", "xdr") and uri.version == (4, 0) and not uri.options:
+        host = f"[{uri.host}]" if ":" in uri.host else uri.host
+        return f"elvin://{host}:{uri.port}"
+    return str(uri)
 
 
 class RouterService(service.MultiService):
@@ -84,6 +118,30 @@ class RouterService(service.MultiService):
         super().__init__()
         self.router = router
         self.config = config
+
+    def privilegedStartService(self):
+        """Bind every listener; one that cannot listen stops the router
+        with one line naming its URI, the cause and what to try."""
+        try:
+            super().privilegedStartService()
+        except CannotListenError as e:
+            raise SystemExit(f"twistd elvin: {self._cannot_listen(e)}") from None
+
+    def _cannot_listen(self, e):
+        uris = list(self.config.listen) + list(getattr(self.config.federation, "listen", ()))
+        where = next((str(_short(u)) for u in uris if u.port == e.port),
+                     f"{e.interface or '*'}:{e.port}")
+        code = getattr(e.socketError, "errno", None)
+        if code == errno.EADDRINUSE:
+            return (f"{where}: address already in use; is another router running? "
+                    "use -l to choose another port")
+        if code == errno.EACCES:
+            return (f"{where}: permission denied (ports below 1024 need privileges); "
+                    "use -l with a port above 1023")
+        if code == errno.EADDRNOTAVAIL:
+            return (f"{where}: {e.interface} is not an address of this host; use -l "
+                    "with one of its addresses, or 0.0.0.0 for all")
+        return f"{where}: cannot listen: {e.socketError}"
 
     def startService(self):
         super().startService()

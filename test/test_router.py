@@ -459,3 +459,55 @@ class RoutingTests(RouterTestCase):
         other, _ = self.connect()
         self.emit(other, {"a": 1})
         self.assertEqual(out.take(), [])
+
+
+class SessionEndLogTests(RouterTestCase):
+    """Every connected session's end is logged once, with its cause."""
+
+    def setUp(self):
+        super().setUp()
+        self.events = []
+        globalLogPublisher.addObserver(self.events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+
+    def ends(self):
+        from twisted.logger import formatEvent
+        return [formatEvent(e) for e in self.events
+                if "disconnected:" in e.get("log_format", "")]
+
+    def test_causes(self):
+        cases = []
+        s, out = self.connect()
+        s.connection_lost("client closed the connection")
+        cases.append("client closed the connection")
+        s, out = self.connect()
+        s.packet_received(P.DisconnRqst(self.xid()))
+        s.connection_lost("client closed the connection")
+        cases.append("client closed the session (DisconnRqst)")
+        s, out = self.connect()
+        s.packet_received(P.ConnRqst(self.xid(), 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY))
+        s.connection_lost("connection lost: reset")
+        cases.append("protocol violation: ConnRqst on an established session")
+        s, out = self.connect()
+        for i in range(50):
+            s.packet_received(P.SubDelRqst(self.xid(), 999))
+        s.connection_lost("client closed the connection")
+        cases.append("too many protocol errors")
+        s, out = self.connect()
+        s.connection_lost("connection lost: Connection reset by peer")
+        cases.append("connection lost: Connection reset by peer")
+        s, out = self.connect()
+        self.router.shutdown()
+        s.connection_lost("client closed the connection")
+        cases.append("router shutdown")
+        ends = self.ends()
+        self.assertEqual(len(ends), len(cases), ends)
+        for line, cause in zip(ends, cases):
+            self.assertTrue(line.startswith("client at test disconnected: "), line)
+            self.assertTrue(line.endswith(cause), (line, cause))
+
+    def test_logged_once(self):
+        s, out = self.connect()
+        s.connection_lost("client closed the connection")
+        s.connection_lost("client closed the connection")
+        self.assertEqual(len(self.ends()), 1)

@@ -359,3 +359,71 @@ class TwistdTests(unittest.TestCase):
         self.assertIn("Server Shut Down", output)
         self.assertNotIn("Traceback", output)
         self.assertIn("Elvin router listening on", output)
+
+
+class TwistdErrorTests(unittest.TestCase):
+    """Start-up problems are one line naming what was wrong (issue 14)."""
+
+    timeout = 30
+
+    def twistd(self, *args):
+        env = dict(os.environ)
+        env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+        rundir = self.mktemp()
+        os.mkdir(rundir)
+        proc = _Collect()
+        reactor.spawnProcess(
+            proc, sys.executable,
+            [sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
+             "-n", "--pidfile=", "elvin"] + list(args), env=env, path=rundir)
+        return proc.ended
+
+    @defer.inlineCallbacks
+    def test_port_in_use(self):
+        held = socket.socket()
+        self.addCleanup(held.close)
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        out, reason = yield self.twistd("-l", f"elvin://127.0.0.1:{port}")
+        self.assertEqual(reason.exitCode, 1)
+        text = out.decode()
+        self.assertIn(f"elvin://127.0.0.1:{port}: address already in use; is another "
+                      "router running? use -l to choose another port", text)
+        self.assertNotIn("Traceback", text)
+
+    @defer.inlineCallbacks
+    def test_config_error_without_usage(self):
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write("listen = elvin://127.0.0.1:3000\nbogus = 1\n")
+        out, reason = yield self.twistd("-c", path)
+        self.assertEqual(reason.exitCode, 1)
+        lines = out.decode().strip().splitlines()
+        self.assertEqual(len(lines), 2, lines)
+        self.assertTrue(lines[0].startswith(f"twistd elvin: {path}:2: unknown setting "
+                                            "'bogus'"), lines[0])
+        self.assertIn("twistd elvin --help", lines[1])
+        self.assertNotIn("--nodaemon", out.decode())
+
+
+class ExampleConfigTests(unittest.TestCase):
+    """The example configuration ships in the package (issue 14, item 12)."""
+
+    def test_packaged_example_is_the_documented_one(self):
+        from elvin.tools.config_example import example_text
+        with open(os.path.join(REPO, "conf", "elvind.conf"), encoding="utf-8") as f:
+            self.assertEqual(example_text(), f.read())
+
+    def test_print_config_and_version(self):
+        from io import StringIO
+        from elvin.tools.config_example import example_text
+        import elvin
+        for flag, expected in (("--print-config", example_text()),
+                               ("--version", f"twistd elvin (elvin) {elvin.__version__}")):
+            out = StringIO()
+            self.patch(sys, "stdout", out)
+            with self.assertRaises(SystemExit) as cm:
+                tap.Options().parseOptions([flag])
+            self.assertEqual(cm.exception.code, 0)
+            self.assertTrue(out.getvalue().startswith(expected), flag)

@@ -10,7 +10,7 @@ own queue and never stalls anybody else.
 
 import struct
 
-from twisted.internet import protocol
+from twisted.internet import error, protocol
 from twisted.logger import Logger
 from zope.interface import implementer
 from twisted.internet.interfaces import IPushProducer
@@ -94,7 +94,7 @@ class ElvinServerProtocol(FramedProtocol, SessionOutput):
             if self.queue.budget is not None:
                 self.queue.budget.leave(self.queue)
         if self.session is not None:
-            self.session.connection_lost()
+            self.session.connection_lost(_why(reason))
 
     # -- input -------------------------------------------------------------
 
@@ -128,6 +128,7 @@ class ElvinServerProtocol(FramedProtocol, SessionOutput):
             except QueueOverflow as e:
                 self.log.warn("disconnecting slow client {peer}: {reason}",
                               peer=self.peer, reason=str(e))
+                self.session.ending(f"slow client: {e}")
                 self.abort()
                 return
             if dropped:
@@ -147,6 +148,8 @@ class ElvinServerProtocol(FramedProtocol, SessionOutput):
         queue that cannot shed: disconnect, as for drop policy none."""
         self.log.warn("disconnecting slow client {peer}: router-wide send queue "
                       "memory (max-queue-memory) exhausted", peer=self.peer)
+        self.session.ending("slow client: router-wide send queue memory "
+                            "(max-queue-memory) exhausted")
         self.abort()
 
     def is_idle(self):
@@ -217,3 +220,10 @@ class ElvinServerFactory(protocol.Factory):
         self.router = router
         self.clock = clock
         self.connect_timeout = connect_timeout
+
+
+def _why(reason):
+    """How a channel ended, from connectionLost's reason, for the log."""
+    if reason is None or reason.check(error.ConnectionDone):
+        return "client closed the connection"
+    return f"connection lost: {reason.getErrorMessage()}"
