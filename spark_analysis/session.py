@@ -1,6 +1,8 @@
 """Getting a SparkSession without hard-coding where it runs."""
 
+import contextlib
 import os
+import tempfile
 
 __all__ = ["get_session", "pyspark_available", "local_test_session"]
 
@@ -55,6 +57,29 @@ def local_test_session(partitions=1):
     quiet = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2-quiet.properties")
     if os.path.exists(quiet):
         java += f" -Dlog4j2.configurationFile={quiet}"
+    # The JVM writes straight to the inherited stderr (its launcher's
+    # "WARNING: Using incubator modules", Spark's log4j notices), which
+    # would land in the middle of the test output: give it a log file.
+    with _stderr_to(os.path.join(tempfile.gettempdir(), "elvin-spark-jvm.log")):
+        return _test_session(partitions, java)
+
+
+@contextlib.contextmanager
+def _stderr_to(path):
+    """File descriptor 2 points at ``path`` while the JVM starts (it keeps
+    that file for its life); ours is restored afterwards."""
+    saved = os.dup(2)
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(target, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(target)
+
+
+def _test_session(partitions, java):
     return get_session("local[2]", "elvin-trace-analysis-tests", {
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
