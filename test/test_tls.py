@@ -270,3 +270,31 @@ class TapTLSTests(unittest.TestCase):
         with self.assertRaises(usage.UsageError) as cm:
             tap.Options().parseOptions(["-c", path, "-l", "elvin:/secure/localhost:1"])
         self.assertIn("missing.pem", str(cm.exception))
+
+
+class StackMismatchTests(TLSFixture):
+    """A plain client on a TLS listener, and a TLS client on a plain one,
+    are told which URI to use (issue 14, item 9)."""
+
+    @defer.inlineCallbacks
+    def test_plain_client_on_tls_listener(self):
+        port = ElvinURI(self.uri).port
+        with self.assertRaises(client.ConnectFailed) as cm:
+            yield client.connect(f"elvin://127.0.0.1:{port}", timeout=5)
+        # OpenSSL answers non-TLS bytes with an alert or just closes: either
+        # way the message names the TLS URI to use.
+        text = str(cm.exception)
+        self.assertTrue(text.startswith(f"elvin://127.0.0.1:{port} "), text)
+        self.assertIn(f"use elvin:/secure/127.0.0.1:{port}", text)
+
+    @defer.inlineCallbacks
+    def test_tls_client_on_plain_listener(self):
+        plain = self.listen_tcp()
+        port = ElvinURI(plain).port
+        with self.assertRaises(client.ConnectFailed) as cm:
+            yield client.connect(f"elvin:/secure/127.0.0.1:{port}", timeout=5,
+                                 tls_ca=self.certs.ca_path)
+        text = str(cm.exception)
+        self.assertIn("TLS with elvin:4.0/ssl,none,xdr/127.0.0.1", text)
+        self.assertIn(f"if it is a plain listener, use elvin://127.0.0.1:{port}", text)
+        yield wait_until(lambda: not self.router.sessions)
