@@ -507,3 +507,34 @@ class FederationKeyTests(unittest.TestCase):
         sent = {bytes(k) for _, sets in fed.keys.entries() for s in sets for k in s}
         self.assertEqual(sent, {b"secret", b"connection secret"})
         self.assertEqual(fed.routing, ("ours.test",))
+
+
+class TraceQueueTests(unittest.TestCase):
+    """The trace writer's queue is bounded: a disk that cannot keep up
+    costs bounded memory, and what is dropped is counted (issue 21)."""
+
+    def test_overflow_is_dropped_and_counted(self):
+        import threading
+        from types import SimpleNamespace
+        gate = threading.Event()
+        writer = TraceWriter(self.mktemp(), "ours.test", max_queued=3)
+        real_open = writer._open
+
+        def slow_open():
+            gate.wait(10)     # the disk stalls while the first file opens
+            real_open()
+        writer._open = slow_open
+        link = SimpleNamespace(peer_domain="peer.test", outgoing=True)
+        writer.link(link, "link_up")          # taken by the writer thread
+        deadline = 100
+        while writer._lines and deadline:     # bounded: until the thread took it
+            deadline -= 1
+            threading.Event().wait(0.01)
+        for _ in range(10):
+            writer.link(link, "link_up")
+        self.assertEqual((writer.records, writer.dropped_overflow), (4, 7))
+        gate.set()
+        writer.close()
+        lines = sum(len(open(os.path.join(writer.directory, name)).readlines())
+                    for name in os.listdir(writer.directory))
+        self.assertEqual(lines, 4)

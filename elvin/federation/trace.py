@@ -14,6 +14,8 @@ import os
 import threading
 import time
 
+from twisted.logger import Logger
+
 from elvin.protocols.xdr import Writer
 
 __all__ = ["NullTrace", "TraceWriter", "notification_digest", "trace_file_name"]
@@ -60,13 +62,21 @@ class NullTrace:
         pass
 
 
+_log = Logger()
+
+
 class TraceWriter:
     """Writes trace records for the router ``domain`` into ``directory``."""
 
     enabled = True
 
+    #: Records waiting for the writer thread at most; past it new records are
+    #: dropped and counted (``dropped_overflow``), so a disk that cannot keep
+    #: up costs bounded memory, and close() waits for a bounded backlog.
+    MAX_QUEUED = 100_000
+
     def __init__(self, directory, domain, max_bytes=64 * 1024 * 1024,
-                 max_seconds=3600.0, now=time.time):
+                 max_seconds=3600.0, now=time.time, max_queued=MAX_QUEUED):
         self.directory = directory
         self.domain = domain
         self.max_bytes = max_bytes
@@ -82,6 +92,8 @@ class TraceWriter:
         self._written = 0
         self.records = 0
         self.dropped_after_close = 0
+        self.max_queued = max_queued
+        self.dropped_overflow = 0
         self._thread = threading.Thread(target=self._run, name="elvin-trace", daemon=True)
         self._thread.start()
         self._digests = (None, None)
@@ -94,6 +106,13 @@ class TraceWriter:
             if self._closing:
                 # After close() nothing is written: do not accept (count) it.
                 self.dropped_after_close += 1
+                return
+            if len(self._lines) >= self.max_queued:
+                if not self.dropped_overflow:
+                    _log.warn("trace writer for {domain} is {n} records behind; "
+                              "dropping records until it catches up (counted)",
+                              domain=self.domain, n=len(self._lines))
+                self.dropped_overflow += 1
                 return
             self._lines.append(line)
             self.records += 1
