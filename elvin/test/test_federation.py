@@ -16,7 +16,8 @@ from elvin.protocols.server import ElvinServerFactory
 from elvin.router import Router
 from elvin.subscription import parse
 from elvin.uri import ElvinURI, InvalidURIError
-from test.test_integration import wait_until
+from elvin.test.test_integration import wait_until
+from elvin.test.places import REPO, free_port
 
 
 class FedRouter:
@@ -362,7 +363,7 @@ class FilterUnitTests(unittest.TestCase):
 class ConfigTests(FederationTestCase):
     def test_examples_load(self):
         from elvin.config import load
-        root = os.path.join(os.path.dirname(__file__), "..", "conf")
+        root = os.path.join(REPO, "conf")
         paths = sorted(glob.glob(os.path.join(root, "federation-*.conf")))
         self.assertGreaterEqual(len(paths), 8)
         for path in paths:
@@ -391,9 +392,7 @@ class ConfigTests(FederationTestCase):
         events = []
         globalLogPublisher.addObserver(events.append)
         self.addCleanup(globalLogPublisher.removeObserver, events.append)
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            free = sock.getsockname()[1]
+        free = free_port()
         right_cfg = parse("Federation.Router-Name = right.test\n"
                           f"Federation.Listen = ewaf://127.0.0.1:{free}\n"
                           "Federation.Apply-Class[Peer] = 127.0.0.1\n"
@@ -475,7 +474,7 @@ class FederationKeyTests(unittest.TestCase):
         self.out.sent.clear()
 
     def client(self):
-        from test.test_router import RecordingOutput
+        from elvin.test.test_router import RecordingOutput
         out = RecordingOutput()
         session = self.router.open_session(out, "client")
         session.packet_received(self.P.ConnRqst(1, 4, 0, {}, self.P.Keys.EMPTY,

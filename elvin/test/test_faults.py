@@ -37,16 +37,11 @@ from elvin import client
 from elvin.federation import protocol as fedproto
 from elvin.federation.protocol import ConnectorFactory, connector_service
 
-from test.test_federation import FedRouter, FederationTestCase
-from test.test_integration import wait_until
+from elvin.test.test_federation import FedRouter, FederationTestCase
+from elvin.test.test_integration import wait_until
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from elvin.test.places import REPO as ROOT
+from elvin.test.places import free_port
 
 
 class _FailingEndpoint:

@@ -13,7 +13,7 @@ from elvin.protocols.udp import MAX_UDP_PAYLOAD, UNotifyDatagramProtocol, send_u
 from elvin.router import Router
 from elvin.uri import ElvinURI
 
-from test.transport_fixtures import RouterFixture, wait_until
+from elvin.test.transport_fixtures import RouterFixture, wait_until
 
 
 def unotify_bytes(attrs, major=4, minor=0, insecure=True):

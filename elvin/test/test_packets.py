@@ -15,7 +15,7 @@ from elvin.subscription import ast
 from elvin.subscription.ast import Kind
 from elvin.values import Int64
 
-from test.test_xdr import attributes, h, texts, trees, values, x_equals_1
+from elvin.test.test_xdr import attributes, h, texts, trees, values, x_equals_1
 
 X_EQUALS_1 = h("00000008 00000000 00000002"
                "00000001 00000004 00000001 78000000"

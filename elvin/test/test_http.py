@@ -14,7 +14,7 @@ from elvin.protocols import packets as P
 from elvin.protocols.framing import frame
 from elvin.uri import ElvinURI
 
-from test.transport_fixtures import PubSubScenarios, RouterFixture, wait_until
+from elvin.test.transport_fixtures import PubSubScenarios, RouterFixture, wait_until
 
 
 def unframe(data):

@@ -6,7 +6,7 @@ from twisted.trial import unittest
 from elvin.client import AutoQuench, QuenchState
 from elvin.subscription import Subscription, parse
 from elvin.subscription.partial import PartialEvaluator
-from test.test_integration import RouterFixture, wait_until
+from elvin.test.test_integration import RouterFixture, wait_until
 
 
 class PartialEvaluatorTests(unittest.TestCase):

@@ -10,14 +10,9 @@ from twisted.trial import unittest
 from elvin.config import ConfigError, parse
 from elvin.federation.service import FederationService
 from elvin.router import Router
-from test.polling import wait_until
-from test.transport_fixtures import Certificates
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from elvin.test.polling import wait_until
+from elvin.test.transport_fixtures import Certificates
+from elvin.test.places import free_port
 
 
 class RequireAuthenticatedTests(unittest.TestCase):

@@ -4,14 +4,14 @@ as a subprocess against servers on loopback, with bounded waits."""
 
 import os
 import signal
-import socket
 import sys
 
 from twisted.internet import defer, protocol, reactor, task
 
 from elvin.textformat import read_notifications
-from test.polling import wait_until
-from test.test_tools import REPO, ToolTestCase
+from elvin.test.places import free_port
+from elvin.test.polling import wait_until
+from elvin.test.test_tools import REPO, ToolTestCase
 
 
 class _Silent(protocol.Protocol):
@@ -229,9 +229,7 @@ class UsageTests(CLITestCase):
 
     @defer.inlineCallbacks
     def test_refused_names_the_uri(self):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         uri = f"elvin://127.0.0.1:{port}"
         out, err, code = yield self.tool("notify", "-e", uri, "a: 1")
         self.assertEqual(code, 1)

@@ -8,8 +8,8 @@ from elvin import config
 from elvin.config import ConfigError, RouterConfig
 from elvin.options import OPTIONS
 from elvin.uri import ElvinURI
+from elvin.test.places import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(REPO, "conf", "elvind.conf")
 
 

@@ -37,7 +37,7 @@ from elvin.protocols.udp import UNotifyDatagramProtocol
 from elvin.router import Router
 from elvin.sendqueue import REPLY_SLACK, QueueBudget, QueueOverflow, SendQueue
 
-from test.transport_fixtures import Certificates, RouterFixture, wait_until
+from elvin.test.transport_fixtures import Certificates, RouterFixture, wait_until
 
 WARN = b"W" * 4
 

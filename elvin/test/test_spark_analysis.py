@@ -21,7 +21,7 @@ from spark_analysis import synth
 from spark_analysis import traceformat as tf
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 SCHEMA_PATH = os.path.join(ROOT, "elvin", "federation", "trace_schema.json")
 
 T0 = 1714564800 * 10**6            # 2024-05-01T12:00:00Z

@@ -19,9 +19,9 @@ from elvin.protocols.server import ElvinServerFactory, ElvinServerProtocol
 from elvin.router import Router
 from elvin.textformat import format_notification, read_notifications
 from elvin.values import INT32, INT64, OPAQUE, REAL64, STRING, Int64, type_of
-from test.polling import wait_until
+from elvin.test.polling import wait_until
+from elvin.test.places import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class _TrackedServerProtocol(ElvinServerProtocol):

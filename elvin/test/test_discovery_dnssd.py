@@ -23,7 +23,7 @@ from elvin.discovery.service import DiscoveryService
 from elvin.protocols.server import ElvinServerFactory
 from elvin.router import Router
 from elvin.uri import ElvinURI
-from test.polling import wait_until
+from elvin.test.polling import wait_until
 
 LOOPBACK = "127.0.0.1"
 

@@ -21,8 +21,9 @@ from elvin.protocols.framing import frame
 from elvin.protocols.server import ElvinServerFactory
 from elvin.router import DISCONN_SHUTDOWN, Router
 from elvin.uri import ElvinURI
+from elvin.test.places import REPO
+from elvin.test.places import free_port
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: A well-formed protocol stack no build speaks (UDP, TLS and HTTP may).
 UNSUPPORTED_STACK = ("sctp", "none", "xdr")
@@ -286,15 +287,6 @@ class PluginTests(unittest.TestCase):
         options = maker.options()
         options.parseOptions(["-l", "elvin://localhost:3000"])
         self.assertIsInstance(maker.makeService(options), tap.RouterService)
-
-
-def free_port():
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
 
 
 class _Collect(protocol.ProcessProtocol):

@@ -8,8 +8,8 @@ from twisted.trial import unittest
 from elvin import errors, keys as K
 from elvin.keys import CONSUMER, PRODUCER, KeyRing
 from elvin.protocols import packets as P
-from test.test_integration import RouterFixture, wait_until
-from test.test_router import RouterTestCase
+from elvin.test.test_integration import RouterFixture, wait_until
+from elvin.test.test_router import RouterTestCase
 
 
 class KeyRingTests(unittest.TestCase):

@@ -7,7 +7,7 @@ from twisted.trial import unittest
 from elvin import client, config, tls
 from elvin.uri import ElvinURI
 
-from test.transport_fixtures import Certificates, PubSubScenarios, RouterFixture, wait_until
+from elvin.test.transport_fixtures import Certificates, PubSubScenarios, RouterFixture, wait_until
 
 
 class TLSFixture(RouterFixture):

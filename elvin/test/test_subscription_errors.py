@@ -380,7 +380,7 @@ class GrammarArgumentNackTests(unittest.TestCase):
     def test_nack_carries_code_offset_and_token(self):
         from elvin.protocols import packets as P
         from elvin.router import Router
-        from test.test_router import RecordingOutput
+        from elvin.test.test_router import RecordingOutput
         out = RecordingOutput()
         session = Router().open_session(out, "test")
         session.packet_received(P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY))

@@ -18,8 +18,9 @@ import sys
 import tempfile
 
 from twisted.trial import unittest
+from elvin.test.places import REPO
+from elvin.test.places import free_port
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: Examples not run, by (file, first line), with the reason.
 NOT_RUN = {
@@ -119,12 +120,6 @@ def _known(table):
 def _same(name, key, listed):
     """Does the block (``name``, ``key``) match a table entry (a prefix)?"""
     return name == listed[0] and (key.startswith(listed[1]) or listed[1].startswith(key))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 PRELUDE = f"""

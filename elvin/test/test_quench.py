@@ -5,7 +5,7 @@ from twisted.trial import unittest
 from elvin import errors, keys as K
 from elvin.protocols import packets as P
 from elvin.subscription import parse
-from test.test_router import RouterTestCase
+from elvin.test.test_router import RouterTestCase
 
 
 class QuenchRouterTests(RouterTestCase):

@@ -16,7 +16,8 @@ from elvin.router import DISCONN_SHUTDOWN, Router
 from elvin.protocols.server import ElvinServerFactory
 from elvin.uri import ElvinURI
 
-from test.transport_fixtures import Certificates, PubSubScenarios, RouterFixture, wait_until
+from elvin.test.transport_fixtures import Certificates, PubSubScenarios, RouterFixture, wait_until
+from elvin.test.places import free_port
 
 UNKNOWN = ["elvin:/xyz,none,xdr/h:1", "elvin:/tcp,none,json/h:1",
            "elvin:/tcp,x-rot13,xdr/h:1", "elvin:/udp,ssl,xdr/h:1",
@@ -171,15 +172,6 @@ class TCPScenarioTests(RouterFixture, PubSubScenarios):
     def setUp(self):
         super().setUp()
         self.uri = self.listen_tcp()
-
-
-def free_port(kind=socket.SOCK_STREAM):
-    s = socket.socket(socket.AF_INET, kind)
-    try:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
 
 
 class MultiStackRouterTests(unittest.TestCase):

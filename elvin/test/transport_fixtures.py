@@ -13,7 +13,7 @@ from elvin.protocols.httptunnel import ElvinHTTPSite
 from elvin.protocols.server import ElvinServerFactory
 from elvin.router import Router
 from elvin.values import Int64
-from test.polling import wait_until
+from elvin.test.polling import wait_until
 
 
 

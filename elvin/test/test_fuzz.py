@@ -680,5 +680,5 @@ class LiveFuzzTests(unittest.TestCase):
         self.assertEqual(self.router.queue_budget.total, 0)
 
     def wait_for(self, predicate, timeout=10):
-        from test.test_integration import wait_until
+        from elvin.test.test_integration import wait_until
         return wait_until(predicate, timeout)

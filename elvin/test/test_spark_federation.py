@@ -14,9 +14,9 @@ from twisted.internet import defer
 from twisted.trial import unittest
 
 from spark_analysis import traceformat as tf
-from test.test_federation import FederationTestCase, FedRouter
-from test.test_integration import wait_until
-from test.test_spark_analysis import by_key, spark_session
+from elvin.test.test_federation import FederationTestCase, FedRouter
+from elvin.test.test_integration import wait_until
+from elvin.test.test_spark_analysis import by_key, spark_session
 
 
 class RealRouterTraceTests(FederationTestCase):

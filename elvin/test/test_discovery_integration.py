@@ -28,7 +28,8 @@ from elvin.protocols.server import ElvinServerFactory
 from elvin.router import Router
 from elvin.tools import common, discover
 from elvin.uri import ElvinURI
-from test.polling import wait_until
+from elvin.test import places
+from elvin.test.polling import wait_until
 
 LOOPBACK = "127.0.0.1"
 
@@ -39,12 +40,7 @@ def sleep(seconds):
 
 
 def free_port(kind=socket.SOCK_DGRAM):
-    s = socket.socket(socket.AF_INET, kind)
-    try:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
-    finally:
-        s.close()
+    return places.free_port(kind)
 
 
 def unique(prefix):
