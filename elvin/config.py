@@ -8,23 +8,20 @@ starting, with the file, the line number and the reason, rather than being
 guessed at.
 """
 
-import math
 import os
 
+from elvin.configvalues import ConfigError
+from elvin.configvalues import parse_boolean as _boolean
+from elvin.configvalues import parse_integer as _integer
+from elvin.configvalues import parse_seconds as _seconds
 from elvin.discovery import settings as _discovery_settings
+from elvin.endpoints import UnsupportedStackError, check_supported
+from elvin.federation.config import FederationConfig
 from elvin.options import OPTIONS, DropPolicy
 from elvin.router import MAX_PROTOCOL_ERRORS, PROTOCOL_ERROR_WINDOW
 from elvin.uri import ElvinURI, InvalidURIError
 
 __all__ = ["ConfigError", "RouterConfig", "load", "parse"]
-
-
-class ConfigError(ValueError):
-    """A configuration file is wrong; the message names file and line."""
-
-
-_BOOLEANS = {"yes": True, "true": True, "on": True, "1": True,
-             "no": False, "false": False, "off": False, "0": False}
 
 
 class RouterConfig:
@@ -51,7 +48,6 @@ class RouterConfig:
         self.http_session_timeout = 60.0
         self.http_poll_timeout = 20.0
         # Federation (docs/federation.md)
-        from elvin.federation.config import FederationConfig
         self.federation = FederationConfig()
 
     def set(self, name, value, where):
@@ -66,7 +62,6 @@ class RouterConfig:
                 self.listen.append(ElvinURI(value))
             except InvalidURIError as e:
                 raise ConfigError(f"{where}: bad listen URI: {e}") from None
-            from elvin.endpoints import UnsupportedStackError, check_supported
             try:
                 check_supported(self.listen[-1])
             except UnsupportedStackError as e:
@@ -125,39 +120,6 @@ class RouterConfig:
         if os.path.isabs(value) or not source or source.startswith("<"):
             return value
         return os.path.join(os.path.dirname(source), value)
-
-
-def _boolean(value, key, where):
-    try:
-        return _BOOLEANS[value.lower()]
-    except KeyError:
-        raise ConfigError(f"{where}: {key} must be yes or no, not {value!r}") from None
-
-
-def _integer(value, key, where, minimum):
-    try:
-        number = int(value, 0)
-    except ValueError:
-        raise ConfigError(f"{where}: {key} must be an integer, not {value!r}") from None
-    if number < minimum:
-        raise ConfigError(f"{where}: {key} must be at least {minimum}, not {number}")
-    return number
-
-
-def _seconds(value, key, where, allow_zero):
-    """A finite number of seconds: at least 0, or more than 0."""
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ConfigError(f"{where}: {key} must be a number of seconds, "
-                          f"not {value!r}") from None
-    if allow_zero and not (math.isfinite(seconds) and seconds >= 0):
-        raise ConfigError(f"{where}: {key} must be a finite, non-negative number "
-                          f"of seconds, not {value!r}")
-    if not allow_zero and not (math.isfinite(seconds) and seconds > 0):
-        raise ConfigError(f"{where}: {key} must be more than 0 (and finite), "
-                          f"not {value!r}")
-    return seconds
 
 
 def parse(text, filename="<config>", config=None):

@@ -24,6 +24,7 @@ import hashlib
 
 from elvin import errors
 from elvin.errors import ElvinError
+from elvin.protocols.packets import Keys
 
 __all__ = ["SHA1_DUAL", "SHA1_PRODUCER", "SHA1_CONSUMER", "SCHEMES",
            "SUPPORTED_KEY_SCHEMES", "PRODUCER", "CONSUMER", "KeyRing",
@@ -198,7 +199,6 @@ KeyRing.EMPTY = KeyRing()
 # -- helpers for clients -------------------------------------------------------
 
 def _wire(entries):
-    from elvin.protocols.packets import Keys
     return Keys(entries)
 
 

@@ -11,6 +11,7 @@ reaches; only the per-client subscription-id arrays differ.
 
 import abc
 import collections
+import enum
 import functools
 import itertools
 import time
@@ -28,7 +29,7 @@ from elvin.protocols import packets as P
 from elvin.subscription import Subscription
 from elvin.values import OPAQUE, STRING, type_of
 
-__all__ = ["Router", "ClientSession", "SessionOutput", "SubscriptionEntry",
+__all__ = ["Router", "ClientSession", "SessionState", "SessionOutput", "SubscriptionEntry",
            "DISCONN_SHUTDOWN", "DISCONN_REDIRECT", "DISCONN_PROTOCOL_ERRORS",
            "CLIENT_PACKET_IDS", "notification_problem", "DEFAULT_MAX_QUEUE_MEMORY"]
 
@@ -256,12 +257,22 @@ def _secure(keys, connection_keys, entry):
     return False
 
 
+class SessionState(enum.IntEnum):
+    """Where a client session is in section 5.4's state machine."""
+
+    NEW = 0          # channel open, nothing received yet
+    CONNECTED = 1    # ConnRply sent: a session
+    UNOTIFY = 2      # a session-less channel that has carried UNotify
+    CLOSING = 3      # closing: nothing more is accepted or delivered
+    CLOSED = 4       # the channel is gone
+
+
 class ClientSession:
     """One client's session: the state machine of section 5.4."""
 
     log = Logger()
 
-    NEW, CONNECTED, UNOTIFY, CLOSING, CLOSED = range(5)
+    NEW, CONNECTED, UNOTIFY, CLOSING, CLOSED = SessionState
 
     def __init__(self, router, output, peer=None):
         self.router = router
@@ -284,6 +295,9 @@ class ClientSession:
         self.end_cause = None
         self._announced = False
         self._end_logged = False
+
+    def __repr__(self):
+        return f"<ClientSession {self.peer} state={self.state.name}>"
 
     # -- input ----------------------------------------------------------------
 

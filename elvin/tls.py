@@ -30,7 +30,7 @@ from twisted.internet.interfaces import IStreamServerEndpoint
 from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
 from zope.interface import implementer
 
-from elvin.config import ConfigError
+from elvin.configvalues import ConfigError
 
 __all__ = ["TLSConfigError", "MINIMUM_VERSION", "load_certificates",
            "load_private_certificate", "server_options", "server_options_from_config",

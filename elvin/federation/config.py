@@ -16,7 +16,10 @@ same way on both (docs/federation.md):
 import re
 import socket
 
+from elvin.configvalues import ConfigError, parse_boolean, parse_integer
 from elvin.errors import SubscriptionError
+from elvin.federation.filters import parse_filter
+from elvin.uri import InvalidURIError, parse_ewaf
 
 __all__ = ["FederationConfig", "ClassConfig"]
 
@@ -67,10 +70,6 @@ class FederationConfig:
         return fed_class
 
     def set(self, key, value, where):
-        from elvin.config import ConfigError, _boolean
-        from elvin.federation.filters import parse_filter
-        from elvin.federation.protocol import parse_ewaf
-        from elvin.uri import InvalidURIError
         lowered = key.lower()
         match = _CLASSED.match(key)
         if match:
@@ -90,12 +89,12 @@ class FederationConfig:
             elif setting == "apply-class":
                 fed_class.hosts.extend(value.split())
             elif setting == "require-authenticated":
-                fed_class.require_authenticated = _boolean(value, key, where)
+                fed_class.require_authenticated = parse_boolean(value, key, where)
             else:
                 raise ConfigError(f"{where}: unknown federation setting {key!r}")
             return
         if lowered == "federation.activated":
-            self.activated = _boolean(value, key, where)
+            self.activated = parse_boolean(value, key, where)
         elif lowered == "federation.router-name":
             self.router_name = value
         elif lowered == "federation.listen":
@@ -114,13 +113,11 @@ class FederationConfig:
             except ValueError:
                 raise ConfigError(f"{where}: {key} must be seconds, not {value!r}") from None
         elif lowered == "federation.filter.max-nodes":
-            from elvin.config import _integer
-            self.max_filter_nodes = _integer(value, key, where, 1)
+            self.max_filter_nodes = parse_integer(value, key, where, 1)
         elif lowered == "federation.trace-directory":
             self.trace_directory = value
         elif lowered == "federation.trace.max-bytes":
-            from elvin.config import _integer
-            self.trace_max_bytes = _integer(value, key, where, 1024)
+            self.trace_max_bytes = parse_integer(value, key, where, 1024)
         elif lowered == "federation.trace.max-seconds":
             try:
                 self.trace_max_seconds = float(value)
@@ -142,7 +139,6 @@ class FederationConfig:
 
     def check(self, source="<config>", tls_ca=None):
         """Cross-setting checks after the whole file is read."""
-        from elvin.config import ConfigError
         if self.requires_authentication() and tls_ca is None:
             raise ConfigError(f"{source}: Federation.Require-Authenticated needs tls-ca: "
                               "the CA certificate(s) a federation peer's certificate "

@@ -8,6 +8,7 @@ or Nack. Once up, each side sends FedSubReplace with its pull filter and
 acknowledges the other's; FedNotify carries notifications both ways.
 """
 
+import enum
 import itertools
 
 from twisted.logger import Logger
@@ -20,13 +21,22 @@ from elvin.keys import PRODUCER, KeyRing
 from elvin.protocols import packets as P
 from elvin.router import notification_problem
 
-__all__ = ["FederationLink"]
+__all__ = ["FederationLink", "LinkState"]
+
+
+class LinkState(enum.IntEnum):
+    """Where a federation link is in its handshake (federation 1.0, 6.2)."""
+
+    CONNECTING = 0        # we dialled and sent FedConnRqst
+    AWAITING_REQUEST = 1  # we accepted and wait for FedConnRqst
+    UP = 2                # linked: filters and notifications flow
+    CLOSED = 3
 
 
 class FederationLink:
     log = Logger()
 
-    CONNECTING, AWAITING_REQUEST, UP, CLOSED = range(4)
+    CONNECTING, AWAITING_REQUEST, UP, CLOSED = LinkState
 
     def __init__(self, manager, output, outgoing, fed_class=None, peer_host=None):
         self.manager = manager
@@ -49,7 +59,8 @@ class FederationLink:
         self._limits = {name: spec.default for name, spec in specs.items()}
 
     def __repr__(self):
-        return f"<FederationLink {self.peer_domain or self.peer_host} state={self.state}>"
+        return (f"<FederationLink {self.peer_domain or self.peer_host} "
+                f"state={self.state.name}>")
 
     # -- lifecycle -------------------------------------------------------------
 

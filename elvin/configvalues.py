@@ -1,0 +1,47 @@
+"""Reading one setting's value: the error type and the parsers every
+configuration reader shares (router, federation, discovery), so none of
+them imports another to get them."""
+
+import math
+
+__all__ = ["ConfigError", "parse_boolean", "parse_integer", "parse_seconds"]
+
+_BOOLEANS = {"yes": True, "true": True, "on": True, "1": True,
+             "no": False, "false": False, "off": False, "0": False}
+
+
+class ConfigError(ValueError):
+    """A configuration file is wrong; the message names file and line."""
+
+
+def parse_boolean(value, key, where):
+    try:
+        return _BOOLEANS[value.lower()]
+    except KeyError:
+        raise ConfigError(f"{where}: {key} must be yes or no, not {value!r}") from None
+
+
+def parse_integer(value, key, where, minimum):
+    try:
+        number = int(value, 0)
+    except ValueError:
+        raise ConfigError(f"{where}: {key} must be an integer, not {value!r}") from None
+    if number < minimum:
+        raise ConfigError(f"{where}: {key} must be at least {minimum}, not {number}")
+    return number
+
+
+def parse_seconds(value, key, where, allow_zero):
+    """A finite number of seconds: at least 0, or more than 0."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ConfigError(f"{where}: {key} must be a number of seconds, "
+                          f"not {value!r}") from None
+    if allow_zero and not (math.isfinite(seconds) and seconds >= 0):
+        raise ConfigError(f"{where}: {key} must be a finite, non-negative number "
+                          f"of seconds, not {value!r}")
+    if not allow_zero and not (math.isfinite(seconds) and seconds > 0):
+        raise ConfigError(f"{where}: {key} must be more than 0 (and finite), "
+                          f"not {value!r}")
+    return seconds
