@@ -25,7 +25,7 @@ from elvin.protocols.xdr import DecodeError
 from elvin.uri import ElvinURI
 from elvin.values import normalise
 
-__all__ = ["connect", "unotify", "Connection", "ClientSubscription", "ConnectFailed",
+__all__ = ["connect", "connect_discovered", "unotify", "Connection", "ClientSubscription", "ConnectFailed",
            "DEFAULT_CONNECT_TIMEOUT", "ClientQuench", "QuenchState", "AutoQuench", "NackError",
            "ConnectionClosed", "Notification"]
 
@@ -632,7 +632,6 @@ def connect(uri=None, options=None, reactor=None, nfn_keys=None,
     if reactor is None:
         from twisted.internet import reactor
     if uri is None and (discover or scope is not None or discoverer is not None):
-        from elvin.discovery.discoverer import connect_discovered
         connection = yield connect_discovered(
             scope, discoverer, discovery_timeout, reactor, options=options,
             nfn_keys=nfn_keys, sub_keys=sub_keys, tls=tls, tls_ca=tls_ca,
@@ -727,6 +726,62 @@ def _handshake_lost(uri, connection, closed):
                 f"{uri.host!r}?{_stack_hint(uri)}")
     return (f"{_shown(uri)} closed the connection before answering ConnRqst: is this an "
             f"Elvin router?{_stack_hint(uri)}")
+
+
+@defer.inlineCallbacks
+def connect_discovered(scope=None, discoverer=None, timeout=None,
+                       reactor=None, connect_timeout=5.0, **connect_kwargs):
+    """Connect to a router found by discovery; fires with a Connection
+    (its ``router`` attribute is the RouterRecord used).
+
+    Tries each usable URI in turn (``connect_timeout`` seconds each), and
+    when all fail solicits for more, until ``timeout`` seconds have passed.
+    Without a ``discoverer`` one is made for this call and stopped after.
+    """
+    from elvin.discovery.discoverer import (DEFAULT_TIMEOUT, Discoverer, NoRouterFound,
+                                            _describe_scope)
+    if reactor is None:
+        from twisted.internet import reactor
+    if timeout is None:
+        timeout = DEFAULT_TIMEOUT
+    own = discoverer is None
+    if own:
+        discoverer = Discoverer(reactor)
+        yield discoverer.start()
+    failures = []
+    try:
+        deadline = reactor.seconds() + timeout
+        tried = set()
+        while True:
+            remaining = deadline - reactor.seconds()
+            try:
+                if remaining <= 0:
+                    raise NoRouterFound(
+                        f"no Elvin router found by discovery: looked for "
+                        f"{_describe_scope(scope)} for {timeout:g} s")
+                found = yield discoverer.find(scope, remaining, exclude=tried)
+            except NoRouterFound as e:
+                if failures:
+                    raise NoRouterFound(f"{e.message}; could not connect to "
+                                        + "; ".join(failures)) from None
+                raise
+            for record, uri in found:
+                tried.add((record.name, record.revision, uri))
+                left = max(0.5, deadline - reactor.seconds())
+                attempt = connect(uri, reactor=reactor, **connect_kwargs)
+                attempt.addTimeout(min(connect_timeout, left), reactor)
+                try:
+                    conn = yield attempt
+                except Exception as e:
+                    failures.append(f"{uri} ({e})")
+                    discoverer.log.info("discovery: {uri} of {router} failed: {e}",
+                                        uri=uri, router=record.name, e=e)
+                    continue
+                conn.router = record
+                return conn
+    finally:
+        if own:
+            yield discoverer.stop()
 
 
 @defer.inlineCallbacks

@@ -8,7 +8,8 @@
 * ``channel``     -- ERDP over IPv4 multicast on Twisted
 * ``dnssd``       -- DNS-SD (``_elvin._tcp.local.``) through ``zeroconf``
 * ``service``     -- ``DiscoveryService``, the router's Twisted service
-* ``discoverer``  -- ``Discoverer``, the client's finder; ``connect_discovered``
+* ``discoverer``  -- ``Discoverer``, the client's finder (``connect_discovered``
+                     lives in ``elvin.client``, and is re-exported here)
 * ``settings``    -- the ``discovery*`` configuration file settings
 
 See docs/discovery.md.  The names below are imported on first use, so
@@ -21,7 +22,7 @@ __all__ = ["Discoverer", "NoRouterFound", "DiscoveryService",
 _LAZY = {
     "Discoverer": "elvin.discovery.discoverer",
     "NoRouterFound": "elvin.discovery.discoverer",
-    "connect_discovered": "elvin.discovery.discoverer",
+    "connect_discovered": "elvin.client",
     "resolve_uri": "elvin.discovery.discoverer",
     "DiscoveryService": "elvin.discovery.service",
     "DiscoveryUnavailable": "elvin.discovery.channel",

@@ -6,7 +6,7 @@
     yield d.stop()
 
 or simply ``elvin.client.connect(scope="chat")`` / ``connect(discover=True)``
-(which uses ``connect_discovered`` below), or ``resolve_uri`` for a single
+(which uses ``elvin.client.connect_discovered``), or ``resolve_uri`` for a single
 URI (what the command-line tools do when ``-e`` is omitted).
 
 A ``Discoverer`` keeps a passive cache of every advertisement it hears
@@ -27,7 +27,7 @@ from elvin.discovery.solicitor import Solicitor
 from elvin.errors import ElvinError
 from elvin.uri import ElvinURI
 
-__all__ = ["Discoverer", "NoRouterFound", "connect_discovered", "resolve_uri",
+__all__ = ["Discoverer", "NoRouterFound", "resolve_uri",
            "DEFAULT_TIMEOUT", "DEFAULT_MAX_LOCALITY"]
 
 #: Seconds ``connect`` looks for a router before giving up.
@@ -252,59 +252,6 @@ class Discoverer:
             found = self.cache.candidates(waiter.scope, waiter.exclude)
             if found:
                 self._finish(waiter, result=found)
-
-
-@defer.inlineCallbacks
-def connect_discovered(scope=None, discoverer=None, timeout=DEFAULT_TIMEOUT,
-                       reactor=None, connect_timeout=5.0, **connect_kwargs):
-    """Connect to a router found by discovery; fires with a Connection
-    (its ``router`` attribute is the RouterRecord used).
-
-    Tries each usable URI in turn (``connect_timeout`` seconds each), and
-    when all fail solicits for more, until ``timeout`` seconds have passed.
-    Without a ``discoverer`` one is made for this call and stopped after.
-    """
-    from elvin import client
-    if reactor is None:
-        from twisted.internet import reactor
-    own = discoverer is None
-    if own:
-        discoverer = Discoverer(reactor)
-        yield discoverer.start()
-    failures = []
-    try:
-        deadline = reactor.seconds() + timeout
-        tried = set()
-        while True:
-            remaining = deadline - reactor.seconds()
-            try:
-                if remaining <= 0:
-                    raise NoRouterFound(
-                        f"no Elvin router found by discovery: looked for "
-                        f"{_describe_scope(scope)} for {timeout:g} s")
-                found = yield discoverer.find(scope, remaining, exclude=tried)
-            except NoRouterFound as e:
-                if failures:
-                    raise NoRouterFound(f"{e.message}; could not connect to "
-                                        + "; ".join(failures)) from None
-                raise
-            for record, uri in found:
-                tried.add((record.name, record.revision, uri))
-                left = max(0.5, deadline - reactor.seconds())
-                attempt = client.connect(uri, reactor=reactor, **connect_kwargs)
-                attempt.addTimeout(min(connect_timeout, left), reactor)
-                try:
-                    conn = yield attempt
-                except Exception as e:
-                    failures.append(f"{uri} ({e})")
-                    discoverer.log.info("discovery: {uri} of {router} failed: {e}",
-                                        uri=uri, router=record.name, e=e)
-                    continue
-                conn.router = record
-                return conn
-    finally:
-        if own:
-            yield discoverer.stop()
 
 
 @defer.inlineCallbacks
