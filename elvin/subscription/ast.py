@@ -7,76 +7,15 @@ Trees are immutable and compare by value, so a tree decoded from the wire
 can be checked against the router's own parse.
 """
 
-import enum
 import math
+
+from elvin.subscription.kinds import LEAF_KINDS, LITERAL_KINDS, Kind
+from elvin.subscription.printer import to_text
 
 __all__ = ["Kind", "Node", "LEAF_KINDS", "LITERAL_KINDS", "name", "int32",
            "int64", "real64", "string", "node"]
 
 
-class Kind(enum.IntEnum):
-    """SubAST typecodes (client protocol 4.0, section 8.2.3.4)."""
-
-    EMPTY = 0
-
-    NAME = 1
-    INT32 = 2
-    INT64 = 3
-    REAL64 = 4
-    STRING = 5
-
-    EQUALS = 8
-    NOT_EQUALS = 9
-    LESS_THAN = 10
-    LESS_THAN_EQUALS = 11
-    GREATER_THAN = 12
-    GREATER_THAN_EQUALS = 13
-
-    OR = 16
-    XOR = 17
-    AND = 18
-    NOT = 19
-
-    UNARY_PLUS = 20
-    UNARY_MINUS = 21
-    MULTIPLY = 22
-    DIVIDE = 23
-    MODULO = 24
-    ADD = 25
-    SUBTRACT = 26
-
-    SHIFT_LEFT = 27
-    SHIFT_RIGHT = 28
-    LOGICAL_SHIFT_RIGHT = 29
-    BIT_AND = 30
-    BIT_XOR = 31
-    BIT_OR = 32
-    BIT_NEGATE = 33
-
-    FUNC_INT32 = 40
-    FUNC_INT64 = 41
-    FUNC_REAL64 = 42
-    FUNC_STRING = 43
-    FUNC_OPAQUE = 44
-    FUNC_NAN = 45
-
-    FUNC_BEGINS_WITH = 48
-    FUNC_CONTAINS = 49
-    FUNC_ENDS_WITH = 50
-    FUNC_WILDCARD = 51
-    FUNC_REGEX = 52
-
-    FUNC_FOLD_CASE = 56
-    FUNC_DECOMPOSE = 57
-    FUNC_DECOMPOSE_COMPAT = 58
-
-    FUNC_REQUIRE = 64
-    FUNC_EQUALS = 65
-    FUNC_SIZE = 66
-
-
-LITERAL_KINDS = frozenset({Kind.INT32, Kind.INT64, Kind.REAL64, Kind.STRING})
-LEAF_KINDS = LITERAL_KINDS | {Kind.NAME}
 
 _INT32_RANGE = (-(1 << 31), (1 << 31) - 1)
 _INT64_RANGE = (-(1 << 63), (1 << 63) - 1)
@@ -161,7 +100,6 @@ class Node:
         return f"Node({self.kind.name}, [{inner}])"
 
     def __str__(self):
-        from elvin.subscription.printer import to_text
         return to_text(self)
 
     def walk(self):

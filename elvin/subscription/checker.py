@@ -12,7 +12,8 @@ from elvin import errors
 from elvin.errors import SubscriptionError
 from elvin.subscription import patterns
 from elvin.subscription.ast import Kind, LITERAL_KINDS
-from elvin.subscription.parser import MAX_DEPTH
+from elvin.subscription.grammar import FUNCTIONS, MAX_DEPTH
+from elvin.subscription.grammar import SYMBOL as _SYMBOL
 from elvin.values import INT32, INT64, OPAQUE, REAL64, STRING, TYPE_NAMES
 
 __all__ = ["check", "BOOL"]
@@ -44,17 +45,6 @@ _STRING_PREDICATES = {Kind.FUNC_BEGINS_WITH, Kind.FUNC_CONTAINS,
 _STRING_FUNCTIONS = {Kind.FUNC_FOLD_CASE, Kind.FUNC_DECOMPOSE,
                      Kind.FUNC_DECOMPOSE_COMPAT}
 
-_SYMBOL = {
-    Kind.AND: "&&", Kind.OR: "||", Kind.XOR: "^^", Kind.NOT: "!",
-    Kind.EQUALS: "==", Kind.NOT_EQUALS: "!=", Kind.LESS_THAN: "<",
-    Kind.LESS_THAN_EQUALS: "<=", Kind.GREATER_THAN: ">",
-    Kind.GREATER_THAN_EQUALS: ">=", Kind.ADD: "+", Kind.SUBTRACT: "-",
-    Kind.MULTIPLY: "*", Kind.DIVIDE: "/", Kind.MODULO: "%",
-    Kind.SHIFT_LEFT: "<<", Kind.SHIFT_RIGHT: ">>",
-    Kind.LOGICAL_SHIFT_RIGHT: ">>>", Kind.BIT_AND: "&", Kind.BIT_XOR: "^",
-    Kind.BIT_OR: "|", Kind.UNARY_MINUS: "unary -", Kind.UNARY_PLUS: "unary +",
-    Kind.BIT_NEGATE: "~",
-}
 
 
 def _describe(kind):
@@ -218,7 +208,6 @@ class _Checker:
 
 
 def _arities():
-    from elvin.subscription.parser import FUNCTIONS
     table = {kind: (low, high) for kind, low, high in FUNCTIONS.values()}
     for kind in _LOGICAL - {Kind.NOT}:
         table[kind] = (2, None)

@@ -22,33 +22,10 @@ from elvin import errors
 from elvin.errors import SubscriptionError
 from elvin.subscription import lexer as _lexer
 from elvin.subscription.ast import Kind, Node
+from elvin.subscription.grammar import FUNCTIONS, MAX_DEPTH
 from elvin.values import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 
 __all__ = ["parse", "ParseResult", "FUNCTIONS", "MAX_DEPTH"]
-
-#: Deepest nesting accepted (parentheses, or the height of the tree).
-MAX_DEPTH = 128
-
-#: function name -> (kind, minimum args, maximum args or None)
-FUNCTIONS = {
-    "require": (Kind.FUNC_REQUIRE, 1, 1),
-    "int32": (Kind.FUNC_INT32, 1, 1),
-    "int64": (Kind.FUNC_INT64, 1, 1),
-    "real64": (Kind.FUNC_REAL64, 1, 1),
-    "string": (Kind.FUNC_STRING, 1, 1),
-    "opaque": (Kind.FUNC_OPAQUE, 1, 1),
-    "nan": (Kind.FUNC_NAN, 1, 1),
-    "begins-with": (Kind.FUNC_BEGINS_WITH, 2, None),
-    "ends-with": (Kind.FUNC_ENDS_WITH, 2, None),
-    "contains": (Kind.FUNC_CONTAINS, 2, None),
-    "wildcard": (Kind.FUNC_WILDCARD, 2, None),
-    "regex": (Kind.FUNC_REGEX, 2, None),
-    "equals": (Kind.FUNC_EQUALS, 2, None),
-    "size": (Kind.FUNC_SIZE, 1, 1),
-    "fold-case": (Kind.FUNC_FOLD_CASE, 1, 1),
-    "decompose": (Kind.FUNC_DECOMPOSE, 1, 1),
-    "decompose-compat": (Kind.FUNC_DECOMPOSE_COMPAT, 1, 1),
-}
 
 _NAME_ONLY = frozenset({Kind.NAME})
 _STRING_FUNCTIONS = frozenset({Kind.FUNC_FOLD_CASE, Kind.FUNC_DECOMPOSE,

@@ -7,10 +7,10 @@ precedence rules. Names are backslash-escaped where the grammar needs it.
 
 import math
 
-from elvin.subscription.ast import Kind, LEAF_KINDS
+from elvin.subscription.grammar import FUNCTIONS
+from elvin.subscription.grammar import SYMBOL as _SYMBOL
+from elvin.subscription.kinds import LEAF_KINDS, Kind
 from elvin.subscription.lexer import ID_CHARS, ID_FIRST
-from elvin.subscription.parser import FUNCTIONS
-from elvin.subscription.checker import _SYMBOL
 
 __all__ = ["to_text", "name_to_text", "string_to_text", "real_to_text"]
 
