@@ -6,7 +6,7 @@ connects, and its protocol stack alone picks the transport.
 stack                  kind       router side / client side
 =====================  =========  ==========================================
 ``tcp,none,xdr``       ``tcp``    framed packets on TCP / ``HostnameEndpoint``
-``ssl,none,xdr``       ``tls``    the same inside TLS (``TLSServerEndpoint`` /
+``ssl,none,xdr``       ``tls``    the same inside TLS (Twisted's ``wrapServerTLS`` /
 (alias ``secure``),               ``wrapClientTLS``), see ``elvin.tls``
 ``tcp,ssl,xdr``
 ``udp,none,xdr``       ``udp``    UNotify datagrams (``elvin.protocols.udp``)
@@ -112,8 +112,7 @@ def server_endpoint(reactor, uri, backlog=128, tls=None):
                 f"{uri}: a TLS listener needs the router's certificate: set "
                 "tls-certificate (and tls-key, unless the key is in the same "
                 "file) in the configuration file")
-        from elvin.tls import TLSServerEndpoint
-        endpoint = TLSServerEndpoint(tls, endpoint)
+        endpoint = endpoints.wrapServerTLS(tls, endpoint)
     return endpoint
 
 

@@ -26,15 +26,12 @@ import re
 
 from OpenSSL import SSL, crypto
 from twisted.internet import error, ssl
-from twisted.internet.interfaces import IStreamServerEndpoint
-from twisted.protocols.tls import TLSMemoryBIOFactory, TLSMemoryBIOProtocol
-from zope.interface import implementer
 
 from elvin.configvalues import ConfigError
 
 __all__ = ["TLSConfigError", "MINIMUM_VERSION", "load_certificates",
            "load_private_certificate", "server_options", "server_options_from_config",
-           "client_options", "TLSServerEndpoint"]
+           "client_options"]
 
 #: The lowest TLS version either side will negotiate.
 MINIMUM_VERSION = ssl.TLSVersion.TLSv1_2
@@ -178,35 +175,3 @@ def client_options(hostname, ca=None, certificate=None, key=None):
                 extra["extraCertChain"] = [c.original for c in chain]
     return ssl.optionsForClientTLS(hostname, _trust_root(ca), client_cert,
                                    extraCertificateOptions=extra)
-
-
-class _TLSServerProtocol(TLSMemoryBIOProtocol):
-    """Closes when asked even with a streaming producer registered.
-
-    TLSMemoryBIOProtocol defers its close_notify until the producer is
-    unregistered, but ElvinServerProtocol stays registered as the push
-    producer until the connection is lost (on plain TCP that does not hold
-    up a close), so a router-side close (DisconnRply, Disconn, connect
-    timeout) would never complete over TLS. ElvinServerProtocol only
-    closes once its queue is empty, so nothing is lost by unregistering.
-    """
-
-    def loseConnection(self):
-        super().loseConnection()
-        if self.disconnecting:
-            self.unregisterProducer()
-
-
-@implementer(IStreamServerEndpoint)
-class TLSServerEndpoint:
-    """``endpoints.wrapServerTLS`` for Elvin: TLS with ``options`` over
-    ``endpoint``, using :class:`_TLSServerProtocol`."""
-
-    def __init__(self, options, endpoint):
-        self.options = options
-        self.endpoint = endpoint
-
-    def listen(self, factory):
-        tls_factory = TLSMemoryBIOFactory(self.options, False, factory)
-        tls_factory.protocol = _TLSServerProtocol
-        return self.endpoint.listen(tls_factory)

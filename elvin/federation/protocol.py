@@ -14,17 +14,15 @@ import struct
 
 from twisted.application.internet import ClientService, backoffPolicy
 from twisted.internet import protocol, task
-from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOProtocol
-from zope.interface import implementer
 
 from elvin.federation import packets as FP
 from elvin.federation.link import FederationLink
 from elvin.protocols import packets as P
-from elvin.protocols.framing import FramedProtocol
+from elvin.protocols.output import QueuedFramedProtocol
 from elvin.protocols.xdr import DecodeError
-from elvin.sendqueue import QueueOverflow, SendQueue
+from elvin.sendqueue import SendQueue
 from elvin.uri import EwafURI, parse_ewaf
 
 __all__ = ["FederationProtocol", "AcceptorFactory", "ConnectorFactory",
@@ -35,8 +33,7 @@ _DROPWARN = P.encode(P.DropWarn())
 _packet_id = struct.Struct(">I").unpack_from
 
 
-@implementer(IPushProducer)
-class FederationProtocol(FramedProtocol):
+class FederationProtocol(QueuedFramedProtocol):
     log = Logger()
 
     def __init__(self, manager, outgoing, fed_class=None, keepalive=30.0,
@@ -48,8 +45,6 @@ class FederationProtocol(FramedProtocol):
         self.keepalive = keepalive
         self.clock = clock or manager.clock
         self.queue = SendQueue(send_queue_bytes, "newest", _DROPWARN)
-        self.paused = False
-        self.closing = False
         self.link = None
         self._heard = True
         self._probe_sent = False
@@ -71,7 +66,7 @@ class FederationProtocol(FramedProtocol):
             self.link.refuse_unauthenticated("the link is not over TLS (use an "
                                              "ewaf:/secure/... URI)")
             return
-        self.transport.registerProducer(self, True)
+        self.register_producer()
         if self.keepalive:
             self._liveness = task.LoopingCall(self._check_liveness)
             self._liveness.clock = self.clock
@@ -120,24 +115,9 @@ class FederationProtocol(FramedProtocol):
     def send(self, packet):
         self.send_encoded(P.encode(packet), False)
 
-    def send_encoded(self, data, droppable):
-        """Queue ``data``; False when it was dropped (overload)."""
-        if self.closing or self.transport is None:
-            return False
-        if self.paused or self.queue:
-            try:
-                # Policy "newest": when it does not fit, it is this packet
-                # that is dropped.
-                return self.queue.push(data, droppable) == 0
-            except QueueOverflow:
-                return False
-        self.sendFrame(data)
-        return True
-
-    def close(self):
-        self.closing = True
-        if not self.queue and self.transport is not None:
-            self.transport.loseConnection()
+    #: Queue ``data``; False when it was dropped (overload: the queue's
+    #: policy is "newest", so it is this packet that is dropped).
+    send_encoded = QueuedFramedProtocol.write_or_queue
 
     def is_tls(self):
         return isinstance(self.transport, TLSMemoryBIOProtocol)
@@ -150,27 +130,6 @@ class FederationProtocol(FramedProtocol):
             return None
         return self.transport.getPeerCertificate()
 
-    def abort(self):
-        self.closing = True
-        self._stopped = True   # no more frames from the chunk being read
-        self.queue.clear()
-        if self.transport is not None:
-            self.transport.abortConnection()
-
-    # -- IPushProducer ------------------------------------------------------------
-
-    def pauseProducing(self):
-        self.paused = True
-
-    def resumeProducing(self):
-        self.paused = False
-        while self.queue and not self.paused:
-            self.sendFrame(self.queue.pop())
-        if self.closing and not self.queue:
-            self.transport.loseConnection()
-
-    def stopProducing(self):
-        self.paused = True
 
 
 class AcceptorFactory(protocol.Factory):

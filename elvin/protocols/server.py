@@ -12,14 +12,12 @@ import struct
 
 from twisted.internet import error, protocol
 from twisted.logger import Logger
-from zope.interface import implementer
-from twisted.internet.interfaces import IPushProducer
 
 from elvin.protocols import packets as P
-from elvin.protocols.framing import FramedProtocol
+from elvin.protocols.output import QueuedFramedProtocol
 from elvin.protocols.xdr import DecodeError
 from elvin.router import CLIENT_PACKET_IDS, SessionOutput
-from elvin.sendqueue import QueueOverflow, SendQueue
+from elvin.sendqueue import SendQueue
 
 __all__ = ["ElvinServerProtocol", "ElvinServerFactory", "CONNECT_TIMEOUT"]
 
@@ -30,18 +28,13 @@ _DROPWARN = P.encode(P.DropWarn())
 _packet_id = struct.Struct(">I").unpack_from
 
 
-@implementer(IPushProducer)
-class ElvinServerProtocol(FramedProtocol, SessionOutput):
+class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
     log = Logger()
 
     def __init__(self):
         super().__init__()
         self.session = None
-        self.paused = False
-        self.closing = False
-        self.queue = None
         self._timeout = None
-        self._registered = False
 
     # -- channel lifecycle -------------------------------------------------
 
@@ -69,8 +62,7 @@ class ElvinServerProtocol(FramedProtocol, SessionOutput):
         if budget is not None:
             budget.join(self.queue, self._evicted, self._shed)
         self._apply_nodelay(options)
-        self.transport.registerProducer(self, True)
-        self._registered = True
+        self.register_producer()
         if factory.connect_timeout:
             self._timeout = factory.clock.callLater(factory.connect_timeout,
                                                     self._connect_timed_out)
@@ -119,25 +111,22 @@ class ElvinServerProtocol(FramedProtocol, SessionOutput):
     def send(self, packet):
         self.send_encoded(P.encode(packet), False)
 
-    def send_encoded(self, data, droppable):
-        if self.closing or self.transport is None:
-            return
-        if self.paused or self.queue:
-            try:
-                dropped = self.queue.push(data, droppable)
-            except QueueOverflow as e:
-                self.log.warn("disconnecting slow client {peer}: {reason}",
-                              peer=self.peer, reason=str(e))
-                self.session.ending(f"slow client: {e}")
-                self.abort()
-                return
-            if dropped:
-                self.session.dropped += dropped
-            budget = self.queue.budget
-            if budget is not None and budget.over():
-                budget.enforce()
-            return
-        self.sendFrame(data)
+    #: Deliveries go straight through (the hot path: no extra call).
+    send_encoded = QueuedFramedProtocol.write_or_queue
+
+    def queue_overflowed(self, error):
+        self.log.warn("disconnecting slow client {peer}: {reason}",
+                      peer=self.peer, reason=str(error))
+        self.session.ending(f"slow client: {error}")
+        self.abort()
+
+    def frames_dropped(self, count):
+        self.session.dropped += count
+
+    def frame_queued(self):
+        budget = self.queue.budget
+        if budget is not None and budget.over():
+            budget.enforce()
 
     def _shed(self, dropped):
         """The router-wide queue budget dropped deliveries from our queue."""
@@ -168,45 +157,6 @@ class ElvinServerProtocol(FramedProtocol, SessionOutput):
         self.max_frame_length = options["Packet.Max-Length"]
         self.queue.configure(options["Send-Queue.Max-Length"],
                              options["Send-Queue.Drop-Policy"])
-
-    def close(self):
-        self.closing = True
-        if not self.queue:
-            self._hang_up()
-
-    def abort(self):
-        self.closing = True
-        self._stopped = True   # no more frames from the chunk being read
-        self.queue.clear()
-        self._unregister()
-        self.transport.abortConnection()
-
-    def _unregister(self):
-        # A producer still registered keeps some transports (TLS) from
-        # finishing a close.
-        if self._registered and self.transport is not None:
-            self._registered = False
-            self.transport.unregisterProducer()
-
-    def _hang_up(self):
-        self._unregister()
-        self.transport.loseConnection()
-
-    # -- IPushProducer -----------------------------------------------------
-
-    def pauseProducing(self):
-        self.paused = True
-
-    def resumeProducing(self):
-        self.paused = False
-        queue = self.queue
-        while queue and not self.paused:
-            self.sendFrame(queue.pop())
-        if self.closing and not queue:
-            self._hang_up()
-
-    def stopProducing(self):
-        self.paused = True
 
 
 class ElvinServerFactory(protocol.Factory):

@@ -83,8 +83,7 @@ class RouterFixture(unittest.TestCase):
 
     def listen_tls(self, options, stack="ssl,none,xdr", host="127.0.0.1"):
         from twisted.internet import endpoints
-        from elvin.tls import TLSServerEndpoint
-        endpoint = TLSServerEndpoint(
+        endpoint = endpoints.wrapServerTLS(
             options, endpoints.TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1"))
         d = endpoint.listen(self.factory)
         port = self.successResultOf(d) if d.called else None

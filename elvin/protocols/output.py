@@ -1,0 +1,115 @@
+"""Queued, back-pressured framed output: one implementation for every
+stream channel (client sessions and federation links, over TCP, TLS and the
+HTTP tunnel).
+
+Writes go straight to the transport while the socket drains. The protocol
+is its transport's push producer: when Twisted's write buffer fills it is
+paused, and frames wait in a bounded ``SendQueue`` (whose drop policy
+applies) until it is resumed. A close waits for the queue to empty; the
+producer is unregistered before the transport is closed, which TLS needs
+to finish its close.
+"""
+
+from twisted.internet.interfaces import IPushProducer
+from zope.interface import implementer
+
+from elvin.protocols.framing import FramedProtocol
+from elvin.sendqueue import QueueOverflow
+
+__all__ = ["QueuedFramedProtocol"]
+
+
+@implementer(IPushProducer)
+class QueuedFramedProtocol(FramedProtocol):
+    """A FramedProtocol with a send queue; subclasses set ``self.queue``
+    (a SendQueue) and call ``register_producer()`` once connected."""
+
+    def __init__(self):
+        super().__init__()
+        self.paused = False
+        self.closing = False
+        self.queue = None
+        self._registered = False
+
+    def register_producer(self):
+        self.transport.registerProducer(self, True)
+        self._registered = True
+
+    # -- writing -----------------------------------------------------------
+
+    def write_or_queue(self, data, droppable):
+        """Write ``data`` now, or queue it while paused.
+
+        Returns False when nothing was taken: the channel is closing, or
+        the queue overflowed (``queue_overflowed`` is called), or the queue
+        dropped frames to make room (``frames_dropped`` is told how many;
+        under the policy "newest" that is this frame).
+        """
+        if self.closing or self.transport is None:
+            return False
+        if self.paused or self.queue:
+            try:
+                dropped = self.queue.push(data, droppable)
+            except QueueOverflow as e:
+                self.queue_overflowed(e)
+                return False
+            if dropped:
+                self.frames_dropped(dropped)
+            self.frame_queued()
+            return dropped == 0
+        self.sendFrame(data)
+        return True
+
+    def queue_overflowed(self, error):
+        """A frame that may not be dropped did not fit (override)."""
+
+    def frames_dropped(self, count):
+        """The queue's drop policy dropped ``count`` frames (override)."""
+
+    def frame_queued(self):
+        """A frame was queued (override, e.g. to enforce a memory budget)."""
+
+    # -- closing -------------------------------------------------------------
+
+    def close(self):
+        """Close once everything queued has been written."""
+        self.closing = True
+        if not self.queue and self.transport is not None:
+            self._hang_up()
+
+    def abort(self):
+        """Close at once, dropping what is queued."""
+        self.closing = True
+        self._stopped = True   # no more frames from the chunk being read
+        if self.queue is not None:
+            self.queue.clear()
+        self._unregister()
+        if self.transport is not None:
+            self.transport.abortConnection()
+
+    def _unregister(self):
+        # A producer still registered keeps some transports (TLS) from
+        # finishing a close.
+        if self._registered and self.transport is not None:
+            self._registered = False
+            self.transport.unregisterProducer()
+
+    def _hang_up(self):
+        self._unregister()
+        self.transport.loseConnection()
+
+    # -- IPushProducer -------------------------------------------------------
+
+    def pauseProducing(self):
+        self.paused = True
+
+    def resumeProducing(self):
+        self.paused = False
+        queue = self.queue
+        while queue and not self.paused:
+            self.sendFrame(queue.pop())
+        if self.closing and not queue:
+            self._hang_up()
+
+    def stopProducing(self):
+        self.paused = True
