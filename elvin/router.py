@@ -29,7 +29,7 @@ from elvin.protocols import packets as P
 from elvin.subscription import Subscription
 from elvin.values import OPAQUE, STRING, type_of
 
-__all__ = ["Router", "ClientSession", "SessionState", "SessionOutput", "SubscriptionEntry",
+__all__ = ["Router", "RouterObserver", "ClientSession", "SessionState", "SessionOutput", "SubscriptionEntry",
            "DISCONN_SHUTDOWN", "DISCONN_REDIRECT", "DISCONN_PROTOCOL_ERRORS",
            "CLIENT_PACKET_IDS", "notification_problem", "DEFAULT_MAX_QUEUE_MEMORY"]
 
@@ -82,6 +82,24 @@ class SessionOutput(abc.ABC):
         """Close the channel at once (protocol violation)."""
 
 
+class RouterObserver(abc.ABC):
+    """What the router tells those who watch it (federation, for one):
+    the narrow interface instead of the router knowing who they are."""
+
+    @abc.abstractmethod
+    def subscriptions_changed(self):
+        """Some subscription was added, removed or changed its expression."""
+
+    @abc.abstractmethod
+    def notification_routed(self, attributes, deliver_insecure, keys, routing, source):
+        """A notification is being routed (``keys`` as the producer gave
+        them; ``routing`` and ``source`` set when it came over a link)."""
+
+    @abc.abstractmethod
+    def router_shutting_down(self):
+        """The router is stopping."""
+
+
 class SubscriptionEntry:
     """A registered subscription: who owns it, its compiled form, its keys."""
 
@@ -126,8 +144,8 @@ class Router:
         self._sub_ids = itertools.count(1)
         self._quench_ids = itertools.count(1)
         self.closing = False
-        #: The FederationManager, when this router federates (or None).
-        self.federation = None
+        #: What watches the router (e.g. federation): see RouterObserver.
+        self.observers = []
         self.stats = {"notifications": 0, "deliveries": 0, "unotify": 0,
                       "rejected_notifications": 0}
 
@@ -155,8 +173,8 @@ class Router:
     def shutdown(self):
         """Tell every connected client the router is closing (Disconn 1)."""
         self.closing = True
-        if self.federation is not None:
-            self.federation.shutdown()
+        for observer in list(self.observers):
+            observer.router_shutting_down()
         for session in list(self.sessions):
             session.disconnect(DISCONN_SHUTDOWN, "router is shutting down")
 
@@ -172,8 +190,7 @@ class Router:
         self.index.add(entry)
         self.quench.subscription_added(entry)
         subscription.compact()
-        if self.federation is not None:
-            self.federation.subscriptions_changed()
+        self._subscriptions_changed()
         return entry
 
     def modify_subscription(self, entry, subscription, keys, accept_insecure):
@@ -188,16 +205,19 @@ class Router:
         entry.keys = keys
         entry.accept_insecure = accept_insecure
         self.quench.subscription_changed(entry, token)
-        if subscription is not None and self.federation is not None:
-            self.federation.subscriptions_changed()
+        if subscription is not None:
+            self._subscriptions_changed()
 
     def _remove_entry(self, entry):
         if self.subscriptions.pop(entry.id, None) is None:
             return
         self.index.remove(entry)
         self.quench.subscription_removed(entry)
-        if self.federation is not None:
-            self.federation.subscriptions_changed()
+        self._subscriptions_changed()
+
+    def _subscriptions_changed(self):
+        for observer in self.observers:
+            observer.subscriptions_changed()
 
     def remove_subscription(self, entry):
         self._remove_entry(entry)
@@ -222,9 +242,9 @@ class Router:
         (unprepared), which is what a FedNotify holds (docs/federation.md).
         """
         self.stats["notifications"] += 1
-        if self.federation is not None:
-            self.federation.forward(attributes, deliver_insecure, forward_keys,
-                                    routing, source)
+        for observer in self.observers:
+            observer.notification_routed(attributes, deliver_insecure, forward_keys,
+                                         routing, source)
         matches = {}
         keyed = bool(keys) or bool(connection_keys)
         for entry in self.index.candidates(attributes):

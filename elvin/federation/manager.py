@@ -22,6 +22,7 @@ from elvin.federation import filters as F
 from elvin.federation import packets as FP
 from elvin.federation.trace import NullTrace
 from elvin.protocols import packets as P
+from elvin.router import RouterObserver
 
 __all__ = ["FederationClass", "FederationManager", "host_matches"]
 
@@ -55,7 +56,9 @@ class FederationClass:
         return f"<FederationClass {self.name}>"
 
 
-class FederationManager:
+class FederationManager(RouterObserver):
+    """Federation for one router, which it watches as a RouterObserver."""
+
     log = Logger()
 
     def __init__(self, router, domain, classes=(), default_class=None, clock=None,
@@ -75,7 +78,7 @@ class FederationManager:
         self._update_call = None
         #: Peers that must authenticate whatever their class (Avis's form).
         self.require_authenticated_hosts = tuple(require_authenticated_hosts)
-        router.federation = self
+        router.observers.append(self)
 
     # -- classes ------------------------------------------------------------------
 
@@ -126,9 +129,17 @@ class FederationManager:
     def remote_filter_changed(self, link):
         self.schedule_update()
 
+    # -- RouterObserver ---------------------------------------------------------
+
     def subscriptions_changed(self):
         if self.links:
             self.schedule_update()
+
+    def notification_routed(self, attributes, deliver_insecure, keys, routing, source):
+        self.forward(attributes, deliver_insecure, keys, routing, source)
+
+    def router_shutting_down(self):
+        self.shutdown()
 
     # -- filters -----------------------------------------------------------------------
 

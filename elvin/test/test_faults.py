@@ -317,7 +317,7 @@ class ShutdownTests(FaultTestCase):
         endpoint = endpoints.TCP4ClientEndpoint(reactor, "127.0.0.1", fed_port)
         yield wait_until(lambda: _listening(fed_port))
         yield endpoint.connect(ConnectorFactory(peer.manager, peer.fed_class, 0))
-        manager = top.router.federation
+        (manager,) = top.router.observers
         yield wait_until(lambda: manager.links and peer.manager.links)
         yield self.settle(peer)
         yield wait_until(lambda: manager.links[0].remote_filter.matches({"n": 1}))
