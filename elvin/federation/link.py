@@ -238,11 +238,6 @@ class FederationLink:
 
     # -- notifications --------------------------------------------------------------
 
-    def wants(self, attributes, routing):
-        """Should a notification with ``routing`` go over this link?"""
-        return (self.state == self.UP and self.peer_domain not in routing
-                and self.remote_filter.matches(attributes))
-
     def _fed_notify(self, packet):
         self.stats["in"] += 1
         manager = self.manager
