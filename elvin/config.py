@@ -8,7 +8,10 @@ starting, with the file, the line number and the reason, rather than being
 guessed at.
 """
 
+import copy
 import os
+from dataclasses import dataclass
+from typing import Callable
 
 from elvin.configvalues import ConfigError
 from elvin.configvalues import parse_boolean as _boolean
@@ -24,29 +27,115 @@ from elvin.uri import ElvinURI, InvalidURIError
 __all__ = ["ConfigError", "RouterConfig", "load", "parse"]
 
 
+@dataclass(frozen=True)
+class Setting:
+    """One router setting: its name in the file, where it goes, how its
+    value is read, its default, and the sentence docs/router.md shows."""
+
+    name: str
+    parse: Callable     # (value, key, where, config) -> value
+    default: object
+    shown: str          # the default as docs/router.md writes it
+    doc: str
+    repeat: bool = False  # each line adds one (listen)
+
+    @property
+    def attr(self):
+        return self.name.replace("-", "_")
+
+    def row(self):
+        return f"| `{self.name}` | {self.shown} | {self.doc} |"
+
+
+def _listen(value, key, where, config):
+    try:
+        uri = ElvinURI(value)
+    except InvalidURIError as e:
+        raise ConfigError(f"{where}: bad listen URI: {e}") from None
+    try:
+        check_supported(uri)
+    except UnsupportedStackError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    return uri
+
+
+def _flag(value, key, where, config):
+    return _boolean(value, key, where)
+
+
+def _at_least(minimum):
+    return lambda value, key, where, config: _integer(value, key, where, minimum)
+
+
+def _duration(allow_zero):
+    return lambda value, key, where, config: _seconds(value, key, where, allow_zero)
+
+
+def _file(value, key, where, config):
+    return config._path(value)
+
+
+#: The router's own settings, in the order docs/router.md lists them (the
+#: table there is generated from this: ``python -m elvin.config``).
+ROUTER_SETTINGS = (
+    Setting("listen", _listen, [], "`elvin://localhost:2917` (if none given)",
+            "An `elvin:` URI to accept clients on; repeatable.", repeat=True),
+    Setting("verbose", _flag, False, "`no`",
+            "Log every notification's attribute names. `yes`/`no`, `true`/`false`, "
+            "`on`/`off`, `1`/`0`."),
+    Setting("max-connections", _at_least(1), 10_000, "`10000`",
+            "Most clients connected at once (≥ 1)."),
+    Setting("max-subscriptions", _at_least(1), 1_000_000, "`1000000`",
+            "Most subscriptions in the whole router (≥ 1)."),
+    Setting("max-queue-memory", _at_least(0), 512 * 1024 * 1024, "`536870912`",
+            "Bytes waiting in all clients' send queues together; over it, the largest "
+            "queue sheds deliveries by its own drop policy (or is disconnected if it "
+            "can shed nothing). `0` switches the cap off. See docs/reliability.md."),
+    Setting("connect-timeout", _duration(True), 30.0, "`30`",
+            "Seconds a new channel may stay silent before sending ConnRqst or UNotify; "
+            "then it is closed. `0` disables. Not negative."),
+    Setting("max-protocol-errors", _at_least(0), MAX_PROTOCOL_ERRORS, "`50`",
+            "A client making this many protocol errors (requests Nacked with a 1xxx "
+            "code) within `protocol-error-window` seconds is disconnected with Disconn "
+            "reason 4. Refused requests (2xxx) never count. `0`: never disconnect."),
+    Setting("protocol-error-window", _duration(False), PROTOCOL_ERROR_WINDOW, "`10`",
+            "The sliding window, in seconds, for `max-protocol-errors` (more than 0)."),
+    Setting("tls-certificate", _file, None, "none",
+            "The router's certificate (PEM, with chain; may hold the key too). Needed "
+            "by any TLS listener."),
+    Setting("tls-key", _file, None, "none",
+            "The router's private key (PEM), unless it is in `tls-certificate`."),
+    Setting("tls-ca", _file, None, "none",
+            "CA certificates that client certificates must chain to; when set, clients "
+            "are asked for a certificate."),
+    Setting("require-authenticated", _flag, False, "`no`",
+            "Refuse TLS clients that present no certificate (needs `tls-ca`)."),
+    Setting("http-session-timeout", _duration(False), 60.0, "`60`",
+            "Seconds an HTTP-tunnelled session may have no GET attached and send no "
+            "POST before it is abandoned. More than 0."),
+    Setting("http-poll-timeout", _duration(False), 20.0, "`20`",
+            "Seconds a tunnel GET response streams before the client must issue the "
+            "next. More than 0."),
+)
+
+_BY_NAME = {setting.name: setting for setting in ROUTER_SETTINGS}
+
+
+def reference_table():
+    """The rows of docs/router.md's table for ROUTER_SETTINGS."""
+    return "\n".join(setting.row() for setting in ROUTER_SETTINGS)
+
+
 class RouterConfig:
     """Settings for one router, from defaults, a file and the command line."""
 
     def __init__(self):
-        self.listen = []
-        self.verbose = False
-        self.max_connections = 10_000
-        self.max_subscriptions = 1_000_000
-        self.max_queue_memory = 512 * 1024 * 1024
-        self.connect_timeout = 30.0
-        self.max_protocol_errors = MAX_PROTOCOL_ERRORS
-        self.protocol_error_window = PROTOCOL_ERROR_WINDOW
+        for setting in ROUTER_SETTINGS:
+            setattr(self, setting.attr, copy.copy(setting.default))
         self.option_specs = dict(OPTIONS)
         self.source = None
         # Router discovery, off by default (docs/discovery.md)
         _discovery_settings.init(self)
-        # TLS listeners (docs/security.md) and the HTTP tunnel (docs/protocols.md)
-        self.tls_certificate = None
-        self.tls_key = None
-        self.tls_ca = None
-        self.require_authenticated = False
-        self.http_session_timeout = 60.0
-        self.http_poll_timeout = 20.0
         # Federation (docs/federation.md)
         self.federation = FederationConfig()
 
@@ -57,36 +146,13 @@ class RouterConfig:
         lowered = key.lower()
         if lowered.startswith("federation."):
             self.federation.set(key, value, where)
-        elif lowered == "listen":
-            try:
-                self.listen.append(ElvinURI(value))
-            except InvalidURIError as e:
-                raise ConfigError(f"{where}: bad listen URI: {e}") from None
-            try:
-                check_supported(self.listen[-1])
-            except UnsupportedStackError as e:
-                raise ConfigError(f"{where}: {e}") from None
-        elif lowered == "verbose":
-            self.verbose = _boolean(value, key, where)
-        elif lowered == "max-connections":
-            self.max_connections = _integer(value, key, where, 1)
-        elif lowered == "max-subscriptions":
-            self.max_subscriptions = _integer(value, key, where, 1)
-        elif lowered == "max-queue-memory":
-            self.max_queue_memory = _integer(value, key, where, 0)
-        elif lowered == "connect-timeout":
-            self.connect_timeout = _seconds(value, key, where, allow_zero=True)
-        elif lowered == "max-protocol-errors":
-            self.max_protocol_errors = _integer(value, key, where, 0)
-        elif lowered == "protocol-error-window":
-            self.protocol_error_window = _seconds(value, key, where, allow_zero=False)
-        elif lowered in ("tls-certificate", "tls-key", "tls-ca"):
-            setattr(self, lowered.replace("-", "_"), self._path(value))
-        elif lowered == "require-authenticated":
-            self.require_authenticated = _boolean(value, key, where)
-        elif lowered in ("http-session-timeout", "http-poll-timeout"):
-            setattr(self, lowered.replace("-", "_"),
-                    _seconds(value, key, where, allow_zero=False))
+        elif lowered in _BY_NAME:
+            setting = _BY_NAME[lowered]
+            parsed = setting.parse(value, key, where, self)
+            if setting.repeat:
+                getattr(self, setting.attr).append(parsed)
+            else:
+                setattr(self, setting.attr, parsed)
         elif lowered == "discovery" or lowered.startswith("discovery-"):
             try:
                 _discovery_settings.apply_setting(self, lowered, value)
@@ -106,11 +172,8 @@ class RouterConfig:
                                       f"{', '.join(spec.choices)}, not {value!r}")
                 self.option_specs[key] = spec.with_default(value)
         else:
-            known = ["listen", "verbose", "max-connections", "max-subscriptions",
-                     "max-queue-memory", "connect-timeout", "max-protocol-errors",
-                     "protocol-error-window", "tls-certificate",
-                     "tls-key", "tls-ca", "require-authenticated", "http-session-timeout",
-                     "http-poll-timeout"] + _discovery_settings.SETTINGS + sorted(OPTIONS)
+            known = ([setting.name for setting in ROUTER_SETTINGS]
+                     + _discovery_settings.SETTINGS + sorted(OPTIONS))
             raise ConfigError(f"{where}: unknown setting {key!r} "
                               f"(known: {', '.join(known)})")
 
@@ -153,3 +216,7 @@ def load(path, config=None):
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not UTF-8 text: {e}") from None
     return parse(text, path, config)
+
+
+if __name__ == "__main__":
+    print(reference_table())

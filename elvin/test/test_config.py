@@ -487,3 +487,22 @@ class ExampleFileTests(unittest.TestCase):
         for name, spec in OPTIONS.items():
             self.assertIn(name, found)
             self.assertEqual(found[name], str(spec.default), name)
+
+
+class ReferenceTableTests(unittest.TestCase):
+    """docs/router.md's table of router settings is the settings table."""
+
+    def test_docs_show_the_generated_rows(self):
+        with open(os.path.join(REPO, "docs", "router.md"), encoding="utf-8") as f:
+            doc = f.read()
+        self.assertIn(config.reference_table() + "\n", doc,
+                      "regenerate the rows with: python -m elvin.config")
+
+    def test_every_setting_is_known_and_has_its_default(self):
+        fresh = RouterConfig()
+        for setting in config.ROUTER_SETTINGS:
+            self.assertEqual(getattr(fresh, setting.attr), setting.default, setting.name)
+        with self.assertRaises(ConfigError) as cm:
+            config.parse("nonsense = 1")
+        for setting in config.ROUTER_SETTINGS:
+            self.assertIn(setting.name, str(cm.exception))
