@@ -19,6 +19,8 @@ importing this package (as the configuration module does) stays cheap.
 __all__ = ["Discoverer", "NoRouterFound", "DiscoveryService",
            "DiscoveryUnavailable", "connect_discovered", "resolve_uri"]
 
+from elvin.lazy import lazy_attributes
+
 _LAZY = {
     "Discoverer": "elvin.discovery.discoverer",
     "NoRouterFound": "elvin.discovery.discoverer",
@@ -29,9 +31,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'elvin.discovery' has no attribute {name!r}")
-    import importlib
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_attributes(__name__, _LAZY)
