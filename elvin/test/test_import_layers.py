@@ -132,3 +132,34 @@ class ImportLayerTests(unittest.TestCase):
                          "a function-local import now dodges a new cycle")
         self.assertEqual(sorted(KNOWN_CYCLES - hiding), [],
                          "a known cycle is gone: remove it from KNOWN_CYCLES")
+
+    def test_layers_import_only_downwards(self):
+        """docs/architecture.md's layers: a module imports (even inside a
+        function) only from its own layer or the ones above it."""
+        top, local = import_graph()
+        rank = {m: 7 for m in top}
+        for number, names in LAYERS.items():
+            for name in names:
+                self.assertIn(name, top, f"layer {number} names no module {name}")
+                rank[name] = number
+        edges = {(m, t) for m, targets in top.items() for t in targets} | set(local)
+        upward = sorted(f"{m} (layer {rank[m]}) imports {t} (layer {rank[t]})"
+                        for m, t in edges if rank[t] > rank[m])
+        self.assertEqual(upward, [])
+
+
+_S = "elvin.subscription."
+#: docs/architecture.md's layers (every other module is layer 7).
+LAYERS = {
+    1: ["elvin.values", "elvin.errors", "elvin.configvalues", "elvin.uri", "elvin.lazy"],
+    2: ["elvin.subscription"] + [_S + m for m in (
+        "kinds", "grammar", "lexer", "ast", "printer", "parser", "checker", "compiler",
+        "analysis", "partial", "patterns")],
+    3: ["elvin.protocols", "elvin.protocols.xdr", "elvin.protocols.packets"],
+    4: [_S + "expression"],
+    5: ["elvin", "elvin.keys", "elvin.options", "elvin.sendqueue", "elvin.index",
+        "elvin.quench", "elvin.router"],
+    6: ["elvin.protocols." + m for m in ("framing", "output", "server", "udp",
+                                         "httptunnel")]
+       + ["elvin.tls", "elvin.endpoints", "elvin.httpclient"],
+}
