@@ -10,10 +10,8 @@ guessed at.
 
 import copy
 import os
-from dataclasses import dataclass
-from typing import Callable
 
-from elvin.configvalues import ConfigError
+from elvin.configvalues import ConfigError, Setting
 from elvin.configvalues import parse_boolean as _boolean
 from elvin.configvalues import parse_integer as _integer
 from elvin.configvalues import parse_seconds as _seconds
@@ -25,26 +23,6 @@ from elvin.router import MAX_PROTOCOL_ERRORS, PROTOCOL_ERROR_WINDOW
 from elvin.uri import ElvinURI, InvalidURIError
 
 __all__ = ["ConfigError", "RouterConfig", "load", "parse"]
-
-
-@dataclass(frozen=True)
-class Setting:
-    """One router setting: its name in the file, where it goes, how its
-    value is read, its default, and the sentence docs/router.md shows."""
-
-    name: str
-    parse: Callable     # (value, key, where, config) -> value
-    default: object
-    shown: str          # the default as docs/router.md writes it
-    doc: str
-    repeat: bool = False  # each line adds one (listen)
-
-    @property
-    def attr(self):
-        return self.name.replace("-", "_")
-
-    def row(self):
-        return f"| `{self.name}` | {self.shown} | {self.doc} |"
 
 
 def _listen(value, key, where, config):
@@ -154,10 +132,7 @@ class RouterConfig:
             else:
                 setattr(self, setting.attr, parsed)
         elif lowered == "discovery" or lowered.startswith("discovery-"):
-            try:
-                _discovery_settings.apply_setting(self, lowered, value)
-            except ValueError as e:
-                raise ConfigError(f"{where}: {e}") from None
+            _discovery_settings.apply_setting(self, lowered, value, where)
         elif key in OPTIONS:
             spec = self.option_specs[key]
             if spec.kind is int:

@@ -3,8 +3,10 @@ configuration reader shares (router, federation, discovery), so none of
 them imports another to get them."""
 
 import math
+from dataclasses import dataclass
+from typing import Callable
 
-__all__ = ["ConfigError", "parse_boolean", "parse_integer", "parse_seconds"]
+__all__ = ["ConfigError", "Setting", "parse_boolean", "parse_integer", "parse_seconds"]
 
 _BOOLEANS = {"yes": True, "true": True, "on": True, "1": True,
              "no": False, "false": False, "off": False, "0": False}
@@ -45,3 +47,23 @@ def parse_seconds(value, key, where, allow_zero):
         raise ConfigError(f"{where}: {key} must be more than 0 (and finite), "
                           f"not {value!r}")
     return seconds
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One router setting: its name in the file, where it goes, how its
+    value is read, its default, and the sentence docs/router.md shows."""
+
+    name: str
+    parse: Callable     # (value, key, where, config) -> value
+    default: object
+    shown: str          # the default as docs/router.md writes it
+    doc: str
+    repeat: bool = False  # each line adds one (listen)
+
+    @property
+    def attr(self):
+        return self.name.replace("-", "_")
+
+    def row(self):
+        return f"| `{self.name}` | {self.shown} | {self.doc} |"

@@ -18,45 +18,90 @@ from __future__ import annotations
 
 import ipaddress
 
+from elvin.configvalues import ConfigError, Setting, parse_boolean
 from elvin.discovery.packets import GROUP, MAX_LOCALITY, PORT, check_scope
 from elvin.uri import ElvinURI, InvalidURIError
 
-__all__ = ["SETTINGS", "DEFAULTS", "apply_setting", "parse_group"]
+__all__ = ["DISCOVERY_SETTINGS", "SETTINGS", "DEFAULTS", "apply_setting", "init",
+           "parse_group", "reference_table"]
 
-SETTINGS = ["discovery", "discovery-scope", "discovery-default",
-            "discovery-advertise", "discovery-interface", "discovery-ttl",
-            "discovery-dns-sd", "discovery-group"]
+
+def _flag(value, key, where, config):
+    return parse_boolean(value, key, where)
+
+
+def _scope(value, key, where, config):
+    if value in ('""', "''"):
+        value = ""
+    try:
+        return check_scope(value)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {key}: {e}") from None
+
+
+def _advertise(value, key, where, config):
+    try:
+        return ElvinURI(value)
+    except InvalidURIError as e:
+        raise ConfigError(f"{where}: bad {key} URI: {e}") from None
+
+
+def _interface(value, key, where, config):
+    try:
+        return str(ipaddress.IPv4Address(value))
+    except ValueError:
+        raise ConfigError(f"{where}: {key} must be an IPv4 address (the interface's), "
+                          f"not {value!r}") from None
+
+
+def _ttl(value, key, where, config):
+    try:
+        ttl = int(value, 10)
+    except ValueError:
+        raise ConfigError(f"{where}: {key} must be an integer 0-{MAX_LOCALITY}, "
+                          f"not {value!r}") from None
+    if not 0 <= ttl <= MAX_LOCALITY:
+        raise ConfigError(f"{where}: {key} must be 0-{MAX_LOCALITY}, not {ttl}")
+    return ttl
+
+
+def _group(value, key, where, config):
+    try:
+        return parse_group(value, key)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+#: The discovery settings (docs/discovery.md's table is generated from
+#: this: ``python -m elvin.discovery.settings``).
+DISCOVERY_SETTINGS = (
+    Setting("discovery", _flag, False, "`no`",
+            "advertise this router (same as `--discovery`)"),
+    Setting("discovery-scope", _scope, "", "empty",
+            "the scope name advertised; must not contain `:`; write `\"\"` for empty"),
+    Setting("discovery-default", _flag, True, "`yes`",
+            "the *default* flag: clients with no scope use only routers that set it"),
+    Setting("discovery-advertise", _advertise, [], "every `listen` URI",
+            "a URI to advertise instead of the listeners; repeatable", repeat=True),
+    Setting("discovery-interface", _interface, None, "the system's choice",
+            "IPv4 address of the interface to send and receive multicast on (DNS-SD "
+            "then binds there too)"),
+    Setting("discovery-ttl", _ttl, 64, "`64`",
+            "the highest IP TTL (ERDP *locality*) the router ever uses, 0–255: 0 keeps "
+            "adverts on this host, 1 on the local link"),
+    Setting("discovery-dns-sd", _flag, True, "`yes`",
+            "also register `_elvin._tcp.local.`"),
+    Setting("discovery-group", _group, (GROUP, PORT), "`224.4.0.1:2917`",
+            "the ERDP group and port — change only for tests or a private deployment; "
+            "other Elvin software uses the default"),
+)
+
+_BY_NAME = {setting.name: setting for setting in DISCOVERY_SETTINGS}
+
+SETTINGS = [setting.name for setting in DISCOVERY_SETTINGS]
 
 #: attribute -> default value, as RouterConfig sets them
-DEFAULTS = {
-    "discovery": False,
-    "discovery_scope": "",
-    "discovery_default": True,
-    "discovery_advertise": [],
-    "discovery_interface": None,
-    "discovery_ttl": 64,
-    "discovery_dns_sd": True,
-    "discovery_group": (GROUP, PORT),
-}
-
-_BOOLEANS = {"yes": True, "true": True, "on": True, "1": True,
-             "no": False, "false": False, "off": False, "0": False}
-
-
-def _boolean(name, value):
-    try:
-        return _BOOLEANS[value.lower()]
-    except KeyError:
-        raise ValueError(f"{name} must be yes or no, not {value!r}") from None
-
-
-def _ipv4(name, value):
-    try:
-        address = ipaddress.IPv4Address(value)
-    except ValueError:
-        raise ValueError(f"{name} must be an IPv4 address (the interface's), "
-                         f"not {value!r}") from None
-    return str(address)
+DEFAULTS = {setting.attr: setting.default for setting in DISCOVERY_SETTINGS}
 
 
 def parse_group(value, name="discovery-group"):
@@ -77,48 +122,31 @@ def parse_group(value, name="discovery-group"):
     return str(address), port
 
 
-def apply_setting(config, name, value):
-    """Apply one discovery setting (``name`` lower-cased) to ``config``."""
-    if name == "discovery":
-        config.discovery = _boolean(name, value)
-    elif name == "discovery-scope":
-        if value in ('""', "''"):
-            value = ""
-        try:
-            config.discovery_scope = check_scope(value)
-        except ValueError as e:
-            raise ValueError(f"{name}: {e}") from None
-    elif name == "discovery-default":
-        config.discovery_default = _boolean(name, value)
-    elif name == "discovery-advertise":
-        try:
-            uri = ElvinURI(value)
-        except InvalidURIError as e:
-            raise ValueError(f"bad discovery-advertise URI: {e}") from None
-        if not config.discovery_advertise:
-            config.discovery_advertise = []
-        config.discovery_advertise.append(uri)
-    elif name == "discovery-interface":
-        config.discovery_interface = _ipv4(name, value)
-    elif name == "discovery-ttl":
-        try:
-            ttl = int(value, 10)
-        except ValueError:
-            raise ValueError(f"{name} must be an integer 0-{MAX_LOCALITY}, "
-                             f"not {value!r}") from None
-        if not 0 <= ttl <= MAX_LOCALITY:
-            raise ValueError(f"{name} must be 0-{MAX_LOCALITY}, not {ttl}")
-        config.discovery_ttl = ttl
-    elif name == "discovery-dns-sd":
-        config.discovery_dns_sd = _boolean(name, value)
-    elif name == "discovery-group":
-        config.discovery_group = parse_group(value, name)
+def apply_setting(config, name, value, where="<config>"):
+    """Apply one discovery setting (``name`` lower-cased) to ``config``;
+    a bad value raises ConfigError (a ValueError) naming ``where``."""
+    setting = _BY_NAME.get(name)
+    if setting is None:
+        raise ConfigError(f"{where}: unknown setting {name!r} (discovery settings: "
+                          f"{', '.join(SETTINGS)})")
+    parsed = setting.parse(value, name, where, config)
+    if setting.repeat:
+        getattr(config, setting.attr).append(parsed)
     else:
-        raise ValueError(f"unknown setting {name!r} (discovery settings: "
-                         f"{', '.join(SETTINGS)})")
+        setattr(config, setting.attr, parsed)
 
 
 def init(config):
     """Give ``config`` every discovery attribute, at its default."""
-    for attribute, default in DEFAULTS.items():
-        setattr(config, attribute, list(default) if isinstance(default, list) else default)
+    for setting in DISCOVERY_SETTINGS:
+        default = setting.default
+        setattr(config, setting.attr, list(default) if isinstance(default, list) else default)
+
+
+def reference_table():
+    """The rows of docs/discovery.md's table of settings."""
+    return "\n".join(setting.row() for setting in DISCOVERY_SETTINGS)
+
+
+if __name__ == "__main__":
+    print(reference_table())

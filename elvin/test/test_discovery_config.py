@@ -232,3 +232,16 @@ class ToolOptionTests(unittest.TestCase):
         line = discover.format_record("added", record, as_json=True)
         self.assertIn('"uris": ["elvin://a:1", "elvin://b:2"]', line)
         self.assertTrue(line.endswith("}\n"))
+
+
+class DiscoveryReferenceTableTests(unittest.TestCase):
+    """docs/discovery.md's settings table is the settings table."""
+
+    def test_docs_show_the_generated_rows(self):
+        import os
+        from elvin.discovery.settings import reference_table
+        from elvin.test.places import REPO
+        with open(os.path.join(REPO, "docs", "discovery.md"), encoding="utf-8") as f:
+            doc = f.read()
+        self.assertIn(reference_table() + "\n", doc,
+                      "regenerate the rows with: python -m elvin.discovery.settings")
