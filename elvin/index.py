@@ -71,8 +71,9 @@ class SubscriptionIndex:
             return ("name", min(names), None)
         return ("always", None, None)
 
-    def add(self, entry):
-        kind, where, keys = self._access(entry.subscription.ast)
+    def add(self, entry, tree=None):
+        """File ``entry`` by ``tree`` (default: its subscription's)."""
+        kind, where, keys = self._access(entry.subscription.ast if tree is None else tree)
         if kind == "values":
             table = self._by_values.setdefault(where, {})
             for key in keys:

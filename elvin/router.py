@@ -27,6 +27,8 @@ from elvin.quench import QuenchEntry, QuenchRegistry
 from elvin.sendqueue import QueueBudget
 from elvin.protocols import packets as P
 from elvin.subscription import Subscription
+from elvin.subscription.ast import Kind, int32, node
+from elvin.subscription.compiler import compile_tree
 from elvin.values import OPAQUE, STRING, type_of
 
 __all__ = ["Router", "RouterObserver", "ClientSession", "SessionState", "SessionOutput", "SubscriptionEntry",
@@ -91,9 +93,12 @@ class RouterObserver(abc.ABC):
         """Some subscription was added, removed or changed its expression."""
 
     @abc.abstractmethod
-    def notification_routed(self, attributes, deliver_insecure, keys, routing, source):
+    def notification_routed(self, attributes, deliver_insecure, keys, routing, source,
+                            pulled):
         """A notification is being routed (``keys`` as the producer gave
-        them; ``routing`` and ``source`` set when it came over a link)."""
+        them; ``routing`` and ``source`` set when it came over a link).
+        ``pulled``: the pulling sessions (see ``Router.set_pull_filter``)
+        whose filter it satisfies, in no particular order."""
 
     @abc.abstractmethod
     def router_shutting_down(self):
@@ -113,6 +118,26 @@ class SubscriptionEntry:
         self.evaluate = subscription.evaluator
         self.accept_insecure = accept_insecure
         self.keys = keys
+
+
+class PullEntry:
+    """One disjunct of what a pulling session asks for, filed in the
+    router's pull index the way a subscription is filed in its index."""
+
+    __slots__ = ("id", "session", "evaluate")
+
+    def __init__(self, entry_id, session, evaluate):
+        self.id = entry_id
+        self.session = session
+        self.evaluate = evaluate
+
+
+def _always_true(attributes):
+    return True
+
+
+#: How a pull of everything is filed: no name or value selects it.
+_ALWAYS_TREE = node(Kind.EQUALS, int32(1), int32(1))
 
 
 class Router:
@@ -140,6 +165,9 @@ class Router:
         self.sessions = set()
         self.subscriptions = {}
         self.index = SubscriptionIndex()
+        #: Filters of pulling sessions (federation links), by disjunct.
+        self.pull_index = SubscriptionIndex()
+        self._pulls = {}
         self.quench = QuenchRegistry()
         self._sub_ids = itertools.count(1)
         self._quench_ids = itertools.count(1)
@@ -222,6 +250,40 @@ class Router:
     def remove_subscription(self, entry):
         self._remove_entry(entry)
 
+    # -- pulling sessions ----------------------------------------------------
+
+    def set_pull_filter(self, session, trees):
+        """``session`` (a federation link, say) now pulls the notifications
+        that make one of ``trees`` true (a tree may be ``True``: everything),
+        replacing what it pulled before; ``[]`` stops it. Each tree is filed
+        in ``pull_index`` like a subscription, so a notification evaluates
+        only the disjuncts it could satisfy. Pulls are not subscriptions:
+        quenchers and observers' ``subscriptions_changed`` do not see them.
+        """
+        for entry in self._pulls.pop(session, ()):
+            self.pull_index.remove(entry)
+        entries = []
+        for tree in trees:
+            if tree is True:
+                entry = PullEntry(next(self._sub_ids), session, _always_true)
+                self.pull_index.add(entry, _ALWAYS_TREE)
+            else:
+                entry = PullEntry(next(self._sub_ids), session, compile_tree(tree).fn)
+                self.pull_index.add(entry, tree)
+            entries.append(entry)
+        if entries:
+            self._pulls[session] = entries
+
+    def pulled_by(self, attributes):
+        """The pulling sessions whose filter ``attributes`` satisfies."""
+        if not self._pulls:
+            return ()
+        pulled = {}
+        for entry in self.pull_index.candidates(attributes):
+            if entry.session not in pulled and entry.evaluate(attributes) is True:
+                pulled[entry.session] = True
+        return pulled.keys()
+
     # -- routing -------------------------------------------------------------
 
     def route(self, attributes, deliver_insecure, keys=KeyRing.EMPTY,
@@ -242,9 +304,11 @@ class Router:
         (unprepared), which is what a FedNotify holds (docs/federation.md).
         """
         self.stats["notifications"] += 1
-        for observer in self.observers:
-            observer.notification_routed(attributes, deliver_insecure, forward_keys,
-                                         routing, source)
+        if self.observers:
+            pulled = self.pulled_by(attributes)
+            for observer in self.observers:
+                observer.notification_routed(attributes, deliver_insecure, forward_keys,
+                                             routing, source, pulled)
         matches = {}
         keyed = bool(keys) or bool(connection_keys)
         for entry in self.index.candidates(attributes):

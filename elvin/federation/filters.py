@@ -19,7 +19,7 @@ from elvin.subscription.analysis import required_names
 from elvin.subscription.ast import Kind, Node, int32, name, node
 from elvin.subscription.compiler import compile_tree
 
-__all__ = ["TRUE", "FALSE", "Filter", "to_wire", "from_wire", "parse_filter",
+__all__ = ["TRUE", "FALSE", "Filter", "disjuncts", "to_wire", "from_wire", "parse_filter",
            "union", "intersect", "generalise", "node_count", "build_pull_filter"]
 
 
@@ -47,18 +47,16 @@ class Filter:
 
     def __init__(self, tree):
         self.tree = tree
-        if tree is TRUE or tree is FALSE:
-            self._fn = None
-            self.nodes = 0
-        else:
-            self._fn = compile_tree(tree).fn
-            self.nodes = node_count(tree)
+        self._fn = None     # compiled on first use: routing uses disjuncts()
+        self.nodes = 0 if tree is TRUE or tree is FALSE else node_count(tree)
 
     def matches(self, attributes):
         if self.tree is TRUE:
             return True
         if self.tree is FALSE:
             return False
+        if self._fn is None:
+            self._fn = compile_tree(self.tree).fn
         return self._fn(attributes) is True
 
     @property
@@ -67,6 +65,38 @@ class Filter:
 
     def __repr__(self):
         return f"<Filter {self.tree!r}>"
+
+
+#: Most disjuncts distributing an AND over an OR may make (past it the AND
+#: stays one disjunct: still correct, only less selective in the index).
+MAX_DISTRIBUTED = 64
+
+
+def disjuncts(tree):
+    """``tree`` as a list of trees whose OR it is, for filing each in a
+    subscription index: true exactly when one of them is true (Kleene's
+    three-valued OR). TRUE is ``[TRUE]`` and FALSE ``[]``. An AND over an
+    OR is distributed (``(a || b) && c`` gives ``a && c``, ``b && c``), so an
+    import filter does not hide the pull filter's disjuncts from the index.
+    """
+    if tree is FALSE:
+        return []
+    if tree is TRUE:
+        return [TRUE]
+    if tree.kind == Kind.OR:
+        return [part for child in tree.children for part in disjuncts(child)]
+    if tree.kind == Kind.AND:
+        products = [[]]
+        for child in tree.children:
+            options = disjuncts(child) if child.kind in (Kind.OR, Kind.AND) else [child]
+            if len(products) * len(options) > MAX_DISTRIBUTED:
+                return [tree]
+            products = [done + [option] for done in products for option in options]
+        if len(products) == 1:
+            return [tree]
+        return [parts[0] if len(parts) == 1 else Node(Kind.AND, None, parts)
+                for parts in products]
+    return [tree]
 
 
 def node_count(tree):

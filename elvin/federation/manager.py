@@ -8,10 +8,13 @@ subscriptions and the pull filters of our *other* peers (so interest
 propagates across a tree of routers), generalised past ``max_filter_nodes``
 and intersected with P's import filter.
 
-A notification, from a local client or a link, goes over each other link
-whose peer is not in its routing list, whose acknowledged pull filter it
-matches, and whose export filter allows it; the FedNotify is encoded once
-for all of them.
+A link is a pulling session of the router: the pull filter its peer sent
+is filed, disjunct by disjunct, in the router's pull index
+(``Router.set_pull_filter``), like a subscription, so a notification
+evaluates only the disjuncts it could satisfy. A notification, from a
+local client or a link, goes over each other link whose peer is not in
+its routing list, whose pull filter it satisfies, and whose export filter
+allows it; the FedNotify is encoded once for all of them.
 """
 
 import fnmatch
@@ -114,11 +117,14 @@ class FederationManager(RouterObserver):
                       domain=link.peer_domain, host=link.peer_host,
                       cls=link.fed_class.name if link.fed_class else None)
         self.trace.link(link, "link_up")
+        if not link.remote_filter.is_false:
+            self.remote_filter_changed(link)
         link.send_filter(self.pull_filter_for(link))
 
     def link_down(self, link, reason, was_up):
         if link in self.links:
             self.links.remove(link)
+        self.router.set_pull_filter(link, [])
         if was_up:
             self.log.info("federation link down: {domain}: {reason}",
                           domain=link.peer_domain, reason=reason)
@@ -127,6 +133,12 @@ class FederationManager(RouterObserver):
             self.schedule_update()
 
     def remote_filter_changed(self, link):
+        """The peer sent a new pull filter: file it in the router's pull
+        index (one entry per disjunct), then recompute what we ask others."""
+        if link in self.links:
+            self.router.set_pull_filter(
+                link, [True if tree is F.TRUE else tree
+                       for tree in F.disjuncts(link.remote_filter.tree)])
         self.schedule_update()
 
     # -- RouterObserver ---------------------------------------------------------
@@ -135,8 +147,9 @@ class FederationManager(RouterObserver):
         if self.links:
             self.schedule_update()
 
-    def notification_routed(self, attributes, deliver_insecure, keys, routing, source):
-        self.forward(attributes, deliver_insecure, keys, routing, source)
+    def notification_routed(self, attributes, deliver_insecure, keys, routing, source,
+                            pulled):
+        self.forward(attributes, deliver_insecure, keys, routing, source, pulled)
 
     def router_shutting_down(self):
         self.shutdown()
@@ -168,19 +181,35 @@ class FederationManager(RouterObserver):
 
     # -- forwarding ----------------------------------------------------------------------
 
-    def forward(self, attributes, deliver_insecure, keys, routing=(), source=None):
-        """Send a routed notification over every link that should carry it."""
-        candidates = [link for link in self.links
-                      if link is not source and link.state == link.UP
-                      and link.peer_domain not in routing]
+    def forward(self, attributes, deliver_insecure, keys, routing=(), source=None,
+                pulled=None):
+        """Send a routed notification over every link that should carry it.
+
+        ``pulled`` are the links whose pull filter it satisfies, found by the
+        router's pull index (None: ask the router). The trace still gets one
+        ``out`` record for every candidate link (up, not where it came from,
+        not on its routing list), suppressed ones included.
+        """
+        if not self.links:
+            return 0
+        if pulled is None:
+            pulled = self.router.pulled_by(attributes)
+        trace = self.trace
+        if trace.enabled:
+            candidates = [link for link in self.links
+                          if link is not source and link.state == link.UP
+                          and link.peer_domain not in routing]
+        else:
+            candidates = [link for link in pulled
+                          if link is not source and link.state == link.UP
+                          and link.peer_domain not in routing]
         if not candidates:
             return 0
         out_routing = tuple(routing) + (self.domain,)
-        trace = self.trace
         body = None
         sent = 0
         for link in candidates:
-            if not link.remote_filter.matches(attributes):
+            if link not in pulled:
                 trace.notify(link, "notify_suppressed_filter", "out", attributes, out_routing,
                              lambda: self._encode(attributes, deliver_insecure, keys, out_routing))
                 continue
@@ -209,7 +238,7 @@ class FederationManager(RouterObserver):
             link.close("shutdown")
         if self._update_call is not None and self._update_call.active():
             self._update_call.cancel()
-        self.trace.close()
+        return self.trace.close()
 
     def status(self):
         return [{"domain": l.peer_domain, "host": l.peer_host,

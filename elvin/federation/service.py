@@ -2,6 +2,7 @@
 
 from twisted.application import service
 from twisted.application.internet import StreamServerEndpointService
+from twisted.internet import defer
 from twisted.logger import Logger
 
 from elvin.endpoints import STACK_KINDS, TLS, check_supported, client_endpoint, server_endpoint
@@ -68,5 +69,6 @@ class FederationService(service.MultiService):
                                         for c in fed.classes.values()) or "none")
 
     def stopService(self):
-        self.manager.shutdown()
-        return super().stopService()
+        """Fires once links are closed and the trace is on disk."""
+        trace_closed = self.manager.shutdown()
+        return defer.gatherResults([defer.maybeDeferred(super().stopService), trace_closed])

@@ -14,6 +14,7 @@ import os
 import threading
 import time
 
+from twisted.internet import defer
 from twisted.logger import Logger
 
 from elvin.protocols.xdr import Writer
@@ -59,7 +60,7 @@ class NullTrace:
         pass
 
     def close(self):
-        pass
+        return defer.succeed(None)
 
 
 _log = Logger()
@@ -76,7 +77,8 @@ class TraceWriter:
     MAX_QUEUED = 100_000
 
     def __init__(self, directory, domain, max_bytes=64 * 1024 * 1024,
-                 max_seconds=3600.0, now=time.time, max_queued=MAX_QUEUED):
+                 max_seconds=3600.0, now=time.time, max_queued=MAX_QUEUED,
+                 reactor=None):
         self.directory = directory
         self.domain = domain
         self.max_bytes = max_bytes
@@ -86,6 +88,9 @@ class TraceWriter:
         self._lines = collections.deque()
         self._cond = threading.Condition()
         self._closing = False
+        self._closed = None          # Deferred once close() was called
+        self._finish = None          # how the thread reports it is done
+        self._reactor = reactor
         self._seq = 0
         self._file = None
         self._opened = 0.0
@@ -191,6 +196,10 @@ class TraceWriter:
                 if self._file is not None:
                     self._file.close()
                     self._file = None
+                with self._cond:
+                    finish = self._finish
+                if finish is not None:
+                    finish()
                 return
 
     def flush(self):
@@ -205,7 +214,22 @@ class TraceWriter:
             self._file.flush()
 
     def close(self):
+        """Stop accepting records; the writer thread writes what is queued
+        and closes the file. Returns a Deferred that fires (in the reactor
+        thread) once it has, so a shutdown waits for the backlog without
+        blocking the reactor (issue 21)."""
+        from twisted.internet import reactor as default_reactor
+        reactor = self._reactor or default_reactor
         with self._cond:
-            self._closing = True
-            self._cond.notify()
-        self._thread.join(10)
+            if self._closed is None:
+                self._closed = defer.Deferred()
+                self._closing = True
+                self._cond.notify()
+                finished = self._closed
+                self._finish = lambda: reactor.callFromThread(finished.callback, None)
+                if not self._thread.is_alive():
+                    self._finish()
+            closed = self._closed
+        waiter = defer.Deferred()
+        closed.addBoth(lambda result: (waiter.callback(None), result)[1])
+        return waiter

@@ -54,7 +54,7 @@ class FedRouter:
 
     @defer.inlineCallbacks
     def stop(self):
-        self.manager.shutdown()
+        yield self.manager.shutdown()
         for proto in self.connectors:
             if proto.transport is not None:
                 proto.transport.abortConnection()
@@ -512,6 +512,7 @@ class TraceQueueTests(unittest.TestCase):
     """The trace writer's queue is bounded: a disk that cannot keep up
     costs bounded memory, and what is dropped is counted (issue 21)."""
 
+    @defer.inlineCallbacks
     def test_overflow_is_dropped_and_counted(self):
         import threading
         from types import SimpleNamespace
@@ -533,7 +534,30 @@ class TraceQueueTests(unittest.TestCase):
             writer.link(link, "link_up")
         self.assertEqual((writer.records, writer.dropped_overflow), (4, 7))
         gate.set()
-        writer.close()
+        yield writer.close()
         lines = sum(len(open(os.path.join(writer.directory, name)).readlines())
                     for name in os.listdir(writer.directory))
         self.assertEqual(lines, 4)
+
+    @defer.inlineCallbacks
+    def test_close_does_not_block_while_the_disk_stalls(self):
+        import threading
+        from types import SimpleNamespace
+        gate = threading.Event()
+        writer = TraceWriter(self.mktemp(), "ours.test")
+        real_open = writer._open
+
+        def stalled_open():
+            gate.wait(10)
+            real_open()
+        writer._open = stalled_open
+        link = SimpleNamespace(peer_domain="peer.test", outgoing=True)
+        writer.link(link, "link_up")
+        closed = writer.close()               # returns at once, not after 10 s
+        self.assertNoResult(closed)
+        gate.set()
+        yield closed
+        self.assertFalse(writer._thread.is_alive())
+        names = os.listdir(writer.directory)
+        self.assertEqual(len(names), 1)
+        self.assertIn('"link_up"', open(os.path.join(writer.directory, names[0])).read())
