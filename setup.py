@@ -11,6 +11,8 @@ setup(
     python_requires=">=3.11",
     packages=[
         "elvin",
+        "elvin.core",
+        "elvin.client",
         "elvin.subscription",
         "elvin.protocols",
         "elvin.federation",

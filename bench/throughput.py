@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from twisted.internet import defer, reactor, task  # noqa: E402
 
 from elvin import client  # noqa: E402
-from elvin.index import SubscriptionIndex  # noqa: E402
+from elvin.core.index import SubscriptionIndex  # noqa: E402
 from elvin.subscription import Subscription  # noqa: E402
 from elvin.values import Int64  # noqa: E402
 

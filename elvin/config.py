@@ -11,15 +11,13 @@ guessed at.
 import copy
 import os
 
-from elvin.configvalues import ConfigError, Setting
-from elvin.configvalues import parse_boolean as _boolean
+from elvin.configvalues import ConfigError, Setting, at_least, duration, flag
 from elvin.configvalues import parse_integer as _integer
-from elvin.configvalues import parse_seconds as _seconds
 from elvin.discovery import settings as _discovery_settings
 from elvin.endpoints import UnsupportedStackError, check_supported
 from elvin.federation.config import FederationConfig
-from elvin.options import OPTIONS, DropPolicy
-from elvin.router import MAX_PROTOCOL_ERRORS, PROTOCOL_ERROR_WINDOW
+from elvin.core.options import OPTIONS
+from elvin.core.router import MAX_PROTOCOL_ERRORS, PROTOCOL_ERROR_WINDOW
 from elvin.uri import ElvinURI, InvalidURIError
 
 __all__ = ["ConfigError", "RouterConfig", "load", "parse"]
@@ -37,18 +35,6 @@ def _listen(value, key, where, config):
     return uri
 
 
-def _flag(value, key, where, config):
-    return _boolean(value, key, where)
-
-
-def _at_least(minimum):
-    return lambda value, key, where, config: _integer(value, key, where, minimum)
-
-
-def _duration(allow_zero):
-    return lambda value, key, where, config: _seconds(value, key, where, allow_zero)
-
-
 def _file(value, key, where, config):
     return config._path(value)
 
@@ -58,25 +44,25 @@ def _file(value, key, where, config):
 ROUTER_SETTINGS = (
     Setting("listen", _listen, [], "`elvin://localhost:2917` (if none given)",
             "An `elvin:` URI to accept clients on; repeatable.", repeat=True),
-    Setting("verbose", _flag, False, "`no`",
+    Setting("verbose", flag, False, "`no`",
             "Log every notification's attribute names. `yes`/`no`, `true`/`false`, "
             "`on`/`off`, `1`/`0`."),
-    Setting("max-connections", _at_least(1), 10_000, "`10000`",
+    Setting("max-connections", at_least(1), 10_000, "`10000`",
             "Most clients connected at once (≥ 1)."),
-    Setting("max-subscriptions", _at_least(1), 1_000_000, "`1000000`",
+    Setting("max-subscriptions", at_least(1), 1_000_000, "`1000000`",
             "Most subscriptions in the whole router (≥ 1)."),
-    Setting("max-queue-memory", _at_least(0), 512 * 1024 * 1024, "`536870912`",
+    Setting("max-queue-memory", at_least(0), 512 * 1024 * 1024, "`536870912`",
             "Bytes waiting in all clients' send queues together; over it, the largest "
             "queue sheds deliveries by its own drop policy (or is disconnected if it "
             "can shed nothing). `0` switches the cap off. See docs/reliability.md."),
-    Setting("connect-timeout", _duration(True), 30.0, "`30`",
+    Setting("connect-timeout", duration(True), 30.0, "`30`",
             "Seconds a new channel may stay silent before sending ConnRqst or UNotify; "
             "then it is closed. `0` disables. Not negative."),
-    Setting("max-protocol-errors", _at_least(0), MAX_PROTOCOL_ERRORS, "`50`",
+    Setting("max-protocol-errors", at_least(0), MAX_PROTOCOL_ERRORS, "`50`",
             "A client making this many protocol errors (requests Nacked with a 1xxx "
             "code) within `protocol-error-window` seconds is disconnected with Disconn "
             "reason 4. Refused requests (2xxx) never count. `0`: never disconnect."),
-    Setting("protocol-error-window", _duration(False), PROTOCOL_ERROR_WINDOW, "`10`",
+    Setting("protocol-error-window", duration(False), PROTOCOL_ERROR_WINDOW, "`10`",
             "The sliding window, in seconds, for `max-protocol-errors` (more than 0)."),
     Setting("tls-certificate", _file, None, "none",
             "The router's certificate (PEM, with chain; may hold the key too). Needed "
@@ -86,12 +72,12 @@ ROUTER_SETTINGS = (
     Setting("tls-ca", _file, None, "none",
             "CA certificates that client certificates must chain to; when set, clients "
             "are asked for a certificate."),
-    Setting("require-authenticated", _flag, False, "`no`",
+    Setting("require-authenticated", flag, False, "`no`",
             "Refuse TLS clients that present no certificate (needs `tls-ca`)."),
-    Setting("http-session-timeout", _duration(False), 60.0, "`60`",
+    Setting("http-session-timeout", duration(False), 60.0, "`60`",
             "Seconds an HTTP-tunnelled session may have no GET attached and send no "
             "POST before it is abandoned. More than 0."),
-    Setting("http-poll-timeout", _duration(False), 20.0, "`20`",
+    Setting("http-poll-timeout", duration(False), 20.0, "`20`",
             "Seconds a tunnel GET response streams before the client must issue the "
             "next. More than 0."),
 )

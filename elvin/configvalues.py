@@ -6,7 +6,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["ConfigError", "Setting", "parse_boolean", "parse_integer", "parse_seconds"]
+__all__ = ["ConfigError", "Setting", "parse_boolean", "parse_integer", "parse_seconds",
+           "flag", "text", "at_least", "duration"]
 
 _BOOLEANS = {"yes": True, "true": True, "on": True, "1": True,
              "no": False, "false": False, "off": False, "0": False}
@@ -49,6 +50,28 @@ def parse_seconds(value, key, where, allow_zero):
     return seconds
 
 
+# -- Setting parsers: (value, key, where, config) -> value ----------------------
+
+def flag(value, key, where, config):
+    """A yes/no setting."""
+    return parse_boolean(value, key, where)
+
+
+def text(value, key, where, config):
+    """A setting taken as written."""
+    return value
+
+
+def at_least(minimum):
+    """An integer setting of at least ``minimum``."""
+    return lambda value, key, where, config: parse_integer(value, key, where, minimum)
+
+
+def duration(allow_zero):
+    """A number of seconds (more than 0, or at least 0)."""
+    return lambda value, key, where, config: parse_seconds(value, key, where, allow_zero)
+
+
 @dataclass(frozen=True)
 class Setting:
     """One router setting: its name in the file, where it goes, how its
@@ -59,11 +82,12 @@ class Setting:
     default: object
     shown: str          # the default as docs/router.md writes it
     doc: str
-    repeat: bool = False  # each line adds one (listen)
+    repeat: bool = False  # each line adds (listen): parse gives one, or a list
+    target: str = None    # the attribute, when not the name with "_" for "-"
 
     @property
     def attr(self):
-        return self.name.replace("-", "_")
+        return self.target or self.name.replace("-", "_")
 
     def row(self):
         return f"| `{self.name}` | {self.shown} | {self.doc} |"

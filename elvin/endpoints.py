@@ -7,12 +7,12 @@ stack                  kind       router side / client side
 =====================  =========  ==========================================
 ``tcp,none,xdr``       ``tcp``    framed packets on TCP / ``HostnameEndpoint``
 ``ssl,none,xdr``       ``tls``    the same inside TLS (Twisted's ``wrapServerTLS`` /
-(alias ``secure``),               ``wrapClientTLS``), see ``elvin.tls``
+(alias ``secure``),               ``wrapClientTLS``), see ``elvin.protocols.tls``
 ``tcp,ssl,xdr``
 ``udp,none,xdr``       ``udp``    UNotify datagrams (``elvin.protocols.udp``)
 ``http,none,xdr``      ``http``   sessions tunnelled through HTTP
                                   (``elvin.protocols.httptunnel`` /
-                                  ``elvin.httpclient``)
+                                  ``elvin.protocols.httpclient``)
 =====================  =========  ==========================================
 
 Anything else is refused with :class:`UnsupportedStackError`. See
@@ -93,7 +93,7 @@ def server_endpoint(reactor, uri, backlog=128, tls=None):
     """A stream server endpoint listening where ``uri`` says.
 
     For TLS stacks ``tls`` is the server's TLS options (see
-    ``elvin.tls.server_options``); without it a TLS URI is refused, naming
+    ``elvin.protocols.tls.server_options``); without it a TLS URI is refused, naming
     the missing setting. HTTP stacks get the plain TCP endpoint the web
     server listens on. UDP is not a stream transport: use
     :func:`listener_service`.
@@ -107,7 +107,7 @@ def server_endpoint(reactor, uri, backlog=128, tls=None):
     endpoint = _tcp_server(reactor, uri, backlog)
     if kind == TLS:
         if tls is None:
-            from elvin.tls import TLSConfigError
+            from elvin.protocols.tls import TLSConfigError
             raise TLSConfigError(
                 f"{uri}: a TLS listener needs the router's certificate: set "
                 "tls-certificate (and tls-key, unless the key is in the same "
@@ -124,7 +124,7 @@ def client_endpoint(reactor, uri, timeout=30, tls=None, tls_ca=None,
     options as ``tls`` (e.g. ``ssl.optionsForClientTLS(...)``), or let them
     be made from ``tls_ca``, ``tls_certificate``, ``tls_key`` and
     ``tls_hostname`` (default: the URI's host) -- see
-    ``elvin.tls.client_options``. HTTP stacks give an endpoint whose
+    ``elvin.protocols.tls.client_options``. HTTP stacks give an endpoint whose
     protocols run over the HTTP tunnel, so the client code is the same for
     every stream stack. UDP has no stream endpoint.
     """
@@ -135,12 +135,12 @@ def client_endpoint(reactor, uri, timeout=30, tls=None, tls_ca=None,
             f"{uri}: udp,none,xdr carries only UNotify datagrams; it has no "
             "sessions (use elvin.client.unotify)")
     if kind == HTTP:
-        from elvin.httpclient import HTTPTunnelEndpoint
+        from elvin.protocols.httpclient import HTTPTunnelEndpoint
         return HTTPTunnelEndpoint(reactor, uri, timeout=timeout)
     endpoint = endpoints.HostnameEndpoint(reactor, uri.host, uri.port, timeout=timeout)
     if kind == TLS:
         if tls is None:
-            from elvin.tls import client_options
+            from elvin.protocols.tls import client_options
             tls = client_options(tls_hostname or uri.host, tls_ca, tls_certificate,
                                  tls_key)
         endpoint = endpoints.wrapClientTLS(tls, endpoint)
@@ -166,7 +166,7 @@ def listener_service(reactor, uri, router, factory, config, tls=None):
         service.datagram_protocol = proto
         return service
     if kind == TLS and tls is None:
-        from elvin.tls import server_options_from_config
+        from elvin.protocols.tls import server_options_from_config
         tls = server_options_from_config(config)
     if kind == HTTP:
         from elvin.protocols.httptunnel import ElvinHTTPSite

@@ -12,7 +12,7 @@ from elvin.config import ConfigError, RouterConfig, load
 from elvin.endpoints import (TLS, UnsupportedStackError, check_supported,
                              listener_service, stack_kind)
 from elvin.protocols.server import ElvinServerFactory
-from elvin.router import Router
+from elvin.core.router import Router
 from elvin.uri import ElvinURI, InvalidURIError
 
 __all__ = ["Options", "makeService", "RouterService", "DEFAULT_LISTEN"]
@@ -93,7 +93,7 @@ class Options(usage.Options):
                 self._refuse(str(e))
         if config.tls_certificate and any(stack_kind(u) == TLS for u in config.listen):
             # Check the certificate files now, to report them as usage errors.
-            from elvin.tls import server_options_from_config
+            from elvin.protocols.tls import server_options_from_config
             try:
                 server_options_from_config(config)
             except ConfigError as e:

@@ -18,16 +18,12 @@ from __future__ import annotations
 
 import ipaddress
 
-from elvin.configvalues import ConfigError, Setting, parse_boolean
+from elvin.configvalues import ConfigError, Setting, flag
 from elvin.discovery.packets import GROUP, MAX_LOCALITY, PORT, check_scope
 from elvin.uri import ElvinURI, InvalidURIError
 
 __all__ = ["DISCOVERY_SETTINGS", "SETTINGS", "DEFAULTS", "apply_setting", "init",
            "parse_group", "reference_table"]
-
-
-def _flag(value, key, where, config):
-    return parse_boolean(value, key, where)
 
 
 def _scope(value, key, where, config):
@@ -75,11 +71,11 @@ def _group(value, key, where, config):
 #: The discovery settings (docs/discovery.md's table is generated from
 #: this: ``python -m elvin.discovery.settings``).
 DISCOVERY_SETTINGS = (
-    Setting("discovery", _flag, False, "`no`",
+    Setting("discovery", flag, False, "`no`",
             "advertise this router (same as `--discovery`)"),
     Setting("discovery-scope", _scope, "", "empty",
             "the scope name advertised; must not contain `:`; write `\"\"` for empty"),
-    Setting("discovery-default", _flag, True, "`yes`",
+    Setting("discovery-default", flag, True, "`yes`",
             "the *default* flag: clients with no scope use only routers that set it"),
     Setting("discovery-advertise", _advertise, [], "every `listen` URI",
             "a URI to advertise instead of the listeners; repeatable", repeat=True),
@@ -89,7 +85,7 @@ DISCOVERY_SETTINGS = (
     Setting("discovery-ttl", _ttl, 64, "`64`",
             "the highest IP TTL (ERDP *locality*) the router ever uses, 0–255: 0 keeps "
             "adverts on this host, 1 on the local link"),
-    Setting("discovery-dns-sd", _flag, True, "`yes`",
+    Setting("discovery-dns-sd", flag, True, "`yes`",
             "also register `_elvin._tcp.local.`"),
     Setting("discovery-group", _group, (GROUP, PORT), "`224.4.0.1:2917`",
             "the ERDP group and port — change only for tests or a private deployment; "

@@ -11,47 +11,138 @@ same way on both (docs/federation.md):
     Federation.Provide[Branch] = require(Alert)    # export filter: what we give
     Federation.Apply-Class[Branch] = *.example.org 10.1.*
     Federation.Default-Class = Branch
+
+Both kinds of setting, the router-wide ones and those of a class
+(``Name[Class]``), are declared in tables (``configvalues.Setting``), from
+which the reader, the defaults and docs/federation.md's reference rows
+come (``python -m elvin.federation.config`` prints the rows).
 """
 
+import copy
 import re
 import socket
 
-from elvin.configvalues import ConfigError, parse_boolean, parse_integer
+from elvin.configvalues import ConfigError, Setting, at_least, duration, flag, text
 from elvin.errors import SubscriptionError
 from elvin.federation.filters import parse_filter
 from elvin.uri import InvalidURIError, parse_ewaf
 
-__all__ = ["FederationConfig", "ClassConfig"]
+__all__ = ["FederationConfig", "ClassConfig", "FEDERATION_SETTINGS", "CLASS_SETTINGS",
+           "reference_table"]
 
 _CLASSED = re.compile(r"^federation\.([a-z-]+(?:\.[a-z-]+)?)\[([^\]]+)\]$", re.IGNORECASE)
 
 
+def _words(value, key, where, config):
+    return value.split()
+
+
+def _ewaf_uris(value, key, where, config):
+    try:
+        return [parse_ewaf(item) for item in value.split()]
+    except InvalidURIError as e:
+        raise ConfigError(f"{where}: bad federation URI: {e}") from None
+
+
+def _filter(value, key, where, config):
+    try:
+        parse_filter(value)
+    except SubscriptionError as e:
+        raise ConfigError(f"{where}: bad {key} filter at offset {e.offset}: {e}") from None
+    return value
+
+
+def _setting(name, parse, default, shown, doc, repeat=False, target=None):
+    return Setting(f"Federation.{name}", parse, default, shown, doc, repeat,
+                   target or name.lower().replace("-", "_").replace(".", "_"))
+
+
+#: Router-wide federation settings, in docs/federation.md's order.
+FEDERATION_SETTINGS = (
+    _setting("Activated", flag, None, "on when any Listen or Connect is given",
+             "Switch federation on or off (`yes`/`no`)."),
+    _setting("Router-Name", text, None, "the host's FQDN",
+             "This router's globally unique domain."),
+    _setting("Listen", _ewaf_uris, [], "none",
+             "Accept links on these `ewaf:` URIs (several per line; repeatable).",
+             repeat=True),
+    _setting("Default-Class", text, None, "none",
+             "Class for accepted peers no `Apply-Class` pattern matches; without it "
+             "they are refused."),
+    _setting("Require-Authenticated", _words, [], "none",
+             "Avis's form: peers whose address matches a pattern must be "
+             "authenticated, whatever their class (needs `tls-ca`).", repeat=True,
+             target="require_authenticated_hosts"),
+    _setting("Keepalive-Interval", duration(True), 30.0, "`30`",
+             "Seconds between TestConn probes of a quiet link; `0` switches them off "
+             "(`Federation.Keepalive` is accepted too).", target="keepalive"),
+    _setting("Filter.Max-Nodes", at_least(1), 2000, "`2000`",
+             "Generalise pull filters beyond this many nodes.",
+             target="max_filter_nodes"),
+    _setting("Trace-Directory", text, None, "none",
+             "Write federation traces there (docs/traces.md)."),
+    _setting("Trace.Max-Bytes", at_least(1024), 64 * 1024 * 1024, "`67108864` (64 MiB)",
+             "Start a new trace file past this size."),
+    _setting("Trace.Max-Seconds", duration(False), 3600.0, "`3600`",
+             "Start a new trace file after this many seconds."),
+)
+
+#: Settings of one federation class ``C``, written ``Federation.Name[C]``.
+CLASS_SETTINGS = (
+    _setting("Connect", _ewaf_uris, [], "none",
+             "Dial these peers, which belong to class C (repeatable).", repeat=True),
+    _setting("Subscribe", _filter, "TRUE", "`TRUE`",
+             "Import filter for class C: what we accept (`EXPR`, `TRUE` or `FALSE`)."),
+    _setting("Provide", _filter, "TRUE", "`TRUE`",
+             "Export filter for class C: what we send (`EXPR`, `TRUE` or `FALSE`)."),
+    _setting("Apply-Class", _words, [], "none",
+             "Peers whose address matches a pattern (`*`, `?` wildcards) are accepted "
+             "into class C (repeatable).", repeat=True, target="hosts"),
+    _setting("Require-Authenticated", flag, False, "`no`",
+             "Links of class C must be authenticated (docs/federation.md); needs "
+             "`tls-ca`."),
+)
+
+_GLOBAL = {s.name.lower(): s for s in FEDERATION_SETTINGS}
+_GLOBAL["federation.keepalive"] = _GLOBAL["federation.keepalive-interval"]
+_PER_CLASS = {s.name.lower()[len("federation."):]: s for s in CLASS_SETTINGS}
+
+
+def _defaults(target, settings):
+    for setting in settings:
+        setattr(target, setting.attr, copy.copy(setting.default))
+
+
+def _apply(target, setting, value, key, where):
+    parsed = setting.parse(value, key, where, target)
+    if setting.repeat:
+        getattr(target, setting.attr).extend(parsed)
+    else:
+        setattr(target, setting.attr, parsed)
+
+
+def reference_table():
+    """docs/federation.md's rows: router-wide settings, then a class's."""
+    rows = [s.row() for s in FEDERATION_SETTINGS]
+    rows += [s.row().replace(f"`{s.name}`", f"`{s.name}[C]`", 1) for s in CLASS_SETTINGS]
+    return "\n".join(rows)
+
+
 class ClassConfig:
+    """One federation class's settings, as read (filters kept as text)."""
+
     def __init__(self, name):
         self.name = name
-        self.subscribe = "TRUE"
-        self.provide = "TRUE"
-        self.hosts = []
-        self.connect = []
-        self.require_authenticated = False
+        _defaults(self, CLASS_SETTINGS)
         self.where = None
 
 
 class FederationConfig:
+    """The router-wide federation settings and the classes named."""
+
     def __init__(self):
-        self.activated = None
-        self.router_name = None
-        self.listen = []
+        _defaults(self, FEDERATION_SETTINGS)
         self.classes = {}
-        self.default_class = None
-        self.keepalive = 30.0
-        self.max_filter_nodes = 2000
-        self.trace_directory = None
-        self.trace_max_bytes = 64 * 1024 * 1024
-        self.trace_max_seconds = 3600.0
-        #: Avis's global form: peers whose host matches one of these
-        #: patterns must authenticate, whatever their class.
-        self.require_authenticated_hosts = []
 
     @property
     def enabled(self):
@@ -70,67 +161,20 @@ class FederationConfig:
         return fed_class
 
     def set(self, key, value, where):
-        lowered = key.lower()
         match = _CLASSED.match(key)
         if match:
-            setting, name = match.group(1).lower(), match.group(2).strip()
-            fed_class = self._class(name, where)
-            if setting == "connect":
-                try:
-                    fed_class.connect.append(parse_ewaf(value))
-                except InvalidURIError as e:
-                    raise ConfigError(f"{where}: bad federation URI: {e}") from None
-            elif setting in ("subscribe", "provide"):
-                try:
-                    parse_filter(value)
-                except SubscriptionError as e:
-                    raise ConfigError(f"{where}: bad {key} filter at offset {e.offset}: {e}") from None
-                setattr(fed_class, setting, value)
-            elif setting == "apply-class":
-                fed_class.hosts.extend(value.split())
-            elif setting == "require-authenticated":
-                fed_class.require_authenticated = parse_boolean(value, key, where)
-            else:
-                raise ConfigError(f"{where}: unknown federation setting {key!r}")
+            setting = _PER_CLASS.get(match.group(1).lower())
+            if setting is None:
+                raise ConfigError(f"{where}: unknown federation setting {key!r} (known "
+                                  f"for a class C: {_known(CLASS_SETTINGS, '[C]')})")
+            _apply(self._class(match.group(2).strip(), where), setting, value, key, where)
             return
-        if lowered == "federation.activated":
-            self.activated = parse_boolean(value, key, where)
-        elif lowered == "federation.router-name":
-            self.router_name = value
-        elif lowered == "federation.listen":
-            for item in value.split():
-                try:
-                    self.listen.append(parse_ewaf(item))
-                except InvalidURIError as e:
-                    raise ConfigError(f"{where}: bad federation URI: {e}") from None
-        elif lowered == "federation.require-authenticated":
-            self.require_authenticated_hosts.extend(value.split())
-        elif lowered == "federation.default-class":
-            self.default_class = value
-        elif lowered in ("federation.keepalive-interval", "federation.keepalive"):
-            try:
-                self.keepalive = float(value)
-            except ValueError:
-                raise ConfigError(f"{where}: {key} must be seconds, not {value!r}") from None
-        elif lowered == "federation.filter.max-nodes":
-            self.max_filter_nodes = parse_integer(value, key, where, 1)
-        elif lowered == "federation.trace-directory":
-            self.trace_directory = value
-        elif lowered == "federation.trace.max-bytes":
-            self.trace_max_bytes = parse_integer(value, key, where, 1024)
-        elif lowered == "federation.trace.max-seconds":
-            try:
-                self.trace_max_seconds = float(value)
-            except ValueError:
-                raise ConfigError(f"{where}: {key} must be seconds, not {value!r}") from None
-        else:
+        setting = _GLOBAL.get(key.lower())
+        if setting is None:
             raise ConfigError(f"{where}: unknown federation setting {key!r} (known: "
-                              "Federation.Activated, Router-Name, Listen, Connect[C], "
-                              "Subscribe[C], Provide[C], Apply-Class[C], Default-Class, "
-                              "Require-Authenticated[C], Require-Authenticated, "
-                              "Keepalive-Interval, "
-                              "Filter.Max-Nodes, Trace-Directory, Trace.Max-Bytes, "
-                              "Trace.Max-Seconds)")
+                              f"{_known(FEDERATION_SETTINGS)}, "
+                              f"{_known(CLASS_SETTINGS, '[C]')})")
+        _apply(self, setting, value, key, where)
 
     def requires_authentication(self):
         """True when some link must be authenticated (a class or hosts)."""
@@ -146,3 +190,11 @@ class FederationConfig:
         if self.default_class is not None and self.default_class not in self.classes:
             raise ConfigError(f"{source}: Federation.Default-Class names unknown class "
                               f"{self.default_class!r}")
+
+
+def _known(settings, suffix=""):
+    return ", ".join(s.name + suffix for s in settings)
+
+
+if __name__ == "__main__":
+    print(reference_table())

@@ -17,9 +17,9 @@ from elvin import errors
 from elvin.errors import SubscriptionError
 from elvin.federation import filters as F
 from elvin.federation import packets as FP
-from elvin.keys import PRODUCER, KeyRing
+from elvin.core.keys import PRODUCER, KeyRing
 from elvin.protocols import packets as P
-from elvin.router import notification_problem
+from elvin.core.router import notification_problem
 
 __all__ = ["FederationLink", "LinkState"]
 

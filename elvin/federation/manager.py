@@ -25,7 +25,7 @@ from elvin.federation import filters as F
 from elvin.federation import packets as FP
 from elvin.federation.trace import NullTrace
 from elvin.protocols import packets as P
-from elvin.router import RouterObserver
+from elvin.core.router import RouterObserver
 
 __all__ = ["FederationClass", "FederationManager", "host_matches"]
 

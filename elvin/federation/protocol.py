@@ -22,7 +22,7 @@ from elvin.federation.link import FederationLink
 from elvin.protocols import packets as P
 from elvin.protocols.output import QueuedFramedProtocol
 from elvin.protocols.xdr import DecodeError
-from elvin.sendqueue import SendQueue
+from elvin.core.sendqueue import SendQueue
 from elvin.uri import EwafURI, parse_ewaf
 
 __all__ = ["FederationProtocol", "AcceptorFactory", "ConnectorFactory",

@@ -39,7 +39,7 @@ class FederationService(service.MultiService):
         for uri in fed.listen:
             uri = check_supported(uri)
             if STACK_KINDS[uri.protocol] == TLS and tls is None:
-                from elvin.tls import server_options_from_config
+                from elvin.protocols.tls import server_options_from_config
                 tls = server_options_from_config(config)
             listener = StreamServerEndpointService(
                 server_endpoint(reactor, uri, tls=tls if STACK_KINDS[uri.protocol] == TLS else None),

@@ -14,7 +14,7 @@ from twisted.internet.interfaces import IPushProducer
 from zope.interface import implementer
 
 from elvin.protocols.framing import FramedProtocol
-from elvin.sendqueue import QueueOverflow
+from elvin.core.sendqueue import QueueOverflow
 
 __all__ = ["QueuedFramedProtocol"]
 

@@ -16,8 +16,8 @@ from twisted.logger import Logger
 from elvin.protocols import packets as P
 from elvin.protocols.output import QueuedFramedProtocol
 from elvin.protocols.xdr import DecodeError
-from elvin.router import CLIENT_PACKET_IDS, SessionOutput
-from elvin.sendqueue import SendQueue
+from elvin.core.router import CLIENT_PACKET_IDS, SessionOutput
+from elvin.core.sendqueue import SendQueue
 
 __all__ = ["ElvinServerProtocol", "ElvinServerFactory", "CONNECT_TIMEOUT"]
 

@@ -39,7 +39,7 @@ from twisted.logger import Logger
 
 from elvin.protocols import packets as P
 from elvin.protocols.xdr import DecodeError
-from elvin.router import ClientSession, SessionOutput
+from elvin.core.router import ClientSession, SessionOutput
 
 __all__ = ["UNotifyDatagramProtocol", "send_unotify", "MAX_UDP_PAYLOAD"]
 

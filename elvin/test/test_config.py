@@ -6,7 +6,7 @@ from twisted.trial import unittest
 
 from elvin import config
 from elvin.config import ConfigError, RouterConfig
-from elvin.options import OPTIONS
+from elvin.core.options import OPTIONS
 from elvin.uri import ElvinURI
 from elvin.test.places import REPO
 
@@ -139,7 +139,7 @@ class ParseTests(unittest.TestCase):
 
     def test_connection_options_reach_sessions(self):
         """A configured default is what a new connection starts with."""
-        from elvin.options import ConnectionOptions
+        from elvin.core.options import ConnectionOptions
         c = config.parse("Send-Queue.Max-Length = 4096\nSend-Queue.Drop-Policy = newest\n")
         options = ConnectionOptions(c.option_specs)
         self.assertEqual(options["Send-Queue.Max-Length"], 4096)
@@ -506,3 +506,53 @@ class ReferenceTableTests(unittest.TestCase):
             config.parse("nonsense = 1")
         for setting in config.ROUTER_SETTINGS:
             self.assertIn(setting.name, str(cm.exception))
+
+
+class FederationReferenceTableTests(unittest.TestCase):
+    """docs/federation.md's rows are the federation settings tables, and
+    every setting in them is read, with its default (issue 21, item 4)."""
+
+    def test_docs_show_the_generated_rows(self):
+        from elvin.federation import config as fed_config
+        with open(os.path.join(REPO, "docs", "federation.md"), encoding="utf-8") as f:
+            doc = f.read()
+        self.assertIn(fed_config.reference_table() + "\n", doc,
+                      "regenerate the rows with: python -m elvin.federation.config")
+
+    def test_defaults_and_every_setting_read(self):
+        from elvin.federation import config as fed_config
+        fresh = RouterConfig().federation
+        for setting in fed_config.FEDERATION_SETTINGS:
+            self.assertEqual(getattr(fresh, setting.attr), setting.default, setting.name)
+        c = config.parse("\n".join([
+            "Federation.Activated = no", "Federation.Router-Name = a.test",
+            "Federation.Listen = ewaf://127.0.0.1:1 ewaf://127.0.0.1:2",
+            "Federation.Default-Class = K", "Federation.Require-Authenticated = 10.*",
+            "Federation.Keepalive = 5", "Federation.Filter.Max-Nodes = 9",
+            "Federation.Trace-Directory = /tmp/t", "Federation.Trace.Max-Bytes = 2048",
+            "Federation.Trace.Max-Seconds = 60", "tls-ca = ca.pem",
+            "Federation.Connect[K] = ewaf://127.0.0.1:3",
+            "Federation.Subscribe[K] = require(a)", "Federation.Provide[K] = FALSE",
+            "Federation.Apply-Class[K] = *.test", "Federation.Apply-Class[K] = 10.*",
+            "Federation.Require-Authenticated[K] = yes"]))
+        fed = c.federation
+        self.assertEqual((fed.activated, fed.router_name, len(fed.listen), fed.default_class,
+                          fed.require_authenticated_hosts, fed.keepalive,
+                          fed.max_filter_nodes, fed.trace_directory, fed.trace_max_bytes,
+                          fed.trace_max_seconds),
+                         (False, "a.test", 2, "K", ["10.*"], 5.0, 9, "/tmp/t", 2048, 60.0))
+        k = fed.classes["K"]
+        self.assertEqual((len(k.connect), k.subscribe, k.provide, k.hosts,
+                          k.require_authenticated),
+                         (1, "require(a)", "FALSE", ["*.test", "10.*"], True))
+
+    def test_unknown_and_bad_values_name_the_line(self):
+        for text, words in (("Federation.Nonsense = 1", "unknown federation setting"),
+                            ("Federation.Nonsense[K] = 1", "known for a class C"),
+                            ("Federation.Keepalive-Interval = -1", "non-negative"),
+                            ("Federation.Trace.Max-Seconds = 0", "more than 0"),
+                            ("Federation.Listen = http://x", "bad federation URI")):
+            with self.assertRaises(ConfigError) as cm:
+                config.parse(text, "f.conf")
+            self.assertIn("f.conf:1", str(cm.exception))
+            self.assertIn(words, str(cm.exception))

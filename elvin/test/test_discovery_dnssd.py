@@ -21,7 +21,7 @@ from elvin.discovery.dnssd import (
     txt_properties)
 from elvin.discovery.service import DiscoveryService
 from elvin.protocols.server import ElvinServerFactory
-from elvin.router import Router
+from elvin.core.router import Router
 from elvin.uri import ElvinURI
 from elvin.test.polling import wait_until
 

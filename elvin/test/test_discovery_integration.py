@@ -25,7 +25,7 @@ from elvin.discovery.channel import MulticastChannel
 from elvin.discovery.discoverer import Discoverer, NoRouterFound, resolve_uri
 from elvin.discovery.service import DiscoveryService
 from elvin.protocols.server import ElvinServerFactory
-from elvin.router import Router
+from elvin.core.router import Router
 from elvin.tools import common, discover
 from elvin.uri import ElvinURI
 from elvin.test import places

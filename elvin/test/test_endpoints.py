@@ -9,12 +9,13 @@ from twisted.internet import endpoints as twisted_endpoints
 from twisted.internet.interfaces import IStreamServerEndpoint
 from twisted.trial import unittest
 
-from elvin import client, endpoints, tap, tls
+from elvin import client, endpoints, tap
+from elvin.protocols import tls
 from elvin.config import ConfigError, RouterConfig
-from elvin.httpclient import HTTPTunnelEndpoint
+from elvin.protocols.httpclient import HTTPTunnelEndpoint
 from elvin.protocols.httptunnel import ElvinHTTPSite
 from elvin.protocols.udp import UNotifyDatagramProtocol
-from elvin.router import DISCONN_SHUTDOWN, Router
+from elvin.core.router import DISCONN_SHUTDOWN, Router
 from elvin.protocols.server import ElvinServerFactory
 from elvin.uri import ElvinURI
 

@@ -13,7 +13,7 @@ from elvin.federation.manager import FederationClass, FederationManager
 from elvin.federation.protocol import AcceptorFactory, ConnectorFactory, parse_ewaf
 from elvin.federation.trace import TraceWriter, notification_digest
 from elvin.protocols.server import ElvinServerFactory
-from elvin.router import Router
+from elvin.core.router import Router
 from elvin.subscription import parse
 from elvin.uri import ElvinURI, InvalidURIError
 from elvin.test.test_integration import wait_until
@@ -483,7 +483,7 @@ class FederationKeyTests(unittest.TestCase):
         return session, out
 
     def test_incoming_raw_producer_key_is_prepared_here(self):
-        from elvin import keys as K
+        from elvin.core import keys as K
         nfn_keys, sub_keys = K.producer_keys(b"secret")
         consumer, out = self.client()
         consumer.packet_received(self.P.SubAddRqst(2, "require(x)", False, sub_keys))
@@ -495,7 +495,7 @@ class FederationKeyTests(unittest.TestCase):
                          ((entry.id,), ()))
 
     def test_outgoing_fednotify_carries_the_producers_keys(self):
-        from elvin import keys as K
+        from elvin.core import keys as K
         nfn_keys, _ = K.producer_keys(b"secret")
         conn_keys, _ = K.producer_keys(b"connection secret")
         producer, _ = self.client()

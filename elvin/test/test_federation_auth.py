@@ -9,7 +9,7 @@ from twisted.trial import unittest
 
 from elvin.config import ConfigError, parse
 from elvin.federation.service import FederationService
-from elvin.router import Router
+from elvin.core.router import Router
 from elvin.test.polling import wait_until
 from elvin.test.transport_fixtures import Certificates
 from elvin.test.places import free_port

@@ -35,11 +35,11 @@ from elvin import client
 from elvin.federation import packets as FP
 from elvin.federation.link import FederationLink
 from elvin.federation.manager import FederationClass, FederationManager
-from elvin.options import OPTIONS
+from elvin.core.options import OPTIONS
 from elvin.protocols import packets as P
 from elvin.protocols.server import ElvinServerFactory, ElvinServerProtocol
 from elvin.protocols.xdr import MAX_AST_DEPTH, DecodeError
-from elvin.router import CLIENT_PACKET_IDS, Router, SessionOutput
+from elvin.core.router import CLIENT_PACKET_IDS, Router, SessionOutput
 from elvin.subscription import parse
 from elvin.subscription.ast import Kind, LEAF_KINDS, Node
 from elvin.values import Int64

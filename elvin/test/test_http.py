@@ -9,7 +9,7 @@ from twisted.web import client as webclient
 from twisted.web.http_headers import Headers
 
 from elvin import client
-from elvin.httpclient import HTTPTunnelEndpoint, _Bytes
+from elvin.protocols.httpclient import HTTPTunnelEndpoint, _Bytes
 from elvin.protocols import packets as P
 from elvin.protocols.framing import frame
 from elvin.uri import ElvinURI

@@ -157,9 +157,9 @@ LAYERS = {
         "analysis", "partial", "patterns")],
     3: ["elvin.protocols", "elvin.protocols.xdr", "elvin.protocols.packets"],
     4: [_S + "expression"],
-    5: ["elvin", "elvin.keys", "elvin.options", "elvin.sendqueue", "elvin.index",
-        "elvin.quench", "elvin.router"],
+    5: ["elvin", "elvin.core"] + ["elvin.core." + m for m in (
+        "keys", "options", "sendqueue", "index", "quench", "router")],
     6: ["elvin.protocols." + m for m in ("framing", "output", "server", "udp",
                                          "httptunnel")]
-       + ["elvin.tls", "elvin.endpoints", "elvin.httpclient"],
+       + ["elvin.protocols.tls", "elvin.protocols.httpclient", "elvin.endpoints"],
 }

@@ -10,7 +10,7 @@ from elvin.client import Connection, _ClientFactory
 from elvin.federation.manager import FederationClass, FederationManager
 from elvin.federation.protocol import AcceptorFactory, ConnectorFactory
 from elvin.protocols.server import ElvinServerFactory
-from elvin.router import Router
+from elvin.core.router import Router
 from elvin.uri import ElvinURI
 
 

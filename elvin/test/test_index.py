@@ -5,7 +5,7 @@ import random
 from hypothesis import given, settings, strategies as st
 from twisted.trial import unittest
 
-from elvin.index import SubscriptionIndex
+from elvin.core.index import SubscriptionIndex
 from elvin.subscription import Subscription
 from elvin.subscription.analysis import equality_constraints, required_names
 from elvin.values import Int64, normalise

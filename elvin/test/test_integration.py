@@ -5,7 +5,7 @@ from twisted.trial import unittest
 
 from elvin import client, errors
 from elvin.protocols.server import ElvinServerFactory
-from elvin.router import Router
+from elvin.core.router import Router
 from elvin.values import Int64
 from elvin.test import transport_fixtures
 from elvin.test.polling import wait_until

@@ -5,8 +5,9 @@ import hashlib
 from twisted.internet import defer
 from twisted.trial import unittest
 
-from elvin import errors, keys as K
-from elvin.keys import CONSUMER, PRODUCER, KeyRing
+from elvin import errors
+from elvin.core import keys as K
+from elvin.core.keys import CONSUMER, PRODUCER, KeyRing
 from elvin.protocols import packets as P
 from elvin.test.test_integration import RouterFixture, wait_until
 from elvin.test.test_router import RouterTestCase

@@ -29,13 +29,13 @@ from twisted.trial import unittest
 from elvin import client, errors
 from elvin.federation import packets as FP
 from elvin.federation.manager import FederationClass, FederationManager
-from elvin.options import DropPolicy, OPTIONS
+from elvin.core.options import DropPolicy, OPTIONS
 from elvin.protocols import packets as P
 from elvin.protocols.framing import frame
 from elvin.protocols.server import ElvinServerFactory, ElvinServerProtocol
 from elvin.protocols.udp import UNotifyDatagramProtocol
-from elvin.router import Router
-from elvin.sendqueue import REPLY_SLACK, QueueBudget, QueueOverflow, SendQueue
+from elvin.core.router import Router
+from elvin.core.sendqueue import REPLY_SLACK, QueueBudget, QueueOverflow, SendQueue
 
 from elvin.test.transport_fixtures import Certificates, RouterFixture, wait_until
 
@@ -599,7 +599,7 @@ class PathLimitTests(RouterFixture):
         return self.check_stream_limits(self.listen_tcp())
 
     def test_tls(self):
-        from elvin import tls
+        from elvin.protocols import tls
         certs = Certificates(self.mktemp())
         options = tls.server_options(certs.server_cert, certs.server_key)
         self.client_args = {"tls_ca": certs.ca_path}
@@ -611,7 +611,7 @@ class PathLimitTests(RouterFixture):
 
     @defer.inlineCallbacks
     def test_udp(self):
-        from elvin.options import OPTIONS as SPECS
+        from elvin.core.options import OPTIONS as SPECS
         specs = dict(SPECS)
         specs["Packet.Max-Length"] = specs["Packet.Max-Length"].with_default(8192)
         self.router = Router(specs)

@@ -13,7 +13,7 @@ from twisted.trial import unittest
 from elvin.federation import filters as F
 from elvin.federation.manager import FederationClass, FederationManager
 from elvin.protocols import packets as P
-from elvin.router import Router
+from elvin.core.router import Router
 from elvin.subscription import parse
 from elvin.test.test_router import RecordingOutput
 

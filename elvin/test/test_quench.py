@@ -2,7 +2,8 @@
 
 from twisted.trial import unittest
 
-from elvin import errors, keys as K
+from elvin import errors
+from elvin.core import keys as K
 from elvin.protocols import packets as P
 from elvin.subscription import parse
 from elvin.test.test_router import RouterTestCase

@@ -5,7 +5,7 @@ from twisted.trial import unittest
 
 from elvin import errors
 from elvin.protocols import packets as P
-from elvin.router import Router, SessionOutput
+from elvin.core.router import Router, SessionOutput
 from elvin.values import Int64
 
 

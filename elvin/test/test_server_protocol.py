@@ -7,11 +7,11 @@ from twisted.internet.task import Clock
 from twisted.trial import unittest
 
 from elvin import errors
-from elvin.options import DropPolicy
+from elvin.core.options import DropPolicy
 from elvin.protocols import packets as P
 from elvin.protocols.server import ElvinServerFactory
-from elvin.router import Router
-from elvin.sendqueue import QueueOverflow, SendQueue
+from elvin.core.router import Router
+from elvin.core.sendqueue import QueueOverflow, SendQueue
 
 
 def frame(packet):

@@ -379,7 +379,7 @@ class GrammarArgumentNackTests(unittest.TestCase):
 
     def test_nack_carries_code_offset_and_token(self):
         from elvin.protocols import packets as P
-        from elvin.router import Router
+        from elvin.core.router import Router
         from elvin.test.test_router import RecordingOutput
         out = RecordingOutput()
         session = Router().open_session(out, "test")

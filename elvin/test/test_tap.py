@@ -19,7 +19,7 @@ from elvin.endpoints import SUPPORTED_STACKS
 from elvin.protocols import packets as P
 from elvin.protocols.framing import frame
 from elvin.protocols.server import ElvinServerFactory
-from elvin.router import DISCONN_SHUTDOWN, Router
+from elvin.core.router import DISCONN_SHUTDOWN, Router
 from elvin.uri import ElvinURI
 from elvin.test.places import REPO
 from elvin.test.places import free_port

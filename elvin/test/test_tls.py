@@ -4,7 +4,8 @@ with throwaway certificates from trustme."""
 from twisted.internet import defer, ssl
 from twisted.trial import unittest
 
-from elvin import client, config, tls
+from elvin import client, config
+from elvin.protocols import tls
 from elvin.uri import ElvinURI
 
 from elvin.test.transport_fixtures import Certificates, PubSubScenarios, RouterFixture, wait_until

@@ -1,6 +1,6 @@
 """Integration tests of elvin-notify and elvin-subscribe.
 
-A real router (elvin.router.Router behind ElvinServerFactory) listens on
+A real router (elvin.core.router.Router behind ElvinServerFactory) listens on
 loopback in the test's reactor; the tools run as subprocesses
 (``python -m elvin.tools.notify`` / ``elvin.tools.subscribe`` from the
 repository root, so they use the working tree) and talk to it over TCP.
@@ -16,7 +16,7 @@ from twisted.trial import unittest
 
 from elvin import client
 from elvin.protocols.server import ElvinServerFactory, ElvinServerProtocol
-from elvin.router import Router
+from elvin.core.router import Router
 from elvin.textformat import format_notification, read_notifications
 from elvin.values import INT32, INT64, OPAQUE, REAL64, STRING, Int64, type_of
 from elvin.test.polling import wait_until

@@ -10,7 +10,7 @@ from elvin.endpoints import UnsupportedStackError
 from elvin.protocols import packets as P
 from elvin.protocols.framing import frame
 from elvin.protocols.udp import MAX_UDP_PAYLOAD, UNotifyDatagramProtocol, send_unotify
-from elvin.router import Router
+from elvin.core.router import Router
 from elvin.uri import ElvinURI
 
 from elvin.test.transport_fixtures import RouterFixture, wait_until

@@ -18,7 +18,7 @@ from twisted.internet import defer, error, protocol, task
 from twisted.logger import Logger
 
 from elvin.errors import ElvinError
-from elvin.options import OPTIONS
+from elvin.core.options import OPTIONS
 from elvin.protocols import packets as P
 from elvin.protocols.framing import FramedProtocol
 from elvin.protocols.xdr import DecodeError

@@ -20,11 +20,11 @@ from twisted.logger import Logger
 
 from elvin import errors
 from elvin.errors import SubscriptionError
-from elvin.index import SubscriptionIndex
-from elvin.keys import CONSUMER, PRODUCER, SUPPORTED_KEY_SCHEMES, KeyRing
-from elvin.options import ConnectionOptions, OPTIONS
-from elvin.quench import QuenchEntry, QuenchRegistry
-from elvin.sendqueue import QueueBudget
+from elvin.core.index import SubscriptionIndex
+from elvin.core.keys import CONSUMER, PRODUCER, SUPPORTED_KEY_SCHEMES, KeyRing
+from elvin.core.options import ConnectionOptions, OPTIONS
+from elvin.core.quench import QuenchEntry, QuenchRegistry
+from elvin.core.sendqueue import QueueBudget
 from elvin.protocols import packets as P
 from elvin.subscription import Subscription
 from elvin.subscription.ast import Kind, int32, node

@@ -21,7 +21,7 @@ router's ``max-queue-memory``); see its docstring.
 import collections
 import heapq
 
-from elvin.options import DropPolicy
+from elvin.core.options import DropPolicy
 
 __all__ = ["SendQueue", "QueueOverflow", "QueueBudget", "REPLY_SLACK"]
 
