@@ -1,6 +1,6 @@
 """Packaging for elvin, a content-based message router speaking Elvin 4.0."""
 
-from setuptools import setup
+from setuptools import Extension, setup
 
 setup(
     name="elvin",
@@ -27,6 +27,11 @@ setup(
     # so Twisted's plugin scan finds twisted/plugins/elvin_plugin.py and
     # `twistd elvin` works after an editable install as after a normal one.
     package_dir={"": "."},
+    # The optional compiled NameValue decoder (docs/performance.md): a
+    # top-level module, so a test run from the checkout finds it once
+    # `pip install .` has built it. optional=True: without a C compiler the
+    # install still succeeds and the pure-Python codec is used.
+    ext_modules=[Extension("_elvin_xdr", ["elvin/protocols/_elvin_xdr.c"], optional=True)],
     package_data={"twisted": ["plugins/elvin_plugin.py"], "elvin.data": ["elvind.conf"]},
     install_requires=[
         "twisted>=23.10",

@@ -711,13 +711,17 @@ class ClientSession:
 
     # -- notifications ----------------------------------------------------------
 
-    def _notification_problem(self, attributes):
-        """Why ``attributes`` break this session's limits, or None."""
-        return notification_problem(self.options, attributes)
-
     def _notify_emit(self, packet):
         self._emit(packet.attributes, packet.deliver_insecure, packet.keys,
                    self.nfn_keys, self.nfn_raw_keys)
+
+    def notify_emit(self, attributes, deliver_insecure, wire_keys, size=None):
+        """A NotifyEmit on a CONNECTED session, as its decoded fields: the
+        transports' fast path, skipping the packet object and the dispatch.
+        ``size``: the encoded packet's length, if known (see
+        ``notification_problem``)."""
+        self._emit(attributes, deliver_insecure, wire_keys, self.nfn_keys,
+                   self.nfn_raw_keys, size)
 
     def _unotify(self, packet):
         if packet.client_major_version != PROTOCOL_MAJOR:
@@ -728,8 +732,8 @@ class ClientSession:
                    KeyRing.EMPTY, KeyRing.EMPTY)
 
     def _emit(self, attributes, deliver_insecure, wire_keys, connection_keys,
-              connection_raw_keys):
-        problem = self._notification_problem(attributes)
+              connection_raw_keys, size=None):
+        problem = notification_problem(self.options, attributes, size)
         keys = KeyRing.EMPTY
         if problem is None and wire_keys:
             try:
@@ -825,16 +829,27 @@ class ClientSession:
         self.send(P.SubRply(packet.xid, entry.id))
 
 
-def notification_problem(options, attributes):
+def notification_problem(options, attributes, size=None):
     """Why ``attributes`` break the attribute limits in ``options`` (a
-    ConnectionOptions or a mapping of option name to value), or None."""
+    ConnectionOptions or a mapping of option name to value), or None.
+
+    ``size`` is the length of the packet they were decoded from, when
+    known: no name, string or opaque in it can be longer than the packet,
+    so when the packet is no longer than the smallest length limit only
+    the count is checked (the usual case: limits are at least 64 bytes for
+    names and 1 KiB for values, and so are the defaults 2 KiB and 1 MiB).
+    """
     if not attributes:
         return "a notification needs at least one attribute"
+    if isinstance(options, ConnectionOptions):
+        options = options.values
     if len(attributes) > options["Attribute.Max-Count"]:
         return f"more than Attribute.Max-Count ({options['Attribute.Max-Count']}) attributes"
     name_max = options["Attribute.Name.Max-Length"]
     string_max = options["Attribute.String.Max-Length"]
     opaque_max = options["Attribute.Opaque.Max-Length"]
+    if size is not None and size <= name_max and size <= string_max and size <= opaque_max:
+        return None
     for name, value in attributes.items():
         if len(name) > name_max and len(name.encode("utf-8")) > name_max:
             return f"attribute name longer than Attribute.Name.Max-Length ({name_max})"

@@ -16,7 +16,7 @@ from twisted.logger import Logger
 from elvin.protocols import packets as P
 from elvin.protocols.output import QueuedFramedProtocol
 from elvin.protocols.xdr import DecodeError
-from elvin.core.router import CLIENT_PACKET_IDS, SessionOutput
+from elvin.core.router import CLIENT_PACKET_IDS, SessionOutput, SessionState
 from elvin.core.sendqueue import SendQueue
 
 __all__ = ["ElvinServerProtocol", "ElvinServerFactory", "CONNECT_TIMEOUT"]
@@ -26,6 +26,8 @@ CONNECT_TIMEOUT = 30.0
 
 _DROPWARN = P.encode(P.DropWarn())
 _packet_id = struct.Struct(">I").unpack_from
+_NOTIFY_EMIT = P.NotifyEmit.ID
+_CONNECTED = SessionState.CONNECTED
 
 
 class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
@@ -91,11 +93,22 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
     # -- input -------------------------------------------------------------
 
     def frameReceived(self, data):
-        if _packet_id(data)[0] not in CLIENT_PACKET_IDS:
+        pkt_id = _packet_id(data)[0]
+        if pkt_id == _NOTIFY_EMIT and self.session.state is _CONNECTED:
+            # The hot path: a NotifyEmit on a session goes straight to the
+            # session as its fields, without building the packet or
+            # dispatching on its type (issue 15; docs/performance.md).
+            try:
+                attributes, deliver_insecure, keys = P.decode_notify_emit(data)
+            except DecodeError as e:
+                self.session.decode_failed(str(e))
+                return
+            self.session.notify_emit(attributes, deliver_insecure, keys, len(data))
+            return
+        if pkt_id not in CLIENT_PACKET_IDS:
             # Not a packet a client may send (7.3.2): refuse it undecoded,
             # so nobody can make the router parse, say, a huge SubAST.
-            self.session.decode_failed(f"packet id {_packet_id(data)[0]} is not "
-                                       "one a client sends")
+            self.session.decode_failed(f"packet id {pkt_id} is not one a client sends")
             return
         try:
             packet = P.decode(data)

@@ -44,6 +44,7 @@ or vague; cross-checked against the Avis router's XdrCoding):
   is available as ``AVIS_AST_TYPECODES`` for whoever needs it.
 """
 
+import os
 import struct
 
 from elvin import values as _values
@@ -107,6 +108,20 @@ _PAD = (b"", b"\0\0\0", b"\0\0", b"\0")
 _INT32, _INT64, _REAL64, _STRING, _OPAQUE = (
     _values.INT32, _values.INT64, _values.REAL64, _values.STRING, _values.OPAQUE)
 _Int64 = _values.Int64
+
+#: The compiled NameValue decoder (elvin/protocols/_elvin_xdr.c), when
+#: ``pip install .`` could build it; None otherwise, or when
+#: ELVIN_PURE_PYTHON is set (to compare the two). It returns None for
+#: anything not well formed, and the Python path then names the error.
+_accelerated_name_values = None
+if not os.environ.get("ELVIN_PURE_PYTHON"):
+    try:
+        import _elvin_xdr
+    except ImportError:
+        pass
+    else:
+        if getattr(_elvin_xdr, "ABI", None) == 1:
+            _accelerated_name_values = _elvin_xdr.name_values
 _type_of = _values.type_of
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
 
@@ -506,6 +521,15 @@ class Reader:
         bad UTF-8) goes through the checked methods, which also produce
         the error messages.
         """
+        if _accelerated_name_values is not None:
+            got = _accelerated_name_values(self._buf, self.pos, self.end, _Int64)
+            if got is not None:
+                result, self.pos = got
+                return result
+        return self._name_values(what)
+
+    def _name_values(self, what):
+        """The pure-Python name_values (also the fallback that names errors)."""
         n = self.count(12, what)
         buf, end = self._buf, self.end
         pos = self.pos

@@ -557,6 +557,7 @@ class TraceQueueTests(unittest.TestCase):
         self.assertNoResult(closed)
         gate.set()
         yield closed
+        writer._thread.join(5)        # it fired as the thread's last act
         self.assertFalse(writer._thread.is_alive())
         names = os.listdir(writer.directory)
         self.assertEqual(len(names), 1)

@@ -212,3 +212,46 @@ class SendQueueTests(unittest.TestCase):
         packets = self.drain(q)
         self.assertEqual(packets.count(self.WARN), 1)
         self.assertEqual(packets[-1], b"f" * 30)
+
+
+class NotifyEmitFastPathTests(unittest.TestCase):
+    """A NotifyEmit on a session skips the packet object (issue 15): the
+    limits, the errors and the deliveries stay those of the full path."""
+
+    def setUp(self):
+        self.h = Harness()
+        self.consumer, self.consumer_t = ServerProtocolTests.connected(self)
+        self.consumer.dataReceived(frame(P.SubAddRqst(2, "require(a)", True, P.Keys.EMPTY)))
+        self.consumer_t.clear()
+
+    def deliveries(self):
+        got = unframe(self.consumer_t.value())
+        self.consumer_t.clear()
+        return [p.attributes for p in got if isinstance(p, P.NotifyDeliver)]
+
+    def test_limits_negotiated_small_still_refuse_long_names_and_strings(self):
+        producer, _ = ServerProtocolTests.connected(
+            self, {"Attribute.Name.Max-Length": 64, "Attribute.String.Max-Length": 1024})
+        long_name = "n" * 65
+        producer.dataReceived(frame(P.NotifyEmit({"a": 1, long_name: 1}, True, P.Keys.EMPTY))
+                              + frame(P.NotifyEmit({"a": "é" * 600}, True, P.Keys.EMPTY))
+                              + frame(P.NotifyEmit({"a": "x" * 1024}, True, P.Keys.EMPTY))
+                              + frame(P.NotifyEmit({"a": 2}, True, P.Keys.EMPTY)))
+        self.assertEqual(self.deliveries(), [{"a": "x" * 1024}, {"a": 2}])
+        self.assertEqual(self.h.router.stats["rejected_notifications"], 2)
+
+    def test_bad_notify_emit_gets_the_full_decoders_error(self):
+        good = P.encode(P.NotifyEmit({"a": 1}, True, P.Keys.EMPTY))
+        for bad in (good[:-2], good[:-4] + struct.pack(">I", 7), good + b"\0\0\0\0",
+                    good[:8] + b"\xff\xff\xff\xff" + good[12:]):
+            with self.assertRaises(P.DecodeError) as full:
+                P.decode(bad)
+            with self.assertRaises(P.DecodeError) as fast:
+                P.decode_notify_emit(bad)
+            self.assertEqual(str(fast.exception), str(full.exception))
+
+    def test_before_connect_a_notify_emit_is_still_a_violation(self):
+        proto, transport = self.h.client()
+        proto.dataReceived(frame(P.NotifyEmit({"a": 1}, True, P.Keys.EMPTY)))
+        self.assertTrue(transport.disconnecting)
+        self.assertEqual(self.deliveries(), [])

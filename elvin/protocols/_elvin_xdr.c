@@ -1,0 +1,212 @@
+/*
+ * _elvin_xdr: the optional compiled decoder for an XDR NameValue array,
+ * the hot path of every notification (issue 15). elvin/protocols/xdr.py's
+ * Reader.name_values uses it when it was built (pip install .) and keeps
+ * its pure-Python path otherwise.
+ *
+ * It only decodes what is well formed: on anything else (truncation, a
+ * negative or impossible count, bad UTF-8, a repeated name, an unknown
+ * typecode) it returns None and the pure-Python path decodes the same
+ * bytes again, raising the DecodeError with its exact message and offset.
+ * So errors stay defined in one place, and the two paths cannot disagree
+ * on a well-formed packet: the codec tests and a property test run both.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define ABI_VERSION 1
+
+enum { T_INT32 = 1, T_INT64 = 2, T_REAL64 = 3, T_STRING = 4, T_OPAQUE = 5 };
+
+static uint32_t
+get_u32(const unsigned char *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) |
+           ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+
+static uint64_t
+get_u64(const unsigned char *p)
+{
+    return ((uint64_t)get_u32(p) << 32) | (uint64_t)get_u32(p + 4);
+}
+
+/* Reads a length-prefixed, padded item at *pos; sets *start and *len.
+ * Returns 0 when it does not fit before end. */
+static int
+take_block(Py_ssize_t *pos, Py_ssize_t end, const unsigned char *buf,
+           Py_ssize_t *start, Py_ssize_t *len)
+{
+    if (*pos + 4 > end)
+        return 0;
+    uint32_t n = get_u32(buf + *pos);
+    Py_ssize_t s = *pos + 4;
+    if ((uint64_t)n > (uint64_t)(end - s))
+        return 0;
+    Py_ssize_t stop = s + (Py_ssize_t)n;
+    Py_ssize_t padded = stop + ((-(Py_ssize_t)n) & 3);
+    if (padded > end)
+        return 0;
+    *start = s;
+    *len = (Py_ssize_t)n;
+    *pos = padded;
+    return 1;
+}
+
+/* name_values(data, pos, end, int64_type) -> (dict, new_pos) or None */
+static PyObject *
+name_values(PyObject *self, PyObject *args)
+{
+    Py_buffer view;
+    Py_ssize_t pos, end;
+    PyObject *int64_type;
+    PyObject *result = NULL, *dict = NULL;
+
+    if (!PyArg_ParseTuple(args, "y*nnO", &view, &pos, &end, &int64_type))
+        return NULL;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    if (end > view.len || pos < 0 || pos > end)
+        goto fallback;
+    if (pos + 4 > end)
+        goto fallback;
+    int32_t count = (int32_t)get_u32(buf + pos);
+    pos += 4;
+    if (count < 0 || (int64_t)count * 12 > (int64_t)(end - pos))
+        goto fallback;
+    dict = PyDict_New();
+    if (dict == NULL)
+        goto error;
+    for (int32_t i = 0; i < count; i++) {
+        Py_ssize_t start, len;
+        if (!take_block(&pos, end, buf, &start, &len))
+            goto fallback;
+        PyObject *name = PyUnicode_DecodeUTF8((const char *)buf + start, len, NULL);
+        if (name == NULL) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+                goto error;
+            PyErr_Clear();
+            goto fallback;
+        }
+        int present = PyDict_Contains(dict, name);
+        if (present != 0) {
+            Py_DECREF(name);
+            if (present < 0)
+                goto error;
+            goto fallback;
+        }
+        if (pos + 4 > end) {
+            Py_DECREF(name);
+            goto fallback;
+        }
+        uint32_t code = get_u32(buf + pos);
+        pos += 4;
+        PyObject *value = NULL;
+        switch (code) {
+        case T_INT32:
+            if (pos + 4 > end)
+                break;
+            value = PyLong_FromLong((long)(int32_t)get_u32(buf + pos));
+            pos += 4;
+            break;
+        case T_INT64:
+            if (pos + 8 > end)
+                break;
+            {
+                PyObject *number = PyLong_FromLongLong((long long)(int64_t)get_u64(buf + pos));
+                if (number == NULL) {
+                    Py_DECREF(name);
+                    goto error;
+                }
+                value = PyObject_CallOneArg(int64_type, number);
+                Py_DECREF(number);
+                if (value == NULL) {
+                    Py_DECREF(name);
+                    goto error;
+                }
+            }
+            pos += 8;
+            break;
+        case T_REAL64:
+            if (pos + 8 > end)
+                break;
+            {
+                uint64_t bits = get_u64(buf + pos);
+                double d;
+                memcpy(&d, &bits, sizeof d);
+                value = PyFloat_FromDouble(d);
+            }
+            pos += 8;
+            break;
+        case T_STRING:
+            if (!take_block(&pos, end, buf, &start, &len))
+                break;
+            value = PyUnicode_DecodeUTF8((const char *)buf + start, len, NULL);
+            if (value == NULL) {
+                Py_DECREF(name);
+                if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+                    goto error;
+                PyErr_Clear();
+                goto fallback;
+            }
+            break;
+        case T_OPAQUE:
+            if (!take_block(&pos, end, buf, &start, &len))
+                break;
+            value = PyBytes_FromStringAndSize((const char *)buf + start, len);
+            break;
+        default:
+            break;
+        }
+        if (value == NULL) {
+            Py_DECREF(name);
+            if (PyErr_Occurred())
+                goto error;
+            goto fallback;
+        }
+        int failed = PyDict_SetItem(dict, name, value);
+        Py_DECREF(name);
+        Py_DECREF(value);
+        if (failed < 0)
+            goto error;
+    }
+    result = Py_BuildValue("(Nn)", dict, pos);
+    PyBuffer_Release(&view);
+    return result;
+
+fallback:
+    Py_XDECREF(dict);
+    PyBuffer_Release(&view);
+    Py_RETURN_NONE;
+
+error:
+    Py_XDECREF(dict);
+    PyBuffer_Release(&view);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"name_values", name_values, METH_VARARGS,
+     "name_values(data, pos, end, int64_type) -> (dict, new_pos), or None when "
+     "the bytes are not a well-formed NameValue array (the caller then decodes "
+     "them in Python, which names the error)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_elvin_xdr",
+    "Optional compiled XDR decoding for elvin (see elvin/protocols/xdr.py).",
+    -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__elvin_xdr(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "ABI", ABI_VERSION) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -1,0 +1,125 @@
+"""The compiled NameValue decoder and the pure-Python one agree (issue 15).
+
+``_elvin_xdr`` is built by ``pip install .`` (setup.py, optional=True). It
+returns None for anything not well formed, so the Python path raises the
+error; on well-formed bytes both give equal dicts and end offsets. CI sets
+ELVIN_REQUIRE_ACCEL so a build that silently lost the extension fails.
+"""
+
+import math
+import os
+import struct
+
+from hypothesis import given, settings, strategies as st
+from twisted.trial import unittest
+
+from elvin.protocols import xdr
+from elvin.protocols.xdr import DecodeError, Reader, Writer
+from elvin.values import Int64
+
+try:
+    import _elvin_xdr
+except ImportError:
+    _elvin_xdr = None
+
+_names = st.text(min_size=1, max_size=12)
+_values = st.one_of(
+    st.integers(-(1 << 31), (1 << 31) - 1),
+    st.integers(-(1 << 63), (1 << 63) - 1).map(Int64),
+    st.floats(allow_nan=False),
+    st.text(max_size=40),
+    st.binary(max_size=40))
+_attributes = st.dictionaries(_names, _values, max_size=12)
+
+
+def _python(data, pos=0):
+    reader = Reader(data, pos)
+    try:
+        result = reader._name_values("attribute")
+    except DecodeError:
+        return "error"
+    return result, reader.pos
+
+
+def _compiled(data, pos=0):
+    return _elvin_xdr.name_values(data, pos, len(data), Int64)
+
+
+def _same(a, b):
+    """Dicts equal with each value's type too (Int64 is not int)."""
+    return a.keys() == b.keys() and all(
+        type(a[k]) is type(b[k]) and (a[k] == b[k] or (isinstance(a[k], float)
+                                                       and math.isnan(a[k])
+                                                       and math.isnan(b[k])))
+        for k in a)
+
+
+class AcceleratorTests(unittest.TestCase):
+
+    def setUp(self):
+        if _elvin_xdr is None:
+            if os.environ.get("ELVIN_REQUIRE_ACCEL"):
+                self.fail("_elvin_xdr was not built, but ELVIN_REQUIRE_ACCEL is set")
+            raise unittest.SkipTest("_elvin_xdr is not built (pip install . builds it)")
+
+    def test_the_codec_uses_it(self):
+        if os.environ.get("ELVIN_PURE_PYTHON"):
+            self.assertIsNone(xdr._accelerated_name_values)
+        else:
+            self.assertIs(xdr._accelerated_name_values, _elvin_xdr.name_values)
+
+    @settings(max_examples=300, deadline=None)
+    @given(_attributes, st.binary(max_size=8).map(lambda b: b[: len(b) & ~3]))
+    def test_well_formed_arrays_decode_the_same(self, attributes, prefix):
+        data = prefix + Writer().name_values(attributes).getvalue() + b"\0\0\0\1"
+        expected, end = _python(data, len(prefix))
+        got, got_end = _compiled(data, len(prefix))
+        self.assertEqual(got_end, end)
+        self.assertTrue(_same(got, expected), (got, expected))
+        self.assertTrue(_same(got, attributes))
+
+    @settings(max_examples=500, deadline=None)
+    @given(_attributes, st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)),
+                                 min_size=1, max_size=4),
+           st.integers(0, 64))
+    def test_damaged_arrays_never_disagree(self, attributes, flips, cut):
+        data = bytearray(Writer().name_values(attributes).getvalue())
+        for where, byte in flips:
+            data[where % len(data)] = byte
+        data = bytes(data[: max(0, len(data) - cut)]) if cut % 3 == 0 else bytes(data)
+        expected = _python(data)
+        got = _compiled(data)
+        if expected == "error":
+            self.assertIsNone(got)
+        elif got is not None:
+            self.assertEqual(got[1], expected[1])
+            self.assertTrue(_same(got[0], expected[0]))
+
+    def test_each_problem_falls_back(self):
+        def array(*items):
+            return struct.pack(">i", len(items)) + b"".join(items)
+
+        def string(raw):
+            return struct.pack(">I", len(raw)) + raw + b"\0" * (-len(raw) & 3)
+        int32 = struct.pack(">ii", 1, 7)
+        cases = {
+            "negative count": struct.pack(">i", -1),
+            "impossible count": struct.pack(">i", 1000) + b"\0" * 12,
+            "bad UTF-8 name": array(string(b"\xff") + int32),
+            "bad UTF-8 value": array(string(b"a") + struct.pack(">i", 4) + string(b"\xc3")),
+            "repeated name": array(string(b"a") + int32, string(b"a") + int32),
+            "unknown typecode": array(string(b"a") + struct.pack(">ii", 9, 0)),
+            "truncated value": array(string(b"a") + struct.pack(">i", 2) + b"\0\0\0"),
+            "string overruns": array(string(b"a") + struct.pack(">iI", 4, 1 << 31)),
+        }
+        for what, data in cases.items():
+            self.assertEqual(_python(data), "error", what)
+            self.assertIsNone(_compiled(data), what)
+
+    def test_nan_and_int64_edges(self):
+        attributes = {"n": float("nan"), "lo": Int64(-(1 << 63)), "hi": Int64((1 << 63) - 1),
+                      "i": -(1 << 31)}
+        data = Writer().name_values(attributes).getvalue()
+        got, _ = _compiled(data)
+        self.assertTrue(_same(got, _python(data)[0]))
+        self.assertIs(type(got["lo"]), Int64)
