@@ -46,8 +46,9 @@ class SubscriptionIndex:
 
     # -- filing ---------------------------------------------------------------
 
-    def _access(self, tree):
-        constraints = equality_constraints(tree)
+    def _access(self, constraints, required):
+        """Where to file: from the equality constraints, else a required
+        name (``required()`` gives them; asked only when needed)."""
         if constraints:
             if any(not keys for keys in constraints.values()):
                 return ("never", None, None)
@@ -66,14 +67,19 @@ class SubscriptionIndex:
                 keys = list(itertools.product(*(sorted(constraints[n], key=repr)
                                                 for n in signature)))
                 return ("values", signature, keys)
-        names = required_names(tree)
+        names = required()
         if names:
             return ("name", min(names), None)
         return ("always", None, None)
 
     def add(self, entry, tree=None):
         """File ``entry`` by ``tree`` (default: its subscription's)."""
-        kind, where, keys = self._access(entry.subscription.ast if tree is None else tree)
+        if tree is None:
+            constraints, required = entry.subscription.index_facts()
+            kind, where, keys = self._access(constraints, lambda: required)
+        else:
+            kind, where, keys = self._access(equality_constraints(tree),
+                                             lambda: required_names(tree))
         if kind == "values":
             table = self._by_values.setdefault(where, {})
             for key in keys:

@@ -16,7 +16,8 @@ all children are (T = union) and false when one is (F = intersection);
 from elvin.subscription.ast import Kind, LITERAL_KINDS
 from elvin.values import Int64
 
-__all__ = ["required_names", "equality_constraints", "index_key"]
+__all__ = ["required_names", "equality_constraints", "equality_recipe",
+           "apply_equality_recipe", "index_key"]
 
 _LOGICAL = {Kind.AND, Kind.OR, Kind.XOR, Kind.NOT}
 
@@ -114,3 +115,50 @@ def equality_constraints(tree):
     empty set for a name means the subscription can never be true.
     """
     return _equalities(tree)
+
+
+def equality_recipe(tree, position):
+    """``equality_constraints(tree)`` as a function of its literals alone,
+    for a shape shared by many subscriptions: ``{name: (index, ...)}``,
+    where the keys for ``name`` are those of the literals at those indices
+    (``position(leaf)``), or None when the constraints are not such a union
+    (two equalities on one name under ``&&`` intersect, and an empty
+    intersection would need the values to say so)."""
+    kind = tree.kind
+    if kind == Kind.EQUALS:
+        left, right = tree.children
+        if left.kind == Kind.NAME and right.kind in LITERAL_KINDS:
+            return {left.value: (position(right),)}
+        if right.kind == Kind.NAME and left.kind in LITERAL_KINDS:
+            return {right.value: (position(left),)}
+        return {}
+    if kind == Kind.FUNC_EQUALS:
+        subject, *choices = tree.children
+        if subject.kind == Kind.NAME and all(c.kind in LITERAL_KINDS for c in choices):
+            return {subject.value: tuple(position(c) for c in choices)}
+        return {}
+    if kind == Kind.AND:
+        result = {}
+        for child in tree.children:
+            part = equality_recipe(child, position)
+            if part is None:
+                return None
+            for name, indices in part.items():
+                if name in result:
+                    return None
+                result[name] = indices
+        return result
+    if kind == Kind.OR:
+        parts = [equality_recipe(c, position) for c in tree.children]
+        if any(p is None for p in parts):
+            return None
+        common = set(parts[0]).intersection(*parts[1:])
+        return {name: tuple(i for p in parts for i in p[name]) for name in common}
+    return {}
+
+
+def apply_equality_recipe(recipe, values):
+    """The ``equality_constraints`` a recipe gives for literals ``values``."""
+    return {name: frozenset([v if v.__class__ is str else float(v)
+                             for v in [values[i] for i in indices]])
+            for name, indices in recipe.items()}

@@ -18,7 +18,7 @@ from elvin.subscription.ast import Kind
 from elvin.subscription import patterns
 from elvin.values import Int64
 
-__all__ = ["compile_tree", "Compiled"]
+__all__ = ["compile_tree", "Compiled", "generated_plan", "Plan"]
 
 _NUMERIC = (int, Int64, float)
 _INTEGER = (int, Int64)
@@ -41,12 +41,26 @@ def _constant(value):
 
 def compile_tree(root):
     """Compile ``root`` (an already checked AST) to a ``Compiled``."""
+    if _all_simple(root):
+        # Every operand reads an attribute, so the whole cannot be constant:
+        # skip the closure pass that only exists to find that out.
+        generated = _generate(root)
+        if generated is not None:
+            return Compiled(generated)
     compiled = _compile(root)
     if not compiled.const:
         generated = _generate(root)
         if generated is not None:
             return Compiled(generated)
     return compiled
+
+
+def _all_simple(root):
+    """Is ``root`` a comparison of an attribute with a literal, or an && /
+    || of only such comparisons?"""
+    if root.kind in (Kind.AND, Kind.OR):
+        return all(_simple_comparison(child) is not None for child in root.children)
+    return _simple_comparison(root) is not None
 
 
 def _compile(node):
@@ -661,33 +675,47 @@ def _simple_comparison(node):
     return None
 
 
-def _atom_code(node, consts, index):
-    """Lines computing ``x`` (True/False/None) for one operand."""
+def _atom(node, consts, index):
+    """Put operand ``index``'s constants in ``consts``; return the key of
+    the code it needs (``_atom_lines`` writes that code from the key alone,
+    so a shape seen before costs no source building)."""
     simple = _simple_comparison(node)
     if simple is None:
         consts[f"f{index}"] = _compile(node).fn
-        return [f"x = f{index}(a)"]
+        return ("call",)
     kind, attribute, literal = simple
     consts[f"n{index}"] = attribute
-    op = _PYOP[kind]
-    lines = [f"v = a.get(n{index})"]
     if literal.kind == Kind.STRING:
         if kind not in (Kind.EQUALS, Kind.NOT_EQUALS):
-            return [f"x = None"]  # ordering strings is bottom (checker rejects it)
+            return ("bottom",)  # ordering strings is bottom (checker rejects it)
         consts[f"c{index}"] = literal.value
-        lines += [f"x = (v {op} c{index}) if v.__class__ is str else None"]
-        return lines
+        return ("string", kind)
     real = float(literal.value)
     consts[f"r{index}"] = real
-    cmp_real = f"(_rc(v, r{index}) {op} 0)"
-    if literal.kind == Kind.REAL64:
-        int_case = f"_rc(float(v), r{index}) {op} 0" if real == 0.0 else f"float(v) {op} r{index}"
-    else:
+    if literal.kind != Kind.REAL64:
         consts[f"i{index}"] = literal.value
+    return ("number", kind, literal.kind == Kind.REAL64, real == 0.0)
+
+
+def _atom_lines(key, index):
+    """Lines computing ``x`` (True/False/None) for one operand."""
+    if key[0] == "call":
+        return [f"x = f{index}(a)"]
+    lines = [f"v = a.get(n{index})"]
+    if key[0] == "bottom":
+        return lines + ["x = None"]
+    op = _PYOP[key[1]]
+    if key[0] == "string":
+        return lines + [f"x = (v {op} c{index}) if v.__class__ is str else None"]
+    _, _, is_real, is_zero = key
+    cmp_real = f"(_rc(v, r{index}) {op} 0)"
+    if is_real:
+        int_case = f"_rc(float(v), r{index}) {op} 0" if is_zero else f"float(v) {op} r{index}"
+    else:
         int_case = f"v {op} i{index}"
-    fast_real = cmp_real if real == 0.0 else (
+    fast_real = cmp_real if is_zero else (
         f"(v {op} r{index}) if (v == v and v != 0.0) else {cmp_real}")
-    lines += [
+    return lines + [
         "t = v.__class__",
         "if t is int or t is _I64:",
         f"    x = {int_case}",
@@ -696,44 +724,118 @@ def _atom_code(node, consts, index):
         "else:",
         "    x = None",
     ]
-    return lines
 
 
 def _generate(root):
     """A generated evaluator for ``root``, or None when it does not apply."""
     if root.kind in (Kind.AND, Kind.OR):
         operands = root.children
-        stop, seed = ("False", "True") if root.kind == Kind.AND else ("True", "False")
     elif _simple_comparison(root) is not None:
         operands = (root,)
-        stop, seed = "False", "True"
     else:
         return None
     if len(operands) > _MAX_GENERATED_OPERANDS or not any(
             _simple_comparison(c) is not None for c in operands):
         return None
     consts = {"_rc": _real_compare, "_I64": Int64}
-    body = [f"r = {seed}"]
+    shape = ((root.kind if root.kind in (Kind.AND, Kind.OR) else Kind.AND,)
+             + tuple([_atom(operand, consts, index)
+                      for index, operand in enumerate(operands)]))
+    make, names = _factory_for(shape, consts)
+    return make(*[consts[n] for n in names])
+
+
+def _factory_for(shape, consts):
+    """The (cached) ``make`` function and its parameter names for ``shape``."""
+    made = _FACTORIES.get(shape)
+    if made is None:
+        if len(_FACTORIES) >= _MAX_FACTORIES:
+            _FACTORIES.pop(next(iter(_FACTORIES)))
+        # The constants' names follow from the shape, so this
+        # subscription's are every later one's of the same shape.
+        made = _FACTORIES[shape] = _factory(shape, sorted(consts))
+    return made
+
+
+def generated_plan(root, position):
+    """How ``_generate`` would build ``root``'s evaluator from its literals
+    alone, for ``elvin.subscription.shapes``: a ``Plan`` whose
+    ``evaluator(values)`` gives, for any literals of the same kinds, the
+    evaluator ``compile_tree`` gives the tree holding them; or None when
+    ``root`` is not all simple comparisons. ``position(node)`` is a literal
+    leaf's index in the values.
+
+    Which code a literal needs depends on its kind and on whether it is
+    zero (``_atom``), so the plan also says which literals it assumed zero.
+    """
+    if not _all_simple(root):
+        return None
+    operands = root.children if root.kind in (Kind.AND, Kind.OR) else (root,)
+    if len(operands) > _MAX_GENERATED_OPERANDS:
+        return None
+    consts = {"_rc": _real_compare, "_I64": Int64}
+    keys = []
+    literal_of = {}
     for index, operand in enumerate(operands):
-        body += _atom_code(operand, consts, index)
+        keys.append(_atom(operand, consts, index))
+        literal_of[index] = position(_simple_comparison(operand)[2])
+    shape = (root.kind if root.kind in (Kind.AND, Kind.OR) else Kind.AND,) + tuple(keys)
+    make, names = _factory_for(shape, consts)
+    sources = []
+    for name in names:
+        kind, index = name[0], name[1:]
+        if name.startswith("_") or kind == "n":
+            sources.append((consts[name], -1, False))      # fixed
+        else:
+            # c: the string; i: the integer; r: the number as a real64
+            sources.append((None, literal_of[int(index)], kind == "r"))
+    zeros = tuple(sorted({(literal_of[i], key[3]) for i, key in enumerate(keys)
+                          if key[0] == "number"}))
+    return Plan(make, tuple(sources), zeros)
+
+
+class Plan:
+    """A shape's evaluator recipe (see ``generated_plan``)."""
+
+    __slots__ = ("make", "sources", "zeros")
+
+    def __init__(self, make, sources, zeros):
+        self.make = make
+        self.sources = sources
+        self.zeros = zeros
+
+    def applies(self, values):
+        """Do ``values`` have the zeros the code was generated for?"""
+        for index, zero in self.zeros:
+            if (values[index] == 0) != zero:
+                return False
+        return True
+
+    def evaluator(self, values):
+        return self.make(*[fixed if index < 0 else float(values[index]) if real
+                           else values[index] for fixed, index, real in self.sources])
+
+
+def _factory(shape, names):
+    """Compile the ``make(*names)`` function for one shape of operands.
+    Literals are parameters, so one compile (about a millisecond) serves
+    every subscription of the same shape."""
+    stop, seed = ("False", "True") if shape[0] == Kind.AND else ("True", "False")
+    body = [f"r = {seed}"]
+    for index, key in enumerate(shape[1:]):
+        body += _atom_lines(key, index)
         body += [f"if x is {stop}:", f"    return {stop}",
                  "if x is None:", "    r = None"]
     body.append("return r")
-    names = sorted(consts)
-    source = (f"def make({', '.join(names)}):\n    def evaluate(a):\n"
+    # The constants are keyword defaults of ``evaluate``, not closure cells:
+    # one tuple per subscription instead of a cell each (about 40 bytes
+    # apiece, and there are ~20), and LOAD_FAST instead of LOAD_DEREF.
+    defaults = ", ".join(f"{n}={n}" for n in names)
+    source = (f"def make({', '.join(names)}):\n    def evaluate(a, {defaults}):\n"
               + "".join(f"        {line}\n" for line in body) + "    return evaluate\n")
-    make = _FACTORIES.get(source)
-    if make is None:
-        # Literals are parameters, so one compile serves every subscription
-        # of the same shape (compile() costs about a millisecond).
-        namespace = {}
-        exec(compile(source, "<subscription>", "exec"), namespace)
-        make = namespace["make"]
-        if len(_FACTORIES) >= _MAX_FACTORIES:
-            _FACTORIES.pop(next(iter(_FACTORIES)))
-        _FACTORIES[source] = make
-    return make(*(consts[n] for n in names))
-
+    namespace = {}
+    exec(compile(source, "<subscription>", "exec"), namespace)
+    return namespace["make"], names
 
 _FACTORIES = {}
 #: Longer && / || chains keep the closure form (a huge OR of comparisons

@@ -11,7 +11,7 @@ import sys
 from elvin import errors
 from elvin.errors import SubscriptionError
 from elvin.protocols.xdr import decode_ast, encode_ast
-from elvin.subscription import checker, compiler, parser
+from elvin.subscription import analysis, checker, compiler, shapes
 from elvin.subscription.ast import Node
 from elvin.subscription.printer import to_text
 from elvin.values import normalise
@@ -21,9 +21,10 @@ __all__ = ["Subscription", "parse"]
 
 def parse(text):
     """Parse and check ``text``; return its AST or raise SubscriptionError."""
-    result = parser.parse(text)
-    checker.check(result.tree, result.offsets, result.op_offsets)
-    return result.tree
+    checked = shapes.checked_tree(text)
+    if checked.tree is None:
+        return shapes.rebuild(checked.template, checked.kinds, checked.values)
+    return checked.tree
 
 
 class Subscription:
@@ -35,12 +36,27 @@ class Subscription:
     true; ``evaluate`` gives the three-valued result (None is bottom).
     """
 
-    __slots__ = ("expression", "_tree", "_packed", "names", "_fn", "__weakref__")
+    __slots__ = ("expression", "_tree", "_packed", "names", "_fn", "_shape",
+                 "_recipe", "__weakref__")
 
     def __init__(self, expression):
-        result = parser.parse(expression)
-        checker.check(result.tree, result.offsets, result.op_offsets)
-        self._setup(expression, result.tree)
+        # Parsed once per shape (elvin.subscription.shapes): same tree,
+        # same errors as parser.parse + checker.check.
+        checked = shapes.checked_tree(expression)
+        recipe = checked.recipe
+        if recipe is not None:
+            # A shape and literal kinds seen before: the evaluator comes
+            # from the literals alone, and the tree is built only if asked.
+            self.expression = expression
+            self._tree = self._packed = None
+            self.names = checked.names
+            self._fn = recipe.plan.evaluator(checked.values)
+            self._shape = (checked.template, checked.kinds, checked.values)
+            self._recipe = recipe
+            return
+        self._setup(expression, checked.tree, checked.names)
+        if checked.template is not None:
+            self._shape = (checked.template, checked.kinds, checked.values)
 
     @classmethod
     def from_ast(cls, tree):
@@ -52,7 +68,7 @@ class Subscription:
         self._setup(to_text(tree), tree)
         return self
 
-    def _setup(self, expression, tree):
+    def _setup(self, expression, tree, names=None):
         compiled = compiler.compile_tree(tree)
         if compiled.const:
             value = {True: "true", False: "false", None: "bottom"}[compiled.value]
@@ -63,7 +79,10 @@ class Subscription:
         self.expression = expression
         self._tree = tree
         self._packed = None
-        self.names = frozenset(sys.intern(n) for n in tree.names())
+        self._shape = None
+        self._recipe = None
+        self.names = names if names is not None else frozenset(
+            sys.intern(n) for n in tree.names())
         self._fn = compiled.fn
 
     @property
@@ -71,18 +90,34 @@ class Subscription:
         """The immutable tree (kinds are the protocol's SubAST typecodes)."""
         tree = self._tree
         if tree is None:
+            if self._shape is not None:
+                return shapes.rebuild(*self._shape)
             tree = decode_ast(self._packed)
         return tree
 
+    def index_facts(self):
+        """What the matching index files this subscription by: its
+        ``analysis.equality_constraints`` and ``analysis.required_names``
+        (from the shape's recipe when it has one: no tree is built)."""
+        recipe = self._recipe
+        if recipe is not None and recipe.equalities is not None:
+            return (analysis.apply_equality_recipe(recipe.equalities, self._shape[2]),
+                    recipe.required)
+        tree = self.ast
+        return analysis.equality_constraints(tree), analysis.required_names(tree)
+
     def compact(self):
-        """Keep the tree only in its XDR encoding (a few hundred bytes).
+        """Drop the tree, keeping only what rebuilds it: for an expression
+        of a known shape, the shape's (shared) template and its literals;
+        otherwise its XDR encoding (a few hundred bytes).
 
         A router holding many subscriptions calls this once it has indexed
-        one: evaluation never needs the tree, and ``ast`` decodes it again
-        on demand. Returns self.
+        one: evaluation never needs the tree, and ``ast`` rebuilds it on
+        demand. Returns self.
         """
         if self._tree is not None:
-            self._packed = encode_ast(self._tree)
+            if self._shape is None:
+                self._packed = encode_ast(self._tree)
             self._tree = None
         return self
 
