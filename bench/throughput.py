@@ -3,6 +3,7 @@
     python bench/throughput.py                       # starts its own router
     python bench/throughput.py --subs 1000 --notifs 20000
     python bench/throughput.py --url elvin://host:2917   # any Elvin router
+    python bench/throughput.py --placement shared --subs 10000 100000
 
 For each subscription count S it connects min(50, S) subscriber
 connections holding S subscriptions in all and one publisher, emits M
@@ -12,7 +13,13 @@ NotifyDeliver per connection with at least one matching subscription), and
 prints one line:
 
     subs=… notifs=… delivered=… expected=… notif_rate=… deliver_rate=…
-    p50_ms=… p99_ms=… router_rss_mb=… placement_rate=…
+    p50_ms=… p99_ms=… router_rss_mb=… router_peak_rss_mib=… placement_rate=…
+
+``--placement shared`` (or ``new``) only places the subscriptions, all
+distinct, and prints the placement rate, the router's CPU time per
+subscription and its peak RSS: ``shared`` uses the workload's expressions
+(one shape, different literals), ``new`` gives every subscription names of
+its own, so each is a new shape and goes through the full PLY parse.
 
 Workload: s1 from 100 symbols, s2 from 10, i1/i2 int32 in [0, 1000),
 r1 real64 in [0, 1000), ts int64. Subscriptions are conjunctions of a range
@@ -137,15 +144,58 @@ def cpu_seconds(pid):
         return float("nan")
 
 
-def rss_mb(pid):
+def rss_mb(pid, field="VmRSS"):
+    """The router's resident set now (VmRSS) or at its peak (VmHWM), MiB."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
     return float("nan")
+
+
+def new_shape(expression, i):
+    """``expression`` with its attribute names made unique to ``i``, so no
+    two subscriptions share a shape (placement's worst case: every one is
+    parsed by PLY)."""
+    for name in ("s1", "s2", "i1", "i2", "r1"):
+        expression = expression.replace(f"{name} ", f"{name}_{i} ")
+    return expression
+
+
+@defer.inlineCallbacks
+def place_only(url, subs, seed, router_pid, shapes):
+    """Place ``subs`` distinct subscriptions (pipelined over min(50, subs)
+    connections) and print the rate, the router's CPU per subscription and
+    its peak RSS; no notifications."""
+    rng = random.Random(seed)
+    n_conns = max(1, min(50, subs))
+    consumers = []
+    for _ in range(n_conns):
+        conn = yield client.connect(url, options={"Subscription.Max-Count": subs + 16})
+        consumers.append(conn)
+    expressions = [make_subscription(rng, subs) for _ in range(subs)]
+    if shapes == "new":
+        expressions = [new_shape(text, i) for i, text in enumerate(expressions)]
+    start = time.perf_counter()
+    cpu0 = cpu_seconds(router_pid) if router_pid else float("nan")
+    pending = []
+    for i, text in enumerate(expressions):
+        pending.append(consumers[i % n_conns].subscribe(text, _ignore))
+        if len(pending) >= 2000:
+            yield defer.gatherResults(pending, consumeErrors=True)
+            pending = []
+    yield defer.gatherResults(pending, consumeErrors=True)
+    elapsed = time.perf_counter() - start
+    cpu = (cpu_seconds(router_pid) if router_pid else float("nan")) - cpu0
+    peak = rss_mb(router_pid, "VmHWM") if router_pid else float("nan")
+    print(f"subs={subs} shapes={shapes} placement_rate={subs / elapsed:.0f} "
+          f"router_cpu_us_per_sub={cpu / subs * 1e6:.1f} router_peak_rss_mib={peak:.1f}",
+          flush=True)
+    for conn in consumers:
+        yield conn.close()
 
 
 @defer.inlineCallbacks
@@ -212,6 +262,7 @@ def run_one(url, subs, notifs, window, seed, router_pid, latency_rate):
     elapsed = time.perf_counter() - start
     router_cpu = (cpu_seconds(router_pid) if router_pid else float("nan")) - cpu0
     rss = rss_mb(router_pid) if router_pid else float("nan")
+    peak = rss_mb(router_pid, "VmHWM") if router_pid else float("nan")
     latencies.sort()
 
     def pct(q):
@@ -222,6 +273,7 @@ def run_one(url, subs, notifs, window, seed, router_pid, latency_rate):
     print(f"subs={subs} notifs={notifs} delivered={received['n']} expected={expected} "
           f"notif_rate={notifs / elapsed:.0f} deliver_rate={received['n'] / elapsed:.0f} "
           f"p50_ms={pct(0.50):.2f} p99_ms={pct(0.99):.2f} router_rss_mb={rss:.1f} "
+          f"router_peak_rss_mib={peak:.1f} "
           f"placement_rate={placement:.0f} router_cpu={router_cpu / elapsed:.0%} "
           f"placement_router_cpu_s={placement_cpu:.2f}", flush=True)
     for conn in consumers + [producer]:
@@ -242,6 +294,10 @@ def main():
     parser.add_argument("--latency-rate", type=float, default=0,
                         help="offer this many notifications/s instead of flat out")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--placement", choices=["shared", "new"],
+                        help="only place the subscriptions and print the placement rate: "
+                             "'shared' shapes (the workload's, literals differ) or a 'new' "
+                             "shape for every subscription")
     args = parser.parse_args()
 
     @defer.inlineCallbacks
@@ -252,8 +308,12 @@ def main():
             if url is None:
                 proc, url = start_router()
             try:
-                yield run_one(url, subs, args.notifs, args.window, args.seed,
-                              proc.pid if proc else None, args.latency_rate)
+                if args.placement:
+                    yield place_only(url, subs, args.seed, proc.pid if proc else None,
+                                     args.placement)
+                else:
+                    yield run_one(url, subs, args.notifs, args.window, args.seed,
+                                  proc.pid if proc else None, args.latency_rate)
             finally:
                 if proc is not None:
                     proc.terminate()

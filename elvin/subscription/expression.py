@@ -48,7 +48,8 @@ class Subscription:
             # A shape and literal kinds seen before: the evaluator comes
             # from the literals alone, and the tree is built only if asked.
             self.expression = expression
-            self._tree = self._packed = None
+            self._tree = checked.tree       # None unless it was built anyway
+            self._packed = None
             self.names = checked.names
             self._fn = recipe.plan.evaluator(checked.values)
             self._shape = (checked.template, checked.kinds, checked.values)

@@ -13,8 +13,7 @@ import ply.lex as lex
 from elvin import errors
 from elvin.errors import SubscriptionError
 
-__all__ = ["tokens", "tokenize", "master_pattern", "make_lexer", "ID_FIRST", "ID_CHARS",
-           "unescape"]
+__all__ = ["tokens", "tokenize", "make_lexer", "ID_FIRST", "ID_CHARS", "unescape"]
 
 reserved = {}
 
@@ -165,16 +164,6 @@ def _lexer_for(text):
     lexer.begin("INITIAL")
     lexer.input(text)
     return lexer
-
-
-def master_pattern():
-    """PLY's own compiled master regex for these rules, the token type for
-    each of its groups (``m.lastindex``), and the ignored characters: for
-    ``elvin.subscription.shapes``' scanner, so both read the same tokens."""
-    _lexer_for("")
-    (regex, index), = _TEMPLATE.lexre
-    types = [None if entry is None else entry[1] for entry in index]
-    return regex, types, _TEMPLATE.lexignore
 
 
 def tokenize(text):

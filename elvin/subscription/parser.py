@@ -65,6 +65,7 @@ _BINARY = {
 }
 
 _NARY = (Kind.AND, Kind.OR, Kind.XOR)
+_LITERAL_TOKENS = frozenset({"INT", "REAL", "STRING"})
 _node = Node._trusted
 
 # Tokens after which a '-' is a prefix (sign), not a subtraction.
@@ -77,13 +78,16 @@ _PREFIX_CONTEXT = frozenset({
 class ParseResult:
     """The tree and where each node started in the text (for error offsets)."""
 
-    __slots__ = ("tree", "offsets", "op_offsets", "text")
+    __slots__ = ("tree", "offsets", "op_offsets", "text", "literals")
 
-    def __init__(self, tree, offsets, op_offsets, text):
+    def __init__(self, tree, offsets, op_offsets, text, literals=()):
         self.tree = tree
         self.offsets = offsets
         self.op_offsets = op_offsets
         self.text = text
+        #: the literal tokens as (type, value, offset), signs merged, in
+        #: text order (``elvin.subscription.shapes`` checks its key by them)
+        self.literals = literals
 
 
 class _Grammar:
@@ -335,13 +339,41 @@ _GRAMMAR = None
 _PARSER = None
 
 
+#: The LALR tables, generated once and shipped (``write_tables``): PLY
+#: reads them instead of building them at start-up (about 0.1 s), and
+#: rebuilds them in memory whenever their signature no longer matches the
+#: grammar, so a stale file costs time, never correctness (a test checks
+#: the shipped one is current).
+TABLES = "elvin.subscription.parsetab"
+
+
 def _parser():
     global _GRAMMAR, _PARSER
     if _PARSER is None:
         _GRAMMAR = _Grammar()
-        _PARSER = yacc.yacc(module=_GRAMMAR, write_tables=False, debug=False,
-                            errorlog=yacc.NullLogger())
+        _PARSER = yacc.yacc(module=_GRAMMAR, tabmodule=TABLES, write_tables=False,
+                            debug=False, errorlog=yacc.NullLogger())
     return _GRAMMAR, _PARSER
+
+
+def write_tables(directory):
+    """Regenerate the shipped LALR tables (``parsetab.py``) in ``directory``:
+    ``python -m elvin.subscription.parser`` after changing the grammar."""
+    yacc.yacc(module=_Grammar(), tabmodule=TABLES, write_tables=True,
+              outputdir=directory, debug=False, errorlog=yacc.NullLogger())
+
+
+def tables_are_current():
+    """Does the shipped table's signature match the grammar's?"""
+    grammar = _Grammar()
+    info = yacc.ParserReflect({name: getattr(grammar, name) for name in dir(grammar)})
+    info.get_all()
+    return yacc.LRTable().read_table(TABLES) == info.signature()
+
+
+if __name__ == "__main__":
+    import os
+    write_tables(os.path.dirname(os.path.abspath(__file__)))
 
 
 class _TokenStream:
@@ -402,4 +434,5 @@ def parse(text):
         tree = parser.parse(lexer=_TokenStream(toks), tracking=False)
     finally:
         grammar.state = None
-    return ParseResult(tree, state.offsets, state.op_offsets, text)
+    literals = [(t.type, t.value, t.lexpos) for t in toks if t.type in _LITERAL_TOKENS]
+    return ParseResult(tree, state.offsets, state.op_offsets, text, literals)

@@ -3,48 +3,47 @@
 Most subscriptions a router holds share a shape and differ only in their
 literals: ``s1 == "a" && i1 >= 10 && i1 < 110`` and ``s1 == "q" && i1 >= 7
 && i1 < 107``. PLY's LR parse costs most of a new subscription's time, so
-``checked_tree`` keys each expression by its tokens with the literals left
-out, and for a shape it has parsed before it builds the tree by putting the
-new literals into the leaves of the earlier tree.
+``checked_tree`` keys each expression by its text with the literals taken
+out (``_key``: one regular-expression split, in C), and for a shape it has
+parsed before it puts the new literals into the earlier tree's leaves.
 
 The checker's verdict depends on the literals only through their kinds
 (int32, int64, real64, string), except for the patterns of ``regex`` and
 ``wildcard``: so a shape also remembers the literal kinds it has checked,
 and the checker runs again only for new kinds or when patterns are present.
 
-Tokens come from ``scan``: PLY's own master regex (``lexer.master_pattern``)
-run in one loop, without PLY's token objects. It gives up (returns None) on
-anything unusual — a backslash, a lexical error, a NUL, a number run into a
-name, nesting past the limit — and the expression takes the full path.
+The second time a shape is seen with given literal kinds, it gets a
+``Recipe``: how to make the evaluator (``compiler.generated_plan``) and the
+index's facts (``analysis.equality_recipe``) from the literals alone. After
+that a subscription of the shape builds no tree at all (``Subscription``
+rebuilds it only when asked), is not checked again and is not compiled.
 
 Exactness: any problem on the fast path sends the expression down the full
 path (``parser.parse`` + ``checker.check``), which raises the error, code
-and offset it always has. A shape is remembered only when its tree's
-literal leaves are exactly its literal tokens, in order, so a parser that
-folded or moved a literal is never templated. The cache is bounded.
+and offset it always has. A shape is remembered only when its key's
+literals are exactly the lexer's literal tokens and the tree's literal
+leaves, in order, so a parser that folded or moved a literal is never
+templated. The cache is bounded.
 """
 
 import re
 import sys
 
 from elvin.errors import SubscriptionError
-from elvin.subscription import analysis, checker, compiler, lexer, parser
+from elvin.subscription import analysis, checker, compiler, parser
 from elvin.subscription.ast import Kind, Node
-from elvin.subscription.grammar import MAX_DEPTH
 from elvin.values import INT32_MAX as _INT32_MAX, INT32_MIN as _INT32_MIN
 
-__all__ = ["Checked", "Recipe", "checked_tree", "rebuild", "scan", "clear", "MAX_SHAPES"]
+__all__ = ["Checked", "Recipe", "checked_tree", "rebuild", "clear", "MAX_SHAPES"]
 
 #: Most shapes remembered; past it the oldest is forgotten.
 MAX_SHAPES = 4096
 
-_LITERAL_TOKENS = frozenset({"INT", "REAL", "STRING"})
 _LITERAL_KINDS = frozenset({Kind.INT32, Kind.INT64, Kind.REAL64, Kind.STRING})
 _PATTERN_KINDS = frozenset({Kind.FUNC_REGEX, Kind.FUNC_WILDCARD})
 _node = Node._trusted
 _intern = sys.intern
 _shapes = {}
-_MASTER = None
 
 
 class _Shape:
@@ -59,8 +58,9 @@ class _Shape:
         self.names = frozenset(_intern(n) for n in tree.names())
         self.checked_kinds = {kinds}
         self.has_patterns = any(n.kind in _PATTERN_KINDS for n in tree.walk())
-        #: literal kinds -> Recipe, or None where the tree is always needed
-        self.recipes = {kinds: _recipe(tree, self.has_patterns)}
+        #: literal kinds -> Recipe, or None where the tree is always needed;
+        #: made when a shape is seen a second time (most never are)
+        self.recipes = {}
 
 
 class Recipe:
@@ -98,53 +98,6 @@ def _recipe(tree, has_patterns):
 def clear():
     """Forget every shape (for tests and benchmarks)."""
     _shapes.clear()
-
-
-def scan(text):
-    """The tokens of ``text`` as ``(type, value, offset)``, signs merged
-    into numbers exactly as the parser does, or None to say "use the full
-    path" (see the module docstring). Values are those PLY's rules give."""
-    global _MASTER
-    if "\\" in text or "\x00" in text:
-        return None
-    if _MASTER is None:
-        _MASTER = lexer.master_pattern()
-    match, types, ignore = _MASTER[0].match, _MASTER[1], _MASTER[2]
-    tokens = []
-    pos, end = 0, len(text)
-    depth = 0
-    previous = None
-    while pos < end:
-        if text[pos] in ignore:
-            pos += 1
-            continue
-        m = match(text, pos)
-        if m is None:
-            return None
-        kind = types[m.lastindex]
-        value = m.group()
-        start, pos = pos, m.end()
-        if kind == "NAME":
-            value = (_intern(value), value)
-        elif kind == "STRING":
-            value = _intern(value[1:-1])
-        elif kind == "INT" or kind == "REAL":
-            if pos < end and (text[pos].isalnum() or text[pos] in "._\\"):
-                return None  # the lexer's "invalid number" error
-            if (previous == "MINUS" and tokens[-1][2] == start - 1
-                    and (len(tokens) < 2 or tokens[-2][0] in parser._PREFIX_CONTEXT)):
-                tokens[-1] = (kind, "-" + value, start - 1)
-                previous = kind
-                continue
-        elif kind == "LPAREN":
-            depth += 1
-            if depth > MAX_DEPTH:
-                return None
-        elif kind == "RPAREN":
-            depth -= 1
-        tokens.append((kind, value, start))
-        previous = kind
-    return tokens
 
 
 def _leaf(kind, value, offset):
@@ -289,13 +242,17 @@ def checked_tree(text):
                     checker.check(tree)
                     shape.checked_kinds.add(kinds)
                 if recipe is _UNKNOWN:
-                    shape.recipes[kinds] = _recipe(tree, shape.has_patterns)
-                return Checked(tree, shape.names, shape.tree, _shared(kinds), values)
+                    recipe = shape.recipes[kinds] = _recipe(tree, shape.has_patterns)
+                    if recipe is not None and not recipe.plan.applies(values):
+                        recipe = None
+                else:
+                    recipe = None
+                return Checked(tree, shape.names, shape.tree, _shared(kinds), values, recipe)
             except SubscriptionError:
                 pass  # the full path below names the error exactly
     result = parser.parse(text)
     checker.check(result.tree, result.offsets, result.op_offsets)
-    shape = _remember(key, parts, text, result.tree) if key is not None else None
+    shape = _remember(key, parts, result) if key is not None else None
     if shape is not None:
         leaves = [n for n in result.tree.walk() if n.kind in _LITERAL_KINDS]
         return Checked(result.tree, shape.names, shape.tree,
@@ -304,14 +261,12 @@ def checked_tree(text):
     return Checked(result.tree, frozenset(_intern(n) for n in result.tree.names()))
 
 
-def _remember(key, parts, text, tree):
+def _remember(key, parts, result):
     """File ``tree`` as the template of ``key`` if the key's literals are
     exactly the lexer's literal tokens, in order, and the tree's literal
     leaves are exactly those literals, in order; return the shape or None."""
-    tokens = scan(text)
-    if tokens is None:
-        return None
-    literals = [tok for tok in tokens if tok[0] in _LITERAL_TOKENS]
+    tree = result.tree
+    literals = result.literals
     leaves = [n for n in tree.walk() if n.kind in _LITERAL_KINDS]
     strings, signs, numbers = parts[1::4], parts[2::4], parts[3::4]
     if not len(leaves) == len(literals) == len(strings):

@@ -154,7 +154,7 @@ LAYERS = {
     1: ["elvin.values", "elvin.errors", "elvin.configvalues", "elvin.uri", "elvin.lazy"],
     2: ["elvin.subscription"] + [_S + m for m in (
         "kinds", "grammar", "lexer", "ast", "printer", "parser", "checker", "compiler",
-        "analysis", "partial", "patterns", "shapes")],
+        "analysis", "partial", "patterns", "shapes", "parsetab")],
     3: ["elvin.protocols", "elvin.protocols.xdr", "elvin.protocols.packets"],
     4: [_S + "expression"],
     5: ["elvin", "elvin.core"] + ["elvin.core." + m for m in (

@@ -3,14 +3,15 @@
 ``elvin.subscription.shapes`` builds a new expression's tree from an earlier
 one of the same shape. These tests hold it to the full path (PLY parse +
 checker) on random expressions, valid and not: same tree, or the same
-error code, offset and message; and its scanner to PLY's lexer.
+error code, offset and message; and a subscription placed by a shape's
+recipe to the compiled tree.
 """
 
 from hypothesis import given, settings, strategies as st
 from twisted.trial import unittest
 
 from elvin.errors import SubscriptionError
-from elvin.subscription import Subscription, analysis, checker, compiler, lexer, parser, shapes
+from elvin.subscription import Subscription, analysis, checker, compiler, parser, shapes
 from elvin.values import Int64
 
 _values = st.one_of(st.integers(-3, 3000), st.integers(-5, 5).map(Int64),
@@ -138,10 +139,14 @@ class ShapeCacheTests(unittest.TestCase):
             self.assertEqual(placed.ast, tree)
 
     def test_the_recipe_path_builds_no_tree(self):
-        Subscription('s1 == "x" && i1 >= 10 && r_1 < 2.5')
-        second = Subscription('s1 == "y" && i1 >= 11 && r_1 < 3.5')
-        self.assertIsNone(second._tree)
+        Subscription('s1 == "x" && i1 >= 10 && r_1 < 2.5')     # parsed: a new shape
+        second = Subscription('s1 == "y" && i1 >= 11 && r_1 < 3.5')   # the recipe is made
         self.assertIsNotNone(second._recipe)
+        third = Subscription('s1 == "z" && i1 >= 12 && r_1 < 4.5')    # and used: no tree
+        self.assertIsNone(third._tree)
+        self.assertIsNotNone(third._recipe)
+        self.assertTrue(third.matches({"s1": "z", "i1": 12, "r_1": 4.0}))
+        self.assertEqual(third.ast, parser.parse('s1 == "z" && i1 >= 12 && r_1 < 4.5').tree)
         self.assertTrue(second.matches({"s1": "y", "i1": 11, "r_1": 3.0}))
         self.assertFalse(second.matches({"s1": "y", "i1": 11, "r_1": 3.5}))
         zero = Subscription('s1 == "y" && i1 >= 0 && r_1 < 3.5')   # other code for 0
@@ -211,18 +216,14 @@ class ShapeCacheTests(unittest.TestCase):
         self.assertEqual(len(shapes._shapes), shapes.MAX_SHAPES)
 
 
-class ScanTests(unittest.TestCase):
+class ShippedTablesTests(unittest.TestCase):
+    """The LALR tables ship as elvin/subscription/parsetab.py (issue 15)."""
 
-    @settings(max_examples=500, deadline=None)
-    @given(_same_shape_pair())
-    def test_scan_gives_the_lexers_tokens_or_nothing(self, pair):
-        for text in pair:
-            scanned = shapes.scan(text)
-            if scanned is None:
-                continue
-            tokens = parser._merge_signs(lexer.tokenize(text), text)
-            self.assertEqual(scanned, [(t.type, t.value, t.lexpos) for t in tokens])
+    def test_the_shipped_tables_match_the_grammar(self):
+        self.assertTrue(parser.tables_are_current(),
+                        "regenerate with: python -m elvin.subscription.parser")
 
-    def test_scan_gives_up_where_the_lexer_would_object_or_escape(self):
-        for text in ("a == 12abc", "a\\b == 1", 'a == "x\x00"', "a == $", "(" * 200 + "a"):
-            self.assertIsNone(shapes.scan(text), text)
+    def test_a_changed_grammar_is_noticed(self):
+        changed = parser._Grammar.precedence[:-1]
+        self.patch(parser._Grammar, "precedence", changed)
+        self.assertFalse(parser.tables_are_current())
