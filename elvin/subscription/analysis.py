@@ -17,7 +17,8 @@ from elvin.subscription.ast import Kind, LITERAL_KINDS
 from elvin.values import Int64
 
 __all__ = ["required_names", "equality_constraints", "equality_recipe",
-           "apply_equality_recipe", "index_key"]
+           "apply_equality_recipe", "range_constraints", "range_recipe",
+           "apply_range_recipe", "index_key"]
 
 _LOGICAL = {Kind.AND, Kind.OR, Kind.XOR, Kind.NOT}
 
@@ -162,3 +163,73 @@ def apply_equality_recipe(recipe, values):
     return {name: frozenset([v if v.__class__ is str else float(v)
                              for v in [values[i] for i in indices]])
             for name, indices in recipe.items()}
+
+
+_BOUNDS = {Kind.GREATER_THAN: (True, False), Kind.GREATER_THAN_EQUALS: (True, False),
+           Kind.LESS_THAN: (False, True), Kind.LESS_THAN_EQUALS: (False, True),
+           Kind.EQUALS: (True, True)}
+_FLIPPED = {Kind.GREATER_THAN: Kind.LESS_THAN, Kind.GREATER_THAN_EQUALS: Kind.LESS_THAN_EQUALS,
+            Kind.LESS_THAN: Kind.GREATER_THAN, Kind.LESS_THAN_EQUALS: Kind.GREATER_THAN_EQUALS,
+            Kind.EQUALS: Kind.EQUALS}
+_NUMBER_LITERALS = frozenset({Kind.INT32, Kind.INT64, Kind.REAL64})
+_INF = float("inf")
+
+
+def _bound(node):
+    """(name, op, literal) for ``name OP number`` (OP an ordering or ==,
+    the literal moved to the right), else None."""
+    op = node.kind
+    if op not in _BOUNDS:
+        return None
+    left, right = node.children
+    if left.kind == Kind.NAME and right.kind in _NUMBER_LITERALS:
+        return left.value, op, right
+    if right.kind == Kind.NAME and left.kind in _NUMBER_LITERALS:
+        return right.value, _FLIPPED[op], left
+    return None
+
+
+def _narrow(result, name, op, value):
+    lo, hi = result.get(name, (-_INF, _INF))
+    sets_lo, sets_hi = _BOUNDS[op]
+    if sets_lo and value > lo:
+        lo = value
+    if sets_hi and value < hi:
+        hi = value
+    result[name] = (lo, hi)
+
+
+def range_constraints(tree):
+    """``{name: (lo, hi)}``: for ``tree`` to be true, attribute ``name``
+    must be a number in the closed interval [lo, hi] (floats; a side may
+    be infinite). Read from a comparison of a name with a number literal,
+    or from the comparisons an ``&&`` joins (its other operands add
+    nothing). A comparison with a non-number is never true (bottom), and a
+    NaN fails every comparison, so this holds in three-valued logic."""
+    result = {}
+    for child in tree.children if tree.kind == Kind.AND else (tree,):
+        found = _bound(child)
+        if found is not None:
+            name, op, literal = found
+            _narrow(result, name, op, float(literal.value))
+    return result
+
+
+def range_recipe(tree, position):
+    """``range_constraints(tree)`` as a function of its literals alone:
+    ``(name, op, index)`` per bound, ``index`` being ``position(literal)``."""
+    recipe = []
+    for child in tree.children if tree.kind == Kind.AND else (tree,):
+        found = _bound(child)
+        if found is not None:
+            name, op, literal = found
+            recipe.append((name, op, position(literal)))
+    return tuple(recipe)
+
+
+def apply_range_recipe(recipe, values):
+    """The ``range_constraints`` a recipe gives for literals ``values``."""
+    result = {}
+    for name, op, index in recipe:
+        _narrow(result, name, op, float(values[index]))
+    return result

@@ -12,6 +12,7 @@ while compiling, which is also how a trivial (constant) expression is found.
 """
 
 import math
+import types
 import unicodedata
 
 from elvin.subscription.ast import Kind
@@ -741,19 +742,51 @@ def _generate(root):
     shape = ((root.kind if root.kind in (Kind.AND, Kind.OR) else Kind.AND,)
              + tuple([_atom(operand, consts, index)
                       for index, operand in enumerate(operands)]))
-    make, names = _factory_for(shape, consts)
-    return make(*[consts[n] for n in names])
+    make, literal_names = _maker(shape, consts)
+    return make(*[consts[n] for n in literal_names])
+
+
+def _is_fixed(name):
+    """Is constant ``name`` the same for every subscription of a shape and
+    its attribute names (a name ``n<i>`` or a helper), not a literal's?"""
+    return name[0] in "_n"
+
+
+def _maker(shape, consts):
+    """The ``make(*literals)`` function for ``shape`` with the fixed
+    constants of ``consts`` bound, and the names of its parameters.
+
+    The code is compiled once per shape (``_factory``); the fixed
+    constants (attribute names, helpers) are the globals of a function
+    made from that code once per shape and names, so each evaluator holds
+    only its literals, as keyword defaults: one small tuple per
+    subscription, read with LOAD_FAST."""
+    code, fixed_names, literal_names = _factory_for(shape, consts)
+    fixed = tuple([consts[n] for n in fixed_names])
+    key = (shape, fixed)
+    make = _MAKERS.get(key)
+    if make is None:
+        if len(_MAKERS) >= _MAX_FACTORIES:
+            _MAKERS.pop(next(iter(_MAKERS)))
+        scope = dict(zip(fixed_names, fixed))
+        scope["__builtins__"] = __builtins__
+        make = _MAKERS[key] = types.FunctionType(code, scope, "make")
+    return make, literal_names
 
 
 def _factory_for(shape, consts):
-    """The (cached) ``make`` function and its parameter names for ``shape``."""
+    """The (cached) compiled ``make`` code for ``shape`` and the names of
+    its fixed and literal constants."""
     made = _FACTORIES.get(shape)
     if made is None:
         if len(_FACTORIES) >= _MAX_FACTORIES:
             _FACTORIES.pop(next(iter(_FACTORIES)))
         # The constants' names follow from the shape, so this
         # subscription's are every later one's of the same shape.
-        made = _FACTORIES[shape] = _factory(shape, sorted(consts))
+        names = sorted(consts)
+        made = _FACTORIES[shape] = (_factory(shape, [n for n in names if not _is_fixed(n)]),
+                                    [n for n in names if _is_fixed(n)],
+                                    [n for n in names if not _is_fixed(n)])
     return made
 
 
@@ -780,18 +813,12 @@ def generated_plan(root, position):
         keys.append(_atom(operand, consts, index))
         literal_of[index] = position(_simple_comparison(operand)[2])
     shape = (root.kind if root.kind in (Kind.AND, Kind.OR) else Kind.AND,) + tuple(keys)
-    make, names = _factory_for(shape, consts)
-    sources = []
-    for name in names:
-        kind, index = name[0], name[1:]
-        if name.startswith("_") or kind == "n":
-            sources.append((consts[name], -1, False))      # fixed
-        else:
-            # c: the string; i: the integer; r: the number as a real64
-            sources.append((None, literal_of[int(index)], kind == "r"))
+    make, literal_names = _maker(shape, consts)
+    # c<i>: operand i's string; i<i>: its integer; r<i>: it as a real64
+    sources = tuple([(literal_of[int(name[1:])], name[0] == "r") for name in literal_names])
     zeros = tuple(sorted({(literal_of[i], key[3]) for i, key in enumerate(keys)
                           if key[0] == "number"}))
-    return Plan(make, tuple(sources), zeros)
+    return Plan(make, sources, zeros)
 
 
 class Plan:
@@ -812,8 +839,8 @@ class Plan:
         return True
 
     def evaluator(self, values):
-        return self.make(*[fixed if index < 0 else float(values[index]) if real
-                           else values[index] for fixed, index, real in self.sources])
+        return self.make(*[float(values[index]) if real else values[index]
+                           for index, real in self.sources])
 
 
 def _factory(shape, names):
@@ -827,17 +854,18 @@ def _factory(shape, names):
         body += [f"if x is {stop}:", f"    return {stop}",
                  "if x is None:", "    r = None"]
     body.append("return r")
-    # The constants are keyword defaults of ``evaluate``, not closure cells:
-    # one tuple per subscription instead of a cell each (about 40 bytes
-    # apiece, and there are ~20), and LOAD_FAST instead of LOAD_DEREF.
+    # The literals are keyword defaults of ``evaluate``: one tuple per
+    # subscription instead of a closure cell each, and LOAD_FAST. The
+    # fixed constants are the globals ``_maker`` gives ``make``.
     defaults = ", ".join(f"{n}={n}" for n in names)
     source = (f"def make({', '.join(names)}):\n    def evaluate(a, {defaults}):\n"
               + "".join(f"        {line}\n" for line in body) + "    return evaluate\n")
     namespace = {}
     exec(compile(source, "<subscription>", "exec"), namespace)
-    return namespace["make"], names
+    return namespace["make"].__code__
 
 _FACTORIES = {}
+_MAKERS = {}
 #: Longer && / || chains keep the closure form (a huge OR of comparisons
 #: would cost more to compile than it saves).
 _MAX_GENERATED_OPERANDS = 64

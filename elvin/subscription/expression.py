@@ -36,8 +36,11 @@ class Subscription:
     true; ``evaluate`` gives the three-valued result (None is bottom).
     """
 
-    __slots__ = ("expression", "_tree", "_packed", "names", "_fn", "_shape",
-                 "_recipe", "__weakref__")
+    # _template, _kinds (both shared by a shape) and _values rebuild the
+    # tree of an expression of a known shape; slots, not a tuple: this is
+    # per subscription.
+    __slots__ = ("expression", "_tree", "_packed", "names", "_fn", "_template", "_kinds",
+                 "_values", "_recipe", "__weakref__")
 
     def __init__(self, expression):
         # Parsed once per shape (elvin.subscription.shapes): same tree,
@@ -52,12 +55,16 @@ class Subscription:
             self._packed = None
             self.names = checked.names
             self._fn = recipe.plan.evaluator(checked.values)
-            self._shape = (checked.template, checked.kinds, checked.values)
+            self._template = checked.template
+            self._kinds = checked.kinds
+            self._values = checked.values
             self._recipe = recipe
             return
         self._setup(expression, checked.tree, checked.names)
         if checked.template is not None:
-            self._shape = (checked.template, checked.kinds, checked.values)
+            self._template = checked.template
+            self._kinds = checked.kinds
+            self._values = checked.values
 
     @classmethod
     def from_ast(cls, tree):
@@ -80,7 +87,7 @@ class Subscription:
         self.expression = expression
         self._tree = tree
         self._packed = None
-        self._shape = None
+        self._template = None
         self._recipe = None
         self.names = names if names is not None else frozenset(
             sys.intern(n) for n in tree.names())
@@ -91,21 +98,24 @@ class Subscription:
         """The immutable tree (kinds are the protocol's SubAST typecodes)."""
         tree = self._tree
         if tree is None:
-            if self._shape is not None:
-                return shapes.rebuild(*self._shape)
+            if self._template is not None:
+                return shapes.rebuild(self._template, self._kinds, self._values)
             tree = decode_ast(self._packed)
         return tree
 
     def index_facts(self):
         """What the matching index files this subscription by: its
-        ``analysis.equality_constraints`` and ``analysis.required_names``
-        (from the shape's recipe when it has one: no tree is built)."""
+        ``analysis.equality_constraints``, ``required_names`` and
+        ``range_constraints`` (from the shape's recipe when it has one: no
+        tree is built)."""
         recipe = self._recipe
         if recipe is not None and recipe.equalities is not None:
-            return (analysis.apply_equality_recipe(recipe.equalities, self._shape[2]),
-                    recipe.required)
+            values = self._values
+            return (analysis.apply_equality_recipe(recipe.equalities, values),
+                    recipe.required, analysis.apply_range_recipe(recipe.ranges, values))
         tree = self.ast
-        return analysis.equality_constraints(tree), analysis.required_names(tree)
+        return (analysis.equality_constraints(tree), analysis.required_names(tree),
+                analysis.range_constraints(tree))
 
     def compact(self):
         """Drop the tree, keeping only what rebuilds it: for an expression
@@ -117,7 +127,7 @@ class Subscription:
         demand. Returns self.
         """
         if self._tree is not None:
-            if self._shape is None:
+            if self._template is None:
                 self._packed = encode_ast(self._tree)
             self._tree = None
         return self

@@ -67,14 +67,16 @@ class Recipe:
     """Placing a subscription of one shape and literal kinds from its
     literals alone, with no tree: the evaluator (``compiler.Plan``), and
     the index's facts (``analysis.equality_recipe``, None when it cannot
-    say; the required names, which never depend on the literals)."""
+    say; the required names, which never depend on the literals; and
+    ``analysis.range_recipe``)."""
 
-    __slots__ = ("plan", "equalities", "required")
+    __slots__ = ("plan", "equalities", "required", "ranges")
 
-    def __init__(self, plan, equalities, required):
+    def __init__(self, plan, equalities, required, ranges):
         self.plan = plan
         self.equalities = equalities
         self.required = required
+        self.ranges = ranges
 
 
 def _recipe(tree, has_patterns):
@@ -92,7 +94,7 @@ def _recipe(tree, has_patterns):
     if plan is None:
         return None
     return Recipe(plan, analysis.equality_recipe(tree, where),
-                  analysis.required_names(tree))
+                  analysis.required_names(tree), analysis.range_recipe(tree, where))
 
 
 def clear():

@@ -103,3 +103,103 @@ class IndexCompletenessTests(unittest.TestCase):
                                    f's2 == "ex-{rng.randrange(10)}" && i1 > {rng.randrange(1000)}'))
         candidates = index.candidates({"s1": "sym-007", "s2": "ex-3", "i1": 5})
         self.assertLess(len(candidates), 20)
+
+
+def _bound_text(draw_op, name, literal, flip):
+    return f"{literal} {draw_op} {name}" if flip else f"{name} {draw_op} {literal}"
+
+
+_LITERALS = st.one_of(st.integers(-50, 1050).map(str), st.integers(-50, 1050).map(lambda i: f"{i}L"),
+                      st.floats(-50, 1050, allow_nan=False).map(lambda f: f"{f:.2f}"),
+                      st.sampled_from(["0", "-0.0", "9223372036854775807L", "2147483647"]))
+_OPS = st.sampled_from([">", ">=", "<", "<=", "=="])
+
+
+@st.composite
+def _ranged_expression(draw):
+    """Mostly conjunctions bounding n (sometimes twice, sometimes one side,
+    literal on either side), some with other operands, a few unbounded."""
+    parts = []
+    if draw(st.booleans()):
+        parts.append(f's == "{draw(st.sampled_from("ab"))}"')
+    if draw(st.integers(0, 3)):
+        low = draw(st.integers(-50, 1000))
+        parts.append(f"n >= {low} && n < {low + draw(st.integers(0, 200))}")
+    for _ in range(draw(st.integers(0, 2))):
+        op = draw(_OPS)
+        parts.append(_bound_text(op, draw(st.sampled_from(["n", "n", "m"])), draw(_LITERALS),
+                                 draw(st.booleans())))
+    if draw(st.integers(0, 4)) == 0:
+        parts.append(draw(st.sampled_from(["require(x)", "n != 5", "!(n < 3)", "m + 1 > 2"])))
+    if not parts:
+        parts.append("n > 10")
+    text = " && ".join(parts)
+    if draw(st.integers(0, 9)) == 0:
+        text = f"({text}) || m == 1"
+    return text
+
+
+_NUMBER_VALUES = st.one_of(st.integers(-60, 1060), st.integers(-60, 1060).map(Int64),
+                           st.floats(-60, 1060), st.sampled_from(
+                               [float("nan"), float("inf"), float("-inf"), -0.0, 0,
+                                9223372036854775807, Int64(9223372036854775807), "5", b"5"]))
+
+
+class GridTests(unittest.TestCase):
+    """Buckets past GRID_FROM entries select by a numeric attribute's cell."""
+
+    @settings(max_examples=120, deadline=None)
+    @given(st.lists(_ranged_expression(), min_size=20, max_size=80),
+           st.lists(st.fixed_dictionaries({"s": st.sampled_from(["a", "b"])},
+                                          optional={"n": _NUMBER_VALUES, "m": _NUMBER_VALUES,
+                                                    "x": st.just(1)}),
+                    min_size=1, max_size=8),
+           st.randoms(use_true_random=False))
+    def test_never_loses_a_match(self, expressions, notifications, rng):
+        index = SubscriptionIndex()
+        entries = []
+        for i, text in enumerate(expressions):
+            try:
+                entries.append(Entry(i + 1, text))
+            except Exception:
+                continue            # constant or refused: not a subscription
+        for entry in entries:
+            index.add(entry)
+        removed = set(rng.sample(range(len(entries)), len(entries) // 3))
+        for i in removed:
+            index.remove(entries[i])
+        live = [e for i, e in enumerate(entries) if i not in removed]
+        for note in notifications:
+            attrs = normalise(note)
+            ids = [c.id for c in index.candidates(attrs)]
+            self.assertEqual(len(ids), len(set(ids)), "a candidate was produced twice")
+            expected = {e.id for e in live if e.evaluate(attrs) is True}
+            self.assertTrue(expected <= set(ids), f"{note}: lost {expected - set(ids)}")
+            self.assertFalse(set(ids) & {entries[i].id for i in removed})
+
+    def test_a_grid_is_selective(self):
+        index = SubscriptionIndex()
+        rng = random.Random(2)
+        for i in range(1000):
+            lo = rng.randrange(900)
+            index.add(Entry(i + 1, f's1 == "x" && i1 >= {lo} && i1 < {lo + 100}'))
+        for value in (5, 500, 999, 1.5):
+            found = index.candidates({"s1": "x", "i1": value})
+            self.assertLess(len(found), 250)
+            self.assertGreater(len(found), 0)
+        self.assertEqual(index.candidates({"s1": "x", "i1": "text"}), [])
+        self.assertEqual(index.candidates({"s1": "x", "i1": float("nan")}), [])
+
+    def test_range_constraints(self):
+        from elvin.subscription.analysis import range_constraints
+
+        def ranges(text):
+            return range_constraints(Subscription(text).ast)
+        inf = float("inf")
+        self.assertEqual(ranges("n >= 1 && n < 5 && m > 2.5"), {"n": (1.0, 5.0), "m": (2.5, inf)})
+        self.assertEqual(ranges("3 < n"), {"n": (3.0, inf)})
+        self.assertEqual(ranges("n == 7L"), {"n": (7.0, 7.0)})
+        self.assertEqual(ranges("n > 5 && n < 1"), {"n": (5.0, 1.0)})
+        self.assertEqual(ranges("n > 1 || n < 0"), {})
+        self.assertEqual(ranges("!(n > 1)"), {})
+        self.assertEqual(ranges("n != 1 && n + 1 > 2"), {})

@@ -135,7 +135,8 @@ class ShapeCacheTests(unittest.TestCase):
                 self.assertEqual(placed.evaluate(attributes), compiled.fn(attributes),
                                  (text, attributes))
             self.assertEqual(placed.index_facts(), (analysis.equality_constraints(tree),
-                                                    analysis.required_names(tree)))
+                                                    analysis.required_names(tree),
+                                                    analysis.range_constraints(tree)))
             self.assertEqual(placed.ast, tree)
 
     def test_the_recipe_path_builds_no_tree(self):
@@ -207,7 +208,7 @@ class ShapeCacheTests(unittest.TestCase):
             self.assertIs(sub.compact(), sub)
             self.assertEqual(sub.ast, tree, text)
             self.assertEqual(sub.ast, parser.parse(text).tree, text)
-        self.assertIsNone(sub._shape)           # escaped: no shape, packed as XDR
+        self.assertIsNone(sub._template)        # escaped: no shape, packed as XDR
         self.assertIsNotNone(sub._packed)
 
     def test_the_cache_is_bounded(self):
