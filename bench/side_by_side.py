@@ -16,13 +16,15 @@ NOTIFS PUBLISHERS [options]`` and printing ``key=value`` figures, as the
 Java generator described in ../shared/peer-bench/README.md does (build it
 outside this repository). This script only runs it; both routers must
 already be listening. ``--pid-a`` / ``--pid-b`` add each router's peak RSS
-(VmHWM, Linux) to the output.
+(VmHWM) and the CPU time it used per run (Linux /proc) to the output: a
+router that is not the bottleneck shows it there.
 
 Absolute figures move with whatever else the machine runs; the ratio,
 taken in one alternating run, is what to quote.
 """
 
 import argparse
+import os
 import re
 import statistics
 import subprocess
@@ -38,8 +40,8 @@ def notifications_for(subs):
     if subs <= 1_000:
         return 50_000
     if subs <= 10_000:
-        return 5_000
-    return 1_000
+        return 20_000
+    return 2_000
 
 
 def run_once(bench, url, subs, notifs, extra, timeout):
@@ -56,6 +58,16 @@ def run_once(bench, url, subs, notifs, extra, timeout):
     if not figures:
         raise RuntimeError(f"no figures from {' '.join(command)}:\n{done.stderr[-2000:]}")
     return figures
+
+
+def cpu_seconds(pid):
+    """User + system CPU seconds process ``pid`` has used, or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def peak_rss_mib(pid):
@@ -94,7 +106,12 @@ def main(argv=None):
             run_once(args.bench, url, subs, notifs, extra, args.timeout)
         for _ in range(args.runs):
             for which, url in order:
+                pid = getattr(args, f"pid_{which}")
+                before = cpu_seconds(pid) if pid else None
                 figures = run_once(args.bench, url, subs, notifs, extra, args.timeout)
+                after = cpu_seconds(pid) if pid else None
+                if before is not None and after is not None:
+                    figures["router_cpu_s"] = after - before
                 if figures.get("delivered") != figures.get("expected"):
                     print(f"# {which} subs={subs}: delivered {figures.get('delivered')} "
                           f"!= expected {figures.get('expected')}", flush=True)
@@ -107,6 +124,10 @@ def main(argv=None):
             rate = statistics.median(float(r["notif_rate"]) for r in runs)
             p99 = statistics.median(float(r["p99_ms"]) for r in runs)
             placing = [r["placement_rate"] for r in runs if "placement_rate" in r]
+            cpu = [r["router_cpu_s"] for r in runs if "router_cpu_s" in r]
+            if cpu:
+                # the router's CPU time for the whole run (placing included)
+                line.append(f"{which}_router_cpu_s={statistics.median(cpu):.2f}")
             medians[which] = rate
             line.append(f"{which}_notif_rate={rate:.0f} {which}_p99_ms={p99:.2f}")
             if placing:
