@@ -12,12 +12,12 @@ Every request returns a Deferred that fires with the reply, or fails with
 ``NackError`` carrying the router's Nack code, message and arguments.
 """
 
-import itertools
 
 from twisted.internet import defer, error, protocol, task
 from twisted.logger import Logger
 
-from elvin.errors import ElvinError
+from elvin.client.state import (ClientState, ConnectFailed, ConnectionClosed, NackError,
+                                Notification, QuenchHandlers)
 from elvin.core.options import OPTIONS
 from elvin.protocols import packets as P
 from elvin.protocols.framing import FramedProtocol
@@ -36,41 +36,8 @@ DEFAULT_URI = "elvin://localhost:2917"
 UNOTIFY_LINGER = 0.1
 
 
-class NackError(ElvinError):
-    """The router refused a request: ``code``, ``message``, ``nack_args``."""
-
-    def __init__(self, code, message, args=()):
-        super().__init__(code, f"{message} (Nack {code})" if message else f"Nack {code}", args)
-        self.router_message = message
-
-
-class ConnectionClosed(ElvinError):
-    """The connection ended before a reply arrived (``reason`` says how)."""
-
-    def __init__(self, message, reason=None, args=""):
-        super().__init__(0, message)
-        self.reason = reason
-        self.disconn_args = args
-
-
-class ConnectFailed(ConnectionClosed, ConnectionError):
-    """``connect`` could not open a session; the message names the URI,
-    what went wrong and what to try. Also a ``ConnectionError`` (so an
-    ``OSError``), as the socket errors it replaces were."""
-
-
 #: Seconds ``connect`` waits for the channel and for the router's ConnRply.
 DEFAULT_CONNECT_TIMEOUT = 10.0
-
-
-class Notification(dict):
-    """A delivered notification: the attributes, plus which subscriptions
-    matched securely (``secure``) or insecurely (``insecure``)."""
-
-    def __init__(self, attributes, secure=(), insecure=()):
-        super().__init__(attributes)
-        self.secure = tuple(secure)
-        self.insecure = tuple(insecure)
 
 
 class ClientSubscription:
@@ -93,11 +60,14 @@ class ClientSubscription:
         """Delete the subscription; Deferred fires when the router confirms."""
         return self.connection._remove(self)
 
+    def _deliver_note(self, note):
+        self.callback(note)
+
     def __repr__(self):
         return f"<ClientSubscription {self.id} {self.expression!r}>"
 
 
-class ClientQuench:
+class ClientQuench(QuenchHandlers):
     """A quench registered with the router (see ``Connection.quench``).
 
     ``on_add(term_id, tree, secure)``, ``on_modify(term_id, tree, secure)``
@@ -105,16 +75,6 @@ class ClientQuench:
     quench's names come, change and go; ``tree`` is the subscription's
     ``elvin.subscription.ast.Node``.
     """
-
-    def __init__(self, connection, quench_id, names, on_add, on_modify, on_delete,
-                 deliver_insecure):
-        self.connection = connection
-        self.id = quench_id
-        self.names = frozenset(names)
-        self.on_add = on_add
-        self.on_modify = on_modify
-        self.on_delete = on_delete
-        self.deliver_insecure = deliver_insecure
 
     def modify(self, add_names=(), del_names=(), deliver_insecure=None,
                add_keys=None, del_keys=None):
@@ -124,19 +84,6 @@ class ClientQuench:
 
     def remove(self):
         return self.connection._remove_quench(self)
-
-    def _event(self, kind, term_id, tree=None, secure=False):
-        handler = {"add": self.on_add, "modify": self.on_modify,
-                   "delete": self.on_delete}[kind]
-        if handler is None:
-            return
-        if kind == "delete":
-            handler(term_id)
-        else:
-            handler(term_id, tree, secure)
-
-    def __repr__(self):
-        return f"<ClientQuench {self.id} {sorted(self.names)}>"
 
 
 class QuenchState:
@@ -301,31 +248,20 @@ class ElvinClientProtocol(FramedProtocol):
         self.sendFrame(P.encode(packet))
 
 
-class Connection:
-    """A session with an Elvin router (made by ``connect``)."""
+class Connection(ClientState):
+    """A session with an Elvin router (made by ``connect``): the shared
+    client state machine (``elvin.client.state``) with Deferreds."""
 
     log = Logger()
 
     def __init__(self, uri, reactor=None):
+        super().__init__()
         if reactor is None:
             from twisted.internet import reactor
         self.uri = uri
         self.reactor = reactor
         self.protocol = None
-        self.options = {}
-        self.subscriptions = {}
-        self.quenches = {}
-        self._pending = {}
-        self._liveness_waiters = []
-        self._xids = itertools.count(1)
-        self._closed = False
         self._close_deferred = None
-        self.on_disconnect = None
-        self.on_dropwarn = None
-        #: Called once per delivered notification, however many of this
-        #: connection's subscriptions it matched (before their callbacks).
-        self.on_notification = None
-        self.dropwarns = 0
         self.disconnected = defer.Deferred()
         #: What the peer first sent, and whether it was not Elvin framing:
         #: for a message that says what the server at ``uri`` really is.
@@ -336,113 +272,36 @@ class Connection:
 
     def _attached(self, proto):
         self.protocol = proto
+        self.send = proto.send
 
     def _packet(self, packet):
-        kind = type(packet)
-        if self._liveness_waiters and kind not in (P.TestConn, P.Disconn):
-            # Any packet from the router proves it is alive: a router with
-            # packets queued for us may skip ConfConn (ours does, in
-            # ClientSession._test_conn; so does Avis).
-            waiters, self._liveness_waiters = self._liveness_waiters, []
-            for d in waiters:
-                d.callback(True)
-        if kind is P.NotifyDeliver:
-            self._deliver(packet)
-        elif kind is P.Nack:
-            d = self._pending.pop(packet.xid, None)
-            if d is not None:
-                d.errback(NackError(packet.error, packet.message, packet.args))
-        elif kind is P.Disconn:
-            self._closed = True
-            if self.on_disconnect is not None:
-                self.on_disconnect(packet.reason, packet.args)
-            self._fail_pending(ConnectionClosed(
-                f"router disconnected us (reason {packet.reason}): {packet.args}",
-                packet.reason, packet.args))
-        elif kind is P.SubAddNotify or kind is P.SubModNotify:
-            event = "add" if kind is P.SubAddNotify else "modify"
-            for secure, ids in ((True, packet.secure_quench_ids),
-                                (False, packet.insecure_quench_ids)):
-                for quench_id in ids:
-                    self._quench_event(quench_id, event, packet.term_id,
-                                       packet.sub_expr, secure)
-        elif kind is P.SubDelNotify:
-            for quench_id in packet.quench_ids:
-                self._quench_event(quench_id, "delete", packet.term_id)
-        elif kind is P.DropWarn:
-            self.dropwarns += 1
-            if self.on_dropwarn is not None:
-                self.on_dropwarn()
-        elif kind is P.TestConn:
-            self.protocol.send(P.ConfConn())
-        elif kind is P.ConfConn:
-            pass  # answered test_connection above, like any other packet
-        else:
-            xid = getattr(packet, "xid", None)
-            d = self._pending.pop(xid, None)
-            if d is not None:
-                d.callback(packet)
+        self.packet_received(packet)
 
-    def _deliver(self, packet):
-        note = Notification(packet.attributes, packet.secure_matches,
-                            packet.insecure_matches)
-        if self.on_notification is not None:
-            try:
-                self.on_notification(note)
-            except Exception:
-                self.log.failure("on_notification raised")
-        seen = set()
-        for sub_id in itertools.chain(packet.secure_matches, packet.insecure_matches):
-            sub = self.subscriptions.get(sub_id)
-            if sub is None or sub_id in seen:
-                continue
-            seen.add(sub_id)
-            try:
-                sub.callback(note)
-            except Exception:
-                self.log.failure("subscription callback for {sub} raised", sub=sub)
-
-    def _quench_event(self, quench_id, event, term_id, tree=None, secure=False):
-        quench = self.quenches.get(quench_id)
-        if quench is None:
-            return
-        try:
-            quench._event(event, term_id, tree, secure)
-        except Exception:
-            self.log.failure("quench callback for {q} raised", q=quench)
+    def _callback_failed(self, what):
+        self.log.failure("{what} raised", what=what)
 
     def _lost(self, reason):
-        self._closed = True
         why = ""
         if hasattr(reason, "check") and not reason.check(error.ConnectionDone):
             why = f": {reason.getErrorMessage()}"  # e.g. a TLS verification failure
-        self._fail_pending(ConnectionClosed(f"connection to the router was lost{why}"))
+        self.connection_lost(ConnectionClosed(f"connection to the router was lost{why}"))
         if self._close_deferred is not None and not self._close_deferred.called:
             self._close_deferred.callback(None)
         if not self.disconnected.called:
             self.disconnected.callback(None)
 
-    def _fail_pending(self, error):
-        pending, self._pending = self._pending, {}
-        waiters, self._liveness_waiters = self._liveness_waiters, []
-        for d in list(pending.values()) + waiters:
-            d.errback(error)
-
     # -- requests ------------------------------------------------------------
 
     def _request(self, make_packet):
-        if self._closed or self.protocol is None:
-            return defer.fail(ConnectionClosed("connection is closed"))
-        xid = next(self._xids)
         d = defer.Deferred()
-        self._pending[xid] = d
-        self.protocol.send(make_packet(xid))
+        try:
+            self.request(make_packet, d.callback, d.errback)
+        except ConnectionClosed as e:
+            return defer.fail(e)
         return d
 
     def _handshake(self, options, nfn_keys, sub_keys):
-        d = self._request(lambda xid: P.ConnRqst(
-            xid, 4, 0, dict(options or {}), nfn_keys or P.Keys.EMPTY,
-            sub_keys or P.Keys.EMPTY))
+        d = self._request(self.conn_rqst(options, nfn_keys, sub_keys))
 
         def connected(reply):
             self.options = dict(reply.options)
@@ -455,8 +314,7 @@ class Connection:
         Fires with a ClientSubscription, or fails with NackError (e.g. a
         parse error: ``code`` 2101-2112).
         """
-        d = self._request(lambda xid: P.SubAddRqst(
-            xid, expression, accept_insecure, keys or P.Keys.EMPTY))
+        d = self._request(self.sub_add_rqst(expression, accept_insecure, keys))
 
         def added(reply):
             sub = ClientSubscription(self, reply.subscription_id, expression,
@@ -467,23 +325,13 @@ class Connection:
 
     def _modify(self, sub, expression, accept_insecure, add_keys, del_keys):
         insecure = sub.accept_insecure if accept_insecure is None else accept_insecure
-        d = self._request(lambda xid: P.SubModRqst(
-            xid, sub.id, expression or "", insecure, add_keys or P.Keys.EMPTY,
-            del_keys or P.Keys.EMPTY))
+        d = self._request(self.sub_mod_rqst(sub.id, expression, insecure, add_keys, del_keys))
 
-        def modified(reply):
-            if expression:
-                sub.expression = expression
-            sub.accept_insecure = insecure
-            if reply.subscription_id != sub.id:
-                self.subscriptions.pop(sub.id, None)
-                sub.id = reply.subscription_id
-                self.subscriptions[sub.id] = sub
-            return sub
-        return d.addCallback(modified)
+        return d.addCallback(lambda reply: self.subscription_modified(
+            sub, expression, insecure, reply))
 
     def _remove(self, sub):
-        d = self._request(lambda xid: P.SubDelRqst(xid, sub.id))
+        d = self._request(self.sub_del_rqst(sub.id))
 
         def removed(reply):
             self.subscriptions.pop(sub.id, None)
@@ -498,8 +346,7 @@ class Connection:
         and future subscription on those names (see ClientQuench).
         """
         names = tuple(sorted(set(names)))
-        d = self._request(lambda xid: P.QnchAddRqst(xid, names, deliver_insecure,
-                                                    keys or P.Keys.EMPTY))
+        d = self._request(self.qnch_add_rqst(names, deliver_insecure, keys))
 
         def added(reply):
             quench = ClientQuench(self, reply.quench_id, names, on_add, on_modify,
@@ -511,9 +358,8 @@ class Connection:
     def _modify_quench(self, quench, add_names, del_names, deliver_insecure,
                        add_keys, del_keys):
         insecure = quench.deliver_insecure if deliver_insecure is None else deliver_insecure
-        d = self._request(lambda xid: P.QnchModRqst(
-            xid, quench.id, tuple(add_names), tuple(del_names), insecure,
-            add_keys or P.Keys.EMPTY, del_keys or P.Keys.EMPTY))
+        d = self._request(self.qnch_mod_rqst(quench.id, add_names, del_names, insecure,
+                                             add_keys, del_keys))
 
         def modified(reply):
             quench.names = (quench.names | set(add_names)) - set(del_names)
@@ -522,7 +368,7 @@ class Connection:
         return d.addCallback(modified)
 
     def _remove_quench(self, quench):
-        d = self._request(lambda xid: P.QnchDelRqst(xid, quench.id))
+        d = self._request(self.qnch_del_rqst(quench.id))
 
         def removed(reply):
             self.quenches.pop(quench.id, None)
@@ -530,17 +376,11 @@ class Connection:
 
     def notify(self, attributes, deliver_insecure=True, keys=None):
         """Emit a notification (no reply comes back; errors are local)."""
-        if self._closed or self.protocol is None:
-            raise ConnectionClosed("connection is closed")
-        attributes = normalise(attributes)
-        if not attributes:
-            raise ValueError("a notification needs at least one attribute")
-        self.protocol.send(P.NotifyEmit(attributes, deliver_insecure,
-                                        keys or P.Keys.EMPTY))
+        self.emit(attributes, deliver_insecure, keys)
 
     def set_options(self, options):
         """Renegotiate connection options (QosRqst); fires with the reply table."""
-        d = self._request(lambda xid: P.QosRqst(xid, dict(options)))
+        d = self._request(self.qos_rqst(options))
 
         def done(reply):
             self.options.update(reply.options)
@@ -550,18 +390,16 @@ class Connection:
     def set_keys(self, add_nfn_keys=None, del_nfn_keys=None, add_sub_keys=None,
                  del_sub_keys=None):
         """Change the connection's keys (SecRqst)."""
-        empty = P.Keys.EMPTY
-        return self._request(lambda xid: P.SecRqst(
-            xid, add_nfn_keys or empty, del_nfn_keys or empty,
-            add_sub_keys or empty, del_sub_keys or empty)).addCallback(lambda _: None)
+        return self._request(self.sec_rqst(add_nfn_keys, del_nfn_keys, add_sub_keys,
+                                           del_sub_keys)).addCallback(lambda _: None)
 
     def test_connection(self):
         """Send TestConn; fires True when the router answers ConfConn."""
-        if self._closed or self.protocol is None:
-            return defer.fail(ConnectionClosed("connection is closed"))
         d = defer.Deferred()
-        self._liveness_waiters.append(d)
-        self.protocol.send(P.TestConn())
+        try:
+            self.ping(d.callback, d.errback)
+        except ConnectionClosed as e:
+            return defer.fail(e)
         return d
 
     def close(self):
@@ -572,7 +410,7 @@ class Connection:
         if self._closed or self.protocol is None:
             self._close_deferred.callback(None)
             return self._close_deferred
-        d = self._request(lambda xid: P.DisconnRqst(xid))
+        d = self._request(self.disconn_rqst())
         d.addErrback(lambda f: None)
         d.addCallback(lambda _: self.protocol.transport.loseConnection())
         self._closed = True

@@ -1,0 +1,415 @@
+"""The Elvin client for asyncio programs (issue 16): no Twisted reactor.
+
+    import elvin.aio
+
+    async with elvin.aio.connect("elvin://localhost:2917") as conn:
+        conn.notify({"Group": "chat", "Message": "hello"})
+        async with conn.subscribe('Group == "chat"') as sub:
+            async for note in sub:
+                print(note["Message"])
+
+The session logic is ``elvin.client.state.ClientState``, the same state
+machine the Twisted client runs; this module adds only asyncio transports
+and futures. Errors are the same classes: ``NackError`` when the router
+refuses a request, ``ConnectionClosed`` when the session ends under a
+request, ``ConnectFailed`` when ``connect`` cannot open one.
+"""
+
+import asyncio
+import socket
+import ssl
+
+from elvin.client.state import (ClientState, ConnectFailed, ConnectionClosed, Deframer,
+                                NackError, Notification, QuenchHandlers)
+from elvin.core.options import OPTIONS
+from elvin.protocols import packets as P
+from elvin.protocols.xdr import DecodeError
+from elvin.uri import ElvinURI
+from elvin.values import normalise
+
+__all__ = ["connect", "unotify", "Connection", "Subscription", "Quench", "NackError",
+           "ConnectionClosed", "ConnectFailed", "Notification", "DEFAULT_URI",
+           "DEFAULT_CONNECT_TIMEOUT"]
+
+DEFAULT_URI = "elvin://localhost:2917"
+#: Seconds ``connect`` waits for the channel and for the router's ConnRply.
+DEFAULT_CONNECT_TIMEOUT = 10.0
+#: Seconds ``unotify`` keeps a stream channel open after sending (a router
+#: may drop what it has not read when it sees the channel close).
+UNOTIFY_LINGER = 0.1
+_MAX_FRAME = OPTIONS["Packet.Max-Length"].high
+_END = object()
+
+
+def _settle(future, value=None, error=None):
+    if not future.done():
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
+
+
+class _Protocol(asyncio.Protocol):
+    """Bytes to packets for one Connection."""
+
+    def __init__(self, connection):
+        self.connection = connection
+        self.deframer = Deframer(_MAX_FRAME)
+        self.transport = None
+
+    def connection_made(self, transport):
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        self.connection._attached(self)
+
+    def data_received(self, data):
+        connection = self.connection
+        if connection.first_bytes is None:
+            connection.first_bytes = bytes(data[:16])
+        try:
+            for frame in self.deframer.feed(data):
+                connection.packet_received(P.decode(frame))
+        except (ValueError, DecodeError):
+            connection.problem = "not_elvin"
+            self.transport.abort()
+
+    def connection_lost(self, exc):
+        self.connection._lost(exc)
+
+    def send(self, packet):
+        data = P.encode(packet)
+        self.transport.write(len(data).to_bytes(4, "big") + data)
+
+
+class Subscription:
+    """A subscription registered with the router.
+
+    Without a callback it is an async iterator of ``Notification``s
+    (``async for note in sub``), which ends when the subscription is
+    removed and raises ``ConnectionClosed`` when the session ends. With
+    ``callback``, each notification is passed to it instead. As an async
+    context manager it removes itself on exit.
+    """
+
+    def __init__(self, connection, sub_id, expression, accept_insecure, callback=None):
+        self.connection = connection
+        self.id = sub_id
+        self.expression = expression
+        self.accept_insecure = accept_insecure
+        self.callback = callback
+        self._queue = asyncio.Queue() if callback is None else None
+        self._ended = None
+
+    def _deliver_note(self, note):
+        if self.callback is not None:
+            self.callback(note)
+        else:
+            self._queue.put_nowait(note)
+
+    def _end(self, error=None):
+        if self._ended is None:
+            self._ended = error or _END
+            if self._queue is not None:
+                self._queue.put_nowait(_END)
+
+    async def modify(self, expression=None, accept_insecure=None, add_keys=None,
+                     del_keys=None):
+        """Change the expression, insecure flag or keys; returns self."""
+        conn = self.connection
+        insecure = self.accept_insecure if accept_insecure is None else accept_insecure
+        reply = await conn._call(conn.sub_mod_rqst(self.id, expression, insecure,
+                                                   add_keys, del_keys))
+        return conn.subscription_modified(self, expression, insecure, reply)
+
+    async def remove(self):
+        """Delete the subscription (iteration then ends)."""
+        conn = self.connection
+        if self._ended is None:
+            await conn._call(conn.sub_del_rqst(self.id))
+        conn.subscriptions.pop(self.id, None)
+        self._end()
+
+    def __aiter__(self):
+        if self._queue is None:
+            raise TypeError("a subscription with a callback is not iterable")
+        return self
+
+    async def __anext__(self):
+        if self._queue.empty() and self._ended is not None:
+            return self._finish()
+        note = await self._queue.get()
+        if note is _END:
+            return self._finish()
+        return note
+
+    def _finish(self):
+        if self._ended is not _END and self._ended is not None:
+            raise self._ended
+        raise StopAsyncIteration
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        if self._ended is None and not self.connection.is_closed:
+            await self.remove()
+
+    def __repr__(self):
+        return f"<elvin.aio.Subscription {self.id} {self.expression!r}>"
+
+
+class Quench(QuenchHandlers):
+    """A quench registered with the router: ``on_add(term_id, tree,
+    secure)``, ``on_modify(...)`` and ``on_delete(term_id)`` are called as
+    subscriptions on its names come, change and go."""
+
+    async def modify(self, add_names=(), del_names=(), deliver_insecure=None,
+                     add_keys=None, del_keys=None):
+        conn = self.connection
+        insecure = self.deliver_insecure if deliver_insecure is None else deliver_insecure
+        await conn._call(conn.qnch_mod_rqst(self.id, add_names, del_names, insecure,
+                                            add_keys, del_keys))
+        self.names = (self.names | set(add_names)) - set(del_names)
+        self.deliver_insecure = insecure
+        return self
+
+    async def remove(self):
+        conn = self.connection
+        await conn._call(conn.qnch_del_rqst(self.id))
+        conn.quenches.pop(self.id, None)
+
+
+class _Pending:
+    """What ``subscribe``/``connect`` return: awaitable, and an async
+    context manager that also closes (removes) what it made."""
+
+    def __init__(self, coroutine, close):
+        self._coroutine = coroutine
+        self._close = close
+        self._made = None
+
+    def __await__(self):
+        return self._coroutine.__await__()
+
+    async def __aenter__(self):
+        self._made = await self._coroutine
+        return self._made
+
+    async def __aexit__(self, *exc):
+        await self._close(self._made)
+
+
+class Connection(ClientState):
+    """A session with an Elvin router (made by ``connect``)."""
+
+    def __init__(self, uri, loop=None):
+        super().__init__()
+        self.uri = uri
+        self.loop = loop or asyncio.get_running_loop()
+        self.protocol = None
+        self.first_bytes = None
+        self.problem = None
+        self.closed = self.loop.create_future()   # set when the channel ends
+        self._closing = None
+
+    # -- transport callbacks -------------------------------------------------
+
+    def _attached(self, protocol):
+        self.protocol = protocol
+        self.send = protocol.send
+
+    def _lost(self, exc):
+        why = f": {exc}" if exc else ""
+        error = ConnectionClosed(f"connection to the router was lost{why}")
+        self.connection_lost(error)
+        for sub in list(self.subscriptions.values()):
+            sub._end(error)
+        _settle(self.closed)
+
+    # -- requests --------------------------------------------------------------
+
+    async def _call(self, make_packet):
+        future = self.loop.create_future()
+        self.request(make_packet,
+                     lambda reply: _settle(future, reply),
+                     lambda error: _settle(future, error=error))
+        return await future
+
+    def notify(self, attributes, deliver_insecure=True, keys=None):
+        """Emit a notification (nothing comes back; errors are local)."""
+        self.emit(attributes, deliver_insecure, keys)
+
+    def subscribe(self, expression, callback=None, accept_insecure=True, keys=None):
+        """Register ``expression``: ``await`` it for a ``Subscription``, or
+        ``async with conn.subscribe(...) as sub`` to remove it on exit.
+        A bad expression raises NackError (code 2101-2112)."""
+        async def subscribed():
+            reply = await self._call(self.sub_add_rqst(expression, accept_insecure, keys))
+            sub = Subscription(self, reply.subscription_id, expression, accept_insecure,
+                               callback)
+            self.subscriptions[sub.id] = sub
+            return sub
+
+        async def remove(sub):
+            if sub is not None and sub._ended is None and not self.is_closed:
+                await sub.remove()
+        return _Pending(subscribed(), remove)
+
+    async def quench(self, names, on_add=None, on_modify=None, on_delete=None,
+                     deliver_insecure=True, keys=None):
+        """Be told of subscriptions referring to ``names`` (see Quench)."""
+        names = tuple(sorted(set(names)))
+        reply = await self._call(self.qnch_add_rqst(names, deliver_insecure, keys))
+        quench = Quench(self, reply.quench_id, names, on_add, on_modify, on_delete,
+                        deliver_insecure)
+        self.quenches[quench.id] = quench
+        return quench
+
+    async def set_options(self, options):
+        """Renegotiate connection options (QosRqst); returns the reply table."""
+        reply = await self._call(self.qos_rqst(options))
+        self.options.update(reply.options)
+        return dict(reply.options)
+
+    async def set_keys(self, add_nfn_keys=None, del_nfn_keys=None, add_sub_keys=None,
+                       del_sub_keys=None):
+        """Change the connection's keys (SecRqst)."""
+        await self._call(self.sec_rqst(add_nfn_keys, del_nfn_keys, add_sub_keys,
+                                       del_sub_keys))
+
+    async def test_connection(self, timeout=None):
+        """TestConn; True once the router answers (TimeoutError after
+        ``timeout`` seconds)."""
+        future = self.loop.create_future()
+        self.ping(lambda alive: _settle(future, alive),
+                  lambda error: _settle(future, error=error))
+        return await asyncio.wait_for(future, timeout)
+
+    async def close(self):
+        """Disconnect politely (DisconnRqst, wait for DisconnRply)."""
+        if self._closing is None:
+            self._closing = self.loop.create_task(self._close())
+        await asyncio.shield(self._closing)
+
+    async def _close(self):
+        if not self.is_closed and self.protocol is not None:
+            try:
+                await self._call(self.disconn_rqst())
+            except (ConnectionClosed, NackError):
+                pass
+            self._closed = True
+            self.protocol.transport.close()
+        await self.closed
+        for sub in list(self.subscriptions.values()):
+            sub._end()
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()
+
+
+def _ssl_context(uri, tls_ca, tls_certificate, tls_key):
+    context = ssl.create_default_context(cafile=tls_ca if isinstance(tls_ca, str) else None,
+                                         cadata=tls_ca.decode() if isinstance(tls_ca, bytes)
+                                         else None)
+    if tls_certificate is not None:
+        context.load_cert_chain(tls_certificate, tls_key)
+    return context
+
+
+async def _open(uri, loop, protocol_factory, tls, tls_ca, tls_certificate, tls_key,
+                tls_hostname):
+    if uri.transport not in ("tcp", "ssl", "tls"):
+        raise ConnectFailed(f"{uri}: elvin.aio speaks tcp and TLS stacks; "
+                            f"{','.join(uri.protocol)} is not supported here "
+                            f"(use elvin.client for HTTP)")
+    kwargs = {}
+    if uri.is_secure:
+        kwargs["ssl"] = tls or _ssl_context(uri, tls_ca, tls_certificate, tls_key)
+        kwargs["server_hostname"] = tls_hostname or uri.host
+    return await loop.create_connection(protocol_factory, uri.host, uri.port, **kwargs)
+
+
+def connect(uri=None, options=None, nfn_keys=None, sub_keys=None, *, tls=None,
+            tls_ca=None, tls_certificate=None, tls_key=None, tls_hostname=None,
+            timeout=DEFAULT_CONNECT_TIMEOUT):
+    """Connect to the router at ``uri`` (default elvin://localhost:2917).
+
+    ``await`` it for a Connection, or ``async with elvin.aio.connect(...)
+    as conn`` to close it on exit. ``options`` are connection options to
+    request; the router's answer is in ``conn.options``. TLS stacks verify
+    the router's certificate against ``tls_ca`` (a PEM file path or PEM
+    bytes; default the platform's trust store) and ``tls_hostname``
+    (default the URI's host); ``tls_certificate``/``tls_key`` are
+    presented to routers that verify clients; ``tls`` takes a ready
+    ``ssl.SSLContext``. ``timeout`` bounds the connect and the handshake;
+    a failure raises ConnectFailed naming the URI, a Nack raises NackError.
+    """
+    async def opened():
+        target = ElvinURI(uri or DEFAULT_URI) if not isinstance(uri, ElvinURI) else uri
+        loop = asyncio.get_running_loop()
+        connection = Connection(target, loop)
+        try:
+            await asyncio.wait_for(_open(target, loop, lambda: _Protocol(connection), tls,
+                                         tls_ca, tls_certificate, tls_key, tls_hostname),
+                                   timeout or None)
+        except ConnectFailed:
+            raise
+        except ConnectionRefusedError as e:
+            raise ConnectFailed(f"{target}: connection refused: is the router running "
+                                f"there?") from e
+        except (OSError, asyncio.TimeoutError, ssl.SSLError) as e:
+            raise ConnectFailed(f"{target}: cannot connect: {e or 'timed out'}") from e
+        try:
+            reply = await asyncio.wait_for(
+                connection._call(connection.conn_rqst(options, nfn_keys, sub_keys)),
+                timeout or None)
+        except asyncio.TimeoutError:
+            connection.protocol.transport.abort()
+            raise ConnectFailed(f"no Elvin ConnRply from {target} within {timeout:g} s: "
+                                f"is this an Elvin router?") from None
+        except NackError:
+            connection.protocol.transport.abort()
+            raise
+        except ConnectionClosed as e:
+            raise ConnectFailed(f"{target} closed the connection before ConnRply"
+                                + (" (it is not Elvin)" if connection.problem else "")) from e
+        connection.options = dict(reply.options)
+        return connection
+
+    async def close(connection):
+        if connection is not None:
+            await connection.close()
+    return _Pending(opened(), close)
+
+
+async def unotify(uri, attributes, deliver_insecure=True, keys=None, *, tls=None,
+                  tls_ca=None, tls_certificate=None, tls_key=None, tls_hostname=None):
+    """Send one session-less notification (UNotify). Over
+    ``udp,none,xdr`` it is one datagram and nothing confirms it arrived."""
+    target = ElvinURI(uri) if not isinstance(uri, ElvinURI) else uri
+    packet = P.UNotify(4, 0, normalise(attributes), deliver_insecure, keys or P.Keys.EMPTY)
+    data = P.encode(packet)
+    loop = asyncio.get_running_loop()
+    if target.transport == "udp":
+        transport, _ = await loop.create_datagram_endpoint(
+            asyncio.DatagramProtocol, remote_addr=(target.host, target.port))
+        try:
+            transport.sendto(data)
+        finally:
+            transport.close()
+        return
+    connection = Connection(target, loop)
+    await _open(target, loop, lambda: _Protocol(connection), tls, tls_ca, tls_certificate,
+                tls_key, tls_hostname)
+    connection.protocol.transport.write(len(data).to_bytes(4, "big") + data)
+    await asyncio.sleep(UNOTIFY_LINGER)
+    connection.protocol.transport.close()
+    await connection.closed

@@ -1,0 +1,333 @@
+"""The client side of an Elvin session, without I/O (issue 16).
+
+One state machine for every client flavour: the Twisted ``Connection``
+(``elvin.client``), the asyncio one (``elvin.aio``) and, through it, the
+blocking one (``elvin.sync``). It numbers requests, matches replies and
+Nacks to them, hands deliveries to subscriptions and quench events to
+quenches, answers the router's TestConn, and fails whatever is waiting
+when the session ends. It never blocks and never touches a socket: the
+flavour gives it ``send(packet)`` and feeds it the packets it reads
+(``packet_received``) and the end of the channel (``connection_lost``).
+What a flavour waits with (a Deferred, an asyncio Future) is its own
+business: requests take plain ``on_reply``/``on_error`` callables.
+"""
+
+import itertools
+import logging
+
+from elvin.errors import ElvinError
+from elvin.protocols import packets as P
+from elvin.values import normalise
+
+__all__ = ["ClientState", "NackError", "ConnectionClosed", "ConnectFailed",
+           "Notification", "Deframer", "QuenchHandlers"]
+
+_log = logging.getLogger("elvin.client")
+
+
+class NackError(ElvinError):
+    """The router refused a request: ``code``, ``message``, ``nack_args``."""
+
+    def __init__(self, code, message, args=()):
+        super().__init__(code, f"{message} (Nack {code})" if message else f"Nack {code}", args)
+        self.router_message = message
+
+
+class ConnectionClosed(ElvinError):
+    """The connection ended before a reply arrived (``reason`` says how)."""
+
+    def __init__(self, message, reason=None, args=""):
+        super().__init__(0, message)
+        self.reason = reason
+        self.disconn_args = args
+
+
+class ConnectFailed(ConnectionClosed, ConnectionError):
+    """``connect`` could not open a session; the message names the URI,
+    what went wrong and what to try. Also a ``ConnectionError`` (so an
+    ``OSError``), as the socket errors it replaces were."""
+
+
+class Notification(dict):
+    """A delivered notification: the attributes, plus which subscriptions
+    matched securely (``secure``) or insecurely (``insecure``)."""
+
+    def __init__(self, attributes, secure=(), insecure=()):
+        super().__init__(attributes)
+        self.secure = tuple(secure)
+        self.insecure = tuple(insecure)
+
+
+class QuenchHandlers:
+    """A quench as a flavour holds it: ``on_add(term_id, tree, secure)``,
+    ``on_modify(term_id, tree, secure)`` and ``on_delete(term_id)`` are
+    called as subscriptions referring to the quench's names come, change
+    and go; ``tree`` is the subscription's ``elvin.subscription.ast.Node``."""
+
+    def __init__(self, connection, quench_id, names, on_add, on_modify, on_delete,
+                 deliver_insecure):
+        self.connection = connection
+        self.id = quench_id
+        self.names = frozenset(names)
+        self.on_add = on_add
+        self.on_modify = on_modify
+        self.on_delete = on_delete
+        self.deliver_insecure = deliver_insecure
+
+    def _event(self, kind, term_id, tree=None, secure=False):
+        handler = {"add": self.on_add, "modify": self.on_modify,
+                   "delete": self.on_delete}[kind]
+        if handler is None:
+            return
+        if kind == "delete":
+            handler(term_id)
+        else:
+            handler(term_id, tree, secure)
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self.id} {sorted(self.names)}>"
+
+
+class Deframer:
+    """Bytes in, whole packets' bytes out (the 4-byte length framing of
+    client protocol 8.1), for flavours whose transport gives a stream."""
+
+    def __init__(self, max_length):
+        self.max_length = max_length
+        self._buffer = bytearray()
+
+    def feed(self, data):
+        """The complete frames ``data`` finishes; raises ValueError on a
+        length no Elvin peer would send."""
+        buffer = self._buffer
+        buffer += data
+        frames = []
+        pos = 0
+        while len(buffer) - pos >= 4:
+            length = int.from_bytes(buffer[pos:pos + 4], "big")
+            if length == 0 or length & 3 or length > self.max_length:
+                raise ValueError(f"bad frame length {length}")
+            end = pos + 4 + length
+            if end > len(buffer):
+                break
+            frames.append(bytes(buffer[pos + 4:end]))
+            pos = end
+        if pos:
+            del buffer[:pos]
+        return frames
+
+
+class ClientState:
+    """Requests, replies, deliveries and quench events of one session.
+
+    ``send(packet)`` is how the flavour writes a packet. Subscriptions and
+    quenches the flavour registers in ``subscriptions`` / ``quenches`` (by
+    id) get ``_deliver_note(notification)`` and ``_event(kind, term_id,
+    tree, secure)`` calls. ``on_notification(note)`` (once per delivered
+    packet), ``on_dropwarn()`` and ``on_disconnect(reason, args)`` are
+    optional hooks.
+    """
+
+    def __init__(self, send=None):
+        self.send = send
+        self.options = {}
+        self.subscriptions = {}
+        self.quenches = {}
+        self._pending = {}              # xid -> (on_reply, on_error)
+        self._liveness_waiters = []     # (on_alive, on_error)
+        self._xids = itertools.count(1)
+        self._closed = False
+        self.on_disconnect = None
+        self.on_dropwarn = None
+        #: Called once per delivered notification, however many of this
+        #: connection's subscriptions it matched (before their callbacks).
+        self.on_notification = None
+        self.dropwarns = 0
+
+    @property
+    def is_closed(self):
+        return self._closed
+
+    # -- what the program asks ------------------------------------------------
+
+    def request(self, make_packet, on_reply, on_error):
+        """Send ``make_packet(xid)``; ``on_reply(packet)`` or
+        ``on_error(exception)`` follows. Raises ConnectionClosed at once
+        when the session is over."""
+        if self._closed or self.send is None:
+            raise ConnectionClosed("connection is closed")
+        xid = next(self._xids)
+        self._pending[xid] = (on_reply, on_error)
+        self.send(make_packet(xid))
+        return xid
+
+    def ping(self, on_alive, on_error):
+        """TestConn: ``on_alive(True)`` when the router shows it is alive."""
+        if self._closed or self.send is None:
+            raise ConnectionClosed("connection is closed")
+        self._liveness_waiters.append((on_alive, on_error))
+        self.send(P.TestConn())
+
+    def emit(self, attributes, deliver_insecure=True, keys=None):
+        """Send a NotifyEmit (no reply comes back; errors are local)."""
+        if self._closed or self.send is None:
+            raise ConnectionClosed("connection is closed")
+        attributes = normalise(attributes)
+        if not attributes:
+            raise ValueError("a notification needs at least one attribute")
+        self.send(P.NotifyEmit(attributes, deliver_insecure, keys or P.Keys.EMPTY))
+
+    # Packet builders for the requests every flavour makes.
+
+    @staticmethod
+    def conn_rqst(options, nfn_keys, sub_keys):
+        return lambda xid: P.ConnRqst(xid, 4, 0, dict(options or {}),
+                                      nfn_keys or P.Keys.EMPTY, sub_keys or P.Keys.EMPTY)
+
+    @staticmethod
+    def sub_add_rqst(expression, accept_insecure, keys):
+        return lambda xid: P.SubAddRqst(xid, expression, accept_insecure,
+                                        keys or P.Keys.EMPTY)
+
+    @staticmethod
+    def sub_mod_rqst(sub_id, expression, accept_insecure, add_keys, del_keys):
+        return lambda xid: P.SubModRqst(xid, sub_id, expression or "", accept_insecure,
+                                        add_keys or P.Keys.EMPTY, del_keys or P.Keys.EMPTY)
+
+    @staticmethod
+    def sub_del_rqst(sub_id):
+        return lambda xid: P.SubDelRqst(xid, sub_id)
+
+    @staticmethod
+    def qnch_add_rqst(names, deliver_insecure, keys):
+        return lambda xid: P.QnchAddRqst(xid, tuple(names), deliver_insecure,
+                                         keys or P.Keys.EMPTY)
+
+    @staticmethod
+    def qnch_mod_rqst(quench_id, add_names, del_names, deliver_insecure, add_keys, del_keys):
+        return lambda xid: P.QnchModRqst(xid, quench_id, tuple(add_names), tuple(del_names),
+                                         deliver_insecure, add_keys or P.Keys.EMPTY,
+                                         del_keys or P.Keys.EMPTY)
+
+    @staticmethod
+    def qnch_del_rqst(quench_id):
+        return lambda xid: P.QnchDelRqst(xid, quench_id)
+
+    @staticmethod
+    def qos_rqst(options):
+        return lambda xid: P.QosRqst(xid, dict(options))
+
+    @staticmethod
+    def sec_rqst(add_nfn_keys, del_nfn_keys, add_sub_keys, del_sub_keys):
+        empty = P.Keys.EMPTY
+        return lambda xid: P.SecRqst(xid, add_nfn_keys or empty, del_nfn_keys or empty,
+                                     add_sub_keys or empty, del_sub_keys or empty)
+
+    @staticmethod
+    def disconn_rqst():
+        return lambda xid: P.DisconnRqst(xid)
+
+    def subscription_modified(self, sub, expression, accept_insecure, reply):
+        """Apply a SubModRqst's SubRply to ``sub`` (a router may give the
+        subscription a new id); returns ``sub``."""
+        if expression:
+            sub.expression = expression
+        sub.accept_insecure = accept_insecure
+        if reply.subscription_id != sub.id:
+            self.subscriptions.pop(sub.id, None)
+            sub.id = reply.subscription_id
+            self.subscriptions[sub.id] = sub
+        return sub
+
+    # -- what the router says -------------------------------------------------
+
+    def packet_received(self, packet):
+        kind = type(packet)
+        if self._liveness_waiters and kind not in (P.TestConn, P.Disconn):
+            # Any packet from the router proves it is alive: a router with
+            # packets queued for us may skip ConfConn (ours does, in
+            # ClientSession._test_conn; so does Avis).
+            waiters, self._liveness_waiters = self._liveness_waiters, []
+            for on_alive, _ in waiters:
+                on_alive(True)
+        if kind is P.NotifyDeliver:
+            self._deliver(packet)
+        elif kind is P.Nack:
+            waiting = self._pending.pop(packet.xid, None)
+            if waiting is not None:
+                waiting[1](NackError(packet.error, packet.message, packet.args))
+        elif kind is P.Disconn:
+            self._closed = True
+            if self.on_disconnect is not None:
+                self.on_disconnect(packet.reason, packet.args)
+            self._fail_pending(ConnectionClosed(
+                f"router disconnected us (reason {packet.reason}): {packet.args}",
+                packet.reason, packet.args))
+        elif kind is P.SubAddNotify or kind is P.SubModNotify:
+            event = "add" if kind is P.SubAddNotify else "modify"
+            for secure, ids in ((True, packet.secure_quench_ids),
+                                (False, packet.insecure_quench_ids)):
+                for quench_id in ids:
+                    self._quench_event(quench_id, event, packet.term_id,
+                                       packet.sub_expr, secure)
+        elif kind is P.SubDelNotify:
+            for quench_id in packet.quench_ids:
+                self._quench_event(quench_id, "delete", packet.term_id)
+        elif kind is P.DropWarn:
+            self.dropwarns += 1
+            if self.on_dropwarn is not None:
+                self.on_dropwarn()
+        elif kind is P.TestConn:
+            self.send(P.ConfConn())
+        elif kind is P.ConfConn:
+            pass  # answered ping above, like any other packet
+        else:
+            waiting = self._pending.pop(getattr(packet, "xid", None), None)
+            if waiting is not None:
+                waiting[0](packet)
+
+    def connection_lost(self, error):
+        """The channel ended: fail everything waiting with ``error``."""
+        self._closed = True
+        self._fail_pending(error)
+
+    # -- internals ------------------------------------------------------------
+
+    def _deliver(self, packet):
+        note = Notification(packet.attributes, packet.secure_matches,
+                            packet.insecure_matches)
+        if self.on_notification is not None:
+            try:
+                self.on_notification(note)
+            except Exception:
+                self._callback_failed("on_notification")
+        seen = set()
+        for sub_id in itertools.chain(packet.secure_matches, packet.insecure_matches):
+            sub = self.subscriptions.get(sub_id)
+            if sub is None or sub_id in seen:
+                continue
+            seen.add(sub_id)
+            try:
+                sub._deliver_note(note)
+            except Exception:
+                self._callback_failed(f"subscription callback for {sub!r}")
+
+    def _quench_event(self, quench_id, event, term_id, tree=None, secure=False):
+        quench = self.quenches.get(quench_id)
+        if quench is None:
+            return
+        try:
+            quench._event(event, term_id, tree, secure)
+        except Exception:
+            self._callback_failed(f"quench callback for {quench!r}")
+
+    def _callback_failed(self, what):
+        """A program's callback raised (called inside the ``except``): log
+        it and go on; the session is not the program's callback."""
+        _log.exception("%s raised", what)
+
+    def _fail_pending(self, error):
+        pending, self._pending = self._pending, {}
+        waiters, self._liveness_waiters = self._liveness_waiters, []
+        for _, on_error in list(pending.values()) + waiters:
+            on_error(error)

@@ -1,0 +1,430 @@
+"""One behavioural suite for the three client flavours (issue 16): the
+Twisted client (``elvin.client``), asyncio (``elvin.aio``) and blocking
+(``elvin.sync``), each against a real router on loopback.
+
+The router runs in its own process (``twistd -n elvin`` on a free port), so
+the blocking client can block and the asyncio scenarios run under a plain
+``asyncio.run`` loop, not Twisted's. Each scenario is written once, against
+a small async *driver* per flavour.
+"""
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+
+from twisted.internet import defer
+from twisted.trial import unittest
+
+from elvin import aio, client, sync
+from elvin.client.state import ConnectFailed, ConnectionClosed, NackError
+from elvin.core.keys import producer_keys
+from elvin.test.places import REPO, free_port
+
+TIMEOUT = 10.0
+
+
+_ROUTER = []
+
+
+def shared_router():
+    """The URI of this module's router process, started on first use and
+    stopped when the test run's interpreter exits (trial has no
+    setUpClass)."""
+    if not _ROUTER:
+        import atexit
+        uri, proc = start_router()
+        atexit.register(stop_router, proc)
+        _ROUTER.append(uri)
+    return _ROUTER[0]
+
+
+def start_router():
+    """A router process on a free loopback port; its URI and process."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys; from twisted.scripts.twistd import run; "
+         f"sys.argv = ['twistd', '-n', '--pidfile=', 'elvin', '-l', "
+         f"'elvin://127.0.0.1:{port}']; run()"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    else:
+        proc.kill()
+        raise RuntimeError("router did not start")
+    return f"elvin://127.0.0.1:{port}", proc
+
+
+def stop_router(proc):
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+# -- drivers: the same operations for each flavour, as coroutines ----------
+
+
+class AioDriver:
+    name = "asyncio"
+
+    async def connect(self, uri, **kw):
+        return await aio.connect(uri, **kw)
+
+    async def notify(self, conn, attributes, **kw):
+        conn.notify(attributes, **kw)
+
+    async def subscribe(self, conn, expression, **kw):
+        return await conn.subscribe(expression, **kw)
+
+    async def next(self, sub, timeout=TIMEOUT):
+        return await asyncio.wait_for(sub.__anext__(), timeout)
+
+    async def nothing(self, sub, timeout=0.3):
+        try:
+            await asyncio.wait_for(sub.__anext__(), timeout)
+        except (asyncio.TimeoutError, StopAsyncIteration):
+            return True
+        return False
+
+    async def modify(self, sub, expression):
+        await sub.modify(expression)
+
+    async def remove(self, sub):
+        await sub.remove()
+
+    async def quench(self, conn, names, events):
+        return await conn.quench(names, on_add=lambda t, tree, s: events.append(("add", t)),
+                                 on_delete=lambda t: events.append(("delete", t)))
+
+    async def set_keys(self, conn, **kw):
+        await conn.set_keys(**kw)
+
+    async def ping(self, conn):
+        return await conn.test_connection(TIMEOUT)
+
+    async def close(self, conn):
+        await conn.close()
+
+    def lost(self, conn):
+        conn.protocol.transport.abort()
+
+
+class SyncDriver:
+    """The blocking calls, made from the scenario's own (asyncio) thread:
+    the sync client's loop is its own thread, so blocking here is fine."""
+
+    name = "blocking"
+
+    async def connect(self, uri, **kw):
+        return sync.connect(uri, **kw)
+
+    async def notify(self, conn, attributes, **kw):
+        conn.notify(attributes, **kw)
+
+    async def subscribe(self, conn, expression, **kw):
+        return conn.subscribe(expression, **kw)
+
+    async def next(self, sub, timeout=TIMEOUT):
+        note = sub.get(timeout)
+        if note is None:
+            raise asyncio.TimeoutError
+        return note
+
+    async def nothing(self, sub, timeout=0.3):
+        return sub.get(timeout) is None
+
+    async def modify(self, sub, expression):
+        sub.modify(expression)
+
+    async def remove(self, sub):
+        sub.remove()
+
+    async def quench(self, conn, names, events):
+        return conn.quench(names, on_add=lambda t, tree, s: events.append(("add", t)),
+                           on_delete=lambda t: events.append(("delete", t)))
+
+    async def set_keys(self, conn, **kw):
+        conn.set_keys(**kw)
+
+    async def ping(self, conn):
+        return conn.test_connection(TIMEOUT)
+
+    async def close(self, conn):
+        conn.close()
+
+    def lost(self, conn):
+        loop = conn._inner.loop
+        loop.call_soon_threadsafe(conn._inner.protocol.transport.abort)
+
+
+class TwistedDriver(AioDriver):
+    """Deferreds awaited from coroutines run by ``defer.ensureDeferred``
+    (what the asyncio driver does with awaitables works for them too)."""
+
+    name = "twisted"
+
+    async def connect(self, uri, **kw):
+        return await client.connect(uri, **kw)
+
+    async def subscribe(self, conn, expression, **kw):
+        inbox = defer.DeferredQueue()
+        sub = await conn.subscribe(expression, inbox.put, **kw)
+        sub.inbox = inbox
+        return sub
+
+    async def next(self, sub, timeout=TIMEOUT):
+        from twisted.internet import reactor
+        d = sub.inbox.get()
+        d.addTimeout(timeout, reactor)
+        try:
+            return await d
+        except defer.TimeoutError:
+            raise asyncio.TimeoutError from None
+
+    async def nothing(self, sub, timeout=0.3):
+        try:
+            await self.next(sub, timeout)
+        except asyncio.TimeoutError:
+            return True
+        return False
+
+    async def ping(self, conn):
+        return await conn.test_connection()
+
+    def lost(self, conn):
+        conn.protocol.transport.abortConnection()
+
+
+async def _sleep_via(driver, seconds):
+    if isinstance(driver, TwistedDriver):
+        from twisted.internet import reactor, task
+        await task.deferLater(reactor, seconds, lambda: None)
+    else:
+        await asyncio.sleep(seconds)
+
+
+# -- the scenarios -------------------------------------------------------------
+
+
+class Scenarios:
+    """Every flavour must pass these (``self.run_scenario`` runs one)."""
+
+    driver = None
+
+    def setUp(self):
+        self.uri = shared_router()
+
+    async def scenario_notify_and_subscribe(self, d):
+        consumer = await d.connect(self.uri)
+        producer = await d.connect(self.uri)
+        sub = await d.subscribe(consumer, 'Group == "chat" && size(Message) < 140')
+        await d.notify(producer, {"Group": "chat", "Message": "hello", "Num": 42})
+        await d.notify(producer, {"Group": "other", "Message": "no"})
+        note = await d.next(sub)
+        self.assertEqual(dict(note), {"Group": "chat", "Message": "hello", "Num": 42})
+        self.assertTrue(await d.nothing(sub))
+        await d.close(producer)
+        await d.close(consumer)
+
+    async def scenario_modify_and_remove(self, d):
+        conn = await d.connect(self.uri)
+        sub = await d.subscribe(conn, "n == 1")
+        await d.modify(sub, "n == 2")
+        await d.notify(conn, {"n": 1})
+        await d.notify(conn, {"n": 2})
+        self.assertEqual((await d.next(sub))["n"], 2)
+        await d.remove(sub)
+        await d.notify(conn, {"n": 2})
+        self.assertTrue(await d.ping(conn))
+        self.assertTrue(await d.nothing(sub))
+        await d.close(conn)
+
+    async def scenario_nacks(self, d):
+        conn = await d.connect(self.uri)
+        with self.assertRaises(NackError) as caught:
+            await d.subscribe(conn, "x==1")
+        self.assertEqual(caught.exception.code, 2101)
+        with self.assertRaises(NackError):
+            await d.subscribe(conn, "x == 1 &&")
+        # the session survives a refused request
+        sub = await d.subscribe(conn, "x == 1")
+        await d.notify(conn, {"x": 1})
+        self.assertEqual((await d.next(sub))["x"], 1)
+        await d.close(conn)
+
+    async def scenario_keys(self, d):
+        secret = b"flavour secret"
+        consumer = await d.connect(self.uri)
+        producer = await d.connect(self.uri)
+        nfn_keys, sub_keys = producer_keys(secret)
+        await d.set_keys(consumer, add_sub_keys=sub_keys)
+        sub = await d.subscribe(consumer, "require(k)", accept_insecure=False)
+        await d.notify(producer, {"k": "plain"}, deliver_insecure=False)
+        await d.set_keys(producer, add_nfn_keys=nfn_keys)
+        await d.notify(producer, {"k": "keyed"}, deliver_insecure=False)
+        self.assertEqual((await d.next(sub))["k"], "keyed")
+        self.assertTrue(await d.nothing(sub))
+        await d.close(producer)
+        await d.close(consumer)
+
+    async def scenario_quench(self, d):
+        producer = await d.connect(self.uri)
+        consumer = await d.connect(self.uri)
+        events = []
+        await d.quench(producer, ["Quenched"], events)
+        sub = await d.subscribe(consumer, "Quenched > 3")
+        for _ in range(100):
+            if events:
+                break
+            await d.ping(producer)
+            await _sleep_via(d, 0.02)
+        self.assertEqual([kind for kind, _ in events], ["add"])
+        await d.remove(sub)
+        for _ in range(100):
+            if len(events) == 2:
+                break
+            await d.ping(producer)
+            await _sleep_via(d, 0.02)
+        self.assertEqual([kind for kind, _ in events], ["add", "delete"])
+        await d.close(consumer)
+        await d.close(producer)
+
+    async def scenario_close_then_use(self, d):
+        conn = await d.connect(self.uri)
+        await d.close(conn)
+        with self.assertRaises(ConnectionClosed):
+            await d.notify(conn, {"a": 1})
+        with self.assertRaises(ConnectionClosed):
+            await d.subscribe(conn, "a == 1")
+
+    async def scenario_lost_connection(self, d):
+        conn = await d.connect(self.uri)
+        d.lost(conn)
+        for _ in range(100):
+            try:
+                await d.ping(conn)
+            except ConnectionClosed:
+                return
+            await _sleep_via(d, 0.02)
+        self.fail("a lost connection went unnoticed")
+
+    async def scenario_connect_refused(self, d):
+        with self.assertRaises(ConnectFailed) as caught:
+            await d.connect(f"elvin://127.0.0.1:{free_port()}", timeout=5)
+        self.assertIn("refused", str(caught.exception))
+
+    async def scenario_options(self, d):
+        conn = await d.connect(self.uri, options={"Subscription.Max-Count": 16})
+        self.assertEqual(conn.options["Subscription.Max-Count"], 16)
+        await d.close(conn)
+
+
+def _add_tests(cls):
+    for name in dir(Scenarios):
+        if name.startswith("scenario_"):
+            def test(self, _name=name):
+                return self.run_scenario(getattr(self, _name))
+            setattr(cls, "test_" + name[len("scenario_"):], test)
+    return cls
+
+
+@_add_tests
+class AsyncioFlavourTests(Scenarios, unittest.SynchronousTestCase):
+    """Under a plain asyncio event loop (``asyncio.run``), no reactor."""
+
+    def run_scenario(self, scenario):
+        asyncio.run(asyncio.wait_for(scenario(AioDriver()), 60))
+
+
+@_add_tests
+class BlockingFlavourTests(Scenarios, unittest.SynchronousTestCase):
+
+    def run_scenario(self, scenario):
+        asyncio.run(asyncio.wait_for(scenario(SyncDriver()), 60))
+
+
+@_add_tests
+class TwistedFlavourTests(Scenarios, unittest.TestCase):
+
+    timeout = 60
+
+    def run_scenario(self, scenario):
+        return defer.ensureDeferred(scenario(TwistedDriver()))
+
+
+class BlockingHelperTests(unittest.SynchronousTestCase):
+    """``elvin.sync``'s one-call helpers and threads."""
+
+    def setUp(self):
+        self.uri = shared_router()
+
+    def test_one_call_notify_and_subscribe(self):
+        import threading
+        got = []
+        ready = threading.Event()
+
+        def listen():
+            with sync.connect(self.uri) as conn:
+                with conn.subscribe('Topic == "one-call"', timeout=TIMEOUT) as sub:
+                    ready.set()
+                    for note in sub:
+                        got.append(note["n"])
+                        if len(got) == 2:
+                            break
+        listener = threading.Thread(target=listen)
+        listener.start()
+        self.assertTrue(ready.wait(TIMEOUT))
+        sync.notify(self.uri, {"Topic": "one-call", "n": 1})
+        sync.notify(self.uri, {"Topic": "one-call", "n": 2})
+        listener.join(TIMEOUT)
+        self.assertEqual(got, [1, 2])
+
+    def test_subscribe_helper_counts_and_times_out(self):
+        self.assertEqual(sync.subscribe(self.uri, "require(never_sent)", count=3,
+                                        timeout=0.3), [])
+
+    def test_many_threads_share_one_connection(self):
+        import threading
+        with sync.connect(self.uri) as conn:
+            sub = conn.subscribe("require(thread)", timeout=TIMEOUT)
+            threads = [threading.Thread(target=lambda i=i: [
+                conn.notify({"thread": i, "k": k}) for k in range(50)]) for i in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            seen = []
+            for note in sub:
+                seen.append((note["thread"], note["k"]))
+                if len(seen) == 200:
+                    break
+            self.assertEqual(sorted(seen), sorted((i, k) for i in range(4) for k in range(50)))
+            for i in range(4):   # each thread's notifications stay in its order
+                self.assertEqual([k for t, k in seen if t == i], list(range(50)))
+
+    def test_no_event_loop_leaks_into_the_caller(self):
+        with sync.connect(self.uri) as conn:
+            conn.notify({"x": 1})
+        with self.assertRaises(RuntimeError):
+            asyncio.get_running_loop()
+        self.assertNotIn("twisted.internet.reactor", _fresh_imports(self.uri))
+
+
+def _fresh_imports(uri):
+    """The modules a fresh interpreter has after one elvin.sync.notify."""
+    code = ("import sys, elvin.sync; elvin.sync.notify(%r, {'x': 1}); "
+            "print('\\n'.join(sys.modules))" % uri)
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                         text=True, timeout=60, env=dict(os.environ))
+    return out.stdout.split()
