@@ -428,3 +428,31 @@ def _fresh_imports(uri):
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                          text=True, timeout=60, env=dict(os.environ))
     return out.stdout.split()
+
+
+class ClientDocsTests(unittest.SynchronousTestCase):
+    """docs/client.md's Python examples run against a router (those that
+    need a package the suite does not install are named, with why)."""
+
+    EXCUSED = {
+        "from fastapi import FastAPI": "FastAPI is not a dependency; the calls it makes "
+                                       "are the asyncio flavour's, tested above",
+        "from twisted.application import service": "a .tac for twistd -ny; its calls are "
+                                                   "the Twisted flavour's, tested above",
+    }
+
+    def test_examples_run(self):
+        import re
+        with open(os.path.join(REPO, "docs", "client.md"), encoding="utf-8") as f:
+            blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+        ran = 0
+        for block in blocks:
+            if any(marker in block for marker in self.EXCUSED):
+                continue
+            code = block.replace("elvin://localhost:2917", shared_router())
+            done = subprocess.run([sys.executable, "-c", code], cwd=REPO,
+                                  capture_output=True, text=True, timeout=60)
+            self.assertEqual(done.returncode, 0, done.stderr)
+            self.assertIn("hello", done.stdout)
+            ran += 1
+        self.assertEqual(ran, 2)
