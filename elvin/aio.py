@@ -20,14 +20,15 @@ import socket
 import ssl
 
 from elvin.client.state import (ClientState, ConnectFailed, ConnectionClosed, Deframer,
-                                NackError, Notification, QuenchHandlers)
+                                NackError, Notification, QuenchHandlers, Reconnect)
 from elvin.core.options import OPTIONS
 from elvin.protocols import packets as P
 from elvin.protocols.xdr import DecodeError
 from elvin.uri import ElvinURI
 from elvin.values import normalise
 
-__all__ = ["connect", "unotify", "Connection", "Subscription", "Quench", "NackError",
+__all__ = ["connect", "unotify", "Connection", "Subscription", "Quench", "Reconnect",
+           "NackError",
            "ConnectionClosed", "ConnectFailed", "Notification", "DEFAULT_URI",
            "DEFAULT_CONNECT_TIMEOUT"]
 
@@ -56,6 +57,7 @@ class _Protocol(asyncio.Protocol):
         self.connection = connection
         self.deframer = Deframer(_MAX_FRAME)
         self.transport = None
+        self.done = connection.loop.create_future()    # set when this channel ends
 
     def connection_made(self, transport):
         self.transport = transport
@@ -79,7 +81,8 @@ class _Protocol(asyncio.Protocol):
             self.transport.abort()
 
     def connection_lost(self, exc):
-        self.connection._lost(exc)
+        _settle(self.done)
+        self.connection._lost(self, exc)
 
     def send(self, packet):
         data = P.encode(packet)
@@ -96,8 +99,10 @@ class Subscription:
     context manager it removes itself on exit.
     """
 
-    def __init__(self, connection, sub_id, expression, accept_insecure, callback=None):
+    def __init__(self, connection, sub_id, expression, accept_insecure, callback=None,
+                 keys=None):
         self.connection = connection
+        self.keys = keys          # as subscribed: registered again with these
         self.id = sub_id
         self.expression = expression
         self.accept_insecure = accept_insecure
@@ -205,31 +210,124 @@ class _Pending:
 
 
 class Connection(ClientState):
-    """A session with an Elvin router (made by ``connect``)."""
+    """A session with an Elvin router (made by ``connect``).
 
-    def __init__(self, uri, loop=None):
+    With ``reconnect`` (see ``connect``), a lost channel is not the end of
+    the session: ``on_connection_lost(error)`` is called, requests raise
+    ConnectionClosed meanwhile, and the connection dials again with
+    backoff, connects with the options and keys it first had, replays its
+    key changes and registers its subscriptions and quenches again (they
+    get new router ids; iterators carry on), then calls
+    ``on_reconnected(connection)``. If it gives up, it ends as without
+    reconnection: subscriptions' iterators raise ConnectionClosed and
+    ``closed`` is set.
+    """
+
+    def __init__(self, uri, loop=None, dial=None, reconnect=None):
         super().__init__()
         self.uri = uri
         self.loop = loop or asyncio.get_running_loop()
         self.protocol = None
         self.first_bytes = None
         self.problem = None
-        self.closed = self.loop.create_future()   # set when the channel ends
+        self.closed = self.loop.create_future()   # set when the session ends
         self._closing = None
+        self._dial = dial                 # coroutine function: open a channel
+        self._connect_args = None         # (options, nfn_keys, sub_keys, timeout)
+        self.reconnect = reconnect
+        self.reconnects = 0
+        self.on_connection_lost = None
+        self.on_reconnected = None
+        self._reconnecting = None
 
     # -- transport callbacks -------------------------------------------------
 
     def _attached(self, protocol):
         self.protocol = protocol
-        self.send = protocol.send
+        self.reopened(protocol.send)
 
-    def _lost(self, exc):
+    def _lost(self, protocol, exc):
+        if protocol is not self.protocol:
+            return                        # a channel already replaced
         why = f": {exc}" if exc else ""
         error = ConnectionClosed(f"connection to the router was lost{why}")
         self.connection_lost(error)
+        if self._reconnecting is not None and not self._reconnecting.done():
+            return                        # a reconnect attempt's channel: it goes on
+        if self.reconnect is not None and self._closing is None and self._connect_args:
+            if self.on_connection_lost is not None:
+                self.on_connection_lost(error)
+            self._reconnecting = self.loop.create_task(self._reconnect())
+            return
+        self._finish(error)
+
+    def _finish(self, error=None):
+        """The session is over: end the iterators, set ``closed``."""
+        self._closed = True
         for sub in list(self.subscriptions.values()):
             sub._end(error)
         _settle(self.closed)
+
+    async def _handshake(self, options, nfn_keys, sub_keys, timeout):
+        """Open a channel and send ConnRqst; raises ConnectFailed/NackError."""
+        target = self.uri
+        try:
+            await asyncio.wait_for(self._dial(lambda: _Protocol(self)), timeout or None)
+        except ConnectFailed:
+            raise
+        except ConnectionRefusedError as e:
+            raise ConnectFailed(f"{target}: connection refused: is the router running "
+                                f"there?") from e
+        except (OSError, asyncio.TimeoutError, ssl.SSLError) as e:
+            raise ConnectFailed(f"{target}: cannot connect: {e or 'timed out'}") from e
+        try:
+            reply = await asyncio.wait_for(
+                self._call(self.conn_rqst(options, nfn_keys, sub_keys)), timeout or None)
+        except asyncio.TimeoutError:
+            self.protocol.transport.abort()
+            raise ConnectFailed(f"no Elvin ConnRply from {target} within {timeout:g} s: "
+                                f"is this an Elvin router?") from None
+        except NackError:
+            self.protocol.transport.abort()
+            raise
+        except ConnectionClosed as e:
+            raise ConnectFailed(f"{target} closed the connection before ConnRply"
+                                + (" (it is not Elvin)" if self.problem else "")) from e
+        self.options = dict(reply.options)
+        self._connect_args = (options, nfn_keys, sub_keys, timeout)
+
+    async def _reconnect(self):
+        last = None
+        for delay in self.reconnect.delays():
+            await asyncio.sleep(delay)
+            if self._closing is not None:
+                return
+            try:
+                await self._handshake(*self._connect_args)
+                for make_packet, apply, owner in self.replay():
+                    try:
+                        reply = await self._call(make_packet)
+                    except NackError as e:
+                        if owner is None:
+                            raise
+                        # The router will not take it back (a new limit,
+                        # say): it ends, and its iterator says why.
+                        self.drop(*owner)
+                        if hasattr(owner[1], "_end"):
+                            owner[1]._end(e)
+                        continue
+                    if apply is not None:
+                        apply(reply)
+            except (ConnectFailed, ConnectionClosed, NackError) as e:
+                last = e
+                if self.protocol is not None and self.protocol.transport is not None:
+                    self.protocol.transport.abort()
+                continue
+            self.reconnects += 1
+            if self.on_reconnected is not None:
+                self.on_reconnected(self)
+            return
+        self._finish(ConnectionClosed(f"gave up reconnecting to {self.uri}: {last}"))
 
     # -- requests --------------------------------------------------------------
 
@@ -251,7 +349,7 @@ class Connection(ClientState):
         async def subscribed():
             reply = await self._call(self.sub_add_rqst(expression, accept_insecure, keys))
             sub = Subscription(self, reply.subscription_id, expression, accept_insecure,
-                               callback)
+                               callback, keys)
             self.subscriptions[sub.id] = sub
             return sub
 
@@ -267,6 +365,7 @@ class Connection(ClientState):
         reply = await self._call(self.qnch_add_rqst(names, deliver_insecure, keys))
         quench = Quench(self, reply.quench_id, names, on_add, on_modify, on_delete,
                         deliver_insecure)
+        quench.keys = keys
         self.quenches[quench.id] = quench
         return quench
 
@@ -279,8 +378,9 @@ class Connection(ClientState):
     async def set_keys(self, add_nfn_keys=None, del_nfn_keys=None, add_sub_keys=None,
                        del_sub_keys=None):
         """Change the connection's keys (SecRqst)."""
-        await self._call(self.sec_rqst(add_nfn_keys, del_nfn_keys, add_sub_keys,
-                                       del_sub_keys))
+        change = self.sec_rqst(add_nfn_keys, del_nfn_keys, add_sub_keys, del_sub_keys)
+        await self._call(change)
+        self.keys_changed(change)
 
     async def test_connection(self, timeout=None):
         """TestConn; True once the router answers (TimeoutError after
@@ -297,16 +397,20 @@ class Connection(ClientState):
         await asyncio.shield(self._closing)
 
     async def _close(self):
-        if not self.is_closed and self.protocol is not None:
+        reconnecting = self._reconnecting
+        if reconnecting is not None and not reconnecting.done():
+            reconnecting.cancel()
+        protocol = self.protocol
+        if not self.is_closed and protocol is not None:
             try:
                 await self._call(self.disconn_rqst())
             except (ConnectionClosed, NackError):
                 pass
-            self._closed = True
-            self.protocol.transport.close()
-        await self.closed
-        for sub in list(self.subscriptions.values()):
-            sub._end()
+        self._closed = True
+        if protocol is not None:
+            protocol.transport.close()
+            await protocol.done
+        self._finish()
 
     async def __aenter__(self):
         return self
@@ -339,7 +443,7 @@ async def _open(uri, loop, protocol_factory, tls, tls_ca, tls_certificate, tls_k
 
 def connect(uri=None, options=None, nfn_keys=None, sub_keys=None, *, tls=None,
             tls_ca=None, tls_certificate=None, tls_key=None, tls_hostname=None,
-            timeout=DEFAULT_CONNECT_TIMEOUT):
+            timeout=DEFAULT_CONNECT_TIMEOUT, reconnect=False):
     """Connect to the router at ``uri`` (default elvin://localhost:2917).
 
     ``await`` it for a Connection, or ``async with elvin.aio.connect(...)
@@ -351,37 +455,18 @@ def connect(uri=None, options=None, nfn_keys=None, sub_keys=None, *, tls=None,
     presented to routers that verify clients; ``tls`` takes a ready
     ``ssl.SSLContext``. ``timeout`` bounds the connect and the handshake;
     a failure raises ConnectFailed naming the URI, a Nack raises NackError.
+    ``reconnect=True`` (or an ``elvin.client.state.Reconnect`` policy)
+    keeps the session across lost channels (see Connection).
     """
     async def opened():
         target = ElvinURI(uri or DEFAULT_URI) if not isinstance(uri, ElvinURI) else uri
         loop = asyncio.get_running_loop()
-        connection = Connection(target, loop)
-        try:
-            await asyncio.wait_for(_open(target, loop, lambda: _Protocol(connection), tls,
-                                         tls_ca, tls_certificate, tls_key, tls_hostname),
-                                   timeout or None)
-        except ConnectFailed:
-            raise
-        except ConnectionRefusedError as e:
-            raise ConnectFailed(f"{target}: connection refused: is the router running "
-                                f"there?") from e
-        except (OSError, asyncio.TimeoutError, ssl.SSLError) as e:
-            raise ConnectFailed(f"{target}: cannot connect: {e or 'timed out'}") from e
-        try:
-            reply = await asyncio.wait_for(
-                connection._call(connection.conn_rqst(options, nfn_keys, sub_keys)),
-                timeout or None)
-        except asyncio.TimeoutError:
-            connection.protocol.transport.abort()
-            raise ConnectFailed(f"no Elvin ConnRply from {target} within {timeout:g} s: "
-                                f"is this an Elvin router?") from None
-        except NackError:
-            connection.protocol.transport.abort()
-            raise
-        except ConnectionClosed as e:
-            raise ConnectFailed(f"{target} closed the connection before ConnRply"
-                                + (" (it is not Elvin)" if connection.problem else "")) from e
-        connection.options = dict(reply.options)
+
+        async def dial(protocol_factory):
+            return await _open(target, loop, protocol_factory, tls, tls_ca,
+                               tls_certificate, tls_key, tls_hostname)
+        connection = Connection(target, loop, dial, Reconnect.from_argument(reconnect))
+        await connection._handshake(options, nfn_keys, sub_keys, timeout)
         return connection
 
     async def close(connection):
@@ -412,4 +497,4 @@ async def unotify(uri, attributes, deliver_insecure=True, keys=None, *, tls=None
     connection.protocol.transport.write(len(data).to_bytes(4, "big") + data)
     await asyncio.sleep(UNOTIFY_LINGER)
     connection.protocol.transport.close()
-    await connection.closed
+    await connection.protocol.done

@@ -163,6 +163,27 @@ class Connection:
     def is_closed(self):
         return self._inner.is_closed
 
+    # With connect(..., reconnect=...): called on the client's thread.
+    @property
+    def on_connection_lost(self):
+        return self._inner.on_connection_lost
+
+    @on_connection_lost.setter
+    def on_connection_lost(self, callback):
+        self._inner.on_connection_lost = callback
+
+    @property
+    def on_reconnected(self):
+        return self._inner.on_reconnected
+
+    @on_reconnected.setter
+    def on_reconnected(self, callback):
+        self._inner.on_reconnected = lambda inner: callback(self)
+
+    @property
+    def reconnects(self):
+        return self._inner.reconnects
+
     def notify(self, attributes, deliver_insecure=True, keys=None):
         """Emit a notification. It is checked here (ValueError, TypeError,
         ConnectionClosed) and sent in order with everything else asked of
@@ -238,8 +259,8 @@ class Connection:
 
 def connect(uri=None, options=None, nfn_keys=None, sub_keys=None, **kwargs):
     """Connect to the router at ``uri`` (default elvin://localhost:2917);
-    arguments as ``elvin.aio.connect`` (TLS, ``timeout``). Raises
-    ConnectFailed or NackError."""
+    arguments as ``elvin.aio.connect`` (TLS, ``timeout``, ``reconnect``).
+    Raises ConnectFailed or NackError."""
     return Connection(_run(aio.connect(uri, options, nfn_keys, sub_keys, **kwargs)))
 
 

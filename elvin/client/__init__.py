@@ -17,7 +17,7 @@ from twisted.internet import defer, error, protocol, task
 from twisted.logger import Logger
 
 from elvin.client.state import (ClientState, ConnectFailed, ConnectionClosed, NackError,
-                                Notification, QuenchHandlers)
+                                Notification, QuenchHandlers, Reconnect)
 from elvin.core.options import OPTIONS
 from elvin.protocols import packets as P
 from elvin.protocols.framing import FramedProtocol
@@ -27,7 +27,7 @@ from elvin.values import normalise
 
 __all__ = ["connect", "connect_discovered", "unotify", "Connection", "ClientSubscription", "ConnectFailed",
            "DEFAULT_CONNECT_TIMEOUT", "ClientQuench", "QuenchState", "AutoQuench", "NackError",
-           "ConnectionClosed", "Notification"]
+           "ConnectionClosed", "Notification", "Reconnect"]
 
 DEFAULT_URI = "elvin://localhost:2917"
 
@@ -242,7 +242,7 @@ class ElvinClientProtocol(FramedProtocol):
 
     def connectionLost(self, reason=None):
         super().connectionLost(reason)
-        self.factory.connection._lost(reason)
+        self.factory.connection._lost(reason, self)
 
     def send(self, packet):
         self.sendFrame(P.encode(packet))
@@ -250,17 +250,33 @@ class ElvinClientProtocol(FramedProtocol):
 
 class Connection(ClientState):
     """A session with an Elvin router (made by ``connect``): the shared
-    client state machine (``elvin.client.state``) with Deferreds."""
+    client state machine (``elvin.client.state``) with Deferreds.
+
+    With ``reconnect`` (see ``connect``), a lost channel is not the end of
+    the session: ``on_connection_lost(error)`` is called, requests fail
+    with ConnectionClosed meanwhile, and the connection dials again with
+    backoff, connects with the options and keys it first had, replays its
+    key changes and registers its subscriptions and quenches again (new
+    router ids, same objects), then calls ``on_reconnected(connection)``.
+    ``disconnected`` fires only when the session ends for good.
+    """
 
     log = Logger()
 
-    def __init__(self, uri, reactor=None):
+    def __init__(self, uri, reactor=None, endpoint=None, reconnect=None):
         super().__init__()
         if reactor is None:
             from twisted.internet import reactor
         self.uri = uri
         self.reactor = reactor
         self.protocol = None
+        self._endpoint = endpoint
+        self._connect_args = None
+        self.reconnect = reconnect
+        self.reconnects = 0
+        self.on_connection_lost = None
+        self.on_reconnected = None
+        self._reconnecting = None
         self._close_deferred = None
         self.disconnected = defer.Deferred()
         #: What the peer first sent, and whether it was not Elvin framing:
@@ -272,7 +288,7 @@ class Connection(ClientState):
 
     def _attached(self, proto):
         self.protocol = proto
-        self.send = proto.send
+        self.reopened(proto.send)
 
     def _packet(self, packet):
         self.packet_received(packet)
@@ -280,15 +296,61 @@ class Connection(ClientState):
     def _callback_failed(self, what):
         self.log.failure("{what} raised", what=what)
 
-    def _lost(self, reason):
+    def _lost(self, reason, proto=None):
+        if proto is not None and proto is not self.protocol:
+            return                        # a channel already replaced
         why = ""
         if hasattr(reason, "check") and not reason.check(error.ConnectionDone):
             why = f": {reason.getErrorMessage()}"  # e.g. a TLS verification failure
-        self.connection_lost(ConnectionClosed(f"connection to the router was lost{why}"))
+        lost = ConnectionClosed(f"connection to the router was lost{why}")
+        self.connection_lost(lost)
+        if self._reconnecting is not None and not self._reconnecting.called:
+            return                        # a reconnect attempt's channel: it goes on
+        if (self.reconnect is not None and self._close_deferred is None
+                and self._connect_args is not None):
+            if self.on_connection_lost is not None:
+                self.on_connection_lost(lost)
+            self._reconnecting = defer.ensureDeferred(self._reconnect())
+            return
+        self._finish()
+
+    def _finish(self):
+        self._closed = True
         if self._close_deferred is not None and not self._close_deferred.called:
             self._close_deferred.callback(None)
         if not self.disconnected.called:
             self.disconnected.callback(None)
+
+    async def _reconnect(self):
+        last = None
+        for delay in self.reconnect.delays():
+            await task.deferLater(self.reactor, delay, lambda: None)
+            if self._close_deferred is not None:
+                return
+            try:
+                await self._endpoint.connect(_ClientFactory(self))
+                await self._handshake(*self._connect_args)
+                for make_packet, apply, owner in self.replay():
+                    try:
+                        reply = await self._request(make_packet)
+                    except NackError:
+                        if owner is None:
+                            raise
+                        self.drop(*owner)    # the router will not take it back
+                        continue
+                    if apply is not None:
+                        apply(reply)
+            except Exception as e:        # refused, lost again, Nacked: try later
+                last = e
+                if self.protocol is not None and self.protocol.transport is not None:
+                    self.protocol.transport.abortConnection()
+                continue
+            self.reconnects += 1
+            if self.on_reconnected is not None:
+                self.on_reconnected(self)
+            return
+        self.log.warn("gave up reconnecting to {uri}: {last}", uri=self.uri, last=last)
+        self._finish()
 
     # -- requests ------------------------------------------------------------
 
@@ -305,6 +367,7 @@ class Connection(ClientState):
 
         def connected(reply):
             self.options = dict(reply.options)
+            self._connect_args = (options, nfn_keys, sub_keys)
             return self
         return d.addCallback(connected)
 
@@ -319,6 +382,7 @@ class Connection(ClientState):
         def added(reply):
             sub = ClientSubscription(self, reply.subscription_id, expression,
                                      callback, accept_insecure)
+            sub.keys = keys       # registered again with these after a reconnect
             self.subscriptions[sub.id] = sub
             return sub
         return d.addCallback(added)
@@ -351,6 +415,7 @@ class Connection(ClientState):
         def added(reply):
             quench = ClientQuench(self, reply.quench_id, names, on_add, on_modify,
                                   on_delete, deliver_insecure)
+            quench.keys = keys
             self.quenches[quench.id] = quench
             return quench
         return d.addCallback(added)
@@ -390,8 +455,8 @@ class Connection(ClientState):
     def set_keys(self, add_nfn_keys=None, del_nfn_keys=None, add_sub_keys=None,
                  del_sub_keys=None):
         """Change the connection's keys (SecRqst)."""
-        return self._request(self.sec_rqst(add_nfn_keys, del_nfn_keys, add_sub_keys,
-                                           del_sub_keys)).addCallback(lambda _: None)
+        change = self.sec_rqst(add_nfn_keys, del_nfn_keys, add_sub_keys, del_sub_keys)
+        return self._request(change).addCallback(lambda _: self.keys_changed(change))
 
     def test_connection(self):
         """Send TestConn; fires True when the router answers ConfConn."""
@@ -407,8 +472,10 @@ class Connection(ClientState):
         if self._close_deferred is not None:
             return self._close_deferred
         self._close_deferred = defer.Deferred()
+        if self._reconnecting is not None and not self._reconnecting.called:
+            self._reconnecting.cancel()
         if self._closed or self.protocol is None:
-            self._close_deferred.callback(None)
+            self._finish()
             return self._close_deferred
         d = self._request(self.disconn_rqst())
         d.addErrback(lambda f: None)
@@ -438,7 +505,8 @@ def _tls_args(tls, tls_ca, tls_certificate, tls_key, tls_hostname):
 def connect(uri=None, options=None, reactor=None, nfn_keys=None,
             sub_keys=None, *, tls=None, tls_ca=None, tls_certificate=None,
             tls_key=None, tls_hostname=None, scope=None, discover=False,
-            discoverer=None, discovery_timeout=10.0, timeout=DEFAULT_CONNECT_TIMEOUT):
+            discoverer=None, discovery_timeout=10.0, timeout=DEFAULT_CONNECT_TIMEOUT,
+            reconnect=False):
     """Connect to the router at ``uri``; fires with a Connection.
 
     ``options`` is a dict of connection options to request (section 7.5);
@@ -466,6 +534,9 @@ def connect(uri=None, options=None, reactor=None, nfn_keys=None,
     raises ``ConnectFailed`` (a ``ConnectionClosed``) whose message names
     the URI, what went wrong (refused, no ConnRply, not an Elvin server,
     TLS failure) and what to try; a Nack to ConnRqst raises ``NackError``.
+
+    ``reconnect=True`` (or an ``elvin.client.state.Reconnect`` policy)
+    keeps the session across lost channels: see Connection.
     """
     if reactor is None:
         from twisted.internet import reactor
@@ -480,11 +551,11 @@ def connect(uri=None, options=None, reactor=None, nfn_keys=None,
         uri = DEFAULT_URI
     if not isinstance(uri, ElvinURI):
         uri = ElvinURI(uri)
-    connection = Connection(uri, reactor)
     tls_args = _tls_args(tls, tls_ca, tls_certificate, tls_key, tls_hostname)
     if timeout:
         tls_args["timeout"] = timeout
     endpoint = _endpoint(reactor, uri, tls_args)
+    connection = Connection(uri, reactor, endpoint, Reconnect.from_argument(reconnect))
     try:
         yield endpoint.connect(_ClientFactory(connection))
     except Exception as e:

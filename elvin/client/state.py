@@ -14,13 +14,14 @@ business: requests take plain ``on_reply``/``on_error`` callables.
 
 import itertools
 import logging
+import random
 
 from elvin.errors import ElvinError
 from elvin.protocols import packets as P
 from elvin.values import normalise
 
 __all__ = ["ClientState", "NackError", "ConnectionClosed", "ConnectFailed",
-           "Notification", "Deframer", "QuenchHandlers"]
+           "Notification", "Deframer", "QuenchHandlers", "Reconnect"]
 
 _log = logging.getLogger("elvin.client")
 
@@ -56,6 +57,43 @@ class Notification(dict):
         super().__init__(attributes)
         self.secure = tuple(secure)
         self.insecure = tuple(insecure)
+
+
+class Reconnect:
+    """When to try again after a lost connection: the first try after
+    ``initial`` seconds, each later one ``factor`` times as long (at most
+    ``maximum``), each delay spread by up to ``jitter`` of itself so that
+    many clients of one router do not all come back at once; give up after
+    ``attempts`` tries (None: never). Pass ``reconnect=Reconnect(...)`` (or
+    ``reconnect=True`` for these defaults) to a flavour's ``connect``."""
+
+    def __init__(self, initial=0.5, factor=2.0, maximum=30.0, jitter=0.2, attempts=None):
+        if initial <= 0 or factor < 1 or maximum < initial:
+            raise ValueError("Reconnect needs 0 < initial <= maximum and factor >= 1")
+        self.initial = initial
+        self.factor = factor
+        self.maximum = maximum
+        self.jitter = jitter
+        self.attempts = attempts
+
+    @classmethod
+    def from_argument(cls, value):
+        """``connect``'s ``reconnect`` argument as a policy, or None."""
+        if value is None or value is False:
+            return None
+        if value is True:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        raise TypeError("reconnect must be a bool or an elvin.client.state.Reconnect")
+
+    def delays(self, rng=random.random):
+        """The delays before each try, in order (finite if ``attempts``)."""
+        delay = self.initial
+        tries = itertools.count() if self.attempts is None else range(self.attempts)
+        for _ in tries:
+            yield delay * (1 + self.jitter * (2 * rng() - 1))
+            delay = min(delay * self.factor, self.maximum)
 
 
 class QuenchHandlers:
@@ -143,6 +181,9 @@ class ClientState:
         #: connection's subscriptions it matched (before their callbacks).
         self.on_notification = None
         self.dropwarns = 0
+        #: The SecRqsts that succeeded, in order: a reconnected session
+        #: replays them (after ConnRqst with the keys it connected with).
+        self.key_changes = []
 
     @property
     def is_closed(self):
@@ -238,6 +279,53 @@ class ClientState:
             sub.id = reply.subscription_id
             self.subscriptions[sub.id] = sub
         return sub
+
+    def keys_changed(self, make_packet):
+        """Remember a SecRqst the router accepted (for ``replay``)."""
+        self.key_changes.append(make_packet)
+
+    def reopened(self, send):
+        """A new channel took over from a lost one: requests go to ``send``
+        again. What was registered (subscriptions, quenches, keys) is
+        registered again by the flavour, with ``replay`` requests."""
+        self.send = send
+        self._closed = False
+
+    def replay(self):
+        """The requests that re-create this session's state on a new
+        channel, in order: key changes, then every subscription and quench
+        (each gets the id the router now gives it). Each step is
+        ``(make_packet, apply(reply) or None, (table, item) or None)``;
+        a flavour whose step is refused calls ``drop(table, item)``."""
+        steps = [(change, None, None) for change in self.key_changes]
+        for sub in list(self.subscriptions.values()):
+            steps.append((self.sub_add_rqst(sub.expression, sub.accept_insecure,
+                                            getattr(sub, "keys", None)),
+                          self._readded(self.subscriptions, sub, "subscription_id"),
+                          (self.subscriptions, sub)))
+        for quench in list(self.quenches.values()):
+            steps.append((self.qnch_add_rqst(sorted(quench.names), quench.deliver_insecure,
+                                             getattr(quench, "keys", None)),
+                          self._readded(self.quenches, quench, "quench_id"),
+                          (self.quenches, quench)))
+        return steps
+
+    @staticmethod
+    def drop(table, item):
+        """Forget ``item`` (the router would not take it back)."""
+        if table.get(item.id) is item:
+            del table[item.id]
+
+    @staticmethod
+    def _readded(table, item, field):
+        old = item.id
+
+        def apply(reply):
+            if table.get(old) is item:
+                del table[old]
+            item.id = getattr(reply, field)
+            table[item.id] = item
+        return apply
 
     # -- what the router says -------------------------------------------------
 

@@ -19,7 +19,7 @@ from twisted.internet import defer
 from twisted.trial import unittest
 
 from elvin import aio, client, sync
-from elvin.client.state import ConnectFailed, ConnectionClosed, NackError
+from elvin.client.state import ConnectFailed, ConnectionClosed, NackError, Reconnect
 from elvin.core.keys import producer_keys
 from elvin.test.places import REPO, free_port
 
@@ -41,9 +41,10 @@ def shared_router():
     return _ROUTER[0]
 
 
-def start_router():
-    """A router process on a free loopback port; its URI and process."""
-    port = free_port()
+def start_router(port=None):
+    """A router process on ``port`` (default a free one) of 127.0.0.1; its
+    URI and process."""
+    port = port or free_port()
     proc = subprocess.Popen(
         [sys.executable, "-c",
          "import sys; from twisted.scripts.twistd import run; "
@@ -324,6 +325,40 @@ class Scenarios:
             await d.connect(f"elvin://127.0.0.1:{free_port()}", timeout=5)
         self.assertIn("refused", str(caught.exception))
 
+    async def scenario_reconnect(self, d):
+        """The router goes away and comes back on the same port: the
+        connection says so, refuses requests meanwhile, and afterwards
+        its subscription (registered again) receives as before."""
+        port = free_port()
+        uri, router = start_router(port)
+        events = []
+        try:
+            conn = await d.connect(uri, reconnect=Reconnect(initial=0.05, maximum=0.3))
+            conn.on_connection_lost = lambda error: events.append("lost")
+            conn.on_reconnected = lambda c: events.append("reconnected")
+            sub = await d.subscribe(conn, "require(after)")
+            stop_router(router)
+            for _ in range(200):
+                if events:
+                    break
+                await _sleep_via(d, 0.05)
+            self.assertEqual(events, ["lost"])
+            with self.assertRaises(ConnectionClosed):
+                await d.notify(conn, {"after": 0})
+            uri, router = start_router(port)
+            for _ in range(200):
+                if "reconnected" in events:
+                    break
+                await _sleep_via(d, 0.05)
+            self.assertEqual(events, ["lost", "reconnected"])
+            producer = await d.connect(uri)
+            await d.notify(producer, {"after": 1})
+            self.assertEqual((await d.next(sub))["after"], 1)
+            await d.close(producer)
+            await d.close(conn)
+        finally:
+            stop_router(router)
+
     async def scenario_options(self, d):
         conn = await d.connect(self.uri, options={"Subscription.Max-Count": 16})
         self.assertEqual(conn.options["Subscription.Max-Count"], 16)
@@ -439,6 +474,8 @@ class ClientDocsTests(unittest.SynchronousTestCase):
                                        "are the asyncio flavour's, tested above",
         "from twisted.application import service": "a .tac for twistd -ny; its calls are "
                                                    "the Twisted flavour's, tested above",
+        "from elvin.client.state import Reconnect": "a fragment; scenario_reconnect does "
+                                                    "this against a router it restarts",
     }
 
     def test_examples_run(self):
