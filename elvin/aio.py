@@ -18,6 +18,8 @@ request, ``ConnectFailed`` when ``connect`` cannot open one.
 import asyncio
 import socket
 import ssl
+from typing import (Any, Awaitable, Callable, Coroutine, Dict, Generator, Generic, Iterable,
+                    Mapping, NoReturn, Optional, Tuple, TypeVar, Union)
 
 from elvin.client.state import (ClientState, ConnectFailed, ConnectionClosed, Deframer,
                                 NackError, Notification, QuenchHandlers, Reconnect)
@@ -40,9 +42,15 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 UNOTIFY_LINGER = 0.1
 _MAX_FRAME = OPTIONS["Packet.Max-Length"].high
 _END = object()
+T = TypeVar("T")
+#: What a subscription's callback is given.
+NoteCallback = Callable[[Notification], Any]
+#: A quench's add/modify handler: (term id, subscription tree, secure).
+QuenchCallback = Callable[[int, Any, bool], Any]
 
 
-def _settle(future, value=None, error=None):
+def _settle(future: "asyncio.Future[Any]", value: Any = None,
+            error: Optional[BaseException] = None) -> None:
     if not future.done():
         if error is not None:
             future.set_exception(error)
@@ -53,13 +61,13 @@ def _settle(future, value=None, error=None):
 class _Protocol(asyncio.Protocol):
     """Bytes to packets for one Connection."""
 
-    def __init__(self, connection):
+    def __init__(self, connection: "Connection") -> None:
         self.connection = connection
         self.deframer = Deframer(_MAX_FRAME)
-        self.transport = None
-        self.done = connection.loop.create_future()    # set when this channel ends
+        self.transport: Any = None
+        self.done: "asyncio.Future[None]" = connection.loop.create_future()    # set when this channel ends
 
-    def connection_made(self, transport):
+    def connection_made(self, transport: Any) -> None:
         self.transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -69,7 +77,7 @@ class _Protocol(asyncio.Protocol):
                 pass
         self.connection._attached(self)
 
-    def data_received(self, data):
+    def data_received(self, data: bytes) -> None:
         connection = self.connection
         if connection.first_bytes is None:
             connection.first_bytes = bytes(data[:16])
@@ -80,11 +88,11 @@ class _Protocol(asyncio.Protocol):
             connection.problem = "not_elvin"
             self.transport.abort()
 
-    def connection_lost(self, exc):
+    def connection_lost(self, exc: Optional[Exception]) -> None:
         _settle(self.done)
         self.connection._lost(self, exc)
 
-    def send(self, packet):
+    def send(self, packet: Any) -> None:
         data = P.encode(packet)
         self.transport.write(len(data).to_bytes(4, "big") + data)
 
@@ -99,31 +107,38 @@ class Subscription:
     context manager it removes itself on exit.
     """
 
-    def __init__(self, connection, sub_id, expression, accept_insecure, callback=None,
-                 keys=None):
+    def __init__(self, connection: "Connection", sub_id: int, expression: str,
+                 accept_insecure: bool, callback: Optional[NoteCallback] = None,
+                 keys: Optional[P.Keys] = None) -> None:
         self.connection = connection
         self.keys = keys          # as subscribed: registered again with these
         self.id = sub_id
         self.expression = expression
         self.accept_insecure = accept_insecure
         self.callback = callback
-        self._queue = asyncio.Queue() if callback is None else None
-        self._ended = None
+        self._queue: Optional["asyncio.Queue[Any]"] = asyncio.Queue() if callback is None else None
+        self._ended: Any = None
+        #: Called (on the loop) with the error, or None, when it ends.
+        self.on_end: Optional[Callable[[Optional[Exception]], Any]] = None
 
-    def _deliver_note(self, note):
+    def _deliver_note(self, note: Notification) -> None:
         if self.callback is not None:
             self.callback(note)
-        else:
+        elif self._queue is not None:
             self._queue.put_nowait(note)
 
-    def _end(self, error=None):
+    def _end(self, error: Optional[Exception] = None) -> None:
         if self._ended is None:
             self._ended = error or _END
             if self._queue is not None:
                 self._queue.put_nowait(_END)
+            if self.on_end is not None:
+                self.on_end(error)
 
-    async def modify(self, expression=None, accept_insecure=None, add_keys=None,
-                     del_keys=None):
+    async def modify(self, expression: Optional[str] = None,
+                     accept_insecure: Optional[bool] = None,
+                     add_keys: Optional[P.Keys] = None,
+                     del_keys: Optional[P.Keys] = None) -> "Subscription":
         """Change the expression, insecure flag or keys; returns self."""
         conn = self.connection
         insecure = self.accept_insecure if accept_insecure is None else accept_insecure
@@ -131,7 +146,7 @@ class Subscription:
                                                    add_keys, del_keys))
         return conn.subscription_modified(self, expression, insecure, reply)
 
-    async def remove(self):
+    async def remove(self) -> None:
         """Delete the subscription (iteration then ends)."""
         conn = self.connection
         if self._ended is None:
@@ -139,32 +154,34 @@ class Subscription:
         conn.subscriptions.pop(self.id, None)
         self._end()
 
-    def __aiter__(self):
+    def __aiter__(self) -> "Subscription":
         if self._queue is None:
             raise TypeError("a subscription with a callback is not iterable")
         return self
 
-    async def __anext__(self):
-        if self._queue.empty() and self._ended is not None:
+    async def __anext__(self) -> Notification:
+        queue = self._queue
+        assert queue is not None, "__aiter__ refuses callback subscriptions"
+        if queue.empty() and self._ended is not None:
             return self._finish()
-        note = await self._queue.get()
+        note = await queue.get()
         if note is _END:
             return self._finish()
         return note
 
-    def _finish(self):
+    def _finish(self) -> NoReturn:
         if self._ended is not _END and self._ended is not None:
             raise self._ended
         raise StopAsyncIteration
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> "Subscription":
         return self
 
-    async def __aexit__(self, *exc):
+    async def __aexit__(self, *exc: Any) -> None:
         if self._ended is None and not self.connection.is_closed:
             await self.remove()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<elvin.aio.Subscription {self.id} {self.expression!r}>"
 
 
@@ -173,8 +190,10 @@ class Quench(QuenchHandlers):
     secure)``, ``on_modify(...)`` and ``on_delete(term_id)`` are called as
     subscriptions on its names come, change and go."""
 
-    async def modify(self, add_names=(), del_names=(), deliver_insecure=None,
-                     add_keys=None, del_keys=None):
+    async def modify(self, add_names: Iterable[str] = (), del_names: Iterable[str] = (),
+                     deliver_insecure: Optional[bool] = None,
+                     add_keys: Optional[P.Keys] = None,
+                     del_keys: Optional[P.Keys] = None) -> "Quench":
         conn = self.connection
         insecure = self.deliver_insecure if deliver_insecure is None else deliver_insecure
         await conn._call(conn.qnch_mod_rqst(self.id, add_names, del_names, insecure,
@@ -183,29 +202,30 @@ class Quench(QuenchHandlers):
         self.deliver_insecure = insecure
         return self
 
-    async def remove(self):
+    async def remove(self) -> None:
         conn = self.connection
         await conn._call(conn.qnch_del_rqst(self.id))
         conn.quenches.pop(self.id, None)
 
 
-class _Pending:
+class _Pending(Generic[T]):
     """What ``subscribe``/``connect`` return: awaitable, and an async
     context manager that also closes (removes) what it made."""
 
-    def __init__(self, coroutine, close):
+    def __init__(self, coroutine: Coroutine[Any, Any, T],
+                 close: Callable[[Optional[T]], Awaitable[None]]) -> None:
         self._coroutine = coroutine
         self._close = close
-        self._made = None
+        self._made: Optional[T] = None
 
-    def __await__(self):
+    def __await__(self) -> Generator[Any, None, T]:
         return self._coroutine.__await__()
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> T:
         self._made = await self._coroutine
         return self._made
 
-    async def __aexit__(self, *exc):
+    async def __aexit__(self, *exc: Any) -> None:
         await self._close(self._made)
 
 
@@ -223,30 +243,32 @@ class Connection(ClientState):
     ``closed`` is set.
     """
 
-    def __init__(self, uri, loop=None, dial=None, reconnect=None):
+    def __init__(self, uri: ElvinURI, loop: Optional[asyncio.AbstractEventLoop] = None,
+                 dial: Optional[Callable[[Callable[[], _Protocol]], Awaitable[Any]]] = None,
+                 reconnect: Optional[Reconnect] = None) -> None:
         super().__init__()
         self.uri = uri
         self.loop = loop or asyncio.get_running_loop()
-        self.protocol = None
-        self.first_bytes = None
-        self.problem = None
-        self.closed = self.loop.create_future()   # set when the session ends
-        self._closing = None
+        self.protocol: Optional[_Protocol] = None
+        self.first_bytes: Optional[bytes] = None
+        self.problem: Optional[str] = None
+        self.closed: "asyncio.Future[None]" = self.loop.create_future()  # the session ended
+        self._closing: Optional["asyncio.Task[None]"] = None
         self._dial = dial                 # coroutine function: open a channel
-        self._connect_args = None         # (options, nfn_keys, sub_keys, timeout)
+        self._connect_args: Optional[Tuple[Any, Any, Any, Optional[float]]] = None
         self.reconnect = reconnect
         self.reconnects = 0
-        self.on_connection_lost = None
-        self.on_reconnected = None
-        self._reconnecting = None
+        self.on_connection_lost: Optional[Callable[[ConnectionClosed], Any]] = None
+        self.on_reconnected: Optional[Callable[["Connection"], Any]] = None
+        self._reconnecting: Optional["asyncio.Task[None]"] = None
 
     # -- transport callbacks -------------------------------------------------
 
-    def _attached(self, protocol):
+    def _attached(self, protocol: _Protocol) -> None:
         self.protocol = protocol
         self.reopened(protocol.send)
 
-    def _lost(self, protocol, exc):
+    def _lost(self, protocol: _Protocol, exc: Optional[Exception]) -> None:
         if protocol is not self.protocol:
             return                        # a channel already replaced
         why = f": {exc}" if exc else ""
@@ -261,16 +283,18 @@ class Connection(ClientState):
             return
         self._finish(error)
 
-    def _finish(self, error=None):
+    def _finish(self, error: Optional[Exception] = None) -> None:
         """The session is over: end the iterators, set ``closed``."""
         self._closed = True
         for sub in list(self.subscriptions.values()):
             sub._end(error)
         _settle(self.closed)
 
-    async def _handshake(self, options, nfn_keys, sub_keys, timeout):
+    async def _handshake(self, options: Optional[Mapping[str, Any]], nfn_keys: Optional[P.Keys],
+                         sub_keys: Optional[P.Keys], timeout: Optional[float]) -> None:
         """Open a channel and send ConnRqst; raises ConnectFailed/NackError."""
         target = self.uri
+        assert self._dial is not None, "a Connection made by connect() can dial"
         try:
             await asyncio.wait_for(self._dial(lambda: _Protocol(self)), timeout or None)
         except ConnectFailed:
@@ -280,15 +304,17 @@ class Connection(ClientState):
                                 f"there?") from e
         except (OSError, asyncio.TimeoutError, ssl.SSLError) as e:
             raise ConnectFailed(f"{target}: cannot connect: {e or 'timed out'}") from e
+        protocol = self.protocol
+        assert protocol is not None      # connection_made has run
         try:
             reply = await asyncio.wait_for(
                 self._call(self.conn_rqst(options, nfn_keys, sub_keys)), timeout or None)
         except asyncio.TimeoutError:
-            self.protocol.transport.abort()
+            protocol.transport.abort()
             raise ConnectFailed(f"no Elvin ConnRply from {target} within {timeout:g} s: "
                                 f"is this an Elvin router?") from None
         except NackError:
-            self.protocol.transport.abort()
+            protocol.transport.abort()
             raise
         except ConnectionClosed as e:
             raise ConnectFailed(f"{target} closed the connection before ConnRply"
@@ -296,8 +322,9 @@ class Connection(ClientState):
         self.options = dict(reply.options)
         self._connect_args = (options, nfn_keys, sub_keys, timeout)
 
-    async def _reconnect(self):
+    async def _reconnect(self) -> None:
         last = None
+        assert self.reconnect is not None and self._connect_args is not None
         for delay in self.reconnect.delays():
             await asyncio.sleep(delay)
             if self._closing is not None:
@@ -331,35 +358,41 @@ class Connection(ClientState):
 
     # -- requests --------------------------------------------------------------
 
-    async def _call(self, make_packet):
+    async def _call(self, make_packet: Callable[[int], Any]) -> Any:
         future = self.loop.create_future()
         self.request(make_packet,
                      lambda reply: _settle(future, reply),
                      lambda error: _settle(future, error=error))
         return await future
 
-    def notify(self, attributes, deliver_insecure=True, keys=None):
+    def notify(self, attributes: Mapping[str, Any], deliver_insecure: bool = True,
+               keys: Optional[P.Keys] = None) -> None:
         """Emit a notification (nothing comes back; errors are local)."""
         self.emit(attributes, deliver_insecure, keys)
 
-    def subscribe(self, expression, callback=None, accept_insecure=True, keys=None):
+    def subscribe(self, expression: str, callback: Optional[NoteCallback] = None,
+                  accept_insecure: bool = True,
+                  keys: Optional[P.Keys] = None) -> "_Pending[Subscription]":
         """Register ``expression``: ``await`` it for a ``Subscription``, or
         ``async with conn.subscribe(...) as sub`` to remove it on exit.
         A bad expression raises NackError (code 2101-2112)."""
-        async def subscribed():
+        async def subscribed() -> Subscription:
             reply = await self._call(self.sub_add_rqst(expression, accept_insecure, keys))
             sub = Subscription(self, reply.subscription_id, expression, accept_insecure,
                                callback, keys)
             self.subscriptions[sub.id] = sub
             return sub
 
-        async def remove(sub):
+        async def remove(sub: Optional[Subscription]) -> None:
             if sub is not None and sub._ended is None and not self.is_closed:
                 await sub.remove()
         return _Pending(subscribed(), remove)
 
-    async def quench(self, names, on_add=None, on_modify=None, on_delete=None,
-                     deliver_insecure=True, keys=None):
+    async def quench(self, names: Iterable[str], on_add: Optional[QuenchCallback] = None,
+                     on_modify: Optional[QuenchCallback] = None,
+                     on_delete: Optional[Callable[[int], Any]] = None,
+                     deliver_insecure: bool = True,
+                     keys: Optional[P.Keys] = None) -> Quench:
         """Be told of subscriptions referring to ``names`` (see Quench)."""
         names = tuple(sorted(set(names)))
         reply = await self._call(self.qnch_add_rqst(names, deliver_insecure, keys))
@@ -369,34 +402,36 @@ class Connection(ClientState):
         self.quenches[quench.id] = quench
         return quench
 
-    async def set_options(self, options):
+    async def set_options(self, options: Mapping[str, Any]) -> Dict[str, Any]:
         """Renegotiate connection options (QosRqst); returns the reply table."""
         reply = await self._call(self.qos_rqst(options))
         self.options.update(reply.options)
         return dict(reply.options)
 
-    async def set_keys(self, add_nfn_keys=None, del_nfn_keys=None, add_sub_keys=None,
-                       del_sub_keys=None):
+    async def set_keys(self, add_nfn_keys: Optional[P.Keys] = None,
+                       del_nfn_keys: Optional[P.Keys] = None,
+                       add_sub_keys: Optional[P.Keys] = None,
+                       del_sub_keys: Optional[P.Keys] = None) -> None:
         """Change the connection's keys (SecRqst)."""
         change = self.sec_rqst(add_nfn_keys, del_nfn_keys, add_sub_keys, del_sub_keys)
         await self._call(change)
         self.keys_changed(change)
 
-    async def test_connection(self, timeout=None):
+    async def test_connection(self, timeout: Optional[float] = None) -> bool:
         """TestConn; True once the router answers (TimeoutError after
         ``timeout`` seconds)."""
-        future = self.loop.create_future()
+        future: "asyncio.Future[bool]" = self.loop.create_future()
         self.ping(lambda alive: _settle(future, alive),
                   lambda error: _settle(future, error=error))
         return await asyncio.wait_for(future, timeout)
 
-    async def close(self):
+    async def close(self) -> None:
         """Disconnect politely (DisconnRqst, wait for DisconnRply)."""
         if self._closing is None:
             self._closing = self.loop.create_task(self._close())
         await asyncio.shield(self._closing)
 
-    async def _close(self):
+    async def _close(self) -> None:
         reconnecting = self._reconnecting
         if reconnecting is not None and not reconnecting.done():
             reconnecting.cancel()
@@ -412,14 +447,15 @@ class Connection(ClientState):
             await protocol.done
         self._finish()
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> "Connection":
         return self
 
-    async def __aexit__(self, *exc):
+    async def __aexit__(self, *exc: Any) -> None:
         await self.close()
 
 
-def _ssl_context(uri, tls_ca, tls_certificate, tls_key):
+def _ssl_context(uri: ElvinURI, tls_ca: Union[str, bytes, None],
+                 tls_certificate: Optional[str], tls_key: Optional[str]) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=tls_ca if isinstance(tls_ca, str) else None,
                                          cadata=tls_ca.decode() if isinstance(tls_ca, bytes)
                                          else None)
@@ -428,22 +464,29 @@ def _ssl_context(uri, tls_ca, tls_certificate, tls_key):
     return context
 
 
-async def _open(uri, loop, protocol_factory, tls, tls_ca, tls_certificate, tls_key,
-                tls_hostname):
+async def _open(uri: ElvinURI, loop: asyncio.AbstractEventLoop,
+                protocol_factory: Callable[[], _Protocol], tls: Optional[ssl.SSLContext],
+                tls_ca: Union[str, bytes, None], tls_certificate: Optional[str],
+                tls_key: Optional[str], tls_hostname: Optional[str]) -> Any:
     if uri.transport not in ("tcp", "ssl", "tls"):
         raise ConnectFailed(f"{uri}: elvin.aio speaks tcp and TLS stacks; "
                             f"{','.join(uri.protocol)} is not supported here "
                             f"(use elvin.client for HTTP)")
-    kwargs = {}
+    kwargs: Dict[str, Any] = {}
     if uri.is_secure:
         kwargs["ssl"] = tls or _ssl_context(uri, tls_ca, tls_certificate, tls_key)
         kwargs["server_hostname"] = tls_hostname or uri.host
     return await loop.create_connection(protocol_factory, uri.host, uri.port, **kwargs)
 
 
-def connect(uri=None, options=None, nfn_keys=None, sub_keys=None, *, tls=None,
-            tls_ca=None, tls_certificate=None, tls_key=None, tls_hostname=None,
-            timeout=DEFAULT_CONNECT_TIMEOUT, reconnect=False):
+def connect(uri: Union[str, ElvinURI, None] = None,
+            options: Optional[Mapping[str, Any]] = None,
+            nfn_keys: Optional[P.Keys] = None, sub_keys: Optional[P.Keys] = None, *,
+            tls: Optional[ssl.SSLContext] = None, tls_ca: Union[str, bytes, None] = None,
+            tls_certificate: Optional[str] = None, tls_key: Optional[str] = None,
+            tls_hostname: Optional[str] = None,
+            timeout: Optional[float] = DEFAULT_CONNECT_TIMEOUT,
+            reconnect: Union[bool, Reconnect] = False) -> "_Pending[Connection]":
     """Connect to the router at ``uri`` (default elvin://localhost:2917).
 
     ``await`` it for a Connection, or ``async with elvin.aio.connect(...)
@@ -458,25 +501,29 @@ def connect(uri=None, options=None, nfn_keys=None, sub_keys=None, *, tls=None,
     ``reconnect=True`` (or an ``elvin.client.state.Reconnect`` policy)
     keeps the session across lost channels (see Connection).
     """
-    async def opened():
+    async def opened() -> Connection:
         target = ElvinURI(uri or DEFAULT_URI) if not isinstance(uri, ElvinURI) else uri
         loop = asyncio.get_running_loop()
 
-        async def dial(protocol_factory):
+        async def dial(protocol_factory: Callable[[], _Protocol]) -> Any:
             return await _open(target, loop, protocol_factory, tls, tls_ca,
                                tls_certificate, tls_key, tls_hostname)
         connection = Connection(target, loop, dial, Reconnect.from_argument(reconnect))
         await connection._handshake(options, nfn_keys, sub_keys, timeout)
         return connection
 
-    async def close(connection):
+    async def close(connection: Optional[Connection]) -> None:
         if connection is not None:
             await connection.close()
     return _Pending(opened(), close)
 
 
-async def unotify(uri, attributes, deliver_insecure=True, keys=None, *, tls=None,
-                  tls_ca=None, tls_certificate=None, tls_key=None, tls_hostname=None):
+async def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
+                  deliver_insecure: bool = True, keys: Optional[P.Keys] = None, *,
+                  tls: Optional[ssl.SSLContext] = None,
+                  tls_ca: Union[str, bytes, None] = None,
+                  tls_certificate: Optional[str] = None, tls_key: Optional[str] = None,
+                  tls_hostname: Optional[str] = None) -> None:
     """Send one session-less notification (UNotify). Over
     ``udp,none,xdr`` it is one datagram and nothing confirms it arrived."""
     target = ElvinURI(uri) if not isinstance(uri, ElvinURI) else uri
@@ -494,7 +541,9 @@ async def unotify(uri, attributes, deliver_insecure=True, keys=None, *, tls=None
     connection = Connection(target, loop)
     await _open(target, loop, lambda: _Protocol(connection), tls, tls_ca, tls_certificate,
                 tls_key, tls_hostname)
-    connection.protocol.transport.write(len(data).to_bytes(4, "big") + data)
+    protocol = connection.protocol
+    assert protocol is not None
+    protocol.transport.write(len(data).to_bytes(4, "big") + data)
     await asyncio.sleep(UNOTIFY_LINGER)
-    connection.protocol.transport.close()
-    await connection.protocol.done
+    protocol.transport.close()
+    await protocol.done

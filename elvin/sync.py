@@ -23,20 +23,25 @@ thread and must not block it.
 import asyncio
 import queue
 import threading
+from typing import (Any, Awaitable, Callable, Dict, Iterable, Iterator, List, Mapping,
+                    Optional, TypeVar, Union)
 
 from elvin import aio
 from elvin.client.state import ConnectFailed, ConnectionClosed, NackError, Notification
+from elvin.protocols.packets import Keys
+from elvin.uri import ElvinURI
 from elvin.values import normalise
 
 __all__ = ["connect", "notify", "subscribe", "unotify", "Connection", "Subscription",
            "NackError", "ConnectionClosed", "ConnectFailed", "Notification"]
 
 _END = object()
-_loop = None
+T = TypeVar("T")
+_loop: Optional[asyncio.AbstractEventLoop] = None
 _loop_lock = threading.Lock()
 
 
-def _private_loop():
+def _private_loop() -> asyncio.AbstractEventLoop:
     """The process's private event loop, running in its daemon thread."""
     global _loop
     with _loop_lock:
@@ -44,7 +49,7 @@ def _private_loop():
             loop = asyncio.new_event_loop()
             started = threading.Event()
 
-            def run():
+            def run() -> None:
                 asyncio.set_event_loop(loop)
                 loop.call_soon(started.set)
                 loop.run_forever()
@@ -54,17 +59,19 @@ def _private_loop():
         return _loop
 
 
-async def _awaited(awaitable):
+async def _awaited(awaitable: Awaitable[T]) -> T:
     return await awaitable
 
 
-def _run(awaitable, timeout=None):
+def _run(awaitable: Awaitable[T], timeout: Optional[float] = None) -> T:
     """Run ``awaitable`` on the private loop; its result (or exception)."""
     loop = _private_loop()
     coroutine = _awaited(awaitable)
     if threading.current_thread().name == "elvin.sync":
         coroutine.close()
-        awaitable.close() if hasattr(awaitable, "close") else None
+        close = getattr(awaitable, "close", None)
+        if close is not None:
+            close()
         raise RuntimeError("elvin.sync called from one of its own callbacks: it would "
                            "wait for itself (use the callback's arguments, or elvin.aio)")
     future = asyncio.run_coroutine_threadsafe(coroutine, loop)
@@ -86,21 +93,22 @@ class Subscription:
     timeout). As a context manager it removes itself on exit.
     """
 
-    def __init__(self, connection, inner, timeout, queue_):
+    def __init__(self, connection: "Connection", inner: aio.Subscription,
+                 timeout: Optional[float], queue_: Optional["queue.SimpleQueue[Any]"]) -> None:
         self.connection = connection
         self._inner = inner
         self.timeout = timeout
         self._queue = queue_
 
     @property
-    def id(self):
+    def id(self) -> int:
         return self._inner.id
 
     @property
-    def expression(self):
+    def expression(self) -> str:
         return self._inner.expression
 
-    def get(self, timeout=None):
+    def get(self, timeout: Optional[float] = None) -> Optional[Notification]:
         """The next notification, or None after ``timeout`` seconds."""
         if self._queue is None:
             raise TypeError("a subscription with a callback has no queue")
@@ -108,37 +116,40 @@ class Subscription:
             item = self._queue.get(timeout=timeout)
         except queue.Empty:
             return None
-        if item is _END or isinstance(item, Exception):
+        if item is _END or isinstance(item, BaseException):
             self._queue.put(item)        # later calls see the end too
-            if isinstance(item, Exception):
+            if isinstance(item, BaseException):
                 raise item
             return None
-        return item
+        note: Notification = item
+        return note
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Notification]:
         while True:
             note = self.get(self.timeout)
             if note is None:
                 return
             yield note
 
-    def modify(self, expression=None, accept_insecure=None, add_keys=None, del_keys=None):
+    def modify(self, expression: Optional[str] = None, accept_insecure: Optional[bool] = None,
+               add_keys: Optional[Keys] = None,
+               del_keys: Optional[Keys] = None) -> "Subscription":
         """Change the expression, insecure flag or keys; returns self."""
         _run(self._inner.modify(expression, accept_insecure, add_keys, del_keys))
         return self
 
-    def remove(self):
+    def remove(self) -> None:
         """Delete the subscription (iteration then ends)."""
         _run(self._inner.remove())       # ends the iteration (see subscribe)
 
-    def __enter__(self):
+    def __enter__(self) -> "Subscription":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         if self._inner._ended is None and not self.connection._inner.is_closed:
             self.remove()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<elvin.sync.Subscription {self.id} {self.expression!r}>"
 
 
@@ -146,45 +157,46 @@ class Connection:
     """A session with an Elvin router (made by ``connect``); a context
     manager that closes it on exit."""
 
-    def __init__(self, inner):
+    def __init__(self, inner: aio.Connection) -> None:
         self._inner = inner
-        self._subscriptions = []
 
     @property
-    def options(self):
+    def options(self) -> Dict[str, Any]:
         """The connection options the router granted."""
         return self._inner.options
 
     @property
-    def uri(self):
+    def uri(self) -> Any:
         return self._inner.uri
 
     @property
-    def is_closed(self):
+    def is_closed(self) -> bool:
         return self._inner.is_closed
 
     # With connect(..., reconnect=...): called on the client's thread.
     @property
-    def on_connection_lost(self):
+    def on_connection_lost(self) -> Optional[Callable[[ConnectionClosed], Any]]:
         return self._inner.on_connection_lost
 
     @on_connection_lost.setter
-    def on_connection_lost(self, callback):
+    def on_connection_lost(self, callback: Optional[Callable[[ConnectionClosed], Any]]) -> None:
         self._inner.on_connection_lost = callback
 
     @property
-    def on_reconnected(self):
+    def on_reconnected(self) -> Optional[Callable[..., Any]]:
         return self._inner.on_reconnected
 
     @on_reconnected.setter
-    def on_reconnected(self, callback):
-        self._inner.on_reconnected = lambda inner: callback(self)
+    def on_reconnected(self, callback: Optional[Callable[["Connection"], Any]]) -> None:
+        self._inner.on_reconnected = (None if callback is None
+                                      else lambda inner: callback(self))
 
     @property
-    def reconnects(self):
+    def reconnects(self) -> int:
         return self._inner.reconnects
 
-    def notify(self, attributes, deliver_insecure=True, keys=None):
+    def notify(self, attributes: Mapping[str, Any], deliver_insecure: bool = True,
+               keys: Optional[Keys] = None) -> None:
         """Emit a notification. It is checked here (ValueError, TypeError,
         ConnectionClosed) and sent in order with everything else asked of
         this connection; nothing comes back from the router."""
@@ -195,34 +207,40 @@ class Connection:
             raise ValueError("a notification needs at least one attribute")
         _private_loop().call_soon_threadsafe(self._emit, attributes, deliver_insecure, keys)
 
-    def _emit(self, attributes, deliver_insecure, keys):
+    def _emit(self, attributes: Mapping[str, Any], deliver_insecure: bool,
+              keys: Optional[Keys]) -> None:
         try:
             self._inner.emit(attributes, deliver_insecure, keys)
         except ConnectionClosed:
             pass    # closed after notify() looked: as if sent just before
 
-    def subscribe(self, expression, timeout=None, callback=None, accept_insecure=True,
-                  keys=None):
+    def subscribe(self, expression: str, timeout: Optional[float] = None,
+                  callback: Optional[Callable[[Notification], Any]] = None,
+                  accept_insecure: bool = True, keys: Optional[Keys] = None) -> Subscription:
         """Register ``expression``; iterate the Subscription (waiting at
         most ``timeout`` seconds for each notification), or have
         ``callback(note)`` called on the client's thread. A bad expression
         raises NackError (code 2101-2112)."""
-        inbox = None if callback is not None else queue.SimpleQueue()
+        inbox: Optional["queue.SimpleQueue[Any]"] = (None if callback is not None
+                                                    else queue.SimpleQueue())
         if inbox is not None:
             callback = inbox.put
         inner = _run(self._inner.subscribe(expression, callback, accept_insecure, keys))
         sub = Subscription(self, inner, timeout, inbox)
         if inbox is not None:
-            original_end = inner._end
-
-            def end(error=None):
-                original_end(error)
+            def end(error: Optional[Exception]) -> None:
                 inbox.put(error if error is not None else _END)
-            inner._end = end
+            inner.on_end = end
+            if inner._ended is not None:       # it ended before on_end was set
+                ended = inner._ended
+                end(ended if isinstance(ended, Exception) else None)
         return sub
 
-    def quench(self, names, on_add=None, on_modify=None, on_delete=None,
-               deliver_insecure=True, keys=None):
+    def quench(self, names: Iterable[str],
+               on_add: Optional[Callable[[int, Any, bool], Any]] = None,
+               on_modify: Optional[Callable[[int, Any, bool], Any]] = None,
+               on_delete: Optional[Callable[[int], Any]] = None,
+               deliver_insecure: bool = True, keys: Optional[Keys] = None) -> aio.Quench:
         """Be told of subscriptions on ``names`` (handlers as in
         ``elvin.aio.Quench``, called on the client's thread); returns the
         quench (its ``modify``/``remove`` are coroutines: use
@@ -230,52 +248,57 @@ class Connection:
         return _run(self._inner.quench(names, on_add, on_modify, on_delete,
                                        deliver_insecure, keys))
 
-    def remove_quench(self, quench):
+    def remove_quench(self, quench: aio.Quench) -> None:
         _run(quench.remove())
 
-    def set_options(self, options):
+    def set_options(self, options: Mapping[str, Any]) -> Dict[str, Any]:
         """Renegotiate connection options; returns the router's answer."""
         return _run(self._inner.set_options(options))
 
-    def set_keys(self, add_nfn_keys=None, del_nfn_keys=None, add_sub_keys=None,
-                 del_sub_keys=None):
+    def set_keys(self, add_nfn_keys: Optional[Keys] = None, del_nfn_keys: Optional[Keys] = None,
+                 add_sub_keys: Optional[Keys] = None,
+                 del_sub_keys: Optional[Keys] = None) -> None:
         """Change the connection's keys (SecRqst)."""
         _run(self._inner.set_keys(add_nfn_keys, del_nfn_keys, add_sub_keys, del_sub_keys))
 
-    def test_connection(self, timeout=10.0):
+    def test_connection(self, timeout: float = 10.0) -> bool:
         """True once the router answers TestConn (TimeoutError otherwise)."""
         return _run(self._inner.test_connection(timeout))
 
-    def close(self):
+    def close(self) -> None:
         """Disconnect politely (waits for the router's DisconnRply)."""
         _run(self._inner.close())
 
-    def __enter__(self):
+    def __enter__(self) -> "Connection":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
 
-def connect(uri=None, options=None, nfn_keys=None, sub_keys=None, **kwargs):
+def connect(uri: Union[str, ElvinURI, None] = None, options: Optional[Mapping[str, Any]] = None,
+            nfn_keys: Optional[Keys] = None, sub_keys: Optional[Keys] = None,
+            **kwargs: Any) -> Connection:
     """Connect to the router at ``uri`` (default elvin://localhost:2917);
     arguments as ``elvin.aio.connect`` (TLS, ``timeout``, ``reconnect``).
     Raises ConnectFailed or NackError."""
     return Connection(_run(aio.connect(uri, options, nfn_keys, sub_keys, **kwargs)))
 
 
-def notify(uri, attributes, deliver_insecure=True, keys=None, **kwargs):
+def notify(uri: Union[str, ElvinURI, None], attributes: Mapping[str, Any],
+           deliver_insecure: bool = True, keys: Optional[Keys] = None, **kwargs: Any) -> None:
     """Connect, emit one notification, and disconnect once the router has
     it (its DisconnRply comes after the notification)."""
     with connect(uri, **kwargs) as conn:
         conn.notify(attributes, deliver_insecure, keys)
 
 
-def subscribe(uri, expression, count=1, timeout=None, **kwargs):
+def subscribe(uri: Union[str, ElvinURI, None], expression: str, count: int = 1,
+              timeout: Optional[float] = None, **kwargs: Any) -> List[Notification]:
     """Connect, collect ``count`` notifications matching ``expression``
     (fewer if ``timeout`` seconds pass between two), disconnect, and
     return them as a list."""
-    notes = []
+    notes: List[Notification] = []
     with connect(uri, **kwargs) as conn:
         with conn.subscribe(expression, timeout=timeout) as sub:
             for note in sub:
@@ -285,6 +308,7 @@ def subscribe(uri, expression, count=1, timeout=None, **kwargs):
     return notes
 
 
-def unotify(uri, attributes, deliver_insecure=True, keys=None, **kwargs):
+def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
+            deliver_insecure: bool = True, keys: Optional[Keys] = None, **kwargs: Any) -> None:
     """Send one session-less notification (UNotify; over UDP unconfirmed)."""
     _run(aio.unotify(uri, attributes, deliver_insecure, keys, **kwargs))

@@ -13,6 +13,8 @@ Every request returns a Deferred that fires with the reply, or fails with
 """
 
 
+from typing import Any, Callable, Dict, Generator, Iterable, Mapping, Optional, Union
+
 from twisted.internet import defer, error, protocol, task
 from twisted.logger import Logger
 
@@ -49,14 +51,17 @@ class ClientSubscription:
         self.expression = expression
         self.callback = callback
         self.accept_insecure = accept_insecure
+        #: the keys it was subscribed with (subscribed again with them)
+        self.keys: Optional[P.Keys] = None
 
-    def modify(self, expression=None, accept_insecure=None, add_keys=None,
-               del_keys=None):
+    def modify(self, expression: Optional[str] = None, accept_insecure: Optional[bool] = None,
+               add_keys: Optional[P.Keys] = None,
+               del_keys: Optional[P.Keys] = None) -> "defer.Deferred[ClientSubscription]":
         """Change the expression and/or insecure flag; Deferred fires with self."""
         return self.connection._modify(self, expression, accept_insecure,
                                        add_keys, del_keys)
 
-    def remove(self):
+    def remove(self) -> "defer.Deferred[None]":
         """Delete the subscription; Deferred fires when the router confirms."""
         return self.connection._remove(self)
 
@@ -76,13 +81,14 @@ class ClientQuench(QuenchHandlers):
     ``elvin.subscription.ast.Node``.
     """
 
-    def modify(self, add_names=(), del_names=(), deliver_insecure=None,
-               add_keys=None, del_keys=None):
+    def modify(self, add_names: Iterable[str] = (), del_names: Iterable[str] = (),
+               deliver_insecure: Optional[bool] = None, add_keys: Optional[P.Keys] = None,
+               del_keys: Optional[P.Keys] = None) -> "defer.Deferred[ClientQuench]":
         """Change the names (and flags/keys); fires with self."""
         return self.connection._modify_quench(self, add_names, del_names,
                                               deliver_insecure, add_keys, del_keys)
 
-    def remove(self):
+    def remove(self) -> "defer.Deferred[None]":
         return self.connection._remove_quench(self)
 
 
@@ -102,10 +108,10 @@ class QuenchState:
         self._make = PartialEvaluator
         self.terms = {}
 
-    def callbacks(self):
+    def callbacks(self) -> Dict[str, Callable[..., None]]:
         return {"on_add": self.add, "on_modify": self.modify, "on_delete": self.delete}
 
-    def add(self, term_id, tree, secure=False):
+    def add(self, term_id: int, tree: Any, secure: bool = False) -> None:
         try:
             self.terms[term_id] = self._make(tree)
         except Exception:
@@ -114,13 +120,13 @@ class QuenchState:
 
     modify = add
 
-    def delete(self, term_id):
+    def delete(self, term_id: int) -> None:
         self.terms.pop(term_id, None)
 
     def __bool__(self):
         return bool(self.terms)
 
-    def could_interest(self, attributes, unknown=()):
+    def could_interest(self, attributes: Mapping[str, Any], unknown: Iterable[str] = ()) -> bool:
         attrs = normalise(attributes)
         for evaluator in self.terms.values():
             if evaluator is None or evaluator.could_match(attrs, unknown):
@@ -150,7 +156,7 @@ class AutoQuench:
         self.sent = 0
         self.dropped = 0
         self._pending = None
-        self.ready = defer.Deferred()
+        self.ready: defer.Deferred[AutoQuench] = defer.Deferred()
         if self.names:
             self._sync()
         else:
@@ -185,7 +191,8 @@ class AutoQuench:
             return None
         d.addBoth(settled)
 
-    def notify(self, attributes, deliver_insecure=True, keys=None):
+    def notify(self, attributes: Mapping[str, Any], deliver_insecure: bool = True,
+               keys: Optional[P.Keys] = None) -> bool:
         """Emit ``attributes`` if any subscription could want it; returns
         True when sent."""
         if not set(attributes) <= self.names:
@@ -228,7 +235,8 @@ class ElvinClientProtocol(FramedProtocol):
         except DecodeError as e:
             self.log.warn("undecodable packet from router: {e}", e=e)
             self.factory.connection.problem = "not_elvin"
-            self.transport.abortConnection()
+            if self.transport is not None:
+                self.transport.abortConnection()
             return
         self.factory.connection._packet(packet)
 
@@ -271,14 +279,14 @@ class Connection(ClientState):
         self.reactor = reactor
         self.protocol = None
         self._endpoint = endpoint
-        self._connect_args = None
+        self._connect_args: Optional[tuple[Any, Any, Any]] = None
         self.reconnect = reconnect
         self.reconnects = 0
         self.on_connection_lost = None
         self.on_reconnected = None
         self._reconnecting = None
         self._close_deferred = None
-        self.disconnected = defer.Deferred()
+        self.disconnected: defer.Deferred[None] = defer.Deferred()
         #: What the peer first sent, and whether it was not Elvin framing:
         #: for a message that says what the server at ``uri`` really is.
         self.first_bytes = None
@@ -329,7 +337,9 @@ class Connection(ClientState):
                 return
             try:
                 await self._endpoint.connect(_ClientFactory(self))
-                await self._handshake(*self._connect_args)
+                assert self._connect_args is not None
+                options, nfn_keys, sub_keys = self._connect_args
+                await self._handshake(options, nfn_keys, sub_keys)
                 for make_packet, apply, owner in self.replay():
                     try:
                         reply = await self._request(make_packet)
@@ -355,7 +365,7 @@ class Connection(ClientState):
     # -- requests ------------------------------------------------------------
 
     def _request(self, make_packet):
-        d = defer.Deferred()
+        d: defer.Deferred[Any] = defer.Deferred()
         try:
             self.request(make_packet, d.callback, d.errback)
         except ConnectionClosed as e:
@@ -371,7 +381,9 @@ class Connection(ClientState):
             return self
         return d.addCallback(connected)
 
-    def subscribe(self, expression, callback, accept_insecure=True, keys=None):
+    def subscribe(self, expression: str, callback: Callable[[Notification], Any],
+                  accept_insecure: bool = True,
+                  keys: Optional[P.Keys] = None) -> "defer.Deferred[ClientSubscription]":
         """Register ``expression``; ``callback(notification)`` for each match.
 
         Fires with a ClientSubscription, or fails with NackError (e.g. a
@@ -402,7 +414,9 @@ class Connection(ClientState):
             return None
         return d.addCallback(removed)
 
-    def quench(self, names, on_add=None, on_modify=None, on_delete=None,
+    def quench(self, names: Iterable[str], on_add: Optional[Callable[[int, Any, bool], Any]] = None,
+               on_modify: Optional[Callable[[int, Any, bool], Any]] = None,
+               on_delete: Optional[Callable[[int], Any]] = None,
                deliver_insecure=True, keys=None):
         """Ask to be told about subscriptions referring to ``names``.
 
@@ -439,11 +453,12 @@ class Connection(ClientState):
             self.quenches.pop(quench.id, None)
         return d.addCallback(removed)
 
-    def notify(self, attributes, deliver_insecure=True, keys=None):
+    def notify(self, attributes: Mapping[str, Any], deliver_insecure: bool = True,
+               keys: Optional[P.Keys] = None) -> None:
         """Emit a notification (no reply comes back; errors are local)."""
         self.emit(attributes, deliver_insecure, keys)
 
-    def set_options(self, options):
+    def set_options(self, options: Mapping[str, Any]) -> "defer.Deferred[Dict[str, Any]]":
         """Renegotiate connection options (QosRqst); fires with the reply table."""
         d = self._request(self.qos_rqst(options))
 
@@ -452,22 +467,23 @@ class Connection(ClientState):
             return dict(reply.options)
         return d.addCallback(done)
 
-    def set_keys(self, add_nfn_keys=None, del_nfn_keys=None, add_sub_keys=None,
+    def set_keys(self, add_nfn_keys: Optional[P.Keys] = None,
+                 del_nfn_keys: Optional[P.Keys] = None, add_sub_keys: Optional[P.Keys] = None,
                  del_sub_keys=None):
         """Change the connection's keys (SecRqst)."""
         change = self.sec_rqst(add_nfn_keys, del_nfn_keys, add_sub_keys, del_sub_keys)
         return self._request(change).addCallback(lambda _: self.keys_changed(change))
 
-    def test_connection(self):
+    def test_connection(self) -> "defer.Deferred[bool]":
         """Send TestConn; fires True when the router answers ConfConn."""
-        d = defer.Deferred()
+        d: defer.Deferred[Any] = defer.Deferred()
         try:
             self.ping(d.callback, d.errback)
         except ConnectionClosed as e:
             return defer.fail(e)
         return d
 
-    def close(self):
+    def close(self) -> "defer.Deferred[None]":
         """Disconnect politely (DisconnRqst, wait for DisconnRply)."""
         if self._close_deferred is not None:
             return self._close_deferred
@@ -502,11 +518,14 @@ def _tls_args(tls, tls_ca, tls_certificate, tls_key, tls_hostname):
 
 
 @defer.inlineCallbacks
-def connect(uri=None, options=None, reactor=None, nfn_keys=None,
-            sub_keys=None, *, tls=None, tls_ca=None, tls_certificate=None,
-            tls_key=None, tls_hostname=None, scope=None, discover=False,
-            discoverer=None, discovery_timeout=10.0, timeout=DEFAULT_CONNECT_TIMEOUT,
-            reconnect=False):
+def connect(uri: Union[str, ElvinURI, None] = None, options: Optional[Mapping[str, Any]] = None,
+            reactor: Any = None, nfn_keys: Optional[P.Keys] = None,
+            sub_keys: Optional[P.Keys] = None, *, tls: Any = None, tls_ca: Any = None,
+            tls_certificate: Any = None, tls_key: Any = None,
+            tls_hostname: Optional[str] = None, scope: Optional[str] = None,
+            discover: bool = False, discoverer: Any = None, discovery_timeout: float = 10.0,
+            timeout: Optional[float] = DEFAULT_CONNECT_TIMEOUT,
+            reconnect: Union[bool, Reconnect] = False) -> Generator[Any, Any, "Connection"]:
     """Connect to the router at ``uri``; fires with a Connection.
 
     ``options`` is a dict of connection options to request (section 7.5);
@@ -638,8 +657,10 @@ def _handshake_lost(uri, connection, closed):
 
 
 @defer.inlineCallbacks
-def connect_discovered(scope=None, discoverer=None, timeout=None,
-                       reactor=None, connect_timeout=5.0, **connect_kwargs):
+def connect_discovered(scope: Optional[str] = None, discoverer: Any = None,
+                       timeout: Optional[float] = None, reactor: Any = None,
+                       connect_timeout: float = 5.0,
+                       **connect_kwargs: Any) -> Generator[Any, Any, "Connection"]:
     """Connect to a router found by discovery; fires with a Connection
     (its ``router`` attribute is the RouterRecord used).
 
@@ -657,10 +678,10 @@ def connect_discovered(scope=None, discoverer=None, timeout=None,
     if own:
         discoverer = Discoverer(reactor)
         yield discoverer.start()
-    failures = []
+    failures: list[str] = []
     try:
         deadline = reactor.seconds() + timeout
-        tried = set()
+        tried: set[Any] = set()
         while True:
             remaining = deadline - reactor.seconds()
             try:
@@ -694,9 +715,10 @@ def connect_discovered(scope=None, discoverer=None, timeout=None,
 
 
 @defer.inlineCallbacks
-def unotify(uri, attributes, deliver_insecure=True, keys=None, reactor=None, *,
-            tls=None, tls_ca=None, tls_certificate=None, tls_key=None,
-            tls_hostname=None):
+def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
+            deliver_insecure: bool = True, keys: Optional[P.Keys] = None, reactor: Any = None,
+            *, tls: Any = None, tls_ca: Any = None, tls_certificate: Any = None,
+            tls_key: Any = None, tls_hostname: Optional[str] = None) -> Generator[Any, Any, None]:
     """Send one session-less notification (UNotify) and close the channel.
 
     Over ``udp,none,xdr`` it is one datagram, and nothing confirms that

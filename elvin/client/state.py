@@ -15,6 +15,8 @@ business: requests take plain ``on_reply``/``on_error`` callables.
 import itertools
 import logging
 import random
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional,
+                    Sequence, Tuple, Union)
 
 from elvin.errors import ElvinError
 from elvin.protocols import packets as P
@@ -25,11 +27,18 @@ __all__ = ["ClientState", "NackError", "ConnectionClosed", "ConnectFailed",
 
 _log = logging.getLogger("elvin.client")
 
+#: Builds a request packet for a transaction id.
+MakePacket = Callable[[int], Any]
+#: A quench's add/modify handler: (term id, subscription tree, secure).
+QuenchCallback = Callable[[int, Any, bool], Any]
+#: One step of ``ClientState.replay``.
+ReplayStep = Tuple[MakePacket, Optional[Callable[[Any], None]], Optional[Tuple[Dict[int, Any], Any]]]
+
 
 class NackError(ElvinError):
     """The router refused a request: ``code``, ``message``, ``nack_args``."""
 
-    def __init__(self, code, message, args=()):
+    def __init__(self, code: int, message: str, args: Sequence[Any] = ()) -> None:
         super().__init__(code, f"{message} (Nack {code})" if message else f"Nack {code}", args)
         self.router_message = message
 
@@ -37,7 +46,7 @@ class NackError(ElvinError):
 class ConnectionClosed(ElvinError):
     """The connection ended before a reply arrived (``reason`` says how)."""
 
-    def __init__(self, message, reason=None, args=""):
+    def __init__(self, message: str, reason: Optional[int] = None, args: str = "") -> None:
         super().__init__(0, message)
         self.reason = reason
         self.disconn_args = args
@@ -49,11 +58,12 @@ class ConnectFailed(ConnectionClosed, ConnectionError):
     ``OSError``), as the socket errors it replaces were."""
 
 
-class Notification(dict):
+class Notification(Dict[str, Any]):
     """A delivered notification: the attributes, plus which subscriptions
     matched securely (``secure``) or insecurely (``insecure``)."""
 
-    def __init__(self, attributes, secure=(), insecure=()):
+    def __init__(self, attributes: Mapping[str, Any], secure: Iterable[int] = (),
+                 insecure: Iterable[int] = ()) -> None:
         super().__init__(attributes)
         self.secure = tuple(secure)
         self.insecure = tuple(insecure)
@@ -67,7 +77,8 @@ class Reconnect:
     ``attempts`` tries (None: never). Pass ``reconnect=Reconnect(...)`` (or
     ``reconnect=True`` for these defaults) to a flavour's ``connect``."""
 
-    def __init__(self, initial=0.5, factor=2.0, maximum=30.0, jitter=0.2, attempts=None):
+    def __init__(self, initial: float = 0.5, factor: float = 2.0, maximum: float = 30.0,
+                 jitter: float = 0.2, attempts: Optional[int] = None) -> None:
         if initial <= 0 or factor < 1 or maximum < initial:
             raise ValueError("Reconnect needs 0 < initial <= maximum and factor >= 1")
         self.initial = initial
@@ -77,7 +88,7 @@ class Reconnect:
         self.attempts = attempts
 
     @classmethod
-    def from_argument(cls, value):
+    def from_argument(cls, value: Union[bool, "Reconnect", None]) -> Optional["Reconnect"]:
         """``connect``'s ``reconnect`` argument as a policy, or None."""
         if value is None or value is False:
             return None
@@ -87,7 +98,7 @@ class Reconnect:
             return value
         raise TypeError("reconnect must be a bool or an elvin.client.state.Reconnect")
 
-    def delays(self, rng=random.random):
+    def delays(self, rng: Callable[[], float] = random.random) -> Iterator[float]:
         """The delays before each try, in order (finite if ``attempts``)."""
         delay = self.initial
         tries = itertools.count() if self.attempts is None else range(self.attempts)
@@ -102,8 +113,9 @@ class QuenchHandlers:
     called as subscriptions referring to the quench's names come, change
     and go; ``tree`` is the subscription's ``elvin.subscription.ast.Node``."""
 
-    def __init__(self, connection, quench_id, names, on_add, on_modify, on_delete,
-                 deliver_insecure):
+    def __init__(self, connection: Any, quench_id: int, names: Iterable[str],
+                 on_add: Optional[QuenchCallback], on_modify: Optional[QuenchCallback],
+                 on_delete: Optional[Callable[[int], Any]], deliver_insecure: bool) -> None:
         self.connection = connection
         self.id = quench_id
         self.names = frozenset(names)
@@ -111,9 +123,11 @@ class QuenchHandlers:
         self.on_modify = on_modify
         self.on_delete = on_delete
         self.deliver_insecure = deliver_insecure
+        #: the keys it was registered with (registered again with them)
+        self.keys: Optional[P.Keys] = None
 
-    def _event(self, kind, term_id, tree=None, secure=False):
-        handler = {"add": self.on_add, "modify": self.on_modify,
+    def _event(self, kind: str, term_id: int, tree: Any = None, secure: bool = False) -> None:
+        handler: Any = {"add": self.on_add, "modify": self.on_modify,
                    "delete": self.on_delete}[kind]
         if handler is None:
             return
@@ -122,7 +136,7 @@ class QuenchHandlers:
         else:
             handler(term_id, tree, secure)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} {sorted(self.names)}>"
 
 
@@ -130,11 +144,11 @@ class Deframer:
     """Bytes in, whole packets' bytes out (the 4-byte length framing of
     client protocol 8.1), for flavours whose transport gives a stream."""
 
-    def __init__(self, max_length):
+    def __init__(self, max_length: int) -> None:
         self.max_length = max_length
         self._buffer = bytearray()
 
-    def feed(self, data):
+    def feed(self, data: bytes) -> List[bytes]:
         """The complete frames ``data`` finishes; raises ValueError on a
         length no Elvin peer would send."""
         buffer = self._buffer
@@ -166,32 +180,35 @@ class ClientState:
     optional hooks.
     """
 
-    def __init__(self, send=None):
+    def __init__(self, send: Optional[Callable[[Any], None]] = None) -> None:
         self.send = send
-        self.options = {}
-        self.subscriptions = {}
-        self.quenches = {}
-        self._pending = {}              # xid -> (on_reply, on_error)
-        self._liveness_waiters = []     # (on_alive, on_error)
+        self.options: Dict[str, Any] = {}
+        self.subscriptions: Dict[int, Any] = {}
+        self.quenches: Dict[int, Any] = {}
+        # xid -> (on_reply, on_error)
+        self._pending: Dict[int, Tuple[Callable[[Any], Any], Callable[[Exception], Any]]] = {}
+        self._liveness_waiters: List[Tuple[Callable[[bool], Any],
+                                           Callable[[Exception], Any]]] = []
         self._xids = itertools.count(1)
         self._closed = False
-        self.on_disconnect = None
-        self.on_dropwarn = None
+        self.on_disconnect: Optional[Callable[[int, str], Any]] = None
+        self.on_dropwarn: Optional[Callable[[], Any]] = None
         #: Called once per delivered notification, however many of this
         #: connection's subscriptions it matched (before their callbacks).
-        self.on_notification = None
+        self.on_notification: Optional[Callable[[Notification], Any]] = None
         self.dropwarns = 0
         #: The SecRqsts that succeeded, in order: a reconnected session
         #: replays them (after ConnRqst with the keys it connected with).
-        self.key_changes = []
+        self.key_changes: List[MakePacket] = []
 
     @property
-    def is_closed(self):
+    def is_closed(self) -> bool:
         return self._closed
 
     # -- what the program asks ------------------------------------------------
 
-    def request(self, make_packet, on_reply, on_error):
+    def request(self, make_packet: MakePacket, on_reply: Callable[[Any], Any],
+                on_error: Callable[[Exception], Any]) -> int:
         """Send ``make_packet(xid)``; ``on_reply(packet)`` or
         ``on_error(exception)`` follows. Raises ConnectionClosed at once
         when the session is over."""
@@ -202,14 +219,15 @@ class ClientState:
         self.send(make_packet(xid))
         return xid
 
-    def ping(self, on_alive, on_error):
+    def ping(self, on_alive: Callable[[bool], Any], on_error: Callable[[Exception], Any]) -> None:
         """TestConn: ``on_alive(True)`` when the router shows it is alive."""
         if self._closed or self.send is None:
             raise ConnectionClosed("connection is closed")
         self._liveness_waiters.append((on_alive, on_error))
         self.send(P.TestConn())
 
-    def emit(self, attributes, deliver_insecure=True, keys=None):
+    def emit(self, attributes: Mapping[str, Any], deliver_insecure: bool = True,
+             keys: Optional[P.Keys] = None) -> None:
         """Send a NotifyEmit (no reply comes back; errors are local)."""
         if self._closed or self.send is None:
             raise ConnectionClosed("connection is closed")
@@ -221,54 +239,62 @@ class ClientState:
     # Packet builders for the requests every flavour makes.
 
     @staticmethod
-    def conn_rqst(options, nfn_keys, sub_keys):
+    def conn_rqst(options: Optional[Mapping[str, Any]], nfn_keys: Optional[P.Keys],
+                  sub_keys: Optional[P.Keys]) -> MakePacket:
         return lambda xid: P.ConnRqst(xid, 4, 0, dict(options or {}),
                                       nfn_keys or P.Keys.EMPTY, sub_keys or P.Keys.EMPTY)
 
     @staticmethod
-    def sub_add_rqst(expression, accept_insecure, keys):
+    def sub_add_rqst(expression: str, accept_insecure: bool,
+                     keys: Optional[P.Keys]) -> MakePacket:
         return lambda xid: P.SubAddRqst(xid, expression, accept_insecure,
                                         keys or P.Keys.EMPTY)
 
     @staticmethod
-    def sub_mod_rqst(sub_id, expression, accept_insecure, add_keys, del_keys):
+    def sub_mod_rqst(sub_id: int, expression: Optional[str], accept_insecure: bool,
+                     add_keys: Optional[P.Keys], del_keys: Optional[P.Keys]) -> MakePacket:
         return lambda xid: P.SubModRqst(xid, sub_id, expression or "", accept_insecure,
                                         add_keys or P.Keys.EMPTY, del_keys or P.Keys.EMPTY)
 
     @staticmethod
-    def sub_del_rqst(sub_id):
+    def sub_del_rqst(sub_id: int) -> MakePacket:
         return lambda xid: P.SubDelRqst(xid, sub_id)
 
     @staticmethod
-    def qnch_add_rqst(names, deliver_insecure, keys):
+    def qnch_add_rqst(names: Iterable[str], deliver_insecure: bool,
+                      keys: Optional[P.Keys]) -> MakePacket:
         return lambda xid: P.QnchAddRqst(xid, tuple(names), deliver_insecure,
                                          keys or P.Keys.EMPTY)
 
     @staticmethod
-    def qnch_mod_rqst(quench_id, add_names, del_names, deliver_insecure, add_keys, del_keys):
+    def qnch_mod_rqst(quench_id: int, add_names: Iterable[str], del_names: Iterable[str],
+                      deliver_insecure: bool, add_keys: Optional[P.Keys],
+                      del_keys: Optional[P.Keys]) -> MakePacket:
         return lambda xid: P.QnchModRqst(xid, quench_id, tuple(add_names), tuple(del_names),
                                          deliver_insecure, add_keys or P.Keys.EMPTY,
                                          del_keys or P.Keys.EMPTY)
 
     @staticmethod
-    def qnch_del_rqst(quench_id):
+    def qnch_del_rqst(quench_id: int) -> MakePacket:
         return lambda xid: P.QnchDelRqst(xid, quench_id)
 
     @staticmethod
-    def qos_rqst(options):
+    def qos_rqst(options: Mapping[str, Any]) -> MakePacket:
         return lambda xid: P.QosRqst(xid, dict(options))
 
     @staticmethod
-    def sec_rqst(add_nfn_keys, del_nfn_keys, add_sub_keys, del_sub_keys):
+    def sec_rqst(add_nfn_keys: Optional[P.Keys], del_nfn_keys: Optional[P.Keys],
+                 add_sub_keys: Optional[P.Keys], del_sub_keys: Optional[P.Keys]) -> MakePacket:
         empty = P.Keys.EMPTY
         return lambda xid: P.SecRqst(xid, add_nfn_keys or empty, del_nfn_keys or empty,
                                      add_sub_keys or empty, del_sub_keys or empty)
 
     @staticmethod
-    def disconn_rqst():
+    def disconn_rqst() -> MakePacket:
         return lambda xid: P.DisconnRqst(xid)
 
-    def subscription_modified(self, sub, expression, accept_insecure, reply):
+    def subscription_modified(self, sub: Any, expression: Optional[str], accept_insecure: bool,
+                              reply: Any) -> Any:
         """Apply a SubModRqst's SubRply to ``sub`` (a router may give the
         subscription a new id); returns ``sub``."""
         if expression:
@@ -280,24 +306,24 @@ class ClientState:
             self.subscriptions[sub.id] = sub
         return sub
 
-    def keys_changed(self, make_packet):
+    def keys_changed(self, make_packet: MakePacket) -> None:
         """Remember a SecRqst the router accepted (for ``replay``)."""
         self.key_changes.append(make_packet)
 
-    def reopened(self, send):
+    def reopened(self, send: Callable[[Any], None]) -> None:
         """A new channel took over from a lost one: requests go to ``send``
         again. What was registered (subscriptions, quenches, keys) is
         registered again by the flavour, with ``replay`` requests."""
         self.send = send
         self._closed = False
 
-    def replay(self):
+    def replay(self) -> List[ReplayStep]:
         """The requests that re-create this session's state on a new
         channel, in order: key changes, then every subscription and quench
         (each gets the id the router now gives it). Each step is
         ``(make_packet, apply(reply) or None, (table, item) or None)``;
         a flavour whose step is refused calls ``drop(table, item)``."""
-        steps = [(change, None, None) for change in self.key_changes]
+        steps: List[ReplayStep] = [(change, None, None) for change in self.key_changes]
         for sub in list(self.subscriptions.values()):
             steps.append((self.sub_add_rqst(sub.expression, sub.accept_insecure,
                                             getattr(sub, "keys", None)),
@@ -311,16 +337,17 @@ class ClientState:
         return steps
 
     @staticmethod
-    def drop(table, item):
+    def drop(table: Dict[int, Any], item: Any) -> None:
         """Forget ``item`` (the router would not take it back)."""
-        if table.get(item.id) is item:
-            del table[item.id]
+        key: int = item.id
+        if table.get(key) is item:
+            del table[key]
 
     @staticmethod
-    def _readded(table, item, field):
+    def _readded(table: Dict[int, Any], item: Any, field: str) -> Callable[[Any], None]:
         old = item.id
 
-        def apply(reply):
+        def apply(reply: Any) -> None:
             if table.get(old) is item:
                 del table[old]
             item.id = getattr(reply, field)
@@ -329,7 +356,7 @@ class ClientState:
 
     # -- what the router says -------------------------------------------------
 
-    def packet_received(self, packet):
+    def packet_received(self, packet: Any) -> None:
         kind = type(packet)
         if self._liveness_waiters and kind not in (P.TestConn, P.Disconn):
             # Any packet from the router proves it is alive: a router with
@@ -366,22 +393,24 @@ class ClientState:
             if self.on_dropwarn is not None:
                 self.on_dropwarn()
         elif kind is P.TestConn:
-            self.send(P.ConfConn())
+            if self.send is not None:
+                self.send(P.ConfConn())
         elif kind is P.ConfConn:
             pass  # answered ping above, like any other packet
         else:
-            waiting = self._pending.pop(getattr(packet, "xid", None), None)
-            if waiting is not None:
-                waiting[0](packet)
+            xid = getattr(packet, "xid", None)
+            answered = self._pending.pop(xid, None) if xid is not None else None
+            if answered is not None:
+                answered[0](packet)
 
-    def connection_lost(self, error):
+    def connection_lost(self, error: Exception) -> None:
         """The channel ended: fail everything waiting with ``error``."""
         self._closed = True
         self._fail_pending(error)
 
     # -- internals ------------------------------------------------------------
 
-    def _deliver(self, packet):
+    def _deliver(self, packet: Any) -> None:
         note = Notification(packet.attributes, packet.secure_matches,
                             packet.insecure_matches)
         if self.on_notification is not None:
@@ -400,7 +429,8 @@ class ClientState:
             except Exception:
                 self._callback_failed(f"subscription callback for {sub!r}")
 
-    def _quench_event(self, quench_id, event, term_id, tree=None, secure=False):
+    def _quench_event(self, quench_id: int, event: str, term_id: int, tree: Any = None,
+                      secure: bool = False) -> None:
         quench = self.quenches.get(quench_id)
         if quench is None:
             return
@@ -409,12 +439,12 @@ class ClientState:
         except Exception:
             self._callback_failed(f"quench callback for {quench!r}")
 
-    def _callback_failed(self, what):
+    def _callback_failed(self, what: str) -> None:
         """A program's callback raised (called inside the ``except``): log
         it and go on; the session is not the program's callback."""
         _log.exception("%s raised", what)
 
-    def _fail_pending(self, error):
+    def _fail_pending(self, error: Exception) -> None:
         pending, self._pending = self._pending, {}
         waiters, self._liveness_waiters = self._liveness_waiters, []
         for _, on_error in list(pending.values()) + waiters:
