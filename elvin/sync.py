@@ -33,6 +33,7 @@ from elvin.uri import ElvinURI
 from elvin.values import normalise
 
 __all__ = ["connect", "notify", "subscribe", "unotify", "Connection", "Subscription",
+           "AutoQuench",
            "NackError", "ConnectionClosed", "ConnectFailed", "Notification"]
 
 _END = object()
@@ -153,6 +154,36 @@ class Subscription:
         return f"<elvin.sync.Subscription {self.id} {self.expression!r}>"
 
 
+class AutoQuench:
+    """Auto-quench (see ``elvin.aio.AutoQuench``) for a blocking
+    Connection: made by ``Connection.auto_quench``, which returns once the
+    first registration is done. ``notify`` returns True when it sent."""
+
+    def __init__(self, inner: aio.AutoQuench) -> None:
+        self._inner = inner
+
+    @property
+    def sent(self) -> int:
+        return self._inner.sent
+
+    @property
+    def dropped(self) -> int:
+        return self._inner.dropped
+
+    def could_interest(self, attributes: Mapping[str, Any]) -> bool:
+        """Could a subscription the router has told of match ``attributes``?"""
+        async def ask() -> bool:
+            return self._inner.state.could_interest(attributes)
+        return _run(ask())
+
+    def notify(self, attributes: Mapping[str, Any], deliver_insecure: bool = True,
+               keys: Optional[Keys] = None) -> bool:
+        # On the loop: the quench state changes there.
+        async def send() -> bool:
+            return self._inner.notify(attributes, deliver_insecure, keys)
+        return _run(send())
+
+
 class Connection:
     """A session with an Elvin router (made by ``connect``); a context
     manager that closes it on exit."""
@@ -247,6 +278,13 @@ class Connection:
         ``remove_quench``)."""
         return _run(self._inner.quench(names, on_add, on_modify, on_delete,
                                        deliver_insecure, keys))
+
+    def auto_quench(self, names: Iterable[str] = (), deliver_insecure: bool = True,
+                    keys: Optional[Keys] = None) -> AutoQuench:
+        """An AutoQuench for this connection, registered for ``names``."""
+        async def made() -> aio.AutoQuench:
+            return await aio.AutoQuench(self._inner, names, deliver_insecure, keys).ready()
+        return AutoQuench(_run(made()))
 
     def remove_quench(self, quench: aio.Quench) -> None:
         _run(quench.remove())

@@ -23,7 +23,7 @@ from elvin.protocols import packets as P
 from elvin.values import normalise
 
 __all__ = ["ClientState", "NackError", "ConnectionClosed", "ConnectFailed",
-           "Notification", "Deframer", "QuenchHandlers", "Reconnect"]
+           "Notification", "Deframer", "QuenchHandlers", "QuenchState", "Reconnect"]
 
 _log = logging.getLogger("elvin.client")
 
@@ -138,6 +138,48 @@ class QuenchHandlers:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} {sorted(self.names)}>"
+
+
+class QuenchState:
+    """What subscriptions exist on some names, as told by quench notifications.
+
+    Pass its ``add``/``modify``/``delete`` methods as the quench callbacks
+    (``state.callbacks()`` gives them as keyword arguments).
+    ``could_interest(attrs, unknown)`` answers whether a notification with
+    ``attrs`` could match any known subscription, evaluating the received
+    ASTs with three-valued logic; names in ``unknown`` are attributes whose
+    value the producer does not know yet (they could be anything).
+    """
+
+    def __init__(self) -> None:
+        from elvin.subscription.partial import PartialEvaluator
+        self._make = PartialEvaluator
+        self.terms: Dict[int, Any] = {}
+
+    def callbacks(self) -> Dict[str, Callable[..., None]]:
+        return {"on_add": self.add, "on_modify": self.modify, "on_delete": self.delete}
+
+    def add(self, term_id: int, tree: Any, secure: bool = False) -> None:
+        try:
+            self.terms[term_id] = self._make(tree)
+        except Exception:
+            # A tree this library cannot evaluate: assume it wants everything.
+            self.terms[term_id] = None
+
+    modify = add
+
+    def delete(self, term_id: int) -> None:
+        self.terms.pop(term_id, None)
+
+    def __bool__(self) -> bool:
+        return bool(self.terms)
+
+    def could_interest(self, attributes: Mapping[str, Any], unknown: Iterable[str] = ()) -> bool:
+        attrs = normalise(attributes)
+        for evaluator in self.terms.values():
+            if evaluator is None or evaluator.could_match(attrs, unknown):
+                return True
+        return False
 
 
 class Deframer:

@@ -111,6 +111,9 @@ class AioDriver:
     async def set_keys(self, conn, **kw):
         await conn.set_keys(**kw)
 
+    async def auto_quench(self, conn, names):
+        return await aio.AutoQuench(conn, names).ready()
+
     async def ping(self, conn):
         return await conn.test_connection(TIMEOUT)
 
@@ -158,6 +161,9 @@ class SyncDriver:
     async def set_keys(self, conn, **kw):
         conn.set_keys(**kw)
 
+    async def auto_quench(self, conn, names):
+        return conn.auto_quench(names)
+
     async def ping(self, conn):
         return conn.test_connection(TIMEOUT)
 
@@ -202,6 +208,11 @@ class TwistedDriver(AioDriver):
 
     async def ping(self, conn):
         return await conn.test_connection()
+
+    async def auto_quench(self, conn, names):
+        auto = client.AutoQuench(conn, names)
+        await auto.ready
+        return auto
 
     def lost(self, conn):
         conn.protocol.transport.abortConnection()
@@ -298,6 +309,26 @@ class Scenarios:
             await d.ping(producer)
             await _sleep_via(d, 0.02)
         self.assertEqual([kind for kind, _ in events], ["add", "delete"])
+        await d.close(consumer)
+        await d.close(producer)
+
+    async def scenario_auto_quench(self, d):
+        """Auto-quench sends only what a subscription could want, and
+        follows subscriptions as they come and go."""
+        producer = await d.connect(self.uri)
+        consumer = await d.connect(self.uri)
+        auto = await d.auto_quench(producer, {"file", "size"})
+        self.assertFalse(auto.notify({"file": "a.txt", "size": 1}))   # nobody wants it
+        sub = await d.subscribe(consumer, 'file == "b.txt"')
+        for _ in range(200):
+            if auto.notify({"file": "b.txt", "size": 2}):
+                break
+            await d.ping(producer)
+            await _sleep_via(d, 0.02)
+        else:
+            self.fail("auto-quench never learned of the subscription")
+        self.assertFalse(auto.notify({"file": "a.txt", "size": 3}))   # it cannot match
+        self.assertEqual((await d.next(sub))["file"], "b.txt")
         await d.close(consumer)
         await d.close(producer)
 
