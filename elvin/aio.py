@@ -24,7 +24,7 @@ from typing import (Any, Awaitable, Callable, Coroutine, Dict, Generator, Generi
 
 from elvin.client.state import (ClientState, ConnectFailed, ConnectionClosed, Deframer,
                                 NackError, Notification, QuenchHandlers, QuenchState,
-                                Reconnect)
+                                Reconnect, AutoQuenchBase)
 from elvin.core.options import OPTIONS
 from elvin.protocols import packets as P
 from elvin.protocols.xdr import DecodeError
@@ -211,7 +211,7 @@ class Quench(QuenchHandlers):
         conn.quenches.pop(self.id, None)
 
 
-class AutoQuench:
+class AutoQuench(AutoQuenchBase):
     """Auto-quench (the Elvin4 paper): emit only what somebody could want.
 
     Wraps a Connection: the attribute names of everything emitted through
@@ -273,19 +273,6 @@ class AutoQuench:
             self._pending = None
             _settle(self._ready)
 
-    def notify(self, attributes: Mapping[str, Any], deliver_insecure: bool = True,
-               keys: Optional[P.Keys] = None) -> bool:
-        """Emit ``attributes`` if any subscription could want it; returns
-        True when sent."""
-        if not set(attributes) <= self.names:
-            self.names |= set(attributes)
-            self._sync()
-        if self._pending is None and self.state.could_interest(attributes):
-            self.connection.notify(attributes, deliver_insecure, keys)
-            self.sent += 1
-            return True
-        self.dropped += 1
-        return False
 
 
 class _Pending(Generic[T]):

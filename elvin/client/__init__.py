@@ -19,7 +19,8 @@ from twisted.internet import defer, error, protocol, task
 from twisted.logger import Logger
 
 from elvin.client.state import (ClientState, ConnectFailed, ConnectionClosed, NackError,
-                                Notification, QuenchHandlers, QuenchState, Reconnect)
+                                Notification, QuenchHandlers, QuenchState, Reconnect,
+                                AutoQuenchBase)
 from elvin.core.options import OPTIONS
 from elvin.protocols import packets as P
 from elvin.protocols.framing import FramedProtocol
@@ -92,7 +93,7 @@ class ClientQuench(QuenchHandlers):
         return self.connection._remove_quench(self)
 
 
-class AutoQuench:
+class AutoQuench(AutoQuenchBase):
     """Auto-quench (the Elvin4 paper): emit only what somebody could want.
 
     Wraps a Connection: the attribute names of everything emitted through
@@ -149,19 +150,6 @@ class AutoQuench:
             return None
         d.addBoth(settled)
 
-    def notify(self, attributes: Mapping[str, Any], deliver_insecure: bool = True,
-               keys: Optional[P.Keys] = None) -> bool:
-        """Emit ``attributes`` if any subscription could want it; returns
-        True when sent."""
-        if not set(attributes) <= self.names:
-            self.names |= set(attributes)
-            self._sync()
-        if self._pending is None and self.state.could_interest(attributes):
-            self.connection.notify(attributes, deliver_insecure, keys)
-            self.sent += 1
-            return True
-        self.dropped += 1
-        return False
 
 
 class ElvinClientProtocol(FramedProtocol):

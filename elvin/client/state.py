@@ -23,7 +23,8 @@ from elvin.protocols import packets as P
 from elvin.values import normalise
 
 __all__ = ["ClientState", "NackError", "ConnectionClosed", "ConnectFailed",
-           "Notification", "Deframer", "QuenchHandlers", "QuenchState", "Reconnect"]
+           "Notification", "Deframer", "QuenchHandlers", "QuenchState", "Reconnect",
+           "AutoQuenchBase"]
 
 _log = logging.getLogger("elvin.client")
 
@@ -179,6 +180,38 @@ class QuenchState:
         for evaluator in self.terms.values():
             if evaluator is None or evaluator.could_match(attrs, unknown):
                 return True
+        return False
+
+
+class AutoQuenchBase:
+    """What every flavour's AutoQuench decides: send a notification only
+    when no registration is under way and a subscription the router told
+    of could match it; a new attribute name widens the quench (``_sync``,
+    the flavour's). Subclasses set ``connection``, ``names``, ``state``
+    (a QuenchState), ``sent``, ``dropped`` and ``_pending``."""
+
+    connection: Any
+    names: set
+    state: "QuenchState"
+    sent: int
+    dropped: int
+    _pending: Any
+
+    def _sync(self) -> None:
+        raise NotImplementedError
+
+    def notify(self, attributes: Mapping[str, Any], deliver_insecure: bool = True,
+               keys: Optional[P.Keys] = None) -> bool:
+        """Emit ``attributes`` if any subscription could want it; returns
+        True when sent."""
+        if not set(attributes) <= self.names:
+            self.names |= set(attributes)
+            self._sync()
+        if self._pending is None and self.state.could_interest(attributes):
+            self.connection.notify(attributes, deliver_insecure, keys)
+            self.sent += 1
+            return True
+        self.dropped += 1
         return False
 
 
