@@ -41,15 +41,43 @@ def shared_router():
     return _ROUTER[0]
 
 
-def start_router(port=None):
-    """A router process on ``port`` (default a free one) of 127.0.0.1; its
-    URI and process."""
+_TLS_ROUTER = []
+
+
+def shared_tls_router():
+    """(URI, CA file) of this module's TLS router process (trustme's CA
+    and certificate for 127.0.0.1), started on first use."""
+    if not _TLS_ROUTER:
+        import atexit
+        import tempfile
+        import trustme
+        folder = tempfile.mkdtemp(prefix="elvin-tls-")
+        ca = trustme.CA()
+        cert = ca.issue_cert("127.0.0.1", "localhost")
+        ca_file = os.path.join(folder, "ca.pem")
+        cert_file = os.path.join(folder, "router.pem")
+        ca.cert_pem.write_to_path(ca_file)
+        cert.private_key_and_cert_chain_pem.write_to_path(cert_file)
+        port = free_port()
+        config = os.path.join(folder, "elvind.conf")
+        with open(config, "w") as f:
+            f.write(f"listen = elvin:/secure/127.0.0.1:{port}\n"
+                    f"tls-certificate = {cert_file}\n")
+        uri, proc = start_router(port, ["-c", config], probe_port=port)
+        atexit.register(stop_router, proc)
+        _TLS_ROUTER.append((f"elvin:/secure/127.0.0.1:{port}", ca_file))
+    return _TLS_ROUTER[0]
+
+
+def start_router(port=None, args=None, probe_port=None):
+    """A router process on ``port`` (default a free one) of 127.0.0.1 (or
+    as ``args`` say); its URI and process."""
     port = port or free_port()
+    argv = args or ["-l", f"elvin://127.0.0.1:{port}"]
     proc = subprocess.Popen(
         [sys.executable, "-c",
          "import sys; from twisted.scripts.twistd import run; "
-         f"sys.argv = ['twistd', '-n', '--pidfile=', 'elvin', '-l', "
-         f"'elvin://127.0.0.1:{port}']; run()"],
+         f"sys.argv = ['twistd', '-n', '--pidfile=', 'elvin'] + {argv!r}; run()"],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -389,6 +417,17 @@ class Scenarios:
             await d.close(conn)
         finally:
             stop_router(router)
+
+    async def scenario_tls(self, d):
+        """Over TLS, verifying the router against a CA the test made."""
+        uri, ca_file = shared_tls_router()
+        conn = await d.connect(uri, tls_ca=ca_file)
+        sub = await d.subscribe(conn, "require(secret)")
+        await d.notify(conn, {"secret": "over tls"})
+        self.assertEqual((await d.next(sub))["secret"], "over tls")
+        await d.close(conn)
+        with self.assertRaises(ConnectFailed):       # the platform's CAs do not know it
+            await d.connect(uri, timeout=5)
 
     async def scenario_options(self, d):
         conn = await d.connect(self.uri, options={"Subscription.Max-Count": 16})
