@@ -20,7 +20,7 @@ import logging
 import socket
 import ssl
 from typing import (Any, Awaitable, Callable, Coroutine, Dict, Generator, Generic, Iterable,
-                    Mapping, NoReturn, Optional, Tuple, TypeVar, Union)
+                    List, Mapping, NoReturn, Optional, Tuple, TypeVar, Union)
 
 from elvin.client.state import (ClientState, ConnectFailed, ConnectionClosed, Deframer,
                                 NackError, Notification, QuenchHandlers, QuenchState,
@@ -328,6 +328,8 @@ class Connection(ClientState):
         self.on_connection_lost: Optional[Callable[[ConnectionClosed], Any]] = None
         self.on_reconnected: Optional[Callable[["Connection"], Any]] = None
         self._reconnecting: Optional["asyncio.Task[None]"] = None
+        #: the discovery record of the router, when discovery chose it
+        self.router: Any = None
 
     # -- transport callbacks -------------------------------------------------
 
@@ -553,7 +555,10 @@ def connect(uri: Union[str, ElvinURI, None] = None,
             tls_certificate: Optional[str] = None, tls_key: Optional[str] = None,
             tls_hostname: Optional[str] = None,
             timeout: Optional[float] = DEFAULT_CONNECT_TIMEOUT,
-            reconnect: Union[bool, Reconnect] = False) -> "_Pending[Connection]":
+            reconnect: Union[bool, Reconnect] = False,
+            scope: Optional[str] = None, discover: bool = False, discoverer: Any = None,
+            discovery_timeout: float = 10.0,
+            discovery_interface: Optional[str] = None) -> "_Pending[Connection]":
     """Connect to the router at ``uri`` (default elvin://localhost:2917).
 
     ``await`` it for a Connection, or ``async with elvin.aio.connect(...)
@@ -567,8 +572,22 @@ def connect(uri: Union[str, ElvinURI, None] = None,
     a failure raises ConnectFailed naming the URI, a Nack raises NackError.
     ``reconnect=True`` (or an ``elvin.client.state.Reconnect`` policy)
     keeps the session across lost channels (see Connection).
+
+    Without a ``uri``, ``discover=True``, a ``scope`` or a started
+    ``elvin.discovery.aio.AsyncioDiscoverer`` finds a router by ERDP
+    multicast (on ``discovery_interface``; docs/discovery.md): each usable
+    URI is tried in turn for up to ``discovery_timeout`` seconds, and
+    ``conn.router`` is the router chosen. NoRouterFound if none answers.
     """
+    kwargs: Dict[str, Any] = dict(
+        tls=tls, tls_ca=tls_ca, tls_certificate=tls_certificate, tls_key=tls_key,
+        tls_hostname=tls_hostname, reconnect=reconnect)
+
     async def opened() -> Connection:
+        if uri is None and (discover or scope is not None or discoverer is not None):
+            return await _connect_discovered(scope, discoverer, discovery_timeout,
+                                             discovery_interface, options, nfn_keys,
+                                             sub_keys, timeout, kwargs)
         target = ElvinURI(uri or DEFAULT_URI) if not isinstance(uri, ElvinURI) else uri
         loop = asyncio.get_running_loop()
 
@@ -583,6 +602,51 @@ def connect(uri: Union[str, ElvinURI, None] = None,
         if connection is not None:
             await connection.close()
     return _Pending(opened(), close)
+
+
+async def _connect_discovered(scope: Optional[str], discoverer: Any, discovery_timeout: float,
+                              interface: Optional[str], options: Any, nfn_keys: Any,
+                              sub_keys: Any, timeout: Optional[float],
+                              kwargs: Dict[str, Any]) -> Connection:
+    """Try each router discovery offers until one takes a session."""
+    from elvin.discovery.aio import AsyncioDiscoverer, NoRouterFound
+    loop = asyncio.get_running_loop()
+    own = discoverer is None
+    finder = discoverer if discoverer is not None else AsyncioDiscoverer(loop,
+                                                                        interface=interface)
+    if own:
+        await finder.start()
+    failures: List[str] = []
+    tried: set = set()
+    deadline = loop.time() + discovery_timeout
+    try:
+        while True:
+            remaining = deadline - loop.time()
+            try:
+                if remaining <= 0:
+                    raise NoRouterFound(f"no Elvin router found by discovery in "
+                                        f"{discovery_timeout:g} s"
+                                        + (f" (scope {scope!r})" if scope else ""))
+                found = await finder.find(scope, remaining, exclude=tried)
+            except NoRouterFound as e:
+                if failures:
+                    raise NoRouterFound(f"{e.message}; could not connect to "
+                                        + "; ".join(failures)) from None
+                raise
+            for record, candidate in found:
+                tried.add((record.name, record.revision, candidate))
+                left = max(0.5, deadline - loop.time())
+                try:
+                    conn = await connect(candidate, options, nfn_keys, sub_keys,
+                                         timeout=min(timeout or left, left), **kwargs)
+                except (ConnectFailed, NackError) as e:
+                    failures.append(f"{candidate} ({e})")
+                    continue
+                conn.router = record
+                return conn
+    finally:
+        if own:
+            await finder.stop()
 
 
 async def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],

@@ -202,29 +202,37 @@ class Discoverer:
         """What the cache offers now (see RouterCache.candidates)."""
         return self.cache.candidates(scope, exclude)
 
-    def find(self, scope=None, timeout=None, exclude=()):
+    def find(self, scope=None, timeout=None, exclude=(), waiting=None):
         """Fires with ``[(record, ElvinURI), ...]`` (non-empty) for routers
         usable with ``scope`` (None: default routers), soliciting if the
         cache has none; fails with NoRouterFound after ``timeout`` seconds.
-        ``exclude``: ``(name, revision, uri)`` triples already tried."""
+        ``exclude``: ``(name, revision, uri)`` triples already tried.
+
+        ``waiting`` (for ``elvin.discovery.aio``): an object with the
+        Deferred's ``called``/``callback``/``errback`` to settle instead;
+        then the result is returned at once if the cache has one (else
+        None), and NoRouterFound is raised if discovery is not running."""
         if scope is not None:
             D.check_scope(scope)
         found = self.cache.candidates(scope, exclude)
         if found:
-            return defer.succeed(found)
+            return found if waiting is not None else defer.succeed(found)
         if not self.running:
-            return defer.fail(NoRouterFound("discovery is not running"))
+            error = NoRouterFound("discovery is not running")
+            if waiting is not None:
+                raise error
+            return defer.fail(error)
         waiter = _Waiter(scope, frozenset(exclude))
 
         def cancel(d):
             self._finish(waiter)
-        waiter.deferred = defer.Deferred(cancel)
+        waiter.deferred = defer.Deferred(cancel) if waiting is None else waiting
         if timeout is not None:
             waiter.timer = self.reactor.callLater(max(0.0, timeout), self._expire,
                                                   waiter, timeout)
         self._waiters.append(waiter)
         self.solicit()
-        return waiter.deferred
+        return waiter.deferred if waiting is None else None
 
     def _expire(self, waiter, timeout):
         waiter.timer = None

@@ -563,3 +563,83 @@ class ClientDocsTests(unittest.SynchronousTestCase):
             self.assertIn("hello", done.stdout)
             ran += 1
         self.assertEqual(ran, 2)
+
+
+class AsyncioDiscoveryTests(unittest.SynchronousTestCase):
+    """``elvin.aio.connect(scope=...)`` and ``elvin.sync.connect(scope=...)``
+    find a router process by ERDP on loopback multicast (TTL 0)."""
+
+    def setUp(self):
+        from elvin.discovery import packets as D
+        from elvin.discovery.aio import AsyncioMulticastChannel
+        self.group_port = free_port(socket.SOCK_DGRAM)
+
+        async def probe():
+            heard = asyncio.get_running_loop().create_future()
+            channel = AsyncioMulticastChannel(
+                asyncio.get_running_loop(),
+                lambda packet, address, own: heard.done() or heard.set_result(packet),
+                port=free_port(socket.SOCK_DGRAM), interface="127.0.0.1", ttl_limit=0)
+            try:
+                await channel.start_async()
+            except OSError as e:
+                return f"multicast on the loopback interface is unavailable here: {e}"
+            try:
+                channel.send(D.SvrRqst(), 0)
+                await asyncio.wait_for(heard, 3)
+            except asyncio.TimeoutError:
+                return "multicast sent on 127.0.0.1 does not loop back here"
+            finally:
+                await channel.stop_async()
+            return None
+        reason = asyncio.run(probe())
+        if reason:
+            raise unittest.SkipTest(reason)
+        import tempfile
+        import uuid
+        self.scope = f"aio-{uuid.uuid4().hex[:10]}"
+        folder = tempfile.mkdtemp(prefix="elvin-disc-")
+        port = free_port()
+        config = os.path.join(folder, "elvind.conf")
+        with open(config, "w") as f:
+            f.write("discovery = yes\n"
+                    f"discovery-scope = {self.scope}\n"
+                    "discovery-default = no\n"
+                    "discovery-interface = 127.0.0.1\n"
+                    "discovery-ttl = 0\n"
+                    "discovery-dns-sd = no\n"
+                    f"discovery-group = 224.4.0.1:{self.group_port}\n")
+        self.uri, proc = start_router(port, ["-c", config, "-l", f"elvin://127.0.0.1:{port}"])
+        self.addCleanup(stop_router, proc)
+
+    def discoverer(self):
+        from elvin.discovery.aio import AsyncioDiscoverer
+        return AsyncioDiscoverer(interface="127.0.0.1", port=self.group_port, ttl_limit=0)
+
+    def test_asyncio_connect_by_scope(self):
+        from elvin.discovery.aio import NoRouterFound
+
+        async def scenario():
+            async with self.discoverer() as finder:
+                conn = await aio.connect(scope=self.scope, discoverer=finder,
+                                         discovery_timeout=10)
+                self.assertEqual(str(conn.uri), str(client.ElvinURI(self.uri)))
+                self.assertEqual(conn.router.scope, self.scope)
+                await conn.close()
+                with self.assertRaises(NoRouterFound):
+                    await aio.connect(scope="no-such-scope", discoverer=finder,
+                                      discovery_timeout=0.5)
+        asyncio.run(asyncio.wait_for(scenario(), 60))
+
+    def test_blocking_connect_by_scope(self):
+        from elvin import sync as blocking
+
+        async def make():
+            return await self.discoverer().start()
+        finder = blocking._run(make())
+        try:
+            with blocking.connect(scope=self.scope, discoverer=finder,
+                                  discovery_timeout=10) as conn:
+                self.assertEqual(str(conn.uri), str(client.ElvinURI(self.uri)))
+        finally:
+            blocking._run(finder.stop())
