@@ -4,8 +4,8 @@ The same finder as ``elvin.discovery.discoverer.Discoverer`` -- its
 passive cache, its solicitor (pre-request intervals, suppression,
 expanding locality) and its ``find`` -- on an asyncio event loop: ERDP
 multicast through asyncio datagram sockets configured as the Twisted
-channel configures its own (``elvin.discovery.channel``), timers from the
-loop. DNS-SD browsing is the Twisted discoverer's only, for now.
+channel configures its own (``elvin.discovery.channel``), DNS-SD through
+zeroconf in the loop's executor, timers from the loop.
 
     async with AsyncioDiscoverer(interface="127.0.0.1") as d:
         candidates = await d.find(scope="chat", timeout=5)  # [(record, ElvinURI)]
@@ -16,11 +16,12 @@ from __future__ import annotations
 import asyncio
 import socket
 import struct
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Set, Tuple
 
 from elvin.discovery import packets as D
 from elvin.discovery.channel import DiscoveryUnavailable, MulticastChannel
 from elvin.discovery.discoverer import DEFAULT_MAX_LOCALITY, Discoverer, NoRouterFound
+from elvin.discovery.dnssd import DnsSdBrowser
 
 __all__ = ["AsyncioDiscoverer", "NoRouterFound", "DiscoveryUnavailable"]
 
@@ -149,47 +150,111 @@ class AsyncioMulticastChannel(MulticastChannel):
 
 
 
+class AsyncioDnsSdBrowser(DnsSdBrowser):
+    """``DnsSdBrowser`` on an asyncio loop: zeroconf's blocking calls run in
+    the loop's executor, its browser thread hands over with
+    ``call_soon_threadsafe``; parsing and the cache updates are the
+    Twisted browser's."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, on_found: Callable[..., Any],
+                 on_removed: Callable[[str], Any], interfaces: Optional[List[str]] = None,
+                 resolve_timeout: float = 3.0) -> None:
+        super().__init__(None, on_found, on_removed, interfaces=interfaces,
+                         resolve_timeout=resolve_timeout)
+        self.loop = loop
+        self._lookups: Set["asyncio.Future[Any]"] = set()
+
+    async def start_async(self) -> None:
+        await self.loop.run_in_executor(None, self._open)
+
+    def _handler(self, zeroconf: Any, service_type: str, name: str, state_change: Any) -> None:
+        self.loop.call_soon_threadsafe(self._changed, name, state_change.name)
+
+    def _look_up(self, zc: Any, service_name: str) -> None:
+        lookup = self.loop.run_in_executor(None, zc.get_service_info, self.service_type,
+                                           service_name, int(self.resolve_timeout * 1000))
+        self._lookups.add(lookup)
+
+        def resolved(done: "asyncio.Future[Any]") -> None:
+            self._lookups.discard(done)
+            if not done.cancelled() and done.exception() is None:
+                self._resolved(done.result(), service_name)
+        lookup.add_done_callback(resolved)
+
+    async def stop_async(self) -> None:
+        self._stopped = True
+        if self._lookups:
+            await asyncio.gather(*self._lookups, return_exceptions=True)
+        await self.loop.run_in_executor(None, self._close)
+
+
 class AsyncioDiscoverer(Discoverer):
-    """``Discoverer`` on an asyncio loop (ERDP only). ``await d.start()``,
-    ``await d.find(scope, timeout)``, ``await d.stop()``; or ``async
-    with``. Arguments as ``Discoverer``'s."""
+    """``Discoverer`` on an asyncio loop: ``await d.start()``, ``await
+    d.find(scope, timeout)``, ``await d.stop()``; or ``async with``.
+    Arguments as ``Discoverer``'s: ERDP multicast (``erdp``) and DNS-SD
+    browsing (``dns_sd``, on ``dns_sd_interfaces``), both on by default."""
 
     def __init__(self, loop: Optional[asyncio.AbstractEventLoop] = None,
                  interface: Optional[str] = None,
                  max_locality: int = DEFAULT_MAX_LOCALITY, ttl_limit: int = D.MAX_LOCALITY,
-                 group: str = D.GROUP, port: int = D.PORT, random: Any = None) -> None:
+                 group: str = D.GROUP, port: int = D.PORT, random: Any = None,
+                 erdp: bool = True, dns_sd: bool = True,
+                 dns_sd_interfaces: Optional[List[str]] = None) -> None:
         self.loop = loop or asyncio.get_running_loop()
         super().__init__(_Clock(self.loop), interface=interface, max_locality=max_locality,
                          ttl_limit=ttl_limit, group=group, port=port, dns_sd=False,
                          erdp=False, random=random)
-        self.erdp = AsyncioMulticastChannel(self.loop, self._packet, group=group,
-                                            port=port, interface=interface,
-                                            ttl_limit=ttl_limit)
+        self.erdp: Optional[AsyncioMulticastChannel] = None
+        if erdp:
+            self.erdp = AsyncioMulticastChannel(self.loop, self._packet, group=group,
+                                                port=port, interface=interface,
+                                                ttl_limit=ttl_limit)
         self.channel = self.erdp
+        self.dns_sd: Optional[AsyncioDnsSdBrowser] = None
+        if dns_sd:
+            if dns_sd_interfaces is None and interface:
+                dns_sd_interfaces = [interface]
+            self.dns_sd = AsyncioDnsSdBrowser(self.loop, self._dns_sd_found,
+                                              self._dns_sd_removed,
+                                              interfaces=dns_sd_interfaces)
 
     async def start(self) -> "AsyncioDiscoverer":  # type: ignore[override]
-        """Open the ERDP sockets; raises DiscoveryUnavailable."""
+        """Open the sources; raises DiscoveryUnavailable only if none could
+        be started."""
         if self.running:
             return self
         self.running = True
-        try:
-            await self.erdp.start_async()
-        except DiscoveryUnavailable:
+        if self.erdp is not None:
+            try:
+                await self.erdp.start_async()
+                self.erdp_running = True
+            except DiscoveryUnavailable as e:
+                self.errors.append(str(e))
+        if self.dns_sd is not None:
+            try:
+                await self.dns_sd.start_async()
+                self.dns_sd_running = True
+            except Exception as e:          # zeroconf cannot bind, say
+                self.errors.append(f"DNS-SD: {e}")
+        if not (self.erdp_running or self.dns_sd_running):
             self.running = False
-            raise
-        self.erdp_running = True
+            raise DiscoveryUnavailable("no discovery source could be started: "
+                                       + "; ".join(self.errors))
         return self
 
     async def stop(self) -> None:  # type: ignore[override]
-        """Stop soliciting, fail pending ``find`` calls, close the sockets."""
+        """Stop soliciting, fail pending ``find`` calls, close the sources."""
         self.running = False
         self.solicitor.stop()
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             self._finish(waiter, error=NoRouterFound("discovery stopped"))
-        if self.erdp_running:
+        if self.erdp is not None and self.erdp_running:
             self.erdp_running = False
             await self.erdp.stop_async()
+        if self.dns_sd is not None and self.dns_sd_running:
+            self.dns_sd_running = False
+            await self.dns_sd.stop_async()
 
     async def find(self, scope: Optional[str] = None,  # type: ignore[override]
                    timeout: Optional[float] = None, exclude: Any = ()) -> list:

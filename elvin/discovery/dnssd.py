@@ -266,17 +266,34 @@ class DnsSdBrowser:
         self._my_host = host_label()
 
     def start(self):
-        def start():
-            from zeroconf import ServiceBrowser
-            zc = self._factory(self.interfaces)
-            try:
-                browser = ServiceBrowser(zc, self.service_type,
-                                         handlers=[self._handler])
-            except Exception:
+        return self._serial.run(self._open)
+
+    def _open(self):
+        """Make the Zeroconf and its browser (blocking: in a thread)."""
+        from zeroconf import ServiceBrowser
+        zc = self._factory(self.interfaces)
+        try:
+            browser = ServiceBrowser(zc, self.service_type, handlers=[self._handler])
+        except Exception:
+            zc.close()
+            raise
+        self._zc, self._browser = zc, browser
+
+    def _close(self):
+        """Cancel the browser and close Zeroconf (blocking: in a thread)."""
+        browser, zc = self._browser, self._zc
+        self._browser = self._zc = None
+        try:
+            if browser is not None:
+                browser.cancel()
+        finally:
+            if zc is not None:
                 zc.close()
-                raise
-            self._zc, self._browser = zc, browser
-        return self._serial.run(start)
+
+    def _removed(self, service_name):
+        router = self._names.pop(service_name, None)
+        if router is not None:
+            self.on_removed(router)
 
     def _handler(self, zeroconf, service_type, name, state_change):
         # zeroconf's thread: hand over to the reactor.
@@ -286,13 +303,15 @@ class DnsSdBrowser:
         if self._stopped:
             return
         if change == "Removed":
-            router = self._names.pop(service_name, None)
-            if router is not None:
-                self.on_removed(router)
+            self._removed(service_name)
             return
         zc = self._zc
         if zc is None:
             return
+        self._look_up(zc, service_name)
+
+    def _look_up(self, zc, service_name):
+        """Resolve ``service_name`` off the reactor thread, then ``_resolved``."""
         d = threads.deferToThreadPool(
             self.reactor, self.reactor.getThreadPool(), zc.get_service_info,
             self.service_type, service_name, int(self.resolve_timeout * 1000))
@@ -323,16 +342,6 @@ class DnsSdBrowser:
         left running."""
         self._stopped = True
         pending = defer.DeferredList(list(self._resolving))
-
-        def stop():
-            browser, zc = self._browser, self._zc
-            self._browser = self._zc = None
-            try:
-                if browser is not None:
-                    browser.cancel()
-            finally:
-                if zc is not None:
-                    zc.close()
-        closed = self._serial.run(stop)
+        closed = self._serial.run(self._close)
         return defer.gatherResults([closed, pending]).addCallback(lambda _: None)
 

@@ -607,14 +607,17 @@ class AsyncioDiscoveryTests(unittest.SynchronousTestCase):
                     "discovery-default = no\n"
                     "discovery-interface = 127.0.0.1\n"
                     "discovery-ttl = 0\n"
-                    "discovery-dns-sd = no\n"
+                    f"discovery-dns-sd = {self.dns_sd}\n"
                     f"discovery-group = 224.4.0.1:{self.group_port}\n")
         self.uri, proc = start_router(port, ["-c", config, "-l", f"elvin://127.0.0.1:{port}"])
         self.addCleanup(stop_router, proc)
 
+    dns_sd = "no"
+
     def discoverer(self):
         from elvin.discovery.aio import AsyncioDiscoverer
-        return AsyncioDiscoverer(interface="127.0.0.1", port=self.group_port, ttl_limit=0)
+        return AsyncioDiscoverer(interface="127.0.0.1", port=self.group_port, ttl_limit=0,
+                                 dns_sd=False)
 
     def test_asyncio_connect_by_scope(self):
         from elvin.discovery.aio import NoRouterFound
@@ -625,6 +628,8 @@ class AsyncioDiscoveryTests(unittest.SynchronousTestCase):
                                          discovery_timeout=10)
                 self.assertEqual(str(conn.uri), str(client.ElvinURI(self.uri)))
                 self.assertEqual(conn.router.scope, self.scope)
+                self.assertEqual(conn.router.source,
+                                 "dns-sd" if self.dns_sd == "yes" else "erdp")
                 await conn.close()
                 with self.assertRaises(NoRouterFound):
                     await aio.connect(scope="no-such-scope", discoverer=finder,
@@ -643,3 +648,23 @@ class AsyncioDiscoveryTests(unittest.SynchronousTestCase):
                 self.assertEqual(str(conn.uri), str(client.ElvinURI(self.uri)))
         finally:
             blocking._run(finder.stop())
+
+
+class AsyncioDnsSdTests(AsyncioDiscoveryTests):
+    """The same, found by DNS-SD alone (ERDP off in the client; the router
+    registers ``_elvin._tcp.local.`` on 127.0.0.1)."""
+
+    dns_sd = "yes"
+
+    def setUp(self):
+        from elvin.discovery import dnssd
+        try:
+            dnssd.make_zeroconf(["127.0.0.1"]).close()
+        except Exception as e:
+            raise unittest.SkipTest(f"zeroconf cannot bind to 127.0.0.1 here: {e}")
+        super().setUp()
+
+    def discoverer(self):
+        from elvin.discovery.aio import AsyncioDiscoverer
+        return AsyncioDiscoverer(interface="127.0.0.1", port=self.group_port, ttl_limit=0,
+                                 erdp=False, dns_sd=True)
