@@ -12,6 +12,7 @@ setup(
         "elvin.protocols",
         "elvin.federation",
         "elvin.discovery",
+        "elvin.proxy",
         "elvin.tools",
         "elvin.data",
         "spark_analysis",

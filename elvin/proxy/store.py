@@ -1,0 +1,375 @@
+"""The proxy's durable store (issue 17; the mobile-proxy paper, sections
+4.2-4.7 and 5.1): sessions, their subscriptions, and the notifications kept
+for them while no client of theirs is connected.
+
+No I/O but the database: one SQLite file (``:memory:`` for tests), opened
+in WAL mode, so a transaction that has committed survives the process
+being killed (``kill -9``); ``synchronous=NORMAL`` is enough for that (only
+a crash of the whole machine could lose the last commits). Everything is
+keyed so that memory stays bounded whatever is stored: rows live in the
+file, and reads are paged (``pending(limit=...)``).
+
+* One stored copy per notification (its encoded NameValue array, exactly
+  as a NotifyDeliver carries it), however many sessions' subscriptions it
+  matched; a ``pending`` row per (session, subscription) it still owes,
+  with that subscription's expiry time.
+* A subscription's time-to-live and maximum count interact as the paper
+  says: "store notifications for up to X hours and store no more than Y of
+  them" -- the oldest goes first when the count is reached; expiry is
+  checked when notifications are read (an expired one is never returned)
+  and swept periodically (``sweep``) to reclaim the space.
+* Receipt: a destructive client's acknowledgement removes the session's
+  pending rows; a non-destructive one records that this client has it
+  (``delivered``), so the session's other clients still get it and no
+  client ever gets it twice.
+* A per-session cap on stored notifications (``max_stored``) drops the
+  oldest and counts the drops, for the DropWarn the next client of the
+  session is owed (``take_dropped``).
+* Session passwords are kept only as salted scrypt hashes: one to join,
+  one (administrative) for destructive operations (section 5.2.1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import sqlite3
+from contextlib import contextmanager
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+from elvin.protocols import packets as P
+from elvin.protocols.xdr import Reader
+
+__all__ = ["Store", "StoredNotification", "SessionRecord", "hash_password",
+           "check_password"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    name        TEXT PRIMARY KEY,
+    join_hash   BLOB,
+    admin_hash  BLOB,
+    keys        BLOB,
+    dropped     INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS subscriptions (
+    session          TEXT NOT NULL REFERENCES sessions(name) ON DELETE CASCADE,
+    id               INTEGER NOT NULL,
+    expression       TEXT NOT NULL,
+    accept_insecure  INTEGER NOT NULL,
+    ttl              REAL,
+    max_count        INTEGER,
+    PRIMARY KEY (session, id)
+);
+CREATE TABLE IF NOT EXISTS notifications (
+    id       INTEGER PRIMARY KEY,
+    arrived  REAL NOT NULL,
+    body     BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS pending (
+    session       TEXT NOT NULL,
+    subscription  INTEGER NOT NULL,
+    notification  INTEGER NOT NULL,
+    expires       REAL,
+    PRIMARY KEY (session, subscription, notification)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS pending_by_session ON pending (session, notification);
+CREATE INDEX IF NOT EXISTS pending_by_notification ON pending (notification);
+CREATE INDEX IF NOT EXISTS pending_by_expiry ON pending (expires);
+CREATE TABLE IF NOT EXISTS delivered (
+    session       TEXT NOT NULL,
+    client        TEXT NOT NULL,
+    notification  INTEGER NOT NULL,
+    PRIMARY KEY (session, client, notification)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS delivered_by_notification ON delivered (notification);
+"""
+
+#: scrypt parameters (RFC 7914's interactive-login figures).
+_SCRYPT = {"n": 2 ** 14, "r": 8, "p": 1, "dklen": 32}
+
+
+def hash_password(password: str) -> bytes:
+    """A salted scrypt hash of ``password``: 16 bytes of salt, then the key."""
+    salt = os.urandom(16)
+    return salt + hashlib.scrypt(password.encode("utf-8"), salt=salt, **_SCRYPT)
+
+
+def check_password(stored: Optional[bytes], password: Optional[str]) -> bool:
+    """Does ``password`` match ``stored`` (None: no password needed)?"""
+    if stored is None:
+        return True
+    if password is None:
+        return False
+    key = hashlib.scrypt(password.encode("utf-8"), salt=stored[:16], **_SCRYPT)
+    return hmac.compare_digest(key, stored[16:])
+
+
+class StoredNotification:
+    """A notification owed to a session: its id (arrival order), when it
+    arrived, its attributes, and the session's subscriptions it matched."""
+
+    __slots__ = ("id", "arrived", "body", "subscriptions")
+
+    def __init__(self, id: int, arrived: float, body: bytes,
+                 subscriptions: Tuple[int, ...]) -> None:
+        self.id = id
+        self.arrived = arrived
+        self.body = body
+        self.subscriptions = subscriptions
+
+    @property
+    def attributes(self) -> Dict[str, Any]:
+        return Reader(self.body).name_values()
+
+    def __repr__(self) -> str:
+        return f"<StoredNotification {self.id} for {self.subscriptions}>"
+
+
+class SessionRecord:
+    """A session as stored: its name, password hashes, keys, drop count."""
+
+    __slots__ = ("name", "join_hash", "admin_hash", "keys", "dropped")
+
+    def __init__(self, name: str, join_hash: Optional[bytes], admin_hash: Optional[bytes],
+                 keys: Optional[bytes], dropped: int) -> None:
+        self.name = name
+        self.join_hash = join_hash
+        self.admin_hash = admin_hash
+        self.keys = keys
+        self.dropped = dropped
+
+
+class Store:
+    """The proxy's SQLite store (see the module docstring).
+
+    Writes happen inside ``with store.batch():`` (one transaction: the
+    proxy groups a reactor turn's notifications into one commit) or commit
+    on their own. ``max_stored``: most notifications one session may hold
+    (None: no cap but the subscriptions' own).
+    """
+
+    def __init__(self, path: str = ":memory:", max_stored: Optional[int] = None) -> None:
+        self.path = path
+        self.max_stored = max_stored
+        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA foreign_keys = ON")
+        if path != ":memory:":
+            self.db.execute("PRAGMA journal_mode = WAL")
+            self.db.execute("PRAGMA synchronous = NORMAL")
+        self.db.executescript(_SCHEMA)
+        self._depth = 0
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def batch(self) -> Iterator["Store"]:
+        """One transaction for everything inside (nested: the outermost)."""
+        if self._depth == 0:
+            self.db.execute("BEGIN IMMEDIATE")
+        self._depth += 1
+        try:
+            yield self
+        except BaseException:
+            self._depth -= 1
+            if self._depth == 0:
+                self.db.execute("ROLLBACK")
+            raise
+        self._depth -= 1
+        if self._depth == 0:
+            self.db.execute("COMMIT")
+
+    # -- sessions and subscriptions -------------------------------------------
+
+    def create_session(self, name: str, password: Optional[str] = None,
+                       admin_password: Optional[str] = None) -> SessionRecord:
+        """A new session (raises KeyError if the name is taken)."""
+        join_hash = hash_password(password) if password is not None else None
+        admin_hash = hash_password(admin_password) if admin_password is not None else None
+        try:
+            with self.batch():
+                self.db.execute("INSERT INTO sessions (name, join_hash, admin_hash) "
+                                "VALUES (?, ?, ?)", (name, join_hash, admin_hash))
+        except sqlite3.IntegrityError:
+            raise KeyError(f"session {name!r} exists") from None
+        return SessionRecord(name, join_hash, admin_hash, None, 0)
+
+    def session(self, name: str) -> Optional[SessionRecord]:
+        row = self.db.execute("SELECT name, join_hash, admin_hash, keys, dropped "
+                              "FROM sessions WHERE name = ?", (name,)).fetchone()
+        return SessionRecord(*row) if row else None
+
+    def sessions(self) -> List[str]:
+        return [name for (name,) in self.db.execute("SELECT name FROM sessions ORDER BY name")]
+
+    def delete_session(self, name: str) -> None:
+        """Forget the session, its subscriptions and what it is owed."""
+        with self.batch():
+            self.db.execute("DELETE FROM pending WHERE session = ?", (name,))
+            self.db.execute("DELETE FROM delivered WHERE session = ?", (name,))
+            self.db.execute("DELETE FROM sessions WHERE name = ?", (name,))
+            self._collect()
+
+    def set_keys(self, name: str, keys: Optional[bytes]) -> None:
+        """Keep the session's security keys (an encoded Keys, or None)."""
+        with self.batch():
+            self.db.execute("UPDATE sessions SET keys = ? WHERE name = ?", (keys, name))
+
+    def put_subscription(self, session: str, sub_id: int, expression: str,
+                         accept_insecure: bool = True, ttl: Optional[float] = None,
+                         max_count: Optional[int] = None) -> None:
+        """Add or replace a session's subscription (``ttl`` seconds and
+        ``max_count`` notifications kept at most; None: no limit)."""
+        with self.batch():
+            self.db.execute(
+                "INSERT OR REPLACE INTO subscriptions "
+                "(session, id, expression, accept_insecure, ttl, max_count) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (session, sub_id, expression, int(accept_insecure), ttl, max_count))
+
+    def remove_subscription(self, session: str, sub_id: int) -> None:
+        """Forget a subscription and what was kept for it alone."""
+        with self.batch():
+            self.db.execute("DELETE FROM subscriptions WHERE session = ? AND id = ?",
+                            (session, sub_id))
+            self.db.execute("DELETE FROM pending WHERE session = ? AND subscription = ?",
+                            (session, sub_id))
+            self._collect()
+
+    def subscriptions(self, session: str) -> List[Tuple[int, str, bool, Optional[float],
+                                                        Optional[int]]]:
+        """``(id, expression, accept_insecure, ttl, max_count)`` per subscription."""
+        return [(i, e, bool(a), t, m) for i, e, a, t, m in self.db.execute(
+            "SELECT id, expression, accept_insecure, ttl, max_count FROM subscriptions "
+            "WHERE session = ? ORDER BY id", (session,))]
+
+    # -- notifications -------------------------------------------------------
+
+    def store(self, attributes: Mapping[str, Any], matches: Mapping[str, Sequence[int]],
+              now: float) -> Optional[int]:
+        """Keep one copy of a notification for the sessions' subscriptions
+        in ``matches`` (``{session: [subscription ids]}``); returns its id,
+        or None if no subscription named there exists."""
+        body = P.encode_attributes(attributes)
+        with self.batch():
+            rows = []
+            for session, sub_ids in matches.items():
+                for sub_id in sub_ids:
+                    found = self.db.execute(
+                        "SELECT ttl, max_count FROM subscriptions WHERE session = ? AND id = ?",
+                        (session, sub_id)).fetchone()
+                    if found is not None:
+                        rows.append((session, sub_id, found[0], found[1]))
+            if not rows:
+                return None
+            cursor = self.db.execute("INSERT INTO notifications (arrived, body) VALUES (?, ?)",
+                                     (now, body))
+            note = cursor.lastrowid
+            assert note is not None
+            for session, sub_id, ttl, _ in rows:
+                self.db.execute(
+                    "INSERT OR IGNORE INTO pending (session, subscription, notification, expires) "
+                    "VALUES (?, ?, ?, ?)", (session, sub_id, note,
+                                            None if ttl is None else now + ttl))
+            trimmed: List[int] = []
+            for session, sub_id, _, max_count in rows:
+                if max_count is not None:
+                    trimmed += self._trim_subscription(session, sub_id, max_count)
+            if self.max_stored is not None:
+                for session in {row[0] for row in rows}:
+                    trimmed += self._trim_session(session)
+            if trimmed:
+                self._collect(trimmed)
+        return note
+
+    def _trim_subscription(self, session: str, sub_id: int, max_count: int) -> List[int]:
+        over = [n for (n,) in self.db.execute(
+            "SELECT notification FROM pending WHERE session = ? AND subscription = ? "
+            "ORDER BY notification DESC LIMIT -1 OFFSET ?", (session, sub_id, max_count))]
+        self.db.executemany("DELETE FROM pending WHERE session = ? AND subscription = ? "
+                            "AND notification = ?", [(session, sub_id, n) for n in over])
+        return over
+
+    def _trim_session(self, session: str) -> List[int]:
+        assert self.max_stored is not None
+        over = [n for (n,) in self.db.execute(
+            "SELECT DISTINCT notification FROM pending WHERE session = ? "
+            "ORDER BY notification DESC LIMIT -1 OFFSET ?", (session, self.max_stored))]
+        if over:
+            self.db.executemany("DELETE FROM pending WHERE session = ? AND notification = ?",
+                                [(session, n) for n in over])
+            self.db.execute("UPDATE sessions SET dropped = dropped + ? WHERE name = ?",
+                            (len(over), session))
+        return over
+
+    def take_dropped(self, session: str) -> int:
+        """How many of the session's notifications were dropped to stay
+        under ``max_stored`` since this was last asked (then zero)."""
+        with self.batch():
+            row = self.db.execute("SELECT dropped FROM sessions WHERE name = ?",
+                                  (session,)).fetchone()
+            self.db.execute("UPDATE sessions SET dropped = 0 WHERE name = ?", (session,))
+        return row[0] if row else 0
+
+    def pending(self, session: str, client: str, now: float,
+                limit: int = 1000) -> List[StoredNotification]:
+        """Up to ``limit`` notifications the session is owed that ``client``
+        has not had and that have not expired, oldest first, each with the
+        session's subscriptions it matched (and that have not expired)."""
+        rows = self.db.execute(
+            "SELECT p.notification, n.arrived, n.body, group_concat(p.subscription) "
+            "FROM pending p JOIN notifications n ON n.id = p.notification "
+            "WHERE p.session = ? AND (p.expires IS NULL OR p.expires > ?) "
+            "AND NOT EXISTS (SELECT 1 FROM delivered d WHERE d.session = p.session "
+            "                AND d.client = ? AND d.notification = p.notification) "
+            "GROUP BY p.notification ORDER BY p.notification LIMIT ?",
+            (session, now, client, limit)).fetchall()
+        return [StoredNotification(note, arrived, body,
+                                   tuple(sorted(int(i) for i in ids.split(","))))
+                for note, arrived, body, ids in rows]
+
+    def acknowledge(self, session: str, client: str, notifications: Iterable[int],
+                    destructive: bool = True) -> None:
+        """``client`` has these: destructively, the session no longer owes
+        them; otherwise only this client is not to get them again."""
+        ids = list(notifications)
+        with self.batch():
+            if destructive:
+                self.db.executemany("DELETE FROM pending WHERE session = ? AND notification = ?",
+                                    [(session, n) for n in ids])
+                self.db.executemany("DELETE FROM delivered WHERE session = ? "
+                                    "AND notification = ?", [(session, n) for n in ids])
+                self._collect(ids)
+            else:
+                self.db.executemany("INSERT OR IGNORE INTO delivered "
+                                    "(session, client, notification) VALUES (?, ?, ?)",
+                                    [(session, client, n) for n in ids])
+
+    def sweep(self, now: float) -> int:
+        """Delete what has expired; returns how many pending rows went."""
+        with self.batch():
+            gone = self.db.execute("DELETE FROM pending WHERE expires IS NOT NULL "
+                                   "AND expires <= ?", (now,)).rowcount
+            self._collect()
+        return gone
+
+    def _collect(self, candidates: Optional[Sequence[int]] = None) -> None:
+        """Drop notifications no session is owed any more: those among
+        ``candidates`` (by index, cheap), or all of them (a full scan)."""
+        if candidates is None:
+            self.db.execute("DELETE FROM delivered WHERE notification NOT IN "
+                            "(SELECT notification FROM pending)")
+            self.db.execute("DELETE FROM notifications WHERE id NOT IN "
+                            "(SELECT notification FROM pending)")
+            return
+        orphans = [(n,) for n in set(candidates) if self.db.execute(
+            "SELECT 1 FROM pending WHERE notification = ? LIMIT 1", (n,)).fetchone() is None]
+        self.db.executemany("DELETE FROM delivered WHERE notification = ?", orphans)
+        self.db.executemany("DELETE FROM notifications WHERE id = ?", orphans)
+
+    def counts(self) -> Dict[str, int]:
+        """Rows per table (for statistics and tests)."""
+        return {table: self.db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
+                for table in ("sessions", "subscriptions", "notifications", "pending",
+                              "delivered")}

@@ -1,0 +1,203 @@
+"""The proxy's store (elvin/proxy/store.py): one copy per notification,
+TTL and maximum count, destructive and non-destructive receipt, caps,
+passwords, and durability across a killed process."""
+
+import os
+import subprocess
+import sys
+
+from twisted.trial import unittest
+
+from elvin.proxy.store import Store, check_password, hash_password
+from elvin.test.places import REPO
+
+
+class StoreTests(unittest.TestCase):
+
+    def setUp(self):
+        self.store = Store()
+        self.addCleanup(self.store.close)
+        self.store.create_session("phone")
+        self.store.put_subscription("phone", 1, 'Group == "chat"')
+
+    def ids(self, notes):
+        return [n.id for n in notes]
+
+    def test_stored_in_arrival_order_with_their_subscriptions(self):
+        s = self.store
+        s.put_subscription("phone", 2, "require(n)")
+        a = s.store({"Group": "chat", "n": 1}, {"phone": [1, 2]}, now=10)
+        b = s.store({"Group": "chat"}, {"phone": [1]}, now=11)
+        notes = s.pending("phone", "dev", now=12)
+        self.assertEqual(self.ids(notes), [a, b])
+        self.assertEqual(notes[0].subscriptions, (1, 2))
+        self.assertEqual(notes[0].attributes, {"Group": "chat", "n": 1})
+        self.assertEqual(notes[1].subscriptions, (1,))
+
+    def test_one_copy_however_many_sessions(self):
+        s = self.store
+        s.create_session("laptop")
+        s.put_subscription("laptop", 7, 'Group == "chat"')
+        s.store({"Group": "chat"}, {"phone": [1], "laptop": [7]}, now=1)
+        self.assertEqual(s.counts()["notifications"], 1)
+        self.assertEqual(s.counts()["pending"], 2)
+        s.acknowledge("phone", "dev", [n.id for n in s.pending("phone", "dev", 2)])
+        self.assertEqual(s.counts()["notifications"], 1)       # laptop is still owed it
+        s.acknowledge("laptop", "pc", [n.id for n in s.pending("laptop", "pc", 2)])
+        self.assertEqual(s.counts()["notifications"], 0)
+
+    def test_unknown_subscriptions_store_nothing(self):
+        self.assertIsNone(self.store.store({"a": 1}, {"phone": [99], "nobody": [1]}, now=1))
+        self.assertEqual(self.store.counts()["notifications"], 0)
+
+    def test_time_to_live_is_checked_on_read_and_swept(self):
+        s = self.store
+        s.put_subscription("phone", 1, 'Group == "chat"', ttl=60)
+        note = s.store({"Group": "chat"}, {"phone": [1]}, now=100)
+        self.assertEqual(self.ids(s.pending("phone", "dev", now=159)), [note])
+        self.assertEqual(s.pending("phone", "dev", now=160), [])     # expired: never read
+        self.assertEqual(s.counts()["notifications"], 1)
+        self.assertEqual(s.sweep(now=161), 1)
+        self.assertEqual(s.counts()["notifications"], 0)
+
+    def test_expiry_is_per_subscription(self):
+        s = self.store
+        s.put_subscription("phone", 1, "require(x)", ttl=10)
+        s.put_subscription("phone", 2, "require(x)")
+        s.store({"x": 1}, {"phone": [1, 2]}, now=0)
+        (note,) = s.pending("phone", "dev", now=20)
+        self.assertEqual(note.subscriptions, (2,))       # only the one still keeping it
+
+    def test_maximum_count_keeps_the_newest(self):
+        s = self.store
+        s.put_subscription("phone", 1, "require(n)", max_count=3)
+        for i in range(5):
+            s.store({"n": i}, {"phone": [1]}, now=i)
+        self.assertEqual([n.attributes["n"] for n in s.pending("phone", "dev", now=9)],
+                         [2, 3, 4])
+        self.assertEqual(s.counts()["notifications"], 3)
+
+    def test_ttl_and_count_together(self):
+        """"Up to X seconds and no more than Y of them"."""
+        s = self.store
+        s.put_subscription("phone", 1, "require(n)", ttl=100, max_count=2)
+        for i in range(4):
+            s.store({"n": i}, {"phone": [1]}, now=i * 60)
+        # at 200: 0 and 1 went over the count; 2 (arrived at 120) is kept
+        self.assertEqual([n.attributes["n"] for n in s.pending("phone", "dev", now=200)],
+                         [2, 3])
+        # at 230: 2 is within the count but too old
+        self.assertEqual([n.attributes["n"] for n in s.pending("phone", "dev", now=230)],
+                         [3])
+
+    def test_non_destructive_receipt(self):
+        s = self.store
+        a = s.store({"Group": "chat", "n": 1}, {"phone": [1]}, now=1)
+        s.acknowledge("phone", "pda", [a], destructive=False)
+        self.assertEqual(s.pending("phone", "pda", now=2), [])       # never twice
+        self.assertEqual(self.ids(s.pending("phone", "laptop", now=2)), [a])
+        s.acknowledge("phone", "laptop", [a], destructive=True)
+        self.assertEqual(s.pending("phone", "other", now=2), [])
+        self.assertEqual(s.counts(), {"sessions": 1, "subscriptions": 1, "notifications": 0,
+                                      "pending": 0, "delivered": 0})
+
+    def test_paged_reads(self):
+        s = self.store
+        notes = [s.store({"Group": "chat", "n": i}, {"phone": [1]}, now=i) for i in range(25)]
+        got = []
+        while True:
+            page = s.pending("phone", "dev", now=100, limit=10)
+            if not page:
+                break
+            got += self.ids(page)
+            s.acknowledge("phone", "dev", self.ids(page), destructive=False)
+        self.assertEqual(got, notes)
+
+    def test_session_cap_drops_the_oldest_and_counts(self):
+        s = Store(max_stored=3)
+        self.addCleanup(s.close)
+        s.create_session("phone")
+        s.put_subscription("phone", 1, "require(n)")
+        for i in range(5):
+            s.store({"n": i}, {"phone": [1]}, now=i)
+        self.assertEqual([n.attributes["n"] for n in s.pending("phone", "d", now=9)], [2, 3, 4])
+        self.assertEqual(s.take_dropped("phone"), 2)
+        self.assertEqual(s.take_dropped("phone"), 0)
+
+    def test_removing_a_subscription_or_session_reclaims(self):
+        s = self.store
+        s.store({"Group": "chat"}, {"phone": [1]}, now=1)
+        s.remove_subscription("phone", 1)
+        self.assertEqual(s.counts()["notifications"], 0)
+        s.put_subscription("phone", 2, "require(a)")
+        s.store({"a": 1}, {"phone": [2]}, now=1)
+        s.delete_session("phone")
+        self.assertEqual(s.counts(), {"sessions": 0, "subscriptions": 0, "notifications": 0,
+                                      "pending": 0, "delivered": 0})
+
+    def test_sessions_and_subscriptions_are_kept(self):
+        s = self.store
+        with self.assertRaises(KeyError):
+            s.create_session("phone")
+        s.put_subscription("phone", 3, "require(z)", accept_insecure=False, ttl=5, max_count=9)
+        self.assertEqual(s.subscriptions("phone"),
+                         [(1, 'Group == "chat"', True, None, None),
+                          (3, "require(z)", False, 5.0, 9)])
+        s.set_keys("phone", b"keys")
+        self.assertEqual(s.session("phone").keys, b"keys")
+        self.assertEqual(s.sessions(), ["phone"])
+        self.assertIsNone(s.session("nobody"))
+
+    def test_a_failed_batch_stores_nothing(self):
+        s = self.store
+        with self.assertRaises(RuntimeError):
+            with s.batch():
+                s.store({"Group": "chat"}, {"phone": [1]}, now=1)
+                raise RuntimeError("boom")
+        self.assertEqual(s.counts()["notifications"], 0)
+
+
+class PasswordTests(unittest.TestCase):
+
+    def test_salted_hashes(self):
+        first, second = hash_password("secret"), hash_password("secret")
+        self.assertNotEqual(first, second)               # salted
+        self.assertNotIn(b"secret", first)
+        self.assertTrue(check_password(first, "secret"))
+        self.assertFalse(check_password(first, "Secret"))
+        self.assertFalse(check_password(first, None))
+        self.assertTrue(check_password(None, None))      # no password set
+
+    def test_sessions_keep_only_hashes(self):
+        s = Store()
+        self.addCleanup(s.close)
+        record = s.create_session("phone", password="join", admin_password="admin")
+        self.assertTrue(check_password(s.session("phone").join_hash, "join"))
+        self.assertTrue(check_password(record.admin_hash, "admin"))
+        self.assertFalse(check_password(record.join_hash, "admin"))
+
+
+class DurabilityTests(unittest.TestCase):
+    """What was committed survives the process being killed (SIGKILL)."""
+
+    def test_kill_9_loses_nothing_committed(self):
+        path = os.path.abspath(self.mktemp() + ".sqlite3")
+        code = (
+            "import os, signal, sys\n"
+            "from elvin.proxy.store import Store\n"
+            "s = Store(sys.argv[1])\n"
+            "s.create_session('phone')\n"
+            "s.put_subscription('phone', 1, 'require(n)')\n"
+            "for i in range(500):\n"
+            "    with s.batch():\n"
+            "        s.store({'n': i}, {'phone': [1]}, now=i)\n"
+            "print('stored', flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+        done = subprocess.run([sys.executable, "-c", code, path], cwd=REPO,
+                              capture_output=True, text=True, timeout=120)
+        self.assertIn("stored", done.stdout, done.stderr)
+        self.assertEqual(done.returncode, -9)
+        s = Store(path)
+        self.addCleanup(s.close)
+        notes = s.pending("phone", "dev", now=1000, limit=1000)
+        self.assertEqual([n.attributes["n"] for n in notes], list(range(500)))
