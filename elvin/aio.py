@@ -285,6 +285,10 @@ class _Pending(Generic[T]):
         self._close = close
         self._made: Optional[T] = None
 
+    def close(self) -> None:
+        """Never awaited after all (``elvin.sync`` refusing a call)."""
+        self._coroutine.close()
+
     def __await__(self) -> Generator[Any, None, T]:
         return self._coroutine.__await__()
 
@@ -523,7 +527,7 @@ class Connection(ClientState):
         await self.close()
 
 
-def _ssl_context(uri: ElvinURI, tls_ca: Union[str, bytes, None],
+def _ssl_context(tls_ca: Union[str, bytes, None],
                  tls_certificate: Optional[str], tls_key: Optional[str]) -> ssl.SSLContext:
     context = ssl.create_default_context(cafile=tls_ca if isinstance(tls_ca, str) else None,
                                          cadata=tls_ca.decode() if isinstance(tls_ca, bytes)
@@ -543,7 +547,7 @@ async def _open(uri: ElvinURI, loop: asyncio.AbstractEventLoop,
                             f"(use elvin.client for HTTP)")
     kwargs: Dict[str, Any] = {}
     if uri.is_secure:
-        kwargs["ssl"] = tls or _ssl_context(uri, tls_ca, tls_certificate, tls_key)
+        kwargs["ssl"] = tls or _ssl_context(tls_ca, tls_certificate, tls_key)
         kwargs["server_hostname"] = tls_hostname or uri.host
     return await loop.create_connection(protocol_factory, uri.host, uri.port, **kwargs)
 

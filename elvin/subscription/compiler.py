@@ -738,12 +738,19 @@ def _generate(root):
     if len(operands) > _MAX_GENERATED_OPERANDS or not any(
             _simple_comparison(c) is not None for c in operands):
         return None
+    shape, consts = _code_shape(root, operands)
+    make, literal_names = _maker(shape, consts)
+    return make(*[consts[n] for n in literal_names])
+
+
+def _code_shape(root, operands):
+    """The code shape of ``root`` over ``operands`` (the && / || and each
+    operand's ``_atom`` key) and the constants it needs."""
     consts = {"_rc": _real_compare, "_I64": Int64}
     shape = ((root.kind if root.kind in (Kind.AND, Kind.OR) else Kind.AND,)
              + tuple([_atom(operand, consts, index)
                       for index, operand in enumerate(operands)]))
-    make, literal_names = _maker(shape, consts)
-    return make(*[consts[n] for n in literal_names])
+    return shape, consts
 
 
 def _is_fixed(name):
@@ -806,13 +813,10 @@ def generated_plan(root, position):
     operands = root.children if root.kind in (Kind.AND, Kind.OR) else (root,)
     if len(operands) > _MAX_GENERATED_OPERANDS:
         return None
-    consts = {"_rc": _real_compare, "_I64": Int64}
-    keys = []
-    literal_of = {}
-    for index, operand in enumerate(operands):
-        keys.append(_atom(operand, consts, index))
-        literal_of[index] = position(_simple_comparison(operand)[2])
-    shape = (root.kind if root.kind in (Kind.AND, Kind.OR) else Kind.AND,) + tuple(keys)
+    shape, consts = _code_shape(root, operands)
+    keys = shape[1:]
+    literal_of = {index: position(_simple_comparison(operand)[2])
+                  for index, operand in enumerate(operands)}
     make, literal_names = _maker(shape, consts)
     # c<i>: operand i's string; i<i>: its integer; r<i>: it as a real64
     sources = tuple([(literal_of[int(name[1:])], name[0] == "r") for name in literal_names])
