@@ -114,14 +114,15 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_router():
+def start_router(plugin="elvin", extra=()):
+    """A ``twistd`` process of ``plugin`` (with ``extra`` arguments)
+    listening on a free loopback port: (process, its URI)."""
     port = free_port()
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    argv = ["twistd", "-n", "--pidfile=", plugin, "-l", f"elvin://127.0.0.1:{port}", *extra]
     proc = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys; from twisted.scripts.twistd import run; "
-         f"sys.argv=['twistd','-n','--pidfile=','elvin','-l','elvin://127.0.0.1:{port}']; "
-         "run()"],
+         f"import sys; from twisted.scripts.twistd import run; sys.argv={argv!r}; run()"],
         cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 20
     while time.time() < deadline:
@@ -131,7 +132,7 @@ def start_router():
         except OSError:
             time.sleep(0.1)
     proc.kill()
-    raise SystemExit("router did not start")
+    raise SystemExit(f"{plugin} did not start")
 
 
 def cpu_seconds(pid):

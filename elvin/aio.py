@@ -24,7 +24,7 @@ from typing import (Any, Awaitable, Callable, Coroutine, Dict, Generator, Generi
 
 from elvin.client.state import (ClientState, ConnectFailed, ConnectionClosed, Deframer,
                                 NackError, Notification, QuenchHandlers, QuenchState,
-                                Reconnect, AutoQuenchBase)
+                                Reconnect, AutoQuenchBase, SessionArg, proxy_options)
 from elvin.core.options import OPTIONS
 from elvin.protocols import packets as P
 from elvin.protocols.xdr import DecodeError
@@ -562,7 +562,11 @@ def connect(uri: Union[str, ElvinURI, None] = None,
             reconnect: Union[bool, Reconnect] = False,
             scope: Optional[str] = None, discover: bool = False, discoverer: Any = None,
             discovery_timeout: float = 10.0,
-            discovery_interface: Optional[str] = None) -> "_Pending[Connection]":
+            discovery_interface: Optional[str] = None, session: SessionArg = None,
+            password: Optional[str] = None, admin_password: Optional[str] = None,
+            receipt: Optional[str] = None, client: Optional[str] = None,
+            ttl: Optional[int] = None, max_count: Optional[int] = None,
+            on_notification: Optional[NoteCallback] = None) -> "_Pending[Connection]":
     """Connect to the router at ``uri`` (default elvin://localhost:2917).
 
     ``await`` it for a Connection, or ``async with elvin.aio.connect(...)
@@ -582,7 +586,17 @@ def connect(uri: Union[str, ElvinURI, None] = None,
     multicast (on ``discovery_interface``; docs/discovery.md): each usable
     URI is tried in turn for up to ``discovery_timeout`` seconds, and
     ``conn.router`` is the router chosen. NoRouterFound if none answers.
+
+    Through an Elvin proxy, ``session`` and the arguments after it join
+    sessions as for ``elvin.client.connect`` (docs/proxy.md); the
+    connection is returned once the proxy has told us their subscriptions.
+    What the sessions stored follows at once: pass ``on_notification`` (a
+    callable taking each Notification, set before the handshake) to see it.
     """
+    session_options, session_names = proxy_options(session, password, admin_password,
+                                                   receipt, client, ttl, max_count)
+    if session_options:
+        options = {**(options or {}), **session_options}
     kwargs: Dict[str, Any] = dict(
         tls=tls, tls_ca=tls_ca, tls_certificate=tls_certificate, tls_key=tls_key,
         tls_hostname=tls_hostname, reconnect=reconnect)
@@ -599,7 +613,22 @@ def connect(uri: Union[str, ElvinURI, None] = None,
             return await _open(target, loop, protocol_factory, tls, tls_ca,
                                tls_certificate, tls_key, tls_hostname)
         connection = Connection(target, loop, dial, Reconnect.from_argument(reconnect))
+        connection.on_notification = on_notification
+        joined: "asyncio.Future[None]" = loop.create_future()
+        if session_names:
+            connection.expect_joins(session_names, lambda: _settle(joined))
         await connection._handshake(options, nfn_keys, sub_keys, timeout)
+        if session_names:
+            if "Proxy.Receipt" not in connection.options:
+                await connection.close()
+                raise ConnectFailed(f"{target} accepted the connection but not the session: "
+                                    "it is a router, not an Elvin proxy (docs/proxy.md)")
+            try:
+                await asyncio.wait_for(asyncio.shield(joined), timeout or None)
+            except asyncio.TimeoutError:
+                await connection.close()
+                raise ConnectFailed(f"{target} did not report joining "
+                                    f"{', '.join(session_names)} within {timeout:g} s") from None
         return connection
 
     async def close(connection: Optional[Connection]) -> None:

@@ -20,10 +20,11 @@ from elvin.core.options import OPTIONS
 from elvin.core.router import MAX_PROTOCOL_ERRORS, PROTOCOL_ERROR_WINDOW
 from elvin.uri import ElvinURI, InvalidURIError
 
-__all__ = ["ConfigError", "RouterConfig", "load", "parse"]
+__all__ = ["ConfigError", "RouterConfig", "load", "parse", "listen_uri", "config_file"]
 
 
-def _listen(value, key, where, config):
+def listen_uri(value, key, where, config):
+    """A ``listen`` setting: an ``elvin:`` URI whose stack is supported."""
     try:
         uri = ElvinURI(value)
     except InvalidURIError as e:
@@ -35,14 +36,15 @@ def _listen(value, key, where, config):
     return uri
 
 
-def _file(value, key, where, config):
+def config_file(value, key, where, config):
+    """A file named in a configuration, relative to the file's folder."""
     return config._path(value)
 
 
 #: The router's own settings, in the order docs/router.md lists them (the
 #: table there is generated from this: ``python -m elvin.config``).
 ROUTER_SETTINGS = (
-    Setting("listen", _listen, [], "`elvin://localhost:2917` (if none given)",
+    Setting("listen", listen_uri, [], "`elvin://localhost:2917` (if none given)",
             "An `elvin:` URI to accept clients on; repeatable.", repeat=True),
     Setting("verbose", flag, False, "`no`",
             "Log every notification's attribute names. `yes`/`no`, `true`/`false`, "
@@ -64,12 +66,12 @@ ROUTER_SETTINGS = (
             "reason 4. Refused requests (2xxx) never count. `0`: never disconnect."),
     Setting("protocol-error-window", duration(False), PROTOCOL_ERROR_WINDOW, "`10`",
             "The sliding window, in seconds, for `max-protocol-errors` (more than 0)."),
-    Setting("tls-certificate", _file, None, "none",
+    Setting("tls-certificate", config_file, None, "none",
             "The router's certificate (PEM, with chain; may hold the key too). Needed "
             "by any TLS listener."),
-    Setting("tls-key", _file, None, "none",
+    Setting("tls-key", config_file, None, "none",
             "The router's private key (PEM), unless it is in `tls-certificate`."),
-    Setting("tls-ca", _file, None, "none",
+    Setting("tls-ca", config_file, None, "none",
             "CA certificates that client certificates must chain to; when set, clients "
             "are asked for a certificate."),
     Setting("require-authenticated", flag, False, "`no`",
@@ -138,6 +140,10 @@ class RouterConfig:
             raise ConfigError(f"{where}: unknown setting {key!r} "
                               f"(known: {', '.join(known)})")
 
+    def check(self, filename):
+        """Checks across settings, once the whole file is read."""
+        self.federation.check(filename, self.tls_ca)
+
     def _path(self, value):
         """A file named in the configuration: relative to the file's folder."""
         source = self.source
@@ -163,7 +169,7 @@ def parse(text, filename="<config>", config=None):
         if not value.strip():
             raise ConfigError(f"{where}: missing value for {name.strip()!r}")
         config.set(name, value, where)
-    config.federation.check(filename, config.tls_ca)
+    config.check(filename)
     return config
 
 

@@ -226,6 +226,27 @@ class Connection:
     def reconnects(self) -> int:
         return self._inner.reconnects
 
+    @property
+    def on_notification(self) -> Optional[Callable[[Notification], Any]]:
+        """Called (on the client's thread) once per delivered notification,
+        whichever subscriptions it matched: through a proxy session, also
+        those stored while nobody was connected."""
+        return self._inner.on_notification
+
+    @on_notification.setter
+    def on_notification(self, callback: Optional[Callable[[Notification], Any]]) -> None:
+        self._inner.on_notification = callback
+
+    @property
+    def sessions(self) -> Dict[str, Any]:
+        """Through an Elvin proxy: the sessions joined (docs/proxy.md)."""
+        return self._inner.sessions
+
+    @property
+    def session_subscriptions(self) -> Dict[int, Any]:
+        """Through an Elvin proxy: the joined sessions' subscriptions."""
+        return self._inner.session_subscriptions
+
     def notify(self, attributes: Mapping[str, Any], deliver_insecure: bool = True,
                keys: Optional[Keys] = None) -> None:
         """Emit a notification. It is checked here (ValueError, TypeError,

@@ -86,19 +86,22 @@ class Options(usage.Options):
             config.verbose = True
         if self["discovery"]:
             config.discovery = True
-        for uri in config.listen:
-            try:
-                check_supported(uri)
-            except UnsupportedStackError as e:
-                self._refuse(str(e))
-        if config.tls_certificate and any(stack_kind(u) == TLS for u in config.listen):
-            # Check the certificate files now, to report them as usage errors.
-            from elvin.protocols.tls import server_options_from_config
-            try:
-                server_options_from_config(config)
-            except ConfigError as e:
-                self._refuse(str(e))
+        try:
+            check_listeners(config)
+        except (ConfigError, UnsupportedStackError) as e:
+            self._refuse(str(e))
         self.router_config = config
+
+
+def check_listeners(config):
+    """Refuse (ConfigError, UnsupportedStackError) a listener that could not
+    work: an unsupported stack, or TLS with unusable certificate files --
+    found before starting, to be reported as usage errors."""
+    for uri in config.listen:
+        check_supported(uri)
+    if config.tls_certificate and any(stack_kind(u) == TLS for u in config.listen):
+        from elvin.protocols.tls import server_options_from_config
+        server_options_from_config(config)
 
 
 def _short(uri):

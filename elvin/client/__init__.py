@@ -20,7 +20,8 @@ from twisted.logger import Logger
 
 from elvin.client.state import (ClientState, ConnectFailed, ConnectionClosed, NackError,
                                 Notification, QuenchHandlers, QuenchState, Reconnect,
-                                AutoQuenchBase)
+                                AutoQuenchBase, JoinedSession, SessionArg,
+                                SessionSubscription, proxy_options)
 from elvin.core.options import OPTIONS
 from elvin.protocols import packets as P
 from elvin.protocols.framing import FramedProtocol
@@ -30,7 +31,8 @@ from elvin.values import normalise
 
 __all__ = ["connect", "connect_discovered", "unotify", "Connection", "ClientSubscription", "ConnectFailed",
            "DEFAULT_CONNECT_TIMEOUT", "ClientQuench", "QuenchState", "AutoQuench", "NackError",
-           "ConnectionClosed", "Notification", "Reconnect"]
+           "ConnectionClosed", "Notification", "Reconnect", "SessionSubscription",
+           "JoinedSession"]
 
 DEFAULT_URI = "elvin://localhost:2917"
 
@@ -288,7 +290,7 @@ class Connection(ClientState):
                 await self._handshake(options, nfn_keys, sub_keys)
                 for make_packet, apply, owner in self.replay():
                     try:
-                        reply = await self._request(make_packet)
+                        reply = await self.call(make_packet)
                     except NackError:
                         if owner is None:
                             raise
@@ -310,7 +312,10 @@ class Connection(ClientState):
 
     # -- requests ------------------------------------------------------------
 
-    def _request(self, make_packet):
+    def call(self, make_packet: Callable[[int], Any]) -> "defer.Deferred[Any]":
+        """Send ``make_packet(xid)`` (one of ClientState's packet builders);
+        the Deferred fires with the reply packet or fails with NackError or
+        ConnectionClosed."""
         d: defer.Deferred[Any] = defer.Deferred()
         try:
             self.request(make_packet, d.callback, d.errback)
@@ -319,7 +324,7 @@ class Connection(ClientState):
         return d
 
     def _handshake(self, options, nfn_keys, sub_keys):
-        d = self._request(self.conn_rqst(options, nfn_keys, sub_keys))
+        d = self.call(self.conn_rqst(options, nfn_keys, sub_keys))
 
         def connected(reply):
             self.options = dict(reply.options)
@@ -328,32 +333,67 @@ class Connection(ClientState):
         return d.addCallback(connected)
 
     def subscribe(self, expression: str, callback: Callable[[Notification], Any],
-                  accept_insecure: bool = True,
-                  keys: Optional[P.Keys] = None) -> "defer.Deferred[ClientSubscription]":
+                  accept_insecure: bool = True, keys: Optional[P.Keys] = None, *,
+                  ttl: Optional[int] = None,
+                  max_count: Optional[int] = None) -> "defer.Deferred[ClientSubscription]":
         """Register ``expression``; ``callback(notification)`` for each match.
 
         Fires with a ClientSubscription, or fails with NackError (e.g. a
-        parse error: ``code`` 2101-2112).
+        parse error: ``code`` 2101-2112). Through an Elvin proxy session,
+        ``ttl`` (seconds) and ``max_count`` bound what the proxy keeps for
+        it while no client of the session is connected (docs/proxy.md).
         """
-        d = self._request(self.sub_add_rqst(expression, accept_insecure, keys))
+        d = self.call(self.sub_add_rqst(expression, accept_insecure, keys))
 
         def added(reply):
             sub = ClientSubscription(self, reply.subscription_id, expression,
                                      callback, accept_insecure)
             sub.keys = keys       # registered again with these after a reconnect
             self.subscriptions[sub.id] = sub
+            if self.sessions:
+                self.session_subscriptions[sub.id] = SessionSubscription(
+                    sub.id, next(iter(self.sessions)), expression, accept_insecure,
+                    ttl or 0, max_count or 0)
             return sub
-        return d.addCallback(added)
+        d.addCallback(added)
+        if ttl is not None or max_count is not None:
+            d.addCallback(lambda sub: self.set_limits(sub.id, ttl, max_count)
+                          .addCallback(lambda _: sub))
+        return d
+
+    def set_limits(self, sub_id: int, ttl: Optional[int] = None,
+                   max_count: Optional[int] = None) -> "defer.Deferred[Dict[str, Any]]":
+        """Through a proxy session: keep what subscription ``sub_id``
+        matches for at most ``ttl`` seconds and ``max_count``
+        notifications (0: no limit; None: unchanged)."""
+        options = {}
+        if ttl is not None:
+            options[f"Proxy.TTL.{sub_id}"] = int(ttl)
+        if max_count is not None:
+            options[f"Proxy.Max-Count.{sub_id}"] = int(max_count)
+
+        def done(reply):
+            known = self.session_subscriptions.get(sub_id)
+            if known is not None:
+                known.ttl = ttl if ttl is not None else known.ttl
+                known.max_count = max_count if max_count is not None else known.max_count
+            return reply
+        return self.set_options(options).addCallback(done)
+
+    def delete_session(self, name: str) -> "defer.Deferred[Dict[str, Any]]":
+        """Through a proxy: delete session ``name`` (needs its administrative
+        password), its subscriptions and everything stored for it."""
+        return self.set_options({"Proxy.Delete-Session": name})
 
     def _modify(self, sub, expression, accept_insecure, add_keys, del_keys):
         insecure = sub.accept_insecure if accept_insecure is None else accept_insecure
-        d = self._request(self.sub_mod_rqst(sub.id, expression, insecure, add_keys, del_keys))
+        d = self.call(self.sub_mod_rqst(sub.id, expression, insecure, add_keys, del_keys))
 
         return d.addCallback(lambda reply: self.subscription_modified(
             sub, expression, insecure, reply))
 
     def _remove(self, sub):
-        d = self._request(self.sub_del_rqst(sub.id))
+        d = self.call(self.sub_del_rqst(sub.id))
 
         def removed(reply):
             self.subscriptions.pop(sub.id, None)
@@ -370,7 +410,7 @@ class Connection(ClientState):
         and future subscription on those names (see ClientQuench).
         """
         names = tuple(sorted(set(names)))
-        d = self._request(self.qnch_add_rqst(names, deliver_insecure, keys))
+        d = self.call(self.qnch_add_rqst(names, deliver_insecure, keys))
 
         def added(reply):
             quench = ClientQuench(self, reply.quench_id, names, on_add, on_modify,
@@ -383,7 +423,7 @@ class Connection(ClientState):
     def _modify_quench(self, quench, add_names, del_names, deliver_insecure,
                        add_keys, del_keys):
         insecure = quench.deliver_insecure if deliver_insecure is None else deliver_insecure
-        d = self._request(self.qnch_mod_rqst(quench.id, add_names, del_names, insecure,
+        d = self.call(self.qnch_mod_rqst(quench.id, add_names, del_names, insecure,
                                              add_keys, del_keys))
 
         def modified(reply):
@@ -393,7 +433,7 @@ class Connection(ClientState):
         return d.addCallback(modified)
 
     def _remove_quench(self, quench):
-        d = self._request(self.qnch_del_rqst(quench.id))
+        d = self.call(self.qnch_del_rqst(quench.id))
 
         def removed(reply):
             self.quenches.pop(quench.id, None)
@@ -406,7 +446,7 @@ class Connection(ClientState):
 
     def set_options(self, options: Mapping[str, Any]) -> "defer.Deferred[Dict[str, Any]]":
         """Renegotiate connection options (QosRqst); fires with the reply table."""
-        d = self._request(self.qos_rqst(options))
+        d = self.call(self.qos_rqst(options))
 
         def done(reply):
             self.options.update(reply.options)
@@ -418,7 +458,7 @@ class Connection(ClientState):
                  del_sub_keys=None):
         """Change the connection's keys (SecRqst)."""
         change = self.sec_rqst(add_nfn_keys, del_nfn_keys, add_sub_keys, del_sub_keys)
-        return self._request(change).addCallback(lambda _: self.keys_changed(change))
+        return self.call(change).addCallback(lambda _: self.keys_changed(change))
 
     def test_connection(self) -> "defer.Deferred[bool]":
         """Send TestConn; fires True when the router answers ConfConn."""
@@ -439,7 +479,7 @@ class Connection(ClientState):
         if self._closed or self.protocol is None:
             self._finish()
             return self._close_deferred
-        d = self._request(self.disconn_rqst())
+        d: Any = self.call(self.disconn_rqst())
         d.addErrback(lambda f: None)
         d.addCallback(lambda _: self.protocol.transport.loseConnection())
         self._closed = True
@@ -471,7 +511,12 @@ def connect(uri: Union[str, ElvinURI, None] = None, options: Optional[Mapping[st
             tls_hostname: Optional[str] = None, scope: Optional[str] = None,
             discover: bool = False, discoverer: Any = None, discovery_timeout: float = 10.0,
             timeout: Optional[float] = DEFAULT_CONNECT_TIMEOUT,
-            reconnect: Union[bool, Reconnect] = False) -> Generator[Any, Any, "Connection"]:
+            reconnect: Union[bool, Reconnect] = False, session: SessionArg = None,
+            password: Optional[str] = None, admin_password: Optional[str] = None,
+            receipt: Optional[str] = None, client: Optional[str] = None,
+            ttl: Optional[int] = None, max_count: Optional[int] = None,
+            on_notification: Optional[Callable[[Notification], Any]] = None
+            ) -> Generator[Any, Any, "Connection"]:
     """Connect to the router at ``uri``; fires with a Connection.
 
     ``options`` is a dict of connection options to request (section 7.5);
@@ -502,9 +547,26 @@ def connect(uri: Union[str, ElvinURI, None] = None, options: Optional[Mapping[st
 
     ``reconnect=True`` (or an ``elvin.client.state.Reconnect`` policy)
     keeps the session across lost channels: see Connection.
+
+    Through an Elvin proxy (docs/proxy.md), ``session`` joins a named
+    session (or several: a list of names or of ``(name, password[, admin
+    password])`` tuples), creating it if new, with ``password`` to join and
+    ``admin_password`` to change it; ``receipt`` is "destructive" (the
+    default: what this client receives is gone from the session) or
+    "non-destructive" (left for the session's other clients; needs
+    ``client``, a name for this device that stays the same); ``ttl`` and
+    ``max_count`` are the defaults for subscriptions this connection adds.
+    The Deferred fires once the proxy has told us the sessions'
+    subscriptions (``connection.session_subscriptions``); what was stored
+    while nobody was connected follows as ordinary deliveries, to
+    ``on_notification`` (each Notification; set before the handshake).
     """
     if reactor is None:
         from twisted.internet import reactor
+    session_options, session_names = proxy_options(session, password, admin_password,
+                                                   receipt, client, ttl, max_count)
+    if session_options:
+        options = {**(options or {}), **session_options}
     if uri is None and (discover or scope is not None or discoverer is not None):
         connection = yield connect_discovered(
             scope, discoverer, discovery_timeout, reactor, options=options,
@@ -521,11 +583,24 @@ def connect(uri: Union[str, ElvinURI, None] = None, options: Optional[Mapping[st
         tls_args["timeout"] = timeout
     endpoint = _endpoint(reactor, uri, tls_args)
     connection = Connection(uri, reactor, endpoint, Reconnect.from_argument(reconnect))
+    connection.on_notification = on_notification
     try:
         yield endpoint.connect(_ClientFactory(connection))
     except Exception as e:
         raise ConnectFailed(_cannot_connect(uri, e)) from e
+    joined: defer.Deferred[None] = defer.Deferred()
+    if session_names:
+        connection.expect_joins(session_names, lambda: joined.callback(None))
     handshake = connection._handshake(options, nfn_keys, sub_keys)
+    if session_names:
+        def proxy_answered(conn):
+            if "Proxy.Receipt" not in conn.options:
+                raise ConnectFailed(f"{_shown(uri)} accepted the connection but not the "
+                                       "session: it is a router, not an Elvin proxy "
+                                       "(docs/proxy.md)")
+            return joined if connection.joins_pending else conn
+        handshake.addCallback(proxy_answered)
+        handshake.addCallback(lambda _: connection)
     if timeout:
         handshake.addTimeout(timeout, reactor)
     try:
@@ -535,7 +610,7 @@ def connect(uri: Union[str, ElvinURI, None] = None, options: Optional[Mapping[st
         raise ConnectFailed(
             f"no Elvin ConnRply from {_shown(uri)} within {timeout:g} s: is this an Elvin "
             f"router?{_stack_hint(uri)}") from None
-    except NackError:
+    except (NackError, ConnectFailed):
         _abort(connection)
         raise
     except ConnectionClosed as e:

@@ -24,7 +24,7 @@ from elvin.values import normalise
 
 __all__ = ["ClientState", "NackError", "ConnectionClosed", "ConnectFailed",
            "Notification", "Deframer", "QuenchHandlers", "QuenchState", "Reconnect",
-           "AutoQuenchBase"]
+           "AutoQuenchBase", "SessionSubscription", "JoinedSession", "proxy_options"]
 
 _log = logging.getLogger("elvin.client")
 
@@ -68,6 +68,99 @@ class Notification(Dict[str, Any]):
         super().__init__(attributes)
         self.secure = tuple(secure)
         self.insecure = tuple(insecure)
+
+
+#: The attribute of a proxy's session event (docs/proxy.md).
+PROXY_EVENT = "Proxy.Event"
+
+#: ``session=`` as ``connect`` takes it: a name, or names, or
+#: ``(name, password[, admin password])`` tuples.
+SessionArg = Union[str, Sequence[Union[str, Tuple[Any, ...]]], None]
+
+
+def proxy_options(session: SessionArg = None, password: Optional[str] = None,
+                  admin_password: Optional[str] = None, receipt: Optional[str] = None,
+                  client: Optional[str] = None, ttl: Optional[int] = None,
+                  max_count: Optional[int] = None) -> Tuple[Dict[str, Any], List[str]]:
+    """The ConnRqst options asking an Elvin proxy for sessions
+    (docs/proxy.md), and the session names joined. ``password`` and
+    ``admin_password`` go with a session given by name alone."""
+    if session is None:
+        if any(v is not None for v in (password, admin_password, receipt, client)):
+            raise ValueError("password, admin_password, receipt and client need a session")
+        return {}, []
+    entries = [session] if isinstance(session, str) else list(session)
+    options: Dict[str, Any] = {}
+    names: List[str] = []
+    for index, entry in enumerate(entries, 1):
+        suffix = "" if index == 1 else f".{index}"
+        if isinstance(entry, str):
+            name, pw, admin = entry, password, admin_password
+        else:
+            name, pw, admin = (tuple(entry) + (None, None))[:3]
+        if not isinstance(name, str) or not name:
+            raise ValueError("a session name must be a non-empty string")
+        options["Proxy.Session" + suffix] = name
+        if pw is not None:
+            options["Proxy.Password" + suffix] = pw
+        if admin is not None:
+            options["Proxy.Admin-Password" + suffix] = admin
+        names.append(name)
+    if receipt is not None:
+        if receipt not in ("destructive", "non-destructive"):
+            raise ValueError("receipt must be 'destructive' or 'non-destructive'")
+        if receipt == "non-destructive" and not client:
+            raise ValueError("non-destructive receipt needs client= (a name for this "
+                             "device, the same each time it connects)")
+        options["Proxy.Receipt"] = receipt
+    if client is not None:
+        options["Proxy.Client"] = client
+    if ttl is not None:
+        options["Proxy.TTL"] = int(ttl)
+    if max_count is not None:
+        options["Proxy.Max-Count"] = int(max_count)
+    return options, names
+
+
+class SessionSubscription:
+    """A subscription of a proxy session, as the proxy told us of it (made
+    by this or another client of the session). Set ``callback`` to be
+    called with each notification it matches."""
+
+    def __init__(self, sub_id: int, session: str, expression: str,
+                 accept_insecure: bool = True, ttl: int = 0, max_count: int = 0) -> None:
+        self.id = sub_id
+        self.session = session
+        self.expression = expression
+        self.accept_insecure = accept_insecure
+        #: seconds the proxy keeps what it matched (0: no limit)
+        self.ttl = ttl
+        #: most notifications kept for it (0: no limit)
+        self.max_count = max_count
+        self.callback: Optional[Callable[["Notification"], Any]] = None
+
+    def _deliver_note(self, note: "Notification") -> None:
+        if self.callback is not None:
+            self.callback(note)
+
+    def __repr__(self) -> str:
+        return f"<SessionSubscription {self.id} of {self.session!r}: {self.expression!r}>"
+
+
+class JoinedSession:
+    """A proxy session this connection joined: what the proxy said when we
+    joined (``stored``: notifications kept for it, ``dropped``: lost to its
+    limits since its last client, ``admin``: may we change it)."""
+
+    def __init__(self, name: str, stored: int = 0, dropped: int = 0,
+                 admin: bool = False) -> None:
+        self.name = name
+        self.stored = stored
+        self.dropped = dropped
+        self.admin = admin
+
+    def __repr__(self) -> str:
+        return f"<JoinedSession {self.name!r} stored={self.stored} dropped={self.dropped}>"
 
 
 class Reconnect:
@@ -275,6 +368,15 @@ class ClientState:
         #: The SecRqsts that succeeded, in order: a reconnected session
         #: replays them (after ConnRqst with the keys it connected with).
         self.key_changes: List[MakePacket] = []
+        #: Through an Elvin proxy (docs/proxy.md): the sessions joined, and
+        #: their subscriptions (by id), kept up to date by the proxy.
+        self.sessions: Dict[str, JoinedSession] = {}
+        self.session_subscriptions: Dict[int, SessionSubscription] = {}
+        #: Called with each session event's attributes (after the tables
+        #: above are updated).
+        self.on_session_event: Optional[Callable[[Dict[str, Any]], Any]] = None
+        self._awaiting_joins: set = set()
+        self._joins_done: Optional[Callable[[], Any]] = None
 
     @property
     def is_closed(self) -> bool:
@@ -381,6 +483,15 @@ class ClientState:
             self.subscriptions[sub.id] = sub
         return sub
 
+    def expect_joins(self, names: Iterable[str], done: Optional[Callable[[], Any]] = None) -> None:
+        """A proxy will report joining these sessions: ``done()`` once all have."""
+        self._awaiting_joins = set(names)
+        self._joins_done = done
+
+    @property
+    def joins_pending(self) -> bool:
+        return bool(self._awaiting_joins)
+
     def keys_changed(self, make_packet: MakePacket) -> None:
         """Remember a SecRqst the router accepted (for ``replay``)."""
         self.key_changes.append(make_packet)
@@ -397,7 +508,12 @@ class ClientState:
         channel, in order: key changes, then every subscription and quench
         (each gets the id the router now gives it). Each step is
         ``(make_packet, apply(reply) or None, (table, item) or None)``;
-        a flavour whose step is refused calls ``drop(table, item)``."""
+        a flavour whose step is refused calls ``drop(table, item)``.
+
+        Through a proxy session there is nothing to replay: the session
+        keeps its keys and subscriptions (with their ids) for us."""
+        if self.sessions or self._awaiting_joins:
+            return []
         steps: List[ReplayStep] = [(change, None, None) for change in self.key_changes]
         for sub in list(self.subscriptions.values()):
             steps.append((self.sub_add_rqst(sub.expression, sub.accept_insecure,
@@ -486,6 +602,10 @@ class ClientState:
     # -- internals ------------------------------------------------------------
 
     def _deliver(self, packet: Any) -> None:
+        if (PROXY_EVENT in packet.attributes and not packet.secure_matches
+                and not packet.insecure_matches):
+            self._session_event(dict(packet.attributes))
+            return
         note = Notification(packet.attributes, packet.secure_matches,
                             packet.insecure_matches)
         if self.on_notification is not None:
@@ -495,7 +615,7 @@ class ClientState:
                 self._callback_failed("on_notification")
         seen = set()
         for sub_id in itertools.chain(packet.secure_matches, packet.insecure_matches):
-            sub = self.subscriptions.get(sub_id)
+            sub = self.subscriptions.get(sub_id) or self.session_subscriptions.get(sub_id)
             if sub is None or sub_id in seen:
                 continue
             seen.add(sub_id)
@@ -503,6 +623,43 @@ class ClientState:
                 sub._deliver_note(note)
             except Exception:
                 self._callback_failed(f"subscription callback for {sub!r}")
+
+    def _session_event(self, event: Dict[str, Any]) -> None:
+        """A proxy told us of our sessions (docs/proxy.md, "Session events")."""
+        kind = event.get(PROXY_EVENT)
+        session = event.get("Proxy.Session")
+        sub_id = event.get("Proxy.Subscription")
+        if isinstance(sub_id, int):
+            sub_id = int(sub_id)
+        if kind == "subscription" and isinstance(sub_id, int):
+            sub = self.session_subscriptions.get(sub_id)
+            if sub is None:
+                sub = self.session_subscriptions[sub_id] = SessionSubscription(
+                    sub_id, str(session), "")
+            sub.expression = str(event.get("Proxy.Expression", sub.expression))
+            sub.accept_insecure = bool(event.get("Proxy.Accept-Insecure", 1))
+            sub.ttl = int(event.get("Proxy.TTL", 0))
+            sub.max_count = int(event.get("Proxy.Max-Count", 0))
+        elif kind == "subscription-removed" and isinstance(sub_id, int):
+            self.session_subscriptions.pop(sub_id, None)
+        elif kind == "joined" and isinstance(session, str):
+            self.sessions[session] = JoinedSession(
+                session, int(event.get("Proxy.Stored", 0)), int(event.get("Proxy.Dropped", 0)),
+                bool(event.get("Proxy.Admin", 0)))
+            self._awaiting_joins.discard(session)
+            if not self._awaiting_joins and self._joins_done is not None:
+                done, self._joins_done = self._joins_done, None
+                done()
+        elif kind == "session-deleted" and isinstance(session, str):
+            self.sessions.pop(session, None)
+            for key, sub in list(self.session_subscriptions.items()):
+                if sub.session == session:
+                    del self.session_subscriptions[key]
+        if self.on_session_event is not None:
+            try:
+                self.on_session_event(event)
+            except Exception:
+                self._callback_failed("on_session_event")
 
     def _quench_event(self, quench_id: int, event: str, term_id: int, tree: Any = None,
                       secure: bool = False) -> None:

@@ -389,7 +389,7 @@ class ClientSession:
         """Handle one decoded packet from the client."""
         if self.state in (self.CLOSING, self.CLOSED):
             return
-        if type(packet) not in _HANDLERS:
+        if type(packet) not in self.HANDLERS:
             self.violation(f"unexpected {type(packet).__name__} packet from client")
             return
         if self.state == self.NEW:
@@ -410,7 +410,7 @@ class ClientSession:
         if type(packet) is P.ConnRqst or type(packet) is P.UNotify:
             self.violation(f"{type(packet).__name__} on an established session")
             return
-        _HANDLERS[type(packet)](self, packet)
+        self.HANDLERS[type(packet)](self, packet)
 
     def decode_failed(self, reason):
         """The transport could not unmarshal a packet: a protocol violation."""
@@ -768,7 +768,7 @@ class ClientSession:
         try:
             return compile_expression(expression)
         except SubscriptionError as e:
-            self.protocol_error(xid, e.code, str(e), _nack_args(e))
+            self.protocol_error(xid, e.code, str(e), subscription_nack_args(e))
             return None
 
     def _sub_add(self, packet):
@@ -889,7 +889,7 @@ def _id_arg(value):
     return Int64(value if value < (1 << 63) else value - (1 << 64))
 
 
-def _nack_args(error):
+def subscription_nack_args(error):
     """Nack arguments for a subscription error, as the table in 7.4.2 lists."""
     if error.code == errors.EXP_IS_TRIVIAL:
         return ()
@@ -916,3 +916,5 @@ _HANDLERS = {
 
 #: pkt_ids a client may send; a transport refuses any other undecoded.
 CLIENT_PACKET_IDS = frozenset(cls.ID for cls in _HANDLERS)
+#: A subclass (the proxy's ProxyClient) dispatches to its own handlers.
+ClientSession.HANDLERS = _HANDLERS

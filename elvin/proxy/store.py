@@ -32,6 +32,8 @@ file, and reads are paged (``pending(limit=...)``).
 from __future__ import annotations
 
 import hashlib
+import heapq
+import operator
 import hmac
 import os
 import sqlite3
@@ -59,6 +61,7 @@ CREATE TABLE IF NOT EXISTS subscriptions (
     accept_insecure  INTEGER NOT NULL,
     ttl              REAL,
     max_count        INTEGER,
+    keys             BLOB,
     PRIMARY KEY (session, id)
 );
 CREATE TABLE IF NOT EXISTS notifications (
@@ -71,6 +74,7 @@ CREATE TABLE IF NOT EXISTS pending (
     subscription  INTEGER NOT NULL,
     notification  INTEGER NOT NULL,
     expires       REAL,
+    secure        INTEGER NOT NULL DEFAULT 1,
     PRIMARY KEY (session, subscription, notification)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS pending_by_session ON pending (session, notification);
@@ -107,16 +111,23 @@ def check_password(stored: Optional[bytes], password: Optional[str]) -> bool:
 
 class StoredNotification:
     """A notification owed to a session: its id (arrival order), when it
-    arrived, its attributes, and the session's subscriptions it matched."""
+    arrived, its attributes, and the session's subscriptions it matched
+    (``subscriptions``: all of them; ``secure`` / ``insecure``: split as
+    the router's NotifyDeliver split them)."""
 
-    __slots__ = ("id", "arrived", "body", "subscriptions")
+    __slots__ = ("id", "arrived", "body", "secure", "insecure")
 
     def __init__(self, id: int, arrived: float, body: bytes,
-                 subscriptions: Tuple[int, ...]) -> None:
+                 secure: Tuple[int, ...], insecure: Tuple[int, ...] = ()) -> None:
         self.id = id
         self.arrived = arrived
         self.body = body
-        self.subscriptions = subscriptions
+        self.secure = secure
+        self.insecure = insecure
+
+    @property
+    def subscriptions(self) -> Tuple[int, ...]:
+        return tuple(sorted(self.secure + self.insecure))
 
     @property
     def attributes(self) -> Dict[str, Any]:
@@ -124,6 +135,17 @@ class StoredNotification:
 
     def __repr__(self) -> str:
         return f"<StoredNotification {self.id} for {self.subscriptions}>"
+
+
+_first = operator.itemgetter(0)
+
+
+def _ids(text: Any) -> Tuple[int, ...]:
+    if text is None:
+        return ()
+    if isinstance(text, int):
+        return (text,)
+    return tuple(sorted(int(i) for i in text.split(",")))
 
 
 class SessionRecord:
@@ -159,6 +181,45 @@ class Store:
             self.db.execute("PRAGMA synchronous = NORMAL")
         self.db.executescript(_SCHEMA)
         self._depth = 0
+        #: Exact count of the notifications each session is owed, kept as
+        #: rows come and go (counted afresh after a sweep), so the cap is
+        #: checked without counting rows at every store.
+        self._owed: Dict[str, int] = {}
+        #: An upper bound of each capped subscription's pending rows.
+        self._sub_bound: Dict[Tuple[str, int], int] = {}
+        #: Each subscription's (ttl, max_count), read once.
+        self._limit_cache: Dict[Tuple[str, int], Any] = {}
+
+    def _limits(self, session: str, sub_id: int) -> Optional[Tuple[Any, Any]]:
+        """A subscription's (ttl, max_count), or None if it does not exist."""
+        key = (session, sub_id)
+        if key in self._limit_cache:
+            return self._limit_cache[key]
+        found = self.db.execute("SELECT ttl, max_count FROM subscriptions "
+                                "WHERE session = ? AND id = ?", key).fetchone()
+        if len(self._limit_cache) > 100_000:
+            self._limit_cache.clear()
+        self._limit_cache[key] = found
+        return found
+
+    def hold(self) -> None:
+        """Open a transaction that ``release`` commits: what is stored in
+        between is committed together (the proxy holds one per reactor
+        turn, so one read of many notifications costs one commit)."""
+        if self._depth == 0:
+            self.db.execute("BEGIN IMMEDIATE")
+        self._depth += 1
+
+    def release(self) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self.db.execute("COMMIT")
+
+    def _owed_count(self, session: str) -> int:
+        count = self._owed.get(session)
+        if count is None:
+            count = self._owed[session] = self.stored_count(session)
+        return count
 
     def close(self) -> None:
         self.db.close()
@@ -175,6 +236,8 @@ class Store:
             self._depth -= 1
             if self._depth == 0:
                 self.db.execute("ROLLBACK")
+                self._owed.clear()          # counted again from what is there
+                self._sub_bound.clear()
             raise
         self._depth -= 1
         if self._depth == 0:
@@ -210,6 +273,7 @@ class Store:
             self.db.execute("DELETE FROM delivered WHERE session = ?", (name,))
             self.db.execute("DELETE FROM sessions WHERE name = ?", (name,))
             self._collect()
+        self._forget_counts(name)
 
     def set_keys(self, name: str, keys: Optional[bytes]) -> None:
         """Keep the session's security keys (an encoded Keys, or None)."""
@@ -218,15 +282,18 @@ class Store:
 
     def put_subscription(self, session: str, sub_id: int, expression: str,
                          accept_insecure: bool = True, ttl: Optional[float] = None,
-                         max_count: Optional[int] = None) -> None:
+                         max_count: Optional[int] = None,
+                         keys: Optional[bytes] = None) -> None:
         """Add or replace a session's subscription (``ttl`` seconds and
-        ``max_count`` notifications kept at most; None: no limit)."""
+        ``max_count`` notifications kept at most; None: no limit; ``keys``:
+        its own security keys, encoded by the caller)."""
+        self._limit_cache.pop((session, sub_id), None)
         with self.batch():
             self.db.execute(
                 "INSERT OR REPLACE INTO subscriptions "
-                "(session, id, expression, accept_insecure, ttl, max_count) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (session, sub_id, expression, int(accept_insecure), ttl, max_count))
+                "(session, id, expression, accept_insecure, ttl, max_count, keys) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (session, sub_id, expression, int(accept_insecure), ttl, max_count, keys))
 
     def remove_subscription(self, session: str, sub_id: int) -> None:
         """Forget a subscription and what was kept for it alone."""
@@ -236,6 +303,14 @@ class Store:
             self.db.execute("DELETE FROM pending WHERE session = ? AND subscription = ?",
                             (session, sub_id))
             self._collect()
+        self._forget_counts(session)
+
+    def _forget_counts(self, session: str) -> None:
+        self._owed.pop(session, None)
+        for key in [k for k in self._limit_cache if k[0] == session]:
+            del self._limit_cache[key]
+        for key in [k for k in self._sub_bound if k[0] == session]:
+            del self._sub_bound[key]
 
     def subscriptions(self, session: str) -> List[Tuple[int, str, bool, Optional[float],
                                                         Optional[int]]]:
@@ -244,63 +319,107 @@ class Store:
             "SELECT id, expression, accept_insecure, ttl, max_count FROM subscriptions "
             "WHERE session = ? ORDER BY id", (session,))]
 
+    def subscription_keys(self, session: str) -> Dict[int, Optional[bytes]]:
+        """Each of the session's subscriptions' own keys (as put)."""
+        return dict(self.db.execute("SELECT id, keys FROM subscriptions WHERE session = ?",
+                                    (session,)))
+
+    def largest_subscription_id(self) -> int:
+        """The largest subscription id in use (0: none), to number new ones."""
+        return self.db.execute("SELECT coalesce(max(id), 0) FROM subscriptions").fetchone()[0]
+
+    def stored_count(self, session: str) -> int:
+        """How many notifications the session is owed (expired or not)."""
+        return self.db.execute("SELECT count(DISTINCT notification) FROM pending "
+                               "WHERE session = ?", (session,)).fetchone()[0]
+
     # -- notifications -------------------------------------------------------
 
-    def store(self, attributes: Mapping[str, Any], matches: Mapping[str, Sequence[int]],
+    def store(self, attributes: Any, matches: Mapping[str, Any],
               now: float) -> Optional[int]:
         """Keep one copy of a notification for the sessions' subscriptions
-        in ``matches`` (``{session: [subscription ids]}``); returns its id,
-        or None if no subscription named there exists."""
-        body = P.encode_attributes(attributes)
+        in ``matches`` (``{session: [subscription ids]}``, or ``{session:
+        {subscription id: matched securely}}``); returns its id, or None if
+        no subscription named there exists. ``attributes``: a mapping, or
+        its encoding (``packets.encode_attributes``) when already made."""
+        if isinstance(attributes, (bytes, bytearray)):
+            body = bytes(attributes)
+        else:
+            body = P.encode_attributes(attributes)
         with self.batch():
             rows = []
             for session, sub_ids in matches.items():
-                for sub_id in sub_ids:
-                    found = self.db.execute(
-                        "SELECT ttl, max_count FROM subscriptions WHERE session = ? AND id = ?",
-                        (session, sub_id)).fetchone()
+                secure_of = sub_ids if isinstance(sub_ids, Mapping) else dict.fromkeys(sub_ids, True)
+                for sub_id, secure in secure_of.items():
+                    found = self._limits(session, sub_id)
                     if found is not None:
-                        rows.append((session, sub_id, found[0], found[1]))
+                        rows.append((session, sub_id, found[0], found[1], int(bool(secure))))
             if not rows:
                 return None
             cursor = self.db.execute("INSERT INTO notifications (arrived, body) VALUES (?, ?)",
                                      (now, body))
             note = cursor.lastrowid
             assert note is not None
-            for session, sub_id, ttl, _ in rows:
-                self.db.execute(
-                    "INSERT OR IGNORE INTO pending (session, subscription, notification, expires) "
-                    "VALUES (?, ?, ?, ?)", (session, sub_id, note,
-                                            None if ttl is None else now + ttl))
+            self.db.executemany(
+                "INSERT OR IGNORE INTO pending "
+                "(session, subscription, notification, expires, secure) VALUES (?, ?, ?, ?, ?)",
+                [(session, sub_id, note, None if ttl is None else now + ttl, secure)
+                 for session, sub_id, ttl, _, secure in rows])
+            sessions = {row[0] for row in rows}
+            for session in sessions:
+                if session in self._owed:
+                    self._owed[session] += 1
             trimmed: List[int] = []
-            for session, sub_id, _, max_count in rows:
+            for session, sub_id, _, max_count, _ in rows:
                 if max_count is not None:
                     trimmed += self._trim_subscription(session, sub_id, max_count)
             if self.max_stored is not None:
-                for session in {row[0] for row in rows}:
-                    trimmed += self._trim_session(session)
+                for session in sessions:
+                    if self._owed_count(session) > self.max_stored:
+                        trimmed += self._trim_session(session)
             if trimmed:
                 self._collect(trimmed)
         return note
 
     def _trim_subscription(self, session: str, sub_id: int, max_count: int) -> List[int]:
+        """Drop the subscription's oldest rows beyond ``max_count``."""
+        key = (session, sub_id)
+        bound = self._sub_bound.get(key)
+        if bound is not None and bound < max_count:
+            self._sub_bound[key] = bound + 1
+            return []
+        count = self.db.execute("SELECT count(*) FROM pending WHERE session = ? "
+                                "AND subscription = ?", (session, sub_id)).fetchone()[0]
+        self._sub_bound[key] = min(count, max_count)
+        if count <= max_count:
+            return []
         over = [n for (n,) in self.db.execute(
             "SELECT notification FROM pending WHERE session = ? AND subscription = ? "
-            "ORDER BY notification DESC LIMIT -1 OFFSET ?", (session, sub_id, max_count))]
+            "ORDER BY notification LIMIT ?", (session, sub_id, count - max_count))]
         self.db.executemany("DELETE FROM pending WHERE session = ? AND subscription = ? "
                             "AND notification = ?", [(session, sub_id, n) for n in over])
+        if session in self._owed:
+            gone = sum(1 for n in over if self.db.execute(
+                "SELECT 1 FROM pending WHERE session = ? AND notification = ? LIMIT 1",
+                (session, n)).fetchone() is None)
+            self._owed[session] -= gone
         return over
 
     def _trim_session(self, session: str) -> List[int]:
+        """Drop the session's oldest notifications beyond ``max_stored``."""
         assert self.max_stored is not None
+        excess = self._owed_count(session) - self.max_stored
         over = [n for (n,) in self.db.execute(
             "SELECT DISTINCT notification FROM pending WHERE session = ? "
-            "ORDER BY notification DESC LIMIT -1 OFFSET ?", (session, self.max_stored))]
+            "ORDER BY notification LIMIT ?", (session, excess))]
         if over:
             self.db.executemany("DELETE FROM pending WHERE session = ? AND notification = ?",
                                 [(session, n) for n in over])
             self.db.execute("UPDATE sessions SET dropped = dropped + ? WHERE name = ?",
                             (len(over), session))
+            self._owed[session] -= len(over)
+            for key in [k for k in self._sub_bound if k[0] == session]:
+                del self._sub_bound[key]
         return over
 
     def take_dropped(self, session: str) -> int:
@@ -317,34 +436,81 @@ class Store:
         """Up to ``limit`` notifications the session is owed that ``client``
         has not had and that have not expired, oldest first, each with the
         session's subscriptions it matched (and that have not expired)."""
-        rows = self.db.execute(
-            "SELECT p.notification, n.arrived, n.body, group_concat(p.subscription) "
-            "FROM pending p JOIN notifications n ON n.id = p.notification "
-            "WHERE p.session = ? AND (p.expires IS NULL OR p.expires > ?) "
+        return self.pending_many([session], client, now, limit)
+
+    def pending_many(self, sessions: Sequence[str], client: str, now: float,
+                     limit: int = 1000, after: int = 0) -> List[StoredNotification]:
+        """``pending`` for a client joined to several sessions: each
+        notification once, however many of them it is owed to, with the
+        subscriptions of all of them it matched; only those after the
+        notification id ``after`` (a replay's cursor)."""
+        # One ordered walk of the (session, notification) index per
+        # session, merged lazily: only the rows of the first ``limit``
+        # notifications are read, however many sessions there are.
+        walks = [self.db.execute(
+            "SELECT p.notification, "
+            "       group_concat(CASE WHEN p.secure THEN p.subscription END), "
+            "       group_concat(CASE WHEN p.secure THEN NULL ELSE p.subscription END) "
+            "FROM pending p WHERE p.session = ? AND p.notification > ? "
+            "AND (p.expires IS NULL OR p.expires > ?) "
             "AND NOT EXISTS (SELECT 1 FROM delivered d WHERE d.session = p.session "
             "                AND d.client = ? AND d.notification = p.notification) "
             "GROUP BY p.notification ORDER BY p.notification LIMIT ?",
-            (session, now, client, limit)).fetchall()
-        return [StoredNotification(note, arrived, body,
-                                   tuple(sorted(int(i) for i in ids.split(","))))
-                for note, arrived, body, ids in rows]
+            (session, after, now, client, limit)) for session in sessions]
+        merged: Dict[int, Tuple[List[int], List[int]]] = {}
+        for note, secure, insecure in heapq.merge(*walks, key=_first):
+            entry = merged.get(note)
+            if entry is None:
+                if len(merged) == limit:
+                    break
+                entry = merged[note] = ([], [])
+            entry[0].extend(_ids(secure))
+            entry[1].extend(_ids(insecure))
+        chosen = sorted(merged)[:limit]
+        if not chosen:
+            return []
+        marks = ",".join("?" * len(chosen))
+        bodies = {note: (arrived, body) for note, arrived, body in self.db.execute(
+            f"SELECT id, arrived, body FROM notifications WHERE id IN ({marks})", chosen)}
+        return [StoredNotification(note, bodies[note][0], bodies[note][1],
+                                   tuple(sorted(merged[note][0])),
+                                   tuple(sorted(merged[note][1])))
+                for note in chosen if note in bodies]
 
     def acknowledge(self, session: str, client: str, notifications: Iterable[int],
                     destructive: bool = True) -> None:
         """``client`` has these: destructively, the session no longer owes
         them; otherwise only this client is not to get them again."""
+        self.acknowledge_many([session], client, notifications, destructive)
+
+    def acknowledge_many(self, sessions: Sequence[str], client: str,
+                         notifications: Iterable[int], destructive: bool = True) -> None:
+        """``acknowledge`` for a client of several sessions, in one go."""
         ids = list(notifications)
+        if not ids or not sessions:
+            return
         with self.batch():
             if destructive:
-                self.db.executemany("DELETE FROM pending WHERE session = ? AND notification = ?",
-                                    [(session, n) for n in ids])
-                self.db.executemany("DELETE FROM delivered WHERE session = ? "
-                                    "AND notification = ?", [(session, n) for n in ids])
+                in_ids = ",".join("?" * len(ids))
+                in_sessions = ",".join("?" * len(sessions))
+                for session, count in self.db.execute(
+                        "SELECT session, count(DISTINCT notification) FROM pending "
+                        f"WHERE notification IN ({in_ids}) AND session IN ({in_sessions}) "
+                        "GROUP BY session", (*ids, *sessions)):
+                    if session in self._owed:
+                        self._owed[session] -= count
+                for key in [k for k in self._sub_bound if k[0] in sessions]:
+                    del self._sub_bound[key]
+                for table in ("pending", "delivered"):
+                    self.db.executemany(
+                        f"DELETE FROM {table} WHERE notification = ? "
+                        f"AND session IN ({in_sessions})", [(n, *sessions) for n in ids])
                 self._collect(ids)
             else:
                 self.db.executemany("INSERT OR IGNORE INTO delivered "
                                     "(session, client, notification) VALUES (?, ?, ?)",
-                                    [(session, client, n) for n in ids])
+                                    [(session, client, n) for session in sessions
+                                     for n in ids])
 
     def sweep(self, now: float) -> int:
         """Delete what has expired; returns how many pending rows went."""
@@ -352,6 +518,9 @@ class Store:
             gone = self.db.execute("DELETE FROM pending WHERE expires IS NOT NULL "
                                    "AND expires <= ?", (now,)).rowcount
             self._collect()
+        if gone:
+            self._owed.clear()
+            self._sub_bound.clear()
         return gone
 
     def _collect(self, candidates: Optional[Sequence[int]] = None) -> None:
@@ -363,8 +532,15 @@ class Store:
             self.db.execute("DELETE FROM notifications WHERE id NOT IN "
                             "(SELECT notification FROM pending)")
             return
-        orphans = [(n,) for n in set(candidates) if self.db.execute(
-            "SELECT 1 FROM pending WHERE notification = ? LIMIT 1", (n,)).fetchone() is None]
+        unique = list(set(candidates))
+        owed = set()
+        for start in range(0, len(unique), 500):
+            chunk = unique[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            owed.update(n for (n,) in self.db.execute(
+                f"SELECT DISTINCT notification FROM pending WHERE notification IN ({marks})",
+                chunk))
+        orphans = [(n,) for n in unique if n not in owed]
         self.db.executemany("DELETE FROM delivered WHERE notification = ?", orphans)
         self.db.executemany("DELETE FROM notifications WHERE id = ?", orphans)
 

@@ -48,6 +48,9 @@ NOT_RUN = {
         "UDP delivery is tested in test_udp (this line names a host 'router')",
     ("docs/protocols.md", "elvin-subscribe -e 'elvin:/http,none,xdr/router.example.com:89"):
         "needs an HTTP proxy; the tunnel is tested in test_http",
+    ("docs/proxy.md", "twistd -n elvin &"):
+        "the walkthrough's router and proxy: test_proxy_walkthrough starts them on "
+        "free ports and runs the client commands",
     ("docs/router.md", "pip install ."):
         "installs the package (checked by .ci/check-install)",
     ("docs/router.md", "twistd -n elvin"):
@@ -75,6 +78,12 @@ NOT_RUN = {
 
 #: Examples that are run, by (file, first line): the method that runs them.
 RUN = {
+    ("docs/proxy.md", "$ elvin-subscribe -e elvin://localhost:2916 --session phone"):
+        "test_proxy_walkthrough",
+    ("docs/proxy.md", "$ elvin-notify -e elvin://localhost:2917 'Group: \"chat\"'"):
+        "test_proxy_walkthrough",
+    ("docs/proxy.md", "$ elvin-subscribe -n 1 -e elvin://localhost:2916"):
+        "test_proxy_walkthrough",
     ("README.md", "$ elvin-subscribe 'Group == \"chat\" && size(Message) < 140'"):
         "test_readme_walkthrough",
     ("README.md", "$ elvin-notify 'Group: \"chat\"' 'Message: \"hello\"' 'Num: 42' 'Big: 12L'"):
@@ -152,12 +161,17 @@ class ExampleTests(unittest.TestCase):
 
     def router(self, *args):
         """A router subprocess on a free port; returns its URI once it answers."""
+        return self.serve("elvin", *args)
+
+    def serve(self, plugin, *args):
+        """A ``twistd plugin`` subprocess listening on a free port; returns
+        its URI once it answers."""
         port = free_port()
         uri = f"elvin://127.0.0.1:{port}"
-        log = open(os.path.join(self.dir, f"router-{port}.log"), "w")
+        log = open(os.path.join(self.dir, f"{plugin}-{port}.log"), "w")
         proc = subprocess.Popen(
             [sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
-             "-n", "--pidfile=", "elvin", "-l", uri] + list(args),
+             "-n", "--pidfile=", plugin, "-l", uri] + list(args),
             cwd=self.dir, env=self.env(), stdout=log, stderr=subprocess.STDOUT)
         self.procs.append(proc)
         for _ in range(100):   # bounded: 20 s
@@ -169,7 +183,7 @@ class ExampleTests(unittest.TestCase):
                     break
                 import time
                 time.sleep(0.2)
-        self.fail(f"router on {uri} did not start")
+        self.fail(f"{plugin} on {uri} did not start")
 
     def bash(self, script, timeout=60, **env):
         done = subprocess.run(["bash", "-c", PRELUDE + script], cwd=self.dir,
@@ -230,6 +244,29 @@ class ExampleTests(unittest.TestCase):
                           "$ elvin-subscribe -n 2 'Group == \"chat\" && size(Message) < 140'",
                           "$ elvin-notify 'Group: \"chat\"' 'Message: \"hello\"' 'From: \"ann\"'",
                           shown.group(1))
+
+    def test_proxy_walkthrough(self):
+        router = self.router()
+        proxy = self.serve("elvin-proxy", "-u", router, "-d", "proxy.db")
+        with open(os.path.join(REPO, "docs", "proxy.md"), encoding="utf-8") as f:
+            doc = f.read()
+        i = doc.index("$ elvin-subscribe -n 1 -e")
+        shown = re.search(r"```text\n(.*?)```", doc[i:], re.S).group(1)
+
+        def command(first):
+            line = self.example("docs/proxy.md", first).strip().removeprefix("$ ")
+            return (line.replace("elvin://localhost:2916", proxy)
+                    .replace("elvin://localhost:2917", router))
+        away = command("$ elvin-subscribe -e elvin://localhost:2916 --session phone")
+        script = (f"{away.replace('elvin-subscribe ', 'elvin-subscribe --ready ', 1)} "
+                  "> /dev/null 2> ready.txt &\npid=$!\n"
+                  "for i in $(seq 1 150); do grep -q ready ready.txt && break; "
+                  "sleep 0.1; done\npkill -P $pid; kill $pid; wait $pid\n"
+                  f"{command('$ elvin-notify -e elvin://localhost:2917')}\n"
+                  f"{command('$ elvin-subscribe -n 1 -e elvin://localhost:2916')}\n")
+        done = self.bash(script)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stdout, shown)
 
     def test_router_notify_examples(self):
         uri = self.router("-l", f"elvin:/udp,none,xdr/127.0.0.1:{free_port()}")

@@ -201,3 +201,34 @@ class DurabilityTests(unittest.TestCase):
         self.addCleanup(s.close)
         notes = s.pending("phone", "dev", now=1000, limit=1000)
         self.assertEqual([n.attributes["n"] for n in notes], list(range(500)))
+
+
+class CountKeepingTests(unittest.TestCase):
+    """The store keeps each session's count as rows come and go, so its cap
+    is checked without counting; the count must always be the true one."""
+
+    def test_counts_stay_exact_under_random_operations(self):
+        import random
+        rng = random.Random(17)
+        store = Store(":memory:", max_stored=7)
+        for name in ("a", "b"):
+            store.create_session(name)
+            store.put_subscription(name, 1, "require(n)", max_count=5)
+            store.put_subscription(name, 2, "require(m)", ttl=50)
+        now = 0.0
+        for step in range(400):
+            now += 1
+            op = rng.random()
+            if op < 0.6:
+                matches = {name: rng.sample([1, 2], rng.randint(1, 2))
+                           for name in rng.sample(["a", "b"], rng.randint(1, 2))}
+                store.store({"n": step}, matches, now)
+            elif op < 0.8:
+                name = rng.choice(["a", "b"])
+                ids = [n.id for n in store.pending(name, "c", now, limit=3)]
+                store.acknowledge(name, "c", ids, destructive=rng.random() < 0.7)
+            elif op < 0.85:
+                store.sweep(now)
+            for name in ("a", "b"):
+                self.assertEqual(store._owed_count(name), store.stored_count(name), step)
+                self.assertLessEqual(store.stored_count(name), 7)

@@ -1,6 +1,7 @@
 """elvin-subscribe: print each notification matching an expression.
 
     elvin-subscribe -e elvin://host 'Group == "chat"'
+    elvin-subscribe -e elvin://proxy:2916 --session phone 'Group == "chat"'
 
 Notifications are printed in the text form elvin-notify reads, each ended
 by '---', until interrupted (Ctrl-C: exit 0) or after --count
@@ -26,22 +27,43 @@ class Options(ToolOptions):
                 "--count notifications have arrived.")
     optFlags = [["ready", "r", "Print 'ready' on stderr once the subscription is in "
                                "place (scripts can wait for that line)."]]
-    optParameters = [["count", "n", None, "Exit after this many notifications (at least 1).",
-                      int]]
+    optParameters = [
+        ["count", "n", None, "Exit after this many notifications (at least 1).", int],
+        ["session", "s", None, "Through an Elvin proxy: join this session (created if "
+                               "new), print what it stored while nobody was connected, "
+                               "then what arrives. EXPRESSION is then optional (added to "
+                               "the session unless it has it already). See docs/proxy.md."],
+        ["password", None, None, "With --session: the session's password."],
+        ["admin-password", None, None, "With --session: its administrative password "
+                                       "(needed to add EXPRESSION to it)."],
+        ["receipt", None, "destructive", "With --session: 'destructive' (what is printed "
+                                         "is gone from the session) or 'non-destructive' "
+                                         "(needs --client)."],
+        ["client", None, None, "With --session: a name for this device, the same every "
+                               "time (non-destructive receipt)."],
+    ]
 
-    def parseArgs(self, expression):
+    def parseArgs(self, expression=None):
         self["expression"] = expression
 
     def postOptions(self):
         super().postOptions()
         if self["count"] is not None and self["count"] < 1:
             raise usage.UsageError(f"--count must be at least 1, not {self['count']}")
+        if self["expression"] is None and self["session"] is None:
+            raise usage.UsageError("an EXPRESSION is needed (or --session)")
+        if self["receipt"] not in ("destructive", "non-destructive"):
+            raise usage.UsageError("--receipt must be destructive or non-destructive")
+        if self["receipt"] == "non-destructive" and not self["client"]:
+            raise usage.UsageError("--receipt non-destructive needs --client NAME")
 
 
 async def body(reactor, options):
-    conn = await client.connect(options["uri"], reactor=reactor,
-                                timeout=options["timeout"])
-    closing(reactor, conn)
+    session = {}
+    if options["session"] is not None:
+        session = {"session": options["session"], "password": options["password"],
+                   "admin_password": options["admin-password"],
+                   "receipt": options["receipt"], "client": options["client"]}
     done = defer.Deferred()
     seen = {"n": 0}
     limit = options["count"]
@@ -59,6 +81,15 @@ async def body(reactor, options):
         if limit is not None and seen["n"] >= limit and not done.called:
             done.callback(None)
 
+    conn = await client.connect(options["uri"], reactor=reactor,
+                                timeout=options["timeout"], **session)
+    if session:
+        # Everything the session's subscriptions match, stored (which
+        # follows the join at once, so this is set before anything else
+        # runs) or live, each once.
+        conn.on_notification = show
+    closing(reactor, conn)
+
     def router_closed(reason, message):
         said.append(True)
         if not done.called:
@@ -72,7 +103,12 @@ async def body(reactor, options):
                 f"the connection to {options['uri']} was lost"))
 
     conn.on_disconnect = router_closed
-    await conn.subscribe(options["expression"], show)
+    expression = options["expression"]
+    if not session:
+        await conn.subscribe(expression, show)
+    elif expression is not None and not any(
+            sub.expression == expression for sub in conn.session_subscriptions.values()):
+        await conn.subscribe(expression, lambda notification: None)
     if options["ready"]:
         sys.stderr.write("ready\n")
         sys.stderr.flush()

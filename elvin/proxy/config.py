@@ -1,0 +1,138 @@
+"""The proxy's configuration file (``twistd elvin-proxy -c FILE``).
+
+The same format as the router's (elvin.config): ``name = value`` lines,
+``#`` comments, ``listen`` repeatable; an unknown or bad line stops the
+proxy from starting with the file, the line and the reason. The reference
+table in docs/proxy.md is generated from PROXY_SETTINGS
+(``python -m elvin.proxy.config``).
+"""
+
+import copy
+import os
+
+from elvin.config import ROUTER_SETTINGS, config_file, listen_uri, load, parse
+from elvin.configvalues import ConfigError, Setting, at_least, duration, flag, text
+from elvin.core.options import OPTIONS
+from elvin.endpoints import UDP, stack_kind
+from elvin.uri import ElvinURI, InvalidURIError
+
+__all__ = ["ProxyConfig", "PROXY_SETTINGS", "DEFAULT_LISTEN", "DEFAULT_UPSTREAM",
+           "load_proxy_config", "parse_proxy_config", "ConfigError"]
+
+DEFAULT_LISTEN = "elvin://localhost:2916"
+DEFAULT_UPSTREAM = "elvin://localhost:2917"
+
+
+def _upstream(value, key, where, config):
+    if value == "discover":
+        return None
+    try:
+        return ElvinURI(value)
+    except InvalidURIError as e:
+        raise ConfigError(f"{where}: bad upstream URI: {e}") from None
+
+
+def _stream_listen(value, key, where, config):
+    uri = listen_uri(value, key, where, config)
+    if stack_kind(uri) == UDP:
+        raise ConfigError(f"{where}: the proxy keeps sessions, which UDP cannot carry; "
+                          "listen on TCP, TLS or HTTP")
+    return uri
+
+
+#: Settings that mean for the proxy what they mean for the router.
+_ROUTER = {setting.name: setting for setting in ROUTER_SETTINGS}
+
+PROXY_SETTINGS = (
+    Setting("listen", _stream_listen, [], f"`{DEFAULT_LISTEN}` (if none given)",
+            "An `elvin:` URI to accept clients on (TCP, TLS or HTTP); repeatable.",
+            repeat=True),
+    Setting("upstream", _upstream, ElvinURI(DEFAULT_UPSTREAM), f"`{DEFAULT_UPSTREAM}`",
+            "The router the proxy is a client of: an `elvin:` URI, or `discover` to find "
+            "one by router discovery (see `upstream-scope`)."),
+    Setting("upstream-scope", text, None, "none",
+            "With `upstream = discover`: the discovery scope to find a router in "
+            "(none: a default router)."),
+    Setting("upstream-tls-ca", config_file, None, "none",
+            "CA certificates (PEM) that a TLS upstream router's certificate must chain "
+            "to (default: the platform's trust store)."),
+    Setting("upstream-keepalive", duration(True), 30.0, "`30`",
+            "Seconds between TestConn checks of the upstream connection; one unanswered "
+            "for as long again drops and remakes it. `0`: no checks."),
+    Setting("database", config_file, "elvin-proxy.db", "`elvin-proxy.db`",
+            "The SQLite file holding sessions and stored notifications (relative to "
+            "the configuration file's folder; created if missing)."),
+    Setting("max-connections", at_least(1), 10_000, "`10000`",
+            "Most clients connected at once."),
+    Setting("max-sessions", at_least(1), 10_000, "`10000`",
+            "Most sessions the proxy keeps; a ConnRqst creating one more is refused "
+            "(Nack 2006, IMPL_LIMIT)."),
+    Setting("max-session-subscriptions", at_least(1), 1_000, "`1000`",
+            "Most subscriptions in one session; one more is refused (Nack 2006)."),
+    Setting("max-stored", at_least(1), 100_000, "`100000`",
+            "Most notifications kept for one session; beyond it the oldest go first, "
+            "and the session's next client is sent DropWarn."),
+    Setting("max-backlog", at_least(0), 10_000, "`10000`",
+            "Most notifications from clients kept in memory while upstream is down "
+            "(sent when it is back); beyond it the oldest are dropped and logged."),
+    Setting("sweep-interval", duration(False), 60.0, "`60`",
+            "Seconds between sweeps deleting expired notifications (expiry is also "
+            "checked at every delivery: an expired notification is never delivered)."),
+    _ROUTER["connect-timeout"],
+    _ROUTER["tls-certificate"],
+    _ROUTER["tls-key"],
+    _ROUTER["tls-ca"],
+    _ROUTER["require-authenticated"],
+    _ROUTER["http-session-timeout"],
+    _ROUTER["http-poll-timeout"],
+)
+
+_BY_NAME = {setting.name: setting for setting in PROXY_SETTINGS}
+
+
+class ProxyConfig:
+    """Settings for one proxy, from defaults, a file and the command line."""
+
+    def __init__(self):
+        for setting in PROXY_SETTINGS:
+            setattr(self, setting.attr, copy.copy(setting.default))
+        self.option_specs = dict(OPTIONS)
+        self.source = None
+
+    def set(self, name, value, where):
+        key = name.strip()
+        setting = _BY_NAME.get(key.lower())
+        if setting is None:
+            known = ", ".join(s.name for s in PROXY_SETTINGS)
+            raise ConfigError(f"{where}: unknown setting {key!r} (known: {known})")
+        parsed = setting.parse(value.strip(), key, where, self)
+        if setting.repeat:
+            getattr(self, setting.attr).append(parsed)
+        else:
+            setattr(self, setting.attr, parsed)
+
+    def check(self, filename):
+        if self.upstream_scope is not None and self.upstream is not None:
+            raise ConfigError(f"{filename}: upstream-scope needs upstream = discover")
+
+    def _path(self, value):
+        source = self.source
+        if os.path.isabs(value) or not source or source.startswith("<"):
+            return value
+        return os.path.join(os.path.dirname(source), value)
+
+
+def parse_proxy_config(text_, filename="<config>"):
+    return parse(text_, filename, ProxyConfig())
+
+
+def load_proxy_config(path):
+    return load(path, ProxyConfig())
+
+
+def reference_table():
+    return "\n".join(setting.row() for setting in PROXY_SETTINGS)
+
+
+if __name__ == "__main__":
+    print(reference_table())

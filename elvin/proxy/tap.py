@@ -1,0 +1,166 @@
+"""``twistd elvin-proxy``: command-line options and the proxy's services.
+
+The proxy (docs/proxy.md) is a client of one upstream router and a router
+to its own clients, keeping named sessions for clients that come and go.
+"""
+
+import sys
+
+from twisted.application import internet, service
+from twisted.internet.error import CannotListenError
+from twisted.logger import Logger
+from twisted.python import usage
+
+from elvin.configvalues import ConfigError
+from elvin.endpoints import UnsupportedStackError, listener_service
+from elvin.tap import check_listeners
+from elvin.proxy.config import DEFAULT_LISTEN, ProxyConfig, load_proxy_config
+from elvin.proxy.core import ProxyCore
+from elvin.proxy.protocol import ProxyServerFactory
+from elvin.proxy.store import Store
+from elvin.proxy.upstream import Upstream
+from elvin.uri import ElvinURI
+
+__all__ = ["Options", "makeService", "ProxyService"]
+
+
+class Options(usage.Options):
+    synopsis = "[-l URI ...] [-u URI] [-d FILE] [-c FILE]"
+    longdesc = ("Run an Elvin proxy: it stays subscribed to an upstream router for "
+                "its clients' sessions and keeps what matched while they were away. "
+                f"With no --listen it listens on {DEFAULT_LISTEN}.")
+
+    optParameters = [
+        ["config", "c", None, "Configuration file (settings: docs/proxy.md)."],
+        ["upstream", "u", None, "The upstream router's elvin: URI, or 'discover'."],
+        ["database", "d", None, "The SQLite file for sessions and stored notifications."],
+    ]
+
+    def __init__(self):
+        super().__init__()
+        self["listen"] = []
+
+    def opt_listen(self, uri):
+        """Accept clients on this elvin: URI (may be given several times)."""
+        self["listen"].append(uri)       # checked with the configuration's
+
+    opt_l = opt_listen
+
+    def opt_version(self):
+        """Print elvin's version and exit."""
+        from elvin import __version__
+        print(f"twistd elvin-proxy (elvin) {__version__}")
+        sys.exit(0)
+
+    def _refuse(self, message):
+        if getattr(self, "parent", None) is not None:
+            raise SystemExit(f"twistd elvin-proxy: {message}\n"
+                             "(see 'twistd elvin-proxy --help' and docs/proxy.md)")
+        raise usage.UsageError(message)
+
+    def postOptions(self):
+        config = ProxyConfig()
+        try:
+            if self["config"]:
+                config = load_proxy_config(self["config"])
+            if self["upstream"]:
+                config.set("upstream", self["upstream"], "--upstream")
+            if self["database"]:
+                config.database = self["database"]
+            if self["listen"]:
+                config.listen = []        # the command line's replace the file's
+            for uri in self["listen"]:
+                config.set("listen", uri, "--listen")
+        except ConfigError as e:
+            self._refuse(str(e))
+        if not config.listen:
+            config.listen = [ElvinURI(DEFAULT_LISTEN)]
+        try:
+            check_listeners(config)
+        except (ConfigError, UnsupportedStackError) as e:
+            self._refuse(str(e))
+        self.proxy_config = config
+
+
+class ProxyService(service.MultiService):
+    """The proxy: its store, core, upstream connection, listeners and sweep."""
+
+    log = Logger()
+
+    def __init__(self, core, config, store):
+        super().__init__()
+        self.core = core
+        self.config = config
+        self.store = store
+
+    def privilegedStartService(self):
+        try:
+            super().privilegedStartService()
+        except CannotListenError as e:
+            raise SystemExit(f"twistd elvin-proxy: port {e.port}: cannot listen: "
+                             f"{e.socketError}") from None
+
+    def startService(self):
+        super().startService()
+        self.log.info("Elvin proxy listening on {uris}; upstream {upstream}; "
+                      "{n} sessions in {db}",
+                      uris=", ".join(str(u) for u in self.config.listen),
+                      upstream=self.config.upstream or "by discovery",
+                      n=len(self.core.named), db=self.config.database)
+
+    def stopService(self):
+        self.core.shutdown()
+        d = super().stopService()
+
+        def closed(result):
+            self.store.close()
+            return result
+        return d.addBoth(closed) if d is not None else closed(None)
+
+
+def _upstream_args(config):
+    args = {}
+    if config.upstream is None:
+        args["discover"] = True
+        if config.upstream_scope:
+            args["scope"] = config.upstream_scope
+    else:
+        args["uri"] = config.upstream
+    if config.upstream_tls_ca:
+        args["tls_ca"] = config.upstream_tls_ca
+    return args
+
+
+def makeService(options, reactor=None):
+    """Build the service tree for ``twistd elvin-proxy``."""
+    if reactor is None:
+        from twisted.internet import reactor
+    config = getattr(options, "proxy_config", None)
+    if config is None:
+        options.postOptions()
+        config = options.proxy_config
+    store = Store(config.database, max_stored=config.max_stored)
+    upstream = Upstream(reactor, connect_args=_upstream_args(config),
+                        keepalive=config.upstream_keepalive)
+    core = ProxyCore(store, upstream, option_specs=config.option_specs,
+                     call_later=reactor.callLater,
+                     max_connections=config.max_connections,
+                     max_sessions=config.max_sessions,
+                     max_session_subscriptions=config.max_session_subscriptions,
+                     max_backlog=config.max_backlog)
+    upstream.core = core
+    top = ProxyService(core, config, store)
+    factory = ProxyServerFactory(core, reactor, config.connect_timeout)
+    for uri in config.listen:
+        try:
+            listener = listener_service(reactor, uri, core, factory, config)
+        except ConfigError as e:
+            if getattr(options, "parent", None) is not None:
+                raise SystemExit(f"twistd elvin-proxy: {e}") from None
+            raise
+        listener.setServiceParent(top)
+    sweeper = internet.TimerService(config.sweep_interval, core.sweep)
+    sweeper.clock = reactor
+    sweeper.setServiceParent(top)
+    upstream.setServiceParent(top)
+    return top

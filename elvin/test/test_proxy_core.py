@@ -1,0 +1,467 @@
+"""The proxy's core (elvin.proxy.core) without a reactor or a socket.
+
+Upstream is a real routing core (elvin.core.router.Router) reached through
+one of its client sessions, so matching and keys are the router's own; the
+proxy's clients are ProxyClients writing to recording outputs.
+"""
+
+import itertools
+
+from twisted.internet import defer
+from twisted.trial import unittest
+
+from elvin import errors
+from elvin.client.state import ConnectionClosed, NackError
+from elvin.core.keys import consumer_keys, producer_keys
+from elvin.core.router import Router
+from elvin.protocols import packets as P
+from elvin.proxy.core import EVENT, ProxyCore
+from elvin.proxy.store import Store
+from elvin.test.test_router import RecordingOutput
+
+
+class InProcessUpstream:
+    """The upstream interface ProxyCore uses, on a Router's client session."""
+
+    def __init__(self):
+        self.router = Router()
+        self.core = None
+        self.is_up = False
+        self._xids = itertools.count(1)
+        self._waiting = {}
+        self.session = None
+        self.requests = []
+
+    def up(self):
+        outer = self
+
+        class Output(RecordingOutput):
+            def send(self, packet):
+                outer._received(P.decode(P.encode(packet)))
+
+            def send_encoded(self, data, droppable):
+                outer._received(P.decode(data))
+        self.session = self.router.open_session(Output(), "proxy")
+        self.session.packet_received(P.ConnRqst(next(self._xids), 4, 0, {}))
+        self.is_up = True
+        self.core.upstream_up()
+
+    def down(self):
+        self.session.connection_lost("test")
+        self.is_up = False
+        waiting, self._waiting = self._waiting, {}
+        for d in waiting.values():
+            d.errback(ConnectionClosed("upstream lost"))
+        self.core.upstream_down()
+
+    def _received(self, packet):
+        if isinstance(packet, P.NotifyDeliver):
+            self.core.upstream_notification(packet.attributes, packet.secure_matches,
+                                            packet.insecure_matches)
+        elif isinstance(packet, P.Nack):
+            self._waiting.pop(packet.xid).errback(
+                NackError(packet.error, packet.message, packet.args))
+        elif hasattr(packet, "xid") and packet.xid in self._waiting:
+            self._waiting.pop(packet.xid).callback(packet)
+
+    def _request(self, make):
+        xid = next(self._xids)
+        d = defer.Deferred()
+        self._waiting[xid] = d
+        packet = make(xid)
+        self.requests.append(packet)
+        self.session.packet_received(packet)
+        return d
+
+    def subscribe(self, expression, accept_insecure, keys):
+        return self._request(lambda x: P.SubAddRqst(x, expression, accept_insecure, keys)
+                             ).addCallback(lambda r: r.subscription_id)
+
+    def modify(self, upstream_id, expression, accept_insecure, add_keys, del_keys):
+        return self._request(lambda x: P.SubModRqst(x, upstream_id, expression,
+                                                    accept_insecure, add_keys, del_keys)
+                             ).addCallback(lambda r: r.subscription_id)
+
+    def unsubscribe(self, upstream_id):
+        return self._request(lambda x: P.SubDelRqst(x, upstream_id))
+
+    def notify(self, attributes, deliver_insecure, keys):
+        self.session.packet_received(P.NotifyEmit(attributes, deliver_insecure, keys))
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+class ProxyCoreTest(unittest.TestCase):
+
+    def setUp(self, **limits):
+        self.clock = Clock()
+        self.store = Store(":memory:", max_stored=limits.pop("max_stored", None))
+        self.upstream = InProcessUpstream()
+        self.core = ProxyCore(self.store, self.upstream, clock=self.clock, **limits)
+        self.upstream.core = self.core
+        self.upstream.up()
+        self.xids = itertools.count(1)
+
+    def restart(self, **limits):
+        """A new proxy on the same store (as after kill -9 and a restart)."""
+        self.upstream.down()
+        self.upstream = InProcessUpstream()
+        self.core = ProxyCore(self.store, self.upstream, clock=self.clock, **limits)
+        self.upstream.core = self.core
+        self.upstream.up()
+
+    def connect(self, options=None, nfn_keys=P.Keys.EMPTY, sub_keys=P.Keys.EMPTY):
+        output = RecordingOutput()
+        client = self.core.open_session(output, "peer")
+        client.packet_received(P.ConnRqst(next(self.xids), 4, 0, dict(options or {}),
+                                          nfn_keys, sub_keys))
+        return client, output
+
+    def join(self, name, **options):
+        asked = {"Proxy.Session": name}
+        for key, value in options.items():
+            asked["Proxy." + key.replace("_", "-").title().replace("Ttl", "TTL")] = value
+        return self.connect(asked)
+
+    def request(self, client, packet):
+        client.packet_received(packet)
+
+    def subscribe(self, client, output, expression, keys=P.Keys.EMPTY):
+        self.request(client, P.SubAddRqst(next(self.xids), expression, True, keys))
+        reply = [p for p in output.take() if isinstance(p, (P.SubRply, P.Nack))][-1]
+        if isinstance(reply, P.Nack):
+            raise NackError(reply.error, reply.message, reply.args)
+        return reply.subscription_id
+
+    def publish(self, attributes, keys=P.Keys.EMPTY, deliver_insecure=True):
+        publisher = self.upstream.router.open_session(RecordingOutput(), "publisher")
+        publisher.packet_received(P.ConnRqst(1, 4, 0, {}))
+        publisher.packet_received(P.NotifyEmit(attributes, deliver_insecure, keys))
+        publisher.connection_lost("done")
+
+    @staticmethod
+    def delivered(output):
+        return [p for p in output.take()
+                if isinstance(p, P.NotifyDeliver) and EVENT not in p.attributes]
+
+    @staticmethod
+    def events(packets):
+        return [p.attributes for p in packets
+                if isinstance(p, P.NotifyDeliver) and EVENT in p.attributes]
+
+    # -- plain clients -----------------------------------------------------------
+
+    def test_plain_client_gets_router_behaviour(self):
+        client, out = self.connect()
+        self.assertIsInstance(out.take()[0], P.ConnRply)
+        sub = self.subscribe(client, out, 'Group == "chat"')
+        self.publish({"Group": "chat", "n": 1})
+        self.publish({"Group": "news"})
+        (note,) = self.delivered(out)
+        self.assertEqual(note.attributes, {"Group": "chat", "n": 1})
+        self.assertEqual(tuple(note.secure_matches) + tuple(note.insecure_matches), (sub,))
+        client.connection_lost()
+        self.assertEqual(self.upstream.router.subscriptions, {})   # gone upstream too
+        self.assertEqual(self.store.counts()["notifications"], 0)
+
+    def test_bad_expression_is_nacked_with_the_router_code(self):
+        client, out = self.connect()
+        out.take()
+        with self.assertRaises(NackError) as caught:
+            self.subscribe(client, out, "Group ==")
+        self.assertEqual(caught.exception.code, errors.PARSE_ERROR)
+        self.assertEqual(self.core.subscriptions, {})
+
+    def test_notifications_go_upstream_with_connection_keys(self):
+        secret = b"producer secret"
+        subscriber = self.upstream.router.open_session(RecordingOutput(), "s")
+        subscriber.packet_received(P.ConnRqst(1, 4, 0, {}))
+        nfn, sub = producer_keys(secret)
+        subscriber.packet_received(P.SubAddRqst(2, "require(x)", False, sub))
+        subscriber.output.take()
+        client, out = self.connect(nfn_keys=nfn)
+        self.request(client, P.NotifyEmit({"x": 1}, False, P.Keys.EMPTY))
+        (note,) = [p for p in subscriber.output.take() if isinstance(p, P.NotifyDeliver)]
+        self.assertEqual(note.attributes, {"x": 1})
+        self.assertEqual(list(note.secure_matches), [subscriber.subscriptions and
+                                                     next(iter(subscriber.subscriptions))])
+
+    def test_quench_is_refused_as_not_implemented(self):
+        client, out = self.connect()
+        out.take()
+        self.request(client, P.QnchAddRqst(5, ("x",), True, P.Keys.EMPTY))
+        (nack,) = out.take()
+        self.assertEqual((nack.xid, nack.error), (5, errors.NOT_IMPL))
+
+    # -- sessions ----------------------------------------------------------------
+
+    def test_stored_while_away_then_replayed_in_order_with_ids(self):
+        client, out = self.join("phone")
+        sub = self.subscribe(client, out, 'Group == "chat"')
+        other = self.subscribe(client, out, "require(n)")
+        client.connection_lost()
+        for n in range(3):
+            self.publish({"Group": "chat", "n": n})
+        self.publish({"Group": "news"})
+        client, out = self.join("phone")
+        packets = out.take()
+        self.assertIsInstance(packets[0], P.ConnRply)
+        events = self.events(packets)
+        self.assertEqual([(e[EVENT], e.get("Proxy.Subscription")) for e in events],
+                         [("subscription", sub), ("subscription", other), ("joined", None)])
+        self.assertEqual(events[-1]["Proxy.Stored"], 3)
+        notes = [p for p in packets if isinstance(p, P.NotifyDeliver)
+                 and EVENT not in p.attributes]
+        self.assertEqual([n.attributes["n"] for n in notes], [0, 1, 2])
+        for note in notes:
+            self.assertEqual(sorted(note.secure_matches + note.insecure_matches),
+                             sorted([sub, other]))
+        self.assertTrue(client.live)
+        self.assertEqual(self.store.counts()["notifications"], 0)   # destructive receipt
+        self.publish({"Group": "chat", "n": 9})
+        self.assertEqual([n.attributes["n"] for n in self.delivered(out)], [9])
+
+    def test_connected_destructive_client_gets_it_and_nothing_is_stored(self):
+        client, out = self.join("phone")
+        self.subscribe(client, out, "require(n)")
+        self.publish({"n": 1})
+        self.assertEqual(len(self.delivered(out)), 1)
+        self.assertEqual(self.store.counts()["notifications"], 0)
+
+    def test_expired_notifications_are_never_delivered(self):
+        client, out = self.join("phone", TTL=60)
+        self.subscribe(client, out, "require(n)")
+        client.connection_lost()
+        self.publish({"n": 1})
+        self.clock.now += 30
+        self.publish({"n": 2})
+        self.clock.now += 40            # the first is 70 s old, the second 40
+        client, out = self.join("phone")
+        self.assertEqual([n.attributes["n"] for n in self.delivered(out)], [2])
+
+    def test_max_count_keeps_the_newest(self):
+        client, out = self.join("phone", Max_Count=2)
+        self.subscribe(client, out, "require(n)")
+        client.connection_lost()
+        for n in range(5):
+            self.publish({"n": n})
+        client, out = self.join("phone")
+        self.assertEqual([n.attributes["n"] for n in self.delivered(out)], [3, 4])
+
+    def test_per_subscription_limits_by_qos_request(self):
+        client, out = self.join("phone")
+        sub = self.subscribe(client, out, "require(n)")
+        self.request(client, P.QosRqst(7, {f"Proxy.Max-Count.{sub}": 1, f"Proxy.TTL.{sub}": 5}))
+        (reply,) = out.take()
+        self.assertIsInstance(reply, P.QosRply)
+        self.assertEqual(reply.options[f"Proxy.Max-Count.{sub}"], 1)
+        self.assertEqual(self.store.subscriptions("phone")[0][3:], (5, 1))
+        client.connection_lost()
+        self.publish({"n": 1})
+        self.publish({"n": 2})
+        client, out = self.join("phone")
+        self.assertEqual([n.attributes["n"] for n in self.delivered(out)], [2])
+
+    def test_two_devices_non_destructive_never_twice(self):
+        pda, pda_out = self.join("me", Receipt="non-destructive", Client="pda")
+        self.subscribe(pda, pda_out, "require(n)")
+        self.publish({"n": 1})                 # the PDA is there: it gets it, a copy stays
+        self.assertEqual([n.attributes["n"] for n in self.delivered(pda_out)], [1])
+        pda.connection_lost()
+        self.publish({"n": 2})
+        laptop, laptop_out = self.join("me", Receipt="non-destructive", Client="laptop")
+        self.assertEqual([n.attributes["n"] for n in self.delivered(laptop_out)], [1, 2])
+        laptop.connection_lost()
+        pda, pda_out = self.join("me", Receipt="non-destructive", Client="pda")
+        self.assertEqual([n.attributes["n"] for n in self.delivered(pda_out)], [2])
+        pda.connection_lost()
+        pda, pda_out = self.join("me", Receipt="non-destructive", Client="pda")
+        self.assertEqual(self.delivered(pda_out), [])      # never twice, across reconnects
+        pda.connection_lost()
+        desk, desk_out = self.join("me", Client="desk")    # destructive: takes them away
+        self.assertEqual([n.attributes["n"] for n in self.delivered(desk_out)], [1, 2])
+        desk.connection_lost()
+        laptop, laptop_out = self.join("me", Receipt="non-destructive", Client="laptop")
+        self.assertEqual(self.delivered(laptop_out), [])
+        self.assertEqual(self.store.counts()["notifications"], 0)
+
+    def test_non_destructive_needs_a_client_name(self):
+        _, out = self.join("me", Receipt="non-destructive")
+        (nack,) = out.take()
+        self.assertEqual(nack.error, errors.PROT_ERROR)
+        self.assertIn("Proxy.Client", nack.message)
+
+    def test_one_copy_for_a_client_in_two_sessions(self):
+        a, a_out = self.join("work")
+        wa = self.subscribe(a, a_out, "require(n)")
+        b, b_out = self.join("home")
+        hb = self.subscribe(b, b_out, "require(n)")
+        a.connection_lost()
+        b.connection_lost()
+        self.publish({"n": 1})
+        self.assertEqual(self.store.counts()["notifications"], 1)   # one stored copy
+        both, out = self.connect({"Proxy.Session": "work", "Proxy.Session.2": "home"})
+        (note,) = self.delivered(out)
+        self.assertEqual(sorted(note.secure_matches + note.insecure_matches), [wa, hb])
+        self.publish({"n": 2})
+        (note,) = self.delivered(out)
+        self.assertEqual(sorted(note.secure_matches + note.insecure_matches), [wa, hb])
+
+    def test_joining_tells_the_subscriptions_and_changes_reach_other_clients(self):
+        a, a_out = self.join("s")
+        sub = self.subscribe(a, a_out, "require(x)")
+        b, b_out = self.join("s")
+        self.assertEqual([e.get("Proxy.Expression") for e in self.events(b_out.take())],
+                         ["require(x)", None])
+        self.request(a, P.SubModRqst(3, sub, "require(y)", True, P.Keys.EMPTY, P.Keys.EMPTY))
+        self.assertEqual([(e[EVENT], e["Proxy.Expression"]) for e in self.events(b_out.take())],
+                         [("subscription", "require(y)")])
+        self.publish({"x": 1})
+        self.publish({"y": 1})
+        self.assertEqual([n.attributes for n in self.delivered(b_out)], [{"y": 1}])
+        self.request(a, P.SubDelRqst(4, sub))
+        self.assertEqual([e[EVENT] for e in self.events(b_out.take())],
+                         ["subscription-removed"])
+        self.assertEqual(self.upstream.router.subscriptions, {})
+
+    def test_wrong_password_is_an_authorisation_nack_and_leaks_nothing(self):
+        client, out = self.join("secret", Password="right", Admin_Password="boss")
+        self.subscribe(client, out, "require(x)")
+        client.connection_lost()
+        self.publish({"x": 1})
+        for asked in ({"Password": "wrong"}, {"Admin_Password": "wrong"}, {}):
+            _, out = self.join("secret", **asked)
+            (nack,) = out.take()
+            self.assertEqual(nack.error, errors.AUTHZ_FAIL)
+            self.assertNotIn("require", nack.message)
+        self.assertEqual(self.store.stored_count("secret"), 1)     # still kept
+
+    def test_join_password_may_receive_but_not_change(self):
+        owner, out = self.join("s", Password="pw", Admin_Password="boss")
+        sub = self.subscribe(owner, out, "require(x)")
+        owner.connection_lost()
+        user, out = self.join("s", Password="pw")
+        self.assertEqual(self.events(out.take())[-1]["Proxy.Admin"], 0)
+        for packet in (P.SubAddRqst(8, "require(y)", True, P.Keys.EMPTY),
+                       P.SubDelRqst(9, sub),
+                       P.QosRqst(10, {"Proxy.Delete-Session": "s"})):
+            self.request(user, packet)
+            (nack,) = out.take()
+            self.assertEqual((nack.xid, nack.error), (packet.xid, errors.AUTHZ_FAIL))
+        admin, out = self.join("s", Admin_Password="boss")
+        self.assertEqual(self.events(out.take())[-1]["Proxy.Admin"], 1)
+
+    def test_passwords_are_stored_only_as_hashes(self):
+        self.join("s", Password="hunter2", Admin_Password="boss")
+        record = self.store.session("s")
+        for stored in (record.join_hash, record.admin_hash):
+            self.assertNotIn(b"hunter2", stored)
+            self.assertNotIn(b"boss", stored)
+            self.assertEqual(len(stored), 48)
+
+    def test_delete_session(self):
+        a, a_out = self.join("s", Admin_Password="boss")
+        self.subscribe(a, a_out, "require(x)")
+        b, b_out = self.join("s", Admin_Password="boss")
+        b_out.take()
+        self.request(a, P.QosRqst(11, {"Proxy.Delete-Session": "s"}))
+        self.assertIsInstance(a_out.take()[0], P.QosRply)
+        self.assertEqual([e[EVENT] for e in self.events(b_out.take())], ["session-deleted"])
+        self.assertIsNone(self.store.session("s"))
+        self.assertEqual(self.upstream.router.subscriptions, {})
+
+    # -- limits ------------------------------------------------------------------
+
+    def test_session_limit(self):
+        self.setUp(max_sessions=1)
+        self.join("one")
+        _, out = self.join("two")
+        (nack,) = out.take()
+        self.assertEqual(nack.error, errors.IMPL_LIMIT)
+        self.assertEqual(self.store.sessions(), ["one"])
+
+    def test_subscriptions_per_session_limit(self):
+        self.setUp(max_session_subscriptions=2)
+        client, out = self.join("s")
+        self.subscribe(client, out, "require(a)")
+        self.subscribe(client, out, "require(b)")
+        with self.assertRaises(NackError) as caught:
+            self.subscribe(client, out, "require(c)")
+        self.assertEqual(caught.exception.code, errors.IMPL_LIMIT)
+
+    def test_stored_limit_drops_oldest_and_warns_next_client(self):
+        self.setUp(max_stored=3)
+        client, out = self.join("s")
+        self.subscribe(client, out, "require(n)")
+        client.connection_lost()
+        for n in range(5):
+            self.publish({"n": n})
+        client, out = self.join("s")
+        packets = out.take()
+        self.assertEqual(self.events(packets)[-1]["Proxy.Dropped"], 2)
+        self.assertEqual(sum(isinstance(p, P.DropWarn) for p in packets), 1)
+        self.assertEqual([p.attributes["n"] for p in packets
+                          if isinstance(p, P.NotifyDeliver) and EVENT not in p.attributes],
+                         [2, 3, 4])
+
+    # -- upstream ------------------------------------------------------------------
+
+    def test_upstream_loss_keeps_sessions_and_resubscribes(self):
+        client, out = self.join("s")
+        sub = self.subscribe(client, out, "require(n)")
+        self.upstream.down()
+        self.request(client, P.SubAddRqst(20, "require(m)", True, P.Keys.EMPTY))
+        (reply,) = out.take()
+        self.assertEqual(reply.xid, 20)          # accepted while upstream is away
+        self.request(client, P.NotifyEmit({"m": 7}, True, P.Keys.EMPTY))
+        self.upstream = upstream = InProcessUpstream()
+        upstream.core = self.core
+        self.core.upstream = upstream
+        upstream.up()
+        self.assertEqual(len(upstream.router.subscriptions), 2)
+        # the notification kept while upstream was down went out, and matched
+        (note,) = self.delivered(out)
+        self.assertEqual(note.attributes, {"m": 7})
+        self.publish({"n": 1})
+        (note,) = self.delivered(out)
+        self.assertEqual(list(note.secure_matches + note.insecure_matches), [sub])
+
+    def test_upstream_refusal_is_relayed(self):
+        self.upstream.router.max_subscriptions = 0
+        client, out = self.connect()
+        out.take()
+        with self.assertRaises(NackError) as caught:
+            self.subscribe(client, out, "require(x)")
+        self.assertEqual(caught.exception.code, errors.IMPL_LIMIT)
+        self.assertEqual(self.core.subscriptions, {})
+
+    def test_restart_restores_sessions_keys_and_stored(self):
+        nfn, sub_keys = consumer_keys(b"consumer secret")
+        client, out = self.connect({"Proxy.Session": "s"}, sub_keys=sub_keys)
+        sub = self.subscribe(client, out, "require(n)")
+        client.connection_lost()
+        self.publish({"n": 1}, keys=nfn, deliver_insecure=False)
+        self.restart()
+        self.publish({"n": 2}, keys=nfn, deliver_insecure=False)
+        self.publish({"n": 3}, deliver_insecure=False)          # no keys: not for us
+        client, out = self.join("s")
+        notes = self.delivered(out)
+        self.assertEqual([n.attributes["n"] for n in notes], [1, 2])
+        self.assertEqual([tuple(n.secure_matches) for n in notes], [(sub,), (sub,)])
+
+    def test_keys_changed_by_sec_request_reach_upstream(self):
+        nfn, sub_keys = producer_keys(b"k")
+        client, out = self.join("s")
+        self.subscribe(client, out, "require(n)")
+        self.publish({"n": 0}, keys=nfn, deliver_insecure=False)
+        self.assertEqual(self.delivered(out), [])
+        self.request(client, P.SecRqst(30, P.Keys.EMPTY, P.Keys.EMPTY, sub_keys, P.Keys.EMPTY))
+        self.assertIsInstance(out.take()[-1], P.SecRply)
+        self.publish({"n": 1}, keys=nfn, deliver_insecure=False)
+        self.assertEqual(len(self.delivered(out)), 1)

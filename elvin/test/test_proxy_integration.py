@@ -1,0 +1,230 @@
+"""The proxy as users run it: a real router process, a real proxy process
+(``twistd elvin-proxy``) and real clients, all on 127.0.0.1."""
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+
+from twisted.internet import defer, reactor, task, utils
+from twisted.trial import unittest
+
+from elvin import client
+from elvin.test.places import REPO, free_port
+from elvin.test.test_client_flavours import start_router, stop_router
+
+
+def start_proxy(upstream, database, port=None, extra=()):
+    """A proxy process on ``port`` (default a free one); its URI and process."""
+    port = port or free_port()
+    argv = ["-l", f"elvin://127.0.0.1:{port}", "-u", upstream, "-d", database, *extra]
+    proc = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys; from twisted.scripts.twistd import run; "
+         f"sys.argv = ['twistd', '-n', '--pidfile=', 'elvin-proxy'] + {argv!r}; run()"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    uri = f"elvin://127.0.0.1:{port}"
+    deadline = time.monotonic() + 20
+    import socket
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return uri, proc
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("proxy did not start")
+
+
+def sleep(seconds):
+    return task.deferLater(reactor, seconds, lambda: None)
+
+
+async def until(predicate, timeout=15.0, step=0.05):
+    """Wait (at most ``timeout`` s) for ``predicate()``; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        await sleep(step)
+    return predicate()
+
+
+class ProxyIntegrationTest(unittest.TestCase):
+
+    def setUp(self):
+        self.router_port = free_port()
+        self.router_uri, self.router = start_router(self.router_port)
+        self.addCleanup(lambda: stop_router(self.router))
+        self.tmp = tempfile.mkdtemp()
+        self.db = os.path.join(self.tmp, "proxy.db")
+        self.proxy_port = free_port()
+        self.proxy_uri, self.proxy = start_proxy(self.router_uri, self.db, self.proxy_port)
+        self.addCleanup(lambda: stop_router(self.proxy))
+        self.connections = []
+        return defer.ensureDeferred(self.upstream_ready())
+
+    async def upstream_ready(self):
+        """Wait until the proxy is subscribed upstream: a probe published to
+        the router comes back through it (a subscription made before that
+        would see only what is published once the proxy is connected)."""
+        got = []
+        probe = await client.connect(self.proxy_uri, reactor=reactor)
+        await probe.subscribe("require(probe)", got.append)
+        router = await client.connect(self.router_uri, reactor=reactor)
+        deadline = time.monotonic() + 20
+        while not got and time.monotonic() < deadline:
+            router.notify({"probe": 1})
+            await sleep(0.1)
+        await probe.close()
+        await router.close()
+        self.assertTrue(got, "the proxy never connected upstream")
+
+    def tearDown(self):
+        return defer.DeferredList([c.close() for c in self.connections if not c.is_closed])
+
+    async def connect(self, uri, **kwargs):
+        conn = await client.connect(uri, reactor=reactor, **kwargs)
+        self.connections.append(conn)
+        return conn
+
+    async def publisher(self):
+        return await self.connect(self.router_uri)
+
+    def test_disconnect_publish_reconnect_gets_what_matched_and_had_not_expired(self):
+        async def run():
+            phone = await self.connect(self.proxy_uri, session="phone", password="pw")
+            await phone.subscribe('Group == "chat"', lambda n: None)
+            await phone.subscribe('Group == "stocks"', lambda n: None, ttl=1)
+            await phone.close()
+            pub = await self.publisher()
+            pub.notify({"Group": "stocks", "n": 0})
+            for n in range(1, 4):
+                pub.notify({"Group": "chat", "n": n})
+            pub.notify({"Group": "news", "n": 99})
+            await pub.test_connection()
+            await sleep(1.3)             # the stocks one (TTL 1 s) expires
+            got = []
+            phone = await self.connect(self.proxy_uri, session="phone", password="pw",
+                                       reconnect=False)
+            phone.on_notification = got.append
+            self.assertEqual(sorted(s.expression for s in phone.session_subscriptions.values()),
+                             ['Group == "chat"', 'Group == "stocks"'])
+            self.assertEqual(phone.sessions["phone"].stored, 4)
+            await until(lambda: len(got) >= 3)
+            await sleep(0.2)
+            self.assertEqual([n["n"] for n in got], [1, 2, 3])
+            chat = next(s.id for s in phone.session_subscriptions.values()
+                        if s.expression == 'Group == "chat"')
+            for note in got:
+                self.assertEqual(note.secure + note.insecure, (chat,))
+        return defer.ensureDeferred(run())
+
+    def test_two_devices_non_destructive(self):
+        async def run():
+            pda = await self.connect(self.proxy_uri, session="me", receipt="non-destructive",
+                                     client="pda")
+            seen_pda = []
+            pda.on_notification = seen_pda.append
+            await pda.subscribe("require(n)", lambda n: None)
+            pub = await self.publisher()
+            pub.notify({"n": 1})
+            self.assertTrue(await until(lambda: len(seen_pda) == 1))
+            await pda.close()
+            pub.notify({"n": 2})
+            await pub.test_connection()
+            await sleep(0.3)
+            seen_laptop = []
+            laptop = await self.connect(self.proxy_uri, session="me",
+                                        receipt="non-destructive", client="laptop")
+            laptop.on_notification = seen_laptop.append
+            self.assertTrue(await until(lambda: len(seen_laptop) == 2))
+            self.assertEqual([n["n"] for n in seen_laptop], [1, 2])
+            seen_pda = []
+            pda = await self.connect(self.proxy_uri, session="me",
+                                     receipt="non-destructive", client="pda")
+            pda.on_notification = seen_pda.append
+            self.assertTrue(await until(lambda: len(seen_pda) == 1), seen_pda)
+            pub.notify({"n": 3})
+            await until(lambda: len(seen_pda) == 2 and len(seen_laptop) == 3)
+            await sleep(0.3)
+            self.assertEqual([n["n"] for n in seen_pda], [2, 3])        # 1 never twice
+            self.assertEqual([n["n"] for n in seen_laptop], [1, 2, 3])
+        return defer.ensureDeferred(run())
+
+    def test_kill_9_mid_stream_loses_nothing_stored(self):
+        async def run():
+            phone = await self.connect(self.proxy_uri, session="phone")
+            await phone.subscribe("require(n)", lambda n: None)
+            await phone.close()
+            pub = await self.publisher()
+
+            def stored_ids():
+                db = sqlite3.connect(self.db)
+                try:
+                    return [n for (n,) in db.execute("SELECT id FROM notifications")]
+                finally:
+                    db.close()
+            for n in range(300):
+                pub.notify({"n": n})
+                if n % 50 == 49:
+                    await sleep(0.01)
+                if n == 200:
+                    # Killed while it is storing (it has stored some, not all).
+                    await until(lambda: len(stored_ids()) >= 20, step=0.005)
+                    self.proxy.send_signal(signal.SIGKILL)
+                    self.proxy.wait(10)
+            await pub.test_connection()
+            stored = stored_ids()
+            self.assertGreater(len(stored), 0)
+            _, self.proxy = start_proxy(self.router_uri, self.db, self.proxy_port)
+            got = []
+            phone = await self.connect(self.proxy_uri, session="phone")
+            phone.on_notification = got.append
+            self.assertEqual(phone.sessions["phone"].stored, len(stored))
+            await until(lambda: len(got) >= len(stored))
+            await sleep(0.2)
+            values = [n["n"] for n in got]
+            self.assertEqual(len(values), len(stored))
+            self.assertEqual(values, sorted(set(values)))    # in order, none twice
+            self.assertEqual(values, list(range(len(values))))  # and none lost before the kill
+        return defer.ensureDeferred(run())
+
+    def test_upstream_router_restart(self):
+        async def run():
+            got = []
+            phone = await self.connect(self.proxy_uri, session="phone")
+            phone.on_notification = got.append
+            await phone.subscribe("require(n)", lambda n: None)
+            stop_router(self.router)
+            _, self.router = start_router(self.router_port)
+            pub = await self.publisher()
+            n = 0
+            deadline = time.monotonic() + 20
+            while not got and time.monotonic() < deadline:
+                pub.notify({"n": n})       # until the proxy has subscribed again
+                n += 1
+                await sleep(0.1)
+            self.assertTrue(got, "no notification through the proxy after the restart")
+            self.assertFalse(phone.is_closed)
+        return defer.ensureDeferred(run())
+
+    def test_elvin_subscribe_session_shows_what_was_stored(self):
+        async def run():
+            phone = await self.connect(self.proxy_uri, session="tool")
+            await phone.subscribe('Group == "chat"', lambda n: None)
+            await phone.close()
+            pub = await self.publisher()
+            pub.notify({"Group": "chat", "Message": "while you were out"})
+            pub.notify({"Group": "chat", "Message": "and again"})
+            await pub.test_connection()
+            await sleep(0.3)
+            out, err, code = await utils.getProcessOutputAndValue(
+                sys.executable, ["-m", "elvin.tools.subscribe", "-e", self.proxy_uri,
+                                 "--session", "tool", "-n", "2"],
+                env=dict(os.environ), path=REPO, reactor=reactor)
+            self.assertEqual(code, 0, err)
+            text = out.decode()
+            self.assertLess(text.index("while you were out"), text.index("and again"))
+        return defer.ensureDeferred(run())
