@@ -56,7 +56,12 @@ def main():
     folder = tempfile.mkdtemp(prefix="elvin-proxy-bench-")
     database = os.path.join(folder, "proxy.db")
     router, router_uri = start_router()
-    proxy, proxy_uri = start_router("elvin-proxy", ["-u", router_uri, "-d", database])
+    config = os.path.join(folder, "proxy.conf")
+    with open(config, "w") as f:
+        # Every notification is kept (each session is owed 2N/sessions).
+        f.write(f"max-stored = {2 * args.notifs}\n")
+    proxy, proxy_uri = start_router("elvin-proxy",
+                                    ["-c", config, "-u", router_uri, "-d", database])
     try:
         names = [f"s{i}" for i in range(args.sessions)]
         count = args.sessions

@@ -454,6 +454,7 @@ class Connection(ClientState):
             sub = Subscription(self, reply.subscription_id, expression, accept_insecure,
                                callback, keys)
             self.subscriptions[sub.id] = sub
+            self.subscribed_in_session(sub.id, expression, accept_insecure)
             return sub
 
         async def remove(sub: Optional[Subscription]) -> None:
@@ -480,6 +481,20 @@ class Connection(ClientState):
         reply = await self._call(self.qos_rqst(options))
         self.options.update(reply.options)
         return dict(reply.options)
+
+    async def set_limits(self, sub_id: int, ttl: Optional[int] = None,
+                         max_count: Optional[int] = None) -> Dict[str, Any]:
+        """Through a proxy session: keep what subscription ``sub_id`` matches
+        for at most ``ttl`` seconds and ``max_count`` notifications (0: no
+        limit; None: unchanged). docs/proxy.md."""
+        reply = await self.set_options(self.limit_options(sub_id, ttl, max_count))
+        self.limits_set(sub_id, ttl, max_count)
+        return reply
+
+    async def delete_session(self, name: str) -> Dict[str, Any]:
+        """Through a proxy: delete session ``name`` (needs its administrative
+        password), its subscriptions and everything stored for it."""
+        return await self.set_options({"Proxy.Delete-Session": name})
 
     async def set_keys(self, add_nfn_keys: Optional[P.Keys] = None,
                        del_nfn_keys: Optional[P.Keys] = None,

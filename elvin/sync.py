@@ -314,6 +314,16 @@ class Connection:
         """Renegotiate connection options; returns the router's answer."""
         return _run(self._inner.set_options(options))
 
+    def set_limits(self, sub_id: int, ttl: Optional[int] = None,
+                   max_count: Optional[int] = None) -> Dict[str, Any]:
+        """Through a proxy session: bound what is kept for ``sub_id``
+        (``elvin.aio.Connection.set_limits``)."""
+        return _run(self._inner.set_limits(sub_id, ttl, max_count))
+
+    def delete_session(self, name: str) -> Dict[str, Any]:
+        """Through a proxy: delete session ``name`` (administrative password)."""
+        return _run(self._inner.delete_session(name))
+
     def set_keys(self, add_nfn_keys: Optional[Keys] = None, del_nfn_keys: Optional[Keys] = None,
                  add_sub_keys: Optional[Keys] = None,
                  del_sub_keys: Optional[Keys] = None) -> None:

@@ -350,10 +350,7 @@ class Connection(ClientState):
                                      callback, accept_insecure)
             sub.keys = keys       # registered again with these after a reconnect
             self.subscriptions[sub.id] = sub
-            if self.sessions:
-                self.session_subscriptions[sub.id] = SessionSubscription(
-                    sub.id, next(iter(self.sessions)), expression, accept_insecure,
-                    ttl or 0, max_count or 0)
+            self.subscribed_in_session(sub.id, expression, accept_insecure)
             return sub
         d.addCallback(added)
         if ttl is not None or max_count is not None:
@@ -366,19 +363,12 @@ class Connection(ClientState):
         """Through a proxy session: keep what subscription ``sub_id``
         matches for at most ``ttl`` seconds and ``max_count``
         notifications (0: no limit; None: unchanged)."""
-        options = {}
-        if ttl is not None:
-            options[f"Proxy.TTL.{sub_id}"] = int(ttl)
-        if max_count is not None:
-            options[f"Proxy.Max-Count.{sub_id}"] = int(max_count)
+        d = self.set_options(self.limit_options(sub_id, ttl, max_count))
 
         def done(reply):
-            known = self.session_subscriptions.get(sub_id)
-            if known is not None:
-                known.ttl = ttl if ttl is not None else known.ttl
-                known.max_count = max_count if max_count is not None else known.max_count
+            self.limits_set(sub_id, ttl, max_count)
             return reply
-        return self.set_options(options).addCallback(done)
+        return d.addCallback(done)
 
     def delete_session(self, name: str) -> "defer.Deferred[Dict[str, Any]]":
         """Through a proxy: delete session ``name`` (needs its administrative

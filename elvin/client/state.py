@@ -492,6 +492,33 @@ class ClientState:
     def joins_pending(self) -> bool:
         return bool(self._awaiting_joins)
 
+    def subscribed_in_session(self, sub_id: int, expression: str,
+                              accept_insecure: bool) -> None:
+        """Through a proxy session, a subscription we made joins the
+        session's (the proxy tells only the session's other clients)."""
+        if self.sessions:
+            self.session_subscriptions[sub_id] = SessionSubscription(
+                sub_id, next(iter(self.sessions)), expression, accept_insecure)
+
+    @staticmethod
+    def limit_options(sub_id: int, ttl: Optional[int], max_count: Optional[int]) -> Dict[str, int]:
+        """The QosRqst options asking a proxy to keep what subscription
+        ``sub_id`` matches for at most ``ttl`` seconds and ``max_count``
+        notifications (0: no limit; None: unchanged). docs/proxy.md."""
+        options = {}
+        if ttl is not None:
+            options[f"Proxy.TTL.{sub_id}"] = int(ttl)
+        if max_count is not None:
+            options[f"Proxy.Max-Count.{sub_id}"] = int(max_count)
+        return options
+
+    def limits_set(self, sub_id: int, ttl: Optional[int], max_count: Optional[int]) -> None:
+        """The proxy accepted ``limit_options``: note them."""
+        known = self.session_subscriptions.get(sub_id)
+        if known is not None:
+            known.ttl = ttl if ttl is not None else known.ttl
+            known.max_count = max_count if max_count is not None else known.max_count
+
     def keys_changed(self, make_packet: MakePacket) -> None:
         """Remember a SecRqst the router accepted (for ``replay``)."""
         self.key_changes.append(make_packet)

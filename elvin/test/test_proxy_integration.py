@@ -51,6 +51,24 @@ async def until(predicate, timeout=15.0, step=0.05):
     return predicate()
 
 
+async def upstream_ready(proxy_uri, router_uri):
+    """Wait until the proxy is subscribed upstream: a probe published to the
+    router comes back through it (a subscription made before that sees only
+    what is published once the proxy is connected)."""
+    got = []
+    probe = await client.connect(proxy_uri, reactor=reactor)
+    await probe.subscribe("require(probe)", got.append)
+    router = await client.connect(router_uri, reactor=reactor)
+    deadline = time.monotonic() + 20
+    while not got and time.monotonic() < deadline:
+        router.notify({"probe": 1})
+        await sleep(0.1)
+    await probe.close()
+    await router.close()
+    if not got:
+        raise AssertionError("the proxy never connected upstream")
+
+
 class ProxyIntegrationTest(unittest.TestCase):
 
     def setUp(self):
@@ -63,23 +81,7 @@ class ProxyIntegrationTest(unittest.TestCase):
         self.proxy_uri, self.proxy = start_proxy(self.router_uri, self.db, self.proxy_port)
         self.addCleanup(lambda: stop_router(self.proxy))
         self.connections = []
-        return defer.ensureDeferred(self.upstream_ready())
-
-    async def upstream_ready(self):
-        """Wait until the proxy is subscribed upstream: a probe published to
-        the router comes back through it (a subscription made before that
-        would see only what is published once the proxy is connected)."""
-        got = []
-        probe = await client.connect(self.proxy_uri, reactor=reactor)
-        await probe.subscribe("require(probe)", got.append)
-        router = await client.connect(self.router_uri, reactor=reactor)
-        deadline = time.monotonic() + 20
-        while not got and time.monotonic() < deadline:
-            router.notify({"probe": 1})
-            await sleep(0.1)
-        await probe.close()
-        await router.close()
-        self.assertTrue(got, "the proxy never connected upstream")
+        return defer.ensureDeferred(upstream_ready(self.proxy_uri, self.router_uri))
 
     def tearDown(self):
         return defer.DeferredList([c.close() for c in self.connections if not c.is_closed])
@@ -228,3 +230,98 @@ class ProxyIntegrationTest(unittest.TestCase):
             text = out.decode()
             self.assertLess(text.index("while you were out"), text.index("and again"))
         return defer.ensureDeferred(run())
+
+    def test_tls_listener_and_upstream(self):
+        """Clients reach the proxy over TLS, and the proxy its router."""
+        import trustme
+        from elvin.test.test_client_flavours import shared_tls_router
+        router_uri, router_ca = shared_tls_router()
+        ca = trustme.CA()
+        cert = ca.issue_cert("127.0.0.1")
+        cert_file = os.path.join(self.tmp, "proxy.pem")
+        ca_file = os.path.join(self.tmp, "ca.pem")
+        cert.private_key_and_cert_chain_pem.write_to_path(cert_file)
+        ca.cert_pem.write_to_path(ca_file)
+        port = free_port()
+        config = os.path.join(self.tmp, "tls.conf")
+        with open(config, "w") as f:
+            f.write(f"listen = elvin:/secure/127.0.0.1:{port}\ntls-certificate = {cert_file}\n"
+                    f"upstream = {router_uri}\nupstream-tls-ca = {router_ca}\n"
+                    f"database = {os.path.join(self.tmp, 'tls.db')}\n")
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
+             "-n", "--pidfile=", "elvin-proxy", "-c", config],
+            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(lambda: stop_router(proc))
+        uri = f"elvin:/secure/127.0.0.1:{port}"
+
+        async def run():
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    conn = await self.connect(uri, session="tls", tls_ca=ca_file)
+                    break
+                except client.ConnectFailed:
+                    if time.monotonic() > deadline:
+                        raise
+                    await sleep(0.2)
+            got = []
+            conn.on_notification = got.append
+            await conn.subscribe("require(secret)", lambda n: None)
+            pub = await self.connect(router_uri, tls_ca=router_ca)
+            while not got and time.monotonic() < deadline + 20:
+                pub.notify({"secret": 1})
+                await sleep(0.1)
+            self.assertEqual(got[0], {"secret": 1})
+        return defer.ensureDeferred(run())
+
+
+class ProxyFlavoursTest(unittest.TestCase):
+    """The asyncio and blocking clients join sessions too."""
+
+    def setUp(self):
+        self.router_uri, self.router = start_router()
+        self.addCleanup(lambda: stop_router(self.router))
+        self.tmp = tempfile.mkdtemp()
+        self.proxy_uri, self.proxy = start_proxy(self.router_uri,
+                                                 os.path.join(self.tmp, "p.db"))
+        self.addCleanup(lambda: stop_router(self.proxy))
+        return defer.ensureDeferred(upstream_ready(self.proxy_uri, self.router_uri))
+
+    def test_blocking_client_session(self):
+        from elvin import sync
+        with sync.connect(self.proxy_uri, session="desk", admin_password="a") as conn:
+            sub = conn.subscribe("require(n)", callback=lambda n: None)
+            conn.set_limits(sub.id, ttl=3600, max_count=5)
+            self.assertEqual(conn.session_subscriptions[sub.id].max_count, 5)
+        with sync.connect(self.router_uri) as pub:
+            for n in range(8):
+                pub.notify({"n": n})
+        time.sleep(0.5)              # through the router to the proxy's store
+        got = []
+        with sync.connect(self.proxy_uri, session="desk", admin_password="a",
+                          on_notification=got.append) as conn:
+            self.assertEqual([s.expression for s in conn.session_subscriptions.values()],
+                             ["require(n)"])
+            conn.test_connection()
+        self.assertEqual([n["n"] for n in got], [3, 4, 5, 6, 7])    # the newest five
+        with sync.connect(self.proxy_uri, session="desk", admin_password="a") as conn:
+            conn.delete_session("desk")
+            self.assertEqual(conn.sessions, {})
+
+    def test_asyncio_client_session(self):
+        import asyncio
+        from elvin import aio
+
+        async def run():
+            async with aio.connect(self.proxy_uri, session=["one", ("two", "pw")]) as conn:
+                self.assertEqual(sorted(conn.sessions), ["one", "two"])
+                sub = await conn.subscribe("require(x)")
+                await conn.set_limits(sub.id, ttl=10)
+                self.assertEqual(conn.session_subscriptions[sub.id].ttl, 10)
+            with self.assertRaises(aio.NackError) as caught:
+                await aio.connect(self.proxy_uri, session="two", password="wrong")
+            self.assertEqual(caught.exception.code, 2)
+            with self.assertRaises(aio.ConnectFailed):
+                await aio.connect(self.router_uri, session="one", timeout=5)
+        asyncio.run(run())

@@ -80,3 +80,10 @@ class ProxyOptionsTest(unittest.TestCase):
         self.assertIsInstance(top, tap.ProxyService)
         self.assertEqual(len(list(top)), 3)       # listener, sweep, upstream
         top.store.close()
+
+    def test_upstream_by_discovery(self):
+        config = parse_proxy_config("upstream = discover\nupstream-scope = lab\n"
+                                    "upstream-tls-ca = ca.pem\n", "/etc/p.conf")
+        self.assertEqual(tap._upstream_args(config),
+                         {"discover": True, "scope": "lab", "tls_ca": "/etc/ca.pem"})
+        self.assertEqual(tap._upstream_args(parse_proxy_config(""))["uri"].port, 2917)
