@@ -72,6 +72,10 @@ PROXY_SETTINGS = (
     Setting("max-stored", at_least(1), 100_000, "`100000`",
             "Most notifications kept for one session; beyond it the oldest go first, "
             "and the session's next client is sent DropWarn."),
+    Setting("max-stored-bytes", at_least(0), 0, "`0`",
+            "Most bytes of notifications (their encoded attributes) kept for one "
+            "session; beyond it the oldest go first, with DropWarn as for `max-stored`. "
+            "`0`: no byte cap."),
     Setting("max-backlog", at_least(0), 10_000, "`10000`",
             "Most notifications from clients kept in memory while upstream is down "
             "(sent when it is back); beyond it the oldest are dropped and logged."),

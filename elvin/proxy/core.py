@@ -182,6 +182,7 @@ class ProxyCore:
                       "backlog_dropped": 0}
         self._client_numbers = itertools.count(1)
         self._holding = False
+        self._held: List[tuple] = []
         self._load()
         self._ids = itertools.count(store.largest_subscription_id() + 1)
 
@@ -439,12 +440,21 @@ class ProxyCore:
                     for name, client_name in marks:
                         store.acknowledge(name, client_name, [note], destructive=False)
         for client, (secure, insecure) in deliveries.items():
-            client.deliver(P.encode_notify_deliver_from(body, secure, insecure))
+            data = P.encode_notify_deliver_from(body, secure, insecure)
+            if self._holding:
+                # Delivered once this turn's transaction has committed: no
+                # client has a notification the store could still lose.
+                self._held.append((client, data))
+            else:
+                client.deliver(data)
         self.stats["delivered"] += len(deliveries)
 
     def _release(self) -> None:
         self._holding = False
         self.store.release()
+        held, self._held = self._held, []
+        for client, data in held:
+            client.deliver(data)
 
     def sweep(self) -> int:
         """Delete expired notifications (the paper's periodic sweep)."""

@@ -171,9 +171,11 @@ class Store:
     (None: no cap but the subscriptions' own).
     """
 
-    def __init__(self, path: str = ":memory:", max_stored: Optional[int] = None) -> None:
+    def __init__(self, path: str = ":memory:", max_stored: Optional[int] = None,
+                 max_stored_bytes: Optional[int] = None) -> None:
         self.path = path
         self.max_stored = max_stored
+        self.max_stored_bytes = max_stored_bytes
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA foreign_keys = ON")
         if path != ":memory:":
@@ -181,10 +183,10 @@ class Store:
             self.db.execute("PRAGMA synchronous = NORMAL")
         self.db.executescript(_SCHEMA)
         self._depth = 0
-        #: Exact count of the notifications each session is owed, kept as
-        #: rows come and go (counted afresh after a sweep), so the cap is
-        #: checked without counting rows at every store.
-        self._owed: Dict[str, int] = {}
+        #: Exact count and bytes of the notifications each session is owed,
+        #: kept as rows come and go (counted afresh after a sweep), so the
+        #: caps are checked without counting rows at every store.
+        self._owed: Dict[str, List[int]] = {}
         #: An upper bound of each capped subscription's pending rows.
         self._sub_bound: Dict[Tuple[str, int], int] = {}
         #: Each subscription's (ttl, max_count), read once.
@@ -215,11 +217,33 @@ class Store:
         if self._depth == 0:
             self.db.execute("COMMIT")
 
+    def _owed_of(self, session: str) -> List[int]:
+        """[count, bytes] of what ``session`` is owed (expired or not)."""
+        owed = self._owed.get(session)
+        if owed is None:
+            count, size = self.db.execute(
+                "SELECT count(*), coalesce(sum(length(body)), 0) FROM notifications "
+                "WHERE id IN (SELECT notification FROM pending WHERE session = ?)",
+                (session,)).fetchone()
+            owed = self._owed[session] = [count, size]
+        return owed
+
     def _owed_count(self, session: str) -> int:
-        count = self._owed.get(session)
-        if count is None:
-            count = self._owed[session] = self.stored_count(session)
-        return count
+        return self._owed_of(session)[0]
+
+    def _over_cap(self, session: str) -> bool:
+        count, size = self._owed_of(session)
+        return ((self.max_stored is not None and count > self.max_stored)
+                or (self.max_stored_bytes is not None and size > self.max_stored_bytes))
+
+    def _sizes(self, notes: Sequence[int]) -> int:
+        total = 0
+        for start in range(0, len(notes), 500):
+            chunk = notes[start:start + 500]
+            marks = ",".join("?" * len(chunk))
+            total += self.db.execute(f"SELECT coalesce(sum(length(body)), 0) FROM notifications "
+                                     f"WHERE id IN ({marks})", chunk).fetchone()[0]
+        return total
 
     def close(self) -> None:
         self.db.close()
@@ -367,15 +391,17 @@ class Store:
                  for session, sub_id, ttl, _, secure in rows])
             sessions = {row[0] for row in rows}
             for session in sessions:
-                if session in self._owed:
-                    self._owed[session] += 1
+                owed = self._owed.get(session)
+                if owed is not None:
+                    owed[0] += 1
+                    owed[1] += len(body)
             trimmed: List[int] = []
             for session, sub_id, _, max_count, _ in rows:
                 if max_count is not None:
                     trimmed += self._trim_subscription(session, sub_id, max_count)
-            if self.max_stored is not None:
+            if self.max_stored is not None or self.max_stored_bytes is not None:
                 for session in sessions:
-                    if self._owed_count(session) > self.max_stored:
+                    if self._over_cap(session):
                         trimmed += self._trim_session(session)
             if trimmed:
                 self._collect(trimmed)
@@ -398,26 +424,42 @@ class Store:
             "ORDER BY notification LIMIT ?", (session, sub_id, count - max_count))]
         self.db.executemany("DELETE FROM pending WHERE session = ? AND subscription = ? "
                             "AND notification = ?", [(session, sub_id, n) for n in over])
-        if session in self._owed:
-            gone = sum(1 for n in over if self.db.execute(
+        owed = self._owed.get(session)
+        if owed is not None:
+            gone = [n for n in over if self.db.execute(
                 "SELECT 1 FROM pending WHERE session = ? AND notification = ? LIMIT 1",
-                (session, n)).fetchone() is None)
-            self._owed[session] -= gone
+                (session, n)).fetchone() is None]
+            owed[0] -= len(gone)
+            owed[1] -= self._sizes(gone)
         return over
 
     def _trim_session(self, session: str) -> List[int]:
-        """Drop the session's oldest notifications beyond ``max_stored``."""
-        assert self.max_stored is not None
-        excess = self._owed_count(session) - self.max_stored
-        over = [n for (n,) in self.db.execute(
-            "SELECT DISTINCT notification FROM pending WHERE session = ? "
-            "ORDER BY notification LIMIT ?", (session, excess))]
+        """Drop the session's oldest notifications until it is within
+        ``max_stored`` and ``max_stored_bytes``."""
+        owed = self._owed_of(session)
+        over: List[int] = []
+        while self._over_cap(session):
+            batch = 64
+            if self.max_stored is not None and owed[0] > self.max_stored:
+                batch = max(batch, owed[0] - self.max_stored)
+            oldest = self.db.execute(
+                "SELECT p.notification, length(n.body) FROM pending p "
+                "JOIN notifications n ON n.id = p.notification WHERE p.session = ? "
+                "AND p.notification > ? GROUP BY p.notification ORDER BY p.notification "
+                "LIMIT ?", (session, over[-1] if over else 0, batch)).fetchall()
+            if not oldest:
+                break
+            for note, size in oldest:
+                if not self._over_cap(session):
+                    break
+                over.append(note)
+                owed[0] -= 1
+                owed[1] -= size
         if over:
             self.db.executemany("DELETE FROM pending WHERE session = ? AND notification = ?",
                                 [(session, n) for n in over])
             self.db.execute("UPDATE sessions SET dropped = dropped + ? WHERE name = ?",
                             (len(over), session))
-            self._owed[session] -= len(over)
             for key in [k for k in self._sub_bound if k[0] == session]:
                 del self._sub_bound[key]
         return over
@@ -493,12 +535,16 @@ class Store:
             if destructive:
                 in_ids = ",".join("?" * len(ids))
                 in_sessions = ",".join("?" * len(sessions))
-                for session, count in self.db.execute(
-                        "SELECT session, count(DISTINCT notification) FROM pending "
-                        f"WHERE notification IN ({in_ids}) AND session IN ({in_sessions}) "
-                        "GROUP BY session", (*ids, *sessions)):
-                    if session in self._owed:
-                        self._owed[session] -= count
+                for session, count, size in self.db.execute(
+                        "SELECT o.session, count(*), coalesce(sum(length(n.body)), 0) FROM "
+                        "(SELECT DISTINCT session, notification FROM pending "
+                        f" WHERE notification IN ({in_ids}) AND session IN ({in_sessions})) o "
+                        "JOIN notifications n ON n.id = o.notification GROUP BY o.session",
+                        (*ids, *sessions)):
+                    owed = self._owed.get(session)
+                    if owed is not None:
+                        owed[0] -= count
+                        owed[1] -= size
                 for key in [k for k in self._sub_bound if k[0] in sessions]:
                     del self._sub_bound[key]
                 for table in ("pending", "delivered"):

@@ -139,7 +139,8 @@ def makeService(options, reactor=None):
     if config is None:
         options.postOptions()
         config = options.proxy_config
-    store = Store(config.database, max_stored=config.max_stored)
+    store = Store(config.database, max_stored=config.max_stored,
+                  max_stored_bytes=config.max_stored_bytes or None)
     upstream = Upstream(reactor, connect_args=_upstream_args(config),
                         keepalive=config.upstream_keepalive)
     core = ProxyCore(store, upstream, option_specs=config.option_specs,

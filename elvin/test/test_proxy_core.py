@@ -97,7 +97,8 @@ class Clock:
         return self.now
 
 
-class ProxyCoreTest(unittest.TestCase):
+class ProxyCoreCase(unittest.TestCase):
+    """A proxy core on an in-memory store, upstream a real routing core."""
 
     def setUp(self, **limits):
         self.clock = Clock()
@@ -154,6 +155,10 @@ class ProxyCoreTest(unittest.TestCase):
     def events(packets):
         return [p.attributes for p in packets
                 if isinstance(p, P.NotifyDeliver) and EVENT in p.attributes]
+
+
+
+class ProxyCoreTest(ProxyCoreCase):
 
     # -- plain clients -----------------------------------------------------------
 
@@ -465,3 +470,26 @@ class ProxyCoreTest(unittest.TestCase):
         self.assertIsInstance(out.take()[-1], P.SecRply)
         self.publish({"n": 1}, keys=nfn, deliver_insecure=False)
         self.assertEqual(len(self.delivered(out)), 1)
+
+
+class TurnCommitTest(ProxyCoreCase):
+    """With a reactor, a turn's notifications are committed together, and
+    clients get them only after the commit."""
+
+    def setUp(self):
+        from twisted.internet.task import Clock as ReactorClock
+        self.reactor = ReactorClock()
+        super().setUp()
+        self.core.call_later = self.reactor.callLater
+
+    def test_delivered_after_commit(self):
+        laptop, laptop_out = self.join("me", Receipt="non-destructive", Client="laptop")
+        self.subscribe(laptop, laptop_out, "require(n)")
+        self.reactor.advance(0)
+        laptop_out.take()
+        self.publish({"n": 1})
+        self.assertTrue(self.store.db.in_transaction)
+        self.assertEqual(self.delivered(laptop_out), [])      # not yet committed
+        self.reactor.advance(0)
+        self.assertFalse(self.store.db.in_transaction)
+        self.assertEqual([n.attributes["n"] for n in self.delivered(laptop_out)], [1])

@@ -210,7 +210,7 @@ class CountKeepingTests(unittest.TestCase):
     def test_counts_stay_exact_under_random_operations(self):
         import random
         rng = random.Random(17)
-        store = Store(":memory:", max_stored=7)
+        store = Store(":memory:", max_stored=7, max_stored_bytes=600)
         for name in ("a", "b"):
             store.create_session(name)
             store.put_subscription(name, 1, "require(n)", max_count=5)
@@ -222,7 +222,7 @@ class CountKeepingTests(unittest.TestCase):
             if op < 0.6:
                 matches = {name: rng.sample([1, 2], rng.randint(1, 2))
                            for name in rng.sample(["a", "b"], rng.randint(1, 2))}
-                store.store({"n": step}, matches, now)
+                store.store({"n": step, "pad": "x" * rng.randint(0, 150)}, matches, now)
             elif op < 0.8:
                 name = rng.choice(["a", "b"])
                 ids = [n.id for n in store.pending(name, "c", now, limit=3)]
@@ -230,5 +230,20 @@ class CountKeepingTests(unittest.TestCase):
             elif op < 0.85:
                 store.sweep(now)
             for name in ("a", "b"):
-                self.assertEqual(store._owed_count(name), store.stored_count(name), step)
+                size = store.db.execute(
+                    "SELECT coalesce(sum(length(body)), 0) FROM notifications WHERE id IN "
+                    "(SELECT notification FROM pending WHERE session = ?)", (name,)).fetchone()[0]
+                self.assertEqual(store._owed_of(name), [store.stored_count(name), size], step)
                 self.assertLessEqual(store.stored_count(name), 7)
+                self.assertLessEqual(size, 600)
+
+    def test_byte_cap_drops_oldest_and_counts_them(self):
+        store = Store(":memory:", max_stored_bytes=1000)
+        store.create_session("s")
+        store.put_subscription("s", 1, "require(n)")
+        for n in range(10):
+            store.store({"n": n, "pad": "x" * 200}, {"s": [1]}, now=n)
+        kept = [note.attributes["n"] for note in store.pending("s", "c", now=20)]
+        self.assertEqual(kept, list(range(10 - len(kept), 10)))
+        self.assertLess(len(kept), 10)
+        self.assertEqual(store.take_dropped("s"), 10 - len(kept))

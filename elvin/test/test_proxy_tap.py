@@ -87,3 +87,10 @@ class ProxyOptionsTest(unittest.TestCase):
         self.assertEqual(tap._upstream_args(config),
                          {"discover": True, "scope": "lab", "tls_ca": "/etc/ca.pem"})
         self.assertEqual(tap._upstream_args(parse_proxy_config(""))["uri"].port, 2917)
+
+    def test_docs_table_is_generated_from_the_settings(self):
+        from elvin.proxy.config import reference_table
+        from elvin.test.places import REPO
+        with open(os.path.join(REPO, "docs", "proxy.md"), encoding="utf-8") as f:
+            self.assertIn(reference_table() + "\n", f.read(),
+                          "regenerate docs/proxy.md's table: python -m elvin.proxy.config")
