@@ -26,6 +26,7 @@ import json
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from twisted.internet import defer
 from twisted.logger import Logger
 
 from elvin import errors
@@ -37,7 +38,7 @@ from elvin.core.router import (MAX_PROTOCOL_ERRORS, PROTOCOL_ERROR_WINDOW, PROTO
                                notification_problem, subscription_nack_args)
 from elvin.errors import ElvinError, SubscriptionError
 from elvin.protocols import packets as P
-from elvin.proxy.store import Store, check_password
+from elvin.proxy.store import Store, check_password, hash_password
 from elvin.values import Int64
 
 __all__ = ["ProxyCore", "ProxyClient", "Session", "ProxySubscription", "SESSION",
@@ -157,7 +158,7 @@ class ProxyCore:
                  clock: Callable[[], float] = time.time, call_later=None,
                  max_connections: int = 10_000, max_sessions: int = 10_000,
                  max_session_subscriptions: int = 1_000, max_backlog: int = 10_000,
-                 page_size: int = 256):
+                 page_size: int = 256, in_thread=None):
         self.store = store
         self.upstream = upstream
         self.option_specs = dict(OPTIONS if option_specs is None else option_specs)
@@ -177,6 +178,10 @@ class ProxyCore:
         self.closing = False
         #: As the router's: 1xxx Nacks within the window that disconnect.
         self.max_protocol_errors = MAX_PROTOCOL_ERRORS
+        #: Runs password hashing: in a thread under twistd
+        #: (``threads.deferToThread``), at once (a Deferred that has fired)
+        #: in tests.
+        self.in_thread = in_thread or defer.maybeDeferred
         self.protocol_error_window = PROTOCOL_ERROR_WINDOW
         self.stats = {"delivered": 0, "stored": 0, "replayed": 0, "forwarded": 0,
                       "backlog_dropped": 0}
@@ -233,8 +238,27 @@ class ProxyCore:
 
     # -- sessions -------------------------------------------------------------
 
-    def create_session(self, name, password, admin_password) -> Session:
-        record = self.store.create_session(name, password, admin_password)
+    def check_passwords(self, wanted):
+        """Deferred ``[(name, rights, hashes)]`` for ConnRqst's ``[(name,
+        password, admin password)]``: an existing session's rights (None:
+        refused, False: join, True: change), or for a new one "new" and the
+        hashes of its passwords -- all made in ``in_thread``."""
+        def check():
+            checked = []
+            for name, password, admin_password in wanted:
+                session = self.named.get(name)
+                if session is None:
+                    checked.append((name, "new", (
+                        hash_password(password) if password is not None else None,
+                        hash_password(admin_password) if admin_password is not None
+                        else None)))
+                else:
+                    checked.append((name, _rights(session, password, admin_password), None))
+            return checked
+        return self.in_thread(check)
+
+    def add_session(self, name, join_hash, admin_hash) -> Session:
+        record = self.store.add_session(name, join_hash, admin_hash)
         session = Session(name, record.join_hash, record.admin_hash)
         self.named[name] = session
         self.log.info("session {name!r} created", name=name)
@@ -483,6 +507,8 @@ class ProxyClient(ClientSession):
         self._replay_call = None
         #: The last stored notification replayed (the replay's cursor).
         self._replayed_to = 0
+        #: Packets received while ConnRqst's passwords are being checked.
+        self._admitting: Optional[List[Any]] = None
 
     def __repr__(self):
         return f"<ProxyClient {self.peer} {self.name!r} state={self.state.name}>"
@@ -493,6 +519,12 @@ class ProxyClient(ClientSession):
 
     def notify_emit(self, attributes, deliver_insecure, wire_keys, size=None):
         self._emit(attributes, deliver_insecure, wire_keys, self._nfn_keys(), size)
+
+    def packet_received(self, packet):
+        if self._admitting is not None:
+            self._admitting.append(packet)    # handled once admitted
+            return
+        super().packet_received(packet)
 
     def connection_lost(self, why="connection lost"):
         if self._replay_call is not None and self._replay_call.active():
@@ -567,8 +599,26 @@ class ProxyClient(ClientSession):
                               f"{option} must be a non-negative integer")
                     return
                 limits[option] = value or None
+        # Passwords are checked (scrypt: about 40 ms each) off the reactor
+        # thread; what the client sends meanwhile waits (_admitting).
+        self._admitting = []
+        d = core.check_passwords(wanted)
+        d.addCallback(self._admit, wanted, packet, standard, receipt, client, limits)
+        d.addErrback(self._admission_failed)
+
+    def _admission_failed(self, failure):
+        self.log.failure("admitting {peer} failed", failure, peer=self.peer)
+        self.violation("the proxy could not admit the client")
+
+    def _admit(self, checked, wanted, packet, standard, receipt, client, limits):
+        """The passwords are checked: join the sessions (or refuse), then
+        handle what the client sent meanwhile."""
+        waiting, self._admitting = self._admitting, None
+        if self.state != self.NEW:
+            return                        # gone while we checked
+        core, xid = self.core, packet.xid
         sessions, admin = [], set()
-        for name, password, admin_password in wanted:
+        for (name, password, admin_password), (_, rights, hashes) in zip(wanted, checked):
             session = core.named.get(name)
             if session is None:
                 if len(core.named) >= core.max_sessions:
@@ -576,17 +626,17 @@ class ProxyClient(ClientSession):
                               f"the proxy holds its maximum number of sessions "
                               f"({core.max_sessions})")
                     return
-                session = core.create_session(name, password, admin_password)
-                admin.add(name)
-            else:
+                session = core.add_session(name, *hashes)
+                rights = True
+            elif rights == "new":         # made by another client meanwhile
                 rights = _rights(session, password, admin_password)
-                if rights is None:
-                    self.log.info("refused {peer}: wrong password for session "
-                                  "{name!r}", peer=self.peer, name=name)
-                    self.nack(xid, errors.AUTHZ_FAIL, "authorisation failed")
-                    return
-                if rights:
-                    admin.add(name)
+            if rights is None:
+                self.log.info("refused {peer}: wrong password for session {name!r}",
+                              peer=self.peer, name=name)
+                self.nack(xid, errors.AUTHZ_FAIL, "authorisation failed")
+                return
+            if rights:
+                admin.add(name)
             sessions.append(session)
         if not sessions:
             sessions.append(Session())
@@ -623,6 +673,8 @@ class ProxyClient(ClientSession):
         self.send(P.ConnRply(xid, reply))
         if primary.persistent:
             self._joined()
+        for waiting_packet in waiting:
+            self.packet_received(waiting_packet)
 
     def _joined(self):
         """Tell the client its sessions (4.5), what it missed, and replay."""

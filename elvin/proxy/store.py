@@ -274,6 +274,11 @@ class Store:
         """A new session (raises KeyError if the name is taken)."""
         join_hash = hash_password(password) if password is not None else None
         admin_hash = hash_password(admin_password) if admin_password is not None else None
+        return self.add_session(name, join_hash, admin_hash)
+
+    def add_session(self, name: str, join_hash: Optional[bytes],
+                    admin_hash: Optional[bytes]) -> SessionRecord:
+        """``create_session`` with the password hashes already made."""
         try:
             with self.batch():
                 self.db.execute("INSERT INTO sessions (name, join_hash, admin_hash) "

@@ -7,6 +7,7 @@ to its own clients, keeping named sessions for clients that come and go.
 import sys
 
 from twisted.application import internet, service
+from twisted.internet import threads
 from twisted.internet.error import CannotListenError
 from twisted.logger import Logger
 from twisted.python import usage
@@ -148,7 +149,9 @@ def makeService(options, reactor=None):
                      max_connections=config.max_connections,
                      max_sessions=config.max_sessions,
                      max_session_subscriptions=config.max_session_subscriptions,
-                     max_backlog=config.max_backlog)
+                     max_backlog=config.max_backlog,
+                     in_thread=lambda f: threads.deferToThreadPool(
+                         reactor, reactor.getThreadPool(), f))
     upstream.core = core
     top = ProxyService(core, config, store)
     factory = ProxyServerFactory(core, reactor, config.connect_timeout)

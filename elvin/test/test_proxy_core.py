@@ -493,3 +493,49 @@ class TurnCommitTest(ProxyCoreCase):
         self.reactor.advance(0)
         self.assertFalse(self.store.db.in_transaction)
         self.assertEqual([n.attributes["n"] for n in self.delivered(laptop_out)], [1])
+
+
+class AdmissionTest(ProxyCoreCase):
+    """Passwords are checked off the reactor thread; what a client sends
+    meanwhile is handled, in order, once it is admitted."""
+
+    def setUp(self):
+        super().setUp()
+        self.checks = []
+
+        def later(f):
+            d = defer.Deferred()
+            self.checks.append((d, f))
+            return d
+        self.core.in_thread = later
+
+    def run_checks(self):
+        checks, self.checks = self.checks, []
+        for d, f in checks:
+            d.callback(f())
+
+    def test_requests_sent_before_conn_rply_wait(self):
+        client, out = self.join("s", Password="pw")
+        client.packet_received(P.SubAddRqst(40, "require(x)", True, P.Keys.EMPTY))
+        client.packet_received(P.TestConn())
+        self.assertEqual(out.take(), [])
+        self.run_checks()
+        kinds = [type(p).__name__ for p in out.take() if not (
+            isinstance(p, P.NotifyDeliver) and EVENT in p.attributes)]
+        self.assertEqual(kinds[:2], ["ConnRply", "SubRply"])
+        self.assertEqual(self.store.subscriptions("s")[0][1], "require(x)")
+
+    def test_a_channel_gone_while_checking_is_forgotten(self):
+        client, out = self.join("s", Password="pw")
+        client.connection_lost()
+        self.run_checks()
+        self.assertEqual(out.take(), [])
+        self.assertEqual(self.core.sessions, set())
+
+    def test_two_clients_creating_one_session_at_once(self):
+        a, a_out = self.join("s", Password="pw")
+        b, b_out = self.join("s", Password="other")
+        self.run_checks()
+        self.assertIsInstance(a_out.take()[0], P.ConnRply)
+        (nack,) = b_out.take()
+        self.assertEqual(nack.error, errors.AUTHZ_FAIL)     # the first made it
