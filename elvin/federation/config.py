@@ -76,6 +76,16 @@ FEDERATION_SETTINGS = (
     _setting("Keepalive-Interval", duration(True), 30.0, "`30`",
              "Seconds between TestConn probes of a quiet link; `0` switches them off "
              "(`Federation.Keepalive` is accepted too).", target="keepalive"),
+    _setting("Mesh", flag, True, "`yes`",
+             "Federate over any connected graph (rings, meshes, redundant links): mesh "
+             "routers agree on a spanning tree and drop duplicates (docs/federation.md, "
+             "\"Any connected graph\"). `no`: plain EFP 1.0, links must form a tree."),
+    _setting("Mesh.Interval", duration(False), 10.0, "`10`",
+             "Seconds between a mesh router's adverts of its links; an advert not "
+             "refreshed for three intervals is forgotten."),
+    _setting("Mesh.Grace", duration(True), 1.0, "`1`",
+             "Seconds a link that left the mesh's tree keeps carrying notifications, "
+             "so the new path is ready before the old one stops."),
     _setting("Filter.Max-Nodes", at_least(1), 2000, "`2000`",
              "Generalise pull filters beyond this many nodes.",
              target="max_filter_nodes"),

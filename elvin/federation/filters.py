@@ -213,3 +213,40 @@ def build_pull_filter(local_trees, peer_filters, import_filter, max_nodes):
     """What to ask one peer for (see module docstring)."""
     wanted = generalise(list(local_trees) + list(peer_filters), max_nodes)
     return intersect(wanted, import_filter)
+
+
+def marker(attribute):
+    """``require(attribute)``: a disjunct a router adds to its pull filters
+    to tell peers what it is (elvin.federation.mesh.MARKER_NAME)."""
+    return node(Kind.FUNC_REQUIRE, name(attribute))
+
+
+def with_marker(tree, mark):
+    """``tree || mark``, kept non-constant so the mark survives TRUE."""
+    if tree is FALSE:
+        return mark
+    if tree is TRUE:
+        return Node(Kind.OR, None, [_TRUE_WIRE, mark])
+    return union([tree, mark])
+
+
+def strip_marker(tree, mark):
+    """(``tree`` without a top-level ``mark`` disjunct, whether it had one)."""
+    if tree is TRUE or tree is FALSE:
+        return tree, False
+    if tree == mark:
+        return FALSE, True
+    if tree.kind != Kind.OR:
+        return tree, False
+    parts = []
+    stack = list(reversed(tree.children))
+    while stack:
+        child = stack.pop()
+        if child.kind == Kind.OR:
+            stack.extend(reversed(child.children))
+        else:
+            parts.append(child)
+    if mark not in parts:
+        return tree, False
+    rest = [TRUE if part == _TRUE_WIRE else part for part in parts if part != mark]
+    return union(rest), True

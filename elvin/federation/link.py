@@ -51,7 +51,9 @@ class FederationLink:
         self.acked_filter = None
         self._xids = itertools.count(1)
         self._pending = {}
-        self.stats = {"in": 0, "out": 0, "loops": 0, "suppressed": 0}
+        self.stats = {"in": 0, "out": 0, "loops": 0, "suppressed": 0, "duplicates": 0}
+        #: The peer is a mesh router (elvin.federation.mesh): it said so.
+        self.mesh = False
         self._size = None
         # Notifications from a peer are held to the attribute limits an
         # ordinary client of this router gets (its default connection options).
@@ -217,7 +219,15 @@ class FederationLink:
                 # TRUE: the peer gets more than it asked for, never less.
                 tree = F.TRUE
             else:
-                tree = F.from_wire(packet.pull_filter)
+                tree = packet.pull_filter
+                if self.manager.mesh is not None:
+                    # A mesh router says so with one disjunct (mesh.MARKER_NAME).
+                    tree, marked = F.strip_marker(tree, self.manager.mesh_marker)
+                    if marked and not self.mesh:
+                        self.mesh = True
+                        self.manager.mesh_peer_found(self)
+                if tree is not F.TRUE and tree is not F.FALSE:
+                    tree = F.from_wire(tree)
         except SubscriptionError as e:
             self.output.send(P.Nack(packet.xid, e.code, f"bad pull filter: {e}", ()))
             return
@@ -243,6 +253,12 @@ class FederationLink:
         manager = self.manager
         if manager.domain in packet.routing:
             self.stats["loops"] += 1
+            manager.trace.notify(self, "notify_dropped_loop", "in", packet.attributes,
+                                 packet.routing, self._encoded_size(packet))
+            return
+        if manager.is_duplicate(packet.routing):
+            # Seen already by another path (the mesh's tree was changing).
+            self.stats["duplicates"] += 1
             manager.trace.notify(self, "notify_dropped_loop", "in", packet.attributes,
                                  packet.routing, self._encoded_size(packet))
             return
@@ -275,6 +291,14 @@ class FederationLink:
         if size is None:
             return lambda: P.encode(packet)
         return lambda: _Sized(size)
+
+    def _mesh_advert(self, packet):
+        if self.manager.mesh is None:
+            return                    # our mesh is switched off: ignore it
+        if not self.mesh:
+            self.mesh = True
+            self.manager.mesh_peer_found(self)
+        self.manager.mesh_advert(self, packet)
 
     def _test_conn(self, packet):
         self.output.send(P.ConfConn())
@@ -318,6 +342,7 @@ class _Sized:
 
 
 _HANDLERS = {
+    FP.FedMeshAdvert: FederationLink._mesh_advert,
     FP.FedSubReplace: FederationLink._sub_replace,
     FP.FedNotify: FederationLink._fed_notify,
     FP.Ack: FederationLink._ack,

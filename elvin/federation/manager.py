@@ -18,10 +18,12 @@ allows it; the FedNotify is encoded once for all of them.
 """
 
 import fnmatch
+import time
 
 from twisted.logger import Logger
 
 from elvin.federation import filters as F
+from elvin.federation import mesh as MESH
 from elvin.federation import packets as FP
 from elvin.federation.trace import NullTrace
 from elvin.protocols import packets as P
@@ -66,7 +68,8 @@ class FederationManager(RouterObserver):
 
     def __init__(self, router, domain, classes=(), default_class=None, clock=None,
                  max_filter_nodes=2000, debounce=0.05, trace=None,
-                 require_authenticated_hosts=()):
+                 require_authenticated_hosts=(), mesh=True, mesh_interval=30.0,
+                 duplicate_window=200_000, mesh_grace=1.0):
         if clock is None:
             from twisted.internet import reactor as clock
         self.router = router
@@ -81,6 +84,21 @@ class FederationManager(RouterObserver):
         self._update_call = None
         #: Peers that must authenticate whatever their class (Avis's form).
         self.require_authenticated_hosts = tuple(require_authenticated_hosts)
+        #: Federation over any graph (elvin.federation.mesh); None: plain EFP.
+        self.mesh = None
+        self.mesh_marker = F.marker(MESH.MARKER_NAME)
+        self.mesh_interval = mesh_interval
+        self.duplicates = MESH.DuplicateWindow(duplicate_window)
+        self._tree = set()
+        #: Links just off the tree, active for mesh_grace seconds more.
+        self._leaving = set()
+        self._grace_calls = {}
+        self._closing = False
+        self.mesh_grace = mesh_grace
+        self._mesh_call = None
+        if mesh:
+            lifetime = 3 * mesh_interval if mesh_interval else float("inf")
+            self.mesh = MESH.MeshState(domain, int(time.time() * 1000), lifetime)
         router.observers.append(self)
 
     # -- classes ------------------------------------------------------------------
@@ -125,6 +143,11 @@ class FederationManager(RouterObserver):
         if link in self.links:
             self.links.remove(link)
         self.router.set_pull_filter(link, [])
+        if link.mesh and self.mesh is not None and link.peer_domain in self.mesh.neighbours:
+            if not any(other.peer_domain == link.peer_domain for other in self.links):
+                self.mesh.neighbours.discard(link.peer_domain)
+                self._advertise()
+                self._mesh_changed()
         if was_up:
             self.log.info("federation link down: {domain}: {reason}",
                           domain=link.peer_domain, reason=reason)
@@ -134,11 +157,96 @@ class FederationManager(RouterObserver):
 
     def remote_filter_changed(self, link):
         """The peer sent a new pull filter: file it in the router's pull
-        index (one entry per disjunct), then recompute what we ask others."""
+        index (one entry per disjunct; nothing for a link off the mesh's
+        tree), then recompute what we ask others."""
         if link in self.links:
-            self.router.set_pull_filter(
-                link, [True if tree is F.TRUE else tree
-                       for tree in F.disjuncts(link.remote_filter.tree)])
+            self._file(link)
+        self.schedule_update()
+
+    def _file(self, link):
+        trees = F.disjuncts(link.remote_filter.tree) if self.active(link) else []
+        self.router.set_pull_filter(link, [True if tree is F.TRUE else tree for tree in trees])
+
+    # -- the mesh (elvin.federation.mesh) ---------------------------------------------
+
+    def active(self, link):
+        """Does ``link`` carry notifications? Every link of a plain router,
+        and of a mesh router: links to plain peers, those on the tree, and
+        for ``mesh_grace`` seconds those that just left it (make before
+        break: the new path carries before the old stops; the duplicate
+        window drops what arrives both ways meanwhile)."""
+        return (self.mesh is None or not link.mesh or link.peer_domain in self._tree
+                or link.peer_domain in self._leaving)
+
+    def is_duplicate(self, routing):
+        ident = MESH.id_of(routing) if self.mesh is not None else None
+        return ident is not None and self.duplicates.seen(ident)
+
+    def mesh_peer_found(self, link):
+        """``link``'s peer is a mesh router: tell it what we know."""
+        self.log.info("federation link to {domain} is a mesh link", domain=link.peer_domain)
+        self.mesh.neighbours.add(link.peer_domain)
+        if self.mesh_interval and self._mesh_call is None and not self._closing:
+            # Soft state is refreshed once there is a mesh to refresh it in.
+            self._mesh_call = self.clock.callLater(self.mesh_interval, self._mesh_refresh)
+        for advert in list(self.mesh.adverts.values()):
+            link.output.send(FP.FedMeshAdvert(advert.origin, advert.epoch, advert.sequence,
+                                              sorted(advert.neighbours)))
+        self._advertise()
+        self._mesh_changed()
+
+    def mesh_advert(self, link, packet):
+        now = self.clock.seconds()
+        if self.mesh.receive(packet.origin, packet.epoch, packet.sequence,
+                             packet.neighbours, now):
+            for other in self.links:
+                if other is not link and other.mesh and other.state == other.UP:
+                    other.output.send(packet)
+            self._mesh_changed()
+
+    def _left(self, domain):
+        """A link's grace off the tree is over (unless it is back on it)."""
+        self._grace_calls.pop(domain, None)
+        if domain in self._leaving and domain not in self._tree:
+            self._leaving.discard(domain)
+            for link in self.links:
+                if link.peer_domain == domain:
+                    self._file(link)
+            self.schedule_update()
+
+    def _advertise(self):
+        origin, epoch, sequence, neighbours = self.mesh.own_advert()
+        packet = FP.FedMeshAdvert(origin, epoch, sequence, neighbours)
+        for link in self.links:
+            if link.mesh and link.state == link.UP:
+                link.output.send(packet)
+
+    def _mesh_refresh(self):
+        """Soft state: say our links again, forget who stopped saying theirs."""
+        self._mesh_call = self.clock.callLater(self.mesh_interval, self._mesh_refresh)
+        self._advertise()
+        if self.mesh.expire(self.clock.seconds()):
+            self._mesh_changed()
+
+    def _mesh_changed(self):
+        if self._closing:
+            return
+        tree = self.mesh.tree_neighbours()
+        if tree == self._tree:
+            return
+        self.log.info("federation mesh: tree links now {tree}", tree=sorted(tree))
+        for domain in self._tree - tree:
+            self._leaving.add(domain)
+            previous = self._grace_calls.pop(domain, None)
+            if previous is not None and previous.active():
+                previous.cancel()
+            self._grace_calls[domain] = self.clock.callLater(self.mesh_grace, self._left,
+                                                             domain)
+        self._leaving -= tree
+        self._tree = tree
+        for link in self.links:
+            if link.mesh:
+                self._file(link)
         self.schedule_update()
 
     # -- RouterObserver ---------------------------------------------------------
@@ -160,11 +268,17 @@ class FederationManager(RouterObserver):
         return {entry.subscription.ast for entry in self.router.subscriptions.values()}
 
     def pull_filter_for(self, link, local=None):
-        local = self.local_trees() if local is None else local
-        others = [other.remote_filter.tree for other in self.links
-                  if other is not link and other.state == other.UP]
-        import_tree = link.fed_class.import_tree if link.fed_class else F.TRUE
-        return F.build_pull_filter(local, others, import_tree, self.max_filter_nodes)
+        if not self.active(link):
+            tree = F.FALSE            # off the mesh's tree: ask for nothing
+        else:
+            local = self.local_trees() if local is None else local
+            others = [other.remote_filter.tree for other in self.links
+                      if other is not link and other.state == other.UP and self.active(other)]
+            import_tree = link.fed_class.import_tree if link.fed_class else F.TRUE
+            tree = F.build_pull_filter(local, others, import_tree, self.max_filter_nodes)
+        if self.mesh is not None:
+            tree = F.with_marker(tree, self.mesh_marker)
+        return tree
 
     def schedule_update(self):
         if self._update_call is None or not self._update_call.active():
@@ -205,6 +319,12 @@ class FederationManager(RouterObserver):
                           and link.peer_domain not in routing]
         if not candidates:
             return 0
+        if self.mesh is not None and self.mesh.neighbours and MESH.id_of(routing) is None:
+            # Entering the mesh here: give it an id (a plain router passes
+            # it on like a domain), so no mesh router delivers it twice.
+            ident = self.mesh.next_id()
+            self.duplicates.seen(ident)
+            routing = (ident,) + tuple(routing)
         out_routing = tuple(routing) + (self.domain,)
         body = None
         sent = 0
@@ -234,6 +354,13 @@ class FederationManager(RouterObserver):
         return P.encode(FP.FedNotify(attributes, deliver_insecure, wire_keys, routing))
 
     def shutdown(self):
+        self._closing = True
+        if self._mesh_call is not None and self._mesh_call.active():
+            self._mesh_call.cancel()
+        for call in self._grace_calls.values():
+            if call.active():
+                call.cancel()
+        self._grace_calls.clear()
         for link in list(self.links):
             link.close("shutdown")
         if self._update_call is not None and self._update_call.active():
@@ -243,5 +370,6 @@ class FederationManager(RouterObserver):
     def status(self):
         return [{"domain": l.peer_domain, "host": l.peer_host,
                  "class": l.fed_class.name if l.fed_class else None,
-                 "outgoing": l.outgoing, **l.stats} for l in self.links]
+                 "outgoing": l.outgoing, "mesh": l.mesh, "active": self.active(l),
+                 **l.stats} for l in self.links]
 

@@ -7,11 +7,11 @@ never decodes federation packets and vice versa.
 """
 
 from elvin.protocols import packets as P
-from elvin.protocols.packets import (BOOLEAN, CLIENT, ID32, KEYS, NAME_VALUES, STRING,
+from elvin.protocols.packets import (BOOLEAN, CLIENT, ID32, ID64, KEYS, NAME_VALUES, STRING,
                                      STRINGS, SUBAST, UINT32, define)
 
 __all__ = ["FEDERATION", "FedConnRqst", "FedConnRply", "FedSubReplace",
-           "FedNotify", "Ack", "decode", "PROTOCOL_MAJOR", "PROTOCOL_MINOR",
+           "FedNotify", "Ack", "FedMeshAdvert", "decode", "PROTOCOL_MAJOR", "PROTOCOL_MINOR",
            "MAX_PACKET_LENGTH", "LINK_PACKET_IDS"]
 
 PROTOCOL_MAJOR = 1
@@ -57,10 +57,21 @@ class Ack:
     xid: ID32
 
 
+@define(200, registry=FEDERATION)
+class FedMeshAdvert:
+    """Not EFP 1.0: a mesh router's soft-state advert of its links to other
+    mesh routers (elvin.federation.mesh), sent only to peers whose pull
+    filter says they are mesh routers, never to a plain EFP peer."""
+    origin: STRING
+    epoch: ID64
+    sequence: ID64
+    neighbours: STRINGS
+
+
 #: pkt_ids a peer may send on a link; any other is refused undecoded.
 LINK_PACKET_IDS = frozenset(cls.ID for cls in (
-    FedConnRqst, FedConnRply, FedSubReplace, FedNotify, Ack, P.Nack, P.Disconn,
-    P.DropWarn, P.TestConn, P.ConfConn))
+    FedConnRqst, FedConnRply, FedSubReplace, FedNotify, Ack, FedMeshAdvert, P.Nack,
+    P.Disconn, P.DropWarn, P.TestConn, P.ConfConn))
 
 
 def decode(data):

@@ -34,7 +34,8 @@ class FederationService(service.MultiService):
                                 fed.trace_max_seconds)
         self.manager = FederationManager(
             router, domain, classes, fed.default_class, reactor, fed.max_filter_nodes,
-            trace=trace, require_authenticated_hosts=fed.require_authenticated_hosts)
+            trace=trace, require_authenticated_hosts=fed.require_authenticated_hosts,
+            mesh=fed.mesh, mesh_interval=fed.mesh_interval, mesh_grace=fed.mesh_grace)
         tls = None
         for uri in fed.listen:
             uri = check_supported(uri)

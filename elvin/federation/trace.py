@@ -17,6 +17,7 @@ import time
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from elvin.federation.mesh import ID_PREFIX
 from elvin.protocols.xdr import Writer
 
 __all__ = ["NullTrace", "TraceWriter", "notification_digest", "trace_file_name"]
@@ -144,7 +145,9 @@ class TraceWriter:
 
     def notify(self, link, event, direction, attributes, routing, encoded=None):
         record = self._base(link, event, direction)
-        record["routing"] = list(routing)
+        # The domains it crossed; not the mesh id (elvin.federation.mesh),
+        # which names no router.
+        record["routing"] = [r for r in routing if not r.startswith(ID_PREFIX)]
         if encoded is None:
             from elvin.federation import packets as FP
             from elvin.protocols import packets as P

@@ -23,13 +23,15 @@ from elvin.test.places import REPO, free_port
 class FedRouter:
     """One router with a client port and a federation port."""
 
-    def __init__(self, test, domain, fed_class=None, trace_dir=None):
+    def __init__(self, test, domain, fed_class=None, trace_dir=None, mesh=True,
+                 mesh_interval=30.0):
         self.domain = domain
         self.router = Router()
         self.fed_class = fed_class or FederationClass("Default", hosts=["127.0.0.1"])
         trace = TraceWriter(trace_dir, domain) if trace_dir else None
         self.manager = FederationManager(self.router, domain, [self.fed_class], None,
-                                         reactor, debounce=0.01, trace=trace)
+                                         reactor, debounce=0.01, trace=trace, mesh=mesh,
+                                         mesh_interval=mesh_interval)
         self.client_port = reactor.listenTCP(0, ElvinServerFactory(self.router, reactor),
                                              interface="127.0.0.1")
         self.fed_port = reactor.listenTCP(0, AcceptorFactory(self.manager, keepalive=0),
@@ -51,6 +53,20 @@ class FedRouter:
 
     def link(self, domain):
         return next(l for l in self.manager.links if l.peer_domain == domain)
+
+    def kill(self):
+        """Die at once, as a killed process does: every connection reset."""
+        for link in list(self.manager.links):
+            if link.output.transport is not None:
+                link.output.transport.abortConnection()
+        for proto in self.connectors:
+            if proto.transport is not None:
+                proto.transport.abortConnection()
+        for session in list(self.router.sessions):
+            transport = getattr(session.output, "transport", None)
+            if transport is not None:
+                transport.abortConnection()
+        return self.stop()
 
     @defer.inlineCallbacks
     def stop(self):

@@ -188,6 +188,7 @@ def sample_packets():
         P.SubModNotify((1,), (), 3, tree), P.SubDelNotify((1, 2), 3),
         FP.FedConnRqst(1, 1, 0, "peer.test"), FP.FedConnRply(1, "peer.test"),
         FP.FedSubReplace(2, tree), FP.FedNotify(attrs, True, keys, ("a", "b")), FP.Ack(3),
+        FP.FedMeshAdvert("a.test", 1795581970397, 7, ("b.test", "c.test")),
     ]
     assert {type(p) for p in samples} == set(ALL_CLASSES)
     return samples
@@ -312,7 +313,7 @@ class CodecFuzzTests(unittest.TestCase):
 
     def test_samples_round_trip(self):
         for packet in sample_packets():
-            decode = FP.decode if packet.ID in (192, 193, 194, 195, 65) else P.decode
+            decode = FP.decode if packet.ID in (192, 193, 194, 195, 200, 65) else P.decode
             self.assertEqual(decode(P.encode(packet)), packet)
 
     def test_every_truncation_and_every_extreme_word(self):

@@ -106,6 +106,7 @@ class _FakeLink:
     outgoing = True
     fed_class = None
     peer_host = "127.0.0.1"
+    mesh = False
 
     def __init__(self, domain):
         self.peer_domain = domain

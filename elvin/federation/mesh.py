@@ -1,0 +1,172 @@
+"""Federation over any connected graph (issue 18), without I/O.
+
+Routers that speak this ("mesh routers") agree on one spanning tree of the
+links among them, from soft-state link adverts, and run plain EFP 1.0 over
+the tree's links only: a link off the tree stays up but idle (each side
+asks the other for nothing), ready to join the tree when another fails.
+Two mechanisms, one for each guarantee:
+
+* **Each link carries a notification at most once**: pull filters, and so
+  notifications, flow only along the tree, which has no cycle.
+* **No router delivers a notification twice**, even while routers briefly
+  disagree about the tree after a failure: each notification entering the
+  mesh gets an id, carried in the FedNotify routing list as one extra
+  entry (``mesh:<domain>:<epoch>:<n>``, which plain routers carry along
+  like a domain), and every mesh router drops one whose id it has seen
+  (``DuplicateWindow``, bounded).
+
+Adverts (``FedMeshAdvert``) go only to peers that announced themselves as
+mesh routers, by one disjunct in their pull filter (``MARKER``: asking for
+notifications with an attribute nobody sends), so a plain EFP 1.0 peer
+(the Avis router) is never sent a new packet: its link is simply a tree
+edge. docs/federation.md explains the guarantees and limits.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from typing import Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
+
+__all__ = ["MARKER_NAME", "ID_PREFIX", "MeshState", "Advert", "DuplicateWindow",
+           "spanning_tree", "notification_id", "id_of"]
+
+#: The attribute a mesh router's pull filters ask for, to say what it is.
+MARKER_NAME = "Elvin-Federation.Mesh-1"
+#: Routing-list entries that carry a notification's mesh id.
+ID_PREFIX = "mesh:"
+
+
+def notification_id(domain: str, epoch: int, number: int) -> str:
+    return f"{ID_PREFIX}{domain}:{epoch}:{number}"
+
+
+def id_of(routing: Iterable[str]) -> Optional[str]:
+    """The mesh id in a routing list, if it has one."""
+    for entry in routing:
+        if entry.startswith(ID_PREFIX):
+            return entry
+    return None
+
+
+class Advert:
+    """What one router said of its mesh links: ``(epoch, sequence)``
+    orders its adverts (a restarted router has a later epoch)."""
+
+    __slots__ = ("origin", "epoch", "sequence", "neighbours", "expires")
+
+    def __init__(self, origin: str, epoch: int, sequence: int,
+                 neighbours: Iterable[str], expires: float) -> None:
+        self.origin = origin
+        self.epoch = epoch
+        self.sequence = sequence
+        self.neighbours: FrozenSet[str] = frozenset(neighbours)
+        self.expires = expires
+
+    @property
+    def version(self) -> Tuple[int, int]:
+        return (self.epoch, self.sequence)
+
+
+def spanning_tree(nodes: Iterable[str], edges: Iterable[Tuple[str, str]]) -> Set[Tuple[str, str]]:
+    """The spanning forest every router computes alike: Kruskal's, taking
+    edges in the order of their (smaller, larger) domain names."""
+    parent = {node: node for node in nodes}
+
+    def root(node: str) -> str:
+        while parent[node] != node:
+            parent[node] = parent[parent[node]]
+            node = parent[node]
+        return node
+    tree = set()
+    for a, b in sorted({tuple(sorted(edge)) for edge in edges}):
+        if a not in parent or b not in parent:
+            continue
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            parent[ra] = rb
+            tree.add((a, b))
+    return tree
+
+
+class MeshState:
+    """This router's view of the mesh: its own mesh neighbours (links up
+    to mesh routers), the adverts of the others (soft state: each expires
+    ``lifetime`` seconds after it was last refreshed), and the tree."""
+
+    def __init__(self, domain: str, epoch: int, lifetime: float) -> None:
+        self.domain = domain
+        self.epoch = epoch
+        self.lifetime = lifetime
+        self.sequence = 0
+        self.neighbours: Set[str] = set()
+        self.adverts: Dict[str, Advert] = {}
+        self._numbers = itertools.count(1)
+
+    def next_id(self) -> str:
+        """An id for a notification entering the mesh here."""
+        return notification_id(self.domain, self.epoch, next(self._numbers))
+
+    def own_advert(self) -> Tuple[str, int, int, List[str]]:
+        """A new advert of our own links: (origin, epoch, sequence, neighbours)."""
+        self.sequence += 1
+        return (self.domain, self.epoch, self.sequence, sorted(self.neighbours))
+
+    def receive(self, origin: str, epoch: int, sequence: int, neighbours: Iterable[str],
+                now: float) -> bool:
+        """Take another router's advert; True if it was news (to be passed
+        on, and the tree computed again)."""
+        if origin == self.domain:
+            return False
+        known = self.adverts.get(origin)
+        if known is not None and known.version >= (epoch, sequence):
+            if known.version == (epoch, sequence):
+                known.expires = max(known.expires, now + self.lifetime)
+            return False
+        self.adverts[origin] = Advert(origin, epoch, sequence, neighbours, now + self.lifetime)
+        return True
+
+    def expire(self, now: float) -> bool:
+        """Forget adverts not refreshed in time; True if any went."""
+        gone = [origin for origin, advert in self.adverts.items() if advert.expires <= now]
+        for origin in gone:
+            del self.adverts[origin]
+        return bool(gone)
+
+    def edges(self) -> Set[Tuple[str, str]]:
+        """Links both ends advertise (our own side: the links up now)."""
+        said: Dict[str, FrozenSet[str]] = {o: a.neighbours for o, a in self.adverts.items()}
+        said[self.domain] = frozenset(self.neighbours)
+        return {(a, b) for a, around in said.items() for b in around
+                if a in said.get(b, ())}
+
+    def tree_neighbours(self) -> Set[str]:
+        """Our neighbours on the spanning tree."""
+        nodes = set(self.adverts) | {self.domain}
+        tree = spanning_tree(nodes, self.edges())
+        return ({b for a, b in tree if a == self.domain}
+                | {a for a, b in tree if b == self.domain})
+
+
+class DuplicateWindow:
+    """The mesh ids of the last ``size`` notifications seen: one seen again
+    within the window is a duplicate. Bounded memory; a duplicate arriving
+    after ``size`` others would pass (docs/federation.md: the window)."""
+
+    def __init__(self, size: int = 200_000) -> None:
+        self.size = size
+        self._seen: Set[str] = set()
+        self._order: collections.deque = collections.deque()
+
+    def seen(self, ident: str) -> bool:
+        """True if ``ident`` was seen before; else remember it."""
+        if ident in self._seen:
+            return True
+        self._seen.add(ident)
+        self._order.append(ident)
+        if len(self._order) > self.size:
+            self._seen.discard(self._order.popleft())
+        return False
+
+    def __len__(self) -> int:
+        return len(self._seen)
