@@ -66,6 +66,12 @@ ROUTER_SETTINGS = (
             "reason 4. Refused requests (2xxx) never count. `0`: never disconnect."),
     Setting("protocol-error-window", duration(False), PROTOCOL_ERROR_WINDOW, "`10`",
             "The sliding window, in seconds, for `max-protocol-errors` (more than 0)."),
+    Setting("redirect-to", listen_uri, None, "none",
+            "The router clients are handed over to when this one is drained (SIGUSR1, "
+            "or `drain = yes`): each gets Disconn reason 2 with this URI and "
+            "reconnects there (docs/router.md, \"Draining\")."),
+    Setting("drain", flag, False, "`no`",
+            "Start drained: redirect every client to `redirect-to` (which must be set)."),
     Setting("tls-certificate", config_file, None, "none",
             "The router's certificate (PEM, with chain; may hold the key too). Needed "
             "by any TLS listener."),
@@ -143,6 +149,8 @@ class RouterConfig:
     def check(self, filename):
         """Checks across settings, once the whole file is read."""
         self.federation.check(filename, self.tls_ca)
+        if self.drain and self.redirect_to is None:
+            raise ConfigError(f"{filename}: drain = yes needs redirect-to (where clients go)")
 
     def _path(self, value):
         """A file named in the configuration: relative to the file's folder."""

@@ -2,6 +2,7 @@
 
 import errno
 import sys
+import threading
 
 from twisted.application import service
 from twisted.internet.error import CannotListenError
@@ -150,6 +151,29 @@ class RouterService(service.MultiService):
         super().startService()
         listening = ", ".join(str(u) for u in self.config.listen)
         self.log.info("Elvin router listening on {uris}", uris=listening)
+        if getattr(self.config, "drain", False):
+            self.drain()
+        self._install_drain_signal()
+
+    def drain(self):
+        """Hand every client over to ``redirect-to`` (SIGUSR1, ``drain``)."""
+        uri = getattr(self.config, "redirect_to", None)
+        if uri is None:
+            self.log.error("cannot drain: no redirect-to in the configuration "
+                           "(where should clients go?)")
+            return 0
+        return self.router.drain(_short(uri))
+
+    def _install_drain_signal(self):
+        import signal
+        from twisted.internet import reactor
+        if threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            signal.signal(signal.SIGUSR1,
+                          lambda *_: reactor.callFromThread(self.drain))
+        except (ValueError, AttributeError):   # not the main thread, or no SIGUSR1
+            pass
 
     def stopService(self):
         self.router.shutdown()

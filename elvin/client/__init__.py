@@ -13,6 +13,7 @@ Every request returns a Deferred that fires with the reply, or fails with
 """
 
 
+import itertools
 from typing import Any, Callable, Dict, Generator, Iterable, Mapping, Optional, Union
 
 from twisted.internet import defer, error, protocol, task
@@ -239,6 +240,9 @@ class Connection(ClientState):
         #: for a message that says what the server at ``uri`` really is.
         self.first_bytes = None
         self.problem = None
+        #: TLS arguments for the endpoint, kept to follow a redirection.
+        self._tls_args = {}
+        self._redirect_times = []
 
     # -- protocol callbacks --------------------------------------------------
 
@@ -262,6 +266,10 @@ class Connection(ClientState):
         self.connection_lost(lost)
         if self._reconnecting is not None and not self._reconnecting.called:
             return                        # a reconnect attempt's channel: it goes on
+        target, self.redirect_to = self.redirect_to, None
+        if (target and self.follow_redirects and self._close_deferred is None
+                and self._connect_args is not None and self._redirected(target)):
+            return
         if (self.reconnect is not None and self._close_deferred is None
                 and self._connect_args is not None):
             if self.on_connection_lost is not None:
@@ -277,9 +285,40 @@ class Connection(ClientState):
         if not self.disconnected.called:
             self.disconnected.callback(None)
 
-    async def _reconnect(self):
+    def _redirected(self, target):
+        """Follow a redirection (Disconn 2) to ``target``: connect there at
+        once, with every subscription, quench and key change, as after a
+        lost connection. False if ``target`` is no URI we can use."""
+        now = self.reactor.seconds()
+        self._redirect_times = [t for t in self._redirect_times if now - t < 10] + [now]
+        if len(self._redirect_times) > 5:
+            # Routers redirecting to each other: the session ends here.
+            self.log.warn("redirected {n} times in 10 s (a loop?); giving up at "
+                          "{target!r}", n=len(self._redirect_times), target=target)
+            self._finish()
+            return True
+        try:
+            uri = ElvinURI(target)
+            endpoint = _endpoint(self.reactor, uri, self._tls_args)
+        except Exception as e:
+            self.log.warn("router redirected us to {target!r}, which we cannot use: {e}",
+                          target=target, e=e)
+            return False
+        self.log.info("redirected from {old} to {new}", old=self.uri, new=uri)
+        self.uri, self._endpoint = uri, endpoint
+        if self.on_redirect is not None:
+            try:
+                self.on_redirect(uri)
+            except Exception:
+                self._callback_failed("on_redirect")
+        self._reconnecting = defer.ensureDeferred(self._reconnect(at_once=True))
+        return True
+
+    async def _reconnect(self, at_once=False):
         last = None
-        for delay in self.reconnect.delays():
+        policy = self.reconnect or Reconnect()
+        delays = itertools.chain([0.0], policy.delays()) if at_once else policy.delays()
+        for delay in delays:
             await task.deferLater(self.reactor, delay, lambda: None)
             if self._close_deferred is not None:
                 return
@@ -573,6 +612,7 @@ def connect(uri: Union[str, ElvinURI, None] = None, options: Optional[Mapping[st
         tls_args["timeout"] = timeout
     endpoint = _endpoint(reactor, uri, tls_args)
     connection = Connection(uri, reactor, endpoint, Reconnect.from_argument(reconnect))
+    connection._tls_args = tls_args
     connection.on_notification = on_notification
     try:
         yield endpoint.connect(_ClientFactory(connection))

@@ -376,6 +376,11 @@ class ClientState:
         #: above are updated).
         self.on_session_event: Optional[Callable[[Dict[str, Any]], Any]] = None
         self._awaiting_joins: set = set()
+        self.redirect_to: Optional[str] = None
+        #: Called with the new URI when the router redirects us (Disconn 2)
+        #: and the connection follows (``follow_redirects``).
+        self.on_redirect: Optional[Callable[[Any], Any]] = None
+        self.follow_redirects = True
         self._joins_done: Optional[Callable[[], Any]] = None
 
     @property
@@ -591,6 +596,8 @@ class ClientState:
                 waiting[1](NackError(packet.error, packet.message, packet.args))
         elif kind is P.Disconn:
             self._closed = True
+            #: Disconn reason 2 (7.4.4): the router to connect to instead.
+            self.redirect_to = packet.args if packet.reason == 2 and packet.args else None
             if self.on_disconnect is not None:
                 self.on_disconnect(packet.reason, packet.args)
             self._fail_pending(ConnectionClosed(

@@ -172,6 +172,8 @@ class Router:
         self._sub_ids = itertools.count(1)
         self._quench_ids = itertools.count(1)
         self.closing = False
+        #: While drained (``drain``): where clients are redirected.
+        self.redirect_uri = None
         #: What watches the router (e.g. federation): see RouterObserver.
         self.observers = []
         self.stats = {"notifications": 0, "deliveries": 0, "unotify": 0,
@@ -197,6 +199,24 @@ class Router:
 
     def key_schemes(self):
         return SUPPORTED_KEY_SCHEMES
+
+    def drain(self, uri):
+        """Hand every client over to the router at ``uri`` (Disconn 2, the
+        spec's redirection): those connected now, and any that connect
+        while the router stays drained. Returns how many were redirected."""
+        self.redirect_uri = str(uri)
+        moved = 0
+        for session in list(self.sessions):
+            if session.state == session.CONNECTED:
+                session.disconnect(DISCONN_REDIRECT, self.redirect_uri)
+                moved += 1
+        self.log.info("drained: {n} clients redirected to {uri}", n=moved,
+                      uri=self.redirect_uri)
+        return moved
+
+    def undrain(self):
+        """Take clients again."""
+        self.redirect_uri = None
 
     def shutdown(self):
         """Tell every connected client the router is closing (Disconn 1)."""
@@ -541,6 +561,9 @@ class ClientSession:
         self.log.info("client connected from {peer}", peer=self.peer)
         self._announced = True
         self.send(P.ConnRply(packet.xid, reply))
+        if router.redirect_uri is not None:
+            # Drained: a session, then at once the redirection (7.4.4).
+            self.disconnect(DISCONN_REDIRECT, router.redirect_uri)
 
     def _too_many_keys(self, xid, keys):
         """Nack (and say True) when ``keys`` exceed Subscription.Max-Keys."""

@@ -91,6 +91,12 @@ async def body(reactor, options):
     closing(reactor, conn)
 
     def router_closed(reason, message):
+        if reason == 2 and conn.follow_redirects:
+            # Redirected (the router is being drained): the connection
+            # follows, with the subscription; nothing is printed twice.
+            sys.stderr.write(f"redirected to {message}\n")
+            sys.stderr.flush()
+            return
         said.append(True)
         if not done.called:
             done.errback(client.ConnectionClosed(
