@@ -16,6 +16,7 @@ request, ``ConnectFailed`` when ``connect`` cannot open one.
 """
 
 import asyncio
+import itertools
 import logging
 import socket
 import ssl
@@ -48,6 +49,8 @@ _END = object()
 T = TypeVar("T")
 #: What a subscription's callback is given.
 NoteCallback = Callable[[Notification], Any]
+
+_log = logging.getLogger("elvin.aio")
 #: A quench's add/modify handler: (term id, subscription tree, secure).
 QuenchCallback = Callable[[int, Any, bool], Any]
 
@@ -332,6 +335,8 @@ class Connection(ClientState):
         self.on_connection_lost: Optional[Callable[[ConnectionClosed], Any]] = None
         self.on_reconnected: Optional[Callable[["Connection"], Any]] = None
         self._reconnecting: Optional["asyncio.Task[None]"] = None
+        #: TLS arguments of ``_open``, kept to follow a redirection.
+        self._open_args: Tuple[Any, ...] = (None, None, None, None, None)
         #: the discovery record of the router, when discovery chose it
         self.router: Any = None
 
@@ -349,12 +354,42 @@ class Connection(ClientState):
         self.connection_lost(error)
         if self._reconnecting is not None and not self._reconnecting.done():
             return                        # a reconnect attempt's channel: it goes on
+        target, self.redirect_to = self.redirect_to, None
+        if (target and self.follow_redirects and self._closing is None
+                and self._connect_args and self._redirected(target)):
+            return
         if self.reconnect is not None and self._closing is None and self._connect_args:
             if self.on_connection_lost is not None:
                 self.on_connection_lost(error)
             self._reconnecting = self.loop.create_task(self._reconnect())
             return
         self._finish(error)
+
+    def _redirected(self, target: str) -> bool:
+        """Follow a redirection (Disconn 2) to ``target`` at once, as a
+        reconnection (elvin.client's Connection does the same)."""
+        if not self.redirect_allowed(self.loop.time()):
+            _log.warning("redirected more than 5 times in 10 s (a loop?); giving up at %r",
+                         target)
+            self._finish(ConnectionClosed(f"redirection loop, last to {target}"))
+            return True
+        try:
+            uri = ElvinURI(target)
+        except Exception as e:
+            _log.warning("router redirected us to %r, which we cannot use: %s", target, e)
+            return False
+        open_args, loop = self._open_args, self.loop
+
+        async def dial(protocol_factory: Callable[[], _Protocol]) -> Any:
+            return await _open(uri, loop, protocol_factory, *open_args)
+        self.uri, self._dial = uri, dial
+        if self.on_redirect is not None:
+            try:
+                self.on_redirect(uri)
+            except Exception:
+                self._callback_failed("on_redirect")
+        self._reconnecting = self.loop.create_task(self._reconnect(at_once=True))
+        return True
 
     def _finish(self, error: Optional[Exception] = None) -> None:
         """The session is over: end the iterators, set ``closed``."""
@@ -395,10 +430,12 @@ class Connection(ClientState):
         self.options = dict(reply.options)
         self._connect_args = (options, nfn_keys, sub_keys, timeout)
 
-    async def _reconnect(self) -> None:
+    async def _reconnect(self, at_once: bool = False) -> None:
         last = None
-        assert self.reconnect is not None and self._connect_args is not None
-        for delay in self.reconnect.delays():
+        assert self._connect_args is not None
+        policy = self.reconnect or Reconnect()
+        delays = itertools.chain([0.0], policy.delays()) if at_once else policy.delays()
+        for delay in delays:
             await asyncio.sleep(delay)
             if self._closing is not None:
                 return
@@ -628,6 +665,7 @@ def connect(uri: Union[str, ElvinURI, None] = None,
             return await _open(target, loop, protocol_factory, tls, tls_ca,
                                tls_certificate, tls_key, tls_hostname)
         connection = Connection(target, loop, dial, Reconnect.from_argument(reconnect))
+        connection._open_args = (tls, tls_ca, tls_certificate, tls_key, tls_hostname)
         connection.on_notification = on_notification
         joined: "asyncio.Future[None]" = loop.create_future()
         if session_names:

@@ -227,6 +227,16 @@ class Connection:
         return self._inner.reconnects
 
     @property
+    def on_redirect(self) -> Optional[Callable[[Any], Any]]:
+        """Called (on the client's thread) with the new router's URI when a
+        drained router redirects us and we follow (docs/client.md)."""
+        return self._inner.on_redirect
+
+    @on_redirect.setter
+    def on_redirect(self, callback: Optional[Callable[[Any], Any]]) -> None:
+        self._inner.on_redirect = callback
+
+    @property
     def on_notification(self) -> Optional[Callable[[Notification], Any]]:
         """Called (on the client's thread) once per delivered notification,
         whichever subscriptions it matched: through a proxy session, also

@@ -242,7 +242,6 @@ class Connection(ClientState):
         self.problem = None
         #: TLS arguments for the endpoint, kept to follow a redirection.
         self._tls_args = {}
-        self._redirect_times = []
 
     # -- protocol callbacks --------------------------------------------------
 
@@ -289,12 +288,10 @@ class Connection(ClientState):
         """Follow a redirection (Disconn 2) to ``target``: connect there at
         once, with every subscription, quench and key change, as after a
         lost connection. False if ``target`` is no URI we can use."""
-        now = self.reactor.seconds()
-        self._redirect_times = [t for t in self._redirect_times if now - t < 10] + [now]
-        if len(self._redirect_times) > 5:
+        if not self.redirect_allowed(self.reactor.seconds()):
             # Routers redirecting to each other: the session ends here.
-            self.log.warn("redirected {n} times in 10 s (a loop?); giving up at "
-                          "{target!r}", n=len(self._redirect_times), target=target)
+            self.log.warn("redirected more than 5 times in 10 s (a loop?); giving up "
+                          "at {target!r}", target=target)
             self._finish()
             return True
         try:

@@ -381,6 +381,7 @@ class ClientState:
         #: and the connection follows (``follow_redirects``).
         self.on_redirect: Optional[Callable[[Any], Any]] = None
         self.follow_redirects = True
+        self._redirect_times: List[float] = []
         self._joins_done: Optional[Callable[[], Any]] = None
 
     @property
@@ -504,6 +505,12 @@ class ClientState:
         if self.sessions:
             self.session_subscriptions[sub_id] = SessionSubscription(
                 sub_id, next(iter(self.sessions)), expression, accept_insecure)
+
+    def redirect_allowed(self, now: float) -> bool:
+        """May we follow one more redirection at time ``now``? Not a sixth
+        within ten seconds: routers redirecting to each other (a loop)."""
+        self._redirect_times = [t for t in self._redirect_times if now - t < 10] + [now]
+        return len(self._redirect_times) <= 5
 
     @staticmethod
     def limit_options(sub_id: int, ttl: Optional[int], max_count: Optional[int]) -> Dict[str, int]:

@@ -128,22 +128,28 @@ class SubscribeToolTests(unittest.TestCase):
         self.assertIn("redirected to", open(ready).read())
 
 
+def router_process(test, redirect_to):
+    """A router process whose redirect-to is ``redirect_to``: (URI, process)."""
+    from elvin.test.places import free_port
+    from elvin.test.test_client_flavours import start_router, stop_router
+    folder = tempfile.mkdtemp()
+    port = free_port()
+    config = os.path.join(folder, "elvind.conf")
+    with open(config, "w") as f:
+        f.write(f"listen = elvin://127.0.0.1:{port}\nredirect-to = {redirect_to}\n")
+    uri, proc = start_router(port, ["-c", config])
+    test.addCleanup(stop_router, proc)
+    return uri, proc
+
+
 class SignalTests(unittest.TestCase):
     timeout = 60
 
     @defer.inlineCallbacks
     def test_sigusr1_drains_a_router_process_to_redirect_to(self):
         import signal
-        from elvin.test.places import free_port
-        from elvin.test.test_client_flavours import start_router, stop_router
         new = LocalRouter(self)
-        folder = tempfile.mkdtemp()
-        port = free_port()
-        config = os.path.join(folder, "elvind.conf")
-        with open(config, "w") as f:
-            f.write(f"listen = elvin://127.0.0.1:{port}\nredirect-to = {new.uri}\n")
-        uri, proc = start_router(port, ["-c", config])
-        self.addCleanup(stop_router, proc)
+        uri, proc = router_process(self, new.uri)
         got, moved = [], []
         conn = yield client.connect(uri)
         self.addCleanup(lambda: conn.protocol.transport.abortConnection()
@@ -157,3 +163,31 @@ class SignalTests(unittest.TestCase):
         publisher.notify({"n": 1})
         yield wait_until(lambda: got)
         yield publisher.close()
+
+
+class FlavourRedirectTests(unittest.TestCase):
+    """The asyncio and blocking clients follow a redirection too."""
+    timeout = 60
+
+    def test_blocking_client_follows(self):
+        import time
+        from elvin import sync
+        from elvin.test.test_client_flavours import start_router, stop_router
+        new_uri, new = start_router()
+        self.addCleanup(stop_router, new)
+        old_uri, old = router_process(self, new_uri)
+        import signal
+        import threading
+        got, moved = [], threading.Event()
+        with sync.connect(old_uri) as conn:
+            conn.on_redirect = lambda uri: moved.set()
+            conn.subscribe("require(n)", callback=got.append)
+            old.send_signal(signal.SIGUSR1)
+            self.assertTrue(moved.wait(20))
+            deadline = time.monotonic() + 20
+            with sync.connect(new_uri) as publisher:
+                while not got and time.monotonic() < deadline:
+                    publisher.notify({"n": 1})
+                    time.sleep(0.1)
+            self.assertTrue(got)
+            self.assertTrue(str(conn.uri).endswith(new_uri.rsplit(":", 1)[1]))
