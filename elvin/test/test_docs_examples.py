@@ -315,7 +315,10 @@ class ExampleTests(unittest.TestCase):
             body = body.replace(f"localhost:{old}", f"127.0.0.1:{new}")
         body = body.replace("elvin-subscribe ", "elvin-subscribe -n 1 ", 1).replace(
             "2> ready.txt &", "2> ready.txt > out.txt &", 1)
-        script = ("trap 'kill $(jobs -p) 2>/dev/null' EXIT\n" + body +
+        # The jobs are subshells running the shell functions: stop their
+        # children (the routers) too, or they outlive the test.
+        script = ("trap 'for j in $(jobs -p); do pkill -P $j; kill $j; done 2>/dev/null' "
+                  "EXIT\n" + body +
                   "\nfor i in $(seq 1 100); do grep -q -- --- out.txt && break; "
                   "sleep 0.1; done\ncat out.txt\n")
         done = self.bash(script, timeout=90)
