@@ -242,6 +242,12 @@ class Connection(ClientState):
         self.problem = None
         #: TLS arguments for the endpoint, kept to follow a redirection.
         self._tls_args = {}
+        #: ``connect(..., failover=True)``: when our router is gone, try the
+        #: routers discovery finds (in this scope, with this discoverer).
+        self.failover = False
+        self._failover_scope = None
+        self._failover_discoverer = None
+        self.router = None
 
     # -- protocol callbacks --------------------------------------------------
 
@@ -320,31 +326,78 @@ class Connection(ClientState):
             if self._close_deferred is not None:
                 return
             try:
-                await self._endpoint.connect(_ClientFactory(self))
-                assert self._connect_args is not None
-                options, nfn_keys, sub_keys = self._connect_args
-                await self._handshake(options, nfn_keys, sub_keys)
-                for make_packet, apply, owner in self.replay():
-                    try:
-                        reply = await self.call(make_packet)
-                    except NackError:
-                        if owner is None:
-                            raise
-                        self.drop(*owner)    # the router will not take it back
-                        continue
-                    if apply is not None:
-                        apply(reply)
+                await self._attempt()
             except Exception as e:        # refused, lost again, Nacked: try later
                 last = e
-                if self.protocol is not None and self.protocol.transport is not None:
-                    self.protocol.transport.abortConnection()
-                continue
+                if not (self.failover and await self._fail_over()):
+                    continue
             self.reconnects += 1
             if self.on_reconnected is not None:
                 self.on_reconnected(self)
             return
         self.log.warn("gave up reconnecting to {uri}: {last}", uri=self.uri, last=last)
         self._finish()
+
+    async def _attempt(self):
+        """Dial ``self._endpoint``, connect as first connected and register
+        everything again; raises (with the channel aborted) on failure."""
+        try:
+            await self._endpoint.connect(_ClientFactory(self))
+            assert self._connect_args is not None
+            options, nfn_keys, sub_keys = self._connect_args
+            await self._handshake(options, nfn_keys, sub_keys)
+            for make_packet, apply, owner in self.replay():
+                try:
+                    reply = await self.call(make_packet)
+                except NackError:
+                    if owner is None:
+                        raise
+                    self.drop(*owner)    # the router will not take it back
+                    continue
+                if apply is not None:
+                    apply(reply)
+        except Exception:
+            if self.protocol is not None and self.protocol.transport is not None:
+                self.protocol.transport.abortConnection()
+            raise
+
+    async def _fail_over(self):
+        """Our router is gone: try the others router discovery finds now
+        (``connect(..., failover=True)``); True once one took the session."""
+        from elvin.discovery.discoverer import Discoverer, NoRouterFound
+        discoverer, own = self._failover_discoverer, False
+        if discoverer is None:
+            discoverer, own = Discoverer(self.reactor), True
+            await discoverer.start()
+        try:
+            try:
+                found = await discoverer.find(self._failover_scope, 2.0, exclude=set())
+            except NoRouterFound:
+                return False
+            for record, uri in found:
+                if str(ElvinURI(str(uri))) == str(self.uri):
+                    continue
+                previous = (self.uri, self._endpoint)
+                self.uri = ElvinURI(str(uri))
+                self._endpoint = _endpoint(self.reactor, self.uri, self._tls_args)
+                try:
+                    await self._attempt()
+                except Exception as e:
+                    self.log.info("failover to {uri} failed: {e}", uri=uri, e=e)
+                    self.uri, self._endpoint = previous
+                    continue
+                self.router = record
+                self.log.info("failed over to {uri} ({router})", uri=uri, router=record.name)
+                if self.on_redirect is not None:
+                    try:
+                        self.on_redirect(self.uri)
+                    except Exception:
+                        self._callback_failed("on_redirect")
+                return True
+            return False
+        finally:
+            if own:
+                await discoverer.stop()
 
     # -- requests ------------------------------------------------------------
 
@@ -541,8 +594,8 @@ def connect(uri: Union[str, ElvinURI, None] = None, options: Optional[Mapping[st
             password: Optional[str] = None, admin_password: Optional[str] = None,
             receipt: Optional[str] = None, client: Optional[str] = None,
             ttl: Optional[int] = None, max_count: Optional[int] = None,
-            on_notification: Optional[Callable[[Notification], Any]] = None
-            ) -> Generator[Any, Any, "Connection"]:
+            on_notification: Optional[Callable[[Notification], Any]] = None,
+            failover: bool = False) -> Generator[Any, Any, "Connection"]:
     """Connect to the router at ``uri``; fires with a Connection.
 
     ``options`` is a dict of connection options to request (section 7.5);
@@ -572,7 +625,11 @@ def connect(uri: Union[str, ElvinURI, None] = None, options: Optional[Mapping[st
     TLS failure) and what to try; a Nack to ConnRqst raises ``NackError``.
 
     ``reconnect=True`` (or an ``elvin.client.state.Reconnect`` policy)
-    keeps the session across lost channels: see Connection.
+    keeps the session across lost channels: see Connection. With
+    ``failover=True`` too (opt-in), a reconnection that cannot reach the
+    router tries the routers router discovery finds (in ``scope``, with
+    ``discoverer`` if given) and moves the session to the first that takes
+    it, as a redirection would (``on_redirect``, then ``on_reconnected``).
 
     Through an Elvin proxy (docs/proxy.md), ``session`` joins a named
     session (or several: a list of names or of ``(name, password[, admin
@@ -599,6 +656,11 @@ def connect(uri: Union[str, ElvinURI, None] = None, options: Optional[Mapping[st
             nfn_keys=nfn_keys, sub_keys=sub_keys, tls=tls, tls_ca=tls_ca,
             tls_certificate=tls_certificate, tls_key=tls_key,
             tls_hostname=tls_hostname)
+        if failover:
+            connection.reconnect = connection.reconnect or Reconnect()
+            connection.failover = True
+            connection._failover_scope = scope
+            connection._failover_discoverer = discoverer
         return connection
     if uri is None:
         uri = DEFAULT_URI
@@ -611,6 +673,12 @@ def connect(uri: Union[str, ElvinURI, None] = None, options: Optional[Mapping[st
     connection = Connection(uri, reactor, endpoint, Reconnect.from_argument(reconnect))
     connection._tls_args = tls_args
     connection.on_notification = on_notification
+    if failover:
+        if connection.reconnect is None:
+            connection.reconnect = Reconnect()
+        connection.failover = True
+        connection._failover_scope = scope
+        connection._failover_discoverer = discoverer
     try:
         yield endpoint.connect(_ClientFactory(connection))
     except Exception as e:

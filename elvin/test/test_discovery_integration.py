@@ -111,6 +111,7 @@ class LoopbackCase(unittest.TestCase):
         self.assertIsNone(svc.erdp_error)
         svc.uri = uri
         svc.router = router
+        svc.tcp = tcp
         return svc
 
     @defer.inlineCallbacks
@@ -294,6 +295,35 @@ class ConnectTests(LoopbackCase):
         self.addCleanup(self.close, conn)
         self.assertEqual(conn.router.name, live.router_name)
         self.assertEqual(conn.uri, live.uri)
+
+    @defer.inlineCallbacks
+    def test_vanished_router_fails_over_to_a_discovered_one(self):
+        """connect(..., failover=True): when our router is gone the session
+        moves to another of the scope, with its subscription (issue 18)."""
+        scope = unique("vanish")
+        first = yield self.start_router(scope)
+        second = yield self.start_router(scope)
+        d = yield self.discoverer()
+        yield d.find(scope, 10)
+        conn = yield client.connect(first.uri, reactor=reactor, scope=scope, discoverer=d,
+                                    reconnect=client.Reconnect(initial=0.1, maximum=0.5),
+                                    failover=True)
+        self.addCleanup(self.close, conn)
+        got, moved = [], []
+        conn.on_redirect = moved.append
+        yield conn.subscribe("require(n)", got.append)
+        # The first router dies: its port closes, its clients are cut off.
+        yield first.tcp.stopListening()
+        for session in list(first.router.sessions):
+            session.output.transport.abortConnection()
+        yield first.stopService()
+        yield wait_until(lambda: moved, timeout=20)
+        self.assertEqual(str(conn.uri), str(second.uri))
+        self.assertEqual(len(second.router.subscriptions), 1)
+        publisher = yield client.connect(second.uri, reactor=reactor)
+        self.addCleanup(self.close, publisher)
+        publisher.notify({"n": 1})
+        yield wait_until(lambda: got)
 
     @defer.inlineCallbacks
     def test_no_router_found(self):
