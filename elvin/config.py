@@ -69,9 +69,11 @@ ROUTER_SETTINGS = (
     Setting("redirect-to", listen_uri, None, "none",
             "The router clients are handed over to when this one is drained (SIGUSR1, "
             "or `drain = yes`): each gets Disconn reason 2 with this URI and "
-            "reconnects there (docs/router.md, \"Draining\")."),
+            "reconnects there (docs/router.md, \"Draining\"). Without it, a router "
+            "with `discovery` on drains to another router its discovery finds."),
     Setting("drain", flag, False, "`no`",
-            "Start drained: redirect every client to `redirect-to` (which must be set)."),
+            "Start drained: redirect every client to `redirect-to` (or, without it and "
+            "with `discovery`, to another router of the discovery scope)."),
     Setting("tls-certificate", config_file, None, "none",
             "The router's certificate (PEM, with chain; may hold the key too). Needed "
             "by any TLS listener."),
@@ -149,8 +151,9 @@ class RouterConfig:
     def check(self, filename):
         """Checks across settings, once the whole file is read."""
         self.federation.check(filename, self.tls_ca)
-        if self.drain and self.redirect_to is None:
-            raise ConfigError(f"{filename}: drain = yes needs redirect-to (where clients go)")
+        if self.drain and self.redirect_to is None and not self.discovery:
+            raise ConfigError(f"{filename}: drain = yes needs redirect-to (where clients "
+                              "go), or discovery to find another router")
 
     def _path(self, value):
         """A file named in the configuration: relative to the file's folder."""

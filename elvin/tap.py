@@ -5,6 +5,7 @@ import sys
 import threading
 
 from twisted.application import service
+from twisted.internet import defer
 from twisted.internet.error import CannotListenError
 from twisted.logger import Logger
 from twisted.python import usage
@@ -156,13 +157,51 @@ class RouterService(service.MultiService):
         self._install_drain_signal()
 
     def drain(self):
-        """Hand every client over to ``redirect-to`` (SIGUSR1, ``drain``)."""
+        """Hand every client over to ``redirect-to`` (SIGUSR1, ``drain``),
+        or without it to another router of our discovery scope."""
         uri = getattr(self.config, "redirect_to", None)
-        if uri is None:
-            self.log.error("cannot drain: no redirect-to in the configuration "
-                           "(where should clients go?)")
+        if uri is not None:
+            return defer.succeed(self.router.drain(_short(uri)))
+        if getattr(self.config, "discovery", False):
+            return defer.ensureDeferred(self._drain_to_discovered())
+        self.log.error("cannot drain: no redirect-to in the configuration and discovery "
+                       "is off (where should clients go?)")
+        return defer.succeed(0)
+
+    async def _drain_to_discovered(self):
+        """Find another router of our scope by discovery and drain to it."""
+        from elvin.discovery.discoverer import Discoverer, NoRouterFound
+        from twisted.internet import reactor
+        config = self.config
+        own = {str(u) for u in config.listen}
+        service = next((s for s in self if getattr(s, "name", None) == "discovery"), None)
+        if service is not None:
+            own |= {str(ElvinURI(u)) for u in service.offered_uris()}
+        finder = Discoverer(reactor, interface=config.discovery_interface,
+                            ttl_limit=config.discovery_ttl, group=config.discovery_group[0],
+                            port=config.discovery_group[1], dns_sd=config.discovery_dns_sd)
+        await finder.start()
+        ours = getattr(service, "router_name", None)
+        tried = set()
+        deadline = reactor.seconds() + 5.0
+        try:
+            while True:
+                left = deadline - reactor.seconds()
+                if left <= 0:
+                    raise NoRouterFound("discovery found no other router")
+                found = await finder.find(config.discovery_scope or None, left,
+                                          exclude=tried)
+                others = [uri for record, uri in found
+                          if str(uri) not in own and record.name != ours]
+                if others:
+                    break
+                tried |= {(record.name, record.revision, uri) for record, uri in found}
+        except NoRouterFound as e:
+            self.log.error("cannot drain: {e}", e=e)
             return 0
-        return self.router.drain(_short(uri))
+        finally:
+            await finder.stop()
+        return self.router.drain(_short(others[0]))
 
     def _install_drain_signal(self):
         import signal
@@ -171,7 +210,7 @@ class RouterService(service.MultiService):
             return
         try:
             signal.signal(signal.SIGUSR1,
-                          lambda *_: reactor.callFromThread(self.drain))
+                          lambda *_: reactor.callFromThread(self.drain))  # noqa
         except (ValueError, AttributeError):   # not the main thread, or no SIGUSR1
             pass
 

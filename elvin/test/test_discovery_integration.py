@@ -380,9 +380,8 @@ class ConnectTests(LoopbackCase):
 
 class TapTests(LoopbackCase):
 
-    @defer.inlineCallbacks
-    def test_twistd_elvin_with_discovery(self):
-        scope = unique("tap")
+    def discovery_config(self, scope):
+        """A configuration file advertising on this test's loopback group."""
         path = self.mktemp()
         with open(path, "w", encoding="utf-8") as f:
             f.write(f"discovery-scope = {scope}\n"
@@ -391,6 +390,12 @@ class TapTests(LoopbackCase):
                     "discovery-ttl = 0\n"
                     "discovery-dns-sd = no\n"
                     f"discovery-group = 224.4.0.1:{self.group_port}\n")
+        return path
+
+    @defer.inlineCallbacks
+    def test_twistd_elvin_with_discovery(self):
+        scope = unique("tap")
+        path = self.discovery_config(scope)
         listen = f"elvin://{LOOPBACK}:{free_port(socket.SOCK_STREAM)}"
         options = tap.Options()
         options.parseOptions(["--discovery", "-c", path, "-l", listen])
@@ -412,6 +417,34 @@ class TapTests(LoopbackCase):
         yield self.close(conn)
         yield stop()
         yield wait_until(lambda: d.cache.get(svc.router_name) is None)
+
+
+    @defer.inlineCallbacks
+    def test_drain_without_redirect_to_finds_another_router(self):
+        """A drained router with discovery and no redirect-to sends its
+        clients to another router of its scope (issue 18)."""
+        scope = unique("drain")
+        path = self.discovery_config(scope)
+        tops = []
+        for _ in range(2):
+            listen = f"elvin://{LOOPBACK}:{free_port(socket.SOCK_STREAM)}"
+            options = tap.Options()
+            options.parseOptions(["--discovery", "-c", path, "-l", listen])
+            top = tap.makeService(options, reactor)
+            top.startService()
+            self.addCleanup(top.stopService)
+            yield top.getServiceNamed("discovery").ready
+            tops.append((top, listen))
+        (old, old_uri), (new, new_uri) = tops
+        conn = yield client.connect(old_uri, reactor=reactor)
+        self.addCleanup(self.close, conn)
+        got, moved = [], []
+        conn.on_redirect = moved.append
+        yield conn.subscribe("require(n)", got.append)
+        count = yield old.drain()
+        self.assertEqual(count, 1)
+        yield wait_until(lambda: moved and len(new.router.subscriptions) == 1, timeout=20)
+        self.assertEqual(conn.uri, ElvinURI(new_uri))
 
 
 class ToolTests(LoopbackCase):
