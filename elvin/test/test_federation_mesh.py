@@ -114,12 +114,13 @@ class MeshTests(FederationTestCase):
         got = yield self.subscribers([a, b, c, d])
         yield self.settle(a, b, c, d)
         yield self.publish(c, 0, 200)
-        yield wait_until(lambda: all(len(g) == 200 for g in got.values()))
+        yield self.publish(a, 200, 100)          # publishers on two routers
+        yield wait_until(lambda: all(len(g) == 300 for g in got.values()))
         yield task.deferLater(reactor, 0.2, lambda: None)
         for seen in got.values():
-            self.assertEqual([n["n"] for n in seen], list(range(200)))
+            self.assertEqual(sorted(n["n"] for n in seen), list(range(300)))
         # Each notification crossed each of the tree's three links once.
-        self.assertEqual(self.carried([a, b, c, d]), 3 * 200)
+        self.assertEqual(self.carried([a, b, c, d]), 3 * 300)
         self.assertEqual(c.link("d.test").stats["in"] + d.link("c.test").stats["in"], 0)
 
     @defer.inlineCallbacks
