@@ -13,6 +13,7 @@ setup(
         "elvin.federation",
         "elvin.discovery",
         "elvin.proxy",
+        "elvin.ops",
         "elvin.tools",
         "elvin.data",
         "spark_analysis",

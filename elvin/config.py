@@ -11,7 +11,7 @@ guessed at.
 import copy
 import os
 
-from elvin.configvalues import ConfigError, Setting, at_least, duration, flag
+from elvin.configvalues import ConfigError, Setting, at_least, duration, flag, text
 from elvin.configvalues import parse_integer as _integer
 from elvin.discovery import settings as _discovery_settings
 from elvin.endpoints import UnsupportedStackError, check_supported
@@ -34,6 +34,21 @@ def listen_uri(value, key, where, config):
     except UnsupportedStackError as e:
         raise ConfigError(f"{where}: {e}") from None
     return uri
+
+
+def status_uri(value, key, where):
+    """``http://host:port`` or ``https://host:port``: (scheme, host, port)."""
+    from urllib.parse import urlsplit
+    parts = urlsplit(value)
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None \
+            or parts.path not in ("", "/"):
+        raise ConfigError(f"{where}: {key} must be http://HOST:PORT or https://HOST:PORT, "
+                          f"not {value!r}")
+    return (parts.scheme, parts.hostname, port)
 
 
 def config_file(value, key, where, config):
@@ -66,6 +81,14 @@ ROUTER_SETTINGS = (
             "reason 4. Refused requests (2xxx) never count. `0`: never disconnect."),
     Setting("protocol-error-window", duration(False), PROTOCOL_ERROR_WINDOW, "`10`",
             "The sliding window, in seconds, for `max-protocol-errors` (more than 0)."),
+    Setting("status-listen", lambda v, k, w, c: status_uri(v, k, w), None, "none (off)",
+            "Serve the status page, `/status.json` and Prometheus `/metrics` here: "
+            "`http://127.0.0.1:9917` (or `https://...`, with `tls-certificate`). Off "
+            "unless set; give a loopback address unless the page should be reachable "
+            "from elsewhere (docs/operations.md)."),
+    Setting("status-token", text, None, "none",
+            "A token the status listener requires (`Authorization: Bearer TOKEN`, or "
+            "`?token=TOKEN` in the page's address)."),
     Setting("redirect-to", listen_uri, None, "none",
             "The router clients are handed over to when this one is drained (SIGUSR1, "
             "or `drain = yes`): each gets Disconn reason 2 with this URI and "

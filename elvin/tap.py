@@ -245,14 +245,41 @@ def makeService(options, reactor=None):
             raise
         listener.setServiceParent(top)
     federation = getattr(config, "federation", None)
+    federation_service = None
     if federation is not None and federation.enabled:
         from elvin.federation.service import FederationService
-        FederationService(router, config, reactor).setServiceParent(top)
+        federation_service = FederationService(router, config, reactor)
+        federation_service.setServiceParent(top)
+    if getattr(config, "status_listen", None) is not None:
+        status_service(reactor, config, router, federation_service).setServiceParent(top)
     if getattr(config, "discovery", False):
         # Added last, so stopped first: withdraw before the listeners close.
         from elvin.discovery.service import DiscoveryService
         DiscoveryService.from_config(config, reactor=reactor).setServiceParent(top)
     return top
+
+
+def status_service(reactor, config, router, federation_service=None):
+    """The operations listener (``status-listen``): page, JSON and metrics."""
+    from twisted.application.internet import StreamServerEndpointService
+    from twisted.internet import endpoints
+    from elvin.ops.web import StatusSite, status_root
+    scheme, host, port = config.status_listen
+    manager = federation_service.manager if federation_service is not None else None
+    domain = manager.domain if manager is not None else None
+    site = StatusSite(status_root(router, manager, config.listen, domain,
+                                  config.status_token))
+    if scheme == "https":
+        from elvin.protocols.tls import server_options_from_config
+        options = server_options_from_config(config)
+        if options is None:
+            raise ConfigError("status-listen is https but tls-certificate is not set")
+        endpoint = endpoints.SSL4ServerEndpoint(reactor, port, options, interface=host)
+    else:
+        endpoint = endpoints.TCP4ServerEndpoint(reactor, port, interface=host)
+    listener = StreamServerEndpointService(endpoint, site)
+    listener._raiseSynchronously = True
+    return listener
 
 
 def main(argv=None):  # pragma: no cover - convenience for python -m elvin.tap

@@ -177,7 +177,13 @@ class Router:
         #: What watches the router (e.g. federation): see RouterObserver.
         self.observers = []
         self.stats = {"notifications": 0, "deliveries": 0, "unotify": 0,
-                      "rejected_notifications": 0}
+                      "rejected_notifications": 0, "connections": 0,
+                      "dropped_deliveries": 0, "dropwarns": 0}
+        #: Nacks sent, by error code (for metrics: elvin.ops).
+        self.nacks = collections.Counter()
+        #: The latest refusals (Nacks, violations), newest last, for the
+        #: status page: (time, peer, code, message).
+        self.refusals = collections.deque(maxlen=50)
 
     # -- sessions -----------------------------------------------------------
 
@@ -188,6 +194,8 @@ class Router:
         return session
 
     def session_closed(self, session):
+        if session in self.sessions:
+            self.stats["dropped_deliveries"] += session.dropped
         self.sessions.discard(session)
         self.quench.session_closed(session)
         for entry in list(session.subscriptions.values()):
@@ -468,6 +476,8 @@ class ClientSession:
             self.output.send_encoded(P.encode(packet), True)
 
     def nack(self, xid, code, message, args=()):
+        self.router.nacks[code] += 1
+        self.router.refusals.append((time.time(), self.peer, code, message))
         self.send(P.Nack(xid, code, message, tuple(args)))
 
     def disconnect(self, reason, args=""):
@@ -560,6 +570,7 @@ class ClientSession:
         self.state = self.CONNECTED
         self.log.info("client connected from {peer}", peer=self.peer)
         self._announced = True
+        router.stats["connections"] += 1
         self.send(P.ConnRply(packet.xid, reply))
         if router.redirect_uri is not None:
             # Drained: a session, then at once the redirection (7.4.4).

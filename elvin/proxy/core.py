@@ -21,6 +21,7 @@ behaviour. The wire-level description is in docs/proxy.md.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import time
@@ -185,6 +186,9 @@ class ProxyCore:
         self.protocol_error_window = PROTOCOL_ERROR_WINDOW
         self.stats = {"delivered": 0, "stored": 0, "replayed": 0, "forwarded": 0,
                       "backlog_dropped": 0}
+        #: As the router's: Nacks by code and the latest refusals.
+        self.nacks = collections.Counter()
+        self.refusals = collections.deque(maxlen=50)
         self._client_numbers = itertools.count(1)
         self._holding = False
         self._held: List[tuple] = []

@@ -156,16 +156,22 @@ async def _with_uri(reactor, options, body):
     return await body(reactor, options)
 
 
-def run(options_class, body, argv=None):
-    """Parse options, run ``body(reactor, options)`` (a coroutine) and exit:
-    0 on success, on Ctrl-C and when stdout is closed; 1 with one line on
-    stderr on any error; 2 for usage errors."""
+def parse_options(options_class, argv=None):
+    """The tool's options from ``argv``; a usage error exits 2 with help."""
     options = options_class()
     try:
         options.parseOptions(sys.argv[1:] if argv is None else argv)
     except usage.UsageError as e:
         sys.stderr.write(f"{options.name}: {e}\n{options}")
         sys.exit(2)
+    return options
+
+
+def run(options_class, body, argv=None):
+    """Parse options, run ``body(reactor, options)`` (a coroutine) and exit:
+    0 on success, on Ctrl-C and when stdout is closed; 1 with one line on
+    stderr on any error; 2 for usage errors."""
+    options = parse_options(options_class, argv)
     status = {"code": 0}
 
     def main(reactor):

@@ -1,0 +1,104 @@
+"""The router's figures as Prometheus metrics (``prometheus_client``).
+
+A custom collector builds every metric from ``status.snapshot`` when
+Prometheus scrapes, so routing a notification costs nothing for metrics:
+the router only keeps the counters it keeps anyway. Names follow
+Prometheus's conventions (``elvin_`` prefix, base units, ``_total`` for
+counters); labels are bounded (transport, Nack code, configured peers).
+The list is in docs/operations.md.
+"""
+
+from prometheus_client.core import (CollectorRegistry, CounterMetricFamily,
+                                    GaugeMetricFamily, InfoMetricFamily)
+
+__all__ = ["RouterCollector", "registry_for"]
+
+
+class RouterCollector:
+    """Collects from ``source()``, a function returning a status snapshot."""
+
+    def __init__(self, source):
+        self.source = source
+
+    def describe(self):
+        return []     # built at scrape time: no fixed description to check
+
+    def collect(self):
+        status = self.source()
+        totals = status["totals"]
+        router = status["router"]
+        info = InfoMetricFamily("elvin_router", "The router's version and domain.")
+        info.add_metric([], {"version": router["version"], "domain": router["domain"] or ""})
+        yield info
+        if router["uptime_s"] is not None:
+            yield GaugeMetricFamily("elvin_uptime_seconds", "Seconds since the router started.",
+                                    value=router["uptime_s"])
+        connections = GaugeMetricFamily("elvin_connections",
+                                        "Client sessions open now, by transport.",
+                                        labels=["transport"])
+        for transport in ("tcp", "tls", "http", "udp"):
+            connections.add_metric([transport],
+                                   totals["connections_by_transport"].get(transport, 0))
+        yield connections
+        for name, key, text in (
+                ("elvin_connections_opened", "connections_total", "Client sessions opened."),
+                ("elvin_notifications_received", "notifications_received",
+                 "Notifications routed (from clients, UNotify and federation)."),
+                ("elvin_unotify_received", "unotify_received",
+                 "Session-less notifications (UNotify) received."),
+                ("elvin_notifications_rejected", "notifications_rejected",
+                 "Notifications refused by the router's limits."),
+                ("elvin_deliveries", "deliveries", "NotifyDeliver packets sent to clients."),
+                ("elvin_dropped_deliveries", "dropped_deliveries",
+                 "Deliveries dropped from slow clients' send queues (DropWarn)."),
+                ("elvin_queue_evictions", "queue_evictions",
+                 "Clients disconnected because the router-wide queue memory ran out.")):
+            yield CounterMetricFamily(name, text, value=totals[key])
+        yield GaugeMetricFamily("elvin_subscriptions", "Subscriptions registered.",
+                                value=totals["subscriptions"])
+        yield GaugeMetricFamily("elvin_quenches", "Quenches registered.",
+                                value=totals["quenches"])
+        yield GaugeMetricFamily("elvin_send_queue_bytes",
+                                "Bytes waiting in clients' send queues.",
+                                value=totals["send_queue_bytes"])
+        nacks = CounterMetricFamily("elvin_nacks", "Nacks sent, by error code.",
+                                    labels=["code"])
+        for code, count in totals["nacks"].items():
+            nacks.add_metric([code], count)
+        yield nacks
+        yield from self._links(status["links"])
+
+    @staticmethod
+    def _links(links):
+        up = GaugeMetricFamily("elvin_federation_link_up",
+                               "1 for each federation link that is up.", labels=["peer"])
+        active = GaugeMetricFamily("elvin_federation_link_active",
+                                   "1 if the link carries notifications (on the mesh's "
+                                   "tree, or a plain link).", labels=["peer"])
+        nodes = GaugeMetricFamily("elvin_federation_pull_filter_nodes",
+                                  "Nodes in the pull filter the peer sent.", labels=["peer"])
+        carried = CounterMetricFamily("elvin_federation_notifications",
+                                      "Notifications over the link, by direction.",
+                                      labels=["peer", "direction"])
+        dropped = CounterMetricFamily("elvin_federation_dropped",
+                                      "Notifications from the peer not routed, by cause.",
+                                      labels=["peer", "cause"])
+        for link in links:
+            peer = link["domain"] or link["host"] or "?"
+            up.add_metric([peer], 1 if link["state"] == "up" else 0)
+            active.add_metric([peer], 1 if link["active"] else 0)
+            nodes.add_metric([peer], link["filter_nodes"])
+            carried.add_metric([peer, "in"], link["in"])
+            carried.add_metric([peer, "out"], link["out"])
+            for cause, key in (("loop", "loops"), ("import", "suppressed"),
+                               ("duplicate", "duplicates")):
+                dropped.add_metric([peer, cause], link[key])
+        yield from (up, active, nodes, carried, dropped)
+
+
+def registry_for(source):
+    """A registry holding only the router's collector (not the process-wide
+    default one, so tests and several routers in a process stay apart)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RouterCollector(source))
+    return registry

@@ -1,0 +1,112 @@
+"""A router's status as plain data: what the status page shows, what
+``elvin-stat`` prints and what the metrics are made of.
+
+``snapshot`` only reads what the router, its sessions and its federation
+already keep; nothing on the routing path counts anything for it.
+"""
+
+import time
+
+from elvin import __version__
+from elvin.errors import ERROR_NAMES
+from elvin.federation import filters as F
+from elvin.subscription.printer import to_text
+
+__all__ = ["snapshot", "transport_of", "filter_text"]
+
+
+def transport_of(session):
+    """Which transport a client session came by: tcp, tls, http or udp."""
+    output = session.output
+    kind = type(output).__name__.lower()
+    if "http" in kind:
+        return "http"
+    transport = getattr(output, "transport", None)
+    if transport is not None and (getattr(transport, "TLS", False)
+                                  or type(transport).__name__.startswith("TLS")
+                                  or hasattr(transport, "getPeerCertificate")):
+        return "tls"
+    if "udp" in kind or "datagram" in kind:
+        return "udp"
+    return "tcp"
+
+
+def filter_text(tree):
+    """A pull filter as expression text."""
+    if tree is F.TRUE:
+        return "TRUE"
+    if tree is F.FALSE:
+        return "FALSE"
+    try:
+        return to_text(tree)
+    except Exception as e:                 # never let the page fail on one filter
+        return f"<unprintable filter: {e}>"
+
+
+def snapshot(router, federation=None, listeners=(), started=None, domain=None):
+    """The router's status now, as JSON-ready data."""
+    now = time.time()
+    clients = []
+    queue_bytes = 0
+    dropped_now = 0
+    for session in list(router.sessions):
+        queue = getattr(session.output, "queue", None)
+        size = getattr(queue, "bytes", None)
+        if size is None:
+            size = getattr(queue, "size", 0) if queue is not None else 0
+        size = size if isinstance(size, int) else 0
+        queue_bytes += size
+        dropped_now += session.dropped
+        clients.append({
+            "peer": session.peer, "transport": transport_of(session),
+            "state": session.state.name.lower(),
+            "subscriptions": len(session.subscriptions),
+            "quenches": len(getattr(session, "quenches", ())),
+            "queue_bytes": size, "dropped": session.dropped})
+    links = []
+    if federation is not None:
+        for link in list(federation.links):
+            links.append({
+                "domain": link.peer_domain, "host": link.peer_host,
+                "class": link.fed_class.name if link.fed_class else None,
+                "outgoing": link.outgoing, "state": link.state.name.lower(),
+                "mesh": link.mesh, "active": federation.active(link),
+                "in": link.stats["in"], "out": link.stats["out"],
+                "loops": link.stats["loops"], "suppressed": link.stats["suppressed"],
+                "duplicates": link.stats.get("duplicates", 0),
+                "filter_nodes": link.remote_filter.nodes,
+                "pull_filter": filter_text(link.remote_filter.tree),
+                "our_filter": filter_text(link.sent_filter)
+                if link.sent_filter is not None else None})
+    stats = router.stats
+    by_transport = {}
+    for client in clients:
+        if client["state"] == "connected":
+            by_transport[client["transport"]] = by_transport.get(client["transport"], 0) + 1
+    budget = getattr(router, "queue_budget", None)
+    return {
+        "router": {"version": __version__, "domain": domain,
+                   "started": started, "uptime_s": round(now - started, 3) if started else None,
+                   "listeners": [str(uri) for uri in listeners],
+                   "drained_to": getattr(router, "redirect_uri", None)},
+        "totals": {
+            "connections_open": sum(by_transport.values()),
+            "connections_by_transport": by_transport,
+            "connections_total": stats.get("connections", 0),
+            "subscriptions": len(router.subscriptions),
+            "quenches": len(router.quench) if hasattr(router, "quench") else 0,
+            "notifications_received": stats.get("notifications", 0),
+            "unotify_received": stats.get("unotify", 0),
+            "notifications_rejected": stats.get("rejected_notifications", 0),
+            "deliveries": stats.get("deliveries", 0),
+            "dropped_deliveries": stats.get("dropped_deliveries", 0) + dropped_now,
+            "queue_evictions": getattr(budget, "evictions", 0),
+            "send_queue_bytes": getattr(budget, "total", queue_bytes) or queue_bytes,
+            "nacks": {str(code): n for code, n in sorted(router.nacks.items())},
+        },
+        "clients": clients,
+        "links": links,
+        "refusals": [{"time": t, "peer": peer, "code": code,
+                      "name": ERROR_NAMES.get(code, str(code)), "message": message}
+                     for t, peer, code, message in list(router.refusals)],
+    }

@@ -1,0 +1,90 @@
+"""The operations listener (docs/operations.md): the status page at ``/``,
+its data at ``/status.json`` and Prometheus metrics at ``/metrics``, served
+by twisted.web. Off unless ``status-listen`` is set; an optional token
+(``status-token``) is required as ``Authorization: Bearer TOKEN`` or
+``?token=TOKEN``."""
+
+import hmac
+import json
+import time
+
+from prometheus_client.twisted import MetricsResource
+from twisted.web import resource, server
+
+from elvin.ops.metrics import registry_for
+from elvin.ops.page import PAGE
+from elvin.ops.status import snapshot
+
+__all__ = ["StatusSite", "status_root"]
+
+
+class _Guarded(resource.Resource):
+    """Refuses (401) a request without the token, when there is one."""
+
+    def __init__(self, inner, token):
+        super().__init__()
+        self.inner = inner
+        self.token = token
+
+    def getChildWithDefault(self, name, request):
+        if self.token is not None and not _authorised(request, self.token):
+            return resource.ErrorPage(401, "Unauthorized",
+                                      "This router's status needs its token "
+                                      "(Authorization: Bearer TOKEN, or ?token=TOKEN).")
+        return self.inner.getChildWithDefault(name, request)
+
+    def render(self, request):
+        return self.getChildWithDefault(b"", request).render(request)
+
+
+def _authorised(request, token):
+    header = request.getHeader(b"authorization") or b""
+    if isinstance(header, bytes):
+        header = header.decode("latin-1")
+    given = header[7:] if header.lower().startswith("bearer ") else None
+    if given is None:
+        given = (request.args.get(b"token") or [b""])[0].decode("utf-8", "replace")
+    return hmac.compare_digest(given.encode(), token.encode())
+
+
+class _Page(resource.Resource):
+    isLeaf = True
+
+    def render_GET(self, request):
+        request.setHeader(b"content-type", b"text/html; charset=utf-8")
+        request.setHeader(b"cache-control", b"no-store")
+        return PAGE.encode("utf-8")
+
+
+class _Json(resource.Resource):
+    isLeaf = True
+
+    def __init__(self, source):
+        super().__init__()
+        self.source = source
+
+    def render_GET(self, request):
+        request.setHeader(b"content-type", b"application/json")
+        request.setHeader(b"cache-control", b"no-store")
+        return json.dumps(self.source()).encode("utf-8")
+
+
+def status_root(router, federation=None, listeners=(), domain=None, token=None,
+                started=None):
+    """The resource tree for one router."""
+    started = time.time() if started is None else started
+
+    def source():
+        return snapshot(router, federation, listeners, started, domain)
+    root = resource.Resource()
+    root.putChild(b"", _Page())
+    root.putChild(b"status.json", _Json(source))
+    root.putChild(b"metrics", MetricsResource(registry=registry_for(source)))
+    return _Guarded(root, token)
+
+
+class StatusSite(server.Site):
+    """A twisted.web Site that does not log every scrape."""
+
+    def log(self, request):
+        pass
