@@ -35,6 +35,8 @@ class Options(usage.Options):
     optParameters = [
         ["config", "c", None, "Configuration file (print a commented example with "
                               "--print-config or elvin-config-example)."],
+        ["log-format", None, "text", "text (twistd's lines) or json (one JSON object "
+                                     "per event, with its fields, for log shippers)."],
     ]
 
     def opt_version(self):
@@ -74,6 +76,8 @@ class Options(usage.Options):
         raise usage.UsageError(message)
 
     def postOptions(self):
+        if self["log-format"] not in ("text", "json"):
+            self._refuse(f"--log-format must be text or json, not {self['log-format']!r}")
         config = RouterConfig()
         if self["config"]:
             try:
@@ -119,10 +123,28 @@ class RouterService(service.MultiService):
 
     log = Logger()
 
-    def __init__(self, router, config):
+    def __init__(self, router, config, log_format="text", log_file=None):
         super().__init__()
         self.router = router
         self.config = config
+        self.log_format = log_format
+        self.log_file = log_file
+        #: Client listeners by URI text; the federation service, if any.
+        self.listeners = {}
+        self.federation_service = None
+        self.reactor = None
+        self.factory = None
+        self.config_path = None
+        self.overrides = {}
+
+    def setServiceParent(self, parent):
+        super().setServiceParent(parent)
+        if self.log_format == "json" and hasattr(parent, "setComponent"):
+            # twistd's AppLogger uses an ILogObserver set on the application.
+            from twisted.logger import ILogObserver, jsonFileLogObserver
+            out = (sys.stdout if self.log_file in (None, "-")
+                   else open(self.log_file, "a", encoding="utf-8"))
+            parent.setComponent(ILogObserver, jsonFileLogObserver(out, recordSeparator=""))
 
     def privilegedStartService(self):
         """Bind every listener; one that cannot listen stops the router
@@ -203,6 +225,65 @@ class RouterService(service.MultiService):
             await finder.stop()
         return self.router.drain(_short(others[0]))
 
+    def reload(self):
+        """Read the configuration file again and apply it (SIGHUP, or POST
+        /reload): limits, listeners added or removed, federation changed;
+        clients keep their sessions. A file with an error is refused whole
+        (logged with file and line) and the running configuration stays.
+        Fires with (applied, message)."""
+        return defer.ensureDeferred(self._reload())
+
+    async def _reload(self):
+        if not self.config_path:
+            return False, "no configuration file to reload (start with -c FILE)"
+        try:
+            new = load(self.config_path, RouterConfig())
+            if self.overrides.get("listen"):
+                new.listen = list(self.overrides["listen"])
+            if not new.listen:
+                new.listen = [ElvinURI(DEFAULT_LISTEN)]
+            check_listeners(new)
+        except (ConfigError, UnsupportedStackError) as e:
+            self.log.error("reload refused, running configuration kept: {e}", e=e)
+            return False, f"refused: {e}"
+        old, router, changes = self.config, self.router, []
+        router.max_connections = new.max_connections
+        router.max_subscriptions = new.max_subscriptions
+        router.verbose = new.verbose
+        router.max_protocol_errors = new.max_protocol_errors
+        router.protocol_error_window = new.protocol_error_window
+        router.queue_budget.max_bytes = new.max_queue_memory
+        router.option_specs = dict(new.option_specs)   # for sessions from now on
+        for name in ("max_connections", "max_subscriptions", "max_queue_memory", "verbose"):
+            if getattr(old, name) != getattr(new, name):
+                changes.append(f"{name.replace('_', '-')} {getattr(new, name)}")
+        wanted = {str(uri): uri for uri in new.listen}
+        for text in [t for t in self.listeners if t not in wanted]:
+            listener = self.listeners.pop(text)
+            await defer.maybeDeferred(listener.stopService)
+            listener.disownServiceParent()
+            changes.append(f"stopped listening on {text}")
+        for text, uri in wanted.items():
+            if text not in self.listeners:
+                listener = listener_service(self.reactor, uri, router, self.factory, new)
+                listener.setServiceParent(self)
+                self.listeners[text] = listener
+                changes.append(f"listening on {text}")
+        if _federation_settings(old) != _federation_settings(new):
+            if self.federation_service is not None:
+                await defer.maybeDeferred(self.federation_service.stopService)
+                self.federation_service.disownServiceParent()
+                self.federation_service = None
+            if new.federation.enabled:
+                from elvin.federation.service import FederationService
+                self.federation_service = FederationService(router, new, self.reactor)
+                self.federation_service.setServiceParent(self)
+            changes.append("federation restarted with the new links and classes")
+        self.config = new
+        message = "reloaded: " + ("; ".join(changes) if changes else "nothing changed")
+        self.log.info("{message}", message=message)
+        return True, message
+
     def _install_drain_signal(self):
         import signal
         from twisted.internet import reactor
@@ -211,6 +292,8 @@ class RouterService(service.MultiService):
         try:
             signal.signal(signal.SIGUSR1,
                           lambda *_: reactor.callFromThread(self.drain))  # noqa
+            signal.signal(signal.SIGHUP,
+                          lambda *_: reactor.callFromThread(self.reload))  # noqa
         except (ValueError, AttributeError):   # not the main thread, or no SIGUSR1
             pass
 
@@ -232,7 +315,9 @@ def makeService(options, reactor=None):
                     max_queue_memory=config.max_queue_memory,
                     max_protocol_errors=config.max_protocol_errors,
                     protocol_error_window=config.protocol_error_window)
-    top = RouterService(router, config)
+    parent = getattr(options, "parent", None)
+    top = RouterService(router, config, options.get("log-format", "text") if hasattr(
+        options, "get") else "text", parent.get("logfile") if parent is not None else None)
     factory = ElvinServerFactory(router, reactor, config.connect_timeout)
     for uri in config.listen:
         # The URI's stack picks the service: TCP, TLS, UDP or HTTP (a TLS
@@ -244,14 +329,18 @@ def makeService(options, reactor=None):
                 raise SystemExit(f"twistd elvin: {e}") from None  # no traceback
             raise
         listener.setServiceParent(top)
+        top.listeners[str(uri)] = listener
+    top.reactor, top.factory = reactor, factory
+    top.config_path = options.get("config") if hasattr(options, "get") else None
+    top.overrides = {"listen": list(options.get("listen") or [])} if hasattr(
+        options, "get") else {}
     federation = getattr(config, "federation", None)
-    federation_service = None
     if federation is not None and federation.enabled:
         from elvin.federation.service import FederationService
-        federation_service = FederationService(router, config, reactor)
-        federation_service.setServiceParent(top)
+        top.federation_service = FederationService(router, config, reactor)
+        top.federation_service.setServiceParent(top)
     if getattr(config, "status_listen", None) is not None:
-        status_service(reactor, config, router, federation_service).setServiceParent(top)
+        status_service(reactor, config, router, top).setServiceParent(top)
     if getattr(config, "discovery", False):
         # Added last, so stopped first: withdraw before the listeners close.
         from elvin.discovery.service import DiscoveryService
@@ -259,16 +348,29 @@ def makeService(options, reactor=None):
     return top
 
 
-def status_service(reactor, config, router, federation_service=None):
-    """The operations listener (``status-listen``): page, JSON and metrics."""
+def _federation_settings(config):
+    """What federation is configured to be, for comparing two configurations."""
+    fed = config.federation
+    return repr(sorted((k, repr(v)) for k, v in vars(fed).items() if not k.startswith("_"))
+                ) + repr(sorted((name, sorted(vars(c).items()))
+                                for name, c in fed.classes.items()))
+
+
+def status_service(reactor, config, router, top=None):
+    """The operations listener (``status-listen``): page, JSON, metrics and
+    (with a token) ``POST /reload``."""
     from twisted.application.internet import StreamServerEndpointService
     from twisted.internet import endpoints
     from elvin.ops.web import StatusSite, status_root
     scheme, host, port = config.status_listen
-    manager = federation_service.manager if federation_service is not None else None
-    domain = manager.domain if manager is not None else None
+
+    def manager():
+        service_ = getattr(top, "federation_service", None)
+        return service_.manager if service_ is not None else None
+    domain = manager().domain if manager() is not None else None
     site = StatusSite(status_root(router, manager, config.listen, domain,
-                                  config.status_token))
+                                  config.status_token,
+                                  reload=getattr(top, "reload", None)))
     if scheme == "https":
         from elvin.protocols.tls import server_options_from_config
         options = server_options_from_config(config)

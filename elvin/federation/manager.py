@@ -355,6 +355,8 @@ class FederationManager(RouterObserver):
 
     def shutdown(self):
         self._closing = True
+        if self in self.router.observers:
+            self.router.observers.remove(self)    # a reload may make another
         if self._mesh_call is not None and self._mesh_call.active():
             self._mesh_call.cancel()
         for call in self._grace_calls.values():

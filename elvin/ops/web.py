@@ -69,17 +69,42 @@ class _Json(resource.Resource):
         return json.dumps(self.source()).encode("utf-8")
 
 
+class _Reload(resource.Resource):
+    """``POST /reload``: re-read the configuration (only with a token)."""
+    isLeaf = True
+
+    def __init__(self, reload):
+        super().__init__()
+        self.reload = reload
+
+    def render_POST(self, request):
+        def done(result):
+            applied, message = result
+            request.setHeader(b"content-type", b"application/json")
+            if not applied:
+                request.setResponseCode(409)
+            request.write(json.dumps({"applied": applied, "message": message}).encode())
+            request.finish()
+        self.reload().addCallback(done)
+        return server.NOT_DONE_YET
+
+
 def status_root(router, federation=None, listeners=(), domain=None, token=None,
-                started=None):
-    """The resource tree for one router."""
+                started=None, reload=None):
+    """The resource tree for one router. ``federation``: its manager, or a
+    function returning it (it changes when a reload restarts federation);
+    ``reload``: served as ``POST /reload`` when there is a ``token``."""
     started = time.time() if started is None else started
 
     def source():
-        return snapshot(router, federation, listeners, started, domain)
+        manager = federation() if callable(federation) else federation
+        return snapshot(router, manager, listeners, started, domain)
     root = resource.Resource()
     root.putChild(b"", _Page())
     root.putChild(b"status.json", _Json(source))
     root.putChild(b"metrics", MetricsResource(registry=registry_for(source)))
+    if reload is not None and token is not None:
+        root.putChild(b"reload", _Reload(reload))
     return _Guarded(root, token)
 
 

@@ -173,3 +173,111 @@ class TapTests(unittest.TestCase):
         sites = [s for s in top if isinstance(getattr(s, "factory", None), StatusSite)]
         self.assertEqual(len(sites), 1)
         self.assertEqual(options.router_config.status_listen, ("http", "127.0.0.1", port))
+
+
+class ReloadTests(unittest.TestCase):
+    """SIGHUP re-reads the file: a federation link and a limit change, no
+    client is dropped; a broken file leaves everything as it was."""
+    timeout = 90
+
+    @defer.inlineCallbacks
+    def test_sighup_changes_link_and_limit_and_refuses_a_broken_file(self):
+        import signal
+        from elvin.federation.manager import FederationClass
+        from elvin.test.places import free_port
+        from elvin.test.test_client_flavours import start_router, stop_router
+        from elvin.test.test_federation import FedRouter
+        first = FedRouter(self, "first.test")
+        second = FedRouter(self, "second.test")
+        port, status_port = free_port(), free_port()
+        path = os.path.abspath(self.mktemp() + "-dir")
+        os.makedirs(path)
+        conf = os.path.join(path, "elvind.conf")
+
+        def write(peer, max_subs, extra=""):
+            with open(conf, "w") as f:
+                f.write(f"listen = elvin://127.0.0.1:{port}\n"
+                        f"status-listen = http://127.0.0.1:{status_port}\n"
+                        "status-token = t\n"
+                        f"max-subscriptions = {max_subs}\n"
+                        "Federation.Router-Name = reloaded.test\n"
+                        f"Federation.Connect[Peer] = ewaf://127.0.0.1:"
+                        f"{peer.fed_port.getHost().port}\n"
+                        "Federation.Apply-Class[Peer] = 127.0.0.1\n" + extra)
+        write(first, 10)
+        uri, proc = start_router(port, ["-c", conf])
+        self.addCleanup(stop_router, proc)
+        yield wait_until(lambda: first.manager.links, timeout=30)
+        conn = yield client.connect(uri)
+        self.addCleanup(lambda: conn.close())
+        yield conn.subscribe("require(a)", lambda n: None)
+        write(second, 2)
+        proc.send_signal(signal.SIGHUP)
+        yield wait_until(lambda: second.manager.links and not first.manager.links,
+                         timeout=30)
+        yield conn.subscribe("require(b)", lambda n: None)          # 2 of 2: fine
+        with self.assertRaises(client.NackError) as caught:
+            yield conn.subscribe("require(c)", lambda n: None)      # over the new limit
+        self.assertEqual(caught.exception.code, 2006)
+        self.assertFalse(conn.is_closed)                            # kept its session
+        # A broken file: refused whole; the link and the limit stay.
+        write(first, 100, extra="max-subscriptions = lots\n")
+        proc.send_signal(signal.SIGHUP)
+        yield task_sleep(1.0)
+        self.assertTrue(second.manager.links)
+        self.assertFalse(first.manager.links)
+        with self.assertRaises(client.NackError):
+            yield conn.subscribe("require(d)", lambda n: None)
+        # And through the status listener, with the token (elvin-stat --reload).
+        write(first, 10)
+        done = yield threads.deferToThread(
+            subprocess.run, [sys.executable, "-m", "elvin.tools.stat", "-e",
+                             f"http://127.0.0.1:{status_port}", "-t", "t", "--reload"],
+            cwd=REPO, capture_output=True, text=True, timeout=60)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertIn("reloaded:", done.stdout)
+        yield wait_until(lambda: first.manager.links and not second.manager.links,
+                         timeout=30)
+
+
+def task_sleep(seconds):
+    from twisted.internet import task
+    return task.deferLater(reactor, seconds, lambda: None)
+
+
+class JsonLogTests(unittest.TestCase):
+    timeout = 60
+
+    @defer.inlineCallbacks
+    def test_log_format_json_writes_one_object_per_event_with_fields(self):
+        from elvin.test.places import free_port
+        from elvin.test.test_client_flavours import stop_router
+        port = free_port()
+        log = os.path.abspath(self.mktemp())
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from twisted.scripts.twistd import run; run()", "-n",
+             "--pidfile=", f"--logfile={log}", "elvin", "--log-format", "json",
+             "-l", f"elvin://127.0.0.1:{port}"], cwd=REPO,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.addCleanup(stop_router, proc)
+
+        def connected():
+            if not os.path.exists(log):
+                return None
+            with open(log, encoding="utf-8") as f:
+                events = [json.loads(line) for line in f if line.strip()]
+            return [e for e in events if e.get("log_format", "").startswith(
+                "client connected from")]
+        conn = None
+        for _ in range(100):
+            try:
+                conn = yield client.connect(f"elvin://127.0.0.1:{port}")
+                break
+            except Exception:
+                yield task_sleep(0.2)
+        self.assertIsNotNone(conn)
+        yield conn.close()
+        yield wait_until(connected, timeout=20)
+        (event,) = connected()
+        self.assertTrue(event["peer"].startswith("127.0.0.1:"))
+        self.assertEqual(event["log_level"]["name"], "info")

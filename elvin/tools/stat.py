@@ -26,7 +26,9 @@ class Options(BaseOptions):
     longdesc = ("Print a router's figures -- clients, subscriptions, notifications, "
                 "deliveries, drops, federation links -- from its status listener "
                 "(status-listen), once or every --interval seconds.")
-    optFlags = [["json", "j", "Print the status as JSON (one object per line)."]]
+    optFlags = [["json", "j", "Print the status as JSON (one object per line)."],
+                ["reload", None, "Ask the router to re-read its configuration file "
+                                 "(POST /reload; needs the router's status-token)."]]
     optParameters = [
         ["status", "e", DEFAULT_STATUS, "The router's status listener (its status-listen)."],
         ["interval", "i", None, "Print again every this many seconds, until interrupted.",
@@ -48,6 +50,31 @@ def fetch(base, token=None, timeout=5.0):
         request.add_header("Authorization", f"Bearer {token}")
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return json.loads(response.read().decode("utf-8"))
+
+
+def reload(base, token):
+    """POST /reload; prints the router's answer; the exit status."""
+    request = urllib.request.Request(base + "/reload", data=b"", method="POST")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            answer = json.loads(response.read().decode("utf-8"))
+    except urllib.error.HTTPError as e:
+        body = e.read().decode("utf-8", "replace")
+        try:
+            message = json.loads(body)["message"]
+        except (ValueError, KeyError):
+            message = f"HTTP {e.code} {e.reason}" + (
+                " (reload needs the router's status-token: give --token)"
+                if e.code in (401, 404) else "")
+        sys.stderr.write(f"elvin-stat: {message}\n")
+        return 1
+    except (urllib.error.URLError, OSError) as e:
+        sys.stderr.write(f"elvin-stat: cannot reach {base}: {getattr(e, 'reason', e)}\n")
+        return 1
+    write(answer["message"] + "\n")
+    return 0
 
 
 def format_status(status, previous=None):
@@ -80,6 +107,8 @@ def format_status(status, previous=None):
 
 def main(argv=None):
     options = parse_options(Options, argv)
+    if options["reload"]:
+        sys.exit(reload(options["status"], options["token"]))
     previous = None
     printed = 0
     try:
