@@ -299,6 +299,10 @@ def main():
                         help="only place the subscriptions and print the placement rate: "
                              "'shared' shapes (the workload's, literals differ) or a 'new' "
                              "shape for every subscription")
+    parser.add_argument("--status", action="store_true",
+                        help="run the router with its status listener on (status-listen) "
+                             "and scrape /metrics and /status.json every second meanwhile, "
+                             "as Prometheus and the status page would")
     args = parser.parse_args()
 
     @defer.inlineCallbacks
@@ -306,8 +310,20 @@ def main():
         for subs in args.subs:
             proc = None
             url = args.url
+            scraper = None
             if url is None:
-                proc, url = start_router()
+                extra = []
+                if args.status:
+                    import tempfile
+                    status_port = free_port()
+                    conf = tempfile.NamedTemporaryFile("w", suffix=".conf", delete=False)
+                    conf.write(f"status-listen = http://127.0.0.1:{status_port}\n")
+                    conf.close()
+                    extra = ["-c", conf.name]
+                    scraper = task.LoopingCall(_scrape, f"http://127.0.0.1:{status_port}")
+                proc, url = start_router(extra=extra)
+                if scraper is not None:
+                    scraper.start(1.0, now=False)
             try:
                 if args.placement:
                     yield place_only(url, subs, args.seed, proc.pid if proc else None,
@@ -316,10 +332,20 @@ def main():
                     yield run_one(url, subs, args.notifs, args.window, args.seed,
                                   proc.pid if proc else None, args.latency_rate)
             finally:
+                if scraper is not None and scraper.running:
+                    scraper.stop()
                 if proc is not None:
                     proc.terminate()
                     proc.wait(10)
     task.react(lambda r: body(r))
+
+
+def _scrape(base):
+    """One scrape of /metrics and /status.json, by another process (curl),
+    so the load generator's own CPU is not what is measured."""
+    subprocess.Popen(["curl", "-s", "-o", "/dev/null", "-o", "/dev/null",
+                      base + "/metrics", base + "/status.json"],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 if __name__ == "__main__":
