@@ -368,9 +368,11 @@ def status_service(reactor, config, router, top=None):
         service_ = getattr(top, "federation_service", None)
         return service_.manager if service_ is not None else None
     domain = manager().domain if manager() is not None else None
+    def discovery():
+        return next((s for s in (top or ()) if getattr(s, "name", None) == "discovery"), None)
     site = StatusSite(status_root(router, manager, config.listen, domain,
                                   config.status_token,
-                                  reload=getattr(top, "reload", None)))
+                                  reload=getattr(top, "reload", None), discovery=discovery))
     if scheme == "https":
         from elvin.protocols.tls import server_options_from_config
         options = server_options_from_config(config)

@@ -178,7 +178,8 @@ class Router:
         self.observers = []
         self.stats = {"notifications": 0, "deliveries": 0, "unotify": 0,
                       "rejected_notifications": 0, "connections": 0,
-                      "dropped_deliveries": 0, "dropwarns": 0}
+                      "dropped_deliveries": 0, "dropwarns": 0, "bytes_in": 0,
+                      "bytes_out": 0}
         #: Nacks sent, by error code (for metrics: elvin.ops).
         self.nacks = collections.Counter()
         #: The latest refusals (Nacks, violations), newest last, for the
@@ -196,6 +197,8 @@ class Router:
     def session_closed(self, session):
         if session in self.sessions:
             self.stats["dropped_deliveries"] += session.dropped
+            self.stats["bytes_in"] += getattr(session.output, "bytes_in", 0)
+            self.stats["bytes_out"] += getattr(session.output, "bytes_out", 0)
         self.sessions.discard(session)
         self.quench.session_closed(session)
         for entry in list(session.subscriptions.values()):

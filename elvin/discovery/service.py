@@ -69,6 +69,7 @@ class DiscoveryService(service.Service):
                  interface=None, ttl_limit=INITIAL_LOCALITY_LIMIT, group=D.GROUP,
                  port=D.PORT, dns_sd=True, dns_sd_interfaces=None, dns_sd_probe=True,
                  router_name=None, addresses=None, refresh=DEFAULT_REFRESH):
+        self.sent = 0
         if reactor is None:
             from twisted.internet import reactor
         self.reactor = reactor
@@ -211,6 +212,7 @@ class DiscoveryService(service.Service):
     def _send(self, packet, locality):
         if self.channel is not None:
             self.channel.send(packet, locality)
+            self.sent += 1       # ERDP packets sent (adverts, withdrawals): metrics
 
     def _packet(self, packet, address, own):
         if self.advertiser is not None and not own:

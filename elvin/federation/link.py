@@ -10,6 +10,7 @@ acknowledges the other's; FedNotify carries notifications both ways.
 
 import enum
 import itertools
+import time
 
 from twisted.logger import Logger
 
@@ -51,7 +52,10 @@ class FederationLink:
         self.acked_filter = None
         self._xids = itertools.count(1)
         self._pending = {}
-        self.stats = {"in": 0, "out": 0, "loops": 0, "suppressed": 0, "duplicates": 0}
+        self.stats = {"in": 0, "out": 0, "loops": 0, "suppressed": 0, "duplicates": 0,
+                      "overload": 0}
+        #: When the peer last sent anything (wall clock; keepalives included).
+        self.last_heard = None
         #: The peer is a mesh router (elvin.federation.mesh): it said so.
         self.mesh = False
         self._size = None
@@ -97,6 +101,7 @@ class FederationLink:
 
     def packet_received(self, packet, size=None):
         """Handle one packet; ``size`` is its encoded length (for traces)."""
+        self.last_heard = time.time()
         if self.state == self.CLOSED:
             return
         self._size = size

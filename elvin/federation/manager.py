@@ -340,6 +340,7 @@ class FederationManager(RouterObserver):
             if body is None:
                 body = self._encode(attributes, deliver_insecure, keys, out_routing)
             if len(body) > FP.MAX_PACKET_LENGTH or link.output.send_encoded(body, True) is False:
+                link.stats["overload"] += 1
                 trace.notify(link, "notify_dropped_overload", "out", attributes, out_routing,
                              lambda: body)
                 continue

@@ -52,7 +52,13 @@ class RouterCollector:
                 ("elvin_dropped_deliveries", "dropped_deliveries",
                  "Deliveries dropped from slow clients' send queues (DropWarn)."),
                 ("elvin_queue_evictions", "queue_evictions",
-                 "Clients disconnected because the router-wide queue memory ran out.")):
+                 "Clients disconnected because the router-wide queue memory ran out."),
+                ("elvin_received_bytes", "bytes_in", "Bytes read from clients."),
+                ("elvin_sent_bytes", "bytes_out", "Bytes written to clients."),
+                ("elvin_discovery_packets_sent", "discovery_packets_sent",
+                 "Router discovery packets sent (adverts and withdrawals)."),
+                ("elvin_trace_records", "trace_records",
+                 "Federation trace records written (docs/traces.md).")):
             yield CounterMetricFamily(name, text, value=totals[key])
         yield GaugeMetricFamily("elvin_subscriptions", "Subscriptions registered.",
                                 value=totals["subscriptions"])
@@ -81,8 +87,15 @@ class RouterCollector:
                                       "Notifications over the link, by direction.",
                                       labels=["peer", "direction"])
         dropped = CounterMetricFamily("elvin_federation_dropped",
-                                      "Notifications from the peer not routed, by cause.",
+                                      "Notifications not carried, by cause: from the peer "
+                                      "(loop, import, duplicate) or to it (overload).",
                                       labels=["peer", "cause"])
+        sizes = CounterMetricFamily("elvin_federation_bytes",
+                                    "Bytes over the link, by direction.",
+                                    labels=["peer", "direction"])
+        heard = GaugeMetricFamily("elvin_federation_last_heard_seconds",
+                                  "Seconds since the peer last sent anything "
+                                  "(keepalives included).", labels=["peer"])
         for link in links:
             peer = link["domain"] or link["host"] or "?"
             up.add_metric([peer], 1 if link["state"] == "up" else 0)
@@ -91,9 +104,13 @@ class RouterCollector:
             carried.add_metric([peer, "in"], link["in"])
             carried.add_metric([peer, "out"], link["out"])
             for cause, key in (("loop", "loops"), ("import", "suppressed"),
-                               ("duplicate", "duplicates")):
+                               ("duplicate", "duplicates"), ("overload", "overload")):
                 dropped.add_metric([peer, cause], link[key])
-        yield from (up, active, nodes, carried, dropped)
+            sizes.add_metric([peer, "in"], link["bytes_in"])
+            sizes.add_metric([peer, "out"], link["bytes_out"])
+            if link["last_heard_s"] is not None:
+                heard.add_metric([peer], link["last_heard_s"])
+        yield from (up, active, nodes, carried, dropped, sizes, heard)
 
 
 def registry_for(source):

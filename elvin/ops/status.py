@@ -43,12 +43,15 @@ def filter_text(tree):
         return f"<unprintable filter: {e}>"
 
 
-def snapshot(router, federation=None, listeners=(), started=None, domain=None):
+def snapshot(router, federation=None, listeners=(), started=None, domain=None,
+             discovery=None):
     """The router's status now, as JSON-ready data."""
     now = time.time()
     clients = []
     queue_bytes = 0
     dropped_now = 0
+    bytes_in = router.stats.get("bytes_in", 0)
+    bytes_out = router.stats.get("bytes_out", 0)
     for session in list(router.sessions):
         queue = getattr(session.output, "queue", None)
         size = getattr(queue, "bytes", None)
@@ -57,6 +60,8 @@ def snapshot(router, federation=None, listeners=(), started=None, domain=None):
         size = size if isinstance(size, int) else 0
         queue_bytes += size
         dropped_now += session.dropped
+        bytes_in += getattr(session.output, "bytes_in", 0)
+        bytes_out += getattr(session.output, "bytes_out", 0)
         clients.append({
             "peer": session.peer, "transport": transport_of(session),
             "state": session.state.name.lower(),
@@ -74,6 +79,11 @@ def snapshot(router, federation=None, listeners=(), started=None, domain=None):
                 "in": link.stats["in"], "out": link.stats["out"],
                 "loops": link.stats["loops"], "suppressed": link.stats["suppressed"],
                 "duplicates": link.stats.get("duplicates", 0),
+                "overload": link.stats.get("overload", 0),
+                "bytes_in": getattr(link.output, "bytes_in", 0),
+                "bytes_out": getattr(link.output, "bytes_out", 0),
+                "last_heard_s": round(now - link.last_heard, 3)
+                if getattr(link, "last_heard", None) else None,
                 "filter_nodes": link.remote_filter.nodes,
                 "pull_filter": filter_text(link.remote_filter.tree),
                 "our_filter": filter_text(link.sent_filter)
@@ -103,6 +113,9 @@ def snapshot(router, federation=None, listeners=(), started=None, domain=None):
             "queue_evictions": getattr(budget, "evictions", 0),
             "send_queue_bytes": getattr(budget, "total", queue_bytes) or queue_bytes,
             "nacks": {str(code): n for code, n in sorted(router.nacks.items())},
+            "bytes_in": bytes_in, "bytes_out": bytes_out,
+            "discovery_packets_sent": getattr(discovery, "sent", 0),
+            "trace_records": getattr(getattr(federation, "trace", None), "records", 0),
         },
         "clients": clients,
         "links": links,

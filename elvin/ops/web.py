@@ -90,7 +90,7 @@ class _Reload(resource.Resource):
 
 
 def status_root(router, federation=None, listeners=(), domain=None, token=None,
-                started=None, reload=None):
+                started=None, reload=None, discovery=None):
     """The resource tree for one router. ``federation``: its manager, or a
     function returning it (it changes when a reload restarts federation);
     ``reload``: served as ``POST /reload`` when there is a ``token``."""
@@ -98,7 +98,8 @@ def status_root(router, federation=None, listeners=(), domain=None, token=None,
 
     def source():
         manager = federation() if callable(federation) else federation
-        return snapshot(router, manager, listeners, started, domain)
+        finder = discovery() if callable(discovery) else discovery
+        return snapshot(router, manager, listeners, started, domain, finder)
     root = resource.Resource()
     root.putChild(b"", _Page())
     root.putChild(b"status.json", _Json(source))

@@ -63,9 +63,14 @@ class FramedProtocol(protocol.Protocol):
 
     # -- receiving ---------------------------------------------------------
 
+    #: Bytes read and written on this channel (for metrics: elvin.ops).
+    bytes_in = 0
+    bytes_out = 0
+
     def dataReceived(self, data):
         if self._stopped:
             return
+        self.bytes_in += len(data)
         buffer = self._buffer
         if buffer:
             buffer += data
@@ -135,4 +140,5 @@ class FramedProtocol(protocol.Protocol):
 
     def sendFrame(self, data):
         """Send one packet behind its length header (no copy of ``data``)."""
+        self.bytes_out += len(data) + 4
         self.transport.writeSequence((_pack_header(len(data)), data))

@@ -118,6 +118,8 @@ class StatusListenerTests(unittest.TestCase):
         self.assertEqual(scraped[("elvin_notifications_received_total", ())], 2000)
         self.assertEqual(scraped[("elvin_deliveries_total", ())], 2000)
         self.assertEqual(scraped[("elvin_connections", (("transport", "tcp"),))], 2)
+        self.assertGreater(scraped[("elvin_received_bytes_total", ())], 2000 * 20)
+        self.assertGreater(scraped[("elvin_sent_bytes_total", ())], 2000 * 20)
         _, body = yield self.get("/status.json")
         status = json.loads(body)
         self.assertEqual(len(status["clients"]), 2)
@@ -281,3 +283,35 @@ class JsonLogTests(unittest.TestCase):
         (event,) = connected()
         self.assertTrue(event["peer"].startswith("127.0.0.1:"))
         self.assertEqual(event["log_level"]["name"], "info")
+
+
+class FederationMetricsTests(unittest.TestCase):
+    timeout = 60
+
+    @defer.inlineCallbacks
+    def test_link_metrics(self):
+        from elvin.test.test_federation import FedRouter
+        hub = FedRouter(self, "hub.test")
+        leaf = FedRouter(self, "leaf.test")
+        yield leaf.link_to(hub)
+        consumer = yield client.connect(leaf.uri)
+        self.addCleanup(consumer.close)
+        got = []
+        yield consumer.subscribe("require(n)", got.append)
+        yield wait_until(lambda: not hub.link("leaf.test").remote_filter.is_false)
+        producer = yield client.connect(hub.uri)
+        self.addCleanup(producer.close)
+        for n in range(10):
+            producer.notify({"n": n})
+        yield wait_until(lambda: len(got) == 10)
+        scraped = samples(registry_for(lambda: snapshot(hub.router, hub.manager, started=0,
+                                                        domain="hub.test")))
+        peer = (("peer", "leaf.test"),)
+        self.assertEqual(scraped[("elvin_federation_link_up", peer)], 1)
+        self.assertEqual(scraped[("elvin_federation_notifications_total",
+                                  (("direction", "out"), ("peer", "leaf.test")))], 10)
+        self.assertGreater(scraped[("elvin_federation_bytes_total",
+                                    (("direction", "out"), ("peer", "leaf.test")))], 10 * 20)
+        self.assertLess(scraped[("elvin_federation_last_heard_seconds", peer)], 30)
+        self.assertEqual(scraped[("elvin_federation_dropped_total",
+                                  (("cause", "overload"), ("peer", "leaf.test")))], 0)
