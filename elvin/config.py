@@ -37,8 +37,11 @@ def listen_uri(value, key, where, config):
 
 
 def status_uri(value, key, where):
-    """``http://host:port`` or ``https://host:port``: (scheme, host, port)."""
+    """``http://host:port``, ``https://host:port``, or a bare port (then
+    ``http://127.0.0.1:PORT``: loopback unless told otherwise)."""
     from urllib.parse import urlsplit
+    if value.isdigit():
+        value = f"http://127.0.0.1:{value}"
     parts = urlsplit(value)
     try:
         port = parts.port
@@ -83,7 +86,8 @@ ROUTER_SETTINGS = (
             "The sliding window, in seconds, for `max-protocol-errors` (more than 0)."),
     Setting("status-listen", lambda v, k, w, c: status_uri(v, k, w), None, "none (off)",
             "Serve the status page, `/status.json` and Prometheus `/metrics` here: "
-            "`http://127.0.0.1:9917` (or `https://...`, with `tls-certificate`). Off "
+            "`http://127.0.0.1:9917`, `https://...` (with `tls-certificate`), or a bare "
+            "port (on 127.0.0.1). Off "
             "unless set; give a loopback address unless the page should be reachable "
             "from elsewhere (docs/operations.md)."),
     Setting("status-token", text, None, "none",

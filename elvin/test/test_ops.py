@@ -315,3 +315,40 @@ class FederationMetricsTests(unittest.TestCase):
         self.assertLess(scraped[("elvin_federation_last_heard_seconds", peer)], 30)
         self.assertEqual(scraped[("elvin_federation_dropped_total",
                                   (("cause", "overload"), ("peer", "leaf.test")))], 0)
+
+
+class HttpsTests(unittest.TestCase):
+    timeout = 60
+
+    def test_bare_port_means_loopback(self):
+        from elvin.config import parse
+        self.assertEqual(parse("status-listen = 9917\n").status_listen,
+                         ("http", "127.0.0.1", 9917))
+
+    @defer.inlineCallbacks
+    def test_https_listener_with_the_router_certificate(self):
+        import ssl
+        import trustme
+        from elvin import tap
+        from elvin.config import parse
+        from elvin.test.places import free_port
+        ca = trustme.CA()
+        folder = os.path.abspath(self.mktemp())
+        os.makedirs(folder)
+        cert = os.path.join(folder, "router.pem")
+        ca.issue_cert("127.0.0.1").private_key_and_cert_chain_pem.write_to_path(cert)
+        port = free_port()
+        config = parse(f"status-listen = https://127.0.0.1:{port}\n"
+                       f"tls-certificate = {cert}\n", os.path.join(folder, "x.conf"))
+        listener = tap.status_service(reactor, config, Router())
+        listener.startService()
+        self.addCleanup(listener.stopService)
+        context = ssl.create_default_context()
+        ca.configure_trust(context)
+
+        def fetch():
+            with urllib.request.urlopen(f"https://127.0.0.1:{port}/status.json",
+                                        context=context, timeout=10) as response:
+                return json.loads(response.read())
+        status = yield threads.deferToThread(fetch)
+        self.assertEqual(status["totals"]["connections_open"], 0)
