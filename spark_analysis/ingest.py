@@ -15,6 +15,7 @@ import re
 from spark_analysis import traceformat as tf
 
 __all__ = ["trace_schema", "TraceInputError", "list_trace_files", "prune_by_name",
+           "unreadable_files",
            "read_traces", "write_events", "ingest_stats", "locate_bad_lines",
            "display_path"]
 
@@ -94,6 +95,25 @@ def list_trace_files(path, spark=None):
     if not found:
         raise TraceInputError(f"no trace files (*.jsonl, *.jsonl.gz) under {path}")
     return found
+
+
+def unreadable_files(files):
+    """[(path, reason)] of the local ``.gz`` files that do not decompress to
+    the end (truncated, corrupt): one such file would otherwise stop
+    Spark's whole read. Each is read through once, in bounded memory."""
+    import gzip
+    import zlib
+    bad = []
+    for path, _ in files:
+        if not (path.endswith(".gz") and _is_local(path)):
+            continue
+        try:
+            with gzip.open(_local(path), "rb") as f:
+                while f.read(1 << 20):
+                    pass
+        except (EOFError, OSError, zlib.error) as e:
+            bad.append((path, f"not a readable gzip file ({e or type(e).__name__})"))
+    return bad
 
 
 def prune_by_name(files, since_us=None, until_us=None, margin_us=300 * 10**6):
@@ -214,6 +234,9 @@ def read_traces(spark, files, since_us=None, until_us=None):
     from pyspark.sql import functions as F
     raw = (spark.read.schema(_schema())
            .option("mode", "PERMISSIVE")
+           # A file Spark cannot read at all (a truncated .gz on a remote
+           # store, where unreadable_files cannot look) is skipped, not fatal.
+           .option("ignoreCorruptFiles", "true")
            .option("columnNameOfCorruptRecord", "_corrupt")
            .json([p for p, _ in files]))
     lines = raw.select(F.struct(*[F.col(c) for c in raw.columns]).alias("r"),

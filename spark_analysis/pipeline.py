@@ -49,6 +49,7 @@ class Analysis:
         self.tables = {}          # name -> [dict] (CSV tables, sorted, limited)
         self.series = {}          # chart data -> [dict]
         self.files = []           # [(path, size)] read
+        self.unreadable = []      # [(path, reason)] skipped: not readable gzip
         self.file_stats = {}      # path -> (ok, bad)
         self.bad_examples = []    # [(file, line, reason, text)]
         self.records = 0
@@ -166,6 +167,22 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
         raise ingest.TraceInputError(
             f"none of the {listed} trace files under {trace_dir} can hold records "
             f"in the requested time range")
+    # A truncated or corrupt .gz would stop Spark's whole read: name it,
+    # skip it and go on (issue 22, item 6).
+    unreadable = ingest.unreadable_files(files)
+    analysis.unreadable = unreadable
+    if unreadable:
+        skipped = {path for path, _ in unreadable}
+        files = [(path, size) for path, size in files if path not in skipped]
+        for path, reason in unreadable:
+            if progress:
+                print(f"      warning: {_display(path)}: {reason}; skipped",
+                      file=progress, flush=True)
+        if not files:
+            raise ingest.TraceInputError(
+                f"no readable trace files under {trace_dir}: "
+                + "; ".join(f"{_display(p)}: {r}" for p, r in unreadable))
+    listed_files = list(files)
     analysis.files = files
     total = sum(size for _, size in files)
     analysis.stage_seconds["files"] = steps.done(
@@ -193,9 +210,16 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
         print(f"      warning: {analysis.bad_lines} bad lines in {len(bad_files)} files "
               f"counted and skipped" + (f" ({more} files not itemised)" if more else ""),
               file=progress, flush=True)
-    _write_csv(os.path.join(out_dir, "csv", "files.csv"),
-               [{"file": f, "records": ok, "bad_lines": bad}
-                for f, (ok, bad) in sorted(stats.items())], ["file", "records", "bad_lines"])
+    # Every file read is listed (an empty one with 0 records), and every
+    # file skipped as unreadable, with why.
+    by_file = {_same_file(f): (ok, bad) for f, (ok, bad) in stats.items()}
+    rows = [{"file": path, "records": by_file.get(_same_file(path), (0, 0))[0],
+             "bad_lines": by_file.get(_same_file(path), (0, 0))[1], "skipped": ""}
+            for path, _ in listed_files]
+    rows += [{"file": path, "records": 0, "bad_lines": 0, "skipped": reason}
+             for path, reason in unreadable]
+    _write_csv(os.path.join(out_dir, "csv", "files.csv"), sorted(rows, key=lambda r: r["file"]),
+               ["file", "records", "bad_lines", "skipped"])
     _write_csv(os.path.join(out_dir, "csv", "bad_lines.csv"),
                [{"file": f, "line": n, "reason": r, "text": t}
                 for f, n, r, t in analysis.bad_examples], ["file", "line", "reason", "text"])
@@ -296,6 +320,16 @@ def _series(minute, links, bucket, *values):
                  .groupBy("router", "peer", "direction",
                           (F.col("minute_us") - F.col("minute_us") % bucket).alias("t_us"))
                  .agg(*[F.sum(v).alias(v) for v in values]).orderBy("t_us"))
+
+
+def _same_file(path):
+    """A file's path as Spark and os both name it (file:/x and /x alike)."""
+    from urllib.parse import unquote
+    if path.startswith("file:"):
+        path = unquote(path[len("file:"):])
+        while path.startswith("//"):
+            path = path[1:]
+    return os.path.abspath(path) if path.startswith("/") else path
 
 
 def _display(path):

@@ -638,6 +638,12 @@ def write_report(analysis):
              '<nav><a href="#links">Links</a><a href="#filters">Filters</a>'
              '<a href="#drops">Loops and drops</a><a href="#paths">Paths</a>'
              '<a href="#interest">Interest</a><a href="#data">Data</a></nav>']
+    unreadable = getattr(a, "unreadable", [])
+    if unreadable:
+        items = "".join(f"<li>{html.escape(_display(f))}: {html.escape(r)}</li>"
+                        for f, r in unreadable)
+        parts.append(f'<div class="warn"><b>{len(unreadable)} trace files could not be read '
+                     f'and were skipped.</b><ul>{items}</ul></div>')
     if a.bad_lines:
         items = "".join(f"<li>{html.escape(_display(f))} line {n}: {html.escape(r)}</li>"
                         for f, n, r, _ in a.bad_examples[:20])

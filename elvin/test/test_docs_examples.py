@@ -28,6 +28,9 @@ NOT_RUN = {
         "installs the package and runs the whole suite: what .ci/run does",
     ("docs/analysis.md", "pip install '.[spark]'"):
         "installs pyspark; the analysis itself is tested in test_spark_analysis",
+    ("docs/analysis.md", "export SPARK_HOME=$(python -c 'import pyspark, os; print(os.pa"):
+        "starts a standalone Spark master and worker (minutes, fixed port 7077); "
+        "the analysis itself is tested in test_spark_analysis",
     ("docs/analysis.md", "SPARK_SUBMIT=$(python -c 'import pyspark, os; print(os.path."):
         "spark-submit on a cluster: bench/spark_cluster-style runs, minutes long",
     ("docs/discovery.md", "twistd -n elvin --discovery -l elvin://0.0.0.0:2917"):

@@ -10,6 +10,7 @@ the reason, when pyspark or Java is missing.
 import contextlib
 import io
 import json
+import csv
 import os
 import shutil
 import tempfile
@@ -152,6 +153,12 @@ def write_handmade(directory):
         f.write("\n".join(lines) + "\n\n")        # a trailing blank line is ignored
     with open(os.path.join(directory, "README.txt"), "w") as f:
         f.write("not a trace file\n")
+    # A truncated .gz (one bad file never sinks a run) and an empty file.
+    import gzip
+    whole = gzip.compress(("\n".join(lines) + "\n").encode() * 50)
+    with open(os.path.join(directory, "hosts", "c", "cut.jsonl.gz"), "wb") as f:
+        f.write(whole[:len(whole) // 2])
+    open(os.path.join(directory, "hosts", "c", "empty.jsonl"), "w").close()
 
 
 def handmade_analysis():
@@ -487,7 +494,16 @@ class HandmadeTests(unittest.SynchronousTestCase):
 
     def test_ingest(self):
         a = self.analysis
-        self.assertEqual(len(a.files), 3)                      # README.txt is not read
+        # README.txt is not read; the truncated .gz is skipped and named.
+        self.assertEqual(len(a.files), 4)
+        self.assertEqual([(os.path.basename(p), "gzip" in r) for p, r in a.unreadable],
+                         [("cut.jsonl.gz", True)])
+        with open(os.path.join(a.out_dir, "csv", "files.csv")) as f:
+            rows = {os.path.basename(row["file"]): row for row in csv.DictReader(f)}
+        self.assertEqual(rows["empty.jsonl"]["records"], "0")      # listed though empty
+        self.assertIn("gzip", rows["cut.jsonl.gz"]["skipped"])
+        with open(os.path.join(a.out_dir, "report.html"), encoding="utf-8") as f:
+            self.assertIn("cut.jsonl.gz", f.read())
         self.assertEqual(a.bad_lines, 2)
         self.assertEqual(a.records, sum(len(v) for v in handmade_records().values()))
         self.assertEqual([(os.path.basename(f), n) for f, n, _, _ in a.bad_examples],
@@ -622,6 +638,8 @@ class HandmadeTests(unittest.SynchronousTestCase):
         from spark_analysis import ingest
         spark = spark_session()
         files = ingest.list_trace_files(self.traces)
+        unreadable = {path for path, _ in ingest.unreadable_files(files)}
+        files = [(path, size) for path, size in files if path not in unreadable]
         rows = (ingest.read_traces(spark, files, T(35), T(55))
                 .groupBy("status").agg(F.count(F.lit(1)).alias("n")).collect())
         self.assertEqual({r["status"]: r["n"] for r in rows}, {"ok": 6, "bad": 2})
