@@ -345,7 +345,7 @@ def paths(events):
     route_key = F.xxhash64("routing", "router")
     hops = (received.groupBy("hops")
             .agg(F.count(F.lit(1)).alias("deliveries"),
-                 F.approx_count_distinct("digest").alias("notifications")))
+                 F.countDistinct("digest").alias("notifications")))
 
     # partition keys are 64-bit hashes: much cheaper to shuffle and sort than
     # the strings, and a collision (2^-64 per pair) would only mismatch a few
@@ -425,7 +425,7 @@ def interest(events, start_us, end_us):
                  .groupBy("attribute_names", "origin").agg(F.max("n").alias("n"))
                  .groupBy("attribute_names").agg(F.sum("n").alias("published")))
     attr_sets = (notify.groupBy(names, F.size("attrs").alias("attributes"))
-                 .agg(F.approx_count_distinct("digest").alias("distinct"),
+                 .agg(F.countDistinct("digest").alias("distinct"),
                       _count_if(e == "notify_forwarded").alias("crossings"),
                       _sum_if(e == "notify_forwarded", F.col("size")).alias("crossing_bytes"),
                       _count_if((F.col("direction") == "out") & e.isin(*CONSIDERED))

@@ -665,3 +665,25 @@ class BadInputTests(unittest.SynchronousTestCase):
         self.assertIn("no valid trace records", message)
         self.assertIn("2 bad lines", message)
         self.assertIn("x-20240501T120000Z-000001.jsonl line 1: missing field 'ts_us'", message)
+
+
+class ExactDistinctTests(unittest.SynchronousTestCase):
+    """"distinct" is exact (issue 22, item 2): the distinct digests of the
+    hand-made traces per attribute-name set, counted here in Python."""
+
+    timeout = 300
+
+    def test_distinct_is_exact(self):
+        traces, analysis = handmade_analysis()
+        digests = {}
+        for lines in handmade_records().values():
+            for line in lines:
+                record = json.loads(line)
+                if record["event"].startswith("notify") and "digest" in record:
+                    digests.setdefault(tuple(record["attrs"]), set()).add(record["digest"])
+        rows = analysis.tables["attr_sets"]
+        self.assertTrue(rows)
+        for row in rows:
+            names = tuple(row["attribute_names"].split(",")) if isinstance(
+                row["attribute_names"], str) else tuple(row["attribute_names"])
+            self.assertEqual(row["distinct"], len(digests[names]), names)
