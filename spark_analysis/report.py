@@ -95,18 +95,33 @@ def _time_axis(ax):
 
 
 def _rate_points(analysis, rows, value):
-    """(time, value per minute) for bucketed rows, using the part of each bucket
-    inside the analysed window and skipping buckets less than 10% inside it."""
+    """(time, count) per bucket for bucketed rows: the real counts, with a
+    zero for every bucket of the analysed window that had none (so a line
+    drops to zero through an outage instead of bridging it), never scaled
+    up for a bucket only partly inside the window (issue 22, item 3)."""
     bucket = analysis.series["bucket_us"]
-    points = []
+    counts = {}
     for r in rows:
-        lo = max(r["t_us"], analysis.start_us)
-        hi = min(r["t_us"] + bucket, analysis.end_us)
-        covered = hi - lo
-        if covered < bucket / 10:
-            continue
-        points.append((_when(r["t_us"]), r[value] / (covered / 60e6)))
-    return [p[0] for p in points], [p[1] for p in points]
+        counts[r["t_us"]] = counts.get(r["t_us"], 0) + r[value]
+    first = (analysis.start_us // bucket) * bucket
+    xs, ys = [], []
+    t = first
+    while t < analysis.end_us:
+        xs.append(_when(t))
+        ys.append(counts.get(t, 0))
+        t += bucket
+    return xs, ys
+
+
+def _per_bucket(analysis):
+    """How the y axis of a bucketed chart reads: "per minute", "per 5 minutes"."""
+    minutes = analysis.series["bucket_us"] / 60e6
+    return "per minute" if minutes == 1 else f"per {minutes:g} minutes"
+
+
+def _legend_outside(ax):
+    """The legend beside the plot, never over the data."""
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
 
 
 def _empty(fig_name, figs, message):
@@ -212,9 +227,10 @@ def fig_link_traffic(figs):
     for (router, peer), rows in per.items():
         xs, ys = _rate_points(a, rows, "notifications")
         ax.plot(xs, ys, label=f"{figs.s(router)} \u2192 {figs.s(peer)}", linewidth=1.2)
-    ax.set_ylabel("notifications per minute")
-    ax.set_title("Notifications forwarded per minute, busiest links")
-    ax.legend(fontsize=8, ncol=2)
+    ax.set_ylabel(f"notifications {_per_bucket(a)}")
+    ax.set_title(f"Notifications forwarded {_per_bucket(a)}, busiest links")
+    ax.set_ylim(bottom=0)
+    _legend_outside(ax)
     ax.grid(alpha=0.3)
     _time_axis(ax)
     figs.save(fig, "link_traffic")
@@ -233,7 +249,7 @@ def fig_link_traffic(figs):
             reading += (f" Traffic is bursty: {figs.s(peaky['router'])} \u2192 "
                         f"{figs.s(peaky['peer'])} peaked at {ratio:.0f}\u00d7 its mean rate.")
     if a.series["bucket_us"] > 60e6:
-        reading += f" (Each point averages {a.series['bucket_us'] / 60e6:.0f} minutes.)"
+        reading += f" (Each point counts {a.series['bucket_us'] / 60e6:.0f} minutes.)"
     return "link_traffic", reading
 
 
@@ -347,9 +363,10 @@ def fig_drops(figs):
     for label, rows in sorted(per.items()):
         xs, ys = _rate_points(a, rows, "drops")
         ax.plot(xs, ys, marker=".", linewidth=1, label=label)
-    ax.set_ylabel("drops per minute")
+    ax.set_ylabel(f"drops {_per_bucket(a)}")
     ax.set_title("Loops stopped and notifications dropped")
-    ax.legend(fontsize=8)
+    ax.set_ylim(bottom=0)
+    _legend_outside(ax)
     ax.grid(alpha=0.3)
     _time_axis(ax)
     figs.save(fig, "drops")

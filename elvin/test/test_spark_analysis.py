@@ -687,3 +687,20 @@ class ExactDistinctTests(unittest.SynchronousTestCase):
             names = tuple(row["attribute_names"].split(",")) if isinstance(
                 row["attribute_names"], str) else tuple(row["attribute_names"])
             self.assertEqual(row["distinct"], len(digests[names]), names)
+
+
+class TrafficPointsTests(unittest.SynchronousTestCase):
+    """The traffic chart plots real counts, with zeros where there was no
+    traffic (issue 22, item 3): 128 real is drawn 128, an outage drops to 0."""
+
+    def test_real_counts_and_zeros(self):
+        from types import SimpleNamespace
+        from spark_analysis.report import _rate_points
+        minute = 60 * 10**6
+        a = SimpleNamespace(series={"bucket_us": minute}, start_us=30 * 10**6,
+                            end_us=4 * minute + 20 * 10**6)
+        rows = [{"t_us": 0, "n": 128}, {"t_us": 3 * minute, "n": 7},
+                {"t_us": 3 * minute, "n": 1}]
+        xs, ys = _rate_points(a, rows, "n")
+        self.assertEqual(ys, [128, 0, 0, 8, 0])      # partial first minute not scaled up
+        self.assertEqual(len(xs), 5)
