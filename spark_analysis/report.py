@@ -38,6 +38,17 @@ def _bytes(value):
     return f"{value:.1f} TB"
 
 
+def _byte_unit(largest):
+    """(unit, divisor) that shows ``largest`` bytes as 1 to 999 of a unit:
+    a chart of a few kilobytes reads in kB, not 0.00 MB (issue 22, item 5)."""
+    scale = 1
+    for unit in ("B", "kB", "MB", "GB"):
+        if largest < 1000 * scale or unit == "GB":
+            return unit, scale
+        scale *= 1000
+    return "GB", scale
+
+
 def _pct(part, whole):
     return 100.0 * part / whole if whole else 0.0
 
@@ -318,13 +329,14 @@ def fig_flood(figs):
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.5))
     labels = [f"{figs.s(r['router'])} \u2192 {figs.s(r['peer'])}" for r in rows]
     ys = range(len(rows))
-    ax.barh([y + 0.2 for y in ys], [r["flood_bytes"] / 1e6 for r in rows], height=0.4,
+    unit, scale = _byte_unit(max(r["flood_bytes"] for r in rows))
+    ax.barh([y + 0.2 for y in ys], [r["flood_bytes"] / scale for r in rows], height=0.4,
             color="#ced4da", label="flood without filters")
-    ax.barh([y - 0.2 for y in ys], [r["forwarded_bytes"] / 1e6 for r in rows], height=0.4,
+    ax.barh([y - 0.2 for y in ys], [r["forwarded_bytes"] / scale for r in rows], height=0.4,
             color=COLOURS["forwarded"], label="actually forwarded")
     ax.set_yticks(list(ys))
     ax.set_yticklabels(labels)
-    ax.set_xlabel("MB")
+    ax.set_xlabel(unit)
     ax.set_title("Bytes per link: flooding everything vs. what the filters let through")
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(axis="x", alpha=0.3)

@@ -704,3 +704,11 @@ class TrafficPointsTests(unittest.SynchronousTestCase):
         xs, ys = _rate_points(a, rows, "n")
         self.assertEqual(ys, [128, 0, 0, 8, 0])      # partial first minute not scaled up
         self.assertEqual(len(xs), 5)
+
+
+class ByteUnitTests(unittest.SynchronousTestCase):
+    def test_units_fit(self):
+        from spark_analysis.report import _byte_unit
+        self.assertEqual(_byte_unit(640), ("B", 1))
+        self.assertEqual(_byte_unit(4_200), ("kB", 1000))
+        self.assertEqual(_byte_unit(12_000_000), ("MB", 1_000_000))
