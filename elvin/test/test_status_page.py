@@ -46,7 +46,14 @@ class Browser:
              "--remote-debugging-port=0", "--remote-debugging-address=127.0.0.1",
              f"--user-data-dir={self.profile}", "--window-size=1200,900",
              "--no-first-run", "--no-default-browser-check", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self._attach(websocket)
+        except BaseException:
+            self._stop()            # never leave a browser behind
+            raise
+
+    def _attach(self, websocket):
         port_file = os.path.join(self.profile, "DevToolsActivePort")
         deadline = time.monotonic() + 30
         while not os.path.exists(port_file) and time.monotonic() < deadline:
@@ -77,9 +84,17 @@ class Browser:
         try:
             self.ws.close()
         finally:
-            self.proc.kill()
-            self.proc.wait(10)
-            shutil.rmtree(self.profile, ignore_errors=True)
+            self._stop()
+
+    def _stop(self):
+        """Stop chromium and every process it started (its own group)."""
+        import signal
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10)
+        shutil.rmtree(self.profile, ignore_errors=True)
 
 
 class StatusPageBrowserTest(unittest.TestCase):
