@@ -383,11 +383,7 @@ class Connection(ClientState):
         async def dial(protocol_factory: Callable[[], _Protocol]) -> Any:
             return await _open(uri, loop, protocol_factory, *open_args)
         self.uri, self._dial = uri, dial
-        if self.on_redirect is not None:
-            try:
-                self.on_redirect(uri)
-            except Exception:
-                self._callback_failed("on_redirect")
+        self.redirected(uri)
         self._reconnecting = self.loop.create_task(self._reconnect(at_once=True))
         return True
 

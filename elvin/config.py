@@ -20,7 +20,8 @@ from elvin.core.options import OPTIONS
 from elvin.core.router import MAX_PROTOCOL_ERRORS, PROTOCOL_ERROR_WINDOW
 from elvin.uri import ElvinURI, InvalidURIError
 
-__all__ = ["ConfigError", "RouterConfig", "load", "parse", "listen_uri", "config_file"]
+__all__ = ["ConfigError", "RouterConfig", "SettingsConfig", "load", "parse", "listen_uri",
+           "config_file", "status_uri"]
 
 
 def listen_uri(value, key, where, config):
@@ -36,7 +37,7 @@ def listen_uri(value, key, where, config):
     return uri
 
 
-def status_uri(value, key, where):
+def status_uri(value, key, where, config=None):
     """``http://host:port``, ``https://host:port``, or a bare port (then
     ``http://127.0.0.1:PORT``: loopback unless told otherwise)."""
     from urllib.parse import urlsplit
@@ -84,7 +85,7 @@ ROUTER_SETTINGS = (
             "reason 4. Refused requests (2xxx) never count. `0`: never disconnect."),
     Setting("protocol-error-window", duration(False), PROTOCOL_ERROR_WINDOW, "`10`",
             "The sliding window, in seconds, for `max-protocol-errors` (more than 0)."),
-    Setting("status-listen", lambda v, k, w, c: status_uri(v, k, w), None, "none (off)",
+    Setting("status-listen", status_uri, None, "none (off)",
             "Serve the status page, `/status.json` and Prometheus `/metrics` here: "
             "`http://127.0.0.1:9917`, `https://...` (with `tls-certificate`), or a bare "
             "port (on 127.0.0.1). Off "
@@ -127,14 +128,34 @@ def reference_table():
     return "\n".join(setting.row() for setting in ROUTER_SETTINGS)
 
 
-class RouterConfig:
-    """Settings for one router, from defaults, a file and the command line."""
+class SettingsConfig:
+    """The values of a settings table (``SETTINGS``), starting from their
+    defaults; files it names are relative to the configuration file's
+    folder. The router's and the proxy's configurations are two of these."""
+
+    SETTINGS = ()
 
     def __init__(self):
-        for setting in ROUTER_SETTINGS:
+        for setting in self.SETTINGS:
             setattr(self, setting.attr, copy.copy(setting.default))
         self.option_specs = dict(OPTIONS)
         self.source = None
+
+    def _path(self, value):
+        """A file named in the configuration: relative to the file's folder."""
+        source = self.source
+        if os.path.isabs(value) or not source or source.startswith("<"):
+            return value
+        return os.path.join(os.path.dirname(source), value)
+
+
+class RouterConfig(SettingsConfig):
+    """Settings for one router, from defaults, a file and the command line."""
+
+    SETTINGS = ROUTER_SETTINGS
+
+    def __init__(self):
+        super().__init__()
         # Router discovery, off by default (docs/discovery.md)
         _discovery_settings.init(self)
         # Federation (docs/federation.md)
@@ -181,14 +202,6 @@ class RouterConfig:
         if self.drain and self.redirect_to is None and not self.discovery:
             raise ConfigError(f"{filename}: drain = yes needs redirect-to (where clients "
                               "go), or discovery to find another router")
-
-    def _path(self, value):
-        """A file named in the configuration: relative to the file's folder."""
-        source = self.source
-        if os.path.isabs(value) or not source or source.startswith("<"):
-            return value
-        return os.path.join(os.path.dirname(source), value)
-
 
 def parse(text, filename="<config>", config=None):
     """Apply the settings in ``text`` to ``config`` (a new one by default)."""

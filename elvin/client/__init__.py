@@ -309,11 +309,7 @@ class Connection(ClientState):
             return False
         self.log.info("redirected from {old} to {new}", old=self.uri, new=uri)
         self.uri, self._endpoint = uri, endpoint
-        if self.on_redirect is not None:
-            try:
-                self.on_redirect(uri)
-            except Exception:
-                self._callback_failed("on_redirect")
+        self.redirected(uri)
         self._reconnecting = defer.ensureDeferred(self._reconnect(at_once=True))
         return True
 
@@ -388,11 +384,7 @@ class Connection(ClientState):
                     continue
                 self.router = record
                 self.log.info("failed over to {uri} ({router})", uri=uri, router=record.name)
-                if self.on_redirect is not None:
-                    try:
-                        self.on_redirect(self.uri)
-                    except Exception:
-                        self._callback_failed("on_redirect")
+                self.redirected(self.uri)
                 return True
             return False
         finally:

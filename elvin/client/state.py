@@ -506,6 +506,15 @@ class ClientState:
             self.session_subscriptions[sub_id] = SessionSubscription(
                 sub_id, next(iter(self.sessions)), expression, accept_insecure)
 
+    def redirected(self, uri: Any) -> None:
+        """The session moved to ``uri`` (a redirection or a failover): tell
+        the program (``on_redirect``); a callback that raises is logged."""
+        if self.on_redirect is not None:
+            try:
+                self.on_redirect(uri)
+            except Exception:
+                self._callback_failed("on_redirect")
+
     def redirect_allowed(self, now: float) -> bool:
         """May we follow one more redirection at time ``now``? Not a sixth
         within ten seconds: routers redirecting to each other (a loop)."""

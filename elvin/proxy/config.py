@@ -7,12 +7,8 @@ table in docs/proxy.md is generated from PROXY_SETTINGS
 (``python -m elvin.proxy.config``).
 """
 
-import copy
-import os
-
-from elvin.config import ROUTER_SETTINGS, config_file, listen_uri, load, parse
-from elvin.configvalues import ConfigError, Setting, at_least, duration, flag, text
-from elvin.core.options import OPTIONS
+from elvin.config import ROUTER_SETTINGS, SettingsConfig, config_file, listen_uri, load, parse
+from elvin.configvalues import ConfigError, Setting, at_least, duration, text
 from elvin.endpoints import UDP, stack_kind
 from elvin.uri import ElvinURI, InvalidURIError
 
@@ -94,14 +90,10 @@ PROXY_SETTINGS = (
 _BY_NAME = {setting.name: setting for setting in PROXY_SETTINGS}
 
 
-class ProxyConfig:
+class ProxyConfig(SettingsConfig):
     """Settings for one proxy, from defaults, a file and the command line."""
 
-    def __init__(self):
-        for setting in PROXY_SETTINGS:
-            setattr(self, setting.attr, copy.copy(setting.default))
-        self.option_specs = dict(OPTIONS)
-        self.source = None
+    SETTINGS = PROXY_SETTINGS
 
     def set(self, name, value, where):
         key = name.strip()
@@ -119,11 +111,6 @@ class ProxyConfig:
         if self.upstream_scope is not None and self.upstream is not None:
             raise ConfigError(f"{filename}: upstream-scope needs upstream = discover")
 
-    def _path(self, value):
-        source = self.source
-        if os.path.isabs(value) or not source or source.startswith("<"):
-            return value
-        return os.path.join(os.path.dirname(source), value)
 
 
 def parse_proxy_config(text_, filename="<config>"):

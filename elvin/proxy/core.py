@@ -233,7 +233,7 @@ class ProxyCore:
             session.clients.discard(client)
             if not session.persistent:
                 for sub in list(session.subscriptions.values()):
-                    self._forget(sub)
+                    self.remove_subscription(sub)
 
     def shutdown(self) -> None:
         self.closing = True
@@ -270,7 +270,7 @@ class ProxyCore:
 
     def delete_session(self, session: Session) -> None:
         for sub in list(session.subscriptions.values()):
-            self._forget(sub)
+            self.remove_subscription(sub)
         self.named.pop(session.name, None)
         self.store.delete_session(session.name)
         for client in list(session.clients):
@@ -297,7 +297,7 @@ class ProxyCore:
                                         sub.accept_insecure, sub.ttl, sub.max_count,
                                         keys_to_bytes(KeyRing.EMPTY, sub.keys))
 
-    def _forget(self, sub: ProxySubscription) -> None:
+    def remove_subscription(self, sub: ProxySubscription) -> None:
         """Remove ``sub`` here, from the store and upstream."""
         sub.session.subscriptions.pop(sub.id, None)
         self.subscriptions.pop(sub.id, None)
@@ -308,8 +308,6 @@ class ProxyCore:
             self._unsubscribe(sub.upstream_id)
             sub.upstream_id = None
 
-    def remove_subscription(self, sub: ProxySubscription) -> None:
-        self._forget(sub)
 
     def announce(self, session: Session, event: Dict[str, Any], but=None) -> None:
         """Tell the session's connected clients (except ``but``) of a change."""
