@@ -38,6 +38,15 @@ def build_parser():
                              "whatever spark-submit or Spark's configuration says, else local[*]")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="extra Spark setting (repeatable)")
+    parser.add_argument("--rebuild", action="store_true",
+                        help="forget the table under --tables and read every trace file again "
+                             "(by default only what was not read before is read)")
+    parser.add_argument("--ui", action="store_true",
+                        help="local mode: keep Spark's web UI on (http://127.0.0.1:4040); "
+                             "off by default")
+    parser.add_argument("--event-log", metavar="DIR",
+                        help="write Spark's event log to DIR (uncompressed), and print where "
+                             "the time went, stage by stage, at the end")
     parser.add_argument("--no-report", action="store_true",
                         help="only write the tables (no charts, no HTML)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -63,7 +72,8 @@ def main(argv=None):
     progress = None if args.quiet else sys.stderr
 
     from spark_analysis import ingest, pipeline
-    from spark_analysis.session import get_session, pyspark_available
+    from spark_analysis.session import (get_session, is_local_master, jvm_stderr_to,
+                                        local_settings, pyspark_available)
 
     files = None
     if ingest._is_local(args.trace_dir):
@@ -77,23 +87,48 @@ def main(argv=None):
     if missing:
         print(f"error: {missing}", file=sys.stderr)
         return 1
-    if "PYSPARK_GATEWAY_PORT" not in os.environ and (args.master or "local").startswith("local"):
-        # we start a local Spark ourselves: its Python workers use this Python
+    local = is_local_master(args.master)
+    settings = {}
+    jvm_log = None
+    if local:
+        # we start a local Spark ourselves: its Python workers use this
+        # Python; it stays on loopback and keeps its notices to a log file
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        settings.update(local_settings(ui=args.ui))
+        os.makedirs(args.out, exist_ok=True)
+        jvm_log = os.path.join(os.path.abspath(args.out), "spark-jvm.log")
+    if args.event_log:
+        os.makedirs(args.event_log, exist_ok=True)
+        settings.update({"spark.eventLog.enabled": "true", "spark.eventLog.compress": "false",
+                         "spark.eventLog.rolling.enabled": "false",
+                         "spark.eventLog.dir": "file://" + os.path.abspath(args.event_log)})
+    settings.update(conf)            # the user's --conf wins
     began = time.monotonic()
     if progress:
         print("starting Spark ...", file=progress, flush=True)
-    spark = get_session(args.master, conf=conf)
+    if jvm_log:
+        with jvm_stderr_to(jvm_log):
+            spark = get_session(args.master, conf=settings)
+    else:
+        spark = get_session(args.master, conf=settings)
     if progress:
         print(f"      Spark {spark.version}, master {spark.sparkContext.master} "
-              f"({time.monotonic() - began:.1f} s)", file=progress, flush=True)
+              f"({time.monotonic() - began:.1f} s)"
+              + (f"; JVM log {jvm_log}" if jvm_log else ""), file=progress, flush=True)
     try:
         analysis = pipeline.run(spark, args.trace_dir, args.out, since, until,
                                 progress=progress, files=files, report=not args.no_report,
-                                tables_dir=args.tables)
+                                tables_dir=args.tables, rebuild=args.rebuild)
     except ingest.TraceInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    if args.event_log:
+        from spark_analysis import eventlog
+        log = os.path.join(args.event_log, spark.sparkContext.applicationId)
+        spark.stop()
+        if progress and os.path.exists(log):
+            print(f"where the time went (event log {log}):", file=progress)
+            print(eventlog.format_summary(eventlog.summarise(log)), file=progress, flush=True)
     if progress:
         where = os.path.join(args.out, "report.html") if not args.no_report else args.out
         print(f"wrote {where} ({analysis.records:,} records, {analysis.bad_lines:,} bad lines "

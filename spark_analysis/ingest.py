@@ -14,7 +14,7 @@ import re
 
 from spark_analysis import traceformat as tf
 
-__all__ = ["trace_schema", "TraceInputError", "list_trace_files", "prune_by_name",
+__all__ = ["trace_schema", "events_schema", "TraceInputError", "list_trace_files", "prune_by_name",
            "unreadable_files",
            "read_traces", "write_events", "ingest_stats", "locate_bad_lines",
            "display_path"]
@@ -149,12 +149,22 @@ def prune_by_name(files, since_us=None, until_us=None, margin_us=300 * 10**6):
 # parsing and checking
 
 def _bad_reason():
-    """Column: why a parsed line is bad, or null (traceformat.check_record's rules)."""
+    """Column: why a parsed line is bad, or null (traceformat.check_record's rules).
+
+    Written for speed, as it runs on every line: one hash lookup for the
+    event, one for the (event, direction) pair, and no lambdas or regular
+    expressions (those are evaluated row by row outside generated code).
+    """
     from pyspark.sql import functions as F
     r = lambda name: F.col("r." + name)  # noqa: E731
     event = r("event")
     notify = event.isin(*tf.NOTIFY_EVENTS)
     subreplace = event.isin(*tf.SUBREPLACE_EVENTS)
+    pairs = [f"{name}/{d}" for name, directions in tf.DIRECTIONS.items() for d in directions]
+    digest = r("digest")
+    # a marker no domain holds: arrays_overlap(list, [marker]) is null
+    # exactly when the (non-empty) list holds a null
+    marker = F.array(F.lit("\u0000"))
     checks = [
         (F.col("r").isNull(), F.lit("not a JSON object")),
         (r("_corrupt").isNotNull(), F.lit("not a JSON object with fields of the right types")),
@@ -169,14 +179,8 @@ def _bad_reason():
         (event.isNull(), F.lit("missing field 'event'")),
         (~event.isin(*tf.EVENTS), F.concat(F.lit("unknown event '"), event, F.lit("'"))),
         (r("direction").isNull(), F.lit("missing field 'direction'")),
-    ]
-    allowed = None
-    for name, directions in tf.DIRECTIONS.items():
-        cond = (event == name) & ~r("direction").isin(*directions)
-        allowed = cond if allowed is None else allowed | cond
-    checks += [
-        (allowed, F.concat(F.lit("direction '"), r("direction"),
-                           F.lit("' not allowed for "), event)),
+        (~F.concat(event, F.lit("/"), r("direction")).isin(*pairs),
+         F.concat(F.lit("direction '"), r("direction"), F.lit("' not allowed for "), event)),
         (r("peer").isNull() & (event != "link_down"),
          F.lit("'peer' may be null only for link_down")),
     ]
@@ -184,12 +188,14 @@ def _bad_reason():
         checks.append((notify & r(name).isNull(), F.lit(f"missing field {name!r}")))
     checks += [
         (notify & (F.size(r("routing")) == 0), F.lit("'routing' must not be empty")),
-        (notify & F.exists(r("routing"), lambda d: d.isNull()),
+        (notify & F.arrays_overlap(r("routing"), marker).isNull(),
          F.lit("'routing' must be a list of strings")),
-        (notify & F.exists(r("attrs"), lambda d: d.isNull()),
+        (notify & (F.size(r("attrs")) > 0) & F.arrays_overlap(r("attrs"), marker).isNull(),
          F.lit("'attrs' must be a list of strings")),
         (notify & (r("size") < 0), F.lit("negative 'size'")),
-        (notify & ~r("digest").rlike("^[0-9a-f]{40}$"),
+        # 40 characters, hexadecimal (unhex is null otherwise), lower case
+        (notify & ((F.length(digest) != 40) | F.unhex(digest).isNull()
+                   | (F.lower(digest) != digest)),
          F.lit("'digest' must be 40 lowercase hex digits")),
     ]
     for name in ("filter_nodes", "filter_bytes"):
@@ -223,24 +229,46 @@ def _checked(lines):
         F.when(F.col("bad_reason").isNotNull(), F.substring("value", 1, 300)).alias("raw"))
 
 
-def read_traces(spark, files, since_us=None, until_us=None):
+def events_schema():
+    """The schema of the ``events`` table as read back (partition columns last)."""
+    from pyspark.sql import types as T
+    L, S = T.LongType(), T.StringType()
+    return T.StructType([
+        T.StructField("ts_us", L), T.StructField("peer", S), T.StructField("event", S),
+        T.StructField("direction", S), T.StructField("routing", T.ArrayType(S)),
+        T.StructField("size", L), T.StructField("attrs", T.ArrayType(S)),
+        T.StructField("digest", S), T.StructField("filter_nodes", L),
+        T.StructField("filter_bytes", L), T.StructField("reason", S),
+        T.StructField("origin", S), T.StructField("hops", T.IntegerType()),
+        T.StructField("file", S), T.StructField("bad_reason", S), T.StructField("raw", S),
+        T.StructField("status", S), T.StructField("day", S), T.StructField("router", S),
+    ])
+
+
+def read_traces(spark, files, since_us=None, until_us=None, file_of=None,
+                ignore_corrupt=False):
     """Parsed records of ``files`` ([(path, size)]), with status 'ok' or 'bad'.
 
     Spark's JSON data source with the explicit schema, in PERMISSIVE mode
     (a line that is not a JSON object of the schema's types keeps its text
     in ``_corrupt``). Records outside [since, until) are left out (they
-    are not bad). Blank lines are ignored.
+    are not bad). Blank lines are ignored. ``file_of`` maps Spark's name of
+    an input file (``file:/...``) to the name recorded in ``file`` (a
+    copied tail is recorded as the file it came from). ``ignore_corrupt``
+    lets Spark skip a file it cannot decompress instead of failing.
     """
     from pyspark.sql import functions as F
     raw = (spark.read.schema(_schema())
            .option("mode", "PERMISSIVE")
-           # A file Spark cannot read at all (a truncated .gz on a remote
-           # store, where unreadable_files cannot look) is skipped, not fatal.
-           .option("ignoreCorruptFiles", "true")
+           .option("ignoreCorruptFiles", "true" if ignore_corrupt else "false")
            .option("columnNameOfCorruptRecord", "_corrupt")
            .json([p for p, _ in files]))
+    file = F.col("_metadata.file_path")
+    if file_of:
+        mapping = F.create_map(*[F.lit(x) for kv in sorted(file_of.items()) for x in kv])
+        file = F.coalesce(F.element_at(mapping, file), file)
     lines = raw.select(F.struct(*[F.col(c) for c in raw.columns]).alias("r"),
-                       F.col("_metadata.file_path").alias("file"),
+                       file.alias("file"),
                        F.col("_corrupt").alias("value"))
     parsed = _checked(lines)
     ok = F.col("bad_reason").isNull()
@@ -250,12 +278,15 @@ def read_traces(spark, files, since_us=None, until_us=None):
     if until_us is not None:
         keep = keep & (~ok | (F.col("ts_us") < until_us))
     return (parsed.where(keep)
-            .withColumn("status", F.when(ok, F.lit("ok")).otherwise(F.lit("bad"))))
+            .withColumn("status", F.when(ok, F.lit("ok")).otherwise(F.lit("bad")))
+            .withColumn("day", F.to_date(F.timestamp_micros("ts_us"))))
 
 
-def write_events(parsed, path):
-    """Write the parsed records as Parquet partitioned by status (ok / bad)."""
-    parsed.write.mode("overwrite").partitionBy("status").parquet(path)
+def write_events(parsed, path, mode="overwrite"):
+    """Write the parsed records as Parquet partitioned by status (ok / bad),
+    day (UTC) and router: a time window or one router reads only its own
+    directories."""
+    parsed.write.mode(mode).partitionBy("status", "day", "router").parquet(path)
 
 
 def ingest_stats(spark, events_path):
@@ -293,33 +324,51 @@ def _check_lines(spark, lines, limit):
     return [(row["idx"] + 1, row["bad_reason"], row["text"]) for row in bad]
 
 
-def locate_bad_lines(spark, file, limit=5, chunk=50000):
+def locate_bad_lines(spark, file, limit=5, chunk=50000, start_byte=0):
     """[(line_number, reason, text)] of the first bad lines of one file.
 
-    The same checks as the ingest, applied to numbered lines. A local file
-    is read here, ``chunk`` lines at a time, stopping once ``limit`` bad
-    lines are found; a remote one is numbered with zipWithIndex (no code of
-    ours runs on the executors).
+    The same checks as the ingest, applied to numbered lines, plus one the
+    JSON reader cannot make: a line that is not valid UTF-8 (Spark reads it
+    with replacement characters, and it may parse) is named here. A local
+    file is read here, ``chunk`` lines at a time, stopping once ``limit``
+    bad lines are found; only lines starting at or after ``start_byte``
+    (of the uncompressed content) are checked, but lines are numbered from
+    the file's start. A remote one is numbered with zipWithIndex (no code
+    of ours runs on the executors).
     """
     from pyspark.sql import types as T
     schema = T.StructType([T.StructField("idx", T.LongType()),
                            T.StructField("value", T.StringType())])
     if _is_local(file):
         import gzip
-        import itertools
         path = display_path(file)
         opener = gzip.open if path.endswith(".gz") else open
-        found, start = [], 0
-        with opener(path, "rt", encoding="utf-8", errors="replace", newline="\n") as f:
+        found, number, position = [], 0, 0
+        with opener(path, "rb") as f:
             while len(found) < limit:
-                batch = [(start + i, line.rstrip("\r\n"))
-                         for i, line in enumerate(itertools.islice(f, chunk))]
+                batch = []
+                for raw in f:
+                    number += 1
+                    at, position = position, position + len(raw)
+                    if at < start_byte:
+                        continue
+                    try:
+                        text = raw.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        found.append((number, f"not valid UTF-8 (byte {e.start + 1} of the line)",
+                                      raw[:120].decode("utf-8", "replace").rstrip("\r\n")))
+                        if len(found) >= limit:
+                            break
+                        continue
+                    batch.append((number - 1, text.rstrip("\r\n")))
+                    if len(batch) >= chunk:
+                        break
                 if not batch:
                     break
                 found += _check_lines(spark, spark.createDataFrame(batch, schema),
                                       limit - len(found))
-                start += len(batch)
-        return found
+        found.sort()
+        return found[:limit]
     from pyspark.sql import functions as F
     indexed = spark.read.text(file).rdd.zipWithIndex()
     rows = T.StructType([

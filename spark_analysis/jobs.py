@@ -53,15 +53,18 @@ def _sum_if(cond, col):
     return F.sum(F.when(cond, col).otherwise(0))
 
 
-def window_of(events, since_us=None, until_us=None):
-    """(start_us, end_us) of the analysis: --since/--until, else the data's span."""
+def window_of(events, since_us=None, until_us=None, count=False):
+    """(start_us, end_us) of the analysis: --since/--until, else the data's span
+    (and the number of records, with ``count``)."""
     F = _F()
-    row = events.agg(F.min("ts_us").alias("lo"), F.max("ts_us").alias("hi")).collect()[0]
+    row = events.agg(F.min("ts_us").alias("lo"), F.max("ts_us").alias("hi"),
+                     F.count(F.lit(1)).alias("n")).collect()[0]
     start = since_us if since_us is not None else row["lo"]
     end = until_us if until_us is not None else row["hi"]
     if start is None or end is None:
-        return None, None
-    return start, max(end, start + 1)
+        return (None, None, row["n"]) if count else (None, None)
+    window = (start, max(end, start + 1))
+    return (*window, row["n"]) if count else window
 
 
 def overview(events):

@@ -20,6 +20,7 @@ import sys
 import time
 
 from spark_analysis import ingest, jobs
+from spark_analysis.store import TraceStore
 from spark_analysis import traceformat as tf
 
 __all__ = ["Analysis", "run", "CSV_TABLES"]
@@ -60,6 +61,7 @@ class Analysis:
         self.stage_seconds = {}
         self.charts = {}          # name -> path of PNG
         self.written = []         # Parquet tables written
+        self.batch = None         # store.BatchResult: what this run read
 
     def parquet(self, name):
         return self.tables_dir.rstrip("/") + "/" + name
@@ -69,13 +71,16 @@ class Analysis:
 
 
 class _Progress:
-    def __init__(self, stages, stream):
-        self.stages, self.stream, self.n = stages, stream, 0
+    def __init__(self, stages, stream, spark=None):
+        self.stages, self.stream, self.n, self.spark = stages, stream, 0, spark
 
     def start(self, text):
         self.n += 1
         self.t0 = time.monotonic()
         self.text = text
+        if self.spark is not None:
+            # names the Spark jobs of this stage in the UI and the event log
+            self.spark.sparkContext.setJobDescription(f"[{self.n}] {text}")
         if self.stream:
             print(f"[{self.n}/{self.stages}] {text} ...", file=self.stream, flush=True)
 
@@ -145,7 +150,7 @@ def _bucket_us(start_us, end_us, points=360):
 
 
 def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.stderr,
-        files=None, report=True, max_bad_files=10, tables_dir=None):
+        files=None, report=True, max_bad_files=10, tables_dir=None, rebuild=False):
     """Run every stage; returns the Analysis. Raises ingest.TraceInputError.
 
     ``out_dir`` is a local directory (the driver writes the report, charts
@@ -156,7 +161,7 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
     analysis = Analysis(out_dir, tables_dir)
     analysis.trace_dir, analysis.since_us, analysis.until_us = trace_dir, since_us, until_us
     os.makedirs(out_dir, exist_ok=True)
-    steps = _Progress(8 if report else 7, progress)
+    steps = _Progress(8 if report else 7, progress, spark)
 
     steps.start(f"finding trace files under {trace_dir}")
     if files is None:
@@ -167,21 +172,6 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
         raise ingest.TraceInputError(
             f"none of the {listed} trace files under {trace_dir} can hold records "
             f"in the requested time range")
-    # A truncated or corrupt .gz would stop Spark's whole read: name it,
-    # skip it and go on (issue 22, item 6).
-    unreadable = ingest.unreadable_files(files)
-    analysis.unreadable = unreadable
-    if unreadable:
-        skipped = {path for path, _ in unreadable}
-        files = [(path, size) for path, size in files if path not in skipped]
-        for path, reason in unreadable:
-            if progress:
-                print(f"      warning: {_display(path)}: {reason}; skipped",
-                      file=progress, flush=True)
-        if not files:
-            raise ingest.TraceInputError(
-                f"no readable trace files under {trace_dir}: "
-                + "; ".join(f"{_display(p)}: {r}" for p, r in unreadable))
     listed_files = list(files)
     analysis.files = files
     total = sum(size for _, size in files)
@@ -189,41 +179,60 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
         f"{len(files)} files, {total / 1e6:.1f} MB"
         + (f" ({listed - len(files)} skipped by name)" if listed > len(files) else ""))
 
-    steps.start("reading and checking records (JSON -> Parquet)")
-    events_path = analysis.parquet("events")
-    ingest.write_events(ingest.read_traces(spark, files, since_us, until_us), events_path)
+    steps.start("reading new trace lines into the table (JSON -> Parquet)")
+    store = TraceStore(spark, analysis.tables_dir)
+    if rebuild:
+        store.clear()
+    batch = store.update(files)
+    analysis.batch = batch
     analysis.written.append("events")
-    stats = ingest.ingest_stats(spark, events_path)
+    for text in batch.warnings:
+        _warn(progress, text)
+    # A truncated or corrupt .gz is named and skipped, never fatal (issue 22, item 6).
+    analysis.unreadable = batch.unreadable
+    gone = {path for path, _ in batch.unreadable}
+    analysis.files = [(path, size) for path, size in files if path not in gone]
+    for path, reason in batch.unreadable:
+        _warn(progress, f"{_display(path)}: {reason}; skipped")
+    known = {}
+    for entry in store.entries():
+        known[_same_file(entry["path"])] = entry
+    stats, examples = {}, []
+    for path, _ in listed_files:
+        entry = known.get(_same_file(path))
+        if entry is not None:
+            stats[path] = (entry.get("records", 0), entry.get("bad", 0))
+            examples += [(path, n, r, t) for n, r, t in entry.get("examples", [])]
     analysis.file_stats = stats
-    analysis.records = sum(ok for ok, _ in stats.values())
     analysis.bad_lines = sum(bad for _, bad in stats.values())
     bad_files = sorted(f for f, (_, bad) in stats.items() if bad)
-    for file in bad_files[:max_bad_files]:
-        for line, reason, text in ingest.locate_bad_lines(spark, file):
-            analysis.bad_examples.append((file, line, reason, text))
+    listed_bad = set(bad_files[:max_bad_files])
+    analysis.bad_examples = [e for e in examples if e[0] in listed_bad]
     for file, line, reason, text in analysis.bad_examples:
-        if progress:
-            print(f"      warning: {_display(file)} line {line}: {reason}; skipped",
-                  file=progress, flush=True)
+        if file in {f for f, (_, bad) in batch.file_stats.items() if bad}:
+            _warn(progress, f"{_display(file)} line {line}: {reason}; skipped")
     if analysis.bad_lines and progress:
         more = len(bad_files) - min(len(bad_files), max_bad_files)
-        print(f"      warning: {analysis.bad_lines} bad lines in {len(bad_files)} files "
-              f"counted and skipped" + (f" ({more} files not itemised)" if more else ""),
-              file=progress, flush=True)
+        _warn(progress, f"{analysis.bad_lines} bad lines in {len(bad_files)} files "
+                        f"counted and skipped" + (f" ({more} files not itemised)" if more else ""))
     # Every file read is listed (an empty one with 0 records), and every
     # file skipped as unreadable, with why.
-    by_file = {_same_file(f): (ok, bad) for f, (ok, bad) in stats.items()}
-    rows = [{"file": path, "records": by_file.get(_same_file(path), (0, 0))[0],
-             "bad_lines": by_file.get(_same_file(path), (0, 0))[1], "skipped": ""}
-            for path, _ in listed_files]
+    unreadable = {path for path, _ in batch.unreadable}
+    rows = [{"file": path, "records": stats.get(path, (0, 0))[0],
+             "bad_lines": stats.get(path, (0, 0))[1], "skipped": ""}
+            for path, _ in listed_files if path not in unreadable]
     rows += [{"file": path, "records": 0, "bad_lines": 0, "skipped": reason}
-             for path, reason in unreadable]
+             for path, reason in batch.unreadable]
     _write_csv(os.path.join(out_dir, "csv", "files.csv"), sorted(rows, key=lambda r: r["file"]),
                ["file", "records", "bad_lines", "skipped"])
     _write_csv(os.path.join(out_dir, "csv", "bad_lines.csv"),
                [{"file": f, "line": n, "reason": r, "text": t}
                 for f, n, r, t in analysis.bad_examples], ["file", "line", "reason", "text"])
-    if analysis.records == 0:
+    if not store.has_events():
+        if len(unreadable) == len(listed_files):
+            raise ingest.TraceInputError(
+                f"no readable trace files under {trace_dir}: "
+                + "; ".join(f"{_display(p)}: {r}" for p, r in batch.unreadable))
         if analysis.bad_lines:
             first = analysis.bad_examples[0] if analysis.bad_examples else None
             where = (f"; first: {_display(first[0])} line {first[1]}: {first[2]}"
@@ -231,18 +240,18 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
             raise ingest.TraceInputError(
                 f"no valid trace records under {trace_dir}: {analysis.bad_lines} bad lines"
                 + where)
-        raise ingest.TraceInputError(
-            f"no trace records under {trace_dir}"
-            + (" in the requested time range" if since_us or until_us else
-               " (the files are empty)"))
-    events = spark.read.parquet(events_path).where(F.col("status") == "ok").drop(
-        "status", "bad_reason", "raw")
-    start, end = jobs.window_of(events, since_us, until_us)
+        raise ingest.TraceInputError(f"no trace records under {trace_dir} (the files are empty)")
+    events = store.events(since_us, until_us)
+    start, end, analysis.records = jobs.window_of(events, since_us, until_us, count=True)
+    if not analysis.records:
+        raise ingest.TraceInputError(f"no trace records under {trace_dir}"
+                                     + (" in the requested time range"
+                                        if since_us or until_us else ""))
     analysis.start_us, analysis.end_us = start, end
     analysis.stage_seconds["ingest"] = steps.done(
-        f"{analysis.records:,} records, {analysis.bad_lines:,} bad lines, "
-        f"{tf.format_time(start)} .. {tf.format_time(end)}")
-
+        f"{batch.records:,} new records from {len(batch.parts)} files or parts "
+        f"({batch.unchanged} files already read); "
+        f"{analysis.records:,} records in {tf.format_time(start)} .. {tf.format_time(end)}")
     steps.start("overview and links: traffic per link and direction, rates, uptime")
     for name, df in jobs.overview(events).items():
         _save(spark, analysis, name, df)
@@ -320,6 +329,11 @@ def _series(minute, links, bucket, *values):
                  .groupBy("router", "peer", "direction",
                           (F.col("minute_us") - F.col("minute_us") % bucket).alias("t_us"))
                  .agg(*[F.sum(v).alias(v) for v in values]).orderBy("t_us"))
+
+
+def _warn(progress, text):
+    if progress:
+        print(f"      warning: {text}", file=progress, flush=True)
 
 
 def _same_file(path):

@@ -4,7 +4,8 @@ import contextlib
 import os
 import tempfile
 
-__all__ = ["get_session", "pyspark_available", "local_test_session"]
+__all__ = ["get_session", "pyspark_available", "local_test_session", "is_local_master",
+           "local_settings", "quiet_jvm_options", "jvm_stderr_to"]
 
 
 def pyspark_available():
@@ -41,6 +42,40 @@ def get_session(master=None, app_name="elvin-trace-analysis", conf=None, log_lev
     # All our times are UTC; this only affects timestamps shown by Spark.
     spark.conf.set("spark.sql.session.timeZone", "UTC")
     return spark
+
+
+def is_local_master(master):
+    """True when this process will start Spark itself in local mode: ``--master
+    local[...]``, or no master at all outside spark-submit (pyspark's default)."""
+    if master:
+        return master.startswith("local")
+    return "PYSPARK_GATEWAY_PORT" not in os.environ and \
+        "--master" not in os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+
+
+def quiet_jvm_options():
+    """Driver JVM options: log4j errors only (no notices a user cannot act on)."""
+    quiet = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2-quiet.properties")
+    return f"-Dlog4j2.configurationFile={quiet}" if os.path.exists(quiet) else ""
+
+
+def local_settings(ui=False):
+    """Settings for a local-mode run: driver bound to loopback (with a host
+    name resolving to loopback Spark would otherwise pick the first
+    interface's address), no web UI unless asked, quiet logs."""
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    settings = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
+                "spark.ui.enabled": "true" if ui else "false"}
+    java = quiet_jvm_options()
+    if java:
+        settings["spark.driver.extraJavaOptions"] = java
+    return settings
+
+
+def jvm_stderr_to(path):
+    """Context manager: the JVM started inside it writes its standard error
+    (the launcher's "Using incubator modules", log4j's notices) to ``path``."""
+    return _stderr_to(path)
 
 
 def local_test_session(partitions=1):

@@ -1,0 +1,248 @@
+"""Tests for spark_analysis.store: the durable table, read incrementally.
+
+Each test writes a few trace files, updates a TraceStore, changes the files
+the way a running router and its log rotation do (a file grows, a partial
+last line is completed, a file is gzipped, a file is replaced), updates
+again, and checks the table holds every line exactly once. Skipped when
+pyspark or Java is missing (the shared session of test_spark_analysis).
+"""
+
+import gzip
+import os
+import shutil
+import tempfile
+
+from twisted.trial import unittest
+
+from spark_analysis import traceformat as tf
+from elvin.test.test_spark_analysis import T, spark_session
+
+
+def _line(router, seconds, n):
+    attrs = {"n": n}
+    return tf.format_record(T(seconds), router, "peer", "notify_forwarded", "out",
+                            routing=[router], size=20, attrs=["n"],
+                            digest=tf.notification_digest(attrs))
+
+
+class StoreTests(unittest.SynchronousTestCase):
+
+    timeout = 300
+
+    def setUp(self):
+        self.spark = spark_session()
+        self.dir = tempfile.mkdtemp(prefix="elvin-store-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.traces = os.path.join(self.dir, "traces")
+        os.makedirs(self.traces)
+        self.tables = os.path.join(self.dir, "tables")
+
+    def store(self):
+        from spark_analysis.store import TraceStore
+        return TraceStore(self.spark, self.tables)
+
+    def update(self):
+        from spark_analysis import ingest
+        return self.store().update(ingest.list_trace_files(self.traces))
+
+    def path(self, name):
+        return os.path.join(self.traces, name)
+
+    def write(self, name, text, mode="w"):
+        with open(self.path(name), mode, encoding="utf-8") as f:
+            f.write(text)
+
+    def numbers(self):
+        """Sorted digests' n values in the table: every line once?"""
+        rows = self.store().events().select("ts_us").collect()
+        return sorted((r["ts_us"] - T(0)) // 10**6 for r in rows)
+
+    def test_new_files_then_nothing(self):
+        name = tf.trace_file_name("a", T(0), 1)
+        self.write(name, "".join(_line("a", i, i) + "\n" for i in range(5)))
+        first = self.update()
+        self.assertEqual(first.records, 5)
+        self.assertEqual(self.numbers(), [0, 1, 2, 3, 4])
+        again = self.update()
+        self.assertEqual((again.records, again.parts, again.unchanged), (0, [], 1))
+        self.assertEqual(self.numbers(), [0, 1, 2, 3, 4])
+        # partitioned by day and router
+        self.assertTrue(os.path.isdir(os.path.join(self.tables, "events", "status=ok",
+                                                   "day=2024-05-01", "router=a")))
+
+    def test_growing_file_and_partial_line(self):
+        """The current file grows; a partial last line waits for its end."""
+        name = tf.trace_file_name("a", T(0), 1)
+        self.write(name, _line("a", 0, 0) + "\n" + _line("a", 1, 1)[:30])
+        self.assertEqual(self.update().records, 1)
+        rest = _line("a", 1, 1)[30:] + "\n" + _line("a", 2, 2) + "\n"
+        self.write(name, rest, "a")
+        grown = self.update()
+        self.assertEqual(grown.records, 2)
+        self.assertEqual([kind for _, kind in grown.parts], ["tail"])
+        self.assertEqual(self.numbers(), [0, 1, 2])
+
+    def test_rotated_to_gz(self):
+        """Part read as .jsonl, the rest after it was closed and gzipped."""
+        name = tf.trace_file_name("a", T(0), 1)
+        self.write(name, "".join(_line("a", i, i) + "\n" for i in range(3)))
+        self.assertEqual(self.update().records, 3)
+        self.write(name, "".join(_line("a", i, i) + "\n" for i in range(3, 6)), "a")
+        with open(self.path(name), "rb") as src, gzip.open(self.path(name) + ".gz", "wb") as dst:
+            dst.write(src.read())
+        os.remove(self.path(name))
+        newer = tf.trace_file_name("a", T(6), 2)
+        self.write(newer, _line("a", 6, 6) + "\n")
+        result = self.update()
+        self.assertEqual(result.records, 4)
+        self.assertEqual(self.numbers(), list(range(7)))
+        self.assertEqual(self.update().records, 0)
+
+    def test_gz_and_plain_at_once(self):
+        """While a file is being compressed both copies exist: read once."""
+        name = tf.trace_file_name("a", T(0), 1)
+        text = "".join(_line("a", i, i) + "\n" for i in range(3))
+        self.write(name, text)
+        with gzip.open(self.path(name) + ".gz", "wt", encoding="utf-8") as f:
+            f.write(text)
+        self.assertEqual(self.update().records, 3)
+        self.assertEqual(self.numbers(), [0, 1, 2])
+
+    def test_replaced_file_is_new(self):
+        name = tf.trace_file_name("a", T(0), 1)
+        self.write(name, _line("a", 0, 0) + "\n")
+        self.update()
+        self.write(name, _line("a", 9, 9) + "\n" + _line("a", 10, 10) + "\n")
+        self.assertEqual(self.update().records, 2)
+        self.assertEqual(self.numbers(), [0, 9, 10])
+
+    def test_shorter_file_warns(self):
+        name = tf.trace_file_name("a", T(0), 1)
+        self.write(name, "".join(_line("a", i, i) + "\n" for i in range(3)))
+        self.update()
+        head = _line("a", 0, 0) + "\n"
+        self.write(name, head)
+        result = self.update()
+        self.assertEqual(result.records, 0)
+        self.assertTrue(any("shorter" in w for w in result.warnings), result.warnings)
+        self.assertEqual(self.numbers(), [0, 1, 2])
+
+    def test_crash_after_pending_is_completed(self):
+        """Killed between recording a batch and moving its files: the next
+        run finishes the move; nothing lost, nothing twice."""
+        from spark_analysis import store as store_module
+        name = tf.trace_file_name("a", T(0), 1)
+        self.write(name, "".join(_line("a", i, i) + "\n" for i in range(4)))
+        original = store_module.TraceStore._move_parts
+        calls = []
+
+        def crash(self_, batch):
+            calls.append(batch)
+            raise KeyboardInterrupt("killed")
+        store_module.TraceStore._move_parts = crash
+        try:
+            self.assertRaises(KeyboardInterrupt, self.update)
+        finally:
+            store_module.TraceStore._move_parts = original
+        self.assertTrue(calls)
+        again = self.update()
+        self.assertEqual(again.records, 0)       # recovered, not re-read
+        self.assertEqual(self.numbers(), [0, 1, 2, 3])
+
+    def test_crash_before_pending_reads_again(self):
+        """Killed while Spark was writing: staging is dropped, the file read again."""
+        from spark_analysis import store as store_module
+        name = tf.trace_file_name("a", T(0), 1)
+        self.write(name, "".join(_line("a", i, i) + "\n" for i in range(4)))
+        original = store_module.TraceStore._write_batch
+
+        def crash(self_, batch, inputs, file_of, result):
+            original(self_, batch, inputs, file_of, result)
+            raise KeyboardInterrupt("killed")
+        store_module.TraceStore._write_batch = crash
+        try:
+            self.assertRaises(KeyboardInterrupt, self.update)
+        finally:
+            store_module.TraceStore._write_batch = original
+        self.assertEqual(self.update().records, 4)
+        self.assertEqual(self.numbers(), [0, 1, 2, 3])
+        self.assertFalse(os.path.exists(os.path.join(self.tables, "_ingest", "staging")))
+
+    def test_window(self):
+        name = tf.trace_file_name("a", T(0), 1)
+        lines = [_line("a", i * 3600, i) for i in range(30)]     # 30 hours, two days
+        self.write(name, "\n".join(lines) + "\n")
+        self.update()
+        from spark_analysis.store import TraceStore
+        events = TraceStore(self.spark, self.tables).events(T(5 * 3600), T(7 * 3600))
+        self.assertEqual(sorted(r["ts_us"] for r in events.collect()),
+                         [T(5 * 3600), T(6 * 3600)])
+        days = sorted(os.listdir(os.path.join(self.tables, "events", "status=ok")))
+        self.assertEqual(days, ["day=2024-05-01", "day=2024-05-02"])
+
+    def test_invalid_utf8_is_named(self):
+        """Issue 22, item 6: a line of invalid UTF-8 is named with its number."""
+        name = tf.trace_file_name("a", T(0), 1)
+        with open(self.path(name), "wb") as f:
+            f.write((_line("a", 0, 0) + "\n").encode())
+            f.write(b'{"v":1,"ts_us":\xff\xfe}\n')
+            f.write((_line("a", 1, 1) + "\n").encode())
+        result = self.update()
+        self.assertEqual((result.records, result.bad), (2, 1))
+        self.assertEqual([(n, "UTF-8" in r) for _, n, r, _ in result.bad_examples], [(2, True)])
+
+
+class EventLogTests(unittest.SynchronousTestCase):
+    """eventlog.summarise adds up jobs by description and ranks stages."""
+
+    def test_summary(self):
+        import json
+        from spark_analysis import eventlog
+        path = os.path.join(tempfile.mkdtemp(prefix="elvin-evlog-"), "app")
+        self.addCleanup(shutil.rmtree, os.path.dirname(path), True)
+        events = [
+            {"Event": "SparkListenerJobStart", "Job ID": 0, "Submission Time": 1000,
+             "Stage IDs": [0, 1], "Properties": {"spark.job.description": "[2] ingest"}},
+            {"Event": "SparkListenerTaskEnd", "Stage ID": 0,
+             "Task Metrics": {"Executor Run Time": 1500, "JVM GC Time": 100,
+                              "Input Metrics": {"Bytes Read": 2_000_000}}},
+            {"Event": "SparkListenerTaskEnd", "Stage ID": 0,
+             "Task Metrics": {"Executor Run Time": 1500, "JVM GC Time": 0}},
+            {"Event": "SparkListenerStageCompleted", "Stage Info": {
+                "Stage ID": 0, "Stage Name": "parquet at x", "Number of Tasks": 2,
+                "Submission Time": 1000, "Completion Time": 2600}},
+            {"Event": "SparkListenerTaskEnd", "Stage ID": 1,
+             "Task Metrics": {"Executor Run Time": 200,
+                              "Shuffle Write Metrics": {"Shuffle Bytes Written": 5_000_000}}},
+            {"Event": "SparkListenerStageCompleted", "Stage Info": {
+                "Stage ID": 1, "Stage Name": "count at y", "Number of Tasks": 1,
+                "Submission Time": 2600, "Completion Time": 2900}},
+            {"Event": "SparkListenerJobEnd", "Job ID": 0, "Completion Time": 3000},
+        ]
+        with open(path, "w") as f:
+            f.write("\n".join(json.dumps(e) for e in events) + "\n")
+        summary = eventlog.summarise(path)
+        [job] = summary["by_description"]
+        self.assertEqual((job["description"], job["jobs"], job["stages"]), ("[2] ingest", 1, 2))
+        self.assertAlmostEqual(job["wall_s"], 2.0)
+        self.assertAlmostEqual(job["task_s"], 3.2)
+        first, second = summary["stages"]
+        self.assertEqual((first["name"], first["task_s"], first["gc_s"], first["input_mb"]),
+                         ("parquet at x", 3.0, 0.1, 2.0))
+        self.assertEqual(second["shuffle_write_mb"], 5.0)
+        self.assertIn("[2] ingest", eventlog.format_summary(summary))
+
+
+class LocalModeTests(unittest.SynchronousTestCase):
+    """Local mode stays local: loopback driver, no UI unless asked, quiet logs."""
+
+    def test_settings(self):
+        from spark_analysis.session import is_local_master, local_settings
+        settings = local_settings()
+        self.assertEqual((settings["spark.driver.host"], settings["spark.driver.bindAddress"],
+                          settings["spark.ui.enabled"]), ("127.0.0.1", "127.0.0.1", "false"))
+        self.assertIn("log4j2-quiet.properties", settings["spark.driver.extraJavaOptions"])
+        self.assertEqual(local_settings(ui=True)["spark.ui.enabled"], "true")
+        self.assertTrue(is_local_master("local[4]"))
+        self.assertFalse(is_local_master("spark://127.0.0.1:7077"))
+        self.assertFalse(is_local_master("yarn"))

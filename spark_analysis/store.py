@@ -1,0 +1,590 @@
+"""The durable trace table: every trace line read once, kept as Parquet.
+
+``TraceStore(spark, tables_dir)`` keeps, under ``tables_dir``::
+
+    events/status=ok/day=YYYY-MM-DD/router=<domain>/part-*.parquet
+    events/status=bad/...                 lines that broke a rule (bad_reason, raw)
+    _ingest/manifest.json                 what has been read, file by file
+    _ingest/pending-<batch>.json          a batch being committed (see below)
+    _ingest/staging/<batch>/              a batch's copied tails and Spark output
+
+``update(files)`` reads only what the manifest does not hold yet and
+appends it; ``events(since, until)`` is the table, for a window (whole days
+are pruned by the ``day`` partition). A daily job therefore reads one day
+of JSON, not the month before it.
+
+What counts as "the same file": its name without ``.gz`` (trace file names
+carry the domain, when the file was opened and a sequence number, so they
+stay the same when traces are copied elsewhere) together with a SHA-1 of
+its first bytes, as far as they were read. Hence:
+
+* a file that **grew** (the router's current file) gets only its new
+  complete lines read -- from the byte where the last run stopped, which is
+  always the end of a line (a partial last line waits for the next run);
+* a file **rotated** to ``.jsonl.gz`` after part of it was read gets the
+  rest read from the decompressed stream;
+* a file **replaced** by another of the same name (different first bytes)
+  is a new file;
+* a file **shorter** than what was read from it is named in a warning and
+  left alone (what was read stays in the table).
+
+Only local files are followed this way. Files on other file systems
+(``hdfs://``, ``s3a://``, ...) are read whole, once, by name and size; one
+that changed size after it was read is named in a warning and not re-read.
+
+A batch commits in three steps so that a crash at any point neither loses
+nor doubles records: Spark writes the batch under ``staging``; a
+``pending`` file records the batch's manifest entries; the part files are
+renamed into ``events`` and the manifest is replaced (write + rename).
+``recover()`` (called by ``update``) completes a pending batch and removes
+staging left by a batch that never got as far as its pending file.
+"""
+
+import datetime
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import uuid
+import zlib
+
+from spark_analysis import ingest
+from spark_analysis import traceformat as tf
+
+__all__ = ["TraceStore", "BatchResult", "HEAD_BYTES", "MANIFEST_VERSION"]
+
+HEAD_BYTES = 4096          # bytes hashed to recognise a file
+MANIFEST_VERSION = 1
+_COPY_CHUNK = 1 << 20
+
+
+class BatchResult:
+    """What one ``update`` read: counts, per-file figures, warnings."""
+
+    def __init__(self):
+        self.batch = None
+        self.records = 0            # good records added
+        self.bad = 0                # bad lines added
+        self.parts = []             # [(path, kind)] read: kind whole | tail | prefix
+        self.unchanged = 0          # files already in the table
+        self.unreadable = []        # [(path, reason)]
+        self.warnings = []          # [text]
+        self.file_stats = {}        # path -> (ok, bad) of this batch
+        self.bad_examples = []      # [(path, line, reason, text)]
+
+
+def _now_iso():
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _stem(path):
+    name = path.rstrip("/").rsplit("/", 1)[-1]
+    return name[:-3] if name.endswith(".gz") else name
+
+
+def _open_uncompressed(path):
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def _head_hash(path, length):
+    """SHA-1 of the first ``length`` uncompressed bytes, or None if shorter."""
+    with _open_uncompressed(path) as f:
+        data = f.read(length)
+    if len(data) < length:
+        return None
+    return hashlib.sha1(data).hexdigest()
+
+
+class _LocalFS:
+    """The few file operations the store needs, on the local disk."""
+
+    def __init__(self, root):
+        self.root = root
+
+    def join(self, *parts):
+        return os.path.join(self.root, *parts)
+
+    def exists(self, path):
+        return os.path.exists(path)
+
+    def read_text(self, path):
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+
+    def write_text(self, path, text):
+        """Atomically: a reader sees the old file or the new one."""
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def delete(self, path):
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        elif os.path.exists(path):
+            os.remove(path)
+
+    def list_files(self, path):
+        """Relative paths of the files under ``path``."""
+        found = []
+        for dirpath, _, names in os.walk(path):
+            for name in names:
+                found.append(os.path.relpath(os.path.join(dirpath, name), path))
+        return sorted(found)
+
+    def rename(self, src, dst):
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        os.replace(src, dst)
+
+    def uri(self, path):
+        return path
+
+
+class _HadoopFS:
+    """The same operations through Hadoop's FileSystem (hdfs://, s3a://, ...)."""
+
+    def __init__(self, spark, root):
+        self.spark, self.root = spark, root.rstrip("/")
+        jvm = spark.sparkContext._jvm
+        self._Path = jvm.org.apache.hadoop.fs.Path
+        self.fs = self._Path(self.root).getFileSystem(
+            spark.sparkContext._jsc.hadoopConfiguration())
+        self.jvm = jvm
+
+    def join(self, *parts):
+        return "/".join([self.root, *parts])
+
+    def exists(self, path):
+        return self.fs.exists(self._Path(path))
+
+    def read_text(self, path):
+        stream = self.fs.open(self._Path(path))
+        try:
+            reader = self.jvm.java.io.BufferedReader(
+                self.jvm.java.io.InputStreamReader(stream, "UTF-8"))
+            lines = []
+            while True:
+                line = reader.readLine()
+                if line is None:
+                    break
+                lines.append(line)
+            return "\n".join(lines)
+        finally:
+            stream.close()
+
+    def write_text(self, path, text):
+        tmp = f"{path}.{uuid.uuid4().hex}.tmp"
+        out = self.fs.create(self._Path(tmp), True)
+        try:
+            out.write(bytearray(text.encode("utf-8")))
+        finally:
+            out.close()
+        self.fs.delete(self._Path(path), False)
+        self.fs.rename(self._Path(tmp), self._Path(path))
+
+    def delete(self, path):
+        self.fs.delete(self._Path(path), True)
+
+    def list_files(self, path):
+        base = self._Path(path)
+        if not self.fs.exists(base):
+            return []
+        prefix = self.fs.makeQualified(base).toString().rstrip("/") + "/"
+        found = []
+        it = self.fs.listFiles(base, True)
+        while it.hasNext():
+            full = it.next().getPath().toString()
+            found.append(full[len(prefix):] if full.startswith(prefix) else full)
+        return sorted(found)
+
+    def rename(self, src, dst):
+        parent = self._Path(dst).getParent()
+        self.fs.mkdirs(parent)
+        if not self.fs.rename(self._Path(src), self._Path(dst)):
+            raise OSError(f"could not rename {src} to {dst}")
+
+    def uri(self, path):
+        return path
+
+
+class TraceStore:
+    """The events table under ``tables_dir`` and the record of what is in it."""
+
+    def __init__(self, spark, tables_dir, local_staging=None):
+        self.spark = spark
+        self.tables_dir = tables_dir.rstrip("/") or "/"
+        local = ingest._is_local(tables_dir)
+        self.fs = (_LocalFS(ingest._local(self.tables_dir)) if local
+                   else _HadoopFS(spark, self.tables_dir))
+        self.events_path = self.fs.join("events")
+        self.meta = self.fs.join("_ingest")
+        # tails of local files are copied to local disk (the driver's);
+        # Spark's batch output goes next to the table (same file system)
+        # (with remote tables, a local temporary directory: on a cluster the
+        # traces, and so their tails, must be on storage every node reads)
+        self.local_staging = local_staging or (
+            os.path.join(self.fs.root, "_ingest", "staging") if local
+            else os.path.join(tempfile.gettempdir(), "elvin-trace-staging"))
+        self._manifest = None
+
+    # -- the manifest ------------------------------------------------------
+
+    def manifest(self):
+        if self._manifest is None:
+            path = self.fs.join("_ingest", "manifest.json")
+            if self.fs.exists(path):
+                data = json.loads(self.fs.read_text(path))
+                if data.get("version") != MANIFEST_VERSION:
+                    raise ingest.TraceInputError(
+                        f"{path}: manifest version {data.get('version')} is not "
+                        f"{MANIFEST_VERSION}; use a new --tables directory")
+                self._manifest = data
+            else:
+                self._manifest = {"version": MANIFEST_VERSION, "files": {}, "batches": []}
+        return self._manifest
+
+    def _save_manifest(self):
+        self.fs.write_text(self.fs.join("_ingest", "manifest.json"),
+                           json.dumps(self._manifest, indent=1, sort_keys=True))
+
+    def entries(self):
+        """[entry] for every file read so far (path, records, bad, ...)."""
+        return list(self.manifest()["files"].values())
+
+    def clear(self):
+        """Forget everything: the next update reads every file again."""
+        self.fs.delete(self.events_path)
+        self.fs.delete(self.meta)
+        self._manifest = None
+
+    def has_events(self):
+        return self.fs.exists(self.fs.join("events", "status=ok"))
+
+    # -- crash recovery ----------------------------------------------------
+
+    def recover(self):
+        """Finish a batch that was pending; drop staging of batches that were not."""
+        manifest = self.manifest()
+        staging = self.fs.join("_ingest", "staging")
+        pending = [p for p in self.fs.list_files(self.meta)
+                   if "/" not in p and p.startswith("pending-") and p.endswith(".json")]
+        for name in pending:
+            batch = json.loads(self.fs.read_text(self.fs.join("_ingest", name)))
+            self._move_parts(batch["batch"])
+            self._apply(manifest, batch)
+            self._save_manifest()
+            self.fs.delete(self.fs.join("_ingest", name))
+        self.fs.delete(staging)
+        if os.path.isdir(self.local_staging):
+            shutil.rmtree(self.local_staging, ignore_errors=True)
+
+    def _apply(self, manifest, batch):
+        if batch["batch"] in manifest["batches"]:
+            return
+        for key, entry in batch["entries"].items():
+            manifest["files"][key] = entry
+        manifest["batches"].append(batch["batch"])
+
+    def _move_parts(self, batch):
+        """Rename the batch's Parquet files from staging into ``events``."""
+        out = self.fs.join("_ingest", "staging", batch, "out")
+        for rel in self.fs.list_files(out):
+            name = rel.rsplit("/", 1)[-1]
+            if not name.endswith(".parquet"):
+                continue
+            self.fs.rename(self.fs.join("_ingest", "staging", batch, "out", rel),
+                           self.fs.join("events", rel))
+
+    # -- planning what to read ---------------------------------------------
+
+    def plan(self, files):
+        """(parts, entries, unchanged, warnings).
+
+        ``parts``: [(path_for_spark, source_path, kind, first_byte)] to read;
+        ``entries``: manifest entries as they will be once they are read.
+        """
+        known = self.manifest()["files"]
+        by_stem = {}
+        for key, entry in known.items():
+            by_stem.setdefault(entry["stem"], []).append((key, entry))
+        newest = _newest_plain_per_domain(files)
+        plain = {_stem(p) for p, _ in files if not p.endswith(".gz")}
+        parts, entries, warnings = [], {}, []
+        unchanged = 0
+        for path, size in files:
+            local = ingest._is_local(path)
+            stem = _stem(path)
+            if path.endswith(".gz") and stem in plain:
+                continue        # being compressed: the plain file is read until it is gone
+            fpath = ingest._local(path) if local else path
+            if not local:
+                match = [(k, e) for k, e in by_stem.get(stem, ()) if e.get("remote")]
+                if match:
+                    if match[0][1]["size"] != size:
+                        warnings.append(f"{path}: size changed since it was read "
+                                        f"({match[0][1]['size']} -> {size} bytes); not re-read")
+                    unchanged += 1
+                    continue
+                key = f"{stem}#{size}"
+                entries[key] = {"stem": stem, "path": path, "remote": True, "size": size,
+                                "offset": size, "records": 0, "bad": 0, "gz": path.endswith(".gz"),
+                                "read_at": _now_iso()}
+                parts.append((path, path, "whole", 0))
+                continue
+            stat = os.stat(fpath)
+            match = None
+            for key, entry in by_stem.get(stem, ()):
+                if entry.get("remote"):
+                    continue
+                try:
+                    same = _head_hash(fpath, entry["head_len"]) == entry["head"]
+                except (OSError, EOFError, zlib.error):
+                    same = False
+                if same:
+                    match = (key, entry)
+                    break
+            if match is not None:
+                key, entry = match
+                if (entry["path"] == path and entry["size"] == stat.st_size
+                        and entry["mtime_ns"] == stat.st_mtime_ns):
+                    unchanged += 1
+                    continue
+                if entry.get("complete") and path.endswith(".gz") == entry["gz"]:
+                    unchanged += 1       # a closed .gz read to its end: nothing new
+                    continue
+                new = dict(entry, path=path, size=stat.st_size, mtime_ns=stat.st_mtime_ns,
+                           gz=path.endswith(".gz"), read_at=_now_iso())
+                if not new["gz"] and stat.st_size < entry["offset"]:
+                    warnings.append(f"{path}: now {stat.st_size} bytes, shorter than the "
+                                    f"{entry['offset']} already read; left as it was")
+                    continue
+                new["complete"] = new["gz"]
+                entries[key] = new
+                parts.append((path, path, "tail", entry["offset"]))
+                continue
+            shorter = [e for _, e in by_stem.get(stem, ())
+                       if not e.get("remote") and not e["gz"] and e["offset"] > stat.st_size]
+            if shorter and not path.endswith(".gz"):
+                warnings.append(f"{path}: now {stat.st_size} bytes, shorter than the "
+                                f"{shorter[0]['offset']} already read; left as it was")
+                continue
+            # a file not seen before
+            head_len = min(HEAD_BYTES, stat.st_size) if not path.endswith(".gz") else None
+            entry = {"stem": stem, "path": path, "size": stat.st_size,
+                     "mtime_ns": stat.st_mtime_ns, "gz": path.endswith(".gz"),
+                     "offset": 0, "head_len": head_len, "head": None,
+                     "records": 0, "bad": 0, "complete": path.endswith(".gz"),
+                     "read_at": _now_iso(), "examples": []}
+            key = f"{stem}#{uuid.uuid4().hex[:12]}"
+            entries[key] = entry
+            if entry["gz"] or (path not in newest and _ends_with_newline(fpath, stat.st_size)):
+                parts.append((path, path, "whole", 0))      # closed: Spark reads it as it is
+            else:
+                parts.append((path, path, "prefix", 0))     # may be growing: copy what is whole
+        return parts, entries, unchanged, warnings
+
+    # -- reading -----------------------------------------------------------
+
+    def update(self, files, progress=None):
+        """Read what is new in ``files`` ([(path, size)]) into the table; a BatchResult."""
+        self.recover()
+        result = BatchResult()
+        parts, entries, result.unchanged, result.warnings = self.plan(files)
+        if not parts:
+            return result
+        batch = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S") \
+            + "-" + uuid.uuid4().hex[:8]
+        result.batch = batch
+        staging_local = os.path.join(self.local_staging, batch)
+        spark_inputs, file_of, line_base = [], {}, {}
+        by_path = {e["path"]: (k, e) for k, e in entries.items()}
+        for path, source, kind, first in parts:
+            key, entry = by_path[source]
+            if kind == "whole":
+                if ingest._is_local(path) and not entry.get("remote"):
+                    try:
+                        entry["offset"] = _finish_whole(ingest._local(path), entry)
+                    except (OSError, EOFError, zlib.error) as e:
+                        result.unreadable.append(
+                            (path, f"not a readable gzip file ({e or type(e).__name__})"
+                             if entry["gz"] else f"not readable ({e})"))
+                        entries.pop(key, None)
+                        continue
+                spark_inputs.append(path)
+                continue
+            fpath = ingest._local(path)
+            os.makedirs(staging_local, exist_ok=True)
+            target = os.path.join(staging_local, f"{len(spark_inputs):06d}-{_stem(path)}")
+            try:
+                end, head = _copy_complete_lines(fpath, first, target, entry)
+            except (OSError, EOFError, zlib.error) as e:
+                result.unreadable.append((path, f"not readable ({e or type(e).__name__})"))
+                entries.pop(key, None)
+                continue
+            entry["offset"] = end
+            if head is not None:
+                entry["head"], entry["head_len"] = head
+            if end > first:
+                spark_inputs.append(target)
+                file_of[_file_uri(target)] = path
+                line_base[path] = first
+        for path, source, kind, first in parts:
+            result.parts.append((path, kind))
+        stats = {}
+        if spark_inputs:
+            stats = self._write_batch(batch, spark_inputs, file_of, result)
+        for key, entry in entries.items():
+            ok, bad = stats.get(entry["path"], (0, 0))
+            entry["records"] = entry.get("records", 0) + ok
+            entry["bad"] = entry.get("bad", 0) + bad
+            result.file_stats[entry["path"]] = (ok, bad)
+        result.records = sum(ok for ok, _ in stats.values())
+        result.bad = sum(bad for _, bad in stats.values())
+        # the bad lines' numbers, for the first files that have some
+        for path in sorted(p for p, (_, bad) in stats.items() if bad)[:10]:
+            key, entry = by_path.get(path, (None, None))
+            start = line_base.get(path, 0)
+            found = ingest.locate_bad_lines(self.spark, path, start_byte=start)
+            result.bad_examples += [(path, n, r, t) for n, r, t in found]
+            if entry is not None:
+                entry["examples"] = (entry.get("examples", []) + [[n, r, t] for n, r, t in found])[:5]
+        pending = {"batch": batch, "entries": entries}
+        pending_path = self.fs.join("_ingest", f"pending-{batch}.json")
+        self.fs.write_text(pending_path, json.dumps(pending))
+        self._move_parts(batch)
+        self._apply(self.manifest(), pending)
+        self._save_manifest()
+        self.fs.delete(pending_path)
+        self.fs.delete(self.fs.join("_ingest", "staging"))
+        if staging_local:
+            shutil.rmtree(staging_local, ignore_errors=True)
+        return result
+
+    def _write_batch(self, batch, inputs, file_of, result):
+        """Parse and check ``inputs`` with Spark into staging; {path: (ok, bad)}."""
+        out = self.fs.join("_ingest", "staging", batch, "out")
+        try:
+            ingest.write_events(ingest.read_traces(self.spark, [(p, 0) for p in inputs],
+                                                   file_of=file_of), out)
+        except Exception as e:  # noqa: BLE001 - Py4J wraps the JVM's error
+            if "gzip" not in str(e).lower() and "EOF" not in str(e) \
+                    and "corrupt" not in str(e).lower():
+                raise
+            # a .gz Spark could not read: find which (it is a rare case),
+            # skip it and read the rest
+            bad = ingest.unreadable_files([(p, 0) for p in inputs])
+            result.unreadable += [(file_of.get(_file_uri(p), p), r) for p, r in bad]
+            skipped = {p for p, _ in bad}
+            keep = [p for p in inputs if p not in skipped]
+            self.fs.delete(out)
+            if not keep:
+                return {}
+            ingest.write_events(ingest.read_traces(self.spark, [(p, 0) for p in keep],
+                                                   file_of=file_of, ignore_corrupt=True), out)
+        stats = ingest.ingest_stats(self.spark, out)
+        return {ingest.display_path(f) if ingest._is_local(f) else f: v
+                for f, v in stats.items()}
+
+    # -- reading the table back ---------------------------------------------
+
+    def events(self, since_us=None, until_us=None):
+        """The valid records, for [since, until) if given (days pruned by partition)."""
+        from pyspark.sql import functions as F
+        df = (self.spark.read.schema(ingest.events_schema())
+              .option("basePath", self.events_path)
+              .parquet(self.fs.join("events", "status=ok")))
+        if since_us is not None:
+            df = df.where((F.col("day") >= _day(since_us)) & (F.col("ts_us") >= since_us))
+        if until_us is not None:
+            df = df.where((F.col("day") <= _day(until_us)) & (F.col("ts_us") < until_us))
+        return df.drop("status", "bad_reason", "raw")
+
+
+def _day(ts_us):
+    return datetime.datetime.fromtimestamp(ts_us / 1e6, datetime.timezone.utc).strftime("%Y-%m-%d")
+
+
+def _file_uri(path):
+    """How Spark's ``_metadata.file_path`` names a local file."""
+    from urllib.parse import quote
+    return "file:" + quote(os.path.abspath(path))
+
+
+def _newest_plain_per_domain(files):
+    """Local plain files that are the newest of their router: perhaps still written."""
+    newest = {}
+    for path, _ in files:
+        if path.endswith(".gz"):
+            continue
+        info = tf.parse_trace_file_name(path.rstrip("/").rsplit("/", 1)[-1])
+        if info is None:
+            continue
+        key = info[0]
+        if key not in newest or (info[1], info[2]) > newest[key][0]:
+            newest[key] = ((info[1], info[2]), path)
+    return {path for _, path in newest.values()}
+
+
+def _ends_with_newline(path, size):
+    if size == 0:
+        return True
+    with open(path, "rb") as f:
+        f.seek(size - 1)
+        return f.read(1) == b"\n"
+
+
+def _finish_whole(path, entry):
+    """For a file Spark reads whole: its uncompressed length is unknown
+    for .gz (read to the end: complete), else its size; and its head hash."""
+    length = HEAD_BYTES if entry["gz"] else entry["head_len"]
+    with _open_uncompressed(path) as f:
+        head = f.read(length)
+    entry["head_len"], entry["head"] = len(head), hashlib.sha1(head).hexdigest()
+    return entry["size"] if not entry["gz"] else -1
+
+
+def _copy_complete_lines(path, first, target, entry):
+    """Copy the uncompressed bytes from ``first`` up to the last newline into
+    ``target``. Returns (end offset, (head hash, head length) or None)."""
+    end = first
+    head = None
+    with _open_uncompressed(path) as src, open(target, "wb") as dst:
+        # skip what was read before (decompressing, for a rotated .gz)
+        skip = first
+        head_data = b""
+        while skip > 0:
+            chunk = src.read(min(skip, _COPY_CHUNK))
+            if not chunk:
+                break
+            if len(head_data) < HEAD_BYTES:
+                head_data += chunk[:HEAD_BYTES - len(head_data)]
+            skip -= len(chunk)
+        if skip > 0:
+            raise EOFError(f"shorter than the {first} bytes already read")
+        carry = b""
+        while True:
+            chunk = src.read(_COPY_CHUNK)
+            if not chunk:
+                break
+            if len(head_data) < HEAD_BYTES:
+                head_data += chunk[:HEAD_BYTES - len(head_data)]
+            data = carry + chunk
+            cut = data.rfind(b"\n")
+            if cut < 0:
+                carry = data
+                continue
+            dst.write(data[:cut + 1])
+            end += cut + 1
+            carry = data[cut + 1:]
+        if carry and entry.get("gz"):
+            # a closed, compressed file ends with an unterminated line: it is whole
+            dst.write(carry + b"\n")
+            end += len(carry)
+    if entry.get("head") is None:
+        head = (hashlib.sha1(head_data).hexdigest(), len(head_data))
+    return end, head
