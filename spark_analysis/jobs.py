@@ -16,7 +16,7 @@ and notify_received / notify_dropped_* (in) at the receiver.
 
 from spark_analysis import traceformat as tf
 
-__all__ = ["CONSIDERED", "IN_WIRE", "MINUTE_US", "window_of", "links", "filters",
+__all__ = ["CONSIDERED", "IN_WIRE", "MINUTE_US", "window_of", "activity", "links", "filters",
            "flood_model", "drops", "paths", "interest", "overview"]
 
 CONSIDERED = ("notify_forwarded", "notify_suppressed_filter", "notify_suppressed_export",
@@ -67,9 +67,28 @@ def window_of(events, since_us=None, until_us=None, count=False):
     return (*window, row["n"]) if count else window
 
 
-def overview(events):
+def activity(events):
+    """Every record counted once, per router, peer, direction, event and minute.
+
+    One pass over the table that the overview, link, filter and drop
+    tables are then all derived from (it is small: a row per active
+    minute of each kind of record on each link). Columns: router, peer,
+    direction, event, minute_us, n, bytes, first_us, last_us.
+    """
+    F = _F()
+    return events.groupBy("router", "peer", "direction", "event",
+                          _floor(F.col("ts_us"), MINUTE_US).alias("minute_us")).agg(
+        F.count(F.lit(1)).alias("n"), F.sum("size").alias("bytes"),
+        F.min("ts_us").alias("first_us"), F.max("ts_us").alias("last_us"))
+
+
+def overview(events, per_minute=None):
     """Records per router and event, with first and last timestamps."""
     F = _F()
+    if per_minute is not None:
+        return {"overview": per_minute.groupBy("router", "event").agg(
+            F.sum("n").alias("records"), F.min("first_us").alias("first_us"),
+            F.max("last_us").alias("last_us"))}
     return {"overview": events.groupBy("router", "event").agg(
         F.count(F.lit(1)).alias("records"), F.min("ts_us").alias("first_us"),
         F.max("ts_us").alias("last_us"))}
@@ -129,7 +148,7 @@ def link_uptime(events, start_us, end_us):
             .withColumn("uptime_pct", F.round(F.col("uptime_s") * 1e8 / length, 2)))
 
 
-def links(events, start_us, end_us):
+def links(events, start_us, end_us, per_minute=None):
     """Per link and direction: notifications and bytes per minute; rates; uptime.
 
     Tables: ``link_minute`` (router, peer, direction, minute_us, minute,
@@ -139,9 +158,10 @@ def links(events, start_us, end_us):
     """
     F = _F()
     wire = _wire(events).select("router", "peer", "direction", "ts_us", "size")
-    minute = (wire.groupBy("router", "peer", "direction",
-                           _floor(F.col("ts_us"), MINUTE_US).alias("minute_us"))
-              .agg(F.count(F.lit(1)).alias("notifications"), F.sum("size").alias("bytes"))
+    if per_minute is None:
+        per_minute = activity(events)
+    minute = (_wire(per_minute).groupBy("router", "peer", "direction", "minute_us")
+              .agg(F.sum("n").alias("notifications"), F.sum("bytes").alias("bytes"))
               .withColumn("minute", F.timestamp_micros("minute_us")))
     peak_s = (wire.groupBy("router", "peer", "direction",
                            _floor(F.col("ts_us"), SECOND_US).alias("second_us"))
@@ -208,7 +228,7 @@ def flood_model(edges, traced):
     return rows
 
 
-def filters(events, spark):
+def filters(events, spark, per_minute=None):
     """Filter effectiveness per link, and the flood a federation without filters sends.
 
     Tables: ``filter_effect`` (router, peer: considered / forwarded /
@@ -220,15 +240,18 @@ def filters(events, spark):
     F = _F()
     from pyspark.sql import types as T
     out = events.where((F.col("direction") == "out") & F.col("event").isin(*CONSIDERED))
+    if per_minute is None:
+        per_minute = activity(events)
+    counted = per_minute.where((F.col("direction") == "out") & F.col("event").isin(*CONSIDERED))
     e = F.col("event")
-    aggs = [F.count(F.lit(1)).alias("considered"), F.sum("size").alias("considered_bytes")]
+    aggs = [F.sum("n").alias("considered"), F.sum("bytes").alias("considered_bytes")]
     for name, label in (("notify_forwarded", "forwarded"),
                         ("notify_suppressed_filter", "suppressed_filter"),
                         ("notify_suppressed_export", "suppressed_export"),
                         ("notify_dropped_overload", "dropped_overload")):
-        aggs += [_count_if(e == name).alias(label),
-                 _sum_if(e == name, F.col("size")).alias(label + "_bytes")]
-    effect = out.groupBy("router", "peer").agg(*aggs)
+        aggs += [_sum_if(e == name, F.col("n")).alias(label),
+                 _sum_if(e == name, F.col("bytes")).alias(label + "_bytes")]
+    effect = counted.groupBy("router", "peer").agg(*aggs)
     for label in ("forwarded", "suppressed_filter", "suppressed_export", "dropped_overload"):
         effect = effect.withColumn(label + "_pct",
                                    F.round(_ratio(F.col(label) * 100, F.col("considered")), 2))
@@ -263,23 +286,24 @@ def filters(events, spark):
 # ---------------------------------------------------------------------------
 # drops
 
-def drops(events):
+def drops(events, per_minute=None):
     """Loop, import and overload drops per link over time.
 
     Tables: ``drops_minute`` (router, peer, direction, event, minute_us,
     minute, drops, bytes) and ``drops`` (totals, first and last).
     """
     F = _F()
-    dropped = events.where(F.col("event").isin("notify_dropped_loop", "notify_dropped_import",
-                                               "notify_dropped_overload"))
+    if per_minute is None:
+        per_minute = activity(events)
+    dropped = per_minute.where(F.col("event").isin("notify_dropped_loop", "notify_dropped_import",
+                                                   "notify_dropped_overload"))
     keys = ["router", "peer", "direction", "event"]
-    per_minute = (dropped.groupBy(*keys, _floor(F.col("ts_us"), MINUTE_US).alias("minute_us"))
-                  .agg(F.count(F.lit(1)).alias("drops"), F.sum("size").alias("bytes"))
-                  .withColumn("minute", F.timestamp_micros("minute_us")))
+    minutes = dropped.select(*keys, "minute_us", F.col("n").alias("drops"), "bytes",
+                             F.timestamp_micros("minute_us").alias("minute"))
     totals = dropped.groupBy(*keys).agg(
-        F.count(F.lit(1)).alias("drops"), F.sum("size").alias("bytes"),
-        F.min("ts_us").alias("first_us"), F.max("ts_us").alias("last_us"))
-    return {"drops_minute": per_minute, "drops": totals}
+        F.sum("n").alias("drops"), F.sum("bytes").alias("bytes"),
+        F.min("first_us").alias("first_us"), F.max("last_us").alias("last_us"))
+    return {"drops_minute": minutes, "drops": totals}
 
 
 # ---------------------------------------------------------------------------
@@ -291,21 +315,20 @@ def _nearest(rows, partition, anchor_col):
     ``rows`` holds anchor rows (``anchor_col`` set to their ``ts_us``) and
     target rows (``anchor_col`` null); within each ``partition`` a target
     gets the anchor time closest to its own, preceding or following (a
-    receiver's clock may be behind the sender's). Both are running
-    aggregates over growing frames, ascending and descending, which Spark
-    computes in one pass each (a frame reaching to the partition's end
-    would be quadratic in the partition size, and one digest can recur
-    thousands of times).
+    receiver's clock may be behind the sender's). One sort serves both: the
+    running maximum gives the last anchor before, ``lead ... IGNORE NULLS``
+    the first after; each is linear in the partition's size (a frame
+    reaching to the partition's end would be quadratic, and one digest can
+    recur thousands of times).
     """
     F = _F()
     from pyspark.sql import Window
-    running = (Window.unboundedPreceding, Window.currentRow)
-    up = Window.partitionBy(*partition).orderBy("ts_us", "is_target").rowsBetween(*running)
-    down = (Window.partitionBy(*partition)
-            .orderBy(F.col("ts_us").desc(), F.col("is_target").asc()).rowsBetween(*running))
+    order = Window.partitionBy(*partition).orderBy("ts_us", "is_target")
+    running = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     ts = F.col("ts_us")
-    return (rows.withColumn("_before", F.max(anchor_col).over(up))
-            .withColumn("_after", F.min(anchor_col).over(down))
+    after = F.expr(f"lead({anchor_col}, 1) IGNORE NULLS")
+    return (rows.withColumn("_before", F.max(anchor_col).over(running))
+            .withColumn("_after", after.over(order))
             .where(F.col("is_target") == 1)
             .withColumn("anchor_us",
                         F.when(F.col("_before").isNull(), F.col("_after"))
@@ -313,6 +336,83 @@ def _nearest(rows, partition, anchor_col):
                         .when(ts - F.col("_before") <= F.col("_after") - ts, F.col("_before"))
                         .otherwise(F.col("_after")))
             .drop("_before", "_after"))
+
+
+def clock_offsets(hop):
+    """Add, per directed link, what the two directions' delays say about the clocks.
+
+    A crossing sender -> receiver is stamped on two clocks: its measured
+    delay is the true delay (never negative) plus the offset theta of the
+    receiver's clock from the sender's; the way back measures its true
+    delay minus theta. So theta lies in [-fastest way back, fastest way
+    there] -- a bound, however uneven the traffic or the queues. Columns:
+    ``clock_offset_low_us`` / ``clock_offset_high_us`` (the bound, where
+    both directions are seen), ``clock_offset_pm_us`` (its half-width) and
+    ``clock_offset_est_us``, its middle (NTP's estimate, exact when the
+    fastest crossings took as long each way), given only when the bound
+    excludes zero: otherwise the offset cannot be told from none.
+    ``one_way_est_us`` is half the sum of the two medians.
+    """
+    F = _F()
+    back = hop.select(F.col("sender").alias("receiver"), F.col("receiver").alias("sender"),
+                      F.col("delay_p50_us").alias("reverse_p50_us"),
+                      F.col("delay_min_us").alias("reverse_min_us"))
+    low, high = -F.col("reverse_min_us"), F.col("delay_min_us")
+    return (hop.join(back, ["sender", "receiver"], "left")
+            .withColumn("clock_offset_low_us", low)
+            .withColumn("clock_offset_high_us", F.when(low.isNotNull(), high))
+            .withColumn("clock_offset_pm_us", ((high - low) / 2).cast("long"))
+            .withColumn("clock_offset_est_us",
+                        F.when((high < 0) | (low > 0), ((high + low) / 2).cast("long")))
+            .withColumn("one_way_est_us",
+                        ((F.col("delay_p50_us") + F.col("reverse_p50_us")) / 2).cast("long")))
+
+
+def route_clock_corrections(hop_rows):
+    """{(sender, receiver): (offset to subtract, uncertainty)} per link with both directions.
+
+    An offset that cannot be told from zero is corrected by 0, within its
+    bound's half-width.
+    """
+    out = {}
+    for r in hop_rows:
+        r = r.asDict() if hasattr(r, "asDict") else r
+        if r.get("clock_offset_pm_us") is None:
+            continue
+        est = r.get("clock_offset_est_us") or 0
+        out[(r["sender"], r["receiver"])] = (est, r["clock_offset_pm_us"])
+    return out
+
+
+def _route_pairs(route):
+    """Column: a route "a > b > c" as its hops ["a>b", "b>c"]."""
+    F = _F()
+    names = F.split(route, " > ")
+    return F.transform(F.sequence(F.lit(1), F.size(names) - 1),
+                       lambda i: F.concat(F.element_at(names, i), F.lit(">"),
+                                          F.element_at(names, i + 1)))
+
+
+def _with_corrections(routes, corrections):
+    """Add ``clock_correction_us`` (the destination's clock offset from the
+    origin's: subtract it from the route's latencies) and
+    ``clock_uncertainty_us``; null when a hop's offset cannot be bounded
+    (traffic one way only)."""
+    F = _F()
+    if not corrections:
+        return (routes.withColumn("clock_correction_us", F.lit(None).cast("long"))
+                .withColumn("clock_uncertainty_us", F.lit(None).cast("long")))
+    est = F.create_map(*[x for (a, b), (e, _) in sorted(corrections.items())
+                         for x in (F.lit(f"{a}>{b}"), F.lit(e))])
+    pm = F.create_map(*[x for (a, b), (_, w) in sorted(corrections.items())
+                        for x in (F.lit(f"{a}>{b}"), F.lit(w))])
+    known = F.forall("_pairs", lambda p: F.element_at(est, p).isNotNull())
+
+    def total(m):
+        return F.aggregate(F.transform("_pairs", lambda p: F.element_at(m, p)),
+                           F.lit(0).cast("long"), lambda acc, x: acc + x)
+    return (routes.withColumn("clock_correction_us", F.when(known, total(est)))
+            .withColumn("clock_uncertainty_us", F.when(known, total(pm))))
 
 
 def _percentiles(col, prefix):
@@ -348,11 +448,14 @@ def paths(events):
     route_key = F.xxhash64("routing", "router")
     hops = (received.groupBy("hops")
             .agg(F.count(F.lit(1)).alias("deliveries"),
-                 F.countDistinct("digest").alias("notifications")))
+                 # 64-bit hashes of the digests: a fifth of the bytes to shuffle;
+                 # at 10^7 notifications a collision has a 1 in 300,000 chance
+                 F.countDistinct(F.xxhash64("digest")).alias("notifications")))
 
     # partition keys are 64-bit hashes: much cheaper to shuffle and sort than
     # the strings, and a collision (2^-64 per pair) would only mismatch a few
-    published = (events.where((F.col("direction") == "out") & F.col("event").isin(*CONSIDERED)
+    # a delivery's publication: the origin sending it on the first link
+    published = (events.where((F.col("event") == "notify_forwarded")
                               & (F.col("hops") == 1) & (F.col("router") == F.col("origin")))
                  .select(F.xxhash64("digest", "origin", "peer").alias("pkey"), "ts_us",
                          F.col("ts_us").alias("published_us"),
@@ -394,13 +497,10 @@ def paths(events):
                 F.min("delay_us").alias("delay_min_us"), F.max("delay_us").alias("delay_max_us")))
     # small; materialised once so that joining it with itself does not redo the work
     hop = hop.localCheckpoint()
-    back = hop.select(F.col("sender").alias("receiver"), F.col("receiver").alias("sender"),
-                      F.col("delay_p50_us").alias("reverse_p50_us"))
-    hop = (hop.join(back, ["sender", "receiver"], "left")
-           .withColumn("clock_offset_est_us",
-                       ((F.col("delay_p50_us") - F.col("reverse_p50_us")) / 2).cast("long"))
-           .withColumn("one_way_est_us",
-                       ((F.col("delay_p50_us") + F.col("reverse_p50_us")) / 2).cast("long")))
+    hop = clock_offsets(hop)
+    corrections = route_clock_corrections(hop.collect())
+    routes = routes.withColumn("_pairs", _route_pairs(F.col("route")))
+    routes = _with_corrections(routes, corrections).drop("_pairs")
     return {"hops": hops, "routes": routes, "hop_latency": hop}
 
 
@@ -419,26 +519,32 @@ def interest(events, start_us, end_us):
     F = _F()
     notify = events.where(F.col("event").isin(*tf.NOTIFY_EVENTS))
     e = F.col("event")
-    names = F.concat_ws(",", "attrs").alias("attribute_names")
+    # sets are keyed by a 64-bit hash of the (sorted) names: cheap to group
+    # and shuffle; the names themselves are carried once per set
+    akey = F.xxhash64("attrs").alias("akey")
     # every publication at a traced router gives one out record per candidate
     # link there, so the busiest link of the origin counts its publications
     published = (notify.where((F.col("direction") == "out") & e.isin(*CONSIDERED)
                               & (F.col("hops") == 1) & (F.col("router") == F.col("origin")))
-                 .groupBy(names, "origin", "peer").agg(F.count(F.lit(1)).alias("n"))
-                 .groupBy("attribute_names", "origin").agg(F.max("n").alias("n"))
-                 .groupBy("attribute_names").agg(F.sum("n").alias("published")))
-    attr_sets = (notify.groupBy(names, F.size("attrs").alias("attributes"))
-                 .agg(F.countDistinct("digest").alias("distinct"),
-                      _count_if(e == "notify_forwarded").alias("crossings"),
-                      _sum_if(e == "notify_forwarded", F.col("size")).alias("crossing_bytes"),
-                      _count_if((F.col("direction") == "out") & e.isin(*CONSIDERED))
-                      .alias("considered"),
-                      _count_if(e == "notify_suppressed_filter").alias("suppressed_filter"),
-                      _count_if(e == "notify_suppressed_export").alias("suppressed_export"))
-                 .join(published, ["attribute_names"], "left")
-                 .withColumn("published", F.coalesce("published", F.lit(0)))
-                 .select("attribute_names", "attributes", "published", "distinct", "crossings",
-                         "crossing_bytes", "considered", "suppressed_filter",
+                 .groupBy(akey, "origin", "peer").agg(F.count(F.lit(1)).alias("n"))
+                 .groupBy("akey", "origin").agg(F.max("n").alias("n"))
+                 .groupBy("akey").agg(F.sum("n").alias("published")))
+    # exact distinct contents: distinct (set, digest) pairs, then counted
+    distinct = (notify.select(akey, F.xxhash64("digest").alias("d")).distinct()
+                .groupBy("akey").agg(F.count(F.lit(1)).alias("distinct")))
+    counts = (notify.groupBy(akey)
+              .agg(F.first("attrs").alias("attrs"),
+                   _count_if(e == "notify_forwarded").alias("crossings"),
+                   _sum_if(e == "notify_forwarded", F.col("size")).alias("crossing_bytes"),
+                   _count_if((F.col("direction") == "out") & e.isin(*CONSIDERED))
+                   .alias("considered"),
+                   _count_if(e == "notify_suppressed_filter").alias("suppressed_filter"),
+                   _count_if(e == "notify_suppressed_export").alias("suppressed_export")))
+    attr_sets = (counts.join(distinct, ["akey"], "left").join(published, ["akey"], "left")
+                 .select(F.concat_ws(",", "attrs").alias("attribute_names"),
+                         F.size("attrs").alias("attributes"),
+                         F.coalesce("published", F.lit(0)).alias("published"), "distinct",
+                         "crossings", "crossing_bytes", "considered", "suppressed_filter",
                          "suppressed_export"))
     changes = (events.where(F.col("event").isin(*tf.SUBREPLACE_EVENTS))
                .select("router", "peer", "direction", "event", "ts_us",

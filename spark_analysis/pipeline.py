@@ -60,8 +60,10 @@ class Analysis:
         self.trace_dir = None
         self.stage_seconds = {}
         self.charts = {}          # name -> path of PNG
+        self.chart_overlaps = {}  # name -> [(text, text)] labels drawn over each other
         self.written = []         # Parquet tables written
         self.batch = None         # store.BatchResult: what this run read
+        self.cached = []          # DataFrames cached during the run
 
     def parquet(self, name):
         return self.tables_dir.rstrip("/") + "/" + name
@@ -120,24 +122,30 @@ def _csv_value(value):
 
 
 def _save(spark, analysis, name, df):
-    """Write ``df`` as Parquet and return it read back; summary tables also go to CSV."""
+    """Write ``df`` as Parquet and return it (cached); summary tables also go to CSV.
+
+    The table is computed once, by the write, into the cache; the CSV rows
+    and later uses read the cache, so each table costs one pass.
+    """
     from pyspark.sql import functions as F
     path = analysis.parquet(name)
+    df = df.cache()
+    analysis.cached.append(df)
     df.write.mode("overwrite").parquet(path)
     analysis.written.append(name)
-    back = spark.read.parquet(path)
     if name not in CSV_TABLES:
-        return back
+        return df
     order, descending, limit = CSV_TABLES[name]
     cols = [F.col(c).desc_nulls_last() if descending else F.col(c).asc_nulls_last()
             for c in order]
     # deterministic tie-break on the remaining key-like string columns
-    ties = [c for c, t in back.dtypes if t == "string" and c not in order]
-    ordered = back.orderBy(*cols, *ties)
-    rows = _rows(ordered.limit(limit) if limit else ordered)
+    ties = [c for c, t in df.dtypes if t == "string" and c not in order]
+    ordered = df.orderBy(*cols, *ties)
+    # (a limit makes it one top-k job rather than a sampled range sort)
+    rows = _rows(ordered.limit(limit or 10**6))
     analysis.tables[name] = rows
-    _write_csv(os.path.join(analysis.out_dir, "csv", name + ".csv"), rows, back.columns)
-    return back
+    _write_csv(os.path.join(analysis.out_dir, "csv", name + ".csv"), rows, df.columns)
+    return df
 
 
 def _bucket_us(start_us, end_us, points=360):
@@ -158,6 +166,9 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
     ``out_dir/parquet`` -- on a cluster, a URI every executor can write to.
     """
     from pyspark.sql import functions as F
+    # cached tables keep adaptive execution's coalesced partitions (else every
+    # later pass over a small cached table would run 200 tiny tasks)
+    spark.conf.set("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
     analysis = Analysis(out_dir, tables_dir)
     analysis.trace_dir, analysis.since_us, analysis.until_us = trace_dir, since_us, until_us
     os.makedirs(out_dir, exist_ok=True)
@@ -253,9 +264,12 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
         f"({batch.unchanged} files already read); "
         f"{analysis.records:,} records in {tf.format_time(start)} .. {tf.format_time(end)}")
     steps.start("overview and links: traffic per link and direction, rates, uptime")
-    for name, df in jobs.overview(events).items():
+    # one pass counts every record per link, event and minute; the
+    # overview, link, filter and drop tables are sums over it
+    per_minute = jobs.activity(events).cache()
+    for name, df in jobs.overview(events, per_minute).items():
         _save(spark, analysis, name, df)
-    tables = jobs.links(events, start, end)
+    tables = jobs.links(events, start, end, per_minute)
     minute = _save(spark, analysis, "link_minute", tables["link_minute"])
     _save(spark, analysis, "links", tables["links"])
     _save(spark, analysis, "link_uptime", tables["link_uptime"])
@@ -267,12 +281,12 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
     analysis.stage_seconds["links"] = steps.done(f"{len(analysis.tables['links'])} link directions")
 
     steps.start("filters: considered, forwarded, suppressed; flood without filters")
-    for name, df in jobs.filters(events, spark).items():
+    for name, df in jobs.filters(events, spark, per_minute).items():
         _save(spark, analysis, name, df)
     analysis.stage_seconds["filters"] = steps.done()
 
     steps.start("loops and drops over time")
-    tables = jobs.drops(events)
+    tables = jobs.drops(events, per_minute)
     drop_minute = _save(spark, analysis, "drops_minute", tables["drops_minute"])
     _save(spark, analysis, "drops", tables["drops"])
     analysis.series["drops"] = _rows(
@@ -305,6 +319,10 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
         steps.start("charts and HTML report")
         path = report_module.write_report(analysis)
         analysis.stage_seconds["report"] = steps.done(path)
+    per_minute.unpersist()
+    for df in analysis.cached:
+        df.unpersist()
+    analysis.cached = []
     return analysis
 
 

@@ -91,6 +91,8 @@ class _Figures:
     def save(self, fig, name):
         plt = _plt()
         path = os.path.join(self.dir, name + ".png")
+        fig.canvas.draw()
+        self.a.chart_overlaps[name] = overlapping_texts(fig)
         fig.savefig(path, dpi=100, bbox_inches="tight")
         plt.close(fig)
         self.a.charts[name] = path
@@ -146,6 +148,26 @@ def _empty(fig_name, figs, message):
 # ---------------------------------------------------------------------------
 # figures, each returning (name, reading)
 
+def _extent(fig, artist):
+    """An artist's box on the canvas, in pixels (to keep labels apart); a
+    text with a box around it counts with its box."""
+    renderer = fig.canvas.get_renderer()
+    box = artist.get_window_extent(renderer=renderer)
+    patch = artist.get_bbox_patch() if hasattr(artist, "get_bbox_patch") else None
+    if patch is not None:
+        artist.update_bbox_position_size(renderer)
+        box = patch.get_window_extent(renderer=renderer)
+    return box
+
+
+def overlapping_texts(fig):
+    """Pairs of texts in ``fig`` whose boxes overlap (a test that labels never do)."""
+    texts = [t for ax in fig.axes for t in ax.texts if t.get_visible() and t.get_text()]
+    boxes = [(t.get_text(), _extent(fig, t)) for t in texts]
+    return [(a, b) for i, (a, ba) in enumerate(boxes) for b, bb in boxes[i + 1:]
+            if ba.overlaps(bb)]
+
+
 def fig_topology(figs):
     plt = _plt()
     a = figs.a
@@ -189,7 +211,11 @@ def fig_topology(figs):
         for i, n in enumerate(members):
             positions[n] = ((i + 1) / (len(members) + 1), -depth)
             layer_of[n] = depth
-    fig, ax = plt.subplots(figsize=(8, max(2.5, 1.4 * (len(rows) + 1))))
+    widest = max((len(m) for m in rows.values()), default=1)
+    fig, ax = plt.subplots(figsize=(max(8, 1.8 * widest), max(2.5, 1.4 * (len(rows) + 1))))
+    ax.set_xlim(0, 1)
+    ax.set_ylim(min(p[1] for p in positions.values()) - 0.5 if positions else -1, 0.5)
+    ax.axis("off")
     top = max(volume.values()) if volume else 0
     for e in edges:
         if len(e) != 2:
@@ -198,18 +224,36 @@ def fig_topology(figs):
         (x0, y0), (x1, y1) = positions[x], positions[y]
         width = 1 + 7 * (volume.get(e, 0) / top if top else 0)
         ax.plot([x0, x1], [y0, y1], color="#868e96", linewidth=width, zorder=1)
-        if volume.get(e):
-            f = 0.35 if y0 >= y1 else 0.65          # nearer the upper end
-            ax.text(x0 + f * (x1 - x0), y0 + f * (y1 - y0), _bytes(volume[e]), fontsize=8,
-                    ha="center", va="center", color="#343a40",
-                    bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8})
+    # router names on their circles, then each link's figure where it
+    # overlaps no name and no other figure (busiest links first)
+    taken = []
     for n, (x, y) in positions.items():
         ax.scatter([x], [y], s=900, color="#1971c2" if n in traced else "#ced4da",
                    zorder=2, edgecolors="white")
-        ax.text(x, y - 0.28, figs.s(n), ha="center", va="top", fontsize=9)
-    ax.set_xlim(0, 1)
-    ax.set_ylim(min(p[1] for p in positions.values()) - 0.7 if positions else -1, 0.5)
-    ax.axis("off")
+        label = ax.text(x, y, figs.s(n), ha="center", va="center", fontsize=9, zorder=4,
+                        bbox={"facecolor": "white", "edgecolor": "#adb5bd",
+                              "boxstyle": "round,pad=0.25"})
+        taken.append(_extent(fig, label))
+    unlabelled = 0
+    for e, value in sorted(volume.items(), key=lambda kv: -kv[1]):
+        if len(e) != 2 or not value:
+            continue
+        x, y = sorted(e)
+        (x0, y0), (x1, y1) = positions[x], positions[y]
+        for f in (0.5, 0.4, 0.6, 0.3, 0.7, 0.25, 0.75):
+            text = ax.text(x0 + f * (x1 - x0), y0 + f * (y1 - y0), _bytes(value), fontsize=8,
+                           ha="center", va="center", color="#343a40", zorder=3,
+                           bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.9})
+            box = _extent(fig, text)
+            if not any(box.overlaps(other) for other in taken):
+                taken.append(box)
+                break
+            text.remove()
+        else:
+            unlabelled += 1
+    if unlabelled:
+        ax.text(0, -0.02, f"{unlabelled} link figure(s) left out for lack of room: see the "
+                f"links table", transform=ax.transAxes, fontsize=8, color="#868e96")
     ax.set_title("Federation links (line width: bytes forwarded, both directions)")
     figs.save(fig, "topology")
     busiest = max(volume.items(), key=lambda kv: kv[1]) if volume else None
@@ -442,6 +486,14 @@ def fig_routes(figs):
                       f"of all deliveries between routers.")
 
 
+def _corrected(r, key):
+    """A route's latency with the clock offset that could be told removed."""
+    value = r.get(key)
+    if value is None:
+        return None
+    return value - (r.get("clock_correction_us") or 0)
+
+
 def fig_latency(figs):
     plt = _plt()
     rows = [r for r in figs.a.tables.get("routes", []) if r.get("timed")][:12]
@@ -458,41 +510,68 @@ def fig_latency(figs):
     for key, colour, label in (("latency_p50_us", "#1971c2", "median"),
                                ("latency_p90_us", "#f59f00", "90th percentile"),
                                ("latency_p99_us", "#e03131", "99th percentile")):
-        ax.scatter([r[key] / 1000 for r in rows], ys, color=colour, label=label, zorder=2)
+        ax.scatter([_corrected(r, key) / 1000 for r in rows], ys, color=colour, label=label,
+                   zorder=2)
     for y, r in zip(ys, rows):
-        ax.plot([r["latency_min_us"] / 1000, r["latency_max_us"] / 1000], [y, y],
-                color="#ced4da", zorder=1)
+        ax.plot([_corrected(r, "latency_min_us") / 1000, _corrected(r, "latency_max_us") / 1000],
+                [y, y], color="#ced4da", zorder=1)
+        if r.get("clock_uncertainty_us"):
+            w = r["clock_uncertainty_us"] / 1000
+            mid = _corrected(r, "latency_p50_us") / 1000
+            ax.errorbar([mid], [y], xerr=[[w], [w]], fmt="none", ecolor="#1971c2", alpha=0.35,
+                        capsize=3, zorder=1)
     ax.set_yticks(ys)
     ax.set_yticklabels(labels, fontsize=8)
-    ax.set_xlabel("ms from publication to arrival (grey: min to max)")
-    ax.set_title("Latency per route (includes clock differences between hosts)")
-    ax.legend(fontsize=8)
+    ax.set_xlabel("ms from publication to arrival (grey: min to max; blue bar: clock uncertainty)")
+    ax.set_title("Latency per route, corrected for the clock offsets the traces show")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="x", alpha=0.3)
     figs.save(fig, "latency")
-    slow = max(rows, key=lambda r: r["latency_p50_us"])
+    slow = max(rows, key=lambda r: _corrected(r, "latency_p50_us"))
     reading = (f"The slowest frequent route is {labels[rows.index(slow)]}: half its notifications "
-               f"arrived within {_ms(slow['latency_p50_us'])}, 99% within "
-               f"{_ms(slow['latency_p99_us'])}. These are differences between two hosts' clocks, "
-               f"so they include any clock offset between them.")
-    if any((r["latency_min_us"] or 0) < 0 for r in rows):
-        reading += (" Some are negative: the receiving host's clock is behind the "
-                    "publishing host's.")
+               f"arrived within {_ms(_corrected(slow, 'latency_p50_us'))}, 99% within "
+               f"{_ms(_corrected(slow, 'latency_p99_us'))}")
+    if slow.get("clock_uncertainty_us") is not None:
+        reading += (f", give or take {_ms(slow['clock_uncertainty_us'])} for the clocks "
+                    f"of the two hosts.")
+    else:
+        reading += (". A link on it carried traffic one way only, so the two hosts' clock "
+                    "offset cannot be bounded: these are raw differences of two clocks.")
+    corrected = [r for r in rows if r.get("clock_correction_us")]
+    if corrected:
+        reading += (f" {len(corrected)} of these routes were corrected for a clock offset the "
+                    f"traces show (see the per-link table).")
+    if any((_corrected(r, "latency_min_us") or 0) < 0 for r in rows):
+        reading += (" Some values are still negative: the clocks differ by more than could "
+                    "be bounded, so keep the routers on NTP.")
     return "latency", reading
 
 
 def hop_latency_reading(figs):
     rows = figs.a.tables.get("hop_latency", [])
-    pairs = [r for r in rows if r.get("clock_offset_est_us") is not None]
-    if not pairs:
-        return ""
-    worst = max(pairs, key=lambda r: abs(r["clock_offset_est_us"]))
-    return (f"Where a link carries traffic both ways, comparing the two directions' median "
-            f"delays separates network delay from clock offset (as NTP does, assuming the "
-            f"delay is the same both ways). The largest offset estimated is "
-            f"{_ms(abs(worst['clock_offset_est_us']))}: {figs.s(worst['receiver'])}'s clock is "
-            f"{'ahead of' if worst['clock_offset_est_us'] > 0 else 'behind'} "
-            f"{figs.s(worst['sender'])}'s; one-way delay on that link is about "
-            f"{_ms(worst['one_way_est_us'])}.")
+    bounded = [r for r in rows if r.get("clock_offset_pm_us") is not None]
+    if not bounded:
+        return ("No link carried traffic both ways, so the hosts' clock offsets cannot be "
+                "bounded; every latency is a raw difference of two clocks.")
+    told = [r for r in bounded if r.get("clock_offset_est_us") is not None]
+    text = ("A crossing's delay is stamped on two clocks, so on a link with traffic both ways "
+            "the fastest crossing each way bounds the offset between them (the network never "
+            "takes negative time). ")
+    if not told:
+        widest = max(bounded, key=lambda r: r["clock_offset_pm_us"])
+        return text + (f"On every such link the offset cannot be told apart from zero (the "
+                       f"widest bound is ±{_ms(widest['clock_offset_pm_us'])}, "
+                       f"{figs.s(widest['sender'])} – {figs.s(widest['receiver'])}), so none "
+                       f"is stated and no latency is shifted.")
+    worst = max(told, key=lambda r: abs(r["clock_offset_est_us"]))
+    links = len({frozenset((r["sender"], r["receiver"])) for r in told})
+    return text + (f"On {links} link{'s' if links != 1 else ''} it is clearly not zero; "
+                   f"the largest: "
+                   f"{figs.s(worst['receiver'])}'s clock is "
+                   f"{_ms(abs(worst['clock_offset_est_us']))} ± "
+                   f"{_ms(worst['clock_offset_pm_us'])} "
+                   f"{'ahead of' if worst['clock_offset_est_us'] > 0 else 'behind'} "
+                   f"{figs.s(worst['sender'])}'s. Route latencies above are corrected by it.")
 
 
 def fig_attr_sets(figs):
@@ -726,13 +805,16 @@ def write_report(analysis):
                               ("sender", "from", "s"), ("receiver", "to", "s"),
                               ("matched", "matched", "n"), ("delay_p50_us", "p50 ms", "ms"),
                               ("delay_p90_us", "p90 ms", "ms"), ("delay_p99_us", "p99 ms", "ms"),
-                              ("clock_offset_est_us", "clock offset est. ms", "ms"),
+                              ("delay_min_us", "min ms", "ms"),
+                              ("clock_offset_low_us", "offset ≥ ms", "ms"),
+                              ("clock_offset_high_us", "offset ≤ ms", "ms"),
+                              ("clock_offset_est_us", "offset told ms", "ms"),
                               ("one_way_est_us", "one-way est. ms", "ms")],
                               figs, 30, "hop_latency")
-                          + '<p class="meta">Clock skew: every latency here is a difference of '
-                            'timestamps taken on two hosts, so it is only as good as their clock '
-                            'synchronisation; keep routers on NTP. Negative values and '
-                            'asymmetric link delays are the sign of an offset.</p>'))
+                          + '<p class="meta">Clock offset: the receiver\'s clock minus the '
+                            'sender\'s lies between "offset ≥" and "offset ≤" (the fastest '
+                            'crossing each way); "offset told" is given only when that range '
+                            'excludes zero. Keep routers on NTP.</p>'))
     parts.append(_section("Interest: what is published and asked for", "interest",
                           _img(figs, "attr_sets") + _reading(readings["attr_sets"])
                           + _img(figs, "filter_sizes") + _reading(readings["filter_sizes"])

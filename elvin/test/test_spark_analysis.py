@@ -588,10 +588,21 @@ class HandmadeTests(unittest.SynchronousTestCase):
         self.assertEqual(hop[("a", "b")]["delay_p50_us"], 1000)
         self.assertEqual(hop[("b", "a")]["matched"], 2)        # n4 (loop drop) and n5
         self.assertEqual(hop[("b", "a")]["delay_p50_us"], 1500)
-        self.assertEqual(hop[("a", "b")]["clock_offset_est_us"], -250)
-        self.assertEqual(hop[("a", "b")]["one_way_est_us"], 1250)
+        # b's clock minus a's lies in [-1500, 1000] (the fastest crossing
+        # each way): it cannot be told from zero, so no estimate is stated
+        ab = hop[("a", "b")]
+        self.assertEqual((ab["clock_offset_low_us"], ab["clock_offset_high_us"],
+                          ab["clock_offset_pm_us"], ab["clock_offset_est_us"]),
+                         (-1500, 1000, 1250, None))
+        self.assertEqual(ab["one_way_est_us"], 1250)
         self.assertEqual(hop[("b", "c")]["delay_p50_us"], 2000)
-        self.assertEqual(hop[("c", "b")]["clock_offset_est_us"], 0)
+        self.assertIsNone(hop[("c", "b")]["clock_offset_est_us"])
+        # routes are corrected by offsets that could be told (none here),
+        # within the bounds' half-widths; one-way links cannot be bounded
+        routes = by_key(self.t["routes"], "route")
+        self.assertEqual((routes["a > b"]["clock_correction_us"],
+                          routes["a > b"]["clock_uncertainty_us"]), (0, 1250))
+        self.assertEqual(routes["a > b > c"]["clock_uncertainty_us"], 1250 + 2000)
 
     def test_interest(self):
         sets = by_key(self.t["attr_sets"], "attribute_names")
@@ -643,6 +654,74 @@ class HandmadeTests(unittest.SynchronousTestCase):
         rows = (ingest.read_traces(spark, files, T(35), T(55))
                 .groupBy("status").agg(F.count(F.lit(1)).alias("n")).collect())
         self.assertEqual({r["status"]: r["n"] for r in rows}, {"ok": 6, "bad": 2})
+
+
+class ClockOffsetTests(unittest.SynchronousTestCase):
+    """Issue 22, item 1: an offset is stated only when the data bound it
+    away from zero, with its uncertainty, and route latencies are corrected."""
+
+    def test_offset_bounded_away_from_zero(self):
+        from spark_analysis import jobs
+        spark = spark_session()
+        # y's clock is 5 ms behind x's; the network takes 1 ms each way at
+        # best, and queues make the medians uneven (2 ms there, 9 ms back)
+        cols = ["sender", "receiver", "matched", "delay_p50_us", "delay_min_us"]
+        hop = spark.createDataFrame([("x", "y", 10, 2000 - 5000, 1000 - 5000),
+                                     ("y", "x", 10, 9000 + 5000, 1000 + 5000),
+                                     ("y", "z", 10, 700, 500)], cols)
+        rows = {(r["sender"], r["receiver"]): r for r in jobs.clock_offsets(hop).collect()}
+        xy = rows[("x", "y")]
+        self.assertEqual((xy["clock_offset_low_us"], xy["clock_offset_high_us"]), (-6000, -4000))
+        self.assertEqual((xy["clock_offset_est_us"], xy["clock_offset_pm_us"]), (-5000, 1000))
+        self.assertEqual(rows[("y", "x")]["clock_offset_est_us"], 5000)
+        self.assertIsNone(rows[("y", "z")]["clock_offset_pm_us"])      # one way only
+        corrections = jobs.route_clock_corrections(list(rows.values()))
+        self.assertEqual(corrections[("x", "y")], (-5000, 1000))
+        routes = spark.createDataFrame([("x > y",), ("x > y > z",)], ["route"])
+        routes = jobs._with_corrections(
+            routes.withColumn("_pairs", jobs._route_pairs(routes["route"])), corrections)
+        got = {r["route"]: (r["clock_correction_us"], r["clock_uncertainty_us"])
+               for r in routes.collect()}
+        self.assertEqual(got, {"x > y": (-5000, 1000), "x > y > z": (None, None)})
+
+
+class SyntheticReportTests(unittest.SynchronousTestCase):
+    """A simulated federation of nine routers with a cycle and clock skew:
+    every clock bound holds the generator's true offset, and no chart
+    draws a label over another (issue 20, issue 22 items 1 and 5)."""
+
+    timeout = 600
+
+    @classmethod
+    def analysis(cls):
+        if "synthetic" not in _runs:
+            spark = spark_session()
+            from spark_analysis import pipeline
+            traces = _tempdir("synth9")
+            synth.generate(traces, routers=9, clients=30, rate=40, seconds=90, seed=11,
+                           extra_links=1)
+            out = _tempdir("synth9-report")
+            _runs["synthetic"] = (traces, pipeline.run(spark, traces, out, progress=None))
+        return _runs["synthetic"]
+
+    def test_clock_bounds_hold_the_truth(self):
+        traces, a = self.analysis()
+        with open(os.path.join(traces, "topology.json")) as f:
+            truth = {r["domain"]: r["clock_offset_us"] for r in json.load(f)["routers"]}
+        bounded = [r for r in a.tables["hop_latency"] if r["clock_offset_pm_us"] is not None]
+        self.assertTrue(bounded)
+        for r in bounded:
+            theta = truth[r["receiver"]] - truth[r["sender"]]
+            self.assertLessEqual(r["clock_offset_low_us"], theta + 1, r)
+            self.assertGreaterEqual(r["clock_offset_high_us"], theta - 1, r)
+            if r["clock_offset_est_us"] is not None:
+                self.assertLessEqual(abs(r["clock_offset_est_us"] - theta),
+                                     r["clock_offset_pm_us"] + 1)
+
+    def test_no_label_overlaps(self):
+        _, a = self.analysis()
+        self.assertIn("topology", a.chart_overlaps)
+        self.assertEqual({name: pairs for name, pairs in a.chart_overlaps.items() if pairs}, {})
 
 
 class BadInputTests(unittest.SynchronousTestCase):
