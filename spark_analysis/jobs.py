@@ -17,6 +17,7 @@ and notify_received / notify_dropped_* (in) at the receiver.
 from spark_analysis import traceformat as tf
 
 __all__ = ["CONSIDERED", "IN_WIRE", "MINUTE_US", "window_of", "activity", "links", "filters",
+           "filter_health", "link_outages",
            "flood_model", "drops", "paths", "interest", "overview"]
 
 CONSIDERED = ("notify_forwarded", "notify_suppressed_filter", "notify_suppressed_export",
@@ -25,6 +26,7 @@ IN_WIRE = ("notify_received", "notify_dropped_loop", "notify_dropped_import",
            "notify_dropped_overload")
 MINUTE_US = 60 * 10**6
 SECOND_US = 10**6
+LINK_UP_GRACE_US = 2 * SECOND_US
 PERCENTILES = [0.5, 0.9, 0.99]
 
 
@@ -189,6 +191,75 @@ def links(events, start_us, end_us, per_minute=None):
 
 # ---------------------------------------------------------------------------
 # filters
+
+def filter_health(per_minute, end_us, min_minutes=10, min_after=100, min_share=5.0):
+    """Per out link: did its pull filter keep working, and since when has it not?
+
+    From the per-minute counts: the share the pull filter stopped, the last
+    minute it stopped anything, and what was considered after that. A
+    filter *stopped working* at that minute when before it stopped at least
+    ``min_share`` % of what it saw, and since then, for at least
+    ``min_minutes`` minutes and ``min_after`` notifications, it stopped
+    nothing (typically a filter generalised to "everything", or a peer that
+    subscribed to everything). Columns: router, peer, considered,
+    suppressed_filter, suppressed_pct, last_suppressed_us,
+    considered_since, minutes_since, stopped_since_us (null: working).
+    """
+    F = _F()
+    out = per_minute.where((F.col("direction") == "out") & F.col("event").isin(*CONSIDERED))
+    minute = out.groupBy("router", "peer", "minute_us").agg(
+        F.sum("n").alias("c"),
+        _sum_if(F.col("event") == "notify_suppressed_filter", F.col("n")).alias("s"))
+    last = minute.where(F.col("s") > 0).groupBy("router", "peer").agg(
+        F.max("minute_us").alias("last_suppressed_us"))
+    totals = minute.groupBy("router", "peer").agg(F.sum("c").alias("considered"),
+                                                  F.sum("s").alias("suppressed_filter"))
+    after = (minute.join(last, ["router", "peer"])
+             .where(F.col("minute_us") > F.col("last_suppressed_us"))
+             .groupBy("router", "peer").agg(F.sum("c").alias("considered_since")))
+    share_before = _ratio(F.col("suppressed_filter") * 100,
+                          F.col("considered") - F.col("considered_since"))
+    since = ((F.lit(end_us) - F.col("last_suppressed_us") - MINUTE_US) / MINUTE_US)
+    return (totals.join(last, ["router", "peer"], "left").join(after, ["router", "peer"], "left")
+            .withColumn("considered_since", F.coalesce("considered_since", F.lit(0)))
+            .withColumn("suppressed_pct", F.round(_ratio(F.col("suppressed_filter") * 100,
+                                                         F.col("considered")), 2))
+            .withColumn("minutes_since", F.round(since, 1))
+            .withColumn("stopped_since_us",
+                        F.when((F.col("considered_since") >= min_after)
+                               & (since >= min_minutes) & (share_before >= min_share),
+                               F.col("last_suppressed_us") + MINUTE_US))
+            .select("router", "peer", "considered", "suppressed_filter", "suppressed_pct",
+                    "last_suppressed_us", "considered_since", "minutes_since",
+                    "stopped_since_us"))
+
+
+def link_outages(events, start_us, end_us):
+    """Every time a link went down, and when it came back: router, peer,
+    down_us, up_us (null: still down at the end), seconds, reason. A link
+    down at the start of the window (its first event a link_up) gets a row
+    with a null down_us."""
+    F = _F()
+    from pyspark.sql import Window
+    link_events = (events.where(F.col("event").isin("link_up", "link_down")
+                                & F.col("peer").isNotNull())
+                   .select("router", "peer", "ts_us", "event", "reason"))
+    w = Window.partitionBy("router", "peer").orderBy("ts_us", "event")
+    marked = (link_events.withColumn("next_ts", F.lead("ts_us").over(w))
+              .withColumn("next_event", F.lead("event").over(w))
+              .withColumn("prev_event", F.lag("event").over(w)))
+    downs = (marked.where(F.col("event") == "link_down")
+             .select("router", "peer", F.col("ts_us").alias("down_us"),
+                     F.when(F.col("next_event") == "link_up", F.col("next_ts")).alias("up_us"),
+                     "reason"))
+    first_up = (marked.where((F.col("event") == "link_up") & F.col("prev_event").isNull()
+                             & (F.col("ts_us") > start_us + 10 * SECOND_US))
+                .select("router", "peer", F.lit(None).cast("long").alias("down_us"),
+                        F.col("ts_us").alias("up_us"), F.lit(None).cast("string").alias("reason")))
+    both = downs.unionByName(first_up)
+    length = (F.coalesce("up_us", F.lit(end_us)) - F.coalesce("down_us", F.lit(start_us))) / 1e6
+    return both.withColumn("seconds", F.round(length, 1))
+
 
 def flood_model(edges, traced):
     """Rows (origin, first_hop, router, peer, extra_bytes) of a flood without filters.
@@ -546,13 +617,32 @@ def interest(events, start_us, end_us):
                          F.coalesce("published", F.lit(0)).alias("published"), "distinct",
                          "crossings", "crossing_bytes", "considered", "suppressed_filter",
                          "suppressed_export"))
-    changes = (events.where(F.col("event").isin(*tf.SUBREPLACE_EVENTS))
+    from pyspark.sql import Window
+    # a filter sent (or received) within LINK_UP_GRACE of the link coming
+    # up is the link's first exchange, not a change of subscriptions
+    cols = ["router", "peer", "direction", "event", "ts_us", "filter_nodes", "filter_bytes",
+            "reason"]
+    sub = events.where(F.col("event").isin(*tf.SUBREPLACE_EVENTS)).select(
+        *cols, F.lit(None).cast("long").alias("up_us"), F.lit(1).alias("is_change"))
+    ups = events.where((F.col("event") == "link_up") & F.col("peer").isNotNull()).select(
+        "router", "peer", "direction", "event", "ts_us",
+        *[F.lit(None).cast(t).alias(c) for c, t in (("filter_nodes", "long"),
+                                                    ("filter_bytes", "long"),
+                                                    ("reason", "string"))],
+        F.col("ts_us").alias("up_us"), F.lit(0).alias("is_change"))
+    w = (Window.partitionBy("router", "peer").orderBy("ts_us", "is_change")
+         .rowsBetween(Window.unboundedPreceding, Window.currentRow))
+    changes = (sub.unionByName(ups).withColumn("last_up_us", F.max("up_us").over(w))
+               .where(F.col("is_change") == 1)
                .select("router", "peer", "direction", "event", "ts_us",
                        F.timestamp_micros("ts_us").alias("time"),
-                       "filter_nodes", "filter_bytes", "reason"))
+                       "filter_nodes", "filter_bytes", "reason",
+                       F.coalesce(F.col("ts_us") - F.col("last_up_us") <= LINK_UP_GRACE_US,
+                                  F.lit(False)).alias("on_link_up")))
     hours = (end_us - start_us) / 3.6e9
     churn = (changes.groupBy("router", "peer", "direction")
              .agg(F.count(F.lit(1)).alias("replaces"),
+                  _count_if(F.col("on_link_up")).alias("on_link_up"),
                   F.min("filter_nodes").alias("nodes_min"),
                   F.round(F.avg("filter_nodes"), 1).alias("nodes_mean"),
                   F.max("filter_nodes").alias("nodes_max"),
@@ -561,5 +651,8 @@ def interest(events, start_us, end_us):
                   F.max("filter_bytes").alias("bytes_max"),
                   _count_if(F.col("reason").isNotNull()).alias("refused"),
                   F.min("ts_us").alias("first_us"), F.max("ts_us").alias("last_us"))
-             .withColumn("replaces_per_hour", F.round(F.col("replaces") / F.lit(hours), 2)))
+             # a rate per hour only from at least an hour of data
+             .withColumn("replaces_per_hour",
+                         F.round(F.col("replaces") / F.lit(hours), 2) if hours >= 1
+                         else F.lit(None).cast("double")))
     return {"attr_sets": attr_sets, "filter_changes": changes, "filter_churn": churn}

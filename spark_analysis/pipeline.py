@@ -38,6 +38,8 @@ CSV_TABLES = {
     "hop_latency": (["sender", "receiver"], False, None),
     "attr_sets": (["published", "distinct"], True, 5000),
     "filter_churn": (["replaces"], True, None),
+    "filter_health": (["considered"], True, None),
+    "link_outages": (["router", "peer", "down_us"], False, 5000),
 }
 
 
@@ -64,6 +66,7 @@ class Analysis:
         self.written = []         # Parquet tables written
         self.batch = None         # store.BatchResult: what this run read
         self.cached = []          # DataFrames cached during the run
+        self.previous = None      # the previous report's summary.json, if any
 
     def parquet(self, name):
         return self.tables_dir.rstrip("/") + "/" + name
@@ -273,6 +276,7 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
     minute = _save(spark, analysis, "link_minute", tables["link_minute"])
     _save(spark, analysis, "links", tables["links"])
     _save(spark, analysis, "link_uptime", tables["link_uptime"])
+    _save(spark, analysis, "link_outages", jobs.link_outages(events, start, end))
     bucket = _bucket_us(start, end)
     analysis.series["bucket_us"] = bucket
     top = [(r["router"], r["peer"], r["direction"]) for r in analysis.tables["links"]
@@ -283,6 +287,7 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
     steps.start("filters: considered, forwarded, suppressed; flood without filters")
     for name, df in jobs.filters(events, spark, per_minute).items():
         _save(spark, analysis, name, df)
+    _save(spark, analysis, "filter_health", jobs.filter_health(per_minute, end))
     analysis.stage_seconds["filters"] = steps.done()
 
     steps.start("loops and drops over time")
@@ -317,7 +322,10 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
     if report:
         from spark_analysis import report as report_module
         steps.start("charts and HTML report")
+        # what the last report in this directory said, to say what changed
+        analysis.previous = report_module.load_summary(out_dir)
         path = report_module.write_report(analysis)
+        report_module.write_summary(analysis)
         analysis.stage_seconds["report"] = steps.done(path)
     per_minute.unpersist()
     for df in analysis.cached:

@@ -386,17 +386,28 @@ def fig_flood(figs):
     ax.grid(axis="x", alpha=0.3)
     figs.save(fig, "flood")
     every = a.tables["flood"]
-    flood_b = sum(r["flood_bytes"] for r in every)
-    fwd_b = sum(r["forwarded_bytes"] for r in every)
-    flood_n = sum(r["flood_notifications"] for r in every)
-    fwd_n = sum(r["forwarded"] for r in every)
-    reading = (f"Had every router sent every notification to every peer (a flood over the same "
-               f"links), the links would have carried {_n(flood_n)} notifications, "
-               f"{_bytes(flood_b)}. With the filters they carried {_n(fwd_n)}, "
-               f"{_bytes(fwd_b)}: a saving of {_pct(flood_b - fwd_b, flood_b):.0f}% of the bytes.")
-    if fwd_b > flood_b:
-        reading += (" More was sent than a flood would send, which means notifications "
-                    "went round a loop or were duplicated (see Loops and drops).")
+    # a flood follows a spanning tree: compare on its links, and say
+    # separately what links that close cycles carried (a tree sends nothing there)
+    tree = [r for r in every if r["flood_notifications"]]
+    extra = [r for r in every if not r["flood_notifications"] and r["forwarded"]]
+    flood_b = sum(r["flood_bytes"] for r in tree)
+    fwd_b = sum(r["forwarded_bytes"] for r in tree)
+    flood_n = sum(r["flood_notifications"] for r in tree)
+    fwd_n = sum(r["forwarded"] for r in tree)
+    reading = (f"Had every router sent every notification to every peer (a flood, which "
+               f"follows a spanning tree of the links), the {len(tree)} link directions of the "
+               f"tree would have carried {_n(flood_n)} notifications, {_bytes(flood_b)}. With the "
+               f"filters they carried {_n(fwd_n)}, {_bytes(fwd_b)}")
+    if fwd_b <= flood_b:
+        reading += f": a saving of {_pct(flood_b - fwd_b, flood_b):.0f}% of the bytes."
+    else:
+        reading += (f": {_pct(fwd_b - flood_b, flood_b):.0f}% more than a flood, so "
+                    f"notifications were sent more than once (see Loops and drops).")
+    if extra:
+        reading += (f" {len(extra)} more link direction(s) close a cycle: a flood sends "
+                    f"nothing there, yet they carried {_n(sum(r['forwarded'] for r in extra))} "
+                    f"notifications ({_bytes(sum(r['forwarded_bytes'] for r in extra))}), "
+                    f"traffic a loop-free federation would not have.")
     return "flood", reading
 
 
@@ -613,6 +624,16 @@ def fig_attr_sets(figs):
     return "attr_sets", reading
 
 
+def _duration(us):
+    """A length of time in the unit that fits: 40 s, 12.5 minutes, 3.2 hours."""
+    seconds = us / 1e6
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} minutes"
+    return f"{seconds / 3600:.1f} hours"
+
+
 def fig_filter_sizes(figs):
     plt = _plt()
     a = figs.a
@@ -625,16 +646,31 @@ def fig_filter_sizes(figs):
     for r in rows:
         per.setdefault((r["router"], r["peer"]), []).append(r)
     end = _when(a.end_us)
-    fig, ax = plt.subplots(figsize=(9, 3.8))
-    for (router, peer), items in per.items():
+    # one small panel per link (shared time axis): eight lines on one plot
+    # cannot be told apart
+    keys = list(per)
+    cols = 2 if len(keys) > 1 else 1
+    nrows = (len(keys) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(9, 1.6 * nrows + 0.9), sharex=True,
+                             squeeze=False)
+    for ax, (router, peer) in zip([x for row in axes for x in row], keys):
+        items = per[(router, peer)]
         xs = [_when(r["ts_us"]) for r in items] + [end]
         ys = [r["filter_nodes"] for r in items] + [items[-1]["filter_nodes"]]
-        ax.step(xs, ys, where="post", label=f"{figs.s(router)} asks {figs.s(peer)}", linewidth=1.2)
-    ax.set_ylabel("pull filter size (SubAST nodes)")
-    ax.set_title("Pull filters over time (what each router asks its peer for)")
-    ax.legend(fontsize=8, ncol=2)
-    ax.grid(alpha=0.3)
-    _time_axis(ax)
+        ax.step(xs, ys, where="post", linewidth=1.4, color="#1971c2")
+        ax.set_ylim(0, max(ys) * 1.15 + 1)
+        ax.set_title(f"{figs.s(router)} asks {figs.s(peer)}", fontsize=9, loc="left")
+        ax.tick_params(labelsize=8)
+        ax.grid(alpha=0.3)
+        _time_axis(ax)
+    for i, ax in enumerate([x for row in axes for x in row]):
+        if i >= len(keys):
+            ax.axis("off")
+        elif i < len(keys) - cols:
+            ax.set_xlabel("")           # the bottom row says it
+    fig.suptitle("Pull filters over time: size in SubAST nodes (what each router asks its peer "
+                 "for)", fontsize=10)
+    fig.tight_layout()
     figs.save(fig, "filter_sizes")
     sent = [r for r in churn if r["direction"] == "out"]
     if not sent:
@@ -642,14 +678,174 @@ def fig_filter_sizes(figs):
     busiest = max(sent, key=lambda r: r["replaces"])
     biggest = max(sent, key=lambda r: r["nodes_max"] or 0)
     refused = sum(r["refused"] for r in churn)
-    return "filter_sizes", (f"Routers sent {_n(sum(r['replaces'] for r in sent))} pull filters. "
-                            f"{figs.s(busiest['router'])} re-sent its filter to "
-                            f"{figs.s(busiest['peer'])} most often ({_n(busiest['replaces'])} "
-                            f"times, {busiest['replaces_per_hour']:.1f} an hour) as its clients' "
-                            f"subscriptions changed. The largest filter, "
-                            f"{_n(biggest['nodes_max'])} nodes, is the one "
-                            f"{figs.s(biggest['router'])} sends {figs.s(biggest['peer'])}."
-                            + (f" {refused} filters were refused." if refused else ""))
+    on_up = busiest.get("on_link_up") or 0
+    others = busiest["replaces"] - on_up
+    length = a.end_us - a.start_us
+    rate = (f"{busiest['replaces_per_hour']:.1f} an hour" if busiest.get("replaces_per_hour")
+            is not None else f"in {_duration(length)}")
+    text = (f"Routers sent {_n(sum(r['replaces'] for r in sent))} pull filters. "
+            f"{figs.s(busiest['router'])} sent its filter to {figs.s(busiest['peer'])} most "
+            f"often: {_n(busiest['replaces'])} times ({rate}); ")
+    if on_up and others:
+        text += (f"{_n(on_up)} when the link came up, {_n(others)} at other times (a change "
+                 f"in what its side subscribes to; the trace does not say which). ")
+    elif on_up:
+        text += "every one when the link came up. "
+    else:
+        text += "none of them when the link came up (the trace does not say why). "
+    text += (f"The largest filter, {_n(biggest['nodes_max'])} nodes, is the one "
+             f"{figs.s(biggest['router'])} sends {figs.s(biggest['peer'])}."
+             + (f" {refused} filters were refused." if refused else ""))
+    return "filter_sizes", text
+
+
+def summary(a):
+    """The figures a later report compares itself with (``summary.json``)."""
+    links = {}
+    for r in a.tables.get("links", []):
+        if r["direction"] == "out":
+            links[f"{r['router']} > {r['peer']}"] = {"notifications": r["notifications"],
+                                                      "bytes": r["bytes"]}
+    for r in a.tables.get("filter_effect", []):
+        links.setdefault(f"{r['router']} > {r['peer']}", {})["forwarded_pct"] = r["forwarded_pct"]
+    for r in a.tables.get("hop_latency", []):
+        links.setdefault(f"{r['sender']} > {r['receiver']}", {})["delay_p50_us"] = r["delay_p50_us"]
+    drops = {}
+    for r in a.tables.get("drops", []):
+        kind = r["event"].replace("notify_dropped_", "")
+        drops[kind] = drops.get(kind, 0) + r["drops"]
+    return {"version": 1, "start_us": a.start_us, "end_us": a.end_us, "records": a.records,
+            "bad_lines": a.bad_lines, "links": links, "drops": drops,
+            "written": tf.format_time(a.end_us)}
+
+
+def changes_since(a):
+    """HTML: what changed against the previous report's summary, per hour."""
+    before = getattr(a, "previous", None)
+    if not before or not a.start_us:
+        return ""
+    now = summary(a)
+    h_now = max((now["end_us"] - now["start_us"]) / 3.6e9, 1e-9)
+    h_before = max((before["end_us"] - before["start_us"]) / 3.6e9, 1e-9)
+
+    def rate(x, hours):
+        return (x or 0) / hours
+    items = [f"<li>Previous report: {html.escape(tf.format_time(before['start_us']))} to "
+             f"{html.escape(tf.format_time(before['end_us']))} UTC. Figures below are per hour, "
+             f"so periods of different length compare.</li>"]
+    r0, r1 = rate(before["records"], h_before), rate(now["records"], h_now)
+    items.append(f"<li>Trace records: {_n(round(r1))} an hour (was {_n(round(r0))}, "
+                 f"{_change(r0, r1)}).</li>")
+    new = sorted(set(now["links"]) - set(before["links"]))
+    gone = sorted(set(before["links"]) - set(now["links"]))
+    if new:
+        items.append("<li>New link directions: " + ", ".join(html.escape(_short_link(k, a))
+                                                             for k in new) + ".</li>")
+    if gone:
+        items.append("<li>No longer seen: " + ", ".join(html.escape(_short_link(k, a))
+                                                        for k in gone) + ".</li>")
+    for kind in sorted(set(now["drops"]) | set(before["drops"])):
+        d0, d1 = rate(before["drops"].get(kind), h_before), rate(now["drops"].get(kind), h_now)
+        if d0 or d1:
+            items.append(f"<li>{kind} drops: {d1:,.1f} an hour (was {d0:,.1f}, "
+                         f"{_change(d0, d1)}).</li>")
+    rows = []
+    for key in sorted(set(now["links"]) & set(before["links"])):
+        x, y = before["links"][key], now["links"][key]
+        n0, n1 = rate(x.get("notifications"), h_before), rate(y.get("notifications"), h_now)
+        f0, f1 = x.get("forwarded_pct"), y.get("forwarded_pct")
+        p0, p1 = x.get("delay_p50_us"), y.get("delay_p50_us")
+        rows.append({"link": _short_link(key, a), "n0": n0, "n1": n1, "change": _change(n0, n1),
+                     "score": abs(n1 - n0) / max(n0, 1),
+                     "filter": "" if f0 is None or f1 is None else f"{f0:.0f}% → {f1:.0f}%",
+                     "delay": "" if p0 is None or p1 is None else
+                     f"{p0 / 1000:.2f} → {p1 / 1000:.2f}"})
+    rows.sort(key=lambda r: -r["score"])
+    table = ""
+    if rows:
+        table = ("<table><tr><th class=\"l\">link</th><th>notifications/h before</th>"
+                 "<th>now</th><th>change</th><th>forwarded of considered</th>"
+                 "<th>hop p50 ms</th></tr>"
+                 + "".join(f'<tr><td class="l">{html.escape(r["link"])}</td><td>{r["n0"]:,.0f}'
+                           f'</td><td>{r["n1"]:,.0f}</td><td>{r["change"]}</td>'
+                           f'<td>{r["filter"]}</td><td>{r["delay"]}</td></tr>'
+                           for r in rows[:15]) + "</table>")
+    return "<ul>" + "".join(items) + "</ul>" + table
+
+
+def _change(before, now):
+    if not before:
+        return "new" if now else "no change"
+    pct = (now - before) * 100 / before
+    return "no change" if abs(pct) < 0.5 else f"{pct:+.0f}%"
+
+
+def _short_link(key, a):
+    routers = sorted({r["router"] for r in a.tables.get("overview", [])}
+                     | {p for k in [key] for p in k.split(" > ")})
+    return " → ".join(_short(d, routers) for d in key.split(" > "))
+
+
+def load_summary(out_dir):
+    """The previous run's summary.json in ``out_dir``, or None."""
+    import json
+    path = os.path.join(out_dir, "summary.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return data if data.get("version") == 1 else None
+
+
+def write_summary(a):
+    import json
+    path = os.path.join(a.out_dir, "summary.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(summary(a), f, indent=1, sort_keys=True)
+    return path
+
+
+def filter_health_reading(figs):
+    a = figs.a
+    rows = a.tables.get("filter_health", [])
+    if not rows:
+        return ""
+    stopped = [r for r in rows if r.get("stopped_since_us") is not None]
+    if not stopped:
+        never = [r for r in rows if not r["suppressed_filter"]]
+        text = ("Every pull filter that stopped anything kept doing so until the end of the "
+                "period.")
+        if never:
+            text += (f" {len(never)} link(s) stopped nothing at all: the far side asked for "
+                     f"everything it was offered.")
+        return text
+    first = min(stopped, key=lambda r: r["stopped_since_us"])
+    return (f"{len(stopped)} pull filter(s) stopped working. The first: {figs.s(first['router'])}"
+            f" → {figs.s(first['peer'])} stopped nothing from {_when_text(first['stopped_since_us'])}"
+            f" ({_duration(a.end_us - first['stopped_since_us'])} before the end), after stopping "
+            f"{first['suppressed_pct']:.0f}% overall; {_n(first['considered_since'])} "
+            f"notifications went through unfiltered since. A filter that lets everything "
+            f"through usually means the peer asked for everything, or its filter grew past "
+            f"the size limit and was generalised.")
+
+
+def _when_text(ts_us):
+    return tf.format_time(ts_us)
+
+
+def outage_reading(figs):
+    rows = figs.a.tables.get("link_outages", [])
+    downs = [r for r in rows if r.get("down_us") is not None]
+    if not downs:
+        return "No link went down in the period."
+    longest = max(downs, key=lambda r: r["seconds"] or 0)
+    still = [r for r in downs if r.get("up_us") is None]
+    return (f"Links went down {len(downs)} time(s), seen from either end. The longest outage: "
+            f"{figs.s(longest['router'])} – {figs.s(longest['peer'])} from "
+            f"{_when_text(longest['down_us'])} for {_duration(longest['seconds'] * 1e6)} "
+            f"({longest.get('reason') or 'no reason given'})."
+            + (f" {len(still)} were still down at the end." if still else ""))
 
 
 # ---------------------------------------------------------------------------
@@ -700,6 +896,8 @@ def _table(rows, columns, figs, limit=15, csv_name=None):
                 out.append(f"<td>{'' if value is None else f'{value / 1000:.2f}'}</td>")
             elif kind == "f":
                 out.append(f"<td>{'' if value is None else f'{value:,.1f}'}</td>")
+            elif kind == "t":
+                out.append(f"<td>{'' if value is None else html.escape(tf.format_time(value))}</td>")
             else:
                 out.append(f"<td>{'' if value is None else _n(value)}</td>")
         out.append("</tr>")
@@ -730,6 +928,8 @@ def write_report(analysis):
         readings[name] = text
     readings["uptime"] = fig_uptime(figs)[1]
     readings["hop_latency"] = hop_latency_reading(figs)
+    readings["filter_health"] = filter_health_reading(figs)
+    readings["outages"] = outage_reading(figs)
 
     routers = sorted({r["router"] for r in a.tables["overview"]})
     records_by_event = {}
@@ -743,7 +943,7 @@ def write_report(analysis):
              f'({(a.end_us - a.start_us) / 6e7:.1f} minutes) \u00b7 {len(routers)} routers traced '
              f'\u00b7 {_n(a.records)} trace records from {len(a.files)} files under '
              f'<code>{html.escape(str(a.trace_dir))}</code></p>',
-             '<nav><a href="#links">Links</a><a href="#filters">Filters</a>'
+             '<nav><a href="#changes">Changes</a><a href="#links">Links</a><a href="#filters">Filters</a>'
              '<a href="#drops">Loops and drops</a><a href="#paths">Paths</a>'
              '<a href="#interest">Interest</a><a href="#data">Data</a></nav>']
     unreadable = getattr(a, "unreadable", [])
@@ -758,6 +958,9 @@ def write_report(analysis):
         parts.append(f'<div class="warn"><b>{_n(a.bad_lines)} bad trace lines were skipped.</b>'
                      f'<ul>{items}</ul>All: <a href="csv/bad_lines.csv">csv/bad_lines.csv</a>, '
                      f'per file: <a href="csv/files.csv">csv/files.csv</a></div>')
+    changes = changes_since(a)
+    if changes:
+        parts.append(_section("Since the previous report", "changes", changes))
     parts.append(_img(figs, "topology") + _reading(readings["topology"]))
     parts.append(_table([{"router": r, **{e: sum(x["records"] for x in a.tables["overview"]
                                                 if x["router"] == r and x["event"] == e)
@@ -769,6 +972,12 @@ def write_report(analysis):
     parts.append(_section("Links: what each link carries", "links",
                           _img(figs, "link_traffic") + _reading(readings["link_traffic"])
                           + _reading(readings["uptime"])
+                          + _reading(readings["outages"])
+                          + _table([r for r in a.tables.get("link_outages", [])], [
+                              ("router", "router", "s"), ("peer", "peer", "s"),
+                              ("down_us", "down at (UTC)", "t"), ("up_us", "up again at", "t"),
+                              ("seconds", "seconds", "f"), ("reason", "reason", "s")],
+                              figs, 20, "link_outages")
                           + _table(a.tables["links"], [
                               ("router", "router", "s"), ("peer", "peer", "s"),
                               ("direction", "dir", "s"), ("notifications", "notifications", "n"),
@@ -778,6 +987,23 @@ def write_report(analysis):
                               ("downs", "downs", "n")], figs, 20, "links")))
     parts.append(_section("Filters: what the pull and export filters save", "filters",
                           _img(figs, "filter_effect") + _reading(readings["filter_effect"])
+                          + _table(a.tables.get("filter_effect", []), [
+                              ("router", "router", "s"), ("peer", "peer", "s"),
+                              ("considered", "considered", "n"),
+                              ("forwarded_pct", "forwarded %", "f"),
+                              ("suppressed_filter_pct", "pull filter %", "f"),
+                              ("suppressed_export_pct", "export filter %", "f"),
+                              ("dropped_overload_pct", "overload %", "f"),
+                              ("forwarded_bytes", "forwarded bytes", "b")],
+                              figs, 20, "filter_effect")
+                          + _reading(readings["filter_health"])
+                          + _table([r for r in a.tables.get("filter_health", [])
+                                    if r.get("stopped_since_us") is not None], [
+                              ("router", "router", "s"), ("peer", "peer", "s"),
+                              ("suppressed_pct", "stopped % overall", "f"),
+                              ("stopped_since_us", "stopped nothing since", "t"),
+                              ("considered_since", "let through since", "n")],
+                              figs, 20, "filter_health")
                           + _img(figs, "flood") + _reading(readings["flood"])
                           + _table(a.tables["flood"], [
                               ("router", "router", "s"), ("peer", "peer", "s"),
@@ -785,10 +1011,8 @@ def write_report(analysis):
                               ("forwarded", "forwarded", "n"), ("flood_bytes", "flood bytes", "b"),
                               ("forwarded_bytes", "forwarded bytes", "b"),
                               ("saved_pct", "saved %", "f")], figs, 20, "flood")
-                          + '<p class="meta">Per-link counts of each outcome: '
-                            '<a href="csv/filter_effect.csv">csv/filter_effect.csv</a>. The flood '
-                            'assumes every link seen in the period was up, and covers '
-                            'notifications published at traced routers.</p>'))
+                          + '<p class="meta">The flood assumes every link seen in the period '
+                            'was up, and covers notifications published at traced routers.</p>'))
     parts.append(_section("Loops and drops", "drops",
                           _img(figs, "drops") + _reading(readings["drops"])
                           + _table(a.tables["drops"], [
@@ -834,8 +1058,9 @@ def write_report(analysis):
                               f'<a href="csv/{c}">{c}</a>' for c in csvs)
                           + f"</p><p>Parquet tables under <code>{html.escape(where)}/</code>: "
                           + ", ".join(f"<code>{t}</code>" for t in tables)
-                          + " (<code>events</code> holds every record, partitioned by "
-                            "<code>status=ok|bad</code>).</p>"
+                          + " (<code>events</code> holds every record read so far, "
+                            "partitioned by <code>status=ok|bad</code>, <code>day</code> and "
+                            "<code>router</code>; a later run adds only what is new).</p>"
                           + "<p class=\"meta\">Stage times: " + ", ".join(
                               f"{k} {v:.1f} s" for k, v in a.stage_seconds.items()) + "</p>"))
     parts.append("</body></html>")

@@ -617,7 +617,24 @@ class HandmadeTests(unittest.SynchronousTestCase):
                          {("b", "a", "out"): (2, 7, 3), ("a", "b", "in"): (2, 7, 3),
                           ("c", "b", "out"): (1, 5, 5), ("b", "c", "in"): (1, 5, 5)})
         self.assertEqual(churn[("b", "a", "out")]["bytes_last"], 120)
-        self.assertEqual(churn[("b", "a", "out")]["replaces_per_hour"], 12)
+        # a rate per hour is not extrapolated from ten minutes (issue 22, item 4)
+        self.assertIsNone(churn[("b", "a", "out")]["replaces_per_hour"])
+        # of b's two filters for a, the first came with the link (issue 22, item 4)
+        self.assertEqual(churn[("b", "a", "out")]["on_link_up"], 1)
+        self.assertEqual(churn[("c", "b", "out")]["on_link_up"], 1)
+
+    def test_outages(self):
+        """Issue 22, item 5: when each link went down and came back."""
+        rows = {(r["router"], r["peer"]): r for r in self.t["link_outages"]}
+        self.assertEqual(set(rows), {("b", "c"), ("c", "b")})
+        bc = rows[("b", "c")]
+        self.assertEqual((bc["down_us"], bc["up_us"], bc["seconds"], bc["reason"]),
+                         (T(300), T(360), 60.0, "liveness"))
+        self.assertEqual(rows[("c", "b")]["reason"], "connection lost")
+        with open(os.path.join(self.analysis.out_dir, "report.html"), encoding="utf-8") as f:
+            page = f.read()
+        self.assertIn("Links went down 2 time(s)", page)
+        self.assertIn("2024-05-01T12:05:00Z", page)
 
     def test_outputs(self):
         out = self.analysis.out_dir
@@ -718,10 +735,77 @@ class SyntheticReportTests(unittest.SynchronousTestCase):
                 self.assertLessEqual(abs(r["clock_offset_est_us"] - theta),
                                      r["clock_offset_pm_us"] + 1)
 
+    def test_flood_with_a_cycle(self):
+        """Issue 22, item 5: no negative "saving" when a cycle carries traffic."""
+        _, a = self.analysis()
+        with open(os.path.join(a.out_dir, "report.html"), encoding="utf-8") as f:
+            page = f.read()
+        self.assertNotIn("saving of -", page)
+        extra = [r for r in a.tables["flood"] if not r["flood_notifications"] and r["forwarded"]]
+        if extra:
+            self.assertIn("close a cycle", page)
+
     def test_no_label_overlaps(self):
         _, a = self.analysis()
         self.assertIn("topology", a.chart_overlaps)
         self.assertEqual({name: pairs for name, pairs in a.chart_overlaps.items() if pairs}, {})
+
+
+class FilterHealthTests(unittest.SynchronousTestCase):
+    """Issue 20: does each filter work, and since when has it not?"""
+
+    def test_stopped_since(self):
+        from spark_analysis import jobs
+        spark = spark_session()
+        m = jobs.MINUTE_US
+        rows = []
+        for minute in range(30):
+            # x -> y stops half of what it sees for ten minutes, then nothing
+            rows.append(("x", "y", "out", "notify_forwarded", T0 + minute * m,
+                         5 if minute < 10 else 10))
+            if minute < 10:
+                rows.append(("x", "y", "out", "notify_suppressed_filter", T0 + minute * m, 5))
+            # z -> w keeps stopping some to the end
+            rows.append(("z", "w", "out", "notify_forwarded", T0 + minute * m, 8))
+            rows.append(("z", "w", "out", "notify_suppressed_filter", T0 + minute * m, 2))
+        per_minute = spark.createDataFrame(
+            rows, ["router", "peer", "direction", "event", "minute_us", "n"])
+        got = {(r["router"], r["peer"]): r
+               for r in jobs.filter_health(per_minute, T0 + 30 * m).collect()}
+        xy = got[("x", "y")]
+        self.assertEqual((xy["stopped_since_us"], xy["considered_since"], xy["suppressed_pct"]),
+                         (T0 + 10 * m, 200, 16.67))     # 50 of 300 stopped
+        self.assertIsNone(got[("z", "w")]["stopped_since_us"])
+
+
+class ReportChangesTests(unittest.SynchronousTestCase):
+    """Issue 20: the report says what changed since the previous one, per hour."""
+
+    def test_changes(self):
+        from types import SimpleNamespace
+        from spark_analysis import report
+        hour = 3600 * 10**6
+
+        def analysis(start, hours, n, drops):
+            return SimpleNamespace(
+                start_us=start, end_us=start + hours * hour, records=n * 10, bad_lines=0,
+                tables={"overview": [{"router": "a.x", "event": "link_up", "records": 1},
+                                     {"router": "b.x", "event": "link_up", "records": 1}],
+                        "links": [{"router": "a.x", "peer": "b.x", "direction": "out",
+                                   "notifications": n, "bytes": n * 100}],
+                        "filter_effect": [{"router": "a.x", "peer": "b.x",
+                                           "forwarded_pct": 40.0}],
+                        "hop_latency": [], "drops": [{"event": "notify_dropped_loop",
+                                                      "drops": drops}]},
+                previous=None)
+        before = analysis(T0, 24, 24_000, 0)
+        now = analysis(T0 + 24 * hour, 1, 2_000, 5)
+        now.previous = report.summary(before)
+        html = report.changes_since(now)
+        self.assertIn("+100%", html)           # 1,000 an hour, now 2,000 an hour
+        self.assertIn("loop drops: 5.0 an hour (was 0.0, new)", html)
+        self.assertIn("a \u2192 b", html)
+        self.assertEqual(report.changes_since(before), "")     # no previous report
 
 
 class BadInputTests(unittest.SynchronousTestCase):
