@@ -13,7 +13,7 @@ import time
 
 from spark_analysis import traceformat as tf
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "parse_conf"]
 
 
 def build_parser():
@@ -53,6 +53,17 @@ def build_parser():
     return parser
 
 
+def parse_conf(items, error):
+    """{key: value} from repeated ``--conf KEY=VALUE``; ``error(message)`` otherwise."""
+    conf = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            error(f"--conf {item!r}: expected KEY=VALUE")
+        conf[key] = value
+    return conf
+
+
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -63,12 +74,7 @@ def main(argv=None):
         parser.error(str(e))
     if since is not None and until is not None and until <= since:
         parser.error("--until must be later than --since")
-    conf = {}
-    for item in args.conf:
-        key, sep, value = item.partition("=")
-        if not sep:
-            parser.error(f"--conf {item!r}: expected KEY=VALUE")
-        conf[key] = value
+    conf = parse_conf(args.conf, parser.error)
     progress = None if args.quiet else sys.stderr
 
     from spark_analysis import ingest, pipeline

@@ -299,6 +299,23 @@ def flood_model(edges, traced):
     return rows
 
 
+def local_frame(spark, rows, schema):
+    """A small DataFrame of driver-side rows, built as literals in the plan.
+
+    ``spark.createDataFrame(list)`` ships pickled rows to Python workers on
+    the executors; this keeps the whole analysis in the JVM (no Python
+    worker starts, and executors need no Python for it).
+    """
+    F = _F()
+    base = spark.range(1)
+    if not rows:
+        return base.select(*[F.lit(None).cast(f.dataType).alias(f.name)
+                             for f in schema.fields]).limit(0)
+    structs = [F.struct(*[F.lit(v).cast(f.dataType).alias(f.name)
+                          for v, f in zip(row, schema.fields)]) for row in rows]
+    return base.select(F.inline(F.array(*structs)))
+
+
 def filters(events, spark, per_minute=None):
     """Filter effectiveness per link, and the flood a federation without filters sends.
 
@@ -334,7 +351,7 @@ def filters(events, spark, per_minute=None):
         T.StructField("origin", T.StringType()), T.StructField("first_hop", T.StringType()),
         T.StructField("router", T.StringType()), T.StructField("peer", T.StringType()),
         T.StructField("extra_bytes", T.LongType())])
-    model = spark.createDataFrame(flood_model(edges, traced), model_schema)
+    model = local_frame(spark, flood_model(edges, traced), model_schema)
     at_origin = (out.where((F.col("hops") == 1) & (F.col("router") == F.col("origin")))
                  .select("origin", F.col("peer").alias("first_hop"), "size"))
     flood = (at_origin.join(F.broadcast(model), ["origin", "first_hop"])
@@ -428,7 +445,11 @@ def clock_offsets(hop):
     back = hop.select(F.col("sender").alias("receiver"), F.col("receiver").alias("sender"),
                       F.col("delay_p50_us").alias("reverse_p50_us"),
                       F.col("delay_min_us").alias("reverse_min_us"))
-    low, high = -F.col("reverse_min_us"), F.col("delay_min_us")
+    # a negative round trip (fastest there + fastest back < 0) can only come
+    # from mismatched recurring notifications: then no bound is claimed
+    consistent = (F.col("delay_min_us") + F.col("reverse_min_us")) >= 0
+    low = F.when(consistent, -F.col("reverse_min_us"))
+    high = F.when(consistent, F.col("delay_min_us"))
     return (hop.join(back, ["sender", "receiver"], "left")
             .withColumn("clock_offset_low_us", low)
             .withColumn("clock_offset_high_us", F.when(low.isNotNull(), high))

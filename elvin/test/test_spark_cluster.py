@@ -1,0 +1,112 @@
+"""spark_analysis on a real standalone Spark cluster: the small version of
+``bench/spark_cluster.py``.
+
+A master and two workers (one core, 1 GiB each) on 127.0.0.1, on free
+ports, started with the pyspark package's ``spark-class``; small synthetic
+traces analysed with ``local[2]``, with ``spark-submit`` on the cluster and
+with ``python -m spark_analysis --master spark://...`` must give the same
+CSV tables, and no process of the cluster may be left afterwards. The
+check runs in a thread (so trial's timeout can fire) and every wait in it is
+bounded by a deadline shorter than the timeout. The JVMs' output goes to
+log files in the work dir, under ``_trial_temp``. Skipped, with the reason,
+without pyspark, Java or ``spark-class``. Takes a few minutes on 2 cores.
+"""
+
+import importlib.util
+import io
+import os
+
+from twisted.internet import threads
+from twisted.trial import unittest
+
+from elvin.test.places import REPO
+
+BENCH = os.path.join(REPO, "bench", "spark_cluster.py")
+
+#: Tiny inputs: a few shuffle partitions, and the JVMs' quick JIT tier only
+#: (the same for the three runs, so the comparison is still like for like).
+FAST = {
+    "spark.sql.shuffle.partitions": "2",
+    "spark.default.parallelism": "2",
+    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+}
+
+
+def load_bench():
+    spec = importlib.util.spec_from_file_location("elvin_bench_spark_cluster", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def processes_naming(*needles):
+    """[(pid, command line)] of live processes whose command line holds a needle."""
+    found = []
+    if not os.path.isdir("/proc/self"):
+        return found
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if stat[stat.rfind(")") + 2:].startswith("Z"):
+            continue                                    # a zombie runs nothing
+        if any(n in cmd for n in needles):
+            found.append((int(name), cmd[:200]))
+    return found
+
+
+class StandaloneClusterTests(unittest.TestCase):
+
+    timeout = 600
+
+    def setUp(self):
+        from spark_analysis.session import pyspark_available
+        reason = pyspark_available()
+        if reason:
+            raise unittest.SkipTest(reason)
+        import pyspark
+        spark_class = os.path.join(os.path.dirname(pyspark.__file__), "bin", "spark-class")
+        if not os.path.exists(spark_class):
+            raise unittest.SkipTest(f"{spark_class} is missing")
+
+    def test_cluster_tables_match_local(self):
+        """local[2], spark-submit and python -m on the cluster: the same CSV
+        tables; the master saw both cluster runs; nothing left running."""
+        from spark_analysis import synth
+        bench = load_bench()
+        work = os.path.abspath(self.mktemp())
+        traces = os.path.join(work, "traces")
+        synth.generate(traces, routers=3, clients=8, rate=20, seconds=30, seed=3)
+        cluster_dir = os.path.join(work, "cluster")
+        log = io.StringIO()
+        d = threads.deferToThread(
+            bench.run_cluster_check, traces=traces, workdir=cluster_dir, port=0, conf=FAST,
+            start_timeout=90, run_timeout=240, deadline=self.timeout - 90, log=log)
+
+        def check(result):
+            report = "\n".join(bench.summary(result)) + "\n--- progress:\n" + log.getvalue()
+            self.assertEqual(result["errors"], [], report)
+            self.assertTrue(result["ok"], report)
+            comparison = result["comparison"]
+            self.assertTrue(comparison["equal"], report)
+            for table in ("overview.csv", "links.csv", "routes.csv", "filter_effect.csv",
+                          "hop_latency.csv"):
+                self.assertIn(table, comparison["files"], report)
+            self.assertGreater(sum(comparison["rows"].values()), 20, report)
+            self.assertTrue(result["master_url"].startswith("spark://127.0.0.1:"), report)
+            self.assertNotEqual(result["master_url"], "spark://127.0.0.1:0")
+            for run in ("start", "local", "submit", "module", "stop"):
+                self.assertIn(run, result["seconds"], report)
+            # no process left: the bench's own check, and one here by what
+            # their command lines name (the master's address, the work dir)
+            self.assertEqual(result["leftover"], [], report)
+            self.assertEqual(processes_naming(result["master_url"][len("spark://"):],
+                                              cluster_dir), [], report)
+        return d.addCallback(check)
