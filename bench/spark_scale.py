@@ -1,42 +1,48 @@
 """Spark analysis benchmark: records per second, peak memory, incremental runs.
 
     python bench/spark_scale.py [--sizes 1M,10M,50M] [--master local[*]]
-                                [--driver-memory 2g] [--workdir DIR] [--keep]
+                                [--driver-memory 1g] [--workdir DIR] [--keep]
 
 For each size it makes a trace directory of about that many records and
-times ``spark_analysis`` over it end to end (finding files, JSON ->
-Parquet table, every job, charts and report), then adds one more hour of
-traces and times the incremental run a daily (here: hourly) job makes:
-read only the new files into the same table and report on that hour.
-It prints, per size:
+runs ``python -m spark_analysis`` over it as a user would (a new process:
+JVM start, finding files, JSON -> Parquet table, every job, charts and
+report), then adds one more hour of traces and runs it again the way a
+daily (here: hourly) job does -- a new process, the same ``--tables``, so
+only the new hour's files are read, and ``--since``/``--until`` for that
+hour. It prints, per size:
 
-    records  files  MB(gz)  seconds  records/s  peak RSS  |  +1 hour: records  seconds  share
+    records  files  MB gz  seconds  records/s  RSS MB py  JVM  all  |  +1 hour  seconds  share
+
+Peak RSS is sampled every 0.2 s: ``py`` is the Python driver process,
+``JVM`` the Java process pyspark starts (in local mode the driver's JVM
+and the executor in one), ``all`` the two together.
 
 Traces: ``spark_analysis.synth`` simulates one hour of a federation (7
-routers, 40 clients, 15 notifications/s: about 416,000 records), and
+routers, 40 clients, 15 notifications/s: about 414,000 records), and
 Spark replicates it hour after hour -- each copy later by one hour, with
-its own digests -- into one gzip-compressed file per router and hour,
+its own digests -- into gzip-compressed files per router and hour,
 named as routers name them. 10M records is a day of that federation, 50M
-five days (about 1.5 and 7.5 GB of JSON before compression). Generating
+five days (about 3 and 15 GB of JSON before compression). Generating
 is not timed; the traces are deleted afterwards unless --keep.
-
-Peak RSS is the driver's: in local mode the JVM that is also the
-executor (its high-water mark is reset before each run) plus this Python
-process. Not a test: the figures depend on the machine.
+Not a test: the figures depend on the machine.
 """
 
 import argparse
 import os
-import resource
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+sys.path.insert(0, ROOT)
 
 from spark_analysis import synth  # noqa: E402
 from spark_analysis import traceformat as tf  # noqa: E402
+from spark_analysis.session import jvm_stderr_to  # noqa: E402
 
 UNITS = {"k": 10**3, "K": 10**3, "m": 10**6, "M": 10**6}
 HOUR_US = 3600 * 10**6
@@ -102,30 +108,100 @@ def write_hours(spark, tmpl, lo, first, count, out):
     return written
 
 
-def jvm_pid(spark):
-    return int(spark.sparkContext._jvm.java.lang.ProcessHandle.current().pid())
-
-
-def reset_peak(pid):
-    """Reset the process's peak RSS (VmHWM); False where Linux does not allow it."""
-    try:
-        with open(f"/proc/{pid}/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def peak_rss_mb(pid):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def dir_mb(path):
     return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path)) / 1e6
+
+
+class TreeRSS:
+    """Samples, every ``interval`` seconds, the resident memory of a process
+    and of its descendants (the JVM that pyspark starts), keeping the peaks:
+    of the Python driver alone, of the JVMs, and of the whole tree."""
+
+    def __init__(self, pid, interval=0.2):
+        self.pid, self.interval = pid, interval
+        self.python = self.jvm = self.total = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _children(self):
+        kids = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(entry))
+        return kids
+
+    def _rss_mb(self, pid):
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) / 1024
+        except OSError:
+            pass
+        return 0.0
+
+    def _run(self):
+        while not self._stop.is_set():
+            kids = self._children()
+            tree, todo = [], [self.pid]
+            while todo:
+                p = todo.pop()
+                tree.append(p)
+                todo += kids.get(p, [])
+            python = self._rss_mb(self.pid)
+            others = sum(self._rss_mb(p) for p in tree[1:])
+            self.python = max(self.python, python)
+            self.jvm = max(self.jvm, others)
+            self.total = max(self.total, python + others)
+            self._stop.wait(self.interval)
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+
+
+STAGE = re.compile(r"^\[(\d+)/\d+\] (\S+)")
+DONE = re.compile(r"^\s+done in ([0-9.]+) s")
+
+
+def analyse(traces, out, tables, args, since=None, until=None):
+    """One ``python -m spark_analysis`` run, as a user starts it: (seconds,
+    TreeRSS, {stage: seconds}, records in the report)."""
+    cmd = [sys.executable, "-m", "spark_analysis", traces, "--out", out, "--tables", tables,
+           "--master", args.master, "--conf", f"spark.driver.memory={args.driver_memory}"]
+    if since is not None:
+        cmd += ["--since", tf.format_time(since), "--until", tf.format_time(until)]
+    began = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    rss = TreeRSS(proc.pid)
+    output = proc.communicate()[0]
+    elapsed = time.monotonic() - began
+    rss.stop()
+    if proc.returncode != 0:
+        sys.stdout.write(output)
+        raise SystemExit(f"the analysis failed (exit status {proc.returncode})")
+    stages, current = {}, None
+    for line in output.splitlines():
+        m = STAGE.match(line)
+        if m:
+            current = {"finding": "files", "reading": "ingest", "overview": "links",
+                       "filters:": "filters", "loops": "drops", "paths:": "paths",
+                       "interest:": "interest", "charts": "report"}.get(m.group(2), m.group(2))
+            continue
+        m = DONE.match(line)
+        if m and current:
+            stages[current] = float(m.group(1))
+            current = None
+    records = re.search(r"wrote \S+ \(([0-9,]+) records", output)
+    return elapsed, rss, stages, int(records.group(1).replace(",", "")) if records else 0
 
 
 def main(argv=None):
@@ -133,33 +209,33 @@ def main(argv=None):
     parser.add_argument("--sizes", default="1M,10M,50M",
                         help="comma-separated record counts, e.g. 100k,1M (default 1M,10M,50M)")
     parser.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
-    parser.add_argument("--driver-memory", default="2g",
-                        help="driver memory; in local mode also the executors' (default 2g)")
+    parser.add_argument("--driver-memory", default="1g",
+                        help="spark.driver.memory of the analysis; in local mode also the "
+                             "executors' (default 1g, Spark's own default)")
     parser.add_argument("--workdir", default=None,
                         help="where to put traces and tables (default: a temporary directory)")
     parser.add_argument("--keep", action="store_true", help="keep the traces and reports")
     args = parser.parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
 
-    from spark_analysis import pipeline
-    from spark_analysis.session import get_session, local_settings, is_local_master
+    from spark_analysis.session import get_session, local_settings
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="elvin-spark-bench-")
     os.makedirs(workdir, exist_ok=True)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    conf = {"spark.driver.memory": args.driver_memory}
-    if is_local_master(args.master):
-        conf.update(local_settings())
-    spark = get_session(args.master, "elvin-trace-analysis-bench", conf, log_level="ERROR")
-    pid = jvm_pid(spark)
-    print(f"Spark {spark.version}, master {spark.sparkContext.master}, "
-          f"{spark.sparkContext.defaultParallelism} cores, driver memory {args.driver_memory}; "
-          f"work directory {workdir}", flush=True)
+    # the generator's own Spark (not measured): local, quiet, 2 GB
+    conf = {"spark.driver.memory": "2g"}
+    conf.update(local_settings())
+    with jvm_stderr_to(os.path.join(workdir, "generator-jvm.log")):
+        spark = get_session("local[*]", "elvin-trace-bench-generator", conf, log_level="ERROR")
+    print(f"Spark {spark.version}; analysis: master {args.master}, driver memory "
+          f"{args.driver_memory}, {os.cpu_count()} CPUs; work directory {workdir}", flush=True)
     template = make_template(workdir)
     tmpl, per_hour, lo = load_template(spark, template)
     print(f"template: one hour, {per_hour:,} records", flush=True)
     header = (f"{'records':>12} {'files':>6} {'MB gz':>7} {'seconds':>8} {'records/s':>10} "
-              f"{'peak RSS MB':>11}  | {'+1 hour':>9} {'seconds':>8} {'share':>6}")
+              f"{'RSS MB py':>9} {'JVM':>6} {'all':>6}  | {'+1 hour':>9} {'seconds':>8} "
+              f"{'share':>6}")
     results = []
     try:
         for size in sizes:
@@ -167,7 +243,7 @@ def main(argv=None):
             traces = os.path.join(workdir, f"traces-{size}")
             tables = os.path.join(workdir, f"tables-{size}")
             out = os.path.join(workdir, f"report-{size}")
-            for path in (traces, tables, out):
+            for path in (traces, tables, out, out + "-hour"):
                 shutil.rmtree(path, ignore_errors=True)
             began = time.monotonic()
             files = write_hours(spark, tmpl, lo, 0, hours, traces)
@@ -175,28 +251,24 @@ def main(argv=None):
             print(f"generated {hours} hours, {hours * per_hour:,} records, {files} files "
                   f"({mb:,.0f} MB gzip) in {time.monotonic() - began:.0f} s; analysing ...",
                   flush=True)
-            reset_peak(pid)
-            began = time.monotonic()
-            analysis = pipeline.run(spark, traces, out, progress=None, tables_dir=tables)
-            elapsed = time.monotonic() - began
-            rss = peak_rss_mb(pid) + resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            stages = " ".join(f"{k}={v:.1f}" for k, v in analysis.stage_seconds.items())
-            # one more hour: read just its files into the same table, report on it
+            elapsed, rss, stages, records = analyse(traces, out, tables, args)
+            # one more hour: only its files are read into the same table, and
+            # the report is on that hour
             write_hours(spark, tmpl, lo, hours, 1, traces)
             since = lo - lo % HOUR_US + hours * HOUR_US
-            began = time.monotonic()
-            extra = pipeline.run(spark, traces, out + "-hour", since_us=since,
-                                 until_us=since + HOUR_US, progress=None, tables_dir=tables)
-            inc = time.monotonic() - began
-            line = (f"{analysis.records:>12,} {files:>6} {mb:>7,.0f} {elapsed:>8.1f} "
-                    f"{analysis.records / elapsed:>10,.0f} {rss:>11,.0f}  | "
-                    f"{extra.batch.records:>9,} {inc:>8.1f} {inc / elapsed:>6.1%}")
-            results.append((line, stages, extra.stage_seconds))
+            inc, inc_rss, inc_stages, inc_records = analyse(
+                traces, out + "-hour", tables, args, since, since + HOUR_US)
+            line = (f"{records:>12,} {files:>6} {mb:>7,.0f} {elapsed:>8.1f} "
+                    f"{records / elapsed:>10,.0f} {rss.python:>9,.0f} {rss.jvm:>6,.0f} "
+                    f"{rss.total:>6,.0f}  | {inc_records:>9,} {inc:>8.1f} {inc / elapsed:>6.1%}")
+            results.append(line)
             print(header)
             print(line)
-            print(f"    full run stages (s): {stages}")
+            print("    full run stages (s): " + " ".join(f"{k}={v:.1f}" for k, v in stages.items()))
             print("    +1 hour stages (s): "
-                  + " ".join(f"{k}={v:.1f}" for k, v in extra.stage_seconds.items()), flush=True)
+                  + " ".join(f"{k}={v:.1f}" for k, v in inc_stages.items())
+                  + f"; peak RSS python {inc_rss.python:,.0f} MB, JVM {inc_rss.jvm:,.0f} MB",
+                  flush=True)
             if not args.keep:
                 for path in (traces, tables, out, out + "-hour"):
                     shutil.rmtree(path, ignore_errors=True)
@@ -205,7 +277,7 @@ def main(argv=None):
             shutil.rmtree(workdir, ignore_errors=True)
     print()
     print(header)
-    for line, _, _ in results:
+    for line in results:
         print(line)
     spark.stop()
     return 0

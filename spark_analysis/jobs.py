@@ -16,7 +16,7 @@ and notify_received / notify_dropped_* (in) at the receiver.
 
 from spark_analysis import traceformat as tf
 
-__all__ = ["CONSIDERED", "IN_WIRE", "MINUTE_US", "window_of", "activity", "links", "filters",
+__all__ = ["control_events", "CONSIDERED", "IN_WIRE", "MINUTE_US", "window_of", "activity", "links", "filters",
            "filter_health", "link_outages",
            "flood_model", "drops", "paths", "interest", "overview"]
 
@@ -84,6 +84,14 @@ def activity(events):
         F.min("ts_us").alias("first_us"), F.max("ts_us").alias("last_us"))
 
 
+def control_events(events):
+    """The link and FedSubReplace records (few: a link's ups and downs and
+    its filter changes), to be cached once for the jobs that need them."""
+    F = _F()
+    return events.where(F.col("event").isin(*tf.LINK_EVENTS, *tf.SUBREPLACE_EVENTS)).select(
+        "router", "peer", "direction", "event", "ts_us", "filter_nodes", "filter_bytes", "reason")
+
+
 def overview(events, per_minute=None):
     """Records per router and event, with first and last timestamps."""
     F = _F()
@@ -105,7 +113,7 @@ def _wire(events):
                         | ((F.col("direction") == "in") & F.col("event").isin(*IN_WIRE)))
 
 
-def link_uptime(events, start_us, end_us):
+def link_uptime(events, start_us, end_us, per_minute=None):
     """Per link (router, peer): seconds up in the window, ups, downs, last reason.
 
     Sessions run from link_up to the next link event of the link (normally
@@ -138,7 +146,8 @@ def link_uptime(events, start_us, end_us):
         _count_if(F.col("event") == "link_down").alias("downs"),
         F.max_by(F.when(F.col("event") == "link_down", F.col("reason")),
                  F.when(F.col("event") == "link_down", F.col("ts_us"))).alias("last_down_reason"))
-    pairs = events.where(F.col("peer").isNotNull()).select("router", "peer").distinct()
+    pairs = (per_minute if per_minute is not None else events).where(
+        F.col("peer").isNotNull()).select("router", "peer").distinct()
     length = end_us - start_us
     return (pairs.join(up, ["router", "peer"], "left").join(counts, ["router", "peer"], "left")
             .select("router", "peer",
@@ -150,7 +159,7 @@ def link_uptime(events, start_us, end_us):
             .withColumn("uptime_pct", F.round(F.col("uptime_s") * 1e8 / length, 2)))
 
 
-def links(events, start_us, end_us, per_minute=None):
+def links(events, start_us, end_us, per_minute=None, control=None):
     """Per link and direction: notifications and bytes per minute; rates; uptime.
 
     Tables: ``link_minute`` (router, peer, direction, minute_us, minute,
@@ -169,7 +178,8 @@ def links(events, start_us, end_us, per_minute=None):
                            _floor(F.col("ts_us"), SECOND_US).alias("second_us"))
               .agg(F.count(F.lit(1)).alias("n"))
               .groupBy("router", "peer", "direction").agg(F.max("n").alias("peak_per_s")))
-    uptime = link_uptime(events, start_us, end_us)
+    uptime = link_uptime(control if control is not None else events, start_us, end_us,
+                         per_minute)
     totals = minute.groupBy("router", "peer", "direction").agg(
         F.sum("notifications").alias("notifications"), F.sum("bytes").alias("bytes"),
         F.max("notifications").alias("peak_per_min"),
@@ -344,9 +354,12 @@ def filters(events, spark, per_minute=None):
         effect = effect.withColumn(label + "_pct",
                                    F.round(_ratio(F.col(label) * 100, F.col("considered")), 2))
 
-    traced = [row["router"] for row in events.select("router").distinct().collect()]
-    edges = [(row["router"], row["peer"]) for row in
-             events.where(F.col("peer").isNotNull()).select("router", "peer").distinct().collect()]
+    # (from the per-minute counts when given: a few thousand rows, not the table)
+    pairs = (per_minute.select("router", "peer").distinct().collect()
+             if per_minute is not None else
+             events.select("router", "peer").distinct().collect())
+    traced = sorted({row["router"] for row in pairs})
+    edges = sorted({(row["router"], row["peer"]) for row in pairs if row["peer"] is not None})
     model_schema = T.StructType([
         T.StructField("origin", T.StringType()), T.StructField("first_hop", T.StringType()),
         T.StructField("router", T.StringType()), T.StructField("peer", T.StringType()),
@@ -542,19 +555,19 @@ def paths(events):
             .agg(F.count(F.lit(1)).alias("deliveries"),
                  # 64-bit hashes of the digests: a fifth of the bytes to shuffle;
                  # at 10^7 notifications a collision has a 1 in 300,000 chance
-                 F.countDistinct(F.xxhash64("digest")).alias("notifications")))
+                 F.countDistinct("dkey").alias("notifications")))
 
     # partition keys are 64-bit hashes: much cheaper to shuffle and sort than
     # the strings, and a collision (2^-64 per pair) would only mismatch a few
     # a delivery's publication: the origin sending it on the first link
     published = (events.where((F.col("event") == "notify_forwarded")
                               & (F.col("hops") == 1) & (F.col("router") == F.col("origin")))
-                 .select(F.xxhash64("digest", "origin", "peer").alias("pkey"), "ts_us",
+                 .select(F.xxhash64("dkey", "origin", "peer").alias("pkey"), "ts_us",
                          F.col("ts_us").alias("published_us"),
                          F.lit(None).cast("long").alias("route_key"),
                          F.lit(0).alias("is_target")))
     first_hop = F.coalesce(F.get(F.col("routing"), 1), F.col("router"))
-    deliveries = received.select(F.xxhash64("digest", "origin", first_hop).alias("pkey"), "ts_us",
+    deliveries = received.select(F.xxhash64("dkey", "origin", first_hop).alias("pkey"), "ts_us",
                                  F.lit(None).cast("long").alias("published_us"),
                                  route_key.alias("route_key"), F.lit(1).alias("is_target"))
     matched = (_nearest(published.unionByName(deliveries), ["pkey"], "published_us")
@@ -564,9 +577,11 @@ def paths(events):
                .agg(F.count(F.lit(1)).alias("timed"), *_percentiles(F.col("latency_us"), "latency_"),
                     F.min("latency_us").alias("latency_min_us"),
                     F.max("latency_us").alias("latency_max_us")))
-    routes = (received.groupBy(route_key.alias("route_key"))
-              .agg(F.first("routing").alias("routing"), F.first("router").alias("destination"),
-                   F.count(F.lit(1)).alias("deliveries"), F.sum("size").alias("bytes"))
+    # grouped by the route itself (hash aggregation: first("routing") would
+    # need a sort-based one), hashed afterwards, per route, to join latencies
+    routes = (received.groupBy("routing", F.col("router").alias("destination"))
+              .agg(F.count(F.lit(1)).alias("deliveries"), F.sum("size").alias("bytes"))
+              .withColumn("route_key", F.xxhash64("routing", "destination"))
               .select(F.concat_ws(" > ", F.concat("routing", F.array("destination"))).alias("route"),
                       F.get(F.col("routing"), 0).alias("origin"), "destination",
                       F.size("routing").alias("hops"), "deliveries", "bytes", "route_key")
@@ -574,11 +589,11 @@ def paths(events):
               .drop("route_key"))
 
     sent = (events.where(F.col("event") == "notify_forwarded")
-            .select(F.xxhash64("digest", "routing", "router", "peer").alias("pkey"),
+            .select(F.xxhash64("dkey", "routing", "router", "peer").alias("pkey"),
                     F.col("router").alias("sender"), F.col("peer").alias("receiver"), "ts_us",
                     F.col("ts_us").alias("sent_us"), F.lit(0).alias("is_target")))
     arrived = (events.where((F.col("direction") == "in") & F.col("event").isin(*IN_WIRE))
-               .select(F.xxhash64("digest", "routing", "peer", "router").alias("pkey"),
+               .select(F.xxhash64("dkey", "routing", "peer", "router").alias("pkey"),
                        F.col("peer").alias("sender"), F.col("router").alias("receiver"), "ts_us",
                        F.lit(None).cast("long").alias("sent_us"), F.lit(1).alias("is_target")))
     hop = (_nearest(sent.unionByName(arrived), ["pkey"], "sent_us")
@@ -599,7 +614,7 @@ def paths(events):
 # ---------------------------------------------------------------------------
 # interest
 
-def interest(events, start_us, end_us):
+def interest(events, start_us, end_us, control=None):
     """Attribute-name sets and pull-filter churn.
 
     Tables: ``attr_sets`` (per set of attribute names: publications at
@@ -611,9 +626,9 @@ def interest(events, start_us, end_us):
     F = _F()
     notify = events.where(F.col("event").isin(*tf.NOTIFY_EVENTS))
     e = F.col("event")
-    # sets are keyed by a 64-bit hash of the (sorted) names: cheap to group
-    # and shuffle; the names themselves are carried once per set
-    akey = F.xxhash64("attrs").alias("akey")
+    # sets are keyed by ``akey``, a 64-bit hash of the (sorted) names made at
+    # ingest; the names themselves are looked up once per set
+    akey = F.col("akey")
     # every publication at a traced router gives one out record per candidate
     # link there, so the busiest link of the origin counts its publications
     published = (notify.where((F.col("direction") == "out") & e.isin(*CONSIDERED)
@@ -621,31 +636,34 @@ def interest(events, start_us, end_us):
                  .groupBy(akey, "origin", "peer").agg(F.count(F.lit(1)).alias("n"))
                  .groupBy("akey", "origin").agg(F.max("n").alias("n"))
                  .groupBy("akey").agg(F.sum("n").alias("published")))
-    # exact distinct contents: distinct (set, digest) pairs, then counted
-    distinct = (notify.select(akey, F.xxhash64("digest").alias("d")).distinct()
-                .groupBy("akey").agg(F.count(F.lit(1)).alias("distinct")))
-    counts = (notify.groupBy(akey)
-              .agg(F.first("attrs").alias("attrs"),
-                   _count_if(e == "notify_forwarded").alias("crossings"),
-                   _sum_if(e == "notify_forwarded", F.col("size")).alias("crossing_bytes"),
-                   _count_if((F.col("direction") == "out") & e.isin(*CONSIDERED))
-                   .alias("considered"),
-                   _count_if(e == "notify_suppressed_filter").alias("suppressed_filter"),
-                   _count_if(e == "notify_suppressed_export").alias("suppressed_export")))
-    attr_sets = (counts.join(distinct, ["akey"], "left").join(published, ["akey"], "left")
+    # one pass: counts per (set, digest), then per set -- the number of
+    # (set, digest) groups is the exact number of distinct contents
+    per_digest = (notify.groupBy(akey, "dkey")
+                  .agg(_count_if(e == "notify_forwarded").alias("crossings"),
+                       _sum_if(e == "notify_forwarded", F.col("size")).alias("crossing_bytes"),
+                       _count_if((F.col("direction") == "out") & e.isin(*CONSIDERED))
+                       .alias("considered"),
+                       _count_if(e == "notify_suppressed_filter").alias("suppressed_filter"),
+                       _count_if(e == "notify_suppressed_export").alias("suppressed_export")))
+    counted = ["crossings", "crossing_bytes", "considered", "suppressed_filter",
+               "suppressed_export"]
+    counts = per_digest.groupBy("akey").agg(F.count(F.lit(1)).alias("distinct"),
+                                            *[F.sum(c).alias(c) for c in counted])
+    names = notify.groupBy(akey, "attrs").count().drop("count").dropDuplicates(["akey"])
+    attr_sets = (counts.join(names, ["akey"], "left").join(published, ["akey"], "left")
                  .select(F.concat_ws(",", "attrs").alias("attribute_names"),
                          F.size("attrs").alias("attributes"),
                          F.coalesce("published", F.lit(0)).alias("published"), "distinct",
-                         "crossings", "crossing_bytes", "considered", "suppressed_filter",
-                         "suppressed_export"))
+                         *counted))
     from pyspark.sql import Window
     # a filter sent (or received) within LINK_UP_GRACE of the link coming
     # up is the link's first exchange, not a change of subscriptions
     cols = ["router", "peer", "direction", "event", "ts_us", "filter_nodes", "filter_bytes",
             "reason"]
-    sub = events.where(F.col("event").isin(*tf.SUBREPLACE_EVENTS)).select(
+    control = control if control is not None else events
+    sub = control.where(F.col("event").isin(*tf.SUBREPLACE_EVENTS)).select(
         *cols, F.lit(None).cast("long").alias("up_us"), F.lit(1).alias("is_change"))
-    ups = events.where((F.col("event") == "link_up") & F.col("peer").isNotNull()).select(
+    ups = control.where((F.col("event") == "link_up") & F.col("peer").isNotNull()).select(
         "router", "peer", "direction", "event", "ts_us",
         *[F.lit(None).cast(t).alias(c) for c, t in (("filter_nodes", "long"),
                                                     ("filter_bytes", "long"),

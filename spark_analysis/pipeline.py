@@ -172,6 +172,17 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
     # cached tables keep adaptive execution's coalesced partitions (else every
     # later pass over a small cached table would run 200 tiny tasks)
     spark.conf.set("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
+    # trace files are gzip (one task each, whatever their size): without this,
+    # Spark packs them into as few tasks as there are cores, unevenly, and
+    # one core idles while the other finishes the bigger pack
+    spark.conf.set("spark.sql.files.minPartitionNum",
+                   str(4 * spark.sparkContext.defaultParallelism))
+    if spark.sparkContext.master.startswith("local") \
+            and not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
+        # one machine: Spark's 200 shuffle partitions are 200 files per map
+        # task; adaptive execution coalesces the reduce side, not that
+        spark.conf.set("spark.sql.shuffle.partitions",
+                       str(4 * spark.sparkContext.defaultParallelism))
     analysis = Analysis(out_dir, tables_dir)
     analysis.trace_dir, analysis.since_us, analysis.until_us = trace_dir, since_us, until_us
     os.makedirs(out_dir, exist_ok=True)
@@ -270,13 +281,14 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
     # one pass counts every record per link, event and minute; the
     # overview, link, filter and drop tables are sums over it
     per_minute = jobs.activity(events).cache()
+    control = jobs.control_events(events).cache()
     for name, df in jobs.overview(events, per_minute).items():
         _save(spark, analysis, name, df)
-    tables = jobs.links(events, start, end, per_minute)
+    tables = jobs.links(events, start, end, per_minute, control)
     minute = _save(spark, analysis, "link_minute", tables["link_minute"])
     _save(spark, analysis, "links", tables["links"])
     _save(spark, analysis, "link_uptime", tables["link_uptime"])
-    _save(spark, analysis, "link_outages", jobs.link_outages(events, start, end))
+    _save(spark, analysis, "link_outages", jobs.link_outages(control, start, end))
     bucket = _bucket_us(start, end)
     analysis.series["bucket_us"] = bucket
     top = [(r["router"], r["peer"], r["direction"]) for r in analysis.tables["links"]
@@ -307,7 +319,7 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
     analysis.stage_seconds["paths"] = steps.done(f"{len(analysis.tables['routes'])} routes")
 
     steps.start("interest: attribute-name sets, pull-filter churn")
-    tables = jobs.interest(events, start, end)
+    tables = jobs.interest(events, start, end, control)
     _save(spark, analysis, "attr_sets", tables["attr_sets"])
     changes = _save(spark, analysis, "filter_changes", tables["filter_changes"])
     _save(spark, analysis, "filter_churn", tables["filter_churn"])
@@ -328,6 +340,7 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
         report_module.write_summary(analysis)
         analysis.stage_seconds["report"] = steps.done(path)
     per_minute.unpersist()
+    control.unpersist()
     for df in analysis.cached:
         df.unpersist()
     analysis.cached = []

@@ -278,16 +278,41 @@ def fig_link_traffic(figs):
     per = {}
     for row in series:
         per.setdefault((row["router"], row["peer"]), []).append(row)
-    fig, ax = plt.subplots(figsize=(9, 4))
-    for (router, peer), rows in per.items():
-        xs, ys = _rate_points(a, rows, "notifications")
-        ax.plot(xs, ys, label=f"{figs.s(router)} \u2192 {figs.s(peer)}", linewidth=1.2)
-    ax.set_ylabel(f"notifications {_per_bucket(a)}")
-    ax.set_title(f"Notifications forwarded {_per_bucket(a)}, busiest links")
-    ax.set_ylim(bottom=0)
-    _legend_outside(ax)
-    ax.grid(alpha=0.3)
-    _time_axis(ax)
+    if len(per) <= 4:
+        fig, ax = plt.subplots(figsize=(9, 4))
+        for (router, peer), rows in per.items():
+            xs, ys = _rate_points(a, rows, "notifications")
+            ax.plot(xs, ys, label=f"{figs.s(router)} \u2192 {figs.s(peer)}", linewidth=1.2)
+        ax.set_ylabel(f"notifications {_per_bucket(a)}")
+        ax.set_title(f"Notifications forwarded {_per_bucket(a)}, busiest links")
+        ax.set_ylim(bottom=0)
+        _legend_outside(ax)
+        ax.grid(alpha=0.3)
+        _time_axis(ax)
+    else:
+        # more lines than an eye can follow on one plot: a panel a link,
+        # one shared y scale so that panels compare
+        keys = list(per)
+        nrows = (len(keys) + 1) // 2
+        fig, axes = plt.subplots(nrows, 2, figsize=(9, 1.6 * nrows + 0.9), sharex=True,
+                                 sharey=True, squeeze=False)
+        flat = [x for row in axes for x in row]
+        for i, ax in enumerate(flat):
+            if i >= len(keys):
+                ax.axis("off")
+                continue
+            router, peer = keys[i]
+            xs, ys = _rate_points(a, per[keys[i]], "notifications")
+            ax.plot(xs, ys, linewidth=1.2, color="#1971c2")
+            ax.set_title(f"{figs.s(router)} \u2192 {figs.s(peer)}", fontsize=9, loc="left")
+            ax.set_ylim(bottom=0)
+            ax.tick_params(labelsize=8)
+            ax.grid(alpha=0.3)
+            _time_axis(ax)
+            if i < len(keys) - 2:
+                ax.set_xlabel("")
+        fig.suptitle(f"Notifications forwarded {_per_bucket(a)}, busiest links", fontsize=10)
+        fig.tight_layout()
     figs.save(fig, "link_traffic")
     out = [r for r in links if r["direction"] == "out"]
     reading = ""

@@ -59,16 +59,27 @@ def quiet_jvm_options():
     return f"-Dlog4j2.configurationFile={quiet}" if os.path.exists(quiet) else ""
 
 
-def local_settings(ui=False):
+# JVM options for the one JVM of local mode (driver and executor at once),
+# each measured on the 2-core benchmark machine (docs/analysis.md):
+# the throughput collector (batch work; G1's concurrent work competes for
+# the two cores), the whole heap from the start (growing it from 1/64 of
+# RAM cost the first pass over the traces 40%), and JIT compilation of
+# Spark's generated methods however large (the JVM otherwise interprets
+# methods over 8,000 bytecodes for ever).
+LOCAL_JVM_OPTIONS = "-XX:+UseParallelGC -XX:-DontCompileHugeMethods"
+
+
+def local_settings(ui=False, driver_memory="1g"):
     """Settings for a local-mode run: driver bound to loopback (with a host
     name resolving to loopback Spark would otherwise pick the first
-    interface's address), no web UI unless asked, quiet logs."""
+    interface's address), no web UI unless asked, quiet logs, and the JVM
+    options above (``driver_memory``: the heap to start with, Spark's
+    ``spark.driver.memory``)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     settings = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
                 "spark.ui.enabled": "true" if ui else "false"}
-    java = quiet_jvm_options()
-    if java:
-        settings["spark.driver.extraJavaOptions"] = java
+    java = f"{LOCAL_JVM_OPTIONS} -Xms{driver_memory} {quiet_jvm_options()}".strip()
+    settings["spark.driver.extraJavaOptions"] = java
     return settings
 
 

@@ -56,7 +56,7 @@ from spark_analysis import traceformat as tf
 __all__ = ["TraceStore", "BatchResult", "HEAD_BYTES", "MANIFEST_VERSION"]
 
 HEAD_BYTES = 4096          # bytes hashed to recognise a file
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2          # 2: events carry dkey and akey
 _COPY_CHUNK = 1 << 20
 
 
@@ -242,7 +242,8 @@ class TraceStore:
                 if data.get("version") != MANIFEST_VERSION:
                     raise ingest.TraceInputError(
                         f"{path}: manifest version {data.get('version')} is not "
-                        f"{MANIFEST_VERSION}; use a new --tables directory")
+                        f"{MANIFEST_VERSION} (written by an older version); use --rebuild "
+                        f"or a new --tables directory")
                 self._manifest = data
             else:
                 self._manifest = {"version": MANIFEST_VERSION, "files": {}, "batches": []}

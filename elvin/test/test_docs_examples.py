@@ -33,6 +33,14 @@ NOT_RUN = {
         "the analysis itself is tested in test_spark_analysis",
     ("docs/analysis.md", "SPARK_SUBMIT=$(python -c 'import pyspark, os; print(os.path."):
         "spark-submit on a cluster: bench/spark_cluster-style runs, minutes long",
+    ("docs/analysis.md", "python bench/spark_cluster.py --port 0            # a free p"):
+        "the cluster check itself: test_spark_cluster runs its small version",
+    ("docs/analysis.md", "export HADOOP_CONF_DIR=/etc/hadoop/conf"):
+        "needs a YARN cluster",
+    ("docs/analysis.md", "ls \"$(python -c 'import pyspark, os; print(os.path.dirname(p"):
+        "shows which Hadoop pyspark carries; harmless but not a test",
+    ("docs/analysis.md", "$SPARK_SUBMIT … \\"):
+        "needs an object store and its credentials",
     ("docs/discovery.md", "twistd -n elvin --discovery -l elvin://0.0.0.0:2917"):
         "multicasts beyond loopback and binds every interface; discovery is "
         "tested on loopback in test_discovery_integration",
