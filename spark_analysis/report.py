@@ -126,6 +126,43 @@ def _rate_points(analysis, rows, value):
     return xs, ys
 
 
+def _partial_points(analysis, count, inside=0.9):
+    """Indices of the first and last of ``count`` buckets when less than
+    ``inside`` of the bucket lies in the analysed window: their counts are
+    real but cover a fraction of the time, so they are drawn apart."""
+    bucket = analysis.series["bucket_us"]
+    first = (analysis.start_us // bucket) * bucket
+    partial = set()
+    if count and (first + bucket - analysis.start_us) < inside * bucket:
+        partial.add(0)
+    last = first + (count - 1) * bucket
+    if count and (analysis.end_us - last) < inside * bucket:
+        partial.add(count - 1)
+    return partial
+
+
+def _plot_counts(ax, analysis, xs, ys, **style):
+    """A count per bucket: a solid line through whole buckets; a bucket only
+    partly inside the window is an open circle on a dotted line, at its real
+    count. Returns the line (for its colour and label)."""
+    partial = _partial_points(analysis, len(xs))
+    solid = [None if i in partial else y for i, y in enumerate(ys)]
+    line, = ax.plot(xs, [float("nan") if y is None else y for y in solid], **style)
+    if partial:
+        colour = line.get_color()
+        ax.plot(xs, ys, linestyle=":", linewidth=1, color=colour)
+        idx = sorted(partial)
+        ax.plot([xs[i] for i in idx], [ys[i] for i in idx], linestyle="none", marker="o",
+                markersize=4, markerfacecolor="white", markeredgecolor=colour)
+    return line
+
+
+def _partial_note(fig, analysis, count):
+    if _partial_points(analysis, count):
+        fig.text(0.01, 0.005, "○ a bucket only partly inside the period: its real count, "
+                 "for the part inside", fontsize=7, color="#495057", va="bottom")
+
+
 def _per_bucket(analysis):
     """How the y axis of a bucketed chart reads: "per minute", "per 5 minutes"."""
     minutes = analysis.series["bucket_us"] / 60e6
@@ -282,7 +319,8 @@ def fig_link_traffic(figs):
         fig, ax = plt.subplots(figsize=(9, 4))
         for (router, peer), rows in per.items():
             xs, ys = _rate_points(a, rows, "notifications")
-            ax.plot(xs, ys, label=f"{figs.s(router)} \u2192 {figs.s(peer)}", linewidth=1.2)
+            _plot_counts(ax, a, xs, ys, label=f"{figs.s(router)} \u2192 {figs.s(peer)}",
+                         linewidth=1.2)
         ax.set_ylabel(f"notifications {_per_bucket(a)}")
         ax.set_title(f"Notifications forwarded {_per_bucket(a)}, busiest links")
         ax.set_ylim(bottom=0)
@@ -303,7 +341,7 @@ def fig_link_traffic(figs):
                 continue
             router, peer = keys[i]
             xs, ys = _rate_points(a, per[keys[i]], "notifications")
-            ax.plot(xs, ys, linewidth=1.2, color="#1971c2")
+            _plot_counts(ax, a, xs, ys, linewidth=1.2, color="#1971c2")
             ax.set_title(f"{figs.s(router)} \u2192 {figs.s(peer)}", fontsize=9, loc="left")
             ax.set_ylim(bottom=0)
             ax.tick_params(labelsize=8)
@@ -312,7 +350,8 @@ def fig_link_traffic(figs):
             if i < len(keys) - 2:
                 ax.set_xlabel("")
         fig.suptitle(f"Notifications forwarded {_per_bucket(a)}, busiest links", fontsize=10)
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, 0.02, 1, 1))
+    _partial_note(fig, a, len(xs))
     figs.save(fig, "link_traffic")
     out = [r for r in links if r["direction"] == "out"]
     reading = ""
@@ -454,13 +493,14 @@ def fig_drops(figs):
     fig, ax = plt.subplots(figsize=(9, 3.5))
     for label, rows in sorted(per.items()):
         xs, ys = _rate_points(a, rows, "drops")
-        ax.plot(xs, ys, marker=".", linewidth=1, label=label)
+        _plot_counts(ax, a, xs, ys, marker=".", linewidth=1, label=label)
     ax.set_ylabel(f"drops {_per_bucket(a)}")
     ax.set_title("Loops stopped and notifications dropped")
     ax.set_ylim(bottom=0)
     _legend_outside(ax)
     ax.grid(alpha=0.3)
     _time_axis(ax)
+    _partial_note(fig, a, len(xs))
     figs.save(fig, "drops")
     parts = []
     for event, words in (("notify_dropped_loop", "loop drops"),

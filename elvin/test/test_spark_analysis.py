@@ -868,6 +868,20 @@ class TrafficPointsTests(unittest.SynchronousTestCase):
         self.assertEqual(ys, [128, 0, 0, 8, 0])      # partial first minute not scaled up
         self.assertEqual(len(xs), 5)
 
+    def test_partial_buckets_are_marked(self):
+        """A first or last bucket mostly outside the window is drawn apart
+        (an open circle), so a last minute holding a second of data does not
+        read as an outage; one nearly whole is not."""
+        from types import SimpleNamespace
+        from spark_analysis.report import _partial_points
+        minute = 60 * 10**6
+        a = SimpleNamespace(series={"bucket_us": minute}, start_us=30 * 10**6,
+                            end_us=4 * minute + 20 * 10**6)
+        self.assertEqual(_partial_points(a, 5), {0, 4})
+        whole = SimpleNamespace(series={"bucket_us": minute}, start_us=0,
+                                end_us=5 * minute - 1000)
+        self.assertEqual(_partial_points(whole, 5), set())
+
 
 class ByteUnitTests(unittest.SynchronousTestCase):
     def test_units_fit(self):
