@@ -467,6 +467,15 @@ def fig_flood(figs):
     else:
         reading += (f": {_pct(fwd_b - flood_b, flood_b):.0f}% more than a flood, so "
                     f"notifications were sent more than once (see Loops and drops).")
+    over = [r for r in tree if r["forwarded_bytes"] > r["flood_bytes"] > 0]
+    if over:
+        worst = max(over, key=lambda r: r["forwarded_bytes"] / r["flood_bytes"])
+        reading += (f" On {len(over)} link direction(s) more was sent than a flood would send "
+                    f"there (most: {figs.s(worst['router'])} \u2192 {figs.s(worst['peer'])}, "
+                    f"{worst['forwarded_bytes'] / worst['flood_bytes']:.1f}\u00d7): their "
+                    f"negative 'saved %' is real, not an error. A flood takes each origin's "
+                    f"shortest tree; where links form a cycle, notifications travelled "
+                    f"other ways, some more than once, so the totals are the fair comparison.")
     if extra:
         reading += (f" {len(extra)} more link direction(s) close a cycle: a flood sends "
                     f"nothing there, yet they carried {_n(sum(r['forwarded'] for r in extra))} "

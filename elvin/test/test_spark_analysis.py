@@ -744,6 +744,12 @@ class SyntheticReportTests(unittest.SynchronousTestCase):
         extra = [r for r in a.tables["flood"] if not r["flood_notifications"] and r["forwarded"]]
         if extra:
             self.assertIn("close a cycle", page)
+        # a link that carried more than its flood share is explained, not left
+        # as an unexplained negative percentage
+        over = [r for r in a.tables["flood"]
+                if r["forwarded_bytes"] > r["flood_bytes"] > 0]
+        if over:
+            self.assertIn("is real, not an error", page)
 
     def test_no_label_overlaps(self):
         _, a = self.analysis()
