@@ -246,3 +246,24 @@ class LocalModeTests(unittest.SynchronousTestCase):
         self.assertTrue(is_local_master("local[4]"))
         self.assertFalse(is_local_master("spark://127.0.0.1:7077"))
         self.assertFalse(is_local_master("yarn"))
+
+
+class ManifestVersionTests(unittest.SynchronousTestCase):
+    """A table written before dkey/akey existed is refused, saying what to do
+    (reading it would give null keys and wrong counts)."""
+
+    def test_old_manifest_is_refused(self):
+        import json
+        from spark_analysis.ingest import TraceInputError
+        from spark_analysis.store import MANIFEST_VERSION, TraceStore
+        tables = tempfile.mkdtemp(prefix="elvin-old-tables-")
+        self.addCleanup(shutil.rmtree, tables, True)
+        os.makedirs(os.path.join(tables, "_ingest"))
+        with open(os.path.join(tables, "_ingest", "manifest.json"), "w") as f:
+            json.dump({"version": MANIFEST_VERSION - 1, "files": {}, "batches": []}, f)
+        store = TraceStore(None, tables)          # local tables: no Spark needed to read it
+        with self.assertRaises(TraceInputError) as caught:
+            store.manifest()
+        self.assertIn("--rebuild", str(caught.exception))
+        store.clear()                             # what --rebuild does: then it is new
+        self.assertEqual(store.manifest()["version"], MANIFEST_VERSION)
