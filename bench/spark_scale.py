@@ -43,6 +43,7 @@ sys.path.insert(0, ROOT)
 from spark_analysis import synth  # noqa: E402
 from spark_analysis import traceformat as tf  # noqa: E402
 from spark_analysis.session import jvm_stderr_to  # noqa: E402
+from spark_cluster import _proc_table  # noqa: E402  (the same /proc reading)
 
 UNITS = {"k": 10**3, "K": 10**3, "m": 10**6, "M": 10**6}
 HOUR_US = 3600 * 10**6
@@ -126,15 +127,8 @@ class TreeRSS:
 
     def _children(self):
         kids = {}
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            kids.setdefault(ppid, []).append(int(entry))
+        for pid, (_, _, _, ppid) in (_proc_table() or {}).items():
+            kids.setdefault(ppid, []).append(pid)
         return kids
 
     def _rss_mb(self, pid):

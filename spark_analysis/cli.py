@@ -100,7 +100,7 @@ def main(argv=None):
         # we start a local Spark ourselves: its Python workers use this
         # Python; it stays on loopback and keeps its notices to a log file
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        settings.update(local_settings(ui=args.ui,
+        settings.update(local_settings(ui=args.ui, master=args.master,
                                        driver_memory=conf.get("spark.driver.memory", "1g")))
         os.makedirs(args.out, exist_ok=True)
         jvm_log = os.path.join(os.path.abspath(args.out), "spark-jvm.log")

@@ -292,12 +292,11 @@ def write_events(parsed, path, mode="overwrite"):
     """Write the parsed records as Parquet partitioned by status (ok / bad),
     day (UTC) and router: a time window or one router reads only its own
     directories."""
-    # one open file per partition a task meets instead of sorting the task's
-    # rows by partition first (a trace file is one router, a day or two);
-    # zstd: half snappy's size, and no slower to write or read
-    # Row groups of 16 MB in memory (some 50,000 records): their ts_us ranges let
-    # a report on one hour skip the rest of the day's files (Parquet's
-    # statistics, used by the pushed-down time filter).
+    # One open file per partition a task meets, instead of sorting the
+    # task's rows by partition first (a trace file is one router, a day or
+    # two). zstd: half snappy's size, no slower to write or read. Row groups
+    # of 16 MB in memory (some 50,000 records): their ts_us statistics let a
+    # report on one hour skip the rest of the day (pushed-down time filter).
     parsed.sparkSession.conf.set("spark.sql.maxConcurrentOutputFileWriters", "64")
     (parsed.write.mode(mode).option("compression", "zstd")
      .option("parquet.block.size", str(16 << 20))

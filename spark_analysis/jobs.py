@@ -16,8 +16,8 @@ and notify_received / notify_dropped_* (in) at the receiver.
 
 from spark_analysis import traceformat as tf
 
-__all__ = ["control_events", "CONSIDERED", "IN_WIRE", "MINUTE_US", "window_of", "activity", "links", "filters",
-           "filter_health", "link_outages",
+__all__ = ["CONSIDERED", "IN_WIRE", "MINUTE_US", "window_of", "activity", "control_events",
+           "links", "filters", "filter_health", "link_outages",
            "flood_model", "drops", "paths", "interest", "overview"]
 
 CONSIDERED = ("notify_forwarded", "notify_suppressed_filter", "notify_suppressed_export",

@@ -177,12 +177,6 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
     # one core idles while the other finishes the bigger pack
     spark.conf.set("spark.sql.files.minPartitionNum",
                    str(4 * spark.sparkContext.defaultParallelism))
-    if spark.sparkContext.master.startswith("local") \
-            and not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
-        # one machine: Spark's 200 shuffle partitions are 200 files per map
-        # task; adaptive execution coalesces the reduce side, not that
-        spark.conf.set("spark.sql.shuffle.partitions",
-                       str(4 * spark.sparkContext.defaultParallelism))
     analysis = Analysis(out_dir, tables_dir)
     analysis.trace_dir, analysis.since_us, analysis.until_us = trace_dir, since_us, until_us
     os.makedirs(out_dir, exist_ok=True)

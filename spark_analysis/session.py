@@ -2,6 +2,7 @@
 
 import contextlib
 import os
+import re
 import tempfile
 
 __all__ = ["get_session", "pyspark_available", "local_test_session", "is_local_master",
@@ -69,15 +70,29 @@ def quiet_jvm_options():
 LOCAL_JVM_OPTIONS = "-XX:+UseParallelGC -XX:-DontCompileHugeMethods"
 
 
-def local_settings(ui=False, driver_memory="1g"):
+def local_cores(master=None):
+    """The task threads of a local master: local[N] -> N, local -> 1,
+    local[*] or none -> this machine's CPUs."""
+    match = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\d+)?\])?", master or "local[*]")
+    if match is None:
+        return os.cpu_count() or 1
+    if match.group(1) is None:
+        return 1
+    return os.cpu_count() or 1 if match.group(1) == "*" else int(match.group(1))
+
+
+def local_settings(ui=False, driver_memory="1g", master=None):
     """Settings for a local-mode run: driver bound to loopback (with a host
     name resolving to loopback Spark would otherwise pick the first
-    interface's address), no web UI unless asked, quiet logs, and the JVM
+    interface's address), no web UI unless asked, quiet logs, the JVM
     options above (``driver_memory``: the heap to start with, Spark's
-    ``spark.driver.memory``)."""
+    ``spark.driver.memory``), and 4 shuffle partitions a core (Spark's 200
+    are 200 files for every map task to write, on one machine; adaptive
+    execution coalesces the reduce side, not that)."""
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     settings = {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-                "spark.ui.enabled": "true" if ui else "false"}
+                "spark.ui.enabled": "true" if ui else "false",
+                "spark.sql.shuffle.partitions": str(4 * local_cores(master))}
     java = f"{LOCAL_JVM_OPTIONS} -Xms{driver_memory} {quiet_jvm_options()}".strip()
     settings["spark.driver.extraJavaOptions"] = java
     return settings

@@ -247,6 +247,13 @@ class LocalModeTests(unittest.SynchronousTestCase):
         self.assertFalse(is_local_master("spark://127.0.0.1:7077"))
         self.assertFalse(is_local_master("yarn"))
 
+    def test_shuffle_partitions_follow_the_cores(self):
+        from spark_analysis.session import local_cores, local_settings
+        self.assertEqual(local_cores("local[3]"), 3)
+        self.assertEqual(local_cores("local"), 1)
+        self.assertEqual(local_cores("local[*]"), os.cpu_count())
+        self.assertEqual(local_settings(master="local[3]")["spark.sql.shuffle.partitions"], "12")
+
 
 class ManifestVersionTests(unittest.SynchronousTestCase):
     """A table written before dkey/akey existed is refused, saying what to do
