@@ -1,10 +1,10 @@
 """Stage 1: find the trace files, parse and check every line, write ``events``.
 
-The JSON is parsed once, with an explicit schema (``trace_schema()``), by
-Spark's JSON data source; every later job reads the Parquet table this
-stage writes. A line is *bad* when it is not a JSON object of the schema's types
-or breaks a rule of docs/traces.md; ``bad_reason`` says which, in the same
-words as ``traceformat.check_record``. Bad lines are counted per file and
+The JSON is parsed once, by ``arrowparse`` in Spark's Python workers (a
+task reads whole files); every later job reads the Parquet table this
+stage writes. A line is *bad* when it is not a JSON object of the format's
+types or breaks a rule of docs/traces.md; ``bad_reason`` says which, in
+``traceformat.check_record``'s words. Bad lines are counted per file and
 skipped; ``locate_bad_lines`` finds their line numbers afterwards (only for
 the files that have some).
 """
@@ -146,92 +146,135 @@ def prune_by_name(files, since_us=None, until_us=None, margin_us=300 * 10**6):
 
 
 # ---------------------------------------------------------------------------
-# parsing and checking
+# parsing and checking (arrowparse, in Spark's Python workers)
 
-def _bad_reason():
-    """Column: why a parsed line is bad, or null (traceformat.check_record's rules).
+def _tables_of(row, ignore_corrupt):
+    """Arrow tables of events from one file row of a task's input; an
+    unreadable file raises naming it (or, ``ignore_corrupt``, ends early)."""
+    from spark_analysis import arrowparse
+    source = row["content"] if row.get("content") is not None else row["path"]
+    try:
+        yield from arrowparse.parse_file(source, row["name"], row["gz"])
+    except (OSError, EOFError) as e:          # gzip.BadGzipFile is an OSError
+        if not ignore_corrupt:
+            raise OSError(f"unreadable trace file {row['name']}: {e}") from e
+    except Exception as e:  # noqa: BLE001 - zlib.error and the like: name the file
+        if not (ignore_corrupt and type(e).__name__ == "error"):
+            raise RuntimeError(f"unreadable trace file {row['name']}: "
+                               f"{type(e).__name__}: {e}") from e
 
-    Written for speed, as it runs on every line: one hash lookup for the
-    event, one for the (event, direction) pair, and no lambdas or regular
-    expressions (those are evaluated row by row outside generated code).
-    """
+
+def _parse_task(ignore_corrupt):
+    """The function each ingest task runs (``mapInArrow``) when Spark writes
+    the table: rows naming trace files (``path`` to open, or ``content``;
+    ``name`` to record; ``gz``) in, Arrow batches of events out, one file
+    at a time in bounded memory."""
+    def parse(batches):
+        for batch in batches:
+            for row in batch.to_pylist():
+                for table in _tables_of(row, ignore_corrupt):
+                    yield from table.to_batches(max_chunksize=1 << 16)
+    return parse
+
+
+# what a writing task returns: a trace file's counts, or a Parquet file it wrote
+_WRITTEN_FIELDS = [("kind", "string"), ("name", "string"), ("ok", "long"), ("bad", "long")]
+
+
+def _write_task(root, ignore_corrupt):
+    """The function each ingest task runs when it writes the table itself
+    (``partwriter``, into ``root``): file rows in, one row per trace file
+    (kind 'file': good and bad lines) and per Parquet file written ('part')
+    out."""
+    def write(batches):
+        import pyarrow as pa
+        from spark_analysis import arrowparse, partwriter
+        writer = partwriter.PartitionedWriter(root, arrowparse.EVENTS_SCHEMA,
+                                              ["status", "day", "router"])
+        counts = {}
+        for batch in batches:
+            for row in batch.to_pylist():
+                ok, bad = counts.get(row["name"], (0, 0))
+                for table in _tables_of(row, ignore_corrupt):
+                    if table.column("status")[0].as_py() == "ok":
+                        ok += table.num_rows
+                    else:
+                        bad += table.num_rows
+                    writer.write(table)
+                counts[row["name"]] = (ok, bad)
+        rows = [("file", name, ok, bad) for name, (ok, bad) in counts.items()]
+        rows += [("part", rel, 0, 0) for rel in writer.close()]
+        yield pa.RecordBatch.from_arrays(
+            [pa.array([r[i] for r in rows], t) for i, t in
+             enumerate((pa.string(), pa.string(), pa.int64(), pa.int64()))],
+            names=[n for n, _ in _WRITTEN_FIELDS])
+    return write
+
+
+def _bins(files, count):
+    """``files`` ([(path, size)]) dealt into ``count`` lists of about equal
+    bytes, biggest first: one Spark task each (a .gz is read whole by one task)."""
+    bins = [[0, i, []] for i in range(count)]
+    for path, size in sorted(files, key=lambda f: (-f[1], f[0])):
+        least = min(bins)
+        least[0] += size
+        least[2].append(path)
+    return [b[2] for b in bins if b[2]]
+
+
+def _file_frame(spark, files, file_of):
+    """A DataFrame (path, name, gz, content) of the local ``files``, one
+    partition per bin of files: built from literals in the plan, so no
+    Python rows are shipped to make it."""
     from pyspark.sql import functions as F
-    r = lambda name: F.col("r." + name)  # noqa: E731
-    event = r("event")
-    notify = event.isin(*tf.NOTIFY_EVENTS)
-    subreplace = event.isin(*tf.SUBREPLACE_EVENTS)
-    pairs = [f"{name}/{d}" for name, directions in tf.DIRECTIONS.items() for d in directions]
-    digest = r("digest")
-    # a marker no domain holds: arrays_overlap(list, [marker]) is null
-    # exactly when the (non-empty) list holds a null
-    marker = F.array(F.lit("\u0000"))
-    checks = [
-        (F.col("r").isNull(), F.lit("not a JSON object")),
-        (r("_corrupt").isNotNull(), F.lit("not a JSON object with fields of the right types")),
-        (r("v").isNull(), F.lit("missing field 'v'")),
-        (r("v") != tf.FORMAT_VERSION,
-         F.concat(F.lit("unsupported format version "), r("v").cast("string"))),
-        (r("ts_us").isNull(), F.lit("missing field 'ts_us'")),
-        ((r("ts_us") < tf.MIN_TS_US) | (r("ts_us") > tf.MAX_TS_US),
-         F.lit("ts_us out of range (microseconds since 1970 expected)")),
-        (r("router").isNull(), F.lit("missing field 'router'")),
-        (r("router") == "", F.lit("empty 'router'")),
-        (event.isNull(), F.lit("missing field 'event'")),
-        (~event.isin(*tf.EVENTS), F.concat(F.lit("unknown event '"), event, F.lit("'"))),
-        (r("direction").isNull(), F.lit("missing field 'direction'")),
-        (~F.concat(event, F.lit("/"), r("direction")).isin(*pairs),
-         F.concat(F.lit("direction '"), r("direction"), F.lit("' not allowed for "), event)),
-        (r("peer").isNull() & (event != "link_down"),
-         F.lit("'peer' may be null only for link_down")),
-    ]
-    for name in tf.NOTIFY_FIELDS:
-        checks.append((notify & r(name).isNull(), F.lit(f"missing field {name!r}")))
-    checks += [
-        (notify & (F.size(r("routing")) == 0), F.lit("'routing' must not be empty")),
-        (notify & F.arrays_overlap(r("routing"), marker).isNull(),
-         F.lit("'routing' must be a list of strings")),
-        (notify & (F.size(r("attrs")) > 0) & F.arrays_overlap(r("attrs"), marker).isNull(),
-         F.lit("'attrs' must be a list of strings")),
-        (notify & (r("size") < 0), F.lit("negative 'size'")),
-        # 40 characters, hexadecimal (unhex is null otherwise), lower case
-        (notify & ((F.length(digest) != 40) | F.unhex(digest).isNull()
-                   | (F.lower(digest) != digest)),
-         F.lit("'digest' must be 40 lowercase hex digits")),
-    ]
-    for name in ("filter_nodes", "filter_bytes"):
-        checks.append((subreplace & r(name).isNull(), F.lit(f"missing field {name!r}")))
-    checks += [
-        (subreplace & ((r("filter_nodes") < 0) | (r("filter_bytes") < 0)),
-         F.lit("negative filter size")),
-        ((event == "link_down") & r("reason").isNull(), F.lit("missing field 'reason'")),
-    ]
-    expr = None
-    for cond, reason in checks:
-        expr = F.when(cond, reason) if expr is None else expr.when(cond, reason)
-    return expr
+    parallel = spark.sparkContext.defaultParallelism
+    sizes = {path: size for path, size in files}
+    for path in sizes:
+        if not sizes[path] and os.path.exists(_local(path)):
+            sizes[path] = os.path.getsize(_local(path))
+    bins = _bins(list(sizes.items()), max(1, min(len(files), 4 * parallel)))
+    def entry(path):
+        name = file_of.get(_file_uri(path), _file_uri(path)) if file_of else _file_uri(path)
+        return F.struct(F.lit(os.path.abspath(_local(path))).alias("path"),
+                        F.lit(name).alias("name"),
+                        F.lit(path.endswith(".gz")).alias("gz"),
+                        F.lit(None).cast("binary").alias("content"))
+    table = F.array(*[F.array(*[entry(p) for p in group]) for group in bins])
+    return (spark.range(0, len(bins), 1, len(bins))
+            .select(F.inline(F.element_at(table, (F.col("id") + 1).cast("int")))))
 
 
-def _checked(lines):
-    """Columns ``r`` (parsed struct), ``file``, ``value`` -> record columns + bad_reason."""
+def _remote_frame(spark, files):
+    """(path, name, gz, content) of remote files, read by Spark's binaryFile
+    source (a file's bytes are one value: under 2 GB each)."""
     from pyspark.sql import functions as F
-    parsed = lines.withColumn("bad_reason", _bad_reason())
-    r = lambda name: F.col("r." + name)  # noqa: E731
-    return parsed.select(
-        r("ts_us").alias("ts_us"), r("router").alias("router"), r("peer").alias("peer"),
-        r("event").alias("event"), r("direction").alias("direction"),
-        r("routing").alias("routing"), r("size").alias("size"),
-        F.sort_array(r("attrs")).alias("attrs"), r("digest").alias("digest"),
-        r("filter_nodes").alias("filter_nodes"), r("filter_bytes").alias("filter_bytes"),
-        r("reason").alias("reason"),
-        F.get(r("routing"), 0).alias("origin"),
-        F.size(r("routing")).alias("hops"),
-        # 64-bit hashes of the digest and of the attribute-name set, made
-        # once here: the jobs group, join and count distinct on these
-        # instead of hashing 40-character strings and arrays in every pass
-        F.when(r("digest").isNotNull(), F.xxhash64(r("digest"))).alias("dkey"),
-        F.when(r("attrs").isNotNull(), F.xxhash64(F.sort_array(r("attrs")))).alias("akey"),
-        "file", "bad_reason",
-        F.when(F.col("bad_reason").isNotNull(), F.substring("value", 1, 300)).alias("raw"))
+    return (spark.read.format("binaryFile").load([p for p, _ in files])
+            .select(F.lit(None).cast("string").alias("path"), F.col("path").alias("name"),
+                    F.col("path").endswith(".gz").alias("gz"), "content"))
+
+
+def _file_uri(path):
+    """How Spark names a local file (``file:/...``, percent-encoded)."""
+    from urllib.parse import quote
+    return "file:" + quote(os.path.abspath(_local(path)))
+
+
+def _ship_code(spark):
+    """Send this package, as the driver has it, to the Python workers (once
+    per SparkContext): on a cluster the executors need only pyarrow, numpy
+    and pandas beside it, and locally the workers run this code, not some
+    other installed copy."""
+    sc = spark.sparkContext
+    if getattr(sc, "_elvin_shipped", False):
+        return
+    import shutil
+    import tempfile
+    package = os.path.dirname(os.path.abspath(__file__))
+    where = tempfile.mkdtemp(prefix="elvin-spark-code-")
+    archive = shutil.make_archive(os.path.join(where, "spark_analysis"), "zip",
+                                  os.path.dirname(package), os.path.basename(package))
+    sc.addPyFile(archive)
+    sc._elvin_shipped = True
 
 
 def events_schema():
@@ -247,45 +290,77 @@ def events_schema():
         T.StructField("origin", S), T.StructField("hops", T.IntegerType()),
         T.StructField("dkey", L), T.StructField("akey", L),
         T.StructField("file", S), T.StructField("bad_reason", S), T.StructField("raw", S),
-        T.StructField("status", S), T.StructField("day", S), T.StructField("router", S),
+        T.StructField("status", S), T.StructField("day", T.DateType()),
+        T.StructField("router", S),
     ])
+
+
+def _files(spark, files, file_of=None):
+    """The task input: a DataFrame of file rows, local and remote."""
+    _ship_code(spark)
+    local = [(p, s) for p, s in files if _is_local(p)]
+    remote = [(p, s) for p, s in files if not _is_local(p)]
+    frames = []
+    if local:
+        frames.append(_file_frame(spark, local, file_of))
+    if remote:
+        frames.append(_remote_frame(spark, remote))
+    return frames[0] if len(frames) == 1 else frames[0].unionByName(frames[1])
 
 
 def read_traces(spark, files, since_us=None, until_us=None, file_of=None,
                 ignore_corrupt=False):
     """Parsed records of ``files`` ([(path, size)]), with status 'ok' or 'bad'.
 
-    Spark's JSON data source with the explicit schema, in PERMISSIVE mode
-    (a line that is not a JSON object of the schema's types keeps its text
-    in ``_corrupt``). Records outside [since, until) are left out (they
-    are not bad). Blank lines are ignored. ``file_of`` maps Spark's name of
-    an input file (``file:/...``) to the name recorded in ``file`` (a
-    copied tail is recorded as the file it came from). ``ignore_corrupt``
-    lets Spark skip a file it cannot decompress instead of failing.
+    Each Spark task parses whole files with ``arrowparse`` (Arrow's JSON
+    reader, the trace rules checked on columns; a chunk with a bad line is
+    judged line by line by ``traceformat.check_record``). Records outside
+    [since, until) are left out (they are not bad). Blank lines are
+    ignored. ``file_of`` maps Spark's name of an input file (``file:/...``)
+    to the name recorded in ``file`` (a copied tail is recorded as the file
+    it came from). ``ignore_corrupt`` skips the rest of a file that cannot
+    be decompressed instead of failing.
     """
     from pyspark.sql import functions as F
-    raw = (spark.read.schema(_schema())
-           .option("mode", "PERMISSIVE")
-           .option("ignoreCorruptFiles", "true" if ignore_corrupt else "false")
-           .option("columnNameOfCorruptRecord", "_corrupt")
-           .json([p for p, _ in files]))
-    file = F.col("_metadata.file_path")
-    if file_of:
-        mapping = F.create_map(*[F.lit(x) for kv in sorted(file_of.items()) for x in kv])
-        file = F.coalesce(F.element_at(mapping, file), file)
-    lines = raw.select(F.struct(*[F.col(c) for c in raw.columns]).alias("r"),
-                       file.alias("file"),
-                       F.col("_corrupt").alias("value"))
-    parsed = _checked(lines)
-    ok = F.col("bad_reason").isNull()
+    parsed = _files(spark, files, file_of).mapInArrow(_parse_task(ignore_corrupt),
+                                                      events_schema())
+    ok = F.col("status") == "ok"
     keep = F.lit(True)
     if since_us is not None:
         keep = keep & (~ok | (F.col("ts_us") >= since_us))
     if until_us is not None:
         keep = keep & (~ok | (F.col("ts_us") < until_us))
-    return (parsed.where(keep)
-            .withColumn("status", F.when(ok, F.lit("ok")).otherwise(F.lit("bad")))
-            .withColumn("day", F.to_date(F.timestamp_micros("ts_us"))))
+    return parsed.where(keep) if since_us is not None or until_us is not None else parsed
+
+
+def ingest_files(spark, files, out, file_of=None, ignore_corrupt=False):
+    """Parse ``files`` and write them as the events table at ``out``:
+    ({file: (good, bad)}, [Parquet files written, relative to ``out``] or None).
+
+    Where ``out`` is a directory this process (and so, on a cluster, a
+    shared mount every executor) can write, the tasks write their own files
+    (``partwriter``) and the list says which to commit; elsewhere (hdfs://,
+    s3a://, ...) Spark writes them (None: its committer keeps only what
+    succeeded).
+    """
+    if not _is_local(out):
+        write_events(read_traces(spark, files, file_of=file_of,
+                                 ignore_corrupt=ignore_corrupt), out)
+        return ingest_stats(spark, out), None
+    from pyspark.sql import types as T
+    root = os.path.abspath(_local(out))
+    schema = T.StructType([T.StructField(n, T.StringType() if t == "string" else T.LongType())
+                           for n, t in _WRITTEN_FIELDS])
+    rows = (_files(spark, files, file_of).mapInArrow(_write_task(root, ignore_corrupt), schema)
+            .collect())
+    stats, parts = {}, []
+    for row in rows:
+        if row["kind"] == "part":
+            parts.append(row["name"])
+        else:
+            ok, bad = stats.get(row["name"], (0, 0))
+            stats[row["name"]] = (ok + row["ok"], bad + row["bad"])
+    return stats, sorted(parts)
 
 
 def write_events(parsed, path, mode="overwrite"):
@@ -322,72 +397,36 @@ def display_path(file):
     return file
 
 
-def _check_lines(spark, lines, limit):
-    """lines: DataFrame (idx, value) -> first ``limit`` bad ones as (idx, reason, text)."""
-    from pyspark.sql import functions as F
-    parsed = (lines.where(F.trim("value") != "")
-              .select("idx", "value", F.from_json("value", _schema(),
-                                                  {"mode": "PERMISSIVE",
-                                                   "columnNameOfCorruptRecord": "_corrupt"}
-                                                  ).alias("r")))
-    bad = (parsed.withColumn("bad_reason", _bad_reason())
-           .where(F.col("bad_reason").isNotNull())
-           .orderBy("idx").limit(limit)
-           .select("idx", "bad_reason", F.substring("value", 1, 120).alias("text"))
-           .collect())
-    return [(row["idx"] + 1, row["bad_reason"], row["text"]) for row in bad]
-
-
-def locate_bad_lines(spark, file, limit=5, chunk=50000, start_byte=0):
+def locate_bad_lines(spark, file, limit=5, start_byte=0):
     """[(line_number, reason, text)] of the first bad lines of one file.
 
-    The same checks as the ingest, applied to numbered lines, plus one the
-    JSON reader cannot make: a line that is not valid UTF-8 (Spark reads it
-    with replacement characters, and it may parse) is named here. A local
-    file is read here, ``chunk`` lines at a time, stopping once ``limit``
-    bad lines are found; only lines starting at or after ``start_byte``
-    (of the uncompressed content) are checked, but lines are numbered from
-    the file's start. A remote one is numbered with zipWithIndex (no code
-    of ours runs on the executors).
+    The same judgement as the ingest (``arrowparse.line_reason``), line by
+    line, stopping once ``limit`` bad lines are found; only lines starting
+    at or after ``start_byte`` (of the uncompressed content) are checked,
+    but lines are numbered from the file's start. A local file is read
+    here; a remote one by one Spark task (its bytes never reach the driver).
     """
-    from pyspark.sql import types as T
-    schema = T.StructType([T.StructField("idx", T.LongType()),
-                           T.StructField("value", T.StringType())])
+    from spark_analysis import arrowparse
     if _is_local(file):
-        import gzip
         path = display_path(file)
-        opener = gzip.open if path.endswith(".gz") else open
-        found, number, position = [], 0, 0
-        with opener(path, "rb") as f:
-            while len(found) < limit:
-                batch = []
-                for raw in f:
-                    number += 1
-                    at, position = position, position + len(raw)
-                    if at < start_byte:
-                        continue
-                    try:
-                        text = raw.decode("utf-8")
-                    except UnicodeDecodeError as e:
-                        found.append((number, f"not valid UTF-8 (byte {e.start + 1} of the line)",
-                                      raw[:120].decode("utf-8", "replace").rstrip("\r\n")))
-                        if len(found) >= limit:
-                            break
-                        continue
-                    batch.append((number - 1, text.rstrip("\r\n")))
-                    if len(batch) >= chunk:
-                        break
-                if not batch:
-                    break
-                found += _check_lines(spark, spark.createDataFrame(batch, schema),
-                                      limit - len(found))
-        found.sort()
-        return found[:limit]
-    from pyspark.sql import functions as F
-    indexed = spark.read.text(file).rdd.zipWithIndex()
-    rows = T.StructType([
-        T.StructField("row", T.StructType([T.StructField("value", T.StringType())])),
-        T.StructField("idx", T.LongType())])
-    lines = spark.createDataFrame(indexed, rows).select(
-        "idx", F.col("row.value").alias("value"))
-    return _check_lines(spark, lines, limit)
+        return arrowparse.bad_lines(path, path.endswith(".gz"), limit, start_byte)
+    from pyspark.sql import types as T
+    gz = file.endswith(".gz")
+
+    def scan(batches):
+        import pyarrow as pa
+        from spark_analysis import arrowparse as ap
+        for batch in batches:
+            for content in batch.column("content").to_pylist():
+                found = ap.bad_lines(content, gz, limit, start_byte)
+                yield pa.RecordBatch.from_pylist(
+                    [{"line": n, "reason": r, "text": t} for n, r, t in found],
+                    schema=pa.schema([("line", pa.int64()), ("reason", pa.string()),
+                                      ("text", pa.string())]))
+    _ship_code(spark)
+    schema = T.StructType([T.StructField("line", T.LongType()),
+                           T.StructField("reason", T.StringType()),
+                           T.StructField("text", T.StringType())])
+    rows = (spark.read.format("binaryFile").load(file).select("content")
+            .mapInArrow(scan, schema).collect())
+    return sorted((row["line"], row["reason"], row["text"]) for row in rows)[:limit]

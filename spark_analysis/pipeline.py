@@ -125,30 +125,65 @@ def _csv_value(value):
 
 
 def _save(spark, analysis, name, df):
-    """Write ``df`` as Parquet and return it (cached); summary tables also go to CSV.
+    """Write ``df`` as Parquet and return it; summary tables also go to CSV.
 
-    The table is computed once, by the write, into the cache; the CSV rows
-    and later uses read the cache, so each table costs one pass.
+    A summary table (CSV_TABLES) is small: it is computed once, sorted, by
+    the one query that collects it, and where the tables live on a local
+    file system its Parquet copy is written here from those rows (a Spark
+    write costs a job and its floor of tenths of a second, each table).
+    Bigger tables, and any table on remote storage, are computed once by
+    Spark's write into the cache, which later uses read.
     """
     from pyspark.sql import functions as F
     path = analysis.parquet(name)
+    rows = None
+    if name in CSV_TABLES:
+        order, descending, limit = CSV_TABLES[name]
+        cols = [F.col(c).desc_nulls_last() if descending else F.col(c).asc_nulls_last()
+                for c in order]
+        # deterministic tie-break on the remaining key-like string columns
+        ties = [c for c, t in df.dtypes if t == "string" and c not in order]
+        cap = limit or 10**6
+        if ingest._is_local(path) and _arrow_writable(df.schema):
+            # (a limit makes it one top-k job rather than a sampled range sort)
+            rows = _rows(df.orderBy(*cols, *ties).limit(cap + 1))
+            if len(rows) <= cap:
+                _write_parquet_rows(ingest._local(path), df.schema, rows)
+                analysis.written.append(name)
+                analysis.tables[name] = rows
+                _write_csv(os.path.join(analysis.out_dir, "csv", name + ".csv"), rows,
+                           df.columns)
+                return df
     df = df.cache()
     analysis.cached.append(df)
     df.write.mode("overwrite").parquet(path)
     analysis.written.append(name)
     if name not in CSV_TABLES:
         return df
-    order, descending, limit = CSV_TABLES[name]
-    cols = [F.col(c).desc_nulls_last() if descending else F.col(c).asc_nulls_last()
-            for c in order]
-    # deterministic tie-break on the remaining key-like string columns
-    ties = [c for c, t in df.dtypes if t == "string" and c not in order]
-    ordered = df.orderBy(*cols, *ties)
-    # (a limit makes it one top-k job rather than a sampled range sort)
-    rows = _rows(ordered.limit(limit or 10**6))
+    rows = _rows(df.orderBy(*cols, *ties).limit(cap))
     analysis.tables[name] = rows
     _write_csv(os.path.join(analysis.out_dir, "csv", name + ".csv"), rows, df.columns)
     return df
+
+
+def _arrow_writable(schema):
+    """True when every column maps to Arrow without a time zone question."""
+    from pyspark.sql import types as T
+    plain = (T.StringType, T.LongType, T.IntegerType, T.DoubleType, T.BooleanType)
+    return all(isinstance(f.dataType, plain) for f in schema.fields)
+
+
+def _write_parquet_rows(path, schema, rows):
+    """A Parquet table directory, as Spark would leave it, from collected rows."""
+    import shutil
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark.sql.pandas.types import to_arrow_schema
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    table = pa.Table.from_pylist(rows, schema=to_arrow_schema(schema))
+    pq.write_table(table, os.path.join(path, "part-00000.zstd.parquet"), compression="zstd")
+    open(os.path.join(path, "_SUCCESS"), "w").close()
 
 
 def _bucket_us(start_us, end_us, points=360):

@@ -45,6 +45,7 @@ import gzip
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -56,7 +57,7 @@ from spark_analysis import traceformat as tf
 __all__ = ["TraceStore", "BatchResult", "HEAD_BYTES", "MANIFEST_VERSION"]
 
 HEAD_BYTES = 4096          # bytes hashed to recognise a file
-MANIFEST_VERSION = 2          # 2: events carry dkey and akey
+MANIFEST_VERSION = 3          # 2: events carry dkey and akey; 3: keys made by arrowparse
 _COPY_CHUNK = 1 << 20
 
 
@@ -276,7 +277,7 @@ class TraceStore:
                    if "/" not in p and p.startswith("pending-") and p.endswith(".json")]
         for name in pending:
             batch = json.loads(self.fs.read_text(self.fs.join("_ingest", name)))
-            self._move_parts(batch["batch"])
+            self._move_parts(batch["batch"], batch.get("parts"))
             self._apply(manifest, batch)
             self._save_manifest()
             self.fs.delete(self.fs.join("_ingest", name))
@@ -291,13 +292,17 @@ class TraceStore:
             manifest["files"][key] = entry
         manifest["batches"].append(batch["batch"])
 
-    def _move_parts(self, batch):
-        """Rename the batch's Parquet files from staging into ``events``."""
+    def _move_parts(self, batch, parts=None):
+        """Rename the batch's Parquet files from staging into ``events``:
+        ``parts`` (those the ingest's finished tasks wrote), or, when Spark
+        wrote them (None), every one its committer left."""
         out = self.fs.join("_ingest", "staging", batch, "out")
-        for rel in self.fs.list_files(out):
-            name = rel.rsplit("/", 1)[-1]
-            if not name.endswith(".parquet"):
-                continue
+        if parts is None:
+            parts = [rel for rel in self.fs.list_files(out)
+                     if rel.rsplit("/", 1)[-1].endswith(".parquet")]
+        for rel in parts:
+            if not self.fs.exists(self.fs.join("_ingest", "staging", batch, "out", rel)):
+                continue        # moved already (a recovery after a crash mid-move)
             self.fs.rename(self.fs.join("_ingest", "staging", batch, "out", rel),
                            self.fs.join("events", rel))
 
@@ -436,9 +441,9 @@ class TraceStore:
                 line_base[path] = first
         for path, source, kind, first in parts:
             result.parts.append((path, kind))
-        stats = {}
+        stats, written = {}, []
         if spark_inputs:
-            stats = self._write_batch(batch, spark_inputs, file_of, result)
+            stats, written = self._write_batch(batch, spark_inputs, file_of, result)
         for key, entry in entries.items():
             ok, bad = stats.get(entry["path"], (0, 0))
             entry["records"] = entry.get("records", 0) + ok
@@ -454,10 +459,10 @@ class TraceStore:
             result.bad_examples += [(path, n, r, t) for n, r, t in found]
             if entry is not None:
                 entry["examples"] = (entry.get("examples", []) + [[n, r, t] for n, r, t in found])[:5]
-        pending = {"batch": batch, "entries": entries}
+        pending = {"batch": batch, "entries": entries, "parts": written}
         pending_path = self.fs.join("_ingest", f"pending-{batch}.json")
         self.fs.write_text(pending_path, json.dumps(pending))
-        self._move_parts(batch)
+        self._move_parts(batch, written)
         self._apply(self.manifest(), pending)
         self._save_manifest()
         self.fs.delete(pending_path)
@@ -467,29 +472,38 @@ class TraceStore:
         return result
 
     def _write_batch(self, batch, inputs, file_of, result):
-        """Parse and check ``inputs`` with Spark into staging; {path: (ok, bad)}."""
+        """Parse and check ``inputs`` into staging: ({path: (ok, bad)}, the
+        Parquet files to commit, relative to staging, or None for all)."""
         out = self.fs.join("_ingest", "staging", batch, "out")
-        try:
-            ingest.write_events(ingest.read_traces(self.spark, [(p, 0) for p in inputs],
-                                                   file_of=file_of), out)
-        except Exception as e:  # noqa: BLE001 - Py4J wraps the JVM's error
-            if "gzip" not in str(e).lower() and "EOF" not in str(e) \
-                    and "corrupt" not in str(e).lower():
-                raise
-            # a .gz Spark could not read: find which (it is a rare case),
-            # skip it and read the rest
-            bad = ingest.unreadable_files([(p, 0) for p in inputs])
-            result.unreadable += [(file_of.get(_file_uri(p), p), r) for p, r in bad]
-            skipped = {p for p, _ in bad}
-            keep = [p for p in inputs if p not in skipped]
-            self.fs.delete(out)
-            if not keep:
-                return {}
-            ingest.write_events(ingest.read_traces(self.spark, [(p, 0) for p in keep],
-                                                   file_of=file_of, ignore_corrupt=True), out)
-        stats = ingest.ingest_stats(self.spark, out)
-        return {ingest.display_path(f) if ingest._is_local(f) else f: v
-                for f, v in stats.items()}
+        files = [(p, 0) for p in inputs]
+        named = {}
+        for p in inputs:
+            uri = _file_uri(p) if ingest._is_local(p) else p
+            named[file_of.get(uri, uri)] = p
+        stats, parts = {}, []
+        for attempt in range(len(inputs) + 1):
+            try:
+                stats, parts = ingest.ingest_files(self.spark, files, out, file_of)
+                break
+            except Exception as e:  # noqa: BLE001 - Py4J wraps the worker's error
+                found = re.search(r"unreadable trace file (\S+?): ([^\n]*)", str(e))
+                if found is None or found.group(1) not in named:
+                    raise
+                self.fs.delete(out)
+                # a file that cannot be read: skip it, name it, read the rest
+                # (local .gz files are all checked at the first one; a remote
+                # file is named by the task that failed on it)
+                bad = ingest.unreadable_files(files) if attempt == 0 else []
+                if not bad:
+                    bad = [(named[found.group(1)], f"not readable ({found.group(2)})")]
+                result.unreadable += [(file_of.get(_file_uri(p), p)
+                                       if ingest._is_local(p) else p, r) for p, r in bad]
+                skipped = {p for p, _ in bad}
+                files = [(p, size) for p, size in files if p not in skipped]
+                if not files:
+                    return {}, []
+        return ({ingest.display_path(f) if ingest._is_local(f) else f: v
+                 for f, v in stats.items()}, parts)
 
     # -- reading the table back ---------------------------------------------
 
@@ -510,10 +524,7 @@ def _day(ts_us):
     return datetime.datetime.fromtimestamp(ts_us / 1e6, datetime.timezone.utc).strftime("%Y-%m-%d")
 
 
-def _file_uri(path):
-    """How Spark's ``_metadata.file_path`` names a local file."""
-    from urllib.parse import quote
-    return "file:" + quote(os.path.abspath(path))
+_file_uri = ingest._file_uri
 
 
 def _newest_plain_per_domain(files):

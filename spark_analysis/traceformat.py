@@ -220,6 +220,8 @@ def check_record(obj):
     if type(obj) is not dict:
         return "not a JSON object"
     event = obj.get("event")
+    if "event" in obj and type(event) is not str:
+        return "field 'event' has the wrong type"
     if event not in REQUIRED:
         return f"unknown event {event!r}" if "event" in obj else "missing field 'event'"
     for name in REQUIRED[event]:

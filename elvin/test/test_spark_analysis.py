@@ -833,7 +833,7 @@ class BadInputTests(unittest.SynchronousTestCase):
         message = err.getvalue()
         self.assertIn("no valid trace records", message)
         self.assertIn("2 bad lines", message)
-        self.assertIn("x-20240501T120000Z-000001.jsonl line 1: missing field 'ts_us'", message)
+        self.assertIn("x-20240501T120000Z-000001.jsonl line 1: missing field 'event'", message)
 
 
 class ExactDistinctTests(unittest.SynchronousTestCase):

@@ -136,7 +136,7 @@ class StoreTests(unittest.SynchronousTestCase):
         original = store_module.TraceStore._move_parts
         calls = []
 
-        def crash(self_, batch):
+        def crash(self_, batch, parts=None):
             calls.append(batch)
             raise KeyboardInterrupt("killed")
         store_module.TraceStore._move_parts = crash
