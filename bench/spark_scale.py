@@ -15,7 +15,8 @@ hour. It prints, per size:
 
 Peak RSS is sampled every 0.2 s: ``py`` is the Python driver process,
 ``JVM`` the Java process pyspark starts (in local mode the driver's JVM
-and the executor in one), ``all`` the two together.
+and the executor in one), ``workers`` the Python workers that process
+starts (the ingest's tasks), ``all`` the whole tree at its peak.
 
 Traces: ``spark_analysis.synth`` simulates one hour of a federation (7
 routers, 40 clients, 15 notifications/s: about 414,000 records), and
@@ -115,12 +116,13 @@ def dir_mb(path):
 
 class TreeRSS:
     """Samples, every ``interval`` seconds, the resident memory of a process
-    and of its descendants (the JVM that pyspark starts), keeping the peaks:
-    of the Python driver alone, of the JVMs, and of the whole tree."""
+    and of its descendants (the JVM that pyspark starts, and the Python
+    workers the JVM starts for the ingest), keeping the peaks: of the Python
+    driver alone, of the JVMs, of the Python workers, and of the whole tree."""
 
     def __init__(self, pid, interval=0.2):
         self.pid, self.interval = pid, interval
-        self.python = self.jvm = self.total = 0.0
+        self.python = self.jvm = self.workers = self.total = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -141,6 +143,13 @@ class TreeRSS:
             pass
         return 0.0
 
+    def _comm(self, pid):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                return f.read().strip()
+        except OSError:
+            return ""
+
     def _run(self):
         while not self._stop.is_set():
             kids = self._children()
@@ -150,10 +159,16 @@ class TreeRSS:
                 tree.append(p)
                 todo += kids.get(p, [])
             python = self._rss_mb(self.pid)
-            others = sum(self._rss_mb(p) for p in tree[1:])
+            jvm = workers = 0.0
+            for p in tree[1:]:
+                if self._comm(p) == "java":
+                    jvm += self._rss_mb(p)
+                else:                       # pyspark's daemon and its workers
+                    workers += self._rss_mb(p)
             self.python = max(self.python, python)
-            self.jvm = max(self.jvm, others)
-            self.total = max(self.total, python + others)
+            self.jvm = max(self.jvm, jvm)
+            self.workers = max(self.workers, workers)
+            self.total = max(self.total, python + jvm + workers)
             self._stop.wait(self.interval)
 
     def stop(self):
@@ -228,8 +243,8 @@ def main(argv=None):
     tmpl, per_hour, lo = load_template(spark, template)
     print(f"template: one hour, {per_hour:,} records", flush=True)
     header = (f"{'records':>12} {'files':>6} {'MB gz':>7} {'seconds':>8} {'records/s':>10} "
-              f"{'RSS MB py':>9} {'JVM':>6} {'all':>6}  | {'+1 hour':>9} {'seconds':>8} "
-              f"{'share':>6}")
+              f"{'RSS MB py':>9} {'JVM':>6} {'workers':>7} {'all':>6}  | {'+1 hour':>9} "
+              f"{'seconds':>8} {'share':>6}")
     results = []
     try:
         for size in sizes:
@@ -254,14 +269,16 @@ def main(argv=None):
                 traces, out + "-hour", tables, args, since, since + HOUR_US)
             line = (f"{records:>12,} {files:>6} {mb:>7,.0f} {elapsed:>8.1f} "
                     f"{records / elapsed:>10,.0f} {rss.python:>9,.0f} {rss.jvm:>6,.0f} "
-                    f"{rss.total:>6,.0f}  | {inc_records:>9,} {inc:>8.1f} {inc / elapsed:>6.1%}")
+                    f"{rss.workers:>7,.0f} {rss.total:>6,.0f}  | {inc_records:>9,} {inc:>8.1f} "
+                    f"{inc / elapsed:>6.1%}")
             results.append(line)
             print(header)
             print(line)
             print("    full run stages (s): " + " ".join(f"{k}={v:.1f}" for k, v in stages.items()))
             print("    +1 hour stages (s): "
                   + " ".join(f"{k}={v:.1f}" for k, v in inc_stages.items())
-                  + f"; peak RSS python {inc_rss.python:,.0f} MB, JVM {inc_rss.jvm:,.0f} MB",
+                  + f"; peak RSS python {inc_rss.python:,.0f} MB, JVM {inc_rss.jvm:,.0f} MB, "
+                  + f"workers {inc_rss.workers:,.0f} MB",
                   flush=True)
             if not args.keep:
                 for path in (traces, tables, out, out + "-hour"):

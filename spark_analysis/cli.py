@@ -64,6 +64,19 @@ def parse_conf(items, error):
     return conf
 
 
+def _small_run(args, files, since, until):
+    """True when the run should touch few records (session.QUICK_JIT_RECORDS):
+    its window's files, from the table's manifest or by their size."""
+    from spark_analysis import ingest
+    from spark_analysis.session import QUICK_JIT_RECORDS
+    from spark_analysis.store import expected_records
+    if files is None or args.rebuild:
+        return False
+    tables = args.tables or os.path.join(args.out, "parquet")
+    expected = expected_records(tables, ingest.prune_by_name(files, since, until))
+    return expected is not None and expected < QUICK_JIT_RECORDS
+
+
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -101,7 +114,8 @@ def main(argv=None):
         # Python; it stays on loopback and keeps its notices to a log file
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         settings.update(local_settings(ui=args.ui, master=args.master,
-                                       driver_memory=conf.get("spark.driver.memory", "1g")))
+                                       driver_memory=conf.get("spark.driver.memory", "1g"),
+                                       quick_jit=_small_run(args, files, since, until)))
         os.makedirs(args.out, exist_ok=True)
         jvm_log = os.path.join(os.path.abspath(args.out), "spark-jvm.log")
     if args.event_log:

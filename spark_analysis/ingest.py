@@ -201,6 +201,7 @@ def _write_task(root, ignore_corrupt):
                     else:
                         bad += table.num_rows
                     writer.write(table)
+                writer.flush()
                 counts[row["name"]] = (ok, bad)
         rows = [("file", name, ok, bad) for name, (ok, bad) in counts.items()]
         rows += [("part", rel, 0, 0) for rel in writer.close()]

@@ -5,8 +5,9 @@ rows back to the JVM to write costs as much again as parsing them, so
 where the table lives on a file system this process can reach (a local or
 shared directory) each task writes its own files here, with pyarrow, in
 Spark's layout: ``status=ok/day=2024-05-01/router=<escaped>/part-....parquet``
-(partition columns in the path only, zstd, ~64k-row groups whose ts_us
-statistics let a time window skip the rest). Each file is named by the
+(partition columns in the path only, zstd, row groups of up to 64k rows,
+one or more per trace file, whose ts_us statistics let a time window skip
+the rest). Each file is named by the
 task attempt that wrote it, and the writer returns the names: only the
 files of the attempts whose results reached the driver are committed.
 """
@@ -90,10 +91,15 @@ class PartitionedWriter:
             self._open[values] = (rel, writer)
         self._open[values][1].write_table(pa.concat_tables(tables), row_group_size=ROW_GROUP)
 
-    def close(self):
-        """Write what is pending, close every file; the relative paths written."""
+    def flush(self):
+        """Write what is pending as row groups (a task calls it after each
+        trace file: its memory then holds one file's rows at most)."""
         for values in list(self._pending):
             self._flush(values)
+
+    def close(self):
+        """Write what is pending, close every file; the relative paths written."""
+        self.flush()
         for rel, writer in self._open.values():
             writer.close()
             self.written.append(rel)

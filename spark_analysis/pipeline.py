@@ -203,7 +203,6 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
     and CSV there); the Parquet tables go to ``tables_dir``, by default
     ``out_dir/parquet`` -- on a cluster, a URI every executor can write to.
     """
-    from pyspark.sql import functions as F
     # cached tables keep adaptive execution's coalesced partitions (else every
     # later pass over a small cached table would run 200 tiny tasks)
     spark.conf.set("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
@@ -306,59 +305,24 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
         f"{batch.records:,} new records from {len(batch.parts)} files or parts "
         f"({batch.unchanged} files already read); "
         f"{analysis.records:,} records in {tf.format_time(start)} .. {tf.format_time(end)}")
-    steps.start("overview and links: traffic per link and direction, rates, uptime")
     # one pass counts every record per link, event and minute; the
     # overview, link, filter and drop tables are sums over it
     per_minute = jobs.activity(events).cache()
     control = jobs.control_events(events).cache()
-    for name, df in jobs.overview(events, per_minute).items():
-        _save(spark, analysis, name, df)
-    tables = jobs.links(events, start, end, per_minute, control)
-    minute = _save(spark, analysis, "link_minute", tables["link_minute"])
-    _save(spark, analysis, "links", tables["links"])
-    _save(spark, analysis, "link_uptime", tables["link_uptime"])
-    _save(spark, analysis, "link_outages", jobs.link_outages(control, start, end))
     bucket = _bucket_us(start, end)
     analysis.series["bucket_us"] = bucket
-    top = [(r["router"], r["peer"], r["direction"]) for r in analysis.tables["links"]
-           if r["direction"] == "out"][:8]
-    analysis.series["link_traffic"] = _series(minute, top, bucket, "notifications", "bytes")
-    analysis.stage_seconds["links"] = steps.done(f"{len(analysis.tables['links'])} link directions")
-
-    steps.start("filters: considered, forwarded, suppressed; flood without filters")
-    for name, df in jobs.filters(events, spark, per_minute).items():
-        _save(spark, analysis, name, df)
-    _save(spark, analysis, "filter_health", jobs.filter_health(per_minute, end))
-    analysis.stage_seconds["filters"] = steps.done()
-
-    steps.start("loops and drops over time")
-    tables = jobs.drops(events, per_minute)
-    drop_minute = _save(spark, analysis, "drops_minute", tables["drops_minute"])
-    _save(spark, analysis, "drops", tables["drops"])
-    analysis.series["drops"] = _rows(
-        drop_minute.groupBy("event", "direction", (F.col("minute_us") - F.col("minute_us") % bucket)
-                            .alias("t_us")).agg(F.sum("drops").alias("drops"))
-        .orderBy("t_us"))
-    analysis.stage_seconds["drops"] = steps.done(
-        f"{sum(r['drops'] for r in analysis.tables['drops']):,} drops")
-
-    steps.start("paths: hop counts, routes, latency (joining digests across routers)")
-    for name, df in jobs.paths(events).items():
-        _save(spark, analysis, name, df)
-    analysis.stage_seconds["paths"] = steps.done(f"{len(analysis.tables['routes'])} routes")
-
-    steps.start("interest: attribute-name sets, pull-filter churn")
-    tables = jobs.interest(events, start, end, control)
-    _save(spark, analysis, "attr_sets", tables["attr_sets"])
-    changes = _save(spark, analysis, "filter_changes", tables["filter_changes"])
-    _save(spark, analysis, "filter_churn", tables["filter_churn"])
-    busiest = [(r["router"], r["peer"]) for r in analysis.tables["filter_churn"]
-               if r["direction"] == "out"][:8]
-    analysis.series["filter_sizes"] = _rows(
-        changes.where((F.col("direction") == "out") & _pairs(busiest))
-        .select("router", "peer", "ts_us", "filter_nodes").orderBy("ts_us").limit(20000))
-    analysis.stage_seconds["interest"] = steps.done(
-        f"{len(analysis.tables['attr_sets'])} attribute sets")
+    context = {"spark": spark, "analysis": analysis, "events": events, "start": start,
+               "end": end, "per_minute": per_minute, "control": control, "bucket": bucket}
+    _run_side_by_side(spark, steps, context, [
+        ("links", "overview and links: traffic per link and direction, rates, uptime",
+         _links_stage),
+        ("filters", "filters: considered, forwarded, suppressed; flood without filters",
+         _filters_stage),
+        ("drops", "loops and drops over time", _drops_stage),
+        ("paths", "paths: hop counts, routes, latency (joining digests across routers)",
+         _paths_stage),
+        ("interest", "interest: attribute-name sets, pull-filter churn", _interest_stage),
+    ])
 
     if report:
         from spark_analysis import report as report_module
@@ -374,6 +338,108 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
         df.unpersist()
     analysis.cached = []
     return analysis
+
+
+# Stages 3-7 read the events table (and the cached per-minute counts) and
+# write their own tables: they are independent, and all run side by side
+# (over 10M records: 78 s instead of 84 s; one more hour: 30 s instead of 33 s).
+ANALYSIS_THREADS = 5
+
+
+def _run_side_by_side(spark, steps, context, stages):
+    """Run the analysis stages in ANALYSIS_THREADS driver threads at once.
+
+    On small inputs each stage is a string of small Spark jobs, each
+    waiting on the driver (planning, code generation, a cold JIT) more than
+    on the cores: side by side, one stage's waits are another's work. On
+    big ones the cores are busy either way, and Spark shares them (and its
+    memory) between the tasks of all jobs as it would within one. Progress
+    is printed in stage order as stages finish, each with its own time.
+    """
+    import concurrent.futures
+    from pyspark.util import inheritable_thread_target
+
+    def run(number, text, stage):
+        # job descriptions are per thread (pinned threads): the UI and the
+        # event log still name each job's stage
+        spark.sparkContext.setJobDescription(f"[{number}] {text}")
+        began = time.monotonic()
+        detail = stage(context)
+        return time.monotonic() - began, detail
+
+    first = steps.n + 1
+    if steps.stream:
+        print(f"      analysing: stages {first}-{first + len(stages) - 1} side by side ...",
+              file=steps.stream, flush=True)
+    with concurrent.futures.ThreadPoolExecutor(ANALYSIS_THREADS) as pool:
+        futures = [pool.submit(inheritable_thread_target(run), first + i, text, stage)
+                   for i, (_, text, stage) in enumerate(stages)]
+        for (key, text, _), future in zip(stages, futures):
+            elapsed, detail = future.result()
+            steps.n += 1
+            analysis = context["analysis"]
+            analysis.stage_seconds[key] = elapsed
+            if steps.stream:
+                extra = f": {detail}" if detail else ""
+                print(f"[{steps.n}/{steps.stages}] {text}\n      done in {elapsed:.1f} s{extra}",
+                      file=steps.stream, flush=True)
+
+
+def _links_stage(c):
+    spark, analysis, events = c["spark"], c["analysis"], c["events"]
+    for name, df in jobs.overview(events, c["per_minute"]).items():
+        _save(spark, analysis, name, df)
+    tables = jobs.links(events, c["start"], c["end"], c["per_minute"], c["control"])
+    minute = _save(spark, analysis, "link_minute", tables["link_minute"])
+    _save(spark, analysis, "links", tables["links"])
+    _save(spark, analysis, "link_uptime", tables["link_uptime"])
+    _save(spark, analysis, "link_outages", jobs.link_outages(c["control"], c["start"], c["end"]))
+    top = [(r["router"], r["peer"], r["direction"]) for r in analysis.tables["links"]
+           if r["direction"] == "out"][:8]
+    analysis.series["link_traffic"] = _series(minute, top, c["bucket"], "notifications", "bytes")
+    return f"{len(analysis.tables['links'])} link directions"
+
+
+def _filters_stage(c):
+    spark, analysis = c["spark"], c["analysis"]
+    for name, df in jobs.filters(c["events"], spark, c["per_minute"]).items():
+        _save(spark, analysis, name, df)
+    _save(spark, analysis, "filter_health", jobs.filter_health(c["per_minute"], c["end"]))
+    return ""
+
+
+def _drops_stage(c):
+    from pyspark.sql import functions as F
+    spark, analysis, bucket = c["spark"], c["analysis"], c["bucket"]
+    tables = jobs.drops(c["events"], c["per_minute"])
+    drop_minute = _save(spark, analysis, "drops_minute", tables["drops_minute"])
+    _save(spark, analysis, "drops", tables["drops"])
+    analysis.series["drops"] = _rows(
+        drop_minute.groupBy("event", "direction", (F.col("minute_us") - F.col("minute_us") % bucket)
+                            .alias("t_us")).agg(F.sum("drops").alias("drops"))
+        .orderBy("t_us"))
+    return f"{sum(r['drops'] for r in analysis.tables['drops']):,} drops"
+
+
+def _paths_stage(c):
+    for name, df in jobs.paths(c["events"]).items():
+        _save(c["spark"], c["analysis"], name, df)
+    return f"{len(c['analysis'].tables['routes'])} routes"
+
+
+def _interest_stage(c):
+    from pyspark.sql import functions as F
+    spark, analysis = c["spark"], c["analysis"]
+    tables = jobs.interest(c["events"], c["start"], c["end"], c["control"])
+    _save(spark, analysis, "attr_sets", tables["attr_sets"])
+    changes = _save(spark, analysis, "filter_changes", tables["filter_changes"])
+    _save(spark, analysis, "filter_churn", tables["filter_churn"])
+    busiest = [(r["router"], r["peer"]) for r in analysis.tables["filter_churn"]
+               if r["direction"] == "out"][:8]
+    analysis.series["filter_sizes"] = _rows(
+        changes.where((F.col("direction") == "out") & _pairs(busiest))
+        .select("router", "peer", "ts_us", "filter_nodes").orderBy("ts_us").limit(20000))
+    return f"{len(analysis.tables['attr_sets'])} attribute sets"
 
 
 def _pairs(keys, names=("router", "peer", "direction")):

@@ -54,7 +54,7 @@ import zlib
 from spark_analysis import ingest
 from spark_analysis import traceformat as tf
 
-__all__ = ["TraceStore", "BatchResult", "HEAD_BYTES", "MANIFEST_VERSION"]
+__all__ = ["TraceStore", "BatchResult", "HEAD_BYTES", "MANIFEST_VERSION", "expected_records"]
 
 HEAD_BYTES = 4096          # bytes hashed to recognise a file
 MANIFEST_VERSION = 3          # 2: events carry dkey and akey; 3: keys made by arrowparse
@@ -518,6 +518,36 @@ class TraceStore:
         if until_us is not None:
             df = df.where((F.col("day") <= _day(until_us)) & (F.col("ts_us") < until_us))
         return df.drop("status", "bad_reason", "raw")
+
+
+GZ_BYTES_PER_RECORD = 20         # a trace line compresses to about this
+PLAIN_BYTES_PER_RECORD = 300     # and is about this long
+
+
+def expected_records(tables_dir, files):
+    """A cheap guess, before Spark starts, of the records a run will touch:
+    ``files`` ([(path, size)], already pruned to the run's window by name)
+    counted from the manifest where they were read before, by their size
+    where not. Only local tables are looked at (None otherwise)."""
+    if not ingest._is_local(tables_dir):
+        return None
+    known = {}
+    try:
+        with open(os.path.join(ingest._local(tables_dir), "_ingest", "manifest.json"),
+                  encoding="utf-8") as f:
+            for entry in json.load(f).get("files", {}).values():
+                path = entry.get("path")
+                known[path] = known.get(path, 0) + entry.get("records", 0) + entry.get("bad", 0)
+    except (OSError, ValueError, AttributeError):
+        pass
+    total = 0
+    for path, size in files:
+        if path in known:
+            total += known[path]
+        else:
+            total += size // (GZ_BYTES_PER_RECORD if path.endswith(".gz")
+                              else PLAIN_BYTES_PER_RECORD)
+    return total
 
 
 def _day(ts_us):

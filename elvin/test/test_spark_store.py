@@ -255,6 +255,40 @@ class LocalModeTests(unittest.SynchronousTestCase):
         self.assertEqual(local_settings(master="local[3]")["spark.sql.shuffle.partitions"], "12")
 
 
+class QuickJitTests(unittest.SynchronousTestCase):
+    """A run expected to touch few records starts the JVM with its quick
+    JIT tier only; the guess comes from the manifest, or from file sizes."""
+
+    def test_expected_records(self):
+        import json
+        from spark_analysis.store import expected_records
+        tables = tempfile.mkdtemp(prefix="elvin-quick-jit-")
+        self.addCleanup(shutil.rmtree, tables, True)
+        os.makedirs(os.path.join(tables, "_ingest"))
+        with open(os.path.join(tables, "_ingest", "manifest.json"), "w") as f:
+            json.dump({"version": 3, "batches": [], "files": {
+                "a#1": {"path": "/t/a.jsonl", "records": 1000, "bad": 2},
+                "b#1": {"path": "/t/b.jsonl.gz", "records": 50, "bad": 0}}}, f)
+        files = [("/t/a.jsonl", 10**9), ("/t/b.jsonl.gz", 10**9),
+                 ("/t/c.jsonl.gz", 2000), ("/t/d.jsonl", 3000)]
+        # known: counted; new: about 20 bytes a record gzip'd, 300 plain
+        self.assertEqual(expected_records(tables, files), 1002 + 50 + 100 + 10)
+        self.assertEqual(expected_records(os.path.join(tables, "none"), files[2:]), 110)
+        self.assertIsNone(expected_records("hdfs://nn/tables", files))
+
+    def test_small_runs_use_the_quick_tier(self):
+        from spark_analysis.cli import _small_run, build_parser
+        from spark_analysis.session import QUICK_JIT_RECORDS, local_settings
+        self.assertIn("-XX:TieredStopAtLevel=1",
+                      local_settings(quick_jit=True)["spark.driver.extraJavaOptions"])
+        self.assertNotIn("TieredStopAtLevel", local_settings()["spark.driver.extraJavaOptions"])
+        args = build_parser().parse_args(["/t", "--out", "/nonexistent-out"])
+        small = [("/t/a.jsonl.gz", 20 * (QUICK_JIT_RECORDS - 1))]
+        big = [("/t/a.jsonl.gz", 20 * QUICK_JIT_RECORDS)]
+        self.assertTrue(_small_run(args, small, None, None))
+        self.assertFalse(_small_run(args, big, None, None))
+
+
 class ManifestVersionTests(unittest.SynchronousTestCase):
     """A table written before dkey/akey existed is refused, saying what to do
     (reading it would give null keys and wrong counts)."""
