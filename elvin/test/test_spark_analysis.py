@@ -660,6 +660,32 @@ class HandmadeTests(unittest.SynchronousTestCase):
                      "line 5: unknown event", "saving of", "loop drops", 'href="csv/links.csv"'):
             self.assertIn(text, page)
 
+    def test_remote_files_read_as_bytes(self):
+        """Files Spark reads for the tasks (the path for hdfs://, s3a://, ...:
+        binaryFile's bytes) give the same records and bad lines as files
+        the tasks open themselves, named by their URI; an unreadable one
+        names itself in the error."""
+        from pyspark.sql import functions as F
+        from spark_analysis import ingest
+        spark = spark_session()
+        files = ingest.list_trace_files(self.traces)
+        unreadable = {path for path, _ in ingest.unreadable_files(files)}
+        good = [(path, size) for path, size in files if path not in unreadable]
+
+        def counts(frame):
+            rows = (frame.mapInArrow(ingest._parse_task(False), ingest.events_schema())
+                    .groupBy("file", "status").agg(F.count(F.lit(1)).alias("n")).collect())
+            return {(ingest.display_path(r["file"]), r["status"]): r["n"] for r in rows}
+        remote = counts(ingest._remote_frame(spark, [(ingest._file_uri(p), s) for p, s in good]))
+        local = counts(ingest._file_frame(spark, good, None))
+        self.assertEqual(remote, local)
+        self.assertEqual(sum(n for (_, status), n in local.items() if status == "bad"), 2)
+        (cut,) = unreadable
+        frame = ingest._remote_frame(spark, [(ingest._file_uri(cut), 0)])
+        with self.assertRaises(Exception) as caught:
+            counts(frame)
+        self.assertIn("unreadable trace file " + ingest._file_uri(cut), str(caught.exception))
+
     def test_since_until(self):
         """Only records in [since, until) are read; bad lines are still counted."""
         from pyspark.sql import functions as F
