@@ -151,17 +151,17 @@ def prune_by_name(files, since_us=None, until_us=None, margin_us=300 * 10**6):
 def _tables_of(row, ignore_corrupt):
     """Arrow tables of events from one file row of a task's input; an
     unreadable file raises naming it (or, ``ignore_corrupt``, ends early)."""
+    import zlib
     from spark_analysis import arrowparse
     source = row["content"] if row.get("content") is not None else row["path"]
     try:
         yield from arrowparse.parse_file(source, row["name"], row["gz"])
-    except (OSError, EOFError) as e:          # gzip.BadGzipFile is an OSError
+    except (OSError, EOFError, zlib.error) as e:   # gzip.BadGzipFile is an OSError
+        # (anything else is a fault of ours, not the file's: it is not
+        # turned into "unreadable", which would skip the file)
         if not ignore_corrupt:
-            raise OSError(f"unreadable trace file {row['name']}: {e}") from e
-    except Exception as e:  # noqa: BLE001 - zlib.error and the like: name the file
-        if not (ignore_corrupt and type(e).__name__ == "error"):
-            raise RuntimeError(f"unreadable trace file {row['name']}: "
-                               f"{type(e).__name__}: {e}") from e
+            raise OSError(f"unreadable trace file {row['name']}: "
+                          f"{type(e).__name__}: {e}") from e
 
 
 def _parse_task(ignore_corrupt):

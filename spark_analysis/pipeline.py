@@ -136,7 +136,6 @@ def _save(spark, analysis, name, df):
     """
     from pyspark.sql import functions as F
     path = analysis.parquet(name)
-    rows = None
     if name in CSV_TABLES:
         order, descending, limit = CSV_TABLES[name]
         cols = [F.col(c).desc_nulls_last() if descending else F.col(c).asc_nulls_last()
@@ -150,17 +149,18 @@ def _save(spark, analysis, name, df):
             if len(rows) <= cap:
                 _write_parquet_rows(ingest._local(path), df.schema, rows)
                 analysis.written.append(name)
-                analysis.tables[name] = rows
-                _write_csv(os.path.join(analysis.out_dir, "csv", name + ".csv"), rows,
-                           df.columns)
-                return df
+                return _summary(analysis, name, df, rows)
     df = df.cache()
     analysis.cached.append(df)
     df.write.mode("overwrite").parquet(path)
     analysis.written.append(name)
     if name not in CSV_TABLES:
         return df
-    rows = _rows(df.orderBy(*cols, *ties).limit(cap))
+    return _summary(analysis, name, df, _rows(df.orderBy(*cols, *ties).limit(cap)))
+
+
+def _summary(analysis, name, df, rows):
+    """Keep a summary table's (sorted, limited) rows for the report, and its CSV."""
     analysis.tables[name] = rows
     _write_csv(os.path.join(analysis.out_dir, "csv", name + ".csv"), rows, df.columns)
     return df

@@ -437,7 +437,7 @@ class TraceStore:
                 entry["head"], entry["head_len"] = head
             if end > first:
                 spark_inputs.append(target)
-                file_of[_file_uri(target)] = path
+                file_of[ingest._file_uri(target)] = path
                 line_base[path] = first
         for path, source, kind, first in parts:
             result.parts.append((path, kind))
@@ -478,7 +478,7 @@ class TraceStore:
         files = [(p, 0) for p in inputs]
         named = {}
         for p in inputs:
-            uri = _file_uri(p) if ingest._is_local(p) else p
+            uri = ingest._file_uri(p) if ingest._is_local(p) else p
             named[file_of.get(uri, uri)] = p
         stats, parts = {}, []
         for attempt in range(len(inputs) + 1):
@@ -496,7 +496,7 @@ class TraceStore:
                 bad = ingest.unreadable_files(files) if attempt == 0 else []
                 if not bad:
                     bad = [(named[found.group(1)], f"not readable ({found.group(2)})")]
-                result.unreadable += [(file_of.get(_file_uri(p), p)
+                result.unreadable += [(file_of.get(ingest._file_uri(p), p)
                                        if ingest._is_local(p) else p, r) for p, r in bad]
                 skipped = {p for p, _ in bad}
                 files = [(p, size) for p, size in files if p not in skipped]
@@ -553,8 +553,6 @@ def expected_records(tables_dir, files):
 def _day(ts_us):
     return datetime.datetime.fromtimestamp(ts_us / 1e6, datetime.timezone.utc).strftime("%Y-%m-%d")
 
-
-_file_uri = ingest._file_uri
 
 
 def _newest_plain_per_domain(files):
