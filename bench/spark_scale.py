@@ -12,6 +12,13 @@ only the new hour's files are read, and ``--since``/``--until`` for that
 hour. It prints, per size:
 
     records  files  MB gz  seconds  records/s  RSS MB py  JVM  all  |  +1 hour  seconds  share
+             |  watching  seconds  share
+
+Then the same in a process that stays up, as a service runs it
+(``--watch 1s --last 1h`` on the same table): its first run reads nothing
+new and reports on the last hour; then two more hours are added, one at a
+time, and each run's own time (from seeing the new files to the report
+written, as the process prints it) is taken; the table shows the second.
 
 Peak RSS is sampled every 0.2 s: ``py`` is the Python driver process,
 ``JVM`` the Java process pyspark starts (in local mode the driver's JVM
@@ -32,6 +39,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -213,6 +221,71 @@ def analyse(traces, out, tables, args, since=None, until=None):
     return elapsed, rss, stages, int(records.group(1).replace(",", "")) if records else 0
 
 
+class Watcher:
+    """``python -m spark_analysis --watch`` kept running over a trace
+    directory, as a service would run it: its runs' times are read from its
+    progress lines ("wrote ... (N records, ..., S s)")."""
+
+    def __init__(self, traces, out, tables, args):
+        cmd = [sys.executable, "-m", "spark_analysis", traces, "--out", out, "--tables", tables,
+               "--master", args.master, "--conf", f"spark.driver.memory={args.driver_memory}",
+               "--watch", "1s", "--last", "1h"]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.PIPE, text=True)
+        self.rss = TreeRSS(self.proc.pid)
+        self.lines = []
+        self.runs = []            # (records in the report, seconds, new records read)
+        self._new = 0
+        self._changed = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stderr:
+            with self._changed:
+                self.lines.append(line)
+                m = re.search(r"done in [0-9.]+ s: ([0-9,]+) new records", line)
+                if m:
+                    self._new = int(m.group(1).replace(",", ""))
+                m = re.search(r"^wrote \S+ \(([0-9,]+) records, .* ([0-9.]+) s\)", line)
+                if m:
+                    self.runs.append((int(m.group(1).replace(",", "")), float(m.group(2)),
+                                      self._new))
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait_runs(self, n, timeout=1800):
+        """Wait until ``n`` runs have finished; the n-th run."""
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while len(self.runs) < n:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.proc.poll() is not None:
+                    sys.stdout.write("".join(self.lines))
+                    raise SystemExit("the watching analysis stopped or took too long")
+                self._changed.wait(min(left, 1.0))
+            return self.runs[n - 1]
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.rss.stop()
+
+
+def add_hour(spark, tmpl, lo, hour, traces, staging):
+    """Write one more hour aside, then move its files into ``traces`` at once
+    (a watcher must not see half of them)."""
+    shutil.rmtree(staging, ignore_errors=True)
+    write_hours(spark, tmpl, lo, hour, 1, staging)
+    for name in sorted(os.listdir(staging)):
+        os.rename(os.path.join(staging, name), os.path.join(traces, name))
+    shutil.rmtree(staging, ignore_errors=True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1M,10M,50M",
@@ -244,7 +317,7 @@ def main(argv=None):
     print(f"template: one hour, {per_hour:,} records", flush=True)
     header = (f"{'records':>12} {'files':>6} {'MB gz':>7} {'seconds':>8} {'records/s':>10} "
               f"{'RSS MB py':>9} {'JVM':>6} {'workers':>7} {'all':>6}  | {'+1 hour':>9} "
-              f"{'seconds':>8} {'share':>6}")
+              f"{'seconds':>8} {'share':>6}  | {'watching':>9} {'seconds':>7} {'share':>6}")
     results = []
     try:
         for size in sizes:
@@ -252,7 +325,7 @@ def main(argv=None):
             traces = os.path.join(workdir, f"traces-{size}")
             tables = os.path.join(workdir, f"tables-{size}")
             out = os.path.join(workdir, f"report-{size}")
-            for path in (traces, tables, out, out + "-hour"):
+            for path in (traces, tables, out, out + "-hour", out + "-watch"):
                 shutil.rmtree(path, ignore_errors=True)
             began = time.monotonic()
             files = write_hours(spark, tmpl, lo, 0, hours, traces)
@@ -267,21 +340,45 @@ def main(argv=None):
             since = lo - lo % HOUR_US + hours * HOUR_US
             inc, inc_rss, inc_stages, inc_records = analyse(
                 traces, out + "-hour", tables, args, since, since + HOUR_US)
+            # the same, in a process that stays up (--watch): it starts on the
+            # table as it is now (its first run reads nothing new and reports on
+            # the last hour), then gets two more hours, one after the other
+            watcher = Watcher(traces, out + "-watch", tables, args)
+            warm = []
+            try:
+                watcher.wait_runs(1)
+                for extra in (1, 2):
+                    add_hour(spark, tmpl, lo, hours + extra, traces, traces + ".new")
+                    run = watcher.wait_runs(1 + extra)
+                    if run[2] != per_hour:
+                        print(f"    (watch run {extra} read {run[2]:,} new records, "
+                              f"not {per_hour:,})", flush=True)
+                    warm.append(run)
+            finally:
+                watcher.stop()
             line = (f"{records:>12,} {files:>6} {mb:>7,.0f} {elapsed:>8.1f} "
                     f"{records / elapsed:>10,.0f} {rss.python:>9,.0f} {rss.jvm:>6,.0f} "
                     f"{rss.workers:>7,.0f} {rss.total:>6,.0f}  | {inc_records:>9,} {inc:>8.1f} "
-                    f"{inc / elapsed:>6.1%}")
+                    f"{inc / elapsed:>6.1%}  | {warm[-1][0]:>9,} {warm[-1][1]:>7.1f} "
+                    f"{warm[-1][1] / elapsed:>6.1%}")
             results.append(line)
             print(header)
             print(line)
             print("    full run stages (s): " + " ".join(f"{k}={v:.1f}" for k, v in stages.items()))
+            print("    watching (--watch 1s --last 1h): first run "
+                  f"{watcher.runs[0][1]:.1f} s (no new records; the last hour), then one more "
+                  "hour each: " + ", ".join(f"{s:.1f} s ({n:,} new records, {r:,} in the report)"
+                                           for r, s, n in warm)
+                  + f"; peak RSS python {watcher.rss.python:,.0f} MB, JVM "
+                  f"{watcher.rss.jvm:,.0f} MB, workers {watcher.rss.workers:,.0f} MB",
+                  flush=True)
             print("    +1 hour stages (s): "
                   + " ".join(f"{k}={v:.1f}" for k, v in inc_stages.items())
                   + f"; peak RSS python {inc_rss.python:,.0f} MB, JVM {inc_rss.jvm:,.0f} MB, "
                   + f"workers {inc_rss.workers:,.0f} MB",
                   flush=True)
             if not args.keep:
-                for path in (traces, tables, out, out + "-hour"):
+                for path in (traces, tables, out, out + "-hour", out + "-watch"):
                     shutil.rmtree(path, ignore_errors=True)
     finally:
         if not args.keep and not args.workdir:

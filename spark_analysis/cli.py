@@ -30,6 +30,13 @@ def build_parser():
                         help="only records at or after TIME (ISO 8601, UTC unless an offset "
                              "is given, or seconds since 1970)")
     parser.add_argument("--until", metavar="TIME", help="only records before TIME")
+    parser.add_argument("--last", metavar="DURATION",
+                        help="only the last DURATION of traces, up to the newest record "
+                             "(e.g. 1h, 90m, 2d; instead of --since/--until)")
+    parser.add_argument("--watch", metavar="INTERVAL",
+                        help="keep running: after the first run, look for new trace data "
+                             "every INTERVAL (e.g. 30s, 5m) and run again when there is some, "
+                             "in the same Spark session (Ctrl-C or SIGTERM to stop)")
     parser.add_argument("--tables", metavar="URI",
                         help="where to write the Parquet tables (default REPORT_DIR/parquet); "
                              "on a cluster, a path every executor can write, e.g. hdfs:///...")
@@ -87,6 +94,18 @@ def main(argv=None):
         parser.error(str(e))
     if since is not None and until is not None and until <= since:
         parser.error("--until must be later than --since")
+    from spark_analysis.watch import parse_duration
+    last = interval = None
+    try:
+        last = round(parse_duration(args.last) * 1e6) if args.last else None
+    except ValueError as e:
+        parser.error(f"--last: {e}")
+    try:
+        interval = parse_duration(args.watch) if args.watch else None
+    except ValueError as e:
+        parser.error(f"--watch: {e}")
+    if last is not None and (since is not None or until is not None):
+        parser.error("--last cannot be combined with --since or --until")
     conf = parse_conf(args.conf, parser.error)
     progress = None if args.quiet else sys.stderr
 
@@ -115,7 +134,8 @@ def main(argv=None):
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         settings.update(local_settings(ui=args.ui, master=args.master,
                                        driver_memory=conf.get("spark.driver.memory", "1g"),
-                                       quick_jit=_small_run(args, files, since, until)))
+                                       quick_jit=not args.watch
+                                       and _small_run(args, files, since, until)))
         os.makedirs(args.out, exist_ok=True)
         jvm_log = os.path.join(os.path.abspath(args.out), "spark-jvm.log")
     if args.event_log:
@@ -136,13 +156,26 @@ def main(argv=None):
         print(f"      Spark {spark.version}, master {spark.sparkContext.master} "
               f"({time.monotonic() - began:.1f} s)"
               + (f"; JVM log {jvm_log}" if jvm_log else ""), file=progress, flush=True)
-    try:
+
+    def analyse(listed, began, rebuild):
         analysis = pipeline.run(spark, args.trace_dir, args.out, since, until,
-                                progress=progress, files=files, report=not args.no_report,
-                                tables_dir=args.tables, rebuild=args.rebuild)
-    except ingest.TraceInputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+                                progress=progress, files=listed, report=not args.no_report,
+                                tables_dir=args.tables, rebuild=rebuild, last_us=last)
+        if progress:
+            where = os.path.join(args.out, "report.html") if not args.no_report else args.out
+            print(f"wrote {where} ({analysis.records:,} records, {analysis.bad_lines:,} bad "
+                  f"lines skipped, {time.monotonic() - began:.1f} s)", file=progress, flush=True)
+        return analysis
+
+    status = 0
+    if interval is None:
+        try:
+            analyse(files, began, args.rebuild)
+        except ingest.TraceInputError as e:
+            print(f"error: {e}", file=sys.stderr)
+            status = 1
+    else:
+        status = _watch(spark, args, interval, analyse, progress)
     if args.event_log:
         from spark_analysis import eventlog
         log = os.path.join(args.event_log, spark.sparkContext.applicationId)
@@ -150,8 +183,31 @@ def main(argv=None):
         if progress and os.path.exists(log):
             print(f"where the time went (event log {log}):", file=progress)
             print(eventlog.format_summary(eventlog.summarise(log)), file=progress, flush=True)
-    if progress:
-        where = os.path.join(args.out, "report.html") if not args.no_report else args.out
-        print(f"wrote {where} ({analysis.records:,} records, {analysis.bad_lines:,} bad lines "
-              f"skipped, {time.monotonic() - began:.1f} s)", file=progress, flush=True)
+    return status
+
+
+def _watch(spark, args, interval, analyse, progress):
+    """``--watch``: run now and whenever the trace directory changes, until
+    Ctrl-C or SIGTERM (exit status 0). A run that finds nothing to analyse
+    says why and the watch goes on."""
+    import signal
+    from spark_analysis import ingest
+    from spark_analysis.watch import watch
+
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, stop)
+    first = [True]
+
+    def run(listed):
+        rebuild, first[0] = args.rebuild and first[0], False
+        analyse(listed, time.monotonic(), rebuild)
+
+    try:
+        watch(run, lambda: ingest.list_trace_files(args.trace_dir, spark), interval,
+              progress=progress, recoverable=(ingest.TraceInputError, OSError),
+              describe=args.trace_dir)
+    except KeyboardInterrupt:
+        if progress:
+            print("stopped watching", file=progress, flush=True)
     return 0

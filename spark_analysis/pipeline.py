@@ -196,13 +196,18 @@ def _bucket_us(start_us, end_us, points=360):
 
 
 def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.stderr,
-        files=None, report=True, max_bad_files=10, tables_dir=None, rebuild=False):
+        files=None, report=True, max_bad_files=10, tables_dir=None, rebuild=False,
+        last_us=None):
     """Run every stage; returns the Analysis. Raises ingest.TraceInputError.
 
     ``out_dir`` is a local directory (the driver writes the report, charts
     and CSV there); the Parquet tables go to ``tables_dir``, by default
     ``out_dir/parquet`` -- on a cluster, a URI every executor can write to.
+    ``last_us`` (instead of ``since_us``/``until_us``): the window is the
+    last ``last_us`` microseconds of the table, up to its newest record.
     """
+    if last_us is not None and (since_us is not None or until_us is not None):
+        raise ValueError("last_us excludes since_us and until_us")
     # cached tables keep adaptive execution's coalesced partitions (else every
     # later pass over a small cached table would run 200 tiny tasks)
     spark.conf.set("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
@@ -234,9 +239,7 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
 
     steps.start("reading new trace lines into the table (JSON -> Parquet)")
     store = TraceStore(spark, analysis.tables_dir)
-    if rebuild:
-        store.clear()
-    batch = store.update(files)
+    batch = store.update(files, waiting=lambda text: _warn(progress, text), rebuild=rebuild)
     analysis.batch = batch
     analysis.written.append("events")
     for text in batch.warnings:
@@ -294,6 +297,11 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
                 f"no valid trace records under {trace_dir}: {analysis.bad_lines} bad lines"
                 + where)
         raise ingest.TraceInputError(f"no trace records under {trace_dir} (the files are empty)")
+    if last_us is not None:
+        # the newest record ends the window (known only now, after the ingest)
+        until_us = store.newest_us() + 1
+        since_us = until_us - last_us
+        analysis.since_us, analysis.until_us = since_us, until_us
     events = store.events(since_us, until_us)
     start, end, analysis.records = jobs.window_of(events, since_us, until_us, count=True)
     if not analysis.records:

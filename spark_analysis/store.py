@@ -40,6 +40,7 @@ renamed into ``events`` and the manifest is replaced (write + rename).
 staging left by a batch that never got as far as its pending file.
 """
 
+import contextlib
 import datetime
 import gzip
 import hashlib
@@ -47,6 +48,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import tempfile
 import uuid
 import zlib
@@ -396,8 +398,50 @@ class TraceStore:
 
     # -- reading -----------------------------------------------------------
 
-    def update(self, files, progress=None):
-        """Read what is new in ``files`` ([(path, size)]) into the table; a BatchResult."""
+    def update(self, files, waiting=None, rebuild=False):
+        """Read what is new in ``files`` ([(path, size)]) into the table; a BatchResult.
+        ``rebuild``: forget the table first (``clear``).
+
+        One writer at a time: on a local table, a run that finds another
+        updating it (an hourly job that overran, a watcher on the same
+        table) calls ``waiting(text)`` and waits for it to finish, rather
+        than taking the other's batch for a crashed one and undoing it.
+        """
+        with self._one_writer(waiting):
+            if rebuild:
+                self.clear()
+            return self._update(files)
+
+    @contextlib.contextmanager
+    def _one_writer(self, waiting):
+        if not isinstance(self.fs, _LocalFS):
+            yield              # remote tables: not locked (docs/analysis.md)
+            return
+        import fcntl
+        # beside the table's directories, not in them: clear() removes those
+        os.makedirs(self.fs.root, exist_ok=True)
+        path = os.path.join(self.fs.root, "_writer.lock")
+        with open(path, "a+") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.seek(0)
+                holder = lock.read().strip() or "another process"
+                if waiting:
+                    waiting(f"waiting for {holder} to finish updating {self.tables_dir}")
+                fcntl.flock(lock, fcntl.LOCK_EX)
+            lock.seek(0)
+            lock.truncate()
+            lock.write(f"process {os.getpid()} on {socket.gethostname()}\n")
+            lock.flush()
+            try:
+                yield
+            finally:
+                lock.seek(0)
+                lock.truncate()
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _update(self, files):
         self.recover()
         result = BatchResult()
         parts, entries, result.unchanged, result.warnings = self.plan(files)
@@ -518,6 +562,22 @@ class TraceStore:
         if until_us is not None:
             df = df.where((F.col("day") <= _day(until_us)) & (F.col("ts_us") < until_us))
         return df.drop("status", "bad_reason", "raw")
+
+
+    def newest_us(self):
+        """The time of the newest valid record (None if there is none).
+
+        Only the newest day is scanned: the day comes from the names of the
+        table's files (``day=`` partitions), without a Spark job.
+        """
+        import re
+        from pyspark.sql import functions as F
+        df = self.events()
+        days = {m.group(1) for m in (re.search(r"/day=(\d{4}-\d{2}-\d{2})/", p)
+                                     for p in df.inputFiles()) if m}
+        if not days:
+            return None
+        return df.where(F.col("day") == max(days)).agg(F.max("ts_us")).first()[0]
 
 
 GZ_BYTES_PER_RECORD = 20         # a trace line compresses to about this

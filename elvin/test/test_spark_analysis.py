@@ -444,18 +444,23 @@ class FloodModelTests(unittest.SynchronousTestCase):
         self.assertEqual(len(rows), 2)                         # n - 1 links per origin
 
 
+def run_cli(*argv):
+    """(exit status, standard error) of ``python -m spark_analysis ARGV``, in-process."""
+    from spark_analysis.cli import main
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            status = main(list(argv))
+        except SystemExit as e:
+            status = e.code
+    return status, err.getvalue()
+
+
 class CommandLineTests(unittest.SynchronousTestCase):
     """Errors the command line reports before starting Spark."""
 
     def run_main(self, *argv):
-        from spark_analysis.cli import main
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err):
-            try:
-                status = main(list(argv))
-            except SystemExit as e:
-                status = e.code
-        return status, err.getvalue()
+        return run_cli(*argv)
 
     def test_missing_directory(self):
         status, err = self.run_main("/nonexistent/traces", "--out", "/tmp/x")

@@ -308,3 +308,43 @@ class ManifestVersionTests(unittest.SynchronousTestCase):
         self.assertIn("--rebuild", str(caught.exception))
         store.clear()                             # what --rebuild does: then it is new
         self.assertEqual(store.manifest()["version"], MANIFEST_VERSION)
+
+
+class OneWriterTests(unittest.SynchronousTestCase):
+    """Two runs on one local table: the second waits for the first's update
+    (it would otherwise take the first's batch in progress for a crashed
+    one and undo it), and says whom it waits for. No Spark needed."""
+
+    def test_waits_for_the_other_writer(self):
+        import fcntl
+        import threading
+        from spark_analysis.store import TraceStore
+        tables = tempfile.mkdtemp(prefix="elvin-store-lock-")
+        self.addCleanup(shutil.rmtree, tables, True)
+        store = TraceStore(None, tables)
+        said, entered = [], threading.Event()
+
+        def second():
+            with store._one_writer(said.append):
+                entered.set()
+
+        with open(os.path.join(tables, "_writer.lock"), "a+") as other:
+            fcntl.flock(other, fcntl.LOCK_EX)
+            other.write("process 4242 on elsewhere\n")
+            other.flush()
+            thread = threading.Thread(target=second, daemon=True)
+            thread.start()
+            for _ in range(200):                       # up to 10 s
+                if said:
+                    break
+                thread.join(0.05)
+            self.assertEqual(said, [f"waiting for process 4242 on elsewhere to finish "
+                                    f"updating {tables}"])
+            self.assertFalse(entered.is_set())
+            fcntl.flock(other, fcntl.LOCK_UN)
+        thread.join(10)
+        self.assertTrue(entered.is_set())
+        # free again: a third writer goes straight in, and nothing is said
+        with store._one_writer(said.append):
+            pass
+        self.assertEqual(len(said), 1)

@@ -1,0 +1,212 @@
+"""Tests for ``--watch`` and ``--last``: the loop alone (no Spark), the window
+of ``pipeline.run(last_us=...)``, and the command line kept running over a
+trace directory that gets a new file."""
+
+import io
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from twisted.trial import unittest
+
+from spark_analysis import traceformat as tf
+from spark_analysis.watch import parse_duration, watch
+from elvin.test.test_spark_analysis import (T, _tempdir, handmade_records, run_cli,
+                                            spark_session, write_handmade)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class DurationTests(unittest.SynchronousTestCase):
+
+    def test_units(self):
+        self.assertEqual(parse_duration("90"), 90)
+        self.assertEqual(parse_duration("90s"), 90)
+        self.assertEqual(parse_duration("15m"), 900)
+        self.assertEqual(parse_duration("1.5h"), 5400)
+        self.assertEqual(parse_duration("2D"), 172800)
+
+    def test_bad(self):
+        for text in ("", "soon", "h", "-1h", "0", "0s", "1w", "nan", "inf"):
+            with self.assertRaises(ValueError, msg=text) as caught:
+                parse_duration(text)
+            self.assertIn(repr(text), str(caught.exception))
+
+
+class Listings:
+    """A listing() that returns the given listings in turn (the last one for ever)."""
+
+    def __init__(self, *listings):
+        self.listings = list(listings)
+        self.calls = 0
+
+    def __call__(self):
+        self.calls += 1
+        item = self.listings[0] if len(self.listings) == 1 else self.listings.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+
+class WatchLoopTests(unittest.SynchronousTestCase):
+
+    def test_runs_on_change_only(self):
+        runs, sleeps, out = [], [], io.StringIO()
+        listing = Listings([("/t/a.jsonl", 10)], [("/t/a.jsonl", 10)],
+                           [("/t/a.jsonl", 20)],                       # grew
+                           [("/t/a.jsonl.gz", 5)],                     # rotated
+                           [("/t/a.jsonl.gz", 5)])
+        made = watch(runs.append, listing, 30, progress=out, sleep=sleeps.append, max_runs=3)
+        self.assertEqual(made, 3)
+        self.assertEqual(runs, [[("/t/a.jsonl", 10)], [("/t/a.jsonl", 20)],
+                                [("/t/a.jsonl.gz", 5)]])
+        self.assertEqual(sleeps, [30])      # only when nothing had changed
+        self.assertIn("watching the traces every 30 s", out.getvalue())
+
+    def test_what_arrives_during_a_run_starts_the_next(self):
+        runs = []
+        listing = Listings([("/t/a.jsonl", 1)], [("/t/a.jsonl", 1), ("/t/b.jsonl", 1)])
+        watch(runs.append, listing, 60, progress=None, sleep=self.fail, max_runs=2)
+        self.assertEqual(len(runs), 2)
+
+    def test_recoverable_errors_are_said_and_survived(self):
+        out, sleeps = io.StringIO(), []
+
+        class NothingYet(Exception):
+            pass
+
+        def analyse(files):
+            if len(files) == 1:
+                raise NothingYet("no trace records in the requested time range")
+        listing = Listings(NothingYet("trace directory /t does not exist"),
+                           [("/t/a.jsonl", 0)], [("/t/a.jsonl", 0), ("/t/b.jsonl", 9)])
+        made = watch(analyse, listing, 5, progress=out, sleep=sleeps.append, max_runs=2,
+                     recoverable=(NothingYet,))
+        self.assertEqual(made, 2)
+        self.assertEqual(sleeps, [5])
+        self.assertIn("error: trace directory /t does not exist", out.getvalue())
+        self.assertIn("error: no trace records in the requested time range", out.getvalue())
+
+    def test_other_errors_end_it(self):
+        def analyse(files):
+            raise RuntimeError("a bug")
+        with self.assertRaises(RuntimeError):
+            watch(analyse, Listings([("/t/a.jsonl", 1)]), 1, progress=None,
+                  sleep=self.fail, recoverable=(OSError,))
+
+
+class CommandLineTests(unittest.SynchronousTestCase):
+
+    def test_bad_arguments(self):
+        status, err = run_cli("/tmp", "--out", "/tmp/x", "--last", "1h",
+                              "--since", "2024-05-01")
+        self.assertEqual(status, 2)
+        self.assertIn("--last cannot be combined with --since or --until", err)
+        status, err = run_cli("/tmp", "--out", "/tmp/x", "--last", "soon")
+        self.assertEqual(status, 2)
+        self.assertIn("--last: 'soon' is not a duration", err)
+        status, err = run_cli("/tmp", "--out", "/tmp/x", "--watch", "0")
+        self.assertEqual(status, 2)
+        self.assertIn("--watch: '0': a duration must be positive", err)
+
+
+class LastWindowTests(unittest.SynchronousTestCase):
+    """``last_us``: the window ends just after the newest record."""
+
+    timeout = 600
+
+    def test_last_minute(self):
+        from spark_analysis import pipeline
+        spark = spark_session()
+        traces = _tempdir("last-traces")
+        out = _tempdir("last-report")
+        self.addCleanup(shutil.rmtree, traces, True)
+        self.addCleanup(shutil.rmtree, out, True)
+        write_handmade(traces)
+        analysis = pipeline.run(spark, traces, out, progress=None, report=False,
+                                last_us=60 * 10**6)
+        # the newest records are the link_ups at 360 s; (300 s, 360 s] holds
+        # c's link_down at 300.0005 s, n6 at a and at b, and the two link_ups
+        self.assertEqual((analysis.since_us, analysis.until_us), (T(300) + 1, T(360) + 1))
+        self.assertEqual(analysis.records, 5)
+        self.assertEqual(sum(r["records"] for r in analysis.tables["overview"]), 5)
+
+    def test_not_with_since(self):
+        from spark_analysis import pipeline
+        with self.assertRaises(ValueError):
+            pipeline.run(None, "/t", "/o", since_us=T(0), last_us=1)
+
+
+class WatchCommandTests(unittest.SynchronousTestCase):
+    """``python -m spark_analysis --watch``: a new trace file starts a new run
+    in the same process; SIGTERM ends it with status 0."""
+
+    timeout = 600
+
+    def setUp(self):
+        from spark_analysis.session import pyspark_available
+        reason = pyspark_available()
+        if reason:
+            raise unittest.SkipTest(reason)
+        self.dir = _tempdir("watch")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.traces = os.path.join(self.dir, "traces")
+        os.makedirs(self.traces)
+        records = handmade_records()
+        for router in ("a", "b", "c"):
+            with open(os.path.join(self.traces, f"{router}-20240501T120000Z-000001.jsonl"),
+                      "w") as f:
+                f.write("\n".join(records[router]) + "\n")
+
+    def test_new_file_new_run(self):
+        out = os.path.join(self.dir, "report")
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "spark_analysis", self.traces, "--out", out,
+             "--watch", "0.5s", "--last", "1h", "--master", "local[2]",
+             "--conf", "spark.sql.shuffle.partitions=2"],
+            cwd=self.dir, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        lines = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(x) for x in proc.stderr] + [lines.put(None)],
+                         daemon=True).start()
+        self.addCleanup(lambda: proc.poll() is None and proc.kill())
+        seen = []
+
+        def until(text, seconds=240):
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                try:
+                    line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+                except queue.Empty:
+                    break
+                if line is None:
+                    break
+                seen.append(line)
+                if text in line:
+                    return line
+            self.fail(f"no {text!r} within {seconds} s; output:\n" + "".join(seen))
+
+        first = until("wrote ")
+        self.assertIn("(35 records, 0 bad lines skipped", first)
+        until("watching ")
+        self.assertTrue(os.path.exists(os.path.join(out, "report.html")))
+        # an hour and a bit later, a's next file: b - a goes down and up
+        later = [tf.format_record(T(4000), "a", "b", "link_down", "out", reason="liveness"),
+                 tf.format_record(T(4010), "a", "b", "link_up", "out")]
+        name = "a-20240501T130600Z-000002.jsonl"
+        with open(os.path.join(self.traces, name + ".part"), "w") as f:
+            f.write("\n".join(later) + "\n")
+        os.rename(os.path.join(self.traces, name + ".part"), os.path.join(self.traces, name))
+        second = until("wrote ")
+        # the last hour up to 4010 s holds only the new file's two records
+        self.assertIn("(2 records, 0 bad lines skipped", second)
+        self.assertIn("1 files or parts (3 files already read)", "".join(seen))
+        until("watching ")
+        proc.send_signal(signal.SIGTERM)
+        self.assertEqual(proc.wait(timeout=60), 0)
+        until("stopped watching", 30)
