@@ -380,11 +380,18 @@ def _run_side_by_side(spark, steps, context, stages):
         print(f"      analysing: stages {first}-{first + len(stages) - 1} side by side ...",
               file=steps.stream, flush=True)
     import pyspark
-    # (pyspark 4 wants the session, to carry its tags into the thread too)
-    target = inheritable_thread_target(spark)(run) \
-        if int(pyspark.__version__.split(".")[0]) >= 4 else inheritable_thread_target(run)
+
+    def target():
+        # One wrapping per stage: each clones the local properties once, and
+        # the thread it runs in gets that very object; threads sharing one
+        # would share their job descriptions too (the last one set won, and
+        # the event log put every job under the last stage).
+        # (pyspark 4 wants the session, to carry its tags into the thread too)
+        if int(pyspark.__version__.split(".")[0]) >= 4:
+            return inheritable_thread_target(spark)(run)
+        return inheritable_thread_target(run)
     with concurrent.futures.ThreadPoolExecutor(ANALYSIS_THREADS) as pool:
-        futures = [pool.submit(target, first + i, text, stage)
+        futures = [pool.submit(target(), first + i, text, stage)
                    for i, (_, text, stage) in enumerate(stages)]
         for (key, text, _), future in zip(stages, futures):
             elapsed, detail = future.result()

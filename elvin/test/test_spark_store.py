@@ -233,6 +233,34 @@ class EventLogTests(unittest.SynchronousTestCase):
         self.assertIn("[2] ingest", eventlog.format_summary(summary))
 
 
+class StageDescriptionTests(unittest.SynchronousTestCase):
+    """Stages run side by side each name their own jobs (the event log's
+    "where the time went" groups by it): once, every job carried the name
+    of the stage that set its name last."""
+
+    timeout = 120
+
+    def test_each_stage_keeps_its_description(self):
+        import threading
+        from spark_analysis import pipeline
+        spark = spark_session()
+        out = tempfile.mkdtemp(prefix="elvin-stages-")
+        self.addCleanup(shutil.rmtree, out, True)
+        barrier = threading.Barrier(3, timeout=60)
+        seen = {}
+
+        def stage(name):
+            def run(context):
+                barrier.wait()          # every stage has named itself by now
+                seen[name] = spark.sparkContext.getLocalProperty("spark.job.description")
+                return ""
+            return run
+        pipeline._run_side_by_side(spark, pipeline._Progress(3, None),
+                                   {"analysis": pipeline.Analysis(out)},
+                                   [(k, f"stage {k}", stage(k)) for k in "abc"])
+        self.assertEqual(seen, {"a": "[1] stage a", "b": "[2] stage b", "c": "[3] stage c"})
+
+
 class LocalModeTests(unittest.SynchronousTestCase):
     """Local mode stays local: loopback driver, no UI unless asked, quiet logs."""
 
