@@ -205,8 +205,15 @@ def analyse(traces, out, tables, args, since=None, until=None):
     if proc.returncode != 0:
         sys.stdout.write(output)
         raise SystemExit(f"the analysis failed (exit status {proc.returncode})")
+    records = re.search(r"wrote \S+ \(([0-9,]+) records", output)
+    return (elapsed, rss, stage_times(output.splitlines()),
+            int(records.group(1).replace(",", "")) if records else 0)
+
+
+def stage_times(lines):
+    """{stage: seconds} from a run's progress lines."""
     stages, current = {}, None
-    for line in output.splitlines():
+    for line in lines:
         m = STAGE.match(line)
         if m:
             current = {"finding": "files", "reading": "ingest", "overview": "links",
@@ -217,8 +224,7 @@ def analyse(traces, out, tables, args, since=None, until=None):
         if m and current:
             stages[current] = float(m.group(1))
             current = None
-    records = re.search(r"wrote \S+ \(([0-9,]+) records", output)
-    return elapsed, rss, stages, int(records.group(1).replace(",", "")) if records else 0
+    return stages
 
 
 class Watcher:
@@ -235,6 +241,8 @@ class Watcher:
         self.rss = TreeRSS(self.proc.pid)
         self.lines = []
         self.runs = []            # (records in the report, seconds, new records read)
+        self.stages = []          # {stage: seconds} of each run
+        self._began = 0
         self._new = 0
         self._changed = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
@@ -250,6 +258,8 @@ class Watcher:
                 if m:
                     self.runs.append((int(m.group(1).replace(",", "")), float(m.group(2)),
                                       self._new))
+                    self.stages.append(stage_times(self.lines[self._began:]))
+                    self._began = len(self.lines)
                 self._changed.notify_all()
         with self._changed:
             self._changed.notify_all()
@@ -372,6 +382,8 @@ def main(argv=None):
                   + f"; peak RSS python {watcher.rss.python:,.0f} MB, JVM "
                   f"{watcher.rss.jvm:,.0f} MB, workers {watcher.rss.workers:,.0f} MB",
                   flush=True)
+            print("    watching, last run's stages (s): "
+                  + " ".join(f"{k}={v:.1f}" for k, v in watcher.stages[-1].items()), flush=True)
             print("    +1 hour stages (s): "
                   + " ".join(f"{k}={v:.1f}" for k, v in inc_stages.items())
                   + f"; peak RSS python {inc_rss.python:,.0f} MB, JVM {inc_rss.jvm:,.0f} MB, "

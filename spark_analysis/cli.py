@@ -114,8 +114,9 @@ def main(argv=None):
                                         local_settings, pyspark_available)
 
     files = None
-    if ingest._is_local(args.trace_dir):
+    if ingest._is_local(args.trace_dir) and interval is None:
         # fail fast, before starting a JVM, if there is nothing to read
+        # (a watcher waits for its traces instead)
         try:
             files = ingest.list_trace_files(args.trace_dir)
         except ingest.TraceInputError as e:

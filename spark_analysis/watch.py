@@ -52,11 +52,16 @@ def watch(analyse, listing, interval, progress=sys.stderr, sleep=time.sleep, max
     seen = None
     runs = 0
     waiting = False
+    said = None                 # the listing's error, said once until it changes
     while max_runs is None or runs < max_runs:
         try:
             current = sorted(listing())
+            said = None
         except recoverable as e:
-            _say(progress, f"error: {e}")
+            if str(e) != said:
+                _say(progress, f"error: {e}")
+                said = str(e)
+                waiting = False
             current = seen
         if current is not None and current != seen:
             seen = current

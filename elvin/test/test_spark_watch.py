@@ -92,6 +92,17 @@ class WatchLoopTests(unittest.SynchronousTestCase):
         self.assertIn("error: trace directory /t does not exist", out.getvalue())
         self.assertIn("error: no trace records in the requested time range", out.getvalue())
 
+    def test_the_same_listing_error_is_said_once(self):
+        out, sleeps = io.StringIO(), []
+        missing = OSError("trace directory /t does not exist")
+        listing = Listings(missing, missing, missing, OSError("/t: permission denied"),
+                           [("/t/a.jsonl", 1)])
+        watch(lambda files: None, listing, 2, progress=out, sleep=sleeps.append, max_runs=1,
+              recoverable=(OSError,))
+        self.assertEqual(len(sleeps), 4)
+        self.assertEqual(out.getvalue().count("does not exist"), 1)
+        self.assertEqual(out.getvalue().count("permission denied"), 1)
+
     def test_other_errors_end_it(self):
         def analyse(files):
             raise RuntimeError("a bug")
@@ -143,8 +154,9 @@ class LastWindowTests(unittest.SynchronousTestCase):
 
 
 class WatchCommandTests(unittest.SynchronousTestCase):
-    """``python -m spark_analysis --watch``: a new trace file starts a new run
-    in the same process; SIGTERM ends it with status 0."""
+    """``python -m spark_analysis --watch``: started before its trace directory
+    exists, it waits for it; a new trace file starts a new run in the same
+    process; SIGTERM ends it with status 0."""
 
     timeout = 600
 
@@ -156,12 +168,17 @@ class WatchCommandTests(unittest.SynchronousTestCase):
         self.dir = _tempdir("watch")
         self.addCleanup(shutil.rmtree, self.dir, True)
         self.traces = os.path.join(self.dir, "traces")
-        os.makedirs(self.traces)
+
+    def write_traces(self):
+        """The hand-made traces, appearing at once (a directory renamed into place)."""
         records = handmade_records()
+        aside = self.traces + ".new"
+        os.makedirs(aside)
         for router in ("a", "b", "c"):
-            with open(os.path.join(self.traces, f"{router}-20240501T120000Z-000001.jsonl"),
+            with open(os.path.join(aside, f"{router}-20240501T120000Z-000001.jsonl"),
                       "w") as f:
                 f.write("\n".join(records[router]) + "\n")
+        os.rename(aside, self.traces)
 
     def test_new_file_new_run(self):
         out = os.path.join(self.dir, "report")
@@ -191,6 +208,9 @@ class WatchCommandTests(unittest.SynchronousTestCase):
                     return line
             self.fail(f"no {text!r} within {seconds} s; output:\n" + "".join(seen))
 
+        # started before there is anything to read: it says so, once, and waits
+        until(f"error: trace directory {self.traces} does not exist")
+        self.write_traces()
         first = until("wrote ")
         self.assertIn("(35 records, 0 bad lines skipped", first)
         until("watching ")
@@ -210,3 +230,4 @@ class WatchCommandTests(unittest.SynchronousTestCase):
         proc.send_signal(signal.SIGTERM)
         self.assertEqual(proc.wait(timeout=60), 0)
         until("stopped watching", 30)
+        self.assertEqual(sum("does not exist" in line for line in seen), 1)
