@@ -38,22 +38,26 @@ def parse_duration(text):
     return seconds
 
 
-def watch(analyse, listing, interval, progress=sys.stderr, sleep=time.sleep, max_runs=None,
-          recoverable=(), describe="the traces"):
+def watch(analyse, listing, interval, progress=sys.stderr, sleep=time.sleep,
+          clock=time.monotonic, max_runs=None, recoverable=(), describe="the traces"):
     """Run ``analyse(files)`` now and whenever ``listing()`` changes; returns the runs made.
 
-    ``listing()`` returns [(path, size)]; a run starts when it differs from
-    the listing the last run was given (so what arrives during a run starts
-    the next one at once), else the loop sleeps ``interval`` seconds. An
-    exception in ``recoverable`` (a directory with nothing to read yet, a
-    file gone while listed) is printed and the loop goes on; anything else
-    ends it. ``max_runs`` (tests, benchmarks) stops after that many runs.
+    ``listing()`` returns [(path, size)], and is looked at every
+    ``interval`` seconds (from the start of one look to the next; at once
+    after a run that took longer): a run starts when it differs from the
+    listing the last run was given. Routers' current files grow all the
+    time, so under steady traffic a run starts every ``interval``, and
+    never more often. An exception in ``recoverable`` (a directory with
+    nothing to read yet, a file gone while listed) is printed and the loop
+    goes on; anything else ends it. ``max_runs`` (tests, benchmarks) stops
+    after that many runs.
     """
     seen = None
     runs = 0
     waiting = False
     said = None                 # the listing's error, said once until it changes
     while max_runs is None or runs < max_runs:
+        began = clock()
         try:
             current = sorted(listing())
             said = None
@@ -71,12 +75,15 @@ def watch(analyse, listing, interval, progress=sys.stderr, sleep=time.sleep, max
                 analyse(current)
             except recoverable as e:
                 _say(progress, f"error: {e}")
-            continue
-        if not waiting:
+            if max_runs is not None and runs >= max_runs:
+                break
+        elif not waiting:
             _say(progress, f"watching {describe} every {interval:g} s for new trace data "
                            f"(Ctrl-C to stop) ...")
             waiting = True
-        sleep(interval)
+        left = began + interval - clock()
+        if left > 0:
+            sleep(left)
     return runs
 
 

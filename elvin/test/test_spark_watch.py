@@ -53,29 +53,65 @@ class Listings:
         return item
 
 
+class Clock:
+    """A clock that moves only when slept on, or when a run says it took time."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.sleeps = []
+
+    def __call__(self):
+        return self.now
+
+    def sleep(self, seconds):
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
 class WatchLoopTests(unittest.SynchronousTestCase):
 
     def test_runs_on_change_only(self):
-        runs, sleeps, out = [], [], io.StringIO()
+        clock, runs, out = Clock(), [], io.StringIO()
+
+        def analyse(files):                       # a run takes 5 s
+            runs.append((clock.now, files))
+            clock.now += 5
         listing = Listings([("/t/a.jsonl", 10)], [("/t/a.jsonl", 10)],
                            [("/t/a.jsonl", 20)],                       # grew
                            [("/t/a.jsonl.gz", 5)],                     # rotated
                            [("/t/a.jsonl.gz", 5)])
-        made = watch(runs.append, listing, 30, progress=out, sleep=sleeps.append, max_runs=3)
+        made = watch(analyse, listing, 30, progress=out, sleep=clock.sleep, clock=clock,
+                     max_runs=3)
         self.assertEqual(made, 3)
-        self.assertEqual(runs, [[("/t/a.jsonl", 10)], [("/t/a.jsonl", 20)],
-                                [("/t/a.jsonl.gz", 5)]])
-        self.assertEqual(sleeps, [30])      # only when nothing had changed
-        self.assertIn("watching the traces every 30 s", out.getvalue())
+        self.assertEqual(runs, [(0, [("/t/a.jsonl", 10)]), (60, [("/t/a.jsonl", 20)]),
+                                (90, [("/t/a.jsonl.gz", 5)])])
+        # a look every 30 s, from the start of one to the next
+        self.assertEqual(clock.sleeps, [25, 30, 25])
+        self.assertEqual(out.getvalue().count("watching the traces every 30 s"), 1)
 
-    def test_what_arrives_during_a_run_starts_the_next(self):
-        runs = []
+    def test_steady_growth_runs_once_an_interval(self):
+        clock, starts = Clock(), []
+        sizes = iter(range(1, 1000))
+
+        def analyse(files):
+            starts.append(clock.now)
+            clock.now += 2
+        watch(analyse, lambda: [("/t/a.jsonl", next(sizes))], 10, progress=None,
+              sleep=clock.sleep, clock=clock, max_runs=4)
+        self.assertEqual(starts, [0, 10, 20, 30])
+
+    def test_a_long_run_is_followed_by_a_look_at_once(self):
+        clock, runs = Clock(), []
+
+        def analyse(files):                       # longer than the interval
+            runs.append(files)
+            clock.now += 100
         listing = Listings([("/t/a.jsonl", 1)], [("/t/a.jsonl", 1), ("/t/b.jsonl", 1)])
-        watch(runs.append, listing, 60, progress=None, sleep=self.fail, max_runs=2)
+        watch(analyse, listing, 60, progress=None, sleep=self.fail, clock=clock, max_runs=2)
         self.assertEqual(len(runs), 2)
 
     def test_recoverable_errors_are_said_and_survived(self):
-        out, sleeps = io.StringIO(), []
+        clock, out = Clock(), io.StringIO()
 
         class NothingYet(Exception):
             pass
@@ -85,21 +121,21 @@ class WatchLoopTests(unittest.SynchronousTestCase):
                 raise NothingYet("no trace records in the requested time range")
         listing = Listings(NothingYet("trace directory /t does not exist"),
                            [("/t/a.jsonl", 0)], [("/t/a.jsonl", 0), ("/t/b.jsonl", 9)])
-        made = watch(analyse, listing, 5, progress=out, sleep=sleeps.append, max_runs=2,
-                     recoverable=(NothingYet,))
+        made = watch(analyse, listing, 5, progress=out, sleep=clock.sleep, clock=clock,
+                     max_runs=2, recoverable=(NothingYet,))
         self.assertEqual(made, 2)
-        self.assertEqual(sleeps, [5])
+        self.assertEqual(clock.sleeps, [5, 5])
         self.assertIn("error: trace directory /t does not exist", out.getvalue())
         self.assertIn("error: no trace records in the requested time range", out.getvalue())
 
     def test_the_same_listing_error_is_said_once(self):
-        out, sleeps = io.StringIO(), []
+        clock, out = Clock(), io.StringIO()
         missing = OSError("trace directory /t does not exist")
         listing = Listings(missing, missing, missing, OSError("/t: permission denied"),
                            [("/t/a.jsonl", 1)])
-        watch(lambda files: None, listing, 2, progress=out, sleep=sleeps.append, max_runs=1,
-              recoverable=(OSError,))
-        self.assertEqual(len(sleeps), 4)
+        watch(lambda files: None, listing, 2, progress=out, sleep=clock.sleep, clock=clock,
+              max_runs=1, recoverable=(OSError,))
+        self.assertEqual(clock.sleeps, [2, 2, 2, 2])
         self.assertEqual(out.getvalue().count("does not exist"), 1)
         self.assertEqual(out.getvalue().count("permission denied"), 1)
 
