@@ -192,12 +192,24 @@ def _watch(spark, args, interval, analyse, progress):
     Ctrl-C or SIGTERM (exit status 0). A run that finds nothing to analyse
     says why and the watch goes on."""
     import signal
+    import threading
     from spark_analysis import ingest
     from spark_analysis.watch import watch
 
+    stopping = threading.Event()
+
     def stop(signum, frame):
-        raise KeyboardInterrupt
+        # Nothing is raised here: the main thread may be inside a py4j call,
+        # which an exception would leave broken. The loop ends at its next
+        # look; a run in progress has its Spark jobs cancelled (from another
+        # thread, on a connection of its own) and ends with their error. The
+        # table is left as a killed run leaves it: the next run finishes or
+        # undoes the batch.
+        if not stopping.is_set():
+            stopping.set()
+            threading.Thread(target=spark.sparkContext.cancelAllJobs, daemon=True).start()
     signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     first = [True]
 
     def run(listed):
@@ -207,8 +219,11 @@ def _watch(spark, args, interval, analyse, progress):
     try:
         watch(run, lambda: ingest.list_trace_files(args.trace_dir, spark), interval,
               progress=progress, recoverable=(ingest.TraceInputError, OSError),
-              describe=args.trace_dir)
-    except KeyboardInterrupt:
-        if progress:
-            print("stopped watching", file=progress, flush=True)
+              describe=args.trace_dir, stop=stopping)
+    except Exception:
+        if not stopping.is_set():
+            raise
+        # the run the stop cancelled
+    if progress:
+        print("stopped watching", file=progress, flush=True)
     return 0

@@ -13,6 +13,7 @@ tested without a JVM.
 """
 
 import sys
+import threading
 import time
 
 __all__ = ["watch", "parse_duration"]
@@ -38,8 +39,9 @@ def parse_duration(text):
     return seconds
 
 
-def watch(analyse, listing, interval, progress=sys.stderr, sleep=time.sleep,
-          clock=time.monotonic, max_runs=None, recoverable=(), describe="the traces"):
+def watch(analyse, listing, interval, progress=sys.stderr, sleep=None,
+          clock=time.monotonic, max_runs=None, recoverable=(), describe="the traces",
+          stop=None):
     """Run ``analyse(files)`` now and whenever ``listing()`` changes; returns the runs made.
 
     ``listing()`` returns [(path, size)], and is looked at every
@@ -50,13 +52,16 @@ def watch(analyse, listing, interval, progress=sys.stderr, sleep=time.sleep,
     never more often. An exception in ``recoverable`` (a directory with
     nothing to read yet, a file gone while listed) is printed and the loop
     goes on; anything else ends it. ``max_runs`` (tests, benchmarks) stops
-    after that many runs.
+    after that many runs. ``stop`` (a threading.Event, set by a signal
+    handler) ends the loop at its next look, and cuts a wait short.
     """
+    stop = stop or threading.Event()
+    sleep = sleep or stop.wait
     seen = None
     runs = 0
     waiting = False
     said = None                 # the listing's error, said once until it changes
-    while max_runs is None or runs < max_runs:
+    while (max_runs is None or runs < max_runs) and not stop.is_set():
         began = clock()
         try:
             current = sorted(listing())

@@ -263,7 +263,14 @@ class WatchCommandTests(unittest.SynchronousTestCase):
         self.assertIn("(2 records, 0 bad lines skipped", second)
         self.assertIn("1 files or parts (3 files already read)", "".join(seen))
         until("watching ")
+        # one more file, and SIGTERM in the middle of the run it starts: the
+        # run's Spark jobs are cancelled and the process ends cleanly
+        name = "b-20240501T131000Z-000002.jsonl"
+        with open(os.path.join(self.traces, name), "w") as f:
+            f.write(tf.format_record(T(4020), "b", "a", "link_up", "in") + "\n")
+        until("analysing: stages")
         proc.send_signal(signal.SIGTERM)
         self.assertEqual(proc.wait(timeout=60), 0)
         until("stopped watching", 30)
         self.assertEqual(sum("does not exist" in line for line in seen), 1)
+        self.assertNotIn("Traceback", "".join(seen))
