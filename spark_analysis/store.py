@@ -563,14 +563,12 @@ class TraceStore:
             df = df.where((F.col("day") <= _day(until_us)) & (F.col("ts_us") < until_us))
         return df.drop("status", "bad_reason", "raw")
 
-
     def newest_us(self):
         """The time of the newest valid record (None if there is none).
 
         Only the newest day is scanned: the day comes from the names of the
         table's files (``day=`` partitions), without a Spark job.
         """
-        import re
         from pyspark.sql import functions as F
         df = self.events()
         days = {m.group(1) for m in (re.search(r"/day=(\d{4}-\d{2}-\d{2})/", p)

@@ -4,9 +4,10 @@ A cron job of ``python -m spark_analysis`` pays for a new JVM each time,
 and for a cold one: its few hundred small queries are compiled and warmed
 up again on every run. A process that stays up pays that once. ``watch``
 runs the analysis, then looks at the trace directory every ``interval``
-seconds and runs it again as soon as a trace file appeared, grew, shrank
-or was rotated; each run reads only what is new into the table and
-rewrites the report, which then says what changed since the one before.
+seconds and runs it again when a trace file appeared, grew, shrank or was
+rotated since the last run; each run reads only what is new into the
+table and rewrites the report, which then says what changed since the
+one before.
 
 No Spark here: the run and the listing are passed in, so the loop is
 tested without a JVM.
