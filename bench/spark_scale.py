@@ -186,6 +186,8 @@ class TreeRSS:
 
 STAGE = re.compile(r"^\[(\d+)/\d+\] (\S+)")
 DONE = re.compile(r"^\s+done in ([0-9.]+) s")
+# a run's last line: "wrote REPORT (N records, B bad lines skipped, S s)"
+WROTE = re.compile(r"^wrote \S+ \(([0-9,]+) records, .* ([0-9.]+) s\)", re.M)
 
 
 def analyse(traces, out, tables, args, since=None, until=None):
@@ -205,9 +207,9 @@ def analyse(traces, out, tables, args, since=None, until=None):
     if proc.returncode != 0:
         sys.stdout.write(output)
         raise SystemExit(f"the analysis failed (exit status {proc.returncode})")
-    records = re.search(r"wrote \S+ \(([0-9,]+) records", output)
+    wrote = WROTE.search(output)
     return (elapsed, rss, stage_times(output.splitlines()),
-            int(records.group(1).replace(",", "")) if records else 0)
+            int(wrote.group(1).replace(",", "")) if wrote else 0)
 
 
 def stage_times(lines):
@@ -254,7 +256,7 @@ class Watcher:
                 m = re.search(r"done in [0-9.]+ s: ([0-9,]+) new records", line)
                 if m:
                     self._new = int(m.group(1).replace(",", ""))
-                m = re.search(r"^wrote \S+ \(([0-9,]+) records, .* ([0-9.]+) s\)", line)
+                m = WROTE.search(line)
                 if m:
                     self.runs.append((int(m.group(1).replace(",", "")), float(m.group(2)),
                                       self._new))
@@ -335,7 +337,8 @@ def main(argv=None):
             traces = os.path.join(workdir, f"traces-{size}")
             tables = os.path.join(workdir, f"tables-{size}")
             out = os.path.join(workdir, f"report-{size}")
-            for path in (traces, tables, out, out + "-hour", out + "-watch"):
+            made = (traces, tables, out, out + "-hour", out + "-watch")
+            for path in made:
                 shutil.rmtree(path, ignore_errors=True)
             began = time.monotonic()
             files = write_hours(spark, tmpl, lo, 0, hours, traces)
@@ -390,7 +393,7 @@ def main(argv=None):
                   + f"workers {inc_rss.workers:,.0f} MB",
                   flush=True)
             if not args.keep:
-                for path in (traces, tables, out, out + "-hour", out + "-watch"):
+                for path in made:
                     shutil.rmtree(path, ignore_errors=True)
     finally:
         if not args.keep and not args.workdir:
