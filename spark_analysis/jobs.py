@@ -17,6 +17,7 @@ and notify_received / notify_dropped_* (in) at the receiver.
 from spark_analysis import traceformat as tf
 
 __all__ = ["CONSIDERED", "IN_WIRE", "MINUTE_US", "window_of", "activity", "control_events",
+           "considered_counts",
            "links", "filters", "filter_health", "link_outages",
            "flood_model", "drops", "paths", "interest", "overview"]
 
@@ -90,6 +91,24 @@ def control_events(events):
     F = _F()
     return events.where(F.col("event").isin(*tf.LINK_EVENTS, *tf.SUBREPLACE_EVENTS)).select(
         "router", "peer", "direction", "event", "ts_us", "filter_nodes", "filter_bytes", "reason")
+
+
+def considered_counts(events):
+    """Every out notify record (a notification considered for a link) counted
+    per router, peer, event, origin and attribute set, and whether it is the
+    origin's first hop (``at_origin``: router = origin, one routing entry).
+
+    One pass that the flood model, the forwarded totals and the attribute
+    sets' counts are all sums over (it is small: origins x links x sets x
+    the four outcomes). Columns: router, peer, event, origin, akey,
+    at_origin, n, bytes.
+    """
+    F = _F()
+    out = events.where((F.col("direction") == "out") & F.col("event").isin(*CONSIDERED))
+    return out.groupBy("router", "peer", "event", "origin", "akey",
+                       ((F.col("hops") == 1) & (F.col("router") == F.col("origin")))
+                       .alias("at_origin")).agg(
+        F.count(F.lit(1)).alias("n"), F.sum("size").alias("bytes"))
 
 
 def overview(events, per_minute=None):
@@ -326,7 +345,7 @@ def local_frame(spark, rows, schema):
     return base.select(F.inline(F.array(*structs)))
 
 
-def filters(events, spark, per_minute=None):
+def filters(events, spark, per_minute=None, considered=None):
     """Filter effectiveness per link, and the flood a federation without filters sends.
 
     Tables: ``filter_effect`` (router, peer: considered / forwarded /
@@ -337,7 +356,8 @@ def filters(events, spark, per_minute=None):
     """
     F = _F()
     from pyspark.sql import types as T
-    out = events.where((F.col("direction") == "out") & F.col("event").isin(*CONSIDERED))
+    if considered is None:
+        considered = considered_counts(events)
     if per_minute is None:
         per_minute = activity(events)
     counted = per_minute.where((F.col("direction") == "out") & F.col("event").isin(*CONSIDERED))
@@ -365,16 +385,19 @@ def filters(events, spark, per_minute=None):
         T.StructField("router", T.StringType()), T.StructField("peer", T.StringType()),
         T.StructField("extra_bytes", T.LongType())])
     model = local_frame(spark, flood_model(edges, traced), model_schema)
-    at_origin = (out.where((F.col("hops") == 1) & (F.col("router") == F.col("origin")))
-                 .select("origin", F.col("peer").alias("first_hop"), "size"))
+    # what each origin published on each first link (each publication is
+    # considered once for every link there, as a flood would send it)
+    at_origin = (considered.where(F.col("at_origin"))
+                 .groupBy("origin", F.col("peer").alias("first_hop"))
+                 .agg(F.sum("n").alias("n"), F.sum("bytes").alias("bytes")))
     flood = (at_origin.join(F.broadcast(model), ["origin", "first_hop"])
              .groupBy("router", "peer")
-             .agg(F.count(F.lit(1)).alias("flood_notifications"),
-                  F.sum(F.col("size") + F.col("extra_bytes")).alias("flood_bytes")))
-    actual = (events.where((F.col("event") == "notify_forwarded")
-                           & F.col("origin").isin(*traced) if traced else F.lit(False))
+             .agg(F.sum("n").alias("flood_notifications"),
+                  F.sum(F.col("bytes") + F.col("n") * F.col("extra_bytes")).alias("flood_bytes")))
+    actual = (considered.where((F.col("event") == "notify_forwarded")
+                               & F.col("origin").isin(*traced) if traced else F.lit(False))
               .groupBy("router", "peer")
-              .agg(F.count(F.lit(1)).alias("forwarded"), F.sum("size").alias("forwarded_bytes")))
+              .agg(F.sum("n").alias("forwarded"), F.sum("bytes").alias("forwarded_bytes")))
     table = (flood.join(actual, ["router", "peer"], "full")
              .na.fill(0, ["flood_notifications", "flood_bytes", "forwarded", "forwarded_bytes"])
              .withColumn("saved_notifications", F.col("flood_notifications") - F.col("forwarded"))
@@ -614,7 +637,7 @@ def paths(events):
 # ---------------------------------------------------------------------------
 # interest
 
-def interest(events, start_us, end_us, control=None):
+def interest(events, start_us, end_us, control=None, considered=None):
     """Attribute-name sets and pull-filter churn.
 
     Tables: ``attr_sets`` (per set of attribute names: publications at
@@ -625,30 +648,33 @@ def interest(events, start_us, end_us, control=None):
     """
     F = _F()
     notify = events.where(F.col("event").isin(*tf.NOTIFY_EVENTS))
+    if considered is None:
+        considered = considered_counts(events)
     e = F.col("event")
     # sets are keyed by ``akey``, a 64-bit hash of the (sorted) names made at
     # ingest; the names themselves are looked up once per set
     akey = F.col("akey")
     # every publication at a traced router gives one out record per candidate
     # link there, so the busiest link of the origin counts its publications
-    published = (notify.where((F.col("direction") == "out") & e.isin(*CONSIDERED)
-                              & (F.col("hops") == 1) & (F.col("router") == F.col("origin")))
-                 .groupBy(akey, "origin", "peer").agg(F.count(F.lit(1)).alias("n"))
+    published = (considered.where(F.col("at_origin"))
+                 .groupBy(akey, "origin", "peer").agg(F.sum("n").alias("n"))
                  .groupBy("akey", "origin").agg(F.max("n").alias("n"))
                  .groupBy("akey").agg(F.sum("n").alias("published")))
-    # one pass: counts per (set, digest), then per set -- the number of
-    # (set, digest) groups is the exact number of distinct contents
-    per_digest = (notify.groupBy(akey, "dkey")
-                  .agg(_count_if(e == "notify_forwarded").alias("crossings"),
-                       _sum_if(e == "notify_forwarded", F.col("size")).alias("crossing_bytes"),
-                       _count_if((F.col("direction") == "out") & e.isin(*CONSIDERED))
-                       .alias("considered"),
-                       _count_if(e == "notify_suppressed_filter").alias("suppressed_filter"),
-                       _count_if(e == "notify_suppressed_export").alias("suppressed_export")))
+    # the out records' outcomes are sums over the (small) considered counts
     counted = ["crossings", "crossing_bytes", "considered", "suppressed_filter",
                "suppressed_export"]
-    counts = per_digest.groupBy("akey").agg(F.count(F.lit(1)).alias("distinct"),
-                                            *[F.sum(c).alias(c) for c in counted])
+    outcomes = considered.groupBy(akey).agg(
+        _sum_if(e == "notify_forwarded", F.col("n")).alias("crossings"),
+        _sum_if(e == "notify_forwarded", F.col("bytes")).alias("crossing_bytes"),
+        F.sum("n").alias("considered"),
+        _sum_if(e == "notify_suppressed_filter", F.col("n")).alias("suppressed_filter"),
+        _sum_if(e == "notify_suppressed_export", F.col("n")).alias("suppressed_export"))
+    # the number of (set, digest) groups is the exact number of distinct
+    # contents: the only per-record aggregation here, of two longs
+    counts = (notify.select(akey, "dkey").distinct()
+              .groupBy("akey").agg(F.count(F.lit(1)).alias("distinct"))
+              .join(outcomes, ["akey"], "left")
+              .na.fill(0, counted))
     # the names as one string: grouping by the array itself would sort
     # every notify record (arrays cannot key a hash aggregation), and with
     # the other stages' memory use that sort spilled ~800 MB at 10M records

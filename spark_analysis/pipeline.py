@@ -317,10 +317,15 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
     # overview, link, filter and drop tables are sums over it
     per_minute = jobs.activity(events).cache()
     control = jobs.control_events(events).cache()
+    # and one counts the out records (the notifications considered for each
+    # link) per origin and attribute set: the flood model's, the forwarded
+    # totals' and the attribute sets' counts are sums over it
+    considered = jobs.considered_counts(events).cache()
     bucket = _bucket_us(start, end)
     analysis.series["bucket_us"] = bucket
     context = {"spark": spark, "analysis": analysis, "events": events, "start": start,
-               "end": end, "per_minute": per_minute, "control": control, "bucket": bucket}
+               "end": end, "per_minute": per_minute, "control": control, "considered": considered,
+               "bucket": bucket}
     _run_side_by_side(spark, steps, context, [
         ("links", "overview and links: traffic per link and direction, rates, uptime",
          _links_stage),
@@ -342,6 +347,7 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
         analysis.stage_seconds["report"] = steps.done(path)
     per_minute.unpersist()
     control.unpersist()
+    considered.unpersist()
     for df in analysis.cached:
         df.unpersist()
     analysis.cached = []
@@ -421,7 +427,8 @@ def _links_stage(c):
 
 def _filters_stage(c):
     spark, analysis = c["spark"], c["analysis"]
-    for name, df in jobs.filters(c["events"], spark, c["per_minute"]).items():
+    for name, df in jobs.filters(c["events"], spark, c["per_minute"],
+                                  c["considered"]).items():
         _save(spark, analysis, name, df)
     _save(spark, analysis, "filter_health", jobs.filter_health(c["per_minute"], c["end"]))
     return ""
@@ -449,7 +456,8 @@ def _paths_stage(c):
 def _interest_stage(c):
     from pyspark.sql import functions as F
     spark, analysis = c["spark"], c["analysis"]
-    tables = jobs.interest(c["events"], c["start"], c["end"], c["control"])
+    tables = jobs.interest(c["events"], c["start"], c["end"], c["control"],
+                           c["considered"])
     _save(spark, analysis, "attr_sets", tables["attr_sets"])
     changes = _save(spark, analysis, "filter_changes", tables["filter_changes"])
     _save(spark, analysis, "filter_churn", tables["filter_churn"])
