@@ -56,12 +56,20 @@ def _sum_if(cond, col):
     return F.sum(F.when(cond, col).otherwise(0))
 
 
-def window_of(events, since_us=None, until_us=None, count=False):
+def window_of(events, since_us=None, until_us=None, count=False, per_minute=None):
     """(start_us, end_us) of the analysis: --since/--until, else the data's span
-    (and the number of records, with ``count``)."""
+    (and the number of records, with ``count``).
+
+    Given the (cached) per-minute counts of ``events`` it reads them instead
+    of the table: the pass over the table that makes them is needed anyway.
+    """
     F = _F()
-    row = events.agg(F.min("ts_us").alias("lo"), F.max("ts_us").alias("hi"),
-                     F.count(F.lit(1)).alias("n")).collect()[0]
+    if per_minute is not None:
+        row = per_minute.agg(F.min("first_us").alias("lo"), F.max("last_us").alias("hi"),
+                             F.coalesce(F.sum("n"), F.lit(0)).alias("n")).collect()[0]
+    else:
+        row = events.agg(F.min("ts_us").alias("lo"), F.max("ts_us").alias("hi"),
+                         F.count(F.lit(1)).alias("n")).collect()[0]
     start = since_us if since_us is not None else row["lo"]
     end = until_us if until_us is not None else row["hi"]
     if start is None or end is None:

@@ -303,8 +303,13 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
         since_us = until_us - last_us
         analysis.since_us, analysis.until_us = since_us, until_us
     events = store.events(since_us, until_us)
-    start, end, analysis.records = jobs.window_of(events, since_us, until_us, count=True)
+    # one pass counts every record per link, event and minute; the window's
+    # span and size, the overview, link, filter and drop tables are sums over it
+    per_minute = jobs.activity(events).cache()
+    start, end, analysis.records = jobs.window_of(events, since_us, until_us, count=True,
+                                                  per_minute=per_minute)
     if not analysis.records:
+        per_minute.unpersist()
         raise ingest.TraceInputError(f"no trace records under {trace_dir}"
                                      + (" in the requested time range"
                                         if since_us or until_us else ""))
@@ -313,13 +318,10 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
         f"{batch.records:,} new records from {len(batch.parts)} files or parts "
         f"({batch.unchanged} files already read); "
         f"{analysis.records:,} records in {tf.format_time(start)} .. {tf.format_time(end)}")
-    # one pass counts every record per link, event and minute; the
-    # overview, link, filter and drop tables are sums over it
-    per_minute = jobs.activity(events).cache()
     control = jobs.control_events(events).cache()
-    # and one counts the out records (the notifications considered for each
-    # link) per origin and attribute set: the flood model's, the forwarded
-    # totals' and the attribute sets' counts are sums over it
+    # one more pass counts the out records (the notifications considered for
+    # each link) per origin and attribute set: the flood model's, the
+    # forwarded totals' and the attribute sets' counts are sums over it
     considered = jobs.considered_counts(events).cache()
     bucket = _bucket_us(start, end)
     analysis.series["bucket_us"] = bucket
