@@ -518,6 +518,17 @@ class HandmadeTests(unittest.SynchronousTestCase):
         with open(os.path.join(a.out_dir, "csv", "bad_lines.csv")) as f:
             self.assertEqual(len(f.read().strip().splitlines()), 3)
 
+    def test_window_from_per_minute_counts(self):
+        """The window's span and size read from the per-minute counts (as the
+        pipeline does) equal those read from the table itself."""
+        from spark_analysis import jobs
+        from spark_analysis.store import TraceStore
+        events = TraceStore(spark_session(), self.analysis.tables_dir).events(T(0), T(600))
+        alone = jobs.window_of(events, count=True)
+        self.assertEqual(alone[2], self.analysis.records)
+        self.assertEqual(jobs.window_of(events, count=True, per_minute=jobs.activity(events)),
+                         alone)
+
     def test_links(self):
         links = by_key(self.t["links"], "router", "peer", "direction")
         ab = links[("a", "b", "out")]
