@@ -13,7 +13,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 
 from twisted.internet import defer
 from twisted.trial import unittest
@@ -21,7 +20,7 @@ from twisted.trial import unittest
 from elvin import aio, client, sync
 from elvin.client.state import ConnectFailed, ConnectionClosed, NackError, Reconnect
 from elvin.core.keys import producer_keys
-from elvin.test.places import REPO, free_port
+from elvin.test.places import REPO, free_port, start_twistd
 
 TIMEOUT = 10.0
 
@@ -72,23 +71,8 @@ def shared_tls_router():
 def start_router(port=None, args=None, probe_port=None):
     """A router process on ``port`` (default a free one) of 127.0.0.1 (or
     as ``args`` say); its URI and process."""
-    port = port or free_port()
-    argv = args or ["-l", f"elvin://127.0.0.1:{port}"]
-    proc = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys; from twisted.scripts.twistd import run; "
-         f"sys.argv = ['twistd', '-n', '--pidfile=', 'elvin'] + {argv!r}; run()"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            time.sleep(0.05)
-    else:
-        proc.kill()
-        raise RuntimeError("router did not start")
+    port, proc = start_twistd(
+        "elvin", lambda p: args or ["-l", f"elvin://127.0.0.1:{p}"], port)
     return f"elvin://127.0.0.1:{port}", proc
 
 

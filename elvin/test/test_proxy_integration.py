@@ -13,30 +13,16 @@ from twisted.internet import defer, reactor, task, utils
 from twisted.trial import unittest
 
 from elvin import client
-from elvin.test.places import REPO, free_port
+from elvin.test.places import REPO, free_port, start_twistd, wait_listening
 from elvin.test.test_client_flavours import start_router, stop_router
 
 
 def start_proxy(upstream, database, port=None, extra=()):
     """A proxy process on ``port`` (default a free one); its URI and process."""
-    port = port or free_port()
-    argv = ["-l", f"elvin://127.0.0.1:{port}", "-u", upstream, "-d", database, *extra]
-    proc = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys; from twisted.scripts.twistd import run; "
-         f"sys.argv = ['twistd', '-n', '--pidfile=', 'elvin-proxy'] + {argv!r}; run()"],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    uri = f"elvin://127.0.0.1:{port}"
-    deadline = time.monotonic() + 20
-    import socket
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            return uri, proc
-        except OSError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("proxy did not start")
+    port, proc = start_twistd(
+        "elvin-proxy",
+        lambda p: ["-l", f"elvin://127.0.0.1:{p}", "-u", upstream, "-d", database, *extra], port)
+    return f"elvin://127.0.0.1:{port}", proc
 
 
 def sleep(seconds):
@@ -72,13 +58,15 @@ async def upstream_ready(proxy_uri, router_uri):
 class ProxyIntegrationTest(unittest.TestCase):
 
     def setUp(self):
-        self.router_port = free_port()
-        self.router_uri, self.router = start_router(self.router_port)
+        # (free ports chosen by the starters: they choose again if another
+        # test's process takes one first; restarts reuse them)
+        self.router_uri, self.router = start_router()
+        self.router_port = int(self.router_uri.rsplit(":", 1)[1])
         self.addCleanup(lambda: stop_router(self.router))
         self.tmp = tempfile.mkdtemp()
         self.db = os.path.join(self.tmp, "proxy.db")
-        self.proxy_port = free_port()
-        self.proxy_uri, self.proxy = start_proxy(self.router_uri, self.db, self.proxy_port)
+        self.proxy_uri, self.proxy = start_proxy(self.router_uri, self.db)
+        self.proxy_port = int(self.proxy_uri.rsplit(":", 1)[1])
         self.addCleanup(lambda: stop_router(self.proxy))
         self.connections = []
         return defer.ensureDeferred(upstream_ready(self.proxy_uri, self.router_uri))
@@ -253,6 +241,7 @@ class ProxyIntegrationTest(unittest.TestCase):
              "-n", "--pidfile=", "elvin-proxy", "-c", config],
             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.addCleanup(lambda: stop_router(proc))
+        wait_listening(proc, port, "twistd elvin-proxy (TLS)")
         uri = f"elvin:/secure/127.0.0.1:{port}"
 
         async def run():
