@@ -273,7 +273,11 @@ def _ship_code(spark):
     import shutil
     import tempfile
     package = os.path.dirname(os.path.abspath(__file__))
+    import atexit
     where = tempfile.mkdtemp(prefix="elvin-spark-code-")
+    # served to the executors from here for as long as the context lives;
+    # removed when the process ends (it was left behind, one per run)
+    atexit.register(shutil.rmtree, where, True)
     archive = shutil.make_archive(os.path.join(where, "spark_analysis"), "zip",
                                   os.path.dirname(package), os.path.basename(package))
     sc.addPyFile(archive)

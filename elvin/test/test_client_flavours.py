@@ -10,6 +10,7 @@ a small async *driver* per flavour.
 
 import asyncio
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -51,6 +52,7 @@ def shared_tls_router():
         import tempfile
         import trustme
         folder = tempfile.mkdtemp(prefix="elvin-tls-")
+        atexit.register(shutil.rmtree, folder, True)    # after the router stops
         ca = trustme.CA()
         cert = ca.issue_cert("127.0.0.1", "localhost")
         ca_file = os.path.join(folder, "ca.pem")
@@ -583,6 +585,7 @@ class AsyncioDiscoveryTests(unittest.SynchronousTestCase):
         import uuid
         self.scope = f"aio-{uuid.uuid4().hex[:10]}"
         folder = tempfile.mkdtemp(prefix="elvin-disc-")
+        self.addCleanup(shutil.rmtree, folder, True)
         port = free_port()
         config = os.path.join(folder, "elvind.conf")
         with open(config, "w") as f:

@@ -218,7 +218,10 @@ class WatchCommandTests(unittest.SynchronousTestCase):
 
     def test_new_file_new_run(self):
         out = os.path.join(self.dir, "report")
-        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        tmp = os.path.join(self.dir, "tmp")
+        os.makedirs(tmp)
+        env = dict(os.environ, TMPDIR=tmp,
+                   PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         proc = subprocess.Popen(
             [sys.executable, "-m", "spark_analysis", self.traces, "--out", out,
              "--watch", "0.5s", "--last", "1h", "--master", "local[2]",
@@ -274,3 +277,5 @@ class WatchCommandTests(unittest.SynchronousTestCase):
         until("stopped watching", 30)
         self.assertEqual(sum("does not exist" in line for line in seen), 1)
         self.assertNotIn("Traceback", "".join(seen))
+        # the copy of this package shipped to Spark's workers is removed on exit
+        self.assertEqual([x for x in os.listdir(tmp) if x.startswith("elvin-spark-code-")], [])
