@@ -683,17 +683,22 @@ def interest(events, start_us, end_us, control=None, considered=None):
               .groupBy("akey").agg(F.count(F.lit(1)).alias("distinct"))
               .join(outcomes, ["akey"], "left")
               .na.fill(0, counted))
-    # the names as one string: grouping by the array itself would sort
-    # every notify record (arrays cannot key a hash aggregation), and with
-    # the other stages' memory use that sort spilled ~800 MB at 10M records
-    names = (notify.groupBy(akey, F.concat_ws(",", "attrs").alias("attribute_names"),
-                            F.size("attrs").alias("attributes"))
-             .count().drop("count").dropDuplicates(["akey"]))
+    # one row per (set, names) by a hash aggregation, the names joined into
+    # a string only on its few result rows; one per set is then kept by a
+    # window over those rows. (Deduplicating right after the aggregation
+    # let the optimiser merge the two into one sort-based aggregation with
+    # first(): a sort of every notify record, which spilled ~800 MB at 10M)
+    from pyspark.sql import Window
+    by_set = Window.partitionBy("akey").orderBy(F.col("count").desc(), "attribute_names")
+    names = (notify.groupBy(akey, "attrs").count()
+             .select(akey, F.concat_ws(",", "attrs").alias("attribute_names"),
+                     F.size("attrs").alias("attributes"), "count")
+             .withColumn("_first", F.row_number().over(by_set))
+             .where(F.col("_first") == 1).drop("_first", "count"))
     attr_sets = (counts.join(names, ["akey"], "left").join(published, ["akey"], "left")
                  .select("attribute_names", "attributes",
                          F.coalesce("published", F.lit(0)).alias("published"), "distinct",
                          *counted))
-    from pyspark.sql import Window
     # a filter sent (or received) within LINK_UP_GRACE of the link coming
     # up is the link's first exchange, not a change of subscriptions
     cols = ["router", "peer", "direction", "event", "ts_us", "filter_nodes", "filter_bytes",

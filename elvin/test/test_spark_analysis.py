@@ -529,6 +529,17 @@ class HandmadeTests(unittest.SynchronousTestCase):
         self.assertEqual(jobs.window_of(events, count=True, per_minute=jobs.activity(events)),
                          alone)
 
+    def test_attribute_sets_sort_no_records(self):
+        """The attribute sets' names come from a hash aggregation: no
+        sort-based aggregation over the records (the optimiser once merged
+        a deduplication into one, a sort of every notify record)."""
+        from spark_analysis import jobs
+        from spark_analysis.store import TraceStore
+        events = TraceStore(spark_session(), self.analysis.tables_dir).events(T(0), T(600))
+        plan = jobs.interest(events, T(0), T(600))["attr_sets"]._jdf.queryExecution() \
+            .executedPlan().toString()
+        self.assertNotIn("SortAggregate", plan)
+
     def test_links(self):
         links = by_key(self.t["links"], "router", "peer", "direction")
         ab = links[("a", "b", "out")]
