@@ -110,8 +110,8 @@ def main(argv=None):
     progress = None if args.quiet else sys.stderr
 
     from spark_analysis import ingest, pipeline
-    from spark_analysis.session import (get_session, is_local_master, jvm_stderr_to,
-                                        local_settings, pyspark_available)
+    from spark_analysis.session import (common_settings, get_session, is_local_master,
+                                        jvm_stderr_to, local_settings, pyspark_available)
 
     files = None
     if ingest._is_local(args.trace_dir) and interval is None:
@@ -127,7 +127,7 @@ def main(argv=None):
         print(f"error: {missing}", file=sys.stderr)
         return 1
     local = is_local_master(args.master)
-    settings = {}
+    settings = common_settings()
     jvm_log = None
     if local:
         # we start a local Spark ourselves: its Python workers use this

@@ -271,6 +271,8 @@ class LocalModeTests(unittest.SynchronousTestCase):
                           settings["spark.ui.enabled"]), ("127.0.0.1", "127.0.0.1", "false"))
         self.assertIn("log4j2-quiet.properties", settings["spark.driver.extraJavaOptions"])
         self.assertEqual(local_settings(ui=True)["spark.ui.enabled"], "true")
+        # a watching process reuses the compiled queries of its earlier runs
+        self.assertEqual(settings["spark.sql.codegen.cache.maxEntries"], "1000")
         self.assertTrue(is_local_master("local[4]"))
         self.assertFalse(is_local_master("spark://127.0.0.1:7077"))
         self.assertFalse(is_local_master("yarn"))
