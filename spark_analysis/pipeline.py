@@ -220,6 +220,10 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
     analysis.trace_dir, analysis.since_us, analysis.until_us = trace_dir, since_us, until_us
     os.makedirs(out_dir, exist_ok=True)
     steps = _Progress(8 if report else 7, progress, spark)
+    if report:
+        from spark_analysis import report as report_module
+        # (it imports matplotlib while Spark works)
+        report_module.start_chart_worker()
 
     steps.start(f"finding trace files under {trace_dir}")
     if files is None:

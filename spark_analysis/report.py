@@ -991,15 +991,102 @@ def _reading(text):
     return f'<p class="reading">{html.escape(text)}</p>' if text else ""
 
 
+# The charts, in the order the report shows them, and those a second
+# process draws meanwhile (about half the drawing time: matplotlib's layout
+# of ticks and text is CPU-bound Python, and while the charts are drawn
+# Spark's work is done and the other core idles).
+CHARTS = ("topology", "link_traffic", "filter_effect", "flood", "drops", "hops", "routes",
+          "latency", "attr_sets", "filter_sizes")
+DRAWN_APART = ("link_traffic", "flood", "drops", "hops", "routes", "attr_sets")
+_chart_worker = []
+
+
+def start_chart_worker():
+    """The process that draws some of the charts (started once per process,
+    and early, so that it has imported matplotlib by the time it is asked);
+    None on a single core or where no such process can be started."""
+    if _chart_worker:
+        return _chart_worker[0]
+    pool = None
+    if (os.cpu_count() or 1) > 1:
+        import concurrent.futures
+        import multiprocessing
+        try:
+            # a fresh interpreter, not a fork of this one (with the JVM's
+            # gateway threads and sockets)
+            context = multiprocessing.get_context("forkserver")
+            pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=context,
+                                                          initializer=_chart_worker_init)
+            pool.submit(int)
+        except (ValueError, OSError, RuntimeError):
+            pool = None
+    _chart_worker.append(pool)
+    return pool
+
+
+def _forget_chart_worker():
+    if _chart_worker and _chart_worker[0] is not None:
+        _chart_worker[0].shutdown(wait=False)
+    _chart_worker.clear()
+
+
+def _chart_worker_init():
+    # Ctrl-C in a terminal reaches the whole process group: the main
+    # process stops (and with it this one), without a traceback from here
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _plt()
+
+
+def _draw(figs, names):
+    """[(chart, reading)] of the named charts, drawn here."""
+    return [globals()["fig_" + name](figs) for name in names]
+
+
+def _draw_apart(analysis, names):
+    """In the chart worker: the named charts of (a copy of) ``analysis``,
+    and the paths and label overlaps they recorded."""
+    return _draw(_Figures(analysis), names), analysis.charts, analysis.chart_overlaps
+
+
+def _draw_charts(figs):
+    """{chart: reading} of every chart, some drawn by the chart worker."""
+    import copy
+    from concurrent.futures.process import BrokenProcessPool
+    a = figs.a
+    pool = start_chart_worker()
+    apart = None
+    if pool is not None:
+        view = copy.copy(a)
+        view.batch, view.cached, view.charts, view.chart_overlaps = None, [], {}, {}
+        try:
+            apart = pool.submit(_draw_apart, view, DRAWN_APART)
+        except (BrokenProcessPool, RuntimeError):
+            _forget_chart_worker()
+            apart = None
+    here = [name for name in CHARTS if apart is None or name not in DRAWN_APART]
+    readings = dict(_draw(figs, here))
+    if apart is not None:
+        try:
+            drawn, charts, overlaps = apart.result()
+        except BrokenProcessPool:
+            # the worker died (killed, out of memory): draw its charts here,
+            # and start another next time
+            _forget_chart_worker()
+            drawn, charts, overlaps = _draw(figs, DRAWN_APART), {}, {}
+        readings.update(drawn)
+        a.charts.update(charts)
+        a.chart_overlaps.update(overlaps)
+    order = {name: i for i, name in enumerate(CHARTS)}
+    a.charts = dict(sorted(a.charts.items(), key=lambda kv: order.get(kv[0], len(order))))
+    return readings
+
+
 def write_report(analysis):
     """Draw every chart and write ``report.html``; returns its path."""
     figs = _Figures(analysis)
     a = analysis
-    readings = {}
-    for fn in (fig_topology, fig_link_traffic, fig_filter_effect, fig_flood, fig_drops,
-               fig_hops, fig_routes, fig_latency, fig_attr_sets, fig_filter_sizes):
-        name, text = fn(figs)
-        readings[name] = text
+    readings = _draw_charts(figs)
     readings["uptime"] = fig_uptime(figs)[1]
     readings["hop_latency"] = hop_latency_reading(figs)
     readings["filter_health"] = filter_health_reading(figs)

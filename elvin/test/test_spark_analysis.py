@@ -948,3 +948,66 @@ class ByteUnitTests(unittest.SynchronousTestCase):
         self.assertEqual(_byte_unit(640), ("B", 1))
         self.assertEqual(_byte_unit(4_200), ("kB", 1000))
         self.assertEqual(_byte_unit(12_000_000), ("MB", 1_000_000))
+
+
+class ChartWorkerTests(unittest.SynchronousTestCase):
+    """Some charts are drawn by a second process meanwhile: the report is
+    the same, byte for byte, as one whose charts are all drawn in the
+    report's own process; a worker that died is replaced, and its charts
+    are drawn here in the meantime."""
+
+    timeout = 600
+
+    def setUp(self):
+        from spark_analysis import report
+        if report.start_chart_worker() is None:
+            raise unittest.SkipTest("no chart worker here (a single core)")
+
+    def copy_of_analysis(self):
+        import copy
+        _, analysis = handmade_analysis()
+        a = copy.copy(analysis)
+        a.out_dir = _tempdir("charts")
+        self.addCleanup(shutil.rmtree, a.out_dir, True)
+        shutil.copytree(os.path.join(analysis.out_dir, "csv"), os.path.join(a.out_dir, "csv"))
+        a.charts, a.chart_overlaps = {}, {}
+        return a
+
+    def report_of(self, a):
+        from spark_analysis import report
+        with open(report.write_report(a), encoding="utf-8") as f:
+            page = f.read()
+        charts = {}
+        for name, path in a.charts.items():
+            with open(path, "rb") as f:
+                charts[name] = f.read()
+        return page, charts, dict(a.chart_overlaps)
+
+    def test_same_report_apart_and_here(self):
+        from spark_analysis import report
+        apart = self.report_of(self.copy_of_analysis())
+        saved = list(report._chart_worker)
+        report._chart_worker[:] = [None]            # no worker: all drawn here
+        self.addCleanup(report._chart_worker.__setitem__, slice(None), saved)
+        here = self.report_of(self.copy_of_analysis())
+        self.assertEqual(list(apart[1]), list(report.CHARTS))
+        self.assertEqual(apart, here)
+
+    def test_a_dead_worker_is_replaced(self):
+        import signal
+        import time
+        from spark_analysis import report
+        pool = report.start_chart_worker()
+        pid = pool.submit(os.getpid).result(timeout=60)
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(300):                        # at most 30 s
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        page, charts, _ = self.report_of(self.copy_of_analysis())
+        self.assertEqual(list(charts), list(report.CHARTS))
+        replacement = report.start_chart_worker()
+        self.assertIsNot(replacement, pool)
+        self.assertNotEqual(replacement.submit(os.getpid).result(timeout=60), pid)
