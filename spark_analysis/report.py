@@ -1008,7 +1008,8 @@ def start_chart_worker():
     if _chart_worker:
         return _chart_worker[0]
     pool = None
-    if (os.cpu_count() or 1) > 1:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if (cores or 1) > 1:
         import concurrent.futures
         import multiprocessing
         try:
@@ -1018,7 +1019,7 @@ def start_chart_worker():
             pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=context,
                                                           initializer=_chart_worker_init)
             pool.submit(int)
-        except (ValueError, OSError, RuntimeError):
+        except (ImportError, ValueError, OSError, RuntimeError):
             pool = None
     _chart_worker.append(pool)
     return pool
