@@ -22,8 +22,10 @@ written, as the process prints it) is taken; the table shows the second.
 
 Peak RSS is sampled every 0.2 s: ``py`` is the Python driver process,
 ``JVM`` the Java process pyspark starts (in local mode the driver's JVM
-and the executor in one), ``workers`` the Python workers that process
-starts (the ingest's tasks), ``all`` the whole tree at its peak.
+and the executor in one), ``workers`` the other Python processes: the
+workers that JVM starts (the ingest's tasks) and the process that draws
+half the charts (with the forkserver it is started from), ``all`` the
+whole tree at its peak.
 
 Traces: ``spark_analysis.synth`` simulates one hour of a federation (7
 routers, 40 clients, 15 notifications/s: about 414,000 records), and
@@ -124,9 +126,10 @@ def dir_mb(path):
 
 class TreeRSS:
     """Samples, every ``interval`` seconds, the resident memory of a process
-    and of its descendants (the JVM that pyspark starts, and the Python
-    workers the JVM starts for the ingest), keeping the peaks: of the Python
-    driver alone, of the JVMs, of the Python workers, and of the whole tree."""
+    and of its descendants (the JVM that pyspark starts, the Python workers
+    the JVM starts for the ingest, the chart worker), keeping the peaks: of
+    the Python driver alone, of the JVMs, of the other Python processes, and
+    of the whole tree."""
 
     def __init__(self, pid, interval=0.2):
         self.pid, self.interval = pid, interval
