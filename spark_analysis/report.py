@@ -9,6 +9,7 @@ import base64
 import datetime
 import html
 import os
+import sys
 
 from spark_analysis import traceformat as tf
 
@@ -1001,12 +1002,31 @@ DRAWN_APART = ("link_traffic", "flood", "drops", "hops", "routes", "attr_sets")
 _chart_worker = []
 
 
-def start_chart_worker():
+def _main_is_ours():
+    """Is this process ``python -m spark_analysis`` (or spark-submit of its
+    ``__main__.py``)? A process that multiprocessing starts imports the
+    main module again; ours runs nothing on import, but a script that runs
+    the analysis at import (no ``if __name__ == "__main__":``) would run
+    it once more in the chart worker."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None:
+        return spec.name == "spark_analysis.__main__"
+    path = getattr(main, "__file__", None) or ""
+    return os.path.abspath(path) == os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                 "__main__.py")
+
+
+def start_chart_worker(any_main=False):
     """The process that draws some of the charts (started once per process,
-    and early, so that it has imported matplotlib by the time it is asked);
-    None on a single core or where no such process can be started."""
+    and early, so that it has imported matplotlib by the time it is asked).
+    None on a single core, where no such process can be started, and
+    unless this is the command line (``any_main``: the caller's main
+    module runs nothing when imported)."""
     if _chart_worker:
         return _chart_worker[0]
+    if not (any_main or _main_is_ours()):
+        return None
     pool = None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     if (cores or 1) > 1:

@@ -960,8 +960,20 @@ class ChartWorkerTests(unittest.SynchronousTestCase):
 
     def setUp(self):
         from spark_analysis import report
-        if report.start_chart_worker() is None:
+        # (trial's main module runs nothing when imported)
+        if report.start_chart_worker(any_main=True) is None:
             raise unittest.SkipTest("no chart worker here (a single core)")
+
+    def test_only_for_the_command_line(self):
+        """A process whose main module is not ``spark_analysis``'s (it
+        might run the analysis when imported, as the worker would import
+        it) draws every chart itself."""
+        from spark_analysis import report
+        saved = list(report._chart_worker)
+        self.addCleanup(report._chart_worker.__setitem__, slice(None), saved)
+        report._chart_worker.clear()
+        self.assertIsNone(report.start_chart_worker())
+        self.assertEqual(report._chart_worker, [])
 
     def copy_of_analysis(self):
         import copy
@@ -1008,6 +1020,6 @@ class ChartWorkerTests(unittest.SynchronousTestCase):
             time.sleep(0.1)
         page, charts, _ = self.report_of(self.copy_of_analysis())
         self.assertEqual(list(charts), list(report.CHARTS))
-        replacement = report.start_chart_worker()
+        replacement = report.start_chart_worker(any_main=True)
         self.assertIsNot(replacement, pool)
         self.assertNotEqual(replacement.submit(os.getpid).result(timeout=60), pid)
