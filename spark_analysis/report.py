@@ -1036,8 +1036,8 @@ def start_chart_worker(any_main=False):
             # a fresh interpreter, not a fork of this one (with the JVM's
             # gateway threads and sockets)
             context = multiprocessing.get_context("forkserver")
-            pool = concurrent.futures.ProcessPoolExecutor(1, mp_context=context,
-                                                          initializer=_chart_worker_init)
+            pool = concurrent.futures.ProcessPoolExecutor(
+                1, mp_context=context, initializer=_chart_worker_init, initargs=(os.getpid(),))
             pool.submit(int)
         except (ImportError, ValueError, OSError, RuntimeError):
             pool = None
@@ -1051,12 +1051,29 @@ def _forget_chart_worker():
     _chart_worker.clear()
 
 
-def _chart_worker_init():
+def _chart_worker_init(report_pid):
     # Ctrl-C in a terminal reaches the whole process group: the main
     # process stops (and with it this one), without a traceback from here
     import signal
+    import threading
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    threading.Thread(target=_exit_with, args=(report_pid,), daemon=True).start()
     _plt()
+
+
+def _exit_with(pid, every=1.0):
+    """End this process once process ``pid`` has gone: a worker of a pool
+    whose owner was killed (SIGKILL, out of memory) waits for work for
+    ever otherwise, and keeps its forkserver alive too."""
+    import time
+    while True:
+        time.sleep(every)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            os._exit(0)
+        except PermissionError:
+            pass
 
 
 def _draw(figs, names):

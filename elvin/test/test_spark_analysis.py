@@ -13,6 +13,8 @@ import json
 import csv
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 
 from twisted.trial import unittest
@@ -1004,6 +1006,38 @@ class ChartWorkerTests(unittest.SynchronousTestCase):
         here = self.report_of(self.copy_of_analysis())
         self.assertEqual(list(apart[1]), list(report.CHARTS))
         self.assertEqual(apart, here)
+
+    def test_the_worker_ends_with_its_owner(self):
+        """Killed (SIGKILL, out of memory), a report process leaves no chart
+        worker, nor its forkserver, behind."""
+        import signal
+        import time
+        code = ("import os, time\n"
+                "from spark_analysis import report\n"
+                "pool = report.start_chart_worker(any_main=True)\n"
+                "print(pool.submit(os.getpid).result(), pool.submit(os.getppid).result(),"
+                " flush=True)\n"
+                "time.sleep(600)\n")
+        env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=env,
+                                 stderr=subprocess.DEVNULL,
+                                 text=True)
+        self.addCleanup(lambda: owner.poll() is None and owner.kill())
+        pids = [int(x) for x in owner.stdout.readline().split()]
+        self.assertEqual(len(pids), 2)
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(timeout=30)
+        left = set(pids)
+        for _ in range(300):                        # at most 30 s
+            for pid in list(left):
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    left.discard(pid)
+            if not left:
+                break
+            time.sleep(0.1)
+        self.assertEqual(left, set())
 
     def test_a_dead_worker_is_replaced(self):
         import signal
