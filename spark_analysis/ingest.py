@@ -270,10 +270,10 @@ def _ship_code(spark):
     sc = spark.sparkContext
     if getattr(sc, "_elvin_shipped", False):
         return
+    import atexit
     import shutil
     import tempfile
     package = os.path.dirname(os.path.abspath(__file__))
-    import atexit
     where = tempfile.mkdtemp(prefix="elvin-spark-code-")
     # served to the executors from here for as long as the context lives;
     # removed when the process ends (it was left behind, one per run)

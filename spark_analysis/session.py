@@ -121,8 +121,8 @@ def local_settings(ui=False, driver_memory="1g", master=None, quick_jit=False):
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     settings = common_settings()
     settings.update({"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1",
-                "spark.ui.enabled": "true" if ui else "false",
-                "spark.sql.shuffle.partitions": str(4 * local_cores(master))})
+                     "spark.ui.enabled": "true" if ui else "false",
+                     "spark.sql.shuffle.partitions": str(4 * local_cores(master))})
     jit = f" {QUICK_JIT_OPTIONS}" if quick_jit else ""
     java = f"{LOCAL_JVM_OPTIONS}{jit} -Xms{driver_memory} {quiet_jvm_options()}".strip()
     settings["spark.driver.extraJavaOptions"] = java
