@@ -19,6 +19,9 @@ Then the same in a process that stays up, as a service runs it
 new and reports on the last hour; then two more hours are added, one at a
 time, and each run's own time (from seeing the new files to the report
 written, as the process prints it) is taken; the table shows the second.
+``--watch-hours N`` adds N hours instead (the table shows the last): a
+service's runs keep getting faster for a while as its JVM compiles more
+of Spark, and this shows how far.
 
 Peak RSS is sampled every 0.2 s: ``py`` is the Python driver process,
 ``JVM`` the Java process pyspark starts (in local mode the driver's JVM
@@ -311,8 +314,12 @@ def main(argv=None):
                              "executors' (default 1g, Spark's own default)")
     parser.add_argument("--workdir", default=None,
                         help="where to put traces and tables (default: a temporary directory)")
+    parser.add_argument("--watch-hours", type=int, default=2,
+                        help="hours added one at a time for the watching process (default 2)")
     parser.add_argument("--keep", action="store_true", help="keep the traces and reports")
     args = parser.parse_args(argv)
+    if args.watch_hours < 1:
+        parser.error("--watch-hours must be at least 1")
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
 
     from spark_analysis.session import get_session, local_settings
@@ -363,7 +370,7 @@ def main(argv=None):
             warm = []
             try:
                 watcher.wait_runs(1)
-                for extra in (1, 2):
+                for extra in range(1, args.watch_hours + 1):
                     add_hour(spark, tmpl, lo, hours + extra, traces, traces + ".new")
                     run = watcher.wait_runs(1 + extra)
                     if run[2] != per_hour:
