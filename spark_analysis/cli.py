@@ -54,10 +54,29 @@ def build_parser():
     parser.add_argument("--event-log", metavar="DIR",
                         help="write Spark's event log to DIR (uncompressed), and print where "
                              "the time went, stage by stage, at the end")
+    parser.add_argument("--latency-sample", metavar="N|auto", type=_latency_sample,
+                        default=None,
+                        help="time latencies on 1 in N notifications, chosen by digest (the "
+                             "same ones on every router); 1: every one. Default auto: every "
+                             "one up to a million crossings in the window, about a million "
+                             "beyond (counts other than latency's are always exact)")
     parser.add_argument("--no-report", action="store_true",
                         help="only write the tables (no charts, no HTML)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     return parser
+
+
+def _latency_sample(text):
+    """``--latency-sample``: "auto" (None) or a whole number >= 1."""
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected auto or a whole number >= 1, not {text!r}")
+    return value
 
 
 def parse_conf(items, error):
@@ -161,7 +180,8 @@ def main(argv=None):
     def analyse(listed, began, rebuild):
         analysis = pipeline.run(spark, args.trace_dir, args.out, since, until,
                                 progress=progress, files=listed, report=not args.no_report,
-                                tables_dir=args.tables, rebuild=rebuild, last_us=last)
+                                tables_dir=args.tables, rebuild=rebuild, last_us=last,
+                                latency_sample=args.latency_sample)
         if progress:
             where = os.path.join(args.out, "report.html") if not args.no_report else args.out
             print(f"wrote {where} ({analysis.records:,} records, {analysis.bad_lines:,} bad "

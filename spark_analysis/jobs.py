@@ -16,7 +16,8 @@ and notify_received / notify_dropped_* (in) at the receiver.
 
 from spark_analysis import traceformat as tf
 
-__all__ = ["CONSIDERED", "IN_WIRE", "MINUTE_US", "window_of", "activity", "control_events",
+__all__ = ["CONSIDERED", "IN_WIRE", "MINUTE_US", "LATENCY_SAMPLE_TARGET", "window_of",
+           "activity", "control_events", "wire_records", "latency_sample",
            "considered_counts",
            "links", "filters", "filter_health", "link_outages",
            "flood_model", "drops", "paths", "interest", "overview"]
@@ -29,6 +30,11 @@ MINUTE_US = 60 * 10**6
 SECOND_US = 10**6
 LINK_UP_GRACE_US = 2 * SECOND_US
 PERCENTILES = [0.5, 0.9, 0.99]
+# Latencies are timed on at most about this many wire records (a sample of
+# the notifications, the same ones on every router, when a window has more):
+# matching each crossing to its send is most of a big run's work, and a
+# million crossings pin a percentile down far closer than the clocks allow.
+LATENCY_SAMPLE_TARGET = 1_000_000
 
 
 def _F():
@@ -76,6 +82,28 @@ def window_of(events, since_us=None, until_us=None, count=False, per_minute=None
         return (None, None, row["n"]) if count else (None, None)
     window = (start, max(end, start + 1))
     return (*window, row["n"]) if count else window
+
+
+def wire_records(per_minute):
+    """How many wire records (FedNotify crossings, counted at either end)
+    the per-minute counts hold: what timing every one of them would match."""
+    F = _F()
+    row = _wire(per_minute).agg(F.coalesce(F.sum("n"), F.lit(0)).alias("n")).collect()[0]
+    return row["n"]
+
+
+def latency_sample(wire, target=None):
+    """1 in how many notifications to time so that about ``target`` (by
+    default LATENCY_SAMPLE_TARGET) of ``wire`` records are matched: 1 (all)
+    up to ``target``, else the smallest power of two that brings them under
+    it (powers of two, so a smaller sample is always part of a bigger one)."""
+    target = LATENCY_SAMPLE_TARGET if target is None else target
+    if target < 1:
+        raise ValueError("target must be at least 1")
+    k = 1
+    while wire > target * k:
+        k *= 2
+    return k
 
 
 def activity(events):
@@ -557,7 +585,7 @@ def _percentiles(col, prefix):
     return [p[i].alias(f"{prefix}p{int(q * 100)}_us") for i, q in enumerate(PERCENTILES)]
 
 
-def paths(events):
+def paths(events, sample_1_in=1):
     """Hop counts, routes and latencies, joining each notification's digest across routers.
 
     Tables:
@@ -578,9 +606,26 @@ def paths(events):
     one digest recurs (identical notifications) the nearest in time is
     taken. The published time is when the origin queued the notification on
     that first link.
+
+    ``sample_1_in`` k > 1: latencies (``timed``, ``matched`` and their
+    percentiles) from the notifications whose digest's first 64 bits are a
+    multiple of k -- 1 in k of them, the same ones on every router, so both
+    ends of every crossing are in the sample. Hop counts and routes' counts
+    are always of every record. Both latency tables get a ``sample_1_in``
+    column.
     """
     F = _F()
+    import operator
+    try:
+        sample_1_in = operator.index(sample_1_in)
+    except TypeError:
+        sample_1_in = 0
+    if sample_1_in < 1:
+        raise ValueError("sample_1_in must be a whole number >= 1")
     received = events.where(F.col("event") == "notify_received")
+    # both matchings read only the sampled notifications (all of them at k = 1)
+    timed = (events.where(F.pmod(F.col("dkey"), F.lit(sample_1_in)) == 0)
+             if sample_1_in > 1 else events)
     route_key = F.xxhash64("routing", "router")
     hops = (received.groupBy("hops")
             .agg(F.count(F.lit(1)).alias("deliveries"),
@@ -591,16 +636,17 @@ def paths(events):
     # partition keys are 64-bit hashes: much cheaper to shuffle and sort than
     # the strings, and a collision (2^-64 per pair) would only mismatch a few
     # a delivery's publication: the origin sending it on the first link
-    published = (events.where((F.col("event") == "notify_forwarded")
-                              & (F.col("hops") == 1) & (F.col("router") == F.col("origin")))
+    published = (timed.where((F.col("event") == "notify_forwarded")
+                             & (F.col("hops") == 1) & (F.col("router") == F.col("origin")))
                  .select(F.xxhash64("dkey", "origin", "peer").alias("pkey"), "ts_us",
                          F.col("ts_us").alias("published_us"),
                          F.lit(None).cast("long").alias("route_key"),
                          F.lit(0).alias("is_target")))
     first_hop = F.coalesce(F.get(F.col("routing"), 1), F.col("router"))
-    deliveries = received.select(F.xxhash64("dkey", "origin", first_hop).alias("pkey"), "ts_us",
-                                 F.lit(None).cast("long").alias("published_us"),
-                                 route_key.alias("route_key"), F.lit(1).alias("is_target"))
+    deliveries = timed.where(F.col("event") == "notify_received").select(
+        F.xxhash64("dkey", "origin", first_hop).alias("pkey"), "ts_us",
+        F.lit(None).cast("long").alias("published_us"), route_key.alias("route_key"),
+        F.lit(1).alias("is_target"))
     matched = (_nearest(published.unionByName(deliveries), ["pkey"], "published_us")
                .withColumn("latency_us", F.col("ts_us") - F.col("anchor_us")))
     latency = (matched.where(F.col("anchor_us").isNotNull())
@@ -617,13 +663,14 @@ def paths(events):
                       F.get(F.col("routing"), 0).alias("origin"), "destination",
                       F.size("routing").alias("hops"), "deliveries", "bytes", "route_key")
               .join(latency, ["route_key"], "left")
-              .drop("route_key"))
+              .drop("route_key")
+              .withColumn("sample_1_in", F.lit(sample_1_in)))
 
-    sent = (events.where(F.col("event") == "notify_forwarded")
+    sent = (timed.where(F.col("event") == "notify_forwarded")
             .select(F.xxhash64("dkey", "routing", "router", "peer").alias("pkey"),
                     F.col("router").alias("sender"), F.col("peer").alias("receiver"), "ts_us",
                     F.col("ts_us").alias("sent_us"), F.lit(0).alias("is_target")))
-    arrived = (events.where((F.col("direction") == "in") & F.col("event").isin(*IN_WIRE))
+    arrived = (timed.where((F.col("direction") == "in") & F.col("event").isin(*IN_WIRE))
                .select(F.xxhash64("dkey", "routing", "peer", "router").alias("pkey"),
                        F.col("peer").alias("sender"), F.col("router").alias("receiver"), "ts_us",
                        F.lit(None).cast("long").alias("sent_us"), F.lit(1).alias("is_target")))
@@ -635,7 +682,7 @@ def paths(events):
                 F.min("delay_us").alias("delay_min_us"), F.max("delay_us").alias("delay_max_us")))
     # small; materialised once so that joining it with itself does not redo the work
     hop = hop.localCheckpoint()
-    hop = clock_offsets(hop)
+    hop = clock_offsets(hop).withColumn("sample_1_in", F.lit(sample_1_in))
     corrections = route_clock_corrections(hop.collect())
     routes = routes.withColumn("_pairs", _route_pairs(F.col("route")))
     routes = _with_corrections(routes, corrections).drop("_pairs")

@@ -67,6 +67,8 @@ class Analysis:
         self.batch = None         # store.BatchResult: what this run read
         self.cached = []          # DataFrames cached during the run
         self.previous = None      # the previous report's summary.json, if any
+        self.wire_records = None  # FedNotify crossings in the window (either end)
+        self.latency_sample = 1   # latencies timed on 1 in this many notifications
 
     def parquet(self, name):
         return self.tables_dir.rstrip("/") + "/" + name
@@ -197,7 +199,7 @@ def _bucket_us(start_us, end_us, points=360):
 
 def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.stderr,
         files=None, report=True, max_bad_files=10, tables_dir=None, rebuild=False,
-        last_us=None):
+        last_us=None, latency_sample=None):
     """Run every stage; returns the Analysis. Raises ingest.TraceInputError.
 
     ``out_dir`` is a local directory (the driver writes the report, charts
@@ -205,7 +207,14 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
     ``out_dir/parquet`` -- on a cluster, a URI every executor can write to.
     ``last_us`` (instead of ``since_us``/``until_us``): the window is the
     last ``last_us`` microseconds of the table, up to its newest record.
+    ``latency_sample``: time latencies on 1 in this many notifications
+    (1: every one); by default (None) all of them up to
+    ``jobs.LATENCY_SAMPLE_TARGET`` wire records in the window, a sample
+    of about that many beyond (``jobs.latency_sample``).
     """
+    if latency_sample is not None and (not isinstance(latency_sample, int)
+                                       or latency_sample < 1):
+        raise ValueError("latency_sample must be None or a whole number >= 1")
     if last_us is not None and (since_us is not None or until_us is not None):
         raise ValueError("last_us excludes since_us and until_us")
     # cached tables keep adaptive execution's coalesced partitions (else every
@@ -331,7 +340,7 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
     analysis.series["bucket_us"] = bucket
     context = {"spark": spark, "analysis": analysis, "events": events, "start": start,
                "end": end, "per_minute": per_minute, "control": control, "considered": considered,
-               "bucket": bucket}
+               "bucket": bucket, "latency_sample": latency_sample}
     _run_side_by_side(spark, steps, context, [
         ("links", "overview and links: traffic per link and direction, rates, uptime",
          _links_stage),
@@ -454,9 +463,14 @@ def _drops_stage(c):
 
 
 def _paths_stage(c):
-    for name, df in jobs.paths(c["events"]).items():
-        _save(c["spark"], c["analysis"], name, df)
-    return f"{len(c['analysis'].tables['routes'])} routes"
+    analysis = c["analysis"]
+    analysis.wire_records = jobs.wire_records(c["per_minute"])
+    k = c["latency_sample"] or jobs.latency_sample(analysis.wire_records)
+    analysis.latency_sample = k
+    for name, df in jobs.paths(c["events"], sample_1_in=k).items():
+        _save(c["spark"], analysis, name, df)
+    sampled = f"; latency timed on 1 in {k} notifications" if k > 1 else ""
+    return f"{len(analysis.tables['routes'])} routes{sampled}"
 
 
 def _interest_stage(c):

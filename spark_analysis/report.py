@@ -633,6 +633,20 @@ def fig_latency(figs):
     return "latency", reading
 
 
+def latency_sample_reading(a):
+    """Says when latencies are from a sample of the notifications, and which."""
+    k = getattr(a, "latency_sample", 1) or 1
+    if k == 1:
+        return ""
+    wire = getattr(a, "wire_records", None)
+    of = f" of the {_n(wire)} link crossings in the period" if wire else ""
+    return (f"Latencies below are timed on 1 in {k} notifications{of}: those whose digest's "
+            f"first 64 bits are a multiple of {k}, the same notifications on every router, "
+            f"so both ends of each crossing are in the sample (\"matched\" and \"timed\" count "
+            f"those). Hop counts, routes and every other figure count every record. "
+            f"Run with --latency-sample 1 to time every notification.")
+
+
 def hop_latency_reading(figs):
     rows = figs.a.tables.get("hop_latency", [])
     bounded = [r for r in rows if r.get("clock_offset_pm_us") is not None]
@@ -1222,6 +1236,7 @@ def write_report(analysis):
     parts.append(_section("Paths: how far and how fast", "paths",
                           _img(figs, "hops") + _reading(readings["hops"])
                           + _img(figs, "routes") + _reading(readings["routes"])
+                          + _reading(latency_sample_reading(a))
                           + _img(figs, "latency") + _reading(readings["latency"])
                           + _reading(readings["hop_latency"])
                           + _table(a.tables["hop_latency"], [

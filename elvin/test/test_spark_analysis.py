@@ -1057,3 +1057,108 @@ class ChartWorkerTests(unittest.SynchronousTestCase):
         replacement = report.start_chart_worker(any_main=True)
         self.assertIsNot(replacement, pool)
         self.assertNotEqual(replacement.submit(os.getpid).result(timeout=60), pid)
+
+
+class LatencySampleTests(unittest.SynchronousTestCase):
+    """Latencies timed on 1 in k notifications, chosen by digest, on big windows."""
+
+    timeout = 600
+
+    def test_sample_size(self):
+        from spark_analysis import jobs
+        self.assertEqual([jobs.latency_sample(n, 1000) for n in (0, 999, 1000, 1001, 2000,
+                                                                 2001, 7999, 8001)],
+                         [1, 1, 1, 2, 2, 4, 8, 16])
+        self.assertEqual(jobs.latency_sample(jobs.LATENCY_SAMPLE_TARGET), 1)
+        self.assertEqual(jobs.latency_sample(6 * jobs.LATENCY_SAMPLE_TARGET), 8)
+        self.assertRaises(ValueError, jobs.latency_sample, 10, 0)
+
+    def test_bad_sample(self):
+        from spark_analysis import jobs
+        for bad in (0, -2, 1.5, "4"):
+            self.assertRaises(ValueError, jobs.paths, None, sample_1_in=bad)
+        from spark_analysis import pipeline
+        self.assertRaises(ValueError, pipeline.run, None, "/nonexistent", "/nonexistent",
+                          latency_sample=0)
+
+    def test_command_line(self):
+        from spark_analysis.cli import build_parser
+        parser = build_parser()
+        self.assertIsNone(parser.parse_args(["t", "--out", "o"]).latency_sample)
+        self.assertIsNone(parser.parse_args(["t", "--out", "o", "--latency-sample", "auto"])
+                          .latency_sample)
+        self.assertEqual(parser.parse_args(["t", "--out", "o", "--latency-sample", "8"])
+                         .latency_sample, 8)
+        status, err = run_cli("/tmp", "--out", "/tmp/x", "--latency-sample", "0")
+        self.assertEqual(status, 2)
+        self.assertIn("--latency-sample", err)
+
+    def test_sample_is_the_same_notifications_at_both_ends(self):
+        """Sampled latencies are exactly those of the sampled notifications
+        matched alone; hop counts and routes still count every record."""
+        from pyspark.sql import functions as F
+        from spark_analysis import jobs
+        from spark_analysis.store import TraceStore
+        _, a = SyntheticReportTests.analysis()
+        events = TraceStore(spark_session(), a.tables_dir).events(None, None)
+        k = 4
+        sampled = {name: _rows_of(df) for name, df in jobs.paths(events, sample_1_in=k).items()}
+        alone = {name: _rows_of(df) for name, df in jobs.paths(
+            events.where(F.pmod("dkey", F.lit(k)) == 0)).items()}
+        hop = by_key(sampled["hop_latency"], "sender", "receiver")
+        hop_alone = by_key(alone["hop_latency"], "sender", "receiver")
+        self.assertEqual(set(hop), set(hop_alone))
+        latency = ("matched", "delay_p50_us", "delay_p90_us", "delay_min_us", "delay_max_us",
+                   "clock_offset_low_us", "clock_offset_high_us")
+        for key, row in hop.items():
+            self.assertEqual(row["sample_1_in"], k)
+            self.assertEqual(hop_alone[key]["sample_1_in"], 1)
+            self.assertEqual({c: row[c] for c in latency},
+                             {c: hop_alone[key][c] for c in latency}, key)
+        # about 1 in k of every link's crossings are timed
+        full = by_key(a.tables["hop_latency"], "sender", "receiver")
+        self.assertEqual(a.latency_sample, 1)
+        self.assertEqual(set(full), set(hop))
+        matched, of = sum(r["matched"] for r in hop.values()), sum(
+            r["matched"] for r in full.values())
+        self.assertLess(abs(matched * k / of - 1), 0.25, (matched, of))
+        routes = by_key(sampled["routes"], "route")
+        routes_alone = by_key(alone["routes"], "route")
+        everything = by_key(a.tables["routes"], "route")
+        for route, row in routes.items():
+            self.assertEqual(row["deliveries"], everything[route]["deliveries"])
+            if route in routes_alone:
+                self.assertEqual(row["timed"], routes_alone[route]["timed"])
+                self.assertEqual(row["latency_p50_us"], routes_alone[route]["latency_p50_us"])
+        self.assertEqual(sorted(sampled["hops"], key=lambda r: r["hops"]),
+                         sorted(_rows_of(jobs.paths(events)["hops"]), key=lambda r: r["hops"]))
+
+    def test_pipeline_samples_a_big_window(self):
+        """Past the target the pipeline samples, says so, and CSVs carry the rate."""
+        from spark_analysis import jobs, pipeline
+        spark = spark_session()
+        traces, _ = handmade_analysis()
+        out = _tempdir("sampled-report")
+        self.addCleanup(shutil.rmtree, out, True)
+        self.patch(jobs, "LATENCY_SAMPLE_TARGET", 4)
+        a = pipeline.run(spark, traces, out, T(0), T(600), progress=None)
+        self.assertGreater(a.wire_records, 4)
+        self.assertEqual(a.latency_sample, jobs.latency_sample(a.wire_records, 4))
+        self.assertGreater(a.latency_sample, 1)
+        handmade = handmade_analysis()[1]
+        self.assertEqual(a.wire_records, handmade.wire_records)
+        self.assertEqual(handmade.latency_sample, 1)
+        with open(os.path.join(out, "csv", "hop_latency.csv")) as f:
+            rows = list(csv.DictReader(f))
+        self.assertTrue(all(r["sample_1_in"] == str(a.latency_sample) for r in rows))
+        with open(os.path.join(out, "report.html"), encoding="utf-8") as f:
+            page = f.read()
+        self.assertIn(f"timed on 1 in {a.latency_sample} notifications", page)
+        # counts other than latency's are those of every record
+        self.assertEqual(a.tables["hops"], handmade.tables["hops"])
+        self.assertEqual([r["deliveries"] for r in a.tables["routes"]],
+                         [r["deliveries"] for r in handmade.tables["routes"]])
+
+
+def _rows_of(df):
+    return [row.asDict(recursive=True) for row in df.collect()]
