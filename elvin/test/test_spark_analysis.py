@@ -11,6 +11,7 @@ import contextlib
 import io
 import json
 import csv
+import gzip
 import os
 import shutil
 import subprocess
@@ -805,6 +806,32 @@ class SyntheticReportTests(unittest.SynchronousTestCase):
                 if r["forwarded_bytes"] > r["flood_bytes"] > 0]
         if over:
             self.assertIn("is real, not an error", page)
+
+    def test_peak_per_second(self):
+        """Each link direction's busiest second, counted here in Python."""
+        from spark_analysis import jobs
+        traces, a = self.analysis()
+        per_second = {}
+        for root, _, names in os.walk(traces):
+            for name in names:
+                if not name.endswith((".jsonl", ".jsonl.gz")):
+                    continue
+                path = os.path.join(root, name)
+                opener = gzip.open if name.endswith(".gz") else open
+                with opener(path, "rt", encoding="utf-8") as f:
+                    for line in f:
+                        r = json.loads(line)
+                        if r["event"] == "notify_forwarded" or (
+                                r["direction"] == "in" and r["event"] in jobs.IN_WIRE):
+                            key = (r["router"], r["peer"], r["direction"], r["ts_us"] // 10**6)
+                            per_second[key] = per_second.get(key, 0) + 1
+        peaks = {}
+        for (router, peer, direction, _), n in per_second.items():
+            peaks[(router, peer, direction)] = max(n, peaks.get((router, peer, direction), 0))
+        got = {(r["router"], r["peer"], r["direction"]): r["peak_per_s"]
+               for r in a.tables["links"]}
+        self.assertEqual(got, peaks)
+        self.assertGreater(max(peaks.values()), 1)
 
     def test_no_label_overlaps(self):
         _, a = self.analysis()
