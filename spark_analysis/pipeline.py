@@ -67,7 +67,7 @@ class Analysis:
         self.batch = None         # store.BatchResult: what this run read
         self.cached = []          # DataFrames cached during the run
         self.previous = None      # the previous report's summary.json, if any
-        self.wire_records = None  # FedNotify crossings in the window (either end)
+        self.wire_records = None  # FedNotify crossings in the window (either end), when counted
         self.latency_sample = 1   # latencies timed on 1 in this many notifications
 
     def parquet(self, name):
@@ -464,8 +464,12 @@ def _drops_stage(c):
 
 def _paths_stage(c):
     analysis = c["analysis"]
-    analysis.wire_records = jobs.wire_records(c["per_minute"])
-    k = c["latency_sample"] or jobs.latency_sample(analysis.wire_records)
+    k = c["latency_sample"]
+    if k is None and analysis.records <= jobs.LATENCY_SAMPLE_TARGET:
+        k = 1          # (no more crossings than records: no need to count them)
+    elif k is None:
+        analysis.wire_records = jobs.wire_records(c["per_minute"])
+        k = jobs.latency_sample(analysis.wire_records)
     analysis.latency_sample = k
     for name, df in jobs.paths(c["events"], sample_1_in=k).items():
         _save(c["spark"], analysis, name, df)
