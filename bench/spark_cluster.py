@@ -1,6 +1,7 @@
 """The trace analysis on a real Spark standalone cluster gives what local mode gives.
 
     python bench/spark_cluster.py [--port 7077|0] [--traces DIR] [--workdir DIR] [--keep]
+                                  [--latency-sample N]
                                   [--conf KEY=VALUE ...] [--start-timeout S] [--run-timeout S]
 
 Starts a Spark standalone master and two workers (one core, 1 GiB each) on
@@ -511,7 +512,8 @@ def _say(log, text):
 
 
 def run_cluster_check(traces=None, workdir=None, port=7077, keep=False, synth=None, conf=None,
-                      start_timeout=60.0, run_timeout=900.0, deadline=None, log=None):
+                      start_timeout=60.0, run_timeout=900.0, deadline=None, log=None,
+                      analysis_args=()):
     """Start the cluster, run the analysis three ways, compare, stop.
 
     ``traces``: a trace directory (else synthetic traces, ``synth`` options
@@ -520,7 +522,9 @@ def run_cluster_check(traces=None, workdir=None, port=7077, keep=False, synth=No
     end unless ``keep`` or a failure). ``conf``: {key: value} of Spark
     settings for all three runs. ``deadline``: seconds for the whole
     check (every wait is cut to what is left of it). ``log``: a file for
-    progress lines (None: silent).
+    progress lines (None: silent). ``analysis_args``: more arguments of
+    ``python -m spark_analysis`` for all three runs (``--latency-sample 2``
+    checks that a sample is the same notifications on a cluster).
 
     Returns {"ok", "errors", "seconds" {"synth", "start", "local", "submit",
     "module", "stop"}, "comparison" (compare_outputs), "leftover" (processes
@@ -569,19 +573,20 @@ def run_cluster_check(traces=None, workdir=None, port=7077, keep=False, synth=No
         for path in outs.values():
             shutil.rmtree(path, ignore_errors=True)
         extra, confs = [], []                          # --conf for local, for the cluster
+        analysis_args = list(analysis_args)
         for key, value in (conf or {}).items():
             extra += ["--conf", f"{key}={value}"]
         for key, value in {**DRIVER_CONF, **EXECUTOR_CONF, **(conf or {})}.items():
             confs += ["--conf", f"{key}={value}"]
         runs = {
             "local": [sys.executable, "-m", "spark_analysis", traces, "--out", outs["local"],
-                      "--master", "local[2]", "--quiet"] + extra,
+                      "--master", "local[2]", "--quiet"] + extra + analysis_args,
             "submit": [os.path.join(spark_home(), "bin", "spark-submit"),
                        "--master", cluster.url] + confs +
                       [os.path.join(ROOT, "spark_analysis", "__main__.py"),
-                       traces, "--out", outs["submit"], "--quiet"],
+                       traces, "--out", outs["submit"], "--quiet"] + analysis_args,
             "module": [sys.executable, "-m", "spark_analysis", traces, "--out", outs["module"],
-                       "--master", cluster.url] + confs + ["--quiet"],
+                       "--master", cluster.url] + confs + ["--quiet"] + analysis_args,
         }
         for name in RUNS:
             result["seconds"][name] = _run(name, runs[name], workdir, env, left(run_timeout),
@@ -665,6 +670,9 @@ def main(argv=None):
     parser.add_argument("--keep", action="store_true", help="keep the work dir")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                         help="a Spark setting for all three runs (repeatable)")
+    parser.add_argument("--latency-sample", metavar="N|auto",
+                        help="passed to the three analysis runs (e.g. 2: the latency tables "
+                             "from a sample, which must be the same on the cluster)")
     parser.add_argument("--start-timeout", type=float, default=60.0, metavar="S",
                         help="seconds to wait for the master and 2 ALIVE workers (default 60)")
     parser.add_argument("--run-timeout", type=float, default=900.0, metavar="S",
@@ -688,7 +696,9 @@ def main(argv=None):
     try:
         result = run_cluster_check(traces=args.traces, workdir=args.workdir, port=args.port,
                                    keep=args.keep, conf=conf, start_timeout=args.start_timeout,
-                                   run_timeout=args.run_timeout, log=sys.stdout)
+                                   run_timeout=args.run_timeout, log=sys.stdout,
+                                   analysis_args=(["--latency-sample", args.latency_sample]
+                                                  if args.latency_sample else []))
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -12,6 +12,7 @@ log files in the work dir, under ``_trial_temp``. Skipped, with the reason,
 without pyspark, Java or ``spark-class``. Takes a few minutes on 2 cores.
 """
 
+import csv
 import importlib.util
 import io
 import os
@@ -78,7 +79,9 @@ class StandaloneClusterTests(unittest.TestCase):
 
     def test_cluster_tables_match_local(self):
         """local[2], spark-submit and python -m on the cluster: the same CSV
-        tables; the master saw both cluster runs; nothing left running."""
+        tables (latencies on a 1-in-2 sample: the same notifications on the
+        executors as in local mode); the master saw both cluster runs;
+        nothing left running."""
         from spark_analysis import synth
         bench = load_bench()
         work = os.path.abspath(self.mktemp())
@@ -88,7 +91,8 @@ class StandaloneClusterTests(unittest.TestCase):
         log = io.StringIO()
         d = threads.deferToThread(
             bench.run_cluster_check, traces=traces, workdir=cluster_dir, port=0, conf=FAST,
-            start_timeout=90, run_timeout=240, deadline=self.timeout - 90, log=log)
+            start_timeout=90, run_timeout=240, deadline=self.timeout - 90, log=log,
+            analysis_args=["--latency-sample", "2"])
 
         def check(result):
             report = "\n".join(bench.summary(result)) + "\n--- progress:\n" + log.getvalue()
@@ -100,6 +104,11 @@ class StandaloneClusterTests(unittest.TestCase):
                           "hop_latency.csv"):
                 self.assertIn(table, comparison["files"], report)
             self.assertGreater(sum(comparison["rows"].values()), 20, report)
+            for run in ("local", "submit", "module"):
+                with open(os.path.join(cluster_dir, run, "csv", "hop_latency.csv")) as f:
+                    rows = list(csv.DictReader(f))
+                self.assertTrue(rows, report)
+                self.assertEqual({r["sample_1_in"] for r in rows}, {"2"}, report)
             self.assertTrue(result["master_url"].startswith("spark://127.0.0.1:"), report)
             self.assertNotEqual(result["master_url"], "spark://127.0.0.1:0")
             for run in ("start", "local", "submit", "module", "stop"):
