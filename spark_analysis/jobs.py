@@ -17,7 +17,7 @@ and notify_received / notify_dropped_* (in) at the receiver.
 from spark_analysis import traceformat as tf
 
 __all__ = ["CONSIDERED", "IN_WIRE", "MINUTE_US", "LATENCY_SAMPLE_TARGET", "window_of",
-           "activity", "control_events", "wire_records", "latency_sample",
+           "activity", "control_events", "wire_records", "latency_sample", "checked_sample",
            "considered_counts",
            "links", "filters", "filter_health", "link_outages",
            "flood_model", "drops", "paths", "interest", "overview"]
@@ -104,6 +104,18 @@ def latency_sample(wire, target=None):
     while wire > target * k:
         k *= 2
     return k
+
+
+def checked_sample(sample_1_in):
+    """``sample_1_in`` as an int, or ValueError if it is not a whole number >= 1."""
+    import operator
+    try:
+        value = operator.index(sample_1_in)
+    except TypeError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"a latency sample must be a whole number >= 1, not {sample_1_in!r}")
+    return value
 
 
 def activity(events):
@@ -620,13 +632,7 @@ def paths(events, sample_1_in=1):
     column.
     """
     F = _F()
-    import operator
-    try:
-        sample_1_in = operator.index(sample_1_in)
-    except TypeError:
-        sample_1_in = 0
-    if sample_1_in < 1:
-        raise ValueError("sample_1_in must be a whole number >= 1")
+    sample_1_in = checked_sample(sample_1_in)
     received = events.where(F.col("event") == "notify_received")
     # both matchings read only the sampled notifications (all of them at k = 1)
     timed = (events.where(F.pmod(F.col("dkey"), F.lit(sample_1_in)) == 0)

@@ -212,9 +212,9 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
     ``jobs.LATENCY_SAMPLE_TARGET`` wire records in the window, a sample
     of about that many beyond (``jobs.latency_sample``).
     """
-    if latency_sample is not None and (not isinstance(latency_sample, int)
-                                       or latency_sample < 1):
-        raise ValueError("latency_sample must be None or a whole number >= 1")
+    if latency_sample is not None:
+        # (checked before the ingest, not after it)
+        latency_sample = jobs.checked_sample(latency_sample)
     if last_us is not None and (since_us is not None or until_us is not None):
         raise ValueError("last_us excludes since_us and until_us")
     # cached tables keep adaptive execution's coalesced partitions (else every

@@ -635,11 +635,10 @@ def fig_latency(figs):
 
 def latency_sample_reading(a):
     """Says when latencies are from a sample of the notifications, and which."""
-    k = getattr(a, "latency_sample", 1) or 1
+    k = a.latency_sample
     if k == 1:
         return ""
-    wire = getattr(a, "wire_records", None)
-    of = f" of the {_n(wire)} link crossings in the period" if wire else ""
+    of = f" of the {_n(a.wire_records)} link crossings in the period" if a.wire_records else ""
     return (f"Latencies below are timed on 1 in {k} notifications{of}: those whose digest's "
             f"first 64 bits are a multiple of {k}, the same notifications on every router, "
             f"so both ends of each crossing are in the sample (\"matched\" and \"timed\" count "
