@@ -181,30 +181,39 @@ def _parse_task(ignore_corrupt):
 _WRITTEN_FIELDS = [("kind", "string"), ("name", "string"), ("ok", "long"), ("bad", "long")]
 
 
-def _write_task(root, ignore_corrupt):
+def _write_task(root, ignore_corrupt, minutes_root=None):
     """The function each ingest task runs when it writes the table itself
     (``partwriter``, into ``root``): file rows in, one row per trace file
-    (kind 'file': good and bad lines) and per Parquet file written ('part')
-    out."""
+    (kind 'file': good and bad lines) and per Parquet file written ('part';
+    'minutes' for the per-minute counts of its valid records, written into
+    ``minutes_root`` when given, see ``minutes``) out."""
     def write(batches):
         import pyarrow as pa
-        from spark_analysis import arrowparse, partwriter
+        from spark_analysis import arrowparse, minutes, partwriter
         writer = partwriter.PartitionedWriter(root, arrowparse.EVENTS_SCHEMA,
                                               ["status", "day", "router"])
-        counts = {}
+        counts, counted = {}, []
         for batch in batches:
             for row in batch.to_pylist():
                 ok, bad = counts.get(row["name"], (0, 0))
                 for table in _tables_of(row, ignore_corrupt):
                     if table.column("status")[0].as_py() == "ok":
                         ok += table.num_rows
+                        if minutes_root is not None:
+                            counted.append(minutes.partial(table))
                     else:
                         bad += table.num_rows
                     writer.write(table)
                 writer.flush()
                 counts[row["name"]] = (ok, bad)
+                counted = [minutes.merge(counted)] if len(counted) > 1 else counted
         rows = [("file", name, ok, bad) for name, (ok, bad) in counts.items()]
         rows += [("part", rel, 0, 0) for rel in writer.close()]
+        if counted and counted[0].num_rows:
+            per_minute = partwriter.PartitionedWriter(minutes_root, minutes.SCHEMA, ["day"],
+                                                      attempt=writer.attempt)
+            per_minute.write(counted[0])
+            rows += [("minutes", rel, 0, 0) for rel in per_minute.close()]
         yield pa.RecordBatch.from_arrays(
             [pa.array([r[i] for r in rows], t) for i, t in
              enumerate((pa.string(), pa.string(), pa.int64(), pa.int64()))],
@@ -340,34 +349,50 @@ def read_traces(spark, files, since_us=None, until_us=None, file_of=None,
     return parsed.where(keep) if since_us is not None or until_us is not None else parsed
 
 
-def ingest_files(spark, files, out, file_of=None, ignore_corrupt=False):
+def ingest_files(spark, files, out, file_of=None, ignore_corrupt=False, minutes_out=None):
     """Parse ``files`` and write them as the events table at ``out``:
-    ({file: (good, bad)}, [Parquet files written, relative to ``out``] or None).
+    ({file: (good, bad)}, [Parquet files written, relative to ``out``] or
+    None, [per-minute count files written, relative to ``minutes_out``] or None).
 
     Where ``out`` is a directory this process (and so, on a cluster, a
     shared mount every executor) can write, the tasks write their own files
-    (``partwriter``) and the list says which to commit; elsewhere (hdfs://,
+    (``partwriter``) and the lists say which to commit; elsewhere (hdfs://,
     s3a://, ...) Spark writes them (None: its committer keeps only what
-    succeeded).
+    succeeded). ``minutes_out``: where the valid records' per-minute counts
+    go (``minutes``; by the tasks, or by Spark from what it wrote).
     """
     if not _is_local(out):
         write_events(read_traces(spark, files, file_of=file_of,
                                  ignore_corrupt=ignore_corrupt), out)
-        return ingest_stats(spark, out), None
+        if minutes_out is not None:
+            write_minutes(spark.read.parquet(out).where("status = 'ok'"), minutes_out)
+        return ingest_stats(spark, out), None, None
     from pyspark.sql import types as T
     root = os.path.abspath(_local(out))
+    minutes_root = os.path.abspath(_local(minutes_out)) if minutes_out is not None else None
     schema = T.StructType([T.StructField(n, T.StringType() if t == "string" else T.LongType())
                            for n, t in _WRITTEN_FIELDS])
-    rows = (_files(spark, files, file_of).mapInArrow(_write_task(root, ignore_corrupt), schema)
+    rows = (_files(spark, files, file_of)
+            .mapInArrow(_write_task(root, ignore_corrupt, minutes_root), schema)
             .collect())
-    stats, parts = {}, []
+    stats, parts, minute_parts = {}, [], []
     for row in rows:
         if row["kind"] == "part":
             parts.append(row["name"])
+        elif row["kind"] == "minutes":
+            minute_parts.append(row["name"])
         else:
             ok, bad = stats.get(row["name"], (0, 0))
             stats[row["name"]] = (ok + row["ok"], bad + row["bad"])
-    return stats, sorted(parts)
+    return stats, sorted(parts), sorted(minute_parts)
+
+
+def write_minutes(valid, path):
+    """The per-minute counts of ``valid`` (records with their ``day``) as
+    Parquet at ``path``, by Spark: what the tasks write where they write
+    the events themselves (``minutes``)."""
+    from spark_analysis import jobs
+    jobs.activity(valid, by_day=True).write.mode("overwrite").partitionBy("day").parquet(path)
 
 
 def write_events(parsed, path, mode="overwrite"):

@@ -118,17 +118,21 @@ def checked_sample(sample_1_in):
     return value
 
 
-def activity(events):
+def activity(events, by_day=False):
     """Every record counted once, per router, peer, direction, event and minute.
 
     One pass over the table that the overview, link, filter and drop
     tables are then all derived from (it is small: a row per active
     minute of each kind of record on each link). Columns: router, peer,
-    direction, event, minute_us, n, bytes, first_us, last_us.
+    direction, event, minute_us, n, bytes, first_us, last_us (and the
+    records' ``day`` with ``by_day``: how the ingest stores them, see
+    ``minutes``; the table's own per-minute counts are
+    ``TraceStore.per_minute``).
     """
     F = _F()
+    day = ["day"] if by_day else []
     return events.groupBy("router", "peer", "direction", "event",
-                          _floor(F.col("ts_us"), MINUTE_US).alias("minute_us")).agg(
+                          _floor(F.col("ts_us"), MINUTE_US).alias("minute_us"), *day).agg(
         F.count(F.lit(1)).alias("n"), F.sum("size").alias("bytes"),
         F.min("ts_us").alias("first_us"), F.max("ts_us").alias("last_us"))
 

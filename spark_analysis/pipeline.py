@@ -316,9 +316,10 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
         since_us = until_us - last_us
         analysis.since_us, analysis.until_us = since_us, until_us
     events = store.events(since_us, until_us)
-    # one pass counts every record per link, event and minute; the window's
-    # span and size, the overview, link, filter and drop tables are sums over it
-    per_minute = jobs.activity(events).cache()
+    # every record counted per link, event and minute (summed from the counts
+    # the ingest made): the window's span and size, the overview, link,
+    # filter and drop tables are sums over it
+    per_minute = store.per_minute(since_us, until_us).cache()
     start, end, analysis.records = jobs.window_of(events, since_us, until_us, count=True,
                                                   per_minute=per_minute)
     if not analysis.records:

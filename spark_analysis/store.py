@@ -4,13 +4,16 @@
 
     events/status=ok/day=YYYY-MM-DD/router=<domain>/part-*.parquet
     events/status=bad/...                 lines that broke a rule (bad_reason, raw)
+    event_minutes/day=YYYY-MM-DD/*.parquet  the valid records counted per minute
+                                          (``minutes``), written with the events
     _ingest/manifest.json                 what has been read, file by file
     _ingest/pending-<batch>.json          a batch being committed (see below)
     _ingest/staging/<batch>/              a batch's copied tails and Spark output
 
 ``update(files)`` reads only what the manifest does not hold yet and
 appends it; ``events(since, until)`` is the table, for a window (whole days
-are pruned by the ``day`` partition). A daily job therefore reads one day
+are pruned by the ``day`` partition), and ``per_minute(since, until)`` its
+per-minute counts. A daily job therefore reads one day
 of JSON, not the month before it.
 
 What counts as "the same file": its name without ``.gz`` (trace file names
@@ -35,7 +38,8 @@ that changed size after it was read is named in a warning and not re-read.
 A batch commits in three steps so that a crash at any point neither loses
 nor doubles records: Spark writes the batch under ``staging``; a
 ``pending`` file records the batch's manifest entries; the part files are
-renamed into ``events`` and the manifest is replaced (write + rename).
+renamed into ``events`` (and the per-minute counts into ``event_minutes``)
+and the manifest is replaced (write + rename).
 ``recover()`` (called by ``update``) completes a pending batch and removes
 staging left by a batch that never got as far as its pending file.
 """
@@ -56,9 +60,11 @@ import zlib
 from spark_analysis import ingest
 from spark_analysis import traceformat as tf
 
-__all__ = ["TraceStore", "BatchResult", "HEAD_BYTES", "MANIFEST_VERSION", "expected_records"]
+__all__ = ["TraceStore", "BatchResult", "HEAD_BYTES", "MANIFEST_VERSION", "MINUTES_TABLE",
+           "expected_records"]
 
 HEAD_BYTES = 4096          # bytes hashed to recognise a file
+MINUTES_TABLE = "event_minutes"   # per-minute counts made at ingest (``minutes``)
 MANIFEST_VERSION = 3          # 2: events carry dkey and akey; 3: keys made by arrowparse
 _COPY_CHUNK = 1 << 20
 
@@ -225,6 +231,7 @@ class TraceStore:
         self.fs = (_LocalFS(ingest._local(self.tables_dir)) if local
                    else _HadoopFS(spark, self.tables_dir))
         self.events_path = self.fs.join("events")
+        self.minutes_path = self.fs.join(MINUTES_TABLE)
         self.meta = self.fs.join("_ingest")
         # tails of local files are copied to local disk (the driver's);
         # Spark's batch output goes next to the table (same file system)
@@ -249,7 +256,11 @@ class TraceStore:
                         f"or a new --tables directory")
                 self._manifest = data
             else:
-                self._manifest = {"version": MANIFEST_VERSION, "files": {}, "batches": []}
+                # a table begun by this version has every batch's per-minute
+                # counts ("minutes"); one begun before does not, and its
+                # counts are made from the events (``per_minute``)
+                self._manifest = {"version": MANIFEST_VERSION, "files": {}, "batches": [],
+                                  "minutes": not self.has_events()}
         return self._manifest
 
     def _save_manifest(self):
@@ -263,6 +274,7 @@ class TraceStore:
     def clear(self):
         """Forget everything: the next update reads every file again."""
         self.fs.delete(self.events_path)
+        self.fs.delete(self.minutes_path)
         self.fs.delete(self.meta)
         self._manifest = None
 
@@ -279,7 +291,7 @@ class TraceStore:
                    if "/" not in p and p.startswith("pending-") and p.endswith(".json")]
         for name in pending:
             batch = json.loads(self.fs.read_text(self.fs.join("_ingest", name)))
-            self._move_parts(batch["batch"], batch.get("parts"))
+            self._move_parts(batch["batch"], batch.get("parts"), batch.get("minute_parts"))
             self._apply(manifest, batch)
             self._save_manifest()
             self.fs.delete(self.fs.join("_ingest", name))
@@ -293,20 +305,25 @@ class TraceStore:
         for key, entry in batch["entries"].items():
             manifest["files"][key] = entry
         manifest["batches"].append(batch["batch"])
+        if "minute_parts" not in batch:
+            manifest["minutes"] = False       # a batch pending from an older version
 
-    def _move_parts(self, batch, parts=None):
+    def _move_parts(self, batch, parts=None, minute_parts=None):
         """Rename the batch's Parquet files from staging into ``events``:
         ``parts`` (those the ingest's finished tasks wrote), or, when Spark
-        wrote them (None), every one its committer left."""
-        out = self.fs.join("_ingest", "staging", batch, "out")
-        if parts is None:
-            parts = [rel for rel in self.fs.list_files(out)
-                     if rel.rsplit("/", 1)[-1].endswith(".parquet")]
-        for rel in parts:
-            if not self.fs.exists(self.fs.join("_ingest", "staging", batch, "out", rel)):
-                continue        # moved already (a recovery after a crash mid-move)
-            self.fs.rename(self.fs.join("_ingest", "staging", batch, "out", rel),
-                           self.fs.join("events", rel))
+        wrote them (None), every one its committer left; and its per-minute
+        counts into ``event_minutes`` (``minute_parts`` likewise)."""
+        for staged, table, names in (("out", "events", parts),
+                                     ("minutes", MINUTES_TABLE, minute_parts)):
+            out = self.fs.join("_ingest", "staging", batch, staged)
+            if names is None:
+                names = [rel for rel in self.fs.list_files(out)
+                         if rel.rsplit("/", 1)[-1].endswith(".parquet")]
+            for rel in names:
+                if not self.fs.exists(self.fs.join("_ingest", "staging", batch, staged, rel)):
+                    continue        # moved already (a recovery after a crash mid-move)
+                self.fs.rename(self.fs.join("_ingest", "staging", batch, staged, rel),
+                               self.fs.join(table, rel))
 
     # -- planning what to read ---------------------------------------------
 
@@ -485,9 +502,10 @@ class TraceStore:
                 line_base[path] = first
         for path, source, kind, first in parts:
             result.parts.append((path, kind))
-        stats, written = {}, []
+        stats, written, minute_parts = {}, [], []
         if spark_inputs:
-            stats, written = self._write_batch(batch, spark_inputs, file_of, result)
+            stats, written, minute_parts = self._write_batch(batch, spark_inputs, file_of,
+                                                             result)
         for key, entry in entries.items():
             ok, bad = stats.get(entry["path"], (0, 0))
             entry["records"] = entry.get("records", 0) + ok
@@ -503,10 +521,11 @@ class TraceStore:
             result.bad_examples += [(path, n, r, t) for n, r, t in found]
             if entry is not None:
                 entry["examples"] = (entry.get("examples", []) + [[n, r, t] for n, r, t in found])[:5]
-        pending = {"batch": batch, "entries": entries, "parts": written}
+        pending = {"batch": batch, "entries": entries, "parts": written,
+                   "minute_parts": minute_parts}
         pending_path = self.fs.join("_ingest", f"pending-{batch}.json")
         self.fs.write_text(pending_path, json.dumps(pending))
-        self._move_parts(batch, written)
+        self._move_parts(batch, written, minute_parts)
         self._apply(self.manifest(), pending)
         self._save_manifest()
         self.fs.delete(pending_path)
@@ -517,23 +536,27 @@ class TraceStore:
 
     def _write_batch(self, batch, inputs, file_of, result):
         """Parse and check ``inputs`` into staging: ({path: (ok, bad)}, the
-        Parquet files to commit, relative to staging, or None for all)."""
+        Parquet files to commit, relative to staging, or None for all, and
+        the same for the per-minute counts)."""
         out = self.fs.join("_ingest", "staging", batch, "out")
+        minutes_out = self.fs.join("_ingest", "staging", batch, "minutes")
         files = [(p, 0) for p in inputs]
         named = {}
         for p in inputs:
             uri = ingest._file_uri(p) if ingest._is_local(p) else p
             named[file_of.get(uri, uri)] = p
-        stats, parts = {}, []
+        stats, parts, minute_parts = {}, [], []
         for attempt in range(len(inputs) + 1):
             try:
-                stats, parts = ingest.ingest_files(self.spark, files, out, file_of)
+                stats, parts, minute_parts = ingest.ingest_files(
+                    self.spark, files, out, file_of, minutes_out=minutes_out)
                 break
             except Exception as e:  # noqa: BLE001 - Py4J wraps the worker's error
                 found = re.search(r"unreadable trace file (\S+?): ([^\n]*)", str(e))
                 if found is None or found.group(1) not in named:
                     raise
                 self.fs.delete(out)
+                self.fs.delete(minutes_out)
                 # a file that cannot be read: skip it, name it, read the rest
                 # (local .gz files are all checked at the first one; a remote
                 # file is named by the task that failed on it)
@@ -545,9 +568,9 @@ class TraceStore:
                 skipped = {p for p, _ in bad}
                 files = [(p, size) for p, size in files if p not in skipped]
                 if not files:
-                    return {}, []
+                    return {}, [], []
         return ({ingest.display_path(f) if ingest._is_local(f) else f: v
-                 for f, v in stats.items()}, parts)
+                 for f, v in stats.items()}, parts, minute_parts)
 
     # -- reading the table back ---------------------------------------------
 
@@ -562,6 +585,38 @@ class TraceStore:
         if until_us is not None:
             df = df.where((F.col("day") <= _day(until_us)) & (F.col("ts_us") < until_us))
         return df.drop("status", "bad_reason", "raw")
+
+    def per_minute(self, since_us=None, until_us=None):
+        """``jobs.activity`` of ``events(since_us, until_us)``: the valid
+        records counted per router, peer, direction, event and minute.
+
+        Summed from the counts the ingest made (``minutes``) for the whole
+        minutes in the window; a minute the window cuts is counted from
+        its records. A table begun by an older version has no such counts:
+        its records are counted (a pass over the window).
+        """
+        from pyspark.sql import functions as F
+        from spark_analysis import jobs
+        if not self.manifest().get("minutes") or not self.fs.exists(self.minutes_path):
+            return jobs.activity(self.events(since_us, until_us))
+        unit = jobs.MINUTE_US
+        # the whole minutes inside the window: [lo, hi)
+        lo = None if since_us is None else -(-since_us // unit) * unit
+        hi = None if until_us is None else until_us // unit * unit
+        if lo is not None and hi is not None and lo >= hi:
+            return jobs.activity(self.events(since_us, until_us))
+        counts = self.spark.read.parquet(self.minutes_path)
+        if lo is not None:
+            counts = counts.where((F.col("day") >= _day(lo)) & (F.col("minute_us") >= lo))
+        if hi is not None:
+            counts = counts.where((F.col("day") <= _day(hi - 1)) & (F.col("minute_us") < hi))
+        whole = counts.groupBy("router", "peer", "direction", "event", "minute_us").agg(
+            F.sum("n").alias("n"), F.sum("bytes").alias("bytes"),
+            F.min("first_us").alias("first_us"), F.max("last_us").alias("last_us"))
+        for a, b in ((since_us, lo), (hi, until_us)):
+            if a is not None and b is not None and a < b:
+                whole = whole.unionByName(jobs.activity(self.events(a, b)))
+        return whole
 
     def newest_us(self):
         """The time of the newest valid record (None if there is none).

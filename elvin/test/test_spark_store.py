@@ -136,7 +136,7 @@ class StoreTests(unittest.SynchronousTestCase):
         original = store_module.TraceStore._move_parts
         calls = []
 
-        def crash(self_, batch, parts=None):
+        def crash(self_, batch, *parts):
             calls.append(batch)
             raise KeyboardInterrupt("killed")
         store_module.TraceStore._move_parts = crash
@@ -148,6 +148,11 @@ class StoreTests(unittest.SynchronousTestCase):
         again = self.update()
         self.assertEqual(again.records, 0)       # recovered, not re-read
         self.assertEqual(self.numbers(), [0, 1, 2, 3])
+        # the batch's per-minute counts were moved in with its events
+        self.assertTrue(self.store().manifest()["minutes"])
+        self.assertEqual(_minute_rows(self.store().per_minute()),
+                         [("a", "peer", "out", "notify_forwarded", T(0) // 60_000_000 * 60_000_000,
+                           4, 80, T(0), T(3))])
 
     def test_crash_before_pending_reads_again(self):
         """Killed while Spark was writing: staging is dropped, the file read again."""
@@ -190,6 +195,138 @@ class StoreTests(unittest.SynchronousTestCase):
         result = self.update()
         self.assertEqual((result.records, result.bad), (2, 1))
         self.assertEqual([(n, "UTF-8" in r) for _, n, r, _ in result.bad_examples], [(2, True)])
+
+
+def _minute_rows(df):
+    return sorted(tuple(r) for r in df.select(
+        "router", "peer", "direction", "event", "minute_us", "n", "bytes", "first_us",
+        "last_us").collect())
+
+
+class PerMinuteTests(unittest.SynchronousTestCase):
+    """``TraceStore.per_minute``: the per-minute counts the ingest made,
+    summed, equal counting the window's records (``jobs.activity``), for
+    any window, whole minutes or not, and over several batches."""
+
+    timeout = 300
+
+    def setUp(self):
+        StoreTests.setUp(self)
+
+    store = StoreTests.store
+    update = StoreTests.update
+    path = StoreTests.path
+    write = StoreTests.write
+
+    def lines(self, router, seconds, size=20, event="notify_forwarded", direction="out"):
+        return "".join(tf.format_record(T(s), router, "peer", event, direction,
+                                        routing=[router], size=size, attrs=["n"],
+                                        digest=tf.notification_digest({"n": i})) + "\n"
+                       for i, s in enumerate(seconds))
+
+    def assertSameCounts(self, since_us=None, until_us=None):
+        from spark_analysis import jobs
+        store = self.store()
+        made = _minute_rows(store.per_minute(since_us, until_us))
+        counted = _minute_rows(jobs.activity(store.events(since_us, until_us)))
+        self.assertEqual(made, counted, (since_us, until_us))
+        return made
+
+    def test_windows(self):
+        # two routers over five minutes (T(0) is not on a minute), one of
+        # them in two batches (a file that grows: two counts of a minute)
+        a = tf.trace_file_name("a", T(0), 1)
+        b = tf.trace_file_name("b", T(0), 1)
+        self.write(a, self.lines("a", range(0, 300, 7)))
+        self.write(b, self.lines("b", range(3, 200, 11), size=None, event="link_up",
+                                 direction="in") + "not json\n")
+        self.update()
+        self.write(a, self.lines("a", range(300, 330, 3)), mode="a")
+        self.update()
+        self.assertTrue(self.store().manifest()["minutes"])
+        made = os.listdir(os.path.join(self.tables, "event_minutes"))
+        self.assertTrue(made and all(d.startswith("day=") for d in made), made)
+        whole = self.assertSameCounts()
+        self.assertEqual(sum(r[5] for r in whole), 43 + 18 + 10)
+        minute = 60 * 10**6
+        first = T(0) - T(0) % minute
+        for since, until in [(first + minute, first + 3 * minute),      # whole minutes
+                             (T(5), T(250, 17)),                          # both edges cut
+                             (T(20), T(40)),                              # inside one minute
+                             (first + minute - 10**6, first + minute + 10**6),  # one boundary
+                             (T(100), None), (None, T(100)),
+                             (T(10**6), T(10**6 + 1))]:                   # no records
+            self.assertSameCounts(since, until)
+
+    def test_whole_minutes_are_read_from_the_counts(self):
+        """A window of whole minutes reads the per-minute counts only."""
+        self.write(tf.trace_file_name("a", T(0), 1), self.lines("a", range(0, 300, 5)))
+        self.update()
+        minute = 60 * 10**6
+        first = T(0) - T(0) % minute
+        files = self.store().per_minute(first + minute, first + 3 * minute).inputFiles()
+        self.assertTrue(files and all("/event_minutes/" in f for f in files), files)
+
+    def test_older_table_counts_its_records(self):
+        """A table begun before the counts were made (no ``minutes`` in
+        its manifest) counts the records: its counts would miss batches."""
+        import json
+        self.write(tf.trace_file_name("a", T(0), 1), self.lines("a", range(0, 200, 5)))
+        self.update()
+        manifest = os.path.join(self.tables, "_ingest", "manifest.json")
+        with open(manifest) as f:
+            data = json.load(f)
+        del data["minutes"]
+        with open(manifest, "w") as f:
+            json.dump(data, f)
+        self.write(tf.trace_file_name("a", T(0), 1), self.lines("a", range(200, 260, 5)),
+                   mode="a")
+        self.update()
+        files = self.store().per_minute().inputFiles()
+        self.assertTrue(files and not any("/event_minutes/" in f for f in files), files)
+        self.assertEqual(sum(r[5] for r in self.assertSameCounts()), 52)
+
+    def test_spark_written_counts_equal_the_tasks(self):
+        """Where Spark writes the batch (remote tables), it writes the same counts."""
+        from spark_analysis import ingest
+        self.write(tf.trace_file_name("a", T(0), 1), self.lines("a", range(0, 300, 7)))
+        self.update()
+        out = os.path.join(self.dir, "spark-minutes")
+        ingest.write_minutes(self.spark.read.parquet(os.path.join(self.tables, "events"))
+                             .where("status = 'ok'"), out)
+        by_spark = sorted(tuple(r) for r in self.spark.read.parquet(out).collect())
+        by_tasks = sorted(tuple(r) for r in self.spark.read.parquet(
+            os.path.join(self.tables, "event_minutes")).select(*(
+                self.spark.read.parquet(out).columns)).collect())
+        self.assertEqual(by_spark, by_tasks)
+
+
+class MinutesTests(unittest.SynchronousTestCase):
+    """``minutes.partial``/``merge`` without Spark."""
+
+    def table(self, ts, sizes):
+        import pyarrow as pa
+        from spark_analysis import arrowparse
+        n = len(ts)
+        columns = {f.name: pa.nulls(n, f.type) for f in arrowparse.EVENTS_SCHEMA}
+        columns.update(ts_us=pa.array(ts, pa.int64()), size=pa.array(sizes, pa.int64()),
+                       router=pa.array(["a"] * n), peer=pa.array(["p"] * n),
+                       direction=pa.array(["out"] * n), event=pa.array(["x"] * n))
+        return pa.table(columns, schema=arrowparse.EVENTS_SCHEMA)
+
+    def test_partial_and_merge(self):
+        from spark_analysis import minutes
+        m = minutes.MINUTE_US
+        one = minutes.partial(self.table([m, m + 5, 2 * m + 1], [10, None, None]))
+        two = minutes.partial(self.table([m + 7, -m - 1], [1, 3]))
+        rows = sorted((r["minute_us"], r["n"], r["bytes"], r["first_us"], r["last_us"])
+                      for r in minutes.merge([one, two]).to_pylist())
+        # a minute as Spark's ts - ts % unit makes it (toward zero below 0);
+        # sizes summed over those given, None where none is
+        self.assertEqual(rows, [(-m, 1, 3, -m - 1, -m - 1), (m, 3, 11, m, m + 7),
+                                (2 * m, 1, None, 2 * m + 1, 2 * m + 1)])
+        self.assertEqual(minutes.merge([]).num_rows, 0)
+        self.assertEqual(minutes.merge([one]).schema, minutes.SCHEMA)
 
 
 class EventLogTests(unittest.SynchronousTestCase):
