@@ -543,6 +543,28 @@ class HandmadeTests(unittest.SynchronousTestCase):
             .executedPlan().toString()
         self.assertNotIn("SortAggregate", plan)
 
+    def test_attribute_names_read_at_first_times(self):
+        """The sets' names are read only at each set's first time (the
+        time's statistics skip the rest), and are those every record
+        gives, as they are past NAMES_BY_FIRST_TIME sets."""
+        from spark_analysis import jobs
+        from spark_analysis.store import TraceStore
+        events = TraceStore(spark_session(), self.analysis.tables_dir).events(T(0), T(600))
+
+        def names():
+            df = jobs.interest(events, T(0), T(600))["attr_sets"]
+            plan = df._jdf.queryExecution().executedPlan().toString()
+            return sorted((r["attribute_names"], r["attributes"]) for r in df.collect()), plan
+        import re
+        at_first = re.compile(r"ts_us#\d+L IN \(")
+        first, plan = names()
+        self.assertTrue(at_first.search(plan), plan)
+        self.patch(jobs, "NAMES_BY_FIRST_TIME", 0)
+        every, plan = names()
+        self.assertFalse(at_first.search(plan), plan)
+        self.assertEqual(first, every)
+        self.assertEqual([n for n, _ in first], ["Group,n", "Heartbeat", "Loop", "Price,Symbol"])
+
     def test_links(self):
         links = by_key(self.t["links"], "router", "peer", "direction")
         ab = links[("a", "b", "out")]

@@ -285,6 +285,13 @@ class PerMinuteTests(unittest.SynchronousTestCase):
         files = self.store().per_minute().inputFiles()
         self.assertTrue(files and not any("/event_minutes/" in f for f in files), files)
         self.assertEqual(sum(r[5] for r in self.assertSameCounts()), 52)
+        # --rebuild: read again from scratch, with the counts
+        from spark_analysis import ingest
+        self.store().update(ingest.list_trace_files(self.traces), rebuild=True)
+        self.assertTrue(self.store().manifest()["minutes"])
+        files = self.store().per_minute().inputFiles()
+        self.assertTrue(files and all("/event_minutes/" in f for f in files), files)
+        self.assertEqual(sum(r[5] for r in self.assertSameCounts()), 52)
 
     def test_spark_written_counts_equal_the_tasks(self):
         """Where Spark writes the batch (remote tables), it writes the same counts."""
