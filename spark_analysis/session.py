@@ -65,10 +65,17 @@ def quiet_jvm_options():
 # each measured on the 2-core benchmark machine (docs/analysis.md):
 # the throughput collector (batch work; G1's concurrent work competes for
 # the two cores), the whole heap from the start (growing it from 1/64 of
-# RAM cost the first pass over the traces 40%), and JIT compilation of
+# RAM cost the first pass over the traces 40%), JIT compilation of
 # Spark's generated methods however large (the JVM otherwise interprets
-# methods over 8,000 bytecodes for ever).
-LOCAL_JVM_OPTIONS = "-XX:+UseParallelGC -XX:-DontCompileHugeMethods"
+# methods over 8,000 bytecodes for ever), and less inlining by the
+# optimising compiler (hot callees up to 50 bytecodes instead of 325,
+# compiled ones up to 500 bytes of code instead of 2,500): its one
+# thread spent a third of the JVM's CPU compiling Spark afresh in every
+# process, and with smaller units it gets through them sooner -- a 10M
+# record run 63.8-67.3 s instead of 76.4-83.5 s, the same tables
+# (docs/analysis.md, "Where the time goes").
+LOCAL_JVM_OPTIONS = ("-XX:+UseParallelGC -XX:-DontCompileHugeMethods "
+                     "-XX:FreqInlineSize=50 -XX:InlineSmallCode=500")
 
 
 def local_cores(master=None):

@@ -54,12 +54,22 @@ class Browser:
             raise
 
     def _attach(self, websocket):
+        # the browser creates the file, then writes it: wait for a whole first line
         port_file = os.path.join(self.profile, "DevToolsActivePort")
         deadline = time.monotonic() + 30
-        while not os.path.exists(port_file) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        with open(port_file) as f:
-            port = int(f.readline())
+        port = None
+        while port is None:
+            try:
+                with open(port_file) as f:
+                    line = f.readline()
+                if line.endswith("\n"):
+                    port = int(line)
+            except FileNotFoundError:
+                pass
+            if port is None:
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"headless browser wrote no port to {port_file} in 30 s")
+                time.sleep(0.1)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as r:
             page = next(t for t in json.load(r) if t["type"] == "page")
         self.ws = websocket.create_connection(page["webSocketDebuggerUrl"], timeout=10,
