@@ -206,7 +206,7 @@ def _write_task(root, ignore_corrupt, minutes_root=None):
                     writer.write(table)
                 writer.flush()
                 counts[row["name"]] = (ok, bad)
-                counted = [minutes.merge(counted)] if len(counted) > 1 else counted
+                counted = [minutes.merge(counted)]      # one table of counts, kept small
         rows = [("file", name, ok, bad) for name, (ok, bad) in counts.items()]
         rows += [("part", rel, 0, 0) for rel in writer.close()]
         if counted and counted[0].num_rows:

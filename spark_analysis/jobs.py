@@ -723,6 +723,8 @@ def interest(events, start_us, end_us, control=None, considered=None):
     considered, suppressed by each filter), ``filter_changes`` (every FedSubReplace: time, link,
     direction, nodes, bytes) and ``filter_churn`` (per link and direction:
     replaces, per hour, filter size min/mean/max/last, refused).
+    Unlike the other jobs it runs one small query when called: each
+    set's first time, which the names are then read at.
     """
     F = _F()
     notify = events.where(F.col("event").isin(*tf.NOTIFY_EVENTS))

@@ -17,9 +17,10 @@ rotation) add up to the exact count.
 import numpy as np
 import pyarrow as pa
 
+from spark_analysis.jobs import MINUTE_US      # the minutes jobs.activity counts by
+
 __all__ = ["MINUTE_US", "KEYS", "SCHEMA", "partial", "merge"]
 
-MINUTE_US = 60_000_000
 KEYS = ["router", "peer", "direction", "event", "minute_us"]
 _S = pa.string()
 # jobs.activity's columns, and the day (the table's partition column)
