@@ -216,6 +216,13 @@ class TraceWriter:
         if self._file is not None:
             self._file.flush()
 
+    def _finished(self, closed):
+        """In the reactor thread: the writer thread has closed the file and
+        is returning; wait the instant it takes to end, so whoever waits on
+        close() sees no thread left behind."""
+        self._thread.join(timeout=5)
+        closed.callback(None)
+
     def close(self):
         """Stop accepting records; the writer thread writes what is queued
         and closes the file. Returns a Deferred that fires (in the reactor
@@ -229,7 +236,7 @@ class TraceWriter:
                 self._closing = True
                 self._cond.notify()
                 finished = self._closed
-                self._finish = lambda: reactor.callFromThread(finished.callback, None)
+                self._finish = lambda: reactor.callFromThread(self._finished, finished)
                 if not self._thread.is_alive():
                     self._finish()
             closed = self._closed

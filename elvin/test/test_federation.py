@@ -573,8 +573,24 @@ class TraceQueueTests(unittest.TestCase):
         self.assertNoResult(closed)
         gate.set()
         yield closed
-        writer._thread.join(5)        # it fired as the thread's last act
         self.assertFalse(writer._thread.is_alive())
         names = os.listdir(writer.directory)
         self.assertEqual(len(names), 1)
         self.assertIn('"link_up"', open(os.path.join(writer.directory, names[0])).read())
+
+    @defer.inlineCallbacks
+    def test_close_fires_after_the_thread_has_ended(self):
+        """Whoever waits on close() (a shutdown) finds no writer thread
+        left: the thread is slow to return after it asks the reactor to
+        fire, and the Deferred still waits for it."""
+        import threading
+        from twisted.internet import reactor
+
+        class SlowToReturn:
+            def callFromThread(self, f, *args):
+                reactor.callFromThread(f, *args)
+                threading.Event().wait(0.3)   # the thread is not done yet
+
+        writer = TraceWriter(self.mktemp(), "ours.test", reactor=SlowToReturn())
+        yield writer.close()
+        self.assertFalse(writer._thread.is_alive())
