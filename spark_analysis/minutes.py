@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from spark_analysis.jobs import MINUTE_US      # the minutes jobs.activity counts by
 
-__all__ = ["MINUTE_US", "KEYS", "SCHEMA", "partial", "merge"]
+__all__ = ["MINUTE_US", "KEYS", "SCHEMA", "partial", "merge", "summed"]
 
 KEYS = ["router", "peer", "direction", "event", "minute_us"]
 _S = pa.string()
@@ -55,8 +55,13 @@ def merge(tables):
         return SCHEMA.empty_table()
     if len(tables) == 1:
         return tables[0]
-    whole = pa.concat_tables(tables)
-    counted = whole.group_by(KEYS + ["day"], use_threads=False).aggregate(
+    return summed(pa.concat_tables(tables))
+
+
+def summed(table):
+    """Counts (``SCHEMA``) with one row per key and day: rows of one minute
+    added up (a table merged from several files' counts)."""
+    counted = table.group_by(KEYS + ["day"], use_threads=False).aggregate(
         [("n", "sum"), ("bytes", "sum"), ("first_us", "min"), ("last_us", "max")])
     return _as_schema(counted, {"n_sum": "n", "bytes_sum": "bytes",
                                 "first_us_min": "first_us", "last_us_max": "last_us"})

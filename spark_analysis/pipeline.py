@@ -212,6 +212,17 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
     ``jobs.LATENCY_SAMPLE_TARGET`` wire records in the window, a sample
     of about that many beyond (``jobs.latency_sample``).
     """
+    stores = []
+    try:
+        return _run(spark, trace_dir, out_dir, since_us, until_us, progress, files, report,
+                    max_bad_files, tables_dir, rebuild, last_us, latency_sample, stores)
+    finally:
+        for store in stores:
+            store.stop_reading()
+
+
+def _run(spark, trace_dir, out_dir, since_us, until_us, progress, files, report,
+         max_bad_files, tables_dir, rebuild, last_us, latency_sample, stores):
     if latency_sample is not None:
         # (checked before the ingest, not after it)
         latency_sample = jobs.checked_sample(latency_sample)
@@ -253,6 +264,10 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
     steps.start("reading new trace lines into the table (JSON -> Parquet)")
     store = TraceStore(spark, analysis.tables_dir)
     batch = store.update(files, waiting=lambda text: _warn(progress, text), rebuild=rebuild)
+    # from here on the table is read: no merge of its small files may
+    # replace them under the queries (``TraceStore.compact``)
+    stores.append(store)
+    store.start_reading()
     analysis.batch = batch
     analysis.written.append("events")
     for text in batch.warnings:

@@ -9,6 +9,8 @@
     _ingest/manifest.json                 what has been read, file by file
     _ingest/pending-<batch>.json          a batch being committed (see below)
     _ingest/staging/<batch>/              a batch's copied tails and Spark output
+    _ingest/compact-<id>.json             a merge of small files being committed
+    _ingest/compacting/<id>/              the merged files before they are moved in
 
 ``update(files)`` reads only what the manifest does not hold yet and
 appends it; ``events(since, until)`` is the table, for a window (whole days
@@ -42,6 +44,15 @@ renamed into ``events`` (and the per-minute counts into ``event_minutes``)
 and the manifest is replaced (write + rename).
 ``recover()`` (called by ``update``) completes a pending batch and removes
 staging left by a batch that never got as far as its pending file.
+
+After a batch, ``compact()`` merges each partition's small files into one
+(``compaction``; local tables only), the same way: the merged files are
+written aside, a ``compact-<id>.json`` names them and the files they
+replace, then they are moved in and the others deleted; ``recover()``
+finishes a merge that got as far as its record and drops one that did not.
+A merge changes files that a query may be reading, so it waits for no
+one: it is skipped while any ``pipeline.run`` holds the table for reading
+(``start_reading``), and tried again after the next batch.
 """
 
 import contextlib
@@ -57,7 +68,7 @@ import tempfile
 import uuid
 import zlib
 
-from spark_analysis import ingest
+from spark_analysis import compaction, ingest
 from spark_analysis import traceformat as tf
 
 __all__ = ["TraceStore", "BatchResult", "HEAD_BYTES", "MANIFEST_VERSION", "MINUTES_TABLE",
@@ -241,6 +252,7 @@ class TraceStore:
             os.path.join(self.fs.root, "_ingest", "staging") if local
             else os.path.join(tempfile.gettempdir(), "elvin-trace-staging"))
         self._manifest = None
+        self._reading = None          # the open lock file while reading (start_reading)
 
     # -- the manifest ------------------------------------------------------
 
@@ -296,6 +308,14 @@ class TraceStore:
             self._save_manifest()
             self.fs.delete(self.fs.join("_ingest", name))
         self.fs.delete(staging)
+        if isinstance(self.fs, _LocalFS):
+            # a merge recorded before a crash is finished (until then the
+            # table may hold its rows twice); one that was not is dropped
+            for name in sorted(os.listdir(self.meta)) if os.path.isdir(self.meta) else []:
+                if name.startswith("compact-") and name.endswith(".json"):
+                    self._commit_compaction(json.loads(self.fs.read_text(
+                        self.fs.join("_ingest", name))))
+            self.fs.delete(self.fs.join("_ingest", "compacting"))
         if os.path.isdir(self.local_staging):
             shutil.rmtree(self.local_staging, ignore_errors=True)
 
@@ -427,7 +447,98 @@ class TraceStore:
         with self._one_writer(waiting):
             if rebuild:
                 self.clear()
-            return self._update(files)
+            result = self._update(files)
+            if result.batch is not None:
+                self.compact()
+            return result
+
+    # -- merging small files -----------------------------------------------
+
+    def compact(self, min_files=None, small_bytes=None):
+        """Merge every partition's small files into one (``compaction``);
+        the number of files merged away. Local tables only (0 otherwise),
+        and only while no ``pipeline.run`` reads the table (0 then too: the
+        next batch tries again). ``update`` calls it after each batch."""
+        if not isinstance(self.fs, _LocalFS):
+            return 0
+        min_files = compaction.MIN_FILES if min_files is None else min_files
+        small_bytes = compaction.SMALL_BYTES if small_bytes is None else small_bytes
+        with self._no_readers() as free:
+            if not free:
+                return 0
+            work = [(table, table == MINUTES_TABLE, rel_dir, names)
+                    for table in ("events", MINUTES_TABLE)
+                    for rel_dir, names in compaction.plan(self.fs.join(table), min_files,
+                                                          small_bytes)]
+            if not work:
+                return 0
+            ident = uuid.uuid4().hex[:12]
+            aside = self.fs.join("_ingest", "compacting", ident)
+            record = {"id": ident, "merged": [], "replaced": []}
+            for table, counts, rel_dir, names in work:
+                rel = os.path.join(table, rel_dir, f"part-compact-{ident}.zstd.parquet")
+                try:
+                    compaction.merge([self.fs.join(table, rel_dir, n) for n in names],
+                                     os.path.join(aside, rel), counts=counts)
+                except ValueError:
+                    continue        # files of different versions: left as they are
+                record["merged"].append(rel)
+                record["replaced"] += [os.path.join(table, rel_dir, n) for n in names]
+            if not record["merged"]:
+                self.fs.delete(self.fs.join("_ingest", "compacting"))
+                return 0
+            self.fs.write_text(self.fs.join("_ingest", f"compact-{ident}.json"),
+                               json.dumps(record))
+            self._commit_compaction(record)
+            return len(record["replaced"])
+
+    def _commit_compaction(self, record):
+        """Move a merge's files in and delete those they replace (again
+        after a crash: each step is skipped once done)."""
+        aside = self.fs.join("_ingest", "compacting", record["id"])
+        for rel in record["merged"]:
+            if os.path.exists(os.path.join(aside, rel)):
+                self.fs.rename(os.path.join(aside, rel), self.fs.join(rel))
+        for rel in record["replaced"]:
+            self.fs.delete(self.fs.join(rel))
+        self.fs.delete(self.fs.join("_ingest", f"compact-{record['id']}.json"))
+        # (one merge at a time, under the writer's lock: nothing else is aside)
+        self.fs.delete(self.fs.join("_ingest", "compacting"))
+
+    @contextlib.contextmanager
+    def _no_readers(self):
+        """True while no process holds the table for reading (then none can
+        start until the block ends); False at once when one does."""
+        import fcntl
+        os.makedirs(self.fs.root, exist_ok=True)
+        with open(os.path.join(self.fs.root, "_readers.lock"), "a+") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def start_reading(self):
+        """Hold the table's files as they are (no merge replaces them) until
+        ``stop_reading``: Spark lists a table's files when a query is made
+        and reads them later. Waits for a merge under way to finish. Local
+        tables only (a no-op otherwise, as they are never merged)."""
+        if not isinstance(self.fs, _LocalFS) or self._reading is not None:
+            return
+        import fcntl
+        os.makedirs(self.fs.root, exist_ok=True)
+        lock = open(os.path.join(self.fs.root, "_readers.lock"), "a+")
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        self._reading = lock
+
+    def stop_reading(self):
+        if self._reading is not None:
+            self._reading.close()          # (closing releases the lock)
+            self._reading = None
 
     @contextlib.contextmanager
     def _one_writer(self, waiting):

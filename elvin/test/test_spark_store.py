@@ -308,6 +308,180 @@ class PerMinuteTests(unittest.SynchronousTestCase):
         self.assertEqual(by_spark, by_tasks)
 
 
+class CompactionTests(unittest.SynchronousTestCase):
+    """A table read in many small batches (a watcher's minutes) has each
+    partition's small files merged into one after a batch: the same rows
+    and per-minute counts, far fewer files; never while a run reads the
+    table; a merge cut short by a crash is finished or dropped."""
+
+    timeout = 300
+
+    def setUp(self):
+        StoreTests.setUp(self)
+        from spark_analysis import compaction
+        self.patch(compaction, "MIN_FILES", 4)
+        self.name = tf.trace_file_name("a", T(0), 1)
+        self.minute = 0
+
+    store = StoreTests.store
+    update = StoreTests.update
+    path = StoreTests.path
+    write = StoreTests.write
+    numbers = StoreTests.numbers
+
+    def add_minute(self):
+        """One more minute of the growing file, read as one batch."""
+        m = self.minute
+        self.minute += 1
+        self.write(self.name, "".join(_line("a", m * 60 + s, s) + "\n" for s in (5, 30, 1)),
+                   mode="a")
+        return self.update()
+
+    def files(self, table="events"):
+        found = []
+        for dirpath, _, names in os.walk(os.path.join(self.tables, table)):
+            found += [os.path.join(dirpath, n) for n in names if n.endswith(".parquet")]
+        return sorted(found)
+
+    def expected(self):
+        return sorted(m * 60 + s for m in range(self.minute) for s in (5, 30, 1))
+
+    def test_small_batches_are_merged(self):
+        import pyarrow.parquet as pq
+        from spark_analysis import jobs
+        for _ in range(3):
+            self.add_minute()
+        self.assertEqual(len(self.files()), 3)                  # not yet: under 4
+        self.add_minute()
+        (merged,) = self.files()
+        self.assertIn("part-compact-", merged)
+        self.assertEqual(len(self.files("event_minutes")), 1)
+        # the rows once each, sorted by time; the counts summed per minute
+        rows = pq.ParquetFile(merged).read().column("ts_us").to_pylist()
+        self.assertEqual(rows, sorted(rows))
+        self.assertEqual(self.numbers(), self.expected())
+        counts = pq.ParquetFile(self.files("event_minutes")[0]).read()
+        self.assertEqual(counts.column("n").to_pylist(), [3, 3, 3, 3])
+        store = self.store()
+        self.assertEqual(_minute_rows(store.per_minute()),
+                         _minute_rows(jobs.activity(store.events())))
+        # nothing left aside
+        self.assertEqual([n for n in os.listdir(os.path.join(self.tables, "_ingest"))
+                          if n.startswith("compact")], [])
+        # the merged file counts among the small ones: the next merge takes it in
+        for _ in range(3):
+            self.add_minute()
+        self.assertEqual(len(self.files()), 1)
+        self.assertEqual(self.numbers(), self.expected())
+
+    def test_not_while_a_run_reads(self):
+        reader = self.store()
+        reader.start_reading()
+        for _ in range(5):
+            self.add_minute()
+        self.assertEqual(len(self.files()), 5)                  # left alone
+        reader.stop_reading()
+        self.add_minute()
+        self.assertEqual(len(self.files()), 1)
+        self.assertEqual(self.numbers(), self.expected())
+
+    def test_a_run_holds_the_table_until_it_ends(self):
+        from spark_analysis import pipeline
+        from spark_analysis import store as store_module
+        for _ in range(2):
+            self.add_minute()
+        held = []
+        original = store_module.TraceStore.per_minute
+
+        def per_minute(store, *args):
+            with self.store()._no_readers() as free:    # another process's merge
+                held.append(not free)
+            return original(store, *args)
+        self.patch(store_module.TraceStore, "per_minute", per_minute)
+        pipeline.run(self.spark, self.traces, os.path.join(self.dir, "out"),
+                     tables_dir=self.tables, progress=None, report=False)
+        self.assertEqual(held, [True])
+        with self.store()._no_readers() as free:
+            self.assertTrue(free)
+
+    def test_crash_after_the_record_is_finished(self):
+        """Killed after the merged file was moved in, before the files it
+        replaces were deleted (the rows are in the table twice): the next
+        update finishes the merge; every row once."""
+        from spark_analysis import store as store_module
+        for _ in range(3):
+            self.add_minute()
+        original = store_module._LocalFS.delete
+
+        def crash(fs, path):
+            if path.endswith(".parquet"):
+                raise KeyboardInterrupt("killed")
+            return original(fs, path)
+        self.patch(store_module._LocalFS, "delete", crash)
+        self.assertRaises(KeyboardInterrupt, self.add_minute)
+        self.assertEqual(len(self.files()), 5)      # 4 and their merge
+        self.patch(store_module._LocalFS, "delete", original)
+        self.assertEqual(self.update().records, 0)   # the batch was committed
+        self.add_minute()
+        self.assertEqual(self.numbers(), self.expected())
+        self.assertEqual(len([f for f in self.files() if "part-compact-" in f]), 1)
+
+    def test_crash_before_the_record_drops_the_merge(self):
+        from spark_analysis import compaction
+        for _ in range(3):
+            self.add_minute()
+        original = compaction.merge
+
+        def crash(paths, target, counts=False):
+            original(paths, target, counts)
+            raise KeyboardInterrupt("killed")
+        self.patch(compaction, "merge", crash)
+        self.assertRaises(KeyboardInterrupt, self.add_minute)
+        self.patch(compaction, "merge", original)
+        self.assertEqual(len(self.files()), 4)
+        self.add_minute()                            # recovers, then merges
+        self.assertEqual(len(self.files()), 1)
+        self.assertEqual(self.numbers(), self.expected())
+        self.assertFalse(os.path.exists(os.path.join(self.tables, "_ingest", "compacting")))
+
+
+class CompactionPlanTests(unittest.SynchronousTestCase):
+    """``compaction.plan`` and ``merge`` without Spark."""
+
+    def test_plan_and_merge(self):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from spark_analysis import compaction, minutes
+        root = tempfile.mkdtemp(prefix="elvin-compact-")
+        self.addCleanup(shutil.rmtree, root, True)
+        part = os.path.join(root, "day=2024-05-01")
+        os.makedirs(part)
+        schema = pa.schema([f for f in minutes.SCHEMA if f.name != "day"])
+        for i, (minute, n) in enumerate([(120, 2), (60, 1), (120, 3)]):
+            pq.write_table(pa.table({"router": ["a"], "peer": ["b"], "direction": ["out"],
+                                     "event": ["e"], "minute_us": [minute], "n": [n],
+                                     "bytes": [10 * n], "first_us": [minute + i],
+                                     "last_us": [minute + 10 + i]}, schema=schema),
+                           os.path.join(part, f"part-{i}.parquet"))
+        open(os.path.join(part, "_SUCCESS"), "w").close()
+        self.assertEqual(compaction.plan(root, min_files=4), [])
+        self.assertEqual(compaction.plan(root, min_files=3),
+                         [("day=2024-05-01", ["part-0.parquet", "part-1.parquet",
+                                              "part-2.parquet"])])
+        self.assertEqual(compaction.plan(root, min_files=3, small_bytes=10), [])
+        target = os.path.join(root, "merged", "one.parquet")
+        self.assertEqual(compaction.merge(
+            [os.path.join(part, f"part-{i}.parquet") for i in range(3)], target,
+            counts=True), 2)
+        merged = pq.ParquetFile(target).read().to_pylist()
+        self.assertEqual([(r["minute_us"], r["n"], r["bytes"], r["first_us"], r["last_us"])
+                          for r in merged], [(60, 1, 10, 61, 71), (120, 5, 50, 120, 132)])
+        # files whose columns differ (written by different versions) are refused
+        pq.write_table(pa.table({"minute_us": [1]}), os.path.join(part, "part-3.parquet"))
+        self.assertRaises(ValueError, compaction.merge,
+                          [os.path.join(part, f"part-{i}.parquet") for i in (0, 3)], target)
+
+
 class MinutesTests(unittest.SynchronousTestCase):
     """``minutes.partial``/``merge`` without Spark."""
 
