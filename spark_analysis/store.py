@@ -449,7 +449,12 @@ class TraceStore:
                 self.clear()
             result = self._update(files)
             if result.batch is not None:
-                self.compact()
+                try:
+                    self.compact()
+                except OSError as e:
+                    # (the batch is in; merging is only for speed: the next
+                    # update finishes or drops what this one left)
+                    result.warnings.append(f"small files of {self.tables_dir} not merged: {e}")
             return result
 
     # -- merging small files -----------------------------------------------

@@ -426,6 +426,20 @@ class CompactionTests(unittest.SynchronousTestCase):
         self.assertEqual(self.numbers(), self.expected())
         self.assertEqual(len([f for f in self.files() if "part-compact-" in f]), 1)
 
+    def test_a_failed_merge_is_a_warning(self):
+        from spark_analysis import compaction
+        for _ in range(3):
+            self.add_minute()
+
+        def full(paths, target, counts=False):
+            raise OSError(28, "No space left on device")
+        self.patch(compaction, "merge", full)
+        result = self.add_minute()
+        self.assertEqual(result.records, 3)                     # the batch is in
+        self.assertEqual(len(result.warnings), 1)
+        self.assertIn("not merged: [Errno 28] No space left on device", result.warnings[0])
+        self.assertEqual(self.numbers(), self.expected())
+
     def test_crash_before_the_record_drops_the_merge(self):
         from spark_analysis import compaction
         for _ in range(3):
