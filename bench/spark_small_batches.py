@@ -92,13 +92,12 @@ def main(argv=None):
         spark = session.get_session(None, conf=settings)
         print(f"{'read as':<34} {'ingest s':>8} {'events files':>12} {'minutes files':>13}"
               f"  analysis s (first, then warm)", flush=True)
-        for name, batches, merge in (
-                ("one batch", [minutes], True),
-                ("a batch a minute, not merged", [[m] for m in minutes], False),
-                ("a batch a minute, merged", [[m] for m in minutes], True)):
-            ingest_s, events, counts, runs = one_way(spark, work, name.split(",")[-1].strip()
-                                                     .replace(" ", "-"), chunks, batches, merge)
-            print(f"{name:<34} {ingest_s:>8.1f} {events:>12,} {counts:>13,}  "
+        for name, label, batches, merge in (
+                ("one", "one batch", [minutes], True),
+                ("not-merged", "a batch a minute, not merged", [[m] for m in minutes], False),
+                ("merged", "a batch a minute, merged", [[m] for m in minutes], True)):
+            ingest_s, events, counts, runs = one_way(spark, work, name, chunks, batches, merge)
+            print(f"{label:<34} {ingest_s:>8.1f} {events:>12,} {counts:>13,}  "
                   f"{runs[0]:.1f}, then {min(runs[1:]):.1f}", flush=True)
         spark.stop()
     finally:

@@ -459,22 +459,22 @@ class TraceStore:
 
     # -- merging small files -----------------------------------------------
 
-    def compact(self, min_files=None, small_bytes=None):
+    def compact(self):
         """Merge every partition's small files into one (``compaction``);
         the number of files merged away. Local tables only (0 otherwise),
         and only while no ``pipeline.run`` reads the table (0 then too: the
         next batch tries again). ``update`` calls it after each batch."""
         if not isinstance(self.fs, _LocalFS):
             return 0
-        min_files = compaction.MIN_FILES if min_files is None else min_files
-        small_bytes = compaction.SMALL_BYTES if small_bytes is None else small_bytes
         with self._no_readers() as free:
             if not free:
                 return 0
+            # (the thresholds read now, not bound as defaults: tests lower them)
             work = [(table, table == MINUTES_TABLE, rel_dir, names)
                     for table in ("events", MINUTES_TABLE)
-                    for rel_dir, names in compaction.plan(self.fs.join(table), min_files,
-                                                          small_bytes)]
+                    for rel_dir, names in compaction.plan(self.fs.join(table),
+                                                          compaction.MIN_FILES,
+                                                          compaction.SMALL_BYTES)]
             if not work:
                 return 0
             ident = uuid.uuid4().hex[:12]
@@ -515,8 +515,7 @@ class TraceStore:
         """True while no process holds the table for reading (then none can
         start until the block ends); False at once when one does."""
         import fcntl
-        os.makedirs(self.fs.root, exist_ok=True)
-        with open(os.path.join(self.fs.root, "_readers.lock"), "a+") as lock:
+        with self._readers_lock() as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -535,10 +534,14 @@ class TraceStore:
         if not isinstance(self.fs, _LocalFS) or self._reading is not None:
             return
         import fcntl
-        os.makedirs(self.fs.root, exist_ok=True)
-        lock = open(os.path.join(self.fs.root, "_readers.lock"), "a+")
+        lock = self._readers_lock()
         fcntl.flock(lock, fcntl.LOCK_SH)
         self._reading = lock
+
+    def _readers_lock(self):
+        """The open file that readers and merges lock (beside ``_writer.lock``)."""
+        os.makedirs(self.fs.root, exist_ok=True)
+        return open(os.path.join(self.fs.root, "_readers.lock"), "a+")
 
     def stop_reading(self):
         if self._reading is not None:
