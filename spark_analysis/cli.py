@@ -60,6 +60,11 @@ def build_parser():
                              "same ones on every router); 1: every one. Default auto: every "
                              "one up to a million crossings in the window, about a million "
                              "beyond (counts other than latency's are always exact)")
+    parser.add_argument("--engine", choices=("auto", "spark", "duckdb"), default="auto",
+                        help="what analyses the window once it is in the table: spark, or "
+                             "duckdb (in this process; a local table only); default auto: "
+                             "DuckDB for a window of up to 3 million records of a local "
+                             "table, else Spark")
     parser.add_argument("--no-report", action="store_true",
                         help="only write the tables (no charts, no HTML)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -181,7 +186,7 @@ def main(argv=None):
         analysis = pipeline.run(spark, args.trace_dir, args.out, since, until,
                                 progress=progress, files=listed, report=not args.no_report,
                                 tables_dir=args.tables, rebuild=rebuild, last_us=last,
-                                latency_sample=args.latency_sample)
+                                latency_sample=args.latency_sample, engine=args.engine)
         if progress:
             where = os.path.join(args.out, "report.html") if not args.no_report else args.out
             print(f"wrote {where} ({analysis.records:,} records, {analysis.bad_lines:,} bad "

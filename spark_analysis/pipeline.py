@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from spark_analysis import ingest, jobs
+from spark_analysis import ingest, jobs, smallwindow
 from spark_analysis.store import TraceStore
 from spark_analysis import traceformat as tf
 
@@ -199,7 +199,7 @@ def _bucket_us(start_us, end_us, points=360):
 
 def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.stderr,
         files=None, report=True, max_bad_files=10, tables_dir=None, rebuild=False,
-        last_us=None, latency_sample=None):
+        last_us=None, latency_sample=None, engine="auto"):
     """Run every stage; returns the Analysis. Raises ingest.TraceInputError.
 
     ``out_dir`` is a local directory (the driver writes the report, charts
@@ -211,18 +211,24 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
     (1: every one); by default (None) all of them up to
     ``jobs.LATENCY_SAMPLE_TARGET`` wire records in the window, a sample
     of about that many beyond (``jobs.latency_sample``).
+    ``engine``: what runs the analysis stages over the window -- "spark",
+    "duckdb" (``smallwindow``: a local table only), or "auto": DuckDB for
+    a window of up to ``smallwindow.SMALL_WINDOW_RECORDS`` records of a
+    local table when DuckDB is installed, else Spark.
     """
+    if engine not in ENGINES:
+        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
     stores = []
     try:
         return _run(spark, trace_dir, out_dir, since_us, until_us, progress, files, report,
-                    max_bad_files, tables_dir, rebuild, last_us, latency_sample, stores)
+                    max_bad_files, tables_dir, rebuild, last_us, latency_sample, stores, engine)
     finally:
         for store in stores:
             store.stop_reading()
 
 
 def _run(spark, trace_dir, out_dir, since_us, until_us, progress, files, report,
-         max_bad_files, tables_dir, rebuild, last_us, latency_sample, stores):
+         max_bad_files, tables_dir, rebuild, last_us, latency_sample, stores, engine):
     if latency_sample is not None:
         # (checked before the ingest, not after it)
         latency_sample = jobs.checked_sample(latency_sample)
@@ -325,11 +331,20 @@ def _run(spark, trace_dir, out_dir, since_us, until_us, progress, files, report,
                 f"no valid trace records under {trace_dir}: {analysis.bad_lines} bad lines"
                 + where)
         raise ingest.TraceInputError(f"no trace records under {trace_dir} (the files are empty)")
+    small = _small_window_engine(engine, analysis.tables_dir)
     if last_us is not None:
         # the newest record ends the window (known only now, after the ingest)
-        until_us = store.newest_us() + 1
+        newest = (smallwindow.newest_us(ingest._local(analysis.tables_dir)) if small
+                  else store.newest_us())
+        until_us = newest + 1
         since_us = until_us - last_us
         analysis.since_us, analysis.until_us = since_us, until_us
+    if small and engine == "auto":
+        small = (smallwindow.count(ingest._local(analysis.tables_dir), since_us, until_us)
+                 <= smallwindow.SMALL_WINDOW_RECORDS)
+    if small:
+        return _run_small(analysis, steps, batch, trace_dir, since_us, until_us,
+                          latency_sample, report)
     events = store.events(since_us, until_us)
     # every record counted per link, event and minute (summed from the counts
     # the ingest made): the window's span and size, the overview, link,
@@ -383,6 +398,160 @@ def _run(spark, trace_dir, out_dir, since_us, until_us, progress, files, report,
         df.unpersist()
     analysis.cached = []
     return analysis
+
+
+ENGINES = ("auto", "spark", "duckdb")
+
+
+def _small_window_engine(engine, tables_dir):
+    """Whether the window may go to DuckDB (``smallwindow``): "duckdb" asks
+    for it (and fails clearly where it cannot be), "auto" where it can."""
+    if engine == "spark":
+        return False
+    reason = None
+    if not smallwindow.available():
+        reason = "DuckDB is not installed (pip install duckdb)"
+    elif not ingest._is_local(tables_dir):
+        reason = f"the tables are not on a local file system ({tables_dir})"
+    if reason and engine == "duckdb":
+        raise ValueError(f"--engine duckdb: {reason}")
+    return reason is None
+
+
+def _run_small(analysis, steps, batch, trace_dir, since_us, until_us, latency_sample,
+               report):
+    """The analysis stages over a small window in DuckDB (``smallwindow``),
+    one after the other, then the report: the same tables, CSVs and charts
+    as the Spark stages make."""
+    window = smallwindow.open_window(ingest._local(analysis.tables_dir), since_us, until_us,
+                                     temp_dir=os.path.join(analysis.out_dir, ".duckdb-tmp"))
+    try:
+        if not window.records:
+            raise ingest.TraceInputError(f"no trace records under {trace_dir}"
+                                         + (" in the requested time range"
+                                            if since_us or until_us else ""))
+        start, end = window.start, window.end
+        analysis.records, analysis.start_us, analysis.end_us = window.records, start, end
+        analysis.stage_seconds["ingest"] = steps.done(
+            f"{batch.records:,} new records from {len(batch.parts)} files or parts "
+            f"({batch.unchanged} files already read); "
+            f"{analysis.records:,} records in {tf.format_time(start)} .. {tf.format_time(end)}"
+            f" (analysed in DuckDB: a small window)")
+        bucket = _bucket_us(start, end)
+        analysis.series["bucket_us"] = bucket
+
+        def save(name, table):
+            _save_arrow(analysis, name, table)
+
+        if steps.stream:
+            print(f"      analysing: stages {steps.n + 1}-{steps.n + 5} in DuckDB, "
+                  f"one after the other ...", file=steps.stream, flush=True)
+
+        steps.start("overview and links: traffic per link and direction, rates, uptime")
+        minute = smallwindow.links_stage(window, save)
+        top = [(r["router"], r["peer"], r["direction"]) for r in analysis.tables["links"]
+               if r["direction"] == "out"][:8]
+        analysis.series["link_traffic"] = _series_small(window, minute, top, bucket)
+        analysis.stage_seconds["links"] = steps.done(
+            f"{len(analysis.tables['links'])} link directions")
+
+        steps.start("filters: considered, forwarded, suppressed; flood without filters")
+        smallwindow.filters_stage(window, save)
+        analysis.stage_seconds["filters"] = steps.done()
+
+        steps.start("loops and drops over time")
+        analysis.series["drops"] = smallwindow.drops_stage(window, save, bucket)
+        analysis.stage_seconds["drops"] = steps.done(
+            f"{sum(r['drops'] for r in analysis.tables['drops']):,} drops")
+
+        steps.start("paths: hop counts, routes, latency (joining digests across routers)")
+        k = smallwindow.paths_stage(window, save, analysis, latency_sample)
+        sampled = f"; latency timed on 1 in {k} notifications" if k > 1 else ""
+        analysis.stage_seconds["paths"] = steps.done(
+            f"{len(analysis.tables['routes'])} routes{sampled}")
+
+        steps.start("interest: attribute-name sets, pull-filter churn")
+        changes = smallwindow.interest_stage(window, save)
+        busiest = [(r["router"], r["peer"]) for r in analysis.tables["filter_churn"]
+                   if r["direction"] == "out"][:8]
+        wanted = set(busiest)
+        sizes = [{"router": r["router"], "peer": r["peer"], "ts_us": r["ts_us"],
+                  "filter_nodes": r["filter_nodes"]}
+                 for r in changes.select(["router", "peer", "direction", "ts_us",
+                                          "filter_nodes"]).to_pylist()
+                 if r["direction"] == "out" and (r["router"], r["peer"]) in wanted]
+        analysis.series["filter_sizes"] = sorted(sizes, key=lambda r: r["ts_us"])[:20000]
+        analysis.stage_seconds["interest"] = steps.done(
+            f"{len(analysis.tables['attr_sets'])} attribute sets")
+    finally:
+        window.close()
+        import shutil
+        shutil.rmtree(os.path.join(analysis.out_dir, ".duckdb-tmp"), ignore_errors=True)
+    if report:
+        from spark_analysis import report as report_module
+        steps.start("charts and HTML report")
+        analysis.previous = report_module.load_summary(analysis.out_dir)
+        path = report_module.write_report(analysis)
+        report_module.write_summary(analysis)
+        analysis.stage_seconds["report"] = steps.done(path)
+    return analysis
+
+
+def _series_small(window, minute, links, bucket):
+    """``_series`` of the link_minute Arrow table, in DuckDB."""
+    if not links:
+        return []
+    window.con.register("series_minute", minute)
+    try:
+        cond = " OR ".join(
+            "(router = ? AND peer = ? AND direction = ?)" for _ in links)
+        return window.con.sql(
+            f"""SELECT router, peer, direction, minute_us - minute_us % {bucket} AS t_us,
+                       sum(notifications)::BIGINT AS notifications, sum(bytes)::BIGINT AS bytes
+                FROM series_minute WHERE {cond} GROUP BY ALL ORDER BY t_us""",
+            params=[v for key in links for v in key]).to_arrow_table().to_pylist()
+    finally:
+        window.con.unregister("series_minute")
+
+
+def _sorted_rows(rows, order, descending, columns, types):
+    """Rows in ``_save``'s order: ``order`` (nulls last), then the other
+    string columns ascending (nulls first), as Spark's orderBy sorts them."""
+    ties = [c for c in columns if types[c] == "string" and c not in order]
+    for c in reversed(ties):
+        rows.sort(key=lambda r: (r[c] is not None, r[c] if r[c] is not None else ""))
+    for c in reversed(order):
+        if descending:
+            rows.sort(key=lambda r: (r[c] is not None, r[c] if r[c] is not None else 0),
+                      reverse=True)
+        else:
+            rows.sort(key=lambda r: (r[c] is None, r[c] if r[c] is not None else 0))
+    return rows
+
+
+def _save_arrow(analysis, name, table):
+    """``_save`` for an Arrow table made by ``smallwindow``: Parquet (a local
+    table directory, as Spark leaves one), and a summary table's sorted,
+    limited rows and CSV."""
+    import shutil
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    path = ingest._local(analysis.parquet(name))
+    shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(path)
+    if name in CSV_TABLES:
+        order, descending, limit = CSV_TABLES[name]
+        types = {f.name: ("string" if pa.types.is_string(f.type) else "other")
+                 for f in table.schema}
+        rows = _sorted_rows(table.to_pylist(), order, descending, table.column_names, types)
+        table = pa.Table.from_pylist(rows, schema=table.schema)
+    pq.write_table(table, os.path.join(path, "part-00000.zstd.parquet"), compression="zstd")
+    open(os.path.join(path, "_SUCCESS"), "w").close()
+    analysis.written.append(name)
+    if name in CSV_TABLES:
+        analysis.tables[name] = rows[:limit] if limit else rows
+        _write_csv(os.path.join(analysis.out_dir, "csv", name + ".csv"), analysis.tables[name],
+                   table.column_names)
 
 
 # Stages 3-7 read the events table (and the cached per-minute counts) and

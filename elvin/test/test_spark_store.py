@@ -390,17 +390,24 @@ class CompactionTests(unittest.SynchronousTestCase):
         from spark_analysis import store as store_module
         for _ in range(2):
             self.add_minute()
+        from spark_analysis import smallwindow
         held = []
-        original = store_module.TraceStore.per_minute
 
-        def per_minute(store, *args):
-            with self.store()._no_readers() as free:    # another process's merge
-                held.append(not free)
-            return original(store, *args)
-        self.patch(store_module.TraceStore, "per_minute", per_minute)
-        pipeline.run(self.spark, self.traces, os.path.join(self.dir, "out"),
-                     tables_dir=self.tables, progress=None, report=False)
-        self.assertEqual(held, [True])
+        def holding(original):
+            def reading(*args, **kwargs):
+                with self.store()._no_readers() as free:    # another process's merge
+                    held.append(not free)
+                return original(*args, **kwargs)
+            return reading
+        # where each engine starts reading the window
+        self.patch(store_module.TraceStore, "per_minute",
+                   holding(store_module.TraceStore.per_minute))
+        self.patch(smallwindow, "open_window", holding(smallwindow.open_window))
+        engines = ["spark"] + (["duckdb"] if smallwindow.available() else [])
+        for engine in engines:
+            pipeline.run(self.spark, self.traces, os.path.join(self.dir, "out"),
+                         tables_dir=self.tables, progress=None, report=False, engine=engine)
+        self.assertEqual(held, [True] * len(engines))
         with self.store()._no_readers() as free:
             self.assertTrue(free)
 

@@ -1,0 +1,221 @@
+"""The small-window engine (spark_analysis.smallwindow, DuckDB) against Spark.
+
+Both engines run the whole pipeline over the same traces; every table
+each writes, the summary rows the report is drawn from and the chart
+series must be the same, column for column and type for type. The
+traces: the hand-made federation of test_spark_analysis (answers worked
+out by hand there, against Spark), a simulated nine-router federation
+with a cycle and clock skew, and a window cut inside minutes (--since /
+--until), where the per-minute counts come from two sources in Spark.
+"""
+
+import math
+import os
+
+from twisted.trial import unittest
+
+from elvin.test.test_spark_analysis import T, _tempdir, spark_session, write_handmade
+from spark_analysis import smallwindow, synth
+
+
+def _skip_without_duckdb():
+    if not smallwindow.available():
+        raise unittest.SkipTest("DuckDB is not installed")
+
+
+_pairs = {}
+
+
+def run_both(name, make, **kwargs):
+    """(spark's Analysis, duckdb's Analysis) over the traces ``make(dir)`` writes."""
+    if name not in _pairs:
+        spark = spark_session()
+        _skip_without_duckdb()
+        from spark_analysis import pipeline
+        traces = _tempdir(name)
+        make(traces)
+        runs = []
+        for engine in ("spark", "duckdb"):
+            out = _tempdir(f"{name}-{engine}")
+            runs.append(pipeline.run(spark, traces, out, progress=None, engine=engine,
+                                     report=False, **kwargs))
+        _pairs[name] = tuple(runs)
+    return _pairs[name]
+
+
+def _same(a, b):
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    return a == b
+
+
+class _Agreement:
+    """Every table, summary and series the same from both engines."""
+
+    name = None
+    kwargs: dict = {}
+
+    def both(self):
+        return run_both(self.name, self.make, **self.kwargs)
+
+    def test_the_same_tables_are_written(self):
+        a, b = self.both()
+        self.assertEqual(sorted(a.written), sorted(b.written))
+
+    def test_every_table_has_the_same_columns_and_types(self):
+        spark = spark_session()
+        a, b = self.both()
+        for name in a.written:
+            if name == "events":
+                continue
+            with self.subTest(table=name):
+                self.assertEqual(spark.read.parquet(a.parquet(name)).dtypes,
+                                 spark.read.parquet(b.parquet(name)).dtypes, name)
+
+    def test_every_table_has_the_same_rows(self):
+        spark = spark_session()
+        a, b = self.both()
+        empty = []
+        for name in a.written:
+            if name == "events":
+                continue
+            rows_a = sorted(map(repr, map(tuple, spark.read.parquet(a.parquet(name)).collect())))
+            rows_b = sorted(map(repr, map(tuple, spark.read.parquet(b.parquet(name)).collect())))
+            if not rows_a:
+                empty.append(name)
+            self.assertEqual(rows_a, rows_b, name)
+        # (a window may hold no drops, say; not many empty tables)
+        self.assertLessEqual(len(empty), 3, empty)
+
+    def test_summary_rows_are_the_same_in_the_same_order(self):
+        a, b = self.both()
+        self.assertEqual(sorted(a.tables), sorted(b.tables))
+        for name in a.tables:
+            self.assertEqual(len(a.tables[name]), len(b.tables[name]), name)
+            for ra, rb in zip(a.tables[name], b.tables[name]):
+                self.assertEqual(list(ra), list(rb), name)
+                for key in ra:
+                    self.assertTrue(_same(ra[key], rb[key]), f"{name}.{key}: {ra} != {rb}")
+
+    def test_the_csv_files_are_the_same(self):
+        a, b = self.both()
+        for name in sorted(os.listdir(os.path.join(a.out_dir, "csv"))):
+            if name == "files.csv":
+                continue
+            with open(os.path.join(a.out_dir, "csv", name)) as fa, \
+                    open(os.path.join(b.out_dir, "csv", name)) as fb:
+                self.assertEqual(fa.read(), fb.read(), name)
+
+    def test_window_and_series_are_the_same(self):
+        a, b = self.both()
+        self.assertEqual((a.records, a.start_us, a.end_us, a.latency_sample),
+                         (b.records, b.start_us, b.end_us, b.latency_sample))
+        self.assertEqual(sorted(a.series), sorted(b.series))
+        for name in a.series:
+            if name == "bucket_us":
+                self.assertEqual(a.series[name], b.series[name])
+                continue
+            key = (lambda r: sorted(r.items()))
+            self.assertEqual(sorted(a.series[name], key=key), sorted(b.series[name], key=key),
+                             name)
+
+
+class HandmadeAgreementTests(_Agreement, unittest.SynchronousTestCase):
+    name = "sw-handmade"
+    kwargs = {"since_us": T(0), "until_us": T(600)}
+    timeout = 600
+
+    def make(self, traces):
+        write_handmade(traces)
+
+
+class SyntheticAgreementTests(_Agreement, unittest.SynchronousTestCase):
+    name = "sw-synth"
+    timeout = 600
+
+    def make(self, traces):
+        synth.generate(traces, routers=9, clients=30, rate=40, seconds=150, seed=11,
+                       extra_links=1)
+
+
+class CutWindowAgreementTests(_Agreement, unittest.SynchronousTestCase):
+    """A window that starts and ends inside minutes, with latencies sampled."""
+    name = "sw-cut"
+    kwargs = {"since_us": T(20, 500_000), "until_us": T(130, 250_000), "latency_sample": 2}
+    timeout = 600
+
+    def make(self, traces):
+        synth.generate(traces, routers=5, clients=20, rate=40, seconds=150, seed=7,
+                       start_us=T(0))
+
+
+class EngineChoiceTests(unittest.SynchronousTestCase):
+    """auto picks DuckDB for a small local window and Spark otherwise."""
+
+    timeout = 600
+
+    def test_auto_uses_duckdb_for_a_small_window_and_spark_beyond(self):
+        spark = spark_session()
+        _skip_without_duckdb()
+        from spark_analysis import pipeline
+        traces = _tempdir("sw-auto")
+        synth.generate(traces, routers=3, clients=6, rate=20, seconds=30, seed=2)
+        out = _tempdir("sw-auto-out")
+        import io
+        said = io.StringIO()
+        pipeline.run(spark, traces, out, progress=said, report=False)
+        self.assertIn("analysed in DuckDB", said.getvalue())
+        self.patch(smallwindow, "SMALL_WINDOW_RECORDS", 10)
+        said = io.StringIO()
+        pipeline.run(spark, traces, out, progress=said, report=False)
+        self.assertNotIn("analysed in DuckDB", said.getvalue())
+        self.assertIn("side by side", said.getvalue())
+
+    def test_an_unknown_engine_is_refused(self):
+        from spark_analysis import pipeline
+        with self.assertRaises(ValueError) as caught:
+            pipeline.run(None, "/nonexistent", _tempdir("sw-bad"), engine="pandas")
+        self.assertIn("pandas", str(caught.exception))
+
+    def test_duckdb_refuses_a_remote_table_by_name(self):
+        from spark_analysis import pipeline
+        self.patch(smallwindow, "available", lambda: True)
+        with self.assertRaises(ValueError) as caught:
+            pipeline._small_window_engine("duckdb", "s3a://bucket/tables")
+        self.assertIn("s3a://bucket/tables", str(caught.exception))
+        self.assertFalse(pipeline._small_window_engine("auto", "s3a://bucket/tables"))
+        self.assertFalse(pipeline._small_window_engine("spark", "/tmp/tables"))
+
+
+class SparkRoundTests(unittest.SynchronousTestCase):
+    """Rounding as Spark's F.round does it (no DuckDB, no Spark)."""
+
+    def test_half_up_on_the_shortest_decimal_form(self):
+        self.assertEqual(smallwindow.spark_round(2.675, 2), 2.68)   # binary 2.67499...
+        self.assertEqual(smallwindow.spark_round(0.125, 2), 0.13)
+        self.assertEqual(smallwindow.spark_round(-0.125, 2), -0.13)
+        self.assertEqual(smallwindow.spark_round(1234.5, 0), 1235.0)
+        self.assertIsNone(smallwindow.spark_round(None, 1))
+
+    def test_no_negative_zero(self):
+        self.assertEqual(repr(smallwindow.spark_round(-0.01, 1)), "0.0")
+
+
+class SortedRowsTests(unittest.SynchronousTestCase):
+    """Summary rows sorted as Spark's orderBy in pipeline._save sorts them."""
+
+    def test_descending_nulls_last_then_strings_ascending_nulls_first(self):
+        from spark_analysis.pipeline import _sorted_rows
+        rows = [{"n": 1, "a": "x"}, {"n": None, "a": "a"}, {"n": 5, "a": "b"},
+                {"n": 5, "a": None}, {"n": 5, "a": "a"}]
+        got = _sorted_rows(rows, ["n"], True, ["n", "a"], {"n": "other", "a": "string"})
+        self.assertEqual([(r["n"], r["a"]) for r in got],
+                         [(5, None), (5, "a"), (5, "b"), (1, "x"), (None, "a")])
+
+    def test_ascending_nulls_last(self):
+        from spark_analysis.pipeline import _sorted_rows
+        rows = [{"r": "b", "d": None}, {"r": "a", "d": 3}, {"r": "a", "d": None},
+                {"r": "a", "d": 1}]
+        got = _sorted_rows(rows, ["r", "d"], False, ["r", "d"], {"r": "string", "d": "other"})
+        self.assertEqual([(r["r"], r["d"]) for r in got],
+                         [("a", 1), ("a", 3), ("a", None), ("b", None)])
