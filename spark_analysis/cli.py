@@ -170,19 +170,33 @@ def main(argv=None):
                          "spark.eventLog.dir": "file://" + os.path.abspath(args.event_log)})
     settings.update(conf)            # the user's --conf wins
     began = time.monotonic()
-    if progress:
-        print("starting Spark ...", file=progress, flush=True)
-    if jvm_log:
-        with jvm_stderr_to(jvm_log):
-            spark = get_session(args.master, conf=settings)
-    else:
-        spark = get_session(args.master, conf=settings)
-    if progress:
-        print(f"      Spark {spark.version}, master {spark.sparkContext.master} "
-              f"({time.monotonic() - began:.1f} s)"
-              + (f"; JVM log {jvm_log}" if jvm_log else ""), file=progress, flush=True)
+    started = []
+
+    def start_spark():
+        """The session: started on the first call (and said so), then kept."""
+        if not started:
+            at = time.monotonic()
+            if progress:
+                print("starting Spark ...", file=progress, flush=True)
+            if jvm_log:
+                with jvm_stderr_to(jvm_log):
+                    started.append(get_session(args.master, conf=settings))
+            else:
+                started.append(get_session(args.master, conf=settings))
+            if progress:
+                print(f"      Spark {started[0].version}, master {started[0].sparkContext.master} "
+                      f"({time.monotonic() - at:.1f} s)"
+                      + (f"; JVM log {jvm_log}" if jvm_log else ""), file=progress, flush=True)
+        return started[0]
+
+    # A small window of local traces into a local table, with DuckDB to
+    # analyse it, needs no Spark at all: it is started only if a run needs it
+    # (a watcher's first big window, say), else never.
+    if not _without_spark(args, local, files, since, until, interval):
+        start_spark()
 
     def analyse(listed, began, rebuild):
+        spark = started[0] if started else start_spark
         analysis = pipeline.run(spark, args.trace_dir, args.out, since, until,
                                 progress=progress, files=listed, report=not args.no_report,
                                 tables_dir=args.tables, rebuild=rebuild, last_us=last,
@@ -201,9 +215,10 @@ def main(argv=None):
             print(f"error: {e}", file=sys.stderr)
             status = 1
     else:
-        status = _watch(spark, args, interval, analyse, progress)
+        status = _watch(started, args, interval, analyse, progress)
     if args.event_log:
         from spark_analysis import eventlog
+        spark = start_spark()
         log = os.path.join(args.event_log, spark.sparkContext.applicationId)
         spark.stop()
         if progress and os.path.exists(log):
@@ -212,7 +227,28 @@ def main(argv=None):
     return status
 
 
-def _watch(spark, args, interval, analyse, progress):
+def _without_spark(args, local, files, since, until, interval):
+    """True when a run may well need no Spark: DuckDB can analyse its window
+    (``--engine`` auto or duckdb), traces and tables are local, Spark would
+    be local too, no event log is asked for, and the window is small
+    (``_small_run``) or the run is a watcher's (whose windows are mostly
+    new minutes; it starts Spark the first time a run needs it)."""
+    from spark_analysis import ingest, smallwindow
+    tables = args.tables or os.path.join(args.out, "parquet")
+    if (args.engine == "spark" or not local or args.event_log or args.ui
+            or not smallwindow.available()
+            or not ingest._is_local(args.trace_dir) or not ingest._is_local(tables)):
+        return False
+    if args.engine == "duckdb" or interval is not None:
+        return True
+    from spark_analysis.store import expected_records
+    if files is None or args.rebuild:
+        return False
+    expected = expected_records(tables, ingest.prune_by_name(files, since, until))
+    return expected is not None and expected <= smallwindow.SMALL_WINDOW_RECORDS
+
+
+def _watch(started, args, interval, analyse, progress):
     """``--watch``: run now and whenever the trace directory changes, until
     Ctrl-C or SIGTERM (exit status 0). A run that finds nothing to analyse
     says why and the watch goes on."""
@@ -232,7 +268,9 @@ def _watch(spark, args, interval, analyse, progress):
         # undoes the batch.
         if not stopping.is_set():
             stopping.set()
-            threading.Thread(target=spark.sparkContext.cancelAllJobs, daemon=True).start()
+            if started:            # (Spark, if this watcher has started it)
+                threading.Thread(target=started[0].sparkContext.cancelAllJobs,
+                                 daemon=True).start()
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     first = [True]
@@ -242,7 +280,8 @@ def _watch(spark, args, interval, analyse, progress):
         analyse(listed, time.monotonic(), rebuild)
 
     try:
-        watch(run, lambda: ingest.list_trace_files(args.trace_dir, spark), interval,
+        watch(run, lambda: ingest.list_trace_files(args.trace_dir, started[0] if started
+                                                   else None), interval,
               progress=progress, recoverable=(ingest.TraceInputError, OSError),
               describe=args.trace_dir, stop=stopping)
     except Exception:

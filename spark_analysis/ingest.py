@@ -221,6 +221,52 @@ def _write_task(root, ignore_corrupt, minutes_root=None):
     return write
 
 
+def _ingest_here(files, root, file_of, ignore_corrupt, minutes_root):
+    """The rows the Spark tasks' ``_write_task`` would return, from the same
+    function run over bins of local ``files`` by a pool of worker processes
+    (one per core): a small batch without starting a JVM. A file that
+    cannot be read raises as a task does (``unreadable trace file ...``)."""
+    import concurrent.futures
+    import multiprocessing
+    workers = max(1, min(len(files), os.cpu_count() or 1))
+    sizes = {path: size or os.path.getsize(_local(path)) for path, size in files}
+    bins = _bins(list(sizes.items()), max(1, min(len(files), 4 * workers)))
+    jobs = [(root, ignore_corrupt, minutes_root, [_file_entry(p, file_of) for p in group])
+            for group in bins]
+    if len(jobs) == 1:
+        return _write_here(jobs[0])
+    # forkserver: a clean process to fork from (kept by a watcher), not this
+    # one with its threads; spawn where its socket cannot be made (a
+    # temporary directory whose path is too long for a UNIX socket)
+    for method in ("forkserver", "spawn"):
+        try:
+            context = multiprocessing.get_context(method)
+            with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+                return [row for rows in pool.map(_write_here, jobs) for row in rows]
+        except OSError as e:
+            if method == "spawn" or "unreadable trace file" in str(e):
+                raise
+
+
+def _write_here(job):
+    """One bin of ``_ingest_here``: ``_write_task`` over its files, its rows as dicts."""
+    import pyarrow as pa
+    root, ignore_corrupt, minutes_root, entries = job
+    batch = pa.RecordBatch.from_pylist(
+        [dict(e, content=None) for e in entries],
+        schema=pa.schema([("path", pa.string()), ("name", pa.string()), ("gz", pa.bool_()),
+                          ("content", pa.binary())]))
+    out = _write_task(root, ignore_corrupt, minutes_root)(iter([batch]))
+    return [row for written in out for row in written.to_pylist()]
+
+
+def _file_entry(path, file_of):
+    """(path to open, name to record, gz) of a local trace file, as Spark's
+    tasks get it: the name is the file's URI unless ``file_of`` renames it."""
+    name = file_of.get(_file_uri(path), _file_uri(path)) if file_of else _file_uri(path)
+    return {"path": os.path.abspath(_local(path)), "name": name, "gz": path.endswith(".gz")}
+
+
 def _bins(files, count):
     """``files`` ([(path, size)]) dealt into ``count`` lists of about equal
     bytes, biggest first: one Spark task each (a .gz is read whole by one task)."""
@@ -246,10 +292,8 @@ def _file_frame(spark, files, file_of):
             sizes[path] = os.path.getsize(_local(path))
     bins = _bins(list(sizes.items()), max(1, min(len(files), 4 * parallel)))
 
-    def entry(path):
-        name = file_of.get(_file_uri(path), _file_uri(path)) if file_of else _file_uri(path)
-        return {"path": os.path.abspath(_local(path)), "name": name, "gz": path.endswith(".gz")}
-    table = F.from_json(F.lit(json.dumps([[entry(p) for p in group] for group in bins])),
+    table = F.from_json(F.lit(json.dumps([[_file_entry(p, file_of) for p in group]
+                                          for group in bins])),
                         "array<array<struct<path: string, name: string, gz: boolean>>>")
     return (spark.range(0, len(bins), 1, len(bins))
             .select(F.inline(F.element_at(table, (F.col("id") + 1).cast("int"))))
@@ -354,6 +398,9 @@ def ingest_files(spark, files, out, file_of=None, ignore_corrupt=False, minutes_
     ({file: (good, bad)}, [Parquet files written, relative to ``out``] or
     None, [per-minute count files written, relative to ``minutes_out``] or None).
 
+    ``spark`` None: local files into a local ``out`` without Spark, by this
+    process's own worker processes (``_ingest_here``).
+
     Where ``out`` is a directory this process (and so, on a cluster, a
     shared mount every executor) can write, the tasks write their own files
     (``partwriter``) and the lists say which to commit; elsewhere (hdfs://,
@@ -367,14 +414,18 @@ def ingest_files(spark, files, out, file_of=None, ignore_corrupt=False, minutes_
         if minutes_out is not None:
             write_minutes(spark.read.parquet(out).where("status = 'ok'"), minutes_out)
         return ingest_stats(spark, out), None, None
-    from pyspark.sql import types as T
     root = os.path.abspath(_local(out))
     minutes_root = os.path.abspath(_local(minutes_out)) if minutes_out is not None else None
-    schema = T.StructType([T.StructField(n, T.StringType() if t == "string" else T.LongType())
-                           for n, t in _WRITTEN_FIELDS])
-    rows = (_files(spark, files, file_of)
-            .mapInArrow(_write_task(root, ignore_corrupt, minutes_root), schema)
-            .collect())
+    if spark is None:
+        rows = _ingest_here(files, root, file_of, ignore_corrupt, minutes_root)
+    else:
+        from pyspark.sql import types as T
+        schema = T.StructType([T.StructField(n, T.StringType() if t == "string"
+                                             else T.LongType())
+                               for n, t in _WRITTEN_FIELDS])
+        rows = (_files(spark, files, file_of)
+                .mapInArrow(_write_task(root, ignore_corrupt, minutes_root), schema)
+                .collect())
     stats, parts, minute_parts = {}, [], []
     for row in rows:
         if row["kind"] == "part":

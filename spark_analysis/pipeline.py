@@ -211,6 +211,10 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
     (1: every one); by default (None) all of them up to
     ``jobs.LATENCY_SAMPLE_TARGET`` wire records in the window, a sample
     of about that many beyond (``jobs.latency_sample``).
+    ``spark``: a SparkSession, or a callable that starts one, called only
+    if the run needs Spark (a small window of local traces and tables, with
+    DuckDB to analyse it, does not: the new lines are read into the table by
+    this process's own workers, ``ingest._ingest_here``).
     ``engine``: what runs the analysis stages over the window -- "spark",
     "duckdb" (``smallwindow``: a local table only), or "auto": DuckDB for
     a window of up to ``smallwindow.SMALL_WINDOW_RECORDS`` records of a
@@ -234,18 +238,13 @@ def _run(spark, trace_dir, out_dir, since_us, until_us, progress, files, report,
         latency_sample = jobs.checked_sample(latency_sample)
     if last_us is not None and (since_us is not None or until_us is not None):
         raise ValueError("last_us excludes since_us and until_us")
-    # cached tables keep adaptive execution's coalesced partitions (else every
-    # later pass over a small cached table would run 200 tiny tasks)
-    spark.conf.set("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
-    # trace files are gzip (one task each, whatever their size): without this,
-    # Spark packs them into as few tasks as there are cores, unevenly, and
-    # one core idles while the other finishes the bigger pack
-    spark.conf.set("spark.sql.files.minPartitionNum",
-                   str(4 * spark.sparkContext.defaultParallelism))
+    lazy = _LazySpark(spark)
+    if lazy.started:
+        spark = lazy.get()
     analysis = Analysis(out_dir, tables_dir)
     analysis.trace_dir, analysis.since_us, analysis.until_us = trace_dir, since_us, until_us
     os.makedirs(out_dir, exist_ok=True)
-    steps = _Progress(8 if report else 7, progress, spark)
+    steps = _Progress(8 if report else 7, progress, spark if lazy.started else None)
     if report:
         from spark_analysis import report as report_module
         # (it imports matplotlib while Spark works)
@@ -253,7 +252,8 @@ def _run(spark, trace_dir, out_dir, since_us, until_us, progress, files, report,
 
     steps.start(f"finding trace files under {trace_dir}")
     if files is None:
-        files = ingest.list_trace_files(trace_dir, spark)
+        files = ingest.list_trace_files(
+            trace_dir, None if ingest._is_local(trace_dir) else lazy.get())
     listed = len(files)
     files = ingest.prune_by_name(files, since_us, until_us)
     if not files:
@@ -268,7 +268,11 @@ def _run(spark, trace_dir, out_dir, since_us, until_us, progress, files, report,
         + (f" ({listed - len(files)} skipped by name)" if listed > len(files) else ""))
 
     steps.start("reading new trace lines into the table (JSON -> Parquet)")
-    store = TraceStore(spark, analysis.tables_dir)
+    # new lines of local files into a local table: read here, unless Spark is
+    # up anyway (or may be needed: not an engine that can do without it)
+    here = (not lazy.started and engine != "spark" and ingest._is_local(analysis.tables_dir)
+            and all(ingest._is_local(path) for path, _ in files))
+    store = TraceStore(None if here else lazy.get(), analysis.tables_dir)
     batch = store.update(files, waiting=lambda text: _warn(progress, text), rebuild=rebuild)
     # from here on the table is read: no merge of its small files may
     # replace them under the queries (``TraceStore.compact``)
@@ -334,8 +338,11 @@ def _run(spark, trace_dir, out_dir, since_us, until_us, progress, files, report,
     small = _small_window_engine(engine, analysis.tables_dir)
     if last_us is not None:
         # the newest record ends the window (known only now, after the ingest)
-        newest = (smallwindow.newest_us(ingest._local(analysis.tables_dir)) if small
-                  else store.newest_us())
+        if small:
+            newest = smallwindow.newest_us(ingest._local(analysis.tables_dir))
+        else:
+            store.spark = lazy.get()
+            newest = store.newest_us()
         until_us = newest + 1
         since_us = until_us - last_us
         analysis.since_us, analysis.until_us = since_us, until_us
@@ -345,6 +352,7 @@ def _run(spark, trace_dir, out_dir, since_us, until_us, progress, files, report,
     if small:
         return _run_small(analysis, steps, batch, trace_dir, since_us, until_us,
                           latency_sample, report)
+    spark = store.spark = steps.spark = lazy.get()
     events = store.events(since_us, until_us)
     # every record counted per link, event and minute (summed from the counts
     # the ingest made): the window's span and size, the overview, link,
@@ -401,6 +409,31 @@ def _run(spark, trace_dir, out_dir, since_us, until_us, progress, files, report,
 
 
 ENGINES = ("auto", "spark", "duckdb")
+
+
+class _LazySpark:
+    """The run's SparkSession: given, or started on first need (``spark`` a
+    callable), and set up for the analysis once."""
+
+    def __init__(self, spark):
+        self._spark, self._ready = spark, None
+        self.started = spark is not None and not callable(spark)
+
+    def get(self):
+        if self._ready is None:
+            spark = self._spark() if callable(self._spark) else self._spark
+            if spark is None:
+                raise ValueError("this run needs Spark, and none was given")
+            # cached tables keep adaptive execution's coalesced partitions (else
+            # every later pass over a small cached table would run 200 tiny tasks)
+            spark.conf.set("spark.sql.optimizer.canChangeCachedPlanOutputPartitioning", "true")
+            # trace files are gzip (one task each, whatever their size): without
+            # this, Spark packs them into as few tasks as there are cores,
+            # unevenly, and one core idles while the other finishes the bigger pack
+            spark.conf.set("spark.sql.files.minPartitionNum",
+                           str(4 * spark.sparkContext.defaultParallelism))
+            self._ready, self.started = spark, True
+        return self._ready
 
 
 def _small_window_engine(engine, tables_dir):

@@ -219,3 +219,91 @@ class SortedRowsTests(unittest.SynchronousTestCase):
         got = _sorted_rows(rows, ["r", "d"], False, ["r", "d"], {"r": "string", "d": "other"})
         self.assertEqual([(r["r"], r["d"]) for r in got],
                          [("a", 1), ("a", 3), ("a", None), ("b", None)])
+
+
+class WithoutSparkTests(unittest.SynchronousTestCase):
+    """A small window of local traces needs no Spark: the new lines are read
+    by this process's workers (ingest._ingest_here) and DuckDB analyses them."""
+
+    timeout = 600
+
+    def no_spark(self):
+        raise AssertionError("Spark was started")
+
+    def test_a_small_run_never_starts_spark(self):
+        _skip_without_duckdb()
+        from spark_analysis import pipeline
+        traces = _tempdir("sw-nospark")
+        write_handmade(traces)
+        out = _tempdir("sw-nospark-out")
+        a = pipeline.run(self.no_spark, traces, out, T(0), T(600), progress=None,
+                         report=False)
+        # the same answers as a run with Spark on the same traces (which read
+        # them with Spark's tasks)
+        b = run_both("sw-handmade", lambda d: write_handmade(d), since_us=T(0),
+                     until_us=T(600))[1]
+        for name in b.tables:
+            self.assertEqual(a.tables[name], b.tables[name], name)
+        self.assertEqual((a.records, a.bad_lines), (b.records, b.bad_lines))
+        self.assertEqual(sorted((os.path.basename(f), *rest) for f, *rest in a.bad_examples),
+                         sorted((os.path.basename(f), *rest) for f, *rest in b.bad_examples))
+        self.assertTrue(a.bad_examples)
+        self.assertEqual([(os.path.basename(p), r) for p, r in a.unreadable],
+                         [(os.path.basename(p), r) for p, r in b.unreadable])
+        self.assertTrue(a.unreadable)
+
+    def test_spark_is_started_when_the_engine_is_spark(self):
+        from spark_analysis import pipeline
+        traces = _tempdir("sw-needspark")
+        write_handmade(traces)
+        calls = []
+
+        def start():
+            calls.append(1)
+            return spark_session()
+        pipeline.run(start, traces, _tempdir("sw-needspark-out"), T(0), T(600), progress=None,
+                     report=False, engine="spark")
+        self.assertEqual(calls, [1])
+
+    def test_lines_read_here_equal_lines_read_by_spark(self):
+        spark = spark_session()
+        from spark_analysis import ingest
+        from spark_analysis.store import TraceStore
+        traces = _tempdir("sw-ingest")
+        synth.generate(traces, routers=4, clients=10, rate=30, seconds=70, seed=4,
+                       use_gzip=True)
+        synth.generate(os.path.join(traces, "plain"), routers=2, clients=4, rate=10,
+                       seconds=20, seed=5)
+        files = ingest.list_trace_files(traces)
+        here, there = _tempdir("sw-ingest-here"), _tempdir("sw-ingest-spark")
+        a = TraceStore(None, here).update(files)
+        b = TraceStore(spark, there).update(files)
+        self.assertEqual((a.records, a.bad, a.file_stats), (b.records, b.bad, b.file_stats))
+        self.assertGreater(a.records, 1000)
+
+        def table(root, name, order):
+            df = spark.read.parquet(os.path.join(root, name))
+            return sorted(map(repr, map(tuple, df.select(*order).collect())))
+        columns = [c for c in spark.read.parquet(os.path.join(there, "events")).columns]
+        self.assertEqual(table(here, "events", columns), table(there, "events", columns))
+        minutes = spark.read.parquet(os.path.join(there, "event_minutes")).columns
+        self.assertEqual(table(here, "event_minutes", minutes),
+                         table(there, "event_minutes", minutes))
+
+    def test_the_command_line_runs_a_small_window_without_spark(self):
+        _skip_without_duckdb()
+        import subprocess
+        import sys
+        traces = _tempdir("sw-cli")
+        synth.generate(traces, routers=3, clients=6, rate=20, seconds=40, seed=6)
+        out = _tempdir("sw-cli-out")
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = dict(os.environ, PYTHONPATH=root)
+        done = subprocess.run([sys.executable, "-m", "spark_analysis", traces, "--out", out,
+                               "--last", "1m"], capture_output=True, text=True, timeout=300,
+                              env=env)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertNotIn("starting Spark", done.stderr)
+        self.assertIn("analysed in DuckDB", done.stderr)
+        self.assertTrue(os.path.exists(os.path.join(out, "report.html")))
+        self.assertFalse(os.path.exists(os.path.join(out, "spark-jvm.log")))
