@@ -14,7 +14,7 @@ is Spark's 7077, which must be free); the web UIs get free ports.
 
 Then it analyses the same traces three ways:
 
-  local    python -m spark_analysis TRACES --out local --master local[2]
+  local    python -m spark_analysis TRACES --out local --master local[2] --engine spark
   submit   $SPARK_HOME/bin/spark-submit --master spark://127.0.0.1:PORT ...
            spark_analysis/__main__.py TRACES --out submit
   module   python -m spark_analysis TRACES --out module --master spark://127.0.0.1:PORT
@@ -580,7 +580,10 @@ def run_cluster_check(traces=None, workdir=None, port=7077, keep=False, synth=No
             confs += ["--conf", f"{key}={value}"]
         runs = {
             "local": [sys.executable, "-m", "spark_analysis", traces, "--out", outs["local"],
-                      "--master", "local[2]", "--quiet"] + extra + analysis_args,
+                      # (Spark's analysis, as on the cluster: a small window
+                      # would otherwise go to DuckDB in the driver)
+                      "--master", "local[2]", "--engine", "spark", "--quiet"]
+                     + extra + analysis_args,
             "submit": [os.path.join(spark_home(), "bin", "spark-submit"),
                        "--master", cluster.url] + confs +
                       [os.path.join(ROOT, "spark_analysis", "__main__.py"),

@@ -335,7 +335,7 @@ def _run(spark, trace_dir, out_dir, since_us, until_us, progress, files, report,
                 f"no valid trace records under {trace_dir}: {analysis.bad_lines} bad lines"
                 + where)
         raise ingest.TraceInputError(f"no trace records under {trace_dir} (the files are empty)")
-    small = _small_window_engine(engine, analysis.tables_dir)
+    small = _small_window_engine(engine, analysis.tables_dir, lazy.local())
     if last_us is not None:
         # the newest record ends the window (known only now, after the ingest)
         if small:
@@ -419,6 +419,13 @@ class _LazySpark:
         self._spark, self._ready = spark, None
         self.started = spark is not None and not callable(spark)
 
+    def local(self):
+        """True unless the session given is a cluster's (one started later
+        is local: the command line starts none lazily otherwise)."""
+        if self._spark is None or callable(self._spark):
+            return True
+        return self._spark.sparkContext.master.startswith("local")
+
     def get(self):
         if self._ready is None:
             spark = self._spark() if callable(self._spark) else self._spark
@@ -436,10 +443,11 @@ class _LazySpark:
         return self._ready
 
 
-def _small_window_engine(engine, tables_dir):
+def _small_window_engine(engine, tables_dir, spark_local=True):
     """Whether the window may go to DuckDB (``smallwindow``): "duckdb" asks
-    for it (and fails clearly where it cannot be), "auto" where it can."""
-    if engine == "spark":
+    for it (and fails clearly where it cannot be), "auto" where it can and
+    Spark is (or would be) local: a run given a cluster uses it."""
+    if engine == "spark" or (engine == "auto" and not spark_local):
         return False
     reason = None
     if not smallwindow.available():

@@ -20,25 +20,25 @@ and rounding is Spark's (half up on the shortest decimal form), done
 in Python on the result rows.
 """
 
-import datetime
 import decimal
 import glob
 import os
 
 from spark_analysis import jobs
 from spark_analysis import traceformat as tf
+from spark_analysis.store import _day          # (the table's day partitions)
 
 __all__ = ["SMALL_WINDOW_RECORDS", "available", "Window", "open_window", "STAGES",
            "spark_round"]
 
 # windows up to this many records are analysed here (auto engine)
 SMALL_WINDOW_RECORDS = 3_000_000
-# DuckDB's memory for a window (it spills to disk beyond)
-MEMORY_LIMIT = "2GB"
+# DuckDB's memory for a window (it spills to disk beyond): keeps the driver under 1 GB
+MEMORY_LIMIT = "512MB"
 
 # every column of the events table the jobs read
 _COLUMNS = ("ts_us", "router", "peer", "event", "direction", "routing", "size", "attrs",
-            "digest", "filter_nodes", "filter_bytes", "reason", "origin", "hops", "dkey",
+            "filter_nodes", "filter_bytes", "reason", "origin", "hops", "dkey",
             "akey")
 
 
@@ -64,11 +64,6 @@ def spark_round(value, digits):
 
 def _sql_list(values):
     return ", ".join("'" + v.replace("'", "''") + "'" for v in values)
-
-
-def _day(ts_us):
-    return datetime.datetime.fromtimestamp(ts_us / 1e6, datetime.timezone.utc).strftime(
-        "%Y-%m-%d")
 
 
 def _files(tables_dir, since_us=None, until_us=None):

@@ -185,6 +185,10 @@ class EngineChoiceTests(unittest.SynchronousTestCase):
         self.assertIn("s3a://bucket/tables", str(caught.exception))
         self.assertFalse(pipeline._small_window_engine("auto", "s3a://bucket/tables"))
         self.assertFalse(pipeline._small_window_engine("spark", "/tmp/tables"))
+        # a cluster given: auto leaves the analysis to it; duckdb still asks for DuckDB
+        self.assertFalse(pipeline._small_window_engine("auto", "/tmp/tables", False))
+        self.assertTrue(pipeline._small_window_engine("duckdb", "/tmp/tables", False))
+        self.assertTrue(pipeline._small_window_engine("auto", "/tmp/tables", True))
 
 
 class SparkRoundTests(unittest.SynchronousTestCase):
