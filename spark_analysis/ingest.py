@@ -224,7 +224,8 @@ def _write_task(root, ignore_corrupt, minutes_root=None):
 def _ingest_here(files, root, file_of, ignore_corrupt, minutes_root):
     """The rows the Spark tasks' ``_write_task`` would return, from the same
     function run over bins of local ``files`` by a pool of worker processes
-    (one per core): a small batch without starting a JVM. A file that
+    (one per core; in this process unless it is ``python -m
+    spark_analysis``): a small batch without starting a JVM. A file that
     cannot be read raises as a task does (``unreadable trace file ...``)."""
     import concurrent.futures
     import multiprocessing
@@ -233,8 +234,12 @@ def _ingest_here(files, root, file_of, ignore_corrupt, minutes_root):
     bins = _bins(list(sizes.items()), max(1, min(len(files), 4 * workers)))
     jobs = [(root, ignore_corrupt, minutes_root, [_file_entry(p, file_of) for p in group])
             for group in bins]
-    if len(jobs) == 1:
-        return _write_here(jobs[0])
+    from spark_analysis.report import _main_is_ours
+    if len(jobs) == 1 or not _main_is_ours():
+        # (a worker process imports the main module again: only ours is
+        # known to run nothing when imported; any other caller's files are
+        # read here, one bin after another)
+        return [row for job in jobs for row in _write_here(job)]
     # forkserver: a clean process to fork from (kept by a watcher), not this
     # one with its threads; spawn where its socket cannot be made (a
     # temporary directory whose path is too long for a UNIX socket)

@@ -9,6 +9,7 @@ with a cycle and clock skew, and a window cut inside minutes (--since /
 --until), where the per-minute counts come from two sources in Spark.
 """
 
+import io
 import math
 import os
 
@@ -161,7 +162,6 @@ class EngineChoiceTests(unittest.SynchronousTestCase):
         traces = _tempdir("sw-auto")
         synth.generate(traces, routers=3, clients=6, rate=20, seconds=30, seed=2)
         out = _tempdir("sw-auto-out")
-        import io
         said = io.StringIO()
         pipeline.run(spark, traces, out, progress=said, report=False)
         self.assertIn("analysed in DuckDB", said.getvalue())
@@ -268,6 +268,27 @@ class WithoutSparkTests(unittest.SynchronousTestCase):
         pipeline.run(start, traces, _tempdir("sw-needspark-out"), T(0), T(600), progress=None,
                      report=False, engine="spark")
         self.assertEqual(calls, [1])
+
+    def test_a_big_window_reads_here_then_starts_spark_for_the_analysis(self):
+        from spark_analysis import pipeline
+        traces = _tempdir("sw-bigwindow")
+        write_handmade(traces)
+        calls = []
+
+        def start():
+            calls.append(1)
+            return spark_session()
+        self.patch(smallwindow, "SMALL_WINDOW_RECORDS", 3)
+        said = io.StringIO()
+        a = pipeline.run(start, traces, _tempdir("sw-bigwindow-out"), T(0), T(600),
+                         progress=said, report=False)
+        self.assertEqual(calls, [1])
+        self.assertIn("side by side", said.getvalue())
+        self.assertNotIn("analysed in DuckDB", said.getvalue())
+        b = run_both("sw-handmade", lambda d: write_handmade(d), since_us=T(0),
+                     until_us=T(600))[0]
+        for name in b.tables:
+            self.assertEqual(a.tables[name], b.tables[name], name)
 
     def test_lines_read_here_equal_lines_read_by_spark(self):
         spark = spark_session()
