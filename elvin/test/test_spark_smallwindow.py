@@ -256,28 +256,27 @@ class WithoutSparkTests(unittest.SynchronousTestCase):
                          [(os.path.basename(p), r) for p, r in b.unreadable])
         self.assertTrue(a.unreadable)
 
-    def test_spark_is_started_when_the_engine_is_spark(self):
-        from spark_analysis import pipeline
-        traces = _tempdir("sw-needspark")
+    def counted_start(self, name):
+        """(handmade traces, a callable starting Spark, the list of its calls)."""
+        traces = _tempdir(name)
         write_handmade(traces)
         calls = []
 
         def start():
             calls.append(1)
             return spark_session()
+        return traces, start, calls
+
+    def test_spark_is_started_when_the_engine_is_spark(self):
+        from spark_analysis import pipeline
+        traces, start, calls = self.counted_start("sw-needspark")
         pipeline.run(start, traces, _tempdir("sw-needspark-out"), T(0), T(600), progress=None,
                      report=False, engine="spark")
         self.assertEqual(calls, [1])
 
     def test_a_big_window_reads_here_then_starts_spark_for_the_analysis(self):
         from spark_analysis import pipeline
-        traces = _tempdir("sw-bigwindow")
-        write_handmade(traces)
-        calls = []
-
-        def start():
-            calls.append(1)
-            return spark_session()
+        traces, start, calls = self.counted_start("sw-bigwindow")
         self.patch(smallwindow, "SMALL_WINDOW_RECORDS", 3)
         said = io.StringIO()
         a = pipeline.run(start, traces, _tempdir("sw-bigwindow-out"), T(0), T(600),
