@@ -218,7 +218,8 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
     ``engine``: what runs the analysis stages over the window -- "spark",
     "duckdb" (``smallwindow``: a local table only), or "auto": DuckDB for
     a window of up to ``smallwindow.SMALL_WINDOW_RECORDS`` records of a
-    local table when DuckDB is installed, else Spark.
+    local table when DuckDB is installed and Spark is local (a session on
+    a cluster keeps the analysis), else Spark.
     """
     if engine not in ENGINES:
         raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
