@@ -28,8 +28,9 @@ from spark_analysis import jobs
 from spark_analysis import traceformat as tf
 from spark_analysis.store import _day          # (the table's day partitions)
 
-__all__ = ["SMALL_WINDOW_RECORDS", "available", "Window", "open_window", "STAGES",
-           "spark_round"]
+__all__ = ["SMALL_WINDOW_RECORDS", "MEMORY_LIMIT", "available", "Window", "open_window",
+           "newest_us", "count", "spark_round", "links_stage", "filters_stage", "drops_stage",
+           "paths_stage", "interest_stage"]
 
 # windows up to this many records are analysed here (auto engine)
 SMALL_WINDOW_RECORDS = 3_000_000
@@ -679,5 +680,3 @@ def interest_stage(w, save):
     save("filter_churn", tables["filter_churn"])
     return tables["filter_changes"]
 
-
-STAGES = ("links", "filters", "drops", "paths", "interest")
