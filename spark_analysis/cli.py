@@ -60,7 +60,8 @@ def build_parser():
                              "same ones on every router); 1: every one. Default auto: every "
                              "one up to a million crossings in the window, about a million "
                              "beyond (counts other than latency's are always exact)")
-    parser.add_argument("--engine", choices=("auto", "spark", "duckdb"), default="auto",
+    from spark_analysis.pipeline import ENGINES
+    parser.add_argument("--engine", choices=ENGINES, default="auto",
                         help="what analyses the window once it is in the table: spark, or "
                              "duckdb (in this process; a local table only); default auto: "
                              "DuckDB for a window of up to 3 million records of a local "
@@ -131,6 +132,13 @@ def main(argv=None):
     if last is not None and (since is not None or until is not None):
         parser.error("--last cannot be combined with --since or --until")
     conf = parse_conf(args.conf, parser.error)
+    if args.engine == "duckdb":
+        # (said now, not after Spark has started and the traces are read)
+        from spark_analysis.pipeline import _small_window_engine
+        try:
+            _small_window_engine("duckdb", args.tables or os.path.join(args.out, "parquet"))
+        except ValueError as e:
+            parser.error(str(e))
     progress = None if args.quiet else sys.stderr
 
     from spark_analysis import ingest, pipeline

@@ -230,10 +230,8 @@ def _ingest_here(files, root, file_of, ignore_corrupt, minutes_root):
     import concurrent.futures
     import multiprocessing
     workers = max(1, min(len(files), os.cpu_count() or 1))
-    sizes = {path: size or os.path.getsize(_local(path)) for path, size in files}
-    bins = _bins(list(sizes.items()), max(1, min(len(files), 4 * workers)))
-    jobs = [(root, ignore_corrupt, minutes_root, [_file_entry(p, file_of) for p in group])
-            for group in bins]
+    jobs = [(root, ignore_corrupt, minutes_root, group)
+            for group in _entry_bins(files, file_of, 4 * workers)]
     from spark_analysis.report import _main_is_ours
     if len(jobs) == 1 or not _main_is_ours():
         # (a worker process imports the main module again: only ours is
@@ -265,6 +263,18 @@ def _write_here(job):
     return [row for written in out for row in written.to_pylist()]
 
 
+def _entry_bins(files, file_of, count):
+    """Local ``files`` ([(path, size)], a size 0 looked up) dealt into at most
+    ``count`` bins of about equal bytes, each a list of ``_file_entry``: one
+    task's (or one local worker's) input each."""
+    sizes = {path: size for path, size in files}
+    for path in sizes:
+        if not sizes[path] and os.path.exists(_local(path)):
+            sizes[path] = os.path.getsize(_local(path))
+    bins = _bins(list(sizes.items()), max(1, min(len(files), count)))
+    return [[_file_entry(p, file_of) for p in group] for group in bins]
+
+
 def _file_entry(path, file_of):
     """(path to open, name to record, gz) of a local trace file, as Spark's
     tasks get it: the name is the file's URI unless ``file_of`` renames it."""
@@ -290,15 +300,8 @@ def _file_frame(spark, files, file_of):
     rows are shipped to make it."""
     import json
     from pyspark.sql import functions as F
-    parallel = spark.sparkContext.defaultParallelism
-    sizes = {path: size for path, size in files}
-    for path in sizes:
-        if not sizes[path] and os.path.exists(_local(path)):
-            sizes[path] = os.path.getsize(_local(path))
-    bins = _bins(list(sizes.items()), max(1, min(len(files), 4 * parallel)))
-
-    table = F.from_json(F.lit(json.dumps([[_file_entry(p, file_of) for p in group]
-                                          for group in bins])),
+    bins = _entry_bins(files, file_of, 4 * spark.sparkContext.defaultParallelism)
+    table = F.from_json(F.lit(json.dumps(bins)),
                         "array<array<struct<path: string, name: string, gz: boolean>>>")
     return (spark.range(0, len(bins), 1, len(bins))
             .select(F.inline(F.element_at(table, (F.col("id") + 1).cast("int"))))

@@ -363,14 +363,9 @@ def _run(spark, trace_dir, out_dir, since_us, until_us, progress, files, report,
                                                   per_minute=per_minute)
     if not analysis.records:
         per_minute.unpersist()
-        raise ingest.TraceInputError(f"no trace records under {trace_dir}"
-                                     + (" in the requested time range"
-                                        if since_us or until_us else ""))
+        raise _no_records(trace_dir, since_us, until_us)
     analysis.start_us, analysis.end_us = start, end
-    analysis.stage_seconds["ingest"] = steps.done(
-        f"{batch.records:,} new records from {len(batch.parts)} files or parts "
-        f"({batch.unchanged} files already read); "
-        f"{analysis.records:,} records in {tf.format_time(start)} .. {tf.format_time(end)}")
+    _ingest_done(steps, analysis, batch)
     control = jobs.control_events(events).cache()
     # one more pass counts the out records (the notifications considered for
     # each link) per origin and attribute set: the flood model's, the
@@ -382,24 +377,15 @@ def _run(spark, trace_dir, out_dir, since_us, until_us, progress, files, report,
                "end": end, "per_minute": per_minute, "control": control, "considered": considered,
                "bucket": bucket, "latency_sample": latency_sample}
     _run_side_by_side(spark, steps, context, [
-        ("links", "overview and links: traffic per link and direction, rates, uptime",
-         _links_stage),
-        ("filters", "filters: considered, forwarded, suppressed; flood without filters",
-         _filters_stage),
-        ("drops", "loops and drops over time", _drops_stage),
-        ("paths", "paths: hop counts, routes, latency (joining digests across routers)",
-         _paths_stage),
-        ("interest", "interest: attribute-name sets, pull-filter churn", _interest_stage),
+        ("links", STAGES["links"], _links_stage),
+        ("filters", STAGES["filters"], _filters_stage),
+        ("drops", STAGES["drops"], _drops_stage),
+        ("paths", STAGES["paths"], _paths_stage),
+        ("interest", STAGES["interest"], _interest_stage),
     ])
 
     if report:
-        from spark_analysis import report as report_module
-        steps.start("charts and HTML report")
-        # what the last report in this directory said, to say what changed
-        analysis.previous = report_module.load_summary(out_dir)
-        path = report_module.write_report(analysis)
-        report_module.write_summary(analysis)
-        analysis.stage_seconds["report"] = steps.done(path)
+        _report_stage(analysis, steps)
     per_minute.unpersist()
     control.unpersist()
     considered.unpersist()
@@ -410,6 +396,14 @@ def _run(spark, trace_dir, out_dir, since_us, until_us, progress, files, report,
 
 
 ENGINES = ("auto", "spark", "duckdb")
+# the analysis stages, as their progress lines name them (either engine)
+STAGES = {
+    "links": "overview and links: traffic per link and direction, rates, uptime",
+    "filters": "filters: considered, forwarded, suppressed; flood without filters",
+    "drops": "loops and drops over time",
+    "paths": "paths: hop counts, routes, latency (joining digests across routers)",
+    "interest": "interest: attribute-name sets, pull-filter churn",
+}
 
 
 class _LazySpark:
@@ -469,16 +463,10 @@ def _run_small(analysis, steps, batch, trace_dir, since_us, until_us, latency_sa
                                      temp_dir=os.path.join(analysis.out_dir, ".duckdb-tmp"))
     try:
         if not window.records:
-            raise ingest.TraceInputError(f"no trace records under {trace_dir}"
-                                         + (" in the requested time range"
-                                            if since_us or until_us else ""))
+            raise _no_records(trace_dir, since_us, until_us)
         start, end = window.start, window.end
         analysis.records, analysis.start_us, analysis.end_us = window.records, start, end
-        analysis.stage_seconds["ingest"] = steps.done(
-            f"{batch.records:,} new records from {len(batch.parts)} files or parts "
-            f"({batch.unchanged} files already read); "
-            f"{analysis.records:,} records in {tf.format_time(start)} .. {tf.format_time(end)}"
-            f" (analysed in DuckDB: a small window)")
+        _ingest_done(steps, analysis, batch, " (analysed in DuckDB: a small window)")
         bucket = _bucket_us(start, end)
         analysis.series["bucket_us"] = bucket
 
@@ -489,34 +477,31 @@ def _run_small(analysis, steps, batch, trace_dir, since_us, until_us, latency_sa
             print(f"      analysing: stages {steps.n + 1}-{steps.n + 5} in DuckDB, "
                   f"one after the other ...", file=steps.stream, flush=True)
 
-        steps.start("overview and links: traffic per link and direction, rates, uptime")
+        steps.start(STAGES["links"])
         minute = smallwindow.links_stage(window, save)
-        top = [(r["router"], r["peer"], r["direction"]) for r in analysis.tables["links"]
-               if r["direction"] == "out"][:8]
+        top = _busiest_out(analysis.tables["links"], ("router", "peer", "direction"))
         analysis.series["link_traffic"] = _series_small(window, minute, top, bucket)
         analysis.stage_seconds["links"] = steps.done(
             f"{len(analysis.tables['links'])} link directions")
 
-        steps.start("filters: considered, forwarded, suppressed; flood without filters")
+        steps.start(STAGES["filters"])
         smallwindow.filters_stage(window, save)
         analysis.stage_seconds["filters"] = steps.done()
 
-        steps.start("loops and drops over time")
+        steps.start(STAGES["drops"])
         analysis.series["drops"] = smallwindow.drops_stage(window, save, bucket)
         analysis.stage_seconds["drops"] = steps.done(
             f"{sum(r['drops'] for r in analysis.tables['drops']):,} drops")
 
-        steps.start("paths: hop counts, routes, latency (joining digests across routers)")
+        steps.start(STAGES["paths"])
         k = smallwindow.paths_stage(window, save, analysis, latency_sample)
         sampled = f"; latency timed on 1 in {k} notifications" if k > 1 else ""
         analysis.stage_seconds["paths"] = steps.done(
             f"{len(analysis.tables['routes'])} routes{sampled}")
 
-        steps.start("interest: attribute-name sets, pull-filter churn")
+        steps.start(STAGES["interest"])
         changes = smallwindow.interest_stage(window, save)
-        busiest = [(r["router"], r["peer"]) for r in analysis.tables["filter_churn"]
-                   if r["direction"] == "out"][:8]
-        wanted = set(busiest)
+        wanted = set(_busiest_out(analysis.tables["filter_churn"], ("router", "peer")))
         sizes = [{"router": r["router"], "peer": r["peer"], "ts_us": r["ts_us"],
                   "filter_nodes": r["filter_nodes"]}
                  for r in changes.select(["router", "peer", "direction", "ts_us",
@@ -530,13 +515,37 @@ def _run_small(analysis, steps, batch, trace_dir, since_us, until_us, latency_sa
         import shutil
         shutil.rmtree(os.path.join(analysis.out_dir, ".duckdb-tmp"), ignore_errors=True)
     if report:
-        from spark_analysis import report as report_module
-        steps.start("charts and HTML report")
-        analysis.previous = report_module.load_summary(analysis.out_dir)
-        path = report_module.write_report(analysis)
-        report_module.write_summary(analysis)
-        analysis.stage_seconds["report"] = steps.done(path)
+        _report_stage(analysis, steps)
     return analysis
+
+
+def _no_records(trace_dir, since_us, until_us):
+    return ingest.TraceInputError(f"no trace records under {trace_dir}"
+                                  + (" in the requested time range"
+                                     if since_us or until_us else ""))
+
+
+def _ingest_done(steps, analysis, batch, note=""):
+    """The ingest stage's line: what was read, and the window."""
+    analysis.stage_seconds["ingest"] = steps.done(
+        f"{batch.records:,} new records from {len(batch.parts)} files or parts "
+        f"({batch.unchanged} files already read); {analysis.records:,} records in "
+        f"{tf.format_time(analysis.start_us)} .. {tf.format_time(analysis.end_us)}{note}")
+
+
+def _report_stage(analysis, steps):
+    from spark_analysis import report as report_module
+    steps.start("charts and HTML report")
+    # what the last report in this directory said, to say what changed
+    analysis.previous = report_module.load_summary(analysis.out_dir)
+    path = report_module.write_report(analysis)
+    report_module.write_summary(analysis)
+    analysis.stage_seconds["report"] = steps.done(path)
+
+
+def _busiest_out(rows, keys, n=8):
+    """The first ``n`` "out" rows of a (sorted) summary table, as key tuples."""
+    return [tuple(r[k] for k in keys) for r in rows if r["direction"] == "out"][:n]
 
 
 def _series_small(window, minute, links, bucket):
@@ -661,8 +670,7 @@ def _links_stage(c):
     _save(spark, analysis, "links", tables["links"])
     _save(spark, analysis, "link_uptime", tables["link_uptime"])
     _save(spark, analysis, "link_outages", jobs.link_outages(c["control"], c["start"], c["end"]))
-    top = [(r["router"], r["peer"], r["direction"]) for r in analysis.tables["links"]
-           if r["direction"] == "out"][:8]
+    top = _busiest_out(analysis.tables["links"], ("router", "peer", "direction"))
     analysis.series["link_traffic"] = _series(minute, top, c["bucket"], "notifications", "bytes")
     return f"{len(analysis.tables['links'])} link directions"
 
@@ -712,8 +720,7 @@ def _interest_stage(c):
     _save(spark, analysis, "attr_sets", tables["attr_sets"])
     changes = _save(spark, analysis, "filter_changes", tables["filter_changes"])
     _save(spark, analysis, "filter_churn", tables["filter_churn"])
-    busiest = [(r["router"], r["peer"]) for r in analysis.tables["filter_churn"]
-               if r["direction"] == "out"][:8]
+    busiest = _busiest_out(analysis.tables["filter_churn"], ("router", "peer"))
     analysis.series["filter_sizes"] = _rows(
         changes.where((F.col("direction") == "out") & _pairs(busiest))
         .select("router", "peer", "ts_us", "filter_nodes").orderBy("ts_us").limit(20000))

@@ -224,13 +224,16 @@ def overview(w):
         FROM per_minute GROUP BY ALL""")}
 
 
+# a link's ups and downs, in the order both link tables walk them
+_LINK_EVENTS = ("SELECT router, peer, ts_us, event, reason FROM control "
+                "WHERE event IN ('link_up', 'link_down') AND peer IS NOT NULL")
+
+
 def link_uptime(w):
     s, e = w.start, w.end
     length = e - s
     table = w.arrow(f"""
-        WITH le AS (
-            SELECT router, peer, ts_us, event, reason FROM control
-            WHERE event IN ('link_up', 'link_down') AND peer IS NOT NULL),
+        WITH le AS ({_LINK_EVENTS}),
         marked AS (
             SELECT *, lead(ts_us) OVER o AS next_ts, lag(event) OVER o AS prev_event
             FROM le WINDOW o AS (PARTITION BY router, peer ORDER BY ts_us, event)),
@@ -306,9 +309,7 @@ def links(w, uptime):
 def link_outages(w):
     s, e = w.start, w.end
     table = w.arrow(f"""
-        WITH le AS (
-            SELECT router, peer, ts_us, event, reason FROM control
-            WHERE event IN ('link_up', 'link_down') AND peer IS NOT NULL),
+        WITH le AS ({_LINK_EVENTS}),
         marked AS (
             SELECT *, lead(ts_us) OVER o AS next_ts, lead(event) OVER o AS next_event,
                    lag(event) OVER o AS prev_event

@@ -191,6 +191,25 @@ class EngineChoiceTests(unittest.SynchronousTestCase):
         self.assertTrue(pipeline._small_window_engine("auto", "/tmp/tables", True))
 
 
+class EngineCommandLineTests(unittest.SynchronousTestCase):
+    """--engine duckdb where DuckDB cannot serve is refused before anything runs."""
+
+    def test_duckdb_on_a_remote_table_is_a_usage_error(self):
+        from elvin.test.test_spark_analysis import run_cli
+        self.patch(smallwindow, "available", lambda: True)
+        status, err = run_cli("/tmp", "--out", "/tmp/x", "--engine", "duckdb",
+                              "--tables", "s3a://bucket/tables")
+        self.assertEqual(status, 2)
+        self.assertIn("--engine duckdb: the tables are not on a local file system "
+                      "(s3a://bucket/tables)", err)
+
+    def test_an_unknown_engine_is_a_usage_error(self):
+        from elvin.test.test_spark_analysis import run_cli
+        status, err = run_cli("/tmp", "--out", "/tmp/x", "--engine", "pandas")
+        self.assertEqual(status, 2)
+        self.assertIn("invalid choice: 'pandas'", err)
+
+
 class SparkRoundTests(unittest.SynchronousTestCase):
     """Rounding as Spark's F.round does it (no DuckDB, no Spark)."""
 
