@@ -27,6 +27,7 @@ from elvin.client.state import (ClientState, ConnectFailed, ConnectionClosed, De
                                 NackError, Notification, QuenchHandlers, QuenchState,
                                 Reconnect, AutoQuenchBase, SessionArg, proxy_options)
 from elvin.core.options import OPTIONS
+from elvin.keys import Keys, consumer_keys, dual_keys, producer_keys
 from elvin.protocols import packets as P
 from elvin.protocols.xdr import DecodeError
 from elvin.uri import ElvinURI
@@ -36,7 +37,8 @@ __all__ = ["connect", "unotify", "Connection", "Subscription", "Quench", "Reconn
            "AutoQuench",
            "NackError",
            "ConnectionClosed", "ConnectFailed", "Notification", "DEFAULT_URI",
-           "DEFAULT_CONNECT_TIMEOUT"]
+           "DEFAULT_CONNECT_TIMEOUT",
+           "Keys", "producer_keys", "consumer_keys", "dual_keys"]
 
 DEFAULT_URI = "elvin://localhost:2917"
 #: Seconds ``connect`` waits for the channel and for the router's ConnRply.

@@ -28,13 +28,14 @@ from typing import (Any, Awaitable, Callable, Dict, Iterable, Iterator, List, Ma
 
 from elvin import aio
 from elvin.client.state import ConnectFailed, ConnectionClosed, NackError, Notification
-from elvin.protocols.packets import Keys
+from elvin.keys import Keys, consumer_keys, dual_keys, producer_keys
 from elvin.uri import ElvinURI
 from elvin.values import normalise
 
 __all__ = ["connect", "notify", "subscribe", "unotify", "Connection", "Subscription",
            "AutoQuench",
-           "NackError", "ConnectionClosed", "ConnectFailed", "Notification"]
+           "NackError", "ConnectionClosed", "ConnectFailed", "Notification",
+           "Keys", "producer_keys", "consumer_keys", "dual_keys"]
 
 _END = object()
 T = TypeVar("T")

@@ -21,7 +21,8 @@ instead of failing later with a socket error.
 Decisions taken where the draft is silent (see :class:`ElvinURI`):
 
 * the version may be ``major`` alone (the grammar allows it); the minor
-  number then defaults to 0.  Any well-formed version is accepted: version
+  number then defaults to 0.  Each part must fit the protocol's version
+  fields (XDR int32, 0-2147483647); within that any version is accepted:
   compatibility is negotiated by the protocol, not by the parser.
 * the protocol stack is exactly three modules,
   ``transport,security,marshalling`` (the Elvin 4 client protocol layering),
@@ -31,7 +32,8 @@ Decisions taken where the draft is silent (see :class:`ElvinURI`):
 * the endpoint is parsed as ``host[:port]`` for every transport; the port
   must be 1-65535 and, if the ``:`` is present, non-empty.
 * option names and values are percent-decoded as UTF-8; an option without
-  ``=`` has the value ``""``; a repeated option name is an error.
+  ``=`` (``;flag``) has the value ``None``, and ``;flag=`` the value ``""``;
+  a repeated option name is an error.
 """
 
 from __future__ import annotations
@@ -99,6 +101,8 @@ _OPTION_NAME_START_RE = re.compile(r"[A-Za-z]")
 _OPTION_SAFE = "-_.!~*'()"
 
 _MAX_PORT = 65535
+# Version numbers travel as XDR int32 (ConnRqst, router discovery).
+_MAX_VERSION_PART = 2**31 - 1
 
 
 class InvalidURIError(ValueError):
@@ -137,7 +141,8 @@ class ElvinURI:
     ``host``         host name or address, IPv6 without brackets
     ``port``         ``int``, default :data:`DEFAULT_PORT`
     ``options``      ``dict`` of percent-decoded options, in URI order
-                     (a fresh copy on every access)
+                     (a fresh copy on every access); ``None`` for an
+                     option given without ``=``
     """
 
     __slots__ = ("_version", "_protocol", "_host", "_port", "_options")
@@ -146,7 +151,7 @@ class ElvinURI:
     _protocol: tuple[str, str, str]
     _host: str
     _port: int
-    _options: tuple[tuple[str, str], ...]
+    _options: tuple[tuple[str, str | None], ...]
 
     #: The scheme this class parses and prints, and its defaults.
     SCHEME = _SCHEME
@@ -217,8 +222,9 @@ class ElvinURI:
         return self._port
 
     @property
-    def options(self) -> dict[str, str]:
-        """URI options as a new ``{name: value}`` dict, in URI order."""
+    def options(self) -> dict[str, str | None]:
+        """URI options as a new ``{name: value}`` dict, in URI order; the
+        value of a bare ``;flag`` is ``None``."""
         return dict(self._options)
 
     @property
@@ -249,7 +255,8 @@ class ElvinURI:
         host = f"[{self._host}]" if ":" in self._host else self._host
         text = (f"{self.SCHEME}:{major}.{minor}/{','.join(self._protocol)}/"
                 f"{host}:{self._port}")
-        return text + "".join(f";{_quote(name)}={_quote(value)}"
+        return text + "".join(f";{_quote(name)}" if value is None
+                              else f";{_quote(name)}={_quote(value)}"
                               for name, value in self._options)
 
     def __repr__(self) -> str:
@@ -323,10 +330,25 @@ def _parse_version(text: str, fail) -> tuple[int, int]:
     if match is None:
         raise fail(f"bad version {text!r}, expected major[.minor] digits")
     major, minor = match.groups()
-    try:
-        return int(major), int(minor) if minor is not None else 0
-    except ValueError:  # absurdly long digit strings
-        raise fail(f"bad version {text!r}, number too large") from None
+    parts = []
+    for which, digits in (("major", major), ("minor", minor or "0")):
+        number = _bounded(digits, 0, _MAX_VERSION_PART)
+        if number is None:
+            raise fail(f"bad version {text!r}: the {which} number {digits} does not fit "
+                       f"a protocol version (0-{_MAX_VERSION_PART})")
+        parts.append(number)
+    return parts[0], parts[1]
+
+
+def _bounded(digits: str, low: int, high: int) -> int | None:
+    """The number that ASCII ``digits`` spell if it is within low..high,
+    else None. The length is checked before ``int()``, so a huge digit
+    string is refused by its length, not by ``int()``'s own limits."""
+    significant = digits.lstrip("0")
+    if len(significant) > len(str(high)):
+        return None
+    number = int(significant or "0")
+    return number if low <= number <= high else None
 
 
 def _parse_protocol(text: str, fail) -> tuple[str, str, str]:
@@ -353,7 +375,7 @@ def _parse_protocol(text: str, fail) -> tuple[str, str, str]:
     return names[0], names[1], names[2]
 
 
-def _parse_endpoint(text: str, fail) -> tuple[str, int]:
+def _parse_endpoint(text: str, fail) -> tuple[str, int | None]:
     if not text:
         raise fail("missing host")
     if text.startswith("["):
@@ -405,17 +427,16 @@ def _parse_port(text: str, fail) -> int:
         raise fail("bad port: empty after ':'")
     if _PORT_RE.match(text) is None:
         raise fail(f"bad port {text!r}: not a number")
-    # Check the length first so huge digit strings can't trip int()'s limits.
-    digits = text.lstrip("0")
-    port = int(digits) if 0 < len(digits) <= 5 else 0
-    if not 1 <= port <= _MAX_PORT:
+    port = _bounded(text, 1, _MAX_PORT)
+    if port is None:
         raise fail(f"bad port {text!r}: must be 1-{_MAX_PORT}")
     return port
 
 
-def _parse_options(text: str, fail) -> tuple[tuple[str, str], ...]:
-    """Parse what follows the endpoint's first ';' into (name, value) pairs."""
-    options: dict[str, str] = {}
+def _parse_options(text: str, fail) -> tuple[tuple[str, str | None], ...]:
+    """Parse what follows the endpoint's first ';' into (name, value)
+    pairs; a bare ``;flag`` has the value None."""
+    options: dict[str, str | None] = {}
     for item in text.split(";"):
         raw_name, equals, raw_value = item.partition("=")
         if not raw_name:
@@ -424,7 +445,7 @@ def _parse_options(text: str, fail) -> tuple[tuple[str, str], ...]:
             raise fail(f"malformed option {item!r}: name must start with a "
                        "letter")
         name = _unquote(raw_name, item, fail)
-        value = _unquote(raw_value, item, fail) if equals else ""
+        value = _unquote(raw_value, item, fail) if equals else None
         if name in options:
             raise fail(f"duplicate option {name!r}")
         options[name] = value

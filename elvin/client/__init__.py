@@ -24,6 +24,7 @@ from elvin.client.state import (ClientState, ConnectFailed, ConnectionClosed, Na
                                 AutoQuenchBase, JoinedSession, SessionArg,
                                 SessionSubscription, proxy_options)
 from elvin.core.options import OPTIONS
+from elvin.keys import Keys, consumer_keys, dual_keys, producer_keys
 from elvin.protocols import packets as P
 from elvin.protocols.framing import FramedProtocol
 from elvin.protocols.xdr import DecodeError
@@ -33,7 +34,8 @@ from elvin.values import normalise
 __all__ = ["connect", "connect_discovered", "unotify", "Connection", "ClientSubscription", "ConnectFailed",
            "DEFAULT_CONNECT_TIMEOUT", "ClientQuench", "QuenchState", "AutoQuench", "NackError",
            "ConnectionClosed", "Notification", "Reconnect", "SessionSubscription",
-           "JoinedSession"]
+           "JoinedSession",
+           "Keys", "producer_keys", "consumer_keys", "dual_keys"]
 
 DEFAULT_URI = "elvin://localhost:2917"
 

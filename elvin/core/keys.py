@@ -20,32 +20,21 @@ raw keys), so what it keeps and compares are public keys, and it never
 logs a key. ``KeyRing`` is the immutable, prepared form.
 """
 
-import hashlib
-
 from elvin import errors
 from elvin.errors import ElvinError
+from elvin.keys import (SCHEMES, SHA1_CONSUMER, SHA1_DUAL, SHA1_PRODUCER, consumer_keys,
+                        dual_keys, producer_keys, public_key)
 from elvin.protocols.packets import Keys
 
 __all__ = ["SHA1_DUAL", "SHA1_PRODUCER", "SHA1_CONSUMER", "SCHEMES",
            "SUPPORTED_KEY_SCHEMES", "PRODUCER", "CONSUMER", "KeyRing",
            "public_key", "producer_keys", "consumer_keys", "dual_keys"]
 
-SHA1_DUAL = 1
-SHA1_PRODUCER = 2
-SHA1_CONSUMER = 3
-SCHEMES = {SHA1_DUAL: "SHA-1-Dual", SHA1_PRODUCER: "SHA-1-Producer",
-           SHA1_CONSUMER: "SHA-1-Consumer"}
-
 #: The Supported-Key-Schemes connection option value (as Avis reports it).
 SUPPORTED_KEY_SCHEMES = ("SHA-1",)
 
 PRODUCER = "producer"
 CONSUMER = "consumer"
-
-
-def public_key(private):
-    """The public (SHA-1) key for a private key."""
-    return hashlib.sha1(bytes(private)).digest()
 
 
 class KeyRing:
@@ -121,7 +110,7 @@ class KeyRing:
                 entries[scheme] = [sorted(p)]
             else:
                 entries[scheme] = [sorted(c)]
-        return _wire(entries)
+        return Keys(entries)
 
     @classmethod
     def from_prepared_wire(cls, keys):
@@ -194,44 +183,3 @@ class KeyRing:
 
 
 KeyRing.EMPTY = KeyRing()
-
-
-# -- helpers for clients -------------------------------------------------------
-
-def _wire(entries):
-    return Keys(entries)
-
-
-def producer_keys(secret):
-    """Keys for the producer scheme from a raw secret.
-
-    Returns ``(notification_keys, subscription_keys)``: the producer sends
-    the first with its notifications (or sets it on its connection), its
-    consumers subscribe with the second.
-    """
-    secret = _bytes(secret)
-    return (_wire({SHA1_PRODUCER: [[secret]]}),
-            _wire({SHA1_PRODUCER: [[public_key(secret)]]}))
-
-
-def consumer_keys(secret):
-    """Keys for the consumer scheme from a raw secret.
-
-    Returns ``(notification_keys, subscription_keys)``: producers send the
-    first (public), the consumer subscribes with the second (private).
-    """
-    secret = _bytes(secret)
-    return (_wire({SHA1_CONSUMER: [[public_key(secret)]]}),
-            _wire({SHA1_CONSUMER: [[secret]]}))
-
-
-def dual_keys(producer_secret, consumer_secret):
-    """Keys for the dual scheme: both sides must hold their secret."""
-    p = _bytes(producer_secret)
-    c = _bytes(consumer_secret)
-    return (_wire({SHA1_DUAL: [[p], [public_key(c)]]}),
-            _wire({SHA1_DUAL: [[public_key(p)], [c]]}))
-
-
-def _bytes(secret):
-    return secret.encode("utf-8") if isinstance(secret, str) else bytes(secret)

@@ -91,8 +91,10 @@ def _options(uri):
         raise ValueError(f"{uri}: http option mode must be stream or poll, not {mode!r}")
     proxy = None
     if "proxy-host" in options:
+        if not options["proxy-host"]:
+            raise ValueError(f"{uri}: http option proxy-host needs a host name")
         try:
-            proxy = (options["proxy-host"], int(options.get("proxy-port", "8080")))
+            proxy = (options["proxy-host"], int(options.get("proxy-port") or "8080"))
         except ValueError:
             raise ValueError(f"{uri}: proxy-port must be a number") from None
     return mode, proxy

@@ -584,8 +584,10 @@ def _func_equals(node):
     return _fold(fn, parts)
 
 
-def _casefold(v):
-    return v.casefold()
+def _lower_case(v):
+    """Lower case as Java's ``String.toLowerCase`` gives it (Avis's fold-case):
+    final sigma by context, dotted capital I to i + combining dot; no ß→ss."""
+    return v.lower()
 
 
 def _nfd(v):
@@ -638,7 +640,7 @@ _HANDLERS = {
     Kind.FUNC_CONTAINS: _string_predicate(_contains),
     Kind.FUNC_WILDCARD: _string_predicate(_wildcard),
     Kind.FUNC_REGEX: _string_predicate(_regex),
-    Kind.FUNC_FOLD_CASE: _string_function(_casefold),
+    Kind.FUNC_FOLD_CASE: _string_function(_lower_case),
     Kind.FUNC_DECOMPOSE: _string_function(_nfd),
     Kind.FUNC_DECOMPOSE_COMPAT: _string_function(_nfkd),
     Kind.FUNC_SIZE: _size,

@@ -37,10 +37,9 @@ _STRING_VALUE = _STRING_SUBJECT | {Kind.STRING}
 _ARGUMENT_FORMS = {
     **{kind: _NAME_ONLY for kind in (
         Kind.FUNC_REQUIRE, Kind.FUNC_INT32, Kind.FUNC_INT64, Kind.FUNC_REAL64,
-        Kind.FUNC_STRING, Kind.FUNC_OPAQUE, Kind.FUNC_NAN, Kind.FUNC_SIZE,
-        Kind.FUNC_EQUALS)},
+        Kind.FUNC_STRING, Kind.FUNC_OPAQUE, Kind.FUNC_NAN, Kind.FUNC_SIZE)},
     **{kind: _STRING_SUBJECT for kind in (
-        Kind.FUNC_BEGINS_WITH, Kind.FUNC_ENDS_WITH, Kind.FUNC_CONTAINS,
+        Kind.FUNC_EQUALS, Kind.FUNC_BEGINS_WITH, Kind.FUNC_ENDS_WITH, Kind.FUNC_CONTAINS,
         Kind.FUNC_WILDCARD, Kind.FUNC_REGEX)},
     **{kind: _STRING_VALUE for kind in _STRING_FUNCTIONS},
 }
@@ -198,10 +197,10 @@ class _Grammar:
         """Refuse arguments the grammar does not allow in their place.
 
         Where the language requires an attribute name (type tests,
-        ``require``, ``size``, the first argument of ``equals``), or a
-        string subject (the string predicates: a name or a string
-        function; the string functions: a name, a string literal or a
-        string function), anything else is refused here, at parse time, as
+        ``require``, ``size``), or a subject (the first argument of
+        ``equals`` and of the string predicates: a name or a string
+        function, as section 6's string comparisons say; the string
+        functions: a name, a string literal or a string function), anything else is refused here, at parse time, as
         the Avis router does: a literal with TYPE_MISMATCH (its type does
         not fit its place), any other expression with PARSE_ERROR.
         """

@@ -157,7 +157,7 @@ LAYERS = {
         "analysis", "partial", "patterns", "shapes", "parsetab")],
     3: ["elvin.protocols", "elvin.protocols.xdr", "elvin.protocols.packets"],
     4: [_S + "expression"],
-    5: ["elvin", "elvin.core"] + ["elvin.core." + m for m in (
+    5: ["elvin", "elvin.keys", "elvin.core"] + ["elvin.core." + m for m in (
         "keys", "options", "sendqueue", "index", "quench", "router")],
     6: ["elvin.protocols." + m for m in ("framing", "output", "server", "udp",
                                          "httptunnel")]

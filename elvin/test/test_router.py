@@ -398,6 +398,35 @@ class RoutingTests(RouterTestCase):
         self.assertEqual(pout.take(), [])
         self.assertEqual(out1.droppable, [False] * 4 + [True])  # ConnRply, 3 SubRply
 
+    def test_string_function_subjects_of_equals_route(self):
+        """equals() over fold-case, as presence clients subscribe, many
+        subscriptions of one shape (shared compiled form and index) and
+        one long presence expression: each delivery goes exactly where
+        its expression says."""
+        consumer, out = self.connect()
+        ids = {}
+        for i in range(300):
+            reply = self.subscribe(consumer, out, f'equals(fold-case(User), "user{i}", "alias{i}")')
+            self.assertIsInstance(reply, P.SubRply)
+            ids[i] = reply.subscription_id
+        presence = self.subscribe(
+            consumer, out,
+            "Presence-Protocol < 2000 && string(Groups) && equals(Presence-Info, 'initial', "
+            "'update') && (contains(fold-case(Groups), \"|elvin|\", \"|dev|\") || "
+            "equals(fold-case(User), \"ann@home\"))")
+        self.assertIsInstance(presence, P.SubRply)
+        publisher, _ = self.connect()
+        self.emit(publisher, {"User": "USER7"})
+        self.emit(publisher, {"User": "Alias250"})
+        self.emit(publisher, {"User": "ANN@home", "Presence-Protocol": 1000,
+                              "Presence-Info": "initial", "Groups": "|Ops|"})
+        self.emit(publisher, {"User": "nobody", "Presence-Protocol": 1000,
+                              "Presence-Info": "update", "Groups": "|Dev|"})
+        self.emit(publisher, {"User": 7})
+        matched = [sorted(d.insecure_matches) for d in out.take()]
+        self.assertEqual(matched, [[ids[7]], [ids[250]], [presence.subscription_id],
+                                   [presence.subscription_id]])
+
     def test_types_survive_delivery(self):
         session, out = self.connect()
         self.subscribe(session, out, "require(a)")

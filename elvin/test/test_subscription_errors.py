@@ -323,11 +323,11 @@ _add_rejects(TypeMismatchTests, TYPE_MISMATCH, [
 
 
 class GrammarArgumentTests(_Base):
-    """Arguments the grammar restricts (issue 13, item 4): a name where
-    the language says ``name`` (type tests, require, size, the first
-    argument of equals); a name or string function as the subject of a
-    string predicate; a name, string literal or string function inside a
-    string function. Refused at parse time, at the argument: a literal
+    """Arguments the grammar restricts: a name where the language says
+    ``name`` (type tests, require, size); a name or string function as the
+    first argument of equals and the subject of a string predicate (as
+    section 6's string comparisons allow, and Avis accepts); a name, string
+    literal or string function inside a string function. Refused at parse time, at the argument: a literal
     with TYPE_MISMATCH, any other expression with PARSE_ERROR."""
 
 
@@ -337,7 +337,10 @@ _add_rejects(GrammarArgumentTests, PARSE_ERROR, [
     ("size_of_grouped_name", "size((x)) == 1", 6),
     ("size_of_size", "size(size(x)) == 1", 5),
     ("equals_of_function", 'equals(size(x), 1)', 7),
-    ("equals_of_string_function", 'equals(fold-case(x), "a")', 7),
+    ("equals_of_type_test", 'equals(string(x), 1)', 7),
+    ("equals_of_predicate", 'equals(x == 1, 1)', 7),
+    ("equals_of_grouped_string_function", 'equals((fold-case(x)), "a")', 8),
+    ("equals_of_unary_minus", 'equals(-x, 1)', 7),
     ("equals_of_arithmetic", "equals(x * 2, 4)", 7),
     ("equals_of_grouped_name", "equals((x), 4)", 8),
     ("begins_with_arithmetic_subject", 'begins-with(x + 1, "a")', 12),
@@ -357,6 +360,11 @@ _add_rejects(GrammarArgumentTests, TYPE_MISMATCH, [
     ("size_of_real_literal", "size(1.5) == 3", 5),
     ("equals_of_string_literal", 'equals("a", x)', 7),
     ("equals_of_int_literal", "equals(1, x)", 7),
+    ("equals_of_real_literal", "equals(1.5, x)", 7),
+    ("equals_of_int64_literal", "equals(1L, x)", 7),
+    ("equals_of_literal_in_long_expression",
+     'Presence-Protocol < 2000 && equals(fold-case(User), "a") && equals("b", User)', 67),
+    ("equals_of_string_function_with_number", 'equals(fold-case(x), 1)', 21),
     ("begins_with_string_subject", 'begins-with("abc", "a")', 12),
     ("regex_string_subject", "regex('x', 'y')", 6),
 ])
@@ -369,6 +377,15 @@ _add_accepts(GrammarArgumentTests, [
     ("fold_case_of_string_function", 'fold-case(decompose(x)) == "a"'),
     ("fold_case_compared_to_literal_fold", 'x == fold-case("ABC")'),
     ("equals_values", 'equals(x, 1, 2L, 3.5, "s", y, z + 1)'),
+    ("equals_fold_case", 'equals(fold-case(x), "a", "b")'),
+    ("equals_decompose", 'equals(decompose(x), "e")'),
+    ("equals_decompose_compat", "equals(decompose-compat(x), 'fi')"),
+    ("equals_nested_string_functions", 'equals(fold-case(decompose(fold-case(x))), "a")'),
+    ("equals_fold_case_of_literal_value", 'equals(fold-case(x), fold-case("A"), y)'),
+    ("presence_client",
+     "Presence-Protocol < 2000 && string(Groups) && equals(Presence-Info, 'initial', 'update')"
+     ' && (contains(fold-case(Groups), "|elvin|", "|dev|")'
+     ' || equals(fold-case(User), "ann@home"))'),
     ("size_of_name", "size(x) > 3"),
     ("type_tests", "int32(a) || int64(b) || real64(c) || string(d) || opaque(e) || nan(f)"),
 ])

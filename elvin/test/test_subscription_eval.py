@@ -713,6 +713,66 @@ _add_cases(EqualsFunctionTests, [
     ("nan_equals_nan_attr", "equals(x, y)", {"x": NAN, "y": NAN}, T),
     ("neg_zero_not_zero", "equals(x, 0.0)", {"x": -0.0}, F),
     ("not_equals_function", "!equals(x, 1, 2)", {"x": 3}, T),
+    # the first argument may be a string function of a name (section 6's
+    # string comparisons; Avis evaluates each comparison as ==)
+    ("fold_case_subject", 'equals(fold-case(User), "ann@home")', {"User": "Ann@Home"}, T),
+    ("fold_case_subject_upper", 'equals(fold-case(User), "ann@home")', {"User": "ANN@HOME"}, T),
+    ("fold_case_subject_other", 'equals(fold-case(User), "ann@home")', {"User": "bob@work"}, F),
+    ("fold_case_subject_many", 'equals(fold-case(User), "ann@home", "bob@work")',
+     {"User": "Bob@Work"}, T),
+    ("fold_case_subject_literal_not_folded", 'equals(fold-case(User), "Ann@Home")',
+     {"User": "Ann@Home"}, F),
+    ("fold_case_subject_missing", 'equals(fold-case(User), "a")', {}, B),
+    ("fold_case_subject_int", 'equals(fold-case(User), "42")', {"User": 42}, B),
+    ("fold_case_subject_opaque", 'equals(fold-case(User), "a")', {"User": b"a"}, B),
+    ("fold_case_subject_attribute_value", "equals(fold-case(x), y)", {"x": "AB", "y": "ab"}, T),
+    ("fold_case_subject_attribute_value_missing", 'equals(fold-case(x), y, "z")',
+     {"x": "AB"}, B),
+    ("fold_case_subject_folded_value", 'equals(fold-case(x), fold-case(y))',
+     {"x": "AB", "y": "aB"}, T),
+    ("decompose_subject", 'equals(decompose(Name), "e\u0301")', {"Name": "\u00e9"}, T),
+    ("decompose_subject_not_composed", 'equals(decompose(Name), "\u00e9")',
+     {"Name": "\u00e9"}, F),
+    ("decompose_compat_subject", 'equals(decompose-compat(x), "fi")', {"x": "\ufb01"}, T),
+    ("nested_subject", 'equals(fold-case(decompose-compat(x)), "fi")', {"x": "\ufb01"}, T),
+    ("not_fold_case_subject", '!equals(fold-case(User), "ann@home")', {"User": "Bob"}, T),
+])
+
+
+class PresenceClientTests(_Base):
+    """Expressions of the shape tickertape and presence clients send:
+    type tests, equals over a name and over fold-case, and contains over
+    fold-case, under && and ||."""
+
+    EXPR = ("Presence-Protocol < 2000 && string(Groups)"
+            " && equals(Presence-Info, 'initial', 'update')"
+            ' && (contains(fold-case(Groups), "|elvin|", "|dev|")'
+            ' || equals(fold-case(User), "ann@home"))')
+    BASE = {"Presence-Protocol": 1000, "Presence-Info": "update",
+            "Groups": "|Sales|", "User": "someone"}
+
+
+_add_cases(PresenceClientTests, [
+    ("group_by_folded_contains", PresenceClientTests.EXPR,
+     {**PresenceClientTests.BASE, "Groups": "|Elvin|Ops|"}, T),
+    ("user_by_folded_equals", PresenceClientTests.EXPR,
+     {**PresenceClientTests.BASE, "User": "Ann@HOME"}, T),
+    ("neither", PresenceClientTests.EXPR, PresenceClientTests.BASE, F),
+    ("newer_protocol", PresenceClientTests.EXPR,
+     {**PresenceClientTests.BASE, "Presence-Protocol": 3000, "User": "ann@home"}, F),
+    ("other_info", PresenceClientTests.EXPR,
+     {**PresenceClientTests.BASE, "Presence-Info": "final", "User": "ann@home"}, F),
+    ("groups_not_string", PresenceClientTests.EXPR,
+     {**PresenceClientTests.BASE, "Groups": 7, "User": "ann@home"}, F),
+    ("user_missing_group_matches", PresenceClientTests.EXPR,
+     {k: v for k, v in {**PresenceClientTests.BASE, "Groups": "|DEV|"}.items() if k != "User"},
+     T),
+    ("user_missing_no_group", PresenceClientTests.EXPR,
+     {k: v for k, v in PresenceClientTests.BASE.items() if k != "User"}, B),
+    ("long_disjunction_of_users",
+     " || ".join(f'equals(fold-case(User), "user{i}@example.com", "alias{i}")'
+                 for i in range(200)) + ' && require(Presence-Info)',
+     {"User": "USER137@Example.COM", "Presence-Info": "initial"}, T),
 ])
 
 
@@ -856,9 +916,14 @@ class UnicodeFunctionTests(_Base):
 
 _add_cases(UnicodeFunctionTests, [
     ("fold_case_lower", 'fold-case(x) == "hello"', {"x": "HeLLo"}, T),
-    ("fold_case_sharp_s", 'fold-case(x) == "strasse"', {"x": "Stra\u00dfe"}, T),
+    # Lower case as Avis (Java toLowerCase), not Unicode case folding.
+    ("fold_case_sharp_s_kept", 'fold-case(x) == "stra\u00dfe"', {"x": "Stra\u00dfe"}, T),
+    ("fold_case_sharp_s_not_folded", 'fold-case(x) == "strasse"', {"x": "Stra\u00dfe"}, F),
     ("fold_case_greek_sigma", 'fold-case(x) == "\u03c3"', {"x": "\u03a3"}, T),
-    ("fold_case_final_sigma", 'fold-case(x) == "\u03c3"', {"x": "\u03c2"}, T),
+    ("fold_case_final_sigma_by_context", 'fold-case(x) == "\u03bf\u03b4\u03bf\u03c2"',
+     {"x": "\u039f\u0394\u039f\u03a3"}, T),
+    ("fold_case_small_final_sigma_kept", 'fold-case(x) == "\u03c3"', {"x": "\u03c2"}, F),
+    ("fold_case_dotted_capital_i", 'fold-case(x) == "i\u0307stanbul"', {"x": "\u0130stanbul"}, T),
     ("fold_case_non_string", 'fold-case(x) == "1"', {"x": 1}, B),
     ("fold_case_missing", 'fold-case(x) == "a"', {}, B),
     ("fold_case_in_contains", 'contains(fold-case(x), "hello")', {"x": "Say HELLO"}, T),

@@ -12,6 +12,7 @@ from elvin.uri import (
     DEFAULT_PROTOCOL,
     SECURE_PROTOCOL,
     ElvinURI,
+    EwafURI,
     InvalidURIError,
     default_port,
 )
@@ -216,11 +217,27 @@ class OptionTests(unittest.TestCase):
                          [("z", "1"), ("a", "2"), ("m", "3")])
 
     def test_value_optional(self):
-        # options = *( ";" option_name [ "=" option_value ] )
-        self.assertEqual(ElvinURI("elvin://h;flag").options, {"flag": ""})
+        # options = *( ";" option_name [ "=" option_value ] ): a bare name
+        # is an option without a value (None), not an empty value.
+        self.assertEqual(ElvinURI("elvin://h;flag").options, {"flag": None})
         self.assertEqual(ElvinURI("elvin://h;flag=").options, {"flag": ""})
-        self.assertEqual(ElvinURI("elvin://h;flag"),
-                         ElvinURI("elvin://h;flag="))
+        self.assertNotEqual(ElvinURI("elvin://h;flag"),
+                            ElvinURI("elvin://h;flag="))
+
+    def test_bare_option_among_others(self):
+        u = ElvinURI("elvin://host;flag;name=value")
+        self.assertEqual(list(u.options.items()), [("flag", None), ("name", "value")])
+
+    def test_bare_option_prints_bare_and_round_trips(self):
+        u = ElvinURI("elvin://h;flag;empty=;x=1")
+        self.assertEqual(str(u), "elvin:4.0/tcp,none,xdr/h:2917;flag;empty=;x=1")
+        self.assertEqual(ElvinURI(str(u)).options, {"flag": None, "empty": "", "x": "1"})
+
+    def test_bare_option_name_still_checked(self):
+        for text in ["elvin://h;1flag", "elvin://h;fl ag", "elvin://h;flag;flag",
+                     "elvin://h;flag;flag=", "elvin://h;;flag"]:
+            with self.assertRaises(InvalidURIError, msg=text):
+                ElvinURI(text)
 
     def test_unreserved_characters(self):
         u = ElvinURI("elvin://h;a-b_c.d!e~f*g'h(i)=x-_.!~*'()9")
@@ -262,7 +279,7 @@ class ObjectTests(unittest.TestCase):
         self.assertEqual(str(ElvinURI("elvin://host")),
                          "elvin:4.0/tcp,none,xdr/host:2917")
         self.assertEqual(str(ElvinURI("elvin:4//[::1]:7;b=2;a")),
-                         "elvin:4.0/tcp,none,xdr/[::1]:7;b=2;a=")
+                         "elvin:4.0/tcp,none,xdr/[::1]:7;b=2;a")
         self.assertEqual(str(ElvinURI("Elvin:4.2/secure/h;k=v")),
                          "elvin:4.2/ssl,none,xdr/h:2917;k=v")
 
@@ -375,6 +392,25 @@ class RejectionTests(unittest.TestCase):
                         " 4.0", "\u0664.0", "9" * 5000]:
             self.assertRejected(f"elvin:{version}//host", "version")
 
+    def test_version_parts_must_fit_a_protocol_version(self):
+        # Versions travel as XDR int32: a part beyond 2**31 - 1 is refused,
+        # saying which part, instead of being parsed into a huge number.
+        self.assertRejected("elvin:123456789012345//host", "major", "does not fit")
+        self.assertRejected("elvin:4.123456789012345//host", "minor", "does not fit")
+        self.assertRejected("elvin:2147483648//host", "major", "0-2147483647")
+        self.assertRejected("elvin:4.2147483648//host", "minor", "0-2147483647")
+        self.assertEqual(ElvinURI("elvin:2147483647.2147483647//host").version,
+                         (2**31 - 1, 2**31 - 1))
+        self.assertEqual(ElvinURI("elvin:0000000000000004.0//host").version, (4, 0))
+        with self.assertRaisesRegex(InvalidURIError, "major number .* does not fit"):
+            EwafURI("ewaf:99999999999999999999//host")
+
+    def test_port_must_fit(self):
+        self.assertRejected("elvin://host:123456789012345", "port", "1-65535")
+        self.assertRejected("elvin://host:65536", "port", "1-65535")
+        self.assertRejected("elvin://host:" + "9" * 5000, "port", "1-65535")
+        self.assertEqual(ElvinURI("elvin://host:0000065535").port, 65535)
+
     def test_bad_stack(self):
         self.assertRejected("elvin:/tcp/host", "alias", "'tcp'")
         self.assertRejected("elvin:/insecure/host", "alias")
@@ -453,7 +489,7 @@ if given is not None:
     _option_names = st.tuples(
         st.sampled_from("abcxyzABCXYZ"), st.text(max_size=8)
     ).map("".join)
-    _options = st.dictionaries(_option_names, st.text(max_size=12),
+    _options = st.dictionaries(_option_names, st.one_of(st.none(), st.text(max_size=12)),
                                max_size=5)
     _module = st.from_regex(r"(?:x-)?[a-z][a-z0-9]{0,5}", fullmatch=True)
 
@@ -470,7 +506,8 @@ if given is not None:
             shown = f"[{host}]" if ":" in host else host
             text = (f"elvin:{version[0]}.{version[1]}/{','.join(stack)}/"
                     f"{shown}:{port}" + "".join(
-                        f";{urimod._quote(k)}={urimod._quote(v)}"
+                        f";{urimod._quote(k)}" if v is None
+                        else f";{urimod._quote(k)}={urimod._quote(v)}"
                         for k, v in options.items()))
             u = ElvinURI(text)
             self.assertEqual(u.host, host)
