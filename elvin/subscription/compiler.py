@@ -14,6 +14,7 @@ while compiling, which is also how a trivial (constant) expression is found.
 import math
 import types
 import unicodedata
+import weakref
 
 from elvin.subscription.ast import Kind
 from elvin.subscription import patterns
@@ -80,11 +81,7 @@ def _fold(fn, children):
 # -- leaves -----------------------------------------------------------------
 
 def _name(node):
-    attribute = node.value
-
-    def fn(attrs):
-        return attrs.get(attribute)
-    return Compiled(fn)
+    return Compiled(_attribute_reader(node.value))
 
 
 def _int32(node):
@@ -106,7 +103,7 @@ def _string(node):
 # -- logic ------------------------------------------------------------------
 
 def _and(node):
-    parts = [_compile(c) for c in node.children]
+    parts = _grouped_parts(node.children, Kind.NOT_EQUALS)
     if any(p.const and p.value is False for p in parts):
         return _constant(False)
     seed = None if any(p.const and p.value is None for p in parts) else True
@@ -141,7 +138,7 @@ def _and(node):
 
 
 def _or(node):
-    parts = [_compile(c) for c in node.children]
+    parts = _grouped_parts(node.children, Kind.EQUALS)
     if any(p.const and p.value is True for p in parts):
         return _constant(True)
     seed = None if any(p.const and p.value is None for p in parts) else False
@@ -173,6 +170,188 @@ def _or(node):
                 result = None
         return result
     return Compiled(fn)
+
+
+#: An attribute compared with at least this many literals in one && / ||
+#: is tested with one set look-up (``_membership``) instead of a closure each.
+_SET_MIN = 8
+
+
+def _grouped_parts(children, kind):
+    """The compiled operands of an || (``kind`` EQUALS) or && (NOT_EQUALS),
+    the comparisons of one attribute with ``_SET_MIN`` or more literals
+    compiled as one membership test: ``a == 1 || ... || a == 5000`` costs
+    one set look-up, not 5,000 calls. Kleene logic has no order and De
+    Morgan's laws hold in it, so moving the comparisons together and
+    writing a chain of != as the negation of one membership test changes
+    no result."""
+    by_name = {}
+    for child in children:
+        simple = _simple_comparison(child)
+        if simple is not None and simple[0] == kind:
+            by_name.setdefault(simple[1], []).append(child)
+    grouped = {name: members for name, members in by_name.items()
+               if len(members) >= _SET_MIN}
+    if not grouped:
+        return _with_table(children, kind)
+    taken = {id(member) for members in grouped.values() for member in members}
+    parts = _with_table([c for c in children if id(c) not in taken], kind)
+    for name, members in grouped.items():
+        literals = [_compile(_simple_comparison(m)[2]).value for m in members]
+        test = _membership(_attribute_reader(name), literals)
+        if kind == Kind.NOT_EQUALS:
+            parts.append(Compiled(_negation(test)))
+        else:
+            parts.append(Compiled(test))
+    return parts
+
+
+def _with_table(children, kind):
+    """Compile ``children`` of an && (``kind`` NOT_EQUALS) or || (EQUALS),
+    the comparisons of an attribute with a literal together as one
+    ``_table`` (a tuple each, where a closure each would cost about ten
+    times the memory)."""
+    rows = []
+    parts = []
+    for child in children:
+        simple = _simple_comparison(child)
+        test = None if simple is None else _TABLE_TESTS.get(
+            (simple[0], simple[2].kind == Kind.STRING))
+        if test is None:
+            parts.append(_compile(child))
+        else:
+            rows.append((simple[1], test, _compile(simple[2]).value))
+    if len(rows) < 2:
+        return [_compile(c) for c in children]
+    parts.append(Compiled(_table(tuple(rows), kind == Kind.NOT_EQUALS)))
+    return parts
+
+
+def _table(rows, conjunction):
+    """The && (``conjunction``) or || of ``rows``: (attribute, test,
+    literal), ``test(value, literal)`` giving True, False or None."""
+    if conjunction:
+        def fn(attrs):
+            result = True
+            get = attrs.get
+            for attribute, test, literal in rows:
+                v = test(get(attribute), literal)
+                if v is False:
+                    return False
+                if v is None:
+                    result = None
+            return result
+    else:
+        def fn(attrs):
+            result = False
+            get = attrs.get
+            for attribute, test, literal in rows:
+                v = test(get(attribute), literal)
+                if v is True:
+                    return True
+                if v is None:
+                    result = None
+            return result
+    return fn
+
+
+def _test_equal(v, literal):
+    return _equal(v, literal)
+
+
+def _test_not_equal(v, literal):
+    r = _equal(v, literal)
+    return None if r is None else not r
+
+
+def _test_string_equal(v, literal):
+    return (v == literal) if type(v) is str else None
+
+
+def _test_string_not_equal(v, literal):
+    return (v != literal) if type(v) is str else None
+
+
+def _ordering_test(op):
+    """``value OP literal`` for a numeric literal, as ``_comparison``."""
+    def test(v, literal):
+        t = type(v)
+        if t not in _NUMERIC:
+            return None
+        if t is float or type(literal) is float:
+            return op(_real_compare(float(v), float(literal)), 0)
+        return op(v, literal)
+    return test
+
+
+def _attribute_reader(attribute):
+    """The function reading ``attribute``, one for every subscription that
+    reads it (held weakly: it goes with the last of them)."""
+    reader = _READERS.get(attribute)
+    if reader is None:
+        def reader(attrs):
+            return attrs.get(attribute)
+        _READERS[attribute] = reader
+    return reader
+
+
+_READERS: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDictionary()
+
+
+def _negation(test):
+    def fn(attrs):
+        v = test(attrs)
+        return None if v is None else not v
+    return fn
+
+
+def _membership(subject, literals):
+    """``subject == l1 || subject == l2 || ...`` for constant ``literals``,
+    exactly as ``_equal`` decides each comparison, with set look-ups:
+    True when one is equal; otherwise None when some literal is of the
+    other kind (string against number: bottom), else False."""
+    strings = frozenset([v for v in literals if type(v) is str])
+    integers = frozenset([v for v in literals if type(v) in _INTEGER])
+    reals = [v for v in literals if type(v) is float]
+    has_strings = bool(strings)
+    has_numbers = bool(integers or reals)
+    # A real compares as Java's Double.compare: NaN equals NaN, and -0.0
+    # differs from 0.0 (and from the integer 0, which is +0.0 as a real).
+    plain_reals = frozenset([v for v in reals if v == v and v != 0.0])
+    integers_as_reals = frozenset([float(v) for v in integers if v != 0])
+    nan = any(v != v for v in reals)
+    positive_zero = 0 in integers or any(
+        v == 0.0 and math.copysign(1.0, v) > 0 for v in reals)
+    negative_zero = any(v == 0.0 and math.copysign(1.0, v) < 0 for v in reals)
+
+    def fn(attrs):
+        v = subject(attrs)
+        t = type(v)
+        if t is str:
+            if v in strings:
+                return True
+            return None if has_numbers else False
+        if t is int or t is Int64:
+            if v in integers:
+                return True
+            f = float(v)
+            if f == 0.0:
+                hit = positive_zero
+            else:
+                hit = f in plain_reals
+        elif t is float:
+            if v != v:
+                hit = nan
+            elif v == 0.0:
+                hit = positive_zero if math.copysign(1.0, v) > 0 else negative_zero
+            else:
+                hit = v in plain_reals or v in integers_as_reals
+        else:
+            return None
+        if hit:
+            return True
+        return None if has_strings else False
+    return fn
 
 
 def _xor(node):
@@ -558,16 +737,8 @@ def _func_equals(node):
     parts = [_compile(c) for c in node.children]
     subject = parts[0].fn
     others = [p.fn for p in parts[1:]]
-    constants = [p.value for p in parts[1:]] if all(p.const for p in parts[1:]) else None
-    if constants is not None and all(type(c) is str for c in constants):
-        choices = frozenset(constants)
-
-        def fn(attrs):
-            v = subject(attrs)
-            if type(v) is not str:
-                return None
-            return v in choices
-        return _fold(fn, parts)
+    if all(p.const for p in parts[1:]):
+        return _fold(_membership(subject, [p.value for p in parts[1:]]), parts)
 
     def fn(attrs):
         v = subject(attrs)
@@ -664,6 +835,17 @@ _FLIP = {Kind.LESS_THAN: Kind.GREATER_THAN, Kind.GREATER_THAN: Kind.LESS_THAN,
 _PYOP = {Kind.LESS_THAN: "<", Kind.GREATER_THAN: ">", Kind.LESS_THAN_EQUALS: "<=",
          Kind.GREATER_THAN_EQUALS: ">=", Kind.EQUALS: "==", Kind.NOT_EQUALS: "!="}
 _NUMBER_KINDS = (Kind.INT32, Kind.INT64, Kind.REAL64)
+#: (comparison kind, literal is a string) -> the shared test ``_table`` calls.
+_TABLE_TESTS = {
+    (Kind.EQUALS, True): _test_string_equal,
+    (Kind.NOT_EQUALS, True): _test_string_not_equal,
+    (Kind.EQUALS, False): _test_equal,
+    (Kind.NOT_EQUALS, False): _test_not_equal,
+    (Kind.LESS_THAN, False): _ordering_test(lambda a, b: a < b),
+    (Kind.LESS_THAN_EQUALS, False): _ordering_test(lambda a, b: a <= b),
+    (Kind.GREATER_THAN, False): _ordering_test(lambda a, b: a > b),
+    (Kind.GREATER_THAN_EQUALS, False): _ordering_test(lambda a, b: a >= b),
+}
 
 
 def _simple_comparison(node):

@@ -170,3 +170,20 @@ def tokenize(text):
     """Return the list of PLY tokens of ``text``; raises SubscriptionError."""
     lexer = _lexer_for(text)
     return list(iter(lexer.token, None))
+
+
+def more_tokens_than(text, limit):
+    """Has ``text`` more than ``limit`` tokens? Reads at most ``limit + 1``
+    of them, so the answer costs no more than the budget it checks. A
+    lexical error counts as "no": parsing reports it with its offset."""
+    if len(text) <= limit:
+        return False       # every token is at least one character
+    lexer = _lexer_for(text)
+    token = lexer.token
+    try:
+        for _ in range(limit + 1):
+            if token() is None:
+                return False
+    except SubscriptionError:
+        return False
+    return True

@@ -141,9 +141,18 @@ class _Grammar:
         left, right = p[1], p[3]
         s = self.state
         if kind in _NARY and left.kind == kind and id(left) not in s.grouped:
-            result = _node(kind, None, left.children + (right,))
-        else:
-            result = _node(kind, None, (left, right))
+            # ``left`` is this chain's node, made by this rule and held by
+            # nothing else: grow its children in a list (a new tuple per
+            # term would make a long chain cost quadratic time); ``parse``
+            # gives the node the tuple at the end.
+            chain = s.chains.get(id(left))
+            if chain is None:
+                chain = s.chains[id(left)] = (left, list(left.children))
+            chain[1].append(right)
+            s.op_offsets[id(left)] = p.lexpos(2)
+            p[0] = left
+            return
+        result = _node(kind, None, (left, right))
         s.keep(result, s.offsets.get(id(left), p.lexpos(2)))
         s.op_offsets[id(result)] = p.lexpos(2)
         p[0] = result
@@ -263,13 +272,21 @@ class _Grammar:
 
 
 class _ParseState:
-    __slots__ = ("text", "offsets", "op_offsets", "grouped")
+    __slots__ = ("text", "offsets", "op_offsets", "grouped", "chains")
 
     def __init__(self, text):
         self.text = text
         self.offsets = {}
         self.op_offsets = {}
         self.grouped = set()
+        #: id(node) -> (node, children list) of the && / || / ^^ chains
+        self.chains = {}
+
+    def close_chains(self):
+        """Give each chain's node its children as a tuple."""
+        for node, children in self.chains.values():
+            object.__setattr__(node, "children", tuple(children))
+        self.chains.clear()
 
     def keep(self, node, offset):
         self.offsets[id(node)] = offset
@@ -431,6 +448,7 @@ def parse(text):
     grammar.state = state
     try:
         tree = parser.parse(lexer=_TokenStream(toks), tracking=False)
+        state.close_chains()
     finally:
         grammar.state = None
     literals = [(t.type, t.value, t.lexpos) for t in toks if t.type in _LITERAL_TOKENS]

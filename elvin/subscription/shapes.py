@@ -23,7 +23,8 @@ path (``parser.parse`` + ``checker.check``), which raises the error, code
 and offset it always has. A shape is remembered only when its key's
 literals are exactly the lexer's literal tokens and the tree's literal
 leaves, in order, so a parser that folded or moved a literal is never
-templated. The cache is bounded.
+templated. The cache is bounded by count and by the length of the texts
+its shapes stand for.
 """
 
 import re
@@ -34,25 +35,39 @@ from elvin.subscription import analysis, checker, compiler, parser
 from elvin.subscription.ast import Kind, Node
 from elvin.values import INT32_MAX as _INT32_MAX, INT32_MIN as _INT32_MIN
 
-__all__ = ["Checked", "Recipe", "checked_tree", "rebuild", "clear", "MAX_SHAPES"]
+__all__ = ["Checked", "Recipe", "checked_tree", "rebuild", "clear", "MAX_SHAPES",
+           "MAX_SHAPE_TEXT", "MAX_REMEMBERED_LENGTH"]
 
 #: Most shapes remembered; past it the oldest is forgotten.
 MAX_SHAPES = 4096
+#: Most characters of expression text the remembered shapes stand for
+#: together (their trees cost about ten times that); past it the oldest are
+#: forgotten. Bounds the cache by memory, not only by count.
+MAX_SHAPE_TEXT = 1 << 20
+#: A longer expression is not remembered: its tree is large, and long
+#: expressions rarely share a shape (``compiler.generated_plan`` makes no
+#: recipe past 64 operands anyway).
+MAX_REMEMBERED_LENGTH = 2048
 
 _LITERAL_KINDS = frozenset({Kind.INT32, Kind.INT64, Kind.REAL64, Kind.STRING})
 _PATTERN_KINDS = frozenset({Kind.FUNC_REGEX, Kind.FUNC_WILDCARD})
 _node = Node._trusted
 _intern = sys.intern
 _shapes = {}
+#: Characters of text the shapes in ``_shapes`` stand for.
+_shape_text = 0
 
 
 class _Shape:
     """A parsed and checked tree of one shape, and what is known of it."""
 
-    __slots__ = ("tree", "names", "checked_kinds", "has_patterns", "merged", "recipes")
+    __slots__ = ("tree", "names", "checked_kinds", "has_patterns", "merged", "recipes",
+                 "length")
 
-    def __init__(self, tree, kinds, merged):
+    def __init__(self, tree, kinds, merged, length):
         self.tree = tree
+        #: characters of the text it was parsed from (for the cache's bound)
+        self.length = length
         #: per literal, last first: is a '-' before it part of its value?
         self.merged = merged
         self.names = frozenset(_intern(n) for n in tree.names())
@@ -99,7 +114,9 @@ def _recipe(tree, has_patterns):
 
 def clear():
     """Forget every shape (for tests and benchmarks)."""
+    global _shape_text
     _shapes.clear()
+    _shape_text = 0
 
 
 def _leaf(kind, value, offset):
@@ -254,7 +271,8 @@ def checked_tree(text):
                 pass  # the full path below names the error exactly
     result = parser.parse(text)
     checker.check(result.tree, result.offsets, result.op_offsets)
-    shape = _remember(key, parts, result) if key is not None else None
+    shape = (_remember(key, parts, result)
+             if key is not None and len(text) <= MAX_REMEMBERED_LENGTH else None)
     if shape is not None:
         leaves = [n for n in result.tree.walk() if n.kind in _LITERAL_KINDS]
         return Checked(result.tree, shape.names, shape.tree,
@@ -289,8 +307,11 @@ def _remember(key, parts, result):
                 return None
         except SubscriptionError:
             return None
-    if len(_shapes) >= MAX_SHAPES:
-        _shapes.pop(next(iter(_shapes)))
+    global _shape_text
+    length = len(result.text)
+    while _shapes and (len(_shapes) >= MAX_SHAPES or _shape_text + length > MAX_SHAPE_TEXT):
+        _shape_text -= _shapes.pop(next(iter(_shapes))).length
     shape = _shapes[key] = _Shape(tree, tuple(leaf.kind for leaf in leaves),
-                                  tuple(reversed(merged)))
+                                  tuple(reversed(merged)), length)
+    _shape_text += length
     return shape

@@ -34,3 +34,68 @@ class CodegenEquivalenceTests(unittest.TestCase):
         tree = parse("x == 1 && y > 2")
         self.assertIsNotNone(compiler._generate(tree))
         self.assertIsNone(compiler._generate(parse("require(x) && y + 1 > 2")))
+
+
+LITERALS = ["1", "0", "-1", "2.5", "0.0", "-0.0", "1L", "9007199254740993L",
+            "9007199254740992.0", "'a'", "'b'", "'1'", "1.0e300"]
+
+
+def _by_closures(joiner, comparisons):
+    """The operands one closure each, as the compiler builds a short chain."""
+    parts = [compiler._compile(parse(c)).fn for c in comparisons]
+    stop = joiner == " || "
+
+    def fn(attrs):
+        result = not stop
+        for part in parts:
+            v = part(attrs)
+            if v is stop:
+                return stop
+            if v is None:
+                result = None
+        return result
+    return fn
+
+
+class MembershipEquivalenceTests(unittest.TestCase):
+    """A long chain of comparisons of one attribute becomes a set look-up
+    (``compiler._membership``); it decides exactly as one closure per
+    comparison would, NaN, signed zeros, large integers and strings
+    against numbers included."""
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.sampled_from(LITERALS), min_size=compiler._SET_MIN, max_size=14),
+           st.sampled_from([(" || ", "=="), (" && ", "!=")]),
+           st.lists(st.sampled_from(["x == 'b'", "y == 1", "require(z)"]), max_size=2),
+           st.lists(st.dictionaries(st.sampled_from(["x", "y", "z"]),
+                                    st.sampled_from(VALUES)), min_size=1, max_size=8))
+    def test_same_result(self, literals, chain, others, notifications):
+        joiner, op = chain
+        comparisons = [f"x {op} {literal}" for literal in literals] + others
+        compiled = compiler._compile(parse(joiner.join(f"({c})" for c in comparisons))).fn
+        reference = _by_closures(joiner, comparisons)
+        for note in notifications:
+            attrs = normalise(note)
+            self.assertIs(compiled(attrs), reference(attrs), f"{comparisons} {note}")
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(st.sampled_from(LITERALS), min_size=1, max_size=12),
+           st.lists(st.dictionaries(st.sampled_from(["x", "y"]),
+                                    st.sampled_from(VALUES)), min_size=1, max_size=8))
+    def test_equals_function_same_as_chain(self, literals, notifications):
+        compiled = compiler._compile(parse(f"equals(x, {', '.join(literals)})")).fn
+        reference = _by_closures(" || ", [f"x == {literal}" for literal in literals])
+        for note in notifications:
+            attrs = normalise(note)
+            self.assertIs(compiled(attrs), reference(attrs), f"{literals} {note}")
+
+    def test_long_chain_is_one_set_test(self):
+        """5,000 ids cost one look-up: evaluating does not grow with them."""
+        expression = " || ".join(f"id == {i}" for i in range(5000))
+        fn = compiler.compile_tree(parse(expression)).fn
+        self.assertIs(fn({"id": 4999}), True)
+        self.assertIs(fn({"id": 5000}), False)
+        self.assertIs(fn({"id": "4999"}), None)
+        self.assertIsNone(fn({}))
+        self.assertEqual(fn.__code__.co_name, "fn")
+        self.assertIn("strings", fn.__code__.co_freevars)

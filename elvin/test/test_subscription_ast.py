@@ -830,3 +830,24 @@ if given is not None:
                 expected = _CMP[symbol]((a > b) - (a < b))
             self.assertIs(Subscription(f"x {symbol} y").evaluate({"x": a, "y": b}),
                           expected, f"{a!r} {symbol} {b!r}")
+
+
+class LongChainTests(unittest.TestCase):
+    """A chain of 20,000 || is one node with 20,000 children, built in
+    linear time (each term is appended, not copied into a new tuple)."""
+
+    def test_long_chain_is_one_node(self):
+        from elvin.subscription.parser import parse as parse_text
+        text = " || ".join(f"a == {i}" for i in range(20000))
+        result = parse_text(text)
+        self.assertEqual(result.tree.kind, Kind.OR)
+        self.assertEqual(len(result.tree.children), 20000)
+        self.assertIsInstance(result.tree.children, tuple)
+        self.assertEqual(result.tree.children[-1].children[1].value, 19999)
+        # The operator offset is the last ||'s, as for a short chain.
+        self.assertEqual(result.op_offsets[id(result.tree)], text.rindex("||"))
+
+    def test_grouped_chains_stay_apart(self):
+        tree = parse("(a == 1 || a == 2) || (a == 3 || a == 4) || a == 5")
+        self.assertEqual([c.kind for c in tree.children], [Kind.OR, Kind.OR, Kind.EQUALS])
+        self.assertEqual([len(c.children) for c in tree.children[:2]], [2, 2])

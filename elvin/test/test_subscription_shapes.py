@@ -216,6 +216,26 @@ class ShapeCacheTests(unittest.TestCase):
             shapes.checked_tree(f"a{i} == 1")
         self.assertEqual(len(shapes._shapes), shapes.MAX_SHAPES)
 
+    def test_the_cache_is_bounded_by_text(self):
+        """Shapes of long texts hold large trees: the cache keeps at most
+        MAX_SHAPE_TEXT characters' worth, forgetting the oldest, and never a
+        text longer than MAX_REMEMBERED_LENGTH."""
+        self.patch(shapes, "MAX_SHAPE_TEXT", 4000)
+        texts = [" && ".join(f"a{i}_{j} == 1" for j in range(60)) for i in range(10)]
+        for text in texts:
+            shapes.checked_tree(text)
+            self.assertLessEqual(shapes._shape_text, 4000)
+        self.assertEqual(shapes._shape_text, sum(s.length for s in shapes._shapes.values()))
+        self.assertGreater(len(shapes._shapes), 1)
+        self.assertEqual(len(shapes._shapes), 4000 // len(texts[0]))
+        long_text = " || ".join(f"b == {i}" for i in range(400))
+        self.assertGreater(len(long_text), shapes.MAX_REMEMBERED_LENGTH)
+        before = dict(shapes._shapes)
+        self.assertIsNotNone(shapes.checked_tree(long_text).tree)
+        self.assertEqual(shapes._shapes, before)
+        shapes.clear()
+        self.assertEqual(shapes._shape_text, 0)
+
 
 class ShippedTablesTests(unittest.TestCase):
     """The LALR tables ship as elvin/subscription/parsetab.py (issue 15)."""
