@@ -69,7 +69,11 @@ ROUTER_SETTINGS = (
             "Log every notification's attribute names. `yes`/`no`, `true`/`false`, "
             "`on`/`off`, `1`/`0`."),
     Setting("max-connections", at_least(1), 10_000, "`10000`",
-            "Most clients connected at once (≥ 1)."),
+            "Most client connections at once (≥ 1): TCP, TLS and HTTP-tunnel "
+            "connections, logged in or not. Beyond it a new connection is closed as it "
+            "is accepted, unless an idle one (no ConnRqst yet) can be closed to make "
+            "room; a ConnRqst beyond this many sessions gets Nack 2006. Lowered at start "
+            "to fit the open-file limit (`reserved-files`)."),
     Setting("max-subscriptions", at_least(1), 1_000_000, "`1000000`",
             "Most subscriptions in the whole router (≥ 1)."),
     Setting("max-queue-memory", at_least(0), 512 * 1024 * 1024, "`536870912`",
@@ -79,6 +83,22 @@ ROUTER_SETTINGS = (
     Setting("connect-timeout", duration(True), 30.0, "`30`",
             "Seconds a new channel may stay silent before sending ConnRqst or UNotify; "
             "then it is closed. `0` disables. Not negative."),
+    Setting("max-federation-connections", at_least(1), 64, "`64`",
+            "Most incoming federation connections at once (≥ 1); more are closed as "
+            "they are accepted."),
+    Setting("reserved-files", at_least(0), 64, "`64`",
+            "Open files kept for everything but accepted connections (log, "
+            "configuration, trace files). At start the router raises its soft "
+            "open-file limit to the hard limit, then lowers `max-connections` (and if "
+            "need be `max-federation-connections`, `status-max-connections`), with a "
+            "log line, until they, this, 16 more and one file per listener and "
+            "outgoing federation link fit the limit."),
+    Setting("crowded-idle-timeout", duration(False), 2.0, "`2`",
+            "Once a listener's connections reach 90% of their cap, its idle ones (no "
+            "ConnRqst yet; HTTP with no request in progress) are closed after this many "
+            "seconds, oldest first, instead of after `connect-timeout` or the HTTP idle "
+            "timeout; at the cap the oldest idle one is closed to admit a new connection "
+            "(docs/reliability.md). More than 0."),
     Setting("max-protocol-errors", at_least(0), MAX_PROTOCOL_ERRORS, "`50`",
             "A client making this many protocol errors (requests Nacked with a 1xxx "
             "code) within `protocol-error-window` seconds is disconnected with Disconn "
@@ -94,6 +114,12 @@ ROUTER_SETTINGS = (
     Setting("status-token", text, None, "none",
             "A token the status listener requires (`Authorization: Bearer TOKEN`, or "
             "`?token=TOKEN` in the page's address)."),
+    Setting("status-max-connections", at_least(1), 32, "`32`",
+            "Most connections to the status listener at once (≥ 1); more are closed as "
+            "they are accepted."),
+    Setting("status-idle-timeout", duration(False), 10.0, "`10`",
+            "Seconds a status listener connection may wait between requests before it "
+            "is closed. More than 0."),
     Setting("redirect-to", listen_uri, None, "none",
             "The router clients are handed over to when this one is drained (SIGUSR1, "
             "or `drain = yes`): each gets Disconn reason 2 with this URI and "

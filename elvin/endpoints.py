@@ -89,14 +89,16 @@ def _tcp_server(reactor, uri, backlog):
     return endpoints.TCP4ServerEndpoint(reactor, uri.port, backlog, host)
 
 
-def server_endpoint(reactor, uri, backlog=128, tls=None):
+def server_endpoint(reactor, uri, backlog=128, tls=None, gate=None):
     """A stream server endpoint listening where ``uri`` says.
 
     For TLS stacks ``tls`` is the server's TLS options (see
     ``elvin.protocols.tls.server_options``); without it a TLS URI is refused, naming
     the missing setting. HTTP stacks get the plain TCP endpoint the web
     server listens on. UDP is not a stream transport: use
-    :func:`listener_service`.
+    :func:`listener_service`. ``gate`` (a function of the TCP endpoint,
+    e.g. ``Admission.endpoint`` of ``elvin.protocols.gate``) wraps the TCP
+    endpoint beneath TLS, so connections are admitted before any TLS.
     """
     uri = check_supported(uri)
     kind = STACK_KINDS[uri.protocol]
@@ -105,6 +107,8 @@ def server_endpoint(reactor, uri, backlog=128, tls=None):
             f"{uri}: udp,none,xdr is a datagram transport and has no stream "
             "endpoint (use elvin.endpoints.listener_service)")
     endpoint = _tcp_server(reactor, uri, backlog)
+    if gate is not None:
+        endpoint = gate(endpoint)
     if kind == TLS:
         if tls is None:
             from elvin.protocols.tls import TLSConfigError
@@ -153,6 +157,8 @@ def listener_service(reactor, uri, router, factory, config, tls=None):
     ``factory`` is the ElvinServerFactory shared by the stream listeners;
     ``config`` the RouterConfig (for the HTTP timeouts); ``tls`` the
     server TLS options, made from ``config`` when a TLS listener needs them.
+    A stream listener's connections count against ``router.admission``
+    (``elvin.protocols.gate``), when the router has one.
     """
     from twisted.application.internet import StreamServerEndpointService, UDPServer
 
@@ -172,7 +178,9 @@ def listener_service(reactor, uri, router, factory, config, tls=None):
         from elvin.protocols.httptunnel import ElvinHTTPSite
         factory = ElvinHTTPSite(factory, session_timeout=config.http_session_timeout,
                                 poll_timeout=config.http_poll_timeout)
-    listener = StreamServerEndpointService(server_endpoint(reactor, uri, tls=tls),
+    admission = getattr(router, "admission", None)
+    gate = admission.endpoint if admission is not None else None
+    listener = StreamServerEndpointService(server_endpoint(reactor, uri, tls=tls, gate=gate),
                                            factory)
     listener._raiseSynchronously = True
     return listener

@@ -13,6 +13,8 @@ from twisted.python import usage
 from elvin.config import ConfigError, RouterConfig, load
 from elvin.endpoints import (TLS, UnsupportedStackError, check_supported,
                              listener_service, stack_kind)
+from elvin.core.admission import CLIENT, FEDERATION, STATUS
+from elvin.protocols.gate import Admission
 from elvin.protocols.server import ElvinServerFactory
 from elvin.core.router import Router
 from elvin.uri import ElvinURI, InvalidURIError
@@ -170,7 +172,18 @@ class RouterService(service.MultiService):
                     "with one of its addresses, or 0.0.0.0 for all")
         return f"{where}: cannot listen: {e.socketError}"
 
+    def fit_connections(self, config):
+        """Raise the soft open-file limit to the hard one, and fit the
+        connection caps into it (logging each one lowered); the router's
+        max-connections is the client cap then."""
+        admission = getattr(self.router, "admission", None)
+        if admission is None:
+            return
+        caps = admission.fit(connection_caps(config), reserved_files(config))
+        self.router.max_connections = caps[CLIENT]
+
     def startService(self):
+        self.fit_connections(self.config)
         super().startService()
         listening = ", ".join(str(u) for u in self.config.listen)
         self.log.info("Elvin router listening on {uris}", uris=listening)
@@ -248,6 +261,7 @@ class RouterService(service.MultiService):
             return False, f"refused: {e}"
         old, router, changes = self.config, self.router, []
         router.max_connections = new.max_connections
+        self.fit_connections(new)
         router.max_subscriptions = new.max_subscriptions
         router.verbose = new.verbose
         router.max_protocol_errors = new.max_protocol_errors
@@ -299,7 +313,31 @@ class RouterService(service.MultiService):
 
     def stopService(self):
         self.router.shutdown()
+        admission = getattr(self.router, "admission", None)
+        if admission is not None:
+            admission.stop()
         return super().stopService()
+
+
+def connection_caps(config):
+    """The configured cap of each connection pool (elvin.core.admission)."""
+    return {CLIENT: config.max_connections, FEDERATION: config.max_federation_connections,
+            STATUS: config.status_max_connections}
+
+
+def reserved_files(config):
+    """Open files the router needs besides accepted connections:
+    ``reserved-files``, one per listener and outgoing federation link, and
+    a few for discovery's sockets."""
+    federation = getattr(config, "federation", None)
+    count = config.reserved_files + len(config.listen)
+    count += config.status_listen is not None
+    if federation is not None and federation.enabled:
+        count += len(federation.listen)
+        count += sum(len(c.connect) for c in federation.classes.values())
+    if getattr(config, "discovery", False):
+        count += 4
+    return count
 
 
 def makeService(options, reactor=None):
@@ -315,6 +353,8 @@ def makeService(options, reactor=None):
                     max_queue_memory=config.max_queue_memory,
                     max_protocol_errors=config.max_protocol_errors,
                     protocol_error_window=config.protocol_error_window)
+    router.admission = Admission(connection_caps(config), reactor,
+                                 config.crowded_idle_timeout)
     parent = getattr(options, "parent", None)
     top = RouterService(router, config, options.get("log-format", "text") if hasattr(
         options, "get") else "text", parent.get("logfile") if parent is not None else None)
@@ -372,15 +412,19 @@ def status_service(reactor, config, router, top=None):
         return next((s for s in (top or ()) if getattr(s, "name", None) == "discovery"), None)
     site = StatusSite(status_root(router, manager, config.listen, domain,
                                   config.status_token,
-                                  reload=getattr(top, "reload", None), discovery=discovery))
+                                  reload=getattr(top, "reload", None), discovery=discovery),
+                      timeout=getattr(config, "status_idle_timeout", 10.0), reactor=reactor)
+    endpoint = endpoints.TCP4ServerEndpoint(reactor, port, interface=host)
+    admission = getattr(router, "admission", None)
+    if admission is not None:
+        # Admitted (or refused) before any TLS, like the client listeners.
+        endpoint = admission.endpoint(endpoint, STATUS)
     if scheme == "https":
         from elvin.protocols.tls import server_options_from_config
         options = server_options_from_config(config)
         if options is None:
             raise ConfigError("status-listen is https but tls-certificate is not set")
-        endpoint = endpoints.SSL4ServerEndpoint(reactor, port, options, interface=host)
-    else:
-        endpoint = endpoints.TCP4ServerEndpoint(reactor, port, interface=host)
+        endpoint = endpoints.wrapServerTLS(options, endpoint)
     listener = StreamServerEndpointService(endpoint, site)
     listener._raiseSynchronously = True
     return listener

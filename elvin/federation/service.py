@@ -42,8 +42,12 @@ class FederationService(service.MultiService):
             if STACK_KINDS[uri.protocol] == TLS and tls is None:
                 from elvin.protocols.tls import server_options_from_config
                 tls = server_options_from_config(config)
+            admission = getattr(router, "admission", None)
+            gate = (None if admission is None
+                    else lambda endpoint: admission.endpoint(endpoint, "federation"))
             listener = StreamServerEndpointService(
-                server_endpoint(reactor, uri, tls=tls if STACK_KINDS[uri.protocol] == TLS else None),
+                server_endpoint(reactor, uri, tls=tls if STACK_KINDS[uri.protocol] == TLS else None,
+                                gate=gate),
                 AcceptorFactory(self.manager, fed.keepalive))
             listener._raiseSynchronously = True
             listener.setServiceParent(self)

@@ -67,12 +67,33 @@ class RouterCollector:
         yield GaugeMetricFamily("elvin_send_queue_bytes",
                                 "Bytes waiting in clients' send queues.",
                                 value=totals["send_queue_bytes"])
+        yield from self._sockets(totals.get("sockets", {}))
         nacks = CounterMetricFamily("elvin_nacks", "Nacks sent, by error code.",
                                     labels=["code"])
         for code, count in totals["nacks"].items():
             nacks.add_metric([code], count)
         yield nacks
         yield from self._links(status["links"])
+
+    @staticmethod
+    def _sockets(pools):
+        """Accepted connections by pool (client, federation, status)."""
+        families = (
+            (GaugeMetricFamily, "elvin_sockets_open", "open",
+             "Accepted connections open now (files held), by pool."),
+            (GaugeMetricFamily, "elvin_sockets_cap", "cap",
+             "The most accepted connections each pool may hold."),
+            (CounterMetricFamily, "elvin_sockets_refused", "refused",
+             "Connections closed as they were accepted: their pool was at its cap "
+             "with nothing idle to close."),
+            (CounterMetricFamily, "elvin_sockets_closed_idle", "closed_idle",
+             "Idle connections (no ConnRqst yet; HTTP between requests) closed to "
+             "make room, or after crowded-idle-timeout in a crowded pool."))
+        for kind, name, key, text in families:
+            family = kind(name, text, labels=["pool"])
+            for pool, stats in pools.items():
+                family.add_metric([pool], stats[key])
+            yield family
 
     @staticmethod
     def _links(links):

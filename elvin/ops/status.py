@@ -94,6 +94,7 @@ def snapshot(router, federation=None, listeners=(), started=None, domain=None,
         if client["state"] == "connected":
             by_transport[client["transport"]] = by_transport.get(client["transport"], 0) + 1
     budget = getattr(router, "queue_budget", None)
+    admission = getattr(router, "admission", None)
     return {
         "router": {"version": __version__, "domain": domain,
                    "started": started, "uptime_s": round(now - started, 3) if started else None,
@@ -116,6 +117,9 @@ def snapshot(router, federation=None, listeners=(), started=None, domain=None,
             "bytes_in": bytes_in, "bytes_out": bytes_out,
             "discovery_packets_sent": getattr(discovery, "sent", 0),
             "trace_records": getattr(getattr(federation, "trace", None), "records", 0),
+            # Accepted sockets by pool (client, federation, status): open,
+            # cap, idle, refused when accepted, idle ones closed (admission).
+            "sockets": admission.budget.stats() if admission is not None else {},
         },
         "clients": clients,
         "links": links,

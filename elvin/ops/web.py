@@ -12,6 +12,7 @@ from prometheus_client.twisted import MetricsResource
 from twisted.web import resource, server
 
 from elvin.ops.metrics import registry_for
+from elvin.protocols.gate import AdmittedHTTPChannel
 from elvin.ops.page import PAGE
 from elvin.ops.status import snapshot
 
@@ -110,7 +111,10 @@ def status_root(router, federation=None, listeners=(), domain=None, token=None,
 
 
 class StatusSite(server.Site):
-    """A twisted.web Site that does not log every scrape."""
+    """A twisted.web Site that does not log every scrape, and tells the
+    connection budget which of its connections serve a request."""
+
+    protocol = AdmittedHTTPChannel
 
     def log(self, request):
         pass

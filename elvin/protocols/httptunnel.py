@@ -49,6 +49,7 @@ from twisted.python import failure
 from twisted.web import http, resource, server
 from zope.interface import implementer
 
+from elvin.protocols.gate import AdmittedHTTPChannel
 from elvin.protocols.server import ElvinServerProtocol
 
 __all__ = ["ElvinHTTPSite", "TunnelTransport", "TunnelServerProtocol", "SESSION_PATH", "STREAM", "POLL",
@@ -400,6 +401,8 @@ class ElvinHTTPSite(server.Site):
     displayTracebacks = False
     noisy = False
     requestFactory = _LimitedRequest
+    #: Tells the connection budget which connections serve a request.
+    protocol = AdmittedHTTPChannel
 
     def __init__(self, factory, session_timeout=DEFAULT_SESSION_TIMEOUT,
                  poll_timeout=DEFAULT_POLL_TIMEOUT, clock=None, max_sessions=None):

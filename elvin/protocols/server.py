@@ -33,6 +33,10 @@ _CONNECTED = SessionState.CONNECTED
 class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
     log = Logger()
 
+    #: The connection's ticket in the router's connection budget, when a
+    #: listener's gate admitted it (elvin.protocols.gate); None in a tunnel.
+    admission = None
+
     def __init__(self):
         super().__init__()
         self.session = None
@@ -118,6 +122,9 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
         if self._timeout is not None:
             self._cancel_timeout()
         self.session.packet_received(packet)
+        ticket = self.admission
+        if ticket is not None and ticket.is_idle and self.session.state is _CONNECTED:
+            ticket.busy()     # logged in: no longer an idle socket to close first
 
     # -- SessionOutput -----------------------------------------------------
 

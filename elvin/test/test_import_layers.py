@@ -158,8 +158,8 @@ LAYERS = {
     3: ["elvin.protocols", "elvin.protocols.xdr", "elvin.protocols.packets"],
     4: [_S + "expression"],
     5: ["elvin", "elvin.keys", "elvin.core"] + ["elvin.core." + m for m in (
-        "keys", "options", "sendqueue", "index", "quench", "router")],
+        "keys", "options", "sendqueue", "index", "quench", "router", "admission")],
     6: ["elvin.protocols." + m for m in ("framing", "output", "server", "udp",
-                                         "httptunnel")]
+                                         "httptunnel", "gate")]
        + ["elvin.protocols.tls", "elvin.protocols.httpclient", "elvin.endpoints"],
 }

@@ -18,6 +18,7 @@ from elvin import tap
 from elvin.endpoints import SUPPORTED_STACKS
 from elvin.protocols import packets as P
 from elvin.protocols.framing import frame
+from elvin.protocols.gate import GateFactory
 from elvin.protocols.server import ElvinServerFactory
 from elvin.core.router import DISCONN_SHUTDOWN, Router
 from elvin.uri import ElvinURI
@@ -188,7 +189,9 @@ class MakeServiceTests(unittest.TestCase):
         self.assertEqual([(port, interface) for port, _, _, interface in servers],
                          [(3000, "127.0.0.1"), (3001, "::1"), (3002, ""),
                           (3003, "192.0.2.7")])
-        factories = {factory for _, factory, _, _ in servers}
+        # Each listener's gate (the connection budget) wraps one shared factory.
+        self.assertTrue(all(isinstance(factory, GateFactory) for _, factory, _, _ in servers))
+        factories = {factory.factory for _, factory, _, _ in servers}
         self.assertEqual(len(factories), 1)
         (factory,) = factories
         self.assertIsInstance(factory, ElvinServerFactory)
