@@ -17,6 +17,7 @@ from elvin.discovery import settings as _discovery_settings
 from elvin.endpoints import UnsupportedStackError, check_supported
 from elvin.federation.config import FederationConfig
 from elvin.core.options import OPTIONS
+from elvin.core.quench import DEFAULT_MAX_QUENCH_MEMORY
 from elvin.core.router import MAX_PROTOCOL_ERRORS, PROTOCOL_ERROR_WINDOW
 from elvin.uri import ElvinURI, InvalidURIError
 
@@ -76,6 +77,11 @@ ROUTER_SETTINGS = (
             "to fit the open-file limit (`reserved-files`)."),
     Setting("max-subscriptions", at_least(1), 1_000_000, "`1000000`",
             "Most subscriptions in the whole router (≥ 1)."),
+    Setting("max-quench-memory", at_least(0), DEFAULT_MAX_QUENCH_MEMORY, "`67108864`",
+            "Bytes all quenches together may hold, estimated per quench (about 80 bytes "
+            "plus the string for each name, 400 for the quench); a QnchAddRqst or "
+            "QnchModRqst past it is refused with Nack 2006 (`IMPL_LIMIT`). `0`: no limit. "
+            "See docs/quench.md."),
     Setting("max-queue-memory", at_least(0), 512 * 1024 * 1024, "`536870912`",
             "Bytes waiting in all clients' send queues together; over it, the largest "
             "queue sheds deliveries by its own drop policy (or is disconnected if it "

@@ -267,8 +267,10 @@ class RouterService(service.MultiService):
         router.max_protocol_errors = new.max_protocol_errors
         router.protocol_error_window = new.protocol_error_window
         router.queue_budget.max_bytes = new.max_queue_memory
+        router.quench.max_bytes = new.max_quench_memory
         router.option_specs = dict(new.option_specs)   # for sessions from now on
-        for name in ("max_connections", "max_subscriptions", "max_queue_memory", "verbose"):
+        for name in ("max_connections", "max_subscriptions", "max_queue_memory",
+                     "max_quench_memory", "verbose"):
             if getattr(old, name) != getattr(new, name):
                 changes.append(f"{name.replace('_', '-')} {getattr(new, name)}")
         wanted = {str(uri): uri for uri in new.listen}
@@ -355,6 +357,7 @@ def makeService(options, reactor=None):
                     protocol_error_window=config.protocol_error_window)
     router.admission = Admission(connection_caps(config), reactor,
                                  config.crowded_idle_timeout)
+    router.quench.max_bytes = config.max_quench_memory
     parent = getattr(options, "parent", None)
     top = RouterService(router, config, options.get("log-format", "text") if hasattr(
         options, "get") else "text", parent.get("logfile") if parent is not None else None)

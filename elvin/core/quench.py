@@ -18,22 +18,77 @@ add or a delete notification.
 Both directions are indexed by name, so registering a subscription costs
 O(quenches on its names) and registering a quench O(subscriptions on its
 names).
+
+Memory is in proportion to the names held: a quench keeps its names as a
+tuple; the by-name index maps a name held by one quench straight to it,
+and a name shared by several to one dict of them (whose string every later
+quench on it reuses); nothing is kept for a name or quench once it is
+gone, and the registry's dicts are rebuilt smaller when most of their
+slots are empty (``compacted``). What quenches hold together is capped by
+``max_bytes`` (the router's ``max-quench-memory``), estimated per quench
+by ``quench_cost``.
 """
+
+import sys
 
 from elvin.protocols import packets as P
 
-__all__ = ["QuenchEntry", "QuenchRegistry"]
+__all__ = ["QuenchEntry", "QuenchRegistry", "quench_cost", "DEFAULT_MAX_QUENCH_MEMORY"]
+
+#: Default router-wide cap on what quenches may hold (``max-quench-memory``).
+DEFAULT_MAX_QUENCH_MEMORY = 64 * 1024 * 1024
+
+#: What one quench costs beyond its names (its entry, its names tuple, its
+#: slots in the registry's and the session's dicts), in bytes, and what each
+#: name costs beyond the string itself (its slot in the names tuple and in
+#: the by-name index). Measured with tracemalloc (docs/quench.md); they err
+#: high, so the estimate bounds the memory.
+QUENCH_COST = 400
+NAME_COST = 80
+
+
+def quench_cost(names):
+    """The bytes a quench on ``names`` is charged against the router's
+    ``max-quench-memory``: an estimate of what it holds, counting each name
+    in full even when another quench shares it."""
+    return QUENCH_COST + sum(NAME_COST + sys.getsizeof(name) for name in names)
 
 
 class QuenchEntry:
-    __slots__ = ("id", "session", "names", "deliver_insecure", "keys")
+    """One quench: its names (a tuple, each name held once router-wide by
+    the registry, see ``QuenchRegistry.add``), keys and owner."""
+
+    __slots__ = ("id", "session", "names", "deliver_insecure", "keys", "cost")
 
     def __init__(self, quench_id, session, names, deliver_insecure, keys):
         self.id = quench_id
         self.session = session
-        self.names = frozenset(names)
+        self.names = tuple(dict.fromkeys(names))
         self.deliver_insecure = deliver_insecure
         self.keys = keys
+        self.cost = quench_cost(self.names)
+
+
+class _Shared:
+    """The quenches on one name when there is more than one (a name held by
+    one quench maps straight to it), and the name's one string object."""
+
+    __slots__ = ("name", "quenches")
+
+    def __init__(self, name, quenches):
+        self.name = name
+        self.quenches = quenches
+
+
+def compacted(table):
+    """``table``, or a copy sized to what it holds when most of its slots
+    are empty: a dict never gives back the table it grew to, so one that
+    held a million entries keeps ~40 MB after they are all deleted."""
+    if not table:
+        return {}
+    if sys.getsizeof(table) > 1024 + 256 * len(table):
+        return {key: value for key, value in table.items()}
+    return table
 
 
 def visibility(quench, entry):
@@ -48,15 +103,34 @@ def visibility(quench, entry):
 
 
 class QuenchRegistry:
-    """Quenches by name, and subscriptions by name, for one router."""
+    """Quenches by name, and subscriptions by name, for one router.
 
-    def __init__(self):
+    ``max_bytes`` (0: no limit) caps the sum of the quenches' ``cost``
+    (``quench_cost``), held in ``bytes``; ``affordable`` says whether a
+    quench of some cost still fits.
+    """
+
+    def __init__(self, max_bytes=DEFAULT_MAX_QUENCH_MEMORY):
         self.quenches = {}
+        #: name -> the one QuenchEntry on it, or a _Shared of several.
         self._quenches_by_name = {}
         self._subs_by_name = {}
+        self.max_bytes = max_bytes
+        self.bytes = 0
 
     def __len__(self):
         return len(self.quenches)
+
+    def names(self):
+        """How many distinct names the quenches hold."""
+        return len(self._quenches_by_name)
+
+    def affordable(self, cost, replacing=None):
+        """Would a quench of ``cost`` bytes (instead of ``replacing``) fit?"""
+        if not self.max_bytes:
+            return True
+        held = self.bytes - (replacing.cost if replacing is not None else 0)
+        return held + cost <= self.max_bytes
 
     # -- subscriptions come and go ----------------------------------------
 
@@ -64,8 +138,13 @@ class QuenchRegistry:
         found = {}
         by_name = self._quenches_by_name
         for name in names:
-            for quench in by_name.get(name, ()):
-                found[quench.id] = quench
+            bucket = by_name.get(name)
+            if bucket is None:
+                continue
+            if type(bucket) is _Shared:
+                found.update(bucket.quenches)
+            else:
+                found[bucket.id] = bucket
         return found.values()
 
     def _file(self, entry, names):
@@ -130,33 +209,64 @@ class QuenchRegistry:
                 found[entry.id] = entry
         return found.values()
 
+    def _index(self, quench, names):
+        """File ``quench`` under ``names``; returns the names as the index
+        holds them, so a name many quenches share is one string object."""
+        by_name = self._quenches_by_name
+        held = []
+        for name in names:
+            bucket = by_name.get(name)
+            if bucket is None:
+                by_name[name] = quench
+            elif type(bucket) is _Shared:
+                name = bucket.name
+                bucket.quenches[quench.id] = quench
+            else:
+                by_name[name] = _Shared(name, {bucket.id: bucket, quench.id: quench})
+            held.append(name)
+        return tuple(held)
+
+    def _unindex(self, quench):
+        by_name = self._quenches_by_name
+        for name in quench.names:
+            bucket = by_name.get(name)
+            if bucket is quench:
+                del by_name[name]
+            elif type(bucket) is _Shared:
+                quenches = bucket.quenches
+                quenches.pop(quench.id, None)
+                if len(quenches) == 1:
+                    by_name[name] = next(iter(quenches.values()))
+                else:
+                    bucket.quenches = compacted(quenches)
+        self._quenches_by_name = compacted(by_name)
+
     def add(self, quench):
         self.quenches[quench.id] = quench
-        for name in quench.names:
-            self._quenches_by_name.setdefault(name, []).append(quench)
+        self.bytes += quench.cost
+        quench.names = self._index(quench, quench.names)
         for entry in sorted(self._subscriptions_on(quench.names), key=lambda e: e.id):
             self._send_grouped(entry, [quench], P.SubAddNotify)
 
     def remove(self, quench):
-        self.quenches.pop(quench.id, None)
-        for name in quench.names:
-            bucket = self._quenches_by_name.get(name)
-            if bucket is not None:
-                bucket[:] = [q for q in bucket if q.id != quench.id]
-                if not bucket:
-                    del self._quenches_by_name[name]
+        if self.quenches.pop(quench.id, None) is None:
+            return
+        self.bytes -= quench.cost
+        self._unindex(quench)
+        self.quenches = compacted(self.quenches)
 
     def modify(self, quench, names, deliver_insecure, keys):
         """Change ``quench``; tell it about subscriptions it gains or loses."""
         before = {e.id: e for e in self._subscriptions_on(quench.names)
                   if visibility(quench, e) is not None}
         self.remove(quench)
-        quench.names = frozenset(names)
+        quench.names = tuple(dict.fromkeys(names))
+        quench.cost = quench_cost(quench.names)
         quench.deliver_insecure = deliver_insecure
         quench.keys = keys
         self.quenches[quench.id] = quench
-        for name in quench.names:
-            self._quenches_by_name.setdefault(name, []).append(quench)
+        self.bytes += quench.cost
+        quench.names = self._index(quench, quench.names)
         after = {e.id: e for e in self._subscriptions_on(quench.names)
                  if visibility(quench, e) is not None}
         for sub_id in sorted(before.keys() - after.keys()):
@@ -165,8 +275,14 @@ class QuenchRegistry:
             self._send_grouped(after[sub_id], [quench], P.SubAddNotify)
 
     def session_closed(self, session):
-        for quench in [q for q in self.quenches.values() if q.session is session]:
+        """Forget every quench of ``session`` (its ``quenches`` dict, which
+        is emptied, when it keeps one; else a scan of all quenches)."""
+        own = getattr(session, "quenches", None)
+        if own is None:
+            own = {q.id: q for q in self.quenches.values() if q.session is session}
+        for quench in list(own.values()):
             self.remove(quench)
+        own.clear()
 
     # -- sending -------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from elvin.errors import SubscriptionError
 from elvin.core.index import SubscriptionIndex
 from elvin.core.keys import CONSUMER, PRODUCER, SUPPORTED_KEY_SCHEMES, KeyRing
 from elvin.core.options import ConnectionOptions, OPTIONS
-from elvin.core.quench import QuenchEntry, QuenchRegistry
+from elvin.core.quench import QuenchEntry, QuenchRegistry, quench_cost
 from elvin.core.sendqueue import QueueBudget
 from elvin.protocols import packets as P
 from elvin.subscription import Subscription
@@ -681,6 +681,9 @@ class ClientSession:
             return
         quench = QuenchEntry(next(router._quench_ids), self, packet.names,
                              packet.deliver_insecure, keys)
+        if not router.quench.affordable(quench.cost):
+            self._quench_memory_full(packet.xid)
+            return
         self.quenches[quench.id] = quench
         self.send(P.QnchRply(packet.xid, quench.id))
         router.quench.add(quench)
@@ -711,6 +714,9 @@ class ClientSession:
             return
         if self._quench_problem(packet.xid, len(names), len(self.quenches)):
             return
+        if not self.router.quench.affordable(quench_cost(names), replacing=quench):
+            self._quench_memory_full(packet.xid)
+            return
         add_keys = self._keys(packet.xid, packet.add_keys, PRODUCER)
         del_keys = self._keys(packet.xid, packet.del_keys, PRODUCER)
         if add_keys is None or del_keys is None:
@@ -735,6 +741,12 @@ class ClientSession:
                                     (option,))
                 return True
         return False
+
+    def _quench_memory_full(self, xid):
+        limit = self.router.quench.max_bytes
+        self.protocol_error(xid, errors.IMPL_LIMIT,
+                            f"the router's quenches hold their maximum memory "
+                            f"(max-quench-memory, {limit} bytes)")
 
     def _qnch_del(self, packet):
         quench = self.quenches.pop(packet.quench_id, None)

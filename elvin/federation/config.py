@@ -25,6 +25,7 @@ import socket
 from elvin.configvalues import ConfigError, Setting, at_least, duration, flag, text
 from elvin.errors import SubscriptionError
 from elvin.federation.filters import parse_filter
+from elvin.federation.identity import domain_problem
 from elvin.uri import InvalidURIError, parse_ewaf
 
 __all__ = ["FederationConfig", "ClassConfig", "FEDERATION_SETTINGS", "CLASS_SETTINGS",
@@ -35,6 +36,14 @@ _CLASSED = re.compile(r"^federation\.([a-z-]+(?:\.[a-z-]+)?)\[([^\]]+)\]$", re.I
 
 def _words(value, key, where, config):
     return value.split()
+
+
+def _router_name(value, key, where, config):
+    """Our domain, held to what we accept from peers (identity.py)."""
+    problem = domain_problem(value)
+    if problem is not None:
+        raise ConfigError(f"{where}: {key}: {problem}")
+    return value
 
 
 def _ewaf_uris(value, key, where, config):
@@ -61,7 +70,7 @@ def _setting(name, parse, default, shown, doc, repeat=False, target=None):
 FEDERATION_SETTINGS = (
     _setting("Activated", flag, None, "on when any Listen or Connect is given",
              "Switch federation on or off (`yes`/`no`)."),
-    _setting("Router-Name", text, None, "the host's FQDN",
+    _setting("Router-Name", _router_name, None, "the host's FQDN",
              "This router's globally unique domain."),
     _setting("Listen", _ewaf_uris, [], "none",
              "Accept links on these `ewaf:` URIs (several per line; repeatable).",

@@ -18,6 +18,7 @@ from elvin import errors
 from elvin.errors import SubscriptionError
 from elvin.federation import filters as F
 from elvin.federation import packets as FP
+from elvin.federation.identity import domain_problem, shown
 from elvin.core.keys import PRODUCER, KeyRing
 from elvin.protocols import packets as P
 from elvin.core.router import notification_problem
@@ -116,9 +117,10 @@ class FederationLink:
             if kind is FP.FedConnRply and self._pending.pop(packet.xid, None) == "connect":
                 self._connected(packet.router_domain)
             elif kind is P.Nack and self._pending.pop(packet.xid, None) == "connect":
+                message = shown(packet.message)
                 self.log.warn("federation peer {host} refused us: {message} ({code})",
-                              host=self.peer_host, message=packet.message, code=packet.error)
-                self.connection_lost(f"refused: {packet.message}")
+                              host=self.peer_host, message=message, code=packet.error)
+                self.connection_lost(f"refused: {message}")
                 self.output.close()
             elif kind is P.Disconn:
                 self.connection_lost("disconnected by peer")
@@ -148,7 +150,8 @@ class FederationLink:
             code = errors.AUTHN_FAIL
         if problem is not None:
             self.log.warn("refused federation from {host} ({domain}): {problem}",
-                          host=self.peer_host, domain=packet.router_domain, problem=problem)
+                          host=self.peer_host, domain=shown(packet.router_domain),
+                          problem=problem)
             self.output.send(P.Nack(packet.xid, code, problem, ()))
             self.state = self.CLOSED
             self.output.close()
@@ -190,8 +193,8 @@ class FederationLink:
     def _connected(self, domain):
         problem = self.manager.check_domain(domain, self) or self._authentication_problem()
         if problem is not None:
-            self.log.warn("closing federation link to {host}: {problem}",
-                          host=self.peer_host, problem=problem)
+            self.log.warn("closing federation link to {host} ({domain}): {problem}",
+                          host=self.peer_host, domain=shown(domain), problem=problem)
             self.connection_lost(problem)
             self.output.close()
             return
@@ -249,7 +252,7 @@ class FederationLink:
     def _nack(self, packet):
         pending = self._pending.pop(packet.xid, None)
         self.log.warn("federation peer {peer} rejected our {what}: {message}",
-                      peer=self.peer_domain, what=pending, message=packet.message)
+                      peer=self.peer_domain, what=pending, message=shown(packet.message))
 
     # -- notifications --------------------------------------------------------------
 
@@ -300,6 +303,13 @@ class FederationLink:
     def _mesh_advert(self, packet):
         if self.manager.mesh is None:
             return                    # our mesh is switched off: ignore it
+        for domain in (packet.origin, *packet.neighbours):
+            problem = domain_problem(domain)
+            if problem is not None:
+                # Other routers' domains, held as long as the advert lives.
+                self.log.warn("ignored a mesh advert from {peer} naming {domain}: {problem}",
+                              peer=self.peer_domain, domain=shown(domain), problem=problem)
+                return
         if not self.mesh:
             self.mesh = True
             self.manager.mesh_peer_found(self)

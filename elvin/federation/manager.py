@@ -25,6 +25,7 @@ from twisted.logger import Logger
 from elvin.federation import filters as F
 from elvin.federation import mesh as MESH
 from elvin.federation import packets as FP
+from elvin.federation.identity import domain_problem
 from elvin.federation.trace import NullTrace
 from elvin.protocols import packets as P
 from elvin.core.router import RouterObserver
@@ -120,8 +121,12 @@ class FederationManager(RouterObserver):
     # -- links --------------------------------------------------------------------------
 
     def check_domain(self, domain, link):
-        if not domain:
-            return "empty router domain"
+        """Why ``link``'s peer may not use ``domain``, or None: it must be
+        a sane domain (``identity.domain_problem``), neither ours nor one
+        already linked."""
+        problem = domain_problem(domain)
+        if problem is not None:
+            return problem
         if domain == self.domain:
             return f"peer claims our own router domain {domain!r}"
         for other in self.links:

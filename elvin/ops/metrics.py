@@ -11,6 +11,8 @@ The list is in docs/operations.md.
 from prometheus_client.core import (CollectorRegistry, CounterMetricFamily,
                                     GaugeMetricFamily, InfoMetricFamily)
 
+from elvin.federation.identity import MAX_DOMAIN_BYTES, shown
+
 __all__ = ["RouterCollector", "registry_for"]
 
 
@@ -118,7 +120,8 @@ class RouterCollector:
                                   "Seconds since the peer last sent anything "
                                   "(keepalives included).", labels=["peer"])
         for link in links:
-            peer = link["domain"] or link["host"] or "?"
+            # Domains are checked when a link comes up; a label is bounded anyway.
+            peer = shown(link["domain"] or link["host"] or "?", MAX_DOMAIN_BYTES)
             up.add_metric([peer], 1 if link["state"] == "up" else 0)
             active.add_metric([peer], 1 if link["active"] else 0)
             nodes.add_metric([peer], link["filter_nodes"])

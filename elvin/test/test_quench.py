@@ -1,9 +1,14 @@
 """Quench at the router: SubAddNotify / SubModNotify / SubDelNotify."""
 
+import gc
+import sys
+import tracemalloc
+
 from twisted.trial import unittest
 
 from elvin import errors
 from elvin.core import keys as K
+from elvin.core.quench import NAME_COST, quench_cost
 from elvin.protocols import packets as P
 from elvin.subscription import parse
 from elvin.test.test_router import RouterTestCase
@@ -131,3 +136,138 @@ class QuenchRouterTests(RouterTestCase):
         self.quench(q_s, q_out, ["a"])
         q_s.connection_lost()
         self.assertEqual(len(self.router.quench), 0)
+
+
+def _names(prefix, count):
+    """``count`` distinct names, each a new string object (as decoded)."""
+    return tuple("".join((prefix, ".", str(i))) for i in range(count))
+
+
+class QuenchMemoryTests(RouterTestCase):
+    """What quenches hold is in proportion to their names, capped
+    router-wide by ``max-quench-memory``, and given back when they go."""
+
+    quench = QuenchRouterTests.quench
+
+    many = {"Subscription.Max-Count": 100_000}
+
+    def test_a_shared_name_is_held_once(self):
+        sessions = [self.connect() for _ in range(3)]
+        for session, out in sessions:
+            self.quench(session, out, [str("".join(["pri", "ce"])), "own"])
+        first, second, third = (s.quenches[min(s.quenches)] for s, _ in sessions)
+        self.assertIs(third.names[0], second.names[0])
+        self.assertEqual(self.router.quench.names(), 2)
+        self.assertTrue(all(type(q.names) is tuple for q in (first, second, third)))
+
+    def test_nothing_is_kept_after_close(self):
+        registry = self.router.quench
+        empty = {name: sys.getsizeof(getattr(registry, name))
+                 for name in ("quenches", "_quenches_by_name")}
+        q_s, q_out = self.connect(self.many)
+        for i in range(300):
+            self.quench(q_s, q_out, _names(f"q{i}", 64) + _names("shared", 64))
+        self.assertEqual((len(registry), registry.names()), (300, 300 * 64 + 64))
+        self.assertGreater(registry.bytes, 0)
+        q_s.connection_lost()
+        self.assertEqual((len(registry), registry.names(), registry.bytes), (0, 0, 0))
+        self.assertEqual(q_s.quenches, {})
+        for name, size in empty.items():
+            self.assertLessEqual(sys.getsizeof(getattr(registry, name)), size, name)
+
+    def test_removing_most_quenches_shrinks_the_index(self):
+        registry = self.router.quench
+        q_s, q_out = self.connect(self.many)
+        ids = [self.quench(q_s, q_out, _names(f"q{i}", 64) + ("shared",))[0]
+               for i in range(500)]
+        full = sys.getsizeof(registry._quenches_by_name)
+        full_shared = sys.getsizeof(registry._quenches_by_name["shared"].quenches)
+        for qid in ids[:-5]:
+            q_s.packet_received(P.QnchDelRqst(self.xid(), qid))
+        self.assertEqual(len(q_out.take()), len(ids) - 5)
+        self.assertEqual(registry.names(), 5 * 64 + 1)
+        self.assertLess(sys.getsizeof(registry._quenches_by_name), full / 16)
+        self.assertLess(sys.getsizeof(registry._quenches_by_name["shared"].quenches),
+                        full_shared / 4)
+
+    def test_memory_is_in_proportion_and_comes_back(self):
+        q_s, q_out = self.connect(self.many)
+        packets = [P.QnchAddRqst(self.xid(), _names(f"quench{i:04d}.attribute", 256), True,
+                                 P.Keys.EMPTY) for i in range(200)]
+        sizes = sum(sys.getsizeof(name) for packet in packets for name in packet.names)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            start = tracemalloc.get_traced_memory()[0]
+            for packet in packets:
+                q_s.packet_received(packet)
+            q_out.take()
+            held = tracemalloc.get_traced_memory()[0] - start
+            charged = self.router.quench.bytes
+            del packets
+            q_s.connection_lost()
+            gc.collect()
+            after = tracemalloc.get_traced_memory()[0] - start
+        finally:
+            tracemalloc.stop()
+        names = 200 * 256
+        # The names' strings (kept: they are the index's keys) plus well
+        # under 100 bytes a name for the rest.
+        self.assertLess(held, sizes + 100 * names)
+        self.assertGreater(charged, held - sizes)   # the estimate errs high
+        # (The names were made before tracing began: their freeing is not seen.)
+        self.assertLess(after, 64 * 1024)
+
+    def test_router_wide_memory_cap(self):
+        self.router.quench.max_bytes = 200_000
+        hog, hog_out = self.connect(self.many)
+        bystander, by_out = self.connect()
+        sub_s, sub_out = self.connect()
+        term = self.subscribe(sub_s, sub_out, "price > 1").subscription_id
+        accepted = 0
+        while True:
+            hog.packet_received(P.QnchAddRqst(self.xid(), _names(f"h{accepted}", 256), True,
+                                              P.Keys.EMPTY))
+            reply = hog_out.take()[0]
+            if isinstance(reply, P.Nack):
+                break
+            accepted += 1
+        self.assertEqual(reply.error, errors.IMPL_LIMIT)
+        self.assertIn("max-quench-memory", reply.message)
+        self.assertIn("200000", reply.message)
+        self.assertGreater(accepted, 0)
+        self.assertLessEqual(self.router.quench.bytes, 200_000)
+        self.assertEqual(len(self.router.quench), accepted)
+        # Growing a quench past the cap is refused too; the quench is kept.
+        qid = min(hog.quenches)
+        longer = _names("longer" * 100, 200)
+        hog.packet_received(P.QnchModRqst(self.xid(), qid, longer, _names("h0", 200), True,
+                                          P.Keys.EMPTY, P.Keys.EMPTY))
+        self.assertEqual(hog_out.take()[0].error, errors.IMPL_LIMIT)
+        self.assertEqual(len(hog.quenches[qid].names), 256)
+        # Shrinking one is not.
+        hog.packet_received(P.QnchModRqst(self.xid(), qid, (), _names("h0", 200), True,
+                                          P.Keys.EMPTY, P.Keys.EMPTY))
+        self.assertIsInstance(hog_out.take()[0], P.QnchRply)
+        # Everyone else is still served: subscriptions and notifications...
+        self.emit(bystander, {"price": 5})
+        (deliver,) = sub_out.take()
+        self.assertIsInstance(deliver, P.NotifyDeliver)
+        # ... and, once the hog has gone, quenches.
+        hog.connection_lost()
+        self.assertEqual(self.router.quench.bytes, 0)
+        qid, initial = self.quench(bystander, by_out, ["price"] + list(_names("b", 255)))
+        self.assertEqual([n.term_id for n in initial], [term])
+
+    def test_default_cap_takes_ordinary_quenches(self):
+        producers = [self.connect() for _ in range(100)]
+        for i, (session, out) in enumerate(producers):
+            for j in range(10):
+                self.quench(session, out, _names(f"p{i}.{j}", 256))
+        self.assertEqual(len(self.router.quench), 1000)
+        self.assertLess(self.router.quench.bytes, self.router.quench.max_bytes)
+
+    def test_quench_cost_counts_names(self):
+        small, large = quench_cost(["a"]), quench_cost(["a" * 1000])
+        self.assertEqual(large - small, sys.getsizeof("a" * 1000) - sys.getsizeof("a"))
+        self.assertEqual(quench_cost(["a", "b"]) - small, NAME_COST + sys.getsizeof("b"))
