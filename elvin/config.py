@@ -16,6 +16,7 @@ from elvin.configvalues import parse_integer as _integer
 from elvin.discovery import settings as _discovery_settings
 from elvin.endpoints import UnsupportedStackError, check_supported
 from elvin.federation.config import FederationConfig
+from elvin.protocols.framing import DEFAULT_MAX_RECEIVE_MEMORY
 from elvin.core.options import OPTIONS
 from elvin.core.quench import DEFAULT_MAX_QUENCH_MEMORY
 from elvin.core.router import MAX_PROTOCOL_ERRORS, PROTOCOL_ERROR_WINDOW
@@ -86,6 +87,12 @@ ROUTER_SETTINGS = (
             "Bytes waiting in all clients' send queues together; over it, the largest "
             "queue sheds deliveries by its own drop policy (or is disconnected if it "
             "can shed nothing). `0` switches the cap off. See docs/reliability.md."),
+    Setting("max-receive-memory", at_least(0), DEFAULT_MAX_RECEIVE_MEMORY, "`67108864`",
+            "Bytes held in unfinished packets by all connections together (clients, "
+            "HTTP tunnel request bodies, federation links); over it, the connections "
+            "holding the most are reset until the total is a tenth under it. Keep it "
+            "above the largest `Packet.Max-Length` clients may negotiate. `0` switches "
+            "the cap off. See docs/reliability.md."),
     Setting("connect-timeout", duration(True), 30.0, "`30`",
             "Seconds a new channel may stay silent before sending ConnRqst or UNotify; "
             "then it is closed. `0` disables. Not negative."),

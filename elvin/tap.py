@@ -15,6 +15,7 @@ from elvin.endpoints import (TLS, UnsupportedStackError, check_supported,
                              listener_service, stack_kind)
 from elvin.core.admission import CLIENT, FEDERATION, STATUS
 from elvin.protocols.gate import Admission
+from elvin.protocols.framing import receive_budget_of
 from elvin.protocols.server import ElvinServerFactory
 from elvin.core.router import Router
 from elvin.uri import ElvinURI, InvalidURIError
@@ -267,10 +268,11 @@ class RouterService(service.MultiService):
         router.max_protocol_errors = new.max_protocol_errors
         router.protocol_error_window = new.protocol_error_window
         router.queue_budget.max_bytes = new.max_queue_memory
+        receive_budget_of(router).max_bytes = new.max_receive_memory
         router.quench.max_bytes = new.max_quench_memory
         router.option_specs = dict(new.option_specs)   # for sessions from now on
         for name in ("max_connections", "max_subscriptions", "max_queue_memory",
-                     "max_quench_memory", "verbose"):
+                     "max_receive_memory", "max_quench_memory", "verbose"):
             if getattr(old, name) != getattr(new, name):
                 changes.append(f"{name.replace('_', '-')} {getattr(new, name)}")
         wanted = {str(uri): uri for uri in new.listen}
@@ -358,6 +360,7 @@ def makeService(options, reactor=None):
     router.admission = Admission(connection_caps(config), reactor,
                                  config.crowded_idle_timeout)
     router.quench.max_bytes = config.max_quench_memory
+    receive_budget_of(router).max_bytes = config.max_receive_memory
     parent = getattr(options, "parent", None)
     top = RouterService(router, config, options.get("log-format", "text") if hasattr(
         options, "get") else "text", parent.get("logfile") if parent is not None else None)

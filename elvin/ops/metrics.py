@@ -55,6 +55,9 @@ class RouterCollector:
                  "Deliveries dropped from slow clients' send queues (DropWarn)."),
                 ("elvin_queue_evictions", "queue_evictions",
                  "Clients disconnected because the router-wide queue memory ran out."),
+                ("elvin_receive_budget_closes", "receive_budget_closes",
+                 "Connections reset because the bytes held in unfinished packets "
+                 "passed max-receive-memory."),
                 ("elvin_received_bytes", "bytes_in", "Bytes read from clients."),
                 ("elvin_sent_bytes", "bytes_out", "Bytes written to clients."),
                 ("elvin_discovery_packets_sent", "discovery_packets_sent",
@@ -69,6 +72,9 @@ class RouterCollector:
         yield GaugeMetricFamily("elvin_send_queue_bytes",
                                 "Bytes waiting in clients' send queues.",
                                 value=totals["send_queue_bytes"])
+        yield GaugeMetricFamily("elvin_receive_buffered_bytes",
+                                "Bytes held in unfinished packets (max-receive-memory).",
+                                value=totals["receive_buffered_bytes"])
         yield from self._sockets(totals.get("sockets", {}))
         nacks = CounterMetricFamily("elvin_nacks", "Nacks sent, by error code.",
                                     labels=["code"])

@@ -94,6 +94,7 @@ def snapshot(router, federation=None, listeners=(), started=None, domain=None,
         if client["state"] == "connected":
             by_transport[client["transport"]] = by_transport.get(client["transport"], 0) + 1
     budget = getattr(router, "queue_budget", None)
+    receive = getattr(router, "receive_budget", None)
     admission = getattr(router, "admission", None)
     return {
         "router": {"version": __version__, "domain": domain,
@@ -113,6 +114,10 @@ def snapshot(router, federation=None, listeners=(), started=None, domain=None,
             "dropped_deliveries": stats.get("dropped_deliveries", 0) + dropped_now,
             "queue_evictions": getattr(budget, "evictions", 0),
             "send_queue_bytes": getattr(budget, "total", queue_bytes) or queue_bytes,
+            # Unfinished packets (max-receive-memory): bytes held now, and
+            # connections reset because the budget ran out.
+            "receive_buffered_bytes": getattr(receive, "total", 0),
+            "receive_budget_closes": getattr(receive, "closes", 0),
             "nacks": {str(code): n for code, n in sorted(router.nacks.items())},
             "bytes_in": bytes_in, "bytes_out": bytes_out,
             "discovery_packets_sent": getattr(discovery, "sent", 0),

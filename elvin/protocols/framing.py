@@ -10,7 +10,8 @@ to ``frameReceived``. Decisions:
 
 * ``max_frame_length`` (default 1 MiB) is per instance, so a session can
   apply its negotiated Packet.Max-Length; a change takes effect from the
-  next header, even one already buffered.
+  next header read, even one later in the chunk being read (a ConnRqst
+  and the packet after it may arrive together).
 * The length is read unsigned. Zero is rejected (every XDR packet has at
   least its pkt_id) and, while ``require_alignment`` is true (default), so
   is a length that is not a multiple of 4: section 8.2.3 says XDR is
@@ -25,22 +26,42 @@ to ``frameReceived``. Decisions:
   part of a header or packet buffered -- the "communications error" of the
   spec. The default does nothing; a subclass overriding connectionLost
   must call ``FramedProtocol.connectionLost`` to get it.
-* Input is kept in one bytearray and consumed from an offset, so many
-  small frames in one chunk, or one big frame in many chunks, cost linear
-  time; a chunk holding only whole frames is sliced without buffering.
+* An unfinished frame is kept as its header and the pieces of its payload
+  (reads of 16 KiB or more as they came, smaller ones coalesced), joined
+  once when it is complete: what is held is what was received, with no
+  growing buffer over-allocating, and each read costs O(1) beyond its own
+  bytes. A chunk holding only whole frames is sliced without buffering.
+* Those bytes count against a ``ReceiveBudget`` (``receive_budget``, found
+  when the connection is made: the router's, for a channel serving one).
+  When the bytes held in unfinished frames router-wide pass its cap, the
+  channels holding the most are reset until the total is a tenth under
+  it; each is told by ``receiveBudgetExhausted(held)``, logged once and
+  counted in the budget's ``closes``.
 """
 
 import struct
+from operator import itemgetter
 
 from twisted.internet import protocol
+from twisted.logger import Logger
 
-__all__ = ["FramedProtocol", "DEFAULT_MAX_FRAME_LENGTH", "frame"]
+__all__ = ["FramedProtocol", "ReceiveBudget", "DEFAULT_MAX_FRAME_LENGTH",
+           "DEFAULT_MAX_RECEIVE_MEMORY", "frame", "peer_text", "receive_budget_of"]
 
 DEFAULT_MAX_FRAME_LENGTH = 1 << 20
+
+#: Default router-wide cap on the bytes held in unfinished frames.
+DEFAULT_MAX_RECEIVE_MEMORY = 64 << 20
+
+#: Reads shorter than this are coalesced while a frame is unfinished, so
+#: a peer trickling bytes cannot make the router keep an object per byte.
+_PIECE = 16 << 10
 
 _header = struct.Struct(">I")
 _unpack_header = _header.unpack_from
 _pack_header = _header.pack
+
+_log = Logger()
 
 
 def frame(data):
@@ -48,18 +69,125 @@ def frame(data):
     return _pack_header(len(data)) + data
 
 
+class ReceiveBudget:
+    """A cap on the bytes held in unfinished frames by all the channels
+    that count against it (a router's ``max-receive-memory``).
+
+    A holder reports what it holds with ``hold`` (O(1)). When a report
+    takes the total over ``max_bytes`` (0: no cap), the holders holding the
+    most are closed, largest first, until the total is a tenth under the
+    cap: each is forgotten, logged (naming ``holder.receive_budget_peer()``
+    and the bytes it held) and told by ``holder.receive_budget_closed(held)``,
+    which must drop what it holds and close its connection. ``closes`` and
+    ``closed_bytes`` count them (for metrics).
+    """
+
+    def __init__(self, max_bytes=DEFAULT_MAX_RECEIVE_MEMORY):
+        self.max_bytes = max_bytes
+        #: Bytes held now, by all holders together.
+        self.total = 0
+        #: Channels closed because the budget ran out, and the bytes they held.
+        self.closes = 0
+        self.closed_bytes = 0
+        self._held = {}
+
+    def __len__(self):
+        """How many holders hold something."""
+        return len(self._held)
+
+    def held_by(self, holder):
+        return self._held.get(holder, 0)
+
+    def hold(self, holder, held):
+        """``holder`` now holds ``held`` bytes (0: nothing)."""
+        if held:
+            old = self._held.get(holder, 0)
+            self._held[holder] = held
+        else:
+            old = self._held.pop(holder, 0)
+        self.total += held - old
+        if held > old and self.max_bytes and self.total > self.max_bytes:
+            self._close_largest()
+
+    def _close_largest(self):
+        target = self.max_bytes - self.max_bytes // 10
+        for holder, held in sorted(self._held.items(), key=itemgetter(1), reverse=True):
+            if self.total <= target:
+                break
+            if self._held.pop(holder, None) is None:
+                continue             # let go meanwhile (closing another)
+            self.total -= held
+            self.closes += 1
+            self.closed_bytes += held
+            _log.warn("resetting connection from {peer}: it held {held} bytes of an "
+                      "unfinished packet when the router-wide receive memory "
+                      "(max-receive-memory, {max} bytes) ran out",
+                      peer=holder.receive_budget_peer(), held=held, max=self.max_bytes)
+            holder.receive_budget_closed(held)
+
+
+def receive_budget_of(router):
+    """``router``'s ReceiveBudget (its ``receive_budget``), made with the
+    default cap the first time it is asked for; the router's service sets
+    the cap from ``max-receive-memory``."""
+    budget = getattr(router, "receive_budget", None)
+    if budget is None:
+        budget = router.receive_budget = ReceiveBudget()
+    return budget
+
+
+def peer_text(transport):
+    """``host:port`` of ``transport``'s peer, for log lines."""
+    peer = transport.getPeer() if transport is not None else None
+    return f"{getattr(peer, 'host', peer)}:{getattr(peer, 'port', '')}"
+
+
 class FramedProtocol(protocol.Protocol):
     """A Protocol that receives and sends length-framed packets."""
 
     max_frame_length = DEFAULT_MAX_FRAME_LENGTH
     require_alignment = True
+    #: The ReceiveBudget unfinished frames count against (None: none).
+    receive_budget = None
 
-    _buffer = b""
     _stopped = False
+    #: Bytes of the unfinished frame held: header and payload so far.
+    _held = 0
 
     def __init__(self):
-        self._buffer = bytearray()
         self._stopped = False
+        self._clear()
+
+    def _clear(self):
+        #: The unfinished frame's header, or (``_missing`` None) input not
+        #: yet parsed: part of a header, or what follows a frame whose
+        #: frameReceived raised.
+        self._head = b""
+        self._missing = None      # payload bytes still to come
+        self._pieces = []         # the payload so far ...
+        self._small = bytearray()  # ... and short reads not yet a piece
+        self._held = 0
+
+    @property
+    def buffered(self):
+        """Bytes held for the unfinished frame."""
+        return self._held
+
+    def makeConnection(self, transport):
+        if self.receive_budget is None:
+            self.receive_budget = self.find_receive_budget()
+        super().makeConnection(transport)
+
+    def find_receive_budget(self):
+        """The ReceiveBudget to count against, asked when the connection is
+        made: by default the one of the router this channel serves, its
+        factory's ``router`` (client channels) or its ``manager``'s
+        (federation links); None when it serves none (clients)."""
+        for owner in (getattr(self, "factory", None), getattr(self, "manager", None)):
+            router = getattr(owner, "router", None)
+            if router is not None:
+                return receive_budget_of(router)
+        return None
 
     # -- receiving ---------------------------------------------------------
 
@@ -71,17 +199,72 @@ class FramedProtocol(protocol.Protocol):
         if self._stopped:
             return
         self.bytes_in += len(data)
-        buffer = self._buffer
-        if buffer:
-            buffer += data
-            data = buffer
+        if self._held:
+            data = self._continue_frame(data)
+            if data is None:
+                return
+        self._frames(data)
+
+    def _continue_frame(self, data):
+        """Add ``data`` to the unfinished frame: what follows the frame once
+        it is complete (and delivered), else None."""
+        missing = self._missing
+        if missing is None:
+            data = self._head + bytes(data)
+            self._clear()
+            self._account(0)
+            return data
+        size = len(data)
+        if size < missing:
+            self._add(data)
+            self._missing = missing - size
+            self._account(self._held + size)
+            return None
+        parts = self._pieces
+        if self._small:
+            parts.append(self._small)
+        rest = None
+        if size == missing:
+            parts.append(data)
+        else:
+            view = memoryview(data)
+            parts.append(view[:missing])
+            rest = view[missing:]
+        packet = b"".join(parts)
+        self._clear()
+        self._account(0)
+        try:
+            self.frameReceived(packet)
+        except BaseException:
+            if rest is not None and not self._stopped:
+                self._keep_raw(rest)
+            raise
+        if self._stopped:
+            return None
+        return rest
+
+    def _add(self, data):
+        if len(data) >= _PIECE:
+            if self._small:
+                self._pieces.append(bytes(self._small))
+                self._small = bytearray()
+            self._pieces.append(data if type(data) is bytes else bytes(data))
+        else:
+            small = self._small
+            small += data
+            if len(small) >= _PIECE:
+                self._pieces.append(bytes(small))
+                self._small = bytearray()
+
+    def _frames(self, data):
+        """Deliver the whole frames in ``data`` and keep what is left."""
         total = len(data)
         pos = 0
+        complete = False
         try:
             while total - pos >= 4:
                 length = _unpack_header(data, pos)[0]
                 if not self._length_ok(length):
-                    self._buffer = bytearray()
                     return
                 end = pos + 4 + length
                 if end > total:
@@ -91,14 +274,51 @@ class FramedProtocol(protocol.Protocol):
                 self.frameReceived(packet)
                 if self._stopped:
                     return
+            complete = True
         finally:
             # keep only unconsumed input, even if frameReceived raised
-            if not self._stopped:
-                if data is buffer:
-                    if pos:
-                        del buffer[:pos]
-                elif pos < total:
-                    self._buffer = bytearray(memoryview(data)[pos:])
+            if pos < total and not self._stopped:
+                if complete:
+                    self._keep_frame(data, pos)
+                else:
+                    self._keep_raw(memoryview(data)[pos:])
+
+    def _keep_frame(self, data, pos):
+        """``data[pos:]`` is the start of a frame (its header, if whole,
+        already checked): hold it, without copying a chunk that is all of it."""
+        rest = len(data) - pos
+        if rest < 4:
+            self._keep_raw(memoryview(data)[pos:])
+            return
+        self._head = bytes(data[pos:pos + 4])
+        self._missing = _unpack_header(self._head)[0] - (rest - 4)
+        if rest > 4:
+            if pos == 0 and type(data) is bytes and rest >= _PIECE:
+                self._pieces.append(memoryview(data)[4:])   # holds no more than data
+            else:
+                self._add(memoryview(data)[pos + 4:])
+        self._account(rest)
+
+    def _keep_raw(self, rest):
+        self._head = bytes(rest)
+        self._missing = None
+        self._account(len(self._head))
+
+    def _account(self, held):
+        self._held = held
+        budget = self.receive_budget
+        if budget is not None:
+            budget.hold(self, held)
+
+    def receive_budget_peer(self):
+        return peer_text(self.transport)
+
+    def receive_budget_closed(self, held):
+        """Called by the ReceiveBudget, which has forgotten us (and logged
+        it): drop the unfinished frame and reset the connection."""
+        self._stopped = True
+        self._clear()
+        self.receiveBudgetExhausted(held)
 
     def _length_ok(self, length):
         if length > self.max_frame_length:
@@ -124,15 +344,23 @@ class FramedProtocol(protocol.Protocol):
         """A header announced an impossible length: reset."""
         self.transport.abortConnection()
 
+    def receiveBudgetExhausted(self, held):
+        """The receive budget ran out and this channel, holding ``held``
+        bytes of an unfinished frame, is among those holding the most (its
+        frame is dropped and the event logged already): reset."""
+        self.transport.abortConnection()
+
     def frameIncomplete(self, buffered):
         """The connection closed with ``buffered`` bytes of an unfinished
         frame: a communications error (spec 8.2.1). Override to report it."""
 
     def connectionLost(self, reason=protocol.connectionDone):
-        buffered = len(self._buffer)
+        buffered = self._held
         stopped = self._stopped
-        self._buffer = bytearray()
         self._stopped = True
+        if buffered:
+            self._clear()
+            self._account(0)
         if buffered and not stopped:
             self.frameIncomplete(buffered)
 

@@ -17,7 +17,10 @@ on TCP. docs/protocols.md has the wire description; in short::
 * Upstream, each POST body is fed to the protocol as if read from a
   socket. ``seq`` numbers a session's POSTs from 1 so a client may resend
   one whose response it lost: a repeat is acknowledged and ignored, a gap
-  is refused with 409 (the session continues).
+  is refused with 409 (the session continues). A body still arriving
+  counts against the router's receive budget (``max-receive-memory``),
+  as an unfinished frame on TCP does; the bodies holding the most have
+  their connections reset when it runs out.
 * Downstream, a GET attaches to the session and receives what the router
   sends. With no GET attached the protocol is paused, exactly like a TCP
   socket that is not draining: packets wait in the session's SendQueue
@@ -50,6 +53,7 @@ from twisted.web import http, resource, server
 from zope.interface import implementer
 
 from elvin.protocols.gate import AdmittedHTTPChannel
+from elvin.protocols.framing import peer_text, receive_budget_of
 from elvin.protocols.server import ElvinServerProtocol
 
 __all__ = ["ElvinHTTPSite", "TunnelTransport", "TunnelServerProtocol", "SESSION_PATH", "STREAM", "POLL",
@@ -288,17 +292,46 @@ class TunnelServerProtocol(ElvinServerProtocol):
 
 
 class _LimitedRequest(server.Request):
-    """A Request that stops storing a body past MAX_BODY bytes."""
+    """A Request that stops storing a body past MAX_BODY bytes, and whose
+    body, until it is complete, counts against the router's receive budget
+    (``max-receive-memory``) like an unfinished frame on TCP."""
 
     body_too_large = False
     _body_size = 0
+    _budget = None
 
     def handleContentChunk(self, data):
+        if self.body_too_large:
+            return
         self._body_size += len(data)
         if self._body_size > MAX_BODY:
             self.body_too_large = True
+            self._release()
             return
         super().handleContentChunk(data)
+        if self._budget is None:
+            self._budget = receive_budget_of(self.channel.site.elvin_factory.router)
+        self._budget.hold(self, self._body_size)
+
+    def _release(self):
+        if self._budget is not None:
+            self._budget.hold(self, 0)
+
+    def requestReceived(self, command, path, version):
+        self._release()      # the body is complete: it goes to its tunnel now
+        super().requestReceived(command, path, version)
+
+    def connectionLost(self, reason):
+        self._release()
+        super().connectionLost(reason)
+
+    def receive_budget_peer(self):
+        return peer_text(self.channel.transport)
+
+    def receive_budget_closed(self, held):
+        """Out of the receive budget: drop the body and reset the connection."""
+        self.body_too_large = True
+        self.channel.transport.abortConnection()
 
 
 class SessionResource(resource.Resource):

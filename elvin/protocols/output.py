@@ -87,6 +87,10 @@ class QueuedFramedProtocol(FramedProtocol):
         if self.transport is not None:
             self.transport.abortConnection()
 
+    def receiveBudgetExhausted(self, held):
+        """Out of the router-wide receive budget: close at once."""
+        self.abort()
+
     def _unregister(self):
         # A producer still registered keeps some transports (TLS) from
         # finishing a close.

@@ -14,15 +14,23 @@ from twisted.internet import error, protocol
 from twisted.logger import Logger
 
 from elvin.protocols import packets as P
+from elvin.protocols.framing import peer_text
 from elvin.protocols.output import QueuedFramedProtocol
 from elvin.protocols.xdr import DecodeError
 from elvin.core.router import CLIENT_PACKET_IDS, SessionOutput, SessionState
 from elvin.core.sendqueue import SendQueue
 
-__all__ = ["ElvinServerProtocol", "ElvinServerFactory", "CONNECT_TIMEOUT"]
+__all__ = ["ElvinServerProtocol", "ElvinServerFactory", "CONNECT_TIMEOUT",
+           "PRE_CONNECT_MAX_PACKET"]
 
 #: Seconds a new channel may stay silent before it must send ConnRqst/UNotify.
 CONNECT_TIMEOUT = 30.0
+
+#: The longest packet a channel may send before its session is connected
+#: (ConnRqst, or UNotify on a session-less channel, as a UDP datagram): a
+#: header announcing more resets the channel, so an unfinished frame costs
+#: at most this much until the client has a session.
+PRE_CONNECT_MAX_PACKET = 64 << 10
 
 _DROPWARN = P.encode(P.DropWarn())
 _packet_id = struct.Struct(">I").unpack_from
@@ -46,8 +54,7 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
 
     def connectionMade(self):
         factory = self.factory
-        peer = self.transport.getPeer()
-        self.peer = f"{getattr(peer, 'host', peer)}:{getattr(peer, 'port', '')}"
+        self.peer = peer_text(self.transport)
         router = factory.router
         if len(router.sessions) >= 2 * router.max_connections:
             # max-connections sessions, and as many again still connecting:
@@ -61,7 +68,7 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
             return
         self.session = router.open_session(self, self.peer)
         options = self.session.options
-        self.max_frame_length = options["Packet.Max-Length"]
+        self.max_frame_length = min(options["Packet.Max-Length"], PRE_CONNECT_MAX_PACKET)
         self.queue = SendQueue(options["Send-Queue.Max-Length"],
                                options["Send-Queue.Drop-Policy"], _DROPWARN)
         budget = getattr(factory.router, "queue_budget", None)
@@ -160,6 +167,19 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
         self.session.ending("slow client: router-wide send queue memory "
                             "(max-queue-memory) exhausted")
         self.abort()
+
+    def frameTooLong(self, length):
+        self.log.info("resetting channel from {peer}: a {length}-byte packet is over its "
+                      "limit of {limit} bytes{when}", peer=self.peer, length=length,
+                      limit=self.max_frame_length,
+                      when="" if self.session is None or self.session.state is _CONNECTED
+                      else " before ConnRqst")
+        super().frameTooLong(length)
+
+    def receiveBudgetExhausted(self, held):
+        if self.session is not None:
+            self.session.ending("router-wide receive memory (max-receive-memory) exhausted")
+        super().receiveBudgetExhausted(held)
 
     def is_idle(self):
         return not self.queue and not self.paused

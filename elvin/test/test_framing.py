@@ -199,7 +199,7 @@ class FramingTests(unittest.TestCase):
         for i in range(0, len(data), 64):
             self.proto.dataReceived(data[i:i + 64])
         self.assertEqual(self.proto.frames, [body])
-        self.assertEqual(len(self.proto._buffer), 0)
+        self.assertEqual(self.proto.buffered, 0)
 
     def test_many_small_chunks_with_leftovers(self):
         frames = [packet(4 * (i % 7 + 1), bytes([i % 256])) for i in range(2000)]
