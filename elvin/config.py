@@ -17,9 +17,11 @@ from elvin.discovery import settings as _discovery_settings
 from elvin.endpoints import UnsupportedStackError, check_supported
 from elvin.federation.config import FederationConfig
 from elvin.protocols.framing import DEFAULT_MAX_RECEIVE_MEMORY
-from elvin.core.options import OPTIONS
+from elvin.core.options import CEILING_SUFFIX, HARD_CEILINGS, OPTIONS
 from elvin.core.quench import DEFAULT_MAX_QUENCH_MEMORY
-from elvin.core.router import MAX_PROTOCOL_ERRORS, PROTOCOL_ERROR_WINDOW
+from elvin.core.router import (DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES,
+                               DEFAULT_MAX_SUBSCRIPTION_TOKENS, MAX_PROTOCOL_ERRORS,
+                               PROTOCOL_ERROR_WINDOW)
 from elvin.uri import ElvinURI, InvalidURIError
 
 __all__ = ["ConfigError", "RouterConfig", "SettingsConfig", "load", "parse", "listen_uri",
@@ -78,6 +80,18 @@ ROUTER_SETTINGS = (
             "to fit the open-file limit (`reserved-files`)."),
     Setting("max-subscriptions", at_least(1), 1_000_000, "`1000000`",
             "Most subscriptions in the whole router (≥ 1)."),
+    Setting("max-subscription-tokens", at_least(0), DEFAULT_MAX_SUBSCRIPTION_TOKENS,
+            "`16384`",
+            "Most tokens (names, literals, operators, brackets, commas) in one "
+            "subscription expression; a longer one is refused with Nack 2006 "
+            "(`IMPL_LIMIT`) before it is parsed. Bounds the time one request can "
+            "hold the router for (5-20 µs a token). `0`: no limit."),
+    Setting("max-client-subscription-bytes", at_least(0),
+            DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES, "`2097152`",
+            "Most UTF-8 bytes of subscription expressions one client may hold at once "
+            "(its subscriptions' texts together); past it SubAddRqst and a longer "
+            "SubModRqst are refused with Nack 2006 (`IMPL_LIMIT`). A compiled "
+            "subscription costs about 30 times its text. `0`: no limit."),
     Setting("max-quench-memory", at_least(0), DEFAULT_MAX_QUENCH_MEMORY, "`67108864`",
             "Bytes all quenches together may hold, estimated per quench (about 80 bytes "
             "plus the string for each name, 400 for the quench); a QnchAddRqst or "
@@ -216,6 +230,17 @@ class RouterConfig(SettingsConfig):
                 setattr(self, setting.attr, parsed)
         elif lowered == "discovery" or lowered.startswith("discovery-"):
             _discovery_settings.apply_setting(self, lowered, value, where)
+        elif key.endswith(CEILING_SUFFIX) and key[:-len(CEILING_SUFFIX)] in HARD_CEILINGS:
+            option = key[:-len(CEILING_SUFFIX)]
+            spec = self.option_specs[option]
+            hard = HARD_CEILINGS[option]
+            number = _integer(value, key, where, spec.low)
+            if number > hard:
+                raise ConfigError(f"{where}: {key} must be at most {hard}, not {number}")
+            if number < spec.default:
+                raise ConfigError(f"{where}: {key} ({number}) is below {option}'s "
+                                  f"default ({spec.default})")
+            self.option_specs[option] = spec.with_ceiling(number)
         elif key in OPTIONS:
             spec = self.option_specs[key]
             if spec.kind is int:

@@ -264,15 +264,18 @@ class RouterService(service.MultiService):
         router.max_connections = new.max_connections
         self.fit_connections(new)
         router.max_subscriptions = new.max_subscriptions
+        router.max_subscription_tokens = new.max_subscription_tokens
+        router.max_client_subscription_bytes = new.max_client_subscription_bytes
         router.verbose = new.verbose
         router.max_protocol_errors = new.max_protocol_errors
         router.protocol_error_window = new.protocol_error_window
         router.queue_budget.max_bytes = new.max_queue_memory
-        receive_budget_of(router).max_bytes = new.max_receive_memory
         router.quench.max_bytes = new.max_quench_memory
+        receive_budget_of(router).max_bytes = new.max_receive_memory
         router.option_specs = dict(new.option_specs)   # for sessions from now on
-        for name in ("max_connections", "max_subscriptions", "max_queue_memory",
-                     "max_receive_memory", "max_quench_memory", "verbose"):
+        for name in ("max_connections", "max_subscriptions", "max_subscription_tokens",
+                     "max_queue_memory", "max_receive_memory", "max_quench_memory",
+                     "verbose"):
             if getattr(old, name) != getattr(new, name):
                 changes.append(f"{name.replace('_', '-')} {getattr(new, name)}")
         wanted = {str(uri): uri for uri in new.listen}
@@ -356,11 +359,13 @@ def makeService(options, reactor=None):
                     max_connections=config.max_connections, verbose=config.verbose,
                     max_queue_memory=config.max_queue_memory,
                     max_protocol_errors=config.max_protocol_errors,
-                    protocol_error_window=config.protocol_error_window)
+                    protocol_error_window=config.protocol_error_window,
+                    max_subscription_tokens=config.max_subscription_tokens,
+                    max_client_subscription_bytes=config.max_client_subscription_bytes)
     router.admission = Admission(connection_caps(config), reactor,
                                  config.crowded_idle_timeout)
-    router.quench.max_bytes = config.max_quench_memory
     receive_budget_of(router).max_bytes = config.max_receive_memory
+    router.quench.max_bytes = config.max_quench_memory
     parent = getattr(options, "parent", None)
     top = RouterService(router, config, options.get("log-format", "text") if hasattr(
         options, "get") else "text", parent.get("logfile") if parent is not None else None)

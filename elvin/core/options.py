@@ -12,7 +12,8 @@ import enum
 from elvin.values import INT32_MAX
 
 __all__ = ["OptionSpec", "OPTIONS", "COMPAT_NAMES", "DropPolicy",
-           "ConnectionOptions", "canonical_name", "VENDOR_IDENTIFICATION"]
+           "ConnectionOptions", "canonical_name", "VENDOR_IDENTIFICATION", "CEILING_SUFFIX",
+           "HARD_CEILINGS"]
 
 VENDOR_IDENTIFICATION = "elvin-python 0.1 (Twisted)"
 
@@ -51,6 +52,10 @@ class OptionSpec:
             return self.default
         return self.default
 
+    def with_ceiling(self, high):
+        """This option with clients allowed at most ``high``."""
+        return OptionSpec(self.name, self.kind, self.default, self.low, high, self.choices)
+
     def with_default(self, default, low=None, high=None):
         return OptionSpec(self.name, self.kind, default,
                           self.low if low is None else low,
@@ -66,13 +71,16 @@ OPTIONS = {spec.name: spec for spec in (
     OptionSpec("Attribute.Name.Max-Length", int, 2048, 64, 64 * KiB),
     OptionSpec("Attribute.Opaque.Max-Length", int, 1 * MiB, 1024, 64 * MiB),
     OptionSpec("Attribute.String.Max-Length", int, 1 * MiB, 1024, 64 * MiB),
-    OptionSpec("Packet.Max-Length", int, 2 * MiB, 1024, 64 * MiB),
+    # The highest values (what a client may negotiate up to) are router-wide
+    # ceilings a real deployment would pick; each can be changed with
+    # "<option>.Ceiling = N" in the configuration (docs/router.md).
+    OptionSpec("Packet.Max-Length", int, 2 * MiB, 1024, 16 * MiB),
     OptionSpec("Receive-Queue.Drop-Policy", str, "oldest", choices=_POLICIES),
     OptionSpec("Receive-Queue.Max-Length", int, 1 * MiB, 1024, 64 * MiB),
     OptionSpec("Send-Queue.Drop-Policy", str, "oldest", choices=_POLICIES),
     OptionSpec("Send-Queue.Max-Length", int, 2 * MiB, 1024, 256 * MiB),
-    OptionSpec("Subscription.Max-Count", int, 10000, 16, INT32_MAX),
-    OptionSpec("Subscription.Max-Length", int, 4096, 1024, 1 * MiB),
+    OptionSpec("Subscription.Max-Count", int, 10000, 16, 100_000),
+    OptionSpec("Subscription.Max-Length", int, 4096, 1024, 64 * KiB),
     # 1 disables Nagle's algorithm (8.2.1.1). On by default: Twisted already
     # coalesces what is written in one reactor turn, and Nagle with delayed
     # ACKs adds tens of milliseconds to small deliveries.
@@ -81,6 +89,27 @@ OPTIONS = {spec.name: spec for spec in (
     OptionSpec("Connection.Max-Keys", int, 1024, 0, 65536),
     OptionSpec("Subscription.Max-Keys", int, 256, 0, 65536),
 )}
+
+#: "<option>.Ceiling = N" in a configuration sets the most a client may
+#: negotiate for an integer option; N may not exceed ``HARD_CEILINGS``.
+CEILING_SUFFIX = ".Ceiling"
+
+#: How far a configuration may raise each ceiling: the values the protocol
+#: or the router's data structures can hold.
+HARD_CEILINGS = {
+    "Attribute.Max-Count": 65536,
+    "Attribute.Name.Max-Length": 64 * KiB,
+    "Attribute.Opaque.Max-Length": 64 * MiB,
+    "Attribute.String.Max-Length": 64 * MiB,
+    "Packet.Max-Length": 64 * MiB,
+    "Receive-Queue.Max-Length": 64 * MiB,
+    "Send-Queue.Max-Length": 256 * MiB,
+    "Subscription.Max-Count": INT32_MAX,
+    "Subscription.Max-Length": 1 * MiB,
+    "TCP.Send-Immediately": 1,
+    "Connection.Max-Keys": 65536,
+    "Subscription.Max-Keys": 65536,
+}
 
 #: Legacy names (section 7.5.3) -> standard names.
 COMPAT_NAMES = {

@@ -12,9 +12,9 @@ reaches; only the per-client subscription-id arrays differ.
 import abc
 import collections
 import enum
-import functools
 import itertools
 import time
+import weakref
 
 from twisted.logger import Logger
 
@@ -29,11 +29,13 @@ from elvin.protocols import packets as P
 from elvin.subscription import Subscription
 from elvin.subscription.ast import Kind, int32, node
 from elvin.subscription.compiler import compile_tree
+from elvin.subscription.lexer import more_tokens_than
 from elvin.values import OPAQUE, STRING, type_of
 
 __all__ = ["Router", "RouterObserver", "ClientSession", "SessionState", "SessionOutput", "SubscriptionEntry",
            "DISCONN_SHUTDOWN", "DISCONN_REDIRECT", "DISCONN_PROTOCOL_ERRORS",
-           "CLIENT_PACKET_IDS", "notification_problem", "DEFAULT_MAX_QUEUE_MEMORY"]
+           "CLIENT_PACKET_IDS", "notification_problem", "DEFAULT_MAX_QUEUE_MEMORY",
+           "DEFAULT_MAX_SUBSCRIPTION_TOKENS", "DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES"]
 
 DISCONN_SHUTDOWN = 1
 DISCONN_REDIRECT = 2
@@ -54,6 +56,18 @@ PROTOCOL_ERROR_WINDOW = 10.0
 
 #: Default router-wide cap on the bytes in all client send queues.
 DEFAULT_MAX_QUEUE_MEMORY = 512 * 1024 * 1024
+
+#: Most UTF-8 bytes of subscription expressions one client may hold at once.
+#: A compiled subscription costs about 30 times its text (docs/reliability.md),
+#: so this keeps one client to about 64 MiB, while 10,000 subscriptions of
+#: 200 bytes still fit.
+DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES = 2 * 1024 * 1024
+
+#: Most tokens (names, literals, operators, brackets, commas) in one
+#: subscription: parsing, checking and compiling cost 5-20 µs a token, so
+#: this bounds what one request can hold the router for (about 0.3 s), while
+#: ``equals(id, ...)`` with 5,000 ids (10,004 tokens) still fits.
+DEFAULT_MAX_SUBSCRIPTION_TOKENS = 16384
 
 
 class SessionOutput(abc.ABC):
@@ -149,8 +163,14 @@ class Router:
                  max_connections=10_000, verbose=False,
                  max_queue_memory=DEFAULT_MAX_QUEUE_MEMORY,
                  max_protocol_errors=MAX_PROTOCOL_ERRORS,
-                 protocol_error_window=PROTOCOL_ERROR_WINDOW, clock=time.monotonic):
+                 protocol_error_window=PROTOCOL_ERROR_WINDOW, clock=time.monotonic,
+                 max_subscription_tokens=DEFAULT_MAX_SUBSCRIPTION_TOKENS,
+                 max_client_subscription_bytes=DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES):
         self.option_specs = dict(OPTIONS if option_specs is None else option_specs)
+        #: Most tokens in one subscription expression (0: no limit).
+        self.max_subscription_tokens = max_subscription_tokens
+        #: Most bytes of expressions one client's subscriptions hold (0: no limit).
+        self.max_client_subscription_bytes = max_client_subscription_bytes
         #: A client making ``max_protocol_errors`` protocol errors within
         #: ``protocol_error_window`` seconds is disconnected (0: never).
         self.max_protocol_errors = max_protocol_errors
@@ -396,6 +416,9 @@ class ClientSession:
         self.state = self.NEW
         self.options = router.new_options()
         self.subscriptions = {}
+        #: UTF-8 bytes of the expressions of ``subscriptions`` together,
+        #: held to the router's ``max_client_subscription_bytes``.
+        self.subscription_bytes = 0
         #: Times of recent protocol errors (at most max_protocol_errors kept).
         self.protocol_errors = collections.deque(maxlen=router.max_protocol_errors or 1)
         self.dropped = 0
@@ -806,13 +829,28 @@ class ClientSession:
 
     # -- subscriptions ----------------------------------------------------------
 
-    def _compile(self, xid, expression):
-        """Parse ``expression`` or Nack; returns a Subscription or None."""
+    def _compile(self, xid, expression, replacing=0):
+        """Parse ``expression`` or Nack; returns a Subscription or None.
+        ``replacing``: the size of the expression it replaces, if any."""
         max_length = self.options["Subscription.Max-Length"]
-        if len(expression.encode("utf-8")) > max_length:
+        size = _utf8_length(expression)
+        if size > max_length:
             self.protocol_error(xid, errors.QOS_LIMIT,
                                 f"subscription longer than Subscription.Max-Length "
                                 f"({max_length} bytes)", ("Subscription.Max-Length",))
+            return None
+        most = self.router.max_client_subscription_bytes
+        if most and self.subscription_bytes - replacing + size > most:
+            self.protocol_error(xid, errors.IMPL_LIMIT,
+                                f"this client's subscriptions would hold more than {most} "
+                                f"bytes of expressions (the router's "
+                                f"max-client-subscription-bytes)")
+            return None
+        budget = self.router.max_subscription_tokens
+        if budget and more_tokens_than(expression, budget):
+            self.protocol_error(xid, errors.IMPL_LIMIT,
+                                f"subscription has more than {budget} tokens "
+                                f"(the router's max-subscription-tokens)")
             return None
         try:
             return compile_expression(expression)
@@ -842,6 +880,7 @@ class ClientSession:
             self.protocol_error(packet.xid, e.code, str(e))
             return
         self.subscriptions[entry.id] = entry
+        self.subscription_bytes += _utf8_length(subscription.expression)
         self.send(P.SubRply(packet.xid, entry.id))
 
     def _sub_mod(self, packet):
@@ -861,9 +900,11 @@ class ClientSession:
             return
         subscription = None
         if packet.expression:
-            subscription = self._compile(packet.xid, packet.expression)
+            old_size = _utf8_length(entry.subscription.expression)
+            subscription = self._compile(packet.xid, packet.expression, old_size)
             if subscription is None:
                 return
+            self.subscription_bytes += _utf8_length(subscription.expression) - old_size
         self.router.modify_subscription(entry, subscription, keys, packet.accept_insecure)
         self.send(P.SubRply(packet.xid, entry.id))
 
@@ -874,8 +915,13 @@ class ClientSession:
                                 f"no such subscription: {packet.subscription_id}",
                                 (_id_arg(packet.subscription_id),))
             return
+        self.subscription_bytes -= _utf8_length(entry.subscription.expression)
         self.router.remove_subscription(entry)
         self.send(P.SubRply(packet.xid, entry.id))
+
+
+def _utf8_length(text):
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
 
 
 def notification_problem(options, attributes, size=None):
@@ -913,14 +959,23 @@ def notification_problem(options, attributes, size=None):
     return None
 
 
-@functools.lru_cache(maxsize=8192)
 def compile_expression(expression):
     """A compiled Subscription for ``expression``, shared between clients.
 
     Subscriptions are immutable, so many clients registering the same text
-    (the common case) pay for parsing and compiling once.
+    (the common case) pay for parsing and compiling once. The cache holds
+    them weakly: an expression no live subscription uses is freed with its
+    last user, so the cache's size is that of what is subscribed and
+    nothing more.
     """
-    return Subscription(expression)
+    subscription = _compiled.get(expression)
+    if subscription is None:
+        subscription = _compiled[expression] = Subscription(expression)
+    return subscription
+
+
+#: Expression text -> its compiled Subscription, while something holds it.
+_compiled: "weakref.WeakValueDictionary[str, Subscription]" = weakref.WeakValueDictionary()
 
 
 def _raw(wire_keys):

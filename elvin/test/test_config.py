@@ -137,6 +137,52 @@ class ParseTests(unittest.TestCase):
                     c = config.parse(f"{name} = {value}")
                     self.assertEqual(c.option_specs[name].default, value, name)
 
+    def test_ceilings(self):
+        """``<option>.Ceiling`` sets the most a client may negotiate, up to
+        what the router can hold; the default must lie below it."""
+        from elvin.core.options import ConnectionOptions, HARD_CEILINGS
+        c = config.parse("Subscription.Max-Length.Ceiling = 1048576\n"
+                         "Packet.Max-Length = 0x8000\n"
+                         "Packet.Max-Length.Ceiling = 0x10000\n")
+        options = ConnectionOptions(c.option_specs)
+        reply = options.negotiate({"Subscription.Max-Length": 2 ** 30,
+                                   "Packet.Max-Length": 2 ** 30})
+        self.assertEqual(reply["Subscription.Max-Length"], 1048576)
+        self.assertEqual(reply["Packet.Max-Length"], 0x10000)
+        for line, message in (
+                ("Packet.Max-Length.Ceiling = 67108865",
+                 "<config>:1: Packet.Max-Length.Ceiling must be at most 67108864, "
+                 "not 67108865"),
+                ("Packet.Max-Length.Ceiling = 4096",
+                 "<config>:1: Packet.Max-Length.Ceiling (4096) is below "
+                 "Packet.Max-Length's default (2097152)"),
+                ("Packet.Max-Length.Ceiling = lots",
+                 "<config>:1: Packet.Max-Length.Ceiling must be an integer, not 'lots'"),
+                ("Send-Queue.Drop-Policy.Ceiling = 3",
+                 "<config>:1: unknown setting 'Send-Queue.Drop-Policy.Ceiling'")):
+            with self.assertRaises(ConfigError) as cm:
+                config.parse(line)
+            self.assertTrue(str(cm.exception).startswith(message), str(cm.exception))
+        with self.assertRaises(ConfigError) as cm:
+            config.parse("Packet.Max-Length = 4096\nPacket.Max-Length.Ceiling = 65536\n"
+                         "Packet.Max-Length = 70000\n")
+        self.assertIn("<config>:3: Packet.Max-Length must be at most 65536", str(cm.exception))
+        for name, hard in HARD_CEILINGS.items():
+            self.assertLessEqual(OPTIONS[name].high, hard, name)
+
+    def test_built_in_ceilings(self):
+        """What one client may ask for by default: enough for real use,
+        not enough to hold the router (docs/router.md)."""
+        self.assertEqual(OPTIONS["Subscription.Max-Length"].high, 65536)
+        self.assertEqual(OPTIONS["Subscription.Max-Count"].high, 100_000)
+        self.assertEqual(OPTIONS["Packet.Max-Length"].high, 16 * 1024 * 1024)
+
+    def test_subscription_budgets(self):
+        c = config.parse("max-subscription-tokens = 100\n"
+                         "max-client-subscription-bytes = 0\n")
+        self.assertEqual((c.max_subscription_tokens, c.max_client_subscription_bytes),
+                         (100, 0))
+
     def test_connection_options_reach_sessions(self):
         """A configured default is what a new connection starts with."""
         from elvin.core.options import ConnectionOptions

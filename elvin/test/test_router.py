@@ -540,3 +540,83 @@ class SessionEndLogTests(RouterTestCase):
         s.connection_lost("client closed the connection")
         s.connection_lost("client closed the connection")
         self.assertEqual(len(self.ends()), 1)
+
+
+class SubscriptionBudgetTests(RouterTestCase):
+    """What one client may make the router hold or do for one request;
+    another client is served the same either way."""
+
+    def test_too_many_tokens_refused_before_parsing(self):
+        self.router.max_subscription_tokens = 100
+        session, out = self.connect()
+        # 104 tokens, and a syntax error at the end: the budget answers
+        # first, so no parse was tried.
+        expression = " || ".join(["a == 1"] * 26) + " ||"
+        reply = self.subscribe(session, out, expression)
+        self.assertIsInstance(reply, P.Nack)
+        self.assertEqual(reply.error, errors.IMPL_LIMIT)
+        self.assertIn("more than 100 tokens", reply.message)
+        self.assertIn("max-subscription-tokens", reply.message)
+        # Within the budget (99 tokens): parsed as usual.
+        reply = self.subscribe(session, out, " || ".join(["a == 1"] * 25))
+        self.assertIsInstance(reply, P.SubRply)
+        bystander, bystander_out = self.connect()
+        self.assertIsInstance(self.subscribe(bystander, bystander_out, "a == 2"), P.SubRply)
+
+    def test_token_budget_off(self):
+        self.router.max_subscription_tokens = 0
+        session, out = self.connect({"Subscription.Max-Length": 65536})
+        expression = " || ".join(f"a == {i}" for i in range(5000))
+        self.assertIsInstance(self.subscribe(session, out, expression), P.SubRply)
+
+    def test_lexical_error_past_the_budget_is_a_parse_error(self):
+        """Only whole tokens count: a bad token is the parser's to report."""
+        self.router.max_subscription_tokens = 2
+        session, out = self.connect()
+        reply = self.subscribe(session, out, "a == 'unterminated")
+        self.assertEqual(reply.error, errors.UNTERM_STRING)
+
+    def test_client_expression_bytes(self):
+        self.router.max_client_subscription_bytes = 40
+        session, out = self.connect()
+        first = self.subscribe(session, out, "a == 'x'" + " " * 12)     # 20 bytes
+        self.assertIsInstance(first, P.SubRply)
+        self.assertIsInstance(self.subscribe(session, out, "b == 'é'" + " " * 11), P.SubRply)
+        self.assertEqual(session.subscription_bytes, 40)
+        reply = self.subscribe(session, out, "c == 1")
+        self.assertEqual(reply.error, errors.IMPL_LIMIT)
+        self.assertIn("more than 40 bytes", reply.message)
+        self.assertIn("max-client-subscription-bytes", reply.message)
+        # Another client has its own allowance.
+        other, other_out = self.connect()
+        self.assertIsInstance(self.subscribe(other, other_out, "c == 1"), P.SubRply)
+        # A modification counts the difference; deleting frees the bytes.
+        session.packet_received(P.SubModRqst(self.xid(), first.subscription_id, "a == 'y'",
+                                             True, P.Keys.EMPTY, P.Keys.EMPTY))
+        self.assertIsInstance(out.take()[0], P.SubRply)
+        self.assertEqual(session.subscription_bytes, 28)
+        session.packet_received(P.SubModRqst(self.xid(), first.subscription_id,
+                                             "a == 'y'" + " " * 30, True,
+                                             P.Keys.EMPTY, P.Keys.EMPTY))
+        self.assertEqual(out.take()[0].error, errors.IMPL_LIMIT)
+        session.packet_received(P.SubDelRqst(self.xid(), first.subscription_id))
+        self.assertIsInstance(out.take()[0], P.SubRply)
+        self.assertEqual(session.subscription_bytes, 20)
+        self.assertIsInstance(self.subscribe(session, out, "c == 1"), P.SubRply)
+
+    def test_compiled_expressions_freed_with_their_last_subscription(self):
+        import gc
+        from elvin.core import router as router_module
+        expression = "weakly_cached == 'x'"
+        session, out = self.connect()
+        other, other_out = self.connect()
+        first = self.subscribe(session, out, expression)
+        self.subscribe(other, other_out, expression)
+        self.assertIs(router_module.compile_expression(expression),
+                      router_module._compiled[expression])
+        session.packet_received(P.SubDelRqst(self.xid(), first.subscription_id))
+        gc.collect()
+        self.assertIn(expression, router_module._compiled)     # still subscribed
+        other.connection_lost()
+        gc.collect()
+        self.assertNotIn(expression, router_module._compiled)
