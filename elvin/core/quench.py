@@ -92,7 +92,14 @@ def compacted(table):
 
 
 def visibility(quench, entry):
-    """0 secure, 1 insecure, or None when ``quench`` may not see ``entry``."""
+    """0 secure, 1 insecure, or None when ``quench`` may not see ``entry``.
+
+    A federation term (a disjunct of a link's pull filter: what the far
+    side wants) carries no keys, so every quench sees it: insecurely when
+    the quench allows insecure delivery, else securely (the far routers
+    check the keys when the notification gets there)."""
+    if getattr(entry, "is_pull", False):
+        return 1 if quench.deliver_insecure else 0
     for producer in (quench.keys, quench.session.nfn_keys):
         if producer and (producer.matches(entry.keys)
                          or producer.matches(entry.session.sub_keys)):
@@ -115,6 +122,8 @@ class QuenchRegistry:
         #: name -> the one QuenchEntry on it, or a _Shared of several.
         self._quenches_by_name = {}
         self._subs_by_name = {}
+        #: Federation terms that name no attribute (a pull of everything).
+        self._pulls_everything = {}
         self.max_bytes = max_bytes
         self.bytes = 0
 
@@ -158,6 +167,33 @@ class QuenchRegistry:
                 bucket.discard(entry)
                 if not bucket:
                     del self._subs_by_name[name]
+
+    # -- federation terms: what the far side of a link wants ---------------
+
+    def pull_added(self, entry):
+        """A disjunct of a link's pull filter (``Router.set_pull_filter``)
+        appeared: quenches on its names (every quench, for one that names
+        none: it wants everything) hear of it as a term, so a producer
+        quenching here learns what subscribers beyond the link want."""
+        if entry.names:
+            self._file(entry, entry.names)
+            if self._quenches_by_name:
+                self._notify_add(entry, self._interested(entry.names))
+        else:
+            self._pulls_everything[entry.id] = entry
+            if self.quenches:
+                self._notify_add(entry, list(self.quenches.values()))
+
+    def pull_removed(self, entry):
+        if entry.names:
+            self._unfile(entry, entry.names)
+            quenches = self._interested(entry.names) if self._quenches_by_name else ()
+        else:
+            self._pulls_everything.pop(entry.id, None)
+            self._pulls_everything = compacted(self._pulls_everything)
+            quenches = list(self.quenches.values())
+        if quenches:
+            self._notify_delete(entry, quenches)
 
     def subscription_added(self, entry):
         names = entry.subscription.names
@@ -203,7 +239,7 @@ class QuenchRegistry:
     # -- quenches come and go ----------------------------------------------
 
     def _subscriptions_on(self, names):
-        found = {}
+        found = dict(self._pulls_everything)
         for name in names:
             for entry in self._subs_by_name.get(name, ()):
                 found[entry.id] = entry
@@ -302,7 +338,7 @@ class QuenchRegistry:
             ids[v].append(quench.id)
         if not per_session:
             return
-        tree = entry.subscription.ast
+        tree = entry.tree if getattr(entry, "is_pull", False) else entry.subscription.ast
         for session, (secure, insecure) in per_session.items():
             session.send_droppable(packet_class(tuple(secure), tuple(insecure), entry.id, tree))
 

@@ -136,14 +136,21 @@ class SubscriptionEntry:
 
 class PullEntry:
     """One disjunct of what a pulling session asks for, filed in the
-    router's pull index the way a subscription is filed in its index."""
+    router's pull index the way a subscription is filed in its index, and
+    shown to quenchers as a term (``QuenchRegistry.pull_added``): ``tree``
+    is the disjunct (``_ALWAYS_TREE`` for everything), ``names`` the
+    attribute names it refers to (empty: it wants everything)."""
 
-    __slots__ = ("id", "session", "evaluate")
+    __slots__ = ("id", "session", "evaluate", "tree", "names")
+    #: What the quench registry tells a pull from a subscription by.
+    is_pull = True
 
-    def __init__(self, entry_id, session, evaluate):
+    def __init__(self, entry_id, session, evaluate, tree, names):
         self.id = entry_id
         self.session = session
         self.evaluate = evaluate
+        self.tree = tree
+        self.names = names
 
 
 def _always_true(attributes):
@@ -308,20 +315,36 @@ class Router:
         that make one of ``trees`` true (a tree may be ``True``: everything),
         replacing what it pulled before; ``[]`` stops it. Each tree is filed
         in ``pull_index`` like a subscription, so a notification evaluates
-        only the disjuncts it could satisfy. Pulls are not subscriptions:
-        quenchers and observers' ``subscriptions_changed`` do not see them.
+        only the disjuncts it could satisfy. Pulls are not subscriptions
+        (observers' ``subscriptions_changed`` does not see them), but
+        quenchers do: a pull is what the far side of a link wants, so each
+        disjunct is a quench term (``QuenchRegistry.pull_added``). A
+        disjunct the session pulled before keeps its entry and term id.
         """
+        before = {}
         for entry in self._pulls.pop(session, ()):
-            self.pull_index.remove(entry)
+            if entry.tree in before:          # the same disjunct twice
+                self.pull_index.remove(entry)
+                self.quench.pull_removed(entry)
+            else:
+                before[entry.tree] = entry
         entries = []
         for tree in trees:
-            if tree is True:
-                entry = PullEntry(next(self._sub_ids), session, _always_true)
-                self.pull_index.add(entry, _ALWAYS_TREE)
-            else:
-                entry = PullEntry(next(self._sub_ids), session, compile_tree(tree).fn)
-                self.pull_index.add(entry, tree)
+            key = _ALWAYS_TREE if tree is True else tree
+            entry = before.pop(key, None)
+            if entry is None:
+                if tree is True:
+                    entry = PullEntry(next(self._sub_ids), session, _always_true,
+                                      _ALWAYS_TREE, frozenset())
+                else:
+                    entry = PullEntry(next(self._sub_ids), session, compile_tree(tree).fn,
+                                      tree, frozenset(tree.names()))
+                self.pull_index.add(entry, key)
+                self.quench.pull_added(entry)
             entries.append(entry)
+        for entry in before.values():
+            self.pull_index.remove(entry)
+            self.quench.pull_removed(entry)
         if entries:
             self._pulls[session] = entries
 
