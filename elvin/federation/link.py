@@ -267,7 +267,7 @@ class FederationLink:
         if manager.is_duplicate(packet.routing):
             # Seen already by another path (the mesh's tree was changing).
             self.stats["duplicates"] += 1
-            manager.trace.notify(self, "notify_dropped_loop", "in", packet.attributes,
+            manager.trace.notify(self, "notify_dropped_duplicate", "in", packet.attributes,
                                  packet.routing, self._encoded_size(packet))
             return
         attributes = packet.attributes
