@@ -290,16 +290,23 @@ class RouterService(service.MultiService):
                 listener.setServiceParent(self)
                 self.listeners[text] = listener
                 changes.append(f"listening on {text}")
-        if _federation_settings(old) != _federation_settings(new):
-            if self.federation_service is not None:
-                await defer.maybeDeferred(self.federation_service.stopService)
-                self.federation_service.disownServiceParent()
+        fed_service = self.federation_service
+        why = None
+        if fed_service is not None and new.federation.enabled:
+            why = fed_service.restart_needed(new)
+            if why is None:
+                changes += await fed_service.reconfigure(new)
+        if (fed_service is not None) != new.federation.enabled or why is not None:
+            if fed_service is not None:
+                await defer.maybeDeferred(fed_service.stopService)
+                fed_service.disownServiceParent()
                 self.federation_service = None
             if new.federation.enabled:
                 from elvin.federation.service import FederationService
                 self.federation_service = FederationService(router, new, self.reactor)
                 self.federation_service.setServiceParent(self)
-            changes.append("federation restarted with the new links and classes")
+            changes.append("federation restarted" + (f" ({why})" if why else "")
+                           if new.federation.enabled else "federation stopped")
         self.config = new
         message = "reloaded: " + ("; ".join(changes) if changes else "nothing changed")
         self.log.info("{message}", message=message)
@@ -397,14 +404,6 @@ def makeService(options, reactor=None):
         from elvin.discovery.service import DiscoveryService
         DiscoveryService.from_config(config, reactor=reactor).setServiceParent(top)
     return top
-
-
-def _federation_settings(config):
-    """What federation is configured to be, for comparing two configurations."""
-    fed = config.federation
-    return repr(sorted((k, repr(v)) for k, v in vars(fed).items() if not k.startswith("_"))
-                ) + repr(sorted((name, sorted(vars(c).items()))
-                                for name, c in fed.classes.items()))
 
 
 def status_service(reactor, config, router, top=None):

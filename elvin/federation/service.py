@@ -23,10 +23,9 @@ class FederationService(service.MultiService):
         super().__init__()
         fed = config.federation
         self.config = fed
-        classes = [FederationClass(c.name, F.parse_filter(c.subscribe),
-                                   F.parse_filter(c.provide), c.hosts,
-                                   c.require_authenticated)
-                   for c in fed.classes.values()]
+        self.router_config = config
+        self.reactor = reactor
+        classes = [_federation_class(c) for c in fed.classes.values()]
         domain = fed.domain()
         trace = None
         if fed.trace_directory:
@@ -36,29 +35,123 @@ class FederationService(service.MultiService):
             router, domain, classes, fed.default_class, reactor, fed.max_filter_nodes,
             trace=trace, require_authenticated_hosts=fed.require_authenticated_hosts,
             mesh=fed.mesh, mesh_interval=fed.mesh_interval, mesh_grace=fed.mesh_grace)
-        tls = None
+        self.keepalive = fed.keepalive
+        self._tls = None
+        #: Listener services by URI text; link keepers by (class, URI text).
+        self.listeners = {}
+        self.connectors = {}
         for uri in fed.listen:
-            uri = check_supported(uri)
-            if STACK_KINDS[uri.protocol] == TLS and tls is None:
-                from elvin.protocols.tls import server_options_from_config
-                tls = server_options_from_config(config)
-            admission = getattr(router, "admission", None)
-            gate = (None if admission is None
-                    else lambda endpoint: admission.endpoint(endpoint, "federation"))
-            listener = StreamServerEndpointService(
-                server_endpoint(reactor, uri, tls=tls if STACK_KINDS[uri.protocol] == TLS else None,
-                                gate=gate),
-                AcceptorFactory(self.manager, fed.keepalive))
-            listener._raiseSynchronously = True
-            listener.setServiceParent(self)
+            self._listen(uri)
         for fed_class in classes:
             for uri in fed.classes[fed_class.name].connect:
-                endpoint = client_endpoint(reactor, uri, tls_ca=config.tls_ca,
-                                           tls_certificate=config.tls_certificate,
-                                           tls_key=config.tls_key)
-                connector_service(reactor, endpoint,
-                                  ConnectorFactory(self.manager, fed_class, fed.keepalive)
-                                  ).setServiceParent(self)
+                self._dial(fed_class, uri)
+
+    def _listen(self, uri):
+        uri = check_supported(uri)
+        tls = None
+        if STACK_KINDS[uri.protocol] == TLS:
+            if self._tls is None:
+                from elvin.protocols.tls import server_options_from_config
+                self._tls = server_options_from_config(self.router_config)
+            tls = self._tls
+        admission = getattr(self.manager.router, "admission", None)
+        gate = (None if admission is None
+                else lambda endpoint: admission.endpoint(endpoint, "federation"))
+        listener = StreamServerEndpointService(
+            server_endpoint(self.reactor, uri, tls=tls, gate=gate),
+            AcceptorFactory(self.manager, self.keepalive))
+        listener._raiseSynchronously = True
+        listener.setServiceParent(self)
+        self.listeners[str(uri)] = listener
+        return listener
+
+    def _dial(self, fed_class, uri):
+        config = self.router_config
+        endpoint = client_endpoint(self.reactor, uri, tls_ca=config.tls_ca,
+                                   tls_certificate=config.tls_certificate,
+                                   tls_key=config.tls_key)
+        factory = ConnectorFactory(self.manager, fed_class, self.keepalive)
+        keeper = connector_service(self.reactor, endpoint, factory)
+        keeper.factory = factory
+        keeper.setServiceParent(self)
+        self.connectors[(fed_class.name, str(uri))] = keeper
+        return keeper
+
+    def restart_needed(self, config):
+        """Why ``config`` cannot be applied to the running federation, or
+        None: a new router domain, mesh switched on or off, or new trace
+        settings need a new manager (and so new links)."""
+        old, new = self.config, config.federation
+        for name in ("router_name", "mesh", "trace_directory", "trace_max_bytes",
+                     "trace_max_seconds"):
+            if getattr(old, name) != getattr(new, name):
+                return f"Federation.{name.replace('_', '-')} changed"
+        return None
+
+    async def reconfigure(self, config):
+        """Apply ``config`` (a reload) changing only what changed: links
+        and listeners are added and removed one by one, classes' filters
+        and patterns change in place (the links of a class that goes are
+        closed), the rest takes effect for what comes next. Returns what
+        changed, as phrases for the log (``restart_needed`` first)."""
+        old, new = self.config, config.federation
+        manager, changes = self.manager, []
+        self.router_config = config
+        if old.keepalive != new.keepalive:
+            self.keepalive = new.keepalive
+            for listener in self.listeners.values():
+                listener.factory.keepalive = new.keepalive
+            for keeper in self.connectors.values():
+                keeper.factory.keepalive = new.keepalive
+            changes.append(f"federation keepalive {new.keepalive:g} s for new links")
+        for name in ("default_class", "max_filter_nodes", "mesh_interval", "mesh_grace"):
+            if getattr(old, name) != getattr(new, name):
+                setattr(manager, name, getattr(new, name))
+                changes.append(f"Federation.{name.replace('_', '-')} {getattr(new, name)}")
+        if old.require_authenticated_hosts != new.require_authenticated_hosts:
+            manager.require_authenticated_hosts = tuple(new.require_authenticated_hosts)
+            changes.append("Federation.Require-Authenticated patterns")
+        filters_changed = False
+        for name in list(manager.classes):
+            if name not in new.classes:
+                del manager.classes[name]
+                for link in [l for l in manager.links if l.fed_class is not None
+                             and l.fed_class.name == name]:
+                    link.close("federation class removed")
+                changes.append(f"federation class {name} removed")
+        for name, wanted in new.classes.items():
+            current = manager.classes.get(name)
+            if current is None:
+                manager.classes[name] = _federation_class(wanted)
+                changes.append(f"federation class {name} added")
+            elif _class_settings(old.classes[name]) != _class_settings(wanted):
+                fresh = _federation_class(wanted)
+                filters_changed |= (current.import_tree != fresh.import_tree)
+                current.__dict__.update(fresh.__dict__)   # links keep their object
+                changes.append(f"federation class {name} changed")
+        if filters_changed:
+            manager.schedule_update()
+        wanted_listen = {str(check_supported(uri)): uri for uri in new.listen}
+        for text in [t for t in self.listeners if t not in wanted_listen]:
+            listener = self.listeners.pop(text)
+            await defer.maybeDeferred(listener.disownServiceParent)   # stops it
+            changes.append(f"stopped federation listener {text}")
+        for text, uri in wanted_listen.items():
+            if text not in self.listeners:
+                self._listen(uri)          # started at once: we are running
+                changes.append(f"federation listener {text}")
+        wanted_links = {(name, str(uri)): uri for name, c in new.classes.items()
+                        for uri in c.connect}
+        for key in [k for k in self.connectors if k not in wanted_links]:
+            keeper = self.connectors.pop(key)
+            await defer.maybeDeferred(keeper.disownServiceParent)   # stops it
+            changes.append(f"federation link to {key[1]} closed")
+        for key, uri in wanted_links.items():
+            if key not in self.connectors:
+                self._dial(manager.classes[key[0]], uri)
+                changes.append(f"federation link to {key[1]} ({key[0]}) dialled")
+        self.config = new
+        return changes
 
     def startService(self):
         super().startService()
@@ -77,3 +170,16 @@ class FederationService(service.MultiService):
         """Fires once links are closed and the trace is on disk."""
         trace_closed = self.manager.shutdown()
         return defer.gatherResults([defer.maybeDeferred(super().stopService), trace_closed])
+
+
+def _federation_class(config):
+    """The manager's FederationClass for one class's settings."""
+    return FederationClass(config.name, F.parse_filter(config.subscribe),
+                           F.parse_filter(config.provide), config.hosts,
+                           config.require_authenticated)
+
+
+def _class_settings(config):
+    """What a class is configured to be (not where it was written)."""
+    return (config.subscribe, config.provide, tuple(config.hosts),
+            config.require_authenticated)
