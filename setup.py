@@ -8,6 +8,7 @@ setup(
         "elvin",
         "elvin.core",
         "elvin.client",
+        "elvin.clientcore",
         "elvin.subscription",
         "elvin.protocols",
         "elvin.federation",

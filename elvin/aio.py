@@ -1,4 +1,4 @@
-"""The Elvin client for asyncio programs (issue 16): no Twisted reactor.
+"""The Elvin client for asyncio programs: no Twisted reactor, no Twisted import.
 
     import elvin.aio
 
@@ -8,24 +8,32 @@
             async for note in sub:
                 print(note["Message"])
 
-The session logic is ``elvin.client.state.ClientState``, the same state
-machine the Twisted client runs; this module adds only asyncio transports
-and futures. Errors are the same classes: ``NackError`` when the router
-refuses a request, ``ConnectionClosed`` when the session ends under a
-request, ``ConnectFailed`` when ``connect`` cannot open one.
+The session is ``elvin.clientcore``'s: ``ClientState`` (requests, replies,
+deliveries) and ``Lifecycle`` (connecting, losing, reconnecting,
+redirection, closing), the same machine the Twisted client and the
+proxy's upstream run; this module only carries out its effects with
+asyncio transports, timers and futures. Errors are the same classes:
+``NackError`` when the router refuses a request, ``ConnectionClosed``
+when the session ends under a request (``reason``/``disconn_args`` carry
+the router's Disconn), ``ConnectFailed`` when ``connect`` cannot open one.
 """
 
 import asyncio
-import itertools
+import inspect
 import logging
 import socket
 import ssl
 from typing import (Any, Awaitable, Callable, Coroutine, Dict, Generator, Generic, Iterable,
-                    List, Mapping, NoReturn, Optional, Tuple, TypeVar, Union)
+                    List, Mapping, NoReturn, Optional, Sequence, Tuple, TypeVar, Union)
 
-from elvin.client.state import (ClientState, ConnectFailed, ConnectionClosed, Deframer,
-                                NackError, Notification, QuenchHandlers, QuenchState,
-                                Reconnect, AutoQuenchBase, SessionArg, proxy_options)
+from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, DEFAULT_RECEIVE_QUEUE,
+                                        CancelTimer, CloseChannel, ConnectFailedEffect,
+                                        Connected, Dial, Effect, Ended, HandshakeTimeout,
+                                        Lifecycle, PauseReading, ResumeReading, StartTimer)
+from elvin.clientcore.state import (ClientState, ConnectFailed, ConnectionClosed, Deframer,
+                                    NackError, Notification, PublishBufferFull,
+                                    QuenchHandlers, QuenchState, Reconnect, AutoQuenchBase,
+                                    SessionArg, proxy_options)
 from elvin.core.options import OPTIONS
 from elvin.keys import Keys, consumer_keys, dual_keys, producer_keys
 from elvin.protocols import packets as P
@@ -36,8 +44,8 @@ from elvin.values import normalise
 __all__ = ["connect", "unotify", "Connection", "Subscription", "Quench", "Reconnect",
            "AutoQuench",
            "NackError",
-           "ConnectionClosed", "ConnectFailed", "Notification", "DEFAULT_URI",
-           "DEFAULT_CONNECT_TIMEOUT",
+           "ConnectionClosed", "ConnectFailed", "PublishBufferFull", "Notification",
+           "DEFAULT_URI", "DEFAULT_CONNECT_TIMEOUT",
            "Keys", "producer_keys", "consumer_keys", "dual_keys"]
 
 DEFAULT_URI = "elvin://localhost:2917"
@@ -49,8 +57,10 @@ UNOTIFY_LINGER = 0.1
 _MAX_FRAME = OPTIONS["Packet.Max-Length"].high
 _END = object()
 T = TypeVar("T")
-#: What a subscription's callback is given.
+#: What a subscription's callback is given (it may be a coroutine function).
 NoteCallback = Callable[[Notification], Any]
+#: ``connect``'s ``uri``: one router, or several to fail over between.
+URIs = Union[str, ElvinURI, Sequence[Union[str, ElvinURI]], None]
 
 _log = logging.getLogger("elvin.aio")
 #: A quench's add/modify handler: (term id, subscription tree, secure).
@@ -66,14 +76,27 @@ def _settle(future: "asyncio.Future[Any]", value: Any = None,
             future.set_result(value)
 
 
-class _Protocol(asyncio.Protocol):
-    """Bytes to packets for one Connection."""
+def _uris(uri: URIs) -> List[ElvinURI]:
+    """``connect``'s ``uri`` argument as a list of URIs."""
+    if uri is None:
+        return [ElvinURI(DEFAULT_URI)]
+    if isinstance(uri, (str, ElvinURI)):
+        return [uri if isinstance(uri, ElvinURI) else ElvinURI(uri)]
+    return [u if isinstance(u, ElvinURI) else ElvinURI(u) for u in uri]
 
-    def __init__(self, connection: "Connection") -> None:
+
+class _Protocol(asyncio.Protocol):
+    """Bytes to packets for one channel of a Connection. What is sent in
+    one loop iteration goes out in one ``transport.write``."""
+
+    def __init__(self, connection: "Connection", generation: int) -> None:
         self.connection = connection
+        self.generation = generation
+        self.loop = connection.loop
         self.deframer = Deframer(_MAX_FRAME)
         self.transport: Any = None
         self.done: "asyncio.Future[None]" = connection.loop.create_future()    # set when this channel ends
+        self._out: List[bytes] = []
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -87,22 +110,41 @@ class _Protocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         connection = self.connection
+        if connection.protocol is not self:
+            return
         if connection.first_bytes is None:
             connection.first_bytes = bytes(data[:16])
         try:
-            for frame in self.deframer.feed(data):
-                connection.packet_received(P.decode(frame))
+            frames = self.deframer.feed(data)
+            lifecycle = connection.lifecycle
+            for frame in frames:
+                lifecycle.packet(P.decode(frame))
+                if connection.protocol is not self:
+                    return                # dropped meanwhile
         except (ValueError, DecodeError):
             connection.problem = "not_elvin"
             self.transport.abort()
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
         _settle(self.done)
+        self._out.clear()
         self.connection._lost(self, exc)
 
     def send(self, packet: Any) -> None:
         data = P.encode(packet)
-        self.transport.write(len(data).to_bytes(4, "big") + data)
+        out = self._out
+        if not out:
+            self.loop.call_soon(self.flush)
+        out.append(len(data).to_bytes(4, "big"))
+        out.append(data)
+
+    def flush(self) -> None:
+        out = self._out
+        if out:
+            data = b"".join(out)
+            out.clear()
+            if not self.transport.is_closing():
+                self.transport.write(data)
 
 
 class Subscription:
@@ -110,9 +152,12 @@ class Subscription:
 
     Without a callback it is an async iterator of ``Notification``s
     (``async for note in sub``), which ends when the subscription is
-    removed and raises ``ConnectionClosed`` when the session ends. With
-    ``callback``, each notification is passed to it instead. As an async
-    context manager it removes itself on exit.
+    removed or the connection closed by the program, and raises
+    ``ConnectionClosed`` (with the router's Disconn reason, if it sent
+    one) when the session is lost. With ``callback``, each notification is
+    passed to it instead; a coroutine function (or a callback returning an
+    awaitable) is run as a task, its errors logged. As an async context
+    manager it removes itself on exit.
     """
 
     def __init__(self, connection: "Connection", sub_id: int, expression: str,
@@ -125,19 +170,27 @@ class Subscription:
         self.accept_insecure = accept_insecure
         self.callback = callback
         self._queue: Optional["asyncio.Queue[Any]"] = asyncio.Queue() if callback is None else None
+        self._held = 0            # queued notifications counted by the lifecycle
         self._ended: Any = None
         #: Called (on the loop) with the error, or None, when it ends.
         self.on_end: Optional[Callable[[Optional[Exception]], Any]] = None
 
     def _deliver_note(self, note: Notification) -> None:
         if self.callback is not None:
-            self.callback(note)
+            result = self.callback(note)
+            if inspect.isawaitable(result):
+                self.connection._run_callback(result, self)
         elif self._queue is not None:
             self._queue.put_nowait(note)
+            self._held += 1
+            self.connection.lifecycle.held(1)
 
     def _end(self, error: Optional[Exception] = None) -> None:
         if self._ended is None:
             self._ended = error or _END
+            if self._held:
+                self.connection.lifecycle.held(-self._held)
+                self._held = 0
             if self._queue is not None:
                 self._queue.put_nowait(_END)
             if self.on_end is not None:
@@ -174,7 +227,11 @@ class Subscription:
             return self._finish()
         note = await queue.get()
         if note is _END:
+            queue.put_nowait(_END)        # later calls end too
             return self._finish()
+        if self._held:
+            self._held -= 1
+            self.connection.lifecycle.held(-1)
         return note
 
     def _finish(self) -> NoReturn:
@@ -308,174 +365,187 @@ class _Pending(Generic[T]):
 class Connection(ClientState):
     """A session with an Elvin router (made by ``connect``).
 
-    With ``reconnect`` (see ``connect``), a lost channel is not the end of
-    the session: ``on_connection_lost(error)`` is called, requests raise
-    ConnectionClosed meanwhile, and the connection dials again with
-    backoff, connects with the options and keys it first had, replays its
-    key changes and registers its subscriptions and quenches again (they
-    get new router ids; iterators carry on), then calls
-    ``on_reconnected(connection)``. If it gives up, it ends as without
-    reconnection: subscriptions' iterators raise ConnectionClosed and
-    ``closed`` is set.
+    Its life is ``self.lifecycle`` (``elvin.clientcore.lifecycle``); this
+    class carries out what the machine asks (dial, timers, closing the
+    channel, pausing reads) on asyncio. With ``reconnect`` (see
+    ``connect``), a lost channel is not the end of the session:
+    ``on_connection_lost(error)`` is called, what the program sends waits
+    in a bounded buffer, and the connection dials again with backoff,
+    connects with the options and keys it first had, replays its key
+    changes and registers its subscriptions and quenches again (they get
+    new router ids; iterators carry on), sends what waited, then calls
+    ``on_reconnected(connection)``. If it gives up, the session ends as
+    without reconnection: iterators raise ConnectionClosed and ``closed``
+    is set.
     """
 
-    def __init__(self, uri: ElvinURI, loop: Optional[asyncio.AbstractEventLoop] = None,
-                 dial: Optional[Callable[[Callable[[], _Protocol]], Awaitable[Any]]] = None,
-                 reconnect: Optional[Reconnect] = None) -> None:
+    def __init__(self, uri: Union[ElvinURI, Sequence[ElvinURI]],
+                 loop: Optional[asyncio.AbstractEventLoop] = None,
+                 reconnect: Optional[Reconnect] = None, *, retry_connect: bool = False,
+                 timeout: Optional[float] = DEFAULT_CONNECT_TIMEOUT,
+                 pending_size: int = DEFAULT_PENDING_SIZE,
+                 receive_queue: int = DEFAULT_RECEIVE_QUEUE,
+                 open_args: Tuple[Any, ...] = (None, None, None, None, None)) -> None:
         super().__init__()
-        self.uri = uri
         self.loop = loop or asyncio.get_running_loop()
+        self.lifecycle = Lifecycle(self, uri, self._execute, self.loop.time, reconnect,
+                                   retry_connect, timeout, pending_size, receive_queue,
+                                   owner=self)
         self.protocol: Optional[_Protocol] = None
         self.first_bytes: Optional[bytes] = None
         self.problem: Optional[str] = None
-        self.closed: "asyncio.Future[None]" = self.loop.create_future()  # the session ended
-        self._closing: Optional["asyncio.Task[None]"] = None
-        self._dial = dial                 # coroutine function: open a channel
-        self._connect_args: Optional[Tuple[Any, Any, Any, Optional[float]]] = None
-        self.reconnect = reconnect
-        self.reconnects = 0
-        self.on_connection_lost: Optional[Callable[[ConnectionClosed], Any]] = None
-        self.on_reconnected: Optional[Callable[["Connection"], Any]] = None
-        self._reconnecting: Optional["asyncio.Task[None]"] = None
-        #: TLS arguments of ``_open``, kept to follow a redirection.
-        self._open_args: Tuple[Any, ...] = (None, None, None, None, None)
+        #: set when the session has ended for good
+        self.closed: "asyncio.Future[None]" = self.loop.create_future()
+        #: set once the first session is up (or failed)
+        self.opened: "asyncio.Future[Connection]" = self.loop.create_future()
+        #: TLS arguments of ``_open``: (tls, tls_ca, tls_certificate, tls_key, tls_hostname)
+        self._open_args = open_args
+        self._generation = 0
+        self._dialling: Optional["asyncio.Task[None]"] = None
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._tasks: set = set()
         #: the discovery record of the router, when discovery chose it
         self.router: Any = None
 
-    # -- transport callbacks -------------------------------------------------
+    @property
+    def uri(self) -> ElvinURI:
+        """The router's URI (the new one after a redirection or failover)."""
+        return self.lifecycle.uri
+
+    @property
+    def is_closed(self) -> bool:
+        return self.lifecycle.is_closed
+
+    @property
+    def reconnects(self) -> int:
+        return self.lifecycle.reconnects
+
+    @property
+    def reconnect(self) -> Optional[Reconnect]:
+        return self.lifecycle.reconnect
+
+    # -- the machine's effects -------------------------------------------------
+
+    def _execute(self, effect: Effect) -> None:
+        kind = type(effect)
+        if kind is Dial:
+            assert isinstance(effect, Dial)
+            self._generation += 1
+            self._dialling = self.loop.create_task(self._dial(effect.uri, self._generation))
+        elif kind is StartTimer:
+            assert isinstance(effect, StartTimer)
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = self.loop.call_later(effect.delay, self._timer_fired)
+        elif kind is CancelTimer:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        elif kind is CloseChannel:
+            assert isinstance(effect, CloseChannel)
+            protocol = self.protocol
+            if effect.abort:
+                self.protocol = None
+                self._generation += 1
+                if protocol is not None:
+                    protocol.transport.abort()
+            elif protocol is not None:
+                protocol.flush()
+                protocol.transport.close()
+        elif kind is PauseReading or kind is ResumeReading:
+            protocol = self.protocol
+            if protocol is not None and not protocol.transport.is_closing():
+                if kind is PauseReading:
+                    protocol.transport.pause_reading()
+                else:
+                    protocol.transport.resume_reading()
+        elif kind is Connected:
+            _settle(self.opened, self)
+        elif kind is ConnectFailedEffect:
+            assert isinstance(effect, ConnectFailedEffect)
+            _settle(self.opened, error=effect.cause)
+            _settle(self.closed)
+        elif kind is Ended:
+            _settle(self.opened, error=ConnectionClosed("connection is closed"))
+            _settle(self.closed)
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        self.lifecycle.timer_fired()
+
+    async def _dial(self, uri: ElvinURI, generation: int) -> None:
+        try:
+            await asyncio.wait_for(
+                _open(uri, self.loop, lambda: _Protocol(self, generation), *self._open_args),
+                self.lifecycle.timeout or None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            if generation == self._generation:
+                self.lifecycle.dial_failed(e)
 
     def _attached(self, protocol: _Protocol) -> None:
+        if protocol.generation != self._generation:
+            protocol.transport.abort()   # a dial given up meanwhile
+            return
         self.protocol = protocol
-        self.reopened(protocol.send)
+        self.lifecycle.dialled(protocol.send)
 
     def _lost(self, protocol: _Protocol, exc: Optional[Exception]) -> None:
         if protocol is not self.protocol:
             return                        # a channel already replaced
-        why = f": {exc}" if exc else ""
-        error = ConnectionClosed(f"connection to the router was lost{why}")
-        self.connection_lost(error)
-        if self._reconnecting is not None and not self._reconnecting.done():
-            return                        # a reconnect attempt's channel: it goes on
-        target, self.redirect_to = self.redirect_to, None
-        if (target and self.follow_redirects and self._closing is None
-                and self._connect_args and self._redirected(target)):
-            return
-        if self.reconnect is not None and self._closing is None and self._connect_args:
-            if self.on_connection_lost is not None:
-                self.on_connection_lost(error)
-            self._reconnecting = self.loop.create_task(self._reconnect())
-            return
-        self._finish(error)
+        self.protocol = None
+        self.lifecycle.channel_lost(str(exc) if exc else "")
 
-    def _redirected(self, target: str) -> bool:
-        """Follow a redirection (Disconn 2) to ``target`` at once, as a
-        reconnection (elvin.client's Connection does the same)."""
-        if not self.redirect_allowed(self.loop.time()):
-            _log.warning("redirected more than 5 times in 10 s (a loop?); giving up at %r",
-                         target)
-            self._finish(ConnectionClosed(f"redirection loop, last to {target}"))
-            return True
-        try:
-            uri = ElvinURI(target)
-        except Exception as e:
-            _log.warning("router redirected us to %r, which we cannot use: %s", target, e)
-            return False
-        open_args, loop = self._open_args, self.loop
+    def _run_callback(self, awaitable: Awaitable[Any], sub: Subscription) -> None:
+        """A coroutine callback's result: run it as a task (counted against
+        the receive bound while it runs); its exception is logged."""
+        task = asyncio.ensure_future(awaitable, loop=self.loop)
+        self._tasks.add(task)
+        self.lifecycle.held(1)
 
-        async def dial(protocol_factory: Callable[[], _Protocol]) -> Any:
-            return await _open(uri, loop, protocol_factory, *open_args)
-        self.uri, self._dial = uri, dial
-        self.redirected(uri)
-        self._reconnecting = self.loop.create_task(self._reconnect(at_once=True))
-        return True
-
-    def _finish(self, error: Optional[Exception] = None) -> None:
-        """The session is over: end the iterators, set ``closed``."""
-        self._closed = True
-        for sub in list(self.subscriptions.values()):
-            sub._end(error)
-        _settle(self.closed)
-
-    async def _handshake(self, options: Optional[Mapping[str, Any]], nfn_keys: Optional[P.Keys],
-                         sub_keys: Optional[P.Keys], timeout: Optional[float]) -> None:
-        """Open a channel and send ConnRqst; raises ConnectFailed/NackError."""
-        target = self.uri
-        assert self._dial is not None, "a Connection made by connect() can dial"
-        try:
-            await asyncio.wait_for(self._dial(lambda: _Protocol(self)), timeout or None)
-        except ConnectFailed:
-            raise
-        except ConnectionRefusedError as e:
-            raise ConnectFailed(f"{target}: connection refused: is the router running "
-                                f"there?") from e
-        except (OSError, asyncio.TimeoutError, ssl.SSLError) as e:
-            raise ConnectFailed(f"{target}: cannot connect: {e or 'timed out'}") from e
-        protocol = self.protocol
-        assert protocol is not None      # connection_made has run
-        try:
-            reply = await asyncio.wait_for(
-                self._call(self.conn_rqst(options, nfn_keys, sub_keys)), timeout or None)
-        except asyncio.TimeoutError:
-            protocol.transport.abort()
-            raise ConnectFailed(f"no Elvin ConnRply from {target} within {timeout:g} s: "
-                                f"is this an Elvin router?") from None
-        except NackError:
-            protocol.transport.abort()
-            raise
-        except ConnectionClosed as e:
-            raise ConnectFailed(f"{target} closed the connection before ConnRply"
-                                + (" (it is not Elvin)" if self.problem else "")) from e
-        self.options = dict(reply.options)
-        self._connect_args = (options, nfn_keys, sub_keys, timeout)
-
-    async def _reconnect(self, at_once: bool = False) -> None:
-        last = None
-        assert self._connect_args is not None
-        policy = self.reconnect or Reconnect()
-        delays = itertools.chain([0.0], policy.delays()) if at_once else policy.delays()
-        for delay in delays:
-            await asyncio.sleep(delay)
-            if self._closing is not None:
-                return
-            try:
-                await self._handshake(*self._connect_args)
-                for make_packet, apply, owner in self.replay():
-                    try:
-                        reply = await self._call(make_packet)
-                    except NackError as e:
-                        if owner is None:
-                            raise
-                        # The router will not take it back (a new limit,
-                        # say): it ends, and its iterator says why.
-                        self.drop(*owner)
-                        if hasattr(owner[1], "_end"):
-                            owner[1]._end(e)
-                        continue
-                    if apply is not None:
-                        apply(reply)
-            except (ConnectFailed, ConnectionClosed, NackError) as e:
-                last = e
-                if self.protocol is not None and self.protocol.transport is not None:
-                    self.protocol.transport.abort()
-                continue
-            self.reconnects += 1
-            if self.on_reconnected is not None:
-                self.on_reconnected(self)
-            return
-        self._finish(ConnectionClosed(f"gave up reconnecting to {self.uri}: {last}"))
+        def done(task: "asyncio.Future[Any]") -> None:
+            self._tasks.discard(task)
+            self.lifecycle.held(-1)
+            if not task.cancelled() and task.exception() is not None:
+                _log.error("subscription callback for %r raised", sub,
+                           exc_info=task.exception())
+        task.add_done_callback(done)
 
     # -- requests --------------------------------------------------------------
 
-    async def _call(self, make_packet: Callable[[int], Any]) -> Any:
-        future = self.loop.create_future()
-        self.request(make_packet,
-                     lambda reply: _settle(future, reply),
-                     lambda error: _settle(future, error=error))
-        return await future
+    async def _call(self, make_packet: Callable[[int], Any],
+                    late: Optional[Callable[[Any], Any]] = None) -> Any:
+        """Send a request and wait for its reply. If the caller is
+        cancelled first, ``late(reply)`` takes the reply when it comes."""
+        future: "asyncio.Future[Any]" = self.loop.create_future()
+        xid = self.request(make_packet,
+                           lambda reply: _settle(future, reply),
+                           lambda error: _settle(future, error=error))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if not self.lifecycle.unsend(xid):
+                if future.done() and not future.cancelled() and future.exception() is None:
+                    if late is not None:
+                        late(future.result())
+                else:
+                    self.abandon(xid, late)
+            raise
+
+    def _unsubscribe_late(self, reply: Any) -> None:
+        """A subscribe its caller gave up on was made after all: undo it."""
+        try:
+            self.request(self.sub_del_rqst(reply.subscription_id),
+                         lambda _: None, lambda _: None)
+        except ConnectionClosed:
+            pass                          # the session (and it) are gone
 
     def notify(self, attributes: Mapping[str, Any], deliver_insecure: bool = True,
                keys: Optional[P.Keys] = None) -> None:
-        """Emit a notification (nothing comes back; errors are local)."""
+        """Emit a notification (nothing comes back; errors are local).
+        While reconnecting it waits in the buffer (PublishBufferFull when
+        full)."""
         self.emit(attributes, deliver_insecure, keys)
 
     def subscribe(self, expression: str, callback: Optional[NoteCallback] = None,
@@ -483,9 +553,12 @@ class Connection(ClientState):
                   keys: Optional[P.Keys] = None) -> "_Pending[Subscription]":
         """Register ``expression``: ``await`` it for a ``Subscription``, or
         ``async with conn.subscribe(...) as sub`` to remove it on exit.
-        A bad expression raises NackError (code 2101-2112)."""
+        A bad expression raises NackError (code 2101-2112). Cancelled
+        while waiting (``asyncio.wait_for``), it removes the subscription
+        if the router made it."""
         async def subscribed() -> Subscription:
-            reply = await self._call(self.sub_add_rqst(expression, accept_insecure, keys))
+            reply = await self._call(self.sub_add_rqst(expression, accept_insecure, keys),
+                                     self._unsubscribe_late)
             sub = Subscription(self, reply.subscription_id, expression, accept_insecure,
                                callback, keys)
             self.subscriptions[sub.id] = sub
@@ -549,26 +622,11 @@ class Connection(ClientState):
         return await asyncio.wait_for(future, timeout)
 
     async def close(self) -> None:
-        """Disconnect politely (DisconnRqst, wait for DisconnRply)."""
-        if self._closing is None:
-            self._closing = self.loop.create_task(self._close())
-        await asyncio.shield(self._closing)
-
-    async def _close(self) -> None:
-        reconnecting = self._reconnecting
-        if reconnecting is not None and not reconnecting.done():
-            reconnecting.cancel()
-        protocol = self.protocol
-        if not self.is_closed and protocol is not None:
-            try:
-                await self._call(self.disconn_rqst())
-            except (ConnectionClosed, NackError):
-                pass
-        self._closed = True
-        if protocol is not None:
-            protocol.transport.close()
-            await protocol.done
-        self._finish()
+        """Disconnect politely (DisconnRqst, wait for DisconnRply; whatever
+        was sent before has reached the router). Iterators then end
+        normally."""
+        self.lifecycle.close()
+        await asyncio.shield(self.closed)
 
     async def __aenter__(self) -> "Connection":
         return self
@@ -588,7 +646,7 @@ def _ssl_context(tls_ca: Union[str, bytes, None],
 
 
 async def _open(uri: ElvinURI, loop: asyncio.AbstractEventLoop,
-                protocol_factory: Callable[[], _Protocol], tls: Optional[ssl.SSLContext],
+                protocol_factory: Callable[[], asyncio.Protocol], tls: Optional[ssl.SSLContext],
                 tls_ca: Union[str, bytes, None], tls_certificate: Optional[str],
                 tls_key: Optional[str], tls_hostname: Optional[str]) -> Any:
     if uri.transport not in ("tcp", "ssl", "tls"):
@@ -602,14 +660,38 @@ async def _open(uri: ElvinURI, loop: asyncio.AbstractEventLoop,
     return await loop.create_connection(protocol_factory, uri.host, uri.port, **kwargs)
 
 
-def connect(uri: Union[str, ElvinURI, None] = None,
+def _connect_error(connection: Connection, cause: BaseException,
+                   timeout: Optional[float]) -> BaseException:
+    """What ``connect`` raises for the lifecycle's ConnectFailed ``cause``."""
+    target = connection.uri
+    if isinstance(cause, (NackError, ConnectFailed)):
+        return cause
+    if isinstance(cause, HandshakeTimeout):
+        return ConnectFailed(f"no Elvin ConnRply from {target} within {timeout:g} s: "
+                             f"is this an Elvin router?")
+    if isinstance(cause, ConnectionClosed):
+        if cause.reason is not None:
+            return ConnectFailed(str(cause), cause.reason, cause.disconn_args)
+        return ConnectFailed(f"{target} closed the connection before ConnRply"
+                             + (" (it is not Elvin)" if connection.problem else ""))
+    if isinstance(cause, ConnectionRefusedError):
+        return ConnectFailed(f"{target}: connection refused: is the router running there?")
+    return ConnectFailed(f"{target}: cannot connect: {cause or 'timed out'}")
+
+
+def connect(uri: URIs = None,
             options: Optional[Mapping[str, Any]] = None,
             nfn_keys: Optional[P.Keys] = None, sub_keys: Optional[P.Keys] = None, *,
             tls: Optional[ssl.SSLContext] = None, tls_ca: Union[str, bytes, None] = None,
             tls_certificate: Optional[str] = None, tls_key: Optional[str] = None,
             tls_hostname: Optional[str] = None,
             timeout: Optional[float] = DEFAULT_CONNECT_TIMEOUT,
-            reconnect: Union[bool, Reconnect] = False,
+            reconnect: Union[bool, Reconnect] = False, retry_connect: bool = False,
+            pending_size: int = DEFAULT_PENDING_SIZE,
+            receive_queue: int = DEFAULT_RECEIVE_QUEUE,
+            follow_redirects: bool = True,
+            on_disconnect: Optional[Callable[[int, str], Any]] = None,
+            on_dropwarn: Optional[Callable[[], Any]] = None,
             scope: Optional[str] = None, discover: bool = False, discoverer: Any = None,
             discovery_timeout: float = 10.0,
             discovery_interface: Optional[str] = None, session: SessionArg = None,
@@ -617,7 +699,8 @@ def connect(uri: Union[str, ElvinURI, None] = None,
             receipt: Optional[str] = None, client: Optional[str] = None,
             ttl: Optional[int] = None, max_count: Optional[int] = None,
             on_notification: Optional[NoteCallback] = None) -> "_Pending[Connection]":
-    """Connect to the router at ``uri`` (default elvin://localhost:2917).
+    """Connect to the router at ``uri`` (default elvin://localhost:2917; a
+    list of URIs: the first that answers, failing over between them).
 
     ``await`` it for a Connection, or ``async with elvin.aio.connect(...)
     as conn`` to close it on exit. ``options`` are connection options to
@@ -626,10 +709,19 @@ def connect(uri: Union[str, ElvinURI, None] = None,
     bytes; default the platform's trust store) and ``tls_hostname``
     (default the URI's host); ``tls_certificate``/``tls_key`` are
     presented to routers that verify clients; ``tls`` takes a ready
-    ``ssl.SSLContext``. ``timeout`` bounds the connect and the handshake;
+    ``ssl.SSLContext``. ``timeout`` bounds each connect and handshake;
     a failure raises ConnectFailed naming the URI, a Nack raises NackError.
+
     ``reconnect=True`` (or an ``elvin.client.state.Reconnect`` policy)
-    keeps the session across lost channels (see Connection).
+    keeps the session across lost channels (see Connection);
+    ``retry_connect=True`` retries the first connect by the same policy
+    instead of raising. While reconnecting, notifications and requests
+    wait in a buffer of ``pending_size`` bytes (0: refuse them with
+    ConnectionClosed). ``receive_queue``: notifications held for the
+    program (iterators' queues, running coroutine callbacks) before the
+    connection stops reading (docs/client.md). ``follow_redirects``,
+    ``on_disconnect(reason, text)`` and ``on_dropwarn()`` set the
+    connection's attributes of those names before the handshake.
 
     Without a ``uri``, ``discover=True``, a ``scope`` or a started
     ``elvin.discovery.aio.AsyncioDiscoverer`` finds a router by ERDP
@@ -647,28 +739,40 @@ def connect(uri: Union[str, ElvinURI, None] = None,
                                                    receipt, client, ttl, max_count)
     if session_options:
         options = {**(options or {}), **session_options}
-    kwargs: Dict[str, Any] = dict(
+    settings: Dict[str, Any] = dict(
         tls=tls, tls_ca=tls_ca, tls_certificate=tls_certificate, tls_key=tls_key,
-        tls_hostname=tls_hostname, reconnect=reconnect)
+        tls_hostname=tls_hostname, reconnect=reconnect, retry_connect=retry_connect,
+        pending_size=pending_size, receive_queue=receive_queue,
+        follow_redirects=follow_redirects, on_disconnect=on_disconnect,
+        on_dropwarn=on_dropwarn)
 
     async def opened() -> Connection:
         if uri is None and (discover or scope is not None or discoverer is not None):
             return await _connect_discovered(scope, discoverer, discovery_timeout,
                                              discovery_interface, options, nfn_keys,
-                                             sub_keys, timeout, kwargs)
-        target = ElvinURI(uri or DEFAULT_URI) if not isinstance(uri, ElvinURI) else uri
+                                             sub_keys, timeout, settings)
         loop = asyncio.get_running_loop()
-
-        async def dial(protocol_factory: Callable[[], _Protocol]) -> Any:
-            return await _open(target, loop, protocol_factory, tls, tls_ca,
-                               tls_certificate, tls_key, tls_hostname)
-        connection = Connection(target, loop, dial, Reconnect.from_argument(reconnect))
-        connection._open_args = (tls, tls_ca, tls_certificate, tls_key, tls_hostname)
+        connection = Connection(_uris(uri), loop, Reconnect.from_argument(reconnect),
+                                retry_connect=retry_connect, timeout=timeout,
+                                pending_size=pending_size, receive_queue=receive_queue,
+                                open_args=(tls, tls_ca, tls_certificate, tls_key,
+                                           tls_hostname))
         connection.on_notification = on_notification
+        connection.follow_redirects = follow_redirects
+        connection.on_disconnect = on_disconnect
+        connection.on_dropwarn = on_dropwarn
         joined: "asyncio.Future[None]" = loop.create_future()
         if session_names:
             connection.expect_joins(session_names, lambda: _settle(joined))
-        await connection._handshake(options, nfn_keys, sub_keys, timeout)
+        connection.lifecycle.start(options, nfn_keys, sub_keys)
+        try:
+            await asyncio.shield(connection.opened)
+        except asyncio.CancelledError:
+            connection.lifecycle.close()
+            raise
+        except Exception as e:
+            raise _connect_error(connection, e, timeout) from None
+        target = connection.uri
         if session_names:
             if "Proxy.Receipt" not in connection.options:
                 await connection.close()
@@ -691,7 +795,7 @@ def connect(uri: Union[str, ElvinURI, None] = None,
 async def _connect_discovered(scope: Optional[str], discoverer: Any, discovery_timeout: float,
                               interface: Optional[str], options: Any, nfn_keys: Any,
                               sub_keys: Any, timeout: Optional[float],
-                              kwargs: Dict[str, Any]) -> Connection:
+                              settings: Dict[str, Any]) -> Connection:
     """Try each router discovery offers until one takes a session."""
     from elvin.discovery.aio import AsyncioDiscoverer, NoRouterFound
     loop = asyncio.get_running_loop()
@@ -722,7 +826,7 @@ async def _connect_discovered(scope: Optional[str], discoverer: Any, discovery_t
                 left = max(0.5, deadline - loop.time())
                 try:
                     conn = await connect(candidate, options, nfn_keys, sub_keys,
-                                         timeout=min(timeout or left, left), **kwargs)
+                                         timeout=min(timeout or left, left), **settings)
                 except (ConnectFailed, NackError) as e:
                     failures.append(f"{candidate} ({e})")
                     continue
@@ -731,6 +835,16 @@ async def _connect_discovered(scope: Optional[str], discoverer: Any, discovery_t
     finally:
         if own:
             await finder.stop()
+
+
+class _Raw(asyncio.Protocol):
+    """A stream channel that only sends (``unotify``)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.done: "asyncio.Future[None]" = loop.create_future()
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        _settle(self.done)
 
 
 async def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
@@ -753,12 +867,10 @@ async def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
         finally:
             transport.close()
         return
-    connection = Connection(target, loop)
-    await _open(target, loop, lambda: _Protocol(connection), tls, tls_ca, tls_certificate,
-                tls_key, tls_hostname)
-    protocol = connection.protocol
-    assert protocol is not None
-    protocol.transport.write(len(data).to_bytes(4, "big") + data)
+    raw = _Raw(loop)
+    transport, _ = await _open(target, loop, lambda: raw, tls, tls_ca, tls_certificate,
+                               tls_key, tls_hostname)
+    transport.write(len(data).to_bytes(4, "big") + data)
     await asyncio.sleep(UNOTIFY_LINGER)
-    protocol.transport.close()
-    await protocol.done
+    transport.close()
+    await raw.done

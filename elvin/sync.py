@@ -1,4 +1,4 @@
-"""The blocking Elvin client (issue 16): for scripts, notebooks, Django and
+"""The blocking Elvin client: for scripts, notebooks, Django and
 Flask apps, cron jobs, anything that is not an event loop.
 
     import elvin.sync
@@ -17,30 +17,47 @@ nothing about the caller's thread changes: no reactor, no event loop
 installed, no signal handlers. Every method may be called from any thread;
 the work happens on the private loop, in the order it was asked for.
 Callbacks (subscription ``callback``, quench handlers) run on that loop's
-thread and must not block it.
+thread and must not block it. At interpreter exit every connection still
+open is closed politely (``atexit``), so what a script notified reaches
+the router even if it never called ``close()``.
 """
 
 import asyncio
+import atexit
+import logging
 import queue
+import ssl
 import threading
 from typing import (Any, Awaitable, Callable, Dict, Iterable, Iterator, List, Mapping,
-                    Optional, TypeVar, Union)
+                    Optional, Set, TypeVar, Union)
 
 from elvin import aio
-from elvin.client.state import ConnectFailed, ConnectionClosed, NackError, Notification
+from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, DEFAULT_RECEIVE_QUEUE,
+                                        Lifecycle, Phase)
+from elvin.clientcore.state import (ConnectFailed, ConnectionClosed, NackError, Notification,
+                                    PublishBufferFull, Reconnect, SessionArg,
+                                    refuse_coroutine)
 from elvin.keys import Keys, consumer_keys, dual_keys, producer_keys
 from elvin.uri import ElvinURI
 from elvin.values import normalise
 
 __all__ = ["connect", "notify", "subscribe", "unotify", "Connection", "Subscription",
-           "AutoQuench",
-           "NackError", "ConnectionClosed", "ConnectFailed", "Notification",
-           "Keys", "producer_keys", "consumer_keys", "dual_keys"]
+           "Quench", "AutoQuench", "Reconnect",
+           "NackError", "ConnectionClosed", "ConnectFailed", "PublishBufferFull",
+           "Notification", "Keys", "producer_keys", "consumer_keys", "dual_keys"]
 
 _END = object()
 T = TypeVar("T")
 _loop: Optional[asyncio.AbstractEventLoop] = None
 _loop_lock = threading.Lock()
+#: The connections not closed yet: closed at interpreter exit.
+_open: Set[aio.Connection] = set()
+#: Seconds the exit handler waits for each connection to close.
+EXIT_CLOSE_TIMEOUT = 10.0
+#: Notifications a consumer thread takes before telling the loop (the
+#: receive bound's accounting, without a thread hand-off per notification).
+_RELEASE_EVERY = 256
+_log = logging.getLogger("elvin.sync")
 
 
 def _private_loop() -> asyncio.AbstractEventLoop:
@@ -57,8 +74,24 @@ def _private_loop() -> asyncio.AbstractEventLoop:
                 loop.run_forever()
             threading.Thread(target=run, name="elvin.sync", daemon=True).start()
             started.wait()
+            if _loop is None:
+                atexit.register(_close_all)
             _loop = loop
         return _loop
+
+
+def _close_all() -> None:
+    """At interpreter exit: close every connection still open, politely,
+    so what was notified reaches the router (the loop's thread is a
+    daemon and would otherwise die with what it had not sent)."""
+    loop = _loop
+    if loop is None or loop.is_closed() or not loop.is_running():
+        return
+    for inner in list(_open):
+        try:
+            asyncio.run_coroutine_threadsafe(inner.close(), loop).result(EXIT_CLOSE_TIMEOUT)
+        except Exception as e:
+            _log.warning("closing %s at exit: %s", inner.uri, e)
 
 
 async def _awaited(awaitable: Awaitable[T]) -> T:
@@ -84,23 +117,70 @@ def _run(awaitable: Awaitable[T], timeout: Optional[float] = None) -> T:
         raise
 
 
+class _Inbox:
+    """An iterated subscription's queue between the loop's thread (which
+    puts) and the program's (which takes), counted against the connection's
+    receive bound (``Lifecycle.held``)."""
+
+    def __init__(self, lifecycle: Lifecycle, loop: asyncio.AbstractEventLoop) -> None:
+        self.queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self.lifecycle = lifecycle
+        self.loop = loop
+        self.held = 0             # on the loop's thread only
+        self.ended = False        # on the loop's thread only
+        self._taken = 0           # by the program's threads
+        self._lock = threading.Lock()
+
+    def put(self, note: Notification) -> None:
+        self.queue.put(note)
+        self.held += 1
+        self.lifecycle.held(1)
+
+    def end(self, error: Optional[Exception]) -> None:
+        self.ended = True
+        if self.held:
+            self.lifecycle.held(-self.held)
+            self.held = 0
+        self.queue.put(error if error is not None else _END)
+
+    def took(self) -> None:
+        """A program thread took a notification: tell the loop now and
+        then (every ``_RELEASE_EVERY``, or once the queue is empty while
+        reading is paused)."""
+        with self._lock:
+            self._taken += 1
+            if self._taken < _RELEASE_EVERY and not (
+                    self.lifecycle.held_count >= self.lifecycle.receive_queue // 2
+                    and self.queue.empty()):
+                return
+            count, self._taken = self._taken, 0
+        self.loop.call_soon_threadsafe(self._release, count)
+
+    def _release(self, count: int) -> None:
+        if not self.ended:
+            count = min(count, self.held)
+            self.held -= count
+            self.lifecycle.held(-count)
+
+
 class Subscription:
     """A subscription: iterate it for ``Notification``s (blocking), or give
     ``callback`` to ``Connection.subscribe`` instead.
 
     Iteration ends when the subscription is removed or the connection
-    closed, or when ``timeout`` seconds pass without a notification (when
-    ``subscribe`` was given one); it raises ConnectionClosed if the router
-    ends the session. ``get(timeout)`` takes one notification (None on
+    closed by the program, or when ``timeout`` seconds pass without a
+    notification (when ``subscribe`` was given one); it raises
+    ConnectionClosed (with the router's Disconn reason, if any) if the
+    session is lost. ``get(timeout)`` takes one notification (None on
     timeout). As a context manager it removes itself on exit.
     """
 
     def __init__(self, connection: "Connection", inner: aio.Subscription,
-                 timeout: Optional[float], queue_: Optional["queue.SimpleQueue[Any]"]) -> None:
+                 timeout: Optional[float], inbox: Optional[_Inbox]) -> None:
         self.connection = connection
         self._inner = inner
         self.timeout = timeout
-        self._queue = queue_
+        self._inbox = inbox
 
     @property
     def id(self) -> int:
@@ -112,17 +192,19 @@ class Subscription:
 
     def get(self, timeout: Optional[float] = None) -> Optional[Notification]:
         """The next notification, or None after ``timeout`` seconds."""
-        if self._queue is None:
+        inbox = self._inbox
+        if inbox is None:
             raise TypeError("a subscription with a callback has no queue")
         try:
-            item = self._queue.get(timeout=timeout)
+            item = inbox.queue.get(timeout=timeout)
         except queue.Empty:
             return None
         if item is _END or isinstance(item, BaseException):
-            self._queue.put(item)        # later calls see the end too
+            inbox.queue.put(item)        # later calls see the end too
             if isinstance(item, BaseException):
                 raise item
             return None
+        inbox.took()
         note: Notification = item
         return note
 
@@ -153,6 +235,39 @@ class Subscription:
 
     def __repr__(self) -> str:
         return f"<elvin.sync.Subscription {self.id} {self.expression!r}>"
+
+
+class Quench:
+    """A quench (see ``elvin.aio.Quench``) with blocking ``modify`` and
+    ``remove``; its handlers run on the client's thread."""
+
+    def __init__(self, inner: aio.Quench) -> None:
+        self._inner = inner
+
+    @property
+    def id(self) -> int:
+        return self._inner.id
+
+    @property
+    def names(self) -> frozenset:
+        return frozenset(self._inner.names)
+
+    @property
+    def deliver_insecure(self) -> bool:
+        return self._inner.deliver_insecure
+
+    def modify(self, add_names: Iterable[str] = (), del_names: Iterable[str] = (),
+               deliver_insecure: Optional[bool] = None, add_keys: Optional[Keys] = None,
+               del_keys: Optional[Keys] = None) -> "Quench":
+        """Change the names (and flags/keys); returns self."""
+        _run(self._inner.modify(add_names, del_names, deliver_insecure, add_keys, del_keys))
+        return self
+
+    def remove(self) -> None:
+        _run(self._inner.remove())
+
+    def __repr__(self) -> str:
+        return f"<elvin.sync.Quench {self.id} {sorted(self.names)}>"
 
 
 class AutoQuench:
@@ -191,6 +306,8 @@ class Connection:
 
     def __init__(self, inner: aio.Connection) -> None:
         self._inner = inner
+        _open.add(inner)
+        inner.closed.add_done_callback(lambda _: _open.discard(inner))
 
     @property
     def options(self) -> Dict[str, Any]:
@@ -238,6 +355,39 @@ class Connection:
         self._inner.on_redirect = callback
 
     @property
+    def on_disconnect(self) -> Optional[Callable[[int, str], Any]]:
+        """Called (on the client's thread) with the reason and text of the
+        router's Disconn (1: shutting down, 2: redirect, with the URI)."""
+        return self._inner.on_disconnect
+
+    @on_disconnect.setter
+    def on_disconnect(self, callback: Optional[Callable[[int, str], Any]]) -> None:
+        self._inner.on_disconnect = callback
+
+    @property
+    def on_dropwarn(self) -> Optional[Callable[[], Any]]:
+        """Called (on the client's thread) when the router says it dropped
+        notifications for this connection (DropWarn); ``dropwarns`` counts."""
+        return self._inner.on_dropwarn
+
+    @on_dropwarn.setter
+    def on_dropwarn(self, callback: Optional[Callable[[], Any]]) -> None:
+        self._inner.on_dropwarn = callback
+
+    @property
+    def dropwarns(self) -> int:
+        return self._inner.dropwarns
+
+    @property
+    def follow_redirects(self) -> bool:
+        """Follow a drained router's redirection (default) or end the session."""
+        return self._inner.follow_redirects
+
+    @follow_redirects.setter
+    def follow_redirects(self, value: bool) -> None:
+        self._inner.follow_redirects = value
+
+    @property
     def on_notification(self) -> Optional[Callable[[Notification], Any]]:
         """Called (on the client's thread) once per delivered notification,
         whichever subscriptions it matched: through a proxy session, also
@@ -263,17 +413,26 @@ class Connection:
         """Emit a notification. It is checked here (ValueError, TypeError,
         ConnectionClosed) and sent in order with everything else asked of
         this connection; nothing comes back from the router."""
-        if self._inner.is_closed:
+        inner = self._inner
+        if inner.is_closed:
             raise ConnectionClosed("connection is closed")
         attributes = normalise(attributes)
         if not attributes:
             raise ValueError("a notification needs at least one attribute")
-        _private_loop().call_soon_threadsafe(self._emit, attributes, deliver_insecure, keys)
+        if inner.lifecycle.phase is Phase.UP:
+            _private_loop().call_soon_threadsafe(self._emit, attributes, deliver_insecure, keys)
+            return
+
+        async def emit() -> None:       # reconnecting: the buffer may refuse it
+            inner.emit(attributes, deliver_insecure, keys)
+        _run(emit())
 
     def _emit(self, attributes: Mapping[str, Any], deliver_insecure: bool,
               keys: Optional[Keys]) -> None:
         try:
             self._inner.emit(attributes, deliver_insecure, keys)
+        except PublishBufferFull as e:
+            _log.error("notification not sent: %s", e)
         except ConnectionClosed:
             pass    # closed after notify() looked: as if sent just before
 
@@ -282,34 +441,35 @@ class Connection:
                   accept_insecure: bool = True, keys: Optional[Keys] = None) -> Subscription:
         """Register ``expression``; iterate the Subscription (waiting at
         most ``timeout`` seconds for each notification), or have
-        ``callback(note)`` called on the client's thread. A bad expression
-        raises NackError (code 2101-2112)."""
-        inbox: Optional["queue.SimpleQueue[Any]"] = (None if callback is not None
-                                                    else queue.SimpleQueue())
-        if inbox is not None:
-            callback = inbox.put
-        inner = _run(self._inner.subscribe(expression, callback, accept_insecure, keys))
+        ``callback(note)`` called on the client's thread (a coroutine
+        function is refused with TypeError: nothing here would await it).
+        A bad expression raises NackError (code 2101-2112)."""
+        refuse_coroutine(callback, "elvin.sync")
+        inner_conn = self._inner
+        inbox = None if callback is not None else _Inbox(inner_conn.lifecycle, inner_conn.loop)
+        inner = _run(inner_conn.subscribe(expression,
+                                          callback if inbox is None else inbox.put,
+                                          accept_insecure, keys))
         sub = Subscription(self, inner, timeout, inbox)
         if inbox is not None:
-            def end(error: Optional[Exception]) -> None:
-                inbox.put(error if error is not None else _END)
-            inner.on_end = end
-            if inner._ended is not None:       # it ended before on_end was set
-                ended = inner._ended
-                end(ended if isinstance(ended, Exception) else None)
+            async def watch() -> None:    # on the loop: no delivery can slip between
+                inner.on_end = inbox.end
+                if inner._ended is not None:       # it ended before on_end was set
+                    ended = inner._ended
+                    inbox.end(ended if isinstance(ended, Exception) else None)
+            _run(watch())
         return sub
 
     def quench(self, names: Iterable[str],
                on_add: Optional[Callable[[int, Any, bool], Any]] = None,
                on_modify: Optional[Callable[[int, Any, bool], Any]] = None,
                on_delete: Optional[Callable[[int], Any]] = None,
-               deliver_insecure: bool = True, keys: Optional[Keys] = None) -> aio.Quench:
+               deliver_insecure: bool = True, keys: Optional[Keys] = None) -> Quench:
         """Be told of subscriptions on ``names`` (handlers as in
         ``elvin.aio.Quench``, called on the client's thread); returns the
-        quench (its ``modify``/``remove`` are coroutines: use
-        ``remove_quench``)."""
-        return _run(self._inner.quench(names, on_add, on_modify, on_delete,
-                                       deliver_insecure, keys))
+        Quench (its ``modify`` and ``remove`` block)."""
+        return Quench(_run(self._inner.quench(names, on_add, on_modify, on_delete,
+                                              deliver_insecure, keys)))
 
     def auto_quench(self, names: Iterable[str] = (), deliver_insecure: bool = True,
                     keys: Optional[Keys] = None) -> AutoQuench:
@@ -318,8 +478,9 @@ class Connection:
             return await aio.AutoQuench(self._inner, names, deliver_insecure, keys).ready()
         return AutoQuench(_run(made()))
 
-    def remove_quench(self, quench: aio.Quench) -> None:
-        _run(quench.remove())
+    def remove_quench(self, quench: Union[Quench, aio.Quench]) -> None:
+        """The same as ``quench.remove()``."""
+        _run((quench._inner if isinstance(quench, Quench) else quench).remove())
 
     def set_options(self, options: Mapping[str, Any]) -> Dict[str, Any]:
         """Renegotiate connection options; returns the router's answer."""
@@ -356,31 +517,75 @@ class Connection:
         self.close()
 
 
-def connect(uri: Union[str, ElvinURI, None] = None, options: Optional[Mapping[str, Any]] = None,
-            nfn_keys: Optional[Keys] = None, sub_keys: Optional[Keys] = None,
-            **kwargs: Any) -> Connection:
-    """Connect to the router at ``uri`` (default elvin://localhost:2917);
-    arguments as ``elvin.aio.connect`` (TLS, ``timeout``, ``reconnect``).
-    Raises ConnectFailed or NackError."""
-    return Connection(_run(aio.connect(uri, options, nfn_keys, sub_keys, **kwargs)))
+def connect(uri: aio.URIs = None, options: Optional[Mapping[str, Any]] = None,
+            nfn_keys: Optional[Keys] = None, sub_keys: Optional[Keys] = None, *,
+            tls: Optional[ssl.SSLContext] = None, tls_ca: Union[str, bytes, None] = None,
+            tls_certificate: Optional[str] = None, tls_key: Optional[str] = None,
+            tls_hostname: Optional[str] = None,
+            timeout: Optional[float] = aio.DEFAULT_CONNECT_TIMEOUT,
+            reconnect: Union[bool, Reconnect] = False, retry_connect: bool = False,
+            pending_size: int = DEFAULT_PENDING_SIZE,
+            receive_queue: int = DEFAULT_RECEIVE_QUEUE,
+            follow_redirects: bool = True,
+            on_disconnect: Optional[Callable[[int, str], Any]] = None,
+            on_dropwarn: Optional[Callable[[], Any]] = None,
+            scope: Optional[str] = None, discover: bool = False, discoverer: Any = None,
+            discovery_timeout: float = 10.0, discovery_interface: Optional[str] = None,
+            session: SessionArg = None, password: Optional[str] = None,
+            admin_password: Optional[str] = None, receipt: Optional[str] = None,
+            client: Optional[str] = None, ttl: Optional[int] = None,
+            max_count: Optional[int] = None,
+            on_notification: Optional[Callable[[Notification], Any]] = None) -> Connection:
+    """Connect to the router at ``uri`` (default elvin://localhost:2917, or
+    a list of URIs to fail over between); the arguments are
+    ``elvin.aio.connect``'s (TLS, ``timeout``, ``reconnect``,
+    ``retry_connect``, ``pending_size``, ``receive_queue``, discovery,
+    proxy sessions). Hooks are called on the client's thread. Raises
+    ConnectFailed or NackError."""
+    return Connection(_run(aio.connect(
+        uri, options, nfn_keys, sub_keys, tls=tls, tls_ca=tls_ca,
+        tls_certificate=tls_certificate, tls_key=tls_key, tls_hostname=tls_hostname,
+        timeout=timeout, reconnect=reconnect, retry_connect=retry_connect,
+        pending_size=pending_size, receive_queue=receive_queue,
+        follow_redirects=follow_redirects, on_disconnect=on_disconnect,
+        on_dropwarn=on_dropwarn, scope=scope, discover=discover, discoverer=discoverer,
+        discovery_timeout=discovery_timeout, discovery_interface=discovery_interface,
+        session=session, password=password, admin_password=admin_password,
+        receipt=receipt, client=client, ttl=ttl, max_count=max_count,
+        on_notification=on_notification)))
 
 
-def notify(uri: Union[str, ElvinURI, None], attributes: Mapping[str, Any],
-           deliver_insecure: bool = True, keys: Optional[Keys] = None, **kwargs: Any) -> None:
+def notify(uri: aio.URIs, attributes: Mapping[str, Any], deliver_insecure: bool = True,
+           keys: Optional[Keys] = None, *, options: Optional[Mapping[str, Any]] = None,
+           nfn_keys: Optional[Keys] = None, tls: Optional[ssl.SSLContext] = None,
+           tls_ca: Union[str, bytes, None] = None, tls_certificate: Optional[str] = None,
+           tls_key: Optional[str] = None, tls_hostname: Optional[str] = None,
+           timeout: Optional[float] = aio.DEFAULT_CONNECT_TIMEOUT) -> None:
     """Connect, emit one notification, and disconnect once the router has
     it (its DisconnRply comes after the notification)."""
-    with connect(uri, **kwargs) as conn:
+    with connect(uri, options, nfn_keys, tls=tls, tls_ca=tls_ca,
+                 tls_certificate=tls_certificate, tls_key=tls_key,
+                 tls_hostname=tls_hostname, timeout=timeout) as conn:
         conn.notify(attributes, deliver_insecure, keys)
 
 
-def subscribe(uri: Union[str, ElvinURI, None], expression: str, count: int = 1,
-              timeout: Optional[float] = None, **kwargs: Any) -> List[Notification]:
+def subscribe(uri: aio.URIs, expression: str, count: int = 1,
+              timeout: Optional[float] = None, *, accept_insecure: bool = True,
+              options: Optional[Mapping[str, Any]] = None, sub_keys: Optional[Keys] = None,
+              tls: Optional[ssl.SSLContext] = None, tls_ca: Union[str, bytes, None] = None,
+              tls_certificate: Optional[str] = None, tls_key: Optional[str] = None,
+              tls_hostname: Optional[str] = None,
+              connect_timeout: Optional[float] = aio.DEFAULT_CONNECT_TIMEOUT
+              ) -> List[Notification]:
     """Connect, collect ``count`` notifications matching ``expression``
     (fewer if ``timeout`` seconds pass between two), disconnect, and
     return them as a list."""
     notes: List[Notification] = []
-    with connect(uri, **kwargs) as conn:
-        with conn.subscribe(expression, timeout=timeout) as sub:
+    with connect(uri, options, None, sub_keys, tls=tls, tls_ca=tls_ca,
+                 tls_certificate=tls_certificate, tls_key=tls_key,
+                 tls_hostname=tls_hostname, timeout=connect_timeout) as conn:
+        with conn.subscribe(expression, timeout=timeout,
+                            accept_insecure=accept_insecure) as sub:
             for note in sub:
                 notes.append(note)
                 if len(notes) >= count:
@@ -389,6 +594,11 @@ def subscribe(uri: Union[str, ElvinURI, None], expression: str, count: int = 1,
 
 
 def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
-            deliver_insecure: bool = True, keys: Optional[Keys] = None, **kwargs: Any) -> None:
+            deliver_insecure: bool = True, keys: Optional[Keys] = None, *,
+            tls: Optional[ssl.SSLContext] = None, tls_ca: Union[str, bytes, None] = None,
+            tls_certificate: Optional[str] = None, tls_key: Optional[str] = None,
+            tls_hostname: Optional[str] = None) -> None:
     """Send one session-less notification (UNotify; over UDP unconfirmed)."""
-    _run(aio.unotify(uri, attributes, deliver_insecure, keys, **kwargs))
+    _run(aio.unotify(uri, attributes, deliver_insecure, keys, tls=tls, tls_ca=tls_ca,
+                     tls_certificate=tls_certificate, tls_key=tls_key,
+                     tls_hostname=tls_hostname))

@@ -13,16 +13,21 @@ Every request returns a Deferred that fires with the reply, or fails with
 """
 
 
-import itertools
-from typing import Any, Callable, Dict, Generator, Iterable, Mapping, Optional, Union
+from typing import (Any, Callable, Dict, Generator, Iterable, Mapping, Optional, Sequence,
+                    Union)
 
 from twisted.internet import defer, error, protocol, task
 from twisted.logger import Logger
 
-from elvin.client.state import (ClientState, ConnectFailed, ConnectionClosed, NackError,
-                                Notification, QuenchHandlers, QuenchState, Reconnect,
-                                AutoQuenchBase, JoinedSession, SessionArg,
-                                SessionSubscription, proxy_options)
+from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, CancelTimer, CloseChannel,
+                                        ConnectFailedEffect, Connected, Dial, Ended,
+                                        HandshakeTimeout, Lifecycle, PauseReading, Phase,
+                                        ResumeReading, StartTimer)
+from elvin.clientcore.state import (ClientState, ConnectFailed, ConnectionClosed, NackError,
+                                    Notification, PublishBufferFull, QuenchHandlers,
+                                    QuenchState, Reconnect, AutoQuenchBase, JoinedSession,
+                                    SessionArg, SessionSubscription, proxy_options,
+                                    refuse_coroutine, coroutine_result_refused)
 from elvin.core.options import OPTIONS
 from elvin.keys import Keys, consumer_keys, dual_keys, producer_keys
 from elvin.protocols import packets as P
@@ -33,7 +38,8 @@ from elvin.values import normalise
 
 __all__ = ["connect", "connect_discovered", "unotify", "Connection", "ClientSubscription", "ConnectFailed",
            "DEFAULT_CONNECT_TIMEOUT", "ClientQuench", "QuenchState", "AutoQuench", "NackError",
-           "ConnectionClosed", "Notification", "Reconnect", "SessionSubscription",
+           "ConnectionClosed", "PublishBufferFull", "Notification", "Reconnect",
+           "SessionSubscription",
            "JoinedSession",
            "Keys", "producer_keys", "consumer_keys", "dual_keys"]
 
@@ -72,7 +78,7 @@ class ClientSubscription:
         return self.connection._remove(self)
 
     def _deliver_note(self, note):
-        self.callback(note)
+        coroutine_result_refused(self.callback(note), self)
 
     def __repr__(self):
         return f"<ClientSubscription {self.id} {self.expression!r}>"
@@ -158,7 +164,7 @@ class AutoQuench(AutoQuenchBase):
 
 
 class ElvinClientProtocol(FramedProtocol):
-    """Frames, decodes and dispatches packets for one Connection."""
+    """Frames, decodes and dispatches packets for one channel of a Connection."""
 
     log = Logger()
 
@@ -181,15 +187,18 @@ class ElvinClientProtocol(FramedProtocol):
         super().dataReceived(data)
 
     def frameReceived(self, data):
+        connection = self.factory.connection
+        if connection.protocol is not self:
+            return
         try:
             packet = P.decode(data)
         except DecodeError as e:
             self.log.warn("undecodable packet from router: {e}", e=e)
-            self.factory.connection.problem = "not_elvin"
+            connection.problem = "not_elvin"
             if self.transport is not None:
                 self.transport.abortConnection()
             return
-        self.factory.connection._packet(packet)
+        connection.lifecycle.packet(packet)
 
     def frameTooLong(self, length):
         self.factory.connection.problem = "not_elvin"
@@ -209,159 +218,153 @@ class ElvinClientProtocol(FramedProtocol):
 
 class Connection(ClientState):
     """A session with an Elvin router (made by ``connect``): the shared
-    client state machine (``elvin.client.state``) with Deferreds.
+    client core (``elvin.clientcore``) with Deferreds.
 
-    With ``reconnect`` (see ``connect``), a lost channel is not the end of
-    the session: ``on_connection_lost(error)`` is called, requests fail
-    with ConnectionClosed meanwhile, and the connection dials again with
+    Its life is ``self.lifecycle`` (``elvin.clientcore.lifecycle``); this
+    class carries out what the machine asks on the reactor. With
+    ``reconnect`` (see ``connect``), a lost channel is not the end of the
+    session: ``on_connection_lost(error)`` is called, what the program
+    sends waits in a bounded buffer, and the connection dials again with
     backoff, connects with the options and keys it first had, replays its
     key changes and registers its subscriptions and quenches again (new
-    router ids, same objects), then calls ``on_reconnected(connection)``.
-    ``disconnected`` fires only when the session ends for good.
+    router ids, same objects), sends what waited, then calls
+    ``on_reconnected(connection)``. ``disconnected`` fires only when the
+    session ends for good.
     """
 
     log = Logger()
 
-    def __init__(self, uri, reactor=None, endpoint=None, reconnect=None):
+    def __init__(self, uri, reactor=None, endpoint=None, reconnect=None, *,
+                 retry_connect=False, timeout=None, pending_size=DEFAULT_PENDING_SIZE):
         super().__init__()
         if reactor is None:
             from twisted.internet import reactor
-        self.uri = uri
         self.reactor = reactor
+        self.lifecycle = Lifecycle(self, uri, self._execute, reactor.seconds, reconnect,
+                                   retry_connect, timeout, pending_size, owner=self)
         self.protocol = None
         self._endpoint = endpoint
-        self._connect_args: Optional[tuple[Any, Any, Any]] = None
-        self.reconnect = reconnect
-        self.reconnects = 0
-        self.on_connection_lost = None
-        self.on_reconnected = None
-        self._reconnecting = None
-        self._close_deferred = None
+        self._endpoint_uri = self.lifecycle.uri
+        self._generation = 0
+        self._dialling = None
+        self._timer = None
         self.disconnected: defer.Deferred[None] = defer.Deferred()
+        self._opened: defer.Deferred[Connection] = defer.Deferred(
+            lambda d: self.lifecycle.close())
         #: What the peer first sent, and whether it was not Elvin framing:
         #: for a message that says what the server at ``uri`` really is.
         self.first_bytes = None
         self.problem = None
         #: TLS arguments for the endpoint, kept to follow a redirection.
         self._tls_args = {}
-        #: ``connect(..., failover=True)``: when our router is gone, try the
-        #: routers discovery finds (in this scope, with this discoverer).
+        #: ``connect(..., failover=True)``: when our router is gone, ask
+        #: router discovery for others (in this scope, with this discoverer).
         self.failover = False
         self._failover_scope = None
         self._failover_discoverer = None
+        self._records = {}
         self.router = None
 
-    # -- protocol callbacks --------------------------------------------------
+    @property
+    def uri(self):
+        """The router's URI (the new one after a redirection or failover)."""
+        return self.lifecycle.uri
 
-    def _attached(self, proto):
-        self.protocol = proto
-        self.reopened(proto.send)
+    @property
+    def is_closed(self):
+        return self.lifecycle.is_closed
 
-    def _packet(self, packet):
-        self.packet_received(packet)
+    #: The name the command-line tools read.
+    _closed = is_closed
 
-    def _callback_failed(self, what):
-        self.log.failure("{what} raised", what=what)
+    @property
+    def reconnects(self):
+        return self.lifecycle.reconnects
 
-    def _lost(self, reason, proto=None):
-        if proto is not None and proto is not self.protocol:
-            return                        # a channel already replaced
-        why = ""
-        if hasattr(reason, "check") and not reason.check(error.ConnectionDone):
-            why = f": {reason.getErrorMessage()}"  # e.g. a TLS verification failure
-        lost = ConnectionClosed(f"connection to the router was lost{why}")
-        self.connection_lost(lost)
-        if self._reconnecting is not None and not self._reconnecting.called:
-            return                        # a reconnect attempt's channel: it goes on
-        target, self.redirect_to = self.redirect_to, None
-        if (target and self.follow_redirects and self._close_deferred is None
-                and self._connect_args is not None and self._redirected(target)):
-            return
-        if (self.reconnect is not None and self._close_deferred is None
-                and self._connect_args is not None):
-            if self.on_connection_lost is not None:
-                self.on_connection_lost(lost)
-            self._reconnecting = defer.ensureDeferred(self._reconnect())
-            return
-        self._finish()
+    @property
+    def reconnect(self):
+        return self.lifecycle.reconnect
+
+    @reconnect.setter
+    def reconnect(self, policy):
+        self.lifecycle.reconnect = policy
+
+    # -- the machine's effects -------------------------------------------------
+
+    def _execute(self, effect):
+        kind = type(effect)
+        if kind is Dial:
+            self._generation += 1
+            self._dial(effect.uri, self._generation)
+        elif kind is StartTimer:
+            self._cancel_timer()
+            self._timer = self.reactor.callLater(effect.delay, self._timer_fired)
+        elif kind is CancelTimer:
+            self._cancel_timer()
+        elif kind is CloseChannel:
+            protocol = self.protocol
+            if effect.abort:
+                self.protocol = None
+                self._generation += 1
+                dialling, self._dialling = self._dialling, None
+                if dialling is not None and not dialling.called:
+                    dialling.cancel()
+                if protocol is not None and protocol.transport is not None:
+                    protocol.transport.abortConnection()
+            elif protocol is not None and protocol.transport is not None:
+                protocol.transport.loseConnection()
+        elif kind is PauseReading or kind is ResumeReading:
+            transport = getattr(self.protocol, "transport", None)
+            if transport is not None:
+                (transport.pauseProducing if kind is PauseReading
+                 else transport.resumeProducing)()
+        elif kind is Connected:
+            if not self._opened.called:
+                self._opened.callback(self)
+        elif kind is ConnectFailedEffect:
+            if not self._opened.called:
+                self._opened.errback(effect.cause)
+            self._finish()
+        elif kind is Ended:
+            if not self._opened.called:
+                self._opened.errback(ConnectionClosed("connection is closed"))
+            self._finish()
+
+    def _cancel_timer(self):
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+    def _timer_fired(self):
+        self._timer = None
+        self.lifecycle.timer_fired()
 
     def _finish(self):
-        self._closed = True
-        if self._close_deferred is not None and not self._close_deferred.called:
-            self._close_deferred.callback(None)
         if not self.disconnected.called:
             self.disconnected.callback(None)
 
-    def _redirected(self, target):
-        """Follow a redirection (Disconn 2) to ``target``: connect there at
-        once, with every subscription, quench and key change, as after a
-        lost connection. False if ``target`` is no URI we can use."""
-        if not self.redirect_allowed(self.reactor.seconds()):
-            # Routers redirecting to each other: the session ends here.
-            self.log.warn("redirected more than 5 times in 10 s (a loop?); giving up "
-                          "at {target!r}", target=target)
-            self._finish()
-            return True
-        try:
-            uri = ElvinURI(target)
-            endpoint = _endpoint(self.reactor, uri, self._tls_args)
-        except Exception as e:
-            self.log.warn("router redirected us to {target!r}, which we cannot use: {e}",
-                          target=target, e=e)
-            return False
-        self.log.info("redirected from {old} to {new}", old=self.uri, new=uri)
-        self.uri, self._endpoint = uri, endpoint
-        self.redirected(uri)
-        self._reconnecting = defer.ensureDeferred(self._reconnect(at_once=True))
-        return True
+    def _dial(self, uri, generation):
+        if self._endpoint is None or uri != self._endpoint_uri:
+            self._endpoint = _endpoint(self.reactor, uri, self._tls_args)
+            self._endpoint_uri = uri
+        d = self._endpoint.connect(_ClientFactory(self, generation))
+        self._dialling = d
 
-    async def _reconnect(self, at_once=False):
-        last = None
-        policy = self.reconnect or Reconnect()
-        delays = itertools.chain([0.0], policy.delays()) if at_once else policy.delays()
-        for delay in delays:
-            await task.deferLater(self.reactor, delay, lambda: None)
-            if self._close_deferred is not None:
-                return
-            try:
-                await self._attempt()
-            except Exception as e:        # refused, lost again, Nacked: try later
-                last = e
-                if not (self.failover and await self._fail_over()):
-                    continue
-            self.reconnects += 1
-            if self.on_reconnected is not None:
-                self.on_reconnected(self)
-            return
-        self.log.warn("gave up reconnecting to {uri}: {last}", uri=self.uri, last=last)
-        self._finish()
+        def failed(failure):
+            if generation != self._generation:
+                return None               # given up meanwhile
+            if self.failover and self.lifecycle.established:
+                return defer.ensureDeferred(self._discover_more()).addBoth(
+                    lambda _: self.lifecycle.dial_failed(failure.value)
+                    if generation == self._generation else None)
+            self.lifecycle.dial_failed(failure.value)
+            return None
+        d.addErrback(failed)
+        d.addErrback(lambda f: self.log.failure("dialling {uri}", f, uri=uri))
 
-    async def _attempt(self):
-        """Dial ``self._endpoint``, connect as first connected and register
-        everything again; raises (with the channel aborted) on failure."""
-        try:
-            await self._endpoint.connect(_ClientFactory(self))
-            assert self._connect_args is not None
-            options, nfn_keys, sub_keys = self._connect_args
-            await self._handshake(options, nfn_keys, sub_keys)
-            for make_packet, apply, owner in self.replay():
-                try:
-                    reply = await self.call(make_packet)
-                except NackError:
-                    if owner is None:
-                        raise
-                    self.drop(*owner)    # the router will not take it back
-                    continue
-                if apply is not None:
-                    apply(reply)
-        except Exception:
-            if self.protocol is not None and self.protocol.transport is not None:
-                self.protocol.transport.abortConnection()
-            raise
-
-    async def _fail_over(self):
-        """Our router is gone: try the others router discovery finds now
-        (``connect(..., failover=True)``); True once one took the session."""
+    async def _discover_more(self):
+        """Our router is gone: add the routers discovery finds now to those
+        the lifecycle fails over to (``connect(..., failover=True)``)."""
         from elvin.discovery.discoverer import Discoverer, NoRouterFound
         discoverer, own = self._failover_discoverer, False
         if discoverer is None:
@@ -371,49 +374,69 @@ class Connection(ClientState):
             try:
                 found = await discoverer.find(self._failover_scope, 2.0, exclude=set())
             except NoRouterFound:
-                return False
+                return
+            uris = []
             for record, uri in found:
-                if str(ElvinURI(str(uri))) == str(self.uri):
-                    continue
-                previous = (self.uri, self._endpoint)
-                self.uri = ElvinURI(str(uri))
-                self._endpoint = _endpoint(self.reactor, self.uri, self._tls_args)
-                try:
-                    await self._attempt()
-                except Exception as e:
-                    self.log.info("failover to {uri} failed: {e}", uri=uri, e=e)
-                    self.uri, self._endpoint = previous
-                    continue
-                self.router = record
-                self.log.info("failed over to {uri} ({router})", uri=uri, router=record.name)
-                self.redirected(self.uri)
-                return True
-            return False
+                parsed = ElvinURI(str(uri))
+                self._records[str(parsed)] = record
+                uris.append(parsed)
+            self.lifecycle.add_uris(uris)
         finally:
             if own:
                 await discoverer.stop()
 
+    def _attached(self, proto):
+        if proto.factory.generation != self._generation:
+            proto.transport.abortConnection()    # a dial given up meanwhile
+            return
+        self.protocol = proto
+        record = self._records.get(str(self.uri))
+        if record is not None:
+            self.router = record
+        if self.lifecycle.phase is not Phase.IDLE:
+            self.lifecycle.dialled(proto.send)
+
+    def _callback_failed(self, what):
+        self.log.failure("{what} raised", what=what)
+
+    def _lost(self, reason, proto=None):
+        if proto is not None and proto is not self.protocol:
+            return                        # a channel already replaced
+        self.protocol = None
+        if self.lifecycle.phase is Phase.IDLE:
+            self._finish()                # a bare channel (unotify)
+            return
+        why = ""
+        if hasattr(reason, "check") and not reason.check(error.ConnectionDone):
+            why = reason.getErrorMessage()  # e.g. a TLS verification failure
+        self.lifecycle.channel_lost(why)
+
     # -- requests ------------------------------------------------------------
 
-    def call(self, make_packet: Callable[[int], Any]) -> "defer.Deferred[Any]":
+    def call(self, make_packet: Callable[[int], Any],
+             late: Optional[Callable[[Any], Any]] = None) -> "defer.Deferred[Any]":
         """Send ``make_packet(xid)`` (one of ClientState's packet builders);
         the Deferred fires with the reply packet or fails with NackError or
-        ConnectionClosed."""
-        d: defer.Deferred[Any] = defer.Deferred()
+        ConnectionClosed. Cancelled, it stops waiting; ``late(reply)``
+        takes the reply if one still comes."""
+        xid = [0]
+
+        def cancel(d):
+            if not self.lifecycle.unsend(xid[0]):
+                self.abandon(xid[0], late)
+        d: defer.Deferred[Any] = defer.Deferred(cancel)
         try:
-            self.request(make_packet, d.callback, d.errback)
+            xid[0] = self.request(make_packet, d.callback, d.errback)
         except ConnectionClosed as e:
             return defer.fail(e)
         return d
 
     def _handshake(self, options, nfn_keys, sub_keys):
-        d = self.call(self.conn_rqst(options, nfn_keys, sub_keys))
-
-        def connected(reply):
-            self.options = dict(reply.options)
-            self._connect_args = (options, nfn_keys, sub_keys)
-            return self
-        return d.addCallback(connected)
+        """Open a session on the channel already attached (in-memory tests,
+        a channel made by hand); fires with self."""
+        assert self.protocol is not None, "no channel attached"
+        self.lifecycle.attached(self.protocol.send, options, nfn_keys, sub_keys)
+        return self._opened
 
     def subscribe(self, expression: str, callback: Callable[[Notification], Any],
                   accept_insecure: bool = True, keys: Optional[P.Keys] = None, *,
@@ -422,11 +445,17 @@ class Connection(ClientState):
         """Register ``expression``; ``callback(notification)`` for each match.
 
         Fires with a ClientSubscription, or fails with NackError (e.g. a
-        parse error: ``code`` 2101-2112). Through an Elvin proxy session,
-        ``ttl`` (seconds) and ``max_count`` bound what the proxy keeps for
-        it while no client of the session is connected (docs/proxy.md).
+        parse error: ``code`` 2101-2112). A coroutine function as
+        ``callback`` raises TypeError at once (wrap it:
+        ``lambda note: defer.ensureDeferred(handle(note))``). Cancelled
+        before the reply, the subscription is removed if the router made
+        it. Through an Elvin proxy session, ``ttl`` (seconds) and
+        ``max_count`` bound what the proxy keeps for it while no client of
+        the session is connected (docs/proxy.md).
         """
-        d = self.call(self.sub_add_rqst(expression, accept_insecure, keys))
+        refuse_coroutine(callback, "elvin.client")
+        d = self.call(self.sub_add_rqst(expression, accept_insecure, keys),
+                      self._unsubscribe_late)
 
         def added(reply):
             sub = ClientSubscription(self, reply.subscription_id, expression,
@@ -440,6 +469,14 @@ class Connection(ClientState):
             d.addCallback(lambda sub: self.set_limits(sub.id, ttl, max_count)
                           .addCallback(lambda _: sub))
         return d
+
+    def _unsubscribe_late(self, reply):
+        """A subscribe its caller gave up on was made after all: undo it."""
+        try:
+            self.request(self.sub_del_rqst(reply.subscription_id),
+                         lambda _: None, lambda _: None)
+        except ConnectionClosed:
+            pass
 
     def set_limits(self, sub_id: int, ttl: Optional[int] = None,
                    max_count: Optional[int] = None) -> "defer.Deferred[Dict[str, Any]]":
@@ -543,27 +580,26 @@ class Connection(ClientState):
         return d
 
     def close(self) -> "defer.Deferred[None]":
-        """Disconnect politely (DisconnRqst, wait for DisconnRply)."""
-        if self._close_deferred is not None:
-            return self._close_deferred
-        self._close_deferred = defer.Deferred()
-        if self._reconnecting is not None and not self._reconnecting.called:
-            self._reconnecting.cancel()
-        if self._closed or self.protocol is None:
-            self._finish()
-            return self._close_deferred
-        d: Any = self.call(self.disconn_rqst())
-        d.addErrback(lambda f: None)
-        d.addCallback(lambda _: self.protocol.transport.loseConnection())
-        self._closed = True
-        return self._close_deferred
+        """Disconnect politely (DisconnRqst, wait for DisconnRply): fires
+        once the session has ended."""
+        self.lifecycle.close()
+        if self.disconnected.called:
+            return defer.succeed(None)
+        d: defer.Deferred[None] = defer.Deferred()
+
+        def ended(result: Any) -> Any:
+            d.callback(None)
+            return result
+        self.disconnected.addBoth(ended)
+        return d
 
 
 class _ClientFactory(protocol.Factory):
     protocol = ElvinClientProtocol
 
-    def __init__(self, connection):
+    def __init__(self, connection, generation=None):
         self.connection = connection
+        self.generation = connection._generation if generation is None else generation
 
 
 def _endpoint(reactor, uri, tls=None):
@@ -577,7 +613,8 @@ def _tls_args(tls, tls_ca, tls_certificate, tls_key, tls_hostname):
 
 
 @defer.inlineCallbacks
-def connect(uri: Union[str, ElvinURI, None] = None, options: Optional[Mapping[str, Any]] = None,
+def connect(uri: Union[str, ElvinURI, Sequence[Union[str, ElvinURI]], None] = None,
+            options: Optional[Mapping[str, Any]] = None,
             reactor: Any = None, nfn_keys: Optional[P.Keys] = None,
             sub_keys: Optional[P.Keys] = None, *, tls: Any = None, tls_ca: Any = None,
             tls_certificate: Any = None, tls_key: Any = None,
@@ -589,7 +626,10 @@ def connect(uri: Union[str, ElvinURI, None] = None, options: Optional[Mapping[st
             receipt: Optional[str] = None, client: Optional[str] = None,
             ttl: Optional[int] = None, max_count: Optional[int] = None,
             on_notification: Optional[Callable[[Notification], Any]] = None,
-            failover: bool = False) -> Generator[Any, Any, "Connection"]:
+            failover: bool = False, retry_connect: bool = False,
+            pending_size: int = DEFAULT_PENDING_SIZE, follow_redirects: bool = True,
+            on_disconnect: Optional[Callable[[int, str], Any]] = None,
+            on_dropwarn: Optional[Callable[[], Any]] = None) -> Generator[Any, Any, "Connection"]:
     """Connect to the router at ``uri``; fires with a Connection.
 
     ``options`` is a dict of connection options to request (section 7.5);
@@ -618,8 +658,17 @@ def connect(uri: Union[str, ElvinURI, None] = None, options: Optional[Mapping[st
     the URI, what went wrong (refused, no ConnRply, not an Elvin server,
     TLS failure) and what to try; a Nack to ConnRqst raises ``NackError``.
 
+    ``uri`` may be a list of URIs: the first that answers is used, and a
+    reconnection fails over between them.
+
     ``reconnect=True`` (or an ``elvin.client.state.Reconnect`` policy)
-    keeps the session across lost channels: see Connection. With
+    keeps the session across lost channels: see Connection;
+    ``retry_connect=True`` retries the first connect by the same policy
+    instead of failing. While reconnecting, notifications and requests
+    wait in a buffer of ``pending_size`` bytes (0: refuse them with
+    ConnectionClosed). ``follow_redirects``, ``on_disconnect(reason,
+    text)`` and ``on_dropwarn()`` set the connection's attributes of those
+    names before the handshake. With
     ``failover=True`` too (opt-in), a reconnection that cannot reach the
     router tries the routers router discovery finds (in ``scope``, with
     ``discoverer`` if given) and moves the session to the first that takes
@@ -649,7 +698,9 @@ def connect(uri: Union[str, ElvinURI, None] = None, options: Optional[Mapping[st
             scope, discoverer, discovery_timeout, reactor, options=options,
             nfn_keys=nfn_keys, sub_keys=sub_keys, tls=tls, tls_ca=tls_ca,
             tls_certificate=tls_certificate, tls_key=tls_key,
-            tls_hostname=tls_hostname)
+            tls_hostname=tls_hostname, reconnect=reconnect, pending_size=pending_size,
+            follow_redirects=follow_redirects, on_disconnect=on_disconnect,
+            on_dropwarn=on_dropwarn, on_notification=on_notification)
         if failover:
             connection.reconnect = connection.reconnect or Reconnect()
             connection.failover = True
@@ -658,53 +709,60 @@ def connect(uri: Union[str, ElvinURI, None] = None, options: Optional[Mapping[st
         return connection
     if uri is None:
         uri = DEFAULT_URI
-    if not isinstance(uri, ElvinURI):
-        uri = ElvinURI(uri)
+    uris = ([uri if isinstance(uri, ElvinURI) else ElvinURI(uri)]
+            if isinstance(uri, (str, ElvinURI))
+            else [u if isinstance(u, ElvinURI) else ElvinURI(u) for u in uri])
     tls_args = _tls_args(tls, tls_ca, tls_certificate, tls_key, tls_hostname)
     if timeout:
         tls_args["timeout"] = timeout
-    endpoint = _endpoint(reactor, uri, tls_args)
-    connection = Connection(uri, reactor, endpoint, Reconnect.from_argument(reconnect))
+    endpoint = _endpoint(reactor, uris[0], tls_args)
+    connection = Connection(uris, reactor, endpoint, Reconnect.from_argument(reconnect),
+                            retry_connect=retry_connect, timeout=timeout or None,
+                            pending_size=pending_size)
     connection._tls_args = tls_args
     connection.on_notification = on_notification
+    connection.follow_redirects = follow_redirects
+    connection.on_disconnect = on_disconnect
+    connection.on_dropwarn = on_dropwarn
     if failover:
         if connection.reconnect is None:
             connection.reconnect = Reconnect()
         connection.failover = True
         connection._failover_scope = scope
         connection._failover_discoverer = discoverer
-    try:
-        yield endpoint.connect(_ClientFactory(connection))
-    except Exception as e:
-        raise ConnectFailed(_cannot_connect(uri, e)) from e
     joined: defer.Deferred[None] = defer.Deferred()
     if session_names:
         connection.expect_joins(session_names, lambda: joined.callback(None))
-    handshake = connection._handshake(options, nfn_keys, sub_keys)
-    if session_names:
-        def proxy_answered(conn):
-            if "Proxy.Receipt" not in conn.options:
-                raise ConnectFailed(f"{_shown(uri)} accepted the connection but not the "
-                                       "session: it is a router, not an Elvin proxy "
-                                       "(docs/proxy.md)")
-            return joined if connection.joins_pending else conn
-        handshake.addCallback(proxy_answered)
-        handshake.addCallback(lambda _: connection)
-    if timeout:
-        handshake.addTimeout(timeout, reactor)
+    connection.lifecycle.start(options, nfn_keys, sub_keys)
     try:
-        yield handshake
-    except defer.TimeoutError:
-        _abort(connection)
-        raise ConnectFailed(
-            f"no Elvin ConnRply from {_shown(uri)} within {timeout:g} s: is this an Elvin "
-            f"router?{_stack_hint(uri)}") from None
+        yield connection._opened
     except (NackError, ConnectFailed):
-        _abort(connection)
         raise
+    except HandshakeTimeout:
+        raise ConnectFailed(
+            f"no Elvin ConnRply from {_shown(connection.uri)} within {timeout:g} s: is this "
+            f"an Elvin router?{_stack_hint(connection.uri)}") from None
     except ConnectionClosed as e:
-        _abort(connection)
-        raise ConnectFailed(_handshake_lost(uri, connection, e)) from e
+        raise ConnectFailed(_handshake_lost(connection.uri, connection, e)) from e
+    except defer.CancelledError:
+        raise
+    except Exception as e:
+        raise ConnectFailed(_cannot_connect(connection.uri, e)) from e
+    if session_names:
+        if "Proxy.Receipt" not in connection.options:
+            _abort(connection)
+            raise ConnectFailed(f"{_shown(connection.uri)} accepted the connection but not "
+                                "the session: it is a router, not an Elvin proxy "
+                                "(docs/proxy.md)")
+        if connection.joins_pending:
+            if timeout:
+                joined.addTimeout(timeout, reactor)
+            try:
+                yield joined
+            except defer.TimeoutError:
+                _abort(connection)
+                raise ConnectFailed(f"{_shown(connection.uri)} did not report joining "
+                                    f"{', '.join(session_names)} within {timeout:g} s") from None
     return connection
 
 

@@ -1,17 +1,22 @@
-"""The client side of an Elvin session, without I/O (issue 16).
+"""The client side of an Elvin session, without I/O.
 
-One state machine for every client flavour: the Twisted ``Connection``
-(``elvin.client``), the asyncio one (``elvin.aio``) and, through it, the
-blocking one (``elvin.sync``). It numbers requests, matches replies and
-Nacks to them, hands deliveries to subscriptions and quench events to
-quenches, answers the router's TestConn, and fails whatever is waiting
-when the session ends. It never blocks and never touches a socket: the
-flavour gives it ``send(packet)`` and feeds it the packets it reads
-(``packet_received``) and the end of the channel (``connection_lost``).
-What a flavour waits with (a Deferred, an asyncio Future) is its own
-business: requests take plain ``on_reply``/``on_error`` callables.
+The request/delivery half of every client flavour: the Twisted
+``Connection`` (``elvin.client``), the asyncio one (``elvin.aio``) and,
+through it, the blocking one (``elvin.sync``). ``ClientState`` numbers
+requests, matches replies and Nacks to them, hands deliveries to
+subscriptions and quench events to quenches and answers the router's
+TestConn. It never blocks and never touches a socket. Whether a packet may
+be sent now, must wait, or is refused is the connection's lifecycle
+(``elvin.clientcore.lifecycle.Lifecycle``), which feeds it the packets
+read and decides everything about connecting, losing, reconnecting and
+closing. What a flavour waits with (a Deferred, an asyncio Future) is its
+own business: requests take plain ``on_reply``/``on_error`` callables.
+
+Nothing here imports Twisted (``elvin.aio`` and ``elvin.sync`` import
+this package, never ``elvin.client``).
 """
 
+import inspect
 import itertools
 import logging
 import random
@@ -23,6 +28,8 @@ from elvin.protocols import packets as P
 from elvin.values import normalise
 
 __all__ = ["ClientState", "NackError", "ConnectionClosed", "ConnectFailed",
+           "PublishBufferFull", "describe_disconn", "refuse_coroutine",
+           "coroutine_result_refused",
            "Notification", "Deframer", "QuenchHandlers", "QuenchState", "Reconnect",
            "AutoQuenchBase", "SessionSubscription", "JoinedSession", "proxy_options"]
 
@@ -51,6 +58,45 @@ class ConnectionClosed(ElvinError):
         super().__init__(0, message)
         self.reason = reason
         self.disconn_args = args
+
+
+class PublishBufferFull(ConnectionClosed):
+    """While reconnecting, what the program sends waits in a buffer of
+    ``pending_size`` bytes; this is raised when it would overflow (the
+    notification is not sent)."""
+
+
+#: What Disconn's reason codes (client protocol 7.4.4) mean, for messages.
+DISCONN_REASONS = {1: "is shutting down", 2: "redirected us", 4: "disconnected us for "
+                   "too many protocol errors"}
+
+
+def describe_disconn(uri: Any, reason: int, args: str) -> str:
+    """A sentence for the router's Disconn: reason 1 says the router is
+    shutting down, not that the connection was lost."""
+    what = DISCONN_REASONS.get(reason, f"disconnected us (reason {reason})")
+    if reason == 2:
+        return f"the router at {uri} redirected us to {args}"
+    text = f"the router at {uri} {what}"
+    return f"{text}: {args}" if args else text
+
+
+def refuse_coroutine(callback: Any, flavour: str) -> None:
+    """The Twisted and blocking flavours call a subscription's callback and
+    do not await it: a coroutine function is refused at once."""
+    if callback is not None and inspect.iscoroutinefunction(callback):
+        raise TypeError(f"{flavour} calls a subscription's callback without awaiting it, "
+                        f"so {callback!r} would never run: pass a plain function (or use "
+                        f"elvin.aio, which awaits coroutine callbacks)")
+
+
+def coroutine_result_refused(result: Any, sub: Any) -> None:
+    """A callback returned a coroutine where nothing awaits it: close it
+    and say so (rather than Python's 'never awaited' warning)."""
+    if inspect.iscoroutine(result):
+        result.close()
+        _log.error("the callback of %r returned a coroutine, which this flavour does not "
+                   "await (use elvin.aio)", sub)
 
 
 class ConnectFailed(ConnectionClosed, ConnectionError):
@@ -168,11 +214,13 @@ class Reconnect:
     ``initial`` seconds, each later one ``factor`` times as long (at most
     ``maximum``), each delay spread by up to ``jitter`` of itself so that
     many clients of one router do not all come back at once; give up after
-    ``attempts`` tries (None: never). Pass ``reconnect=Reconnect(...)`` (or
-    ``reconnect=True`` for these defaults) to a flavour's ``connect``."""
+    ``attempts`` tries (None: never). The defaults (0.1 s doubling to
+    1.5 s, +-25%) bring a client back within 2 s of its router's return.
+    Pass ``reconnect=Reconnect(...)`` (or ``reconnect=True`` for these
+    defaults) to a flavour's ``connect``."""
 
-    def __init__(self, initial: float = 0.5, factor: float = 2.0, maximum: float = 30.0,
-                 jitter: float = 0.2, attempts: Optional[int] = None) -> None:
+    def __init__(self, initial: float = 0.1, factor: float = 2.0, maximum: float = 1.5,
+                 jitter: float = 0.25, attempts: Optional[int] = None) -> None:
         if initial <= 0 or factor < 1 or maximum < initial:
             raise ValueError("Reconnect needs 0 < initial <= maximum and factor >= 1")
         self.initial = initial
@@ -349,7 +397,12 @@ class ClientState:
     """
 
     def __init__(self, send: Optional[Callable[[Any], None]] = None) -> None:
+        #: Writes a packet to the current channel (set by the lifecycle).
         self.send = send
+        #: Where the program's packets go: ``post(packet, xid)`` sends,
+        #: buffers or raises ConnectionClosed (the lifecycle sets it; alone,
+        #: a ClientState sends whenever it has a channel).
+        self.post: Callable[[Any, Optional[int]], None] = self._post_direct
         self.options: Dict[str, Any] = {}
         self.subscriptions: Dict[int, Any] = {}
         self.quenches: Dict[int, Any] = {}
@@ -358,7 +411,6 @@ class ClientState:
         self._liveness_waiters: List[Tuple[Callable[[bool], Any],
                                            Callable[[Exception], Any]]] = []
         self._xids = itertools.count(1)
-        self._closed = False
         self.on_disconnect: Optional[Callable[[int, str], Any]] = None
         self.on_dropwarn: Optional[Callable[[], Any]] = None
         #: Called once per delivered notification, however many of this
@@ -376,17 +428,22 @@ class ClientState:
         #: above are updated).
         self.on_session_event: Optional[Callable[[Dict[str, Any]], Any]] = None
         self._awaiting_joins: set = set()
-        self.redirect_to: Optional[str] = None
-        #: Called with the new URI when the router redirects us (Disconn 2)
-        #: and the connection follows (``follow_redirects``).
+        #: Called with the new URI when the session moves to another router
+        #: (a redirection it follows, or a failover).
         self.on_redirect: Optional[Callable[[Any], Any]] = None
+        #: Follow a router's redirection (Disconn 2) rather than end.
         self.follow_redirects = True
+        #: With reconnection: called with the ConnectionClosed when the
+        #: channel is lost, and with the connection once it is back.
+        self.on_connection_lost: Optional[Callable[[Any], Any]] = None
+        self.on_reconnected: Optional[Callable[[Any], Any]] = None
         self._redirect_times: List[float] = []
         self._joins_done: Optional[Callable[[], Any]] = None
 
-    @property
-    def is_closed(self) -> bool:
-        return self._closed
+    def _post_direct(self, packet: Any, xid: Optional[int]) -> None:
+        if self.send is None:
+            raise ConnectionClosed("connection is closed")
+        self.send(packet)
 
     # -- what the program asks ------------------------------------------------
 
@@ -394,30 +451,49 @@ class ClientState:
                 on_error: Callable[[Exception], Any]) -> int:
         """Send ``make_packet(xid)``; ``on_reply(packet)`` or
         ``on_error(exception)`` follows. Raises ConnectionClosed at once
-        when the session is over."""
-        if self._closed or self.send is None:
-            raise ConnectionClosed("connection is closed")
+        when the session is over (and PublishBufferFull when it is
+        reconnecting with a full buffer)."""
+        xid = next(self._xids)
+        self._pending[xid] = (on_reply, on_error)
+        try:
+            self.post(make_packet(xid), xid)
+        except BaseException:
+            del self._pending[xid]
+            raise
+        return xid
+
+    def send_request(self, make_packet: MakePacket, on_reply: Callable[[Any], Any],
+                     on_error: Callable[[Exception], Any]) -> int:
+        """As ``request``, straight to the channel (the lifecycle's own
+        handshake, replay and DisconnRqst)."""
+        assert self.send is not None
         xid = next(self._xids)
         self._pending[xid] = (on_reply, on_error)
         self.send(make_packet(xid))
         return xid
 
+    def abandon(self, xid: int, on_late_reply: Optional[Callable[[Any], Any]] = None) -> bool:
+        """The program stopped waiting for request ``xid`` (it was
+        cancelled): ``on_late_reply(reply)`` takes the router's answer if
+        one still comes. False if the request is no longer pending."""
+        if xid not in self._pending:
+            return False
+        self._pending[xid] = (on_late_reply or _ignore, _ignore)
+        return True
+
     def ping(self, on_alive: Callable[[bool], Any], on_error: Callable[[Exception], Any]) -> None:
-        """TestConn: ``on_alive(True)`` when the router shows it is alive."""
-        if self._closed or self.send is None:
-            raise ConnectionClosed("connection is closed")
+        """TestConn: ``on_alive(True)`` when the router shows it is alive.
+        Raises ConnectionClosed unless the session is up."""
+        self.post(P.TestConn(), -1)
         self._liveness_waiters.append((on_alive, on_error))
-        self.send(P.TestConn())
 
     def emit(self, attributes: Mapping[str, Any], deliver_insecure: bool = True,
              keys: Optional[P.Keys] = None) -> None:
         """Send a NotifyEmit (no reply comes back; errors are local)."""
-        if self._closed or self.send is None:
-            raise ConnectionClosed("connection is closed")
         attributes = normalise(attributes)
         if not attributes:
             raise ValueError("a notification needs at least one attribute")
-        self.send(P.NotifyEmit(attributes, deliver_insecure, keys or P.Keys.EMPTY))
+        self.post(P.NotifyEmit(attributes, deliver_insecure, keys or P.Keys.EMPTY), None)
 
     # Packet builders for the requests every flavour makes.
 
@@ -544,13 +620,6 @@ class ClientState:
         """Remember a SecRqst the router accepted (for ``replay``)."""
         self.key_changes.append(make_packet)
 
-    def reopened(self, send: Callable[[Any], None]) -> None:
-        """A new channel took over from a lost one: requests go to ``send``
-        again. What was registered (subscriptions, quenches, keys) is
-        registered again by the flavour, with ``replay`` requests."""
-        self.send = send
-        self._closed = False
-
     def replay(self) -> List[ReplayStep]:
         """The requests that re-create this session's state on a new
         channel, in order: key changes, then every subscription and quench
@@ -611,14 +680,7 @@ class ClientState:
             if waiting is not None:
                 waiting[1](NackError(packet.error, packet.message, packet.args))
         elif kind is P.Disconn:
-            self._closed = True
-            #: Disconn reason 2 (7.4.4): the router to connect to instead.
-            self.redirect_to = packet.args if packet.reason == 2 and packet.args else None
-            if self.on_disconnect is not None:
-                self.on_disconnect(packet.reason, packet.args)
-            self._fail_pending(ConnectionClosed(
-                f"router disconnected us (reason {packet.reason}): {packet.args}",
-                packet.reason, packet.args))
+            pass  # the lifecycle's (Lifecycle.packet): it ends or moves the session
         elif kind is P.SubAddNotify or kind is P.SubModNotify:
             event = "add" if kind is P.SubAddNotify else "modify"
             for secure, ids in ((True, packet.secure_quench_ids),
@@ -643,11 +705,6 @@ class ClientState:
             answered = self._pending.pop(xid, None) if xid is not None else None
             if answered is not None:
                 answered[0](packet)
-
-    def connection_lost(self, error: Exception) -> None:
-        """The channel ended: fail everything waiting with ``error``."""
-        self._closed = True
-        self._fail_pending(error)
 
     # -- internals ------------------------------------------------------------
 
@@ -726,8 +783,17 @@ class ClientState:
         it and go on; the session is not the program's callback."""
         _log.exception("%s raised", what)
 
-    def _fail_pending(self, error: Exception) -> None:
+    def _fail_pending(self, error: Exception, keep: Iterable[int] = ()) -> None:
+        """Fail every waiting request (but those in ``keep``: not sent yet)
+        and liveness check with ``error``."""
         pending, self._pending = self._pending, {}
+        for xid in keep:
+            if xid in pending:
+                self._pending[xid] = pending.pop(xid)
         waiters, self._liveness_waiters = self._liveness_waiters, []
         for _, on_error in list(pending.values()) + waiters:
             on_error(error)
+
+
+def _ignore(_: Any) -> None:
+    pass

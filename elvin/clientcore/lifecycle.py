@@ -1,0 +1,585 @@
+"""A client connection's life, as one sans-IO state machine.
+
+Every client flavour -- the Twisted ``elvin.client.Connection``, the
+asyncio ``elvin.aio.Connection`` (and through it ``elvin.sync``) and the
+proxy's upstream connection -- holds one ``Lifecycle`` and feeds it what
+happens (``start``, ``dialled``, ``dial_failed``, ``packet``,
+``channel_lost``, ``timer_fired``, ``close``, ``held``); the machine
+answers with *effects*, handed to the driver's ``execute`` as they arise:
+
+=================  ==========================================================
+``Dial(uri)``      open a channel to ``uri``; then ``dialled(send)`` or
+                   ``dial_failed(cause)``
+``StartTimer(d)``  (re)start the connection's one timer; ``timer_fired()``
+``CancelTimer()``  stop it
+``CloseChannel``   close the current channel (``abort``: at once, and forget
+                   it: no more events from it; else politely, then
+                   ``channel_lost``)
+``PauseReading``   stop / resume reading from the channel (the receive
+``ResumeReading``  bound: the router's queue and drop policy take over)
+``Connected()``    the first session is up: ``connect`` returns
+``ConnectFailed``  the first session could not be made (``cause``)
+``Ended(error)``   the session is over: ``None`` when the program closed it,
+                   else the ConnectionClosed saying why
+=================  ==========================================================
+
+The machine itself sends the handshake (ConnRqst), the replay of keys,
+subscriptions and quenches after a reconnection, and DisconnRqst; fails
+waiting requests; ends subscriptions' iterators (their ``_end(error)``)
+and calls the program's hooks (``on_connection_lost``, ``on_reconnected``,
+``on_redirect``, ``on_disconnect``), all held on the ``ClientState``.
+
+States (``Phase``)::
+
+    IDLE -start-> DIALLING -dialled-> HANDSHAKING -ConnRply-> UP (first time)
+                                                  -ConnRply-> REPLAYING -all answered-> UP
+    UP -lost, reconnect policy-> WAITING -timer-> DIALLING ...
+    UP -Disconn 2, follow_redirects-> DIALLING (the new router, at once)
+    UP -close-> CLOSING -DisconnRply, channel ends-> CLOSED
+    any -close, lost without policy, gave up-> CLOSED
+
+While reconnecting (WAITING, DIALLING, HANDSHAKING, REPLAYING after a
+session was up) what the program sends waits in a buffer of
+``pending_size`` bytes, sent in order once the session is back;
+``PublishBufferFull`` when it would overflow.
+"""
+
+import enum
+import logging
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
+
+from elvin.clientcore.state import (ClientState, ConnectionClosed, NackError,
+                                    PublishBufferFull, Reconnect, describe_disconn)
+from elvin.protocols import packets as P
+from elvin.uri import ElvinURI
+
+__all__ = ["Lifecycle", "Phase", "Dial", "StartTimer", "CancelTimer", "CloseChannel",
+           "PauseReading", "ResumeReading", "Connected", "ConnectFailedEffect", "Ended",
+           "HandshakeTimeout", "DEFAULT_PENDING_SIZE", "DEFAULT_RECEIVE_QUEUE",
+           "REDIRECT_POLICY"]
+
+_log = logging.getLogger("elvin.client")
+
+#: Bytes of notifications and requests kept while reconnecting (as
+#: nats-py's ``pending_size``).
+DEFAULT_PENDING_SIZE = 2 * 1024 * 1024
+#: Notifications a connection holds for the program (iterators' queues,
+#: coroutine callbacks running) before it stops reading from the socket.
+DEFAULT_RECEIVE_QUEUE = 10_000
+#: Seconds a polite close waits for the router's DisconnRply.
+CLOSE_TIMEOUT = 5.0
+#: The retries of a redirection followed without a reconnect policy.
+REDIRECT_POLICY = Reconnect(attempts=5)
+
+
+class Phase(enum.Enum):
+    IDLE = "idle"
+    DIALLING = "dialling"
+    HANDSHAKING = "handshaking"
+    REPLAYING = "replaying"
+    UP = "up"
+    WAITING = "waiting"          # for the timer before the next try
+    CLOSING = "closing"          # DisconnRqst sent
+    CLOSED = "closed"
+
+
+class Effect:
+    __slots__: Tuple[str, ...] = ()
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and all(
+            getattr(self, k) == getattr(other, k) for k in self.__slots__)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{getattr(self, k)!r}" for k in self.__slots__)
+        return f"{type(self).__name__}({fields})"
+
+
+class Dial(Effect):
+    __slots__ = ("uri",)
+
+    def __init__(self, uri: ElvinURI) -> None:
+        self.uri = uri
+
+
+class StartTimer(Effect):
+    __slots__ = ("delay",)
+
+    def __init__(self, delay: float) -> None:
+        self.delay = delay
+
+
+class CancelTimer(Effect):
+    __slots__ = ()
+
+
+class CloseChannel(Effect):
+    __slots__ = ("abort",)
+
+    def __init__(self, abort: bool) -> None:
+        self.abort = abort
+
+
+class PauseReading(Effect):
+    __slots__ = ()
+
+
+class ResumeReading(Effect):
+    __slots__ = ()
+
+
+class Connected(Effect):
+    __slots__ = ()
+
+
+class ConnectFailedEffect(Effect):
+    """The first connect failed: ``cause`` is what the driver reported
+    (a socket error), a ConnectionClosed (the channel ended before
+    ConnRply), a NackError or a HandshakeTimeout."""
+    __slots__ = ("cause",)
+
+    def __init__(self, cause: BaseException) -> None:
+        self.cause = cause
+
+
+class Ended(Effect):
+    __slots__ = ("error",)
+
+    def __init__(self, error: Optional[ConnectionClosed]) -> None:
+        self.error = error
+
+
+class HandshakeTimeout(TimeoutError):
+    """No ConnRply (or replay) within the connect timeout."""
+
+
+_RECONNECTING = (Phase.WAITING, Phase.DIALLING, Phase.HANDSHAKING, Phase.REPLAYING)
+
+
+class Lifecycle:
+    """See the module docstring. ``session`` is the ClientState the
+    program's requests go through; ``owner`` is passed to
+    ``on_reconnected``; ``clock()`` is the time in seconds."""
+
+    def __init__(self, session: ClientState, uris: Union[ElvinURI, Sequence[ElvinURI]],
+                 execute: Callable[[Effect], None], clock: Callable[[], float],
+                 reconnect: Optional[Reconnect] = None, retry_connect: bool = False,
+                 timeout: Optional[float] = None,
+                 pending_size: int = DEFAULT_PENDING_SIZE,
+                 receive_queue: int = DEFAULT_RECEIVE_QUEUE, owner: Any = None) -> None:
+        self.session = session
+        self.uris: List[ElvinURI] = [uris] if isinstance(uris, ElvinURI) else list(uris)
+        if not self.uris:
+            raise ValueError("connect needs at least one router URI")
+        self.index = 0
+        self.execute = execute
+        self.clock = clock
+        self.reconnect = reconnect
+        self.retry_connect = retry_connect
+        self.timeout = timeout
+        self.pending_size = pending_size
+        self.receive_queue = receive_queue
+        self.owner = owner if owner is not None else session
+        self.phase = Phase.IDLE
+        #: a session was up once (failures since are reconnection's)
+        self.established = False
+        self.reconnects = 0
+        #: ConnRqst's (options, nfn_keys, sub_keys)
+        self.connect_args: Tuple[Any, Any, Any] = (None, None, None)
+        self._channel = False
+        self._disconn: Optional[Tuple[int, str]] = None
+        self._delays: Optional[Iterator[float]] = None
+        self._tried = 0                   # URIs tried this round
+        self._last: Optional[BaseException] = None
+        self._policy: Optional[Reconnect] = None
+        self._announced: Optional[ElvinURI] = None   # on_redirect told of it
+        self._buffer: List[Tuple[Any, int, Optional[int]]] = []
+        self._buffered = 0
+        self._replays = 0
+        self.held_count = 0
+        self._paused = False
+        session.post = self._post
+
+    # -- what the program sees --------------------------------------------------
+
+    @property
+    def uri(self) -> ElvinURI:
+        """The router the session is with (or being dialled)."""
+        return self.uris[self.index]
+
+    @property
+    def is_closed(self) -> bool:
+        return self.phase in (Phase.CLOSING, Phase.CLOSED)
+
+    @property
+    def reconnecting(self) -> bool:
+        return self.established and self.phase in _RECONNECTING
+
+    @property
+    def buffered(self) -> int:
+        """Bytes waiting to be sent once reconnected."""
+        return self._buffered
+
+    def _post(self, packet: Any, xid: Optional[int]) -> None:
+        phase = self.phase
+        if phase is Phase.UP:
+            send = self.session.send
+            assert send is not None
+            send(packet)
+            return
+        if phase in _RECONNECTING and self.established and xid != -1 and self.pending_size:
+            size = len(P.encode(packet))
+            if self._buffered + size > self.pending_size:
+                raise PublishBufferFull(
+                    f"reconnecting to {self.uri}: the buffer of {self.pending_size} bytes "
+                    f"is full ({self._buffered} bytes waiting); not sent")
+            self._buffer.append((packet, size, xid))
+            self._buffered += size
+            return
+        if phase in _RECONNECTING and self.established:
+            raise ConnectionClosed(f"reconnecting to {self.uri}")
+        if phase is Phase.CLOSED and self._end_error is not None:
+            raise ConnectionClosed(str(self._end_error), self._end_error.reason,
+                                   self._end_error.disconn_args)
+        raise ConnectionClosed("connection is closed" if self.established or
+                               phase is not Phase.IDLE else "not connected")
+
+    _end_error: Optional[ConnectionClosed] = None
+
+    def unsend(self, xid: int) -> bool:
+        """Take request ``xid`` back out of the reconnection buffer (its
+        caller gave up on it); True if it was there."""
+        for i, (_, size, buffered_xid) in enumerate(self._buffer):
+            if buffered_xid == xid:
+                del self._buffer[i]
+                self._buffered -= size
+                self.session._pending.pop(xid, None)
+                return True
+        return False
+
+    # -- events from the driver -------------------------------------------------
+
+    def start(self, options: Any = None, nfn_keys: Any = None, sub_keys: Any = None) -> None:
+        """Open the first session (ConnRqst with these)."""
+        assert self.phase is Phase.IDLE
+        self.connect_args = (options, nfn_keys, sub_keys)
+        self._dial()
+
+    def attached(self, send: Callable[[Any], None], options: Any = None,
+                 nfn_keys: Any = None, sub_keys: Any = None) -> None:
+        """A channel the driver opened itself (no Dial): handshake on it."""
+        assert self.phase is Phase.IDLE
+        self.connect_args = (options, nfn_keys, sub_keys)
+        self.phase = Phase.DIALLING
+        self.dialled(send)
+
+    def dialled(self, send: Callable[[Any], None]) -> None:
+        if self.phase is not Phase.DIALLING:
+            return
+        self._channel = True
+        self._disconn = None
+        self.session.send = send
+        self.phase = Phase.HANDSHAKING
+        if self.timeout:
+            self.execute(StartTimer(self.timeout))
+        self.session.send_request(self.session.conn_rqst(*self.connect_args),
+                                  self._connected, self._refused)
+
+    def dial_failed(self, cause: BaseException) -> None:
+        if self.phase is Phase.DIALLING:
+            self._attempt_failed(cause)
+
+    def packet(self, packet: Any) -> None:
+        """A packet read from the current channel."""
+        if type(packet) is P.Disconn:
+            self._disconnected(packet.reason, packet.args)
+            return
+        self.session.packet_received(packet)
+
+    def channel_lost(self, detail: str = "") -> None:
+        """The current channel ended (``detail``: why, if known)."""
+        if not self._channel:
+            return
+        self._channel = False
+        self.session.send = None
+        phase = self.phase
+        error = self._loss(detail)
+        self.session._fail_pending(error, keep=self._buffered_xids())
+        if phase is Phase.CLOSING:
+            self._end(None)
+        elif phase is Phase.UP:
+            if self._redirecting():
+                return
+            if self.reconnect is not None:
+                self._call("on_connection_lost", error)
+                self._delays = None
+                self._policy = self.reconnect
+                self._tried = 0
+                self._last = error
+                self._wait_or_give_up()
+            else:
+                self._end(error)
+        elif phase in (Phase.HANDSHAKING, Phase.REPLAYING):
+            if self.established and self._redirecting():
+                return
+            self._attempt_failed(error)
+
+    def timer_fired(self) -> None:
+        phase = self.phase
+        if phase is Phase.WAITING:
+            self._dial()
+        elif phase in (Phase.HANDSHAKING, Phase.REPLAYING):
+            self._drop_channel()
+            self._attempt_failed(HandshakeTimeout(
+                f"no Elvin ConnRply from {self.uri} within {self.timeout:g} s"))
+        elif phase is Phase.CLOSING:
+            self._drop_channel()
+            self._end(None)
+
+    def close(self) -> None:
+        """The program closes the connection: politely when up (the router
+        has everything sent before once this ends), else at once."""
+        phase = self.phase
+        if phase in (Phase.CLOSING, Phase.CLOSED):
+            return
+        if phase is Phase.UP:
+            self.phase = Phase.CLOSING
+            self.execute(StartTimer(CLOSE_TIMEOUT))
+            self.session.send_request(self.session.disconn_rqst(),
+                                      lambda reply: self._closing_answered(),
+                                      lambda error: None)
+            return
+        if self._buffer:
+            _log.warning("closed while reconnecting to %s: %d queued packets (%d bytes) "
+                         "not sent", self.uri, len(self._buffer), self._buffered)
+        self.execute(CancelTimer())
+        if self.phase is not Phase.IDLE:
+            self._drop_channel()
+        if not self.established and phase is not Phase.IDLE:
+            self.phase = Phase.CLOSED
+            self.execute(ConnectFailedEffect(ConnectionClosed("closed before connecting")))
+            return
+        self._end(None)
+
+    def held(self, delta: int) -> None:
+        """The program holds ``delta`` more (or fewer) delivered
+        notifications: past ``receive_queue`` reading stops until they are
+        down to half of it."""
+        self.held_count += delta
+        if not self.receive_queue:
+            return
+        if not self._paused and self.held_count >= self.receive_queue:
+            self._paused = True
+            self.execute(PauseReading())
+        elif self._paused and self.held_count <= self.receive_queue // 2:
+            self._paused = False
+            self.execute(ResumeReading())
+
+    def add_uris(self, uris: Sequence[Union[str, ElvinURI]]) -> None:
+        """More routers to fail over to (router discovery found them)."""
+        known = {str(u) for u in self.uris}
+        for uri in uris:
+            parsed = uri if isinstance(uri, ElvinURI) else ElvinURI(str(uri))
+            if str(parsed) not in known:
+                self.uris.append(parsed)
+                known.add(str(parsed))
+
+    # -- internals --------------------------------------------------------------
+
+    def _dial(self) -> None:
+        self.phase = Phase.DIALLING
+        self.execute(Dial(self.uri))
+
+    def _connected(self, reply: Any) -> None:
+        if self.phase is not Phase.HANDSHAKING:
+            return
+        self.session.options = dict(reply.options)
+        self._delays = None
+        self._tried = 0
+        if not self.established:
+            self.established = True
+            self._up()
+            self.execute(Connected())
+            return
+        steps = self.session.replay()
+        self.phase = Phase.REPLAYING
+        self._replays = len(steps)
+        if not steps:
+            self._back()
+        for make_packet, apply, owner in steps:
+            self.session.send_request(make_packet, self._replayed(apply),
+                                      self._replay_refused(owner))
+
+    def _replayed(self, apply: Optional[Callable[[Any], None]]) -> Callable[[Any], None]:
+        def answered(reply: Any) -> None:
+            if apply is not None:
+                apply(reply)
+            self._replay_done()
+        return answered
+
+    def _replay_refused(self, owner: Any) -> Callable[[Exception], None]:
+        def refused(error: Exception) -> None:
+            if not isinstance(error, NackError) or self.phase is not Phase.REPLAYING:
+                return                    # the channel ended: channel_lost decides
+            if owner is None:             # a key change refused: try again later
+                self._drop_channel()
+                self._attempt_failed(error)
+                return
+            # The router will not take it back (a new limit, say): it ends,
+            # and its iterator says why.
+            self.session.drop(*owner)
+            end = getattr(owner[1], "_end", None)
+            if end is not None:
+                end(error)
+            self._replay_done()
+        return refused
+
+    def _replay_done(self) -> None:
+        self._replays -= 1
+        if self._replays == 0 and self.phase is Phase.REPLAYING:
+            self._back()
+
+    def _back(self) -> None:
+        self.reconnects += 1
+        self._up()
+        buffer, self._buffer, self._buffered = self._buffer, [], 0
+        send = self.session.send
+        assert send is not None
+        for packet, _, _ in buffer:
+            send(packet)
+        if self._announced != self.uri and self._announced is not None:
+            self.session.redirected(self.uri)
+        self._call("on_reconnected", self.owner)
+
+    def _up(self) -> None:
+        self.phase = Phase.UP
+        self._announced = self.uri
+        self._policy = None
+        if self.timeout:
+            self.execute(CancelTimer())
+
+    def _refused(self, error: Exception) -> None:
+        if self.phase is not Phase.HANDSHAKING or not isinstance(error, NackError):
+            return                        # lost: channel_lost decides
+        self._drop_channel()
+        self._attempt_failed(error)
+
+    def _closing_answered(self) -> None:
+        if self.phase is Phase.CLOSING and self._channel:
+            self.execute(CloseChannel(abort=False))
+
+    def _disconnected(self, reason: int, args: str) -> None:
+        self._disconn = (reason, args)
+        hook = self.session.on_disconnect
+        if hook is not None:
+            try:
+                hook(reason, args)
+            except Exception:
+                self.session._callback_failed("on_disconnect")
+        if self._channel and self.phase is not Phase.CLOSING:
+            self.execute(CloseChannel(abort=False))
+
+    def _loss(self, detail: str) -> ConnectionClosed:
+        if self._disconn is not None:
+            reason, args = self._disconn
+            return ConnectionClosed(describe_disconn(self.uri, reason, args), reason, args)
+        why = f": {detail}" if detail else ""
+        return ConnectionClosed(f"connection to the router at {self.uri} was lost{why}")
+
+    def _redirecting(self) -> bool:
+        """Follow the router's Disconn 2 if it sent one and we may."""
+        if self._disconn is None or self._disconn[0] != 2 or not self._disconn[1]:
+            return False
+        target = self._disconn[1]
+        if not self.session.follow_redirects:
+            return False
+        if not self.session.redirect_allowed(self.clock()):
+            _log.warning("redirected more than 5 times in 10 s (a loop?); giving up at %r",
+                         target)
+            self._end(ConnectionClosed(f"redirection loop: last redirected to {target}",
+                                       2, target))
+            return True
+        try:
+            uri = ElvinURI(target)
+        except Exception as e:
+            _log.warning("router redirected us to %r, which we cannot use: %s", target, e)
+            return False
+        _log.info("redirected from %s to %s", self.uri, uri)
+        self.uris[self.index] = uri
+        self._announced = uri
+        self.session.redirected(uri)
+        self._policy = self.reconnect or REDIRECT_POLICY
+        self._delays = None
+        self._tried = 0
+        self._dial()
+        return True
+
+    def _attempt_failed(self, cause: BaseException) -> None:
+        self._last = cause
+        if not self.established and not self.retry_connect:
+            self.phase = Phase.CLOSED
+            self.execute(CancelTimer())
+            self.execute(ConnectFailedEffect(cause))
+            return
+        if self._policy is None:
+            self._policy = self.reconnect or Reconnect()
+        self._tried += 1
+        if self._tried < len(self.uris):  # fail over to the next router at once
+            self.index = (self.index + 1) % len(self.uris)
+            self._dial()
+            return
+        self._tried = 0
+        if len(self.uris) > 1:
+            self.index = 0                # back to the first (preferred) after a round
+        self._wait_or_give_up()
+
+    def _wait_or_give_up(self) -> None:
+        policy = self._policy or self.reconnect or Reconnect()
+        if self._delays is None:
+            self._delays = policy.delays()
+        delay = next(self._delays, None)
+        if delay is None:
+            last = self._last
+            if not self.established:
+                self.phase = Phase.CLOSED
+                self.execute(ConnectFailedEffect(last or ConnectionClosed("gave up")))
+                return
+            self._end(ConnectionClosed(f"gave up reconnecting to {self.uri}: {last}",
+                                       getattr(last, "reason", None),
+                                       getattr(last, "disconn_args", "")))
+            return
+        self.phase = Phase.WAITING
+        self.execute(StartTimer(delay))
+
+    def _drop_channel(self) -> None:
+        if self._channel or self.phase is Phase.DIALLING:
+            self._channel = False
+            self.session.send = None
+            self.execute(CloseChannel(abort=True))
+            self.session._fail_pending(self._loss("closed"), keep=self._buffered_xids())
+
+    def _buffered_xids(self) -> List[int]:
+        return [xid for _, _, xid in self._buffer if xid is not None]
+
+    def _end(self, error: Optional[ConnectionClosed]) -> None:
+        """The session is over: fail what waits, end the iterators."""
+        self.phase = Phase.CLOSED
+        self._end_error = error
+        self.execute(CancelTimer())
+        buffer, self._buffer, self._buffered = self._buffer, [], 0
+        closed = error or ConnectionClosed("connection is closed")
+        self.session._fail_pending(closed)
+        for sub in list(self.session.subscriptions.values()):
+            end = getattr(sub, "_end", None)
+            if end is not None:
+                end(error)
+        self.execute(Ended(error))
+
+    def _call(self, hook: str, argument: Any) -> None:
+        callback = getattr(self.session, hook, None)
+        if callback is None:
+            return
+        try:
+            callback(argument)
+        except Exception:
+            self.session._callback_failed(hook)
