@@ -326,6 +326,14 @@ class RouterService(service.MultiService):
             pass
 
     def stopService(self):
+        """Leave the federation's tree first (make before break: bounded,
+        see FederationManager.leave), then say goodbye to clients and
+        close everything."""
+        fed = self.federation_service
+        leaving = fed.manager.leave() if fed is not None else defer.succeed(None)
+        return leaving.addCallback(lambda _: self._stop())
+
+    def _stop(self):
         self.router.shutdown()
         admission = getattr(self.router, "admission", None)
         if admission is not None:

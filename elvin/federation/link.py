@@ -19,6 +19,7 @@ from elvin.errors import SubscriptionError
 from elvin.federation import filters as F
 from elvin.federation import packets as FP
 from elvin.federation.identity import domain_problem, shown
+from elvin.federation.mesh import advert_domain
 from elvin.core.keys import PRODUCER, KeyRing
 from elvin.protocols import packets as P
 from elvin.core.router import notification_problem
@@ -57,8 +58,10 @@ class FederationLink:
                       "overload": 0}
         #: When the peer last sent anything (wall clock; keepalives included).
         self.last_heard = None
-        #: The peer is a mesh router (elvin.federation.mesh): it said so.
-        self.mesh = False
+        #: The peer is a mesh router (elvin.federation.mesh): True once it
+        #: said so, False once its first pull filter came without the mark
+        #: (a plain EFP 1.0 router), None until then.
+        self.mesh = None
         self._size = None
         # Notifications from a peer are held to the attribute limits an
         # ordinary client of this router gets (its default connection options).
@@ -221,20 +224,23 @@ class FederationLink:
 
     def _sub_replace(self, packet):
         try:
-            if _larger_than(packet.pull_filter, self.manager.max_filter_nodes):
-                # We never send a filter over max_filter_nodes; a bigger one
-                # would cost every notification its evaluation. Widen it to
-                # TRUE: the peer gets more than it asked for, never less.
-                tree = F.TRUE
-            else:
-                tree = packet.pull_filter
-                if self.manager.mesh is not None:
-                    # A mesh router says so with one disjunct (mesh.MARKER_NAME).
-                    tree, marked = F.strip_marker(tree, self.manager.mesh_marker)
-                    if marked and not self.mesh:
-                        self.mesh = True
-                        self.manager.mesh_peer_found(self)
-                if tree is not F.TRUE and tree is not F.FALSE:
+            # A mesh router says what it is with one disjunct of its filter
+            # (mesh.MARKER_NAME). Every router takes it out, a plain one too,
+            # so that no router passes a peer's mark on as its own.
+            tree, marked = F.strip_marker(packet.pull_filter, self.manager.mesh_marker)
+            if self.manager.mesh is not None:
+                if marked and not self.mesh:
+                    self.mesh = True
+                    self.manager.mesh_peer_found(self)
+                elif not marked and self.mesh is None:
+                    self.mesh = False     # a plain peer: the manager hears of it below
+            if tree is not F.TRUE and tree is not F.FALSE:
+                if _larger_than(tree, self.manager.max_filter_nodes):
+                    # We never send a filter over max_filter_nodes; a bigger
+                    # one would cost every notification its evaluation. Widen
+                    # it to TRUE: the peer gets more than it asked for, never less.
+                    tree = F.TRUE
+                else:
                     tree = F.from_wire(tree)
         except SubscriptionError as e:
             self.output.send(P.Nack(packet.xid, e.code, f"bad pull filter: {e}", ()))
@@ -303,7 +309,7 @@ class FederationLink:
     def _mesh_advert(self, packet):
         if self.manager.mesh is None:
             return                    # our mesh is switched off: ignore it
-        for domain in (packet.origin, *packet.neighbours):
+        for domain in (packet.origin, *map(advert_domain, packet.neighbours)):
             problem = domain_problem(domain)
             if problem is not None:
                 # Other routers' domains, held as long as the advert lives.

@@ -20,6 +20,7 @@ allows it; the FedNotify is encoded once for all of them.
 import fnmatch
 import time
 
+from twisted.internet import defer
 from twisted.logger import Logger
 
 from elvin.federation import filters as F
@@ -95,6 +96,9 @@ class FederationManager(RouterObserver):
         self._leaving = set()
         self._grace_calls = {}
         self._closing = False
+        #: Leaving the tree before a stop (``leave``): fired once done.
+        self._departure = None
+        self._departure_call = None
         self.mesh_grace = mesh_grace
         self._mesh_call = None
         if mesh:
@@ -148,9 +152,11 @@ class FederationManager(RouterObserver):
         if link in self.links:
             self.links.remove(link)
         self.router.set_pull_filter(link, [])
-        if link.mesh and self.mesh is not None and link.peer_domain in self.mesh.neighbours:
-            if not any(other.peer_domain == link.peer_domain for other in self.links):
-                self.mesh.neighbours.discard(link.peer_domain)
+        if self.mesh is not None and link.mesh is not None:
+            known = self.mesh.neighbours if link.mesh else self.mesh.plain
+            if link.peer_domain in known and not any(
+                    other.peer_domain == link.peer_domain for other in self.links):
+                known.discard(link.peer_domain)
                 self._advertise()
                 self._mesh_changed()
         if was_up:
@@ -159,14 +165,66 @@ class FederationManager(RouterObserver):
         self.trace.link(link, "link_down", reason=reason)
         if was_up:
             self.schedule_update()
+        if self._departure is not None and not self._closing:
+            self._check_departed()
 
     def remote_filter_changed(self, link):
         """The peer sent a new pull filter: file it in the router's pull
         index (one entry per disjunct; nothing for a link off the mesh's
         tree), then recompute what we ask others."""
         if link in self.links:
+            if (self.mesh is not None and link.mesh is False
+                    and link.peer_domain not in self.mesh.plain):
+                self.plain_peer_found(link)
             self._file(link)
         self.schedule_update()
+        if self._departure is not None:
+            self._check_departed()
+
+    # -- leaving before a stop (make before break) -------------------------------
+
+    def leave(self, timeout=None):
+        """Take this router off the mesh's tree before it stops, losing
+        nothing that passes through it: advertise no links, so the other
+        mesh routers build their tree without us (their new links carry
+        before their links to us stop: ``mesh_grace``), keep forwarding
+        meanwhile, and fire once every mesh peer asks us for nothing (it
+        has rerouted) or after ``timeout`` seconds (default: the grace
+        plus 3 s). Fires at once without mesh peers: a plain EFP peer has
+        no other path to reroute to."""
+        if self._departure is not None:
+            return self._departure
+        self._departure = defer.Deferred()
+        mesh_links = [l for l in self.links if l.mesh and l.state == l.UP]
+        if self.mesh is None or self._closing or not mesh_links:
+            self._departed()
+            return self._departure
+        self.log.info("federation: leaving the mesh's tree before stopping "
+                      "({n} mesh links)", n=len(mesh_links))
+        self.mesh.leaving = True
+        self._advertise()
+        if timeout is None:
+            timeout = self.mesh_grace + 3.0
+        self._departure_call = self.clock.callLater(timeout, self._departed, True)
+        self._check_departed()
+        return self._departure
+
+    def _check_departed(self):
+        if all(link.remote_filter.is_false for link in self.links
+               if link.mesh and link.state == link.UP):
+            self._departed()
+
+    def _departed(self, timed_out=False):
+        call, self._departure_call = self._departure_call, None
+        if call is not None and call.active():
+            call.cancel()
+        departure = self._departure
+        if departure is None or departure.called:
+            return
+        if timed_out:
+            self.log.warn("federation: mesh peers still asked for notifications when "
+                          "the wait to leave the tree ended; closing anyway")
+        departure.callback(None)
 
     def _file(self, link):
         trees = F.disjuncts(link.remote_filter.tree) if self.active(link) else []
@@ -175,13 +233,18 @@ class FederationManager(RouterObserver):
     # -- the mesh (elvin.federation.mesh) ---------------------------------------------
 
     def active(self, link):
-        """Does ``link`` carry notifications? Every link of a plain router,
-        and of a mesh router: links to plain peers, those on the tree, and
-        for ``mesh_grace`` seconds those that just left it (make before
-        break: the new path carries before the old stops; the duplicate
-        window drops what arrives both ways meanwhile)."""
-        return (self.mesh is None or not link.mesh or link.peer_domain in self._tree
-                or link.peer_domain in self._leaving)
+        """Does ``link`` carry notifications? Every link of a plain router;
+        of a mesh router, those on the tree (which spans its plain peers
+        too), and for ``mesh_grace`` seconds those that just left it (make
+        before break: the new path carries before the old stops; the
+        duplicate window drops what arrives both ways meanwhile). A link
+        whose peer has not yet sent its first pull filter (which says
+        whether it is a mesh router) carries nothing."""
+        if self.mesh is None:
+            return True
+        if link.mesh is None:
+            return False      # until its first filter says what the peer is
+        return link.peer_domain in self._tree or link.peer_domain in self._leaving
 
     def is_duplicate(self, routing):
         ident = MESH.id_of(routing) if self.mesh is not None else None
@@ -191,6 +254,7 @@ class FederationManager(RouterObserver):
         """``link``'s peer is a mesh router: tell it what we know."""
         self.log.info("federation link to {domain} is a mesh link", domain=link.peer_domain)
         self.mesh.neighbours.add(link.peer_domain)
+        self.mesh.plain.discard(link.peer_domain)
         if self.mesh_interval and self._mesh_call is None and not self._closing:
             # Soft state is refreshed once there is a mesh to refresh it in.
             self._mesh_call = self.clock.callLater(self.mesh_interval, self._mesh_refresh)
@@ -199,6 +263,20 @@ class FederationManager(RouterObserver):
                                               sorted(advert.neighbours)))
         self._advertise()
         self._mesh_changed()
+
+    def plain_peer_found(self, link):
+        """``link``'s peer is a plain EFP 1.0 router (its first filter had
+        no mesh marker): the mesh hears of the link, so that a plain router
+        linked to several mesh routers is reached by one of them only."""
+        self.log.info("federation link to {domain} is a plain EFP 1.0 link",
+                      domain=link.peer_domain)
+        self.mesh.plain.add(link.peer_domain)
+        self._advertise()
+        self._mesh_changed()
+        if link.peer_domain not in self._tree:
+            self.log.info("federation: the link to plain router {domain} closes a cycle "
+                          "in the mesh; it stays up and idle while {domain} is reached "
+                          "another way", domain=link.peer_domain)
 
     def mesh_advert(self, link, packet):
         now = self.clock.seconds()
@@ -234,8 +312,8 @@ class FederationManager(RouterObserver):
             self._mesh_changed()
 
     def _mesh_changed(self):
-        if self._closing:
-            return
+        if self._closing or (self.mesh is not None and self.mesh.leaving):
+            return      # leaving: the tree we forward on stays as it was
         tree = self.mesh.tree_neighbours()
         if tree == self._tree:
             return
@@ -250,7 +328,7 @@ class FederationManager(RouterObserver):
         self._leaving -= tree
         self._tree = tree
         for link in self.links:
-            if link.mesh:
+            if link.mesh is not None:
                 self._file(link)
         self.schedule_update()
 
@@ -361,6 +439,7 @@ class FederationManager(RouterObserver):
 
     def shutdown(self):
         self._closing = True
+        self._departed()
         if self in self.router.observers:
             self.router.observers.remove(self)    # a reload may make another
         if self._mesh_call is not None and self._mesh_call.active():

@@ -28,13 +28,20 @@ import collections
 import itertools
 from typing import Dict, FrozenSet, Iterable, List, Optional, Set, Tuple
 
-__all__ = ["MARKER_NAME", "ID_PREFIX", "MeshState", "Advert", "DuplicateWindow",
+__all__ = ["MARKER_NAME", "ID_PREFIX", "PLAIN_PREFIX", "advert_domain", "MeshState", "Advert", "DuplicateWindow",
            "spanning_tree", "notification_id", "id_of"]
 
 #: The attribute a mesh router's pull filters ask for, to say what it is.
 MARKER_NAME = "Elvin-Federation.Mesh-1"
 #: Routing-list entries that carry a notification's mesh id.
 ID_PREFIX = "mesh:"
+#: Advert entries naming a plain (EFP 1.0) neighbour rather than a mesh one.
+PLAIN_PREFIX = "plain:"
+
+
+def advert_domain(entry: str) -> str:
+    """The router domain an advert's neighbour entry names."""
+    return entry[len(PLAIN_PREFIX):] if entry.startswith(PLAIN_PREFIX) else entry
 
 
 def notification_id(domain: str, epoch: int, number: int) -> str:
@@ -53,14 +60,20 @@ class Advert:
     """What one router said of its mesh links: ``(epoch, sequence)``
     orders its adverts (a restarted router has a later epoch)."""
 
-    __slots__ = ("origin", "epoch", "sequence", "neighbours", "expires")
+    __slots__ = ("origin", "epoch", "sequence", "neighbours", "plain", "expires")
 
     def __init__(self, origin: str, epoch: int, sequence: int,
                  neighbours: Iterable[str], expires: float) -> None:
         self.origin = origin
         self.epoch = epoch
         self.sequence = sequence
-        self.neighbours: FrozenSet[str] = frozenset(neighbours)
+        entries = list(neighbours)
+        self.neighbours: FrozenSet[str] = frozenset(
+            e for e in entries if not e.startswith(PLAIN_PREFIX))
+        #: Its plain neighbours (``PLAIN_PREFIX`` entries): routers that
+        #: send no adverts, whose links only the mesh end can tell of.
+        self.plain: FrozenSet[str] = frozenset(
+            advert_domain(e) for e in entries if e.startswith(PLAIN_PREFIX))
         self.expires = expires
 
     @property
@@ -68,9 +81,13 @@ class Advert:
         return (self.epoch, self.sequence)
 
 
-def spanning_tree(nodes: Iterable[str], edges: Iterable[Tuple[str, str]]) -> Set[Tuple[str, str]]:
+def spanning_tree(nodes: Iterable[str], edges: Iterable[Tuple[str, str]],
+                  later: Iterable[Tuple[str, str]] = ()) -> Set[Tuple[str, str]]:
     """The spanning forest every router computes alike: Kruskal's, taking
-    edges in the order of their (smaller, larger) domain names."""
+    edges in the order of their (smaller, larger) domain names, and the
+    ``later`` edges (links to plain routers) after all the others, so a
+    plain router linked to several mesh routers hangs off the tree by one
+    link rather than carrying the mesh's traffic."""
     parent = {node: node for node in nodes}
 
     def root(node: str) -> str:
@@ -79,7 +96,10 @@ def spanning_tree(nodes: Iterable[str], edges: Iterable[Tuple[str, str]]) -> Set
             node = parent[node]
         return node
     tree = set()
-    for a, b in sorted({tuple(sorted(edge)) for edge in edges}):
+    first = sorted({(e[0], e[1]) if e[0] <= e[1] else (e[1], e[0]) for e in edges})
+    then = sorted({(e[0], e[1]) if e[0] <= e[1] else (e[1], e[0]) for e in later}
+                  - set(first))
+    for a, b in first + then:
         if a not in parent or b not in parent:
             continue
         ra, rb = root(a), root(b)
@@ -100,6 +120,13 @@ class MeshState:
         self.lifetime = lifetime
         self.sequence = 0
         self.neighbours: Set[str] = set()
+        #: Our plain neighbours (links up to EFP 1.0 routers: the Avis
+        #: router, ours with the mesh off), advertised so that a plain
+        #: router linked to several mesh routers closes no cycle.
+        self.plain: Set[str] = set()
+        #: Leaving the mesh (a graceful stop): we advertise no links, so
+        #: the others build their tree without us.
+        self.leaving = False
         self.adverts: Dict[str, Advert] = {}
         self._numbers = itertools.count(1)
 
@@ -110,7 +137,10 @@ class MeshState:
     def own_advert(self) -> Tuple[str, int, int, List[str]]:
         """A new advert of our own links: (origin, epoch, sequence, neighbours)."""
         self.sequence += 1
-        return (self.domain, self.epoch, self.sequence, sorted(self.neighbours))
+        if self.leaving:
+            return (self.domain, self.epoch, self.sequence, [])
+        return (self.domain, self.epoch, self.sequence,
+                sorted(self.neighbours) + sorted(PLAIN_PREFIX + p for p in self.plain))
 
     def receive(self, origin: str, epoch: int, sequence: int, neighbours: Iterable[str],
                 now: float) -> bool:
@@ -136,14 +166,23 @@ class MeshState:
     def edges(self) -> Set[Tuple[str, str]]:
         """Links both ends advertise (our own side: the links up now)."""
         said: Dict[str, FrozenSet[str]] = {o: a.neighbours for o, a in self.adverts.items()}
-        said[self.domain] = frozenset(self.neighbours)
+        said[self.domain] = frozenset() if self.leaving else frozenset(self.neighbours)
         return {(a, b) for a, around in said.items() for b in around
                 if a in said.get(b, ())}
 
+    def plain_edges(self) -> Set[Tuple[str, str]]:
+        """Links from mesh routers to plain ones (the mesh end's word:
+        a plain router advertises nothing)."""
+        said: Dict[str, FrozenSet[str]] = {o: a.plain for o, a in self.adverts.items()}
+        said[self.domain] = frozenset() if self.leaving else frozenset(self.plain)
+        mesh = set(self.adverts) | {self.domain}
+        return {(a, p) for a, around in said.items() for p in around if p not in mesh}
+
     def tree_neighbours(self) -> Set[str]:
-        """Our neighbours on the spanning tree."""
-        nodes = set(self.adverts) | {self.domain}
-        tree = spanning_tree(nodes, self.edges())
+        """Our neighbours on the spanning tree (plain ones included)."""
+        plain = self.plain_edges()
+        nodes = set(self.adverts) | {self.domain} | {p for _, p in plain}
+        tree = spanning_tree(nodes, self.edges(), plain)
         return ({b for a, b in tree if a == self.domain}
                 | {a for a, b in tree if b == self.domain})
 

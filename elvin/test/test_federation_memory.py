@@ -64,3 +64,179 @@ class DuplicateTraceTests(unittest.TestCase):
         link.packet_received(FP.FedNotify({"n": 2}, True, P.Keys.EMPTY,
                                           ("b.test", "a.test")))
         self.assertEqual(events[-1], ("b.test", "a.test", "notify_dropped_loop"))
+
+
+class Stream:
+    """A producer on ``router`` sending {"n": N} every ``period`` seconds of
+    the net's clock."""
+
+    def __init__(self, net, router, period=0.005):
+        self.producer = router.client()
+        self.net = net
+        self.period = period
+        self.sent = []
+        self.due = net.clock.seconds() + period
+        self.call = net.clock.callLater(period, self.tick)
+
+    def tick(self):
+        now = self.net.clock.seconds()
+        while self.due <= now + 1e-9:
+            n = len(self.sent)
+            self.producer.notify({"n": n})
+            self.sent.append(n)
+            self.due += self.period
+        self.call = self.net.clock.callLater(self.due - now, self.tick)
+
+    def stop(self):
+        self.call.cancel()
+
+
+class GracefulStopTests(unittest.TestCase):
+
+    def check_stream(self, net, stream, consumers, during):
+        during()
+        net.run(2.0)
+        stream.stop()
+        net.run(1.0)
+        for name, consumer in consumers.items():
+            got = [d["n"] for d in consumer.deliveries()]
+            self.assertEqual(len(got), len(set(got)), f"duplicates at {name}")
+            self.assertEqual(sorted(got), stream.sent, f"lost at {name}")
+
+    def test_stopping_the_router_carrying_a_stream_loses_nothing(self):
+        net = Net()
+        a, b, c, d = ring(net, "a.test", "b.test", "c.test", "d.test")
+        # The tree: a-b, b-c, a-d (c-d idle); a's stream reaches c through b.
+        self.assertEqual(net.trees()["b.test"], {"a.test", "c.test"})
+        consumers = {r.domain: r.client() for r in (a, c, d)}
+        for consumer in consumers.values():
+            consumer.subscribe("require(n)")
+        net.run(0.5)
+        stream = Stream(net, a)             # 200 a second
+        net.run(0.5)
+        stopped = []
+        self.check_stream(net, stream, consumers,
+                          lambda: b.stop().addCallback(stopped.append))
+        self.assertEqual(len(stopped), 1)
+        self.assertEqual(b.manager.links, [])
+        self.assertEqual(net.trees()["c.test"], {"d.test"})
+        self.assertGreaterEqual(len(stream.sent), 500)
+
+    def test_a_kill_is_what_loses(self):
+        """The same without leaving first loses what was in the gap (so the
+        test above measures something)."""
+        net = Net()
+        a, b, c, d = ring(net, "a.test", "b.test", "c.test", "d.test")
+        consumer = c.client()
+        consumer.subscribe("require(n)")
+        net.run(0.5)
+        stream = Stream(net, a)
+        net.run(0.5)
+        b.router.shutdown()                 # closes its links at once
+        net.run(2.0)
+        stream.stop()
+        net.run(1.0)
+        got = [d["n"] for d in consumer.deliveries()]
+        self.assertLess(len(got), len(stream.sent))
+
+    def test_a_leaf_or_a_plain_router_stops_at_once(self):
+        net = Net()
+        a, b = net.routers_named("a.test", "b.test")
+        plain = net.router("plain.test", mesh=False)
+        net.link(a, b)
+        net.link(plain, a)
+        a.client().subscribe("require(n)")
+        net.run(1.0)
+        stopped = []
+        plain.stop().addCallback(stopped.append)
+        self.assertEqual(len(stopped), 1)
+        # a asks b for what a's client wants: b waits until a has taken it
+        # off its tree (after a's grace), not longer than grace + 3 s.
+        b.stop().addCallback(stopped.append)
+        net.run(0.5)
+        self.assertEqual(len(stopped), 1)
+        net.run(1.0)
+        self.assertEqual(len(stopped), 2)
+        self.assertEqual(b.manager.links, [])
+
+
+class PlainRouterInACycleTests(unittest.TestCase):
+    """A plain EFP 1.0 router (the Avis router; here ours with the mesh
+    off, which behaves alike on the wire) linked to two mesh routers."""
+
+    def setUp(self):
+        self.net = net = Net()
+        self.x, self.y = net.routers_named("x.test", "y.test")
+        self.plain = net.router("avis.test", mesh=False)
+        net.link(self.x, self.y)
+        net.link(self.plain, self.x)
+        net.link(self.plain, self.y)
+        net.run(3.0)
+
+    def test_one_of_its_links_is_idle_and_nothing_arrives_twice(self):
+        net, x, y, plain = self.net, self.x, self.y, self.plain
+        # Mesh links first, then plain ones in name order: avis-x is kept.
+        self.assertEqual(net.trees()["x.test"], {"y.test", "avis.test"})
+        self.assertEqual(net.trees()["y.test"], {"x.test"})
+        self.assertFalse(y.manager.active(y.link("avis.test")))
+        consumers = {r.domain: r.client() for r in (x, y, plain)}
+        for consumer in consumers.values():
+            consumer.subscribe("require(n)")
+        net.run(0.5)
+        for n, origin in enumerate((plain, x, y) * 20):
+            origin.client().notify({"n": n})
+        net.run(0.5)
+        for name, consumer in consumers.items():
+            got = sorted(d["n"] for d in consumer.deliveries())
+            self.assertEqual(got, list(range(60)), name)
+
+    def test_the_idle_link_takes_over_when_the_other_fails(self):
+        net, x, y, plain = self.net, self.x, self.y, self.plain
+        on_y = y.client()
+        on_y.subscribe("require(n)")
+        net.run(0.5)
+        x.kill()
+        net.run(1.0)
+        self.assertEqual(net.trees()["y.test"], {"avis.test"})
+        plain.client().notify({"n": 1})
+        net.run(0.5)
+        self.assertEqual(on_y.deliveries(), [{"n": 1}])
+
+
+class RestartTests(unittest.TestCase):
+
+    def test_a_restarted_router_delivers_nothing_twice_while_it_rejoins(self):
+        net = Net()
+        a, b, c, d = ring(net, "a.test", "b.test", "c.test", "d.test")
+        consumers = {r.domain: r.client() for r in (a, c, d)}
+        for consumer in consumers.values():
+            consumer.subscribe("require(n)")
+        net.run(0.5)
+        stream = Stream(net, a)
+        net.run(0.3)
+        b.kill()
+        net.run(1.0)
+        b2 = net.router("b.test")
+        on_b2 = b2.client()
+        on_b2.subscribe("require(n)")
+        # Its links come up before any filter has crossed them: until the
+        # peer's first filter says what it is, a link carries nothing.
+        at_link_up = []
+        link_up = b2.manager.link_up
+
+        def record(link):
+            at_link_up.append((link.mesh, b2.manager.active(link)))
+            link_up(link)
+        b2.manager.link_up = record
+        net.link(a, b2)
+        net.link(b2, c)
+        self.assertEqual(at_link_up, [(None, False), (None, False)])
+        net.run(3.0)
+        stream.stop()
+        net.run(1.0)
+        self.assertEqual(net.trees()["b.test"], {"a.test", "c.test"})
+        for name, consumer in list(consumers.items()) + [("b2", on_b2)]:
+            got = [n["n"] for n in consumer.deliveries()]
+            self.assertEqual(len(got), len(set(got)), f"a duplicate at {name}")
+        got_c = {n for n in stream.sent}
+        self.assertTrue(got_c)

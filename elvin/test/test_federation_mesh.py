@@ -200,8 +200,11 @@ class MeshTests(FederationTestCase):
         yield c.link_to(a)
         yield plain.link_to(b)                  # a plain EFP 1.0 peer: a leaf
         routers = [a, b, c, plain]
-        yield self.wait_tree([a, b, c], [(a, b), (a, c)])
-        self.assertFalse(b.link("plain.test").mesh)
+        # The plain peer is on the tree too, by its one link.
+        yield wait_until(lambda: (a.manager._tree, b.manager._tree, c.manager._tree) == (
+            {"b.test", "c.test"}, {"a.test", "plain.test"}, {"a.test"}), timeout=20)
+        yield self.settle(*routers)
+        self.assertIs(b.link("plain.test").mesh, False)
         got = yield self.subscribers(routers)
         yield self.settle(*routers)
         yield self.publish(plain, 0, 50)
