@@ -41,8 +41,21 @@ on TCP. docs/protocols.md has the wire description; in short::
   over.
 * Session ids are 192 random bits and are the only credential of a
   session, so request URLs are never logged.
+* Tunnels hold no socket, so the listener's gate does not count them.
+  They are capped at the router's ``max-connections`` (as it is once fitted
+  to the open-file limit, not as configured), and those that have not sent
+  ConnRqst yet at a quarter of that: at either cap the oldest such tunnel
+  is closed to make room (``ElvinHTTPSite.closed_connecting``), so a flood
+  of empty ``POST /elvin/session`` cannot fill the router's channels and
+  lock out every client, and a client whose first POST carries ConnRqst is
+  always admitted.
+* Request bodies are kept in memory, where the receive budget counts
+  them, never in temporary files: twisted.web would open one per body of
+  100,000 bytes or more as soon as its headers arrived, an open file the
+  listener's gate does not see and the receive budget does not count.
 """
 
+import io
 import secrets
 
 from twisted.internet import error
@@ -178,6 +191,9 @@ class TunnelTransport:
             self._start_idle_timer()
         if body:
             self.protocol.dataReceived(body)
+            session = self.protocol.session
+            if session is not None and session.state == session.CONNECTED:
+                self.site.connecting.pop(self.session_id, None)
 
     def attach(self, request, mode):
         """A GET: send what the router has for the client on ``request``."""
@@ -269,6 +285,7 @@ class TunnelTransport:
         self.closed = True
         self.disconnecting = True
         self.site.tunnels.pop(self.session_id, None)
+        self.site.connecting.pop(self.session_id, None)
         self._cancel(self._idle_timer)
         self._idle_timer = None
         if self.down is not None:
@@ -299,6 +316,13 @@ class _LimitedRequest(server.Request):
     body_too_large = False
     _body_size = 0
     _budget = None
+
+    def gotLength(self, length):
+        """In memory whatever the length (twisted.web would open a
+        temporary file from 100,000 bytes): what a body holds is counted
+        against the receive budget, and a file per body would be an open
+        file the listener's gate does not count."""
+        self.content = io.BytesIO()
 
     def handleContentChunk(self, data):
         if self.body_too_large:
@@ -369,7 +393,7 @@ class SessionResource(resource.Resource):
             if body is None:
                 return b""
             tunnel = self.site.open_tunnel(request)
-            if tunnel is None:
+            if tunnel is None or tunnel.closed:   # closed: the router's channel cap
                 request.setResponseCode(http.SERVICE_UNAVAILABLE)
                 return b"too many sessions\n"
             request.setResponseCode(http.CREATED)
@@ -427,8 +451,10 @@ class ElvinHTTPSite(server.Site):
 
     ``factory`` is the ElvinServerFactory whose protocols run inside the
     tunnels; ``clock`` (default: the factory's) runs the timeouts.
-    ``max_sessions`` (default: the router's max-connections) caps how many
-    tunnels may exist at once.
+    ``max_sessions`` (default: the router's max-connections, read at each
+    new tunnel) caps how many tunnels may exist at once, ``max_connecting``
+    (default: a quarter of that) how many of them may be without ConnRqst;
+    at either cap the oldest tunnel without ConnRqst is closed to make room.
     """
 
     displayTracebacks = False
@@ -438,7 +464,8 @@ class ElvinHTTPSite(server.Site):
     protocol = AdmittedHTTPChannel
 
     def __init__(self, factory, session_timeout=DEFAULT_SESSION_TIMEOUT,
-                 poll_timeout=DEFAULT_POLL_TIMEOUT, clock=None, max_sessions=None):
+                 poll_timeout=DEFAULT_POLL_TIMEOUT, clock=None, max_sessions=None,
+                 max_connecting=None):
         root = resource.Resource()
         elvin = resource.Resource()
         root.putChild(b"elvin", elvin)
@@ -448,14 +475,43 @@ class ElvinHTTPSite(server.Site):
         self.clock = clock if clock is not None else factory.clock
         self.session_timeout = session_timeout
         self.poll_timeout = poll_timeout
-        self.max_sessions = (max_sessions if max_sessions is not None
-                             else factory.router.max_connections)
+        self._max_sessions = max_sessions
+        self._max_connecting = max_connecting
         self.tunnels = {}
+        #: Tunnels that have not sent ConnRqst yet, oldest first.
+        self.connecting = {}
+        #: Tunnels closed to make room for a new one, and when it was logged.
+        self.closed_connecting = 0
+        self._closed_unlogged = 0
+        self._logged_at = None
+
+    @property
+    def max_sessions(self):
+        """Tunnels at once: ``max_sessions`` if given, else the router's
+        max-connections now (it is lowered at start to fit the open-file
+        limit, after this site is made)."""
+        if self._max_sessions is not None:
+            return self._max_sessions
+        return self.elvin_factory.router.max_connections
+
+    @max_sessions.setter
+    def max_sessions(self, value):
+        self._max_sessions = value
+
+    @property
+    def max_connecting(self):
+        """Tunnels without ConnRqst at once: a quarter of max_sessions."""
+        if self._max_connecting is not None:
+            return self._max_connecting
+        return max(1, self.max_sessions // 4)
 
     def log(self, request):
         """Session ids in URLs are credentials: no access log."""
 
     def open_tunnel(self, request):
+        if self.connecting and (len(self.connecting) >= self.max_connecting
+                                or len(self.tunnels) >= self.max_sessions):
+            self._close_oldest_connecting()
         if len(self.tunnels) >= self.max_sessions:
             return None
         session_id = secrets.token_urlsafe(24)
@@ -465,9 +521,29 @@ class ElvinHTTPSite(server.Site):
         proto = TunnelServerProtocol()
         proto.factory = self.elvin_factory
         tunnel.protocol = proto
+        self.connecting[session_id] = tunnel
         proto.makeConnection(tunnel)
-        tunnel._start_idle_timer()
+        if not tunnel.closed:
+            tunnel._start_idle_timer()
         return tunnel
+
+    def _close_oldest_connecting(self):
+        """Close the oldest tunnel that has not sent ConnRqst, to make room
+        for a new one; one log line per 10 s at most."""
+        tunnel = next(iter(self.connecting.values()))
+        self.connecting.pop(tunnel.session_id, None)
+        tunnel.abortConnection()
+        self.closed_connecting += 1
+        self._closed_unlogged += 1
+        now = self.clock.seconds()
+        if self._logged_at is None or now - self._logged_at >= 10:
+            TunnelTransport.log.warn(
+                "HTTP tunnels at their cap ({open} open, {connecting} without ConnRqst, "
+                "max {max}): closed {count} without ConnRqst to make room",
+                open=len(self.tunnels), connecting=len(self.connecting),
+                max=self.max_sessions, count=self._closed_unlogged)
+            self._logged_at = now
+            self._closed_unlogged = 0
 
     def close_all(self):
         """Abort every tunnelled session (tests, emergency stop)."""
