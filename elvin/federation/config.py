@@ -82,9 +82,11 @@ FEDERATION_SETTINGS = (
              "Avis's form: peers whose address matches a pattern must be "
              "authenticated, whatever their class (needs `tls-ca`).", repeat=True,
              target="require_authenticated_hosts"),
-    _setting("Keepalive-Interval", duration(True), 30.0, "`30`",
-             "Seconds between TestConn probes of a quiet link; `0` switches them off "
-             "(`Federation.Keepalive` is accepted too).", target="keepalive"),
+    _setting("Keepalive-Interval", duration(True), 5.0, "`5`",
+             "A link silent this many seconds is sent TestConn; one silent for twice "
+             "as long is closed (and its peer's name may link again at once); `0` "
+             "switches this off (`Federation.Keepalive` is accepted too).",
+             target="keepalive"),
     _setting("Mesh", flag, True, "`yes`",
              "Federate over any connected graph (rings, meshes, redundant links): mesh "
              "routers agree on a spanning tree and drop duplicates (docs/federation.md, "

@@ -133,10 +133,27 @@ class FederationManager(RouterObserver):
             return problem
         if domain == self.domain:
             return f"peer claims our own router domain {domain!r}"
-        for other in self.links:
+        for other in list(self.links):
             if other is not link and other.peer_domain == domain:
-                return f"already federated with {domain!r}"
+                if not self._gone_silent(other):
+                    return f"already federated with {domain!r}"
+                # Its peer stopped answering (a hung process, a dead host
+                # whose connection no reset has ended): the router that says
+                # it is that peer now takes its place.
+                self.log.warn("federation link to {domain} silent for {silent:.1f} s: "
+                              "replaced by a new link from {host}", domain=domain,
+                              silent=other.output.silent_for(), host=link.peer_host)
+                other.connection_lost("replaced: silent peer")
+                other.output.abort()
         return None
+
+    @staticmethod
+    def _gone_silent(link):
+        """Has ``link``'s peer left a keepalive probe unanswered (silent
+        for more than one keepalive interval)?"""
+        keepalive = getattr(link.output, "keepalive", 0)
+        silent_for = getattr(link.output, "silent_for", None)
+        return bool(keepalive) and silent_for is not None and silent_for() > keepalive
 
     def link_up(self, link):
         self.links.append(link)

@@ -13,7 +13,7 @@ import random
 import struct
 
 from twisted.application.internet import ClientService, backoffPolicy
-from twisted.internet import protocol, task
+from twisted.internet import protocol
 from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOProtocol
 
@@ -29,6 +29,8 @@ __all__ = ["FederationProtocol", "AcceptorFactory", "ConnectorFactory",
            "parse_ewaf", "DEFAULT_FEDERATION_PORT", "connector_service"]
 
 DEFAULT_FEDERATION_PORT = EwafURI.DEFAULT_PORT
+#: Seconds between probes of a quiet link: a hung peer is found within two.
+DEFAULT_KEEPALIVE = 5.0
 _DROPWARN = P.encode(P.DropWarn())
 _packet_id = struct.Struct(">I").unpack_from
 
@@ -36,7 +38,7 @@ _packet_id = struct.Struct(">I").unpack_from
 class FederationProtocol(QueuedFramedProtocol):
     log = Logger()
 
-    def __init__(self, manager, outgoing, fed_class=None, keepalive=30.0,
+    def __init__(self, manager, outgoing, fed_class=None, keepalive=DEFAULT_KEEPALIVE,
                  send_queue_bytes=8 * 1024 * 1024, clock=None):
         super().__init__()
         self.manager = manager
@@ -46,7 +48,8 @@ class FederationProtocol(QueuedFramedProtocol):
         self.clock = clock or manager.clock
         self.queue = SendQueue(send_queue_bytes, "newest", _DROPWARN)
         self.link = None
-        self._heard = True
+        #: When the peer last sent anything (the clock's seconds).
+        self.last_heard = None
         self._probe_sent = False
         self._liveness = None
         self.max_frame_length = FP.MAX_PACKET_LENGTH
@@ -76,30 +79,43 @@ class FederationProtocol(QueuedFramedProtocol):
                                              "ewaf:/secure/... URI)")
             return
         self.register_producer()
+        self.last_heard = self.clock.seconds()
         if self.keepalive:
-            self._liveness = task.LoopingCall(self._check_liveness)
-            self._liveness.clock = self.clock
-            self._liveness.start(self.keepalive, now=False)
+            self._liveness = self.clock.callLater(self.keepalive, self._check_liveness)
         self.link.start()
 
+    def silent_for(self):
+        """Seconds since the peer last sent anything."""
+        return self.clock.seconds() - self.last_heard if self.last_heard is not None else 0.0
+
     def _check_liveness(self):
-        if self._heard:
-            self._heard = False
+        """The rule (docs/federation.md, "Liveness"): a link silent for one
+        keepalive interval is sent TestConn; one silent for two is closed,
+        at that moment, whatever the phase of any timer."""
+        interval = self.keepalive
+        silent = self.silent_for()
+        if silent >= 2 * interval:
+            self._liveness = None
+            self.log.warn("federation link to {peer} is silent; closing",
+                          peer=self.link.peer_domain or self.link.peer_host)
+            self.link.connection_lost("liveness")
+            self.transport.abortConnection()
+            return
+        if silent >= interval:
+            if not self._probe_sent:
+                self._probe_sent = True
+                self.send(P.TestConn())
+            wake = 2 * interval - silent
+        else:
             self._probe_sent = False
-            return
-        if not self._probe_sent:
-            self._probe_sent = True
-            self.send(P.TestConn())
-            return
-        self.log.warn("federation link to {peer} is silent; closing",
-                      peer=self.link.peer_domain or self.link.peer_host)
-        self.link.connection_lost("liveness")
-        self.transport.abortConnection()
+            wake = interval - silent
+        self._liveness = self.clock.callLater(wake, self._check_liveness)
 
     def connectionLost(self, reason=None):
         super().connectionLost(reason)
-        if self._liveness is not None and self._liveness.running:
-            self._liveness.stop()
+        if self._liveness is not None and self._liveness.active():
+            self._liveness.cancel()
+        self._liveness = None
         self.queue.clear()
         if self.link is not None:
             self.link.connection_lost("connection_lost")
@@ -107,7 +123,7 @@ class FederationProtocol(QueuedFramedProtocol):
     # -- input -------------------------------------------------------------------
 
     def frameReceived(self, data):
-        self._heard = True
+        self.last_heard = self.clock.seconds()
         if _packet_id(data)[0] not in FP.LINK_PACKET_IDS:
             self.link.violation(f"protocol_error: packet id {_packet_id(data)[0]} "
                                 "is not one a federation peer sends")
@@ -144,7 +160,7 @@ class FederationProtocol(QueuedFramedProtocol):
 class AcceptorFactory(protocol.Factory):
     """Incoming links: the class is chosen from the peer's address."""
 
-    def __init__(self, manager, keepalive=30.0):
+    def __init__(self, manager, keepalive=DEFAULT_KEEPALIVE):
         self.manager = manager
         self.keepalive = keepalive
 
@@ -157,7 +173,7 @@ class AcceptorFactory(protocol.Factory):
 class ConnectorFactory(protocol.Factory):
     """Outgoing links of one configured class."""
 
-    def __init__(self, manager, fed_class, keepalive=30.0):
+    def __init__(self, manager, fed_class, keepalive=DEFAULT_KEEPALIVE):
         self.manager = manager
         self.fed_class = fed_class
         self.keepalive = keepalive

@@ -240,3 +240,52 @@ class RestartTests(unittest.TestCase):
             self.assertEqual(len(got), len(set(got)), f"a duplicate at {name}")
         got_c = {n for n in stream.sent}
         self.assertTrue(got_c)
+
+
+class HungPeerTests(unittest.TestCase):
+    """A peer that stops answering (SIGSTOP): its bytes go nowhere."""
+
+    def setUp(self):
+        self.net = net = Net()
+        self.a = net.router("a.test", keepalive=5.0)
+        self.b = net.router("b.test", keepalive=5.0)
+        self.pump = net.link(self.b, self.a)
+        net.run(1.0)
+
+    def test_found_within_two_keepalive_intervals_whatever_the_phase(self):
+        for idle in (0.0, 2.5, 4.99):
+            net = self.net
+            if idle:
+                net.run(idle)
+            if not self.a.manager.links:
+                self.pump = net.link(self.b, self.a)
+                net.run(1.0)
+            net.frozen.add(self.pump)
+            hung_at = net.clock.seconds()
+            while self.a.manager.links and net.clock.seconds() - hung_at < 20:
+                net.run(0.1)
+            self.assertEqual(self.a.manager.links, [])
+            self.assertLessEqual(net.clock.seconds() - hung_at, 10.0 + 0.1)
+            net.frozen.discard(self.pump)
+            net.flush()
+
+    def test_a_replacement_with_the_same_name_is_taken_once_the_old_is_silent(self):
+        net, a = self.net, self.a
+        net.frozen.add(self.pump)                 # b hangs
+        net.run(2.0)
+        b2 = net.router("b.test", keepalive=5.0)  # a new b, same name
+        net.link(b2, a)
+        self.assertEqual(len(a.manager.links), 1)  # refused: the old one may be alive
+        self.assertIsNot(a.manager.links[0].output, None)
+        net.run(4.0)                               # past one interval: a probe unanswered
+        net.link(b2, a)
+        net.run(0.5)
+        (link,) = a.manager.links
+        self.assertEqual(link.peer_domain, "b.test")
+        self.assertEqual(b2.manager.links[0].peer_domain, "a.test")
+        consumer = b2.client()
+        consumer.subscribe("require(n)")
+        net.run(0.5)
+        a.client().notify({"n": 1})
+        net.run(0.1)
+        self.assertEqual(consumer.deliveries(), [{"n": 1}])
