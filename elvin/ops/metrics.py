@@ -76,6 +76,13 @@ class RouterCollector:
                                 "Bytes held in unfinished packets (max-receive-memory).",
                                 value=totals["receive_buffered_bytes"])
         yield from self._sockets(totals.get("sockets", {}))
+        datagrams = CounterMetricFamily(
+            "elvin_udp_datagrams", "UDP datagrams read, by outcome: accepted (UNotify "
+            "routed), oversize, malformed, unexpected (a packet other than UNotify).",
+            labels=["outcome"])
+        for outcome, count in totals.get("udp_datagrams", {}).items():
+            datagrams.add_metric([outcome], count)
+        yield datagrams
         nacks = CounterMetricFamily("elvin_nacks", "Nacks sent, by error code.",
                                     labels=["code"])
         for code, count in totals["nacks"].items():

@@ -125,6 +125,8 @@ def snapshot(router, federation=None, listeners=(), started=None, domain=None,
             # Accepted sockets by pool (client, federation, status): open,
             # cap, idle, refused when accepted, idle ones closed (admission).
             "sockets": admission.budget.stats() if admission is not None else {},
+            # UDP datagrams read by every udp,none,xdr listener, by outcome.
+            "udp_datagrams": _udp_totals(getattr(router, "udp_counters", ())),
         },
         "clients": clients,
         "links": links,
@@ -132,3 +134,12 @@ def snapshot(router, federation=None, listeners=(), started=None, domain=None,
                       "name": ERROR_NAMES.get(code, str(code)), "message": message}
                      for t, peer, code, message in list(router.refusals)],
     }
+
+
+def _udp_totals(listeners):
+    """Every UDP listener's datagram counters summed (docs/protocols.md)."""
+    totals = {"accepted": 0, "oversize": 0, "malformed": 0, "unexpected": 0}
+    for counters in listeners:
+        for key in totals:
+            totals[key] += counters.get(key, 0)
+    return totals

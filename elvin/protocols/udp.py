@@ -87,6 +87,11 @@ class UNotifyDatagramProtocol(protocol.DatagramProtocol):
         self.read_size = self.max_datagram + 1
         self.counters = {"datagrams": 0, "accepted": 0, "oversize": 0,
                          "malformed": 0, "unexpected": 0, "suppressed": 0}
+        # The router's status (elvin.ops) sums every UDP listener's counters.
+        listeners = getattr(router, "udp_counters", None)
+        if listeners is None:
+            listeners = router.udp_counters = []
+        listeners.append(self.counters)
         self._output = _SilentOutput(self.counters)
         self._session = None
 

@@ -184,6 +184,25 @@ class UNotifyDatagramUnitTests(unittest.TestCase):
         self.assertEqual(proto._session.peer, "udp:192.0.2.1:9")
         self.assertNotIn(proto._session, router.sessions)
 
+    def test_drops_reach_status_and_metrics(self):
+        """What every UDP listener dropped is in /status.json and /metrics."""
+        from prometheus_client import generate_latest
+        from elvin.ops.metrics import registry_for
+        from elvin.ops.status import snapshot
+        router = Router()
+        router.route = lambda *args, **kw: None
+        first, second = UNotifyDatagramProtocol(router), UNotifyDatagramProtocol(router)
+        peer = ("192.0.2.1", 9)
+        first.datagramReceived(unotify_bytes({"a": 1}), peer)
+        first.datagramReceived(b"\x00\x00\x00\x20junk", peer)
+        second.datagramReceived(b"x" * (second.max_datagram + 1), peer)
+        totals = snapshot(router, started=0)["totals"]["udp_datagrams"]
+        self.assertEqual(totals, {"accepted": 1, "oversize": 1, "malformed": 1,
+                                  "unexpected": 0})
+        text = generate_latest(registry_for(lambda: snapshot(router, started=0))).decode()
+        self.assertIn('elvin_udp_datagrams_total{outcome="oversize"} 1.0', text)
+        self.assertIn('elvin_udp_datagrams_total{outcome="malformed"} 1.0', text)
+
 
 class UDPClientTests(unittest.TestCase):
     timeout = 30
