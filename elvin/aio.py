@@ -417,6 +417,13 @@ class Connection(ClientState):
         return self.lifecycle.is_closed
 
     @property
+    def close_reason(self) -> Optional[ConnectionClosed]:
+        """None while the session lasts or when the program closed it, else
+        the ConnectionClosed that ended it (``reason``: the router's Disconn
+        reason, if it sent one)."""
+        return self.lifecycle.close_reason
+
+    @property
     def reconnects(self) -> int:
         return self.lifecycle.reconnects
 

@@ -341,6 +341,12 @@ class Connection:
                                       else lambda inner: callback(self))
 
     @property
+    def close_reason(self) -> Optional[ConnectionClosed]:
+        """None while the session lasts or when the program closed it, else
+        the ConnectionClosed that ended it."""
+        return self._inner.close_reason
+
+    @property
     def reconnects(self) -> int:
         return self._inner.reconnects
 

@@ -278,6 +278,13 @@ class Connection(ClientState):
     _closed = is_closed
 
     @property
+    def close_reason(self):
+        """None while the session lasts or when the program closed it, else
+        the ConnectionClosed that ended it (``reason``: the router's Disconn
+        reason, if it sent one)."""
+        return self.lifecycle.close_reason
+
+    @property
     def reconnects(self):
         return self.lifecycle.reconnects
 

@@ -46,7 +46,7 @@ session was up) what the program sends waits in a buffer of
 
 import enum
 import logging
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from elvin.clientcore.state import (ClientState, ConnectionClosed, NackError,
                                     PublishBufferFull, Reconnect, describe_disconn)
@@ -154,6 +154,9 @@ class HandshakeTimeout(TimeoutError):
 
 
 _RECONNECTING = (Phase.WAITING, Phase.DIALLING, Phase.HANDSHAKING, Phase.REPLAYING)
+#: Requests a followed redirection sends again to the new router (they name
+#: no id of the old session, which ended with them unanswered).
+_RESENDABLE = (P.SubAddRqst, P.QnchAddRqst, P.QosRqst, P.SecRqst)
 
 
 class Lifecycle:
@@ -195,6 +198,7 @@ class Lifecycle:
         self._announced: Optional[ElvinURI] = None   # on_redirect told of it
         self._buffer: List[Tuple[Any, int, Optional[int]]] = []
         self._buffered = 0
+        self._inflight: Dict[int, Any] = {}   # xid -> the program's request sent
         self._replays = 0
         self.held_count = 0
         self._paused = False
@@ -226,6 +230,13 @@ class Lifecycle:
             send = self.session.send
             assert send is not None
             send(packet)
+            if xid is not None and xid != -1:
+                inflight = self._inflight
+                if len(inflight) > 64:    # forget those answered
+                    pending = self.session._pending
+                    for done in [x for x in inflight if x not in pending]:
+                        del inflight[done]
+                inflight[xid] = packet
             return
         if phase in _RECONNECTING and self.established and xid != -1 and self.pending_size:
             size = len(P.encode(packet))
@@ -245,6 +256,12 @@ class Lifecycle:
                                phase is not Phase.IDLE else "not connected")
 
     _end_error: Optional[ConnectionClosed] = None
+
+    @property
+    def close_reason(self) -> Optional[ConnectionClosed]:
+        """Why the session ended: None while it lasts or when the program
+        closed it, else the ConnectionClosed its iterators raised."""
+        return self._end_error
 
     def unsend(self, xid: int) -> bool:
         """Take request ``xid`` back out of the reconnection buffer (its
@@ -304,6 +321,13 @@ class Lifecycle:
         self.session.send = None
         phase = self.phase
         error = self._loss(detail)
+        if phase is Phase.UP and self._disconn is not None and self._disconn[0] == 2 \
+                and self._disconn[1] and self.session.follow_redirects:
+            # Followed: what the old router left unanswered goes to the new one.
+            pending = self.session._pending
+            self._buffer[:0] = [(packet, 0, xid) for xid, packet in sorted(self._inflight.items())
+                                if xid in pending and isinstance(packet, _RESENDABLE)]
+        self._inflight.clear()
         self.session._fail_pending(error, keep=self._buffered_xids())
         if phase is Phase.CLOSING:
             self._end(None)

@@ -14,12 +14,14 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 
 from twisted.internet import defer
 from twisted.trial import unittest
 
 from elvin import aio, client, sync
-from elvin.client.state import ConnectFailed, ConnectionClosed, NackError, Reconnect
+from elvin.client.state import (ConnectFailed, ConnectionClosed, NackError,
+                                PublishBufferFull, Reconnect)
 from elvin.core.keys import producer_keys
 from elvin.test.places import REPO, free_port, start_twistd
 
@@ -137,6 +139,43 @@ class AioDriver:
     def lost(self, conn):
         conn.protocol.transport.abort()
 
+    awaits_coroutines = True
+
+    async def ended(self, conn, sub, timeout=TIMEOUT):
+        """How iterating ``sub`` ends: None (normally) or the error."""
+        async def drain():
+            async for _ in sub:
+                pass
+        try:
+            await asyncio.wait_for(drain(), timeout)
+        except ConnectionClosed as e:
+            return e
+        return None
+
+    async def cancelled_subscribe(self, conn, expression):
+        task = asyncio.ensure_future(conn.subscribe(expression))
+        await asyncio.sleep(0)            # sent; no reply yet
+        task.cancel()
+        with self_raises(asyncio.CancelledError):
+            await task
+
+
+AioDriver.stall = AioDriver.unstall = lambda self, conn: None
+
+
+class self_raises:
+    """``with self_raises(E):`` outside a TestCase."""
+
+    def __init__(self, kind):
+        self.kind = kind
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb):
+        assert kind is not None and issubclass(kind, self.kind), f"no {self.kind}"
+        return True
+
 
 class SyncDriver:
     """The blocking calls, made from the scenario's own (asyncio) thread:
@@ -188,6 +227,24 @@ class SyncDriver:
         loop = conn._inner.loop
         loop.call_soon_threadsafe(conn._inner.protocol.transport.abort)
 
+    awaits_coroutines = False
+
+    async def ended(self, conn, sub, timeout=TIMEOUT):
+        sub.timeout = timeout
+        try:
+            for _ in sub:
+                pass
+        except ConnectionClosed as e:
+            return e
+        return None
+
+    cancelled_subscribe = None            # a blocking call: nothing to cancel
+
+    def stall(self, conn):
+        """Nothing to do: an iterator nobody reads fills the receive bound."""
+
+    unstall = stall
+
 
 class TwistedDriver(AioDriver):
     """Deferreds awaited from coroutines run by ``defer.ensureDeferred``
@@ -230,6 +287,29 @@ class TwistedDriver(AioDriver):
 
     def lost(self, conn):
         conn.protocol.transport.abortConnection()
+
+    awaits_coroutines = False
+
+    async def ended(self, conn, sub, timeout=TIMEOUT):
+        """Callbacks, no iterators: the session's end and its reason."""
+        from twisted.internet import reactor
+        d = defer.Deferred()
+        conn.disconnected.addBoth(lambda _: d.called or d.callback(None))
+        d.addTimeout(timeout, reactor)
+        await d
+        return conn.close_reason
+
+    async def cancelled_subscribe(self, conn, expression):
+        d = conn.subscribe(expression, lambda note: None)
+        d.cancel()
+        with self_raises(defer.CancelledError):
+            await d
+
+    def stall(self, conn):
+        conn.protocol.transport.pauseProducing()
+
+    def unstall(self, conn):
+        conn.protocol.transport.resumeProducing()
 
 
 async def _sleep_via(driver, seconds):
@@ -379,7 +459,7 @@ class Scenarios:
         uri, router = start_router(port)
         events = []
         try:
-            conn = await d.connect(uri, reconnect=Reconnect(initial=0.05, maximum=0.3))
+            conn = await d.connect(uri, reconnect=True, pending_size=300)
             conn.on_connection_lost = lambda error: events.append("lost")
             conn.on_reconnected = lambda c: events.append("reconnected")
             sub = await d.subscribe(conn, "require(after)")
@@ -390,12 +470,16 @@ class Scenarios:
                 await _sleep_via(d, 0.05)
             self.assertEqual(events, ["lost"])
             await d.notify(conn, {"after": 0})           # kept until the session is back
+            with self.assertRaises(PublishBufferFull):    # beyond pending_size
+                await d.notify(conn, {"after": -1, "pad": "x" * 400})
             uri, router = start_router(port)
+            back = time.monotonic()
             for _ in range(200):
                 if "reconnected" in events:
                     break
-                await _sleep_via(d, 0.05)
+                await _sleep_via(d, 0.02)
             self.assertEqual(events, ["lost", "reconnected"])
+            self.assertLess(time.monotonic() - back, 3.0)   # the back-off is capped at 1.5 s
             producer = await d.connect(uri)
             await d.notify(producer, {"after": 1})
             self.assertEqual((await d.next(sub))["after"], 0)
@@ -415,6 +499,152 @@ class Scenarios:
         await d.close(conn)
         with self.assertRaises(ConnectFailed):       # the platform's CAs do not know it
             await d.connect(uri, timeout=5)
+
+    async def scenario_close_ends_iteration_normally(self, d):
+        conn = await d.connect(self.uri)
+        sub = await d.subscribe(conn, "require(never)")
+        await d.close(conn)
+        self.assertIsNone(await d.ended(conn, sub))
+        self.assertIsNone(conn.close_reason)
+
+    async def scenario_router_shutdown_says_so(self, d):
+        uri, router = start_router()
+        try:
+            conn = await d.connect(uri)
+            reasons = []
+            conn.on_disconnect = lambda reason, text: reasons.append(reason)
+            sub = await d.subscribe(conn, "require(never)")
+            stop_router(router)
+            error = await d.ended(conn, sub)
+        finally:
+            stop_router(router)
+        self.assertIsInstance(error, ConnectionClosed)
+        self.assertEqual(error.reason, 1)
+        self.assertIn("shutting down", str(error))
+        self.assertNotIn("lost", str(error))
+        self.assertEqual(reasons, [1])
+
+    async def scenario_coroutine_callback(self, d):
+        conn = await d.connect(self.uri)
+        got = []
+
+        async def handle(note):
+            await asyncio.sleep(0)
+            got.append(note["co"])
+        if not d.awaits_coroutines:
+            with self.assertRaises(TypeError):
+                await d.subscribe(conn, "require(co)", callback=handle)
+        else:
+            await d.subscribe(conn, "require(co)", callback=handle)
+            await d.notify(conn, {"co": 1})
+            for _ in range(200):
+                if got:
+                    break
+                await _sleep_via(d, 0.01)
+            self.assertEqual(got, [1])
+        await d.close(conn)
+
+    async def scenario_cancelled_subscribe_is_removed(self, d):
+        if d.cancelled_subscribe is None:
+            raise unittest.SkipTest("a blocking subscribe cannot be cancelled")
+        conn = await d.connect(self.uri)
+        producer = await d.connect(self.uri)
+        seen = []
+        conn.on_notification = seen.append
+        await d.cancelled_subscribe(conn, "require(cancelled)")
+        await d.ping(conn)                # the SubRply came; the SubDelRqst went
+        await d.ping(conn)
+        await d.notify(producer, {"cancelled": 1})
+        await d.ping(producer)
+        await d.ping(conn)
+        self.assertEqual(seen, [])
+        await d.close(producer)
+        await d.close(conn)
+
+    async def scenario_slow_consumer_gets_dropwarn(self, d):
+        warned = []
+        slow = await d.connect(self.uri, options={"Send-Queue.Max-Length": 8192},
+                               **({} if isinstance(d, TwistedDriver) else
+                                  {"receive_queue": 20}),
+                               on_dropwarn=lambda: warned.append(1))
+        producer = await d.connect(self.uri)
+        sub = await d.subscribe(slow, "require(slow)")
+        d.stall(slow)
+        total = 4000
+        for n in range(total):
+            await d.notify(producer, {"slow": n, "pad": "x" * 1000})
+        await d.ping(producer)
+        d.unstall(slow)
+        got = []
+        while not got or got[-1] != total - 1:
+            got.append((await d.next(sub))["slow"])
+        self.assertLess(len(got), total)
+        self.assertGreater(slow.dropwarns, 0)
+        self.assertTrue(warned)
+        await d.close(producer)
+        await d.close(slow)
+
+    async def scenario_fails_over_to_the_next_uri(self, d):
+        dead = f"elvin://127.0.0.1:{free_port()}"
+        conn = await d.connect([dead, self.uri], retry_connect=True, timeout=5)
+        self.assertEqual(str(conn.uri), str(client.ElvinURI(self.uri)))
+        self.assertTrue(await d.ping(conn))
+        await d.close(conn)
+
+    async def scenario_first_connect_retried(self, d):
+        import threading
+        port = free_port()
+        routers = []
+        starter = threading.Timer(0.3, lambda: routers.append(start_router(port)[1]))
+        starter.start()
+        try:
+            conn = await d.connect(f"elvin://127.0.0.1:{port}", retry_connect=True,
+                                   reconnect=Reconnect(attempts=60))
+            self.assertTrue(await d.ping(conn))
+            await d.close(conn)
+        finally:
+            starter.join()
+            for router in routers:
+                stop_router(router)
+
+    async def scenario_redirect_during_a_drain(self, d):
+        """A drained router's clients, and one connecting during the drain,
+        end up working at the new router without an error."""
+        import signal
+        import tempfile
+        new_uri, new = start_router()
+        folder = tempfile.mkdtemp()
+        port = free_port()
+        config = os.path.join(folder, "elvind.conf")
+        with open(config, "w") as f:
+            f.write(f"listen = elvin://127.0.0.1:{port}\nredirect-to = {new_uri}\n")
+        old_uri, old = start_router(port, ["-c", config])
+        try:
+            conn = await d.connect(old_uri)
+            moved = []
+            conn.on_redirect = moved.append
+            sub = await d.subscribe(conn, "require(drained)")
+            old.send_signal(signal.SIGUSR1)
+            for _ in range(500):
+                if moved and conn.reconnects:
+                    break
+                await d.notify(conn, {"during": 1})        # never an error
+                await _sleep_via(d, 0.01)
+            self.assertEqual(len(moved), 1)
+            late = await d.connect(old_uri)               # connecting during the drain
+            late_sub = await d.subscribe(late, "require(drained)")
+            self.assertFalse(late.is_closed)
+            self.assertTrue(await d.ping(late))
+            await d.notify(late, {"drained": 1})
+            self.assertEqual((await d.next(sub))["drained"], 1)
+            self.assertEqual((await d.next(late_sub))["drained"], 1)
+            self.assertEqual(str(late.uri), str(client.ElvinURI(new_uri)))
+            await d.close(late)
+            await d.close(conn)
+        finally:
+            stop_router(old)
+            stop_router(new)
+            shutil.rmtree(folder, True)
 
     async def scenario_options(self, d):
         conn = await d.connect(self.uri, options={"Subscription.Max-Count": 16})
@@ -504,6 +734,33 @@ class BlockingHelperTests(unittest.SynchronousTestCase):
             self.assertEqual(sorted(seen), sorted((i, k) for i in range(4) for k in range(50)))
             for i in range(4):   # each thread's notifications stay in its order
                 self.assertEqual([k for t, k in seen if t == i], list(range(50)))
+
+    def test_a_script_that_exits_without_close_delivers_everything(self):
+        """The blocking flavour closes its connections at interpreter exit:
+        all 5,000 notifications of a script that never calls close()."""
+        total = 5000
+        with sync.connect(self.uri) as conn:
+            sub = conn.subscribe("require(exiting)", timeout=TIMEOUT)
+            code = ("import elvin.sync\n"
+                    f"conn = elvin.sync.connect({self.uri!r})\n"
+                    f"for n in range({total}):\n"
+                    "    conn.notify({'exiting': n})\n")
+            done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                                  text=True, timeout=60)
+            self.assertEqual(done.returncode, 0, done.stderr)
+            seen = 0
+            for note in sub:
+                seen += 1
+                if seen == total:
+                    break
+            self.assertEqual(seen, total)
+
+    def test_quench_methods_block(self):
+        with sync.connect(self.uri) as conn:
+            quench = conn.quench(["blocking_quench"])
+            self.assertIs(quench.modify(add_names=["other_name"]), quench)
+            self.assertEqual(quench.names, {"blocking_quench", "other_name"})
+            self.assertIsNone(quench.remove())
 
     def test_no_event_loop_leaks_into_the_caller(self):
         with sync.connect(self.uri) as conn:

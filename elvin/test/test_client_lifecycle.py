@@ -1,0 +1,364 @@
+"""The client connection's lifecycle machine (``elvin.clientcore.lifecycle``)
+without I/O: events in, effects out, a fake clock and a list of packets
+sent. Also: importing the asyncio and blocking clients loads no Twisted."""
+
+import os
+import subprocess
+import sys
+
+from twisted.trial import unittest
+
+from elvin.clientcore.lifecycle import (CancelTimer, CloseChannel, ConnectFailedEffect,
+                                        Connected, Dial, Ended, HandshakeTimeout, Lifecycle,
+                                        PauseReading, Phase, ResumeReading, StartTimer)
+from elvin.clientcore.state import (ClientState, ConnectionClosed, NackError,
+                                    PublishBufferFull, Reconnect)
+from elvin.protocols import packets as P
+from elvin.test.places import REPO
+from elvin.uri import ElvinURI
+
+A = ElvinURI("elvin://a.test:2917")
+B = ElvinURI("elvin://b.test:2917")
+
+
+class Sub:
+    """A subscription as the machine sees one: an id and ``_end``."""
+
+    def __init__(self, sub_id, expression="require(x)"):
+        self.id = sub_id
+        self.expression = expression
+        self.accept_insecure = True
+        self.ended = []
+
+    def _end(self, error=None):
+        self.ended.append(error)
+
+
+class Harness:
+    def __init__(self, uris=(A,), **kw):
+        self.now = 0.0
+        self.effects = []
+        self.sent = []
+        self.session = ClientState()
+        kw.setdefault("timeout", 10.0)
+        self.machine = Lifecycle(self.session, list(uris), self.effects.append,
+                                 lambda: self.now, **kw)
+
+    def take(self):
+        effects, self.effects[:] = list(self.effects), []
+        return effects
+
+    def sent_kinds(self):
+        sent, self.sent[:] = list(self.sent), []
+        return [type(p).__name__ for p in sent]
+
+    def open(self):
+        """Dialled: returns the ConnRqst sent."""
+        self.machine.dialled(self.sent.append)
+        return self.sent[-1]
+
+    def up(self, options=None):
+        self.machine.start()
+        rqst = self.open()
+        self.machine.packet(P.ConnRply(rqst.xid, options or {}))
+        self.take()
+        self.sent.clear()
+
+
+class LifecycleTests(unittest.SynchronousTestCase):
+
+    def test_first_connect(self):
+        h = Harness()
+        h.machine.start({"Subscription.Max-Count": 8})
+        self.assertEqual(h.take(), [Dial(A)])
+        self.assertIs(h.machine.phase, Phase.DIALLING)
+        rqst = h.open()
+        self.assertEqual(type(rqst), P.ConnRqst)
+        self.assertEqual(rqst.options, {"Subscription.Max-Count": 8})
+        self.assertEqual(h.take(), [StartTimer(10.0)])
+        h.machine.packet(P.ConnRply(rqst.xid, {"Subscription.Max-Count": 8}))
+        self.assertEqual(h.take(), [CancelTimer(), Connected()])
+        self.assertIs(h.machine.phase, Phase.UP)
+        self.assertEqual(h.session.options, {"Subscription.Max-Count": 8})
+
+    def test_first_connect_refused_fails_without_retry(self):
+        h = Harness()
+        h.machine.start()
+        h.take()
+        refused = ConnectionRefusedError()
+        h.machine.dial_failed(refused)
+        self.assertEqual(h.take(), [CancelTimer(), ConnectFailedEffect(refused)])
+        self.assertIs(h.machine.phase, Phase.CLOSED)
+
+    def test_first_connect_retried_when_asked(self):
+        h = Harness(retry_connect=True, reconnect=Reconnect(initial=0.1, jitter=0))
+        h.machine.start()
+        h.take()
+        h.machine.dial_failed(ConnectionRefusedError())
+        self.assertEqual(h.take(), [StartTimer(0.1)])
+        h.machine.timer_fired()
+        self.assertEqual(h.take(), [Dial(A)])
+        h.machine.dial_failed(ConnectionRefusedError())
+        self.assertEqual(h.take(), [StartTimer(0.2)])
+
+    def test_handshake_timeout(self):
+        h = Harness()
+        h.machine.start()
+        h.open()
+        h.take()
+        h.machine.timer_fired()
+        effects = h.take()
+        self.assertEqual(effects[0], CloseChannel(abort=True))
+        self.assertIsInstance(effects[-1], ConnectFailedEffect)
+        self.assertIsInstance(effects[-1].cause, HandshakeTimeout)
+
+    def test_close_is_polite_and_ends_iterators_normally(self):
+        h = Harness()
+        h.up()
+        sub = Sub(1)
+        h.session.subscriptions[1] = sub
+        h.machine.close()
+        self.assertEqual(h.sent_kinds(), ["DisconnRqst"])
+        self.assertTrue(h.machine.is_closed)
+        self.assertEqual(h.take(), [StartTimer(5.0)])
+        h.machine.packet(P.DisconnRply(2))
+        self.assertEqual(h.take(), [CloseChannel(abort=False)])
+        h.machine.channel_lost()
+        self.assertEqual(h.take(), [CancelTimer(), Ended(None)])
+        self.assertEqual(sub.ended, [None])
+        self.assertIsNone(h.machine.close_reason)
+
+    def test_lost_ends_iterators_with_the_error(self):
+        h = Harness()
+        h.up()
+        sub = Sub(1)
+        h.session.subscriptions[1] = sub
+        h.machine.channel_lost("reset by peer")
+        (error,) = sub.ended
+        self.assertIsInstance(error, ConnectionClosed)
+        self.assertIn("was lost: reset by peer", str(error))
+        self.assertIsNone(error.reason)
+        self.assertEqual(h.take()[-1], Ended(error))
+
+    def test_router_shutdown_says_so(self):
+        h = Harness()
+        h.up()
+        sub = Sub(1)
+        h.session.subscriptions[1] = sub
+        disconns = []
+        h.session.on_disconnect = lambda reason, text: disconns.append((reason, text))
+        h.machine.packet(P.Disconn(1, "router is shutting down"))
+        self.assertEqual(h.take(), [CloseChannel(abort=False)])
+        h.machine.channel_lost()
+        (error,) = sub.ended
+        self.assertEqual((error.reason, error.disconn_args), (1, "router is shutting down"))
+        self.assertIn("shutting down", str(error))
+        self.assertNotIn("lost", str(error))
+        self.assertEqual(disconns, [(1, "router is shutting down")])
+
+    def test_pending_request_fails_when_lost(self):
+        h = Harness()
+        h.up()
+        errors = []
+        h.session.request(h.session.sub_add_rqst("x == 1", True, None), None, errors.append)
+        h.machine.channel_lost()
+        self.assertIsInstance(errors[0], ConnectionClosed)
+
+    def test_reconnect_buffers_then_replays_and_flushes(self):
+        h = Harness(reconnect=Reconnect(initial=0.1, jitter=0))
+        h.up()
+        sub = Sub(7)
+        h.session.subscriptions[7] = sub
+        events = []
+        h.session.on_connection_lost = lambda e: events.append("lost")
+        h.session.on_reconnected = lambda c: events.append("back")
+        h.machine.channel_lost()
+        self.assertEqual(events, ["lost"])
+        self.assertEqual(h.take(), [StartTimer(0.1)])
+        self.assertFalse(h.machine.is_closed)
+        h.session.emit({"kept": 1})               # buffered, no error
+        replies = []
+        h.session.request(h.session.qos_rqst({}), replies.append, replies.append)
+        self.assertEqual(h.sent, [])
+        h.machine.timer_fired()
+        self.assertEqual(h.take(), [Dial(A)])
+        rqst = h.open()
+        h.machine.packet(P.ConnRply(rqst.xid, {}))
+        self.assertIs(h.machine.phase, Phase.REPLAYING)
+        (readd,) = [p for p in h.sent if type(p) is P.SubAddRqst]
+        h.sent.clear()
+        h.machine.packet(P.SubRply(readd.xid, 70))
+        self.assertIs(h.machine.phase, Phase.UP)
+        self.assertEqual(sub.id, 70)
+        self.assertEqual(list(h.session.subscriptions), [70])
+        self.assertEqual(h.sent_kinds(), ["NotifyEmit", "QosRqst"])
+        self.assertEqual(events, ["lost", "back"])
+        self.assertEqual(h.machine.reconnects, 1)
+        self.assertEqual(sub.ended, [])
+
+    def test_buffer_full_is_an_error(self):
+        h = Harness(reconnect=Reconnect(), pending_size=64)
+        h.up()
+        h.machine.channel_lost()
+        h.session.emit({"a": 1})
+        with self.assertRaises(PublishBufferFull):
+            h.session.emit({"a": "x" * 100})
+        h.machine.close()
+        self.assertEqual(h.take()[-1], Ended(None))
+
+    def test_no_buffer_refuses_at_once(self):
+        h = Harness(reconnect=Reconnect(), pending_size=0)
+        h.up()
+        h.machine.channel_lost()
+        with self.assertRaises(ConnectionClosed) as caught:
+            h.session.emit({"a": 1})
+        self.assertNotIsInstance(caught.exception, PublishBufferFull)
+
+    def test_gives_up_after_attempts(self):
+        h = Harness(reconnect=Reconnect(initial=0.1, attempts=2, jitter=0))
+        h.up()
+        sub = Sub(1)
+        h.session.subscriptions[1] = sub
+        h.machine.channel_lost()
+        for _ in range(2):
+            h.machine.timer_fired()
+            h.machine.dial_failed(ConnectionRefusedError("refused"))
+        self.assertIs(h.machine.phase, Phase.CLOSED)
+        self.assertIn("gave up reconnecting", str(sub.ended[0]))
+
+    def test_backoff_is_short_and_capped(self):
+        delays = list(Reconnect(attempts=12).delays(rng=lambda: 1.0))
+        self.assertLess(max(delays), 2.0)
+        self.assertLess(delays[0], 0.2)
+
+    def test_fails_over_between_uris(self):
+        h = Harness(uris=(A, B), retry_connect=True)
+        h.machine.start()
+        self.assertEqual(h.take(), [Dial(A)])
+        h.machine.dial_failed(ConnectionRefusedError())
+        self.assertEqual(h.take(), [Dial(B)])
+        rqst = h.open()
+        h.machine.packet(P.ConnRply(rqst.xid, {}))
+        self.assertEqual(h.machine.uri, B)
+
+    def test_redirect_followed_with_requests_kept(self):
+        h = Harness()                 # no reconnect policy: redirection still followed
+        h.up()
+        moved = []
+        h.session.on_redirect = moved.append
+        h.machine.packet(P.Disconn(2, "elvin://b.test:2917"))
+        h.take()
+        h.machine.channel_lost()
+        self.assertEqual(h.take(), [Dial(B)])
+        self.assertEqual(moved, [B])
+        self.assertFalse(h.machine.is_closed)
+        h.session.emit({"during": 1})        # no spurious ConnectionClosed
+        rqst = h.open()
+        h.machine.packet(P.ConnRply(rqst.xid, {}))
+        self.assertIs(h.machine.phase, Phase.UP)
+        self.assertIn("NotifyEmit", h.sent_kinds())
+        self.assertEqual(moved, [B])         # told once
+
+    def test_redirect_sends_an_unanswered_subscribe_again(self):
+        h = Harness()
+        h.up()
+        replies = []
+        xid = h.session.request(h.session.sub_add_rqst("x == 1", True, None),
+                                replies.append, replies.append)
+        h.machine.packet(P.Disconn(2, "elvin://b.test:2917"))
+        h.machine.channel_lost()
+        self.assertEqual(replies, [])                 # not failed: kept for the new router
+        h.sent.clear()
+        rqst = h.open()
+        h.machine.packet(P.ConnRply(rqst.xid, {}))
+        self.assertEqual([(type(p), p.xid) for p in h.sent[1:]], [(P.SubAddRqst, xid)])
+        h.machine.packet(P.SubRply(xid, 9))
+        self.assertEqual([r.subscription_id for r in replies], [9])
+
+    def test_redirect_not_followed_when_refused(self):
+        h = Harness()
+        h.up()
+        h.session.follow_redirects = False
+        h.machine.packet(P.Disconn(2, "elvin://b.test:2917"))
+        h.machine.channel_lost()
+        self.assertEqual(h.machine.close_reason.reason, 2)
+
+    def test_redirect_loop_ends(self):
+        h = Harness()
+        h.up()
+        for _ in range(6):
+            h.machine.packet(P.Disconn(2, "elvin://b.test:2917"))
+            h.machine.channel_lost()
+            if h.machine.phase is Phase.CLOSED:
+                break
+            rqst = h.open()
+            h.machine.packet(P.ConnRply(rqst.xid, {}))
+        self.assertIs(h.machine.phase, Phase.CLOSED)
+        self.assertIn("redirection loop", str(h.machine.close_reason))
+
+    def test_replay_nack_ends_only_that_subscription(self):
+        h = Harness(reconnect=Reconnect(jitter=0))
+        h.up()
+        a, b = Sub(1, "a == 1"), Sub(2, "b == 1")
+        h.session.subscriptions.update({1: a, 2: b})
+        h.machine.channel_lost()
+        h.machine.timer_fired()
+        rqst = h.open()
+        h.machine.packet(P.ConnRply(rqst.xid, {}))
+        first, second = [p for p in h.sent if type(p) is P.SubAddRqst]
+        h.machine.packet(P.Nack(first.xid, 2006, "too many", ()))
+        h.machine.packet(P.SubRply(second.xid, 20))
+        self.assertIs(h.machine.phase, Phase.UP)
+        self.assertIsInstance(a.ended[0], NackError)
+        self.assertEqual(list(h.session.subscriptions), [20])
+
+    def test_cancelled_request_is_taken_back_from_the_buffer(self):
+        h = Harness(reconnect=Reconnect())
+        h.up()
+        h.machine.channel_lost()
+        xid = h.session.request(h.session.sub_add_rqst("x == 1", True, None),
+                                None, None)
+        self.assertTrue(h.machine.unsend(xid))
+        self.assertEqual(h.machine.buffered, 0)
+
+    def test_abandoned_reply_goes_to_the_late_handler(self):
+        h = Harness()
+        h.up()
+        late = []
+        xid = h.session.request(h.session.sub_add_rqst("x == 1", True, None),
+                                self.fail, self.fail)
+        h.session.abandon(xid, late.append)
+        h.machine.packet(P.SubRply(xid, 5))
+        self.assertEqual([r.subscription_id for r in late], [5])
+
+    def test_receive_bound_pauses_and_resumes(self):
+        h = Harness(receive_queue=10)
+        h.up()
+        h.machine.held(9)
+        self.assertEqual(h.take(), [])
+        h.machine.held(1)
+        self.assertEqual(h.take(), [PauseReading()])
+        h.machine.held(-4)
+        self.assertEqual(h.take(), [])
+        h.machine.held(-1)
+        self.assertEqual(h.take(), [ResumeReading()])
+
+    def test_close_while_waiting_ends_at_once(self):
+        h = Harness(reconnect=Reconnect())
+        h.up()
+        h.machine.channel_lost()
+        h.take()
+        h.machine.close()
+        self.assertEqual(h.take(), [CancelTimer(), CancelTimer(), Ended(None)])
+
+
+class NoTwistedTests(unittest.SynchronousTestCase):
+
+    def test_asyncio_and_blocking_clients_import_no_twisted(self):
+        code = ("import sys, elvin.aio, elvin.sync\n"
+                "print(sorted(m for m in sys.modules if m.split('.')[0] == 'twisted'))")
+        done = subprocess.run([sys.executable, "-c", code],
+                              cwd=REPO, capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ))
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stdout.strip(), "[]")
