@@ -29,7 +29,8 @@ from typing import (Any, Awaitable, Callable, Coroutine, Dict, Generator, Generi
 from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, DEFAULT_RECEIVE_QUEUE,
                                         CancelTimer, CloseChannel, ConnectFailedEffect,
                                         Connected, Dial, Effect, Ended, HandshakeTimeout,
-                                        Lifecycle, PauseReading, ResumeReading, StartTimer)
+                                        Lifecycle, LifecycleView, PauseReading, ResumeReading,
+                                        StartTimer)
 from elvin.clientcore.state import (ClientState, ConnectFailed, ConnectionClosed, Deframer,
                                     NackError, Notification, PublishBufferFull,
                                     QuenchHandlers, QuenchState, Reconnect, AutoQuenchBase,
@@ -362,7 +363,7 @@ class _Pending(Generic[T]):
         await self._close(self._made)
 
 
-class Connection(ClientState):
+class Connection(LifecycleView, ClientState):
     """A session with an Elvin router (made by ``connect``).
 
     Its life is ``self.lifecycle`` (``elvin.clientcore.lifecycle``); this
@@ -406,30 +407,6 @@ class Connection(ClientState):
         self._tasks: set = set()
         #: the discovery record of the router, when discovery chose it
         self.router: Any = None
-
-    @property
-    def uri(self) -> ElvinURI:
-        """The router's URI (the new one after a redirection or failover)."""
-        return self.lifecycle.uri
-
-    @property
-    def is_closed(self) -> bool:
-        return self.lifecycle.is_closed
-
-    @property
-    def close_reason(self) -> Optional[ConnectionClosed]:
-        """None while the session lasts or when the program closed it, else
-        the ConnectionClosed that ended it (``reason``: the router's Disconn
-        reason, if it sent one)."""
-        return self.lifecycle.close_reason
-
-    @property
-    def reconnects(self) -> int:
-        return self.lifecycle.reconnects
-
-    @property
-    def reconnect(self) -> Optional[Reconnect]:
-        return self.lifecycle.reconnect
 
     # -- the machine's effects -------------------------------------------------
 

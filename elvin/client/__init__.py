@@ -21,7 +21,8 @@ from twisted.logger import Logger
 
 from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, CancelTimer, CloseChannel,
                                         ConnectFailedEffect, Connected, Dial, Ended,
-                                        HandshakeTimeout, Lifecycle, PauseReading, Phase,
+                                        HandshakeTimeout, Lifecycle, LifecycleView,
+                                        PauseReading, Phase,
                                         ResumeReading, StartTimer)
 from elvin.clientcore.state import (ClientState, ConnectFailed, ConnectionClosed, NackError,
                                     Notification, PublishBufferFull, QuenchHandlers,
@@ -216,7 +217,7 @@ class ElvinClientProtocol(FramedProtocol):
         self.sendFrame(P.encode(packet))
 
 
-class Connection(ClientState):
+class Connection(LifecycleView, ClientState):
     """A session with an Elvin router (made by ``connect``): the shared
     client core (``elvin.clientcore``) with Deferreds.
 
@@ -265,36 +266,10 @@ class Connection(ClientState):
         self._records = {}
         self.router = None
 
-    @property
-    def uri(self):
-        """The router's URI (the new one after a redirection or failover)."""
-        return self.lifecycle.uri
-
-    @property
-    def is_closed(self):
-        return self.lifecycle.is_closed
-
     #: The name the command-line tools read.
-    _closed = is_closed
-
     @property
-    def close_reason(self):
-        """None while the session lasts or when the program closed it, else
-        the ConnectionClosed that ended it (``reason``: the router's Disconn
-        reason, if it sent one)."""
-        return self.lifecycle.close_reason
-
-    @property
-    def reconnects(self):
-        return self.lifecycle.reconnects
-
-    @property
-    def reconnect(self):
-        return self.lifecycle.reconnect
-
-    @reconnect.setter
-    def reconnect(self, policy):
-        self.lifecycle.reconnect = policy
+    def _closed(self):
+        return self.lifecycle.is_closed
 
     # -- the machine's effects -------------------------------------------------
 

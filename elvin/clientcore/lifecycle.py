@@ -56,7 +56,7 @@ from elvin.uri import ElvinURI
 __all__ = ["Lifecycle", "Phase", "Dial", "StartTimer", "CancelTimer", "CloseChannel",
            "PauseReading", "ResumeReading", "Connected", "ConnectFailedEffect", "Ended",
            "HandshakeTimeout", "DEFAULT_PENDING_SIZE", "DEFAULT_RECEIVE_QUEUE",
-           "REDIRECT_POLICY"]
+           "REDIRECT_POLICY", "LifecycleView"]
 
 _log = logging.getLogger("elvin.client")
 
@@ -607,3 +607,40 @@ class Lifecycle:
             callback(argument)
         except Exception:
             self.session._callback_failed(hook)
+
+
+class LifecycleView:
+    """What a driver's connection shows of the Lifecycle it holds
+    (``self.lifecycle``): the same properties in every flavour."""
+
+    lifecycle: Lifecycle
+
+    @property
+    def uri(self) -> ElvinURI:
+        """The router's URI (the new one after a redirection or failover)."""
+        return self.lifecycle.uri
+
+    @property
+    def is_closed(self) -> bool:
+        """True from ``close()`` on, and once the session has ended (not
+        while reconnecting)."""
+        return self.lifecycle.is_closed
+
+    @property
+    def close_reason(self) -> Optional[ConnectionClosed]:
+        """None while the session lasts or when the program closed it, else
+        the ConnectionClosed that ended it (``reason``: the router's Disconn
+        reason, if it sent one)."""
+        return self.lifecycle.close_reason
+
+    @property
+    def reconnects(self) -> int:
+        return self.lifecycle.reconnects
+
+    @property
+    def reconnect(self) -> Optional[Reconnect]:
+        return self.lifecycle.reconnect
+
+    @reconnect.setter
+    def reconnect(self, policy: Optional[Reconnect]) -> None:
+        self.lifecycle.reconnect = policy
