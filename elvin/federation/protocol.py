@@ -50,7 +50,8 @@ class FederationProtocol(QueuedFramedProtocol):
         self.link = None
         #: When the peer last sent anything (the clock's seconds).
         self.last_heard = None
-        self._probe_sent = False
+        #: When we last sent TestConn (a probe answered once anything is heard after it).
+        self._probed_at = None
         self._liveness = None
         self.max_frame_length = FP.MAX_PACKET_LENGTH
 
@@ -102,12 +103,11 @@ class FederationProtocol(QueuedFramedProtocol):
             self.transport.abortConnection()
             return
         if silent >= interval:
-            if not self._probe_sent:
-                self._probe_sent = True
+            if self._probed_at is None or self._probed_at <= self.last_heard:
+                self._probed_at = self.clock.seconds()
                 self.send(P.TestConn())
             wake = 2 * interval - silent
         else:
-            self._probe_sent = False
             wake = interval - silent
         self._liveness = self.clock.callLater(wake, self._check_liveness)
 

@@ -289,3 +289,16 @@ class HungPeerTests(unittest.TestCase):
         a.client().notify({"n": 1})
         net.run(0.1)
         self.assertEqual(consumer.deliveries(), [{"n": 1}])
+
+
+class QuietPeerTests(unittest.TestCase):
+
+    def test_an_idle_peer_that_answers_probes_keeps_its_link(self):
+        """A plain peer (no adverts: the link is quiet) answers every
+        TestConn; its link stays up however long it is idle."""
+        net = Net()
+        a = net.router("a.test", keepalive=2.0)
+        plain = net.router("plain.test", mesh=False)
+        net.link(plain, a)
+        net.run(30.0, step=0.05)
+        self.assertEqual([l.peer_domain for l in a.manager.links], ["plain.test"])
