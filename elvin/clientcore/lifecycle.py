@@ -464,6 +464,7 @@ class Lifecycle:
             self._back()
 
     def _back(self) -> None:
+        announced = self._announced      # the router on_redirect last told of
         self.reconnects += 1
         self._up()
         buffer, self._buffer, self._buffered = self._buffer, [], 0
@@ -471,7 +472,7 @@ class Lifecycle:
         assert send is not None
         for packet, _, _ in buffer:
             send(packet)
-        if self._announced != self.uri and self._announced is not None:
+        if announced is not None and announced != self.uri:
             self.session.redirected(self.uri)
         self._call("on_reconnected", self.owner)
 

@@ -241,6 +241,20 @@ class LifecycleTests(unittest.SynchronousTestCase):
         h.machine.packet(P.ConnRply(rqst.xid, {}))
         self.assertEqual(h.machine.uri, B)
 
+    def test_reconnection_fails_over_and_says_so(self):
+        h = Harness(uris=(A, B), reconnect=Reconnect(jitter=0))
+        h.up()
+        moved = []
+        h.session.on_redirect = moved.append
+        h.machine.channel_lost()
+        h.machine.timer_fired()
+        self.assertEqual(h.take(), [StartTimer(0.1), Dial(A)])
+        h.machine.dial_failed(ConnectionRefusedError())
+        self.assertEqual(h.take(), [Dial(B)])
+        rqst = h.open()
+        h.machine.packet(P.ConnRply(rqst.xid, {}))
+        self.assertEqual((h.machine.uri, moved), (B, [B]))
+
     def test_redirect_followed_with_requests_kept(self):
         h = Harness()                 # no reconnect policy: redirection still followed
         h.up()
