@@ -27,7 +27,8 @@ import pyarrow.json as pj
 from spark_analysis import traceformat as tf
 
 __all__ = ["JSON_SCHEMA", "EVENTS_SCHEMA", "CHUNK_BYTES", "parse_chunk", "line_reason",
-           "read_chunks", "parse_file", "bad_lines"]
+           "read_chunks", "parse_file", "bad_lines", "set_aside", "lines_at_times",
+           "ASIDE_EXAMPLES"]
 
 CHUNK_BYTES = 4 << 20      # uncompressed bytes parsed at once (whole lines)
 _S, _L = pa.string(), pa.int64()
@@ -273,6 +274,81 @@ def parse_chunk(data, file):
         if events is not None:
             return [events]
     return _slow(data, file)
+
+
+# ---------------------------------------------------------------------------
+# records out of time
+
+ASIDE_EXAMPLES = 5         # set-aside records a file names (their times)
+
+
+def _opened_us(file):
+    parsed = tf.parse_trace_file_name(file.rstrip("/").rsplit("/", 1)[-1])
+    return parsed[1] if parsed else None
+
+
+def set_aside(tables, file):
+    """(tables, set aside, first times) for the tables of one whole trace
+    file (or the part of it read now): valid records dated outside
+    ``traceformat.plausible_range`` of the file's records get status
+    ``aside`` (kept in the table, out of every analysis) with the reason in
+    ``bad_reason``; the count, and the times of the first
+    ``ASIDE_EXAMPLES`` of them in file order."""
+    ok = [t for t in tables if t.num_rows and t.column("status")[0].as_py() == "ok"]
+    if not ok:
+        return tables, 0, []
+    times = np.sort(np.concatenate([t.column("ts_us").to_numpy() for t in ok]))
+    lo, hi = tf.plausible_range(times, _opened_us(file))
+    if times[0] >= lo and times[-1] <= hi:
+        return tables, 0, []
+    out, count, first = [], 0, []
+    for table in tables:
+        if not (table.num_rows and table.column("status")[0].as_py() == "ok"):
+            out.append(table)
+            continue
+        ts = table.column("ts_us")
+        outside = pc.or_(pc.less(ts, lo), pc.greater(ts, hi))
+        if not pc.any(outside).as_py():
+            out.append(table)
+            continue
+        out.append(table.filter(pc.invert(outside)))
+        aside = table.filter(outside)
+        stamps = aside.column("ts_us").to_pylist()
+        why = [f"dated {tf.format_time(t)}, outside {tf.format_time(lo)} .. "
+               f"{tf.format_time(hi)} (its file's records, with room either side)"
+               for t in stamps]
+        names = aside.schema.names
+        aside = aside.set_column(names.index("bad_reason"), "bad_reason", pa.array(why, _S))
+        aside = aside.set_column(names.index("status"), "status", _repeat("aside", len(why)))
+        out.append(aside)
+        count += len(stamps)
+        first += stamps[:max(0, ASIDE_EXAMPLES - len(first))]
+    return [t for t in out if t.num_rows], count, first
+
+
+def lines_at_times(source, gz, times, start_byte=0):
+    """[(line_number, ts_us)] of the valid records at or after ``start_byte``
+    whose ``ts_us`` is one of ``times`` (each time once, the first such
+    line), numbered from the file's start: where set-aside records are."""
+    import re
+    wanted, found = set(times), []
+    number, position = 0, 0
+    stamp = re.compile(rb'"ts_us"\s*:\s*(-?\d+)')
+    with open_trace(source, gz) as stream:
+        for raw in stream:
+            number += 1
+            at, position = position, position + len(raw)
+            if at < start_byte or not wanted:
+                if not wanted:
+                    break
+                continue
+            m = stamp.search(raw)
+            if m is None or int(m.group(1)) not in wanted:
+                continue
+            if line_reason(raw.rstrip(b"\r\n")) is None:
+                found.append((number, int(m.group(1))))
+                wanted.discard(int(m.group(1)))
+    return found
 
 
 # ---------------------------------------------------------------------------

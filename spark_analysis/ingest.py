@@ -16,7 +16,8 @@ from spark_analysis import traceformat as tf
 
 __all__ = ["trace_schema", "events_schema", "TraceInputError", "list_trace_files", "prune_by_name",
            "unreadable_files",
-           "read_traces", "write_events", "ingest_stats", "locate_bad_lines",
+           "read_traces", "write_events", "ingest_stats", "aside_stats", "locate_times",
+           "locate_bad_lines",
            "display_path"]
 
 
@@ -172,9 +173,17 @@ def _parse_task(ignore_corrupt):
     def parse(batches):
         for batch in batches:
             for row in batch.to_pylist():
-                for table in _tables_of(row, ignore_corrupt):
+                for table in _file_tables(row, ignore_corrupt)[0]:
                     yield from table.to_batches(max_chunksize=1 << 16)
     return parse
+
+
+def _file_tables(row, ignore_corrupt):
+    """(tables, set aside, their first times) of one file row: its records,
+    those dated far from the rest of the file set aside
+    (``arrowparse.set_aside``; the whole file is held to judge that)."""
+    from spark_analysis import arrowparse
+    return arrowparse.set_aside(list(_tables_of(row, ignore_corrupt)), row["name"])
 
 
 # what a writing task returns: a trace file's counts, or a Parquet file it wrote
@@ -192,22 +201,27 @@ def _write_task(root, ignore_corrupt, minutes_root=None):
         from spark_analysis import arrowparse, minutes, partwriter
         writer = partwriter.PartitionedWriter(root, arrowparse.EVENTS_SCHEMA,
                                               ["status", "day", "router"])
-        counts, counted = {}, []
+        counts, counted, aside = {}, [], []
         for batch in batches:
             for row in batch.to_pylist():
                 ok, bad = counts.get(row["name"], (0, 0))
-                for table in _tables_of(row, ignore_corrupt):
-                    if table.column("status")[0].as_py() == "ok":
+                tables, n_aside, first = _file_tables(row, ignore_corrupt)
+                for table in tables:
+                    status = table.column("status")[0].as_py()
+                    if status == "ok":
                         ok += table.num_rows
                         if minutes_root is not None:
                             counted.append(minutes.partial(table))
-                    else:
+                    elif status == "bad":
                         bad += table.num_rows
                     writer.write(table)
                 writer.flush()
                 counts[row["name"]] = (ok, bad)
+                if n_aside:
+                    aside.append(("aside", row["name"], n_aside, 0))
+                    aside += [("aside_ts", row["name"], ts, 0) for ts in first]
                 counted = [minutes.merge(counted)]      # one table of counts, kept small
-        rows = [("file", name, ok, bad) for name, (ok, bad) in counts.items()]
+        rows = [("file", name, ok, bad) for name, (ok, bad) in counts.items()] + aside
         rows += [("part", rel, 0, 0) for rel in writer.close()]
         if counted and counted[0].num_rows:
             per_minute = partwriter.PartitionedWriter(minutes_root, minutes.SCHEMA, ["day"],
@@ -404,7 +418,8 @@ def read_traces(spark, files, since_us=None, until_us=None, file_of=None,
 def ingest_files(spark, files, out, file_of=None, ignore_corrupt=False, minutes_out=None):
     """Parse ``files`` and write them as the events table at ``out``:
     ({file: (good, bad)}, [Parquet files written, relative to ``out``] or
-    None, [per-minute count files written, relative to ``minutes_out``] or None).
+    None, [per-minute count files written, relative to ``minutes_out``] or
+    None, {file: (records set aside for their time, [the first ones' ts_us])}).
 
     ``spark`` None: local files into a local ``out`` without Spark, by this
     process's own worker processes (``_ingest_here``).
@@ -421,7 +436,7 @@ def ingest_files(spark, files, out, file_of=None, ignore_corrupt=False, minutes_
                                  ignore_corrupt=ignore_corrupt), out)
         if minutes_out is not None:
             write_minutes(spark.read.parquet(out).where("status = 'ok'"), minutes_out)
-        return ingest_stats(spark, out), None, None
+        return ingest_stats(spark, out), None, None, aside_stats(spark, out)
     root = os.path.abspath(_local(out))
     minutes_root = os.path.abspath(_local(minutes_out)) if minutes_out is not None else None
     if spark is None:
@@ -434,16 +449,21 @@ def ingest_files(spark, files, out, file_of=None, ignore_corrupt=False, minutes_
         rows = (_files(spark, files, file_of)
                 .mapInArrow(_write_task(root, ignore_corrupt, minutes_root), schema)
                 .collect())
-    stats, parts, minute_parts = {}, [], []
+    stats, parts, minute_parts, aside = {}, [], [], {}
     for row in rows:
         if row["kind"] == "part":
             parts.append(row["name"])
         elif row["kind"] == "minutes":
             minute_parts.append(row["name"])
+        elif row["kind"] == "aside":
+            n, first = aside.get(row["name"], (0, []))
+            aside[row["name"]] = (n + row["ok"], first)
+        elif row["kind"] == "aside_ts":
+            aside.setdefault(row["name"], (0, []))[1].append(row["ok"])
         else:
             ok, bad = stats.get(row["name"], (0, 0))
             stats[row["name"]] = (ok + row["ok"], bad + row["bad"])
-    return stats, sorted(parts), sorted(minute_parts)
+    return stats, sorted(parts), sorted(minute_parts), aside
 
 
 def write_minutes(valid, path):
@@ -479,6 +499,17 @@ def ingest_stats(spark, events_path):
     return {row["file"]: (row["ok"], row["bad"]) for row in rows}
 
 
+def aside_stats(spark, events_path):
+    """{file: (records set aside, [the first ones' ts_us])} from the written table."""
+    from pyspark.sql import functions as F
+    rows = (spark.read.parquet(events_path).where(F.col("status") == "aside")
+            .groupBy("file").agg(F.count(F.lit(1)).alias("n"),
+                                 F.slice(F.sort_array(F.collect_list("ts_us")), 1,
+                                         5).alias("first"))
+            .collect())
+    return {row["file"]: (row["n"], list(row["first"])) for row in rows}
+
+
 def display_path(file):
     """A Spark file URI as people write it (file:/a%20b -> /a b); others unchanged."""
     if file.startswith("file:"):
@@ -486,6 +517,17 @@ def display_path(file):
         path = unquote(file[5:])
         return "/" + path.lstrip("/") if path.startswith("//") else path
     return file
+
+
+def locate_times(file, times, start_byte=0):
+    """[(line_number, ts_us)] of the valid records of a local ``file`` at or
+    after ``start_byte`` dated at ``times`` (``arrowparse.lines_at_times``):
+    where the records set aside are. A remote file is not read again: []."""
+    from spark_analysis import arrowparse
+    if not times or not _is_local(file):
+        return []
+    path = display_path(file)
+    return arrowparse.lines_at_times(path, path.endswith(".gz"), times, start_byte)
 
 
 def locate_bad_lines(spark, file, limit=5, start_byte=0):

@@ -16,7 +16,7 @@ and notify_received / notify_dropped_* (in) at the receiver.
 
 from spark_analysis import traceformat as tf
 
-__all__ = ["CONSIDERED", "IN_WIRE", "MINUTE_US", "LATENCY_SAMPLE_TARGET", "window_of",
+__all__ = ["CONSIDERED", "DROPS", "IN_WIRE", "fine_bucket_us", "drop_times", "MINUTE_US", "LATENCY_SAMPLE_TARGET", "window_of",
            "activity", "control_events", "wire_records", "latency_sample", "checked_sample",
            "considered_counts",
            "links", "filters", "filter_health", "link_outages",
@@ -24,8 +24,10 @@ __all__ = ["CONSIDERED", "IN_WIRE", "MINUTE_US", "LATENCY_SAMPLE_TARGET", "windo
 
 CONSIDERED = ("notify_forwarded", "notify_suppressed_filter", "notify_suppressed_export",
               "notify_dropped_overload")
-IN_WIRE = ("notify_received", "notify_dropped_loop", "notify_dropped_import",
-           "notify_dropped_overload")
+# every kind of drop; duplicates (a mesh's second path) are not loops
+DROPS = ("notify_dropped_loop", "notify_dropped_duplicate", "notify_dropped_import",
+         "notify_dropped_overload")
+IN_WIRE = ("notify_received",) + DROPS
 MINUTE_US = 60 * 10**6
 SECOND_US = 10**6
 LINK_UP_GRACE_US = 2 * SECOND_US
@@ -475,56 +477,120 @@ def filters(events, spark, per_minute=None, considered=None):
 # ---------------------------------------------------------------------------
 # drops
 
+def fine_bucket_us(start_us, end_us, most=3600):
+    """The finest of 1, 2, 5, 10, 15, 30 s, 1, 2, 5, 10, 15, 30, 60 minutes that cuts
+    the window into at most ``most`` buckets: drops are drawn at this
+    resolution (a burst of a second is a bar of a second, not a minute)."""
+    for seconds in (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600):
+        if (end_us - start_us) <= most * seconds * SECOND_US:
+            return seconds * SECOND_US
+    return 3600 * SECOND_US
+
+
+def drop_times(events, bucket_us):
+    """Drops counted per kind, direction and ``bucket_us`` (``fine_bucket_us``):
+    rows event, direction, t_us, drops."""
+    F = _F()
+    return (events.where(F.col("event").isin(*DROPS))
+            .groupBy("event", "direction", _floor(F.col("ts_us"), bucket_us).alias("t_us"))
+            .agg(F.count(F.lit(1)).alias("drops")))
+
+
 def drops(events, per_minute=None):
-    """Loop, import and overload drops per link over time.
+    """Loop, duplicate, import and overload drops per link over time.
 
     Tables: ``drops_minute`` (router, peer, direction, event, minute_us,
-    minute, drops, bytes) and ``drops`` (totals, first and last).
+    minute, drops, bytes) and ``drops`` (totals, first and last, and
+    ``router_listed``: of a link's loop and duplicate drops, how many
+    records carry the receiving router in their routing list -- a loop is
+    only that; null for the other kinds).
     """
     F = _F()
     if per_minute is None:
         per_minute = activity(events)
-    dropped = per_minute.where(F.col("event").isin("notify_dropped_loop", "notify_dropped_import",
-                                                   "notify_dropped_overload"))
+    dropped = per_minute.where(F.col("event").isin(*DROPS))
     keys = ["router", "peer", "direction", "event"]
     minutes = dropped.select(*keys, "minute_us", F.col("n").alias("drops"), "bytes",
                              F.timestamp_micros("minute_us").alias("minute"))
-    totals = dropped.groupBy(*keys).agg(
+    listed = (events.where(F.col("event").isin("notify_dropped_loop",
+                                               "notify_dropped_duplicate"))
+              .groupBy(*keys).agg(_count_if(F.array_contains("routing", F.col("router")))
+                                  .cast("long").alias("router_listed")))
+    totals = (dropped.groupBy(*keys).agg(
         F.sum("n").alias("drops"), F.sum("bytes").alias("bytes"),
         F.min("first_us").alias("first_us"), F.max("last_us").alias("last_us"))
+        .join(listed, keys, "left"))
     return {"drops_minute": minutes, "drops": totals}
 
 
 # ---------------------------------------------------------------------------
 # paths
 
-def _nearest(rows, partition, anchor_col):
-    """For each target row, the ``anchor_col`` value of the nearest anchor row in time.
+def _candidates(rows, partition, anchor_col):
+    """For each target row, the anchor times around it: ``_before`` (the
+    last anchor at or before it), ``_after`` (the first after it),
+    ``_anchors`` and ``_targets`` (how many of each its partition holds)
+    and ``_ranked`` (the anchor of the same rank in time: the k-th target
+    with the k-th anchor).
 
     ``rows`` holds anchor rows (``anchor_col`` set to their ``ts_us``) and
-    target rows (``anchor_col`` null); within each ``partition`` a target
-    gets the anchor time closest to its own, preceding or following (a
-    receiver's clock may be behind the sender's). One sort serves both: the
+    target rows (``anchor_col`` null). One sort serves both neighbours: the
     running maximum gives the last anchor before, ``lead ... IGNORE NULLS``
     the first after; each is linear in the partition's size (a frame
     reaching to the partition's end would be quadratic, and one digest can
-    recur thousands of times).
+    recur thousands of times). A second sort of each partition, by rank,
+    puts each anchor just before the target of its rank.
     """
     F = _F()
     from pyspark.sql import Window
     order = Window.partitionBy(*partition).orderBy("ts_us", "is_target")
     running = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-    ts = F.col("ts_us")
+    whole = Window.partitionBy(*partition)
+    by_rank = Window.partitionBy(*partition).orderBy("_rank", "is_target")
     after = F.expr(f"lead({anchor_col}, 1) IGNORE NULLS")
+    rank = F.when(F.col("is_target") == 1, F.sum("is_target").over(running)) \
+        .otherwise(F.sum(1 - F.col("is_target")).over(running))
     return (rows.withColumn("_before", F.max(anchor_col).over(running))
             .withColumn("_after", after.over(order))
-            .where(F.col("is_target") == 1)
-            .withColumn("anchor_us",
-                        F.when(F.col("_before").isNull(), F.col("_after"))
-                        .when(F.col("_after").isNull(), F.col("_before"))
-                        .when(ts - F.col("_before") <= F.col("_after") - ts, F.col("_before"))
-                        .otherwise(F.col("_after")))
-            .drop("_before", "_after"))
+            .withColumn("_rank", rank)
+            .withColumn("_anchors", F.sum(1 - F.col("is_target")).over(whole))
+            .withColumn("_targets", F.sum("is_target").over(whole))
+            .withColumn("_ranked", F.lag(anchor_col, 1).over(by_rank))
+            .where(F.col("is_target") == 1))
+
+
+def _paired(targets, slack):
+    """``targets`` (from ``_candidates``) with ``anchor_us``, the copy each is
+    paired with, and ``repeated`` (its partition held more than one copy).
+
+    One copy: that one, whatever the clocks say. Repeated copies (identical
+    notifications), as many sent as arrived: the k-th to arrive with the
+    k-th sent (a link delivers in order). Otherwise (some sent before the
+    window, or lost): the last copy sent at or before the target's time
+    plus ``slack`` (a column: how far the target's clock is estimated to
+    be behind the anchor's, ``hop_slack``; 0 when unknown), i.e. the
+    latest copy that gives no negative delay on clocks as estimated. None
+    fits: unpaired.
+    """
+    F = _F()
+    ts = F.col("ts_us")
+    one = F.coalesce(F.col("_before"), F.col("_after"))
+    late = F.col("_after").isNotNull() & (F.col("_after") - ts <= slack)
+    balanced = F.col("_anchors") == F.col("_targets")
+    return (targets.withColumn("repeated", F.col("_anchors") > 1)
+            .withColumn("anchor_us", F.when(F.col("_anchors") == 1, one)
+                        .when(balanced, F.col("_ranked"))
+                        .when(late, F.col("_after")).otherwise(F.col("_before"))))
+
+
+def _pairing_counts(prefix):
+    """Aggregates of ``_paired`` rows: repeated copies paired, and the unpaired by why."""
+    F = _F()
+    paired = F.col("anchor_us").isNotNull()
+    return [_count_if(paired & F.col("repeated")).cast("long").alias("repeated"),
+            _count_if(F.col("_anchors") == 0).cast("long").alias(f"unpaired_no_{prefix}"),
+            _count_if(~paired & (F.col("_anchors") > 0)).cast("long")
+            .alias("unpaired_repeated")]
 
 
 def clock_offsets(hop):
@@ -614,6 +680,41 @@ def _percentiles(col, prefix):
     return [p[i].alias(f"{prefix}p{int(q * 100)}_us") for i, q in enumerate(PERCENTILES)]
 
 
+def _hop_pairs(path):
+    """Column: a path (array of domains) as its hops ["a>b", "b>c"]."""
+    F = _F()
+    return F.transform(F.sequence(F.lit(1), F.size(path) - 1),
+                       lambda i: F.concat(F.element_at(path, i), F.lit(">"),
+                                          F.element_at(path, i + 1)))
+
+
+def hop_slack(fastest):
+    """{"sender>receiver": µs}: how far a receiver's clock is estimated to be
+    behind its sender's, from ``fastest`` ({(sender, receiver): the fastest
+    crossing of an unrepeated notification}): half the fastest crossing
+    back minus the fastest crossing there (NTP's estimate of the offset,
+    negated), where that is positive. A link without crossings both ways,
+    or with the receiver's clock ahead: 0."""
+    out = {}
+    for (a, b), there in fastest.items():
+        back = fastest.get((b, a))
+        if there is not None and back is not None and back > there:
+            out[f"{a}>{b}"] = int((back - there) // 2)
+    return out
+
+
+def _slack_of(pairs, slack):
+    """Column: the sum of ``slack`` ({"a>b": µs}) over ``pairs`` (an array of "a>b")."""
+    F = _F()
+    if not slack:
+        return F.lit(0).cast("long")
+    table = F.create_map(*[x for key, value in sorted(slack.items())
+                           for x in (F.lit(key), F.lit(value).cast("long"))])
+    return F.aggregate(F.transform(pairs, lambda p: F.coalesce(F.element_at(table, p),
+                                                                F.lit(0).cast("long"))),
+                       F.lit(0).cast("long"), lambda acc, x: acc + x)
+
+
 def paths(events, sample_1_in=1):
     """Hop counts, routes and latencies, joining each notification's digest across routers.
 
@@ -628,13 +729,22 @@ def paths(events, sample_1_in=1):
       percentiles, and where both directions are seen an estimate of the
       clock offset between the two hosts and of the one-way delay.
 
-    Matching: a delivery is joined to the origin's out record with the same
-    digest and origin for the same first link (the second routing-list
-    entry, or the receiving router after one hop), and a forwarded record
-    to the receive record with the same digest, routing list and link; when
-    one digest recurs (identical notifications) the nearest in time is
-    taken. The published time is when the origin queued the notification on
-    that first link.
+    Matching: a delivery is paired with the origin's out record with the
+    same digest and origin for the same first link (the second routing-list
+    entry, or the receiving router after one hop), and a received record
+    with the forwarded record of the same digest, routing list and link.
+    Where there is one such record, that one. Where identical notifications
+    repeat on a link, as many received as sent: in order (the k-th received
+    with the k-th sent: a link delivers in order). Otherwise the unrepeated
+    notifications first estimate each link's clock offset (``hop_slack``),
+    then each record is paired with the last copy sent no later than its
+    own time, on the sender's clock as estimated (``_paired``): a copy sent
+    after the record arrived is never taken. Both tables count the
+    records paired among repeated copies (``repeated``) and those left
+    unpaired: no copy at all in the window (``unpaired_no_send``,
+    ``unpaired_no_publication``) or none that fits (``unpaired_repeated``).
+    The published time is when the origin queued the notification on that
+    first link.
 
     ``sample_1_in`` k > 1: latencies (``timed``, ``matched`` and their
     percentiles) from the notifications whose digest's first 64 bits are a
@@ -649,7 +759,6 @@ def paths(events, sample_1_in=1):
     # both matchings read only the sampled notifications (all of them at k = 1)
     timed = (events.where(F.pmod(F.col("dkey"), F.lit(sample_1_in)) == 0)
              if sample_1_in > 1 else events)
-    route_key = F.xxhash64("routing", "router")
     hops = (received.groupBy("hops")
             .agg(F.count(F.lit(1)).alias("deliveries"),
                  # 64-bit hashes of the digests: a fifth of the bytes to shuffle;
@@ -658,25 +767,60 @@ def paths(events, sample_1_in=1):
 
     # partition keys are 64-bit hashes: much cheaper to shuffle and sort than
     # the strings, and a collision (2^-64 per pair) would only mismatch a few
+    sent = (timed.where(F.col("event") == "notify_forwarded")
+            .select(F.xxhash64("dkey", "routing", "router", "peer").alias("pkey"),
+                    F.col("router").alias("sender"), F.col("peer").alias("receiver"), "ts_us",
+                    F.col("ts_us").alias("sent_us"), F.lit(0).alias("is_target")))
+    arrived = (timed.where((F.col("direction") == "in") & F.col("event").isin(*IN_WIRE))
+               .select(F.xxhash64("dkey", "routing", "peer", "router").alias("pkey"),
+                       F.col("peer").alias("sender"), F.col("router").alias("receiver"), "ts_us",
+                       F.lit(None).cast("long").alias("sent_us"), F.lit(1).alias("is_target")))
+    # (materialised: read twice, for the clocks' bounds and for the pairing)
+    crossings = (_candidates(sent.unionByName(arrived), ["pkey"], "sent_us")
+                 .select("sender", "receiver", "ts_us", "_before", "_after", "_anchors",
+                         "_targets", "_ranked")
+                 .localCheckpoint())
+    fastest = {(r["sender"], r["receiver"]): r["fastest"] for r in
+               crossings.where(F.col("_anchors") == 1)
+               .groupBy("sender", "receiver")
+               .agg(F.min(F.col("ts_us") - F.coalesce("_before", "_after")).alias("fastest"))
+               .collect()}
+    slack = hop_slack(fastest)
+    link = F.array(F.col("sender"), F.col("receiver"))
+    hop = (_paired(crossings, _slack_of(_hop_pairs(link), slack))
+           .withColumn("delay_us", F.col("ts_us") - F.col("anchor_us"))
+           .groupBy("sender", "receiver")
+           .agg(_count_if(F.col("anchor_us").isNotNull()).cast("long").alias("matched"),
+                *_percentiles(F.col("delay_us"), "delay_"),
+                F.min("delay_us").alias("delay_min_us"), F.max("delay_us").alias("delay_max_us"),
+                *_pairing_counts("send")))
+    # small; materialised once so that joining it with itself does not redo the work
+    hop = hop.localCheckpoint()
+    hop = clock_offsets(hop).withColumn("sample_1_in", F.lit(sample_1_in))
+
     # a delivery's publication: the origin sending it on the first link
+    route_key = F.xxhash64("routing", "router")
     published = (timed.where((F.col("event") == "notify_forwarded")
                              & (F.col("hops") == 1) & (F.col("router") == F.col("origin")))
                  .select(F.xxhash64("dkey", "origin", "peer").alias("pkey"), "ts_us",
                          F.col("ts_us").alias("published_us"),
                          F.lit(None).cast("long").alias("route_key"),
+                         F.lit(None).cast("array<string>").alias("path"),
                          F.lit(0).alias("is_target")))
     first_hop = F.coalesce(F.get(F.col("routing"), 1), F.col("router"))
     deliveries = timed.where(F.col("event") == "notify_received").select(
         F.xxhash64("dkey", "origin", first_hop).alias("pkey"), "ts_us",
         F.lit(None).cast("long").alias("published_us"), route_key.alias("route_key"),
-        F.lit(1).alias("is_target"))
-    matched = (_nearest(published.unionByName(deliveries), ["pkey"], "published_us")
+        F.concat("routing", F.array("router")).alias("path"), F.lit(1).alias("is_target"))
+    matched = (_paired(_candidates(published.unionByName(deliveries), ["pkey"], "published_us"),
+                       _slack_of(_hop_pairs(F.col("path")), slack))
                .withColumn("latency_us", F.col("ts_us") - F.col("anchor_us")))
-    latency = (matched.where(F.col("anchor_us").isNotNull())
-               .groupBy("route_key")
-               .agg(F.count(F.lit(1)).alias("timed"), *_percentiles(F.col("latency_us"), "latency_"),
+    latency = (matched.groupBy("route_key")
+               .agg(_count_if(F.col("anchor_us").isNotNull()).cast("long").alias("timed"),
+                    *_percentiles(F.col("latency_us"), "latency_"),
                     F.min("latency_us").alias("latency_min_us"),
-                    F.max("latency_us").alias("latency_max_us")))
+                    F.max("latency_us").alias("latency_max_us"),
+                    *_pairing_counts("publication")))
     # grouped by the route itself (hash aggregation: first("routing") would
     # need a sort-based one), hashed afterwards, per route, to join latencies
     routes = (received.groupBy("routing", F.col("router").alias("destination"))
@@ -688,24 +832,6 @@ def paths(events, sample_1_in=1):
               .join(latency, ["route_key"], "left")
               .drop("route_key")
               .withColumn("sample_1_in", F.lit(sample_1_in)))
-
-    sent = (timed.where(F.col("event") == "notify_forwarded")
-            .select(F.xxhash64("dkey", "routing", "router", "peer").alias("pkey"),
-                    F.col("router").alias("sender"), F.col("peer").alias("receiver"), "ts_us",
-                    F.col("ts_us").alias("sent_us"), F.lit(0).alias("is_target")))
-    arrived = (timed.where((F.col("direction") == "in") & F.col("event").isin(*IN_WIRE))
-               .select(F.xxhash64("dkey", "routing", "peer", "router").alias("pkey"),
-                       F.col("peer").alias("sender"), F.col("router").alias("receiver"), "ts_us",
-                       F.lit(None).cast("long").alias("sent_us"), F.lit(1).alias("is_target")))
-    hop = (_nearest(sent.unionByName(arrived), ["pkey"], "sent_us")
-           .where(F.col("anchor_us").isNotNull())
-           .withColumn("delay_us", F.col("ts_us") - F.col("anchor_us"))
-           .groupBy("sender", "receiver")
-           .agg(F.count(F.lit(1)).alias("matched"), *_percentiles(F.col("delay_us"), "delay_"),
-                F.min("delay_us").alias("delay_min_us"), F.max("delay_us").alias("delay_max_us")))
-    # small; materialised once so that joining it with itself does not redo the work
-    hop = hop.localCheckpoint()
-    hop = clock_offsets(hop).withColumn("sample_1_in", F.lit(sample_1_in))
     corrections = route_clock_corrections(hop.collect())
     routes = routes.withColumn("_pairs", _route_pairs(F.col("route")))
     routes = _with_corrections(routes, corrections).drop("_pairs")

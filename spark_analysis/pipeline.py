@@ -55,6 +55,8 @@ class Analysis:
         self.unreadable = []      # [(path, reason)] skipped: not readable gzip
         self.file_stats = {}      # path -> (ok, bad)
         self.bad_examples = []    # [(file, line, reason, text)]
+        self.aside = 0            # valid records set aside: dated far from their file's
+        self.aside_examples = []  # [(file, line or None, ts_us)]
         self.records = 0
         self.bad_lines = 0
         self.start_us = self.end_us = None
@@ -299,6 +301,23 @@ def _run(spark, trace_dir, out_dir, since_us, until_us, progress, files, report,
             stats[path] = (entry.get("records", 0), entry.get("bad", 0))
             examples += [(path, n, r, t) for n, r, t in entry.get("examples", [])]
     analysis.file_stats = stats
+    # valid records dated far from the rest of their file: set aside (kept in
+    # the table, out of the analysis), named with their file and line
+    aside = {}
+    for path, _ in listed_files:
+        entry = known.get(_same_file(path))
+        if entry is not None and entry.get("aside"):
+            aside[path] = entry["aside"]
+            analysis.aside_examples += [(path, line, ts)
+                                        for line, ts in entry.get("aside_examples", [])]
+    analysis.aside = sum(aside.values())
+    for file, line, ts in batch.aside_examples:
+        where = f" line {line}" if line is not None else ""
+        _warn(progress, f"{_display(file)}{where}: dated {tf.format_time(ts)}, far from the "
+                        f"rest of its file; set aside")
+    if batch.aside and progress:
+        _warn(progress, f"{batch.aside} records dated far from the rest of their files set "
+                        f"aside (not analysed; see csv/files.csv)")
     analysis.bad_lines = sum(bad for _, bad in stats.values())
     bad_files = sorted(f for f, (_, bad) in stats.items() if bad)
     listed_bad = set(bad_files[:max_bad_files])
@@ -313,13 +332,19 @@ def _run(spark, trace_dir, out_dir, since_us, until_us, progress, files, report,
     # Every file read is listed (an empty one with 0 records), and every
     # file skipped as unreadable, with why.
     unreadable = {path for path, _ in batch.unreadable}
+    named = {}
+    for path, line, ts in analysis.aside_examples:
+        named.setdefault(path, []).append(
+            (f"line {line}: " if line is not None else "") + tf.format_time(ts))
     rows = [{"file": path, "records": stats.get(path, (0, 0))[0],
-             "bad_lines": stats.get(path, (0, 0))[1], "skipped": ""}
+             "bad_lines": stats.get(path, (0, 0))[1], "set_aside": aside.get(path, 0),
+             "set_aside_first": "; ".join(named.get(path, [])), "skipped": ""}
             for path, _ in listed_files if path not in unreadable]
-    rows += [{"file": path, "records": 0, "bad_lines": 0, "skipped": reason}
+    rows += [{"file": path, "records": 0, "bad_lines": 0, "set_aside": 0,
+              "set_aside_first": "", "skipped": reason}
              for path, reason in batch.unreadable]
     _write_csv(os.path.join(out_dir, "csv", "files.csv"), sorted(rows, key=lambda r: r["file"]),
-               ["file", "records", "bad_lines", "skipped"])
+               ["file", "records", "bad_lines", "set_aside", "set_aside_first", "skipped"])
     _write_csv(os.path.join(out_dir, "csv", "bad_lines.csv"),
                [{"file": f, "line": n, "reason": r, "text": t}
                 for f, n, r, t in analysis.bad_examples], ["file", "line", "reason", "text"])
@@ -489,7 +514,8 @@ def _run_small(analysis, steps, batch, trace_dir, since_us, until_us, latency_sa
         analysis.stage_seconds["filters"] = steps.done()
 
         steps.start(STAGES["drops"])
-        analysis.series["drops"] = smallwindow.drops_stage(window, save, bucket)
+        fine = analysis.series["fine_us"] = jobs.fine_bucket_us(start, end)
+        analysis.series["drops"] = smallwindow.drops_stage(window, save, fine)
         analysis.stage_seconds["drops"] = steps.done(
             f"{sum(r['drops'] for r in analysis.tables['drops']):,} drops")
 
@@ -685,15 +711,12 @@ def _filters_stage(c):
 
 
 def _drops_stage(c):
-    from pyspark.sql import functions as F
-    spark, analysis, bucket = c["spark"], c["analysis"], c["bucket"]
+    spark, analysis = c["spark"], c["analysis"]
     tables = jobs.drops(c["events"], c["per_minute"])
-    drop_minute = _save(spark, analysis, "drops_minute", tables["drops_minute"])
+    _save(spark, analysis, "drops_minute", tables["drops_minute"])
     _save(spark, analysis, "drops", tables["drops"])
-    analysis.series["drops"] = _rows(
-        drop_minute.groupBy("event", "direction", (F.col("minute_us") - F.col("minute_us") % bucket)
-                            .alias("t_us")).agg(F.sum("drops").alias("drops"))
-        .orderBy("t_us"))
+    fine = analysis.series["fine_us"] = jobs.fine_bucket_us(c["start"], c["end"])
+    analysis.series["drops"] = _rows(jobs.drop_times(c["events"], fine).orderBy("t_us"))
     return f"{sum(r['drops'] for r in analysis.tables['drops']):,} drops"
 
 

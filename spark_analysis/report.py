@@ -143,15 +143,20 @@ def _partial_points(analysis, count, inside=0.9):
 
 
 def _plot_counts(ax, analysis, xs, ys, **style):
-    """A count per bucket: a solid line through whole buckets; a bucket only
-    partly inside the window is an open circle on a dotted line, at its real
+    """A count per bucket: a solid step over each whole bucket; a bucket only
+    partly inside the window is dotted, with an open circle at its real
     count. Returns the line (for its colour and label)."""
     partial = _partial_points(analysis, len(xs))
     solid = [None if i in partial else y for i, y in enumerate(ys)]
-    line, = ax.plot(xs, [float("nan") if y is None else y for y in solid], **style)
+    # a count per bucket is a step over the bucket, not a slope between buckets
+    ends = xs + [xs[-1] + datetime.timedelta(microseconds=analysis.series["bucket_us"])] \
+        if xs else xs
+    line, = ax.plot(ends, [float("nan") if y is None else y for y in solid + solid[-1:]],
+                    drawstyle="steps-post", **style)
     if partial:
         colour = line.get_color()
-        ax.plot(xs, ys, linestyle=":", linewidth=1, color=colour)
+        ax.plot(ends, ys + ys[-1:], linestyle=":", linewidth=1, color=colour,
+                drawstyle="steps-post")
         idx = sorted(partial)
         ax.plot([xs[i] for i in idx], [ys[i] for i in idx], linestyle="none", marker="o",
                 markersize=4, markerfacecolor="white", markeredgecolor=colour)
@@ -206,6 +211,23 @@ def overlapping_texts(fig):
             if ba.overlaps(bb)]
 
 
+def _segment_hits_box(p, q, box):
+    """Does the segment p-q (pixels) pass through ``box`` (a Bbox)?"""
+    (x0, y0), (x1, y1) = p, q
+    t0, t1 = 0.0, 1.0
+    dx, dy = x1 - x0, y1 - y0
+    for d, lo, hi, start in ((dx, box.x0, box.x1, x0), (dy, box.y0, box.y1, y0)):
+        if d == 0:
+            if not lo <= start <= hi:
+                return False
+            continue
+        a, b = (lo - start) / d, (hi - start) / d
+        t0, t1 = max(t0, min(a, b)), min(t1, max(a, b))
+        if t0 > t1:
+            return False
+    return True
+
+
 def fig_topology(figs):
     plt = _plt()
     a = figs.a
@@ -245,7 +267,14 @@ def fig_topology(figs):
     rows = {}
     for depth, members in layers:
         rows.setdefault(depth, []).extend(members)
-    for depth, members in rows.items():
+    for depth in sorted(rows):
+        members = rows[depth]
+        if depth:
+            # each router under the routers it links to above (fewer crossings)
+            def under(n):
+                above = [positions[z][0] for z in graph[n] if layer_of.get(z) == depth - 1]
+                return (sum(above) / len(above) if above else 0.5, n)
+            members = sorted(members, key=under)
         for i, n in enumerate(members):
             positions[n] = ((i + 1) / (len(members) + 1), -depth)
             layer_of[n] = depth
@@ -273,6 +302,9 @@ def fig_topology(figs):
                               "boxstyle": "round,pad=0.25"})
         taken.append(_extent(fig, label))
     unlabelled = 0
+    to_pixels = ax.transData.transform
+    segments = {e: (to_pixels(positions[tuple(e)[0]]), to_pixels(positions[tuple(e)[1]]))
+                for e in edges if len(e) == 2}
     for e, value in sorted(volume.items(), key=lambda kv: -kv[1]):
         if len(e) != 2 or not value:
             continue
@@ -283,7 +315,11 @@ def fig_topology(figs):
                            ha="center", va="center", color="#343a40", zorder=3,
                            bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.9})
             box = _extent(fig, text)
-            if not any(box.overlaps(other) for other in taken):
+            # not over a name, another figure, or another link's line (a
+            # figure at a crossing reads as either link's)
+            crossed = any(_segment_hits_box(p, q, box) for other, (p, q) in segments.items()
+                          if other != e)
+            if not crossed and not any(box.overlaps(other) for other in taken):
                 taken.append(box)
                 break
             text.remove()
@@ -305,6 +341,15 @@ def fig_topology(figs):
     return "topology", reading
 
 
+def _shade_outages(ax, figs, router, peer):
+    """The link's outages (either end's view) as red spans at their real times."""
+    outages, _ = split_outages(figs.a)
+    for r in outages:
+        if {r["router"], r["peer"]} == {router, peer}:
+            end = r["up_us"] if r.get("up_us") is not None else figs.a.end_us
+            ax.axvspan(_when(r["down_us"]), _when(end), color="#e03131", alpha=0.18, lw=0)
+
+
 def fig_link_traffic(figs):
     plt = _plt()
     a = figs.a
@@ -316,25 +361,31 @@ def fig_link_traffic(figs):
     per = {}
     for row in series:
         per.setdefault((row["router"], row["peer"]), []).append(row)
+    # busiest first, as the links table orders them
+    rank = {(r["router"], r["peer"]): i for i, r in
+            enumerate(r for r in links if r["direction"] == "out")}
+    per = dict(sorted(per.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0])))
     if len(per) <= 4:
         fig, ax = plt.subplots(figsize=(9, 4))
         for (router, peer), rows in per.items():
             xs, ys = _rate_points(a, rows, "notifications")
             _plot_counts(ax, a, xs, ys, label=f"{figs.s(router)} \u2192 {figs.s(peer)}",
                          linewidth=1.2)
+            _shade_outages(ax, figs, router, peer)
         ax.set_ylabel(f"notifications {_per_bucket(a)}")
-        ax.set_title(f"Notifications forwarded {_per_bucket(a)}, busiest links")
+        ax.set_title(f"Notifications forwarded {_per_bucket(a)}, busiest links (red: link down)")
         ax.set_ylim(bottom=0)
         _legend_outside(ax)
         ax.grid(alpha=0.3)
         _time_axis(ax)
     else:
         # more lines than an eye can follow on one plot: a panel a link,
-        # one shared y scale so that panels compare
+        # busiest first, each scaled to its own data (a shared scale clipped
+        # or flattened some); the scale is on each panel's axis
         keys = list(per)
         nrows = (len(keys) + 1) // 2
         fig, axes = plt.subplots(nrows, 2, figsize=(9, 1.6 * nrows + 0.9), sharex=True,
-                                 sharey=True, squeeze=False)
+                                 squeeze=False)
         flat = [x for row in axes for x in row]
         for i, ax in enumerate(flat):
             if i >= len(keys):
@@ -343,14 +394,17 @@ def fig_link_traffic(figs):
             router, peer = keys[i]
             xs, ys = _rate_points(a, per[keys[i]], "notifications")
             _plot_counts(ax, a, xs, ys, linewidth=1.2, color="#1971c2")
-            ax.set_title(f"{figs.s(router)} \u2192 {figs.s(peer)}", fontsize=9, loc="left")
-            ax.set_ylim(bottom=0)
+            _shade_outages(ax, figs, router, peer)
+            ax.set_title(f"{i + 1}. {figs.s(router)} \u2192 {figs.s(peer)}", fontsize=9,
+                         loc="left")
+            ax.set_ylim(0, max(ys) * 1.08 if max(ys) else 1)
             ax.tick_params(labelsize=8)
             ax.grid(alpha=0.3)
             _time_axis(ax)
             if i < len(keys) - 2:
                 ax.set_xlabel("")
-        fig.suptitle(f"Notifications forwarded {_per_bucket(a)}, busiest links", fontsize=10)
+        fig.suptitle(f"Notifications forwarded {_per_bucket(a)}, busiest links first "
+                     f"(each panel on its own scale; red: link down)", fontsize=10)
         fig.tight_layout(rect=(0, 0.02, 1, 1))
     _partial_note(fig, a, len(xs))
     figs.save(fig, "link_traffic")
@@ -376,15 +430,19 @@ def fig_link_traffic(figs):
 def fig_uptime(figs):
     a = figs.a
     rows = a.tables.get("link_uptime", [])
-    flaky = [r for r in rows if r["downs"]]
+    outages, _ = split_outages(a)
+    down = {(r["router"], r["peer"]) for r in outages}
+    flaky = [r for r in rows if (r["router"], r["peer"]) in down]
     if not rows:
         return None, ""
     if not flaky:
-        return None, "Every link stayed up for the whole period."
-    worst = min(rows, key=lambda r: r["uptime_pct"] if r["uptime_pct"] is not None else 100)
-    reasons = sorted({r["last_down_reason"] for r in flaky if r["last_down_reason"]})
+        return None, ("No link went down in the period, other than as a router's traces "
+                      "ended." if any(r["downs"] for r in rows) else
+                      "Every link stayed up for the whole period.")
+    worst = min(flaky, key=lambda r: r["uptime_pct"] if r["uptime_pct"] is not None else 100)
+    reasons = sorted({r.get("reason") for r in outages if r.get("reason")})
     return None, (f"{len(flaky)} of {len(rows)} link ends saw the link go down "
-                  f"({sum(r['downs'] for r in flaky)} times in all; reasons: "
+                  f"({len(outages)} times in all, not counting routers stopping; reasons: "
                   f"{', '.join(reasons) or 'not given'}). Lowest uptime: "
                   f"{figs.s(worst['router'])} \u2013 {figs.s(worst['peer'])}, "
                   f"{worst['uptime_pct'] or 0:.1f}% of the period.")
@@ -485,47 +543,146 @@ def fig_flood(figs):
     return "flood", reading
 
 
+DROP_WORDS = {"notify_dropped_loop": "loop drops",
+              "notify_dropped_duplicate": "mesh duplicate drops",
+              "notify_dropped_overload": "overload drops",
+              "notify_dropped_import": "import-filter drops"}
+DROP_LABELS = {"notify_dropped_loop": "loop (own domain in routing list)",
+               "notify_dropped_duplicate": "mesh duplicate (came by another path)",
+               "notify_dropped_import": "import filter"}
+DROP_COLOURS = {"notify_dropped_loop": "#e03131", "notify_dropped_duplicate": "#7048e8",
+                "notify_dropped_import": "#f59f00", "notify_dropped_overload": "#495057"}
+# a link that goes down this close to the end of one of its routers'
+# traces, and stays down, closed because the traces end (the router stopped)
+END_GRACE_US = 60 * 10**6
+
+
+def traces_end(a):
+    """{router: its last record's time}."""
+    last = {}
+    for r in a.tables.get("overview", []):
+        last[r["router"]] = max(last.get(r["router"], 0), r["last_us"] or 0)
+    return last
+
+
+def split_outages(a):
+    """(outages, ends): the link_outages rows with a down time, apart from
+    those that stayed down and began within END_GRACE_US of the end of the
+    traces of either router of the link (a router stopping, not an outage)."""
+    last = traces_end(a)
+    outages, ends = [], []
+    for r in a.tables.get("link_outages", []):
+        if r.get("down_us") is None:
+            continue
+        stops = [last[x] for x in (r["router"], r["peer"]) if x in last]
+        if r.get("up_us") is None and any(r["down_us"] >= t - END_GRACE_US for t in stops):
+            ends.append(r)
+        else:
+            outages.append(r)
+    return outages, ends
+
+
 def fig_drops(figs):
+    """Outages and drops as events on one time axis, each at its own resolution."""
     plt = _plt()
+    import matplotlib.dates as mdates
     a = figs.a
     series = a.series.get("drops", [])
     totals = a.tables.get("drops", [])
-    if not series:
-        _empty("drops", figs, "no loop, import or overload drops")
+    outages, ends = split_outages(a)
+    fine = a.series.get("fine_us") or 10**6
+    if not series and not outages and not ends:
+        _empty("drops", figs, "no link went down and no notification was dropped")
         return "drops", ("No notification was dropped: no routing loop was stopped and no "
                          "send queue overflowed.")
+    links = sorted({(r["router"], r["peer"]) for r in outages + ends})
+    top_h = 0.35 * max(len(links), 1) + 0.8
+    fig, (ax0, ax1) = plt.subplots(2, 1, figsize=(9, top_h + 2.8), sharex=True,
+                                   gridspec_kw={"height_ratios": [top_h, 2.6]})
+    start, end = _when(a.start_us), _when(a.end_us)
+    for i, (router, peer) in enumerate(links):
+        for r in outages + ends:
+            if (r["router"], r["peer"]) != (router, peer):
+                continue
+            ended = r in ends
+            t0 = _when(r["down_us"])
+            t1 = _when(r["up_us"]) if r.get("up_us") is not None else end
+            colour = "#adb5bd" if ended else "#e03131"
+            ax0.broken_barh([(mdates.date2num(t0), mdates.date2num(t1) - mdates.date2num(t0))],
+                            (i - 0.3, 0.6), facecolors=colour, edgecolor=colour)
+            # a tick at the down time: an outage of a second is seen too
+            ax0.plot([t0], [i], marker="|", markersize=12, color=colour)
+    ax0.set_yticks(range(len(links)))
+    ax0.set_yticklabels([f"{figs.s(x)} \u2013 {figs.s(y)}" for x, y in links], fontsize=8)
+    ax0.set_ylim(-0.7, max(len(links), 1) - 0.3)
+    ax0.set_title("Link outages as seen from each end (red: down until up again; grey: "
+                  "down as a router's traces end)" if links else "No link went down",
+                  fontsize=9, loc="left")
+    ax0.grid(axis="x", alpha=0.3)
     per = {}
     for row in series:
-        label = {"notify_dropped_loop": "loop (own domain in routing list)",
-                 "notify_dropped_import": "import filter",
-                 "notify_dropped_overload": f"overload ({row['direction']})"}[row["event"]]
-        per.setdefault(label, []).append(row)
-    fig, ax = plt.subplots(figsize=(9, 3.5))
-    for label, rows in sorted(per.items()):
-        xs, ys = _rate_points(a, rows, "drops")
-        _plot_counts(ax, a, xs, ys, marker=".", linewidth=1, label=label)
-    ax.set_ylabel(f"drops {_per_bucket(a)}")
-    ax.set_title("Loops stopped and notifications dropped")
-    ax.set_ylim(bottom=0)
-    _legend_outside(ax)
-    ax.grid(alpha=0.3)
-    _time_axis(ax)
-    _partial_note(fig, a, len(xs))
+        per.setdefault((row["event"], row["direction"]), {})[row["t_us"]] = row["drops"]
+    width = fine / 86400e6
+    bottom = {}
+    for (event, direction), counts in sorted(per.items()):
+        ts = sorted(counts)
+        label = DROP_LABELS.get(event, f"overload ({direction})")
+        colour = DROP_COLOURS.get(event, "#495057") if direction == "in" or \
+            event != "notify_dropped_overload" else "#868e96"
+        xs = [mdates.date2num(_when(t)) for t in ts]
+        base = [bottom.get(t, 0) for t in ts]
+        ax1.bar(xs, [counts[t] for t in ts], width=width, bottom=base, align="edge",
+                color=colour, edgecolor=colour, linewidth=0.8, label=label)
+        for t in ts:
+            bottom[t] = bottom.get(t, 0) + counts[t]
+    step = _duration(fine) if fine >= 120e6 else f"{fine / 1e6:g} s"
+    ax1.set_ylabel(f"drops per {step}")
+    ax1.set_title(f"Notifications dropped, counted per {step}", fontsize=9, loc="left")
+    ax1.set_xlim(start, end)
+    ax1.set_ylim(bottom=0)
+    if per:
+        _legend_outside(ax1)
+    else:
+        ax1.set_yticks([])
+        ax1.text(0.5, 0.5, "no notification was dropped", transform=ax1.transAxes,
+                 ha="center", va="center", color="#555")
+    ax1.grid(alpha=0.3)
+    _time_axis(ax1)
+    fig.tight_layout()
     figs.save(fig, "drops")
     parts = []
-    for event, words in (("notify_dropped_loop", "loop drops"),
-                         ("notify_dropped_overload", "overload drops"),
-                         ("notify_dropped_import", "import-filter drops")):
+    for event, words in DROP_WORDS.items():
         rows = [r for r in totals if r["event"] == event]
         if rows:
             top = max(rows, key=lambda r: r["drops"])
             parts.append(f"{_n(sum(r['drops'] for r in rows))} {words} (most at "
                          f"{figs.s(top['router'])}, on the link with {figs.s(top['peer'])})")
-    reading = "There were " + "; ".join(parts) + "."
-    if any(r["event"] == "notify_dropped_loop" for r in totals):
-        reading += (" Loop drops mean a notification came back to a router it had already "
-                    "passed: the links form a cycle and some router forwards without checking "
-                    "the routing list. The routing lists stopped it, but the link carried it.")
+    reading = ("There were " + "; ".join(parts) + ".") if parts else "No notification was dropped."
+    if bottom:
+        peak = max(bottom, key=lambda t: bottom[t])
+        reading += (f" The most in one {step}: {_n(bottom[peak])}, from "
+                    f"{tf.format_time(peak)}.")
+    loops = [r for r in totals if r["event"] == "notify_dropped_loop"]
+    if loops:
+        n = sum(r["drops"] for r in loops)
+        listed = sum(r.get("router_listed") or 0 for r in loops)
+        if listed:
+            senders = sorted({figs.s(r["peer"]) for r in loops if r.get("router_listed")})
+            reading += (f" {_n(listed)} of the {_n(n)} loop drops carry the receiving router "
+                        f"in their routing list: they came back to a router they had already "
+                        f"passed, sent by {', '.join(senders)}, which forwarded them to a "
+                        f"router already on the list (a router that checks the list does "
+                        f"not). The routing lists stopped them, but the link carried them.")
+        if listed < n:
+            reading += (f" {_n(n - listed)} loop drop records do not have the receiving router "
+                        f"in their routing list, so they are not loops: routers whose traces "
+                        f"predate the separate mesh duplicate event wrote mesh duplicates "
+                        f"this way.")
+    dups = [r for r in totals if r["event"] == "notify_dropped_duplicate"]
+    if dups:
+        reading += (f" Mesh duplicate drops are notifications that reached a router by a "
+                    f"second path while the mesh's tree was changing; no loop is implied "
+                    f"({_n(sum(r['drops'] for r in dups))} records).")
     return "drops", reading
 
 
@@ -580,6 +737,40 @@ def _corrected(r, key):
     return value - (r.get("clock_correction_us") or 0)
 
 
+# a route is "frequent" with at least this many timed deliveries
+FREQUENT_MIN = 100
+
+
+def _why_unbounded(figs, route):
+    """Why a route's clocks could not be bounded, from the records: the first
+    hop without a bound, and what its two directions show."""
+    a = figs.a
+    hops = {(r["sender"], r["receiver"]): r for r in a.tables.get("hop_latency", [])}
+    carried = {(r["router"], r["peer"]): r["notifications"] for r in a.tables.get("links", [])
+               if r["direction"] == "out"}
+    names = route.split(" > ")
+    for x, y in zip(names, names[1:]):
+        there, back = hops.get((x, y)), hops.get((y, x))
+        if there is not None and there.get("clock_offset_pm_us") is not None:
+            continue
+        link = f"{figs.s(x)} \u2192 {figs.s(y)}"
+        n_back = carried.get((y, x), 0)
+        if not n_back:
+            return (f"{link} carried {_n(carried.get((x, y), 0))} notifications one way and "
+                    f"none back (links table), so that hop's clock offset cannot be bounded")
+        if back is None or not back.get("matched"):
+            return (f"{figs.s(y)} sent {_n(n_back)} notifications back to {figs.s(x)}, but "
+                    f"none of them was timed (no send and receipt paired), so that hop's "
+                    f"clock offset cannot be bounded")
+        if there is not None and there.get("delay_min_us") is not None and \
+                back.get("delay_min_us") is not None:
+            return (f"on {link} the fastest crossing there ({_ms(there['delay_min_us'])}) and "
+                    f"back ({_ms(back['delay_min_us'])}) add up to less than zero, which only "
+                    f"mispaired records can do, so no bound is claimed")
+        return f"no crossing of {link} was timed"
+    return "no hop's offset could be bounded"
+
+
 def fig_latency(figs):
     plt = _plt()
     rows = [r for r in figs.a.tables.get("routes", []) if r.get("timed")][:12]
@@ -593,43 +784,75 @@ def fig_latency(figs):
     labels = [" > ".join(figs.s(d) for d in r["route"].split(" > ")) for r in rows]
     fig, ax = plt.subplots(figsize=(9, 0.42 * len(rows) + 1.4))
     ys = list(range(len(rows)))
+    hidden = 0
+
+    def ms(r, key):
+        # (a log axis has no place for zero or less: counted, said below)
+        value = _corrected(r, key)
+        return value / 1000 if value is not None and value > 0 else None
     for key, colour, label in (("latency_p50_us", "#1971c2", "median"),
                                ("latency_p90_us", "#f59f00", "90th percentile"),
                                ("latency_p99_us", "#e03131", "99th percentile")):
-        ax.scatter([_corrected(r, key) / 1000 for r in rows], ys, color=colour, label=label,
+        points = [(ms(r, key), y) for r, y in zip(rows, ys)]
+        hidden += sum(1 for x, _ in points if x is None)
+        ax.scatter([x for x, _ in points if x is not None],
+                   [y for x, y in points if x is not None], color=colour, label=label,
                    zorder=2)
     for y, r in zip(ys, rows):
-        ax.plot([_corrected(r, "latency_min_us") / 1000, _corrected(r, "latency_max_us") / 1000],
-                [y, y], color="#ced4da", zorder=1)
-        if r.get("clock_uncertainty_us"):
-            w = r["clock_uncertainty_us"] / 1000
-            mid = _corrected(r, "latency_p50_us") / 1000
-            ax.errorbar([mid], [y], xerr=[[w], [w]], fmt="none", ecolor="#1971c2", alpha=0.35,
-                        capsize=3, zorder=1)
+        lo, hi = ms(r, "latency_min_us"), ms(r, "latency_max_us")
+        if lo is not None and hi is not None:
+            ax.plot([lo, hi], [y, y], color="#ced4da", zorder=1)
+    ax.set_xscale("log")
+    import matplotlib.ticker as mticker
+    plain = mticker.FuncFormatter(lambda v, _: f"{v:g}")
+    ax.xaxis.set_major_formatter(plain)
+    low, high = ax.get_xlim()
+    if high / low < 30:
+        # less than a decade or so: the in-between ticks need numbers too
+        ax.xaxis.set_minor_formatter(plain)
+        ax.tick_params(axis="x", which="minor", labelsize=7)
     ax.set_yticks(ys)
     ax.set_yticklabels(labels, fontsize=8)
-    ax.set_xlabel("ms from publication to arrival (grey: min to max; blue bar: clock uncertainty)")
-    ax.set_title("Latency per route, corrected for the clock offsets the traces show")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.grid(axis="x", alpha=0.3)
-    figs.save(fig, "latency")
-    slow = max(rows, key=lambda r: _corrected(r, "latency_p50_us"))
-    reading = (f"The slowest frequent route is {labels[rows.index(slow)]}: half its notifications "
-               f"arrived within {_ms(_corrected(slow, 'latency_p50_us'))}, 99% within "
-               f"{_ms(_corrected(slow, 'latency_p99_us'))}")
-    if slow.get("clock_uncertainty_us") is not None:
-        reading += (f", give or take {_ms(slow['clock_uncertainty_us'])} for the clocks "
-                    f"of the two hosts.")
-    else:
-        reading += (". A link on it carried traffic one way only, so the two hosts' clock "
-                    "offset cannot be bounded: these are raw differences of two clocks.")
     corrected = [r for r in rows if r.get("clock_correction_us")]
+    ax.set_xlabel("ms from publication to arrival, log scale (grey: fastest to slowest)"
+                  + (f"; {hidden} value(s) of 0 or less not drawn" if hidden else ""))
     if corrected:
-        reading += (f" {len(corrected)} of these routes were corrected for a clock offset the "
-                    f"traces show (see the per-link table).")
-    if any((_corrected(r, "latency_min_us") or 0) < 0 for r in rows):
-        reading += (" Some values are still negative: the clocks differ by more than could "
-                    "be bounded, so keep the routers on NTP.")
+        ax.set_title(f"Latency per route ({len(corrected)} of {len(rows)} corrected for a clock "
+                     f"offset the traces show; the rest raw clock differences)")
+    else:
+        ax.set_title("Latency per route: arrival minus publication, on two hosts' clocks "
+                     "(no offset corrected)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(axis="x", alpha=0.3, which="both")
+    figs.save(fig, "latency")
+    every = [r for r in figs.a.tables.get("routes", []) if (r.get("timed") or 0) >= FREQUENT_MIN]
+    if not every:
+        reading = (f"No route had {FREQUENT_MIN} or more timed deliveries, so none is called "
+                   f"frequent or slow here; the chart shows what was timed.")
+    else:
+        slow = max(every, key=lambda r: _corrected(r, "latency_p50_us"))
+        name = " > ".join(figs.s(d) for d in slow["route"].split(" > "))
+        reading = (f"The slowest of the {len(every)} routes with {FREQUENT_MIN} or more timed "
+                   f"deliveries is {name} ({_n(slow['timed'])} timed): half arrived within "
+                   f"{_ms(_corrected(slow, 'latency_p50_us'))}, 99% within "
+                   f"{_ms(_corrected(slow, 'latency_p99_us'))}")
+        if slow.get("clock_uncertainty_us") is not None:
+            reading += (f", give or take {_ms(slow['clock_uncertainty_us'])} for the clocks "
+                        f"of the hosts on it.")
+        else:
+            reading += (f". These are raw differences of two clocks: "
+                        f"{_why_unbounded(figs, slow['route'])}.")
+    if corrected:
+        reading += (f" {len(corrected)} of the charted routes were corrected for a clock offset "
+                    f"the traces show (see the per-link table).")
+    negative = [r for r in figs.a.tables.get("routes", [])
+                if r.get("timed") and (_corrected(r, "latency_min_us") or 0) < 0]
+    if negative:
+        worst = min(negative, key=lambda r: _corrected(r, "latency_min_us"))
+        reading += (f" {len(negative)} route(s) have a fastest delivery below zero (lowest: "
+                    f"{' > '.join(figs.s(d) for d in worst['route'].split(' > '))}, "
+                    f"{_ms(_corrected(worst, 'latency_min_us'))}): their hosts' clocks "
+                    f"differ by more than the traces could bound.")
     return "latency", reading
 
 
@@ -646,11 +869,36 @@ def latency_sample_reading(a):
             f"Run with --latency-sample 1 to time every notification.")
 
 
+def pairing_reading(figs):
+    """How the sends and receipts were paired, and how many could not be, and why."""
+    rows = figs.a.tables.get("hop_latency", [])
+    if not rows:
+        return ""
+    matched = sum(r.get("matched") or 0 for r in rows)
+    repeated = sum(r.get("repeated") or 0 for r in rows)
+    no_send = sum(r.get("unpaired_no_send") or 0 for r in rows)
+    unfit = sum(r.get("unpaired_repeated") or 0 for r in rows)
+    text = f"{_n(matched)} link crossings were timed (a receipt paired with its send)."
+    if repeated:
+        text += (f" {_n(repeated)} of them were copies of identical notifications (the same "
+                 f"digest and routing list on the same link), each paired with the last copy "
+                 f"sent before it arrived, on the clocks as the unrepeated crossings show them.")
+    if no_send or unfit:
+        text += f" {_n(no_send + unfit)} receipts could not be paired:"
+        if no_send:
+            text += (f" {_n(no_send)} had no send record of theirs in the period (sent before "
+                     f"it began, or by a router without traces)"
+                     + (";" if unfit else "."))
+        if unfit:
+            text += (f" {_n(unfit)} were repeated copies with none sent before them.")
+    return text
+
+
 def hop_latency_reading(figs):
     rows = figs.a.tables.get("hop_latency", [])
     bounded = [r for r in rows if r.get("clock_offset_pm_us") is not None]
     if not bounded:
-        return ("No link carried traffic both ways, so the hosts' clock offsets cannot be "
+        return ("No link has timed crossings both ways, so the hosts' clock offsets cannot be "
                 "bounded; every latency is a raw difference of two clocks.")
     told = [r for r in bounded if r.get("clock_offset_est_us") is not None]
     text = ("A crossing's delay is stamped on two clocks, so on a link with traffic both ways "
@@ -670,7 +918,10 @@ def hop_latency_reading(figs):
                    f"{_ms(abs(worst['clock_offset_est_us']))} ± "
                    f"{_ms(worst['clock_offset_pm_us'])} "
                    f"{'ahead of' if worst['clock_offset_est_us'] > 0 else 'behind'} "
-                   f"{figs.s(worst['sender'])}'s. Route latencies above are corrected by it.")
+                   f"{figs.s(worst['sender'])}'s (fastest crossings: "
+                   f"{_ms(worst['delay_min_us'])} there, {_ms(worst['reverse_min_us'])} back). "
+                   f"Route latencies above are corrected by it; NTP on both hosts would "
+                   f"remove it.")
 
 
 def fig_attr_sets(figs):
@@ -684,7 +935,7 @@ def fig_attr_sets(figs):
     fig, ax = plt.subplots(figsize=(9, 0.42 * len(rows) + 1.4))
     ys = list(range(len(rows)))
     ax.barh([y + 0.2 for y in ys], [r["published"] for r in rows], height=0.4,
-            color="#1971c2", label="published (at traced routers)")
+            color="#1971c2", label="published (at traced routers, with a link up)")
     ax.barh([y - 0.2 for y in ys], [r["crossings"] for r in rows], height=0.4,
             color=COLOURS["forwarded"], label="link crossings")
     ax.set_yticks(ys)
@@ -699,7 +950,9 @@ def fig_attr_sets(figs):
     reading = f"{len(every)} different sets of attribute names were seen."
     if total:
         reading += (f" The most common, {top['attribute_names']}, is "
-                    f"{_pct(top['published'], total):.0f}% of the notifications published.")
+                    f"{_pct(top['published'], total):.0f}% of the {_n(total)} notifications "
+                    f"published at traced routers while they had a link up (a notification "
+                    f"published with no link up is not traced, so it is not counted here).")
         spread = [r for r in every if r["published"]]
         widest = max(spread, key=lambda r: r["crossings"] / r["published"])
         reading += (f" The most widely spread is {widest['attribute_names']}: each crossed "
@@ -923,17 +1176,25 @@ def _when_text(ts_us):
 
 
 def outage_reading(figs):
-    rows = figs.a.tables.get("link_outages", [])
-    downs = [r for r in rows if r.get("down_us") is not None]
+    downs, ends = split_outages(figs.a)
+    text = ""
     if not downs:
-        return "No link went down in the period."
-    longest = max(downs, key=lambda r: r["seconds"] or 0)
-    still = [r for r in downs if r.get("up_us") is None]
-    return (f"Links went down {len(downs)} time(s), seen from either end. The longest outage: "
-            f"{figs.s(longest['router'])} – {figs.s(longest['peer'])} from "
-            f"{_when_text(longest['down_us'])} for {_duration(longest['seconds'] * 1e6)} "
-            f"({longest.get('reason') or 'no reason given'})."
-            + (f" {len(still)} were still down at the end." if still else ""))
+        text = "No link went down in the period."
+    else:
+        longest = max(downs, key=lambda r: r["seconds"] or 0)
+        still = [r for r in downs if r.get("up_us") is None]
+        text = (f"Links went down {len(downs)} time(s), seen from either end. The longest "
+                f"outage: {figs.s(longest['router'])} – {figs.s(longest['peer'])} from "
+                f"{_when_text(longest['down_us'])} for "
+                f"{_duration(longest['seconds'] * 1e6)} "
+                f"({longest.get('reason') or 'no reason given'})."
+                + (f" {len(still)} were still down at the end." if still else ""))
+    if ends:
+        text += (f" {len(ends)} link end(s) closed within {END_GRACE_US // 10**6} s of the "
+                 f"end of a router's traces and stayed closed (reasons: "
+                 f"{', '.join(sorted({r.get('reason') or 'not given' for r in ends}))}): "
+                 f"routers stopping, not counted as outages.")
+    return text
 
 
 # ---------------------------------------------------------------------------
@@ -1155,9 +1416,22 @@ def write_report(analysis):
              f'({(a.end_us - a.start_us) / 6e7:.1f} minutes) \u00b7 {len(routers)} routers traced '
              f'\u00b7 {_n(a.records)} trace records from {len(a.files)} files under '
              f'<code>{html.escape(str(a.trace_dir))}</code></p>',
-             '<nav><a href="#changes">Changes</a><a href="#links">Links</a><a href="#filters">Filters</a>'
+             '<nav>' + ('<a href="#changes">Changes</a>' if changes_since(a) else '')
+             + '<a href="#links">Links</a><a href="#filters">Filters</a>'
              '<a href="#drops">Loops and drops</a><a href="#paths">Paths</a>'
              '<a href="#interest">Interest</a><a href="#data">Data</a></nav>']
+    if a.aside:
+        items = "".join(
+            f"<li>{html.escape(_display(f))}" + (f" line {n}" if n is not None else "")
+            + f": dated {html.escape(tf.format_time(ts))}</li>"
+            for f, n, ts in a.aside_examples[:20])
+        parts.append(f'<div class="warn"><b>{_n(a.aside)} trace records were set aside: each '
+                     f'is dated far from the rest of its file (more than an hour, or more '
+                     f'than the file\'s own span, beyond its 1st to 99th percentile record), '
+                     f'a clock that jumped or a damaged line.</b> They are kept in the table '
+                     f'(<code>status=aside</code>) but not analysed, and the period above is '
+                     f'that of the records kept.<ul>{items}</ul>Per file: '
+                     f'<a href="csv/files.csv">csv/files.csv</a></div>')
     unreadable = getattr(a, "unreadable", [])
     if unreadable:
         items = "".join(f"<li>{html.escape(_display(f))}: {html.escape(r)}</li>"
@@ -1238,6 +1512,7 @@ def write_report(analysis):
                           + _reading(latency_sample_reading(a))
                           + _img(figs, "latency") + _reading(readings["latency"])
                           + _reading(readings["hop_latency"])
+                          + _reading(pairing_reading(figs))
                           + _table(a.tables["hop_latency"], [
                               ("sender", "from", "s"), ("receiver", "to", "s"),
                               ("matched", "matched", "n"), ("delay_p50_us", "p50 ms", "ms"),
@@ -1251,7 +1526,7 @@ def write_report(analysis):
                           + '<p class="meta">Clock offset: the receiver\'s clock minus the '
                             'sender\'s lies between "offset ≥" and "offset ≤" (the fastest '
                             'crossing each way); "offset told" is given only when that range '
-                            'excludes zero. Keep routers on NTP.</p>'))
+                            'excludes zero.</p>'))
     parts.append(_section("Interest: what is published and asked for", "interest",
                           _img(figs, "attr_sets") + _reading(readings["attr_sets"])
                           + _img(figs, "filter_sizes") + _reading(readings["filter_sizes"])

@@ -448,47 +448,86 @@ def filters_stage(w, save):
     save("filter_health", filter_health(w))
 
 
-def drops_stage(w, save, bucket):
-    events = _sql_list(("notify_dropped_loop", "notify_dropped_import",
-                        "notify_dropped_overload"))
+def drops_stage(w, save, fine_us):
+    """The drop tables; returns the drops per ``fine_us`` (``jobs.drop_times``)."""
+    events = _sql_list(jobs.DROPS)
     minutes = _timestamps(w.arrow(f"""
         SELECT router, peer, direction, event, minute_us, n AS drops, bytes,
                make_timestamp(minute_us) AS minute
         FROM per_minute WHERE event IN ({events})"""), "minute")
     save("drops_minute", minutes)
     totals = w.arrow(f"""
-        SELECT router, peer, direction, event, sum(n)::BIGINT AS drops,
-               sum(bytes)::BIGINT AS bytes, min(first_us) AS first_us,
-               max(last_us) AS last_us
-        FROM per_minute WHERE event IN ({events}) GROUP BY ALL""")
+        WITH listed AS (
+            SELECT router, peer, direction, event,
+                   count(*) FILTER (WHERE list_contains(routing, router))::BIGINT
+                       AS router_listed
+            FROM w WHERE event IN ('notify_dropped_loop', 'notify_dropped_duplicate')
+            GROUP BY ALL),
+        totals AS (
+            SELECT router, peer, direction, event, sum(n)::BIGINT AS drops,
+                   sum(bytes)::BIGINT AS bytes, min(first_us) AS first_us,
+                   max(last_us) AS last_us
+            FROM per_minute WHERE event IN ({events}) GROUP BY ALL)
+        SELECT t.*, l.router_listed FROM totals t
+        LEFT JOIN listed l USING (router, peer, direction, event)""")
     save("drops", totals)
     return w.rows(f"""
-        SELECT event, direction, minute_us - minute_us % {bucket} AS t_us,
-               sum(n)::BIGINT AS drops
-        FROM per_minute WHERE event IN ({events}) GROUP BY ALL ORDER BY t_us""")
+        SELECT event, direction, ts_us - ts_us % {fine_us} AS t_us, count(*)::BIGINT AS drops
+        FROM w WHERE event IN ({events}) GROUP BY ALL ORDER BY t_us""")
 
 
 def _percentile_columns(value, prefix):
     """Exact percentiles: the value at rank ceil(p * n) (Spark's, below 10,000 values)."""
     return ", ".join(
-        f"list_sort(list({value}))[greatest(1, ceil({q}::DOUBLE * count(*))::BIGINT)] "
+        f"list_sort(list({value}) FILTER (WHERE {value} IS NOT NULL))"
+        f"[greatest(1, ceil({q}::DOUBLE * count({value}))::BIGINT)] "
         f"AS {prefix}p{int(q * 100)}_us" for q in jobs.PERCENTILES)
 
 
-def _nearest(rows, partition, anchor):
-    """jobs._nearest in SQL: each target row's nearest anchor time."""
+def _candidates(rows, partition, anchor):
+    """jobs._candidates in SQL: each target row's anchor times around it."""
+    running = (f"PARTITION BY {partition} ORDER BY ts_us, is_target "
+               f"ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW")
     return f"""
-        SELECT * EXCLUDE (_before, _after),
-               CASE WHEN _before IS NULL THEN _after WHEN _after IS NULL THEN _before
-                    WHEN ts_us - _before <= _after - ts_us THEN _before ELSE _after END
-                   AS anchor_us
-        FROM (SELECT *,
-                     max({anchor}) OVER (PARTITION BY {partition} ORDER BY ts_us, is_target
-                         ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS _before,
+        SELECT * EXCLUDE (_rank) FROM (
+            SELECT *, lag({anchor}) OVER (PARTITION BY {partition} ORDER BY _rank, is_target)
+                       AS _ranked
+            FROM (SELECT *,
+                     max({anchor}) OVER ({running}) AS _before,
                      lead({anchor} IGNORE NULLS) OVER (PARTITION BY {partition}
-                         ORDER BY ts_us, is_target) AS _after
-              FROM ({rows}))
+                         ORDER BY ts_us, is_target) AS _after,
+                     CASE WHEN is_target = 1 THEN sum(is_target) OVER ({running})
+                          ELSE sum(1 - is_target) OVER ({running}) END AS _rank,
+                     sum(1 - is_target) OVER (PARTITION BY {partition}) AS _anchors,
+                     sum(is_target) OVER (PARTITION BY {partition}) AS _targets
+                  FROM ({rows})))
         WHERE is_target = 1"""
+
+
+def _slack_sql(path, slack):
+    """jobs._slack_of in SQL: the clocks' slack summed over a path's hops."""
+    if not slack:
+        return "0::BIGINT"
+    keys = "[" + ", ".join("'" + k.replace("'", "''") + "'" for k in sorted(slack)) + "]"
+    values = "[" + ", ".join(str(slack[k]) for k in sorted(slack)) + "]"
+    return (f"coalesce(list_sum(list_transform(range(1, len({path})), "
+            f"lambda i: coalesce(map({keys}, {values})[{path}[i] || '>' || {path}[i + 1]], 0))), "
+            f"0)::BIGINT")
+
+
+def _paired(slack):
+    """jobs._paired in SQL (over a relation with ts_us, _before, _after, _anchors)."""
+    return (f"CASE WHEN _anchors = 1 THEN coalesce(_before, _after) "
+            f"WHEN _anchors = _targets THEN _ranked "
+            f"WHEN _after IS NOT NULL AND _after - ts_us <= {slack} THEN _after "
+            f"ELSE _before END")
+
+
+def _pairing_counts(prefix):
+    return (f"count(*) FILTER (WHERE anchor_us IS NOT NULL AND _anchors > 1)::BIGINT AS repeated, "
+            f"count(*) FILTER (WHERE _anchors = 0)::BIGINT AS unpaired_no_{prefix}, "
+            f"count(*) FILTER (WHERE anchor_us IS NULL AND _anchors > 0)::BIGINT "
+            f"AS unpaired_repeated")
 
 
 def paths(w, sample_1_in=1):
@@ -497,48 +536,29 @@ def paths(w, sample_1_in=1):
     hops = w.arrow("""
         SELECT hops, count(*)::BIGINT AS deliveries, count(DISTINCT dkey)::BIGINT AS notifications
         FROM w WHERE event = 'notify_received' GROUP BY hops""")
-    routes_rows = w.rows(f"""
-        WITH anchored AS ({_nearest(f'''
-            SELECT dkey, origin, peer AS first_hop, ts_us, ts_us AS published_us,
-                   NULL::VARCHAR[] AS routing, NULL::VARCHAR AS destination, 0 AS is_target
-            FROM {timed} WHERE event = 'notify_forwarded' AND hops = 1 AND router = origin
-            UNION ALL
-            SELECT dkey, origin, coalesce(routing[2], router), ts_us, NULL, routing, router, 1
-            FROM {timed} WHERE event = 'notify_received' ''', "dkey, origin, first_hop",
-            "published_us")}),
-        latency AS (
-            SELECT routing, destination, count(*)::BIGINT AS timed,
-                   {_percentile_columns("ts_us - anchor_us", "latency_")},
-                   min(ts_us - anchor_us) AS latency_min_us,
-                   max(ts_us - anchor_us) AS latency_max_us
-            FROM anchored WHERE anchor_us IS NOT NULL GROUP BY routing, destination),
-        routes AS (
-            SELECT routing, router AS destination, count(*)::BIGINT AS deliveries,
-                   sum(size)::BIGINT AS bytes
-            FROM w WHERE event = 'notify_received' GROUP BY routing, router)
-        SELECT array_to_string(list_append(r.routing, r.destination), ' > ') AS route,
-               r.routing[1] AS origin, r.destination,
-               len(r.routing)::INTEGER AS hops, r.deliveries, r.bytes, l.timed,
-               l.latency_p50_us, l.latency_p90_us, l.latency_p99_us, l.latency_min_us,
-               l.latency_max_us, {k}::INTEGER AS sample_1_in
-        FROM routes r LEFT JOIN latency l
-            ON l.routing IS NOT DISTINCT FROM r.routing
-            AND l.destination IS NOT DISTINCT FROM r.destination""")
     in_wire = _sql_list(jobs.IN_WIRE)
-    hop = w.arrow(f"""
-        WITH anchored AS ({_nearest(f'''
+    w.con.execute(f"""CREATE OR REPLACE TEMP TABLE crossings AS {_candidates(f'''
             SELECT dkey, routing, router AS sender, peer AS receiver, ts_us, ts_us AS sent_us,
                    0 AS is_target
             FROM {timed} WHERE event = 'notify_forwarded'
             UNION ALL
             SELECT dkey, routing, peer, router, ts_us, NULL, 1
             FROM {timed} WHERE direction = 'in' AND event IN ({in_wire}) ''',
-            "dkey, routing, sender, receiver", "sent_us")}),
+            "dkey, routing, sender, receiver", "sent_us")}""")
+    fastest = {(r["sender"], r["receiver"]): r["fastest"] for r in w.rows("""
+        SELECT sender, receiver, min(ts_us - coalesce(_before, _after)) AS fastest
+        FROM crossings WHERE _anchors = 1 GROUP BY ALL""")}
+    slack = jobs.hop_slack(fastest)
+    hop = w.arrow(f"""
+        WITH anchored AS (
+            SELECT *, {_paired(_slack_sql("[sender, receiver]", slack))} AS anchor_us
+            FROM crossings),
         hop AS (
-            SELECT sender, receiver, count(*)::BIGINT AS matched,
+            SELECT sender, receiver, count(anchor_us)::BIGINT AS matched,
                    {_percentile_columns("ts_us - anchor_us", "delay_")},
-                   min(ts_us - anchor_us) AS delay_min_us, max(ts_us - anchor_us) AS delay_max_us
-            FROM anchored WHERE anchor_us IS NOT NULL GROUP BY sender, receiver),
+                   min(ts_us - anchor_us) AS delay_min_us, max(ts_us - anchor_us) AS delay_max_us,
+                   {_pairing_counts("send")}
+            FROM anchored GROUP BY sender, receiver),
         offs AS (
             SELECT h.*, b.delay_p50_us AS reverse_p50_us, b.delay_min_us AS reverse_min_us,
                    CASE WHEN h.delay_min_us + b.delay_min_us >= 0 THEN -b.delay_min_us END AS low,
@@ -553,6 +573,39 @@ def paths(w, sample_1_in=1):
                trunc((delay_p50_us + reverse_p50_us) / 2)::BIGINT AS one_way_est_us,
                {k}::INTEGER AS sample_1_in
         FROM offs""")
+    w.con.execute("DROP TABLE crossings")
+    routes_rows = w.rows(f"""
+        WITH anchored AS (
+            SELECT *, {_paired(_slack_sql("list_append(routing, destination)", slack))}
+                       AS anchor_us
+            FROM ({_candidates(f'''
+            SELECT dkey, origin, peer AS first_hop, ts_us, ts_us AS published_us,
+                   NULL::VARCHAR[] AS routing, NULL::VARCHAR AS destination, 0 AS is_target
+            FROM {timed} WHERE event = 'notify_forwarded' AND hops = 1 AND router = origin
+            UNION ALL
+            SELECT dkey, origin, coalesce(routing[2], router), ts_us, NULL, routing, router, 1
+            FROM {timed} WHERE event = 'notify_received' ''', "dkey, origin, first_hop",
+            "published_us")})),
+        latency AS (
+            SELECT routing, destination, count(anchor_us)::BIGINT AS timed,
+                   {_percentile_columns("ts_us - anchor_us", "latency_")},
+                   min(ts_us - anchor_us) AS latency_min_us,
+                   max(ts_us - anchor_us) AS latency_max_us,
+                   {_pairing_counts("publication")}
+            FROM anchored GROUP BY routing, destination),
+        routes AS (
+            SELECT routing, router AS destination, count(*)::BIGINT AS deliveries,
+                   sum(size)::BIGINT AS bytes
+            FROM w WHERE event = 'notify_received' GROUP BY routing, router)
+        SELECT array_to_string(list_append(r.routing, r.destination), ' > ') AS route,
+               r.routing[1] AS origin, r.destination,
+               len(r.routing)::INTEGER AS hops, r.deliveries, r.bytes, l.timed,
+               l.latency_p50_us, l.latency_p90_us, l.latency_p99_us, l.latency_min_us,
+               l.latency_max_us, l.repeated, l.unpaired_no_publication, l.unpaired_repeated,
+               {k}::INTEGER AS sample_1_in
+        FROM routes r LEFT JOIN latency l
+            ON l.routing IS NOT DISTINCT FROM r.routing
+            AND l.destination IS NOT DISTINCT FROM r.destination""")
     corrections = jobs.route_clock_corrections(hop.to_pylist())
     import pyarrow as pa
     est = {f"{a}>{b}": v for (a, b), v in corrections.items()}
@@ -570,7 +623,8 @@ def paths(w, sample_1_in=1):
              "hops": pa.int32(), "sample_1_in": pa.int32()}
     names = ["route", "origin", "destination", "hops", "deliveries", "bytes", "timed",
              "latency_p50_us", "latency_p90_us", "latency_p99_us", "latency_min_us",
-             "latency_max_us", "sample_1_in"]
+             "latency_max_us", "repeated", "unpaired_no_publication", "unpaired_repeated",
+             "sample_1_in"]
     routes = pa.table({n: pa.array([r[n] for r in routes_rows], types.get(n, pa.int64()))
                        for n in names})
     routes = routes.append_column("clock_correction_us", pa.array(correction, pa.int64()))

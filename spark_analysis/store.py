@@ -93,6 +93,8 @@ class BatchResult:
         self.warnings = []          # [text]
         self.file_stats = {}        # path -> (ok, bad) of this batch
         self.bad_examples = []      # [(path, line, reason, text)]
+        self.aside = 0              # valid records set aside: dated far from their file's
+        self.aside_examples = []    # [(path, line or None, ts_us)]
 
 
 def _now_iso():
@@ -621,15 +623,28 @@ class TraceStore:
                 line_base[path] = first
         for path, source, kind, first in parts:
             result.parts.append((path, kind))
-        stats, written, minute_parts = {}, [], []
+        stats, written, minute_parts, aside = {}, [], [], {}
         if spark_inputs:
-            stats, written, minute_parts = self._write_batch(batch, spark_inputs, file_of,
-                                                             result)
+            stats, written, minute_parts, aside = self._write_batch(batch, spark_inputs,
+                                                                    file_of, result)
         for key, entry in entries.items():
             ok, bad = stats.get(entry["path"], (0, 0))
             entry["records"] = entry.get("records", 0) + ok
             entry["bad"] = entry.get("bad", 0) + bad
             result.file_stats[entry["path"]] = (ok, bad)
+        # records set aside for their time: where they are in their files
+        for path in sorted(aside):
+            n, first = aside[path]
+            key, entry = by_path.get(path, (None, None))
+            found = dict((ts, line) for line, ts in ingest.locate_times(
+                path, first, start_byte=line_base.get(path, 0)))
+            named = [(found.get(ts), ts) for ts in first]
+            result.aside += n
+            result.aside_examples += [(path, line, ts) for line, ts in named]
+            if entry is not None:
+                entry["aside"] = entry.get("aside", 0) + n
+                entry["aside_examples"] = (entry.get("aside_examples", [])
+                                           + [list(x) for x in named])[:5]
         result.records = sum(ok for ok, _ in stats.values())
         result.bad = sum(bad for _, bad in stats.values())
         # the bad lines' numbers, for the first files that have some
@@ -664,10 +679,10 @@ class TraceStore:
         for p in inputs:
             uri = ingest._file_uri(p) if ingest._is_local(p) else p
             named[file_of.get(uri, uri)] = p
-        stats, parts, minute_parts = {}, [], []
+        stats, parts, minute_parts, aside = {}, [], [], {}
         for attempt in range(len(inputs) + 1):
             try:
-                stats, parts, minute_parts = ingest.ingest_files(
+                stats, parts, minute_parts, aside = ingest.ingest_files(
                     self.spark, files, out, file_of, minutes_out=minutes_out)
                 break
             except Exception as e:  # noqa: BLE001 - Py4J wraps the worker's error
@@ -687,9 +702,12 @@ class TraceStore:
                 skipped = {p for p, _ in bad}
                 files = [(p, size) for p, size in files if p not in skipped]
                 if not files:
-                    return {}, [], []
-        return ({ingest.display_path(f) if ingest._is_local(f) else f: v
-                 for f, v in stats.items()}, parts, minute_parts)
+                    return {}, [], [], {}
+
+        def shown(f):
+            return ingest.display_path(f) if ingest._is_local(f) else f
+        return ({shown(f): v for f, v in stats.items()}, parts, minute_parts,
+                {shown(f): v for f, v in aside.items()})
 
     # -- reading the table back ---------------------------------------------
 

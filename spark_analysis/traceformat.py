@@ -26,7 +26,8 @@ __all__ = ["FORMAT_VERSION", "EVENTS", "NOTIFY_EVENTS", "SUBREPLACE_EVENTS",
            "notification_digest", "canonical_attributes", "routing_entry_size",
            "trace_file_name", "parse_trace_file_name", "TRACE_FILE_RE",
            "format_record", "check_record", "check_line", "check_file",
-           "is_trace_file", "parse_time", "format_time"]
+           "is_trace_file", "parse_time", "format_time", "TIME_SLACK_US",
+           "plausible_range"]
 
 FORMAT_VERSION = 1
 
@@ -38,6 +39,7 @@ NOTIFY_EVENTS = (
     "notify_suppressed_filter",  # out: did not match the peer's pull filter
     "notify_suppressed_export",  # out: matched the pull filter, not our export filter
     "notify_dropped_loop",       # in: our domain was already in the routing list
+    "notify_dropped_duplicate",  # in: already seen by another path (mesh)
     "notify_dropped_import",     # in: did not match our import filter for the peer
     "notify_dropped_overload",   # out: send queue full; in: router overloaded
 )
@@ -54,6 +56,7 @@ DIRECTIONS = {
     "notify_suppressed_filter": ("out",),
     "notify_suppressed_export": ("out",),
     "notify_dropped_loop": ("in",),
+    "notify_dropped_duplicate": ("in",),
     "notify_dropped_import": ("in",),
     "notify_dropped_overload": ("in", "out"),
 }
@@ -288,6 +291,35 @@ def check_file(path, limit=None):
 
 # --------------------------------------------------------------------------
 # times
+
+# how far beyond the bulk of its file's records a record may lie (at least)
+TIME_SLACK_US = 3600 * 10**6
+
+
+def plausible_range(sorted_ts, opened_us=None):
+    """(lo, hi): the times a file's records may plausibly have, from the
+    times themselves (``sorted_ts``, ascending) and when the file was opened
+    (from its name; None if unknown).
+
+    The file's *bulk* runs from its 1st to its 99th percentile record (its
+    median for fewer than 100 records), widened to take in the time the
+    file was opened; a record is plausible within the bulk's own length,
+    and at least ``TIME_SLACK_US`` (an hour), either side of it. One record
+    dated decades away among a file's hours of traffic is outside; a clock
+    step of minutes is not.
+    """
+    n = len(sorted_ts)
+    if not n:
+        return None
+    if n >= 100:
+        lo = int(sorted_ts[(n + 99) // 100 - 1])
+        hi = int(sorted_ts[(99 * n + 99) // 100 - 1])
+    else:
+        lo = hi = int(sorted_ts[(n - 1) // 2])
+    if opened_us is not None:
+        lo, hi = min(lo, opened_us), max(hi, opened_us)
+    slack = max(TIME_SLACK_US, hi - lo)
+    return lo - slack, hi + slack
 
 def parse_time(text):
     """Microseconds since the epoch from ISO 8601 (UTC unless it says) or epoch seconds.

@@ -192,3 +192,45 @@ class WriterTests(unittest.SynchronousTestCase):
         self.assertEqual(first.num_rows, 12)                # 12:00 .. 23:00
         self.assertNotIn("router", first.column_names)      # in the path only
         self.assertEqual(first.schema.field("hops").type, pa.int32())
+
+
+class TimeSanityTests(unittest.SynchronousTestCase):
+    """Records dated far from the rest of their file are set aside (status aside)."""
+
+    skip = SKIP
+
+    def test_plausible_range(self):
+        hour = tf.TIME_SLACK_US
+        ten_minutes = [T0 + i * 10**6 for i in range(600)]
+        lo, hi = tf.plausible_range(ten_minutes, T0)
+        self.assertEqual((lo, hi), (T0 - hour, T0 + 593 * 10**6 + hour))
+        # a file whose bulk spans three hours allows three hours either side
+        long = [T0 + i * 36 * 10**6 for i in range(300)]
+        lo, hi = tf.plausible_range(long)
+        self.assertEqual(hi - lo, 3 * (long[296] - long[2]))
+        # few records: their median, and the file's name time
+        self.assertEqual(tf.plausible_range([T0 + 5, T0 + 9, T0 + 10**15], T0),
+                         (T0 - hour, T0 + 9 + hour))
+
+    def test_a_far_record_is_set_aside_with_its_line(self):
+        future = 4102444800 * 10**6
+        objs = [dict(GOOD[0], ts_us=T0 + i * 10**6) for i in range(200)]
+        objs.insert(120, dict(GOOD[0], ts_us=future))
+        data = _lines(objs)
+        name = "file:/x/a-20240501T120000Z-000001.jsonl"
+        tables, n, first = ap.set_aside(ap.parse_chunk(data, name), name)
+        rows = _rows(tables)
+        self.assertEqual((n, first), (1, [future]))
+        aside = [r for r in rows if r["status"] == "aside"]
+        self.assertEqual([r["ts_us"] for r in aside], [future])
+        self.assertIn("dated 2100-01-01T00:00:00Z", aside[0]["bad_reason"])
+        self.assertEqual(sum(1 for r in rows if r["status"] == "ok"), 200)
+        path = os.path.join(tempfile.mkdtemp(), "a.jsonl")
+        with open(path, "wb") as f:
+            f.write(data)
+        self.assertEqual(ap.lines_at_times(path, False, [future]), [(121, future)])
+
+    def test_nothing_is_set_aside_from_a_plausible_file(self):
+        objs = [dict(GOOD[0], ts_us=T0 + i * 10**6) for i in range(200)]
+        tables = ap.parse_chunk(_lines(objs), "f")
+        self.assertEqual(ap.set_aside(tables, "f"), (tables, 0, []))

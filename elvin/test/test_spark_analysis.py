@@ -83,16 +83,22 @@ def size(attrs, routing):
     return base_size(attrs) + sum(tf.routing_entry_size(d) for d in routing)
 
 
-def handmade_records():
-    """{router: [line]} of the scenario; the answers are in HandmadeTests."""
-    out = {"a": [], "b": [], "c": []}
-
+def recorder(out):
+    """(rec, note): functions adding (ts, line) records to ``out[router]``,
+    any record and a notify record (its size and digest from the attributes)."""
     def rec(router, ts, peer, event, direction, **kw):
         out[router].append((ts, tf.format_record(ts, router, peer, event, direction, **kw)))
 
     def note(router, ts, peer, event, direction, attrs, routing):
         rec(router, ts, peer, event, direction, routing=routing, size=size(attrs, routing),
             attrs=list(attrs), digest=tf.notification_digest(attrs))
+    return rec, note
+
+
+def handmade_records():
+    """{router: [line]} of the scenario; the answers are in HandmadeTests."""
+    out = {"a": [], "b": [], "c": []}
+    rec, note = recorder(out)
 
     rec("a", T(0), "b", "link_up", "out")
     rec("b", T(0), "a", "link_up", "in")
@@ -614,8 +620,13 @@ class HandmadeTests(unittest.SynchronousTestCase):
         self.assertEqual({k: v["drops"] for k, v in drops.items()},
                          {("a", "b", "in", "notify_dropped_loop"): 1,
                           ("b", "c", "out", "notify_dropped_overload"): 1})
+        # a's loop drop has a in its routing list: a loop
+        self.assertEqual(drops[("a", "b", "in", "notify_dropped_loop")]["router_listed"], 1)
+        self.assertIsNone(drops[("b", "c", "out", "notify_dropped_overload")]["router_listed"])
+        # drawn at the second they happened
+        self.assertEqual(self.analysis.series["fine_us"], 10**6)
         self.assertEqual({(r["event"], r["t_us"]) for r in self.analysis.series["drops"]},
-                         {("notify_dropped_loop", T(60)), ("notify_dropped_overload", T(60))})
+                         {("notify_dropped_loop", T(60)), ("notify_dropped_overload", T(70))})
 
     def test_paths(self):
         hops = by_key(self.t["hops"], "hops")

@@ -1,0 +1,259 @@
+"""The report states only what the traces show: hand-made traces with known answers.
+
+Three routers on one host (one clock): a - b - c - a. Heartbeats with
+identical contents repeat (two copies a second, 3 ms apart, each taking
+2.5 ms: the nearest copy in time is the wrong one); a mesh sends 59
+duplicates to c within 0.8 s (``notify_dropped_duplicate``, c not in
+their routing lists) and c sends two real loops back to a; a - b is down
+for 34 s; every router stops at the end; and one record of a's file is
+dated 2100. Each engine's answers are checked against those numbers, and
+the two engines against each other (one small Spark run).
+"""
+
+import os
+
+from twisted.trial import unittest
+
+from elvin.test.test_spark_analysis import T, _tempdir, recorder, size
+from elvin.test.test_spark_smallwindow import _Agreement, _skip_without_duckdb
+from spark_analysis import traceformat as tf
+
+HB = {"Heartbeat": 1, "Service": "ops"}
+DUP = {"Group": "mesh", "n": 7}
+LOOP = {"Group": "loop", "n": 9}
+A_FILE = "a-20240501T120000Z-000001.jsonl"
+FUTURE_US = 4102444800 * 10**6          # 2100-01-01T00:00:00Z
+OUTAGE = (200, 234)
+
+
+def truth_records():
+    """{router: [(ts_us, line)]} of the scenario (see the module's text)."""
+    out = {"a": [], "b": [], "c": []}
+    rec, note = recorder(out)
+
+    for x, y in (("a", "b"), ("c", "b"), ("c", "a")):
+        rec(x, T(0), y, "link_up", "out")
+        rec(y, T(0), x, "link_up", "in")
+    for s in range(1, 600):
+        if OUTAGE[0] <= s < OUTAGE[1]:
+            continue
+        for copy in (0, 3000):                   # two clients, the same heartbeat
+            note("a", T(s, copy), "b", "notify_forwarded", "out", HB, ["a"])
+            note("b", T(s, copy + 2500), "a", "notify_received", "in", HB, ["a"])
+        if s % 10 == 5:                          # something unrepeated back: b -> a
+            n = {"Group": "back", "n": s}
+            note("b", T(s), "a", "notify_forwarded", "out", n, ["b"])
+            note("a", T(s, 2000), "b", "notify_received", "in", n, ["b"])
+    rec("a", T(OUTAGE[0]), "b", "link_down", "out", reason="liveness")
+    rec("b", T(OUTAGE[0], 400), "a", "link_down", "in", reason="connection lost")
+    rec("a", T(OUTAGE[1]), "b", "link_up", "out")
+    rec("b", T(OUTAGE[1]), "a", "link_up", "in")
+    # the mesh: 59 copies that reached c by another path first, in 0.8 s
+    for i in range(59):
+        d = dict(DUP, n=1000 + i)
+        note("a", T(300, i * 13500), "c", "notify_forwarded", "out", d, ["b", "a"])
+        note("c", T(300, i * 13500 + 1000), "a", "notify_dropped_duplicate", "in", d,
+             ["b", "a"])
+    # two real loops: c forwards to a what a had already passed
+    for i in range(2):
+        d = dict(LOOP, n=i)
+        note("c", T(400 + i), "a", "notify_forwarded", "out", d, ["a", "b", "c"])
+        note("a", T(400 + i, 1000), "c", "notify_dropped_loop", "in", d, ["a", "b", "c"])
+    # everyone stops at the end
+    for x, y in (("a", "b"), ("c", "b"), ("c", "a")):
+        rec(x, T(599.9), y, "link_down", "out", reason="shutdown")
+        rec(y, T(599.9, 300), x, "link_down", "in", reason="disconnected by peer")
+    return {r: [line for _, line in sorted(lines, key=lambda p: p[0])]
+            for r, lines in out.items()}
+
+
+def write_truth(directory, legacy=False):
+    """The scenario's files; a's has one record dated 2100 (returns its line
+    number). ``legacy``: the mesh duplicates written as loop drops, as
+    routers did before the duplicate event."""
+    records = truth_records()
+    if legacy:
+        records["c"] = [line.replace("notify_dropped_duplicate", "notify_dropped_loop")
+                        for line in records["c"]]
+    lines = records["a"]
+    at = len(lines) // 2
+    lines.insert(at, tf.format_record(FUTURE_US, "a", "b", "notify_forwarded", "out",
+                                      routing=["a"], size=size(HB, ["a"]), attrs=list(HB),
+                                      digest=tf.notification_digest(HB)))
+    for router, body in records.items():
+        name = A_FILE if router == "a" else f"{router}-20240501T120000Z-000001.jsonl"
+        with open(os.path.join(directory, name), "w") as f:
+            f.write("\n".join(body) + "\n")
+    return at + 1
+
+
+_runs = {}
+
+
+def truth_run(name="truth", legacy=False, again=False):
+    """(analysis, report text, the future record's line) of a DuckDB run, cached."""
+    key = (name, legacy, again)
+    if key not in _runs:
+        _skip_without_duckdb()
+        from spark_analysis import pipeline
+        traces = _tempdir(name)
+        line = write_truth(traces, legacy)
+        out = _tempdir(name + "-out")
+
+        def no_spark():
+            raise AssertionError("a small local window must not start Spark")
+        analysis = pipeline.run(no_spark, traces, out, progress=None, engine="duckdb")
+        if again:
+            analysis = pipeline.run(no_spark, traces, out, progress=None, engine="duckdb")
+        with open(os.path.join(out, "report.html"), encoding="utf-8") as f:
+            text = f.read()
+        _runs[key] = (analysis, text, line, traces)
+    return _runs[key]
+
+
+def _plain(html_text):
+    import html
+    import re
+    return html.unescape(re.sub(r"<[^>]+>", " ", html_text))
+
+
+class TimeSanityTests(unittest.SynchronousTestCase):
+    """A record dated 2100 among ten minutes: set aside, named, the window ten minutes."""
+
+    def test_the_record_is_set_aside_and_named_with_its_line(self):
+        a, text, line, traces = truth_run()
+        self.assertEqual(a.aside, 1)
+        self.assertEqual([(os.path.basename(f), n, ts) for f, n, ts in a.aside_examples],
+                         [(A_FILE, line, FUTURE_US)])
+        self.assertIn(f"{A_FILE} line {line}: dated 2100-01-01T00:00:00Z", _plain(text))
+
+    def test_the_window_is_that_of_the_records_kept(self):
+        a, _, _, _ = truth_run()
+        self.assertEqual((a.start_us, a.end_us), (T(0), T(599.9, 300)))
+        for row in a.tables["link_uptime"]:
+            self.assertGreater(row["uptime_pct"], 90, row)
+
+    def test_files_csv_counts_and_names_it(self):
+        import csv
+        a, _, line, _ = truth_run()
+        with open(os.path.join(a.out_dir, "csv", "files.csv")) as f:
+            rows = {os.path.basename(r["file"]): r for r in csv.DictReader(f)}
+        self.assertEqual(rows[A_FILE]["set_aside"], "1")
+        self.assertEqual(rows[A_FILE]["set_aside_first"], f"line {line}: 2100-01-01T00:00:00Z")
+        self.assertEqual(rows["b-20240501T120000Z-000001.jsonl"]["set_aside"], "0")
+
+
+class MatchingTests(unittest.SynchronousTestCase):
+    """Identical heartbeats 3 ms apart, 2.5 ms on the way: paired with their own copy."""
+
+    def hop(self, sender, receiver):
+        a, _, _, _ = truth_run()
+        return next(r for r in a.tables["hop_latency"]
+                    if (r["sender"], r["receiver"]) == (sender, receiver))
+
+    def test_every_delay_is_the_true_one(self):
+        ab = self.hop("a", "b")
+        self.assertEqual((ab["delay_min_us"], ab["delay_max_us"]), (2500, 2500))
+        self.assertEqual(ab["matched"], 2 * (599 - 34))
+        self.assertEqual(ab["repeated"], 2 * (599 - 34))
+        self.assertEqual((ab["unpaired_no_send"], ab["unpaired_repeated"]), (0, 0))
+        ba = self.hop("b", "a")
+        self.assertEqual((ba["delay_min_us"], ba["delay_max_us"], ba["repeated"]), (2000, 2000, 0))
+
+    def test_the_clocks_are_bounded_and_not_called_apart(self):
+        ab = self.hop("a", "b")
+        self.assertEqual((ab["clock_offset_low_us"], ab["clock_offset_high_us"]), (-2000, 2500))
+        self.assertIsNone(ab["clock_offset_est_us"])
+        route = next(r for r in truth_run()[0].tables["routes"] if r["route"] == "a > b")
+        self.assertEqual((route["latency_min_us"], route["latency_max_us"]), (2500, 2500))
+
+    def test_no_false_clock_or_one_way_claim(self):
+        _, text, _, _ = truth_run()
+        plain = _plain(text)
+        self.assertNotIn("NTP", plain)
+        self.assertNotIn("one way", plain)
+        self.assertNotIn("differ by more", plain)
+        self.assertIn("1,130 of them were copies of identical notifications", plain)
+
+    def test_unpaired_receipts_are_counted_with_why(self):
+        from spark_analysis import jobs
+        self.assertEqual(jobs.hop_slack({("a", "b"): 2500, ("b", "a"): 1500}),
+                         {"b>a": 500})
+        a, _, _, _ = truth_run()
+        # the duplicates and loops were sent with records of their own: all paired
+        self.assertEqual(sum(r["unpaired_no_send"] for r in a.tables["hop_latency"]), 0)
+
+
+class DropWordingTests(unittest.SynchronousTestCase):
+    """Mesh duplicates are not loops; loops are named only from routing lists."""
+
+    def test_duplicates_and_loops_are_counted_apart(self):
+        a, _, _, _ = truth_run()
+        rows = {r["event"]: r for r in a.tables["drops"]}
+        self.assertEqual((rows["notify_dropped_duplicate"]["drops"],
+                          rows["notify_dropped_duplicate"]["router_listed"]), (59, 0))
+        self.assertEqual((rows["notify_dropped_loop"]["drops"],
+                          rows["notify_dropped_loop"]["router_listed"]), (2, 2))
+
+    def test_the_reading_blames_only_the_real_loops(self):
+        plain = _plain(truth_run()[1])
+        self.assertIn("59 mesh duplicate drops", plain)
+        self.assertIn("2 of the 2 loop drops carry the receiving router in their routing list",
+                      plain)
+        self.assertIn("sent by c,", plain)
+        self.assertNotIn("not loops", plain)
+        # the burst: 59 in 0.8 s, the busiest second of it
+        self.assertIn("The most in one 1 s: 59", plain)
+
+    def test_old_traces_say_which_loop_drops_are_not_loops(self):
+        plain = _plain(truth_run("legacy", legacy=True)[1])
+        self.assertIn("59 loop drop records do not have the receiving router in their "
+                      "routing list, so they are not loops", plain)
+
+
+class EventTests(unittest.SynchronousTestCase):
+    """Outages at their real times; routers stopping are not outages."""
+
+    def test_the_outage_and_the_stops(self):
+        from spark_analysis import report
+        a, text, _, _ = truth_run()
+        outages, ends = report.split_outages(a)
+        self.assertEqual(sorted((r["router"], r["seconds"]) for r in outages),
+                         [("a", 34.0), ("b", 34.0)])
+        self.assertEqual(len(ends), 6)
+        plain = _plain(text)
+        self.assertIn("Links went down 2 time(s)", plain)
+        self.assertIn("6 link end(s) closed within 60 s of the end of a router's traces", plain)
+        self.assertNotIn("still down at the end", plain)
+
+    def test_the_drops_are_drawn_per_second(self):
+        a, _, _, _ = truth_run()
+        self.assertEqual(a.series["fine_us"], 10**6)
+        dup = [r for r in a.series["drops"] if r["event"] == "notify_dropped_duplicate"]
+        self.assertEqual(sorted((r["t_us"], r["drops"]) for r in dup), [(T(300), 59)])
+
+    def test_frequent_means_a_hundred_timed(self):
+        plain = _plain(truth_run()[1])
+        self.assertIn("The slowest of the 1 routes with 100 or more timed deliveries is a > b",
+                      plain)
+
+    def test_labels_do_not_overlap_and_every_link_has_a_target(self):
+        import re
+        a, text, _, _ = truth_run()
+        self.assertEqual({k: v for k, v in a.chart_overlaps.items() if v}, {})
+        anchors = set(re.findall(r'id="([^"]+)"', text))
+        for target in re.findall(r'href="#([^"]+)"', text):
+            self.assertIn(target, anchors)
+        self.assertNotIn('href="#changes"', text)
+        again = truth_run(again=True)[1]
+        self.assertIn('href="#changes"', again)
+        self.assertIn('id="changes"', again)
+
+
+class TruthAgreementTests(_Agreement, unittest.SynchronousTestCase):
+    """Spark and DuckDB give the same tables over these traces."""
+    name = "sw-truth"
+    timeout = 600
+
+    def make(self, traces):
+        write_truth(traces)
