@@ -526,46 +526,52 @@ def drops(events, per_minute=None):
 # ---------------------------------------------------------------------------
 # paths
 
-def _candidates(rows, partition, anchor_col):
+def _candidates(rows, partition, anchor_col, group=None, order_col="ts_us"):
     """For each target row, the anchor times around it: ``_before`` (the
     last anchor at or before it), ``_after`` (the first after it),
-    ``_anchors`` and ``_targets`` (how many of each its partition holds)
-    and ``_ranked`` (the anchor of the same rank in time: the k-th target
-    with the k-th anchor).
+    ``_anchors`` (how many anchors its partition holds), ``_targets`` (how
+    many targets of its ``group`` it holds: a column, e.g. the destination
+    of a delivery; all of them without one) and ``_ranked`` (the anchor of
+    the same rank in time: the k-th target of a group with the k-th
+    anchor).
 
     ``rows`` holds anchor rows (``anchor_col`` set to their ``ts_us``) and
     target rows (``anchor_col`` null). One sort serves both neighbours: the
     running maximum gives the last anchor before, ``lead ... IGNORE NULLS``
     the first after; each is linear in the partition's size (a frame
     reaching to the partition's end would be quadratic, and one digest can
-    recur thousands of times). A second sort of each partition, by rank,
-    puts each anchor just before the target of its rank.
+    recur thousands of times). Two more sorts of each partition (by group
+    and time, then by rank) put each anchor just before the targets of its
+    rank.
     """
     F = _F()
     from pyspark.sql import Window
-    order = Window.partitionBy(*partition).orderBy("ts_us", "is_target")
+    group = F.lit(0) if group is None else group
+    rows = rows.withColumn("_group", group)
+    order = Window.partitionBy(*partition).orderBy(order_col, "is_target")
     running = order.rowsBetween(Window.unboundedPreceding, Window.currentRow)
     whole = Window.partitionBy(*partition)
-    by_rank = Window.partitionBy(*partition).orderBy("_rank", "is_target")
+    kind = Window.partitionBy(*partition, "is_target", "_group")
+    by_rank = (Window.partitionBy(*partition).orderBy("_rank", "is_target")
+               .rowsBetween(Window.unboundedPreceding, Window.currentRow))
     after = F.expr(f"lead({anchor_col}, 1) IGNORE NULLS")
-    rank = F.when(F.col("is_target") == 1, F.sum("is_target").over(running)) \
-        .otherwise(F.sum(1 - F.col("is_target")).over(running))
     return (rows.withColumn("_before", F.max(anchor_col).over(running))
             .withColumn("_after", after.over(order))
-            .withColumn("_rank", rank)
+            .withColumn("_rank", F.row_number().over(kind.orderBy(order_col)))
             .withColumn("_anchors", F.sum(1 - F.col("is_target")).over(whole))
-            .withColumn("_targets", F.sum("is_target").over(whole))
-            .withColumn("_ranked", F.lag(anchor_col, 1).over(by_rank))
-            .where(F.col("is_target") == 1))
+            .withColumn("_targets", F.count(F.lit(1)).over(kind))
+            .withColumn("_ranked", F.last(anchor_col, ignorenulls=True).over(by_rank))
+            .where(F.col("is_target") == 1)
+            .drop("_group", "_rank"))
 
 
-def _paired(targets, slack):
+def _paired(targets, slack, ts="ts_us"):
     """``targets`` (from ``_candidates``) with ``anchor_us``, the copy each is
     paired with, and ``repeated`` (its partition held more than one copy).
 
     One copy: that one, whatever the clocks say. Repeated copies (identical
-    notifications), as many sent as arrived: the k-th to arrive with the
-    k-th sent (a link delivers in order). Otherwise (some sent before the
+    notifications), as many arrived (at the target's destination) as were
+    sent: the k-th to arrive with the k-th sent (a path delivers in order). Otherwise (some sent before the
     window, or lost): the last copy sent at or before the target's time
     plus ``slack`` (a column: how far the target's clock is estimated to
     be behind the anchor's, ``hop_slack``; 0 when unknown), i.e. the
@@ -573,7 +579,7 @@ def _paired(targets, slack):
     fits: unpaired.
     """
     F = _F()
-    ts = F.col("ts_us")
+    ts = F.col(ts)
     one = F.coalesce(F.col("_before"), F.col("_after"))
     late = F.col("_after").isNotNull() & (F.col("_after") - ts <= slack)
     balanced = F.col("_anchors") == F.col("_targets")
@@ -735,11 +741,14 @@ def paths(events, sample_1_in=1):
     with the forwarded record of the same digest, routing list and link.
     Where there is one such record, that one. Where identical notifications
     repeat on a link, as many received as sent: in order (the k-th received
-    with the k-th sent: a link delivers in order). Otherwise the unrepeated
+    with the k-th sent: a link delivers in order; a publication's copies
+    with the deliveries at each destination). Otherwise the unrepeated
     notifications first estimate each link's clock offset (``hop_slack``),
     then each record is paired with the last copy sent no later than its
     own time, on the sender's clock as estimated (``_paired``): a copy sent
-    after the record arrived is never taken. Both tables count the
+    after the record arrived is never taken. A delivery is paired with the
+    last publication no later than its arrival less the fastest crossing
+    of each hop on its way (as measured, clocks included). Both tables count the
     records paired among repeated copies (``repeated``) and those left
     unpaired: no copy at all in the window (``unpaired_no_send``,
     ``unpaired_no_publication``) or none that fits (``unpaired_repeated``).
@@ -781,7 +790,7 @@ def paths(events, sample_1_in=1):
                          "_targets", "_ranked")
                  .localCheckpoint())
     fastest = {(r["sender"], r["receiver"]): r["fastest"] for r in
-               crossings.where(F.col("_anchors") == 1)
+               crossings.where((F.col("_anchors") == 1) & (F.col("_targets") == 1))
                .groupBy("sender", "receiver")
                .agg(F.min(F.col("ts_us") - F.coalesce("_before", "_after")).alias("fastest"))
                .collect()}
@@ -803,17 +812,23 @@ def paths(events, sample_1_in=1):
     published = (timed.where((F.col("event") == "notify_forwarded")
                              & (F.col("hops") == 1) & (F.col("router") == F.col("origin")))
                  .select(F.xxhash64("dkey", "origin", "peer").alias("pkey"), "ts_us",
-                         F.col("ts_us").alias("published_us"),
+                         F.col("ts_us").alias("published_us"), F.col("ts_us").alias("sort_us"),
                          F.lit(None).cast("long").alias("route_key"),
                          F.lit(None).cast("array<string>").alias("path"),
                          F.lit(0).alias("is_target")))
     first_hop = F.coalesce(F.get(F.col("routing"), 1), F.col("router"))
+    # a delivery cannot have been published later than its arrival less the
+    # fastest crossing of each hop on its way (as measured: clocks included)
+    lead = _slack_of(_hop_pairs(F.concat("routing", F.array("router"))),
+                     {f"{a}>{b}": int(v) for (a, b), v in fastest.items() if v is not None})
     deliveries = timed.where(F.col("event") == "notify_received").select(
         F.xxhash64("dkey", "origin", first_hop).alias("pkey"), "ts_us",
-        F.lit(None).cast("long").alias("published_us"), route_key.alias("route_key"),
-        F.concat("routing", F.array("router")).alias("path"), F.lit(1).alias("is_target"))
-    matched = (_paired(_candidates(published.unionByName(deliveries), ["pkey"], "published_us"),
-                       _slack_of(_hop_pairs(F.col("path")), slack))
+        F.lit(None).cast("long").alias("published_us"), (F.col("ts_us") - lead).alias("sort_us"),
+        route_key.alias("route_key"), F.concat("routing", F.array("router")).alias("path"),
+        F.lit(1).alias("is_target"))
+    matched = (_paired(_candidates(published.unionByName(deliveries), ["pkey"], "published_us",
+                                   F.col("route_key"), order_col="sort_us"),
+                       F.lit(0), ts="sort_us")
                .withColumn("latency_us", F.col("ts_us") - F.col("anchor_us")))
     latency = (matched.groupBy("route_key")
                .agg(_count_if(F.col("anchor_us").isNotNull()).cast("long").alias("timed"),

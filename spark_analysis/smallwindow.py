@@ -484,23 +484,24 @@ def _percentile_columns(value, prefix):
         f"AS {prefix}p{int(q * 100)}_us" for q in jobs.PERCENTILES)
 
 
-def _candidates(rows, partition, anchor):
+def _candidates(rows, partition, anchor, group="0", order="ts_us"):
     """jobs._candidates in SQL: each target row's anchor times around it."""
-    running = (f"PARTITION BY {partition} ORDER BY ts_us, is_target "
+    running = (f"PARTITION BY {partition} ORDER BY {order}, is_target "
                f"ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW")
+    kind = f"PARTITION BY {partition}, is_target, _group"
     return f"""
-        SELECT * EXCLUDE (_rank) FROM (
-            SELECT *, lag({anchor}) OVER (PARTITION BY {partition} ORDER BY _rank, is_target)
-                       AS _ranked
+        SELECT * EXCLUDE (_rank, _group) FROM (
+            SELECT *, last_value({anchor} IGNORE NULLS) OVER (
+                       PARTITION BY {partition} ORDER BY _rank, is_target
+                       ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS _ranked
             FROM (SELECT *,
                      max({anchor}) OVER ({running}) AS _before,
                      lead({anchor} IGNORE NULLS) OVER (PARTITION BY {partition}
-                         ORDER BY ts_us, is_target) AS _after,
-                     CASE WHEN is_target = 1 THEN sum(is_target) OVER ({running})
-                          ELSE sum(1 - is_target) OVER ({running}) END AS _rank,
+                         ORDER BY {order}, is_target) AS _after,
+                     row_number() OVER ({kind} ORDER BY {order}) AS _rank,
                      sum(1 - is_target) OVER (PARTITION BY {partition}) AS _anchors,
-                     sum(is_target) OVER (PARTITION BY {partition}) AS _targets
-                  FROM ({rows})))
+                     count(*) OVER ({kind}) AS _targets
+                  FROM (SELECT *, {group} AS _group FROM ({rows}))))
         WHERE is_target = 1"""
 
 
@@ -515,11 +516,11 @@ def _slack_sql(path, slack):
             f"0)::BIGINT")
 
 
-def _paired(slack):
+def _paired(slack, ts="ts_us"):
     """jobs._paired in SQL (over a relation with ts_us, _before, _after, _anchors)."""
     return (f"CASE WHEN _anchors = 1 THEN coalesce(_before, _after) "
             f"WHEN _anchors = _targets THEN _ranked "
-            f"WHEN _after IS NOT NULL AND _after - ts_us <= {slack} THEN _after "
+            f"WHEN _after IS NOT NULL AND _after - {ts} <= {slack} THEN _after "
             f"ELSE _before END")
 
 
@@ -547,8 +548,10 @@ def paths(w, sample_1_in=1):
             "dkey, routing, sender, receiver", "sent_us")}""")
     fastest = {(r["sender"], r["receiver"]): r["fastest"] for r in w.rows("""
         SELECT sender, receiver, min(ts_us - coalesce(_before, _after)) AS fastest
-        FROM crossings WHERE _anchors = 1 GROUP BY ALL""")}
+        FROM crossings WHERE _anchors = 1 AND _targets = 1 GROUP BY ALL""")}
     slack = jobs.hop_slack(fastest)
+    lead = _slack_sql("list_append(routing, router)",
+                      {f"{a}>{b}": int(v) for (a, b), v in fastest.items() if v is not None})
     hop = w.arrow(f"""
         WITH anchored AS (
             SELECT *, {_paired(_slack_sql("[sender, receiver]", slack))} AS anchor_us
@@ -576,16 +579,17 @@ def paths(w, sample_1_in=1):
     w.con.execute("DROP TABLE crossings")
     routes_rows = w.rows(f"""
         WITH anchored AS (
-            SELECT *, {_paired(_slack_sql("list_append(routing, destination)", slack))}
-                       AS anchor_us
+            SELECT *, {_paired(0, "sort_us")} AS anchor_us
             FROM ({_candidates(f'''
             SELECT dkey, origin, peer AS first_hop, ts_us, ts_us AS published_us,
+                   ts_us AS sort_us,
                    NULL::VARCHAR[] AS routing, NULL::VARCHAR AS destination, 0 AS is_target
             FROM {timed} WHERE event = 'notify_forwarded' AND hops = 1 AND router = origin
             UNION ALL
-            SELECT dkey, origin, coalesce(routing[2], router), ts_us, NULL, routing, router, 1
+            SELECT dkey, origin, coalesce(routing[2], router), ts_us, NULL,
+                   ts_us - {lead}, routing, router, 1
             FROM {timed} WHERE event = 'notify_received' ''', "dkey, origin, first_hop",
-            "published_us")})),
+            "published_us", "hash(routing, destination)", "sort_us")})),
         latency AS (
             SELECT routing, destination, count(anchor_us)::BIGINT AS timed,
                    {_percentile_columns("ts_us - anchor_us", "latency_")},
