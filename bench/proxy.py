@@ -13,7 +13,9 @@ what the proxy has committed (the router would otherwise queue, and drop
 by its Send-Queue policy, what the proxy has not read yet); the time until
 the last is committed gives ``stored_per_s``. Then one client joins every
 session at once and receives everything (one copy each, in order):
-``replayed_per_s``. Also printed: the database's size and the proxy's peak
+``replayed_per_s`` (only with at most 16 sessions, the most one client may
+join). ``--max-count N`` gives every subscription a maximum count, so once
+N are kept each store also drops the oldest (max-count at its cap). Also printed: the database's size and the proxy's peak
 resident memory (VmHWM). Targets (2-core machine): stored ≥ 10,000/s,
 replayed ≥ 20,000/s, RSS < 150 MB.
 """
@@ -49,6 +51,7 @@ def main():
     parser.add_argument("--notifs", type=int, default=1_000_000)
     parser.add_argument("--sessions", type=int, default=10)
     parser.add_argument("--batch", type=int, default=5000)
+    parser.add_argument("--max-count", type=int, default=0)
     args = parser.parse_args()
 
     import elvin.sync
@@ -66,7 +69,8 @@ def main():
         names = [f"s{i}" for i in range(args.sessions)]
         count = args.sessions
         for i, name in enumerate(names):
-            with elvin.sync.connect(proxy_uri, session=name) as conn:
+            with elvin.sync.connect(proxy_uri, session=name,
+                                    max_count=args.max_count or None) as conn:
                 conn.subscribe(f"shard == {i} || shard == {(i + 1) % count}",
                                callback=lambda note: None)
         with elvin.sync.connect(router_uri) as publisher:
@@ -86,6 +90,11 @@ def main():
             stored_s = time.perf_counter() - start
         if committed(database) < args.notifs:
             raise SystemExit(f"only {committed(database)} of {args.notifs} were stored")
+        if args.sessions > 16 or args.max_count:
+            print(f"notifs={args.notifs} sessions={args.sessions} "
+                  f"max_count={args.max_count} stored_per_s={args.notifs / stored_s:.0f} "
+                  f"proxy_peak_rss_mb={rss_mb(proxy.pid, 'VmHWM'):.0f}", flush=True)
+            return
         size_mb = sum(os.path.getsize(os.path.join(folder, f))
                       for f in os.listdir(folder)) / 1e6
 

@@ -58,6 +58,10 @@ PROXY_SETTINGS = (
     Setting("database", config_file, "elvin-proxy.db", "`elvin-proxy.db`",
             "The SQLite file holding sessions and stored notifications (relative to "
             "the configuration file's folder; created if missing)."),
+    Setting("database-key", config_file, None, "the database's name + `.key`",
+            "The file of the key sealing security keys and secure-only notifications "
+            "in the database (created, owner-only, if missing). Keep it out of the "
+            "database's backups."),
     Setting("max-connections", at_least(1), 10_000, "`10000`",
             "Most clients connected at once."),
     Setting("max-sessions", at_least(1), 10_000, "`10000`",
@@ -75,9 +79,20 @@ PROXY_SETTINGS = (
     Setting("max-backlog", at_least(0), 10_000, "`10000`",
             "Most notifications from clients kept in memory while upstream is down "
             "(sent when it is back); beyond it the oldest are dropped and logged."),
+    Setting("max-total-stored-bytes", at_least(0), 0, "`0`",
+            "Most bytes of notifications kept for all sessions together; beyond it the "
+            "oldest go first, counted as dropped by each session they were kept for "
+            "(DropWarn to its next client). `0`: no cap."),
+    Setting("max-inflight", at_least(1), 1024, "`1024`",
+            "Most notifications an acknowledging client (`Proxy.Ack-Window`) may have "
+            "unacknowledged; it may ask for fewer."),
+    Setting("session-expiry", duration(True), 30 * 86400.0, "`2592000` (30 days)",
+            "Seconds a session may go without any client before it is deleted, with its "
+            "subscriptions (upstream too) and what it kept. `0`: never."),
     Setting("sweep-interval", duration(False), 60.0, "`60`",
-            "Seconds between sweeps deleting expired notifications (expiry is also "
-            "checked at every delivery: an expired notification is never delivered)."),
+            "Seconds between sweeps deleting expired notifications (in steps of at most "
+            "2,000, one per reactor turn) and expired sessions (expiry is also checked "
+            "at every delivery: an expired notification is never delivered)."),
     _ROUTER["connect-timeout"],
     _ROUTER["tls-certificate"],
     _ROUTER["tls-key"],

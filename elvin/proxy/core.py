@@ -1,5 +1,5 @@
-"""The proxy's sessions, clients and routing, without I/O (issue 17; the
-mobile-proxy paper, sections 4.2-4.7 and 5.1-5.2).
+"""The proxy's sessions, clients and routing, without I/O (the mobile-proxy
+paper, sections 4.2-4.7 and 5.1-5.2).
 
 The proxy is a client of one upstream router and a router to its own
 clients. Every subscription a client makes is made upstream, once, on the
@@ -22,10 +22,11 @@ behaviour. The wire-level description is in docs/proxy.md.
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import json
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -39,12 +40,14 @@ from elvin.core.router import (MAX_PROTOCOL_ERRORS, PROTOCOL_ERROR_WINDOW, PROTO
                                notification_problem, subscription_nack_args)
 from elvin.errors import ElvinError, SubscriptionError
 from elvin.protocols import packets as P
-from elvin.proxy.store import Store, check_password, hash_password
+from elvin.protocols.xdr import Writer
+from elvin.proxy.guard import Busy, PasswordGate
+from elvin.proxy.store import Store, StoreFailed, check_password, hash_password
 from elvin.values import Int64
 
 __all__ = ["ProxyCore", "ProxyClient", "Session", "ProxySubscription", "SESSION",
            "PASSWORD", "ADMIN_PASSWORD", "RECEIPT", "CLIENT", "TTL", "MAX_COUNT",
-           "DELETE_SESSION", "EVENT", "DESTRUCTIVE", "NON_DESTRUCTIVE"]
+           "DELETE_SESSION", "EVENT", "DESTRUCTIVE", "NON_DESTRUCTIVE", "ACK", "ACK_WINDOW"]
 
 # ConnRqst / QosRqst options of the proxy's extension (docs/proxy.md).
 SESSION = "Proxy.Session"
@@ -55,6 +58,11 @@ CLIENT = "Proxy.Client"
 TTL = "Proxy.TTL"
 MAX_COUNT = "Proxy.Max-Count"
 DELETE_SESSION = "Proxy.Delete-Session"
+#: ConnRqst: this client acknowledges; at most this many unacknowledged.
+ACK_WINDOW = "Proxy.Ack-Window"
+#: QosRqst: how many notifications the client's application has handled
+#: since ConnRply (cumulative).
+ACK = "Proxy.Ack"
 #: The attribute naming a session event (a NotifyDeliver matching nothing).
 EVENT = "Proxy.Event"
 DESTRUCTIVE = "destructive"
@@ -79,6 +87,13 @@ def ring_from_bytes(data: Optional[bytes], part: str) -> KeyRing:
     entries = json.loads(data)[part]
     return KeyRing.from_prepared_wire(P.Keys(
         [(scheme, [[bytes.fromhex(k) for k in ks] for ks in sets]) for scheme, sets in entries]))
+
+
+def _keys_bytes(ring: KeyRing) -> bytes:
+    """Raw keys as the protocol encodes a Keys (an opaque attribute)."""
+    writer = Writer()
+    P.KEYS.write(writer, ring.to_wire())
+    return writer.getvalue()
 
 
 def raw_ring(wire_keys: P.Keys) -> KeyRing:
@@ -138,6 +153,21 @@ class Session:
     def persistent(self) -> bool:
         return self.name is not None
 
+    def keys_event(self) -> Optional[Dict[str, Any]]:
+        """The "keys" event: the session's keys and its subscriptions' own,
+        each encoded as the protocol's Keys (None: it has none)."""
+        event: Dict[str, Any] = {}
+        for attribute, ring in (("Proxy.Notification-Keys", self.nfn_keys),
+                                ("Proxy.Subscription-Keys", self.sub_keys)):
+            if ring:
+                event[attribute] = _keys_bytes(ring)
+        for sub in self.subscriptions.values():
+            if sub.keys:
+                event[f"Proxy.Subscription-Keys.{sub.id}"] = _keys_bytes(sub.keys)
+        if not event:
+            return None
+        return {EVENT: "keys", SESSION: self.name, **event}
+
     def __repr__(self):
         return f"<Session {self.name!r}: {len(self.subscriptions)} subscriptions>"
 
@@ -159,7 +189,9 @@ class ProxyCore:
                  clock: Callable[[], float] = time.time, call_later=None,
                  max_connections: int = 10_000, max_sessions: int = 10_000,
                  max_session_subscriptions: int = 1_000, max_backlog: int = 10_000,
-                 page_size: int = 256, in_thread=None):
+                 page_size: int = 256, in_thread=None, max_inflight: int = 1024,
+                 session_expiry: Optional[float] = None, sweep_step: int = 2000,
+                 gate: Optional[PasswordGate] = None):
         self.store = store
         self.upstream = upstream
         self.option_specs = dict(OPTIONS if option_specs is None else option_specs)
@@ -170,6 +202,12 @@ class ProxyCore:
         self.max_session_subscriptions = max_session_subscriptions
         self.max_backlog = max_backlog
         self.page_size = page_size
+        #: Most notifications an acknowledging client may have unacknowledged.
+        self.max_inflight = max_inflight
+        #: Seconds a session may go without a client before it is deleted.
+        self.session_expiry = session_expiry
+        #: Most expired rows one sweep step deletes (the rest in later turns).
+        self.sweep_step = sweep_step
         #: The open channels (ElvinServerProtocol counts them).
         self.sessions: set = set()
         self.named: Dict[str, Session] = {}
@@ -181,11 +219,20 @@ class ProxyCore:
         self.max_protocol_errors = MAX_PROTOCOL_ERRORS
         #: Runs password hashing: in a thread under twistd
         #: (``threads.deferToThread``), at once (a Deferred that has fired)
-        #: in tests.
+        #: in tests; through ``gate``, which bounds and throttles it.
         self.in_thread = in_thread or defer.maybeDeferred
+        self.gate = gate or PasswordGate(clock, run=lambda f: self.in_thread(f))
         self.protocol_error_window = PROTOCOL_ERROR_WINDOW
         self.stats = {"delivered": 0, "stored": 0, "replayed": 0, "forwarded": 0,
-                      "backlog_dropped": 0}
+                      "backlog_dropped": 0, "upstream_dropwarns": 0, "store_failed": 0,
+                      "not_stored": 0, "acknowledged": 0, "sessions_expired": 0}
+        #: While the store cannot write (disk full): when to try again, and
+        #: each session's notifications not stored meanwhile.
+        self.store_down_until: Optional[float] = None
+        self.unsaved_drops: Dict[str, int] = collections.Counter()
+        self._sweeping = False
+        #: What this turn's transaction stored (``keep`` of each), until it commits.
+        self._turn: List[Dict[str, Any]] = []
         #: As the router's: Nacks by code and the latest refusals.
         self.nacks = collections.Counter()
         self.refusals = collections.deque(maxlen=50)
@@ -197,6 +244,7 @@ class ProxyCore:
 
     def _load(self):
         """Every session in the store, as it was (a restart restores them)."""
+        self.store.unseen_since(self.clock())
         for name in self.store.sessions():
             record = self.store.session(name)
             session = Session(name, record.join_hash, record.admin_hash,
@@ -229,11 +277,70 @@ class ProxyCore:
     def session_closed(self, client: "ProxyClient") -> None:
         """A channel ended (ClientSession calls this by the router's name)."""
         self.sessions.discard(client)
+        left = []
         for session in client.joined:
             session.clients.discard(client)
             if not session.persistent:
                 for sub in list(session.subscriptions.values()):
                     self.remove_subscription(sub)
+            elif not session.clients and session.name in self.named:
+                left.append(session.name)
+        if left:
+            self.write(self.store.seen, left, self.clock())
+
+    # -- the store's failures ------------------------------------------------------
+
+    def write(self, method, *args):
+        """``method(*args)`` on the store; a write the disk cannot take is
+        logged (once while it lasts) and None returned: what it would have
+        removed stays (delivered again later), what it would have kept is
+        counted as dropped by the caller."""
+        try:
+            return method(*args)
+        except StoreFailed as e:
+            self.store_failed(e)
+            return None
+
+    def store_failed(self, error) -> None:
+        self.stats["store_failed"] += 1
+        if self.store_down_until is None:
+            self.log.error("proxy database {db}: cannot write ({why}); notifications for "
+                           "sessions without a client are not being kept (each is counted "
+                           "as dropped, and the session's next client told by DropWarn) "
+                           "until space is freed; joins and replays go on",
+                           db=self.store.path, why=error)
+        self.store_down_until = self.clock() + 1.0
+        if self._holding:
+            self._abandon_turn()
+
+    def _store_up(self) -> bool:
+        """May the store be written to (not in the second after a failure)?"""
+        if self.store_down_until is None:
+            return True
+        if self.clock() < self.store_down_until:
+            return False
+        drops, self.unsaved_drops = self.unsaved_drops, collections.Counter()
+        try:
+            for name, count in drops.items():
+                if name in self.named:
+                    self.store.add_dropped(name, count)
+        except StoreFailed as e:
+            self.unsaved_drops.update(drops)
+            self.store_failed(e)
+            return False
+        self.store_down_until = None
+        self.log.info("proxy database {db}: writing again", db=self.store.path)
+        return True
+
+    def take_dropped(self, name: str) -> int:
+        """Drops to tell the session's next client of (and forget)."""
+        unsaved = self.unsaved_drops.pop(name, 0)
+        try:
+            return self.store.take_dropped(name) + unsaved
+        except StoreFailed as e:
+            self.store_failed(e)
+            row = self.store.session(name)
+            return (row.dropped if row else 0) + unsaved
 
     def shutdown(self) -> None:
         self.closing = True
@@ -242,27 +349,46 @@ class ProxyCore:
 
     # -- sessions -------------------------------------------------------------
 
-    def check_passwords(self, wanted):
+    def check_passwords(self, wanted, peer=None):
         """Deferred ``[(name, rights, hashes)]`` for ConnRqst's ``[(name,
         password, admin password)]``: an existing session's rights (None:
         refused, False: join, True: change), or for a new one "new" and the
-        hashes of its passwords -- all made in ``in_thread``."""
-        def check():
-            checked = []
-            for name, password, admin_password in wanted:
-                session = self.named.get(name)
-                if session is None:
-                    checked.append((name, "new", (
-                        hash_password(password) if password is not None else None,
-                        hash_password(admin_password) if admin_password is not None
-                        else None)))
-                else:
-                    checked.append((name, _rights(session, password, admin_password), None))
-            return checked
-        return self.in_thread(check)
+        hashes of its passwords. Every scrypt goes through ``gate`` (bounded,
+        clean addresses first, failures throttled), one at a time, and the
+        checks stop at the first refusal. Fails with Busy when the gate's
+        queue is full."""
+        return defer.ensureDeferred(self._check_passwords(wanted, peer))
+
+    async def _check_passwords(self, wanted, peer):
+        gate = self.gate
+        checked: List[Tuple[str, Any, Any]] = []
+        for name, password, admin_password in wanted:
+            session = self.named.get(name)
+            if session is None:
+                hashes = []
+                for given in (password, admin_password):
+                    hashes.append(None if given is None else await gate.submit(
+                        peer, functools.partial(hash_password, given)))
+                checked.append((name, "new", tuple(hashes)))
+                continue
+            if not _needs_check(session, password, admin_password):
+                rights = _rights(session, password, admin_password)
+            elif gate.refuses(peer, name):
+                rights = None
+            else:
+                rights = await gate.submit(
+                    peer, functools.partial(_rights, session, password, admin_password))
+            if rights is None:
+                if _needs_check(session, password, admin_password):
+                    gate.failed(peer, name)
+                checked.append((name, None, None))
+                break
+            checked.append((name, rights, None))
+        return checked
 
     def add_session(self, name, join_hash, admin_hash) -> Session:
-        record = self.store.add_session(name, join_hash, admin_hash)
+        """A new session, kept (StoreFailed if the store cannot write)."""
+        record = self.store.add_session(name, join_hash, admin_hash, self.clock())
         session = Session(name, record.join_hash, record.admin_hash)
         self.named[name] = session
         self.log.info("session {name!r} created", name=name)
@@ -423,6 +549,39 @@ class ProxyCore:
                               "notifications (max-backlog)", n=len(self.backlog))
         self.backlog.append((attributes, deliver_insecure, keys))
 
+    def upstream_dropwarn(self) -> None:
+        """Upstream dropped notifications meant for the proxy (its send queue
+        to us overflowed): which, and for whom, nobody knows. Every session
+        with subscriptions is told: its connected clients by a DropWarn now,
+        and a session without any by one drop more in ``Proxy.Dropped`` and a
+        DropWarn to its next client."""
+        self.stats["upstream_dropwarns"] += 1
+        told = set()
+        unseen = []
+        for session in self.named.values():
+            if not session.subscriptions:
+                continue
+            if session.clients:
+                told.update(session.clients)
+            else:
+                unseen.append(session.name)
+        for client in list(self.sessions):
+            if client in told or (client.joined and not client.primary.persistent
+                                  and client.primary.subscriptions):
+                client.drop_warn()
+        for name in unseen:
+            if self.store_down_until is None:
+                try:
+                    self.store.add_dropped(name, 1)
+                    continue
+                except StoreFailed as e:
+                    self.store_failed(e)
+            self.unsaved_drops[name] += 1
+        self.log.warn("upstream router dropped notifications for the proxy (DropWarn: its "
+                      "send queue to the proxy overflowed); told {clients} clients, and "
+                      "{sessions} sessions' next clients", clients=len(told),
+                      sessions=len(unseen))
+
     def upstream_notification(self, attributes, secure_ids, insecure_ids) -> None:
         """A NotifyDeliver from upstream: deliver one copy to each connected
         client, and store one copy for the sessions that must keep it
@@ -441,50 +600,129 @@ class ProxyCore:
         marks = []
         for session, subs in matched.items():
             live = [c for c in session.clients if c.live]
-            if session.persistent and (len(live) < len(session.clients)
-                                       or not any(c.destructive for c in live)):
-                # Nobody who would consume it has it: keep it for the others
-                # (and remember who had it, so nobody gets it twice).
+            if session.persistent and (len(live) < len(session.clients) or not any(
+                    c.destructive and not c.ack_window for c in live)):
+                # Nobody has consumed it by having it written: keep it for
+                # the others, and for acknowledging clients until they
+                # acknowledge it (and remember who had it, so nobody gets
+                # it twice).
                 keep[session.name] = subs
-                marks.extend((session.name, c.name) for c in live)
+                marks.extend((session.name, c.name) for c in live if not c.ack_window)
             for client in live:
                 secure, insecure = deliveries.setdefault(client, ([], []))
                 for sub_id, is_secure in subs.items():
                     (secure if is_secure else insecure).append(sub_id)
         body = P.encode_attributes(attributes)
+        note = None
         if keep:
-            store = self.store
+            note = self._keep(body, keep, marks)
+        for client, (secure, insecure) in deliveries.items():
+            data = P.encode_notify_deliver_from(body, secure, insecure)
+            client.reserve()
+            if self._holding or self._held:
+                # Delivered once this turn's transaction has committed: no
+                # client has a notification the store could still lose.
+                self._held.append((client, data, note))
+            else:
+                client.deliver(data, note)
+        self.stats["delivered"] += len(deliveries)
+
+    def _keep(self, body, keep, marks):
+        """Store one copy for the sessions in ``keep``; its id, or None if it
+        could not be stored (then counted as dropped by those sessions)."""
+        if not self._store_up():
+            self._not_kept(keep)
+            return None
+        store = self.store
+        try:
             if not self._holding and self.call_later is not None:
                 # One commit for everything stored in this reactor turn.
                 store.hold()
                 self._holding = True
+                self._turn = []
                 self.call_later(0, self._release)
             with store.batch():
                 note = store.store(body, keep, self.clock())
                 if note is not None:
-                    self.stats["stored"] += 1
                     for name, client_name in marks:
                         store.acknowledge(name, client_name, [note], destructive=False)
-        for client, (secure, insecure) in deliveries.items():
-            data = P.encode_notify_deliver_from(body, secure, insecure)
+        except StoreFailed as e:
+            self.store_failed(e)
+            self._not_kept(keep)
+            return None
+        if note is not None:
+            self.stats["stored"] += 1
             if self._holding:
-                # Delivered once this turn's transaction has committed: no
-                # client has a notification the store could still lose.
-                self._held.append((client, data))
-            else:
-                client.deliver(data)
-        self.stats["delivered"] += len(deliveries)
+                self._turn.append(keep)
+        return note
+
+    def _not_kept(self, keep) -> None:
+        self.stats["not_stored"] += 1
+        for name in keep:
+            self.unsaved_drops[name] += 1
+
+    def _abandon_turn(self) -> None:
+        """The turn's transaction failed: what it stored is gone (counted as
+        dropped), and its live deliveries go out as not stored."""
+        self.store.abandon()
+        self._holding = False
+        for earlier in self._turn:
+            self._not_kept(earlier)
+        self._turn = []
+        self._held = [(client, data, None) for client, data, _ in self._held]
 
     def _release(self) -> None:
-        self._holding = False
-        self.store.release()
+        if self._holding:
+            try:
+                self.store.release()
+            except StoreFailed as e:
+                self.store_failed(e)          # abandons the turn
+            self._holding = False
+            self._turn = []
         held, self._held = self._held, []
-        for client, data in held:
-            client.deliver(data)
+        for client, data, note in held:
+            client.deliver(data, note)
 
     def sweep(self) -> int:
-        """Delete expired notifications (the paper's periodic sweep)."""
-        return self.store.sweep(self.clock())
+        """The paper's periodic sweep: expired notifications deleted in
+        steps of ``sweep_step`` rows, one step per reactor turn (never a
+        long stall), then sessions idle for ``session_expiry``."""
+        if self._sweeping:
+            return 0
+        self._sweeping = True
+        return self._sweep_step()
+
+    def _sweep_step(self) -> int:
+        try:
+            gone, more = self.store.sweep(self.clock(), self.sweep_step)
+        except StoreFailed as e:
+            self.store_failed(e)
+            gone, more = 0, False
+        if more and self.call_later is not None:
+            self.call_later(0, self._sweep_step)
+            return gone
+        self._sweeping = False
+        self.expire_sessions()
+        return gone
+
+    def expire_sessions(self) -> int:
+        """Delete sessions that have had no client for ``session_expiry``
+        seconds (at most 100 a call); their upstream subscriptions go."""
+        if not self.session_expiry:
+            return 0
+        expired = 0
+        for name in self.store.idle_sessions(self.clock() - self.session_expiry):
+            session = self.named.get(name)
+            if session is None or session.clients:
+                continue
+            self.log.info("session {name!r} expired: no client for {s:g} s (session-expiry)",
+                          name=name, s=self.session_expiry)
+            self.write(self.delete_session, session)
+            if self.store_down_until is not None:
+                break
+            expired += 1
+        self.stats["sessions_expired"] += expired
+        return expired
 
 
 class ProxyClient(ClientSession):
@@ -511,6 +749,15 @@ class ProxyClient(ClientSession):
         self._replayed_to = 0
         #: Packets received while ConnRqst's passwords are being checked.
         self._admitting: Optional[List[Any]] = None
+        #: An acknowledging client's window (Proxy.Ack-Window; 0: it does
+        #: not acknowledge), how many notifications were written to it and
+        #: acknowledged, how many live ones are on their way, and those
+        #: written and not acknowledged: (count when written, stored id).
+        self.ack_window = 0
+        self._sent = 0
+        self._acked = 0
+        self._reserved = 0
+        self._inflight: Deque[Tuple[int, Optional[int]]] = collections.deque()
 
     def __repr__(self):
         return f"<ProxyClient {self.peer} {self.name!r} state={self.state.name}>"
@@ -539,9 +786,64 @@ class ProxyClient(ClientSession):
             self._replay_waiting = False
             self._schedule_replay()
 
-    def deliver(self, data):
+    def reserve(self):
+        """A live notification is on its way to this client (held until the
+        turn commits, or written at once): an acknowledging client whose
+        window it fills stops being live, so what follows is kept for it
+        and replayed as it acknowledges."""
+        if self.ack_window:
+            self._reserved += 1
+            if self._sent + self._reserved - self._acked >= self.ack_window:
+                self.live = False
+
+    def deliver(self, data, note=None):
+        """Write a live notification (``note``: its stored id, if stored)."""
+        if self.ack_window:
+            self._reserved = max(0, self._reserved - 1)
         if self.state == self.CONNECTED:
             self.output.send_encoded(data, True)
+            if self.ack_window:
+                self._sent_one(note)
+
+    def _sent_one(self, note):
+        self._sent += 1
+        self._inflight.append((self._sent, note))
+        if note is not None and note > self._replayed_to:
+            self._replayed_to = note
+
+    def drop_warn(self):
+        """Tell the client notifications were lost (DropWarn)."""
+        if self.state == self.CONNECTED:
+            self.output.send(P.DropWarn())
+
+    def acknowledged(self, count):
+        """The client's application has handled ``count`` notifications
+        since ConnRply: what they were is no longer owed (destructive
+        receipt) or not to be sent to this client again (non-destructive)."""
+        notes = []
+        inflight = self._inflight
+        while inflight and inflight[0][0] <= count:
+            note = inflight.popleft()[1]
+            if note is not None:
+                notes.append(note)
+        self._acked = max(self._acked, count)
+        names = [s.name for s in self.joined if s.persistent]
+        if notes and names:
+            core = self.core
+            try:
+                core.store.acknowledge_many(names, self.name, notes, self.destructive)
+                core.stats["acknowledged"] += len(notes)
+            except StoreFailed as e:
+                core.store_failed(e)      # still kept: sent again at the next join
+        self._kick()
+
+    def _kick(self):
+        """Go on replaying, if the client is not live and nothing else will."""
+        if self.live or self.state != self.CONNECTED or self._replay_waiting:
+            return
+        if self._replay_call is not None and self._replay_call.active():
+            return
+        self._schedule_replay()
 
     def send_event(self, attributes):
         if self.state == self.CONNECTED:
@@ -592,7 +894,11 @@ class ProxyClient(ClientSession):
                       "the same at every connection), so that it never gets a "
                       "notification twice")
             return
-        limits = {}
+        window = proxy.get(ACK_WINDOW, 0)
+        if not isinstance(window, int) or window < 0:
+            self.nack(xid, errors.PROT_ERROR, f"{ACK_WINDOW} must be a non-negative integer")
+            return
+        limits = {ACK_WINDOW: min(window, core.max_inflight)}
         for option in (TTL, MAX_COUNT):
             if option in proxy:
                 value = proxy[option]
@@ -604,11 +910,23 @@ class ProxyClient(ClientSession):
         # Passwords are checked (scrypt: about 40 ms each) off the reactor
         # thread; what the client sends meanwhile waits (_admitting).
         self._admitting = []
-        d = core.check_passwords(wanted)
+        d = core.check_passwords(wanted, self.peer)
         d.addCallback(self._admit, wanted, packet, standard, receipt, client, limits)
-        d.addErrback(self._admission_failed)
+        d.addErrback(self._admission_failed, xid)
 
-    def _admission_failed(self, failure):
+    def _admission_failed(self, failure, xid):
+        waiting, self._admitting = self._admitting, None
+        if self.state != self.NEW:
+            return
+        if failure.check(Busy):
+            self.nack(xid, errors.IMPL_LIMIT, "the proxy is busy checking passwords; "
+                                              "try again shortly")
+            return
+        if failure.check(StoreFailed):
+            self.core.store_failed(failure.value)
+            self.nack(xid, errors.IMPL_LIMIT, "the proxy cannot create a session now "
+                                              "(its database cannot be written)")
+            return
         self.log.failure("admitting {peer} failed", failure, peer=self.peer)
         self.violation("the proxy could not admit the client")
 
@@ -662,12 +980,16 @@ class ProxyClient(ClientSession):
         self.destructive = receipt == DESTRUCTIVE
         self.name = client or core.client_name()
         self.ttl, self.max_count = limits.get(TTL), limits.get(MAX_COUNT)
+        self.ack_window = limits[ACK_WINDOW]
         for session in sessions:
             session.clients.add(self)
         self.state = self.CONNECTED
         self._announced = True
         if primary.persistent:
             reply.update({RECEIPT: receipt, CLIENT: self.name})
+            if self.ack_window:
+                reply[ACK_WINDOW] = self.ack_window
+            core.write(core.store.seen, [s.name for s in sessions], core.clock())
             self.log.info("client {name!r} at {peer} joined {sessions}", name=self.name,
                           peer=self.peer, sessions=[s.name for s in sessions])
         else:
@@ -679,13 +1001,19 @@ class ProxyClient(ClientSession):
             self.packet_received(waiting_packet)
 
     def _joined(self):
-        """Tell the client its sessions (4.5), what it missed, and replay."""
-        store = self.core.store
+        """Tell the client its sessions (4.5), their keys if it may change
+        them (5.2.3), what it missed, and replay."""
+        core = self.core
+        store = core.store
         dropped = 0
         for session in self.joined:
             for sub in sorted(session.subscriptions.values(), key=lambda s: s.id):
                 self.send_event(sub.event())
-            lost = store.take_dropped(session.name)
+            if session.name in self.admin:
+                keys = session.keys_event()
+                if keys is not None:
+                    self.send_event(keys)
+            lost = core.take_dropped(session.name)
             dropped += lost
             self.send_event({EVENT: "joined", SESSION: session.name,
                              "Proxy.Subscriptions": len(session.subscriptions),
@@ -707,7 +1035,9 @@ class ProxyClient(ClientSession):
     def _replay(self):
         """Send a page of what the sessions stored, in arrival order; the
         client goes live when nothing is left (new arrivals meanwhile are
-        stored, so they follow in order)."""
+        stored, so they follow in order). An acknowledging client is sent
+        no more than its window allows unacknowledged; others have each page
+        counted as received as it is written."""
         self._replay_call = None
         if self.state != self.CONNECTED:
             return
@@ -715,20 +1045,29 @@ class ProxyClient(ClientSession):
             self._replay_waiting = True
             return
         core = self.core
+        limit = core.page_size
+        if self.ack_window:
+            limit = min(limit, self.ack_window - (self._sent + self._reserved - self._acked))
+            if limit <= 0:
+                return                    # acknowledgements go on (_kick)
         names = [s.name for s in self.joined if s.persistent]
-        page = core.store.pending_many(names, self.name, core.clock(), core.page_size,
+        page = core.store.pending_many(names, self.name, core.clock(), limit,
                                        self._replayed_to)
         if not page:
             self.live = True
             return
         encode = P.encode_notify_deliver_from
         send = self.output.send_encoded
-        with core.store.batch():
+        if self.ack_window:
             for note in page:
                 send(encode(note.body, note.secure, note.insecure), False)
-            ids = [note.id for note in page]
-            self._replayed_to = ids[-1]
-            core.store.acknowledge_many(names, self.name, ids, self.destructive)
+                self._sent_one(note.id)
+        else:
+            for note in page:
+                send(encode(note.body, note.secure, note.insecure), False)
+            self._replayed_to = page[-1].id
+            core.write(core.store.acknowledge_many, names, self.name,
+                       [note.id for note in page], self.destructive)
         core.stats["replayed"] += len(page)
         if self.state == self.CONNECTED:
             self._schedule_replay()
@@ -887,7 +1226,18 @@ class ProxyClient(ClientSession):
         for option, value in proxy.items():
             base, _, number = option.rpartition(".") if option.count(".") == 2 else (
                 option, "", "")
-            if option == DELETE_SESSION:
+            if option == ACK:
+                if not self.ack_window:
+                    self.protocol_error(xid, errors.PROT_ERROR,
+                                        f"{ACK} needs {ACK_WINDOW} at connect")
+                    return
+                if not isinstance(value, int) or not 0 <= value <= self._sent:
+                    self.protocol_error(xid, errors.PROT_ERROR,
+                                        f"{ACK} must count notifications sent on this "
+                                        f"connection (0 to {self._sent}), not {value!r}")
+                    return
+                changes.append((ACK, None, value))
+            elif option == DELETE_SESSION:
                 session = self.core.named.get(value) if isinstance(value, str) else None
                 if session is None or session not in self.joined:
                     self.protocol_error(xid, errors.PROT_ERROR,
@@ -921,6 +1271,9 @@ class ProxyClient(ClientSession):
         for what, target, value in changes:
             if what == DELETE_SESSION:
                 continue
+            if what == ACK:
+                reply[ACK] = Int64(value)
+                continue
             if target is None:
                 if what == TTL:
                     self.ttl = value
@@ -937,9 +1290,11 @@ class ProxyClient(ClientSession):
             self.core.save(sub)
             self.core.announce(sub.session, sub.event(), but=self)
         self.send(P.QosRply(xid, reply))
-        for what, target, _ in changes:
+        for what, target, value in changes:
             if what == DELETE_SESSION:
                 self.core.delete_session(target)
+            elif what == ACK:
+                self.acknowledged(value)
 
     def _sec_rqst(self, packet):
         xid = packet.xid
@@ -1014,7 +1369,7 @@ def _sessions_asked(proxy):
     ``Proxy.Session`` (with ``Proxy.Password``, ``Proxy.Admin-Password``),
     then ``Proxy.Session.2`` (``Proxy.Password.2``, ...) and so on."""
     wanted = []
-    known = {RECEIPT, CLIENT, TTL, MAX_COUNT}
+    known = {RECEIPT, CLIENT, TTL, MAX_COUNT, ACK_WINDOW}
     for index in range(1, MAX_JOINED + 1):
         suffix = "" if index == 1 else f".{index}"
         name = proxy.get(SESSION + suffix)
@@ -1039,15 +1394,33 @@ def _sessions_asked(proxy):
 
 def _rights(session, password, admin_password):
     """None: refused; False: may join and receive; True: may also change
-    the session (the paper's two-level scheme, 5.2.1). A session without
-    an administrative password lets anyone who may join change it."""
+    the session (the paper's two-level scheme, 5.2.1; docs/proxy.md,
+    "Passwords"):
+
+    * no password: anyone may join and change it;
+    * a join password only: it joins, and changes;
+    * an administrative password only: it joins, and changes; nothing
+      else joins;
+    * both: the join password joins and receives, the administrative one
+      joins and changes.
+    """
     if admin_password is not None and session.admin_hash is not None:
         if check_password(session.admin_hash, admin_password):
             return True
         return None
-    if session.join_hash is not None and not check_password(session.join_hash, password):
+    if session.join_hash is not None:
+        if password is None or not check_password(session.join_hash, password):
+            return None
+        return session.admin_hash is None
+    if session.admin_hash is not None:
         return None
-    return session.admin_hash is None
+    return True
+
+
+def _needs_check(session, password, admin_password):
+    """Would ``_rights`` compute a scrypt hash?"""
+    return ((admin_password is not None and session.admin_hash is not None)
+            or (session.join_hash is not None and password is not None))
 
 
 _HANDLERS = {

@@ -1,32 +1,42 @@
-"""The proxy's durable store (issue 17; the mobile-proxy paper, sections
-4.2-4.7 and 5.1): sessions, their subscriptions, and the notifications kept
-for them while no client of theirs is connected.
+"""The proxy's durable store (the mobile-proxy paper, sections 4.2-4.7 and
+5.1): sessions, their subscriptions, and the notifications kept for them
+while no client of theirs has them.
 
 No I/O but the database: one SQLite file (``:memory:`` for tests), opened
 in WAL mode, so a transaction that has committed survives the process
 being killed (``kill -9``); ``synchronous=NORMAL`` is enough for that (only
-a crash of the whole machine could lose the last commits). Everything is
-keyed so that memory stays bounded whatever is stored: rows live in the
-file, and reads are paged (``pending(limit=...)``).
+a crash of the whole machine could lose the last commits). The file and
+its ``-wal``/``-shm`` companions are owner-only (0600) whatever the umask.
+Everything is keyed so that memory stays bounded whatever is stored: rows
+live in the file, and reads are paged (``pending(limit=...)``).
 
 * One stored copy per notification (its encoded NameValue array, exactly
   as a NotifyDeliver carries it), however many sessions' subscriptions it
   matched; a ``pending`` row per (session, subscription) it still owes,
-  with that subscription's expiry time.
+  with that subscription's expiry time. A notification that matched only
+  through security keys is sealed (``elvin.proxy.seal``), as are the
+  sessions' and subscriptions' keys.
 * A subscription's time-to-live and maximum count interact as the paper
   says: "store notifications for up to X hours and store no more than Y of
-  them" -- the oldest goes first when the count is reached; expiry is
-  checked when notifications are read (an expired one is never returned)
-  and swept periodically (``sweep``) to reclaim the space.
-* Receipt: a destructive client's acknowledgement removes the session's
-  pending rows; a non-destructive one records that this client has it
+  them" -- the oldest goes first when the count is reached; changing
+  either applies to what is already kept. Expiry is checked when
+  notifications are read (an expired one is never returned) and swept in
+  bounded steps by the expiry index (``sweep``) to reclaim the space.
+* Counts are kept, never recounted on the write path: each session's owed
+  notifications and bytes, each subscription's rows, the bytes of all
+  notifications; each is counted once, when first needed.
+* Receipt: a destructive acknowledgement removes the session's pending
+  rows; a non-destructive one records that this client has it
   (``delivered``), so the session's other clients still get it and no
   client ever gets it twice.
-* A per-session cap on stored notifications (``max_stored``) drops the
-  oldest and counts the drops, for the DropWarn the next client of the
-  session is owed (``take_dropped``).
+* Caps per session (``max_stored``, ``max_stored_bytes``) and for the
+  whole proxy (``max_total_bytes``) drop the oldest and count the drops,
+  for the DropWarn the session's next client is owed (``take_dropped``).
 * Session passwords are kept only as salted scrypt hashes: one to join,
   one (administrative) for destructive operations (section 5.2.1).
+* A write the disk cannot take raises ``StoreFailed`` (the transaction is
+  rolled back); a file that is not a usable database raises ``StoreError``
+  when the store is opened.
 """
 
 from __future__ import annotations
@@ -38,13 +48,15 @@ import hmac
 import os
 import sqlite3
 from contextlib import contextmanager
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import (Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set,
+                    Tuple)
 
 from elvin.protocols import packets as P
 from elvin.protocols.xdr import Reader
+from elvin.proxy.seal import SealError, Sealer, create_private, make_private
 
-__all__ = ["Store", "StoredNotification", "SessionRecord", "hash_password",
-           "check_password"]
+__all__ = ["Store", "StoredNotification", "SessionRecord", "StoreError", "StoreFailed",
+           "hash_password", "check_password"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -52,7 +64,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     join_hash   BLOB,
     admin_hash  BLOB,
     keys        BLOB,
-    dropped     INTEGER NOT NULL DEFAULT 0
+    dropped     INTEGER NOT NULL DEFAULT 0,
+    last_seen   REAL
 );
 CREATE TABLE IF NOT EXISTS subscriptions (
     session          TEXT NOT NULL REFERENCES sessions(name) ON DELETE CASCADE,
@@ -67,7 +80,8 @@ CREATE TABLE IF NOT EXISTS subscriptions (
 CREATE TABLE IF NOT EXISTS notifications (
     id       INTEGER PRIMARY KEY,
     arrived  REAL NOT NULL,
-    body     BLOB NOT NULL
+    body     BLOB NOT NULL,
+    sealed   INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS pending (
     session       TEXT NOT NULL,
@@ -89,8 +103,36 @@ CREATE TABLE IF NOT EXISTS delivered (
 CREATE INDEX IF NOT EXISTS delivered_by_notification ON delivered (notification);
 """
 
+#: Columns added since the first schema: (table, column, declaration).
+_ADDED_COLUMNS = (
+    ("sessions", "last_seen", "REAL"),
+    ("notifications", "sealed", "INTEGER NOT NULL DEFAULT 0"),
+)
+
 #: scrypt parameters (RFC 7914's interactive-login figures).
 _SCRYPT = {"n": 2 ** 14, "r": 8, "p": 1, "dklen": 32}
+
+#: SQLite's result codes for a write the disk could not take.
+_CANNOT_WRITE = {sqlite3.SQLITE_FULL, sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN,
+                 sqlite3.SQLITE_READONLY}
+
+
+class StoreError(Exception):
+    """The database cannot be used (not a database, corrupted, or its key
+    file is wrong); the message names the file and what to do."""
+
+
+class StoreFailed(Exception):
+    """A write failed for lack of space or an I/O error; nothing of the
+    transaction it was in was kept."""
+
+
+def _cannot_write(error: BaseException) -> bool:
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) in _CANNOT_WRITE
+    text = str(error)
+    return "disk is full" in text or "disk I/O error" in text
 
 
 def hash_password(password: str) -> bytes:
@@ -140,6 +182,14 @@ class StoredNotification:
 _first = operator.itemgetter(0)
 
 
+def _chunks(ids: Sequence[Any], size: int = 500) -> Iterator[Tuple[Sequence[Any], str]]:
+    """``ids`` in chunks small enough for one statement, each with its
+    ``?,?,...`` placeholders."""
+    for start in range(0, len(ids), size):
+        chunk = ids[start:start + size]
+        yield chunk, ",".join("?" * len(chunk))
+
+
 def _ids(text: Any) -> Tuple[int, ...]:
     if text is None:
         return ()
@@ -167,30 +217,90 @@ class Store:
 
     Writes happen inside ``with store.batch():`` (one transaction: the
     proxy groups a reactor turn's notifications into one commit) or commit
-    on their own. ``max_stored``: most notifications one session may hold
-    (None: no cap but the subscriptions' own).
+    on their own. ``max_stored`` / ``max_stored_bytes``: most notifications
+    / bytes one session may hold; ``max_total_bytes``: most bytes of
+    notifications kept for all sessions together (None: no cap).
+    ``key_path``: the file of the key that seals keys and secure-only
+    notifications (default: the database's name with ``.key`` added; an
+    in-memory store uses a key of its own).
     """
 
     def __init__(self, path: str = ":memory:", max_stored: Optional[int] = None,
-                 max_stored_bytes: Optional[int] = None) -> None:
+                 max_stored_bytes: Optional[int] = None,
+                 max_total_bytes: Optional[int] = None,
+                 key_path: Optional[str] = None) -> None:
         self.path = path
         self.max_stored = max_stored
         self.max_stored_bytes = max_stored_bytes
-        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA foreign_keys = ON")
-        if path != ":memory:":
-            self.db.execute("PRAGMA journal_mode = WAL")
-            self.db.execute("PRAGMA synchronous = NORMAL")
-        self.db.executescript(_SCHEMA)
+        self.max_total_bytes = max_total_bytes
+        memory = path == ":memory:"
+        try:
+            if not memory:
+                # Owner-only, whatever the umask: SQLite gives the -wal and
+                # -shm files the database file's permissions.
+                if not create_private(path):
+                    for suffix in ("", "-wal", "-shm"):
+                        make_private(path + suffix)
+            self.key_path = None if memory else (key_path or path + ".key")
+            self.sealer = Sealer.ephemeral() if self.key_path is None else Sealer.from_file(
+                self.key_path)
+        except (OSError, SealError) as e:
+            raise StoreError(f"{path}: cannot open the proxy's database: {e}") from None
+        try:
+            self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA foreign_keys = ON")
+            # Deleted rows are zeroed where that costs no extra writes.
+            self.db.execute("PRAGMA secure_delete = FAST")
+            if not memory:
+                self.db.execute("PRAGMA journal_mode = WAL")
+                self.db.execute("PRAGMA synchronous = NORMAL")
+            self.db.executescript(_SCHEMA)
+            self._migrate()
+        except sqlite3.DatabaseError as e:
+            raise StoreError(
+                f"{path}: not a usable proxy database ({e}); move it aside to start "
+                "with an empty one, or restore it from a backup") from None
+        except SealError as e:
+            raise StoreError(f"{path}: {e} (key file {self.key_path})") from None
         self._depth = 0
         #: Exact count and bytes of the notifications each session is owed,
-        #: kept as rows come and go (counted afresh after a sweep), so the
-        #: caps are checked without counting rows at every store.
+        #: kept as rows come and go; counted once, when first needed.
         self._owed: Dict[str, List[int]] = {}
-        #: An upper bound of each capped subscription's pending rows.
-        self._sub_bound: Dict[Tuple[str, int], int] = {}
+        #: Exact count of each subscription's pending rows (as ``_owed``).
+        self._sub_rows: Dict[Tuple[str, int], int] = {}
+        #: Bytes of every stored notification (None: not counted yet).
+        self._total: Optional[int] = None
         #: Each subscription's (ttl, max_count), read once.
         self._limit_cache: Dict[Tuple[str, int], Any] = {}
+
+    def _migrate(self) -> None:
+        """Bring a database made by an earlier version up to this schema, and
+        seal any keys it kept in clear."""
+        for table, column, declaration in _ADDED_COLUMNS:
+            columns = {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}
+            if column not in columns:
+                self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+        clear = [(name, keys) for name, keys in self.db.execute(
+            "SELECT name, keys FROM sessions WHERE keys IS NOT NULL")
+            if not bytes(keys).startswith(b"\x00")]
+        subs = [(session, sub, keys) for session, sub, keys in self.db.execute(
+            "SELECT session, id, keys FROM subscriptions WHERE keys IS NOT NULL")
+            if not bytes(keys).startswith(b"\x00")]
+        if clear or subs:
+            self.db.execute("BEGIN IMMEDIATE")
+            self.db.executemany("UPDATE sessions SET keys = ? WHERE name = ?",
+                                [(self._seal_keys(n, k), n) for n, k in clear])
+            self.db.executemany("UPDATE subscriptions SET keys = ? WHERE session = ? AND id = ?",
+                                [(self._seal_keys(f"{s}/{i}", k), s, i) for s, i, k in subs])
+            self.db.execute("COMMIT")
+
+    def _seal_keys(self, owner: str, keys: Optional[bytes]) -> Optional[bytes]:
+        if keys is None:
+            return None
+        return self.sealer.seal(bytes(keys), b"keys:" + owner.encode("utf-8"))
+
+    def _open_keys(self, owner: str, keys: Optional[bytes]) -> Optional[bytes]:
+        return self.sealer.open(keys, b"keys:" + owner.encode("utf-8"))
 
     def _limits(self, session: str, sub_id: int) -> Optional[Tuple[Any, Any]]:
         """A subscription's (ttl, max_count), or None if it does not exist."""
@@ -204,18 +314,81 @@ class Store:
         self._limit_cache[key] = found
         return found
 
+    def _write(self, sql: str, args: Any = ()) -> Any:
+        return self.db.execute(sql, args)
+
     def hold(self) -> None:
         """Open a transaction that ``release`` commits: what is stored in
         between is committed together (the proxy holds one per reactor
         turn, so one read of many notifications costs one commit)."""
         if self._depth == 0:
-            self.db.execute("BEGIN IMMEDIATE")
+            self._begin()
         self._depth += 1
 
     def release(self) -> None:
+        """Commit what ``hold`` opened (StoreFailed: it was rolled back)."""
         self._depth -= 1
         if self._depth == 0:
+            self._commit()
+
+    def _begin(self) -> None:
+        try:
+            self.db.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as e:
+            if _cannot_write(e):
+                raise StoreFailed(str(e)) from None
+            raise
+
+    def _commit(self) -> None:
+        try:
             self.db.execute("COMMIT")
+        except sqlite3.OperationalError as e:
+            self._rolled_back()
+            if _cannot_write(e):
+                raise StoreFailed(str(e)) from None
+            raise
+
+    def _rolled_back(self) -> None:
+        """The transaction is gone: counts are made again from what is there."""
+        if self.db.in_transaction:
+            self.db.execute("ROLLBACK")
+        self._owed.clear()
+        self._sub_rows.clear()
+        self._total = None
+
+    def abandon(self) -> None:
+        """Roll back whatever transaction is open (after StoreFailed inside
+        ``hold``), and forget the holds."""
+        self._depth = 0
+        self._rolled_back()
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def batch(self) -> Iterator["Store"]:
+        """One transaction for everything inside (nested: the outermost).
+        A write the disk cannot take raises StoreFailed, with the outermost
+        transaction rolled back."""
+        if self._depth == 0:
+            self._begin()
+        self._depth += 1
+        try:
+            yield self
+        except BaseException as e:
+            self._depth -= 1
+            if self._depth == 0:
+                self._rolled_back()
+            if isinstance(e, sqlite3.OperationalError) and _cannot_write(e):
+                # (an outer batch rolls back as this passes through it; one
+                # opened by ``hold`` must be given up with ``abandon``)
+                raise StoreFailed(str(e)) from None
+            raise
+        self._depth -= 1
+        if self._depth == 0:
+            self._commit()
+
+    # -- counts ---------------------------------------------------------------
 
     def _owed_of(self, session: str) -> List[int]:
         """[count, bytes] of what ``session`` is owed (expired or not)."""
@@ -231,58 +404,100 @@ class Store:
     def _owed_count(self, session: str) -> int:
         return self._owed_of(session)[0]
 
+    def _rows_of(self, key: Tuple[str, int]) -> int:
+        """How many pending rows subscription ``key`` has (counted once)."""
+        rows = self._sub_rows.get(key)
+        if rows is None:
+            rows = self._sub_rows[key] = self.db.execute(
+                "SELECT count(*) FROM pending WHERE session = ? AND subscription = ?",
+                key).fetchone()[0]
+        return rows
+
+    def total_bytes(self) -> int:
+        """Bytes of every stored notification (counted once, then kept)."""
+        if self._total is None:
+            self._total = self.db.execute(
+                "SELECT coalesce(sum(length(body)), 0) FROM notifications").fetchone()[0]
+        return self._total
+
     def _over_cap(self, session: str) -> bool:
         count, size = self._owed_of(session)
         return ((self.max_stored is not None and count > self.max_stored)
                 or (self.max_stored_bytes is not None and size > self.max_stored_bytes))
 
-    def _sizes(self, notes: Sequence[int]) -> int:
-        total = 0
-        for start in range(0, len(notes), 500):
-            chunk = notes[start:start + 500]
-            marks = ",".join("?" * len(chunk))
-            total += self.db.execute(f"SELECT coalesce(sum(length(body)), 0) FROM notifications "
-                                     f"WHERE id IN ({marks})", chunk).fetchone()[0]
-        return total
+    def _sizes(self, notes: Iterable[int]) -> Dict[int, int]:
+        """Each notification's body length."""
+        sizes: Dict[int, int] = {}
+        for chunk, marks in _chunks(list(set(notes))):
+            sizes.update(self.db.execute(f"SELECT id, length(body) FROM notifications "
+                                         f"WHERE id IN ({marks})", chunk))
+        return sizes
 
-    def close(self) -> None:
-        self.db.close()
+    def _remove_rows(self, rows: Sequence[Tuple[str, int, int]], whole: bool = False) -> None:
+        """Delete these pending rows ``(session, subscription, notification)``
+        with every count kept right, and the notifications nobody is owed any
+        more. ``whole``: the rows are all a session has of each of their
+        notifications (it is owed none of them after)."""
+        if not rows:
+            return
+        self.db.executemany("DELETE FROM pending WHERE session = ? AND subscription = ? "
+                            "AND notification = ?", rows)
+        sub_rows = self._sub_rows
+        for session, sub_id, _ in rows:
+            key = (session, sub_id)
+            count = sub_rows.get(key)
+            if count is not None:
+                sub_rows[key] = count - 1
+        notes = {row[2] for row in rows}
+        tracked = [(s, n) for s, n in {(row[0], row[2]) for row in rows} if s in self._owed]
+        sizes = self._sizes(notes) if tracked or self._total is not None else {}
+        for session, note in tracked:
+            if whole or self.db.execute(
+                    "SELECT 1 FROM pending WHERE session = ? AND notification = ? LIMIT 1",
+                    (session, note)).fetchone() is None:
+                owed = self._owed[session]
+                owed[0] -= 1
+                owed[1] -= sizes.get(note, 0)
+        self._collect(notes, sizes)
 
-    @contextmanager
-    def batch(self) -> Iterator["Store"]:
-        """One transaction for everything inside (nested: the outermost)."""
-        if self._depth == 0:
-            self.db.execute("BEGIN IMMEDIATE")
-        self._depth += 1
-        try:
-            yield self
-        except BaseException:
-            self._depth -= 1
-            if self._depth == 0:
-                self.db.execute("ROLLBACK")
-                self._owed.clear()          # counted again from what is there
-                self._sub_bound.clear()
-            raise
-        self._depth -= 1
-        if self._depth == 0:
-            self.db.execute("COMMIT")
+    def _collect(self, candidates: Iterable[int], sizes: Optional[Dict[int, int]] = None) -> None:
+        """Drop those of ``candidates`` no session is owed any more (by index)."""
+        unique = list(set(candidates))
+        if not unique:
+            return
+        owed: Set[int] = set()
+        for chunk, marks in _chunks(unique):
+            owed.update(n for (n,) in self.db.execute(
+                f"SELECT DISTINCT notification FROM pending WHERE notification IN ({marks})",
+                chunk))
+        orphans = [n for n in unique if n not in owed]
+        if not orphans:
+            return
+        if self._total is not None:
+            if sizes is None or any(n not in sizes for n in orphans):
+                sizes = self._sizes(orphans)
+            self._total -= sum(sizes.get(n, 0) for n in orphans)
+        self.db.executemany("DELETE FROM delivered WHERE notification = ?",
+                            [(n,) for n in orphans])
+        self.db.executemany("DELETE FROM notifications WHERE id = ?", [(n,) for n in orphans])
 
     # -- sessions and subscriptions -------------------------------------------
 
     def create_session(self, name: str, password: Optional[str] = None,
-                       admin_password: Optional[str] = None) -> SessionRecord:
+                       admin_password: Optional[str] = None,
+                       now: Optional[float] = None) -> SessionRecord:
         """A new session (raises KeyError if the name is taken)."""
         join_hash = hash_password(password) if password is not None else None
         admin_hash = hash_password(admin_password) if admin_password is not None else None
-        return self.add_session(name, join_hash, admin_hash)
+        return self.add_session(name, join_hash, admin_hash, now)
 
     def add_session(self, name: str, join_hash: Optional[bytes],
-                    admin_hash: Optional[bytes]) -> SessionRecord:
+                    admin_hash: Optional[bytes], now: Optional[float] = None) -> SessionRecord:
         """``create_session`` with the password hashes already made."""
         try:
             with self.batch():
-                self.db.execute("INSERT INTO sessions (name, join_hash, admin_hash) "
-                                "VALUES (?, ?, ?)", (name, join_hash, admin_hash))
+                self.db.execute("INSERT INTO sessions (name, join_hash, admin_hash, last_seen) "
+                                "VALUES (?, ?, ?, ?)", (name, join_hash, admin_hash, now))
         except sqlite3.IntegrityError:
             raise KeyError(f"session {name!r} exists") from None
         return SessionRecord(name, join_hash, admin_hash, None, 0)
@@ -290,24 +505,49 @@ class Store:
     def session(self, name: str) -> Optional[SessionRecord]:
         row = self.db.execute("SELECT name, join_hash, admin_hash, keys, dropped "
                               "FROM sessions WHERE name = ?", (name,)).fetchone()
-        return SessionRecord(*row) if row else None
+        if not row:
+            return None
+        return SessionRecord(row[0], row[1], row[2], self._open_keys(name, row[3]), row[4])
 
     def sessions(self) -> List[str]:
         return [name for (name,) in self.db.execute("SELECT name FROM sessions ORDER BY name")]
 
+    def seen(self, names: Iterable[str], now: float) -> None:
+        """The sessions had a client at ``now`` (their idle time starts again)."""
+        with self.batch():
+            self.db.executemany("UPDATE sessions SET last_seen = ? WHERE name = ?",
+                                [(now, name) for name in names])
+
+    def idle_sessions(self, before: float, limit: int = 100) -> List[str]:
+        """Up to ``limit`` sessions last seen before ``before`` (a session
+        never seen counts as seen when the store first met it)."""
+        return [name for (name,) in self.db.execute(
+            "SELECT name FROM sessions WHERE last_seen < ? ORDER BY last_seen LIMIT ?",
+            (before, limit))]
+
+    def unseen_since(self, now: float) -> None:
+        """Sessions from before idle times were kept count as seen ``now``."""
+        if self.db.execute("SELECT 1 FROM sessions WHERE last_seen IS NULL LIMIT 1").fetchone():
+            with self.batch():
+                self.db.execute("UPDATE sessions SET last_seen = ? WHERE last_seen IS NULL",
+                                (now,))
+
     def delete_session(self, name: str) -> None:
         """Forget the session, its subscriptions and what it is owed."""
         with self.batch():
+            notes = [n for (n,) in self.db.execute(
+                "SELECT DISTINCT notification FROM pending WHERE session = ?", (name,))]
             self.db.execute("DELETE FROM pending WHERE session = ?", (name,))
             self.db.execute("DELETE FROM delivered WHERE session = ?", (name,))
             self.db.execute("DELETE FROM sessions WHERE name = ?", (name,))
-            self._collect()
+            self._collect(notes)
         self._forget_counts(name)
 
     def set_keys(self, name: str, keys: Optional[bytes]) -> None:
-        """Keep the session's security keys (an encoded Keys, or None)."""
+        """Keep the session's security keys (an encoded Keys, or None), sealed."""
         with self.batch():
-            self.db.execute("UPDATE sessions SET keys = ? WHERE name = ?", (keys, name))
+            self.db.execute("UPDATE sessions SET keys = ? WHERE name = ?",
+                            (self._seal_keys(name, keys), name))
 
     def put_subscription(self, session: str, sub_id: int, expression: str,
                          accept_insecure: bool = True, ttl: Optional[float] = None,
@@ -315,31 +555,46 @@ class Store:
                          keys: Optional[bytes] = None) -> None:
         """Add or replace a session's subscription (``ttl`` seconds and
         ``max_count`` notifications kept at most; None: no limit; ``keys``:
-        its own security keys, encoded by the caller)."""
+        its own security keys, encoded by the caller). Changed limits apply
+        to what is kept already: expiry times are moved, and the oldest
+        beyond a lowered count go."""
+        before = self._limits(session, sub_id)
         self._limit_cache.pop((session, sub_id), None)
         with self.batch():
             self.db.execute(
                 "INSERT OR REPLACE INTO subscriptions "
                 "(session, id, expression, accept_insecure, ttl, max_count, keys) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (session, sub_id, expression, int(accept_insecure), ttl, max_count, keys))
+                (session, sub_id, expression, int(accept_insecure), ttl, max_count,
+                 self._seal_keys(f"{session}/{sub_id}", keys)))
+            if before is None:
+                return
+            if before[0] != ttl:
+                self.db.execute(
+                    "UPDATE pending SET expires = (SELECT arrived FROM notifications n "
+                    "WHERE n.id = pending.notification) + ? WHERE session = ? "
+                    "AND subscription = ?", (ttl, session, sub_id))
+            if max_count is not None and before[1] != max_count:
+                self._trim_subscription(session, sub_id, max_count)
 
     def remove_subscription(self, session: str, sub_id: int) -> None:
         """Forget a subscription and what was kept for it alone."""
         with self.batch():
             self.db.execute("DELETE FROM subscriptions WHERE session = ? AND id = ?",
                             (session, sub_id))
-            self.db.execute("DELETE FROM pending WHERE session = ? AND subscription = ?",
-                            (session, sub_id))
-            self._collect()
-        self._forget_counts(session)
+            rows = [(session, sub_id, n) for (n,) in self.db.execute(
+                "SELECT notification FROM pending WHERE session = ? AND subscription = ?",
+                (session, sub_id))]
+            self._remove_rows(rows)
+        self._limit_cache.pop((session, sub_id), None)
+        self._sub_rows.pop((session, sub_id), None)
 
     def _forget_counts(self, session: str) -> None:
         self._owed.pop(session, None)
         for key in [k for k in self._limit_cache if k[0] == session]:
             del self._limit_cache[key]
-        for key in [k for k in self._sub_bound if k[0] == session]:
-            del self._sub_bound[key]
+        for key in [k for k in self._sub_rows if k[0] == session]:
+            del self._sub_rows[key]
 
     def subscriptions(self, session: str) -> List[Tuple[int, str, bool, Optional[float],
                                                         Optional[int]]]:
@@ -350,8 +605,9 @@ class Store:
 
     def subscription_keys(self, session: str) -> Dict[int, Optional[bytes]]:
         """Each of the session's subscriptions' own keys (as put)."""
-        return dict(self.db.execute("SELECT id, keys FROM subscriptions WHERE session = ?",
-                                    (session,)))
+        return {sub_id: self._open_keys(f"{session}/{sub_id}", keys) for sub_id, keys in
+                self.db.execute("SELECT id, keys FROM subscriptions WHERE session = ?",
+                                (session,))}
 
     def largest_subscription_id(self) -> int:
         """The largest subscription id in use (0: none), to number new ones."""
@@ -359,8 +615,7 @@ class Store:
 
     def stored_count(self, session: str) -> int:
         """How many notifications the session is owed (expired or not)."""
-        return self.db.execute("SELECT count(DISTINCT notification) FROM pending "
-                               "WHERE session = ?", (session,)).fetchone()[0]
+        return self._owed_count(session)
 
     # -- notifications -------------------------------------------------------
 
@@ -370,7 +625,8 @@ class Store:
         in ``matches`` (``{session: [subscription ids]}``, or ``{session:
         {subscription id: matched securely}}``); returns its id, or None if
         no subscription named there exists. ``attributes``: a mapping, or
-        its encoding (``packets.encode_attributes``) when already made."""
+        its encoding (``packets.encode_attributes``) when already made.
+        One that matched only securely (through keys) is sealed."""
         if isinstance(attributes, (bytes, bytearray)):
             body = bytes(attributes)
         else:
@@ -385,68 +641,63 @@ class Store:
                         rows.append((session, sub_id, found[0], found[1], int(bool(secure))))
             if not rows:
                 return None
-            cursor = self.db.execute("INSERT INTO notifications (arrived, body) VALUES (?, ?)",
-                                     (now, body))
+            sealed = all(row[4] for row in rows)
+            kept = self.sealer.seal(body, b"notification") if sealed else body
+            cursor = self.db.execute("INSERT INTO notifications (arrived, body, sealed) "
+                                     "VALUES (?, ?, ?)", (now, kept, int(sealed)))
             note = cursor.lastrowid
             assert note is not None
             self.db.executemany(
-                "INSERT OR IGNORE INTO pending "
+                "INSERT INTO pending "
                 "(session, subscription, notification, expires, secure) VALUES (?, ?, ?, ?, ?)",
                 [(session, sub_id, note, None if ttl is None else now + ttl, secure)
                  for session, sub_id, ttl, _, secure in rows])
+            size = len(kept)
+            if self._total is not None:
+                self._total += size
             sessions = {row[0] for row in rows}
             for session in sessions:
                 owed = self._owed.get(session)
                 if owed is not None:
                     owed[0] += 1
-                    owed[1] += len(body)
-            trimmed: List[int] = []
+                    owed[1] += size
             for session, sub_id, _, max_count, _ in rows:
-                if max_count is not None:
-                    trimmed += self._trim_subscription(session, sub_id, max_count)
+                key = (session, sub_id)
+                count = self._sub_rows.get(key)
+                if count is not None:
+                    self._sub_rows[key] = count + 1
+                if max_count is not None and self._rows_of(key) > max_count:
+                    self._trim_subscription(session, sub_id, max_count)
             if self.max_stored is not None or self.max_stored_bytes is not None:
                 for session in sessions:
                     if self._over_cap(session):
-                        trimmed += self._trim_session(session)
-            if trimmed:
-                self._collect(trimmed)
+                        self._trim_session(session)
+            if self.max_total_bytes is not None and self.total_bytes() > self.max_total_bytes:
+                self._trim_total()
         return note
 
-    def _trim_subscription(self, session: str, sub_id: int, max_count: int) -> List[int]:
-        """Drop the subscription's oldest rows beyond ``max_count``."""
-        key = (session, sub_id)
-        bound = self._sub_bound.get(key)
-        if bound is not None and bound < max_count:
-            self._sub_bound[key] = bound + 1
-            return []
-        count = self.db.execute("SELECT count(*) FROM pending WHERE session = ? "
-                                "AND subscription = ?", (session, sub_id)).fetchone()[0]
-        self._sub_bound[key] = min(count, max_count)
-        if count <= max_count:
-            return []
-        over = [n for (n,) in self.db.execute(
+    def _trim_subscription(self, session: str, sub_id: int, max_count: int) -> None:
+        """Drop the subscription's oldest rows beyond ``max_count`` (its
+        row count is kept, so this costs one index step per row dropped)."""
+        over = self._rows_of((session, sub_id)) - max_count
+        if over <= 0:
+            return
+        rows = [(session, sub_id, n) for (n,) in self.db.execute(
             "SELECT notification FROM pending WHERE session = ? AND subscription = ? "
-            "ORDER BY notification LIMIT ?", (session, sub_id, count - max_count))]
-        self.db.executemany("DELETE FROM pending WHERE session = ? AND subscription = ? "
-                            "AND notification = ?", [(session, sub_id, n) for n in over])
-        owed = self._owed.get(session)
-        if owed is not None:
-            gone = [n for n in over if self.db.execute(
-                "SELECT 1 FROM pending WHERE session = ? AND notification = ? LIMIT 1",
-                (session, n)).fetchone() is None]
-            owed[0] -= len(gone)
-            owed[1] -= self._sizes(gone)
-        return over
+            "ORDER BY notification LIMIT ?", (session, sub_id, over))]
+        self._remove_rows(rows)
 
-    def _trim_session(self, session: str) -> List[int]:
+    def _trim_session(self, session: str) -> None:
         """Drop the session's oldest notifications until it is within
         ``max_stored`` and ``max_stored_bytes``."""
         owed = self._owed_of(session)
+        count, size = owed
         over: List[int] = []
-        while self._over_cap(session):
+        while ((self.max_stored is not None and count > self.max_stored)
+               or (self.max_stored_bytes is not None and size > self.max_stored_bytes)):
             batch = 64
-            if self.max_stored is not None and owed[0] > self.max_stored:
-                batch = max(batch, owed[0] - self.max_stored)
+            if self.max_stored is not None and count > self.max_stored:
+                batch = max(batch, count - self.max_stored)
             oldest = self.db.execute(
                 "SELECT p.notification, length(n.body) FROM pending p "
                 "JOIN notifications n ON n.id = p.notification WHERE p.session = ? "
@@ -454,28 +705,68 @@ class Store:
                 "LIMIT ?", (session, over[-1] if over else 0, batch)).fetchall()
             if not oldest:
                 break
-            for note, size in oldest:
-                if not self._over_cap(session):
+            for note, note_size in oldest:
+                if not ((self.max_stored is not None and count > self.max_stored)
+                        or (self.max_stored_bytes is not None
+                            and size > self.max_stored_bytes)):
                     break
                 over.append(note)
-                owed[0] -= 1
-                owed[1] -= size
+                count -= 1
+                size -= note_size
         if over:
-            self.db.executemany("DELETE FROM pending WHERE session = ? AND notification = ?",
-                                [(session, n) for n in over])
+            self._drop_notes(session, over)
+
+    def _drop_notes(self, session: str, notes: Sequence[int]) -> None:
+        """Take these notifications from the session, counted as dropped."""
+        rows: List[Tuple[str, int, int]] = []
+        for chunk, marks in _chunks(notes):
+            rows += self.db.execute(
+                "SELECT session, subscription, notification FROM pending WHERE session = ? "
+                f"AND notification IN ({marks})", (session, *chunk)).fetchall()
+        self._remove_rows(rows, whole=True)
+        self.db.execute("UPDATE sessions SET dropped = dropped + ? WHERE name = ?",
+                        (len(notes), session))
+
+    def _trim_total(self) -> None:
+        """Drop the oldest notifications of all until within ``max_total_bytes``,
+        each counted as dropped by every session that was owed it."""
+        assert self.max_total_bytes is not None
+        while self.total_bytes() > self.max_total_bytes:
+            excess = self.total_bytes() - self.max_total_bytes
+            oldest: List[int] = []
+            for note, size in self.db.execute(
+                    "SELECT id, length(body) FROM notifications ORDER BY id LIMIT 256"):
+                oldest.append(note)
+                excess -= size
+                if excess <= 0:
+                    break
+            if not oldest:
+                self._total = None
+                return
+            by_session: Dict[str, List[int]] = {}
+            marks = ",".join("?" * len(oldest))
+            for session, note in self.db.execute(
+                    "SELECT DISTINCT session, notification FROM pending "
+                    f"WHERE notification IN ({marks})", oldest):
+                by_session.setdefault(session, []).append(note)
+            for session, notes in by_session.items():
+                self._drop_notes(session, notes)
+            self._collect(oldest)       # any kept for nobody
+
+    def add_dropped(self, session: str, count: int) -> None:
+        """Count ``count`` more of the session's notifications as lost."""
+        with self.batch():
             self.db.execute("UPDATE sessions SET dropped = dropped + ? WHERE name = ?",
-                            (len(over), session))
-            for key in [k for k in self._sub_bound if k[0] == session]:
-                del self._sub_bound[key]
-        return over
+                            (count, session))
 
     def take_dropped(self, session: str) -> int:
         """How many of the session's notifications were dropped to stay
-        under ``max_stored`` since this was last asked (then zero)."""
+        under its caps since this was last asked (then zero)."""
         with self.batch():
             row = self.db.execute("SELECT dropped FROM sessions WHERE name = ?",
                                   (session,)).fetchone()
-            self.db.execute("UPDATE sessions SET dropped = 0 WHERE name = ?", (session,))
+            if row and row[0]:
+                self.db.execute("UPDATE sessions SET dropped = 0 WHERE name = ?", (session,))
         return row[0] if row else 0
 
     def pending(self, session: str, client: str, now: float,
@@ -491,6 +782,8 @@ class Store:
         notification once, however many of them it is owed to, with the
         subscriptions of all of them it matched; only those after the
         notification id ``after`` (a replay's cursor)."""
+        if limit <= 0:
+            return []
         # One ordered walk of the (session, notification) index per
         # session, merged lazily: only the rows of the first ``limit``
         # notifications are read, however many sessions there are.
@@ -517,8 +810,10 @@ class Store:
         if not chosen:
             return []
         marks = ",".join("?" * len(chosen))
-        bodies = {note: (arrived, body) for note, arrived, body in self.db.execute(
-            f"SELECT id, arrived, body FROM notifications WHERE id IN ({marks})", chosen)}
+        bodies = {note: (arrived, self.sealer.open_body(body) if sealed else body)
+                  for note, arrived, body, sealed in self.db.execute(
+                      f"SELECT id, arrived, body, sealed FROM notifications "
+                      f"WHERE id IN ({marks})", chosen)}
         return [StoredNotification(note, bodies[note][0], bodies[note][1],
                                    tuple(sorted(merged[note][0])),
                                    tuple(sorted(merged[note][1])))
@@ -538,62 +833,36 @@ class Store:
             return
         with self.batch():
             if destructive:
-                in_ids = ",".join("?" * len(ids))
                 in_sessions = ",".join("?" * len(sessions))
-                for session, count, size in self.db.execute(
-                        "SELECT o.session, count(*), coalesce(sum(length(n.body)), 0) FROM "
-                        "(SELECT DISTINCT session, notification FROM pending "
-                        f" WHERE notification IN ({in_ids}) AND session IN ({in_sessions})) o "
-                        "JOIN notifications n ON n.id = o.notification GROUP BY o.session",
-                        (*ids, *sessions)):
-                    owed = self._owed.get(session)
-                    if owed is not None:
-                        owed[0] -= count
-                        owed[1] -= size
-                for key in [k for k in self._sub_bound if k[0] in sessions]:
-                    del self._sub_bound[key]
-                for table in ("pending", "delivered"):
-                    self.db.executemany(
-                        f"DELETE FROM {table} WHERE notification = ? "
-                        f"AND session IN ({in_sessions})", [(n, *sessions) for n in ids])
-                self._collect(ids)
+                rows: List[Tuple[str, int, int]] = []
+                for chunk, in_ids in _chunks(ids):
+                    rows += self.db.execute(
+                        "SELECT session, subscription, notification FROM pending "
+                        f"WHERE notification IN ({in_ids}) AND session IN ({in_sessions})",
+                        (*chunk, *sessions)).fetchall()
+                self.db.executemany(
+                    f"DELETE FROM delivered WHERE notification = ? AND session IN ({in_sessions})",
+                    [(n, *sessions) for n in ids])
+                self._remove_rows(rows, whole=True)
             else:
                 self.db.executemany("INSERT OR IGNORE INTO delivered "
                                     "(session, client, notification) VALUES (?, ?, ?)",
                                     [(session, client, n) for session in sessions
                                      for n in ids])
 
-    def sweep(self, now: float) -> int:
-        """Delete what has expired; returns how many pending rows went."""
+    def sweep(self, now: float, limit: int = 2000) -> Tuple[int, bool]:
+        """Delete up to ``limit`` expired pending rows, found by the expiry
+        index (work bounded however much is stored); returns how many went
+        and whether more have expired."""
         with self.batch():
-            gone = self.db.execute("DELETE FROM pending WHERE expires IS NOT NULL "
-                                   "AND expires <= ?", (now,)).rowcount
-            self._collect()
-        if gone:
-            self._owed.clear()
-            self._sub_bound.clear()
-        return gone
-
-    def _collect(self, candidates: Optional[Sequence[int]] = None) -> None:
-        """Drop notifications no session is owed any more: those among
-        ``candidates`` (by index, cheap), or all of them (a full scan)."""
-        if candidates is None:
-            self.db.execute("DELETE FROM delivered WHERE notification NOT IN "
-                            "(SELECT notification FROM pending)")
-            self.db.execute("DELETE FROM notifications WHERE id NOT IN "
-                            "(SELECT notification FROM pending)")
-            return
-        unique = list(set(candidates))
-        owed = set()
-        for start in range(0, len(unique), 500):
-            chunk = unique[start:start + 500]
-            marks = ",".join("?" * len(chunk))
-            owed.update(n for (n,) in self.db.execute(
-                f"SELECT DISTINCT notification FROM pending WHERE notification IN ({marks})",
-                chunk))
-        orphans = [(n,) for n in unique if n not in owed]
-        self.db.executemany("DELETE FROM delivered WHERE notification = ?", orphans)
-        self.db.executemany("DELETE FROM notifications WHERE id = ?", orphans)
+            rows = self.db.execute(
+                "SELECT session, subscription, notification FROM pending "
+                "WHERE expires IS NOT NULL AND expires <= ? ORDER BY expires LIMIT ?",
+                (now, limit + 1)).fetchall()
+            more = len(rows) > limit
+            rows = rows[:limit]
+            self._remove_rows(rows)
+        return len(rows), more
 
     def counts(self) -> Dict[str, int]:
         """Rows per table (for statistics and tests)."""

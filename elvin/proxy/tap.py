@@ -4,21 +4,27 @@ The proxy (docs/proxy.md) is a client of one upstream router and a router
 to its own clients, keeping named sessions for clients that come and go.
 """
 
+import sqlite3
 import sys
+import time
+from typing import Any, Dict
 
 from twisted.application import internet, service
 from twisted.internet import threads
 from twisted.internet.error import CannotListenError
 from twisted.logger import Logger
 from twisted.python import usage
+from twisted.python.threadpool import ThreadPool
 
 from elvin.configvalues import ConfigError
 from elvin.endpoints import UnsupportedStackError, listener_service
 from elvin.tap import check_listeners
 from elvin.proxy.config import DEFAULT_LISTEN, ProxyConfig, load_proxy_config
+from elvin.core.options import HARD_CEILINGS
 from elvin.proxy.core import ProxyCore
+from elvin.proxy.guard import PasswordGate
 from elvin.proxy.protocol import ProxyServerFactory
-from elvin.proxy.store import Store
+from elvin.proxy.store import Store, StoreError
 from elvin.proxy.upstream import Upstream
 from elvin.uri import ElvinURI
 
@@ -88,11 +94,13 @@ class ProxyService(service.MultiService):
 
     log = Logger()
 
-    def __init__(self, core, config, store):
+    def __init__(self, core, config, store, password_pool=None):
         super().__init__()
         self.core = core
         self.config = config
         self.store = store
+        #: The threads that check passwords (scrypt), apart from the reactor's.
+        self.password_pool = password_pool
 
     def privilegedStartService(self):
         try:
@@ -102,6 +110,8 @@ class ProxyService(service.MultiService):
                              f"{e.socketError}") from None
 
     def startService(self):
+        if self.password_pool is not None:
+            self.password_pool.start()
         super().startService()
         self.log.info("Elvin proxy listening on {uris}; upstream {upstream}; "
                       "{n} sessions in {db}",
@@ -114,19 +124,24 @@ class ProxyService(service.MultiService):
         d = super().stopService()
 
         def closed(result):
+            if self.password_pool is not None:
+                self.password_pool.stop()
             self.store.close()
             return result
         return d.addBoth(closed) if d is not None else closed(None)
 
 
 def _upstream_args(config):
-    args = {}
+    args: Dict[str, Any] = {}
     if config.upstream is None:
         args["discover"] = True
         if config.upstream_scope:
             args["scope"] = config.upstream_scope
     else:
         args["uri"] = config.upstream
+    # As large a send queue as the router allows: it drops (with DropWarn)
+    # only what it cannot hold while the proxy is busy.
+    args["options"] = {"Send-Queue.Max-Length": HARD_CEILINGS["Send-Queue.Max-Length"]}
     if config.upstream_tls_ca:
         args["tls_ca"] = config.upstream_tls_ca
     return args
@@ -140,20 +155,32 @@ def makeService(options, reactor=None):
     if config is None:
         options.postOptions()
         config = options.proxy_config
-    store = Store(config.database, max_stored=config.max_stored,
-                  max_stored_bytes=config.max_stored_bytes or None)
     upstream = Upstream(reactor, connect_args=_upstream_args(config),
                         keepalive=config.upstream_keepalive)
-    core = ProxyCore(store, upstream, option_specs=config.option_specs,
-                     call_later=reactor.callLater,
-                     max_connections=config.max_connections,
-                     max_sessions=config.max_sessions,
-                     max_session_subscriptions=config.max_session_subscriptions,
-                     max_backlog=config.max_backlog,
-                     in_thread=lambda f: threads.deferToThreadPool(
-                         reactor, reactor.getThreadPool(), f))
+    pool = ThreadPool(0, 2, "elvin-proxy-passwords")
+    run = lambda f: threads.deferToThreadPool(reactor, pool, f)  # noqa: E731
+    try:
+        store = Store(config.database, max_stored=config.max_stored,
+                      max_stored_bytes=config.max_stored_bytes or None,
+                      max_total_bytes=config.max_total_stored_bytes or None,
+                      key_path=config.database_key)
+        core = ProxyCore(store, upstream, option_specs=config.option_specs,
+                         call_later=reactor.callLater,
+                         max_connections=config.max_connections,
+                         max_sessions=config.max_sessions,
+                         max_session_subscriptions=config.max_session_subscriptions,
+                         max_backlog=config.max_backlog, in_thread=run,
+                         max_inflight=config.max_inflight,
+                         session_expiry=config.session_expiry or None,
+                         gate=PasswordGate(time.time, run=run))
+    except StoreError as e:
+        raise SystemExit(f"twistd elvin-proxy: {e}") from None
+    except sqlite3.DatabaseError as e:
+        raise SystemExit(f"twistd elvin-proxy: {config.database}: not a usable proxy "
+                         f"database ({e}); move it aside to start with an empty one, or "
+                         "restore it from a backup") from None
     upstream.core = core
-    top = ProxyService(core, config, store)
+    top = ProxyService(core, config, store, pool)
     factory = ProxyServerFactory(core, reactor, config.connect_timeout)
     for uri in config.listen:
         try:

@@ -96,6 +96,7 @@ class Upstream(service.Service):
         self.is_up = True
         self.connects += 1
         self.log.info("connected upstream to {uri}", uri=connection.uri)
+        connection.on_dropwarn = self.core.upstream_dropwarn
         self.core.upstream_up()
         self._start_checks(connection)
 

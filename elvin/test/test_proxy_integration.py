@@ -219,6 +219,59 @@ class ProxyIntegrationTest(unittest.TestCase):
             self.assertLess(text.index("while you were out"), text.index("and again"))
         return defer.ensureDeferred(run())
 
+    def test_device_killed_mid_replay_loses_nothing(self):
+        """elvin-subscribe --session acknowledges what it printed: killed
+        with SIGKILL in the middle of a replay (its output read slowly, so
+        it is a slow device), the next join gets everything it had not
+        acknowledged; together, every notification, none lost."""
+        async def run():
+            total = 3000
+            phone = await self.connect(self.proxy_uri, session="slow")
+            await phone.subscribe("require(n)", lambda n: None)
+            await phone.close()
+            pub = await self.publisher()
+            for n in range(total):
+                pub.notify({"n": n, "pad": "x" * 100})
+                if n % 500 == 499:
+                    await pub.test_connection()
+
+            def stored():
+                db = sqlite3.connect(self.db)
+                try:
+                    return db.execute("SELECT count(*) FROM notifications").fetchone()[0]
+                finally:
+                    db.close()
+            self.assertTrue(await until(lambda: stored() == total))
+            device = subprocess.Popen(
+                [sys.executable, "-m", "elvin.tools.subscribe", "-e", self.proxy_uri,
+                 "--session", "slow"], stdout=subprocess.PIPE, cwd=REPO)
+            printed = []
+            for _ in range(4 * total):            # bounded: lines of the first 1,000
+                line = device.stdout.readline()
+                if not line:
+                    break
+                if line.startswith(b"n: "):
+                    printed.append(int(line[3:]))
+                    if len(printed) == 1000:
+                        break
+            device.send_signal(signal.SIGKILL)
+            device.wait(10)
+            # What it printed before it died (still in the pipe) it had handled.
+            printed += [int(line[3:]) for line in device.stdout.read().splitlines()
+                        if line.startswith(b"n: ")]
+            device.stdout.close()
+            self.assertEqual(printed, list(range(len(printed))))
+            self.assertLess(len(printed), total)
+            got = []
+            again = await self.connect(self.proxy_uri, session="slow")
+            again.on_notification = lambda note: got.append(note["n"])
+            await until(lambda: got and got[-1] == total - 1)
+            self.assertEqual(got, sorted(set(got)))                 # in order, once each
+            self.assertEqual(set(printed) | set(got), set(range(total)))   # none lost
+            self.assertLessEqual(got[0], len(printed))
+            self.assertGreaterEqual(got[0], len(printed) - 256)     # at most the window again
+        return defer.ensureDeferred(run())
+
     def test_tls_listener_and_upstream(self):
         """Clients reach the proxy over TLS, and the proxy its router."""
         import trustme

@@ -57,7 +57,7 @@ class StoreTests(unittest.TestCase):
         self.assertEqual(self.ids(s.pending("phone", "dev", now=159)), [note])
         self.assertEqual(s.pending("phone", "dev", now=160), [])     # expired: never read
         self.assertEqual(s.counts()["notifications"], 1)
-        self.assertEqual(s.sweep(now=161), 1)
+        self.assertEqual(s.sweep(now=161), (1, False))
         self.assertEqual(s.counts()["notifications"], 0)
 
     def test_expiry_is_per_subscription(self):

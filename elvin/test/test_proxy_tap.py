@@ -85,7 +85,8 @@ class ProxyOptionsTest(unittest.TestCase):
         config = parse_proxy_config("upstream = discover\nupstream-scope = lab\n"
                                     "upstream-tls-ca = ca.pem\n", "/etc/p.conf")
         self.assertEqual(tap._upstream_args(config),
-                         {"discover": True, "scope": "lab", "tls_ca": "/etc/ca.pem"})
+                         {"discover": True, "scope": "lab", "tls_ca": "/etc/ca.pem",
+                          "options": {"Send-Queue.Max-Length": 256 * 1024 * 1024}})
         self.assertEqual(tap._upstream_args(parse_proxy_config(""))["uri"].port, 2917)
 
     def test_docs_table_is_generated_from_the_settings(self):

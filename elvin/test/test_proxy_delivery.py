@@ -1,0 +1,467 @@
+"""What the proxy promises its clients, without a reactor or a socket:
+acknowledged delivery (at-least-once) and the faults it must survive,
+drops announced, private sessions, limits that hold, a full disk.
+
+The proxy core runs on an in-memory store (or a file in a temporary
+folder where the file itself is under test), upstream a real routing core
+(test_proxy_core's InProcessUpstream); time is a Clock.
+"""
+
+import os
+import tempfile
+
+from twisted.internet import defer
+from twisted.internet.task import Clock as ReactorClock
+from twisted.trial import unittest
+
+from elvin import errors
+from elvin.core.keys import consumer_keys, producer_keys
+from elvin.protocols import packets as P
+from elvin.protocols.xdr import Reader
+from elvin.proxy.ack import Acknowledger
+from elvin.proxy.core import ACK, ACK_WINDOW, EVENT, ProxyCore
+from elvin.proxy.guard import Busy, PasswordGate
+from elvin.proxy.store import Store, StoreError
+from elvin.test.test_proxy_core import InProcessUpstream, ProxyCoreCase
+from elvin.values import Int64
+
+
+def key_bytes(keys):
+    return sorted(key for _, sets in keys.entries() for ks in sets for key in ks)
+
+
+def values(packets):
+    return [p.attributes["n"] for p in packets
+            if isinstance(p, P.NotifyDeliver) and EVENT not in p.attributes]
+
+
+class AcknowledgedDeliveryTest(ProxyCoreCase):
+    """A client with Proxy.Ack-Window: what it has not acknowledged is
+    delivered again at its next join; at most the window is in flight."""
+
+    def stored(self, count, name="phone"):
+        phone, out = self.join(name)
+        self.subscribe(phone, out, "require(n)")
+        phone.connection_lost()
+        for n in range(count):
+            self.publish({"n": n})
+
+    def ack(self, client, out, count):
+        self.request(client, P.QosRqst(next(self.xids), {ACK: Int64(count)}))
+        return [p for p in out.sent if isinstance(p, (P.QosRply, P.Nack))][-1]
+
+    def test_link_dropped_mid_replay_loses_nothing(self):
+        self.stored(1000)
+        phone, out = self.join("phone", Ack_Window=100)
+        conn_rply = out.sent[0]
+        self.assertEqual(conn_rply.options[ACK_WINDOW], 100)
+        got = values(out.take())
+        self.assertEqual(got, list(range(100)))          # the window, no more
+        reply = self.ack(phone, out, 60)
+        self.assertEqual(reply.options[ACK], 60)
+        got += values(out.take())
+        self.assertEqual(got, list(range(160)))          # 60 more as 60 were done
+        phone.connection_lost()                          # 100 unacknowledged
+        phone, out = self.join("phone", Ack_Window=1000)
+        again = values(out.take())
+        self.assertEqual(again, list(range(60, 1000)))   # none lost, 100 twice
+        self.ack(phone, out, len(again))
+        self.assertEqual(self.store.stored_count("phone"), 0)
+
+    def test_live_notifications_are_kept_until_acknowledged(self):
+        self.stored(0)
+        phone, out = self.join("phone", Ack_Window=4)
+        out.take()
+        for n in range(10):
+            self.publish({"n": n})
+        self.assertEqual(values(out.take()), [0, 1, 2, 3])     # the window fills
+        self.assertEqual(self.store.stored_count("phone"), 10)
+        self.ack(phone, out, 2)
+        self.assertEqual(values(out.take()), [4, 5])
+        self.assertEqual(self.store.stored_count("phone"), 8)
+        phone.connection_lost()                           # link drops: 4 in flight
+        phone, out = self.join("phone")                   # a plain client now
+        self.assertEqual(values(out.take()), list(range(2, 10)))
+
+    def test_slow_device_never_has_more_than_the_window(self):
+        self.stored(500)
+        phone, out = self.join("phone", Ack_Window=32)
+        done, most = [], 0
+        for _ in range(100):                      # bounded: 500 / 8 steps needed
+            got = values(out.take())
+            done += got
+            most = max(most, len(done) - phone._acked)
+            if len(done) == 500 and phone._acked == 500:
+                break
+            self.ack(phone, out, min(len(done), phone._acked + 8))   # 8 at a time
+        self.assertEqual(done, list(range(500)))
+        self.assertLessEqual(most, 32)
+
+    def test_non_destructive_acknowledgement_marks_only_this_device(self):
+        self.stored(5)
+        pda, out = self.join("phone", Ack_Window=10, Receipt="non-destructive", Client="pda")
+        self.assertEqual(values(out.take()), [0, 1, 2, 3, 4])
+        self.ack(pda, out, 3)
+        pda.connection_lost()
+        pda, out = self.join("phone", Ack_Window=10, Receipt="non-destructive", Client="pda")
+        self.assertEqual(values(out.take()), [3, 4])
+        laptop, out = self.join("phone", Receipt="non-destructive", Client="laptop")
+        self.assertEqual(values(out.take()), [0, 1, 2, 3, 4])
+
+    def test_restart_mid_replay_loses_nothing(self):
+        self.stored(300)
+        phone, out = self.join("phone", Ack_Window=50)
+        self.ack(phone, out, 20)
+        self.restart()                           # as after kill -9 of the proxy
+        phone, out = self.join("phone", Ack_Window=1000)
+        self.assertEqual(values(out.take()), list(range(20, 300)))
+
+    def test_acknowledging_wrongly_is_a_protocol_error(self):
+        self.stored(3)
+        phone, out = self.join("phone", Ack_Window=10)
+        out.take()
+        self.assertEqual(self.ack(phone, out, 4).error, errors.PROT_ERROR)  # only 3 sent
+        plain, out = self.join("phone")
+        self.assertEqual(self.ack(plain, out, 0).error, errors.PROT_ERROR)
+
+    def test_the_window_is_capped_by_max_inflight(self):
+        self.core.max_inflight = 16
+        phone, out = self.join("phone", Ack_Window=100000)
+        self.assertEqual(out.sent[0].options[ACK_WINDOW], 16)
+
+    def test_acknowledger_counts_and_sends(self):
+        sent, reactor = [], ReactorClock()
+        ack = Acknowledger(sent.append, reactor.callLater, window=8, interval=0.2)
+        for _ in range(5):
+            ack.handled()
+        self.assertEqual(sent, [{ACK: 2}, {ACK: 4}])
+        reactor.advance(0.2)
+        self.assertEqual(sent[-1], {ACK: 5})
+        self.assertIsNone(ack.flush())                     # nothing new
+        ack.reset()
+        ack.handled()
+        ack.flush()
+        self.assertEqual(sent[-1], {ACK: 1})
+
+
+class UpstreamDropTest(ProxyCoreCase):
+    """A DropWarn from upstream is counted, logged and passed on."""
+
+    def test_dropwarn_reaches_connected_clients_and_the_next_of_others(self):
+        here, here_out = self.join("here")
+        self.subscribe(here, here_out, "require(n)")
+        away, away_out = self.join("away")
+        self.subscribe(away, away_out, "require(n)")
+        away.connection_lost()
+        plain, plain_out = self.connect()
+        self.subscribe(plain, plain_out, "require(n)")
+        self.core.upstream_dropwarn()
+        self.assertTrue(any(isinstance(p, P.DropWarn) for p in here_out.take()))
+        self.assertTrue(any(isinstance(p, P.DropWarn) for p in plain_out.take()))
+        self.assertEqual(self.core.stats["upstream_dropwarns"], 1)
+        self.flushLoggedErrors()
+        away, away_out = self.join("away")
+        packets = away_out.take()
+        joined = [e for e in self.events(packets) if e[EVENT] == "joined"]
+        self.assertEqual(joined[0]["Proxy.Dropped"], 1)
+        self.assertTrue(any(isinstance(p, P.DropWarn) for p in packets))
+
+
+class PrivateSessionTest(ProxyCoreCase):
+
+    def test_a_session_with_only_an_admin_password_needs_it_to_join(self):
+        owner, _ = self.join("mine", Admin_Password="s3cret")
+        owner.connection_lost()
+        for asked in ({}, {"Password": "guess"}, {"Admin_Password": "wrong"}):
+            client, out = self.join("mine", **asked)
+            (nack,) = out.take()
+            self.assertEqual((nack.error, nack.message), (errors.AUTHZ_FAIL,
+                                                          "authorisation failed"))
+        client, out = self.join("mine", Admin_Password="s3cret")
+        self.assertIsInstance(out.take()[0], P.ConnRply)
+
+    def test_admin_clients_are_told_the_session_keys(self):
+        nfn, _ = producer_keys(b"n-secret")
+        _, sub = consumer_keys(b"s-secret")
+        owner, out = self.connect({"Proxy.Session": "k", "Proxy.Admin-Password": "a",
+                                   "Proxy.Password": "j"}, nfn_keys=nfn, sub_keys=sub)
+        owner.connection_lost()
+        admin, out = self.join("k", Admin_Password="a")
+        (keys,) = [e for e in self.events(out.take()) if e[EVENT] == "keys"]
+        for attribute, given in (("Proxy.Notification-Keys", nfn),
+                                 ("Proxy.Subscription-Keys", sub)):
+            told = P.KEYS.read(Reader(keys[attribute]), "keys")
+            self.assertEqual(key_bytes(told), key_bytes(given))
+        reader, out = self.join("k", Password="j")
+        self.assertFalse([e for e in self.events(out.take()) if e[EVENT] == "keys"])
+
+
+class GateTest(unittest.TestCase):
+    """Password checks bounded and throttled (elvin.proxy.guard)."""
+
+    def setUp(self):
+        self.now = [0.0]
+        self.running = []
+
+        def run(work):
+            d = defer.Deferred()
+            self.running.append((d, work))
+            return d
+        self.gate = PasswordGate(lambda: self.now[0], run=run, workers=2, queue_limit=4)
+
+    def finish(self):
+        running, self.running = self.running, []
+        for d, work in running:
+            d.callback(work())
+
+    def test_guesses_from_one_address_are_throttled_and_a_good_join_goes_first(self):
+        attacker, owner = "10.0.0.9", "10.0.0.1"
+        checks = 0
+        for _ in range(300):
+            if self.gate.refuses(attacker, "s"):
+                continue
+            d = self.gate.submit(attacker, lambda: False)
+            d.addCallback(lambda ok: ok or self.gate.failed(attacker, "s"))
+            d.addErrback(lambda f: f.trap(Busy))
+            checks += 1
+            self.finish()
+        self.assertEqual(checks, 5)                      # peer_burst, then refused
+        self.assertFalse(self.gate.refuses(owner, "s"))  # the owner is not locked out
+        got = []
+        self.gate.submit(owner, lambda: True).addCallback(got.append)
+        self.finish()
+        self.assertEqual(got, [True])
+        self.now[0] += 60                                 # failures age out
+        self.assertFalse(self.gate.refuses(attacker, "s"))
+
+    def test_the_queue_is_bounded_and_clean_addresses_go_first(self):
+        for i in range(3):                                # 3 suspect addresses
+            self.gate.failed(f"10.0.1.{i}", f"x{i}")
+        outcomes = []
+        for i in range(7):
+            d = self.gate.submit(f"10.0.1.{i % 3}", lambda: "suspect")
+            d.addCallbacks(outcomes.append, lambda f: outcomes.append(f.trap(Busy)))
+        self.assertEqual(outcomes, [Busy])                # 2 running, 4 queued, 1 refused
+        good = []
+        self.gate.submit("10.0.0.1", lambda: "clean").addCallback(good.append)
+        self.assertEqual(outcomes, [Busy, Busy])          # the newest suspect made room
+        self.finish()                                     # the 2 that were running
+        self.finish()                                     # the clean one goes first
+        self.assertEqual(good, ["clean"])
+
+    def test_a_session_guessed_from_many_addresses_still_admits_clean_ones(self):
+        for i in range(10):
+            self.gate.failed(f"10.0.2.{i}", "s")
+        self.assertTrue(self.gate.refuses("10.0.2.1", "s"))    # a guesser, on a hot session
+        self.assertFalse(self.gate.refuses("10.0.0.1", "s"))   # a clean address: checked
+
+    def test_a_conn_rqst_with_many_sessions_stops_at_the_first_refusal(self):
+        store = Store(":memory:")
+        store.create_session("a", password="pa")
+        store.create_session("b", password="pb")
+        core = ProxyCore(store, InProcessUpstream())
+        core.gate = self.gate
+        d = core.check_passwords([("a", "wrong", None), ("b", "pb", None)], "10.0.0.3")
+        self.finish()
+        self.assertEqual(self.running, [])                  # b was never checked
+        self.assertEqual([r for _, r, _ in self.successResultOf(d)], [None])
+
+
+class LimitsTest(unittest.TestCase):
+    """Limits that hold, without counting rows or scanning tables."""
+
+    def setUp(self):
+        self.store = Store(":memory:")
+        self.store.create_session("s")
+        self.statements = []
+        self.store.db.set_trace_callback(self.statements.append)
+
+    def test_max_count_at_its_cap_counts_no_rows(self):
+        self.store.put_subscription("s", 1, "require(n)", max_count=100)
+        for n in range(150):
+            self.store.store({"n": n}, {"s": [1]}, now=n)
+        self.statements.clear()
+        for n in range(150, 200):
+            self.store.store({"n": n}, {"s": [1]}, now=n)
+        self.assertFalse([q for q in self.statements if "count(" in q])
+        kept = [note.attributes["n"] for note in self.store.pending("s", "c", 0, 1000)]
+        self.assertEqual(kept, list(range(100, 200)))
+
+    def test_lowered_limits_apply_to_what_is_kept(self):
+        self.store.put_subscription("s", 1, "require(n)")
+        for n in range(6):
+            self.store.store({"n": n}, {"s": [1]}, now=n * 1000.0)
+        self.store.put_subscription("s", 1, "require(n)", max_count=2)
+        self.assertEqual([n.attributes["n"] for n in self.store.pending("s", "c", 5000)],
+                         [4, 5])
+        self.store.put_subscription("s", 1, "require(n)", ttl=1, max_count=2)
+        self.assertEqual(self.store.pending("s", "c", 5000.5)[0].attributes["n"], 5)
+        self.assertEqual(self.store.pending("s", "c", 5001.5), [])
+
+    def test_the_sweep_is_bounded_and_uses_the_expiry_index(self):
+        self.store.put_subscription("s", 1, "require(n)", ttl=10)
+        self.store.put_subscription("s", 2, "require(m)")
+        for n in range(50):
+            self.store.store({"n": n}, {"s": [1]}, now=n)
+            self.store.store({"m": n}, {"s": [2]}, now=n)
+        self.statements.clear()
+        self.assertEqual(self.store.sweep(now=1000, limit=20), (20, True))
+        self.assertFalse([q for q in self.statements if "NOT IN" in q])
+        self.assertEqual(self.store.sweep(now=1000, limit=20), (20, True))
+        self.assertEqual(self.store.sweep(now=1000, limit=20), (10, False))
+        self.assertEqual(self.store.stored_count("s"), 50)
+
+    def test_a_proxy_wide_byte_cap_drops_the_oldest_with_drop_counts(self):
+        store = Store(":memory:", max_total_bytes=3000)
+        for name in ("a", "b"):
+            store.create_session(name)
+            store.put_subscription(name, 1, "require(n)")
+        for n in range(40):
+            store.store({"n": n, "pad": "x" * 100}, {"a" if n % 2 else "b": [1]}, now=n)
+        self.assertLessEqual(store.total_bytes(), 3000)
+        self.assertEqual(store.total_bytes(), store.db.execute(
+            "SELECT sum(length(body)) FROM notifications").fetchone()[0])
+        kept = store.stored_count("a") + store.stored_count("b")
+        self.assertEqual(store.take_dropped("a") + store.take_dropped("b"), 40 - kept)
+
+
+class SweepAndExpiryTest(ProxyCoreCase):
+
+    def test_the_sweep_runs_in_steps_across_turns(self):
+        reactor = ReactorClock()
+        self.core.call_later = reactor.callLater
+        self.core.sweep_step = 100
+        phone, out = self.join("phone", TTL=5)
+        self.subscribe(phone, out, "require(n)")
+        phone.connection_lost()
+        reactor.advance(0)
+        for n in range(250):
+            self.publish({"n": n})
+        reactor.advance(0)
+        self.clock.now += 10
+        self.assertEqual(self.core.sweep(), 100)
+        self.assertEqual(self.store.counts()["pending"], 150)
+        reactor.advance(0)
+        reactor.advance(0)
+        self.assertEqual(self.store.counts()["pending"], 0)
+
+    def test_idle_sessions_expire_and_leave_upstream(self):
+        self.core.session_expiry = 3600
+        phone, out = self.join("phone")
+        self.subscribe(phone, out, "require(n)")
+        busy, _ = self.join("busy")
+        phone.connection_lost()
+        self.clock.now += 3000
+        self.core.sweep()
+        self.assertIn("phone", self.core.named)
+        self.clock.now += 1000
+        self.core.sweep()
+        self.assertNotIn("phone", self.core.named)
+        self.assertIn("busy", self.core.named)              # it has a client
+        self.assertEqual(self.upstream.session.subscriptions, {})
+
+
+class DiskFullTest(ProxyCoreCase):
+    """A store that cannot write: storing stops (counted and logged),
+    joining and replaying go on; storing resumes when space is back."""
+
+    def test_full_disk(self):
+        reactor = ReactorClock()
+        self.core.call_later = reactor.callLater
+        phone, out = self.join("phone")
+        self.subscribe(phone, out, "require(n)")
+        phone.connection_lost()
+        for n in range(3):
+            self.publish({"n": n})
+        reactor.advance(0)
+        pages = self.store.db.execute("PRAGMA page_count").fetchone()[0]
+        self.store.db.execute(f"PRAGMA max_page_count = {pages}")
+        for n in range(3, 400):
+            self.publish({"n": n, "pad": "x" * 200})
+        reactor.advance(0)
+        self.assertGreater(self.core.stats["store_failed"], 0)
+        self.assertGreater(self.core.stats["not_stored"], 0)
+        errors_logged = self.flushLoggedErrors()
+        self.assertEqual(errors_logged, [])        # a log line, not tracebacks
+        phone, out = self.join("phone")
+        reactor.advance(0)
+        packets = out.take()
+        self.assertIsInstance(packets[0], P.ConnRply)
+        got = values(packets)
+        self.assertEqual(got[:3], [0, 1, 2])       # the replay works
+        (joined,) = [e for e in self.events(packets) if e[EVENT] == "joined"]
+        self.assertGreater(joined["Proxy.Dropped"], 0)
+        self.assertTrue(any(isinstance(p, P.DropWarn) for p in packets))
+        phone.connection_lost()
+        self.store.db.execute("PRAGMA max_page_count = 1000000")
+        self.clock.now += 2
+        self.publish({"n": 1000})
+        reactor.advance(0)
+        self.assertIsNone(self.core.store_down_until)
+        phone, out = self.join("phone")
+        reactor.advance(0)
+        self.assertIn(1000, values(out.take()))
+
+
+class DatabaseFileTest(unittest.TestCase):
+
+    def setUp(self):
+        self.folder = tempfile.mkdtemp()
+        self.path = os.path.join(self.folder, "proxy.db")
+
+    def test_files_are_owner_only_whatever_the_umask(self):
+        old = os.umask(0o022)
+        try:
+            store = Store(self.path)
+            store.create_session("s")
+            store.put_subscription("s", 1, "require(n)")
+            store.store({"n": 1}, {"s": [1]}, now=1)
+        finally:
+            os.umask(old)
+        for name in ("proxy.db", "proxy.db-wal", "proxy.db-shm", "proxy.db.key"):
+            mode = os.stat(os.path.join(self.folder, name)).st_mode & 0o777
+            self.assertEqual(mode, 0o600, name)
+        store.close()
+
+    def test_an_existing_readable_database_is_made_private(self):
+        Store(self.path).close()
+        os.chmod(self.path, 0o644)
+        Store(self.path).close()
+        self.assertEqual(os.stat(self.path).st_mode & 0o777, 0o600)
+
+    def test_keys_and_secure_only_notifications_are_not_in_clear(self):
+        store = Store(self.path)
+        store.create_session("s")
+        store.set_keys("s", b'{"nfn": "KEYKEYKEY"}')
+        store.put_subscription("s", 1, "require(n)", keys=b'{"sub": "SUBKEYSUBKEY"}')
+        store.store({"secret": "TOPSECRET"}, {"s": {1: True}}, now=1)
+        store.store({"open": "PUBLICTEXT"}, {"s": {1: False}}, now=2)
+        store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        raw = b""
+        for name in os.listdir(self.folder):
+            if not name.endswith(".key"):
+                with open(os.path.join(self.folder, name), "rb") as f:
+                    raw += f.read()
+        for secret in (b"KEYKEYKEY", b"SUBKEYSUBKEY", b"TOPSECRET"):
+            self.assertNotIn(secret, raw)
+        self.assertIn(b"PUBLICTEXT", raw)                   # only what matched without keys
+        self.assertEqual(store.session("s").keys, b'{"nfn": "KEYKEYKEY"}')
+        self.assertEqual([n.attributes for n in store.pending("s", "c", 0)],
+                         [{"secret": "TOPSECRET"}, {"open": "PUBLICTEXT"}])
+        store.close()
+        os.remove(self.path + ".key")
+        os.rename(self.path, self.path + ".copy")          # the file alone, elsewhere
+        stolen = Store(self.path + ".copy")
+        with self.assertRaises(Exception):
+            stolen.pending("s", "c", 0)
+        stolen.close()
+
+    def test_a_corrupted_database_is_one_clear_error(self):
+        with open(self.path, "wb") as f:
+            f.write(b"this is not a database" * 100)
+        with self.assertRaises(StoreError) as caught:
+            Store(self.path)
+        message = str(caught.exception)
+        self.assertIn(self.path, message)
+        self.assertIn("move it aside", message)
+        self.assertNotIn("\n", message)
