@@ -1,5 +1,6 @@
 """The package's import graph has no cycles, and none is hidden behind a
-function-local import (issue 21, item 3).
+function-local import; modules import only from their own layer or the
+layers above it, counting what their packages' ``__init__``s import.
 
 The graph is read from the source with ``ast``: an edge A -> B for every
 ``import elvin.B`` / ``from elvin.B import ...`` in A. Module-level edges
@@ -12,13 +13,15 @@ test too, so the list stays true).
 
 import ast
 import os
+import subprocess
+import sys
 
 from twisted.trial import unittest
 
 from elvin.test.places import REPO
 
 #: (importing module, imported module) for function-local imports that
-#: still close a cycle. Empty since issue 21: keep it so.
+#: still close a cycle. Empty: keep it so.
 KNOWN_CYCLES = frozenset()
 
 
@@ -137,27 +140,61 @@ class ImportLayerTests(unittest.TestCase):
         """docs/architecture.md's layers: a module imports (even inside a
         function) only from its own layer or the ones above it."""
         top, local = import_graph()
-        rank = {m: 7 for m in top}
-        for number, names in LAYERS.items():
-            for name in names:
-                self.assertIn(name, top, f"layer {number} names no module {name}")
-                rank[name] = number
+        rank = self._ranks(top)
         edges = {(m, t) for m, targets in top.items() for t in targets} | set(local)
         upward = sorted(f"{m} (layer {rank[m]}) imports {t} (layer {rank[t]})"
                         for m, t in edges if rank[t] > rank[m])
         self.assertEqual(upward, [])
 
+    def test_package_inits_import_only_downwards(self):
+        """Importing a module first runs its packages' ``__init__``s, so
+        what they import at module level counts as the module's import:
+        ``import elvin.values`` (layer 1) must not load the parser."""
+        top, _ = import_graph()
+        rank = self._ranks(top)
+        upward = []
+        for module in top:
+            package = module.rpartition(".")[0]
+            while package:
+                upward.extend(f"{module} (layer {rank[module]}) runs {package}, which "
+                              f"imports {t} (layer {rank[t]})"
+                              for t in top.get(package, ()) if t != module
+                              and rank[t] > rank[module])
+                package = package.rpartition(".")[0]
+        self.assertEqual(sorted(upward), [])
+
+    def test_values_load_no_parser(self):
+        """``import elvin.values`` loads neither PLY nor the parser (the
+        ``elvin`` package resolves its names on first use), in a fresh
+        interpreter."""
+        code = ("import elvin.values, sys; "
+                "assert 'ply' not in sys.modules "
+                "and 'elvin.subscription.parser' not in sys.modules, "
+                "sorted(m for m in sys.modules if m.startswith(('elvin', 'ply')))")
+        result = subprocess.run([sys.executable, "-c", code], cwd=REPO,
+                                capture_output=True, text=True)
+        self.assertEqual(result.returncode, 0, result.stderr)
+
+    def _ranks(self, top):
+        rank = {m: 7 for m in top}
+        for number, names in LAYERS.items():
+            for name in names:
+                self.assertIn(name, top, f"layer {number} names no module {name}")
+                rank[name] = number
+        return rank
+
 
 _S = "elvin.subscription."
 #: docs/architecture.md's layers (every other module is layer 7).
 LAYERS = {
-    1: ["elvin.values", "elvin.errors", "elvin.configvalues", "elvin.uri", "elvin.lazy"],
+    1: ["elvin", "elvin.values", "elvin.errors", "elvin.configvalues", "elvin.uri",
+        "elvin.lazy"],
     2: ["elvin.subscription"] + [_S + m for m in (
         "kinds", "grammar", "lexer", "ast", "printer", "parser", "checker", "compiler",
         "analysis", "partial", "patterns", "shapes", "parsetab")],
     3: ["elvin.protocols", "elvin.protocols.xdr", "elvin.protocols.packets"],
     4: [_S + "expression"],
-    5: ["elvin", "elvin.keys", "elvin.core"] + ["elvin.core." + m for m in (
+    5: ["elvin.keys", "elvin.core"] + ["elvin.core." + m for m in (
         "keys", "options", "sendqueue", "index", "quench", "router", "admission")],
     6: ["elvin.protocols." + m for m in ("framing", "output", "server", "udp",
                                          "httptunnel", "gate")]
