@@ -285,7 +285,8 @@ def _run(spark, trace_dir, out_dir, since_us, until_us, progress, files, report,
     analysis.written.append("events")
     for text in batch.warnings:
         _warn(progress, text)
-    # A truncated or corrupt .gz is named and skipped, never fatal (issue 22, item 6).
+    # A truncated or corrupt .gz is named and skipped, never fatal: one bad
+    # file must not lose the analysis of the others.
     analysis.unreadable = batch.unreadable
     gone = {path for path, _ in batch.unreadable}
     analysis.files = [(path, size) for path, size in files if path not in gone]

@@ -41,7 +41,7 @@ def _bytes(value):
 
 def _byte_unit(largest):
     """(unit, divisor) that shows ``largest`` bytes as 1 to 999 of a unit:
-    a chart of a few kilobytes reads in kB, not 0.00 MB (issue 22, item 5)."""
+    a chart of a few kilobytes reads in kB, not 0.00 MB."""
     scale = 1
     for unit in ("B", "kB", "MB", "GB"):
         if largest < 1000 * scale or unit == "GB":
@@ -112,7 +112,8 @@ def _rate_points(analysis, rows, value):
     """(time, count) per bucket for bucketed rows: the real counts, with a
     zero for every bucket of the analysed window that had none (so a line
     drops to zero through an outage instead of bridging it), never scaled
-    up for a bucket only partly inside the window (issue 22, item 3)."""
+    up for a bucket only partly inside the window (that would invent
+    traffic)."""
     bucket = analysis.series["bucket_us"]
     counts = {}
     for r in rows:

@@ -1,4 +1,4 @@
-"""Router discovery for asyncio programs (``elvin.aio``; issue 16).
+"""Router discovery for asyncio programs (``elvin.aio``).
 
 The same finder as ``elvin.discovery.discoverer.Discoverer`` -- its
 passive cache, its solicitor (pre-request intervals, suppression,

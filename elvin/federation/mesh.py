@@ -1,4 +1,4 @@
-"""Federation over any connected graph (issue 18), without I/O.
+"""Federation over any connected graph, without I/O.
 
 Routers that speak this ("mesh routers") agree on one spanning tree of the
 links among them, from soft-state link adverts, and run plain EFP 1.0 over

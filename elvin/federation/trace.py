@@ -227,7 +227,7 @@ class TraceWriter:
         """Stop accepting records; the writer thread writes what is queued
         and closes the file. Returns a Deferred that fires (in the reactor
         thread) once it has, so a shutdown waits for the backlog without
-        blocking the reactor (issue 21)."""
+        blocking the reactor."""
         from twisted.internet import reactor as default_reactor
         reactor = self._reactor or default_reactor
         with self._cond:

@@ -1,6 +1,6 @@
 /*
  * _elvin_xdr: the optional compiled decoder for an XDR NameValue array,
- * the hot path of every notification (issue 15). elvin/protocols/xdr.py's
+ * the hot path of every notification. elvin/protocols/xdr.py's
  * Reader.name_values uses it when it was built (pip install .) and keeps
  * its pure-Python path otherwise.
  *

@@ -484,7 +484,8 @@ def decode(data):
 
 def decode_notify_emit(data):
     """A NotifyEmit's fields as ``(attributes, deliver_insecure, keys)``,
-    without building the packet: the router's hot path (issue 15). ``data``
+    without building the packet, because every notification a router
+    routes takes this path. ``data``
     must start with NotifyEmit's pkt_id. Anything wrong is decoded again by
     ``decode``, so the DecodeError and its message are exactly decode's."""
     reader = Reader(data, 4)

@@ -108,7 +108,8 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
         if pkt_id == _NOTIFY_EMIT and self.session.state is _CONNECTED:
             # The hot path: a NotifyEmit on a session goes straight to the
             # session as its fields, without building the packet or
-            # dispatching on its type (issue 15; docs/performance.md).
+            # dispatching on its type: every notification takes this path
+            # (docs/performance.md).
             try:
                 attributes, deliver_insecure, keys = P.decode_notify_emit(data)
             except DecodeError as e:

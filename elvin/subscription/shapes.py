@@ -1,4 +1,4 @@
-"""Parse an expression once per *shape* (issue 15: subscription placement).
+"""Parse an expression once per *shape*, so that placing a subscription is fast.
 
 Most subscriptions a router holds share a shape and differ only in their
 literals: ``s1 == "a" && i1 >= 10 && i1 < 110`` and ``s1 == "q" && i1 >= 7
