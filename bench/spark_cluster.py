@@ -513,8 +513,9 @@ def _say(log, text):
 
 def run_cluster_check(traces=None, workdir=None, port=7077, keep=False, synth=None, conf=None,
                       start_timeout=60.0, run_timeout=900.0, deadline=None, log=None,
-                      analysis_args=()):
-    """Start the cluster, run the analysis three ways, compare, stop.
+                      analysis_args=(), only=RUNS):
+    """Start the cluster, run the analysis three ways (or the ``only`` of
+    them named: "local" and at least one cluster run), compare, stop.
 
     ``traces``: a trace directory (else synthetic traces, ``synth`` options
     for ``spark_analysis.synth``, in the work dir). ``workdir``: where the
@@ -591,16 +592,16 @@ def run_cluster_check(traces=None, workdir=None, port=7077, keep=False, synth=No
             "module": [sys.executable, "-m", "spark_analysis", traces, "--out", outs["module"],
                        "--master", cluster.url] + confs + ["--quiet"] + analysis_args,
         }
-        for name in RUNS:
+        for name in only:
             result["seconds"][name] = _run(name, runs[name], workdir, env, left(run_timeout),
                                            log, run_groups)
         state = cluster.state() or {}
         apps = state.get("completedapps", []) + state.get("activeapps", [])
-        if len(apps) < 2:
-            result["errors"].append(f"the master knows {len(apps)} applications, not 2: "
-                                    f"did the cluster runs use it?")
-        comparison = compare_outputs(outs["local"], {"submit": outs["submit"],
-                                                     "module": outs["module"]})
+        on_cluster = [name for name in only if name != "local"]
+        if len(apps) < len(on_cluster):
+            result["errors"].append(f"the master knows {len(apps)} applications, not "
+                                    f"{len(on_cluster)}: did the cluster runs use it?")
+        comparison = compare_outputs(outs["local"], {name: outs[name] for name in on_cluster})
         result["comparison"] = comparison
         result["errors"] += comparison["problems"]
         finished = True
@@ -635,7 +636,9 @@ def summary(result):
     if comparison:
         rows = comparison["rows"]
         lines.append(f"compared {len(comparison['files'])} CSV tables, "
-                     f"{sum(rows.values()):,} rows each, local[2] against 2 cluster runs:")
+                     f"{sum(rows.values()):,} rows each, local[2] against "
+                     f"{len([r for r in RUNS if r != 'local' and r in result['seconds']])} "
+                     "cluster runs:")
         for name in comparison["files"]:
             lines.append(f"  {name:<20} {rows.get(name, 0):>7,} rows")
         if comparison["approx_differences"]:
