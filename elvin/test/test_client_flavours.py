@@ -1,4 +1,4 @@
-"""One behavioural suite for the three client flavours (issue 16): the
+"""One behavioural suite for the three client flavours: the
 Twisted client (``elvin.client``), asyncio (``elvin.aio``) and blocking
 (``elvin.sync``), each against a real router on loopback.
 

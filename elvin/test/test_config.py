@@ -556,7 +556,7 @@ class ReferenceTableTests(unittest.TestCase):
 
 class FederationReferenceTableTests(unittest.TestCase):
     """docs/federation.md's rows are the federation settings tables, and
-    every setting in them is read, with its default (issue 21, item 4)."""
+    every setting in them is read, with its default."""
 
     def test_docs_show_the_generated_rows(self):
         from elvin.federation import config as fed_config

@@ -299,7 +299,7 @@ class ConnectTests(LoopbackCase):
     @defer.inlineCallbacks
     def test_vanished_router_fails_over_to_a_discovered_one(self):
         """connect(..., failover=True): when our router is gone the session
-        moves to another of the scope, with its subscription (issue 18)."""
+        moves to another of the scope, with its subscription."""
         scope = unique("vanish")
         first = yield self.start_router(scope)
         second = yield self.start_router(scope)
@@ -422,7 +422,7 @@ class TapTests(LoopbackCase):
     @defer.inlineCallbacks
     def test_drain_without_redirect_to_finds_another_router(self):
         """A drained router with discovery and no redirect-to sends its
-        clients to another router of its scope (issue 18)."""
+        clients to another router of its scope."""
         scope = unique("drain")
         path = self.discovery_config(scope)
         tops = []

@@ -1,5 +1,5 @@
 """Every shell example in README.md and docs/ is run here, or listed with
-the reason it cannot be (issue 14, item 7).
+the reason it cannot be, so the docs cannot drift from the tools.
 
 Examples run as written, in bash, with three substitutions so they stay on
 loopback and free ports: the tools and ``twistd`` are shell functions that

@@ -526,7 +526,7 @@ class FederationKeyTests(unittest.TestCase):
 
 class TraceQueueTests(unittest.TestCase):
     """The trace writer's queue is bounded: a disk that cannot keep up
-    costs bounded memory, and what is dropped is counted (issue 21)."""
+    costs bounded memory, and what is dropped is counted."""
 
     @defer.inlineCallbacks
     def test_overflow_is_dropped_and_counted(self):

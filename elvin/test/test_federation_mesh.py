@@ -1,4 +1,4 @@
-"""Federation over any connected graph (elvin.federation.mesh; issue 18)."""
+"""Federation over any connected graph (elvin.federation.mesh)."""
 
 import time
 

@@ -1,4 +1,4 @@
-"""Client handover (issue 18): a drained router redirects its clients
+"""Client handover: a drained router redirects its clients
 (Disconn reason 2), and they follow with their subscriptions."""
 
 import os

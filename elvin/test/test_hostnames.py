@@ -3,7 +3,7 @@
 Container runtimes and internal DNS zones hand out names such as
 ``elvin_host`` or ``router_1``; resolvers look them up and the Avis router
 and client accept them, so every entry point that takes an ``elvin:`` or
-``ewaf:`` URI must too (issue 13, item 2). Hosts that no resolver could look
+``ewaf:`` URI must too. Hosts that no resolver could look
 up are still refused.
 """
 

@@ -1,6 +1,7 @@
 """The client and federation links over in-memory transports (iosim): the
 same protocol code as on loopback, with no sockets and a fake clock, so a
-whole exchange runs synchronously and deterministically (issue 21)."""
+whole exchange runs synchronously and deterministically, whatever the
+machine's load."""
 
 from twisted.internet.task import Clock
 from twisted.test.iosim import connect, makeFakeClient, makeFakeServer

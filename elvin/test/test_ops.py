@@ -1,4 +1,4 @@
-"""Operating a router (issue 19, first part): status snapshot, Prometheus
+"""Operating a router: status snapshot, Prometheus
 metrics, the status listener and elvin-stat."""
 
 import json

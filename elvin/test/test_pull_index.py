@@ -1,4 +1,4 @@
-"""Federation links pull through the router's index (issue 21, item 1).
+"""Federation links pull through the router's index.
 
 A peer's pull filter is split into disjuncts (``filters.disjuncts``) and
 each is filed in ``Router.pull_index`` the way a subscription is filed in

@@ -215,7 +215,7 @@ class SendQueueTests(unittest.TestCase):
 
 
 class NotifyEmitFastPathTests(unittest.TestCase):
-    """A NotifyEmit on a session skips the packet object (issue 15): the
+    """A NotifyEmit on a session skips the packet object, for speed: the
     limits, the errors and the deliveries stay those of the full path."""
 
     def setUp(self):

@@ -680,9 +680,9 @@ class HandmadeTests(unittest.SynchronousTestCase):
                          {("b", "a", "out"): (2, 7, 3), ("a", "b", "in"): (2, 7, 3),
                           ("c", "b", "out"): (1, 5, 5), ("b", "c", "in"): (1, 5, 5)})
         self.assertEqual(churn[("b", "a", "out")]["bytes_last"], 120)
-        # a rate per hour is not extrapolated from ten minutes (issue 22, item 4)
+        # a rate per hour is not extrapolated from ten minutes
         self.assertIsNone(churn[("b", "a", "out")]["replaces_per_hour"])
-        # of b's two filters for a, the first came with the link (issue 22, item 4)
+        # of b's two filters for a, the first came with the link
         self.assertEqual(churn[("b", "a", "out")]["on_link_up"], 1)
         self.assertEqual(churn[("c", "b", "out")]["on_link_up"], 1)
 
@@ -794,7 +794,7 @@ class ClockOffsetTests(unittest.SynchronousTestCase):
 class SyntheticReportTests(unittest.SynchronousTestCase):
     """A simulated federation of nine routers with a cycle and clock skew:
     every clock bound holds the generator's true offset, and no chart
-    draws a label over another (issue 20, issue 22 items 1 and 5)."""
+    draws a label over another."""
 
     timeout = 600
 
@@ -950,7 +950,7 @@ class BadInputTests(unittest.SynchronousTestCase):
 
 
 class ExactDistinctTests(unittest.SynchronousTestCase):
-    """"distinct" is exact (issue 22, item 2): the distinct digests of the
+    """"distinct" is exact, not estimated: the distinct digests of the
     hand-made traces per attribute-name set, counted here in Python."""
 
     timeout = 300
@@ -973,7 +973,7 @@ class ExactDistinctTests(unittest.SynchronousTestCase):
 
 class TrafficPointsTests(unittest.SynchronousTestCase):
     """The traffic chart plots real counts, with zeros where there was no
-    traffic (issue 22, item 3): 128 real is drawn 128, an outage drops to 0."""
+    traffic: 128 real is drawn 128, an outage drops to 0."""
 
     def test_real_counts_and_zeros(self):
         from types import SimpleNamespace

@@ -86,7 +86,7 @@ class RealRouterTraceTests(FederationTestCase):
         self.assertEqual(hop[("left.test", "hub.test")]["matched"], 3)
         self.assertGreaterEqual(hop[("left.test", "hub.test")]["delay_min_us"], 0)
         # three routers on one host share one clock: no offset may be stated
-        # (issue 22, item 1: 3.3 ms was, once)
+        # (a stated one, such as 3.3 ms, would be noise read as skew)
         self.assertEqual([r for r in t["hop_latency"] if r["clock_offset_est_us"] is not None],
                          [])
         links = by_key(t["links"], "router", "peer", "direction")

@@ -1,4 +1,4 @@
-"""Parsing once per shape gives what parsing every time gives (issue 15).
+"""Parsing once per shape gives what parsing every time gives.
 
 ``elvin.subscription.shapes`` builds a new expression's tree from an earlier
 one of the same shape. These tests hold it to the full path (PLY parse +
@@ -238,7 +238,8 @@ class ShapeCacheTests(unittest.TestCase):
 
 
 class ShippedTablesTests(unittest.TestCase):
-    """The LALR tables ship as elvin/subscription/parsetab.py (issue 15)."""
+    """The LALR tables ship as elvin/subscription/parsetab.py, so a router
+    does not build them at start-up."""
 
     def test_the_shipped_tables_match_the_grammar(self):
         self.assertTrue(parser.tables_are_current(),

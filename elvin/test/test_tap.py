@@ -357,7 +357,7 @@ class TwistdTests(unittest.TestCase):
 
 
 class TwistdErrorTests(unittest.TestCase):
-    """Start-up problems are one line naming what was wrong (issue 14)."""
+    """Start-up problems are one line naming what was wrong, not a traceback."""
 
     timeout = 30
 
@@ -403,7 +403,8 @@ class TwistdErrorTests(unittest.TestCase):
 
 
 class ExampleConfigTests(unittest.TestCase):
-    """The example configuration ships in the package (issue 14, item 12)."""
+    """The example configuration ships in the package, so an installed
+    router can print it (``twistd elvin --print-config``)."""
 
     def test_packaged_example_is_the_documented_one(self):
         from elvin.tools.config_example import example_text

@@ -275,7 +275,7 @@ class TapTLSTests(unittest.TestCase):
 
 class StackMismatchTests(TLSFixture):
     """A plain client on a TLS listener, and a TLS client on a plain one,
-    are told which URI to use (issue 14, item 9)."""
+    are told which URI to use, instead of a bare protocol error."""
 
     @defer.inlineCallbacks
     def test_plain_client_on_tls_listener(self):

@@ -1,4 +1,4 @@
-"""The first hour with the tools (issue 14): they never hang, never lie, end
+"""The first hour with the tools: they never hang, never lie, end
 well on Ctrl-C and closed pipes, and say what to do. Each test runs the tool
 as a subprocess against servers on loopback, with bounded waits."""
 

@@ -1,4 +1,5 @@
-"""The HTTP tunnel under the attacks of issue 37, in memory (StringTransport
+"""The HTTP tunnel under the attacks of docs/reliability.md ("The same
+attacks on TLS, the HTTP tunnel and UDP"), in memory (StringTransport
 and a Clock): tunnels without ConnRqst cannot fill the router's channels,
 the tunnel cap follows max-connections as fitted to the open-file limit,
 and request bodies never take a temporary file (an open file the gate does

@@ -1,4 +1,4 @@
-"""The compiled NameValue decoder and the pure-Python one agree (issue 15).
+"""The compiled NameValue decoder and the pure-Python one agree.
 
 ``_elvin_xdr`` is built by ``pip install .`` (setup.py, optional=True). It
 returns None for anything not well formed, so the Python path raises the
