@@ -1,4 +1,4 @@
-"""The proxy's store and replay rates (issue 17): notifications stored for
+"""The proxy's store and replay rates: notifications stored for
 disconnected sessions, then replayed to a client that comes back.
 
     python bench/proxy.py [--notifs 1000000] [--sessions 10] [--batch 5000]

@@ -1,4 +1,4 @@
-"""Routing throughput and latency benchmark (issue 4's workload).
+"""Routing throughput and latency benchmark (the workload below).
 
     python bench/throughput.py                       # starts its own router
     python bench/throughput.py --subs 1000 --notifs 20000

@@ -34,7 +34,7 @@ times the ConfConn; the router's RSS and CPU are sampled. Attacks:
   router took or refused (``/status.json``), datagrams the kernel dropped
   at the router's socket (``/proc/net/udp``).
 
-Targets (issue 37): bystander answered within 0.5 s, RSS growth at most
+Targets (docs/reliability.md): bystander answered within 0.5 s, RSS growth at most
 100 MiB, new clients served under the open-file limit.
 """
 
