@@ -103,7 +103,7 @@ def _string(node):
 # -- logic ------------------------------------------------------------------
 
 def _and(node):
-    parts = _grouped_parts(node.children, Kind.NOT_EQUALS)
+    parts = _grouped_parts(node.children, conjunction=True)
     if any(p.const and p.value is False for p in parts):
         return _constant(False)
     seed = None if any(p.const and p.value is None for p in parts) else True
@@ -138,7 +138,7 @@ def _and(node):
 
 
 def _or(node):
-    parts = _grouped_parts(node.children, Kind.EQUALS)
+    parts = _grouped_parts(node.children, conjunction=False)
     if any(p.const and p.value is True for p in parts):
         return _constant(True)
     seed = None if any(p.const and p.value is None for p in parts) else False
@@ -177,14 +177,14 @@ def _or(node):
 _SET_MIN = 8
 
 
-def _grouped_parts(children, kind):
-    """The compiled operands of an || (``kind`` EQUALS) or && (NOT_EQUALS),
-    the comparisons of one attribute with ``_SET_MIN`` or more literals
+def _grouped_parts(children, conjunction):
+    """The compiled operands of an && (``conjunction``) or ||, the comparisons of one attribute with ``_SET_MIN`` or more literals
     compiled as one membership test: ``a == 1 || ... || a == 5000`` costs
     one set look-up, not 5,000 calls. Kleene logic has no order and De
     Morgan's laws hold in it, so moving the comparisons together and
     writing a chain of != as the negation of one membership test changes
     no result."""
+    kind = Kind.NOT_EQUALS if conjunction else Kind.EQUALS
     by_name = {}
     for child in children:
         simple = _simple_comparison(child)
@@ -193,22 +193,21 @@ def _grouped_parts(children, kind):
     grouped = {name: members for name, members in by_name.items()
                if len(members) >= _SET_MIN}
     if not grouped:
-        return _with_table(children, kind)
+        return _with_table(children, conjunction)
     taken = {id(member) for members in grouped.values() for member in members}
-    parts = _with_table([c for c in children if id(c) not in taken], kind)
+    parts = _with_table([c for c in children if id(c) not in taken], conjunction)
     for name, members in grouped.items():
         literals = [_compile(_simple_comparison(m)[2]).value for m in members]
         test = _membership(_attribute_reader(name), literals)
-        if kind == Kind.NOT_EQUALS:
+        if conjunction:
             parts.append(Compiled(_negation(test)))
         else:
             parts.append(Compiled(test))
     return parts
 
 
-def _with_table(children, kind):
-    """Compile ``children`` of an && (``kind`` NOT_EQUALS) or || (EQUALS),
-    the comparisons of an attribute with a literal together as one
+def _with_table(children, conjunction):
+    """Compile ``children`` of an && (``conjunction``) or ||, the comparisons of an attribute with a literal together as one
     ``_table`` (a tuple each, where a closure each would cost about ten
     times the memory)."""
     rows = []
@@ -220,10 +219,11 @@ def _with_table(children, kind):
         if test is None:
             parts.append(_compile(child))
         else:
-            rows.append((simple[1], test, _compile(simple[2]).value))
-    if len(rows) < 2:
-        return [_compile(c) for c in children]
-    parts.append(Compiled(_table(tuple(rows), kind == Kind.NOT_EQUALS)))
+            rows.append((child, (simple[1], test, _compile(simple[2]).value)))
+    if len(rows) == 1:
+        parts.append(_compile(rows[0][0]))
+    elif rows:
+        parts.append(Compiled(_table(tuple(row for _, row in rows), conjunction)))
     return parts
 
 
