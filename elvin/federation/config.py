@@ -97,6 +97,11 @@ FEDERATION_SETTINGS = (
     _setting("Mesh.Grace", duration(True), 1.0, "`1`",
              "Seconds a link that left the mesh's tree keeps carrying notifications, "
              "so the new path is ready before the old one stops."),
+    _setting("Filter.Refresh-Interval", duration(True), 600.0, "`600`",
+             "Pull filters are soft state: each link's filter is sent again in full "
+             "about this often (each link at its own time, 0.75 to 1.25 intervals "
+             "apart) even if unchanged, so a peer's copy that drifted is put right; "
+             "`0` switches this off.", target="filter_refresh"),
     _setting("Filter.Max-Nodes", at_least(1), 2000, "`2000`",
              "Generalise pull filters beyond this many nodes.",
              target="max_filter_nodes"),

@@ -55,7 +55,8 @@ class FederationLink:
         self._xids = itertools.count(1)
         self._pending = {}
         self.stats = {"in": 0, "out": 0, "loops": 0, "suppressed": 0, "duplicates": 0,
-                      "overload": 0}
+                      "overload": 0, "refreshed": 0}
+        self._filter_heard = False
         #: When the peer last sent anything (wall clock; keepalives included).
         self.last_heard = None
         #: The peer is a mesh router (elvin.federation.mesh): True once it
@@ -210,9 +211,10 @@ class FederationLink:
 
     # -- filters -------------------------------------------------------------------
 
-    def send_filter(self, tree):
-        """Send our pull filter if it changed since the last one."""
-        if self.state != self.UP or tree == self.sent_filter:
+    def send_filter(self, tree, force=False):
+        """Send our pull filter if it changed since the last one (or,
+        ``force``, whether or not: a soft-state refresh)."""
+        if self.state != self.UP or (tree == self.sent_filter and not force):
             return False
         self.sent_filter = tree
         xid = next(self._xids)
@@ -245,9 +247,13 @@ class FederationLink:
         except SubscriptionError as e:
             self.output.send(P.Nack(packet.xid, e.code, f"bad pull filter: {e}", ()))
             return
-        self.remote_filter = F.Filter(tree)
+        heard, self._filter_heard = self._filter_heard, True
         self.output.send(FP.Ack(packet.xid))
         self.manager.trace.subreplace(self, "in", tree)
+        if heard and tree == self.remote_filter.tree:
+            self.stats["refreshed"] += 1      # a refresh that changes nothing
+            return
+        self.remote_filter = F.Filter(tree)
         self.manager.remote_filter_changed(self)
 
     def _ack(self, packet):

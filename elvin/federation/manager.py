@@ -18,6 +18,7 @@ allows it; the FedNotify is encoded once for all of them.
 """
 
 import fnmatch
+import random
 import time
 
 from twisted.internet import defer
@@ -71,7 +72,8 @@ class FederationManager(RouterObserver):
     def __init__(self, router, domain, classes=(), default_class=None, clock=None,
                  max_filter_nodes=2000, debounce=0.05, trace=None,
                  require_authenticated_hosts=(), mesh=True, mesh_interval=30.0,
-                 duplicate_window=200_000, mesh_grace=1.0):
+                 duplicate_window=200_000, mesh_grace=1.0, filter_refresh=600.0,
+                 rng=None):
         if clock is None:
             from twisted.internet import reactor as clock
         self.router = router
@@ -101,6 +103,12 @@ class FederationManager(RouterObserver):
         self._departure_call = None
         self.mesh_grace = mesh_grace
         self._mesh_call = None
+        #: Pull filters are soft state: each link's is sent again in full
+        #: every ``filter_refresh`` seconds (0: never), give or take a
+        #: quarter, drawn from ``rng`` per link so links spread out.
+        self.filter_refresh = filter_refresh
+        self._rng = rng or random.Random()
+        self._refresh_calls = {}
         if mesh:
             lifetime = 3 * mesh_interval if mesh_interval else float("inf")
             self.mesh = MESH.MeshState(domain, int(time.time() * 1000), lifetime)
@@ -164,10 +172,14 @@ class FederationManager(RouterObserver):
         if not link.remote_filter.is_false:
             self.remote_filter_changed(link)
         link.send_filter(self.pull_filter_for(link))
+        self._schedule_refresh(link)
 
     def link_down(self, link, reason, was_up):
         if link in self.links:
             self.links.remove(link)
+        call = self._refresh_calls.pop(link, None)
+        if call is not None and call.active():
+            call.cancel()
         self.router.set_pull_filter(link, [])
         if self.mesh is not None and link.mesh is not None:
             known = self.mesh.neighbours if link.mesh else self.mesh.plain
@@ -197,6 +209,28 @@ class FederationManager(RouterObserver):
         self.schedule_update()
         if self._departure is not None:
             self._check_departed()
+
+    # -- pull filters as soft state ---------------------------------------------
+
+    def _schedule_refresh(self, link):
+        """Refresh ``link``'s filter in 0.75 to 1.25 ``filter_refresh``
+        seconds (the spread keeps a router's links, and routers started
+        together, from refreshing all at once)."""
+        if not self.filter_refresh or self._closing:
+            return
+        delay = self.filter_refresh * (0.75 + 0.5 * self._rng.random())
+        self._refresh_calls[link] = self.clock.callLater(delay, self._refresh, link)
+
+    def _refresh(self, link):
+        """Send ``link``'s pull filter again in full, changed or not: one
+        that was lost, refused or misapplied by the peer (or that we
+        computed from state that drifted) is replaced by what it should be
+        now. The receiver refiles it only if it differs from its copy."""
+        self._refresh_calls.pop(link, None)
+        if link not in self.links or link.state != link.UP:
+            return
+        link.send_filter(self.pull_filter_for(link), force=True)
+        self._schedule_refresh(link)
 
     # -- leaving before a stop (make before break) -------------------------------
 
@@ -461,10 +495,11 @@ class FederationManager(RouterObserver):
             self.router.observers.remove(self)    # a reload may make another
         if self._mesh_call is not None and self._mesh_call.active():
             self._mesh_call.cancel()
-        for call in self._grace_calls.values():
+        for call in [*self._grace_calls.values(), *self._refresh_calls.values()]:
             if call.active():
                 call.cancel()
         self._grace_calls.clear()
+        self._refresh_calls.clear()
         for link in list(self.links):
             link.close("shutdown")
         if self._update_call is not None and self._update_call.active():

@@ -70,7 +70,7 @@ class MemRouter:
     """One router of a ``Net``: its core, federation manager and clients."""
 
     def __init__(self, net, domain, mesh=True, keepalive=0.0, mesh_interval=0.5,
-                 mesh_grace=1.0, fed_class=None):
+                 mesh_grace=1.0, fed_class=None, filter_refresh=0.0):
         self.net = net
         self.domain = domain
         self.keepalive = keepalive
@@ -78,7 +78,8 @@ class MemRouter:
         self.fed_class = fed_class or FederationClass("Peer", hosts=["*"])
         self.manager = FederationManager(self.router, domain, [self.fed_class], None,
                                          net.clock, debounce=0.05, mesh=mesh,
-                                         mesh_interval=mesh_interval, mesh_grace=mesh_grace)
+                                         mesh_interval=mesh_interval, mesh_grace=mesh_grace,
+                                         filter_refresh=filter_refresh)
         self.clients = []
 
     def client(self):

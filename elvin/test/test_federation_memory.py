@@ -302,3 +302,62 @@ class QuietPeerTests(unittest.TestCase):
         net.link(plain, a)
         net.run(30.0, step=0.05)
         self.assertEqual([l.peer_domain for l in a.manager.links], ["plain.test"])
+
+
+class SoftStateFilterTests(unittest.TestCase):
+    """Pull filters are soft state (Federation.Filter.Refresh-Interval):
+    each link's is sent again in full every 0.75 to 1.25 intervals."""
+
+    INTERVAL = 60.0
+
+    def setUp(self):
+        self.net = net = Net()
+        self.a, self.b = net.routers_named("a.test", "b.test",
+                                           filter_refresh=self.INTERVAL)
+        net.link(self.a, self.b)
+        net.run(1.0)
+
+    def test_a_filter_that_drifted_is_put_right_by_the_next_refresh(self):
+        from elvin.federation import filters as F
+        net, a, b = self.net, self.a, self.b
+        consumer = b.client()
+        consumer.subscribe("require(n)")
+        net.run(0.5)
+        producer = a.client()
+        producer.notify({"n": 1})
+        net.run(0.1)
+        self.assertEqual(consumer.deliveries(), [{"n": 1}])
+        # a's copy of b's filter is lost (an update misapplied, a peer's
+        # restart seen late): a no longer forwards what b wants.
+        link = a.link("b.test")
+        link.remote_filter = F.Filter(F.FALSE)
+        a.manager._file(link)
+        producer.notify({"n": 2})
+        net.run(0.1)
+        self.assertEqual(consumer.deliveries(), [])
+        net.run(self.INTERVAL * 1.25, step=0.5)
+        producer.notify({"n": 3})
+        net.run(0.1)
+        self.assertEqual(consumer.deliveries(), [{"n": 3}])
+
+    def test_one_full_filter_per_link_per_interval_and_none_sooner(self):
+        net, a, b = self.net, self.a, self.b
+        b.client().subscribe("require(n)")
+        net.run(self.INTERVAL * 0.75 - 2.0, step=0.5)
+        links = [a.link("b.test"), b.link("a.test")]
+        self.assertEqual([l.stats["refreshed"] for l in links], [0, 0])
+        net.run(self.INTERVAL * 10 - self.INTERVAL * 0.75 + 1.0, step=0.5)
+        for link in links:
+            # 10 intervals at 0.75 to 1.25 intervals apart: 8 to 13 refreshes.
+            self.assertGreaterEqual(link.stats["refreshed"], 8)
+            self.assertLessEqual(link.stats["refreshed"], 13)
+
+    def test_off_with_zero_and_stopped_with_the_link(self):
+        net = Net()
+        a, b = net.routers_named("a.test", "b.test", filter_refresh=0.0)
+        net.link(a, b)
+        net.run(1.0)
+        self.assertEqual(a.manager._refresh_calls, {})
+        self.assertEqual(len(self.a.manager._refresh_calls), 1)
+        self.b.kill()
+        self.assertEqual(self.a.manager._refresh_calls, {})
