@@ -194,10 +194,12 @@ class RouterService(service.MultiService):
 
     def drain(self):
         """Hand every client over to ``redirect-to`` (SIGUSR1, ``drain``),
-        or without it to another router of our discovery scope."""
+        or without it to another router of our discovery scope: first
+        leave the federation's tree (``_leave_federation``), then redirect
+        clients. Fires with how many were redirected."""
         uri = getattr(self.config, "redirect_to", None)
         if uri is not None:
-            return defer.succeed(self.router.drain(_short(uri)))
+            return self._leave_then_drain(_short(uri))
         if getattr(self.config, "discovery", False):
             return defer.ensureDeferred(self._drain_to_discovered())
         self.log.error("cannot drain: no redirect-to in the configuration and discovery "
@@ -237,7 +239,18 @@ class RouterService(service.MultiService):
             return 0
         finally:
             await finder.stop()
-        return self.router.drain(_short(others[0]))
+        return await self._leave_then_drain(_short(others[0]))
+
+    def _leave_federation(self):
+        """Take this router off the federation's tree, make before break
+        (``FederationManager.leave``: bounded); fires once its mesh peers
+        have rerouted. It stays off (a drained router carries no one
+        else's traffic)."""
+        fed = self.federation_service
+        return fed.manager.leave() if fed is not None else defer.succeed(None)
+
+    def _leave_then_drain(self, uri):
+        return self._leave_federation().addCallback(lambda _: self.router.drain(uri))
 
     def reload(self):
         """Read the configuration file again and apply it (SIGHUP, or POST
@@ -329,9 +342,7 @@ class RouterService(service.MultiService):
         """Leave the federation's tree first (make before break: bounded,
         see FederationManager.leave), then say goodbye to clients and
         close everything."""
-        fed = self.federation_service
-        leaving = fed.manager.leave() if fed is not None else defer.succeed(None)
-        return leaving.addCallback(lambda _: self._stop())
+        return self._leave_federation().addCallback(lambda _: self._stop())
 
     def _stop(self):
         self.router.shutdown()

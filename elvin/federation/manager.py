@@ -232,10 +232,11 @@ class FederationManager(RouterObserver):
         link.send_filter(self.pull_filter_for(link), force=True)
         self._schedule_refresh(link)
 
-    # -- leaving before a stop (make before break) -------------------------------
+    # -- leaving before a stop or a drain (make before break) --------------------
 
     def leave(self, timeout=None):
-        """Take this router off the mesh's tree before it stops, losing
+        """Take this router off the mesh's tree before it stops or is
+        drained (for good: it stays off while it runs), losing
         nothing that passes through it: advertise no links, so the other
         mesh routers build their tree without us (their new links carry
         before their links to us stop: ``mesh_grace``), keep forwarding
@@ -246,13 +247,16 @@ class FederationManager(RouterObserver):
         if self._departure is not None:
             return self._departure
         self._departure = defer.Deferred()
+        if self.mesh is not None and not self._closing:
+            # For good: links that come up later stay off the tree too (a
+            # drained router keeps running but carries nobody's traffic).
+            self.mesh.leaving = True
         mesh_links = [l for l in self.links if l.mesh and l.state == l.UP]
         if self.mesh is None or self._closing or not mesh_links:
             self._departed()
             return self._departure
-        self.log.info("federation: leaving the mesh's tree before stopping "
-                      "({n} mesh links)", n=len(mesh_links))
-        self.mesh.leaving = True
+        self.log.info("federation: leaving the mesh's tree ({n} mesh links)",
+                      n=len(mesh_links))
         self._advertise()
         if timeout is None:
             timeout = self.mesh_grace + 3.0

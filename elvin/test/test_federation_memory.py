@@ -91,7 +91,18 @@ class Stream:
         self.call.cancel()
 
 
-class GracefulStopTests(unittest.TestCase):
+def ring_of_four_with_consumers(test, net):
+    """a-b-c-d-a, a consumer of ``n`` on a, c and d. The tree: a-b, b-c,
+    a-d (c-d idle), so a's stream reaches c through b."""
+    routers = ring(net, "a.test", "b.test", "c.test", "d.test")
+    test.assertEqual(net.trees()["b.test"], {"a.test", "c.test"})
+    consumers = {r.domain: r.client() for r in routers if r.domain != "b.test"}
+    for consumer in consumers.values():
+        consumer.subscribe("require(n)")
+    return routers, consumers
+
+
+class StreamChecks:
 
     def check_stream(self, net, stream, consumers, during):
         during()
@@ -103,14 +114,12 @@ class GracefulStopTests(unittest.TestCase):
             self.assertEqual(len(got), len(set(got)), f"duplicates at {name}")
             self.assertEqual(sorted(got), stream.sent, f"lost at {name}")
 
+
+class GracefulStopTests(StreamChecks, unittest.TestCase):
+
     def test_stopping_the_router_carrying_a_stream_loses_nothing(self):
         net = Net()
-        a, b, c, d = ring(net, "a.test", "b.test", "c.test", "d.test")
-        # The tree: a-b, b-c, a-d (c-d idle); a's stream reaches c through b.
-        self.assertEqual(net.trees()["b.test"], {"a.test", "c.test"})
-        consumers = {r.domain: r.client() for r in (a, c, d)}
-        for consumer in consumers.values():
-            consumer.subscribe("require(n)")
+        (a, b, c, d), consumers = ring_of_four_with_consumers(self, net)
         net.run(0.5)
         stream = Stream(net, a)             # 200 a second
         net.run(0.5)
@@ -361,3 +370,44 @@ class SoftStateFilterTests(unittest.TestCase):
         self.assertEqual(len(self.a.manager._refresh_calls), 1)
         self.b.kill()
         self.assertEqual(self.a.manager._refresh_calls, {})
+
+
+class DrainTests(StreamChecks, unittest.TestCase):
+    """SIGUSR1 (``RouterService.drain``): leave the tree, then hand
+    clients over; the router keeps running, off the tree."""
+
+    def test_draining_the_router_carrying_a_stream_loses_nothing(self):
+        from types import SimpleNamespace
+        from elvin import tap
+        from elvin.core.router import DISCONN_REDIRECT
+        from elvin.uri import ElvinURI
+        net = Net()
+        (a, b, c, d), consumers = ring_of_four_with_consumers(self, net)
+        local = b.client()                    # b's own client, to be redirected
+        local.subscribe("require(n)")
+        net.run(0.5)
+        service = tap.RouterService(b.router, SimpleNamespace(
+            redirect_to=ElvinURI("elvin://other.test:2917"), discovery=False))
+        service.federation_service = SimpleNamespace(manager=b.manager)
+        stream = Stream(net, a)
+        net.run(0.5)
+        drained = []
+
+        def drain():
+            service.drain().addCallback(drained.append)
+            self.assertEqual(drained, [])         # not before the peers rerouted
+            self.assertEqual(b.router.redirect_uri, None)
+        self.check_stream(net, stream, consumers, drain)
+        self.assertEqual(drained, [1])
+        self.assertGreaterEqual(len(stream.sent), 500)
+        disconns = [p for p in local.take() if isinstance(p, P.Disconn)]
+        self.assertEqual([p.reason for p in disconns], [DISCONN_REDIRECT])
+        # b keeps running, its links up and idle, and stays off the tree
+        # through later adverts and a link made afresh.
+        self.assertEqual(len(b.manager.links), 2)
+        net.link(b, d)
+        net.run(3.0)
+        trees = net.trees()
+        self.assertEqual(trees["c.test"], {"d.test"})
+        self.assertNotIn("b.test", trees["a.test"] | trees["d.test"])
+        self.assertTrue(all(l.remote_filter.is_false for l in b.manager.links))
