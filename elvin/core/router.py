@@ -15,6 +15,7 @@ import enum
 import itertools
 import time
 import weakref
+from typing import TypedDict
 
 from twisted.logger import Logger
 
@@ -96,6 +97,29 @@ class SessionOutput(abc.ABC):
     @abc.abstractmethod
     def abort(self):
         """Close the channel at once (protocol violation)."""
+
+    #: Bytes read from and written to the channel (operations' counters).
+    bytes_in = 0
+    bytes_out = 0
+
+    def queued_bytes(self):
+        """Bytes waiting to be written to the client now."""
+        return 0
+
+
+class RouterStats(TypedDict):
+    """What the router counts (``Router.stats``): declared, so that a
+    reader (elvin.ops.status) naming a counter that is not here fails the
+    type check instead of reading 0."""
+    notifications: int
+    deliveries: int
+    unotify: int
+    rejected_notifications: int
+    connections: int
+    dropped_deliveries: int
+    dropwarns: int
+    bytes_in: int
+    bytes_out: int
 
 
 class RouterObserver(abc.ABC):
@@ -203,10 +227,17 @@ class Router:
         self.redirect_uri = None
         #: What watches the router (e.g. federation): see RouterObserver.
         self.observers = []
-        self.stats = {"notifications": 0, "deliveries": 0, "unotify": 0,
-                      "rejected_notifications": 0, "connections": 0,
-                      "dropped_deliveries": 0, "dropwarns": 0, "bytes_in": 0,
-                      "bytes_out": 0}
+        self.stats: RouterStats = {"notifications": 0, "deliveries": 0, "unotify": 0,
+                                   "rejected_notifications": 0, "connections": 0,
+                                   "dropped_deliveries": 0, "dropwarns": 0,
+                                   "bytes_in": 0, "bytes_out": 0}
+        #: Set by the layers that own them (the receive budget by
+        #: elvin.protocols.framing, the open-file admission by elvin.tap,
+        #: each UDP listener's datagram counters by elvin.protocols.udp);
+        #: declared here so that operations read them by name.
+        self.receive_budget = None
+        self.admission = None
+        self.udp_counters: list[dict[str, int]] = []
         #: Nacks sent, by error code (for metrics: elvin.ops).
         self.nacks = collections.Counter()
         #: The latest refusals (Nacks, violations), newest last, for the
@@ -434,7 +465,7 @@ class ClientSession:
 
     def __init__(self, router, output, peer=None):
         self.router = router
-        self.output = output
+        self.output: SessionOutput = output
         self.peer = peer
         self.state = self.NEW
         self.options = router.new_options()

@@ -11,6 +11,7 @@ acknowledges the other's; FedNotify carries notifications both ways.
 import enum
 import itertools
 import time
+from typing import TypedDict
 
 from twisted.logger import Logger
 
@@ -36,6 +37,14 @@ class LinkState(enum.IntEnum):
     CLOSED = 3
 
 
+#: What a link counts (``FederationLink.stats``): notifications in and out,
+#: and those dropped as loops, suppressed, duplicates or for overload, and
+#: pull-filter refreshes that changed nothing. Declared, so that a reader
+#: naming a counter that is not here fails the type check.
+LinkStats = TypedDict("LinkStats", {"in": int, "out": int, "loops": int, "suppressed": int,
+                                    "duplicates": int, "overload": int, "refreshed": int})
+
+
 class FederationLink:
     log = Logger()
 
@@ -54,8 +63,8 @@ class FederationLink:
         self.acked_filter = None
         self._xids = itertools.count(1)
         self._pending = {}
-        self.stats = {"in": 0, "out": 0, "loops": 0, "suppressed": 0, "duplicates": 0,
-                      "overload": 0, "refreshed": 0}
+        self.stats: LinkStats = {"in": 0, "out": 0, "loops": 0, "suppressed": 0,
+                                 "duplicates": 0, "overload": 0, "refreshed": 0}
         self._filter_heard = False
         #: When the peer last sent anything (wall clock; keepalives included).
         self.last_heard = None

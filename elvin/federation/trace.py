@@ -50,6 +50,8 @@ class NullTrace:
     """Tracing switched off: every call does nothing."""
 
     enabled = False
+    #: Records written (operations read it of any trace).
+    records = 0
 
     def link(self, link, event, reason=None):
         pass

@@ -35,6 +35,10 @@ class QueuedFramedProtocol(FramedProtocol):
         self.transport.registerProducer(self, True)
         self._registered = True
 
+    def queued_bytes(self):
+        """Bytes waiting in the send queue now."""
+        return self.queue.size if self.queue is not None else 0
+
     # -- writing -----------------------------------------------------------
 
     def write_or_queue(self, data, droppable):
