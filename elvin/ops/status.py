@@ -6,16 +6,23 @@ already keep; nothing on the routing path counts anything for it.
 """
 
 import time
+from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from elvin import __version__
 from elvin.errors import ERROR_NAMES
 from elvin.federation import filters as F
 from elvin.subscription.printer import to_text
 
+if TYPE_CHECKING:
+    from elvin.core.router import ClientSession, Router
+    from elvin.discovery.service import DiscoveryService
+    from elvin.federation.link import FederationLink
+    from elvin.federation.manager import FederationManager
+
 __all__ = ["snapshot", "transport_of", "filter_text"]
 
 
-def transport_of(session):
+def transport_of(session: "ClientSession") -> str:
     """Which transport a client session came by: tcp, tls, http or udp."""
     output = session.output
     kind = type(output).__name__.lower()
@@ -43,34 +50,38 @@ def filter_text(tree):
         return f"<unprintable filter: {e}>"
 
 
-def snapshot(router, federation=None, listeners=(), started=None, domain=None,
-             discovery=None):
-    """The router's status now, as JSON-ready data."""
+def snapshot(router: "Router", federation: Optional["FederationManager"] = None,
+             listeners: Iterable[Any] = (), started: Optional[float] = None,
+             domain: Optional[str] = None,
+             discovery: Optional["DiscoveryService"] = None) -> dict[str, Any]:
+    """The router's status now, as JSON-ready data: every figure read by
+    its declared name (``RouterStats``, ``LinkStats``, the router's
+    budgets), so that a rename fails the type check instead of reading 0."""
     now = time.time()
     clients = []
     queue_bytes = 0
     dropped_now = 0
-    bytes_in = router.stats.get("bytes_in", 0)
-    bytes_out = router.stats.get("bytes_out", 0)
-    for session in list(router.sessions):
-        queue = getattr(session.output, "queue", None)
-        size = getattr(queue, "bytes", None)
-        if size is None:
-            size = getattr(queue, "size", 0) if queue is not None else 0
-        size = size if isinstance(size, int) else 0
+    stats = router.stats
+    bytes_in = stats["bytes_in"]
+    bytes_out = stats["bytes_out"]
+    sessions: list["ClientSession"] = list(router.sessions)
+    for session in sessions:
+        output = session.output
+        size = output.queued_bytes()
         queue_bytes += size
         dropped_now += session.dropped
-        bytes_in += getattr(session.output, "bytes_in", 0)
-        bytes_out += getattr(session.output, "bytes_out", 0)
+        bytes_in += output.bytes_in
+        bytes_out += output.bytes_out
         clients.append({
             "peer": session.peer, "transport": transport_of(session),
             "state": session.state.name.lower(),
             "subscriptions": len(session.subscriptions),
-            "quenches": len(getattr(session, "quenches", ())),
+            "quenches": len(session.quenches),
             "queue_bytes": size, "dropped": session.dropped})
     links = []
     if federation is not None:
-        for link in list(federation.links):
+        federation_links: list["FederationLink"] = list(federation.links)
+        for link in federation_links:
             links.append({
                 "domain": link.peer_domain, "host": link.peer_host,
                 "class": link.fed_class.name if link.fed_class else None,
@@ -78,55 +89,54 @@ def snapshot(router, federation=None, listeners=(), started=None, domain=None,
                 "mesh": link.mesh, "active": federation.active(link),
                 "in": link.stats["in"], "out": link.stats["out"],
                 "loops": link.stats["loops"], "suppressed": link.stats["suppressed"],
-                "duplicates": link.stats.get("duplicates", 0),
-                "overload": link.stats.get("overload", 0),
-                "bytes_in": getattr(link.output, "bytes_in", 0),
-                "bytes_out": getattr(link.output, "bytes_out", 0),
+                "duplicates": link.stats["duplicates"],
+                "overload": link.stats["overload"],
+                "bytes_in": link.output.bytes_in,
+                "bytes_out": link.output.bytes_out,
                 "last_heard_s": round(now - link.last_heard, 3)
-                if getattr(link, "last_heard", None) else None,
+                if link.last_heard is not None else None,
                 "filter_nodes": link.remote_filter.nodes,
                 "pull_filter": filter_text(link.remote_filter.tree),
                 "our_filter": filter_text(link.sent_filter)
                 if link.sent_filter is not None else None})
-    stats = router.stats
-    by_transport = {}
+    by_transport: dict[str, int] = {}
     for client in clients:
         if client["state"] == "connected":
             by_transport[client["transport"]] = by_transport.get(client["transport"], 0) + 1
-    budget = getattr(router, "queue_budget", None)
-    receive = getattr(router, "receive_budget", None)
-    admission = getattr(router, "admission", None)
+    budget = router.queue_budget
+    receive = router.receive_budget
+    admission = router.admission
     return {
         "router": {"version": __version__, "domain": domain,
                    "started": started, "uptime_s": round(now - started, 3) if started else None,
                    "listeners": [str(uri) for uri in listeners],
-                   "drained_to": getattr(router, "redirect_uri", None)},
+                   "drained_to": router.redirect_uri},
         "totals": {
             "connections_open": sum(by_transport.values()),
             "connections_by_transport": by_transport,
-            "connections_total": stats.get("connections", 0),
+            "connections_total": stats["connections"],
             "subscriptions": len(router.subscriptions),
-            "quenches": len(router.quench) if hasattr(router, "quench") else 0,
-            "notifications_received": stats.get("notifications", 0),
-            "unotify_received": stats.get("unotify", 0),
-            "notifications_rejected": stats.get("rejected_notifications", 0),
-            "deliveries": stats.get("deliveries", 0),
-            "dropped_deliveries": stats.get("dropped_deliveries", 0) + dropped_now,
-            "queue_evictions": getattr(budget, "evictions", 0),
-            "send_queue_bytes": getattr(budget, "total", queue_bytes) or queue_bytes,
+            "quenches": len(router.quench),
+            "notifications_received": stats["notifications"],
+            "unotify_received": stats["unotify"],
+            "notifications_rejected": stats["rejected_notifications"],
+            "deliveries": stats["deliveries"],
+            "dropped_deliveries": stats["dropped_deliveries"] + dropped_now,
+            "queue_evictions": budget.evictions,
+            "send_queue_bytes": budget.total or queue_bytes,
             # Unfinished packets (max-receive-memory): bytes held now, and
             # connections reset because the budget ran out.
-            "receive_buffered_bytes": getattr(receive, "total", 0),
-            "receive_budget_closes": getattr(receive, "closes", 0),
+            "receive_buffered_bytes": receive.total if receive is not None else 0,
+            "receive_budget_closes": receive.closes if receive is not None else 0,
             "nacks": {str(code): n for code, n in sorted(router.nacks.items())},
             "bytes_in": bytes_in, "bytes_out": bytes_out,
-            "discovery_packets_sent": getattr(discovery, "sent", 0),
-            "trace_records": getattr(getattr(federation, "trace", None), "records", 0),
+            "discovery_packets_sent": discovery.sent if discovery is not None else 0,
+            "trace_records": federation.trace.records if federation is not None else 0,
             # Accepted sockets by pool (client, federation, status): open,
             # cap, idle, refused when accepted, idle ones closed (admission).
             "sockets": admission.budget.stats() if admission is not None else {},
             # UDP datagrams read by every udp,none,xdr listener, by outcome.
-            "udp_datagrams": _udp_totals(getattr(router, "udp_counters", ())),
+            "udp_datagrams": _udp_totals(router.udp_counters),
         },
         "clients": clients,
         "links": links,
@@ -136,10 +146,10 @@ def snapshot(router, federation=None, listeners=(), started=None, domain=None,
     }
 
 
-def _udp_totals(listeners):
+def _udp_totals(listeners: Iterable[dict[str, int]]) -> dict[str, int]:
     """Every UDP listener's datagram counters summed (docs/protocols.md)."""
     totals = {"accepted": 0, "oversize": 0, "malformed": 0, "unexpected": 0}
     for counters in listeners:
         for key in totals:
-            totals[key] += counters.get(key, 0)
+            totals[key] += counters[key]
     return totals
