@@ -180,11 +180,12 @@ class Subscription:
         if self.callback is not None:
             result = self.callback(note)
             if inspect.isawaitable(result):
-                self.connection._run_callback(result, self)
+                self.connection._run_callback(result, self, note)
         elif self._queue is not None:
             self._queue.put_nowait(note)
             self._held += 1
             self.connection.lifecycle.held(1)
+            self.connection.ack_hold(note)       # handled once the iterator yields it
 
     def _end(self, error: Optional[Exception] = None) -> None:
         if self._ended is None:
@@ -233,6 +234,7 @@ class Subscription:
         if self._held:
             self._held -= 1
             self.connection.lifecycle.held(-1)
+        self.connection.ack_release(note)
         return note
 
     def _finish(self) -> NoReturn:
@@ -393,6 +395,7 @@ class Connection(LifecycleView, ClientState):
                                    retry_connect, timeout, pending_size, receive_queue,
                                    owner=self)
         self.protocol: Optional[_Protocol] = None
+        self.call_later = self.loop.call_later
         self.first_bytes: Optional[bytes] = None
         self.problem: Optional[str] = None
         #: set when the session has ended for good
@@ -481,16 +484,22 @@ class Connection(LifecycleView, ClientState):
         self.protocol = None
         self.lifecycle.channel_lost(str(exc) if exc else "")
 
-    def _run_callback(self, awaitable: Awaitable[Any], sub: Subscription) -> None:
+    def _run_callback(self, awaitable: Awaitable[Any], sub: Subscription,
+                      note: Optional[Notification] = None) -> None:
         """A coroutine callback's result: run it as a task (counted against
-        the receive bound while it runs); its exception is logged."""
+        the receive bound while it runs; through a proxy session, ``note``
+        is handled once it ends); its exception is logged."""
         task = asyncio.ensure_future(awaitable, loop=self.loop)
         self._tasks.add(task)
         self.lifecycle.held(1)
+        if note is not None:
+            self.ack_hold(note)
 
         def done(task: "asyncio.Future[Any]") -> None:
             self._tasks.discard(task)
             self.lifecycle.held(-1)
+            if note is not None:
+                self.ack_release(note)
             if not task.cancelled() and task.exception() is not None:
                 _log.error("subscription callback for %r raised", sub,
                            exc_info=task.exception())
@@ -682,7 +691,8 @@ def connect(uri: URIs = None,
             password: Optional[str] = None, admin_password: Optional[str] = None,
             receipt: Optional[str] = None, client: Optional[str] = None,
             ttl: Optional[int] = None, max_count: Optional[int] = None,
-            on_notification: Optional[NoteCallback] = None) -> "_Pending[Connection]":
+            on_notification: Optional[NoteCallback] = None,
+            ack_window: Optional[int] = None) -> "_Pending[Connection]":
     """Connect to the router at ``uri`` (default elvin://localhost:2917; a
     list of URIs: the first that answers, failing over between them).
 
@@ -718,9 +728,15 @@ def connect(uri: URIs = None,
     connection is returned once the proxy has told us their subscriptions.
     What the sessions stored follows at once: pass ``on_notification`` (a
     callable taking each Notification, set before the handshake) to see it.
+    The proxy is told what the program has handled (``ack_window``: how
+    many it may have unacknowledged, default 256, 0: none; docs/client.md,
+    "Proxy sessions"): a notification is handled once ``on_notification``
+    and its callbacks have returned, a coroutine callback has finished, or
+    an iterator has yielded it.
     """
     session_options, session_names = proxy_options(session, password, admin_password,
-                                                   receipt, client, ttl, max_count)
+                                                   receipt, client, ttl, max_count,
+                                                   ack_window)
     if session_options:
         options = {**(options or {}), **session_options}
     settings: Dict[str, Any] = dict(

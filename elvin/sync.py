@@ -122,10 +122,15 @@ class _Inbox:
     puts) and the program's (which takes), counted against the connection's
     receive bound (``Lifecycle.held``)."""
 
-    def __init__(self, lifecycle: Lifecycle, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, connection: aio.Connection) -> None:
         self.queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
-        self.lifecycle = lifecycle
-        self.loop = loop
+        self.connection = connection
+        self.lifecycle: Lifecycle = connection.lifecycle
+        self.loop = connection.loop
+        #: Notifications the program took, not yet released on the loop
+        #: (through a proxy session they are then handled: acknowledged).
+        self._handled: List[Notification] = []
+        self._handing = False
         self.held = 0             # on the loop's thread only
         self.ended = False        # on the loop's thread only
         self._taken = 0           # by the program's threads
@@ -135,6 +140,7 @@ class _Inbox:
         self.queue.put(note)
         self.held += 1
         self.lifecycle.held(1)
+        self.connection.ack_hold(note)  # handled once the program takes it
 
     def end(self, error: Optional[Exception]) -> None:
         self.ended = True
@@ -143,11 +149,18 @@ class _Inbox:
             self.held = 0
         self.queue.put(error if error is not None else _END)
 
-    def took(self) -> None:
+    def took(self, note: Notification) -> None:
         """A program thread took a notification: tell the loop now and
         then (every ``_RELEASE_EVERY``, or once the queue is empty while
-        reading is paused)."""
+        reading is paused); one taken through a proxy session that takes
+        acknowledgements is handed to the loop at once (one wake-up for
+        as many as the program takes meanwhile)."""
         with self._lock:
+            if note.ack_token is not None:
+                self._handled.append(note)
+                if not self._handing:
+                    self._handing = True
+                    self.loop.call_soon_threadsafe(self._acknowledge)
             self._taken += 1
             if self._taken < _RELEASE_EVERY and not (
                     self.lifecycle.held_count >= self.lifecycle.receive_queue // 2
@@ -155,6 +168,13 @@ class _Inbox:
                 return
             count, self._taken = self._taken, 0
         self.loop.call_soon_threadsafe(self._release, count)
+
+    def _acknowledge(self) -> None:
+        with self._lock:
+            notes, self._handled = self._handled, []
+            self._handing = False
+        for note in notes:
+            self.connection.ack_release(note)
 
     def _release(self, count: int) -> None:
         if not self.ended:
@@ -204,8 +224,8 @@ class Subscription:
             if isinstance(item, BaseException):
                 raise item
             return None
-        inbox.took()
         note: Notification = item
+        inbox.took(note)
         return note
 
     def __iter__(self) -> Iterator[Notification]:
@@ -452,7 +472,7 @@ class Connection:
         A bad expression raises NackError (code 2101-2112)."""
         refuse_coroutine(callback, "elvin.sync")
         inner_conn = self._inner
-        inbox = None if callback is not None else _Inbox(inner_conn.lifecycle, inner_conn.loop)
+        inbox = None if callback is not None else _Inbox(inner_conn)
         inner = _run(inner_conn.subscribe(expression,
                                           callback if inbox is None else inbox.put,
                                           accept_insecure, keys))
@@ -487,6 +507,22 @@ class Connection:
     def remove_quench(self, quench: Union[Quench, aio.Quench]) -> None:
         """The same as ``quench.remove()``."""
         _run((quench._inner if isinstance(quench, Quench) else quench).remove())
+
+    def ack_hold(self, note: Notification) -> None:
+        """Through a proxy session: ``note`` is not handled yet (call it in
+        the callback); it and what follows are not acknowledged until
+        ``ack_release(note)``."""
+        self._on_loop(self._inner.ack_hold, note)
+
+    def ack_release(self, note: Notification) -> None:
+        """The program is done with a note it held (any thread)."""
+        self._on_loop(self._inner.ack_release, note)
+
+    def _on_loop(self, call: Callable[[Notification], None], note: Notification) -> None:
+        if threading.current_thread().name == "elvin.sync":
+            call(note)                    # in a callback: at once
+        else:
+            self._inner.loop.call_soon_threadsafe(call, note)
 
     def set_options(self, options: Mapping[str, Any]) -> Dict[str, Any]:
         """Renegotiate connection options; returns the router's answer."""
@@ -541,13 +577,16 @@ def connect(uri: aio.URIs = None, options: Optional[Mapping[str, Any]] = None,
             admin_password: Optional[str] = None, receipt: Optional[str] = None,
             client: Optional[str] = None, ttl: Optional[int] = None,
             max_count: Optional[int] = None,
-            on_notification: Optional[Callable[[Notification], Any]] = None) -> Connection:
+            on_notification: Optional[Callable[[Notification], Any]] = None,
+            ack_window: Optional[int] = None) -> Connection:
     """Connect to the router at ``uri`` (default elvin://localhost:2917, or
     a list of URIs to fail over between); the arguments are
     ``elvin.aio.connect``'s (TLS, ``timeout``, ``reconnect``,
     ``retry_connect``, ``pending_size``, ``receive_queue``, discovery,
-    proxy sessions). Hooks are called on the client's thread. Raises
-    ConnectFailed or NackError."""
+    proxy sessions, ``ack_window``). Hooks are called on the client's
+    thread. Through a proxy session a notification is handled, and
+    acknowledged, once its callback has returned or the program has taken
+    it from an iterator (``get``). Raises ConnectFailed or NackError."""
     return Connection(_run(aio.connect(
         uri, options, nfn_keys, sub_keys, tls=tls, tls_ca=tls_ca,
         tls_certificate=tls_certificate, tls_key=tls_key, tls_hostname=tls_hostname,
@@ -558,7 +597,7 @@ def connect(uri: aio.URIs = None, options: Optional[Mapping[str, Any]] = None,
         discovery_timeout=discovery_timeout, discovery_interface=discovery_interface,
         session=session, password=password, admin_password=admin_password,
         receipt=receipt, client=client, ttl=ttl, max_count=max_count,
-        on_notification=on_notification)))
+        on_notification=on_notification, ack_window=ack_window)))
 
 
 def notify(uri: aio.URIs, attributes: Mapping[str, Any], deliver_insecure: bool = True,

@@ -241,6 +241,7 @@ class Connection(LifecycleView, ClientState):
         if reactor is None:
             from twisted.internet import reactor
         self.reactor = reactor
+        self.call_later = reactor.callLater
         self.lifecycle = Lifecycle(self, uri, self._execute, reactor.seconds, reconnect,
                                    retry_connect, timeout, pending_size, owner=self)
         self.protocol = None
@@ -611,7 +612,8 @@ def connect(uri: Union[str, ElvinURI, Sequence[Union[str, ElvinURI]], None] = No
             failover: bool = False, retry_connect: bool = False,
             pending_size: int = DEFAULT_PENDING_SIZE, follow_redirects: bool = True,
             on_disconnect: Optional[Callable[[int, str], Any]] = None,
-            on_dropwarn: Optional[Callable[[], Any]] = None) -> Generator[Any, Any, "Connection"]:
+            on_dropwarn: Optional[Callable[[], Any]] = None,
+            ack_window: Optional[int] = None) -> Generator[Any, Any, "Connection"]:
     """Connect to the router at ``uri``; fires with a Connection.
 
     ``options`` is a dict of connection options to request (section 7.5);
@@ -668,11 +670,17 @@ def connect(uri: Union[str, ElvinURI, Sequence[Union[str, ElvinURI]], None] = No
     subscriptions (``connection.session_subscriptions``); what was stored
     while nobody was connected follows as ordinary deliveries, to
     ``on_notification`` (each Notification; set before the handshake).
+    Each notification is acknowledged to the proxy once ``on_notification``
+    and its callbacks have returned (``ack_window``: how many the proxy may
+    have unacknowledged, default 256; 0: do not acknowledge, the proxy
+    then counts what it wrote as received). docs/client.md, "Proxy
+    sessions".
     """
     if reactor is None:
         from twisted.internet import reactor
     session_options, session_names = proxy_options(session, password, admin_password,
-                                                   receipt, client, ttl, max_count)
+                                                   receipt, client, ttl, max_count,
+                                                   ack_window)
     if session_options:
         options = {**(options or {}), **session_options}
     if uri is None and (discover or scope is not None or discoverer is not None):

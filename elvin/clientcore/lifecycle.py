@@ -319,6 +319,7 @@ class Lifecycle:
             return
         self._channel = False
         self.session.send = None
+        self.session.acks.stop()
         phase = self.phase
         error = self._loss(detail)
         if phase is Phase.UP and self._disconn is not None and self._disconn[0] == 2 \
@@ -367,6 +368,7 @@ class Lifecycle:
         if phase in (Phase.CLOSING, Phase.CLOSED):
             return
         if phase is Phase.UP:
+            self.session.stop_acks()      # what the program handled, before DisconnRqst
             self.phase = Phase.CLOSING
             self.execute(StartTimer(CLOSE_TIMEOUT))
             self.session.send_request(self.session.disconn_rqst(),
@@ -418,6 +420,7 @@ class Lifecycle:
         if self.phase is not Phase.HANDSHAKING:
             return
         self.session.options = dict(reply.options)
+        self.session.channel_started()
         self._delays = None
         self._tried = 0
         if not self.established:

@@ -23,9 +23,10 @@ import random
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional,
                     Sequence, Tuple, Union)
 
+from elvin.clientcore.acks import ACK, ACK_INTERVAL, ACK_WINDOW, DEFAULT_ACK_WINDOW, AckTracker
 from elvin.errors import ElvinError
 from elvin.protocols import packets as P
-from elvin.values import normalise
+from elvin.values import Int64, normalise
 
 __all__ = ["ClientState", "NackError", "ConnectionClosed", "ConnectFailed",
            "PublishBufferFull", "describe_disconn", "refuse_coroutine",
@@ -109,6 +110,10 @@ class Notification(Dict[str, Any]):
     """A delivered notification: the attributes, plus which subscriptions
     matched securely (``secure``) or insecurely (``insecure``)."""
 
+    #: Through a proxy session that takes acknowledgements: which
+    #: notification of the channel this is (``elvin.clientcore.acks``).
+    ack_token: Optional[Tuple[int, int]] = None
+
     def __init__(self, attributes: Mapping[str, Any], secure: Iterable[int] = (),
                  insecure: Iterable[int] = ()) -> None:
         super().__init__(attributes)
@@ -127,12 +132,18 @@ SessionArg = Union[str, Sequence[Union[str, Tuple[Any, ...]]], None]
 def proxy_options(session: SessionArg = None, password: Optional[str] = None,
                   admin_password: Optional[str] = None, receipt: Optional[str] = None,
                   client: Optional[str] = None, ttl: Optional[int] = None,
-                  max_count: Optional[int] = None) -> Tuple[Dict[str, Any], List[str]]:
+                  max_count: Optional[int] = None,
+                  ack_window: Optional[int] = None) -> Tuple[Dict[str, Any], List[str]]:
     """The ConnRqst options asking an Elvin proxy for sessions
     (docs/proxy.md), and the session names joined. ``password`` and
-    ``admin_password`` go with a session given by name alone."""
+    ``admin_password`` go with a session given by name alone.
+    ``ack_window`` (default ``DEFAULT_ACK_WINDOW``; 0: do not acknowledge)
+    asks the proxy to keep what it sends until the program has handled it
+    (``Proxy.Ack-Window``). Nothing is asked without a session: a router
+    never sees these options."""
     if session is None:
-        if any(v is not None for v in (password, admin_password, receipt, client)):
+        if any(v is not None for v in (password, admin_password, receipt, client,
+                                       ack_window)):
             raise ValueError("password, admin_password, receipt and client need a session")
         return {}, []
     entries = [session] if isinstance(session, str) else list(session)
@@ -165,6 +176,11 @@ def proxy_options(session: SessionArg = None, password: Optional[str] = None,
         options["Proxy.TTL"] = int(ttl)
     if max_count is not None:
         options["Proxy.Max-Count"] = int(max_count)
+    window = DEFAULT_ACK_WINDOW if ack_window is None else int(ack_window)
+    if window < 0:
+        raise ValueError("ack_window must be 0 (do not acknowledge) or more")
+    if window:
+        options[ACK_WINDOW] = window
     return options, names
 
 
@@ -439,6 +455,13 @@ class ClientState:
         self.on_reconnected: Optional[Callable[[Any], Any]] = None
         self._redirect_times: List[float] = []
         self._joins_done: Optional[Callable[[], Any]] = None
+        #: Through a proxy session that granted ``Proxy.Ack-Window``: what
+        #: the program has handled, told to the proxy (``channel_started``).
+        self.acks = AckTracker()
+        #: The flavour's timer: ``call_later(delay, f)`` returning a handle
+        #: with ``cancel()`` (acknowledgements go at most ACK_INTERVAL late).
+        self.call_later: Optional[Callable[[float, Callable[[], Any]], Any]] = None
+        self._ack_timer: Any = None
 
     def _post_direct(self, packet: Any, xid: Optional[int]) -> None:
         if self.send is None:
@@ -662,6 +685,65 @@ class ClientState:
             table[item.id] = item
         return apply
 
+    # -- acknowledging to a proxy (elvin.clientcore.acks) -----------------------
+
+    def channel_started(self) -> None:
+        """ConnRply arrived on a new channel (``options`` set): acknowledge
+        on it if the proxy granted a window, counting from here."""
+        self._cancel_ack_timer()
+        window = self.options.get(ACK_WINDOW, 0)
+        self.acks.start(int(window) if isinstance(window, int) and window > 0 else 0)
+
+    def ack_hold(self, note: Notification) -> None:
+        """Something keeps ``note`` for the program (an iterator's queue, a
+        running coroutine): it is not handled until ``ack_release``."""
+        if note.ack_token is not None:
+            self.acks.hold(note.ack_token)
+
+    def ack_release(self, note: Notification) -> None:
+        """The program is done with ``note`` (as far as one holder goes)."""
+        token = note.ack_token
+        if token is None:
+            return
+        acks = self.acks
+        acks.release(token)
+        if acks.due():
+            self.flush_acks()
+        elif acks.waiting and self._ack_timer is None and self.call_later is not None:
+            self._ack_timer = self.call_later(ACK_INTERVAL, self._ack_timed)
+
+    def _ack_timed(self) -> None:
+        self._ack_timer = None
+        self.flush_acks()
+
+    def _cancel_ack_timer(self) -> None:
+        timer, self._ack_timer = self._ack_timer, None
+        if timer is not None:
+            timer.cancel()
+
+    def flush_acks(self) -> bool:
+        """Tell the proxy now what the program has handled (QosRqst
+        ``Proxy.Ack``); False if there was nothing new or no channel."""
+        self._cancel_ack_timer()
+        if self.send is None or not self.acks.waiting:
+            return False
+        count = self.acks.take()
+        if count is None:
+            return False
+        self.send_request(self.qos_rqst({ACK: Int64(count)}), _ignore, self._ack_refused)
+        return True
+
+    def stop_acks(self) -> None:
+        """Closing: tell the proxy what was handled, then no more."""
+        self.flush_acks()
+        self.acks.stop()
+
+    @staticmethod
+    def _ack_refused(error: Exception) -> None:
+        if not isinstance(error, ConnectionClosed):
+            _log.warning("the proxy refused an acknowledgement: %s (what was not "
+                         "acknowledged is delivered again at the next join)", error)
+
     # -- what the router says -------------------------------------------------
 
     def packet_received(self, packet: Any) -> None:
@@ -715,6 +797,8 @@ class ClientState:
             return
         note = Notification(packet.attributes, packet.secure_matches,
                             packet.insecure_matches)
+        if self.acks.window:
+            note.ack_token = self.acks.delivered()
         if self.on_notification is not None:
             try:
                 self.on_notification(note)
@@ -730,6 +814,8 @@ class ClientState:
                 sub._deliver_note(note)
             except Exception:
                 self._callback_failed(f"subscription callback for {sub!r}")
+        if note.ack_token is not None:
+            self.ack_release(note)
 
     def _session_event(self, event: Dict[str, Any]) -> None:
         """A proxy told us of our sessions (docs/proxy.md, "Session events")."""

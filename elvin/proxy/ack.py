@@ -1,5 +1,10 @@
-"""Acknowledging what a proxy delivered, for any client (docs/proxy.md,
+"""Acknowledging what a proxy delivered, by hand (docs/proxy.md,
 "Acknowledgements").
+
+The three client flavours acknowledge by themselves when they join a
+session (``elvin.clientcore.acks``; ``connect(..., ack_window=N)``): what
+follows is for a program that speaks to the proxy some other way, or
+counts what it handled itself.
 
 A client that asks for ``Proxy.Ack-Window`` at connect tells the proxy,
 with QosRqst option ``Proxy.Ack``, how many notifications its application
@@ -22,12 +27,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Optional
 
+from elvin.clientcore.acks import ACK, ACK_WINDOW
 from elvin.values import Int64
 
 __all__ = ["Acknowledger", "ACK", "ACK_WINDOW"]
-
-ACK = "Proxy.Ack"
-ACK_WINDOW = "Proxy.Ack-Window"
 
 
 class Acknowledger:

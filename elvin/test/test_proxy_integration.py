@@ -351,6 +351,23 @@ class ProxyFlavoursTest(unittest.TestCase):
             conn.delete_session("desk")
             self.assertEqual(conn.sessions, {})
 
+    def test_blocking_client_acknowledges_what_the_program_took(self):
+        from elvin import sync
+        with sync.connect(self.proxy_uri, session="inbox") as conn:
+            sub = conn.subscribe("require(n)", timeout=10)
+            with sync.connect(self.router_uri) as pub:
+                for n in range(20):
+                    pub.notify({"n": n})
+            taken = [sub.get(10)["n"] for _ in range(5)]
+        self.assertEqual(taken, [0, 1, 2, 3, 4])
+        got = []
+        with sync.connect(self.proxy_uri, session="inbox", on_notification=got.append) as conn:
+            deadline = time.monotonic() + 10
+            while len(got) < 15 and time.monotonic() < deadline:
+                time.sleep(0.05)
+        # What was taken is gone; what arrived and was not taken comes again.
+        self.assertEqual([n["n"] for n in got], list(range(5, 20)))
+
     def test_asyncio_client_session(self):
         import asyncio
         from elvin import aio

@@ -16,7 +16,6 @@ from twisted.internet import defer
 from twisted.python import usage
 
 from elvin import client
-from elvin.proxy.ack import ACK_WINDOW, Acknowledger
 from elvin.textformat import format_notification
 from elvin.tools.common import StdoutClosed, ToolOptions, closing, run, write
 
@@ -71,35 +70,32 @@ async def body(reactor, options):
     seen = {"n": 0}
     limit = options["count"]
     said = []
-    acks = []
 
     def show(notification):
         if done.called:
-            return  # past --count: later packets of the same read are ignored
+            # Past --count: later packets of the same read are not printed,
+            # so a proxy is not told they were (held: never acknowledged).
+            conn.ack_hold(notification)
+            return
         try:
             write(format_notification(notification))
         except StdoutClosed as e:
+            conn.ack_hold(notification)
             done.errback(e)
             return
-        seen["n"] += 1
-        if acks:
-            acks[0].handled()
+        seen["n"] += 1        # acknowledged to a proxy once this returns
         if limit is not None and seen["n"] >= limit and not done.called:
             done.callback(None)
 
     conn = await client.connect(options["uri"], reactor=reactor,
                                 timeout=options["timeout"],
-                                options={ACK_WINDOW: ACK_WINDOW_ASKED} if session else None,
+                                ack_window=ACK_WINDOW_ASKED if session else None,
                                 **session)
     if session:
         # Everything the session's subscriptions match, stored (which
         # follows the join at once, so this is set before anything else
         # runs) or live, each once.
         conn.on_notification = show
-        window = conn.options.get(ACK_WINDOW)
-        if window:
-            acks.append(Acknowledger(conn.set_options, reactor.callLater, int(window)))
-            reactor.addSystemEventTrigger("before", "shutdown", lambda: flush_acks(acks, conn))
     closing(reactor, conn)
 
     def router_closed(reason, message):
@@ -135,26 +131,11 @@ async def body(reactor, options):
         await done
     finally:
         if not conn._closed:
-            await flush_acks(acks, conn)
-            await conn.close()
+            await conn.close()      # after telling the proxy what was printed
 
 
 #: How many notifications the tool lets a proxy have unacknowledged.
 ACK_WINDOW_ASKED = 256
-
-
-def flush_acks(acks, conn):
-    """Tell the proxy what was printed (a Deferred; errors are ignored:
-    what was not acknowledged is only printed again next time)."""
-    if not acks or conn._closed:
-        return defer.succeed(None)
-    try:
-        d = acks[0].flush()
-    except client.ConnectionClosed:
-        return defer.succeed(None)
-    if d is None:
-        return defer.succeed(None)
-    return d.addErrback(lambda _: None)
 
 
 def main(argv=None):
