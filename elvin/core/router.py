@@ -196,7 +196,8 @@ class Router:
                  max_protocol_errors=MAX_PROTOCOL_ERRORS,
                  protocol_error_window=PROTOCOL_ERROR_WINDOW, clock=time.monotonic,
                  max_subscription_tokens=DEFAULT_MAX_SUBSCRIPTION_TOKENS,
-                 max_client_subscription_bytes=DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES):
+                 max_client_subscription_bytes=DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES,
+                 wall_clock=time.time):
         self.option_specs = dict(OPTIONS if option_specs is None else option_specs)
         #: Most tokens in one subscription expression (0: no limit).
         self.max_subscription_tokens = max_subscription_tokens
@@ -208,6 +209,8 @@ class Router:
         self.protocol_error_window = protocol_error_window
         #: Seconds, monotonic; injected so the core stays free of the reactor.
         self.clock = clock
+        #: Seconds since the epoch, for the times refusals are shown with.
+        self.wall_clock = wall_clock
         self.max_subscriptions = max_subscriptions
         self.max_connections = max_connections
         #: Router-wide cap on bytes waiting in client send queues (0: none).
@@ -557,7 +560,7 @@ class ClientSession:
 
     def nack(self, xid, code, message, args=()):
         self.router.nacks[code] += 1
-        self.router.refusals.append((time.time(), self.peer, code, message))
+        self.router.refusals.append((self.router.wall_clock(), self.peer, code, message))
         self.send(P.Nack(xid, code, message, tuple(args)))
 
     def disconnect(self, reason, args=""):
