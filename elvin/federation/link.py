@@ -10,7 +10,6 @@ acknowledges the other's; FedNotify carries notifications both ways.
 
 import enum
 import itertools
-import time
 from typing import TypedDict
 
 from twisted.logger import Logger
@@ -66,7 +65,8 @@ class FederationLink:
         self.stats: LinkStats = {"in": 0, "out": 0, "loops": 0, "suppressed": 0,
                                  "duplicates": 0, "overload": 0, "refreshed": 0}
         self._filter_heard = False
-        #: When the peer last sent anything (wall clock; keepalives included).
+        #: When the peer last sent anything (the manager's clock's seconds;
+        #: keepalives included).
         self.last_heard = None
         #: The peer is a mesh router (elvin.federation.mesh): True once it
         #: said so, False once its first pull filter came without the mark
@@ -115,7 +115,7 @@ class FederationLink:
 
     def packet_received(self, packet, size=None):
         """Handle one packet; ``size`` is its encoded length (for traces)."""
-        self.last_heard = time.time()
+        self.last_heard = self.manager.clock.seconds()
         if self.state == self.CLOSED:
             return
         self._size = size

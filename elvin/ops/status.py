@@ -80,6 +80,7 @@ def snapshot(router: "Router", federation: Optional["FederationManager"] = None,
             "queue_bytes": size, "dropped": session.dropped})
     links = []
     if federation is not None:
+        heard_now = federation.clock.seconds()
         federation_links: list["FederationLink"] = list(federation.links)
         for link in federation_links:
             links.append({
@@ -93,7 +94,7 @@ def snapshot(router: "Router", federation: Optional["FederationManager"] = None,
                 "overload": link.stats["overload"],
                 "bytes_in": link.output.bytes_in,
                 "bytes_out": link.output.bytes_out,
-                "last_heard_s": round(now - link.last_heard, 3)
+                "last_heard_s": round(heard_now - link.last_heard, 3)
                 if link.last_heard is not None else None,
                 "filter_nodes": link.remote_filter.nodes,
                 "pull_filter": filter_text(link.remote_filter.tree),
