@@ -14,6 +14,7 @@ every FedNotify that crossed a link: notify_forwarded (out) at the sender,
 and notify_received / notify_dropped_* (in) at the receiver.
 """
 
+from spark_analysis import sharedsql
 from spark_analysis import traceformat as tf
 
 __all__ = ["CONSIDERED", "DROPS", "IN_WIRE", "fine_bucket_us", "drop_times", "MINUTE_US", "LATENCY_SAMPLE_TARGET", "window_of",
@@ -22,11 +23,9 @@ __all__ = ["CONSIDERED", "DROPS", "IN_WIRE", "fine_bucket_us", "drop_times", "MI
            "links", "filters", "filter_health", "link_outages",
            "flood_model", "drops", "paths", "interest", "overview"]
 
-CONSIDERED = ("notify_forwarded", "notify_suppressed_filter", "notify_suppressed_export",
-              "notify_dropped_overload")
+CONSIDERED = sharedsql.CONSIDERED
 # every kind of drop; duplicates (a mesh's second path) are not loops
-DROPS = ("notify_dropped_loop", "notify_dropped_duplicate", "notify_dropped_import",
-         "notify_dropped_overload")
+DROPS = sharedsql.DROPS
 IN_WIRE = ("notify_received",) + DROPS
 MINUTE_US = 60 * 10**6
 SECOND_US = 10**6
@@ -42,6 +41,17 @@ LATENCY_SAMPLE_TARGET = 1_000_000
 def _F():
     from pyspark.sql import functions as F
     return F
+
+
+def shared(spark, query, **relations):
+    """A ``sharedsql.Query`` run by Spark over the given DataFrames, its
+    columns rounded as the query says."""
+    F = _F()
+    df = spark.sql(query.sql, **relations)
+    if not query.rounding:
+        return df
+    return df.select(*[F.round(c, query.rounding[c]).alias(c) if c in query.rounding
+                       else F.col(c) for c in df.columns])
 
 
 def _floor(col, unit_us):
@@ -167,14 +177,10 @@ def considered_counts(events):
 
 def overview(events, per_minute=None):
     """Records per router and event, with first and last timestamps."""
-    F = _F()
-    if per_minute is not None:
-        return {"overview": per_minute.groupBy("router", "event").agg(
-            F.sum("n").alias("records"), F.min("first_us").alias("first_us"),
-            F.max("last_us").alias("last_us"))}
-    return {"overview": events.groupBy("router", "event").agg(
-        F.count(F.lit(1)).alias("records"), F.min("ts_us").alias("first_us"),
-        F.max("ts_us").alias("last_us"))}
+    if per_minute is None:
+        per_minute = activity(events)
+    return {"overview": shared(events.sparkSession, sharedsql.overview(),
+                               per_minute=per_minute)}
 
 
 # ---------------------------------------------------------------------------
@@ -281,45 +287,10 @@ def links(events, start_us, end_us, per_minute=None, control=None):
 # filters
 
 def filter_health(per_minute, end_us, min_minutes=10, min_after=100, min_share=5.0):
-    """Per out link: did its pull filter keep working, and since when has it not?
-
-    From the per-minute counts: the share the pull filter stopped, the last
-    minute it stopped anything, and what was considered after that. A
-    filter *stopped working* at that minute when before it stopped at least
-    ``min_share`` % of what it saw, and since then, for at least
-    ``min_minutes`` minutes and ``min_after`` notifications, it stopped
-    nothing (typically a filter generalised to "everything", or a peer that
-    subscribed to everything). Columns: router, peer, considered,
-    suppressed_filter, suppressed_pct, last_suppressed_us,
-    considered_since, minutes_since, stopped_since_us (null: working).
-    """
-    F = _F()
-    out = per_minute.where((F.col("direction") == "out") & F.col("event").isin(*CONSIDERED))
-    minute = out.groupBy("router", "peer", "minute_us").agg(
-        F.sum("n").alias("c"),
-        _sum_if(F.col("event") == "notify_suppressed_filter", F.col("n")).alias("s"))
-    last = minute.where(F.col("s") > 0).groupBy("router", "peer").agg(
-        F.max("minute_us").alias("last_suppressed_us"))
-    totals = minute.groupBy("router", "peer").agg(F.sum("c").alias("considered"),
-                                                  F.sum("s").alias("suppressed_filter"))
-    after = (minute.join(last, ["router", "peer"])
-             .where(F.col("minute_us") > F.col("last_suppressed_us"))
-             .groupBy("router", "peer").agg(F.sum("c").alias("considered_since")))
-    share_before = _ratio(F.col("suppressed_filter") * 100,
-                          F.col("considered") - F.col("considered_since"))
-    since = ((F.lit(end_us) - F.col("last_suppressed_us") - MINUTE_US) / MINUTE_US)
-    return (totals.join(last, ["router", "peer"], "left").join(after, ["router", "peer"], "left")
-            .withColumn("considered_since", F.coalesce("considered_since", F.lit(0)))
-            .withColumn("suppressed_pct", F.round(_ratio(F.col("suppressed_filter") * 100,
-                                                         F.col("considered")), 2))
-            .withColumn("minutes_since", F.round(since, 1))
-            .withColumn("stopped_since_us",
-                        F.when((F.col("considered_since") >= min_after)
-                               & (since >= min_minutes) & (share_before >= min_share),
-                               F.col("last_suppressed_us") + MINUTE_US))
-            .select("router", "peer", "considered", "suppressed_filter", "suppressed_pct",
-                    "last_suppressed_us", "considered_since", "minutes_since",
-                    "stopped_since_us"))
+    """Per out link: did its pull filter keep working (``sharedsql.filter_health``)."""
+    return shared(per_minute.sparkSession,
+                  sharedsql.filter_health(end_us, min_minutes, min_after, min_share),
+                  per_minute=per_minute)
 
 
 def link_outages(events, start_us, end_us):
@@ -427,19 +398,7 @@ def filters(events, spark, per_minute=None, considered=None):
         considered = considered_counts(events)
     if per_minute is None:
         per_minute = activity(events)
-    counted = per_minute.where((F.col("direction") == "out") & F.col("event").isin(*CONSIDERED))
-    e = F.col("event")
-    aggs = [F.sum("n").alias("considered"), F.sum("bytes").alias("considered_bytes")]
-    for name, label in (("notify_forwarded", "forwarded"),
-                        ("notify_suppressed_filter", "suppressed_filter"),
-                        ("notify_suppressed_export", "suppressed_export"),
-                        ("notify_dropped_overload", "dropped_overload")):
-        aggs += [_sum_if(e == name, F.col("n")).alias(label),
-                 _sum_if(e == name, F.col("bytes")).alias(label + "_bytes")]
-    effect = counted.groupBy("router", "peer").agg(*aggs)
-    for label in ("forwarded", "suppressed_filter", "suppressed_export", "dropped_overload"):
-        effect = effect.withColumn(label + "_pct",
-                                   F.round(_ratio(F.col(label) * 100, F.col("considered")), 2))
+    effect = shared(spark, sharedsql.filter_effect(), per_minute=per_minute)
 
     # (from the per-minute counts when given: a few thousand rows, not the table)
     pairs = (per_minute.select("router", "peer").distinct().collect()
@@ -452,25 +411,8 @@ def filters(events, spark, per_minute=None, considered=None):
         T.StructField("router", T.StringType()), T.StructField("peer", T.StringType()),
         T.StructField("extra_bytes", T.LongType())])
     model = local_frame(spark, flood_model(edges, traced), model_schema)
-    # what each origin published on each first link (each publication is
-    # considered once for every link there, as a flood would send it)
-    at_origin = (considered.where(F.col("at_origin"))
-                 .groupBy("origin", F.col("peer").alias("first_hop"))
-                 .agg(F.sum("n").alias("n"), F.sum("bytes").alias("bytes")))
-    flood = (at_origin.join(F.broadcast(model), ["origin", "first_hop"])
-             .groupBy("router", "peer")
-             .agg(F.sum("n").alias("flood_notifications"),
-                  F.sum(F.col("bytes") + F.col("n") * F.col("extra_bytes")).alias("flood_bytes")))
-    actual = (considered.where((F.col("event") == "notify_forwarded")
-                               & F.col("origin").isin(*traced) if traced else F.lit(False))
-              .groupBy("router", "peer")
-              .agg(F.sum("n").alias("forwarded"), F.sum("bytes").alias("forwarded_bytes")))
-    table = (flood.join(actual, ["router", "peer"], "full")
-             .na.fill(0, ["flood_notifications", "flood_bytes", "forwarded", "forwarded_bytes"])
-             .withColumn("saved_notifications", F.col("flood_notifications") - F.col("forwarded"))
-             .withColumn("saved_bytes", F.col("flood_bytes") - F.col("forwarded_bytes"))
-             .withColumn("saved_pct", F.round(_ratio(F.col("saved_bytes") * 100,
-                                                     F.col("flood_bytes")), 2)))
+    table = shared(spark, sharedsql.flood(traced), considered=considered,
+                   flood_model=F.broadcast(model))
     return {"filter_effect": effect, "flood": table}
 
 
@@ -489,11 +431,8 @@ def fine_bucket_us(start_us, end_us, most=3600):
 
 def drop_times(events, bucket_us):
     """Drops counted per kind, direction and ``bucket_us`` (``fine_bucket_us``):
-    rows event, direction, t_us, drops."""
-    F = _F()
-    return (events.where(F.col("event").isin(*DROPS))
-            .groupBy("event", "direction", _floor(F.col("ts_us"), bucket_us).alias("t_us"))
-            .agg(F.count(F.lit(1)).alias("drops")))
+    rows event, direction, t_us, drops, in time order."""
+    return shared(events.sparkSession, sharedsql.drop_times(bucket_us), events=events)
 
 
 def drops(events, per_minute=None):
@@ -512,14 +451,8 @@ def drops(events, per_minute=None):
     keys = ["router", "peer", "direction", "event"]
     minutes = dropped.select(*keys, "minute_us", F.col("n").alias("drops"), "bytes",
                              F.timestamp_micros("minute_us").alias("minute"))
-    listed = (events.where(F.col("event").isin("notify_dropped_loop",
-                                               "notify_dropped_duplicate"))
-              .groupBy(*keys).agg(_count_if(F.array_contains("routing", F.col("router")))
-                                  .cast("long").alias("router_listed")))
-    totals = (dropped.groupBy(*keys).agg(
-        F.sum("n").alias("drops"), F.sum("bytes").alias("bytes"),
-        F.min("first_us").alias("first_us"), F.max("last_us").alias("last_us"))
-        .join(listed, keys, "left"))
+    totals = shared(events.sparkSession, sharedsql.drops(), events=events,
+                    per_minute=per_minute)
     return {"drops_minute": minutes, "drops": totals}
 
 

@@ -14,16 +14,18 @@ Output layout (``out_dir``)::
 """
 
 import csv
+import dataclasses
 import datetime
 import os
 import sys
 import time
+from typing import IO, Optional
 
 from spark_analysis import ingest, jobs, smallwindow
 from spark_analysis.store import TraceStore
 from spark_analysis import traceformat as tf
 
-__all__ = ["Analysis", "run", "CSV_TABLES"]
+__all__ = ["Analysis", "Request", "run", "CSV_TABLES"]
 
 # table -> (sort columns, descending?, row limit for CSV and report)
 CSV_TABLES = {
@@ -199,6 +201,35 @@ def _bucket_us(start_us, end_us, points=360):
     return minutes * jobs.MINUTE_US
 
 
+@dataclasses.dataclass
+class Request:
+    """What a run is asked to do (``run``'s arguments but the session)."""
+    trace_dir: str
+    out_dir: str
+    since_us: Optional[int] = None
+    until_us: Optional[int] = None
+    progress: Optional[IO[str]] = None
+    files: Optional[list] = None          # [(path, size)]; None: list TRACE_DIR
+    report: bool = True
+    max_bad_files: int = 10
+    tables_dir: Optional[str] = None
+    rebuild: bool = False
+    last_us: Optional[int] = None
+    latency_sample: Optional[int] = None
+    engine: str = "auto"
+
+    def check(self):
+        """Refuse contradictory or unknown settings before anything is read."""
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {', '.join(ENGINES)}, "
+                             f"not {self.engine!r}")
+        if self.latency_sample is not None:
+            self.latency_sample = jobs.checked_sample(self.latency_sample)
+        if self.last_us is not None and (self.since_us is not None
+                                         or self.until_us is not None):
+            raise ValueError("last_us excludes since_us and until_us")
+
+
 def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.stderr,
         files=None, report=True, max_bad_files=10, tables_dir=None, rebuild=False,
         last_us=None, latency_sample=None, engine="auto"):
@@ -223,134 +254,178 @@ def run(spark, trace_dir, out_dir, since_us=None, until_us=None, progress=sys.st
     local table when DuckDB is installed and Spark is local (a session on
     a cluster keeps the analysis), else Spark.
     """
-    if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {', '.join(ENGINES)}, not {engine!r}")
-    stores = []
-    try:
-        return _run(spark, trace_dir, out_dir, since_us, until_us, progress, files, report,
-                    max_bad_files, tables_dir, rebuild, last_us, latency_sample, stores, engine)
-    finally:
-        for store in stores:
-            store.stop_reading()
+    request = Request(trace_dir, out_dir, since_us, until_us, progress, files, report,
+                      max_bad_files, tables_dir, rebuild, last_us, latency_sample, engine)
+    request.check()
+    return _Run(spark, request).execute()
 
 
-def _run(spark, trace_dir, out_dir, since_us, until_us, progress, files, report,
-         max_bad_files, tables_dir, rebuild, last_us, latency_sample, stores, engine):
-    if latency_sample is not None:
-        # (checked before the ingest, not after it)
-        latency_sample = jobs.checked_sample(latency_sample)
-    if last_us is not None and (since_us is not None or until_us is not None):
-        raise ValueError("last_us excludes since_us and until_us")
-    lazy = _LazySpark(spark)
-    if lazy.started:
-        spark = lazy.get()
-    analysis = Analysis(out_dir, tables_dir)
-    analysis.trace_dir, analysis.since_us, analysis.until_us = trace_dir, since_us, until_us
-    os.makedirs(out_dir, exist_ok=True)
-    steps = _Progress(8 if report else 7, progress, spark if lazy.started else None)
-    if report:
-        from spark_analysis import report as report_module
-        # (it imports matplotlib while Spark works)
-        report_module.start_chart_worker()
+class _Run:
+    """One run: its request, the Spark session (started on first need), the
+    Analysis it fills in, and the table store it reads. ``execute`` runs the
+    steps in order; each method is one of them."""
 
-    steps.start(f"finding trace files under {trace_dir}")
-    if files is None:
-        files = ingest.list_trace_files(
-            trace_dir, None if ingest._is_local(trace_dir) else lazy.get())
-    listed = len(files)
-    files = ingest.prune_by_name(files, since_us, until_us)
-    if not files:
-        raise ingest.TraceInputError(
-            f"none of the {listed} trace files under {trace_dir} can hold records "
-            f"in the requested time range")
-    listed_files = list(files)
-    analysis.files = files
-    total = sum(size for _, size in files)
-    analysis.stage_seconds["files"] = steps.done(
-        f"{len(files)} files, {total / 1e6:.1f} MB"
-        + (f" ({listed - len(files)} skipped by name)" if listed > len(files) else ""))
+    def __init__(self, spark, request):
+        self.request = request
+        self.lazy = _LazySpark(spark)
+        self.analysis = Analysis(request.out_dir, request.tables_dir)
+        self.analysis.trace_dir = request.trace_dir
+        self.analysis.since_us, self.analysis.until_us = request.since_us, request.until_us
+        self.since_us, self.until_us = request.since_us, request.until_us
+        self.steps = _Progress(8 if request.report else 7, request.progress,
+                               self.lazy.get() if self.lazy.started else None)
+        self.store = None
+        self.batch = None
+        self.listed_files = []
 
-    steps.start("reading new trace lines into the table (JSON -> Parquet)")
-    # new lines of local files into a local table: read here, unless Spark is
-    # up anyway (or may be needed: not an engine that can do without it)
-    here = (not lazy.started and engine != "spark" and ingest._is_local(analysis.tables_dir)
-            and all(ingest._is_local(path) for path, _ in files))
-    store = TraceStore(None if here else lazy.get(), analysis.tables_dir)
-    batch = store.update(files, waiting=lambda text: _warn(progress, text), rebuild=rebuild)
-    # from here on the table is read: no merge of its small files may
-    # replace them under the queries (``TraceStore.compact``)
-    stores.append(store)
-    store.start_reading()
-    analysis.batch = batch
-    analysis.written.append("events")
-    for text in batch.warnings:
-        _warn(progress, text)
-    # A truncated or corrupt .gz is named and skipped, never fatal: one bad
-    # file must not lose the analysis of the others.
-    analysis.unreadable = batch.unreadable
-    gone = {path for path, _ in batch.unreadable}
-    analysis.files = [(path, size) for path, size in files if path not in gone]
-    for path, reason in batch.unreadable:
-        _warn(progress, f"{_display(path)}: {reason}; skipped")
-    known = {}
-    for entry in store.entries():
-        known[_same_file(entry["path"])] = entry
-    stats, examples = {}, []
-    for path, _ in listed_files:
-        entry = known.get(_same_file(path))
-        if entry is not None:
-            stats[path] = (entry.get("records", 0), entry.get("bad", 0))
-            examples += [(path, n, r, t) for n, r, t in entry.get("examples", [])]
-    analysis.file_stats = stats
-    # valid records dated far from the rest of their file: set aside (kept in
-    # the table, out of the analysis), named with their file and line
-    aside = {}
-    for path, _ in listed_files:
-        entry = known.get(_same_file(path))
-        if entry is not None and entry.get("aside"):
-            aside[path] = entry["aside"]
-            analysis.aside_examples += [(path, line, ts)
-                                        for line, ts in entry.get("aside_examples", [])]
-    analysis.aside = sum(aside.values())
-    for file, line, ts in batch.aside_examples:
-        where = f" line {line}" if line is not None else ""
-        _warn(progress, f"{_display(file)}{where}: dated {tf.format_time(ts)}, far from the "
-                        f"rest of its file; set aside")
-    if batch.aside and progress:
-        _warn(progress, f"{batch.aside} records dated far from the rest of their files set "
-                        f"aside (not analysed; see csv/files.csv)")
-    analysis.bad_lines = sum(bad for _, bad in stats.values())
-    bad_files = sorted(f for f, (_, bad) in stats.items() if bad)
-    listed_bad = set(bad_files[:max_bad_files])
-    analysis.bad_examples = [e for e in examples if e[0] in listed_bad]
-    for file, line, reason, text in analysis.bad_examples:
-        if file in {f for f, (_, bad) in batch.file_stats.items() if bad}:
-            _warn(progress, f"{_display(file)} line {line}: {reason}; skipped")
-    if analysis.bad_lines and progress:
-        more = len(bad_files) - min(len(bad_files), max_bad_files)
-        _warn(progress, f"{analysis.bad_lines} bad lines in {len(bad_files)} files "
-                        f"counted and skipped" + (f" ({more} files not itemised)" if more else ""))
-    # Every file read is listed (an empty one with 0 records), and every
-    # file skipped as unreadable, with why.
-    unreadable = {path for path, _ in batch.unreadable}
-    named = {}
-    for path, line, ts in analysis.aside_examples:
-        named.setdefault(path, []).append(
-            (f"line {line}: " if line is not None else "") + tf.format_time(ts))
-    rows = [{"file": path, "records": stats.get(path, (0, 0))[0],
-             "bad_lines": stats.get(path, (0, 0))[1], "set_aside": aside.get(path, 0),
-             "set_aside_first": "; ".join(named.get(path, [])), "skipped": ""}
-            for path, _ in listed_files if path not in unreadable]
-    rows += [{"file": path, "records": 0, "bad_lines": 0, "set_aside": 0,
-              "set_aside_first": "", "skipped": reason}
-             for path, reason in batch.unreadable]
-    _write_csv(os.path.join(out_dir, "csv", "files.csv"), sorted(rows, key=lambda r: r["file"]),
-               ["file", "records", "bad_lines", "set_aside", "set_aside_first", "skipped"])
-    _write_csv(os.path.join(out_dir, "csv", "bad_lines.csv"),
-               [{"file": f, "line": n, "reason": r, "text": t}
-                for f, n, r, t in analysis.bad_examples], ["file", "line", "reason", "text"])
-    if not store.has_events():
-        if len(unreadable) == len(listed_files):
+    def execute(self):
+        try:
+            return self._execute()
+        finally:
+            if self.store is not None:
+                self.store.stop_reading()
+
+    def _execute(self):
+        os.makedirs(self.request.out_dir, exist_ok=True)
+        if self.request.report:
+            from spark_analysis import report as report_module
+            # (it imports matplotlib while Spark works)
+            report_module.start_chart_worker()
+        self.find_files()
+        self.read_new_lines()
+        self.account_for_files()
+        self.check_has_events()
+        small = self.choose_window()
+        if small:
+            return _run_small(self.analysis, self.steps, self.batch, self.request.trace_dir,
+                              self.since_us, self.until_us, self.request.latency_sample,
+                              self.request.report)
+        return self.analyse_in_spark()
+
+    def find_files(self):
+        """Stage 1: the trace files, less those whose names rule them out."""
+        request, steps = self.request, self.steps
+        steps.start(f"finding trace files under {request.trace_dir}")
+        files = request.files
+        if files is None:
+            files = ingest.list_trace_files(
+                request.trace_dir,
+                None if ingest._is_local(request.trace_dir) else self.lazy.get())
+        listed = len(files)
+        files = ingest.prune_by_name(files, self.since_us, self.until_us)
+        if not files:
+            raise ingest.TraceInputError(
+                f"none of the {listed} trace files under {request.trace_dir} can hold "
+                f"records in the requested time range")
+        self.listed_files = list(files)
+        self.analysis.files = files
+        total = sum(size for _, size in files)
+        self.analysis.stage_seconds["files"] = steps.done(
+            f"{len(files)} files, {total / 1e6:.1f} MB"
+            + (f" ({listed - len(files)} skipped by name)" if listed > len(files) else ""))
+
+    def read_new_lines(self):
+        """Stage 2, first half: what is new in the files goes into the table."""
+        request, analysis = self.request, self.analysis
+        self.steps.start("reading new trace lines into the table (JSON -> Parquet)")
+        # new lines of local files into a local table: read here, unless Spark is
+        # up anyway (or may be needed: not an engine that can do without it)
+        here = (not self.lazy.started and request.engine != "spark"
+                and ingest._is_local(analysis.tables_dir)
+                and all(ingest._is_local(path) for path, _ in self.listed_files))
+        store = TraceStore(None if here else self.lazy.get(), analysis.tables_dir)
+        batch = store.update(self.listed_files, waiting=lambda text: _warn(request.progress, text),
+                             rebuild=request.rebuild)
+        # from here on the table is read: no merge of its small files may
+        # replace them under the queries (``TraceStore.compact``)
+        self.store = store
+        store.start_reading()
+        self.batch = analysis.batch = batch
+        analysis.written.append("events")
+        for text in batch.warnings:
+            _warn(request.progress, text)
+        # A truncated or corrupt .gz is named and skipped, never fatal: one bad
+        # file must not lose the analysis of the others.
+        analysis.unreadable = batch.unreadable
+        gone = {path for path, _ in batch.unreadable}
+        analysis.files = [(path, size) for path, size in analysis.files if path not in gone]
+        for path, reason in batch.unreadable:
+            _warn(request.progress, f"{_display(path)}: {reason}; skipped")
+
+    def account_for_files(self):
+        """Every file listed with its records, bad lines and records set aside
+        (warnings, ``csv/files.csv``, ``csv/bad_lines.csv``)."""
+        request, analysis, batch = self.request, self.analysis, self.batch
+        progress, listed_files = request.progress, self.listed_files
+        known = {}
+        for entry in self.store.entries():
+            known[_same_file(entry["path"])] = entry
+        stats, examples = {}, []
+        for path, _ in listed_files:
+            entry = known.get(_same_file(path))
+            if entry is not None:
+                stats[path] = (entry.get("records", 0), entry.get("bad", 0))
+                examples += [(path, n, r, t) for n, r, t in entry.get("examples", [])]
+        analysis.file_stats = stats
+        # valid records dated far from the rest of their file: set aside (kept in
+        # the table, out of the analysis), named with their file and line
+        aside = {}
+        for path, _ in listed_files:
+            entry = known.get(_same_file(path))
+            if entry is not None and entry.get("aside"):
+                aside[path] = entry["aside"]
+                analysis.aside_examples += [(path, line, ts)
+                                            for line, ts in entry.get("aside_examples", [])]
+        analysis.aside = sum(aside.values())
+        for file, line, ts in batch.aside_examples:
+            where = f" line {line}" if line is not None else ""
+            _warn(progress, f"{_display(file)}{where}: dated {tf.format_time(ts)}, far from "
+                            f"the rest of its file; set aside")
+        if batch.aside and progress:
+            _warn(progress, f"{batch.aside} records dated far from the rest of their files "
+                            f"set aside (not analysed; see csv/files.csv)")
+        analysis.bad_lines = sum(bad for _, bad in stats.values())
+        bad_files = sorted(f for f, (_, bad) in stats.items() if bad)
+        listed_bad = set(bad_files[:request.max_bad_files])
+        analysis.bad_examples = [e for e in examples if e[0] in listed_bad]
+        bad_now = {f for f, (_, bad) in batch.file_stats.items() if bad}
+        for file, line, reason, text in analysis.bad_examples:
+            if file in bad_now:
+                _warn(progress, f"{_display(file)} line {line}: {reason}; skipped")
+        if analysis.bad_lines and progress:
+            more = len(bad_files) - min(len(bad_files), request.max_bad_files)
+            _warn(progress, f"{analysis.bad_lines} bad lines in {len(bad_files)} files "
+                            f"counted and skipped"
+                            + (f" ({more} files not itemised)" if more else ""))
+        # Every file read is listed (an empty one with 0 records), and every
+        # file skipped as unreadable, with why.
+        unreadable = {path for path, _ in batch.unreadable}
+        named = {}
+        for path, line, ts in analysis.aside_examples:
+            named.setdefault(path, []).append(
+                (f"line {line}: " if line is not None else "") + tf.format_time(ts))
+        rows = [{"file": path, "records": stats.get(path, (0, 0))[0],
+                 "bad_lines": stats.get(path, (0, 0))[1], "set_aside": aside.get(path, 0),
+                 "set_aside_first": "; ".join(named.get(path, [])), "skipped": ""}
+                for path, _ in listed_files if path not in unreadable]
+        rows += [{"file": path, "records": 0, "bad_lines": 0, "set_aside": 0,
+                  "set_aside_first": "", "skipped": reason}
+                 for path, reason in batch.unreadable]
+        out_dir = request.out_dir
+        _write_csv(os.path.join(out_dir, "csv", "files.csv"),
+                   sorted(rows, key=lambda r: r["file"]),
+                   ["file", "records", "bad_lines", "set_aside", "set_aside_first", "skipped"])
+        _write_csv(os.path.join(out_dir, "csv", "bad_lines.csv"),
+                   [{"file": f, "line": n, "reason": r, "text": t}
+                    for f, n, r, t in analysis.bad_examples],
+                   ["file", "line", "reason", "text"])
+
+    def check_has_events(self):
+        """A table with no valid record: say why (unreadable, bad or empty files)."""
+        analysis, batch, trace_dir = self.analysis, self.batch, self.request.trace_dir
+        if self.store.has_events():
+            return
+        if len(batch.unreadable) == len(self.listed_files):
             raise ingest.TraceInputError(
                 f"no readable trace files under {trace_dir}: "
                 + "; ".join(f"{_display(p)}: {r}" for p, r in batch.unreadable))
@@ -362,63 +437,74 @@ def _run(spark, trace_dir, out_dir, since_us, until_us, progress, files, report,
                 f"no valid trace records under {trace_dir}: {analysis.bad_lines} bad lines"
                 + where)
         raise ingest.TraceInputError(f"no trace records under {trace_dir} (the files are empty)")
-    small = _small_window_engine(engine, analysis.tables_dir, lazy.local())
-    if last_us is not None:
-        # the newest record ends the window (known only now, after the ingest)
-        if small:
-            newest = smallwindow.newest_us(ingest._local(analysis.tables_dir))
-        else:
-            store.spark = lazy.get()
-            newest = store.newest_us()
-        until_us = newest + 1
-        since_us = until_us - last_us
-        analysis.since_us, analysis.until_us = since_us, until_us
-    if small and engine == "auto":
-        small = (smallwindow.count(ingest._local(analysis.tables_dir), since_us, until_us)
-                 <= smallwindow.SMALL_WINDOW_RECORDS)
-    if small:
-        return _run_small(analysis, steps, batch, trace_dir, since_us, until_us,
-                          latency_sample, report)
-    spark = store.spark = steps.spark = lazy.get()
-    events = store.events(since_us, until_us)
-    # every record counted per link, event and minute (summed from the counts
-    # the ingest made): the window's span and size, the overview, link,
-    # filter and drop tables are sums over it
-    per_minute = store.per_minute(since_us, until_us).cache()
-    start, end, analysis.records = jobs.window_of(events, since_us, until_us, count=True,
-                                                  per_minute=per_minute)
-    if not analysis.records:
-        per_minute.unpersist()
-        raise _no_records(trace_dir, since_us, until_us)
-    analysis.start_us, analysis.end_us = start, end
-    _ingest_done(steps, analysis, batch)
-    control = jobs.control_events(events).cache()
-    # one more pass counts the out records (the notifications considered for
-    # each link) per origin and attribute set: the flood model's, the
-    # forwarded totals' and the attribute sets' counts are sums over it
-    considered = jobs.considered_counts(events).cache()
-    bucket = _bucket_us(start, end)
-    analysis.series["bucket_us"] = bucket
-    context = {"spark": spark, "analysis": analysis, "events": events, "start": start,
-               "end": end, "per_minute": per_minute, "control": control, "considered": considered,
-               "bucket": bucket, "latency_sample": latency_sample}
-    _run_side_by_side(spark, steps, context, [
-        ("links", STAGES["links"], _links_stage),
-        ("filters", STAGES["filters"], _filters_stage),
-        ("drops", STAGES["drops"], _drops_stage),
-        ("paths", STAGES["paths"], _paths_stage),
-        ("interest", STAGES["interest"], _interest_stage),
-    ])
 
-    if report:
-        _report_stage(analysis, steps)
-    per_minute.unpersist()
-    control.unpersist()
-    considered.unpersist()
-    for df in analysis.cached:
-        df.unpersist()
-    analysis.cached = []
-    return analysis
+    def choose_window(self):
+        """The window (``--last`` is known only now, after the ingest) and
+        the engine: True for DuckDB, False for Spark."""
+        request, analysis = self.request, self.analysis
+        local_tables = ingest._local(analysis.tables_dir)
+        small = _small_window_engine(request.engine, analysis.tables_dir, self.lazy.local())
+        if request.last_us is not None:
+            # the newest record ends the window
+            if small:
+                newest = smallwindow.newest_us(local_tables)
+            else:
+                self.store.spark = self.lazy.get()
+                newest = self.store.newest_us()
+            self.until_us = newest + 1
+            self.since_us = self.until_us - request.last_us
+            analysis.since_us, analysis.until_us = self.since_us, self.until_us
+        if small and request.engine == "auto":
+            small = (smallwindow.count(local_tables, self.since_us, self.until_us)
+                     <= smallwindow.SMALL_WINDOW_RECORDS)
+        return small
+
+    def analyse_in_spark(self):
+        """Stages 3-7 side by side in Spark, then the report."""
+        analysis, steps, store = self.analysis, self.steps, self.store
+        since_us, until_us = self.since_us, self.until_us
+        spark = store.spark = steps.spark = self.lazy.get()
+        events = store.events(since_us, until_us)
+        # every record counted per link, event and minute (summed from the counts
+        # the ingest made): the window's span and size, the overview, link,
+        # filter and drop tables are sums over it
+        per_minute = store.per_minute(since_us, until_us).cache()
+        start, end, analysis.records = jobs.window_of(events, since_us, until_us, count=True,
+                                                      per_minute=per_minute)
+        if not analysis.records:
+            per_minute.unpersist()
+            raise _no_records(self.request.trace_dir, since_us, until_us)
+        analysis.start_us, analysis.end_us = start, end
+        _ingest_done(steps, analysis, self.batch)
+        control = jobs.control_events(events).cache()
+        # one more pass counts the out records (the notifications considered for
+        # each link) per origin and attribute set: the flood model's, the
+        # forwarded totals' and the attribute sets' counts are sums over it
+        considered = jobs.considered_counts(events).cache()
+        bucket = _bucket_us(start, end)
+        analysis.series["bucket_us"] = bucket
+        context = {"spark": spark, "analysis": analysis, "events": events, "start": start,
+                   "end": end, "per_minute": per_minute, "control": control,
+                   "considered": considered, "bucket": bucket,
+                   "latency_sample": self.request.latency_sample}
+        try:
+            _run_side_by_side(spark, steps, context, [
+                ("links", STAGES["links"], _links_stage),
+                ("filters", STAGES["filters"], _filters_stage),
+                ("drops", STAGES["drops"], _drops_stage),
+                ("paths", STAGES["paths"], _paths_stage),
+                ("interest", STAGES["interest"], _interest_stage),
+            ])
+            if self.request.report:
+                _report_stage(analysis, steps)
+        finally:
+            per_minute.unpersist()
+            control.unpersist()
+            considered.unpersist()
+            for df in analysis.cached:
+                df.unpersist()
+            analysis.cached = []
+        return analysis
 
 
 ENGINES = ("auto", "spark", "duckdb")
@@ -717,7 +803,7 @@ def _drops_stage(c):
     _save(spark, analysis, "drops_minute", tables["drops_minute"])
     _save(spark, analysis, "drops", tables["drops"])
     fine = analysis.series["fine_us"] = jobs.fine_bucket_us(c["start"], c["end"])
-    analysis.series["drops"] = _rows(jobs.drop_times(c["events"], fine).orderBy("t_us"))
+    analysis.series["drops"] = _rows(jobs.drop_times(c["events"], fine))
     return f"{sum(r['drops'] for r in analysis.tables['drops']):,} drops"
 
 

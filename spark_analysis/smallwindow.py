@@ -24,7 +24,7 @@ import decimal
 import glob
 import os
 
-from spark_analysis import jobs
+from spark_analysis import jobs, sharedsql
 from spark_analysis import traceformat as tf
 from spark_analysis.store import _day          # (the table's day partitions)
 
@@ -217,11 +217,16 @@ def _timestamps(table, *names):
     return table
 
 
+def shared(w, query, **relations):
+    """A ``sharedsql.Query`` run by DuckDB over the window's relations
+    (``events`` is the window's table ``w``), rounded as Spark rounds."""
+    names = {"per_minute": "per_minute", "considered": "considered", "events": "w"}
+    names.update(relations)
+    return _rounded(w.arrow(query.sql.format(**names)), query.rounding)
+
+
 def overview(w):
-    return {"overview": w.arrow("""
-        SELECT router, event, sum(n)::BIGINT AS records, min(first_us) AS first_us,
-               max(last_us) AS last_us
-        FROM per_minute GROUP BY ALL""")}
+    return {"overview": shared(w, sharedsql.overview())}
 
 
 # a link's ups and downs, in the order both link tables walk them
@@ -340,24 +345,7 @@ def links_stage(w, save):
 
 
 def filters(w):
-    counted = _sql_list(jobs.CONSIDERED)
-    aggs = ["sum(n)::BIGINT AS considered", "sum(bytes)::BIGINT AS considered_bytes"]
-    labels = (("notify_forwarded", "forwarded"),
-              ("notify_suppressed_filter", "suppressed_filter"),
-              ("notify_suppressed_export", "suppressed_export"),
-              ("notify_dropped_overload", "dropped_overload"))
-    for event, label in labels:
-        aggs += [f"sum(CASE WHEN event = '{event}' THEN n ELSE 0 END)::BIGINT AS {label}",
-                 f"sum(CASE WHEN event = '{event}' THEN bytes ELSE 0 END)::BIGINT "
-                 f"AS {label}_bytes"]
-    pcts = [f"CASE WHEN considered > 0 THEN ({label} * 100)::DOUBLE / considered END "
-            f"AS {label}_pct" for _, label in labels]
-    effect = w.arrow(f"""
-        SELECT *, {", ".join(pcts)} FROM (
-            SELECT router, peer, {", ".join(aggs)} FROM per_minute
-            WHERE direction = 'out' AND event IN ({counted}) GROUP BY router, peer)""")
-    effect = _rounded(effect, {f"{label}_pct": 2 for _, label in labels})
-
+    effect = shared(w, sharedsql.filter_effect())
     pairs = w.rows("SELECT DISTINCT router, peer FROM per_minute")
     traced = sorted({r["router"] for r in pairs})
     edges = sorted({(r["router"], r["peer"]) for r in pairs if r["peer"] is not None})
@@ -370,76 +358,15 @@ def filters(w):
         "peer": pa.array([r[3] for r in model], pa.string()),
         "extra_bytes": pa.array([r[4] for r in model], pa.int64())})
     w.con.register("flood_model", model_table)
-    traced_cond = f"origin IN ({_sql_list(traced)})" if traced else "false"
     try:
-        flood = w.arrow(f"""
-            WITH at_origin AS (
-                SELECT origin, peer AS first_hop, sum(n)::BIGINT AS n,
-                       sum(bytes)::BIGINT AS bytes
-                FROM considered WHERE at_origin GROUP BY ALL),
-            flood AS (
-                SELECT m.router, m.peer, sum(a.n)::BIGINT AS flood_notifications,
-                       sum(a.bytes + a.n * m.extra_bytes)::BIGINT AS flood_bytes
-                FROM at_origin a JOIN flood_model m
-                    ON a.origin = m.origin AND a.first_hop = m.first_hop
-                GROUP BY m.router, m.peer),
-            actual AS (
-                SELECT router, peer, sum(n)::BIGINT AS forwarded,
-                       sum(bytes)::BIGINT AS forwarded_bytes
-                FROM considered WHERE event = 'notify_forwarded' AND {traced_cond}
-                GROUP BY ALL),
-            joined AS (
-                SELECT coalesce(f.router, a.router) AS router, coalesce(f.peer, a.peer) AS peer,
-                       coalesce(f.flood_notifications, 0)::BIGINT AS flood_notifications,
-                       coalesce(f.flood_bytes, 0)::BIGINT AS flood_bytes,
-                       coalesce(a.forwarded, 0)::BIGINT AS forwarded,
-                       coalesce(a.forwarded_bytes, 0)::BIGINT AS forwarded_bytes
-                FROM flood f FULL JOIN actual a ON f.router = a.router AND f.peer = a.peer)
-            SELECT *, flood_notifications - forwarded AS saved_notifications,
-                   flood_bytes - forwarded_bytes AS saved_bytes,
-                   CASE WHEN flood_bytes > 0
-                        THEN ((flood_bytes - forwarded_bytes) * 100)::DOUBLE / flood_bytes END
-                       AS saved_pct
-            FROM joined""")
+        flood = shared(w, sharedsql.flood(traced), flood_model="flood_model")
     finally:
         w.con.unregister("flood_model")
-    return {"filter_effect": effect, "flood": _rounded(flood, {"saved_pct": 2})}
+    return {"filter_effect": effect, "flood": flood}
 
 
 def filter_health(w, min_minutes=10, min_after=100, min_share=5.0):
-    unit = jobs.MINUTE_US
-    counted = _sql_list(jobs.CONSIDERED)
-    since = f"(({w.end} - last_suppressed_us - {unit}) / {unit})"
-    table = w.arrow(f"""
-        WITH minute AS (
-            SELECT router, peer, minute_us, sum(n) AS c,
-                   sum(CASE WHEN event = 'notify_suppressed_filter' THEN n ELSE 0 END) AS s
-            FROM per_minute WHERE direction = 'out' AND event IN ({counted})
-            GROUP BY router, peer, minute_us),
-        last AS (SELECT router, peer, max(minute_us) AS last_suppressed_us
-                 FROM minute WHERE s > 0 GROUP BY ALL),
-        totals AS (SELECT router, peer, sum(c)::BIGINT AS considered,
-                          sum(s)::BIGINT AS suppressed_filter FROM minute GROUP BY ALL),
-        after AS (SELECT m.router, m.peer, sum(m.c)::BIGINT AS considered_since
-                  FROM minute m JOIN last l ON m.router = l.router AND m.peer = l.peer
-                  WHERE m.minute_us > l.last_suppressed_us GROUP BY ALL),
-        joined AS (
-            SELECT t.router, t.peer, t.considered, t.suppressed_filter, l.last_suppressed_us,
-                   coalesce(a.considered_since, 0)::BIGINT AS considered_since
-            FROM totals t
-            LEFT JOIN last l ON l.router = t.router AND l.peer = t.peer
-            LEFT JOIN after a ON a.router = t.router AND a.peer = t.peer)
-        SELECT router, peer, considered, suppressed_filter,
-               CASE WHEN considered > 0 THEN (suppressed_filter * 100)::DOUBLE / considered END
-                   AS suppressed_pct,
-               last_suppressed_us, considered_since, {since} AS minutes_since,
-               CASE WHEN considered_since >= {min_after} AND {since} >= {min_minutes}
-                         AND (CASE WHEN considered - considered_since > 0
-                                   THEN (suppressed_filter * 100)::DOUBLE
-                                        / (considered - considered_since) END) >= {min_share}
-                    THEN last_suppressed_us + {unit} END AS stopped_since_us
-        FROM joined""")
-    return _rounded(table, {"suppressed_pct": 2, "minutes_since": 1})
+    return shared(w, sharedsql.filter_health(w.end, min_minutes, min_after, min_share))
 
 
 def filters_stage(w, save):
@@ -456,24 +383,8 @@ def drops_stage(w, save, fine_us):
                make_timestamp(minute_us) AS minute
         FROM per_minute WHERE event IN ({events})"""), "minute")
     save("drops_minute", minutes)
-    totals = w.arrow(f"""
-        WITH listed AS (
-            SELECT router, peer, direction, event,
-                   count(*) FILTER (WHERE list_contains(routing, router))::BIGINT
-                       AS router_listed
-            FROM w WHERE event IN ('notify_dropped_loop', 'notify_dropped_duplicate')
-            GROUP BY ALL),
-        totals AS (
-            SELECT router, peer, direction, event, sum(n)::BIGINT AS drops,
-                   sum(bytes)::BIGINT AS bytes, min(first_us) AS first_us,
-                   max(last_us) AS last_us
-            FROM per_minute WHERE event IN ({events}) GROUP BY ALL)
-        SELECT t.*, l.router_listed FROM totals t
-        LEFT JOIN listed l USING (router, peer, direction, event)""")
-    save("drops", totals)
-    return w.rows(f"""
-        SELECT event, direction, ts_us - ts_us % {fine_us} AS t_us, count(*)::BIGINT AS drops
-        FROM w WHERE event IN ({events}) GROUP BY ALL ORDER BY t_us""")
+    save("drops", shared(w, sharedsql.drops()))
+    return shared(w, sharedsql.drop_times(fine_us)).to_pylist()
 
 
 def _percentile_columns(value, prefix):
