@@ -18,9 +18,23 @@ join). ``--max-count N`` gives every subscription a maximum count, so once
 N are kept each store also drops the oldest (max-count at its cap). Also printed: the database's size and the proxy's peak
 resident memory (VmHWM). Targets (2-core machine): stored ≥ 10,000/s,
 replayed ≥ 20,000/s, RSS < 150 MB.
+
+``--overload F`` measures instead what happens to a publisher faster
+than the proxy can store: it first finds the store rate as above (N/5
+notifications), then publishes N more at F times that rate, unthrottled
+by the proxy, waits until the router's queues are empty and the store
+still, and accounts for every notification each session was owed:
+``stored`` (rows kept), ``counted`` (the session's drop count, which
+its next client is told as ``Proxy.Dropped`` with a DropWarn) and
+``unaccounted`` (owed, neither stored nor counted), beside what the
+router says it dropped from its queue to the proxy (its status page's
+``dropped_deliveries``). ``--router-queue BYTES`` lowers the router's
+ceiling on a send queue (default: the router's own, 256 MiB), to see
+the router drop.
 """
 
 import argparse
+import json
 import os
 import shutil
 import sqlite3
@@ -32,7 +46,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from throughput import rss_mb, start_router  # noqa: E402
+from throughput import free_port, rss_mb, start_router  # noqa: E402
 
 
 def committed(database):
@@ -46,19 +60,108 @@ def committed(database):
         db.close()
 
 
+def note(i, count):
+    return {"seq": i, "shard": i % count, "body": "x" * 40, "Group": "bench"}
+
+
+def publish_throttled(publisher, database, args, first, last):
+    """Publish ``first``..``last - 1`` at most ``--batch`` ahead of what the
+    proxy has committed; seconds until the last is committed."""
+    start = time.perf_counter()
+    sent = first
+    while sent < last:
+        chunk = min(args.batch, last - sent)
+        for i in range(sent, sent + chunk):
+            publisher.notify(note(i, args.sessions))
+        sent += chunk
+        while sent - committed(database) > args.batch:
+            time.sleep(0.01)
+    deadline = time.time() + 600
+    while committed(database) < last and time.time() < deadline:
+        time.sleep(0.02)
+    return time.perf_counter() - start
+
+
+def router_status(port):
+    from urllib.request import urlopen
+    with urlopen(f"http://127.0.0.1:{port}/status.json", timeout=10) as reply:
+        return json.load(reply)["totals"]
+
+
+def overload(args, router_uri, database, status_port, names):
+    """``--overload``: the store rate, then a publisher F times faster;
+    every owed notification stored, counted as dropped, or neither."""
+    import elvin.sync
+    count = args.sessions
+    calibration = max(1000, args.notifs // 5)
+    with elvin.sync.connect(router_uri) as publisher:
+        rate = calibration / publish_throttled(publisher, database, args, 0, calibration)
+        target = rate * args.overload
+        start = time.perf_counter()
+        total = calibration + args.notifs
+        for first in range(calibration, total, 500):       # paced in steps of 500
+            for i in range(first, min(first + 500, total)):
+                publisher.notify(note(i, count))
+            ahead = (first + 500 - calibration) / target - (time.perf_counter() - start)
+            if ahead > 0:
+                time.sleep(ahead)
+        published_s = time.perf_counter() - start
+    # Quiet: the router's queues empty and nothing stored for 2 s.
+    deadline = time.time() + 600
+    last, still = -1, 0.0
+    while time.time() < deadline and still < 2.0:
+        time.sleep(0.25)
+        now = committed(database)
+        queued = router_status(status_port)["send_queue_bytes"]
+        still = still + 0.25 if (now == last and not queued) else 0.0
+        last = now
+    owed = dict.fromkeys(names, 0)
+    for i in range(total):
+        shard = i % count
+        for name in {names[shard], names[(shard - 1) % count]}:
+            owed[name] += 1
+    db = sqlite3.connect(database)
+    try:
+        stored = dict(db.execute("SELECT session, count(*) FROM pending GROUP BY session"))
+        counted = dict(db.execute("SELECT name, dropped FROM sessions"))
+    finally:
+        db.close()
+    totals = router_status(status_port)
+    owed_all = sum(owed.values())
+    stored_all = sum(stored.get(n, 0) for n in names)
+    counted_all = sum(counted.get(n, 0) for n in names)
+    unaccounted = sum(max(0, owed[n] - stored.get(n, 0) - counted.get(n, 0)) for n in names)
+    print(f"overload={args.overload:g} sessions={count} store_rate={rate:.0f}/s "
+          f"publish_rate={args.notifs / published_s:.0f}/s published={total} "
+          f"router_received={totals['notifications_received']} "
+          f"router_dropped_to_proxy={totals['dropped_deliveries']} "
+          f"owed={owed_all} stored={stored_all} counted_dropped={counted_all} "
+          f"unaccounted={unaccounted}", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--notifs", type=int, default=1_000_000)
     parser.add_argument("--sessions", type=int, default=10)
     parser.add_argument("--batch", type=int, default=5000)
     parser.add_argument("--max-count", type=int, default=0)
+    parser.add_argument("--overload", type=float, default=0,
+                        help="publish at this many times the store rate (accounting)")
+    parser.add_argument("--router-queue", type=int, default=0,
+                        help="with --overload: the router's Send-Queue.Max-Length ceiling")
     args = parser.parse_args()
 
     import elvin.sync
 
     folder = tempfile.mkdtemp(prefix="elvin-proxy-bench-")
     database = os.path.join(folder, "proxy.db")
-    router, router_uri = start_router()
+    status_port = free_port()
+    router_config = os.path.join(folder, "router.conf")
+    with open(router_config, "w") as f:
+        f.write(f"status-listen = {status_port}\n")
+        if args.router_queue:
+            f.write(f"Send-Queue.Max-Length.Ceiling = {args.router_queue}\n")
+    router, router_uri = start_router("elvin", ["-c", router_config])
     config = os.path.join(folder, "proxy.conf")
     with open(config, "w") as f:
         # Every notification is kept (each session is owed 2N/sessions).
@@ -73,21 +176,11 @@ def main():
                                     max_count=args.max_count or None) as conn:
                 conn.subscribe(f"shard == {i} || shard == {(i + 1) % count}",
                                callback=lambda note: None)
+        if args.overload:
+            overload(args, router_uri, database, status_port, names)
+            return
         with elvin.sync.connect(router_uri) as publisher:
-            start = time.perf_counter()
-            sent = 0
-            while sent < args.notifs:
-                chunk = min(args.batch, args.notifs - sent)
-                for i in range(sent, sent + chunk):
-                    publisher.notify({"seq": i, "shard": i % count, "body": "x" * 40,
-                                      "Group": "bench"})
-                sent += chunk
-                while sent - committed(database) > args.batch:
-                    time.sleep(0.01)
-            deadline = time.time() + 600
-            while committed(database) < args.notifs and time.time() < deadline:
-                time.sleep(0.02)
-            stored_s = time.perf_counter() - start
+            stored_s = publish_throttled(publisher, database, args, 0, args.notifs)
         if committed(database) < args.notifs:
             raise SystemExit(f"only {committed(database)} of {args.notifs} were stored")
         if args.sessions > 16 or args.max_count:

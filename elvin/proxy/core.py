@@ -194,6 +194,8 @@ class ProxyCore:
                  gate: Optional[PasswordGate] = None):
         self.store = store
         self.upstream = upstream
+        #: What refusals are dated with (ClientSession.nack reads it).
+        self.wall_clock = clock
         self.option_specs = dict(OPTIONS if option_specs is None else option_specs)
         self.clock = clock
         self.call_later = call_later
@@ -801,7 +803,10 @@ class ProxyClient(ClientSession):
         if self.ack_window:
             self._reserved = max(0, self._reserved - 1)
         if self.state == self.CONNECTED:
-            self.output.send_encoded(data, True)
+            # Never droppable for an acknowledging client: its count of
+            # what it handled must match what was written (a full queue
+            # disconnects it instead, and its next join replays).
+            self.output.send_encoded(data, not self.ack_window)
             if self.ack_window:
                 self._sent_one(note)
 

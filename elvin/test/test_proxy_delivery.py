@@ -83,6 +83,20 @@ class AcknowledgedDeliveryTest(ProxyCoreCase):
         phone, out = self.join("phone")                   # a plain client now
         self.assertEqual(values(out.take()), list(range(2, 10)))
 
+    def test_deliveries_to_an_acknowledging_client_are_never_dropped(self):
+        # A send queue dropping one would shift the client's count against
+        # what the proxy wrote: acknowledged would then name the wrong ones.
+        self.stored(0)
+        phone, out = self.join("phone", Ack_Window=8)
+        plain, plain_out = self.join("phone", Receipt="non-destructive", Client="pda")
+        out.take()
+        plain_out.take()
+        self.publish({"n": 1})
+        self.assertEqual(values(out.sent), [1])
+        self.assertEqual(out.droppable[-1], False)
+        self.assertEqual(values(plain_out.sent), [1])
+        self.assertEqual(plain_out.droppable[-1], True)
+
     def test_slow_device_never_has_more_than_the_window(self):
         self.stored(500)
         phone, out = self.join("phone", Ack_Window=32)
