@@ -160,6 +160,8 @@ class FederationProtocol(QueuedFramedProtocol):
 class AcceptorFactory(protocol.Factory):
     """Incoming links: the class is chosen from the peer's address."""
 
+    noisy = False          # no "Starting factory <... at 0x...>" lines
+
     def __init__(self, manager, keepalive=DEFAULT_KEEPALIVE):
         self.manager = manager
         self.keepalive = keepalive
@@ -173,6 +175,8 @@ class AcceptorFactory(protocol.Factory):
 class ConnectorFactory(protocol.Factory):
     """Outgoing links of one configured class."""
 
+    noisy = False          # not two lines per redial
+
     def __init__(self, manager, fed_class, keepalive=DEFAULT_KEEPALIVE):
         self.manager = manager
         self.fed_class = fed_class
@@ -184,9 +188,33 @@ class ConnectorFactory(protocol.Factory):
         return proto
 
 
-def connector_service(reactor, endpoint, factory, initial_delay=0.5, max_delay=30.0):
+def connector_service(reactor, endpoint, factory, initial_delay=0.5, max_delay=30.0,
+                      name=None):
     """A ClientService that keeps an outgoing link up, redialling with
-    jittered exponential backoff."""
+    jittered exponential backoff; each failed dial is logged with its
+    reason, naming ``name`` (the link's URI)."""
     policy = backoffPolicy(initialDelay=initial_delay, maxDelay=max_delay, factor=2.0,
                            jitter=random.random)
-    return ClientService(endpoint, factory, retryPolicy=policy, clock=reactor)
+    return ClientService(_ReasonLogged(endpoint, name or repr(endpoint)), factory,
+                         retryPolicy=policy, clock=reactor)
+
+
+class _ReasonLogged:
+    """An endpoint whose failed connects are logged with their reason
+    (ClientService says only that it will retry)."""
+
+    log = Logger()
+
+    def __init__(self, endpoint, name):
+        self.endpoint = endpoint
+        self.name = name
+
+    def __repr__(self):
+        return f"<{self.name}>"
+
+    def connect(self, factory):
+        def failed(failure):
+            self.log.warn("federation: cannot reach {peer}: {reason}", peer=self.name,
+                          reason=failure.getErrorMessage())
+            return failure
+        return self.endpoint.connect(factory).addErrback(failed)
