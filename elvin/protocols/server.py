@@ -204,6 +204,7 @@ class ElvinServerFactory(protocol.Factory):
     """Makes a protocol per accepted channel, all sharing one Router."""
 
     protocol = ElvinServerProtocol
+    noisy = False          # the router logs the URIs it listens on instead
 
     def __init__(self, router, clock=None, connect_timeout=CONNECT_TIMEOUT):
         if clock is None:
