@@ -11,7 +11,7 @@ guessed at.
 import copy
 import os
 
-from elvin.configvalues import ConfigError, Setting, at_least, duration, flag, text
+from elvin.configvalues import ConfigError, Setting, at_least, did_you_mean, duration, flag, text
 from elvin.configvalues import parse_integer as _integer
 from elvin.discovery import settings as _discovery_settings
 from elvin.endpoints import UnsupportedStackError, check_supported
@@ -257,7 +257,7 @@ class RouterConfig(SettingsConfig):
         else:
             known = ([setting.name for setting in ROUTER_SETTINGS]
                      + _discovery_settings.SETTINGS + sorted(OPTIONS))
-            raise ConfigError(f"{where}: unknown setting {key!r} "
+            raise ConfigError(f"{where}: unknown setting {key!r}{did_you_mean(key, known)} "
                               f"(known: {', '.join(known)})")
 
     def check(self, filename):

@@ -2,11 +2,12 @@
 configuration reader shares (router, federation, discovery), so none of
 them imports another to get them."""
 
+import difflib
 import math
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["ConfigError", "Setting", "parse_boolean", "parse_integer", "parse_seconds",
+__all__ = ["ConfigError", "Setting", "did_you_mean", "parse_boolean", "parse_integer", "parse_seconds",
            "flag", "text", "at_least", "duration"]
 
 _BOOLEANS = {"yes": True, "true": True, "on": True, "1": True,
@@ -15,6 +16,14 @@ _BOOLEANS = {"yes": True, "true": True, "on": True, "1": True,
 
 class ConfigError(ValueError):
     """A configuration file is wrong; the message names file and line."""
+
+
+def did_you_mean(name, known):
+    """`` (did you mean 'listen'?)`` for the known name closest to a
+    misspelt ``name`` (case aside), or "" when none is close."""
+    by_lower = {k.lower(): k for k in known}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.75)
+    return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
 
 
 def parse_boolean(value, key, where):

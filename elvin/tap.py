@@ -443,6 +443,7 @@ def status_service(reactor, config, router, top=None):
                                   config.status_token,
                                   reload=getattr(top, "reload", None), discovery=discovery),
                       timeout=getattr(config, "status_idle_timeout", 10.0), reactor=reactor)
+    site.url = f"{scheme}://{host or '0.0.0.0'}:{port}/"
     endpoint = endpoints.TCP4ServerEndpoint(reactor, port, interface=host)
     admission = getattr(router, "admission", None)
     if admission is not None:

@@ -9,6 +9,7 @@ import json
 import time
 
 from prometheus_client.twisted import MetricsResource
+from twisted.logger import Logger
 from twisted.web import resource, server
 
 from elvin.ops.metrics import registry_for
@@ -115,6 +116,15 @@ class StatusSite(server.Site):
     connection budget which of its connections serve a request."""
 
     protocol = AdmittedHTTPChannel
+    noisy = False          # the line below says where it listens instead
+    #: Where the page is served (set by whoever listens for it), for the log.
+    url = None
+    events = Logger()
+
+    def startFactory(self):
+        super().startFactory()
+        if self.url is not None:
+            self.events.info("status page at {url} (/status.json, /metrics)", url=self.url)
 
     def log(self, request):
         pass

@@ -18,7 +18,7 @@ from elvin.values import Int64
 
 __all__ = ["required_names", "equality_constraints", "equality_recipe",
            "apply_equality_recipe", "range_constraints", "range_recipe",
-           "apply_range_recipe", "index_key"]
+           "apply_range_recipe", "index_key", "names_compared"]
 
 _LOGICAL = {Kind.AND, Kind.OR, Kind.XOR, Kind.NOT}
 
@@ -233,3 +233,21 @@ def apply_range_recipe(recipe, values):
     for name, op, index in recipe:
         _narrow(result, name, op, float(values[index]))
     return result
+
+
+def names_compared(tree):
+    """(name, operator, name) for each ``==`` or ``!=`` between two attribute names,
+    in the tree's order: ``Group == chat`` with the quotes forgotten is
+    such a comparison, and never matches a notification without a ``chat``
+    attribute, so the tools warn of it."""
+    found = []
+    todo = [tree]
+    while todo:
+        here = todo.pop()
+        if (here.kind in (Kind.EQUALS, Kind.NOT_EQUALS) and len(here.children) == 2
+                and all(c.kind is Kind.NAME for c in here.children)):
+            found.append((here.children[0].value,
+                          "==" if here.kind is Kind.EQUALS else "!=",
+                          here.children[1].value))
+        todo.extend(reversed(here.children))
+    return found

@@ -138,8 +138,9 @@ class _Rules:
             raise SubscriptionError(errors.INVALID_TOKEN, t.lexpos,
                                     f"backslash at end of expression (offset {t.lexpos})",
                                     c)
+        hint = " (equality is '==')" if c == "=" else ""
         raise SubscriptionError(errors.INVALID_TOKEN, t.lexpos,
-                                f"invalid character {c!r} at offset {t.lexpos}", c)
+                                f"invalid character {c!r} at offset {t.lexpos}{hint}", c)
 
 
 def make_lexer(text):

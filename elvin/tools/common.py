@@ -63,7 +63,20 @@ class ToolOptions(BaseOptions):
             # None: found when the tool runs (see _with_uri)
             self["uri"] = None if self["elvin"] is None else ElvinURI(self["elvin"])
         except InvalidURIError as e:
-            raise usage.UsageError(str(e)) from None
+            raise usage.UsageError(f"-e/--elvin: {e}{uri_hint(self['elvin'])}") from None
+
+
+def uri_hint(text):
+    """A suggestion for an -e value that is a host:port or a bare port
+    rather than an elvin: URI ("" when there is none to make)."""
+    if "://" in text or text.startswith("elvin:"):
+        return ""
+    if text.isdigit():
+        return f" (did you mean elvin://localhost:{text}?)"
+    host, _, port = text.rpartition(":")
+    if host and port.isdigit():
+        return f" (did you mean elvin://{text}?)"
+    return ""
 
 
 async def _answers(reactor, uri, timeout):
@@ -157,12 +170,14 @@ async def _with_uri(reactor, options, body):
 
 
 def parse_options(options_class, argv=None):
-    """The tool's options from ``argv``; a usage error exits 2 with help."""
+    """The tool's options from ``argv``; a usage error exits 2 with one
+    line naming what was wrong and where the help is."""
     options = options_class()
     try:
         options.parseOptions(sys.argv[1:] if argv is None else argv)
     except usage.UsageError as e:
-        sys.stderr.write(f"{options.name}: {e}\n{options}")
+        sys.stderr.write(f"{options.name}: error: {e}\n"
+                         f"(see {options.name} --help)\n")
         sys.exit(2)
     return options
 

@@ -20,8 +20,13 @@ def main(argv=None):
     if args in (["--help"], ["-h"]):
         print(__doc__.strip())
         return
+    if args == ["--version"]:
+        from elvin import __version__
+        print(f"elvin-config-example (elvin) {__version__}")
+        return
     if args:
-        sys.stderr.write(f"elvin-config-example: takes no arguments, not {args[0]!r}\n")
+        sys.stderr.write(f"elvin-config-example: error: takes no arguments but --help or "
+                         f"--version, not {args[0]!r}\n")
         sys.exit(2)
     try:
         sys.stdout.write(example_text())

@@ -3,14 +3,18 @@
     elvin-stat -e http://127.0.0.1:9917            # once
     elvin-stat -e http://127.0.0.1:9917 -i 2       # every 2 s, with rates
     elvin-stat -e http://127.0.0.1:9917 --json     # the raw status, for scripts
+    elvin-stat -e 9917                             # a bare port: 127.0.0.1
 
-The router must have ``status-listen`` set (docs/operations.md).
+The router must have ``status-listen`` set (docs/operations.md); ``-e``
+names that listener (an http or https URL, host:port or a bare port), not
+an elvin: URI.
 """
 
 import json
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 from twisted.python import usage
@@ -30,7 +34,8 @@ class Options(BaseOptions):
                 ["reload", None, "Ask the router to re-read its configuration file "
                                  "(POST /reload; needs the router's status-token)."]]
     optParameters = [
-        ["status", "e", DEFAULT_STATUS, "The router's status listener (its status-listen)."],
+        ["status", "e", DEFAULT_STATUS, "The router's status listener (its status-listen): "
+                                        "an http(s) URL, host:port or a bare port."],
         ["interval", "i", None, "Print again every this many seconds, until interrupted.",
          float],
         ["count", "n", None, "With --interval: stop after this many prints.", int],
@@ -40,7 +45,44 @@ class Options(BaseOptions):
     def postOptions(self):
         if self["interval"] is not None and not self["interval"] > 0:
             raise usage.UsageError("--interval must be more than 0 seconds")
-        self["status"] = self["status"].rstrip("/")
+        self["status"] = status_url(self["status"])
+
+
+def status_url(text):
+    """The status listener's base URL from -e: an http(s) URL, host:port,
+    or a bare port (on 127.0.0.1, as status-listen reads one)."""
+    text = text.strip().rstrip("/")
+    scheme, sep, rest = text.partition("://")
+    if not sep:
+        scheme, rest = "http", text
+        if text.startswith("elvin:"):
+            scheme = "elvin"
+    if scheme.startswith("elvin"):
+        raise usage.UsageError(
+            f"-e {text}: -e here is the router's status listener (its status-listen, "
+            f"e.g. {DEFAULT_STATUS} or a bare port), not an elvin: URI")
+    if scheme not in ("http", "https"):
+        raise usage.UsageError(f"-e {text}: the status listener is http or https, "
+                               f"not {scheme}")
+    if rest.isdigit():
+        rest = f"127.0.0.1:{rest}"
+    try:
+        port = urllib.parse.urlsplit(f"{scheme}://{rest}").port
+    except ValueError:
+        raise usage.UsageError(f"-e {text}: the port is not a number from 1 to 65535") from None
+    if port == 0:
+        raise usage.UsageError(f"-e {text}: the port is not a number from 1 to 65535")
+    return f"{scheme}://{rest}"
+
+
+def refused(code, token, action="the status"):
+    """Why the status listener answered ``code`` (401 or 404), and what helps."""
+    if code == 401 and token:
+        return (f"the router refused the token given with --token: it does not match "
+                f"the router's status-token")
+    if code == 401:
+        return f"the router requires its status-token for {action}: give --token"
+    return None
 
 
 def fetch(base, token=None, timeout=5.0):
@@ -65,13 +107,16 @@ def reload(base, token):
         try:
             message = json.loads(body)["message"]
         except (ValueError, KeyError):
-            message = f"HTTP {e.code} {e.reason}" + (
-                " (reload needs the router's status-token: give --token)"
-                if e.code in (401, 404) else "")
-        sys.stderr.write(f"elvin-stat: {message}\n")
+            message = f"HTTP {e.code} {e.reason}"
+            if e.code == 404:
+                message += (" (this router takes no reload over its status listener: it "
+                            "has no status-token set; set one, or send the router SIGHUP)")
+            elif e.code == 401:
+                message += f" ({refused(401, token, 'a reload')})"
+        sys.stderr.write(f"elvin-stat: error: {message}\n")
         return 1
     except (urllib.error.URLError, OSError) as e:
-        sys.stderr.write(f"elvin-stat: cannot reach {base}: {getattr(e, 'reason', e)}\n")
+        sys.stderr.write(f"elvin-stat: error: cannot reach {base}: {getattr(e, 'reason', e)}\n")
         return 1
     write(answer["message"] + "\n")
     return 0
@@ -116,12 +161,13 @@ def main(argv=None):
             try:
                 status = fetch(options["status"], options["token"])
             except urllib.error.HTTPError as e:
-                sys.stderr.write(f"elvin-stat: {options['status']}: HTTP {e.code} {e.reason}"
-                                 + (" (give --token)" if e.code == 401 else "") + "\n")
+                why = refused(e.code, options["token"])
+                sys.stderr.write(f"elvin-stat: error: {options['status']}: HTTP {e.code} "
+                                 f"{e.reason}" + (f" ({why})" if why else "") + "\n")
                 sys.exit(1)
             except (urllib.error.URLError, OSError, ValueError) as e:
                 reason = getattr(e, "reason", e)
-                sys.stderr.write(f"elvin-stat: cannot read {options['status']}/status.json: "
+                sys.stderr.write(f"elvin-stat: error: cannot read {options['status']}/status.json: "
                                  f"{reason} (is status-listen set on the router?)\n")
                 sys.exit(1)
             if options["json"]:

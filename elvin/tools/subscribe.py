@@ -16,6 +16,9 @@ from twisted.internet import defer
 from twisted.python import usage
 
 from elvin import client
+from elvin.errors import SubscriptionError
+from elvin.subscription.analysis import names_compared
+from elvin.subscription.parser import parse
 from elvin.textformat import format_notification
 from elvin.tools.common import StdoutClosed, ToolOptions, closing, run, write
 
@@ -58,6 +61,20 @@ class Options(ToolOptions):
             raise usage.UsageError("--receipt must be destructive or non-destructive")
         if self["receipt"] == "non-destructive" and not self["client"]:
             raise usage.UsageError("--receipt non-destructive needs --client NAME")
+        if self["expression"] is not None:
+            for line in bare_name_warnings(self["expression"]):
+                sys.stderr.write(f"{self.name}: warning: {line}\n")
+
+
+def bare_name_warnings(expression):
+    """A warning for each comparison of two attribute names (``Group ==
+    chat``): legal, but usually a string whose quotes were forgotten."""
+    try:
+        tree = parse(expression).tree
+    except SubscriptionError:
+        return []                  # the router names the error
+    return [f"{a} {op} {b} compares two attributes; if {b} is a string, quote it: "
+            f"{a} {op} \"{b}\"" for a, op, b in names_compared(tree)]
 
 
 async def body(reactor, options):

@@ -1,0 +1,187 @@
+"""What a newcomer meets in the first hour: the tools' and the router's
+messages say what was wrong and what helps, in one line, and the log says
+where things listen and why a link could not be made. In process (the
+tools' parse and message functions, a status site on loopback port 0)."""
+
+import io
+import sys
+
+from twisted.internet import defer, error, reactor, threads
+from twisted.internet.task import Clock
+from twisted.logger import Logger
+from twisted.python import usage
+from twisted.trial import unittest
+
+from elvin import config
+from elvin.configvalues import ConfigError, did_you_mean
+from elvin.core.router import Router
+from elvin.errors import SubscriptionError
+from elvin.federation import protocol as fedproto
+from elvin.ops.web import StatusSite, status_root
+from elvin.protocols.server import ElvinServerFactory
+from elvin.subscription import Subscription
+from elvin.subscription.analysis import names_compared
+from elvin.subscription.parser import parse
+from elvin.tools import config_example, stat
+from elvin.tools.common import parse_options
+from elvin.tools.notify import Options as NotifyOptions
+from elvin.tools.subscribe import bare_name_warnings
+
+
+class _Captured:
+    """``sys.stdout``/``sys.stderr`` replaced for one call."""
+
+    def __init__(self, case):
+        self.out, self.err = io.StringIO(), io.StringIO()
+        case.patch(sys, "stdout", self.out)
+        case.patch(sys, "stderr", self.err)
+
+
+class ToolUsageTests(unittest.TestCase):
+
+    def usage_error(self, options_class, argv):
+        captured = _Captured(self)
+        with self.assertRaises(SystemExit) as raised:
+            parse_options(options_class, argv)
+        self.assertEqual(raised.exception.code, 2)
+        return captured.err.getvalue()
+
+    def test_usage_error_is_one_line_with_the_prefix(self):
+        err = self.usage_error(NotifyOptions, ["-e", "http://nowhere", "a: 1"])
+        first, hint = err.splitlines()
+        self.assertTrue(first.startswith("elvin-notify: error: -e/--elvin: "), first)
+        self.assertIn("http://nowhere", first)
+        self.assertEqual(hint, "(see elvin-notify --help)")
+        self.assertNotIn("Options:", err)
+
+    def test_host_and_port_suggests_an_elvin_uri(self):
+        err = self.usage_error(NotifyOptions, ["-e", "localhost:3999", "a: 1"])
+        self.assertIn("(did you mean elvin://localhost:3999?)", err)
+        err = self.usage_error(NotifyOptions, ["-e", "3999", "a: 1"])
+        self.assertIn("(did you mean elvin://localhost:3999?)", err)
+
+    def test_config_example_version(self):
+        import elvin
+        captured = _Captured(self)
+        config_example.main(["--version"])
+        self.assertEqual(captured.out.getvalue().strip(),
+                         f"elvin-config-example (elvin) {elvin.__version__}")
+
+
+class StatUsageTests(unittest.TestCase):
+
+    def test_bare_port_and_host_port(self):
+        self.assertEqual(stat.status_url("9913"), "http://127.0.0.1:9913")
+        self.assertEqual(stat.status_url("example.com:9913/"), "http://example.com:9913")
+        self.assertEqual(stat.status_url("https://h:1"), "https://h:1")
+
+    def test_an_elvin_uri_is_named_as_the_wrong_kind(self):
+        for text in ("elvin://localhost:2917", "elvin:/tcp,none,xdr/h:1"):
+            with self.assertRaises(usage.UsageError) as raised:
+                stat.status_url(text)
+            self.assertIn("status listener", str(raised.exception))
+            self.assertIn("not an elvin: URI", str(raised.exception))
+
+    def test_port_out_of_range(self):
+        for text in ("99999", "h:70000", "h:0"):
+            with self.assertRaises(usage.UsageError) as raised:
+                stat.status_url(text)
+            self.assertIn("1 to 65535", str(raised.exception))
+
+    def test_token_messages_say_what_helps(self):
+        self.assertIn("give --token", stat.refused(401, None))
+        wrong = stat.refused(401, "guess")
+        self.assertIn("refused the token given", wrong)
+        self.assertNotIn("give --token", wrong)
+
+
+class StatAgainstAListenerTests(unittest.TestCase):
+    """elvin-stat's --reload against a status listener on loopback."""
+
+    def listen(self, token, reload=None):
+        site = StatusSite(status_root(Router(), token=token, reload=reload))
+        port = reactor.listenTCP(0, site, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        return f"http://127.0.0.1:{port.getHost().port}"
+
+    @defer.inlineCallbacks
+    def test_reload_without_a_status_token_says_none_can_help(self):
+        base = self.listen(None)
+        captured = _Captured(self)
+        code = yield threads.deferToThread(stat.reload, base, "anything")
+        self.assertEqual(code, 1)
+        err = captured.err.getvalue()
+        self.assertTrue(err.startswith("elvin-stat: error: HTTP 404"), err)
+        self.assertIn("no status-token set", err)
+        self.assertNotIn("give --token", err)
+
+    @defer.inlineCallbacks
+    def test_reload_with_a_wrong_token(self):
+        base = self.listen("right", reload=lambda: defer.succeed("reloaded"))
+        captured = _Captured(self)
+        code = yield threads.deferToThread(stat.reload, base, "wrong")
+        self.assertEqual(code, 1)
+        self.assertIn("refused the token given", captured.err.getvalue())
+
+
+class MessageTests(unittest.TestCase):
+
+    def test_misspelt_setting(self):
+        with self.assertRaises(ConfigError) as raised:
+            config.parse("lisen = elvin://localhost:2917")
+        self.assertIn("unknown setting 'lisen' (did you mean 'listen'?)", str(raised.exception))
+        self.assertEqual(did_you_mean("zzz", ["listen"]), "")
+
+    def test_listen_port_out_of_range(self):
+        with self.assertRaises(ConfigError) as raised:
+            config.parse("listen = elvin://localhost:99999")
+        self.assertIn("must be 1-65535", str(raised.exception))
+
+    def test_single_equals_hints_double(self):
+        with self.assertRaises(SubscriptionError) as raised:
+            Subscription('Group = "chat"')
+        message = str(raised.exception)
+        self.assertIn("(equality is '==')", message)
+        self.assertEqual(message.count("offset 6"), 1, message)
+
+    def test_two_bare_names_compared(self):
+        tree = parse('Group == chat || (x != y && z == "z")').tree
+        self.assertEqual(names_compared(tree), [("Group", "==", "chat"), ("x", "!=", "y")])
+        (warning,) = bare_name_warnings("Group == chat")
+        self.assertIn('quote it: Group == "chat"', warning)
+        self.assertEqual(bare_name_warnings('Group == "chat"'), [])
+        self.assertEqual(bare_name_warnings("Group ="), [])     # the router names that
+
+
+class LogTests(unittest.TestCase):
+
+    def test_factories_are_quiet(self):
+        for factory in (ElvinServerFactory, StatusSite, fedproto.ConnectorFactory,
+                        fedproto.AcceptorFactory):
+            self.assertFalse(factory.noisy, factory)
+
+    def test_status_page_logs_its_url(self):
+        events = []
+        site = StatusSite(status_root(Router()))
+        site.events = Logger(observer=events.append)
+        site.url = "http://127.0.0.1:9918/"
+        site.doStart()
+        self.addCleanup(site.doStop)
+        self.assertEqual([e["url"] for e in events], ["http://127.0.0.1:9918/"])
+
+    def test_failed_federation_dial_is_logged_with_its_reason(self):
+        events = []
+        self.patch(fedproto._ReasonLogged, "log", Logger(observer=events.append))
+        clock = Clock()
+
+        class Refusing:
+            def connect(self, factory):
+                return defer.fail(error.ConnectionRefusedError("no one home"))
+        service = fedproto.connector_service(clock, Refusing(),
+                                             fedproto.ConnectorFactory(None, None),
+                                             name="ewaf://peer.test:2916")
+        service.startService()
+        self.addCleanup(service.stopService)
+        (event,) = events
+        self.assertEqual(event["peer"], "ewaf://peer.test:2916")
+        self.assertIn("no one home", event["reason"])
