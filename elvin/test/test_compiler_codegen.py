@@ -15,7 +15,7 @@ VALUES = [0, 1, 2, -1, Int64(1), Int64(9007199254740993), 0.0, -0.0, 2.5,
 
 
 class CodegenEquivalenceTests(unittest.TestCase):
-    @settings(max_examples=400, deadline=None)
+    @settings(max_examples=400)
     @given(st.lists(st.sampled_from(ATOMS), min_size=1, max_size=5),
            st.sampled_from([" && ", " || "]),
            st.lists(st.dictionaries(st.sampled_from(["x", "y", "z"]),
@@ -63,7 +63,7 @@ class MembershipEquivalenceTests(unittest.TestCase):
     comparison would, NaN, signed zeros, large integers and strings
     against numbers included."""
 
-    @settings(max_examples=300, deadline=None)
+    @settings(max_examples=300)
     @given(st.lists(st.sampled_from(LITERALS), min_size=compiler._SET_MIN, max_size=14),
            st.sampled_from([(" || ", "=="), (" && ", "!=")]),
            st.lists(st.sampled_from(["x == 'b'", "y == 1", "require(z)"]), max_size=2),
@@ -78,7 +78,7 @@ class MembershipEquivalenceTests(unittest.TestCase):
             attrs = normalise(note)
             self.assertIs(compiled(attrs), reference(attrs), f"{comparisons} {note}")
 
-    @settings(max_examples=200, deadline=None)
+    @settings(max_examples=200)
     @given(st.lists(st.sampled_from(LITERALS), min_size=1, max_size=12),
            st.lists(st.dictionaries(st.sampled_from(["x", "y"]),
                                     st.sampled_from(VALUES)), min_size=1, max_size=8))

@@ -185,3 +185,14 @@ class LogTests(unittest.TestCase):
         (event,) = events
         self.assertEqual(event["peer"], "ewaf://peer.test:2916")
         self.assertIn("no one home", event["reason"])
+
+
+class SuiteSettingsTests(unittest.TestCase):
+
+    def test_property_tests_have_no_deadline(self):
+        """elvin.test sets Hypothesis's settings once for every module: no
+        property test fails because the machine was busy."""
+        from hypothesis import HealthCheck, settings
+        self.assertIsNone(settings.default.deadline)
+        self.assertIn(HealthCheck.too_slow, settings.default.suppress_health_check)
+        self.assertIsNone(settings(max_examples=3).deadline)

@@ -75,7 +75,7 @@ class IndexCompletenessTests(unittest.TestCase):
             self.assertTrue(expected <= set(ids),
                             f"{note}: lost {expected - set(ids)}")
 
-    @settings(max_examples=300, deadline=None)
+    @settings(max_examples=300)
     @given(st.lists(st.sampled_from(EXPRESSIONS), min_size=1, max_size=12),
            st.lists(st.dictionaries(st.sampled_from(["s", "n", "x"]),
                                     st.sampled_from(VALUES), min_size=1),
@@ -148,7 +148,7 @@ _NUMBER_VALUES = st.one_of(st.integers(-60, 1060), st.integers(-60, 1060).map(In
 class GridTests(unittest.TestCase):
     """Buckets past GRID_FROM entries select by a numeric attribute's cell."""
 
-    @settings(max_examples=120, deadline=None)
+    @settings(max_examples=120)
     @given(st.lists(_ranged_expression(), min_size=20, max_size=80),
            st.lists(st.fixed_dictionaries({"s": st.sampled_from(["a", "b"])},
                                           optional={"n": _NUMBER_VALUES, "m": _NUMBER_VALUES,
