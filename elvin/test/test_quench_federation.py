@@ -10,9 +10,10 @@ from elvin.subscription.compiler import compile_tree
 from elvin.test.fednet import Net
 
 
-def _terms(packets):
-    """term id -> tree, from a quencher's SubAdd/Mod/DelNotify packets."""
-    terms = {}
+def _terms(packets, terms=None):
+    """term id -> tree, from a quencher's SubAdd/Mod/DelNotify packets
+    (applied in order to ``terms``, if given)."""
+    terms = {} if terms is None else terms
     for packet in packets:
         if isinstance(packet, (P.SubAddNotify, P.SubModNotify)):
             terms[packet.term_id] = packet.sub_expr
@@ -118,3 +119,31 @@ class QuenchAcrossFederationTests(unittest.TestCase):
         self.assertEqual(sent, 2)
         self.assertEqual(on_b.deliveries(), [{"n": 1}])
         self.assertEqual(on_d.deliveries(), [{"n": 2}])
+
+    def test_in_a_ring_one_term_which_follows_the_tree(self):
+        """a-b-c-d-a (tree a-b, b-c, a-d): a quencher on a hears of c's
+        subscription once (the idle c-d link carries no filter), and
+        still holds a term for it after b, the router on the way, is
+        stopped and the tree goes round by d."""
+        net = Net()
+        a, b, c, d = net.routers_named("a.test", "b.test", "c.test", "d.test")
+        for x, y in ((a, b), (b, c), (c, d), (d, a)):
+            net.link(x, y)
+        net.run(3.0)
+        self.assertEqual(net.trees()["c.test"], {"b.test"})
+        quencher = a.client()
+        quencher.quench(["x"])
+        c.client().subscribe("x == 1")
+        net.run(0.5)
+        terms = _terms(quencher.take())
+        self.assertEqual(len(terms), 1)
+        self.assertTrue(_wanted(terms, {"x": 1}))
+        stopped = []
+        b.stop().addCallback(stopped.append)
+        net.run(5.0)
+        self.assertEqual(len(stopped), 1)
+        self.assertEqual(net.trees()["c.test"], {"d.test"})
+        _terms(quencher.take(), terms)
+        self.assertEqual(len(terms), 1)
+        self.assertTrue(_wanted(terms, {"x": 1}))
+        self.assertFalse(_wanted(terms, {"x": 2}))
