@@ -299,7 +299,9 @@ class ExampleTests(unittest.TestCase):
                   "2> b-ready.txt &\n"
                   "for i in $(seq 1 150); do grep -q ready b-ready.txt && break; "
                   "sleep 0.1; done\n"
-                  f"{body} 2> a-ready.txt &\n"
+                  # Both ends of the pipe write to a-ready.txt: the
+                  # subscriber's "ready" is what is waited for.
+                  f"{{ {body}; }} 2> a-ready.txt &\n"
                   "for i in $(seq 1 150); do grep -q ready a-ready.txt && break; "
                   "sleep 0.1; done\n"
                   f"elvin-notify -e {a} 'Alarm: \"disk full\"'\n"
