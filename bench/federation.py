@@ -2,7 +2,7 @@
 quench across routers, graceful stops, hung peers and an Avis router in a ring.
 
     python bench/federation.py [--notifs 50000]
-        [--scenarios chain3 mesh4 heal quench2 stop hung avis_ring]
+        [--scenarios chain3 mesh4 heal quench2 stop drain hung avis_ring]
 
 Every router is a real ``twistd elvin`` process on 127.0.0.1 (client and
 federation ports picked free; configurations and logs in a temporary
@@ -65,6 +65,17 @@ One line per scenario:
   SIGTERM (a graceful stop: it leaves the tree first); the stream goes on
   ``--stop-after`` s after b exited. Checked: nothing lost or duplicated.
 
+    scenario=drain rate=… sent=… lost_c=… duplicates_c=… lost_d=…
+        duplicates_d=… lost_b_client=… duplicates_b_client=…
+        drained_after_s=… tree_before=… tree_after=…
+  The same with SIGUSR1 instead (b has ``redirect-to`` a): b leaves the
+  tree, then redirects its clients; a subscriber on b follows to a
+  (``lost_b_client``: what it missed while it moved; not checked).
+  ``drained_after_s`` is from the signal until b logs ``drained:``;
+  the stream goes on ``--stop-after`` s after that; ``tree_after`` leaves
+  b out (it stays up, off the tree). Checked: nothing lost or duplicated
+  at c and d.
+
     scenario=hung keepalive=default idle_before_s=… detected_s=…
         detected_s_max=… replaced_s=…
   b dials a, default keepalive (5 s) and mesh interval (10 s); for each
@@ -88,7 +99,7 @@ One line per scenario:
 
 Exit status 1 (after printing every line) if a check failed: something
 not delivered in chain3/mesh4, a duplicate anywhere, no heal, or a
-target of quench2, stop, hung or avis_ring missed.
+target of quench2, stop, drain, hung or avis_ring missed.
 """
 
 import argparse
@@ -135,6 +146,7 @@ class Router:
         self.folder = folder
         self.name = name
         self.fast = fast           # 1 s mesh and keepalive intervals, else the defaults
+        self.extra = []            # more lines for its configuration file
         self.domain = f"{name}.bench"
         self.port = self._port(used_ports)
         self.fed_port = self._port(used_ports)
@@ -168,7 +180,7 @@ class Router:
                  "Federation.Provide[Peers] = TRUE"]
         if self.fast:
             lines += ["Federation.Mesh.Interval = 1", "Federation.Keepalive-Interval = 1"]
-        return lines
+        return lines + self.extra
 
     def command(self, conf):
         argv = ["twistd", "-n", "--pidfile=", "elvin", "-c", conf]
@@ -284,10 +296,13 @@ class Topology:
     def describe_tree(self):
         return ",".join(f"{x}-{y}" for x, y in sorted(self.tree))
 
-    def logged_tree(self):
-        """The tree the running routers last logged, as ``describe_tree``."""
+    def logged_tree(self, leaving=()):
+        """The tree the running routers last logged, as ``describe_tree``
+        (those named in ``leaving`` left it: the tree they last logged is
+        the one they froze on leaving)."""
         edges = {tuple(sorted((r.name, peer.split(".")[0])))
-                 for r in self.routers.values() if r.alive() for peer in r.tree()}
+                 for r in self.routers.values() if r.alive() and r.name not in leaving
+                 for peer in r.tree()}
         return ",".join(f"{x}-{y}" for x, y in sorted(edges)) or "none"
 
     def stop(self):
@@ -615,34 +630,53 @@ def quench2(folder, args, sync):
 
 def stop(folder, args, sync):
     """Graceful stop (SIGTERM) of the router carrying a stream in a ring."""
+    return _take_out(folder, args, sync, drain=False)
+
+
+def drain(folder, args, sync):
+    """SIGUSR1 (drain to a) of the router carrying a stream in a ring."""
+    return _take_out(folder, args, sync, drain=True)
+
+
+def _take_out(folder, args, sync, drain):
+    """Router b of the ring a-b-c-d-a, carrying a's stream to c, is taken
+    out of service (SIGTERM, or SIGUSR1 with ``redirect-to`` a) while a
+    publishes; c and d count what they get, and with ``drain`` so does a
+    client of b's, which follows the redirection to a."""
+    name = "drain" if drain else "stop"
     topo = Topology(folder, "abcd", [("a", "b"), ("b", "c"), ("c", "d"), ("d", "a")],
                     fast=False)
     assert topo.tree == {("a", "b"), ("a", "d"), ("b", "c")}, topo.tree
+    b = topo["b"]
+    if drain:
+        b.extra.append(f"redirect-to = {topo['a'].uri}")
     try:
         topo.start()
         with sync.connect(topo["a"].uri) as pub, sync.connect(topo["c"].uri) as sub_c, \
-                sync.connect(topo["d"].uri) as sub_d:
+                sync.connect(topo["d"].uri) as sub_d, sync.connect(b.uri) as sub_b:
             collectors = {"c": subscribe(sub_c, Collector()),
                           "d": subscribe(sub_d, Collector())}
-            wait_subscribed(pub, list(collectors.values()))
-            for c in collectors.values():
-                c.reset("stop")
-            state = {"term_at": None, "exited_at": None}
-            term_due = time.perf_counter() + args.stop_before
+            local = subscribe(sub_b, Collector()) if drain else None
+            wait_subscribed(pub, list(collectors.values()) + ([local] if drain else []))
+            for c in [*collectors.values(), *([local] if drain else [])]:
+                c.reset(name)
+            state = {"signal_at": None, "done_at": None}
+            signal_due = time.perf_counter() + args.stop_before
 
             def tick(i):
-                if state["term_at"] is None and time.perf_counter() >= term_due:
-                    topo["b"].proc.terminate()            # SIGTERM, as users stop it
-                    state["term_at"] = time.perf_counter()
-                if (state["term_at"] is not None and state["exited_at"] is None
-                        and topo["b"].proc.poll() is not None):
-                    state["exited_at"] = time.perf_counter()
+                if state["signal_at"] is None and time.perf_counter() >= signal_due:
+                    # As users do it: SIGUSR1 to drain, SIGTERM to stop.
+                    b.proc.send_signal(signal.SIGUSR1 if drain else signal.SIGTERM)
+                    state["signal_at"] = time.perf_counter()
+                if state["signal_at"] is not None and state["done_at"] is None and (
+                        "drained: " in b.log() if drain else b.proc.poll() is not None):
+                    state["done_at"] = time.perf_counter()
 
             def done(i):
-                return (state["exited_at"] is not None
-                        and time.perf_counter() - state["exited_at"] >= args.stop_after)
+                return (state["done_at"] is not None
+                        and time.perf_counter() - state["done_at"] >= args.stop_after)
 
-            sent = paced(pub, None, args.stop_rate, "stop", extra=tick, stop=done)
+            sent = paced(pub, None, args.stop_rate, name, extra=tick, stop=done)
             pub.test_connection()
             try:
                 wait_for("the end of the stream", lambda: all(
@@ -653,15 +687,17 @@ def stop(folder, args, sync):
             time.sleep(0.5)
         ok = True
         figures = []
-        for name, c in collectors.items():
+        for where, c in [*collectors.items(), *([("b_client", local)] if drain else [])]:
             seqs = list(c.seqs)
             lost = len(set(range(sent)) - set(seqs))
             dups = len(seqs) - len(set(seqs))
-            ok = ok and lost == 0 and dups == 0
-            figures.append(f"lost_{name}={lost} duplicates_{name}={dups}")
-        print(f"scenario=stop rate={args.stop_rate:g} sent={sent} {' '.join(figures)} "
-              f"term_to_exit_s={state['exited_at'] - state['term_at']:.2f} "
-              f"tree_before={topo.describe_tree()} tree_after={topo.logged_tree()}",
+            if where != "b_client":
+                ok = ok and lost == 0 and dups == 0
+            figures.append(f"lost_{where}={lost} duplicates_{where}={dups}")
+        took = "drained_after_s" if drain else "term_to_exit_s"
+        print(f"scenario={name} rate={args.stop_rate:g} sent={sent} {' '.join(figures)} "
+              f"{took}={state['done_at'] - state['signal_at']:.2f} "
+              f"tree_before={topo.describe_tree()} tree_after={topo.logged_tree('b')}",
               flush=True)
         return ok
     finally:
@@ -827,7 +863,7 @@ class _Offset:
 
 
 SCENARIOS = {"chain3": chain3, "mesh4": mesh4, "heal": heal, "quench2": quench2,
-             "stop": stop, "hung": hung, "avis_ring": avis_ring}
+             "stop": stop, "drain": drain, "hung": hung, "avis_ring": avis_ring}
 
 
 def main():
