@@ -511,6 +511,33 @@ def _say(log, text):
         print(text, file=log, flush=True)
 
 
+class _Background:
+    """A call in a thread of its own; ``result`` waits for it and returns
+    what it returned, or raises what it raised."""
+
+    def __init__(self, call):
+        self._value = self._error = None
+        self._thread = threading.Thread(target=self._run, args=(call,), daemon=True)
+        self._thread.start()
+
+    def _run(self, call):
+        try:
+            self._value = call()
+        except BaseException as e:                     # (raised again by result)
+            self._error = e
+
+    def join(self, timeout):
+        self._thread.join(timeout)
+
+    def result(self, timeout):
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise ClusterError(f"the local run did not finish within {timeout:.0f} s")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 def run_cluster_check(traces=None, workdir=None, port=7077, keep=False, synth=None, conf=None,
                       start_timeout=60.0, run_timeout=900.0, deadline=None, log=None,
                       analysis_args=(), only=RUNS):
@@ -548,6 +575,7 @@ def run_cluster_check(traces=None, workdir=None, port=7077, keep=False, synth=No
                PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
     cluster = Cluster(workdir, port=port)
     run_groups = set()                                 # of the analysis runs, checked at the end
+    local_run = None                                   # the local run, in its own thread
     finished = False                                   # False: an exception is on its way out
     try:
         if traces is None:
@@ -561,15 +589,6 @@ def run_cluster_check(traces=None, workdir=None, port=7077, keep=False, synth=No
         traces = os.path.abspath(traces)
         result["traces"] = traces
 
-        _say(log, f"starting a master and {cluster.workers} workers on 127.0.0.1 "
-                  f"(logs in {workdir})")
-        t = time.monotonic()
-        cluster.start(timeout=left(start_timeout))
-        result["seconds"]["start"] = time.monotonic() - t
-        result["master_url"] = cluster.url
-        _say(log, f"master {cluster.url} (UI {cluster.webui}), {cluster.workers} workers ALIVE "
-                  f"after {result['seconds']['start']:.1f} s")
-
         outs = {name: os.path.join(workdir, name) for name in RUNS}
         for path in outs.values():
             shutil.rmtree(path, ignore_errors=True)
@@ -579,12 +598,26 @@ def run_cluster_check(traces=None, workdir=None, port=7077, keep=False, synth=No
             extra += ["--conf", f"{key}={value}"]
         for key, value in {**DRIVER_CONF, **EXECUTOR_CONF, **(conf or {})}.items():
             confs += ["--conf", f"{key}={value}"]
-        runs = {
-            "local": [sys.executable, "-m", "spark_analysis", traces, "--out", outs["local"],
+        local_argv = [sys.executable, "-m", "spark_analysis", traces, "--out", outs["local"],
                       # (Spark's analysis, as on the cluster: a small window
                       # would otherwise go to DuckDB in the driver)
-                      "--master", "local[2]", "--engine", "spark", "--quiet"]
-                     + extra + analysis_args,
+                      "--master", "local[2]", "--engine", "spark", "--quiet"] + extra + analysis_args
+        # The local run needs no cluster: it runs while the cluster starts
+        # (its JVMs spend their first seconds waiting on each other).
+        if "local" in only:
+            local_run = _Background(lambda: _run("local", local_argv, workdir, env,
+                                                 left(run_timeout), log, run_groups))
+
+        _say(log, f"starting a master and {cluster.workers} workers on 127.0.0.1 "
+                  f"(logs in {workdir})")
+        t = time.monotonic()
+        cluster.start(timeout=left(start_timeout))
+        result["seconds"]["start"] = time.monotonic() - t
+        result["master_url"] = cluster.url
+        _say(log, f"master {cluster.url} (UI {cluster.webui}), {cluster.workers} workers ALIVE "
+                  f"after {result['seconds']['start']:.1f} s")
+
+        runs = {
             "submit": [os.path.join(spark_home(), "bin", "spark-submit"),
                        "--master", cluster.url] + confs +
                       [os.path.join(ROOT, "spark_analysis", "__main__.py"),
@@ -593,8 +626,11 @@ def run_cluster_check(traces=None, workdir=None, port=7077, keep=False, synth=No
                        "--master", cluster.url] + confs + ["--quiet"] + analysis_args,
         }
         for name in only:
-            result["seconds"][name] = _run(name, runs[name], workdir, env, left(run_timeout),
-                                           log, run_groups)
+            if name != "local":
+                result["seconds"][name] = _run(name, runs[name], workdir, env,
+                                               left(run_timeout), log, run_groups)
+        if local_run is not None:
+            result["seconds"]["local"] = local_run.result(left(run_timeout))
         state = cluster.state() or {}
         apps = state.get("completedapps", []) + state.get("activeapps", [])
         on_cluster = [name for name in only if name != "local"]
@@ -609,6 +645,8 @@ def run_cluster_check(traces=None, workdir=None, port=7077, keep=False, synth=No
         result["errors"].append(str(e))
         finished = True
     finally:
+        if local_run is not None:
+            local_run.join(run_timeout)               # (bounded: _run's own timeout)
         t = time.monotonic()
         result["leftover"] = cluster.stop()
         seen = {pid for pid, _ in result["leftover"]}

@@ -25,20 +25,30 @@ def _skip_without_duckdb():
 
 
 _pairs = {}
+_spark_starts = {}     # name -> times the Spark run of run_both called its start
 
 
 def run_both(name, make, **kwargs):
-    """(spark's Analysis, duckdb's Analysis) over the traces ``make(dir)`` writes."""
+    """(spark's Analysis, duckdb's Analysis) over the traces ``make(dir)`` writes.
+
+    The Spark run is given a callable that starts Spark (as the command
+    line gives one), its calls counted in ``_spark_starts``; the DuckDB run
+    the session itself (so both read the traces with Spark's tasks)."""
     if name not in _pairs:
         spark = spark_session()
         _skip_without_duckdb()
         from spark_analysis import pipeline
         traces = _tempdir(name)
         make(traces)
+        _spark_starts[name] = 0
+
+        def start():
+            _spark_starts[name] += 1
+            return spark
         runs = []
-        for engine in ("spark", "duckdb"):
+        for engine, given in (("spark", start), ("duckdb", spark)):
             out = _tempdir(f"{name}-{engine}")
-            runs.append(pipeline.run(spark, traces, out, progress=None, engine=engine,
+            runs.append(pipeline.run(given, traces, out, progress=None, engine=engine,
                                      report=False, **kwargs))
         _pairs[name] = tuple(runs)
     return _pairs[name]
@@ -287,11 +297,9 @@ class WithoutSparkTests(unittest.SynchronousTestCase):
         return traces, start, calls
 
     def test_spark_is_started_when_the_engine_is_spark(self):
-        from spark_analysis import pipeline
-        traces, start, calls = self.counted_start("sw-needspark")
-        pipeline.run(start, traces, _tempdir("sw-needspark-out"), T(0), T(600), progress=None,
-                     report=False, engine="spark")
-        self.assertEqual(calls, [1])
+        # (run_both's Spark run of the hand-made traces is given a start)
+        run_both("sw-handmade", lambda d: write_handmade(d), since_us=T(0), until_us=T(600))
+        self.assertEqual(_spark_starts["sw-handmade"], 1)
 
     def test_a_big_window_reads_here_then_starts_spark_for_the_analysis(self):
         from spark_analysis import pipeline
