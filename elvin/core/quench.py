@@ -121,7 +121,12 @@ class QuenchRegistry:
         self.quenches = {}
         #: name -> the one QuenchEntry on it, or a _Shared of several.
         self._quenches_by_name = {}
-        self._subs_by_name = {}
+        #: Subscriptions (and pull terms) grouped by their set of names,
+        #: and name -> the name sets holding it: a subscription is in one
+        #: set, where filing it under each of its names cost a set slot
+        #: per name (some 200 bytes a subscription of the benchmark's).
+        self._subs_by_names = {}
+        self._name_sets = {}
         #: Federation terms that name no attribute (a pull of everything).
         self._pulls_everything = {}
         self.max_bytes = max_bytes
@@ -157,16 +162,27 @@ class QuenchRegistry:
         return found.values()
 
     def _file(self, entry, names):
-        for name in names:
-            self._subs_by_name.setdefault(name, set()).add(entry)
+        names = frozenset(names)
+        group = self._subs_by_names.get(names)
+        if group is None:
+            self._subs_by_names[names] = group = set()
+            for name in names:
+                self._name_sets.setdefault(name, set()).add(names)
+        group.add(entry)
 
     def _unfile(self, entry, names):
-        for name in names:
-            bucket = self._subs_by_name.get(name)
-            if bucket is not None:
-                bucket.discard(entry)
-                if not bucket:
-                    del self._subs_by_name[name]
+        names = frozenset(names)
+        group = self._subs_by_names.get(names)
+        if group is None:
+            return
+        group.discard(entry)
+        if not group:
+            del self._subs_by_names[names]
+            for name in names:
+                sets = self._name_sets[name]
+                sets.discard(names)
+                if not sets:
+                    del self._name_sets[name]
 
     # -- federation terms: what the far side of a link wants ---------------
 
@@ -218,8 +234,8 @@ class QuenchRegistry:
         old_names, before = token
         new_names = entry.subscription.names
         if old_names != new_names:
-            self._unfile(entry, old_names - new_names)
-            self._file(entry, new_names - old_names)
+            self._unfile(entry, old_names)
+            self._file(entry, new_names)
         if not self._quenches_by_name:
             return
         after = {}
@@ -240,8 +256,11 @@ class QuenchRegistry:
 
     def _subscriptions_on(self, names):
         found = dict(self._pulls_everything)
+        groups = set()
         for name in names:
-            for entry in self._subs_by_name.get(name, ()):
+            groups.update(self._name_sets.get(name, ()))
+        for group in groups:
+            for entry in self._subs_by_names[group]:
                 found[entry.id] = entry
         return found.values()
 

@@ -53,6 +53,7 @@ _LITERAL_KINDS = frozenset({Kind.INT32, Kind.INT64, Kind.REAL64, Kind.STRING})
 _PATTERN_KINDS = frozenset({Kind.FUNC_REGEX, Kind.FUNC_WILDCARD})
 _node = Node._trusted
 _intern = sys.intern
+_shared_number = compiler.shared_number
 _shapes = {}
 #: Characters of text the shapes in ``_shapes`` stand for.
 _shape_text = 0
@@ -213,7 +214,7 @@ def _literals(parts, merged):
             if value == _INF:
                 parser._real(number, 0)    # raises the overflow error
             kinds.append(_REAL64)
-            values.append(-value if minus else value)
+            values.append(_shared_number(-value if minus else value))
         elif number[0] != "0" and number[-1] not in "lL":
             # Decimal int32, the usual number: int() without the parser's
             # octal, hex and int64 cases.
@@ -223,7 +224,7 @@ def _literals(parts, merged):
             if not _INT32_MIN <= value <= _INT32_MAX:
                 parser._integer(("-" if minus else "") + number, 0)   # raises
             kinds.append(_INT32)
-            values.append(value)
+            values.append(_shared_number(value))
         else:
             leaf = parser._integer(("-" if minus else "") + number, 0)
             kinds.append(leaf.kind)
