@@ -854,7 +854,15 @@ class AsyncioDiscoveryTests(unittest.SynchronousTestCase):
                     "discovery-ttl = 0\n"
                     f"discovery-dns-sd = {self.dns_sd}\n"
                     f"discovery-group = 224.4.0.1:{self.group_port}\n")
-        self.uri, proc = start_router(port, ["-c", config, "-l", f"elvin://127.0.0.1:{port}"])
+        self.router_args = (port, ["-c", config, "-l", f"elvin://127.0.0.1:{port}"])
+
+    def start(self):
+        """The router. The asyncio test starts it first, so the client
+        solicits and the router answers (held back by the draft's two
+        seconds between one router's adverts); the blocking test, on the
+        same discoverer, starts it once the discoverer listens, and its
+        start-up advertisement fills the cache without that wait."""
+        self.uri, proc = start_router(*self.router_args)
         self.addCleanup(stop_router, proc)
 
     dns_sd = "no"
@@ -868,6 +876,7 @@ class AsyncioDiscoveryTests(unittest.SynchronousTestCase):
         from elvin.discovery.aio import NoRouterFound
 
         async def scenario():
+            self.start()
             async with self.discoverer() as finder:
                 conn = await aio.connect(scope=self.scope, discoverer=finder,
                                          discovery_timeout=10)
@@ -878,7 +887,7 @@ class AsyncioDiscoveryTests(unittest.SynchronousTestCase):
                 await conn.close()
                 with self.assertRaises(NoRouterFound):
                     await aio.connect(scope="no-such-scope", discoverer=finder,
-                                      discovery_timeout=0.5)
+                                      discovery_timeout=0.2)
         asyncio.run(asyncio.wait_for(scenario(), 60))
 
     def test_blocking_connect_by_scope(self):
@@ -888,6 +897,7 @@ class AsyncioDiscoveryTests(unittest.SynchronousTestCase):
             return await self.discoverer().start()
         finder = blocking._run(make())
         try:
+            self.start()
             with blocking.connect(scope=self.scope, discoverer=finder,
                                   discovery_timeout=10) as conn:
                 self.assertEqual(str(conn.uri), str(client.ElvinURI(self.uri)))
