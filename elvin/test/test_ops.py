@@ -143,9 +143,20 @@ class StatusListenerTests(unittest.TestCase):
         yield conn.subscribe("require(x)", lambda n: None)
 
         def run(*args):
-            return subprocess.run([sys.executable, "-m", "elvin.tools.stat", "-e", self.base,
-                                   *args], cwd=REPO, capture_output=True, text=True,
-                                  timeout=30)
+            """elvin-stat's main in this process (on a thread: it blocks)."""
+            import contextlib
+            import io
+            import types
+            from elvin.tools import stat
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    stat.main(["-e", self.base, *args])
+                    code = 0
+                except SystemExit as e:
+                    code = e.code or 0
+            return types.SimpleNamespace(returncode=code, stdout=out.getvalue(),
+                                         stderr=err.getvalue())
         done = yield threads.deferToThread(run, "-t", "s3cret")
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertIn("clients 1 tcp=1  subscriptions 1", done.stdout)
@@ -157,6 +168,7 @@ class StatusListenerTests(unittest.TestCase):
         done = yield threads.deferToThread(run)
         self.assertEqual(done.returncode, 1)
         self.assertIn("HTTP 401", done.stderr)
+        self.assertIn("give --token", done.stderr)
 
 
 class TapTests(unittest.TestCase):
