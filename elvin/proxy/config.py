@@ -7,7 +7,8 @@ table in docs/proxy.md is generated from PROXY_SETTINGS
 (``python -m elvin.proxy.config``).
 """
 
-from elvin.config import ROUTER_SETTINGS, SettingsConfig, config_file, listen_uri, load, parse
+from elvin.config import (ROUTER_SETTINGS, SettingsConfig, config_file, listen_uri, load, parse,
+                          status_uri)
 from elvin.configvalues import ConfigError, Setting, at_least, duration, text
 from elvin.endpoints import UDP, stack_kind
 from elvin.uri import ElvinURI, InvalidURIError
@@ -93,6 +94,13 @@ PROXY_SETTINGS = (
             "Seconds between sweeps deleting expired notifications (in steps of at most "
             "2,000, one per reactor turn) and expired sessions (expiry is also checked "
             "at every delivery: an expired notification is never delivered)."),
+    Setting("status-listen", status_uri, None, "none (off)",
+            "Serve the proxy's counters as `/status.json` and Prometheus `/metrics` "
+            "here (http only): `http://127.0.0.1:9916`, or a bare port (on 127.0.0.1). "
+            "Off unless set (docs/proxy.md, \"Operations\")."),
+    Setting("status-token", text, None, "none",
+            "A token the status listener requires (`Authorization: Bearer TOKEN`, or "
+            "`?token=TOKEN`)."),
     _ROUTER["connect-timeout"],
     _ROUTER["tls-certificate"],
     _ROUTER["tls-key"],

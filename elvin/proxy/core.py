@@ -41,6 +41,7 @@ from elvin.core.router import (MAX_PROTOCOL_ERRORS, PROTOCOL_ERROR_WINDOW, PROTO
 from elvin.errors import ElvinError, SubscriptionError
 from elvin.protocols import packets as P
 from elvin.protocols.xdr import Writer
+from elvin.proxy.counters import ProxyCounters
 from elvin.proxy.guard import Busy, PasswordGate
 from elvin.proxy.store import Store, StoreFailed, check_password, hash_password
 from elvin.values import Int64
@@ -225,9 +226,8 @@ class ProxyCore:
         self.in_thread = in_thread or defer.maybeDeferred
         self.gate = gate or PasswordGate(clock, run=lambda f: self.in_thread(f))
         self.protocol_error_window = PROTOCOL_ERROR_WINDOW
-        self.stats = {"delivered": 0, "stored": 0, "replayed": 0, "forwarded": 0,
-                      "backlog_dropped": 0, "upstream_dropwarns": 0, "store_failed": 0,
-                      "not_stored": 0, "acknowledged": 0, "sessions_expired": 0}
+        #: What it has done (elvin.proxy.counters; shown by the status listener).
+        self.counters = ProxyCounters()
         #: While the store cannot write (disk full): when to try again, and
         #: each session's notifications not stored meanwhile.
         self.store_down_until: Optional[float] = None
@@ -279,6 +279,7 @@ class ProxyCore:
     def session_closed(self, client: "ProxyClient") -> None:
         """A channel ended (ClientSession calls this by the router's name)."""
         self.sessions.discard(client)
+        self.counters.client_queue_dropped += client.dropped
         left = []
         for session in client.joined:
             session.clients.discard(client)
@@ -304,7 +305,7 @@ class ProxyCore:
             return None
 
     def store_failed(self, error) -> None:
-        self.stats["store_failed"] += 1
+        self.counters.store_failed += 1
         if self.store_down_until is None:
             self.log.error("proxy database {db}: cannot write ({why}); notifications for "
                            "sessions without a client are not being kept (each is counted "
@@ -541,12 +542,12 @@ class ProxyCore:
         """A client's notification, to upstream (or kept until it is back)."""
         if self.upstream.is_up:
             self.upstream.notify(attributes, deliver_insecure, keys)
-            self.stats["forwarded"] += 1
+            self.counters.forwarded += 1
             return
         if len(self.backlog) >= self.max_backlog:
             self.backlog.pop(0)
-            self.stats["backlog_dropped"] += 1
-            if self.stats["backlog_dropped"] % 1000 == 1:
+            self.counters.backlog_dropped += 1
+            if self.counters.backlog_dropped % 1000 == 1:
                 self.log.warn("upstream down: dropped the oldest of {n} waiting "
                               "notifications (max-backlog)", n=len(self.backlog))
         self.backlog.append((attributes, deliver_insecure, keys))
@@ -557,7 +558,7 @@ class ProxyCore:
         with subscriptions is told: its connected clients by a DropWarn now,
         and a session without any by one drop more in ``Proxy.Dropped`` and a
         DropWarn to its next client."""
-        self.stats["upstream_dropwarns"] += 1
+        self.counters.upstream_dropwarns += 1
         told = set()
         unseen = []
         for session in self.named.values():
@@ -627,7 +628,7 @@ class ProxyCore:
                 self._held.append((client, data, note))
             else:
                 client.deliver(data, note)
-        self.stats["delivered"] += len(deliveries)
+        self.counters.delivered += len(deliveries)
 
     def _keep(self, body, keep, marks):
         """Store one copy for the sessions in ``keep``; its id, or None if it
@@ -653,13 +654,13 @@ class ProxyCore:
             self._not_kept(keep)
             return None
         if note is not None:
-            self.stats["stored"] += 1
+            self.counters.stored += 1
             if self._holding:
                 self._turn.append(keep)
         return note
 
     def _not_kept(self, keep) -> None:
-        self.stats["not_stored"] += 1
+        self.counters.not_stored += 1
         for name in keep:
             self.unsaved_drops[name] += 1
 
@@ -723,7 +724,7 @@ class ProxyCore:
             if self.store_down_until is not None:
                 break
             expired += 1
-        self.stats["sessions_expired"] += expired
+        self.counters.sessions_expired += expired
         return expired
 
 
@@ -837,7 +838,7 @@ class ProxyClient(ClientSession):
             core = self.core
             try:
                 core.store.acknowledge_many(names, self.name, notes, self.destructive)
-                core.stats["acknowledged"] += len(notes)
+                core.counters.acknowledged += len(notes)
             except StoreFailed as e:
                 core.store_failed(e)      # still kept: sent again at the next join
         self._kick()
@@ -1073,7 +1074,7 @@ class ProxyClient(ClientSession):
             self._replayed_to = page[-1].id
             core.write(core.store.acknowledge_many, names, self.name,
                        [note.id for note in page], self.destructive)
-        core.stats["replayed"] += len(page)
+        core.counters.replayed += len(page)
         if self.state == self.CONNECTED:
             self._schedule_replay()
 

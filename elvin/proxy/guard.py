@@ -33,6 +33,8 @@ from typing import Any, Callable, Deque, Dict, Optional, Tuple
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
+from elvin.proxy.counters import GateCounters
+
 __all__ = ["PasswordGate", "Busy"]
 
 
@@ -92,7 +94,7 @@ class PasswordGate:
         self._clean: Deque[Tuple[defer.Deferred, Callable[[], Any]]] = collections.deque()
         self._suspect: Deque[Tuple[defer.Deferred, Callable[[], Any]]] = collections.deque()
         self.running = 0
-        self.stats = {"checks": 0, "failures": 0, "throttled": 0, "busy": 0}
+        self.counters = GateCounters()
 
     @staticmethod
     def host(peer: Any) -> Any:
@@ -105,13 +107,13 @@ class PasswordGate:
         now, host = self.clock(), self.host(peer)
         if self.peers.empty(host, now) or (
                 self.sessions.empty(session, now) and not self.peers.clean(host, now)):
-            self.stats["throttled"] += 1
+            self.counters.throttled += 1
             return True
         return False
 
     def failed(self, peer: Any, session: str) -> None:
         now = self.clock()
-        self.stats["failures"] += 1
+        self.counters.failures += 1
         self.peers.take(self.host(peer), now)
         self.sessions.take(session, now)
 
@@ -122,10 +124,10 @@ class PasswordGate:
         clean = self.peers.clean(self.host(peer), self.clock())
         if len(self._clean) + len(self._suspect) >= self.queue_limit:
             if not (clean and self._suspect):
-                self.stats["busy"] += 1
+                self.counters.busy += 1
                 return defer.fail(Busy("too many password checks waiting"))
             bumped, _ = self._suspect.pop()
-            self.stats["busy"] += 1
+            self.counters.busy += 1
             bumped.errback(Busy("too many password checks waiting"))
         (self._clean if clean else self._suspect).append((d, work))
         self._pump()
@@ -138,7 +140,7 @@ class PasswordGate:
         while self.running < self.workers and (self._clean or self._suspect):
             d, work = (self._clean or self._suspect).popleft()
             self.running += 1
-            self.stats["checks"] += 1
+            self.counters.checks += 1
             ran = self.run(work)
 
             def done(result: Any, d: defer.Deferred = d) -> None:

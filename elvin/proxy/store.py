@@ -93,7 +93,7 @@ CREATE TABLE IF NOT EXISTS pending (
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS pending_by_session ON pending (session, notification);
 CREATE INDEX IF NOT EXISTS pending_by_notification ON pending (notification);
-CREATE INDEX IF NOT EXISTS pending_by_expiry ON pending (expires);
+CREATE INDEX IF NOT EXISTS pending_by_expiry_set ON pending (expires) WHERE expires IS NOT NULL;
 CREATE TABLE IF NOT EXISTS delivered (
     session       TEXT NOT NULL,
     client        TEXT NOT NULL,
@@ -180,6 +180,12 @@ class StoredNotification:
 
 
 _first = operator.itemgetter(0)
+
+
+def _slack(max_count: int) -> int:
+    """Rows a subscription may hold beyond its max_count before they are
+    trimmed (an eighth of it, 1 to 256): what nobody reads yet."""
+    return max(1, min(256, max_count // 8))
 
 
 def _chunks(ids: Sequence[Any], size: int = 500) -> Iterator[Tuple[Sequence[Any], str]]:
@@ -272,10 +278,25 @@ class Store:
         self._total: Optional[int] = None
         #: Each subscription's (ttl, max_count), read once.
         self._limit_cache: Dict[Tuple[str, int], Any] = {}
+        #: Subscriptions holding more than their max_count, by less than
+        #: ``_slack``: trimmed in one go when the slack is used up, or before
+        #: anything reads what a session is owed (``_catch_up``).
+        self._lagging: Set[Tuple[str, int]] = set()
+        #: Notifications taken from sessions since the store opened, to stay
+        #: under max_stored / max_stored_bytes, and under max_total_bytes
+        #: (each counted once per session it was taken from).
+        self.dropped_session_cap = 0
+        self.dropped_total_cap = 0
+        #: Sessions whose capped subscriptions were checked since the store
+        #: opened (a previous run may have left some beyond their cap).
+        self._checked: Set[str] = set()
 
     def _migrate(self) -> None:
         """Bring a database made by an earlier version up to this schema, and
         seal any keys it kept in clear."""
+        # The expiry index holds only rows that expire (a row without a TTL
+        # costs it nothing); an earlier database's full one goes.
+        self.db.execute("DROP INDEX IF EXISTS pending_by_expiry")
         for table, column, declaration in _ADDED_COLUMNS:
             columns = {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}
             if column not in columns:
@@ -354,6 +375,7 @@ class Store:
             self.db.execute("ROLLBACK")
         self._owed.clear()
         self._sub_rows.clear()
+        self._checked.clear()       # trims may be undone: look again
         self._total = None
 
     def abandon(self) -> None:
@@ -451,10 +473,18 @@ class Store:
         notes = {row[2] for row in rows}
         tracked = [(s, n) for s, n in {(row[0], row[2]) for row in rows} if s in self._owed]
         sizes = self._sizes(notes) if tracked or self._total is not None else {}
+        still: Set[Tuple[str, int]] = set()
+        if not whole:
+            by_session: Dict[str, List[int]] = {}
+            for session, note in tracked:
+                by_session.setdefault(session, []).append(note)
+            for session, session_notes in by_session.items():
+                for chunk, marks in _chunks(session_notes):
+                    still.update((session, n) for (n,) in self.db.execute(
+                        "SELECT DISTINCT notification FROM pending WHERE session = ? "
+                        f"AND notification IN ({marks})", (session, *chunk)))
         for session, note in tracked:
-            if whole or self.db.execute(
-                    "SELECT 1 FROM pending WHERE session = ? AND notification = ? LIMIT 1",
-                    (session, note)).fetchone() is None:
+            if (session, note) not in still:
                 owed = self._owed[session]
                 owed[0] -= 1
                 owed[1] -= sizes.get(note, 0)
@@ -588,9 +618,11 @@ class Store:
             self._remove_rows(rows)
         self._limit_cache.pop((session, sub_id), None)
         self._sub_rows.pop((session, sub_id), None)
+        self._lagging.discard((session, sub_id))
 
     def _forget_counts(self, session: str) -> None:
         self._owed.pop(session, None)
+        self._lagging = {key for key in self._lagging if key[0] != session}
         for key in [k for k in self._limit_cache if k[0] == session]:
             del self._limit_cache[key]
         for key in [k for k in self._sub_rows if k[0] == session]:
@@ -615,7 +647,30 @@ class Store:
 
     def stored_count(self, session: str) -> int:
         """How many notifications the session is owed (expired or not)."""
+        self._catch_up([session])
         return self._owed_count(session)
+
+    def _catch_up(self, sessions: Optional[Iterable[str]] = None) -> None:
+        """Trim the subscriptions of ``sessions`` (None: all) still beyond
+        their max_count, so that whatever reads sees the limits exact."""
+        if sessions is None:
+            lagging = list(self._lagging)
+        else:
+            wanted = set(sessions)
+            lagging = [key for key in self._lagging if key[0] in wanted]
+            for session in wanted - self._checked:
+                self._checked.add(session)
+                lagging += [(session, sub_id) for (sub_id,) in self.db.execute(
+                    "SELECT id FROM subscriptions WHERE session = ? AND max_count IS NOT NULL",
+                    (session,))]
+        if not lagging:
+            return
+        with self.batch():
+            for key in lagging:
+                found = self._limits(*key)
+                if found is not None and found[1] is not None:
+                    self._trim_subscription(key[0], key[1], found[1])
+                self._lagging.discard(key)
 
     # -- notifications -------------------------------------------------------
 
@@ -667,7 +722,13 @@ class Store:
                 if count is not None:
                     self._sub_rows[key] = count + 1
                 if max_count is not None and self._rows_of(key) > max_count:
-                    self._trim_subscription(session, sub_id, max_count)
+                    # At the cap: the oldest go _slack at a time (one
+                    # statement each, not one per store); readers see the
+                    # cap exact (_catch_up).
+                    if self._rows_of(key) > max_count + _slack(max_count):
+                        self._trim_subscription(session, sub_id, max_count)
+                    else:
+                        self._lagging.add(key)
             if self.max_stored is not None or self.max_stored_bytes is not None:
                 for session in sessions:
                     if self._over_cap(session):
@@ -679,6 +740,7 @@ class Store:
     def _trim_subscription(self, session: str, sub_id: int, max_count: int) -> None:
         """Drop the subscription's oldest rows beyond ``max_count`` (its
         row count is kept, so this costs one index step per row dropped)."""
+        self._lagging.discard((session, sub_id))
         over = self._rows_of((session, sub_id)) - max_count
         if over <= 0:
             return
@@ -690,6 +752,7 @@ class Store:
     def _trim_session(self, session: str) -> None:
         """Drop the session's oldest notifications until it is within
         ``max_stored`` and ``max_stored_bytes``."""
+        self._catch_up([session])
         owed = self._owed_of(session)
         count, size = owed
         over: List[int] = []
@@ -715,6 +778,7 @@ class Store:
                 size -= note_size
         if over:
             self._drop_notes(session, over)
+            self.dropped_session_cap += len(over)
 
     def _drop_notes(self, session: str, notes: Sequence[int]) -> None:
         """Take these notifications from the session, counted as dropped."""
@@ -731,6 +795,7 @@ class Store:
         """Drop the oldest notifications of all until within ``max_total_bytes``,
         each counted as dropped by every session that was owed it."""
         assert self.max_total_bytes is not None
+        self._catch_up()
         while self.total_bytes() > self.max_total_bytes:
             excess = self.total_bytes() - self.max_total_bytes
             oldest: List[int] = []
@@ -751,6 +816,7 @@ class Store:
                 by_session.setdefault(session, []).append(note)
             for session, notes in by_session.items():
                 self._drop_notes(session, notes)
+                self.dropped_total_cap += len(notes)
             self._collect(oldest)       # any kept for nobody
 
     def add_dropped(self, session: str, count: int) -> None:
@@ -784,6 +850,7 @@ class Store:
         notification id ``after`` (a replay's cursor)."""
         if limit <= 0:
             return []
+        self._catch_up(sessions)
         # One ordered walk of the (session, notification) index per
         # session, merged lazily: only the rows of the first ``limit``
         # notifications are read, however many sessions there are.
@@ -866,6 +933,7 @@ class Store:
 
     def counts(self) -> Dict[str, int]:
         """Rows per table (for statistics and tests)."""
+        self._catch_up()
         return {table: self.db.execute(f"SELECT count(*) FROM {table}").fetchone()[0]
                 for table in ("sessions", "subscriptions", "notifications", "pending",
                               "delivered")}

@@ -147,6 +147,25 @@ def _upstream_args(config):
     return args
 
 
+def status_service(reactor, config, core):
+    """The operations listener (``status-listen``): the proxy's counters as
+    ``/status.json`` and Prometheus ``/metrics``."""
+    from twisted.application.internet import StreamServerEndpointService
+    from twisted.internet import endpoints
+    from elvin.ops.web import StatusSite
+    from elvin.proxy.counters import status_root
+    scheme, host, port = config.status_listen
+    if scheme != "http":
+        raise ConfigError(f"status-listen {scheme}://...: the proxy serves its counters "
+                          "over http only (on a loopback address, or behind a TLS "
+                          "front end)")
+    site = StatusSite(status_root(core, config.status_token), reactor=reactor)
+    listener = StreamServerEndpointService(
+        endpoints.TCP4ServerEndpoint(reactor, port, interface=host), site)
+    listener._raiseSynchronously = True
+    return listener
+
+
 def makeService(options, reactor=None):
     """Build the service tree for ``twistd elvin-proxy``."""
     if reactor is None:
@@ -190,6 +209,11 @@ def makeService(options, reactor=None):
                 raise SystemExit(f"twistd elvin-proxy: {e}") from None
             raise
         listener.setServiceParent(top)
+    if config.status_listen is not None:
+        try:
+            status_service(reactor, config, core).setServiceParent(top)
+        except ConfigError as e:
+            raise SystemExit(f"twistd elvin-proxy: {e}") from None
     sweeper = internet.TimerService(config.sweep_interval, core.sweep)
     sweeper.clock = reactor
     sweeper.setServiceParent(top)

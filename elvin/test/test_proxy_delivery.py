@@ -172,7 +172,7 @@ class UpstreamDropTest(ProxyCoreCase):
         self.core.upstream_dropwarn()
         self.assertTrue(any(isinstance(p, P.DropWarn) for p in here_out.take()))
         self.assertTrue(any(isinstance(p, P.DropWarn) for p in plain_out.take()))
-        self.assertEqual(self.core.stats["upstream_dropwarns"], 1)
+        self.assertEqual(self.core.counters.upstream_dropwarns, 1)
         self.flushLoggedErrors()
         away, away_out = self.join("away")
         packets = away_out.take()
@@ -301,6 +301,34 @@ class LimitsTest(unittest.TestCase):
         kept = [note.attributes["n"] for note in self.store.pending("s", "c", 0, 1000)]
         self.assertEqual(kept, list(range(100, 200)))
 
+    def test_max_count_trims_in_steps_and_readers_see_it_exact(self):
+        self.store.put_subscription("s", 1, "require(n)", max_count=80)   # slack 10
+        self.store.put_subscription("s", 2, "require(m)")
+        deletes = []
+        for n in range(100):
+            self.store.store({"n": n}, {"s": [1]}, now=n)
+            self.store.store({"m": n}, {"s": [2]}, now=n)
+            deletes.append(sum("DELETE FROM pending" in q for q in self.statements))
+        trims = sorted(set(deletes))
+        self.assertEqual(len(trims), 2)           # one trim (at 91 rows), not one per store
+        self.assertEqual(self.store.stored_count("s"), 180)   # 80 + 100, exact
+        kept = [note.attributes.get("n") for note in self.store.pending("s", "c", 0, 1000)]
+        self.assertEqual([n for n in kept if n is not None], list(range(20, 100)))
+
+    def test_a_cap_left_lagging_by_an_earlier_run_holds_after_a_restart(self):
+        folder = tempfile.mkdtemp()
+        path = os.path.join(folder, "p.db")
+        store = Store(path)
+        store.create_session("s")
+        store.put_subscription("s", 1, "require(n)", max_count=80)
+        for n in range(85):                       # 5 beyond, within the slack
+            store.store({"n": n}, {"s": [1]}, now=n)
+        store.close()                             # as if killed: nothing trimmed
+        again = Store(path)
+        self.assertEqual(again.stored_count("s"), 80)
+        self.assertEqual(again.pending("s", "c", 0, 1000)[0].attributes["n"], 5)
+        again.close()
+
     def test_lowered_limits_apply_to_what_is_kept(self):
         self.store.put_subscription("s", 1, "require(n)")
         for n in range(6):
@@ -393,8 +421,8 @@ class DiskFullTest(ProxyCoreCase):
         for n in range(3, 400):
             self.publish({"n": n, "pad": "x" * 200})
         reactor.advance(0)
-        self.assertGreater(self.core.stats["store_failed"], 0)
-        self.assertGreater(self.core.stats["not_stored"], 0)
+        self.assertGreater(self.core.counters.store_failed, 0)
+        self.assertGreater(self.core.counters.not_stored, 0)
         errors_logged = self.flushLoggedErrors()
         self.assertEqual(errors_logged, [])        # a log line, not tracebacks
         phone, out = self.join("phone")

@@ -81,6 +81,26 @@ class ProxyOptionsTest(unittest.TestCase):
         self.assertEqual(len(list(top)), 3)       # listener, sweep, upstream
         top.store.close()
 
+    def with_config(self, text, *argv):
+        """Options parsed from a configuration file holding ``text``."""
+        path = os.path.join(tempfile.mkdtemp(), "p.conf")
+        with open(path, "w") as f:
+            f.write(text)
+        options = tap.Options()
+        options.parseOptions(["-c", path, "-d", ":memory:", *argv])
+        return options
+
+    def test_status_listener(self):
+        options = self.with_config("status-listen = 9916\nstatus-token = t\n",
+                                   "-l", "elvin://127.0.0.1:4003")
+        top = tap.makeService(options, Clock())
+        self.assertEqual(len(list(top)), 4)       # listener, status, sweep, upstream
+        top.store.close()
+        with self.assertRaises(SystemExit) as caught:
+            tap.makeService(self.with_config("status-listen = https://127.0.0.1:9916\n"),
+                            Clock())
+        self.assertIn("http only", str(caught.exception))
+
     def test_upstream_by_discovery(self):
         config = parse_proxy_config("upstream = discover\nupstream-scope = lab\n"
                                     "upstream-tls-ca = ca.pem\n", "/etc/p.conf")
