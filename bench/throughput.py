@@ -114,10 +114,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_router(plugin="elvin", extra=()):
+def start_router(plugin="elvin", extra=(), port=None):
     """A ``twistd`` process of ``plugin`` (with ``extra`` arguments)
-    listening on a free loopback port: (process, its URI)."""
-    port = free_port()
+    listening on ``port`` (default a free one) on loopback: (process, its URI)."""
+    port = port or free_port()
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     argv = ["twistd", "-n", "--pidfile=", plugin, "-l", f"elvin://127.0.0.1:{port}", *extra]
     proc = subprocess.Popen(
