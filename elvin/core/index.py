@@ -131,10 +131,12 @@ class _Bucket:
     Until it has a grid it keeps its entries' ranges, to plan one with;
     a grid keeps only each entry's cells."""
 
-    __slots__ = ("key", "entries", "ranges", "grid", "next_plan")
+    __slots__ = ("key", "signature", "entries", "ranges", "grid", "next_plan")
 
-    def __init__(self, key=None):
+    def __init__(self, key=None, signature=None):
         self.key = key          # its key in the index's table
+        # which table: a names tuple (by values), True (by name), None (always)
+        self.signature = signature
         self.entries = {}
         self.ranges = {}        # id -> range_constraints (until there is a grid)
         self.grid = None
@@ -235,35 +237,39 @@ class SubscriptionIndex:
             for key in keys:
                 bucket = table.get(key)
                 if bucket is None:
-                    table[key] = bucket = _Bucket(key)
+                    table[key] = bucket = _Bucket(key, where)
                 bucket.add(entry, ranges)
                 buckets.append(bucket)
-            self._where[entry.id] = (where, buckets[0] if len(buckets) == 1 else buckets)
+            self._where[entry.id] = buckets[0] if len(buckets) == 1 else tuple(buckets)
         elif kind == "name":
             bucket = self._by_name.get(where)
             if bucket is None:
-                self._by_name[where] = bucket = _Bucket(where)
+                self._by_name[where] = bucket = _Bucket(where, True)
             bucket.add(entry, ranges)
-            self._where[entry.id] = (True, bucket)
+            self._where[entry.id] = bucket
         elif kind == "always":
             self._always.add(entry, ranges)
-            self._where[entry.id] = (None, self._always)
+            self._where[entry.id] = self._always
         else:
-            self._where[entry.id] = (None, ())     # "never": filed nowhere
+            self._where[entry.id] = ()     # "never": filed nowhere
 
     def remove(self, entry):
+        # Its bucket, or a tuple of its buckets (all of one table): shared
+        # objects, no record of its own.
         placed = self._where.pop(entry.id, None)
         if placed is None:
             return
-        # (signature, buckets) for values, (True, bucket) by name, else (None, ...)
-        signature, buckets = placed
+        buckets = (placed,) if placed.__class__ is _Bucket else placed
+        if not buckets:
+            return
+        signature = buckets[0].signature
         if signature is True:
             table = self._by_name
         elif signature is not None:
             table = self._by_values[signature]
         else:
             table = None
-        for bucket in (buckets,) if isinstance(buckets, _Bucket) else buckets:
+        for bucket in buckets:
             bucket.remove(entry)
             if not bucket and table is not None:
                 del table[bucket.key]

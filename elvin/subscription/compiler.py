@@ -1012,12 +1012,19 @@ def generated_plan(root, position):
 class Plan:
     """A shape's evaluator recipe (see ``generated_plan``)."""
 
-    __slots__ = ("make", "sources", "zeros")
+    __slots__ = ("make", "sources", "zeros", "back")
 
     def __init__(self, make, sources, zeros):
         self.make = make
         self.sources = sources
         self.zeros = zeros
+        # value index -> the evaluator parameter holding it (as given, or
+        # as a real64 when only that is passed): see ``values_from``.
+        back = {}
+        for position, (index, real) in enumerate(sources):
+            if index not in back or not real:
+                back[index] = position
+        self.back = tuple([back.get(index) for index in range(max(back) + 1)]) if back else ()
 
     def applies(self, values):
         """Do ``values`` have the zeros the code was generated for?"""
@@ -1025,6 +1032,16 @@ class Plan:
             if (values[index] == 0) != zero:
                 return False
         return True
+
+    def values_from(self, evaluator, count):
+        """The literal values an evaluator of this plan was made from, read
+        back from its defaults, or None when they cannot all be: a caller
+        keeps them itself unless each one read back ``is`` its value."""
+        back = self.back
+        defaults = evaluator.__defaults__
+        if len(back) != count or None in back or not defaults:
+            return None
+        return tuple([defaults[position] for position in back])
 
     def evaluator(self, values):
         return self.make(*[shared_number(float(values[index])) if real else values[index]

@@ -54,10 +54,17 @@ class Subscription:
             self._tree = checked.tree       # None unless it was built anyway
             self._packed = None
             self.names = checked.names
-            self._fn = recipe.plan.evaluator(checked.values)
+            values = checked.values
+            self._fn = fn = recipe.plan.evaluator(values)
             self._template = checked.template
             self._kinds = checked.kinds
-            self._values = checked.values
+            # The evaluator's defaults hold the literals already: keep no
+            # tuple of them too when they read back exactly (per
+            # subscription: some 100 bytes of the workload's).
+            back = recipe.plan.values_from(fn, len(values))
+            if back is not None and all(a is b for a, b in zip(back, values)):
+                values = None
+            self._values = values
             self._recipe = recipe
             return
         self._setup(expression, checked.tree, checked.names)
@@ -99,7 +106,7 @@ class Subscription:
         tree = self._tree
         if tree is None:
             if self._template is not None:
-                return shapes.rebuild(self._template, self._kinds, self._values)
+                return shapes.rebuild(self._template, self._kinds, self._literals())
             tree = decode_ast(self._packed)
         return tree
 
@@ -110,12 +117,19 @@ class Subscription:
         tree is built)."""
         recipe = self._recipe
         if recipe is not None and recipe.equalities is not None:
-            values = self._values
+            values = self._literals()
             return (analysis.apply_equality_recipe(recipe.equalities, values),
                     recipe.required, analysis.apply_range_recipe(recipe.ranges, values))
         tree = self.ast
         return (analysis.equality_constraints(tree), analysis.required_names(tree),
                 analysis.range_constraints(tree))
+
+    def _literals(self):
+        """The literal values of an expression of a known shape."""
+        values = self._values
+        if values is None:
+            values = self._recipe.plan.values_from(self._fn, len(self._kinds))
+        return values
 
     def compact(self):
         """Drop the tree, keeping only what rebuilds it: for an expression
