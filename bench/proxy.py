@@ -141,6 +141,41 @@ def overload(args, router_uri, database, status_port, names):
           f"unaccounted={unaccounted}", flush=True)
 
 
+def restarts(args, routers, router_uri, router_config, proxy_uri):
+    """``--restart``: for each outage, the router is killed (SIGKILL), kept
+    down that long and started again on its port; probes are published to
+    it every 10 ms from the moment it listens, and the first that reaches a
+    client of a proxy session says when the proxy was back (from when the
+    router's port accepts, polled every 0.1 s). ``routers[-1]`` is the
+    router process running."""
+    import elvin.sync
+    port = int(router_uri.rsplit(":", 1)[1])
+    got = []
+    with elvin.sync.connect(proxy_uri, session="restart",
+                            on_notification=lambda note: got.append(
+                                (time.monotonic(), note["probe"]))) as conn:
+        conn.subscribe("require(probe)", callback=lambda note: None)
+        for outage in [float(o) for o in args.restart.split(",")]:
+            routers[-1].kill()
+            routers[-1].wait(10)
+            time.sleep(outage)
+            routers.append(start_router("elvin", ["-c", router_config], port=port)[0])
+            back = time.monotonic()
+            del got[:]
+            sent = 0
+            with elvin.sync.connect(router_uri) as publisher:
+                deadline = back + 30
+                while time.monotonic() < deadline and not got:
+                    publisher.notify({"probe": sent})
+                    sent += 1
+                    time.sleep(0.01)
+                first = got[0] if got else None
+            if first is None:
+                raise SystemExit(f"nothing through the proxy 30 s after a {outage:g} s outage")
+            print(f"outage_s={outage:g} back_after_s={first[0] - back:.2f} "
+                  f"probes_lost={first[1]} of {sent}", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--notifs", type=int, default=1_000_000)
@@ -150,6 +185,9 @@ def main():
     parser.add_argument("--profile", default=None,
                         help="record the proxy with py-spy while it stores (raw "
                              "collapsed stacks to this file)")
+    parser.add_argument("--restart", default=None,
+                        help="outages in seconds, e.g. 2,20,2,20: how soon after the "
+                             "upstream router's return the proxy delivers again")
     parser.add_argument("--overload", type=float, default=0,
                         help="publish at this many times the store rate (accounting)")
     parser.add_argument("--router-queue", type=int, default=0,
@@ -183,6 +221,13 @@ def main():
                                callback=lambda note: None)
         if args.overload:
             overload(args, router_uri, database, status_port, names)
+            return
+        if args.restart:
+            routers = [router]
+            try:
+                restarts(args, routers, router_uri, router_config, proxy_uri)
+            finally:
+                router = routers[-1]
             return
         spy = None
         if args.profile:

@@ -38,7 +38,9 @@ class Upstream(service.Service):
         self.reactor = reactor
         self.core = core
         self.connect_args = dict(connect_args or {})
-        self.reconnect = reconnect or Reconnect()
+        # Tries at most a second apart (jitter +-25%): back within 2 s of the
+        # router's return, for one connection attempt a second while it is away.
+        self.reconnect = reconnect or Reconnect(maximum=1.0)
         self.keepalive = keepalive
         self.connection: Any = None
         self.is_up = False
