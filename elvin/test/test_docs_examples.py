@@ -59,11 +59,6 @@ NOT_RUN = {
         "UDP delivery is tested in test_udp (this line names a host 'router')",
     ("docs/protocols.md", "elvin-subscribe -e 'elvin:/http,none,xdr/router.example.com:89"):
         "needs an HTTP proxy; the tunnel is tested in test_http",
-    ("docs/proxy.md", "twistd -n elvin &"):
-        "the walkthrough's router and proxy: test_proxy_walkthrough starts them on "
-        "free ports and runs the client commands",
-    ("docs/router.md", "pip install ."):
-        "installs the package (checked by .ci/check-install)",
     ("docs/router.md", "twistd -n elvin"):
         "starts routers on the well-known port and daemonises; start-up is "
         "tested in test_tap",
@@ -89,12 +84,16 @@ NOT_RUN = {
 
 #: Examples that are run, by (file, first line): the method that runs them.
 RUN = {
+    ("docs/router.md", "pip install ."):
+        "test_walkthroughs_in_one_folder",
+    ("docs/proxy.md", "twistd -n --pidfile=router.pid elvin &"):
+        "test_walkthroughs_in_one_folder",
     ("docs/proxy.md", "$ elvin-subscribe -e elvin://localhost:2916 --session phone"):
-        "test_proxy_walkthrough",
+        "test_walkthroughs_in_one_folder",
     ("docs/proxy.md", "$ elvin-notify -e elvin://localhost:2917 'Group: \"chat\"'"):
-        "test_proxy_walkthrough",
+        "test_walkthroughs_in_one_folder",
     ("docs/proxy.md", "$ elvin-subscribe -n 1 -e elvin://localhost:2916"):
-        "test_proxy_walkthrough",
+        "test_walkthroughs_in_one_folder",
     ("README.md", "$ elvin-subscribe 'Group == \"chat\" && size(Message) < 140'"):
         "test_readme_walkthrough",
     ("README.md", "$ elvin-notify 'Group: \"chat\"' 'Message: \"hello\"' 'Num: 42' 'Big: 12L'"):
@@ -256,28 +255,76 @@ class ExampleTests(unittest.TestCase):
                           "$ elvin-notify 'Group: \"chat\"' 'Message: \"hello\"' 'From: \"ann\"'",
                           shown.group(1))
 
-    def test_proxy_walkthrough(self):
-        router = self.router()
-        proxy = self.serve("elvin-proxy", "-u", router, "-d", "proxy.db")
+    def on_free_ports(self, text, ports):
+        """``text`` with the well-known ports moved to this test's free
+        ones, and each ``twistd -n elvin`` / ``elvin-proxy`` told so (the
+        rest, ``--pidfile`` included, as written)."""
+        router, proxy = (f"elvin://127.0.0.1:{ports[p]}" for p in (2917, 2916))
+        text = re.sub(r"(twistd -n(?: --pidfile=\S*)?) elvin-proxy\b",
+                      rf"\1 elvin-proxy -u {router} -l {proxy}", text)
+        text = re.sub(r"(twistd -n(?: --pidfile=\S*)?) elvin(?=[ &\n]|$)",
+                      rf"\1 elvin -l {router}", text)
+        for port, free in ports.items():
+            text = text.replace(f"localhost:{port}", f"127.0.0.1:{free}")
+        return text
+
+    def test_walkthroughs_in_one_folder(self):
+        """docs/router.md's quick start, then docs/proxy.md's walkthrough,
+        as a newcomer runs them: in one folder, one after the other, every
+        command as written (a second twistd in the folder without its own
+        --pidfile would find twistd.pid taken), the well-known ports moved
+        to free ones."""
+        ports = {p: free_port() for p in (2917, 2916)}
+        router_uri = f"elvin://127.0.0.1:{ports[2917]}"
+        listening = ("for i in $(seq 1 200); do (exec 3<>/dev/tcp/127.0.0.1/{port}) "
+                     "2>/dev/null && break; sleep 0.1; done\n")
+        ready = ("for i in $(seq 1 150); do grep -q ready {file} && break; "
+                 "sleep 0.1; done\n")
+        stop_jobs = ("for j in $(jobs -p); do pkill -P $j; kill $j; done 2>/dev/null; "
+                     "wait 2>/dev/null\n")
+        # The quick start: pip install is what .ci/check-install checks.
+        quick = [line.split("  #", 1)[0].strip() for line in self.example(
+            "docs/router.md", "pip install .").strip().splitlines()]
+        self.assertEqual(quick[0], "pip install .")
+        start, subscribe, notify = (self.on_free_ports(line, ports) for line in quick[1:])
+        script = (f"trap '{stop_jobs.strip()}' EXIT\n"
+                  f"{start} > quick-router.log 2>&1 &\n"
+                  + listening.format(port=ports[2917]) +
+                  f"{subscribe.replace('elvin-subscribe ', 'elvin-subscribe -n 1 --ready ', 1)}"
+                  " > quick.txt 2> quick-ready.txt &\n"
+                  + ready.format(file="quick-ready.txt") +
+                  f"{notify}\nwait %2\ncat quick.txt\n")
+        done = self.bash(script, ELVIN_URI=router_uri)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertEqual(done.stdout, 'Group: "chat"\nMessage: "hello"\n---\n')
+        # The proxy, in the same folder.
         with open(os.path.join(REPO, "docs", "proxy.md"), encoding="utf-8") as f:
             doc = f.read()
         i = doc.index("$ elvin-subscribe -n 1 -e")
         shown = re.search(r"```text\n(.*?)```", doc[i:], re.S).group(1)
 
         def command(first):
-            line = self.example("docs/proxy.md", first).strip().removeprefix("$ ")
-            return (line.replace("elvin://localhost:2916", proxy)
-                    .replace("elvin://localhost:2917", router))
+            return self.on_free_ports(
+                self.example("docs/proxy.md", first).strip().removeprefix("$ "), ports)
+        starts = command("twistd -n --pidfile=router.pid elvin &").splitlines()
+        starts = "".join(f"{line.rstrip(' &')} > walk-{n}.log 2>&1 &\n"
+                         for n, line in enumerate(starts))
         away = command("$ elvin-subscribe -e elvin://localhost:2916 --session phone")
-        script = (f"{away.replace('elvin-subscribe ', 'elvin-subscribe --ready ', 1)} "
+        script = (f"trap '{stop_jobs.strip()}' EXIT\n{starts}"
+                  + listening.format(port=ports[2917]) + listening.format(port=ports[2916]) +
+                  f"{away.replace('elvin-subscribe ', 'elvin-subscribe --ready ', 1)} "
                   "> /dev/null 2> ready.txt &\npid=$!\n"
-                  "for i in $(seq 1 150); do grep -q ready ready.txt && break; "
-                  "sleep 0.1; done\npkill -P $pid; kill $pid; wait $pid\n"
+                  + ready.format(file="ready.txt") +
+                  "pkill -P $pid; kill $pid; wait $pid\n"
                   f"{command('$ elvin-notify -e elvin://localhost:2917')}\n"
                   f"{command('$ elvin-subscribe -n 1 -e elvin://localhost:2916')}\n")
         done = self.bash(script)
-        self.assertEqual(done.returncode, 0, done.stderr)
-        self.assertEqual(done.stdout, shown)
+        log = ""
+        for name in sorted(glob.glob(os.path.join(self.dir, "walk-*.log"))):
+            with open(name, encoding="utf-8") as f:
+                log += f.read()[-1500:]
+        self.assertEqual(done.returncode, 0, done.stderr + log)
+        self.assertEqual(done.stdout, shown, log)
 
     def test_router_notify_examples(self):
         uri = self.router("-l", f"elvin:/udp,none,xdr/127.0.0.1:{free_port()}")
