@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from elvin import __version__
 from elvin.errors import ERROR_NAMES
-from elvin.federation import filters as F
+from elvin.federation.filters import FALSE, TRUE
 from elvin.subscription.printer import to_text
 
 if TYPE_CHECKING:
@@ -40,9 +40,9 @@ def transport_of(session: "ClientSession") -> str:
 
 def filter_text(tree):
     """A pull filter as expression text."""
-    if tree is F.TRUE:
+    if tree is TRUE:
         return "TRUE"
-    if tree is F.FALSE:
+    if tree is FALSE:
         return "FALSE"
     try:
         return to_text(tree)

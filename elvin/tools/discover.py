@@ -22,7 +22,7 @@ import sys
 from twisted.internet import defer
 from twisted.python import usage
 
-from elvin.discovery import packets as D
+from elvin.discovery.packets import GROUP, MAX_LOCALITY, PORT, check_scope
 from elvin.discovery.discoverer import DEFAULT_MAX_LOCALITY, Discoverer, NoRouterFound
 from elvin.discovery.settings import parse_group
 from elvin.tools.common import BaseOptions, run
@@ -48,19 +48,19 @@ class Options(BaseOptions):
                                  "(default: the system's choice)."],
         ["locality", "l", DEFAULT_MAX_LOCALITY, "Widest locality (IP TTL) to "
                                                 "solicit with, 0-255.", int],
-        ["group", None, f"{D.GROUP}:{D.PORT}", "ERDP multicast group[:port] "
+        ["group", None, f"{GROUP}:{PORT}", "ERDP multicast group[:port] "
                                                 "(for testing)."],
     ]
 
     def postOptions(self):
         if self["time"] is not None and self["time"] < 0:
             raise usage.UsageError("--time must not be negative")
-        if not 0 <= self["locality"] <= D.MAX_LOCALITY:
-            raise usage.UsageError(f"--locality must be 0-{D.MAX_LOCALITY}")
+        if not 0 <= self["locality"] <= MAX_LOCALITY:
+            raise usage.UsageError(f"--locality must be 0-{MAX_LOCALITY}")
         try:
             self["group_address"] = parse_group(self["group"], "--group")
             if self["scope"] is not None:
-                D.check_scope(self["scope"])
+                check_scope(self["scope"])
         except ValueError as e:
             raise usage.UsageError(str(e)) from None
         if self["no-dns-sd"] and self["no-erdp"]:
