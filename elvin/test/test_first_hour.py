@@ -60,6 +60,20 @@ class ToolUsageTests(unittest.TestCase):
         err = self.usage_error(NotifyOptions, ["-e", "3999", "a: 1"])
         self.assertIn("(did you mean elvin://localhost:3999?)", err)
 
+    def test_help_into_a_closed_pipe_ends_quietly(self):
+        """``elvin-notify --help | head -1``: no BrokenPipeError traceback."""
+        class ClosedPipe(io.StringIO):
+            def write(self, text):
+                raise BrokenPipeError(32, "Broken pipe")
+
+            def fileno(self):
+                raise ValueError("no file")
+        self.patch(sys, "stdout", ClosedPipe())
+        for flag in ("--help", "--version"):
+            with self.assertRaises(SystemExit) as raised:
+                parse_options(NotifyOptions, [flag])
+            self.assertEqual(raised.exception.code, 0)
+
     def test_config_example_version(self):
         import elvin
         captured = _Captured(self)

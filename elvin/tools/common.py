@@ -33,8 +33,26 @@ class BaseOptions(usage.Options):
 
     def opt_version(self):
         """Print the version and exit."""
-        print(f"{self.name} (elvin) {__version__}")
-        sys.exit(0)
+        _print_and_exit(f"{self.name} (elvin) {__version__}")
+
+    def opt_help(self):
+        """Display this help and exit."""
+        _print_and_exit(str(self))
+
+
+def _print_and_exit(text):
+    """Print ``text`` and exit 0, quietly when stdout is closed early
+    (``--help | head``)."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit: point it at nothing first.
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+    sys.exit(0)
 
 
 class ToolOptions(BaseOptions):
