@@ -163,31 +163,3 @@ class SignalTests(unittest.TestCase):
         publisher.notify({"n": 1})
         yield wait_until(lambda: got)
         yield publisher.close()
-
-
-class FlavourRedirectTests(unittest.TestCase):
-    """The asyncio and blocking clients follow a redirection too."""
-    timeout = 60
-
-    def test_blocking_client_follows(self):
-        import time
-        from elvin import sync
-        from elvin.test.test_client_flavours import start_router, stop_router
-        new_uri, new = start_router()
-        self.addCleanup(stop_router, new)
-        old_uri, old = router_process(self, new_uri)
-        import signal
-        import threading
-        got, moved = [], threading.Event()
-        with sync.connect(old_uri) as conn:
-            conn.on_redirect = lambda uri: moved.set()
-            conn.subscribe("require(n)", callback=got.append)
-            old.send_signal(signal.SIGUSR1)
-            self.assertTrue(moved.wait(20))
-            deadline = time.monotonic() + 20
-            with sync.connect(new_uri) as publisher:
-                while not got and time.monotonic() < deadline:
-                    publisher.notify({"n": 1})
-                    time.sleep(0.1)
-            self.assertTrue(got)
-            self.assertTrue(str(conn.uri).endswith(new_uri.rsplit(":", 1)[1]))
