@@ -1044,30 +1044,47 @@ class Plan:
         return tuple([defaults[position] for position in back])
 
     def evaluator(self, values):
-        return self.make(*[shared_number(float(values[index])) if real else values[index]
-                           for index, real in self.sources])
+        share = _SHARED_FLOATS.setdefault
+        args = []
+        for index, real in self.sources:
+            value = values[index]
+            if real:
+                value = float(value)
+                if value:                   # 0.0 and -0.0: equal, not the same
+                    value = share(value, value)
+            args.append(value)
+        trim_shared_numbers()
+        return self.make(*args)
 
 
 #: Numbers held once for every subscription holding an equal one (type
 #: for type): the literals of placed subscriptions and the real64 copies
 #: of their integer literals. With 100,000 subscriptions of a few hundred
 #: distinct bounds each would otherwise hold its own (24-28 bytes each).
-_SHARED_NUMBERS: dict = {int: {}, float: {}}
+#: Zeros are never shared (0.0 and -0.0 are equal but not the same literal).
+_SHARED_INTS: dict = {}
+_SHARED_FLOATS: dict = {}
 _MAX_SHARED_NUMBERS = 1 << 16
 
 
 def shared_number(value):
-    """``value``, or an equal number of the same type held already. Zeros
-    are never shared (0.0 and -0.0 are equal but not the same literal)."""
-    table = _SHARED_NUMBERS.get(value.__class__)
-    if table is None or not value:
+    """``value``, or an equal number of the same type held already."""
+    if not value:
         return value
-    held = table.get(value)
-    if held is None:
-        if len(table) >= _MAX_SHARED_NUMBERS:
-            table.clear()
-        table[value] = held = value
-    return held
+    if value.__class__ is int:
+        return _SHARED_INTS.setdefault(value, value)
+    if value.__class__ is float:
+        return _SHARED_FLOATS.setdefault(value, value)
+    return value
+
+
+def trim_shared_numbers():
+    """Start the shared numbers afresh once there are too many (they are
+    only shared, never needed)."""
+    if len(_SHARED_INTS) > _MAX_SHARED_NUMBERS:
+        _SHARED_INTS.clear()
+    if len(_SHARED_FLOATS) > _MAX_SHARED_NUMBERS:
+        _SHARED_FLOATS.clear()
 
 
 def _factory(shape, names):

@@ -53,7 +53,9 @@ _LITERAL_KINDS = frozenset({Kind.INT32, Kind.INT64, Kind.REAL64, Kind.STRING})
 _PATTERN_KINDS = frozenset({Kind.FUNC_REGEX, Kind.FUNC_WILDCARD})
 _node = Node._trusted
 _intern = sys.intern
-_shared_number = compiler.shared_number
+#: Numeric literals shared between subscriptions (compiler.shared_number).
+_share_int = compiler._SHARED_INTS.setdefault
+_share_float = compiler._SHARED_FLOATS.setdefault
 _shapes = {}
 #: Characters of text the shapes in ``_shapes`` stand for.
 _shape_text = 0
@@ -213,8 +215,10 @@ def _literals(parts, merged):
             value = float(number)
             if value == _INF:
                 parser._real(number, 0)    # raises the overflow error
+            if minus:
+                value = -value
             kinds.append(_REAL64)
-            values.append(_shared_number(-value if minus else value))
+            values.append(_share_float(value, value) if value else value)
         elif number[0] != "0" and number[-1] not in "lL":
             # Decimal int32, the usual number: int() without the parser's
             # octal, hex and int64 cases.
@@ -224,13 +228,14 @@ def _literals(parts, merged):
             if not _INT32_MIN <= value <= _INT32_MAX:
                 parser._integer(("-" if minus else "") + number, 0)   # raises
             kinds.append(_INT32)
-            values.append(_shared_number(value))
+            values.append(_share_int(value, value) if value else value)
         else:
             leaf = parser._integer(("-" if minus else "") + number, 0)
             kinds.append(leaf.kind)
             values.append(leaf.value)
     kinds.reverse()
     values.reverse()
+    compiler.trim_shared_numbers()
     return tuple(kinds), tuple(values)
 
 
