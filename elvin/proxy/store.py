@@ -83,17 +83,6 @@ CREATE TABLE IF NOT EXISTS notifications (
     body     BLOB NOT NULL,
     sealed   INTEGER NOT NULL DEFAULT 0
 );
-CREATE TABLE IF NOT EXISTS pending (
-    session       TEXT NOT NULL,
-    subscription  INTEGER NOT NULL,
-    notification  INTEGER NOT NULL,
-    expires       REAL,
-    secure        INTEGER NOT NULL DEFAULT 1,
-    PRIMARY KEY (session, subscription, notification)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS pending_by_session ON pending (session, notification);
-CREATE INDEX IF NOT EXISTS pending_by_notification ON pending (notification);
-CREATE INDEX IF NOT EXISTS pending_by_expiry_set ON pending (expires) WHERE expires IS NOT NULL;
 CREATE TABLE IF NOT EXISTS delivered (
     session       TEXT NOT NULL,
     client        TEXT NOT NULL,
@@ -101,6 +90,30 @@ CREATE TABLE IF NOT EXISTS delivered (
     PRIMARY KEY (session, client, notification)
 ) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS delivered_by_notification ON delivered (notification);
+"""
+
+#: What each session is owed: a row per (session, notification,
+#: subscription that matched), clustered by session and arrival (replay
+#: pages and acknowledgements walk it in order), ``capped`` when the
+#: subscription has a max_count: only those rows are in the index that
+#: finds a subscription's oldest (a store for an uncapped one writes one
+#: session-led tree, not two).
+_PENDING = """
+CREATE TABLE IF NOT EXISTS {name} (
+    session       TEXT NOT NULL,
+    subscription  INTEGER NOT NULL,
+    notification  INTEGER NOT NULL,
+    expires       REAL,
+    secure        INTEGER NOT NULL DEFAULT 1,
+    capped        INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (session, notification, subscription)
+) WITHOUT ROWID;
+"""
+_PENDING_INDEXES = """
+CREATE INDEX IF NOT EXISTS pending_by_notification ON pending (notification);
+CREATE INDEX IF NOT EXISTS pending_by_expiry_set ON pending (expires) WHERE expires IS NOT NULL;
+CREATE INDEX IF NOT EXISTS pending_capped ON pending (session, subscription, notification)
+    WHERE capped = 1;
 """
 
 #: Columns added since the first schema: (table, column, declaration).
@@ -260,8 +273,9 @@ class Store:
             if not memory:
                 self.db.execute("PRAGMA journal_mode = WAL")
                 self.db.execute("PRAGMA synchronous = NORMAL")
-            self.db.executescript(_SCHEMA)
+            self.db.executescript(_SCHEMA + _PENDING.format(name="pending"))
             self._migrate()
+            self.db.executescript(_PENDING_INDEXES)
         except sqlite3.DatabaseError as e:
             raise StoreError(
                 f"{path}: not a usable proxy database ({e}); move it aside to start "
@@ -297,6 +311,23 @@ class Store:
         # The expiry index holds only rows that expire (a row without a TTL
         # costs it nothing); an earlier database's full one goes.
         self.db.execute("DROP INDEX IF EXISTS pending_by_expiry")
+        (layout,) = self.db.execute(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'pending'").fetchone()
+        if "capped" not in layout:
+            # An earlier layout (led by session and subscription, with a
+            # second session-led index): copied into this one, once.
+            self.db.execute("BEGIN IMMEDIATE")
+            self.db.execute(_PENDING.format(name="pending_new").replace(
+                "IF NOT EXISTS ", ""))
+            self.db.execute(
+                "INSERT INTO pending_new "
+                "(session, subscription, notification, expires, secure, capped) "
+                "SELECT p.session, p.subscription, p.notification, p.expires, p.secure, "
+                "EXISTS (SELECT 1 FROM subscriptions s WHERE s.session = p.session "
+                "AND s.id = p.subscription AND s.max_count IS NOT NULL) FROM pending p")
+            self.db.execute("DROP TABLE pending")
+            self.db.execute("ALTER TABLE pending_new RENAME TO pending")
+            self.db.execute("COMMIT")
         for table, column, declaration in _ADDED_COLUMNS:
             columns = {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}
             if column not in columns:
@@ -431,8 +462,8 @@ class Store:
         rows = self._sub_rows.get(key)
         if rows is None:
             rows = self._sub_rows[key] = self.db.execute(
-                "SELECT count(*) FROM pending WHERE session = ? AND subscription = ?",
-                key).fetchone()[0]
+                "SELECT count(*) FROM pending INDEXED BY pending_capped WHERE session = ? "
+                "AND subscription = ? AND capped = 1", key).fetchone()[0]
         return rows
 
     def total_bytes(self) -> int:
@@ -604,6 +635,10 @@ class Store:
                     "UPDATE pending SET expires = (SELECT arrived FROM notifications n "
                     "WHERE n.id = pending.notification) + ? WHERE session = ? "
                     "AND subscription = ?", (ttl, session, sub_id))
+            if (before[1] is None) != (max_count is None):
+                self.db.execute("UPDATE pending SET capped = ? WHERE session = ? "
+                                "AND subscription = ?", (max_count is not None, session, sub_id))
+                self._sub_rows.pop((session, sub_id), None)
             if max_count is not None and before[1] != max_count:
                 self._trim_subscription(session, sub_id, max_count)
 
@@ -703,10 +738,11 @@ class Store:
             note = cursor.lastrowid
             assert note is not None
             self.db.executemany(
-                "INSERT INTO pending "
-                "(session, subscription, notification, expires, secure) VALUES (?, ?, ?, ?, ?)",
-                [(session, sub_id, note, None if ttl is None else now + ttl, secure)
-                 for session, sub_id, ttl, _, secure in rows])
+                "INSERT INTO pending (session, subscription, notification, expires, secure, "
+                "capped) VALUES (?, ?, ?, ?, ?, ?)",
+                [(session, sub_id, note, None if ttl is None else now + ttl, secure,
+                  max_count is not None)
+                 for session, sub_id, ttl, max_count, secure in rows])
             size = len(kept)
             if self._total is not None:
                 self._total += size
@@ -745,8 +781,9 @@ class Store:
         if over <= 0:
             return
         rows = [(session, sub_id, n) for (n,) in self.db.execute(
-            "SELECT notification FROM pending WHERE session = ? AND subscription = ? "
-            "ORDER BY notification LIMIT ?", (session, sub_id, over))]
+            "SELECT notification FROM pending INDEXED BY pending_capped WHERE session = ? "
+            "AND subscription = ? AND capped = 1 ORDER BY notification LIMIT ?",
+            (session, sub_id, over))]
         self._remove_rows(rows)
 
     def _trim_session(self, session: str) -> None:

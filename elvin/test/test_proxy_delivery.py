@@ -8,6 +8,7 @@ folder where the file itself is under test), upstream a real routing core
 """
 
 import os
+import sqlite3
 import tempfile
 
 from twisted.internet import defer
@@ -328,6 +329,41 @@ class LimitsTest(unittest.TestCase):
         self.assertEqual(again.stored_count("s"), 80)
         self.assertEqual(again.pending("s", "c", 0, 1000)[0].attributes["n"], 5)
         again.close()
+
+    def test_a_database_of_the_earlier_layout_is_brought_up_to_date(self):
+        path = os.path.join(tempfile.mkdtemp(), "p.db")
+        store = Store(path)
+        store.create_session("s")
+        store.put_subscription("s", 1, "require(n)", max_count=3)
+        store.put_subscription("s", 2, "require(m)")
+        store.close()
+        db = sqlite3.connect(path)
+        db.executescript("""
+            DROP TABLE pending;
+            CREATE TABLE pending (session TEXT NOT NULL, subscription INTEGER NOT NULL,
+                notification INTEGER NOT NULL, expires REAL,
+                secure INTEGER NOT NULL DEFAULT 1,
+                PRIMARY KEY (session, subscription, notification)) WITHOUT ROWID;
+            CREATE INDEX pending_by_session ON pending (session, notification);
+            CREATE INDEX pending_by_expiry ON pending (expires);
+            INSERT INTO notifications (id, arrived, body) VALUES (1, 0, x''), (2, 0, x'');
+            INSERT INTO pending (session, subscription, notification) VALUES
+                ('s', 1, 1), ('s', 2, 1), ('s', 1, 2);
+        """)
+        db.close()
+        store = Store(path)
+        self.assertEqual(store.db.execute(
+            "SELECT subscription, notification, capped FROM pending ORDER BY 1, 2").fetchall(),
+            [(1, 1, 1), (1, 2, 1), (2, 1, 0)])
+        indexes = {name for (name,) in store.db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'pending'")}
+        self.assertEqual(indexes, {"pending_by_notification", "pending_by_expiry_set",
+                                   "pending_capped"})
+        for n in range(3, 6):
+            store.store({"n": n}, {"s": [1]}, now=n)
+        # sub 1 keeps its newest 3 (3, 4, 5); sub 2 still has 1
+        self.assertEqual([note.id for note in store.pending("s", "c", 0)], [1, 3, 4, 5])
+        store.close()
 
     def test_lowered_limits_apply_to_what_is_kept(self):
         self.store.put_subscription("s", 1, "require(n)")
