@@ -19,6 +19,19 @@ already be listening. ``--pid-a`` / ``--pid-b`` add each router's peak RSS
 (VmHWM) and the CPU time it used per run (Linux /proc) to the output: a
 router that is not the bottleneck shows it there.
 
+``--ceiling URL`` adds a third server to the alternation, normally
+``bench/ceiling_relay.py``: it delivers every notification to one
+subscriber, so its runs are not held to ``delivered == expected``; the generator waits
+out its ``--timeout`` on them (``--ceiling-timeout``, 10 s, given to those
+runs only), and the row adds ``c_notif_rate`` and ``ratio_a_over_c``.
+
+The rows are those of the project's performance table: each row's
+notification rates and ratio, the placement rate of its subscriptions (the
+10,000 row's is the "placement of 10,000 distinct subscriptions" figure),
+and with ``--pid-a``/``--pid-b`` each router's peak RSS so far (after the
+100,000 row, on routers started fresh: the "peak RSS at 100,000
+subscriptions" figure).
+
 Absolute figures move with whatever else the machine runs; the ratio,
 taken in one alternating run, is what to quote.
 """
@@ -93,6 +106,10 @@ def main(argv=None):
     parser.add_argument("--extra", default="", help="more generator options, e.g. "
                         "'--rate 1000 --nodelay'")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per run")
+    parser.add_argument("--ceiling", help="a relay's elvin: URI (bench/ceiling_relay.py), "
+                        "run third in each alternation")
+    parser.add_argument("--ceiling-timeout", type=float, default=10,
+                        help="the generator's --timeout on the relay's runs (seconds)")
     parser.add_argument("--pid-a", type=int)
     parser.add_argument("--pid-b", type=int)
     args = parser.parse_args(argv)
@@ -100,27 +117,33 @@ def main(argv=None):
     failed = False
     for subs in args.subs:
         notifs = args.notifs or notifications_for(subs)
-        results = {"a": [], "b": []}
+        results = {"a": [], "b": [], "c": []}
         order = [("a", args.a), ("b", args.b)]
+        if args.ceiling:
+            order.append(("c", args.ceiling))
+        extras = {"a": extra, "b": extra,
+                  "c": [*extra, "--timeout", f"{args.ceiling_timeout:g}"]}
         for which, url in order:                       # warm-up, discarded
-            run_once(args.bench, url, subs, notifs, extra, args.timeout)
+            run_once(args.bench, url, subs, notifs, extras[which], args.timeout)
         for _ in range(args.runs):
             for which, url in order:
-                pid = getattr(args, f"pid_{which}")
+                pid = getattr(args, f"pid_{which}", None)
                 before = cpu_seconds(pid) if pid else None
-                figures = run_once(args.bench, url, subs, notifs, extra, args.timeout)
+                figures = run_once(args.bench, url, subs, notifs, extras[which], args.timeout)
                 after = cpu_seconds(pid) if pid else None
                 if before is not None and after is not None:
                     figures["router_cpu_s"] = after - before
-                if figures.get("delivered") != figures.get("expected"):
+                if which != "c" and figures.get("delivered") != figures.get("expected"):
                     print(f"# {which} subs={subs}: delivered {figures.get('delivered')} "
                           f"!= expected {figures.get('expected')}", flush=True)
                     failed = True
                 results[which].append(figures)
         line = [f"subs={subs} notifs={notifs}"]
         medians = {}
-        for which in ("a", "b"):
+        for which in ("a", "b", "c"):
             runs = results[which]
+            if not runs:
+                continue
             rate = statistics.median(float(r["notif_rate"]) for r in runs)
             p99 = statistics.median(float(r["p99_ms"]) for r in runs)
             placing = [r["placement_rate"] for r in runs if "placement_rate" in r]
@@ -132,12 +155,14 @@ def main(argv=None):
             line.append(f"{which}_notif_rate={rate:.0f} {which}_p99_ms={p99:.2f}")
             if placing:
                 line.append(f"{which}_placement_rate={statistics.median(placing):.0f}")
-            pid = getattr(args, f"pid_{which}")
+            pid = getattr(args, f"pid_{which}", None)
             rss = peak_rss_mib(pid) if pid else None
             if rss is not None:
                 line.append(f"{which}_peak_rss_mib={rss:.0f}")
         if medians["b"]:
             line.append(f"ratio_a_over_b={medians['a'] / medians['b']:.2f}")
+        if medians.get("c"):
+            line.append(f"ratio_a_over_c={medians['a'] / medians['c']:.2f}")
         print(" ".join(line), flush=True)
     return 1 if failed else 0
 
