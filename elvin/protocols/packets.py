@@ -28,6 +28,7 @@ Wire decisions beyond the XDR primitives (see ``xdr``'s docstring):
   that too is for the session to decide.
 """
 
+import operator
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
@@ -369,6 +370,22 @@ def _compile(cls, layout):
 _ENCODERS = {}
 
 
+#: class -> encode(packet) for packets of two or more fixed-size, unchecked
+#: fields (SubRply, say): one pack, no Writer. A struct.error falls back to
+#: the general encoder, which words the error.
+_FIXED_ENCODERS = {}
+
+
+def _fixed_encoder(header, layout):
+    if len(layout) < 2 or any(wire.code is None or wire.limit is not None
+                              for _, wire in layout):
+        return None
+    pack = struct.Struct(">I" + "".join(wire.code for _, wire in layout)).pack
+    get = operator.attrgetter(*[name for name, _ in layout])
+    pkt_id = struct.unpack(">I", header)[0]
+    return lambda packet: pack(pkt_id, *get(packet))
+
+
 class Registry:
     """A set of decodable packets, keyed by pkt_id.
 
@@ -401,12 +418,18 @@ class Registry:
                 self._decoders[pkt_id][0] is not packet_class:
             raise ValueError(f"packet id {pkt_id} is already registered to "
                              f"{self._decoders[pkt_id][0].__name__}")
+        header = struct.pack(">I", pkt_id)
+        _FIXED_ENCODERS.pop(packet_class, None)
         if encoder is None or decoder is None:
             layout = [(f.name, f.type) for f in fields(packet_class)]
             compiled_encoder, compiled_decoder = _compile(packet_class, layout)
+            if encoder is None:
+                fixed = _fixed_encoder(header, layout)
+                if fixed is not None:
+                    _FIXED_ENCODERS[packet_class] = fixed
             encoder = encoder or compiled_encoder
             decoder = decoder or compiled_decoder
-        _ENCODERS[packet_class] = (struct.pack(">I", pkt_id), encoder)
+        _ENCODERS[packet_class] = (header, encoder)
         self._decoders[pkt_id] = (packet_class, decoder)
         return packet_class
 
@@ -468,6 +491,12 @@ def define(pkt_id, registry=None):
 
 def encode(packet):
     """XDR bytes of ``packet``: pkt_id then body, no framing."""
+    fixed = _FIXED_ENCODERS.get(type(packet))
+    if fixed is not None:
+        try:
+            return fixed(packet)
+        except struct.error:
+            pass                    # the general encoder below words it
     try:
         header, encoder = _ENCODERS[type(packet)]
     except KeyError:

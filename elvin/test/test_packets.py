@@ -335,6 +335,29 @@ class EncodeErrorTests(unittest.TestCase):
         self.assertRaises(TypeError, P.encode, P.NotifyEmit({"a": None}, True))
         self.assertRaises(TypeError, P.encode, P.SubAddRqst(1, b"bytes", True))
 
+    @given(st.data())
+    @settings(max_examples=200, deadline=None)
+    def test_fixed_size_packets_one_pack(self, data):
+        """Packets of fixed-size fields only (SubRply, ...) take a one-pack
+        encoder: the same bytes as the general encoder, and the same errors."""
+        self.assertIn(P.SubRply, P._FIXED_ENCODERS)
+        for cls in P._FIXED_ENCODERS:
+            args = [data.draw(st.one_of(st.integers(0, (1 << (64 if f.type.code == "Q"
+                                                                     else 32)) - 1),
+                                        st.integers(), st.floats(), st.booleans()))
+                    for f in dataclasses.fields(cls)]
+            packet = cls(*args)
+            header, encoder = P._ENCODERS[cls]
+            writer = P.Writer().raw(header)
+            try:
+                encoder(writer, packet)
+            except EncodeError as e:
+                with self.assertRaises(EncodeError) as raised:
+                    P.encode(packet)
+                self.assertEqual(str(raised.exception), str(e))
+            else:
+                self.assertEqual(P.encode(packet), writer.getvalue())
+
     def test_boolean_normalised(self):
         self.assertIs(P.NotifyEmit({}, 5).deliver_insecure, True)
         self.assertIs(P.SubAddRqst(1, "", 0).accept_insecure, False)
