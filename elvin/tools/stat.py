@@ -76,10 +76,11 @@ def status_url(text):
 
 
 def refused(code, token, action="the status"):
-    """Why the status listener answered ``code`` (401 or 404), and what helps."""
+    """Why the status listener refused us (``code`` 401) and what helps; None
+    for any other code."""
     if code == 401 and token:
-        return (f"the router refused the token given with --token: it does not match "
-                f"the router's status-token")
+        return ("the router refused the token given with --token: it does not match "
+                "the router's status-token")
     if code == 401:
         return f"the router requires its status-token for {action}: give --token"
     return None
