@@ -508,7 +508,28 @@ def encode(packet):
 
 def decode(data):
     """Decode one client-protocol packet (no framing header)."""
+    if data[:4] == _SUB_ADD_RQST_ID:
+        packet = _decode_sub_add_rqst(data)
+        if packet is not None:
+            return packet
     return CLIENT.decode(data)
+
+
+def _decode_sub_add_rqst(data):
+    """A SubAddRqst read field by field (every placement takes this path),
+    or None for anything the general decoder should read and word."""
+    reader = Reader(data, 4)
+    try:
+        (xid,) = _ID32.unpack_from(data, 4)
+        reader.pos = 8
+        expression = reader.string("SubAddRqst.expression")
+        accept_insecure = reader.boolean("SubAddRqst.accept_insecure")
+        keys = _read_keys(reader)
+    except (DecodeError, struct.error):
+        return None
+    if reader.pos != reader.end:
+        return None
+    return _build_sub_add_rqst((xid, expression, accept_insecure, keys))
 
 
 def decode_notify_emit(data):
@@ -742,3 +763,8 @@ class SubModNotify:
 class SubDelNotify:
     quench_ids: ID64S
     term_id: ID64
+
+
+_SUB_ADD_RQST_ID = struct.pack(">I", SubAddRqst.ID)
+_ID32 = struct.Struct(">I")
+_build_sub_add_rqst = _builder(SubAddRqst, ["xid", "expression", "accept_insecure", "keys"])

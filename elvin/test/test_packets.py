@@ -513,6 +513,25 @@ class PropertyTests(unittest.TestCase):
             P.encode_notify_deliver_from(P.encode_attributes(attrs), secure, insecure),
             P.encode(P.NotifyDeliver(attrs, secure, insecure)))
 
+    @settings(max_examples=300)
+    @given(packet_strategy(P.SubAddRqst), st.data())
+    def test_sub_add_rqst_read_as_the_registry_reads_it(self, packet, data):
+        """decode's own SubAddRqst reader gives what the general decoder
+        gives, packet or error, also for corrupted and cut packets."""
+        encoded = bytearray(P.encode(packet))
+        if data.draw(st.booleans()):
+            index = data.draw(st.integers(1, len(encoded) // 4 - 1)) * 4
+            encoded[index:index + 4] = data.draw(st.binary(min_size=4, max_size=4))
+        encoded = bytes(encoded[:data.draw(st.integers(4, len(encoded)))])
+        try:
+            expected = P.CLIENT.decode(encoded)
+        except DecodeError as e:
+            with self.assertRaises(DecodeError) as raised:
+                P.decode(encoded)
+            self.assertEqual(str(raised.exception), str(e))
+        else:
+            self.assertEqual(P.decode(encoded), expected)
+
     @settings(max_examples=500)
     @given(st.sampled_from(sorted(SPEC_IDS.values())), st.binary(max_size=80))
     def test_garbage_bodies_only_raise_decode_error(self, pkt_id, body):
