@@ -51,7 +51,7 @@ STAGES = (
     ("index", ("SubscriptionIndex.", "(elvin/core/index.py")),
     ("encode", ("encode_attributes", "encode_notify_deliver", "Writer.")),
     ("decode", ("decode_notify_emit", "Reader.", "_read_keys", "Int64.__new__")),
-    ("write", ("write_or_queue", "send_encoded", "sendFrame", "ClientSession.deliver",
+    ("write", ("writeOrQueue", "send_encoded", "sendFrame", "ClientSession.deliver",
                "doWrite", "writeSomeData", "FileDescriptor.write", "writeSequence",
                "startWriting", "stopWriting")),
     ("route", ("Router.route", "ClientSession._emit", "notify_emit", "frameReceived",

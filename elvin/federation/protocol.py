@@ -79,7 +79,7 @@ class FederationProtocol(QueuedFramedProtocol):
             self.link.refuse_unauthenticated("the link is not over TLS (use an "
                                              "ewaf:/secure/... URI)")
             return
-        self.register_producer()
+        self.registerAsProducer()
         self.last_heard = self.clock.seconds()
         if self.keepalive:
             self._liveness = self.clock.callLater(self.keepalive, self._check_liveness)
@@ -142,7 +142,7 @@ class FederationProtocol(QueuedFramedProtocol):
 
     #: Queue ``data``; False when it was dropped (overload: the queue's
     #: policy is "newest", so it is this packet that is dropped).
-    send_encoded = QueuedFramedProtocol.write_or_queue
+    send_encoded = QueuedFramedProtocol.writeOrQueue
 
     def is_tls(self):
         return isinstance(self.transport, TLSMemoryBIOProtocol)

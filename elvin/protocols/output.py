@@ -22,7 +22,12 @@ __all__ = ["QueuedFramedProtocol"]
 @implementer(IPushProducer)
 class QueuedFramedProtocol(FramedProtocol):
     """A FramedProtocol with a send queue; subclasses set ``self.queue``
-    (a SendQueue) and call ``register_producer()`` once connected."""
+    (a SendQueue) and call ``registerAsProducer()`` once connected.
+
+    Its hooks and methods are camelCase, as FramedProtocol's and Twisted's
+    own are (``frameReceived``, ``queueOverflowed``); what implements the
+    core's interfaces (``SessionOutput.send_encoded``, ``queued_bytes``)
+    keeps their snake_case names."""
 
     def __init__(self):
         super().__init__()
@@ -31,7 +36,7 @@ class QueuedFramedProtocol(FramedProtocol):
         self.queue = None
         self._registered = False
 
-    def register_producer(self):
+    def registerAsProducer(self):
         self.transport.registerProducer(self, True)
         self._registered = True
 
@@ -41,12 +46,12 @@ class QueuedFramedProtocol(FramedProtocol):
 
     # -- writing -----------------------------------------------------------
 
-    def write_or_queue(self, data, droppable):
+    def writeOrQueue(self, data, droppable):
         """Write ``data`` now, or queue it while paused.
 
         Returns False when nothing was taken: the channel is closing, or
-        the queue overflowed (``queue_overflowed`` is called), or the queue
-        dropped frames to make room (``frames_dropped`` is told how many;
+        the queue overflowed (``queueOverflowed`` is called), or the queue
+        dropped frames to make room (``framesDropped`` is told how many;
         under the policy "newest" that is this frame).
         """
         if self.closing or self.transport is None:
@@ -55,22 +60,22 @@ class QueuedFramedProtocol(FramedProtocol):
             try:
                 dropped = self.queue.push(data, droppable)
             except QueueOverflow as e:
-                self.queue_overflowed(e)
+                self.queueOverflowed(e)
                 return False
             if dropped:
-                self.frames_dropped(dropped)
-            self.frame_queued()
+                self.framesDropped(dropped)
+            self.frameQueued()
             return dropped == 0
         self.sendFrame(data)
         return True
 
-    def queue_overflowed(self, error):
+    def queueOverflowed(self, error):
         """A frame that may not be dropped did not fit (override)."""
 
-    def frames_dropped(self, count):
+    def framesDropped(self, count):
         """The queue's drop policy dropped ``count`` frames (override)."""
 
-    def frame_queued(self):
+    def frameQueued(self):
         """A frame was queued (override, e.g. to enforce a memory budget)."""
 
     # -- closing -------------------------------------------------------------

@@ -79,7 +79,7 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
         if budget is not None:
             budget.join(self.queue, self._evicted, self._shed)
         self._apply_nodelay(options)
-        self.register_producer()
+        self.registerAsProducer()
         if factory.connect_timeout:
             self._timeout = factory.clock.callLater(factory.connect_timeout,
                                                     self._connect_timed_out)
@@ -156,18 +156,18 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
         self.send_encoded(P.encode(packet), False)
 
     #: Deliveries go straight through (the hot path: no extra call).
-    send_encoded = QueuedFramedProtocol.write_or_queue
+    send_encoded = QueuedFramedProtocol.writeOrQueue
 
-    def queue_overflowed(self, error):
+    def queueOverflowed(self, error):
         self.log.warn("disconnecting slow client {peer}: {reason}",
                       peer=self.peer, reason=str(error))
         self.session.ending(f"slow client: {error}")
         self.abort()
 
-    def frames_dropped(self, count):
+    def framesDropped(self, count):
         self.session.dropped += count
 
-    def frame_queued(self):
+    def frameQueued(self):
         budget = self.queue.budget
         if budget is not None and budget.over():
             budget.enforce()
