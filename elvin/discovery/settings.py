@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from elvin.configvalues import ConfigError, Setting, flag
+from elvin.configvalues import ConfigError, Setting, did_you_mean, flag
 from elvin.discovery.packets import GROUP, MAX_LOCALITY, PORT, check_scope
 from elvin.uri import ElvinURI, InvalidURIError
 
@@ -123,7 +123,8 @@ def apply_setting(config, name, value, where="<config>"):
     a bad value raises ConfigError (a ValueError) naming ``where``."""
     setting = _BY_NAME.get(name)
     if setting is None:
-        raise ConfigError(f"{where}: unknown setting {name!r} (discovery settings: "
+        raise ConfigError(f"{where}: unknown setting {name!r}{did_you_mean(name, SETTINGS)} "
+                          f"(discovery settings: "
                           f"{', '.join(SETTINGS)})")
     parsed = setting.parse(value, name, where, config)
     if setting.repeat:

@@ -22,7 +22,7 @@ import copy
 import re
 import socket
 
-from elvin.configvalues import ConfigError, Setting, at_least, duration, flag, text
+from elvin.configvalues import ConfigError, Setting, at_least, did_you_mean, duration, flag, text
 from elvin.errors import SubscriptionError
 from elvin.federation.filters import parse_filter
 from elvin.federation.identity import domain_problem
@@ -191,13 +191,17 @@ class FederationConfig:
         if match:
             setting = _PER_CLASS.get(match.group(1).lower())
             if setting is None:
-                raise ConfigError(f"{where}: unknown federation setting {key!r} (known "
+                hint = did_you_mean(f"Federation.{match.group(1)}",
+                                    [s.name for s in CLASS_SETTINGS])
+                hint = hint.replace("'?)", f"[{match.group(2)}]'?)") if hint else ""
+                raise ConfigError(f"{where}: unknown federation setting {key!r}{hint} (known "
                                   f"for a class C: {_known(CLASS_SETTINGS, '[C]')})")
             _apply(self._class(match.group(2).strip(), where), setting, value, key, where)
             return
         setting = _GLOBAL.get(key.lower())
         if setting is None:
-            raise ConfigError(f"{where}: unknown federation setting {key!r} (known: "
+            hint = did_you_mean(key, [s.name for s in FEDERATION_SETTINGS])
+            raise ConfigError(f"{where}: unknown federation setting {key!r}{hint} (known: "
                               f"{_known(FEDERATION_SETTINGS)}, "
                               f"{_known(CLASS_SETTINGS, '[C]')})")
         _apply(self, setting, value, key, where)

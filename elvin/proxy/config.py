@@ -9,7 +9,7 @@ table in docs/proxy.md is generated from PROXY_SETTINGS
 
 from elvin.config import (ROUTER_SETTINGS, SettingsConfig, config_file, listen_uri, load, parse,
                           status_uri)
-from elvin.configvalues import ConfigError, Setting, at_least, duration, text
+from elvin.configvalues import ConfigError, Setting, at_least, did_you_mean, duration, text
 from elvin.endpoints import UDP, stack_kind
 from elvin.uri import ElvinURI, InvalidURIError
 
@@ -122,8 +122,9 @@ class ProxyConfig(SettingsConfig):
         key = name.strip()
         setting = _BY_NAME.get(key.lower())
         if setting is None:
-            known = ", ".join(s.name for s in PROXY_SETTINGS)
-            raise ConfigError(f"{where}: unknown setting {key!r} (known: {known})")
+            names = [s.name for s in PROXY_SETTINGS]
+            raise ConfigError(f"{where}: unknown setting {key!r}{did_you_mean(key, names)} "
+                              f"(known: {', '.join(names)})")
         parsed = setting.parse(value.strip(), key, where, self)
         if setting.repeat:
             getattr(self, setting.attr).append(parsed)
