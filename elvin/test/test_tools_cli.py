@@ -193,23 +193,41 @@ class UsageTests(CLITestCase):
             self.assertEqual(code, 2)
             self.assertIn(f"--count must be at least 1, not {count}".encode(), err)
 
-    @defer.inlineCallbacks
+    def in_process(self, tool, flag):
+        """(stdout, exit code) of ``elvin-TOOL FLAG``, parsed in this
+        process (the options are what answer --help and --version)."""
+        import importlib
+        import io
+        from elvin.tools.common import parse_options
+        out = io.StringIO()
+        self.patch(sys, "stdout", out)
+        with self.assertRaises(SystemExit) as raised:
+            parse_options(importlib.import_module(f"elvin.tools.{tool}").Options, [flag])
+        return out.getvalue().encode(), raised.exception.code
+
     def test_version_is_elvins(self):
         import elvin
         for tool in ("notify", "subscribe", "quench", "discover"):
-            out, err, code = yield self.tool(tool, "--version")
+            out, code = self.in_process(tool, "--version")
             self.assertEqual(code, 0)
             self.assertEqual(out.decode().strip(),
                              f"elvin-{tool} (elvin) {elvin.__version__}")
 
-    @defer.inlineCallbacks
     def test_help_names_the_program_and_says_what_it_does(self):
         for tool, words in (("notify", b"Emit"), ("subscribe", b"Subscribe to"),
                             ("quench", b"Quench on"), ("discover", b"List Elvin")):
-            out, err, code = yield self.tool(tool, "--help")
+            out, code = self.in_process(tool, "--help")
             self.assertEqual(code, 0)
             self.assertTrue(out.startswith(f"Usage: elvin-{tool} ".encode()), out[:60])
             self.assertIn(words, out)
+
+    @defer.inlineCallbacks
+    def test_entry_point_runs_as_a_program(self):
+        """One tool through the interpreter, as installed scripts run it."""
+        import elvin
+        out, err, code = yield self.tool("quench", "--version")
+        self.assertEqual((code, out.decode().strip()),
+                         (0, f"elvin-quench (elvin) {elvin.__version__}"))
 
     @defer.inlineCallbacks
     def test_udp_uri_without_u(self):
