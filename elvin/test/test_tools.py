@@ -99,6 +99,18 @@ class ToolTestCase(unittest.TestCase):
             sys.executable, ["-m", f"elvin.tools.{name}"] + list(args),
             env=os.environ, path=REPO)
 
+    def usage_error(self, name, *args):
+        """(stderr, exit code) of a tool whose arguments do not parse,
+        in this process (a usage error ends before any reactor runs)."""
+        import importlib
+        import io
+        from elvin.tools.common import parse_options
+        err = io.StringIO()
+        self.patch(sys, "stderr", err)
+        with self.assertRaises(SystemExit) as raised:
+            parse_options(importlib.import_module(f"elvin.tools.{name}").Options, list(args))
+        return err.getvalue().encode(), raised.exception.code
+
     def tool_with_stdin(self, name, stdin, *args):
         proc = _ToolProcess(stdin)
         reactor.spawnProcess(proc, sys.executable,
@@ -269,9 +281,8 @@ class NotifyTests(ToolTestCase):
         self.assertIn(b"refused", err.lower())
         self.assertNotIn(b"Traceback", err)
 
-    @defer.inlineCallbacks
     def test_bad_uri_is_usage_error(self):
-        out, err, code = yield self.tool("notify", "-e", "http://nowhere", "A: 1")
+        err, code = self.usage_error("notify", "-e", "http://nowhere", "A: 1")
         self.assertEqual(code, 2)
         self.assertIn(b"http://nowhere", err)
         self.assertIn(b"--elvin", err)
@@ -386,16 +397,13 @@ class SubscribeTests(ToolTestCase):
         self.assertIn(b"refused", err.lower())
         self.assertNotIn(b"Traceback", err)
 
-    @defer.inlineCallbacks
     def test_missing_expression_is_usage_error(self):
-        out, err, code = yield self.tool("subscribe", "-e", self.uri)
+        err, code = self.usage_error("subscribe", "-e", self.uri)
         self.assertEqual(code, 2)
         self.assertTrue(err)
 
-    @defer.inlineCallbacks
     def test_bad_count_is_usage_error(self):
-        out, err, code = yield self.tool("subscribe", "-e", self.uri, "-n", "two",
-                                         "require(A)")
+        err, code = self.usage_error("subscribe", "-e", self.uri, "-n", "two", "require(A)")
         self.assertEqual(code, 2)
 
     @defer.inlineCallbacks
