@@ -10,7 +10,7 @@ own queue and never stalls anybody else.
 
 import struct
 
-from twisted.internet import error, protocol, tcp
+from twisted.internet import error, protocol
 from twisted.logger import Logger
 
 from elvin.protocols import packets as P
@@ -36,10 +36,6 @@ _DROPWARN = P.encode(P.DropWarn())
 _packet_id = struct.Struct(">I").unpack_from
 _NOTIFY_EMIT = P.NotifyEmit.ID
 _CONNECTED = SessionState.CONNECTED
-
-
-#: Plain TCP server connections: their writes can be flushed at once.
-_TCP_SERVER = tcp.Server
 
 
 class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
@@ -106,18 +102,6 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
             self.session.connection_lost(_why(reason))
 
     # -- input -------------------------------------------------------------
-
-    def dataReceived(self, data):
-        super().dataReceived(data)
-        # What the read made this connection's own replies (SubRply, Nacks,
-        # markers echoed to a publisher) goes out now, through Twisted's
-        # buffer as always (so the send queue and its drop policies see the
-        # same backlog), rather than after the reactor's next poll: a
-        # client waiting for its reply waits one reactor turn less.
-        transport = self.transport
-        if (transport.__class__ is _TCP_SERVER and (transport._tempDataLen or transport.dataBuffer)
-                and not transport.TLS and not transport.disconnecting):
-            transport.doWrite()
 
     def frameReceived(self, data):
         pkt_id = _packet_id(data)[0]
