@@ -21,6 +21,7 @@ from twisted.logger import Logger
 
 from elvin import errors
 from elvin.errors import SubscriptionError
+from elvin.core.host import SessionHost
 from elvin.core.index import SubscriptionIndex
 from elvin.core.keys import CONSUMER, PRODUCER, SUPPORTED_KEY_SCHEMES, KeyRing
 from elvin.core.options import ConnectionOptions, OPTIONS
@@ -33,7 +34,8 @@ from elvin.subscription.compiler import compile_tree
 from elvin.subscription.lexer import more_tokens_than
 from elvin.values import OPAQUE, STRING, type_of
 
-__all__ = ["Router", "RouterObserver", "ClientSession", "SessionState", "SessionOutput", "SubscriptionEntry",
+__all__ = ["Router", "RouterObserver", "ClientSession", "SessionState", "SessionOutput",
+           "SessionHost", "SubscriptionEntry",
            "DISCONN_SHUTDOWN", "DISCONN_REDIRECT", "DISCONN_PROTOCOL_ERRORS",
            "CLIENT_PACKET_IDS", "notification_problem", "DEFAULT_MAX_QUEUE_MEMORY",
            "DEFAULT_MAX_SUBSCRIPTION_TOKENS", "DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES"]
@@ -185,7 +187,7 @@ def _always_true(attributes):
 _ALWAYS_TREE = node(Kind.EQUALS, int32(1), int32(1))
 
 
-class Router:
+class Router(SessionHost):
     """The routing core shared by every session and transport."""
 
     log = Logger()
@@ -460,11 +462,17 @@ class SessionState(enum.IntEnum):
 
 
 class ClientSession:
-    """One client's session: the state machine of section 5.4."""
+    """One client's session: the state machine of section 5.4.
+
+    ``router`` is the host: what the state machine uses of it is declared
+    by ``SessionHost`` (elvin.core.host), which the proxy implements too;
+    the request handlers below ``_test_conn`` need a ``Router``."""
 
     log = Logger()
 
     NEW, CONNECTED, UNOTIFY, CLOSING, CLOSED = SessionState
+    #: What Nacks call the host (the proxy's ProxyClient says "proxy").
+    SERVER_NAME = "router"
 
     def __init__(self, router, output, peer=None):
         self.router = router
@@ -615,12 +623,16 @@ class ClientSession:
 
     # -- connection -----------------------------------------------------------
 
-    def _connect(self, packet):
-        router = self.router
-        if router.closing:
-            self.nack(packet.xid, errors.IMPL_LIMIT, "router is shutting down")
+    def _admissible(self, packet):
+        """The checks every ConnRqst passes first, at the router and the
+        proxy alike: the host is not shutting down, the protocol version,
+        the connection limit. Nacks (and closes, where asking again cannot
+        help) and says False when one fails."""
+        host = self.router
+        if host.closing:
+            self.nack(packet.xid, errors.IMPL_LIMIT, f"{self.SERVER_NAME} is shutting down")
             self._close()
-            return
+            return False
         if packet.client_major_version != PROTOCOL_MAJOR:
             self.log.info("refused {peer}: protocol {major}.{minor}", peer=self.peer,
                           major=packet.client_major_version,
@@ -628,15 +640,21 @@ class ClientSession:
             self.nack(packet.xid, errors.PROT_INCOMPAT,
                       f"protocol version {packet.client_major_version}."
                       f"{packet.client_minor_version} not supported "
-                      f"(this router speaks {PROTOCOL_MAJOR}.{PROTOCOL_MINOR})")
-            return
+                      f"(this {self.SERVER_NAME} speaks {PROTOCOL_MAJOR}.{PROTOCOL_MINOR})")
+            return False
         self._announced_version(packet)
         # (Counting is O(sessions): only done when it could reach the cap.)
-        if len(router.sessions) > router.max_connections and sum(
-                1 for s in router.sessions if s.state == s.CONNECTED) >= router.max_connections:
+        if len(host.sessions) > host.max_connections and sum(
+                1 for s in host.sessions if s.state == s.CONNECTED) >= host.max_connections:
             self.nack(packet.xid, errors.IMPL_LIMIT, "too many connections")
             self._close()
+            return False
+        return True
+
+    def _connect(self, packet):
+        if not self._admissible(packet):
             return
+        router = self.router
         nfn_keys = self._keys(packet.xid, packet.nfn_keys, PRODUCER)
         sub_keys = self._keys(packet.xid, packet.sub_keys, CONSUMER)
         if nfn_keys is None or sub_keys is None:

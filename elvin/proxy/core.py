@@ -34,9 +34,10 @@ from twisted.logger import Logger
 from elvin import errors
 from elvin.client.state import ConnectionClosed, NackError
 from elvin.core.keys import CONSUMER, PRODUCER, SUPPORTED_KEY_SCHEMES, KeyRing
+from elvin.core.host import SessionHost
 from elvin.core.options import OPTIONS, ConnectionOptions
 from elvin.core.router import (MAX_PROTOCOL_ERRORS, PROTOCOL_ERROR_WINDOW, PROTOCOL_MAJOR,
-                               PROTOCOL_MINOR, ClientSession, compile_expression,
+                               ClientSession, compile_expression,
                                notification_problem, subscription_nack_args)
 from elvin.errors import ElvinError, SubscriptionError
 from elvin.protocols import packets as P
@@ -173,8 +174,9 @@ class Session:
         return f"<Session {self.name!r}: {len(self.subscriptions)} subscriptions>"
 
 
-class ProxyCore:
-    """Sessions, subscriptions and clients of one proxy.
+class ProxyCore(SessionHost):
+    """Sessions, subscriptions and clients of one proxy: to its clients'
+    sessions, their host (``SessionHost``), as the router is to its own.
 
     ``upstream`` is what the proxy's upstream connection offers: ``is_up``,
     ``subscribe(expression, accept_insecure, keys) -> Deferred[id]``,
@@ -734,6 +736,7 @@ class ProxyClient(ClientSession):
     with the proxy's handlers, for a client of sessions (docs/proxy.md)."""
 
     log = Logger()
+    SERVER_NAME = "proxy"
 
     def __init__(self, core: ProxyCore, output, peer=None):
         super().__init__(core, output, peer)
@@ -858,23 +861,10 @@ class ProxyClient(ClientSession):
     # -- connecting --------------------------------------------------------------
 
     def _connect(self, packet):
+        if not self._admissible(packet):
+            return
         core = self.core
         xid = packet.xid
-        if core.closing:
-            self.nack(xid, errors.IMPL_LIMIT, "proxy is shutting down")
-            self._close()
-            return
-        if packet.client_major_version != PROTOCOL_MAJOR:
-            self.nack(xid, errors.PROT_INCOMPAT,
-                      f"protocol version {packet.client_major_version}."
-                      f"{packet.client_minor_version} not supported (this proxy speaks "
-                      f"{PROTOCOL_MAJOR}.{PROTOCOL_MINOR})")
-            return
-        if len(core.sessions) > core.max_connections and sum(
-                1 for c in core.sessions if c.state == c.CONNECTED) >= core.max_connections:
-            self.nack(xid, errors.IMPL_LIMIT, "too many connections")
-            self._close()
-            return
         standard, proxy = _split_options(packet.options)
         for wire, role in ((packet.nfn_keys, PRODUCER), (packet.sub_keys, CONSUMER)):
             if not self._valid_keys(xid, wire, role):

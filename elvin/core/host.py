@@ -1,0 +1,55 @@
+"""What a client session needs from whoever serves it: ``SessionHost``.
+
+``ClientSession`` (elvin.core.router) is the state machine of section 5.4:
+states, violations, Disconn, protocol-error accounting, Nacks and the
+checks every ConnRqst passes first. That part is shared: the router serves
+it, and so does the proxy (elvin.proxy), whose ``ProxyClient`` keeps it and
+brings its own request handlers. What the shared part reads or calls on
+its host is declared here, so that a host lacking a member fails the type
+check (mypy) and ``test_session_host`` instead of a client's request at
+run time. The router's own request handlers (subscriptions, quenches,
+routing) need the ``Router`` itself and are not part of this interface.
+
+Written down as ``SessionOutput`` and ``RouterObserver`` are (a transport
+gives a session its output; watchers hear from the router): a
+``typing.Protocol`` that ``Router`` and ``ProxyCore`` declare as a base.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Any, Callable, Deque, Protocol, Set, Tuple
+
+from elvin.core.options import ConnectionOptions
+
+__all__ = ["SessionHost"]
+
+
+class SessionHost(Protocol):
+    """What ``ClientSession``'s state machine uses of its router (or proxy)."""
+
+    #: Seconds, monotonic; protocol errors are counted in a window of it.
+    clock: Callable[[], float]
+    #: Seconds since the epoch: what refusals are dated with.
+    wall_clock: Callable[[], float]
+    #: ``max_protocol_errors`` protocol errors (1xxx Nacks) within
+    #: ``protocol_error_window`` seconds disconnect a client (0: never).
+    max_protocol_errors: int
+    protocol_error_window: float
+    #: Nacks sent, by error code, and the latest refusals, newest last:
+    #: (time, peer, code, message); operations show both.
+    nacks: collections.Counter[int]
+    refusals: Deque[Tuple[float, Any, int, str]]
+    #: True once shutting down: a ConnRqst is refused.
+    closing: bool
+    #: The open sessions, and how many may be connected at once.
+    sessions: Set[Any]
+    max_connections: int
+
+    def new_options(self) -> ConnectionOptions:
+        """The connection options a new session negotiates from."""
+        ...
+
+    def session_closed(self, session: Any) -> None:
+        """``session`` ended: forget it and what it held."""
+        ...
