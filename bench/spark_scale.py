@@ -1,7 +1,7 @@
 """Spark analysis benchmark: records per second, peak memory, incremental runs.
 
     python bench/spark_scale.py [--sizes 1M,10M,50M] [--master local[*]]
-                                [--driver-memory 1g] [--workdir DIR] [--keep]
+                                [--driver-memory 1g] [--workdir DIR] [--runs N] [--keep]
 
 For each size it makes a trace directory of about that many records and
 runs ``python -m spark_analysis`` over it as a user would (a new process:
@@ -37,6 +37,10 @@ its own digests -- into gzip-compressed files per router and hour,
 named as routers name them. 10M records is a day of that federation, 50M
 five days (about 3 and 15 GB of JSON before compression). Generating
 is not timed; the traces are deleted afterwards unless --keep.
+``--runs N`` repeats each size's full run N times (a new table each
+time) and prints each run's records/s with the load average before and
+after: the figure that matters on a shared machine is a ratio of
+alternating runs, or the best of several on a quiet one.
 Not a test: the figures depend on the machine.
 """
 
@@ -121,6 +125,14 @@ def write_hours(spark, tmpl, lo, first, count, out):
             written += 1
     shutil.rmtree(staging, ignore_errors=True)
     return written
+
+
+def load_average():
+    """The 1-minute load average, as uptime prints it (the machine is shared)."""
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except OSError:
+        return "?"
 
 
 def dir_mb(path):
@@ -316,10 +328,15 @@ def main(argv=None):
                         help="where to put traces and tables (default: a temporary directory)")
     parser.add_argument("--watch-hours", type=int, default=2,
                         help="hours added one at a time for the watching process (default 2)")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="full runs per size, each on a new table (default 1); each "
+                             "prints its records/s and the machine's load")
     parser.add_argument("--keep", action="store_true", help="keep the traces and reports")
     args = parser.parse_args(argv)
     if args.watch_hours < 1:
         parser.error("--watch-hours must be at least 1")
+    if args.runs < 1:
+        parser.error("--runs must be at least 1")
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
 
     from spark_analysis.session import get_session, local_settings
@@ -356,7 +373,22 @@ def main(argv=None):
             print(f"generated {hours} hours, {hours * per_hour:,} records, {files} files "
                   f"({mb:,.0f} MB gzip) in {time.monotonic() - began:.0f} s; analysing ...",
                   flush=True)
-            elapsed, rss, stages, records = analyse(traces, out, tables, args)
+            speeds = []
+            for n in range(1, args.runs + 1):
+                # each run a new process on a new table: the whole first run
+                shutil.rmtree(tables, ignore_errors=True)
+                shutil.rmtree(out, ignore_errors=True)
+                before = load_average()
+                elapsed, rss, stages, records = analyse(traces, out, tables, args)
+                speeds.append(records / elapsed)
+                print(f"full run {n}/{args.runs}: {records:,} records in {elapsed:.1f} s = "
+                      f"{records / elapsed:,.0f} records/s (load average {before} before, "
+                      f"{load_average()} after)", flush=True)
+            if args.runs > 1:
+                print(f"records/s over {args.runs} runs: "
+                      + ", ".join(f"{v:,.0f}" for v in speeds)
+                      + f" (best {max(speeds):,.0f}, median {sorted(speeds)[len(speeds) // 2]:,.0f})",
+                      flush=True)
             # one more hour: only its files are read into the same table, and
             # the report is on that hour
             write_hours(spark, tmpl, lo, hours, 1, traces)

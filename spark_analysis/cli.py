@@ -64,7 +64,7 @@ def build_parser():
     parser.add_argument("--engine", choices=ENGINES, default="auto",
                         help="what analyses the window once it is in the table: spark, or "
                              "duckdb (in this process; a local table only); default auto: "
-                             "DuckDB for a window of up to 3 million records of a local "
+                             "DuckDB for a window of up to 12 million records of a local "
                              "table, else Spark")
     parser.add_argument("--no-report", action="store_true",
                         help="only write the tables (no charts, no HTML)")

@@ -285,6 +285,29 @@ class WithoutSparkTests(unittest.SynchronousTestCase):
                          [(os.path.basename(p), r) for p, r in b.unreadable])
         self.assertTrue(a.unreadable)
 
+    def test_a_window_read_from_its_files_gives_the_same_tables(self):
+        """A window too big to load into DuckDB's memory is read from its
+        Parquet files by every query: the same tables and series."""
+        _skip_without_duckdb()
+        from spark_analysis import pipeline
+        self.patch(smallwindow, "LOADED_RECORDS", 0)
+        traces = _tempdir("sw-view")
+        write_handmade(traces)
+        a = pipeline.run(self.no_spark, traces, _tempdir("sw-view-out"), T(0), T(600),
+                         progress=None, report=False)
+        b = run_both("sw-handmade", lambda d: write_handmade(d), since_us=T(0),
+                     until_us=T(600))[1]
+        self.assertEqual(sorted(a.tables), sorted(b.tables))
+        for name in b.tables:
+            self.assertEqual(a.tables[name], b.tables[name], name)
+        self.assertEqual(sorted(a.series), sorted(b.series))
+        key = (lambda r: sorted(r.items()))
+        for name, rows in b.series.items():
+            if isinstance(rows, list):      # (rows in any order, as the charts take them)
+                self.assertEqual(sorted(a.series[name], key=key), sorted(rows, key=key), name)
+            else:
+                self.assertEqual(a.series[name], rows, name)
+
     def counted_start(self, name):
         """(handmade traces, a callable starting Spark, the list of its calls)."""
         traces = _tempdir(name)
