@@ -25,6 +25,8 @@ SANS_IO_MODULES = (
     "elvin/discovery/packets.py", "elvin/discovery/cache.py",
     "elvin/discovery/solicitor.py", "elvin/discovery/advertiser.py",
     "elvin/discovery/settings.py",
+    "elvin/proxy/core.py", "elvin/proxy/model.py", "elvin/proxy/joining.py",
+    "elvin/proxy/requests.py", "elvin/proxy/relay.py", "elvin/proxy/delivery.py",
 )
 
 #: Imported modules (and their submodules) that do I/O or own an event loop.
@@ -46,6 +48,7 @@ EXCEPTIONS = {
     ("elvin/federation/link.py", "twisted.logger"): "as for elvin/core/router.py",
     ("elvin/federation/manager.py", "twisted.logger"): "as for elvin/core/router.py",
     ("elvin/discovery/advertiser.py", "twisted.logger"): "as for elvin/core/router.py",
+    ("elvin/proxy/core.py", "twisted.logger"): "as for elvin/core/router.py",
     ("elvin/federation/manager.py", "time.time()"):
         "the mesh epoch: a restarted router's adverts must supersede the "
         "ones it sent before, across processes, which a test Clock starting "

@@ -1,0 +1,350 @@
+"""Delivering, storing and replaying (the paper's 5.1.2; docs/proxy.md,
+"Delivering and storing").
+
+Upstream's NotifyDeliver goes to every live client of the sessions it
+matched, once each, and one copy is stored for the sessions that need it
+kept; what a reactor turn stores commits as one transaction before any of
+that turn's deliveries is written. A joining client is replayed what was
+stored, page by page as its channel drains (or as it acknowledges), then
+goes live. A store that cannot write is survived: what it could not keep
+is counted as dropped and told by DropWarn.
+
+Apart from the rest because this is where a notification's one promise is
+kept (written or stored, never both lost), and the parts that keep it
+(``Keeping`` for the ``ProxyCore``, ``Receiving`` for a ``ProxyClient``)
+read best side by side.
+"""
+
+from __future__ import annotations
+
+import collections
+from typing import Dict
+
+from elvin.protocols import packets as P
+from elvin.proxy.model import Session
+from elvin.proxy.store import StoreFailed
+
+__all__ = ["Keeping", "Receiving"]
+
+
+class Keeping:
+    """The ``ProxyCore``'s part: deliver, store, survive the store failing,
+    sweep what expired."""
+
+    def write(self, method, *args):
+        """``method(*args)`` on the store; a write the disk cannot take is
+        logged (once while it lasts) and None returned: what it would have
+        removed stays (delivered again later), what it would have kept is
+        counted as dropped by the caller."""
+        try:
+            return method(*args)
+        except StoreFailed as e:
+            self.store_failed(e)
+            return None
+
+    def store_failed(self, error) -> None:
+        self.counters.store_failed += 1
+        if self.store_down_until is None:
+            self.log.error("proxy database {db}: cannot write ({why}); notifications for "
+                           "sessions without a client are not being kept (each is counted "
+                           "as dropped, and the session's next client told by DropWarn) "
+                           "until space is freed; joins and replays go on",
+                           db=self.store.path, why=error)
+        self.store_down_until = self.clock() + 1.0
+        if self._holding:
+            self._abandon_turn()
+
+    def _store_up(self) -> bool:
+        """May the store be written to (not in the second after a failure)?"""
+        if self.store_down_until is None:
+            return True
+        if self.clock() < self.store_down_until:
+            return False
+        drops, self.unsaved_drops = self.unsaved_drops, collections.Counter()
+        try:
+            for name, count in drops.items():
+                if name in self.named:
+                    self.store.add_dropped(name, count)
+        except StoreFailed as e:
+            self.unsaved_drops.update(drops)
+            self.store_failed(e)
+            return False
+        self.store_down_until = None
+        self.log.info("proxy database {db}: writing again", db=self.store.path)
+        return True
+
+    def take_dropped(self, name: str) -> int:
+        """Drops to tell the session's next client of (and forget)."""
+        unsaved = self.unsaved_drops.pop(name, 0)
+        try:
+            return self.store.take_dropped(name) + unsaved
+        except StoreFailed as e:
+            self.store_failed(e)
+            row = self.store.session(name)
+            return (row.dropped if row else 0) + unsaved
+
+    def upstream_notification(self, attributes, secure_ids, insecure_ids) -> None:
+        """A NotifyDeliver from upstream: deliver one copy to each connected
+        client, and store one copy for the sessions that must keep it
+        (section 5.1.2)."""
+        matched: Dict[Session, Dict[int, bool]] = {}
+        by_upstream = self.by_upstream
+        for ids, secure in ((secure_ids, True), (insecure_ids, False)):
+            for upstream_id in ids:
+                sub = by_upstream.get(upstream_id)
+                if sub is not None:
+                    matched.setdefault(sub.session, {}).setdefault(sub.id, secure)
+        if not matched:
+            return
+        deliveries: Dict[Receiving, tuple] = {}
+        keep: Dict[str, Dict[int, bool]] = {}
+        marks = []
+        for session, subs in matched.items():
+            live = [c for c in session.clients if c.live]
+            if session.persistent and (len(live) < len(session.clients) or not any(
+                    c.destructive and not c.ack_window for c in live)):
+                # Nobody has consumed it by having it written: keep it for
+                # the others, and for acknowledging clients until they
+                # acknowledge it (and remember who had it, so nobody gets
+                # it twice).
+                keep[session.name] = subs
+                marks.extend((session.name, c.name) for c in live if not c.ack_window)
+            for client in live:
+                secure, insecure = deliveries.setdefault(client, ([], []))
+                for sub_id, is_secure in subs.items():
+                    (secure if is_secure else insecure).append(sub_id)
+        body = P.encode_attributes(attributes)
+        note = None
+        if keep:
+            note = self._keep(body, keep, marks)
+        for client, (secure, insecure) in deliveries.items():
+            data = P.encode_notify_deliver_from(body, secure, insecure)
+            client.reserve()
+            if self._holding or self._held:
+                # Delivered once this turn's transaction has committed: no
+                # client has a notification the store could still lose.
+                self._held.append((client, data, note))
+            else:
+                client.deliver(data, note)
+        self.counters.delivered += len(deliveries)
+
+    def _keep(self, body, keep, marks):
+        """Store one copy for the sessions in ``keep``; its id, or None if it
+        could not be stored (then counted as dropped by those sessions)."""
+        if not self._store_up():
+            self._not_kept(keep)
+            return None
+        store = self.store
+        try:
+            if not self._holding and self.call_later is not None:
+                # One commit for everything stored in this reactor turn.
+                store.hold()
+                self._holding = True
+                self._turn = []
+                self.call_later(0, self._release)
+            with store.batch():
+                note = store.store(body, keep, self.clock())
+                if note is not None:
+                    for name, client_name in marks:
+                        store.acknowledge(name, client_name, [note], destructive=False)
+        except StoreFailed as e:
+            self.store_failed(e)
+            self._not_kept(keep)
+            return None
+        if note is not None:
+            self.counters.stored += 1
+            if self._holding:
+                self._turn.append(keep)
+        return note
+
+    def _not_kept(self, keep) -> None:
+        self.counters.not_stored += 1
+        for name in keep:
+            self.unsaved_drops[name] += 1
+
+    def _abandon_turn(self) -> None:
+        """The turn's transaction failed: what it stored is gone (counted as
+        dropped), and its live deliveries go out as not stored."""
+        self.store.abandon()
+        self._holding = False
+        for earlier in self._turn:
+            self._not_kept(earlier)
+        self._turn = []
+        self._held = [(client, data, None) for client, data, _ in self._held]
+
+    def _release(self) -> None:
+        if self._holding:
+            try:
+                self.store.release()
+            except StoreFailed as e:
+                self.store_failed(e)          # abandons the turn
+            self._holding = False
+            self._turn = []
+        held, self._held = self._held, []
+        for client, data, note in held:
+            client.deliver(data, note)
+
+    def sweep(self) -> int:
+        """The paper's periodic sweep: expired notifications deleted in
+        steps of ``sweep_step`` rows, one step per reactor turn (never a
+        long stall), then sessions idle for ``session_expiry``."""
+        if self._sweeping:
+            return 0
+        self._sweeping = True
+        return self._sweep_step()
+
+    def _sweep_step(self) -> int:
+        try:
+            gone, more = self.store.sweep(self.clock(), self.sweep_step)
+        except StoreFailed as e:
+            self.store_failed(e)
+            gone, more = 0, False
+        if more and self.call_later is not None:
+            self.call_later(0, self._sweep_step)
+            return gone
+        self._sweeping = False
+        self.expire_sessions()
+        return gone
+
+    def expire_sessions(self) -> int:
+        """Delete sessions that have had no client for ``session_expiry``
+        seconds (at most 100 a call); their upstream subscriptions go."""
+        if not self.session_expiry:
+            return 0
+        expired = 0
+        for name in self.store.idle_sessions(self.clock() - self.session_expiry):
+            session = self.named.get(name)
+            if session is None or session.clients:
+                continue
+            self.log.info("session {name!r} expired: no client for {s:g} s (session-expiry)",
+                          name=name, s=self.session_expiry)
+            self.write(self.delete_session, session)
+            if self.store_down_until is not None:
+                break
+            expired += 1
+        self.counters.sessions_expired += expired
+        return expired
+
+
+class Receiving:
+    """A ``ProxyClient``'s part: live deliveries, acknowledgements and the
+    replay of what was stored."""
+
+    def resumed(self):
+        """The channel drained: go on replaying, if that was waiting."""
+        if self._replay_waiting:
+            self._replay_waiting = False
+            self._schedule_replay()
+
+    def reserve(self):
+        """A live notification is on its way to this client (held until the
+        turn commits, or written at once): an acknowledging client whose
+        window it fills stops being live, so what follows is kept for it
+        and replayed as it acknowledges."""
+        if self.ack_window:
+            self._reserved += 1
+            if self._sent + self._reserved - self._acked >= self.ack_window:
+                self.live = False
+
+    def deliver(self, data, note=None):
+        """Write a live notification (``note``: its stored id, if stored)."""
+        if self.ack_window:
+            self._reserved = max(0, self._reserved - 1)
+        if self.state == self.CONNECTED:
+            # Never droppable for an acknowledging client: its count of
+            # what it handled must match what was written (a full queue
+            # disconnects it instead, and its next join replays).
+            self.output.send_encoded(data, not self.ack_window)
+            if self.ack_window:
+                self._sent_one(note)
+
+    def _sent_one(self, note):
+        self._sent += 1
+        self._inflight.append((self._sent, note))
+        if note is not None and note > self._replayed_to:
+            self._replayed_to = note
+
+    def drop_warn(self):
+        """Tell the client notifications were lost (DropWarn)."""
+        if self.state == self.CONNECTED:
+            self.output.send(P.DropWarn())
+
+    def acknowledged(self, count):
+        """The client's application has handled ``count`` notifications
+        since ConnRply: what they were is no longer owed (destructive
+        receipt) or not to be sent to this client again (non-destructive)."""
+        notes = []
+        inflight = self._inflight
+        while inflight and inflight[0][0] <= count:
+            note = inflight.popleft()[1]
+            if note is not None:
+                notes.append(note)
+        self._acked = max(self._acked, count)
+        names = [s.name for s in self.joined if s.persistent]
+        if notes and names:
+            core = self.core
+            try:
+                core.store.acknowledge_many(names, self.name, notes, self.destructive)
+                core.counters.acknowledged += len(notes)
+            except StoreFailed as e:
+                core.store_failed(e)      # still kept: sent again at the next join
+        self._kick()
+
+    def _kick(self):
+        """Go on replaying, if the client is not live and nothing else will."""
+        if self.live or self.state != self.CONNECTED or self._replay_waiting:
+            return
+        if self._replay_call is not None and self._replay_call.active():
+            return
+        self._schedule_replay()
+
+    def send_event(self, attributes):
+        if self.state == self.CONNECTED:
+            self.output.send(P.NotifyDeliver(attributes, (), ()))
+
+    def _schedule_replay(self):
+        call_later = self.core.call_later
+        if call_later is None:
+            self._replay()
+        else:
+            self._replay_call = call_later(0, self._replay)
+
+    def _replay(self):
+        """Send a page of what the sessions stored, in arrival order; the
+        client goes live when nothing is left (new arrivals meanwhile are
+        stored, so they follow in order). An acknowledging client is sent
+        no more than its window allows unacknowledged; others have each page
+        counted as received as it is written."""
+        self._replay_call = None
+        if self.state != self.CONNECTED:
+            return
+        if not self.output.is_idle():
+            self._replay_waiting = True
+            return
+        core = self.core
+        limit = core.page_size
+        if self.ack_window:
+            limit = min(limit, self.ack_window - (self._sent + self._reserved - self._acked))
+            if limit <= 0:
+                return                    # acknowledgements go on (_kick)
+        names = [s.name for s in self.joined if s.persistent]
+        page = core.store.pending_many(names, self.name, core.clock(), limit,
+                                       self._replayed_to)
+        if not page:
+            self.live = True
+            return
+        encode = P.encode_notify_deliver_from
+        send = self.output.send_encoded
+        if self.ack_window:
+            for note in page:
+                send(encode(note.body, note.secure, note.insecure), False)
+                self._sent_one(note.id)
+        else:
+            for note in page:
+                send(encode(note.body, note.secure, note.insecure), False)
+            self._replayed_to = page[-1].id
+            core.write(core.store.acknowledge_many, names, self.name,
+                       [note.id for note in page], self.destructive)
+        core.counters.replayed += len(page)
+        if self.state == self.CONNECTED:
+            self._schedule_replay()

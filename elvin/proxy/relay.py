@@ -1,0 +1,163 @@
+"""The proxy's upstream side: each session subscription made, changed and
+removed upstream; made again on every new upstream connection; clients'
+notifications sent up (or held, bounded, while upstream is down); and
+upstream's DropWarn passed on to the sessions it may concern.
+
+Apart from the rest because it is the only part that talks to
+``elvin.proxy.upstream`` (``is_up``, ``subscribe``, ``modify``,
+``unsubscribe``, ``notify``, described on ``ProxyCore``), and the only one
+whose state (upstream subscription ids) is lost with a connection.
+"""
+
+from __future__ import annotations
+
+from elvin.client.state import ConnectionClosed, NackError
+from elvin.core.keys import KeyRing
+from elvin.protocols import packets as P
+from elvin.proxy.model import ProxySubscription
+from elvin.proxy.store import StoreFailed
+
+__all__ = ["UpstreamRelay"]
+
+
+class UpstreamRelay:
+    """The ``ProxyCore``'s dealings with upstream."""
+
+    def subscribe_upstream(self, sub: ProxySubscription):
+        """Make ``sub`` upstream; returns the Deferred of the request, or None
+        when upstream is down (it is made when upstream comes back)."""
+        if not self.upstream.is_up or sub.in_flight:
+            return None
+        sub.in_flight = True
+        d = self.upstream.subscribe(sub.expression, sub.accept_insecure,
+                                    sub.upstream_keys().to_wire())
+
+        def added(upstream_id):
+            sub.in_flight = False
+            if self.subscriptions.get(sub.id) is not sub:
+                self._unsubscribe(upstream_id)      # removed while we waited
+                return upstream_id
+            sub.upstream_id = upstream_id
+            self.by_upstream[upstream_id] = sub
+            return upstream_id
+
+        def failed(failure):
+            sub.in_flight = False
+            if failure.check(NackError):
+                self.log.warn("upstream refused subscription {id} of {session!r} "
+                              "({expr!r}): {why}", id=sub.id, session=sub.session.name,
+                              expr=sub.expression, why=failure.value)
+            return failure
+        return d.addCallbacks(added, failed)
+
+    def modify_upstream(self, sub, expression, accept_insecure, keys: KeyRing):
+        """Change ``sub`` upstream to these; Deferred, or None when it is not
+        there (the new state is made when upstream comes back)."""
+        if sub.upstream_id is None or not self.upstream.is_up:
+            return None
+        old = sub.upstream_keys()
+        new = keys.union(sub.session.sub_keys)
+        d = self.upstream.modify(sub.upstream_id, expression, accept_insecure,
+                                 new.difference(old).to_wire(), old.difference(new).to_wire())
+        previous = sub.upstream_id
+
+        def modified(upstream_id):
+            if upstream_id != previous and self.by_upstream.get(previous) is sub:
+                del self.by_upstream[previous]
+                sub.upstream_id = upstream_id
+                self.by_upstream[upstream_id] = sub
+            return upstream_id
+        return d.addCallback(modified)
+
+    def session_keys_changed(self, session, old_sub_keys: KeyRing) -> None:
+        """The session's subscription keys changed: change them upstream."""
+        for sub in session.subscriptions.values():
+            if sub.upstream_id is None or not self.upstream.is_up:
+                continue
+            old = sub.keys.union(old_sub_keys)
+            new = sub.upstream_keys()
+            d = self.upstream.modify(sub.upstream_id, sub.expression, sub.accept_insecure,
+                                     new.difference(old).to_wire(),
+                                     old.difference(new).to_wire())
+            d.addErrback(self._upstream_failed, "changing the keys of", sub)
+
+    def _unsubscribe(self, upstream_id):
+        if self.upstream.is_up:
+            d = self.upstream.unsubscribe(upstream_id)
+            if d is not None:
+                d.addErrback(lambda f: None)   # gone with the connection: fine
+
+    def _upstream_failed(self, failure, what, sub):
+        if not failure.check(ConnectionClosed):
+            self.log.warn("upstream failed {what} subscription {id}: {why}", what=what,
+                          id=sub.id, why=failure.value)
+
+    def upstream_up(self) -> None:
+        """A new upstream connection: make every subscription there again
+        and send what clients emitted while it was down."""
+        self.log.info("upstream connected: subscribing {n} subscriptions",
+                      n=len(self.subscriptions))
+        for sub in list(self.subscriptions.values()):
+            if sub.upstream_id is None:
+                d = self.subscribe_upstream(sub)
+                if d is not None:
+                    d.addErrback(lambda f: None)   # logged in subscribe_upstream
+        backlog, self.backlog = self.backlog, []
+        for attributes, deliver_insecure, keys in backlog:
+            self.upstream.notify(attributes, deliver_insecure, keys)
+
+    def upstream_down(self) -> None:
+        """The upstream connection is gone: its subscription ids with it."""
+        self.log.warn("upstream connection lost; sessions are kept, and "
+                      "re-subscribed when it returns")
+        self.by_upstream.clear()
+        for sub in self.subscriptions.values():
+            sub.upstream_id = None
+            sub.in_flight = False
+
+    def forward(self, attributes, deliver_insecure, keys: P.Keys) -> None:
+        """A client's notification, to upstream (or kept until it is back)."""
+        if self.upstream.is_up:
+            self.upstream.notify(attributes, deliver_insecure, keys)
+            self.counters.forwarded += 1
+            return
+        if len(self.backlog) >= self.max_backlog:
+            self.backlog.pop(0)
+            self.counters.backlog_dropped += 1
+            if self.counters.backlog_dropped % 1000 == 1:
+                self.log.warn("upstream down: dropped the oldest of {n} waiting "
+                              "notifications (max-backlog)", n=len(self.backlog))
+        self.backlog.append((attributes, deliver_insecure, keys))
+
+    def upstream_dropwarn(self) -> None:
+        """Upstream dropped notifications meant for the proxy (its send queue
+        to us overflowed): which, and for whom, nobody knows. Every session
+        with subscriptions is told: its connected clients by a DropWarn now,
+        and a session without any by one drop more in ``Proxy.Dropped`` and a
+        DropWarn to its next client."""
+        self.counters.upstream_dropwarns += 1
+        told = set()
+        unseen = []
+        for session in self.named.values():
+            if not session.subscriptions:
+                continue
+            if session.clients:
+                told.update(session.clients)
+            else:
+                unseen.append(session.name)
+        for client in list(self.sessions):
+            if client in told or (client.joined and not client.primary.persistent
+                                  and client.primary.subscriptions):
+                client.drop_warn()
+        for name in unseen:
+            if self.store_down_until is None:
+                try:
+                    self.store.add_dropped(name, 1)
+                    continue
+                except StoreFailed as e:
+                    self.store_failed(e)
+            self.unsaved_drops[name] += 1
+        self.log.warn("upstream router dropped notifications for the proxy (DropWarn: its "
+                      "send queue to the proxy overflowed); told {clients} clients, and "
+                      "{sessions} sessions' next clients", clients=len(told),
+                      sessions=len(unseen))
