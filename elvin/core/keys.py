@@ -20,6 +20,8 @@ raw keys), so what it keeps and compares are public keys, and it never
 logs a key. ``KeyRing`` is the immutable, prepared form.
 """
 
+from typing import ClassVar
+
 from elvin import errors
 from elvin.errors import ElvinError
 from elvin.keys import (SCHEMES, SHA1_CONSUMER, SHA1_DUAL, SHA1_PRODUCER, consumer_keys,
@@ -51,7 +53,7 @@ class KeyRing:
         self._sets = {s: (frozenset(p), frozenset(c)) for s, (p, c) in (sets or {}).items()
                       if p or c}
 
-    EMPTY = None  # set below
+    EMPTY: ClassVar["KeyRing"]  # set below
 
     def __bool__(self):
         return bool(self._sets)

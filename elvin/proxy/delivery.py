@@ -18,18 +18,18 @@ read best side by side.
 from __future__ import annotations
 
 import collections
-from typing import Dict
+from typing import Dict, List, Tuple
 
 from elvin.protocols import packets as P
 from elvin.proxy.model import Session
+from elvin.proxy.state import ClientState, CoreState
 from elvin.proxy.store import StoreFailed
 
 __all__ = ["Keeping", "Receiving"]
 
 
-class Keeping:
-    """The ``ProxyCore``'s part: deliver, store, survive the store failing,
-    sweep what expired."""
+class Keeping(CoreState):
+    """The ``ProxyCore``'s part: deliver, store, survive the store failing."""
 
     def write(self, method, *args):
         """``method(*args)`` on the store; a write the disk cannot take is
@@ -98,7 +98,7 @@ class Keeping:
             return
         deliveries: Dict[Receiving, tuple] = {}
         keep: Dict[str, Dict[int, bool]] = {}
-        marks = []
+        marks: List[Tuple[str, str]] = []
         for session, subs in matched.items():
             live = [c for c in session.clients if c.live]
             if session.persistent and (len(live) < len(session.clients) or not any(
@@ -184,49 +184,8 @@ class Keeping:
         for client, data, note in held:
             client.deliver(data, note)
 
-    def sweep(self) -> int:
-        """The paper's periodic sweep: expired notifications deleted in
-        steps of ``sweep_step`` rows, one step per reactor turn (never a
-        long stall), then sessions idle for ``session_expiry``."""
-        if self._sweeping:
-            return 0
-        self._sweeping = True
-        return self._sweep_step()
 
-    def _sweep_step(self) -> int:
-        try:
-            gone, more = self.store.sweep(self.clock(), self.sweep_step)
-        except StoreFailed as e:
-            self.store_failed(e)
-            gone, more = 0, False
-        if more and self.call_later is not None:
-            self.call_later(0, self._sweep_step)
-            return gone
-        self._sweeping = False
-        self.expire_sessions()
-        return gone
-
-    def expire_sessions(self) -> int:
-        """Delete sessions that have had no client for ``session_expiry``
-        seconds (at most 100 a call); their upstream subscriptions go."""
-        if not self.session_expiry:
-            return 0
-        expired = 0
-        for name in self.store.idle_sessions(self.clock() - self.session_expiry):
-            session = self.named.get(name)
-            if session is None or session.clients:
-                continue
-            self.log.info("session {name!r} expired: no client for {s:g} s (session-expiry)",
-                          name=name, s=self.session_expiry)
-            self.write(self.delete_session, session)
-            if self.store_down_until is not None:
-                break
-            expired += 1
-        self.counters.sessions_expired += expired
-        return expired
-
-
-class Receiving:
+class Receiving(ClientState):
     """A ``ProxyClient``'s part: live deliveries, acknowledgements and the
     replay of what was stored."""
 

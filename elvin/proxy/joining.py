@@ -12,7 +12,7 @@ meanwhile, and because the password rules are easiest to read together.
 from __future__ import annotations
 
 import functools
-from typing import Any, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 from twisted.internet import defer
 
@@ -23,13 +23,14 @@ from elvin.proxy.guard import Busy
 from elvin.proxy.model import (ACK_WINDOW, ADMIN_PASSWORD, CLIENT, DESTRUCTIVE, EVENT,
                                MAX_COUNT, MAX_JOINED, NON_DESTRUCTIVE, PASSWORD, RECEIPT,
                                SESSION, TTL, Session, raw_ring)
+from elvin.proxy.requests import Requests, split_options
+from elvin.proxy.state import CoreState
 from elvin.proxy.store import StoreFailed, check_password, hash_password
 
-__all__ = ["PasswordChecks", "Joining", "split_options", "sessions_asked", "join_rights",
-           "needs_check"]
+__all__ = ["PasswordChecks", "Joining", "sessions_asked", "join_rights", "needs_check"]
 
 
-class PasswordChecks:
+class PasswordChecks(CoreState):
     """The core's part in joining: every password check, through the gate."""
 
     def check_passwords(self, wanted, peer=None):
@@ -70,7 +71,7 @@ class PasswordChecks:
         return checked
 
 
-class Joining:
+class Joining(Requests):
     """A client's ConnRqst: its options read, its passwords checked, its
     sessions joined and told to it (a ``ProxyClient`` part)."""
 
@@ -108,7 +109,7 @@ class Joining:
         if not isinstance(window, int) or window < 0:
             self.nack(xid, errors.PROT_ERROR, f"{ACK_WINDOW} must be a non-negative integer")
             return
-        limits = {ACK_WINDOW: min(window, core.max_inflight)}
+        limits: Dict[str, Any] = {ACK_WINDOW: min(window, core.max_inflight)}
         for option in (TTL, MAX_COUNT):
             if option in proxy:
                 value = proxy[option]
@@ -207,7 +208,7 @@ class Joining:
         self.send(P.ConnRply(xid, reply))
         if primary.persistent:
             self._joined()
-        for waiting_packet in waiting:
+        for waiting_packet in waiting or ():
             self.packet_received(waiting_packet)
 
     def _joined(self):
@@ -236,19 +237,11 @@ class Joining:
         self._replay()
 
 
-def split_options(options):
-    """(the standard connection options, the proxy's ``Proxy.*`` ones)."""
-    standard, proxy = {}, {}
-    for name, value in options.items():
-        (proxy if name.startswith("Proxy.") else standard)[name] = value
-    return standard, proxy
-
-
 def sessions_asked(proxy):
     """``[(name, password, admin password)]`` from ConnRqst's options:
     ``Proxy.Session`` (with ``Proxy.Password``, ``Proxy.Admin-Password``),
     then ``Proxy.Session.2`` (``Proxy.Password.2``, ...) and so on."""
-    wanted = []
+    wanted: List[Tuple[str, Any, Any]] = []
     known = {RECEIPT, CLIENT, TTL, MAX_COUNT, ACK_WINDOW}
     for index in range(1, MAX_JOINED + 1):
         suffix = "" if index == 1 else f".{index}"

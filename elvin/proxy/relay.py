@@ -15,12 +15,13 @@ from elvin.client.state import ConnectionClosed, NackError
 from elvin.core.keys import KeyRing
 from elvin.protocols import packets as P
 from elvin.proxy.model import ProxySubscription
+from elvin.proxy.delivery import Keeping
 from elvin.proxy.store import StoreFailed
 
 __all__ = ["UpstreamRelay"]
 
 
-class UpstreamRelay:
+class UpstreamRelay(Keeping):
     """The ``ProxyCore``'s dealings with upstream."""
 
     def subscribe_upstream(self, sub: ProxySubscription):
@@ -50,7 +51,8 @@ class UpstreamRelay:
             return failure
         return d.addCallbacks(added, failed)
 
-    def modify_upstream(self, sub, expression, accept_insecure, keys: KeyRing):
+    def modify_upstream(self, sub: ProxySubscription, expression, accept_insecure,
+                        keys: KeyRing):
         """Change ``sub`` upstream to these; Deferred, or None when it is not
         there (the new state is made when upstream comes back)."""
         if sub.upstream_id is None or not self.upstream.is_up:

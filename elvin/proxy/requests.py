@@ -10,7 +10,7 @@ replaced: each checks what the router would, then asks the core
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 from elvin import errors
 from elvin.client.state import NackError
@@ -19,15 +19,15 @@ from elvin.core.router import PROTOCOL_MAJOR, compile_expression, notification_p
     subscription_nack_args
 from elvin.errors import ElvinError, SubscriptionError
 from elvin.protocols import packets as P
-from elvin.proxy.joining import split_options
 from elvin.proxy.model import (ACK, ACK_WINDOW, DELETE_SESSION, EVENT, MAX_COUNT, SESSION,
                                TTL, ProxySubscription, raw_ring)
+from elvin.proxy.delivery import Receiving
 from elvin.values import Int64
 
 __all__ = ["Requests"]
 
 
-class Requests:
+class Requests(Receiving):
     """A ``ProxyClient``'s request handlers (its ``HANDLERS``)."""
 
     def _valid_keys(self, xid, wire, role):
@@ -167,7 +167,7 @@ class Requests:
     def _qos_rqst(self, packet):
         xid = packet.xid
         standard, proxy = split_options(packet.options)
-        changes = []
+        changes: List[Tuple[str, Any, Optional[int]]] = []
         for option, value in proxy.items():
             base, _, number = option.rpartition(".") if option.count(".") == 2 else (
                 option, "", "")
@@ -212,7 +212,7 @@ class Requests:
                 return
         reply = self.options.negotiate(standard)
         self.output.configure(self.options)
-        changed = set()
+        changed: Set[ProxySubscription] = set()
         for what, target, value in changes:
             if what == DELETE_SESSION:
                 continue
@@ -275,14 +275,14 @@ class Requests:
         return keys
 
     def _notify_emit(self, packet):
-        self._emit(packet.attributes, packet.deliver_insecure, packet.keys, self._nfn_keys())
+        self._emit_upstream(packet.attributes, packet.deliver_insecure, packet.keys, self._nfn_keys())
 
     def _unotify(self, packet):
         if packet.client_major_version != PROTOCOL_MAJOR:
             return
-        self._emit(packet.attributes, packet.deliver_insecure, packet.keys, KeyRing.EMPTY)
+        self._emit_upstream(packet.attributes, packet.deliver_insecure, packet.keys, KeyRing.EMPTY)
 
-    def _emit(self, attributes, deliver_insecure, wire_keys, connection_keys, size=None):
+    def _emit_upstream(self, attributes, deliver_insecure, wire_keys, connection_keys, size=None):
         problem = notification_problem(self.options, attributes, size)
         if problem is None and wire_keys:
             try:
@@ -299,3 +299,12 @@ class Requests:
     def _quench(self, packet):
         self.protocol_error(packet.xid, errors.NOT_IMPL,
                             "the proxy does not relay quench requests (docs/proxy.md)")
+
+
+def split_options(options):
+    """(the standard connection options, the proxy's ``Proxy.*`` ones)."""
+    standard: Dict[str, Any] = {}
+    proxy: Dict[str, Any] = {}
+    for name, value in options.items():
+        (proxy if name.startswith("Proxy.") else standard)[name] = value
+    return standard, proxy

@@ -27,6 +27,7 @@ SANS_IO_MODULES = (
     "elvin/discovery/settings.py",
     "elvin/proxy/core.py", "elvin/proxy/model.py", "elvin/proxy/joining.py",
     "elvin/proxy/requests.py", "elvin/proxy/relay.py", "elvin/proxy/delivery.py",
+    "elvin/proxy/state.py",
 )
 
 #: Imported modules (and their submodules) that do I/O or own an event loop.
@@ -49,6 +50,7 @@ EXCEPTIONS = {
     ("elvin/federation/manager.py", "twisted.logger"): "as for elvin/core/router.py",
     ("elvin/discovery/advertiser.py", "twisted.logger"): "as for elvin/core/router.py",
     ("elvin/proxy/core.py", "twisted.logger"): "as for elvin/core/router.py",
+    ("elvin/proxy/state.py", "twisted.logger"): "as for elvin/core/router.py",
     ("elvin/federation/manager.py", "time.time()"):
         "the mesh epoch: a restarted router's adverts must supersede the "
         "ones it sent before, across processes, which a test Clock starting "
