@@ -33,16 +33,38 @@ router says it dropped from its queue to the proxy (its status page's
 ``dropped_deliveries``). ``--router-queue BYTES`` lowers the router's
 ceiling on a send queue (default: the router's own, 256 MiB), to see
 the router drop.
+
+``--kill-proxy replay`` kills the proxy itself (SIGKILL) in the middle
+of a replay to a slow acknowledging device and starts it again on the
+same database: N notifications are stored for one session, a device
+process (this script with ``--device``: ``elvin.sync`` with the default
+acknowledgement window of 256, ``--device-delay`` seconds per
+notification, each one's ``seq`` written to a file before its callback
+returns, rejoining whenever its connection ends) joins, the proxy is
+killed once the device has handled ``--kill-at`` of them, restarted,
+and the device rejoins; when the session owes nothing more, every
+``seq`` is accounted for: ``lost`` (the proxy had it, the device never
+handled it), ``duplicates`` (handled twice; at most the window is
+promised). ``--kill-proxy storing`` kills it instead while a publisher
+is sending N at ``--rate`` per second with the device joined, once
+``--kill-at`` of them are sent: the proxy's are the notifications it
+held at the kill (the rows left in the database, read once it is dead,
+and those the device had handled); what the router received while the
+proxy was down, or before it had subscribed again, is counted apart
+(``not_the_proxys``). ``--receipt non-destructive`` gives the device
+that receipt (it always names itself, ``client=bench-device``).
 """
 
 import argparse
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -176,6 +198,169 @@ def restarts(args, routers, router_uri, router_config, proxy_uri):
                   f"probes_lost={first[1]} of {sent}", flush=True)
 
 
+def device(args):
+    """``--device URI``: a slow acknowledging client of session ``s0``
+    (see ``--kill-proxy``), run as its own process until terminated."""
+    import elvin.sync
+    from elvin.clientcore.state import ElvinError
+    out = os.open(args.device_out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+    def handled(note):
+        time.sleep(args.device_delay)
+        os.write(out, b"%d\n" % note["seq"])     # before the callback returns,
+        # so before it is counted as handled and acknowledged
+    while True:
+        try:
+            conn = elvin.sync.connect(args.device, session="s0", client="bench-device",
+                                      receipt=args.receipt, on_notification=handled,
+                                      timeout=2)
+        except (OSError, ElvinError):
+            time.sleep(0.1)
+            continue
+        joined = conn.sessions["s0"]
+        os.write(out, f"# joined stored={joined.stored} dropped={joined.dropped}\n".encode())
+        while not conn.is_closed:
+            time.sleep(0.05)
+
+
+def session_seqs(database, session="s0"):
+    """The ``seq`` of every notification the database still owes ``session``."""
+    from elvin.protocols.xdr import Reader
+    db = sqlite3.connect(database)
+    try:
+        rows = db.execute("SELECT n.body, n.sealed FROM notifications n WHERE n.id IN "
+                          "(SELECT notification FROM pending WHERE session = ?)",
+                          (session,)).fetchall()
+    finally:
+        db.close()
+    if any(sealed for _, sealed in rows):
+        raise SystemExit("sealed notifications: the bench publishes none")
+    return {Reader(body).name_values()["seq"] for body, _ in rows}
+
+
+def owed(database, session="s0", client="bench-device"):
+    """How many notifications ``session`` still owes the device (not had
+    by it: marked, with non-destructive receipt, once acknowledged)."""
+    db = sqlite3.connect(database)
+    try:
+        return db.execute(
+            "SELECT count(DISTINCT notification) FROM pending p WHERE session = ? AND NOT "
+            "EXISTS (SELECT 1 FROM delivered d WHERE d.session = p.session AND d.client = ? "
+            "AND d.notification = p.notification)", (session, client)).fetchone()[0]
+    finally:
+        db.close()
+
+
+def read_device(path):
+    """(every seq handled, in order; the device's lines for its joins)."""
+    seqs, joins = [], []
+    with open(path) as f:
+        for line in f:
+            if line.startswith("#"):
+                joins.append(line[2:].strip())
+            elif line.strip():
+                seqs.append(int(line))
+    return seqs, joins
+
+
+def until(condition, limit, step=0.05):
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        if condition():
+            return True
+        time.sleep(step)
+    return False
+
+
+def kill_proxy(args, procs, router_uri, database, restart_proxy, folder):
+    """``--kill-proxy replay|storing`` (module docstring)."""
+    import elvin.sync
+    total = args.notifs
+    window = 256                        # the device's (elvin.sync's default)
+    out = os.path.join(folder, "device.out")
+    open(out, "w").close()
+
+    def lines():
+        with open(out, "rb") as f:
+            return sum(1 for line in f if not line.startswith(b"#"))
+    proxy_uri = procs["proxy_uri"]
+    published = [0]
+    publisher_thread = None
+    if args.kill_proxy == "replay":
+        with elvin.sync.connect(router_uri) as publisher:
+            publish_throttled(publisher, database, args, 0, total)
+        if owed(database) != total:
+            raise SystemExit(f"{owed(database)} of {total} stored before the replay")
+    else:
+        def publish():
+            with elvin.sync.connect(router_uri) as publisher:
+                start = time.perf_counter()
+                for i in range(total):
+                    publisher.notify(note(i, 1))
+                    published[0] = i + 1
+                    ahead = (i + 1) / args.rate - (time.perf_counter() - start)
+                    if ahead > 0:
+                        time.sleep(ahead)
+        publisher_thread = threading.Thread(target=publish, daemon=True)
+    procs["device"] = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "--device", proxy_uri,
+         "--device-out", out, "--device-delay", str(args.device_delay),
+         "--receipt", args.receipt])
+    if publisher_thread is not None:
+        if not until(lambda: read_device(out)[1], 60):
+            raise SystemExit("the device did not join")
+        publisher_thread.start()
+        if not until(lambda: published[0] >= args.kill_at * total, 600):
+            raise SystemExit("the publisher never sent enough to kill the proxy")
+    elif not until(lambda: lines() >= args.kill_at * total, 600):
+        raise SystemExit("the device never handled enough to kill the proxy mid-replay")
+    procs["proxy"].send_signal(signal.SIGKILL)
+    procs["proxy"].wait(10)
+    published_at_kill = published[0]
+    before, _ = read_device(out)
+    held = session_seqs(database)
+    proxys = held | set(before)         # what the proxy had accepted at the kill
+    time.sleep(args.down)
+    restart_proxy()
+    if publisher_thread is not None:
+        publisher_thread.join(600)
+    # Done when the session owes nothing and the device has been idle 2 s.
+    seen = [-1, time.time()]
+
+    def settled():
+        n = lines()
+        if n != seen[0]:
+            seen[:] = [n, time.time()]
+        return owed(database) == 0 and time.time() - seen[1] > 2
+    until(settled, 600, 0.2)
+    procs["device"].terminate()
+    procs["device"].wait(10)
+    seqs, joins = read_device(out)
+    got = set(seqs)
+    lost = sorted(proxys - got)
+    duplicates = len(seqs) - len(got)
+    # In order within each join: seq goes back only where the device rejoined.
+    backs = sum(1 for a, b in zip(seqs, seqs[1:]) if b <= a)
+    in_order = backs <= len(joins) - 1
+    fields = [f"kill_proxy={args.kill_proxy}", f"receipt={args.receipt}", f"notifs={total}",
+              f"device_delay_ms={args.device_delay * 1000:g}", f"window={window}",
+              f"handled_before_kill={len(before)}", f"left_in_db_at_kill={len(held)}",
+              f"proxys_at_kill={len(proxys)}"]
+    if args.kill_proxy == "storing":
+        missing = sorted(set(range(total)) - got - proxys)
+        fields += [f"published_at_kill={published_at_kill}",
+                   f"not_the_proxys={len(missing)}" +
+                   (f"(seq {missing[0]}..{missing[-1]})" if missing else "")]
+    fields += [f"handled={len(seqs)}", f"distinct={len(got)}",
+               f"joins={len(joins)}", f"in_order_per_join={in_order}",
+               f"duplicates={duplicates}", f"lost={len(lost)}"]
+    print(" ".join(fields), flush=True)
+    if lost:
+        print(f"lost seqs: {lost[:20]}{' ...' if len(lost) > 20 else ''}", flush=True)
+    for line in joins:
+        print(f"  join: {line}", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--notifs", type=int, default=1_000_000)
@@ -192,7 +377,27 @@ def main():
                         help="publish at this many times the store rate (accounting)")
     parser.add_argument("--router-queue", type=int, default=0,
                         help="with --overload: the router's Send-Queue.Max-Length ceiling")
+    parser.add_argument("--kill-proxy", choices=["replay", "storing"], default=None,
+                        help="SIGKILL the proxy mid-replay to a slow acknowledging device, "
+                             "or while a publisher is storing; restart it on the same "
+                             "database and count lost and duplicated (one session)")
+    for flag, kind, default, text in (
+            ("--kill-at", float, 0.25, "kill once this fraction of N is handled (replay) "
+                                       "or published (storing)"),
+            ("--down", float, 1.0, "seconds the proxy stays down"),
+            ("--rate", float, 2000, "storing: notifications published per second"),
+            ("--device-delay", float, 0.002, "the device's seconds per notification"),
+            ("--receipt", str, "destructive", "the device's receipt: destructive or "
+                                              "non-destructive")):
+        parser.add_argument(flag, type=kind, default=default, help="with --kill-proxy: " + text)
+    parser.add_argument("--device", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--device-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.device:
+        device(args)
+        return
+    if args.kill_proxy:
+        args.sessions = 1
 
     import elvin.sync
 
@@ -209,8 +414,13 @@ def main():
     with open(config, "w") as f:
         # Every notification is kept (each session is owed 2N/sessions).
         f.write(f"max-stored = {2 * args.notifs}\n")
-    proxy, proxy_uri = start_router("elvin-proxy",
-                                    ["-c", config, "-u", router_uri, "-d", database])
+    proxy_argv = ["-c", config, "-u", router_uri, "-d", database]
+    proxy, proxy_uri = start_router("elvin-proxy", proxy_argv)
+    procs = {"proxy": proxy, "proxy_uri": proxy_uri}
+
+    def restart_proxy():
+        port = int(proxy_uri.rsplit(":", 1)[1])
+        procs["proxy"] = start_router("elvin-proxy", proxy_argv, port=port)[0]
     try:
         names = [f"s{i}" for i in range(args.sessions)]
         count = args.sessions
@@ -219,6 +429,9 @@ def main():
                                     max_count=args.max_count or None) as conn:
                 conn.subscribe(f"shard == {i} || shard == {(i + 1) % count}",
                                callback=lambda note: None)
+        if args.kill_proxy:
+            kill_proxy(args, procs, router_uri, database, restart_proxy, folder)
+            return
         if args.overload:
             overload(args, router_uri, database, status_port, names)
             return
@@ -280,7 +493,9 @@ def main():
               f"replayed_per_s={args.notifs / replay_s:.0f} "
               f"db_mb={size_mb:.0f} proxy_peak_rss_mb={peak:.0f}", flush=True)
     finally:
-        for proc in (proxy, router):
+        for proc in (procs.get("device"), procs["proxy"], router):
+            if proc is None or proc.poll() is not None:
+                continue
             proc.terminate()
             try:
                 proc.wait(10)
