@@ -51,7 +51,9 @@ is sending N at ``--rate`` per second with the device joined, once
 held at the kill (the rows left in the database, read once it is dead,
 and those the device had handled); what the router received while the
 proxy was down, or before it had subscribed again, is counted apart
-(``not_the_proxys``). ``--receipt non-destructive`` gives the device
+(``not_the_proxys``). ``--kills K`` kills it K times, every ``--kill-at``
+of N (the proxy's are then what it held at any kill).
+``--receipt non-destructive`` gives the device
 that receipt (it always names itself, ``client=bench-device``).
 """
 
@@ -310,18 +312,23 @@ def kill_proxy(args, procs, router_uri, database, restart_proxy, folder):
         if not until(lambda: read_device(out)[1], 60):
             raise SystemExit("the device did not join")
         publisher_thread.start()
-        if not until(lambda: published[0] >= args.kill_at * total, 600):
-            raise SystemExit("the publisher never sent enough to kill the proxy")
-    elif not until(lambda: lines() >= args.kill_at * total, 600):
-        raise SystemExit("the device never handled enough to kill the proxy mid-replay")
-    procs["proxy"].send_signal(signal.SIGKILL)
-    procs["proxy"].wait(10)
-    published_at_kill = published[0]
-    before, _ = read_device(out)
-    held = session_seqs(database)
-    proxys = held | set(before)         # what the proxy had accepted at the kill
-    time.sleep(args.down)
-    restart_proxy()
+    proxys = set()                      # what the proxy had accepted at a kill
+    for k in range(1, args.kills + 1):
+        if publisher_thread is not None:
+            if not until(lambda: published[0] >= k * args.kill_at * total, 600):
+                raise SystemExit("the publisher never sent enough to kill the proxy")
+        elif not until(lambda: lines() >= k * args.kill_at * total, 600):
+            raise SystemExit("the device never handled enough to kill the proxy mid-replay")
+        procs["proxy"].send_signal(signal.SIGKILL)
+        procs["proxy"].wait(10)
+        kill = {"published": published[0], "before": len(read_device(out)[0])}
+        held = session_seqs(database)
+        proxys |= held | set(read_device(out)[0])
+        kill.update(held=len(held), proxys=len(proxys))
+        if k == 1:
+            first_kill = kill
+        time.sleep(args.down)
+        restart_proxy()
     if publisher_thread is not None:
         publisher_thread.join(600)
     # Done when the session owes nothing and the device has been idle 2 s.
@@ -344,11 +351,15 @@ def kill_proxy(args, procs, router_uri, database, restart_proxy, folder):
     in_order = backs <= len(joins) - 1
     fields = [f"kill_proxy={args.kill_proxy}", f"receipt={args.receipt}", f"notifs={total}",
               f"device_delay_ms={args.device_delay * 1000:g}", f"window={window}",
-              f"handled_before_kill={len(before)}", f"left_in_db_at_kill={len(held)}",
-              f"proxys_at_kill={len(proxys)}"]
+              f"kills={args.kills}",
+              f"handled_before_kill={first_kill['before']}",
+              f"left_in_db_at_kill={first_kill['held']}",
+              f"proxys_at_kill={first_kill['proxys']}"]
+    if args.kills > 1:
+        fields.append(f"proxys_at_any_kill={len(proxys)}")
     if args.kill_proxy == "storing":
         missing = sorted(set(range(total)) - got - proxys)
-        fields += [f"published_at_kill={published_at_kill}",
+        fields += [f"published_at_kill={first_kill['published']}",
                    f"not_the_proxys={len(missing)}" +
                    (f"(seq {missing[0]}..{missing[-1]})" if missing else "")]
     fields += [f"handled={len(seqs)}", f"distinct={len(got)}",
@@ -385,6 +396,7 @@ def main():
             ("--kill-at", float, 0.25, "kill once this fraction of N is handled (replay) "
                                        "or published (storing)"),
             ("--down", float, 1.0, "seconds the proxy stays down"),
+            ("--kills", int, 1, "kill it this many times, every --kill-at of N"),
             ("--rate", float, 2000, "storing: notifications published per second"),
             ("--device-delay", float, 0.002, "the device's seconds per notification"),
             ("--receipt", str, "destructive", "the device's receipt: destructive or "
@@ -398,6 +410,8 @@ def main():
         return
     if args.kill_proxy:
         args.sessions = 1
+        if args.kills < 1 or args.kills * args.kill_at > 1:
+            parser.error("--kills must be at least 1, and --kills times --kill-at at most 1")
 
     import elvin.sync
 
