@@ -17,7 +17,8 @@ class ProxyCounters:
 
     __slots__ = ("stored", "replayed", "delivered", "forwarded", "acknowledged",
                  "upstream_dropwarns", "not_stored", "backlog_dropped",
-                 "client_queue_dropped", "store_failed", "sessions_expired")
+                 "client_queue_dropped", "store_failed", "sessions_expired",
+                 "upstream_gaps", "restart_gaps")
 
     def __init__(self) -> None:
         #: notifications stored (one copy, however many sessions keep it)
@@ -43,6 +44,11 @@ class ProxyCounters:
         self.store_failed = 0
         #: sessions deleted after session-expiry without a client
         self.sessions_expired = 0
+        #: gaps (not notifications: how many were missed nobody knows), one
+        #: per session with subscriptions for each upstream outage, and for
+        #: each start of the proxy on a store holding it
+        self.upstream_gaps = 0
+        self.restart_gaps = 0
 
 
 class GateCounters:
@@ -79,6 +85,8 @@ def snapshot(core: Any) -> Dict[str, Any]:
             "client_queue": counters.client_queue_dropped
             + sum(c.dropped for c in core.sessions),
             "backlog": counters.backlog_dropped,
+            "upstream_gap": counters.upstream_gaps,
+            "restart": counters.restart_gaps,
         },
         "upstream_dropwarns": counters.upstream_dropwarns,
         "store_failed": counters.store_failed,
@@ -130,7 +138,9 @@ class ProxyCollector:
                  "(max-stored, max-stored-bytes), total_cap (max-total-stored-bytes), "
                  "not_stored (the database could not be written), client_queue (a "
                  "non-acknowledging client's send queue), backlog (max-backlog while "
-                 "upstream is down).", "cause", status["dropped"]),
+                 "upstream is down); and gaps of unknown size, one per session with "
+                 "subscriptions: upstream_gap (an upstream outage), restart (the proxy "
+                 "not running).", "cause", status["dropped"]),
                 ("elvin_proxy_password_checks", "Password checks, by outcome: checked "
                  "(scrypt run), failed (a join refused for its password, throttled ones "
                  "included), throttled (refused unchecked after failures), busy "

@@ -1,7 +1,10 @@
 """The proxy's upstream side: each session subscription made, changed and
 removed upstream; made again on every new upstream connection; clients'
 notifications sent up (or held, bounded, while upstream is down); and
-upstream's DropWarn passed on to the sessions it may concern.
+upstream's DropWarn passed on to the sessions it may concern, and so are
+the gaps nobody reports: an upstream outage (counted when the proxy
+subscribes again) and the proxy's own absence (counted when it starts with
+sessions that had subscriptions).
 
 Apart from the rest because it is the only part that talks to
 ``elvin.proxy.upstream`` (``is_up``, ``subscribe``, ``modify``,
@@ -10,6 +13,8 @@ whose state (upstream subscription ids) is lost with a connection.
 """
 
 from __future__ import annotations
+
+from typing import Tuple
 
 from elvin.client.state import ConnectionClosed, NackError
 from elvin.core.keys import KeyRing
@@ -99,6 +104,15 @@ class UpstreamRelay(Keeping):
         and send what clients emitted while it was down."""
         self.log.info("upstream connected: subscribing {n} subscriptions",
                       n=len(self.subscriptions))
+        if self.upstream_lost:
+            self.upstream_lost = False
+            sessions, clients, later = self.announce_gap()
+            self.counters.upstream_gaps += sessions
+            self.log.warn("upstream connection made again: what was published while it "
+                          "was down is lost to the proxy's {sessions} sessions with "
+                          "subscriptions; each counted one gap (cause upstream_gap), told "
+                          "{clients} clients by DropWarn now and {later} sessions' next "
+                          "clients", sessions=sessions, clients=clients, later=later)
         for sub in list(self.subscriptions.values()):
             if sub.upstream_id is None:
                 d = self.subscribe_upstream(sub)
@@ -112,6 +126,7 @@ class UpstreamRelay(Keeping):
         """The upstream connection is gone: its subscription ids with it."""
         self.log.warn("upstream connection lost; sessions are kept, and "
                       "re-subscribed when it returns")
+        self.upstream_lost = True
         self.by_upstream.clear()
         for sub in self.subscriptions.values():
             sub.upstream_id = None
@@ -131,35 +146,62 @@ class UpstreamRelay(Keeping):
                               "notifications (max-backlog)", n=len(self.backlog))
         self.backlog.append((attributes, deliver_insecure, keys))
 
+    def _load(self) -> None:
+        """The sessions of the store, and the gap each one with subscriptions
+        has had while the proxy was not running (cause ``restart``)."""
+        super()._load()
+        sessions, _, later = self.announce_gap()
+        self.counters.restart_gaps += sessions
+        if sessions:
+            self.log.warn("proxy started with {sessions} sessions with subscriptions: "
+                          "what was published while it was not running is lost to them; "
+                          "each counted one gap (cause restart), its next client told by "
+                          "DropWarn", sessions=sessions)
+
     def upstream_dropwarn(self) -> None:
         """Upstream dropped notifications meant for the proxy (its send queue
         to us overflowed): which, and for whom, nobody knows. Every session
-        with subscriptions is told: its connected clients by a DropWarn now,
-        and a session without any by one drop more in ``Proxy.Dropped`` and a
-        DropWarn to its next client."""
+        with subscriptions is told (``announce_gap``)."""
         self.counters.upstream_dropwarns += 1
+        _, clients, later = self.announce_gap()
+        self.log.warn("upstream router dropped notifications for the proxy (DropWarn: its "
+                      "send queue to the proxy overflowed); told {clients} clients, and "
+                      "{sessions} sessions' next clients", clients=clients, sessions=later)
+
+    def announce_gap(self) -> Tuple[int, int, int]:
+        """Notifications may have been lost to every session with
+        subscriptions, how many nobody knows: its connected clients are told
+        by a DropWarn now, and a session without any by one drop more in
+        ``Proxy.Dropped`` and a DropWarn to its next client. Returns the
+        sessions concerned, the clients told now and the sessions whose
+        next client will be."""
         told = set()
         unseen = []
+        sessions = 0
         for session in self.named.values():
             if not session.subscriptions:
                 continue
+            sessions += 1
             if session.clients:
                 told.update(session.clients)
             else:
                 unseen.append(session.name)
         for client in list(self.sessions):
-            if client in told or (client.joined and not client.primary.persistent
-                                  and client.primary.subscriptions):
+            if client.joined and not client.primary.persistent \
+                    and client.primary.subscriptions:
+                sessions += 1                  # its anonymous session
+                told.add(client)
+            if client in told:
                 client.drop_warn()
-        for name in unseen:
-            if self.store_down_until is None:
-                try:
-                    self.store.add_dropped(name, 1)
-                    continue
-                except StoreFailed as e:
-                    self.store_failed(e)
+        unsaved = unseen
+        if unseen and self.store_down_until is None:
+            try:
+                with self.store.batch():         # one transaction, however many
+                    for name in unseen:
+                        self.store.add_dropped(name, 1)
+                unsaved = []
+            except StoreFailed as e:
+                self.store_failed(e)
+        for name in unsaved:
             self.unsaved_drops[name] += 1
-        self.log.warn("upstream router dropped notifications for the proxy (DropWarn: its "
-                      "send queue to the proxy overflowed); told {clients} clients, and "
-                      "{sessions} sessions' next clients", clients=len(told),
-                      sessions=len(unseen))
+        return sessions, len(told), len(unseen)

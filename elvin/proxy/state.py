@@ -85,6 +85,9 @@ class CoreState(SessionHost):
         #: each session's notifications not stored meanwhile.
         self.store_down_until: Optional[float] = None
         self.unsaved_drops: Dict[str, int] = collections.Counter()
+        #: Whether the upstream connection has been lost since it was last made
+        #: (its next one announces the gap: elvin.proxy.relay).
+        self.upstream_lost = False
         self._sweeping = False
         #: What this turn's transaction stored (``keep`` of each), until it commits.
         self._turn: List[Dict[str, Any]] = []

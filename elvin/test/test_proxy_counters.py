@@ -37,7 +37,8 @@ class CountersTest(ProxyCoreCase):
         self.assertEqual(status["upstream_up"], 1)
         self.assertEqual(status["dropped"], {"session_cap": 0, "total_cap": 0,
                                              "not_stored": 0, "client_queue": 0,
-                                             "backlog": 0})
+                                             "backlog": 0, "upstream_gap": 0,
+                                             "restart": 0})
         text = generate_latest(registry_for(lambda: snapshot(self.core))).decode()
         self.assertIn("elvin_proxy_stored_total 5.0", text)
         self.assertIn("elvin_proxy_acknowledged_total 3.0", text)

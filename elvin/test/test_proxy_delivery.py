@@ -13,6 +13,7 @@ import tempfile
 
 from twisted.internet import defer
 from twisted.internet.task import Clock as ReactorClock
+from prometheus_client import generate_latest
 from twisted.trial import unittest
 
 from elvin import errors
@@ -21,8 +22,9 @@ from elvin.protocols import packets as P
 from elvin.protocols.xdr import Reader
 from elvin.proxy.ack import Acknowledger
 from elvin.proxy.core import ACK, ACK_WINDOW, EVENT, ProxyCore
+from elvin.proxy.counters import registry_for, snapshot
 from elvin.proxy.guard import Busy, PasswordGate
-from elvin.proxy.store import Store, StoreError
+from elvin.proxy.store import Store, StoreError, StoreFailed
 from elvin.test.test_proxy_core import InProcessUpstream, ProxyCoreCase
 from elvin.values import Int64
 
@@ -159,10 +161,13 @@ class AcknowledgedDeliveryTest(ProxyCoreCase):
         self.assertEqual(sent[-1], {ACK: 1})
 
 
-class UpstreamDropTest(ProxyCoreCase):
-    """A DropWarn from upstream is counted, logged and passed on."""
+class SubscribedCase(ProxyCoreCase):
+    """A proxy core, and sessions with and without subscriptions."""
 
-    def test_dropwarn_reaches_connected_clients_and_the_next_of_others(self):
+    def subscribed(self):
+        """Sessions with a subscription: "here" with its client connected,
+        "away" without one, and an anonymous one; the outputs of the two
+        connected clients."""
         here, here_out = self.join("here")
         self.subscribe(here, here_out, "require(n)")
         away, away_out = self.join("away")
@@ -170,6 +175,14 @@ class UpstreamDropTest(ProxyCoreCase):
         away.connection_lost()
         plain, plain_out = self.connect()
         self.subscribe(plain, plain_out, "require(n)")
+        return here_out, plain_out
+
+
+class UpstreamDropTest(SubscribedCase):
+    """A DropWarn from upstream is counted, logged and passed on."""
+
+    def test_dropwarn_reaches_connected_clients_and_the_next_of_others(self):
+        here_out, plain_out = self.subscribed()
         self.core.upstream_dropwarn()
         self.assertTrue(any(isinstance(p, P.DropWarn) for p in here_out.take()))
         self.assertTrue(any(isinstance(p, P.DropWarn) for p in plain_out.take()))
@@ -543,3 +556,106 @@ class DatabaseFileTest(unittest.TestCase):
         self.assertIn(self.path, message)
         self.assertIn("move it aside", message)
         self.assertNotIn("\n", message)
+
+
+class GapTest(SubscribedCase):
+    """What nobody reports is announced too: an upstream outage and the
+    proxy's own absence, one gap per session with subscriptions."""
+
+    def reconnect(self):
+        """Upstream back (after ``self.upstream.down()``): a new connection."""
+        self.upstream = InProcessUpstream()
+        self.upstream.core = self.core
+        self.core.upstream = self.upstream
+        self.upstream.up()
+
+    def gaps(self):
+        dropped = snapshot(self.core)["dropped"]
+        return dropped["upstream_gap"], dropped["restart"]
+
+    def test_a_restart_is_announced_to_the_next_client_of_each_session(self):
+        client, out = self.join("s")
+        self.subscribe(client, out, "require(n)")
+        client.connection_lost()
+        empty, _ = self.join("empty")                  # no subscription: nothing lost
+        empty.connection_lost()
+        self.restart()
+        self.assertEqual(self.gaps(), (0, 1))
+        client, out = self.join("s")
+        packets = out.take()
+        (joined,) = [e for e in self.events(packets) if e[EVENT] == "joined"]
+        self.assertEqual(joined["Proxy.Dropped"], 1)
+        self.assertEqual(sum(isinstance(p, P.DropWarn) for p in packets), 1)
+        empty, out = self.join("empty")
+        packets = out.take()
+        (joined,) = [e for e in self.events(packets) if e[EVENT] == "joined"]
+        self.assertEqual(joined["Proxy.Dropped"], 0)
+        self.assertFalse(any(isinstance(p, P.DropWarn) for p in packets))
+        self.flushLoggedErrors()
+
+    def test_a_new_proxy_counts_no_gap(self):
+        self.assertEqual(self.gaps(), (0, 0))
+        self.restart()                                 # a store with no sessions
+        self.assertEqual(self.gaps(), (0, 0))
+
+    def test_an_upstream_outage_is_announced_when_it_ends(self):
+        here_out, plain_out = self.subscribed()
+        idle, idle_out = self.join("idle")             # no subscription
+        bare, bare_out = self.connect()                # anonymous, no subscription
+        for out in (here_out, idle_out, plain_out, bare_out):
+            out.take()
+        self.upstream.down()
+        self.assertFalse(any(isinstance(p, P.DropWarn) for p in here_out.take()))
+        self.assertEqual(self.gaps(), (0, 0))          # told when it ends
+        self.reconnect()
+        for out, warned in ((here_out, 1), (plain_out, 1), (idle_out, 0), (bare_out, 0)):
+            self.assertEqual(sum(isinstance(p, P.DropWarn) for p in out.take()), warned)
+        self.assertEqual(self.gaps(), (3, 0))          # here, away, plain's own
+        self.assertEqual(self.core.counters.upstream_dropwarns, 0)
+        away, away_out = self.join("away")
+        (joined,) = [e for e in self.events(away_out.take()) if e[EVENT] == "joined"]
+        self.assertEqual(joined["Proxy.Dropped"], 1)
+        self.flushLoggedErrors()
+
+    def test_each_outage_is_one_gap(self):
+        client, out = self.join("s")
+        self.subscribe(client, out, "require(n)")
+        client.connection_lost()
+        for _ in range(2):
+            self.upstream.down()
+            self.reconnect()
+        self.restart()                     # its own outage is the old proxy's
+        self.assertEqual(self.gaps(), (0, 1))
+        client, out = self.join("s")
+        (joined,) = [e for e in self.events(out.take()) if e[EVENT] == "joined"]
+        self.assertEqual(joined["Proxy.Dropped"], 3)    # two outages, one restart
+        self.flushLoggedErrors()
+
+    def test_the_metric_counts_by_cause(self):
+        client, out = self.join("s")
+        self.subscribe(client, out, "require(n)")
+        self.upstream.down()
+        self.reconnect()
+        client.connection_lost()
+        self.restart()
+        text = generate_latest(registry_for(lambda: snapshot(self.core))).decode()
+        self.assertIn('elvin_proxy_dropped_total{cause="restart"} 1.0', text)
+        self.assertIn('elvin_proxy_dropped_total{cause="upstream_gap"} 0.0', text)
+        self.flushLoggedErrors()
+
+    def test_a_gap_the_database_cannot_take_is_told_all_the_same(self):
+        client, out = self.join("s")
+        self.subscribe(client, out, "require(n)")
+        client.connection_lost()
+
+        def full(name, count):
+            raise StoreFailed("database or disk is full")
+        self.patch(self.store, "add_dropped", full)
+        self.upstream.down()
+        self.reconnect()
+        self.assertEqual(self.core.counters.store_failed, 1)
+        self.assertEqual(self.gaps(), (1, 0))
+        client, out = self.join("s")
+        (joined,) = [e for e in self.events(out.take()) if e[EVENT] == "joined"]
+        self.assertEqual(joined["Proxy.Dropped"], 1)
+        self.flushLoggedErrors()
