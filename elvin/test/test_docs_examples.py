@@ -94,6 +94,8 @@ RUN = {
         "test_walkthroughs_in_one_folder",
     ("docs/proxy.md", "$ elvin-subscribe -n 1 -e elvin://localhost:2916"):
         "test_walkthroughs_in_one_folder",
+    ("docs/proxy.md", "kill $(cat proxy.pid) $(cat router.pid); wait"):
+        "test_walkthroughs_in_one_folder",
     ("README.md", "$ elvin-subscribe 'Group == \"chat\" && size(Message) < 140'"):
         "test_readme_walkthrough",
     ("README.md", "$ elvin-notify 'Group: \"chat\"' 'Message: \"hello\"' 'Num: 42' 'Big: 12L'"):
@@ -317,7 +319,11 @@ class ExampleTests(unittest.TestCase):
                   + ready.format(file="ready.txt") +
                   "pkill -P $pid; kill $pid; wait $pid\n"
                   f"{command('$ elvin-notify -e elvin://localhost:2917')}\n"
-                  f"{command('$ elvin-subscribe -n 1 -e elvin://localhost:2916')}\n")
+                  f"{command('$ elvin-subscribe -n 1 -e elvin://localhost:2916')}\n"
+                  f"{command('kill $(cat proxy.pid) $(cat router.pid); wait')}\n"
+                  # Stopped as the doc says: both ports free again for federation.md.
+                  f"! (exec 3<>/dev/tcp/127.0.0.1/{ports[2916]}) 2>/dev/null && "
+                  f"! (exec 3<>/dev/tcp/127.0.0.1/{ports[2917]}) 2>/dev/null\n")
         done = self.bash(script)
         log = ""
         for name in sorted(glob.glob(os.path.join(self.dir, "walk-*.log"))):
