@@ -27,30 +27,36 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Optional
 
-from elvin.clientcore.acks import ACK, ACK_WINDOW
+from elvin.clientcore.acks import ACK, ACK_WINDOW, AckTracker
 from elvin.values import Int64
 
 __all__ = ["Acknowledger", "ACK", "ACK_WINDOW"]
 
 
 class Acknowledger:
-    """The acknowledgements of one connection (see the module docstring)."""
+    """The acknowledgements of one connection (see the module docstring):
+    the client flavours' ``AckTracker`` counts, this adds the timer and the
+    sending."""
 
     def __init__(self, send: Callable[[Mapping[str, Any]], Any],
                  call_later: Callable[..., Any], window: int,
                  interval: float = 0.2) -> None:
         self.send = send
         self.call_later = call_later
-        self.every = max(1, window // 4)
+        self.window = max(1, window)
         self.interval = interval
-        self.handled_count = 0
-        self.told = 0
+        self.tracker = AckTracker()
+        self.tracker.start(self.window)
         self._timer: Optional[Any] = None
+
+    @property
+    def handled_count(self) -> int:
+        return self.tracker.handled
 
     def handled(self) -> None:
         """One more notification is done with (call after its callback)."""
-        self.handled_count += 1
-        if self.handled_count - self.told >= self.every:
+        self.tracker.release(self.tracker.delivered())
+        if self.tracker.due():
             self.flush()
         elif self._timer is None:
             self._timer = self.call_later(self.interval, self._timed)
@@ -59,20 +65,21 @@ class Acknowledger:
         self._timer = None
         self.flush()
 
+    def _cancel_timer(self) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
     def flush(self) -> Any:
         """Tell the proxy now; returns what ``send`` returned (None if there
         was nothing new to tell)."""
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
-        if self.handled_count <= self.told:
+        self._cancel_timer()
+        count = self.tracker.take()
+        if count is None:
             return None
-        self.told = self.handled_count
-        return self.send({ACK: Int64(self.handled_count)})
+        return self.send({ACK: Int64(count)})
 
     def reset(self) -> None:
         """A new connection (counts start again from its ConnRply)."""
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
-        self.handled_count = self.told = 0
+        self._cancel_timer()
+        self.tracker.start(self.window)
