@@ -124,6 +124,17 @@ class RouterStats(TypedDict):
     bytes_out: int
 
 
+class UdpCounters(TypedDict):
+    """What one UDP listener counts of the datagrams it reads (summed over
+    listeners by elvin.ops.status): declared for the same reason."""
+    datagrams: int
+    accepted: int
+    oversize: int
+    malformed: int
+    unexpected: int
+    suppressed: int
+
+
 class RouterObserver(abc.ABC):
     """What the router tells those who watch it (federation, for one):
     the narrow interface instead of the router knowing who they are."""
@@ -242,7 +253,8 @@ class Router(SessionHost):
         #: declared here so that operations read them by name.
         self.receive_budget = None
         self.admission = None
-        self.udp_counters: list[dict[str, int]] = []
+        #: Every UDP listener's counters (elvin.protocols.udp adds its own).
+        self.udp_counters: list[UdpCounters] = []
         #: Nacks sent, by error code (for metrics: elvin.ops).
         self.nacks = collections.Counter()
         #: The latest refusals (Nacks, violations), newest last, for the

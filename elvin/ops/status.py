@@ -14,7 +14,7 @@ from elvin.federation.filters import FALSE, TRUE
 from elvin.subscription.printer import to_text
 
 if TYPE_CHECKING:
-    from elvin.core.router import ClientSession, Router
+    from elvin.core.router import ClientSession, Router, UdpCounters
     from elvin.discovery.service import DiscoveryService
     from elvin.federation.link import FederationLink
     from elvin.federation.manager import FederationManager
@@ -147,10 +147,10 @@ def snapshot(router: "Router", federation: Optional["FederationManager"] = None,
     }
 
 
-def _udp_totals(listeners: Iterable[dict[str, int]]) -> dict[str, int]:
+def _udp_totals(listeners: Iterable["UdpCounters"]) -> dict[str, int]:
     """Every UDP listener's datagram counters summed (docs/protocols.md)."""
-    totals = {"accepted": 0, "oversize": 0, "malformed": 0, "unexpected": 0}
-    for counters in listeners:
-        for key in totals:
-            totals[key] += counters[key]
-    return totals
+    listeners = list(listeners)
+    return {"accepted": sum(c["accepted"] for c in listeners),
+            "oversize": sum(c["oversize"] for c in listeners),
+            "malformed": sum(c["malformed"] for c in listeners),
+            "unexpected": sum(c["unexpected"] for c in listeners)}

@@ -39,7 +39,7 @@ from twisted.logger import Logger
 
 from elvin.protocols import packets as P
 from elvin.protocols.xdr import DecodeError
-from elvin.core.router import ClientSession, SessionOutput
+from elvin.core.router import ClientSession, SessionOutput, UdpCounters
 
 __all__ = ["UNotifyDatagramProtocol", "send_unotify", "MAX_UDP_PAYLOAD"]
 
@@ -85,13 +85,10 @@ class UNotifyDatagramProtocol(protocol.DatagramProtocol):
         self.max_datagram = min(max_datagram, MAX_UDP_PAYLOAD)
         #: bytes read per datagram: one more than accepted, to see truncation
         self.read_size = self.max_datagram + 1
-        self.counters = {"datagrams": 0, "accepted": 0, "oversize": 0,
-                         "malformed": 0, "unexpected": 0, "suppressed": 0}
+        self.counters = UdpCounters(datagrams=0, accepted=0, oversize=0, malformed=0,
+                                    unexpected=0, suppressed=0)
         # The router's status (elvin.ops) sums every UDP listener's counters.
-        listeners = getattr(router, "udp_counters", None)
-        if listeners is None:
-            listeners = router.udp_counters = []
-        listeners.append(self.counters)
+        router.udp_counters.append(self.counters)
         self._output = _SilentOutput(self.counters)
         self._session = None
 
