@@ -8,7 +8,8 @@ any router must do per notification: read a NotifyEmit's attribute block
 (walking the lengths, building no values), pick one subscriber, and write a
 NotifyDeliver holding the same attribute bytes. No matching, no index, no
 keys, no queues. Driven by the same Java load generator as the router
-(``../shared/peer-bench``), its rate is the ceiling for this design on this
+(``Bench.java`` on the Avis Java client library, built outside this
+repository: docs/performance.md), its rate is the ceiling for this design on this
 machine; docs/performance.md reports the router's rate as a fraction of it.
 
 What it answers so the load generator runs unchanged: ConnRqst (the options

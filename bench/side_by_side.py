@@ -13,8 +13,8 @@ a run that does not is printed and fails the row.
 
 The load generator is any program taking ``URL SUB_CONNS TOTAL_SUBS
 NOTIFS PUBLISHERS [options]`` and printing ``key=value`` figures, as the
-Java generator described in ../shared/peer-bench/README.md does (build it
-outside this repository). This script only runs it; both routers must
+Java generator (``Bench.java`` on the Avis Java client library,
+docs/performance.md) does; build it outside this repository. This script only runs it; both routers must
 already be listening. ``--pid-a`` / ``--pid-b`` add each router's peak RSS
 (VmHWM) and the CPU time it used per run (Linux /proc) to the output: a
 router that is not the bottleneck shows it there.

@@ -1,8 +1,8 @@
 """Parsing and formatting of ``elvin:`` URIs.
 
 Elvin routers advertise their endpoints, and clients name the router they
-want, with URIs defined by the "Elvin URI Scheme" draft
-(``/work/shared/specs/elvin-uri-scheme.m4.txt``)::
+want, with URIs defined by the "Elvin URI Scheme" Internet-Draft
+(Arnold, Boot, Phelps)::
 
     elvin_opaque_part = [ version ] "/" protocol "/" endpoint options
     version           = 1*digit [ "." 1*digit ]

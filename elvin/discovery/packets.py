@@ -1,6 +1,6 @@
 """The Elvin Router Discovery Protocol (ERDP) packets and their XDR form.
 
-Normative: ``/work/shared/specs/elvin-router-discovery-protocol.txt``
+Normative: the Elvin Router Discovery Protocol draft
 (draft-arnold-elvin-discovery-prelim-00), sections 5.2-5.3 (abstract
 packets) and 6.1 (IPv4 concrete protocol).  Each UDP datagram holds exactly
 one packet::
