@@ -4,8 +4,9 @@ Every client flavour -- the Twisted ``elvin.client.Connection``, the
 asyncio ``elvin.aio.Connection`` (and through it ``elvin.sync``) and the
 proxy's upstream connection -- holds one ``Lifecycle`` and feeds it what
 happens (``start``, ``dialled``, ``dial_failed``, ``packet``,
-``channel_lost``, ``timer_fired``, ``close``, ``held``); the machine
-answers with *effects*, handed to the driver's ``execute`` as they arise:
+``channel_lost``, ``timer_fired``, ``close``, ``held``, ``retry_now``);
+the machine answers with *effects*, handed to the driver's ``execute`` as
+they arise:
 
 =================  ==========================================================
 ``Dial(uri)``      open a channel to ``uri``; then ``dialled(send)`` or
@@ -401,6 +402,18 @@ class Lifecycle:
             self._paused = False
             self.execute(ResumeReading())
 
+    def retry_now(self) -> bool:
+        """The router is known to be back (router discovery announced it,
+        or a connection to its port succeeded): if waiting out a back-off
+        delay, dial now. A try that fails goes on with the back-off where
+        it was, so calling this never makes retries more frequent than one
+        per call. True if it dialled."""
+        if self.phase is not Phase.WAITING:
+            return False
+        self.execute(CancelTimer())
+        self._dial()
+        return True
+
     def add_uris(self, uris: Sequence[Union[str, ElvinURI]]) -> None:
         """More routers to fail over to (router discovery found them)."""
         known = {str(u) for u in self.uris}
@@ -640,6 +653,11 @@ class LifecycleView:
     @property
     def reconnects(self) -> int:
         return self.lifecycle.reconnects
+
+    def retry_now(self) -> bool:
+        """Reconnect at once if waiting to (the router is known to be
+        back); True if a dial started. See ``Lifecycle.retry_now``."""
+        return self.lifecycle.retry_now()
 
     @property
     def reconnect(self) -> Optional[Reconnect]:

@@ -231,6 +231,37 @@ class LifecycleTests(unittest.SynchronousTestCase):
         self.assertLess(max(delays), 2.0)
         self.assertLess(delays[0], 0.2)
 
+    def test_retry_now_dials_at_once_and_keeps_the_backoff(self):
+        h = Harness(reconnect=Reconnect(initial=0.1, factor=2, maximum=1.0, jitter=0))
+        h.up()
+        self.assertFalse(h.machine.retry_now())       # up: nothing to do
+        h.machine.channel_lost()
+        self.assertEqual(h.take(), [StartTimer(0.1)])
+        h.machine.timer_fired()
+        h.machine.dial_failed(ConnectionRefusedError())
+        self.assertEqual(h.take(), [Dial(A), StartTimer(0.2)])
+        self.assertTrue(h.machine.retry_now())        # told the router is back
+        self.assertEqual(h.take(), [CancelTimer(), Dial(A)])
+        self.assertFalse(h.machine.retry_now())       # already dialling
+        self.assertEqual(h.take(), [])
+        h.machine.dial_failed(ConnectionRefusedError())
+        self.assertEqual(h.take(), [StartTimer(0.4)])  # the back-off goes on
+        self.assertTrue(h.machine.retry_now())
+        rqst = h.open()
+        h.machine.packet(P.ConnRply(rqst.xid, {}))
+        self.assertIs(h.machine.phase, Phase.UP)
+        self.assertEqual(h.machine.reconnects, 1)
+        self.assertFalse(h.machine.retry_now())
+
+    def test_retry_now_does_nothing_once_closed(self):
+        h = Harness(reconnect=Reconnect(jitter=0))
+        h.up()
+        h.machine.channel_lost()
+        h.machine.close()
+        h.take()
+        self.assertFalse(h.machine.retry_now())
+        self.assertEqual(h.take(), [])
+
     def test_fails_over_between_uris(self):
         h = Harness(uris=(A, B), retry_connect=True)
         h.machine.start()
