@@ -9,7 +9,8 @@ table in docs/proxy.md is generated from PROXY_SETTINGS
 
 from elvin.config import (ROUTER_SETTINGS, SettingsConfig, config_file, listen_uri, load, parse,
                           status_uri)
-from elvin.configvalues import ConfigError, Setting, at_least, did_you_mean, duration, text
+from elvin.configvalues import (ConfigError, Setting, at_least, did_you_mean, duration, flag,
+                                text)
 from elvin.endpoints import UDP, stack_kind
 from elvin.uri import ElvinURI, InvalidURIError
 
@@ -50,6 +51,16 @@ PROXY_SETTINGS = (
     Setting("upstream-scope", text, None, "none",
             "With `upstream = discover`: the discovery scope to find a router in "
             "(none: a default router)."),
+    Setting("upstream-probe", duration(True), 0.2, "`0.2`",
+            "While the upstream router is away: seconds between probes of its port (a "
+            "TCP connect, closed at once); the first that succeeds in an outage "
+            "reconnects at once instead of after the back-off (at most 1 s). `0`: no "
+            "probes."),
+    Setting("upstream-discovery", flag, False, "`no`",
+            "Also hear router discovery (ERDP multicast and DNS-SD, docs/discovery.md) "
+            "and reconnect at once when the router advertises the `upstream` URI's host "
+            "and port. Always on with `upstream = discover` (for a router of "
+            "`upstream-scope`). Listens only; sends nothing."),
     Setting("upstream-tls-ca", config_file, None, "none",
             "CA certificates (PEM) that a TLS upstream router's certificate must chain "
             "to (default: the platform's trust store)."),

@@ -98,6 +98,7 @@ def snapshot(core: Any) -> Dict[str, Any]:
         "stored_bytes": store.total_bytes(),
         "upstream_up": int(bool(getattr(upstream, "is_up", False))),
         "upstream_connects": getattr(upstream, "connects", 0),
+        "upstream_early_retries": getattr(upstream, "early_retries", 0),
     }
 
 
@@ -131,7 +132,10 @@ class ProxyCollector:
                 ("elvin_proxy_sessions_expired", "sessions_expired",
                  "Sessions deleted after session-expiry without a client."),
                 ("elvin_proxy_upstream_connects", "upstream_connects",
-                 "Connections made to the upstream router.")):
+                 "Connections made to the upstream router."),
+                ("elvin_proxy_upstream_early_retries", "upstream_early_retries",
+                 "Connection attempts made at once because a probe of the upstream "
+                 "router's port, or router discovery, said it was back.")):
             yield CounterMetricFamily(name, text, value=status[key])
         for name, text, label, values in (
                 ("elvin_proxy_dropped", "Notifications dropped, by cause: session_cap "

@@ -147,6 +147,15 @@ def _upstream_args(config):
     return args
 
 
+def _upstream_discoverer(reactor, config):
+    """The finder that hears the upstream router announced (and, with
+    ``upstream = discover``, finds it), or None."""
+    if config.upstream is not None and not config.upstream_discovery:
+        return None
+    from elvin.discovery.discoverer import Discoverer
+    return Discoverer(reactor)
+
+
 def status_service(reactor, config, core):
     """The operations listener (``status-listen``): the proxy's counters as
     ``/status.json`` and Prometheus ``/metrics``."""
@@ -175,7 +184,9 @@ def makeService(options, reactor=None):
         options.postOptions()
         config = options.proxy_config
     upstream = Upstream(reactor, connect_args=_upstream_args(config),
-                        keepalive=config.upstream_keepalive)
+                        keepalive=config.upstream_keepalive,
+                        probe_interval=config.upstream_probe,
+                        discoverer=_upstream_discoverer(reactor, config))
     pool = ThreadPool(0, 2, "elvin-proxy-passwords")
     run = lambda f: threads.deferToThreadPool(reactor, pool, f)  # noqa: E731
     try:

@@ -27,6 +27,7 @@ class CountersTest(ProxyCoreCase):
         phone, out = self.join("phone", Ack_Window=100)
         phone.packet_received(P.QosRqst(next(self.xids), {ACK: Int64(3)}))
         self.core.upstream_dropwarn()
+        self.core.upstream.early_retries = 2      # as Upstream counts them
         status = snapshot(self.core)
         self.assertEqual(status["stored"], 5)
         self.assertEqual(status["replayed"], 5)
@@ -35,6 +36,7 @@ class CountersTest(ProxyCoreCase):
         self.assertEqual(status["sessions"], 1)
         self.assertEqual(status["clients"], 1)
         self.assertEqual(status["upstream_up"], 1)
+        self.assertEqual(status["upstream_early_retries"], 2)
         self.assertEqual(status["dropped"], {"session_cap": 0, "total_cap": 0,
                                              "not_stored": 0, "client_queue": 0,
                                              "backlog": 0, "upstream_gap": 0,
@@ -43,6 +45,7 @@ class CountersTest(ProxyCoreCase):
         self.assertIn("elvin_proxy_stored_total 5.0", text)
         self.assertIn("elvin_proxy_acknowledged_total 3.0", text)
         self.assertIn("elvin_proxy_upstream_dropwarns_total 1.0", text)
+        self.assertIn("elvin_proxy_upstream_early_retries_total 2.0", text)
         self.assertIn('elvin_proxy_dropped_total{cause="session_cap"} 0.0', text)
         self.assertIn("elvin_proxy_sessions 1.0", text)
 

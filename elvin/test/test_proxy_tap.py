@@ -109,6 +109,28 @@ class ProxyOptionsTest(unittest.TestCase):
                           "options": {"Send-Queue.Max-Length": 256 * 1024 * 1024}})
         self.assertEqual(tap._upstream_args(parse_proxy_config(""))["uri"].port, 2917)
 
+    def test_upstream_return_settings(self):
+        from elvin.discovery.discoverer import Discoverer
+        from elvin.proxy.upstream import Upstream
+
+        def upstream_of(text):
+            top = tap.makeService(self.with_config(text, "-l", "elvin://127.0.0.1:4003"),
+                                  Clock())
+            top.store.close()
+            (upstream,) = [s for s in top if isinstance(s, Upstream)]
+            return upstream
+        plain = upstream_of("")
+        self.assertEqual((plain.probe_interval, plain.discoverer), (0.2, None))
+        tuned = upstream_of("upstream-probe = 0.5\nupstream-discovery = yes\n")
+        self.assertEqual(tuned.probe_interval, 0.5)
+        self.assertIsInstance(tuned.discoverer, Discoverer)
+        self.assertIsInstance(upstream_of("upstream = discover\n").discoverer, Discoverer)
+        self.assertEqual(upstream_of("upstream-probe = 0\n").probe_interval, 0)
+        for text in ("upstream-probe = -1", "upstream-discovery = maybe"):
+            with self.assertRaises(ConfigError) as caught:
+                parse_proxy_config(text, "p.conf")
+            self.assertIn("p.conf:1: " + text.split(" ")[0], str(caught.exception))
+
     def test_docs_table_is_generated_from_the_settings(self):
         from elvin.proxy.config import reference_table
         from elvin.test.places import REPO
