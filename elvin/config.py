@@ -10,6 +10,7 @@ guessed at.
 
 import copy
 import os
+from typing import Tuple
 
 from elvin.configvalues import ConfigError, Setting, at_least, did_you_mean, duration, flag, text
 from elvin.configvalues import parse_integer as _integer
@@ -186,7 +187,7 @@ class SettingsConfig:
     defaults; files it names are relative to the configuration file's
     folder. The router's and the proxy's configurations are two of these."""
 
-    SETTINGS = ()
+    SETTINGS: Tuple[Setting, ...] = ()
 
     def __init__(self):
         for setting in self.SETTINGS:

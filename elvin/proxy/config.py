@@ -7,6 +7,8 @@ table in docs/proxy.md is generated from PROXY_SETTINGS
 (``python -m elvin.proxy.config``).
 """
 
+from typing import List, Optional, Tuple
+
 from elvin.config import (ROUTER_SETTINGS, SettingsConfig, config_file, listen_uri, load, parse,
                           status_uri)
 from elvin.configvalues import (ConfigError, Setting, at_least, did_you_mean, duration, flag,
@@ -125,9 +127,41 @@ _BY_NAME = {setting.name: setting for setting in PROXY_SETTINGS}
 
 
 class ProxyConfig(SettingsConfig):
-    """Settings for one proxy, from defaults, a file and the command line."""
+    """Settings for one proxy, from defaults, a file and the command line:
+    one attribute per setting (``upstream-probe`` is ``upstream_probe``),
+    declared here so that the type checker knows each (test_proxy_tap holds
+    the declarations to PROXY_SETTINGS)."""
 
-    SETTINGS = PROXY_SETTINGS
+    SETTINGS: Tuple[Setting, ...] = PROXY_SETTINGS
+
+    listen: List[ElvinURI]
+    upstream: Optional[ElvinURI]          # None: by discovery
+    upstream_scope: Optional[str]
+    upstream_probe: float
+    upstream_discovery: bool
+    upstream_tls_ca: Optional[str]
+    upstream_keepalive: float
+    database: str
+    database_key: Optional[str]
+    max_connections: int
+    max_sessions: int
+    max_session_subscriptions: int
+    max_stored: int
+    max_stored_bytes: int
+    max_backlog: int
+    max_total_stored_bytes: int
+    max_inflight: int
+    session_expiry: float
+    sweep_interval: float
+    status_listen: Optional[Tuple[str, str, int]]    # (scheme, host, port)
+    status_token: Optional[str]
+    connect_timeout: float
+    tls_certificate: Optional[str]
+    tls_key: Optional[str]
+    tls_ca: Optional[str]
+    require_authenticated: bool
+    http_session_timeout: float
+    http_poll_timeout: float
 
     def set(self, name, value, where):
         key = name.strip()

@@ -176,12 +176,15 @@ def status_root(core: Any, token: Any = None) -> Any:
     as for the router's status listener)."""
     from prometheus_client.twisted import MetricsResource
     from twisted.web import resource
+    from twisted.web.resource import IResource
 
     from elvin.ops.web import _Guarded, _Json
 
     def source() -> Dict[str, Any]:
         return snapshot(core)
     root = resource.Resource()
-    root.putChild(b"status.json", _Json(source))
-    root.putChild(b"metrics", MetricsResource(registry=registry_for(source)))
+    # IResource(...) checks (at run time: the type checker does not read
+    # zope's declarations) that each child provides the interface.
+    root.putChild(b"status.json", IResource(_Json(source)))
+    root.putChild(b"metrics", IResource(MetricsResource(registry=registry_for(source))))
     return _Guarded(root, token)

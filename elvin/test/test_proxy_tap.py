@@ -131,6 +131,12 @@ class ProxyOptionsTest(unittest.TestCase):
                 parse_proxy_config(text, "p.conf")
             self.assertIn("p.conf:1: " + text.split(" ")[0], str(caught.exception))
 
+    def test_every_setting_is_declared(self):
+        # ProxyConfig declares each setting's attribute for the type checker.
+        from elvin.proxy.config import PROXY_SETTINGS, ProxyConfig
+        declared = set(ProxyConfig.__annotations__) - {"SETTINGS"}
+        self.assertEqual(declared, {setting.attr for setting in PROXY_SETTINGS})
+
     def test_docs_table_is_generated_from_the_settings(self):
         from elvin.proxy.config import reference_table
         from elvin.test.places import REPO
