@@ -22,7 +22,34 @@ from typing import Any, Callable, Deque, Protocol, Set, Tuple
 
 from elvin.core.options import ConnectionOptions
 
-__all__ = ["SessionHost"]
+__all__ = ["SessionHost", "SESSION_OVERRIDES"]
+
+#: What a host's own session class (the proxy's ``ProxyClient``) replaces
+#: of ``ClientSession``, and what each replacement must keep. Everything
+#: else (the states, ``violation``, ``protocol_error``, ``nack``,
+#: ``disconnect``, ``_admissible``, ``_established``, DisconnRqst and
+#: TestConn) it inherits unchanged. ``test_session_host`` holds the
+#: proxy's overrides to exactly these names, each a member of
+#: ``ClientSession``, so that a rename there cannot leave an override
+#: silently unused.
+SESSION_OVERRIDES = {
+    "HANDLERS": "packet class -> handler after ConnRqst; ConnRqst and UNotify must be keys "
+                "(packet_received refuses a class that is not one)",
+    "SERVER_NAME": "what Nacks call the host",
+    "log": "the logger (its namespace names the host)",
+    "_connect": "admit a ConnRqst: _admissible(packet) first; once admitted (it may "
+                "be later: the state stays NEW meanwhile), _established(xid, reply)",
+    "packet_received": "may hold packets while admitting, then passes each to "
+                       "ClientSession.packet_received, in order",
+    "connection_lost": "ends its own work, then ClientSession.connection_lost",
+    "deliver": "writes a notification to the output only while CONNECTED",
+    "notify_emit": "the transports' fast path for NotifyEmit "
+                   "(attributes, deliver_insecure, wire_keys, size)",
+    "_notify_emit": "request handler", "_unotify": "request handler",
+    "_qos_rqst": "request handler", "_sec_rqst": "request handler",
+    "_sub_add": "request handler", "_sub_mod": "request handler",
+    "_sub_del": "request handler",
+}
 
 
 class SessionHost(Protocol):

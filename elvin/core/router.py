@@ -679,15 +679,22 @@ class ClientSession:
             return
         self.nfn_keys, self.sub_keys = nfn_keys, sub_keys
         self.nfn_raw_keys = _raw(packet.nfn_keys)
-        self.output.configure(self.options)
-        self.state = self.CONNECTED
         self.log.info("client connected from {peer}", peer=self.peer)
-        self._announced = True
         router.stats["connections"] += 1
-        self.send(P.ConnRply(packet.xid, reply))
+        self._established(packet.xid, reply)
         if router.redirect_uri is not None:
             # Drained: a session, then at once the redirection (7.4.4).
             self.disconnect(DISCONN_REDIRECT, router.redirect_uri)
+
+    def _established(self, xid, reply):
+        """A ConnRqst is admitted, at the router or the proxy alike: the
+        output takes the negotiated options, the session is connected (its
+        end will be logged) and ConnRply is sent with ``reply``, the
+        options as negotiated."""
+        self.output.configure(self.options)
+        self.state = self.CONNECTED
+        self._announced = True
+        self.send(P.ConnRply(xid, reply))
 
     def _too_many_keys(self, xid, keys):
         """Nack (and say True) when ``keys`` exceed Subscription.Max-Keys."""

@@ -179,7 +179,6 @@ class Joining(Requests):
                       "only the session's administrative password may change its keys")
             return
         reply = self.options.negotiate(standard)
-        self.output.configure(self.options)
         if nfn_keys or sub_keys:
             old = primary.sub_keys
             primary.nfn_keys = primary.nfn_keys.union(nfn_keys)
@@ -194,8 +193,6 @@ class Joining(Requests):
         self.ack_window = limits[ACK_WINDOW]
         for session in sessions:
             session.clients.add(self)
-        self.state = self.CONNECTED
-        self._announced = True
         if primary.persistent:
             reply.update({RECEIPT: receipt, CLIENT: self.name})
             if self.ack_window:
@@ -205,7 +202,7 @@ class Joining(Requests):
                           peer=self.peer, sessions=[s.name for s in sessions])
         else:
             self.log.info("client connected from {peer}", peer=self.peer)
-        self.send(P.ConnRply(xid, reply))
+        self._established(xid, reply)
         if primary.persistent:
             self._joined()
         for waiting_packet in waiting or ():

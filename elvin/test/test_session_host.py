@@ -16,7 +16,7 @@ import textwrap
 
 from twisted.trial import unittest
 
-from elvin.core.host import SessionHost
+from elvin.core.host import SESSION_OVERRIDES, SessionHost
 from elvin.core.router import ClientSession, Router
 from elvin.proxy.core import ProxyClient, ProxyCore
 from elvin.proxy.store import Store
@@ -104,6 +104,15 @@ class SessionHostTests(unittest.TestCase):
     def test_the_proxy_client_uses_exactly_what_is_declared(self):
         used = host_members_used(reached_functions(ProxyClient, ClientSession))
         self.assertEqual(sorted(used), sorted(declared_members()))
+
+    def test_the_proxy_client_replaces_exactly_the_declared_members(self):
+        below = ProxyClient.__mro__[:ProxyClient.__mro__.index(ClientSession)]
+        replaced = {name for klass in below for name in vars(klass)
+                    if name in vars(ClientSession) and not name.startswith("__")}
+        # A member renamed in ClientSession drops out of ``replaced`` (the
+        # proxy's version would go unused) and fails this, as does a new
+        # override nobody declared.
+        self.assertEqual(replaced, set(SESSION_OVERRIDES))
 
     def test_both_hosts_declare_the_interface(self):
         self.assertIn(SessionHost, Router.__mro__)
