@@ -4,7 +4,9 @@ discovery's announcements, start a connection attempt at once instead of
 when the back-off says. In memory: a fake clock, the real client
 connection and lifecycle, and a real ``Router`` served over iosim, which
 the tests "kill" (its channels aborted, its port refusing) and "restart"
-(a new Router). One test opens real sockets on 127.0.0.1 (the TCP probe).
+(a new Router). Two open real sockets on 127.0.0.1: the TCP probe, and
+a router's replacement announced by ERDP on loopback multicast (IP TTL 0,
+skipped where multicast does not loop back).
 """
 
 from twisted.internet import defer, protocol, reactor
@@ -19,6 +21,7 @@ from elvin.core.router import Router
 from elvin.discovery.cache import RouterCache
 from elvin.protocols.server import ElvinServerFactory
 from elvin.proxy.upstream import Upstream, announces, tcp_probe
+from elvin.test.test_discovery_integration import LoopbackCase, unique
 from elvin.uri import ElvinURI
 
 URI = ElvinURI("elvin://localhost:2917")
@@ -302,3 +305,34 @@ class TcpProbeTests(unittest.TestCase):
         self.assertIs((yield probe(uri)), True)
         yield port.stopListening()
         self.assertIs((yield probe(uri)), False)
+
+
+class AnnouncedOnLoopbackTests(LoopbackCase):
+    """With ``upstream = discover``: the router's replacement announces
+    itself by ERDP (loopback multicast, IP TTL 0) and the proxy's upstream
+    moves to it at once, not after its back-off (a minute here)."""
+
+    @defer.inlineCallbacks
+    def test_a_new_router_of_the_scope_is_joined_when_announced(self):
+        from elvin.test.polling import wait_until
+        scope = unique("upstream")
+        first = yield self.start_router(scope)
+        core = Core()
+        upstream = Upstream(reactor, core, connect_args={"discover": True, "scope": scope},
+                            reconnect=Reconnect(initial=60, maximum=60, jitter=0),
+                            keepalive=0, probe_interval=0,
+                            discoverer=self.loopback_discoverer_class()())
+        upstream.startService()
+        self.addCleanup(upstream.stopService)
+        yield wait_until(lambda: upstream.is_up, timeout=20)
+        # The router dies: its port closes, its sessions are cut.
+        yield first.tcp.stopListening()
+        for session in list(first.router.sessions):
+            session.output.transport.abortConnection()
+        yield wait_until(lambda: not upstream.is_up, timeout=20)
+        self.assertEqual(upstream.early_retries, 0)
+        second = yield self.start_router(scope)
+        yield wait_until(lambda: upstream.is_up, timeout=20)
+        self.assertEqual(str(upstream.connection.uri), str(second.uri))
+        self.assertEqual(upstream.early_retries, 1)
+        self.assertEqual(core.events, ["up", "down", "up"])
