@@ -384,6 +384,9 @@ def main():
     parser.add_argument("--restart", default=None,
                         help="outages in seconds, e.g. 2,20,2,20: how soon after the "
                              "upstream router's return the proxy delivers again")
+    parser.add_argument("--upstream-probe", type=float, default=None,
+                        help="the proxy's upstream-probe setting (seconds; 0: none, the "
+                             "back-off alone)")
     parser.add_argument("--overload", type=float, default=0,
                         help="publish at this many times the store rate (accounting)")
     parser.add_argument("--router-queue", type=int, default=0,
@@ -428,6 +431,8 @@ def main():
     with open(config, "w") as f:
         # Every notification is kept (each session is owed 2N/sessions).
         f.write(f"max-stored = {2 * args.notifs}\n")
+        if args.upstream_probe is not None:
+            f.write(f"upstream-probe = {args.upstream_probe:g}\n")
     proxy_argv = ["-c", config, "-u", router_uri, "-d", database]
     proxy, proxy_uri = start_router("elvin-proxy", proxy_argv)
     procs = {"proxy": proxy, "proxy_uri": proxy_uri}
