@@ -41,6 +41,7 @@ live in the file, and reads are paged (``pending(limit=...)``).
 
 from __future__ import annotations
 
+import collections.abc
 import hashlib
 import heapq
 import operator
@@ -121,6 +122,9 @@ _ADDED_COLUMNS = (
     ("sessions", "last_seen", "REAL"),
     ("notifications", "sealed", "INTEGER NOT NULL DEFAULT 0"),
 )
+
+#: Pages of write-ahead log between checkpoints (about 40 MB of log).
+_CHECKPOINT_PAGES = 10_000
 
 #: scrypt parameters (RFC 7914's interactive-login figures).
 _SCRYPT = {"n": 2 ** 14, "r": 8, "p": 1, "dklen": 32}
@@ -273,6 +277,11 @@ class Store:
             if not memory:
                 self.db.execute("PRAGMA journal_mode = WAL")
                 self.db.execute("PRAGMA synchronous = NORMAL")
+                # Copied into the database every _CHECKPOINT_PAGES pages of
+                # log, not SQLite's 1,000: a commit of rows for many sessions
+                # dirties a page for each, and each checkpoint syncs and
+                # copies every page the log holds, however often it changed.
+                self.db.execute(f"PRAGMA wal_autocheckpoint = {_CHECKPOINT_PAGES}")
             self.db.executescript(_SCHEMA + _PENDING.format(name="pending"))
             self._migrate()
             self.db.executescript(_PENDING_INDEXES)
@@ -724,7 +733,8 @@ class Store:
         with self.batch():
             rows = []
             for session, sub_ids in matches.items():
-                secure_of = sub_ids if isinstance(sub_ids, Mapping) else dict.fromkeys(sub_ids, True)
+                secure_of = (sub_ids if isinstance(sub_ids, collections.abc.Mapping)
+                             else dict.fromkeys(sub_ids, True))
                 for sub_id, secure in secure_of.items():
                     found = self._limits(session, sub_id)
                     if found is not None:
@@ -741,7 +751,7 @@ class Store:
                 "INSERT INTO pending (session, subscription, notification, expires, secure, "
                 "capped) VALUES (?, ?, ?, ?, ?, ?)",
                 [(session, sub_id, note, None if ttl is None else now + ttl, secure,
-                  max_count is not None)
+                  0 if max_count is None else 1)
                  for session, sub_id, ttl, max_count, secure in rows])
             size = len(kept)
             if self._total is not None:
@@ -752,19 +762,24 @@ class Store:
                 if owed is not None:
                     owed[0] += 1
                     owed[1] += size
+            sub_rows = self._sub_rows
             for session, sub_id, _, max_count, _ in rows:
                 key = (session, sub_id)
-                count = self._sub_rows.get(key)
+                count = sub_rows.get(key)
                 if count is not None:
-                    self._sub_rows[key] = count + 1
-                if max_count is not None and self._rows_of(key) > max_count:
-                    # At the cap: the oldest go _slack at a time (one
-                    # statement each, not one per store); readers see the
-                    # cap exact (_catch_up).
-                    if self._rows_of(key) > max_count + _slack(max_count):
-                        self._trim_subscription(session, sub_id, max_count)
-                    else:
-                        self._lagging.add(key)
+                    count += 1
+                    sub_rows[key] = count
+                if max_count is not None:
+                    if count is None:
+                        count = self._rows_of(key)
+                    if count > max_count:
+                        # At the cap: the oldest go _slack at a time, as one
+                        # range (_trim_subscription); readers see the cap
+                        # exact (_catch_up).
+                        if count > max_count + _slack(max_count):
+                            self._trim_subscription(session, sub_id, max_count)
+                        else:
+                            self._lagging.add(key)
             if self.max_stored is not None or self.max_stored_bytes is not None:
                 for session in sessions:
                     if self._over_cap(session):
@@ -774,17 +789,60 @@ class Store:
         return note
 
     def _trim_subscription(self, session: str, sub_id: int, max_count: int) -> None:
-        """Drop the subscription's oldest rows beyond ``max_count`` (its
-        row count is kept, so this costs one index step per row dropped)."""
-        self._lagging.discard((session, sub_id))
-        over = self._rows_of((session, sub_id)) - max_count
-        if over <= 0:
+        """Drop the subscription's oldest rows beyond ``max_count``: its row
+        count is kept, so the oldest it keeps is found by one step of its
+        index, and what goes is one range of it, deleted (with the
+        notifications nobody else is owed) by one statement per table, with
+        no row handled in Python."""
+        key = (session, sub_id)
+        self._lagging.discard(key)
+        count = self._rows_of(key)
+        if count <= max_count:
             return
-        rows = [(session, sub_id, n) for (n,) in self.db.execute(
+        found = self.db.execute(
             "SELECT notification FROM pending INDEXED BY pending_capped WHERE session = ? "
-            "AND subscription = ? AND capped = 1 ORDER BY notification LIMIT ?",
-            (session, sub_id, over))]
-        self._remove_rows(rows)
+            "AND subscription = ? AND capped = 1 ORDER BY notification LIMIT 1 OFFSET ?",
+            (session, sub_id, count - max_count - 1)).fetchone()
+        if found is None:               # fewer rows than its count: count again
+            self._sub_rows.pop(key, None)
+            if self._rows_of(key) > max_count:
+                self._trim_subscription(session, sub_id, max_count)
+            return
+        args = (session, sub_id, found[0])
+        span = ("FROM pending p INDEXED BY pending_capped WHERE p.session = ? "
+                "AND p.subscription = ? AND p.capped = 1 AND p.notification <= ?")
+        owed = self._owed.get(session)
+        if owed is not None:
+            # The session is owed no more what no other subscription of it
+            # keeps (nothing, if it has no other subscription).
+            alone = not self.db.execute(
+                "SELECT 1 FROM subscriptions WHERE session = ? AND id != ? LIMIT 1",
+                (session, sub_id)).fetchone()
+            gone, size = self.db.execute(
+                "SELECT total(1), total(length(n.body)) FROM pending p "
+                "INDEXED BY pending_capped JOIN notifications n ON n.id = p.notification "
+                "WHERE p.session = ? AND p.subscription = ? AND p.capped = 1 "
+                "AND p.notification <= ?" + ("" if alone else
+                " AND NOT EXISTS (SELECT 1 FROM pending q WHERE q.session = p.session "
+                "AND q.notification = p.notification AND q.subscription != p.subscription)"),
+                args).fetchone()
+            owed[0] -= int(gone)
+            owed[1] -= int(size)
+        # The notifications no other row keeps go with the range.
+        orphans = ("SELECT p.notification " + span + " AND NOT EXISTS (SELECT 1 FROM pending r "
+                   "WHERE r.notification = p.notification AND (r.session != p.session "
+                   "OR r.subscription != p.subscription))")
+        if self._total is not None:
+            (size,) = self.db.execute(
+                f"SELECT total(length(body)) FROM notifications WHERE id IN ({orphans})",
+                args).fetchone()
+            self._total -= int(size)
+        if self.db.execute("SELECT 1 FROM delivered LIMIT 1").fetchone():
+            self.db.execute(f"DELETE FROM delivered WHERE notification IN ({orphans})", args)
+        self.db.execute(f"DELETE FROM notifications WHERE id IN ({orphans})", args)
+        deleted = self.db.execute("DELETE FROM pending WHERE session = ? AND subscription = ? "
+                                  "AND capped = 1 AND notification <= ?", args).rowcount
+        self._sub_rows[key] = count - deleted
 
     def _trim_session(self, session: str) -> None:
         """Drop the session's oldest notifications until it is within
