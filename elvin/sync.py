@@ -524,6 +524,16 @@ class Connection:
         else:
             self._inner.loop.call_soon_threadsafe(call, note)
 
+    def retry_now(self) -> bool:
+        """Dial at once if the connection is waiting out a back-off delay
+        (the program knows its router is back); True if a dial started.
+        Any thread, callbacks included."""
+        if threading.current_thread().name == "elvin.sync":
+            return self._inner.retry_now()     # in a callback: on the loop already
+        async def now() -> bool:
+            return self._inner.retry_now()
+        return _run(now())
+
     def set_options(self, options: Mapping[str, Any]) -> Dict[str, Any]:
         """Renegotiate connection options; returns the router's answer."""
         return _run(self._inner.set_options(options))
