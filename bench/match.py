@@ -1,6 +1,7 @@
 """Subscription benchmark: how fast expressions compile and evaluate.
 
     python bench/match.py [--seconds S] [--subscriptions N] [--notifications M]
+    python bench/match.py --index 10000 100000   # the router's index, in-process
 
 Prints, for a realistic mix of subscriptions (string equality, numeric
 ranges, string predicates, regular expressions and a few complex ones)
@@ -9,7 +10,13 @@ evaluated against realistic notifications:
     compile: N expr/s
     evaluate: N evals/s (match rate X%)
 
-followed by a per-category breakdown. Not a test: the figures depend on the
+followed by a per-category breakdown. With ``--index S ...`` it instead
+files S subscriptions of bench/throughput.py's workload through
+``Router.add_subscription`` and prints, per S, the candidates the index
+gives a notification against its matches, the rate of index look-up plus
+evaluation (``Router.route``'s loop without delivery, per CPU second), and the bytes per
+subscription the router and the index hold (``tracemalloc``, expression
+text included). Not a test: the figures depend on the
 machine. The whole run takes about 3 x --seconds (default 4 s each phase).
 """
 
@@ -22,6 +29,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from elvin import Int64, Subscription  # noqa: E402
+from elvin.values import normalise  # noqa: E402
 
 GROUPS = ["elvin", "Chat", "tickertape", "builds", "alerts", "weather", "stocks",
           "mail", "calendar", "lunch"]
@@ -149,6 +157,64 @@ def bench_category(subscriptions, notifications, seconds):
     return result
 
 
+def bench_index(subs, notifications, seconds, seed):
+    """Candidates and matches per notification, look-up + evaluation rate
+    and bytes per subscription for ``subs`` workload subscriptions."""
+    import gc
+    import tracemalloc
+
+    from elvin.core.index import SubscriptionIndex
+    from elvin.core.router import Router
+    from elvin.core.keys import KeyRing
+    from throughput import make_notification, make_subscription
+
+    rng = random.Random(seed)
+    texts = [make_subscription(rng, subs) for _ in range(subs)]
+    notes = [normalise(make_notification(rng)) for _ in range(notifications)]
+    owners = [object() for _ in range(min(50, subs))]
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    router = Router(max_subscriptions=subs)
+    for i, text in enumerate(texts):
+        router.add_subscription(owners[i % len(owners)], Subscription(text), True,
+                                KeyRing.EMPTY)
+    gc.collect()
+    held = tracemalloc.get_traced_memory()[0] - before
+    index_before = tracemalloc.get_traced_memory()[0]
+    index = SubscriptionIndex()
+    for entry in router.subscriptions.values():
+        index.add(entry)
+    gc.collect()
+    index_bytes = tracemalloc.get_traced_memory()[0] - index_before
+    tracemalloc.stop()
+    del index
+
+    candidates = router.index.candidates
+    found = matched = 0
+    for note in notes:
+        for entry in candidates(note):
+            found += 1
+            if entry.evaluate(note) is True:
+                matched += 1
+    # CPU time, not wall time: the figure should not count other processes.
+    done = 0
+    start = time.process_time()
+    deadline = start + seconds
+    while time.process_time() < deadline:
+        for note in notes:
+            for entry in candidates(note):
+                entry.evaluate(note)
+        done += len(notes)
+    elapsed = time.process_time() - start
+    print(f"subs={subs} candidates_per_notif={found / len(notes):.2f} "
+          f"matches_per_notif={matched / len(notes):.3f} "
+          f"lookup_eval_rate={done / elapsed:,.0f}/cpu-s "
+          f"({elapsed / done * 1e6:.2f} us each) "
+          f"bytes_per_sub={held / subs:.0f} index_bytes_per_sub={index_bytes / subs:.0f} "
+          f"text_bytes_per_sub={sum(map(len, texts)) / subs:.0f}", flush=True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=4.0,
@@ -156,7 +222,14 @@ def main(argv=None):
     parser.add_argument("--subscriptions", type=int, default=200)
     parser.add_argument("--notifications", type=int, default=500)
     parser.add_argument("--seed", type=int, default=4)
+    parser.add_argument("--index", type=int, nargs="+", metavar="S",
+                        help="measure the router's index at S subscriptions instead")
     args = parser.parse_args(argv)
+
+    if args.index:
+        for subs in args.index:
+            bench_index(subs, args.notifications, args.seconds, args.seed)
+        return
 
     rng = random.Random(args.seed)
     tagged = make_subscriptions(rng, args.subscriptions)

@@ -15,15 +15,19 @@ values select — a few dictionary look-ups per distinct name signature —
 plus the "always" list; only candidates are evaluated.
 
 A bucket that grows to ``GRID_FROM`` entries also files them on a *grid*
-over one numeric attribute most of them bound (``i1 >= 120 && i1 < 531``
-needs i1 in [120, 531]: ``analysis.range_constraints``): cells of one
-width, each entry in the cells its interval covers (at most
-``MAX_GRID_CELLS``, else in the bucket's "loose" list). A notification then
-takes from the bucket only the cell its value falls in, plus the loose
-entries; one without a number there takes only the loose ones. Every subscription
-is in exactly one bucket a notification can select, so no candidate is
-produced twice. The index never changes what matches: it only skips
-subscriptions that cannot be true.
+(``analysis.range_constraints``: ``i1 >= 120 && i1 < 531`` needs i1 in
+[120, 531]): over the numeric attribute most of them bound on both sides,
+and over a second one too when at least half of them bound both
+(``i1`` and ``i2`` in a cell of both). Cells are as wide as the median
+interval (1.5 times that with two attributes); each entry is listed in the
+cells its intervals cover (at most ``MAX_GRID_CELLS``); one bound only
+on the first attribute (or too wide on the second) in the cells of that
+attribute alone, its *rows*; any other in the bucket's "loose" list. A notification then takes from the bucket only
+its values' cell and row, plus the loose entries; one without a number
+there takes only the loose ones. Every subscription is in exactly one
+bucket a notification can select and there in one list it can take, so
+no candidate is produced twice. The index never changes what matches: it
+only skips subscriptions that cannot be true.
 """
 
 import itertools
@@ -34,7 +38,8 @@ from elvin.subscription.analysis import (equality_constraints, index_key,
                                          range_constraints, required_names)
 from elvin.values import Int64
 
-__all__ = ["SubscriptionIndex", "MAX_KEY_COMBINATIONS", "GRID_FROM", "MAX_GRID_CELLS"]
+__all__ = ["SubscriptionIndex", "MAX_KEY_COMBINATIONS", "GRID_FROM", "MAX_GRID_CELLS",
+           "CELL_WIDTH", "CELL_WIDTH_2D"]
 
 #: Most value combinations one subscription is filed under before the
 #: index falls back to fewer constrained names.
@@ -43,132 +48,247 @@ MAX_KEY_COMBINATIONS = 64
 GRID_FROM = 16
 #: Most cells one entry is filed in; a wider interval goes in "loose".
 MAX_GRID_CELLS = 8
+#: A grid's cells are this many times as wide as its entries' median
+#: interval: on one attribute, and on each of two (fewer, larger cells:
+#: a cell's list and key cost more than the candidates they would save).
+CELL_WIDTH = 1.0
+CELL_WIDTH_2D = 1.5
+#: Two cell numbers x, y make the key x * _STRIDE + y.
+_STRIDE = 1 << 32
 
 _INF = math.inf
 _floor = math.floor
 _NUMBERS = (int, float, Int64)
 
 
+def _span(bounds, width):
+    """The first and last cell of ``width`` an interval ``bounds`` covers,
+    or None for an unbounded side or an empty interval."""
+    if bounds is None:
+        return None
+    lo, hi = bounds
+    if -_INF < lo <= hi < _INF:
+        return _floor(lo / width), _floor(hi / width)
+    return None
+
+
 class _Grid:
-    """A bucket's entries by cell of one attribute's value (see above)."""
+    """A bucket's entries by cell of one or two attributes' values (see above).
 
-    __slots__ = ("name", "width", "cells", "loose", "spans")
+    ``cells`` maps a cell's key to the list of entries filed in it: the
+    cell number on ``name`` for a grid of one attribute; for two, that
+    number times ``_STRIDE`` plus the cell number on ``name2``. Two cells
+    may share a key (numbers past ``_STRIDE``): an entry is still filed
+    once per key, so a notification may get more candidates, never fewer
+    or doubled. ``rows`` (two attributes only) holds, by cell on ``name``,
+    the entries bound on it but not on ``name2``. Nothing per entry is
+    kept besides the lists: removal works out its cells again from its
+    ranges."""
 
-    def __init__(self, name, width):
+    __slots__ = ("name", "width", "name2", "width2", "cells", "rows", "loose")
+
+    def __init__(self, name, width, name2=None, width2=1.0):
         self.name = name
         self.width = width
+        self.name2 = name2
+        self.width2 = width2
         self.cells = {}
+        self.rows = {}
         self.loose = {}
-        self.spans = {}         # id -> its cells (see add), for removal
+
+    def _place(self, ranges):
+        """Where an entry with ``ranges`` is filed: None (loose) or its
+        cells as one int: the first key
+        shifted past 7 bits holding whether it is in ``rows`` and how many
+        more cells it covers on each attribute (see _keys)."""
+        if not ranges:
+            return None
+        span = _span(ranges.get(self.name), self.width)
+        if span is None:
+            return None
+        first, last = span
+        more = last - first
+        span2 = _span(ranges.get(self.name2), self.width2) if self.name2 else None
+        if span2 is not None and (more + 1) * (span2[1] - span2[0] + 1) <= MAX_GRID_CELLS:
+            return (first * _STRIDE + span2[0]) << 7 | more << 3 | (span2[1] - span2[0])
+        if more < MAX_GRID_CELLS:
+            return first << 7 | (64 if self.name2 else 0) | more << 3
+        return None
+
+    def _keys(self, placed):
+        """The cell keys (each once) and the table of a ``_place`` int."""
+        first, more, more2 = placed >> 7, (placed >> 3) & 7, placed & 7
+        if placed & 64:
+            return range(first, first + more + 1), self.rows
+        if self.name2 is None:
+            return range(first, first + more + 1), self.cells
+        return {first + x * _STRIDE + y for x in range(more + 1)
+                for y in range(more2 + 1)}, self.cells
 
     def add(self, entry, ranges):
-        bounds = ranges.get(self.name) if ranges else None
-        if bounds is not None:
-            lo, hi = bounds
-            if -_INF < lo and hi < _INF:
-                if lo > hi:
-                    return          # can never be true: no cell needs it
-                first, last = _floor(lo / self.width), _floor(hi / self.width)
-                if last - first < MAX_GRID_CELLS:
-                    # one int, not a tuple: first cell and how many more
-                    self.spans[entry.id] = first * MAX_GRID_CELLS + (last - first)
-                    cells = self.cells
-                    for cell in range(first, last + 1):
-                        bucket = cells.get(cell)
-                        if bucket is None:
-                            cells[cell] = bucket = {}
-                        bucket[entry.id] = entry
-                    return
-        self.loose[entry.id] = entry
+        placed = self._place(ranges)
+        if placed is None:
+            self.loose[entry.id] = entry
+        else:
+            keys, table = self._keys(placed)
+            for key in keys:
+                cell = table.get(key)
+                if cell is None:
+                    table[key] = [entry]
+                else:
+                    cell.append(entry)
 
-    def remove(self, entry):
-        span = self.spans.pop(entry.id, None)
-        if span is None:
-            self.loose.pop(entry.id, None)
+    def remove(self, entry, ranges):
+        if self.loose.pop(entry.id, None) is not None:
             return
-        cells = self.cells
-        first, more = divmod(span, MAX_GRID_CELLS)
-        for cell in range(first, first + more + 1):
-            bucket = cells.get(cell)
-            if bucket is not None:
-                bucket.pop(entry.id, None)
-                if not bucket:
-                    del cells[cell]
+        placed = self._place(ranges)
+        if placed is not None and _drop(entry, *self._keys(placed)):
+            return
+        # Not where its ranges file it (ranges other than when it was
+        # added): look in every cell.
+        _drop(entry, list(self.cells), self.cells)
+        _drop(entry, list(self.rows), self.rows)
+
+    def entries(self):
+        """Every entry filed (each once), by id."""
+        seen = dict(self.loose)
+        for table in self.cells, self.rows:
+            for cell in table.values():
+                for entry in cell:
+                    seen[entry.id] = entry
+        return seen
 
     def select(self, attributes, found):
         if self.loose:
             found.extend(self.loose.values())
         value = attributes.get(self.name)
         # Only a finite number can satisfy a bound (NaN fails -inf < value).
-        if value.__class__ in _NUMBERS and -_INF < value < _INF:
-            bucket = self.cells.get(_floor(value / self.width))
-            if bucket:
-                found.extend(bucket.values())
+        if value.__class__ not in _NUMBERS or not -_INF < value < _INF:
+            return
+        x = _floor(value / self.width)
+        name2 = self.name2
+        if name2 is None:
+            cell = self.cells.get(x)
+        else:
+            if self.rows:
+                cell = self.rows.get(x)
+                if cell:
+                    found.extend(cell)
+            value = attributes.get(name2)
+            if value.__class__ not in _NUMBERS or not -_INF < value < _INF:
+                return
+            cell = self.cells.get(x * _STRIDE + _floor(value / self.width2))
+        if cell:
+            found.extend(cell)
 
     @classmethod
     def plan(cls, ranges):
         """A grid for entries with these ``ranges`` (dicts), or None: on the
-        attribute most of them bound on both sides, cells as wide as their
-        median interval."""
-        counts = {}
+        attribute most of them bound on both sides, and with it the one
+        most of those also bound, if that is at least half of them; cells
+        ``CELL_WIDTH`` (``CELL_WIDTH_2D``) times as wide as their median
+        interval."""
+        counts: dict[str, int] = {}
         for bounds in ranges:
-            for name, (lo, hi) in bounds.items():
-                if -_INF < lo <= hi < _INF:
+            for name, interval in bounds.items():
+                if _span(interval, 1.0) is not None:
                     counts[name] = counts.get(name, 0) + 1
         if not counts:
             return None
-        name = max(sorted(counts), key=counts.get)
+        name = max(sorted(counts), key=counts.__getitem__)
         if counts[name] * 2 < len(ranges):
             return None
-        width = statistics.median(
-            b[name][1] - b[name][0] for b in ranges
-            if name in b and -_INF < b[name][0] <= b[name][1] < _INF)
-        return cls(name, width if width > 0 else 1.0)
+        pairs: dict[str, int] = {}
+        for bounds in ranges:
+            if _span(bounds.get(name), 1.0) is not None:
+                for other, interval in bounds.items():
+                    if other != name and _span(interval, 1.0) is not None:
+                        pairs[other] = pairs.get(other, 0) + 1
+        name2 = max(sorted(pairs), key=pairs.__getitem__) if pairs else None
+        if name2 is not None and pairs[name2] * 2 < len(ranges):
+            name2 = None
+        if name2 is None:
+            return cls(name, _median_width(ranges, name, CELL_WIDTH))
+        return cls(name, _median_width(ranges, name, CELL_WIDTH_2D),
+                   name2, _median_width(ranges, name2, CELL_WIDTH_2D))
+
+
+def _drop(entry, keys, table):
+    """Take ``entry`` out of the cells ``keys`` of ``table``; whether it was in any."""
+    dropped = False
+    for key in keys:
+        cell = table.get(key)
+        if cell is None:
+            continue
+        for i, filed in enumerate(cell):
+            if filed is entry:
+                del cell[i]
+                dropped = True
+                if not cell:
+                    del table[key]
+                break
+    return dropped
+
+
+def _median_width(ranges, name, factor):
+    """``factor`` times the median width of the bounded intervals on ``name``."""
+    width = statistics.median(
+        b[name][1] - b[name][0] for b in ranges
+        if _span(b.get(name), 1.0) is not None)
+    return width * factor if width > 0 else 1.0
 
 
 class _Bucket:
-    """The entries filed under one key, and past GRID_FROM their grid.
-    Until it has a grid it keeps its entries' ranges, to plan one with;
-    a grid keeps only each entry's cells."""
+    """The entries filed under one key: by id until GRID_FROM of them,
+    with their ranges to plan a grid with; once a grid fits, only in the
+    grid (and a count)."""
 
-    __slots__ = ("key", "signature", "entries", "ranges", "grid", "next_plan")
+    __slots__ = ("key", "signature", "entries", "ranges", "grid", "count", "next_plan")
 
     def __init__(self, key=None, signature=None):
         self.key = key          # its key in the index's table
         # which table: a names tuple (by values), True (by name), None (always)
         self.signature = signature
-        self.entries = {}
-        self.ranges = {}        # id -> range_constraints (until there is a grid)
+        self.entries: dict = {}     # id -> entry (emptied once there is a grid)
+        self.ranges: dict = {}      # id -> range_constraints (likewise)
         self.grid = None
+        self.count = 0
         self.next_plan = GRID_FROM
 
     def __len__(self):
-        return len(self.entries)
+        return self.count
 
     def add(self, entry, ranges):
-        self.entries[entry.id] = entry
+        self.count += 1
         grid = self.grid
         if grid is not None:
             grid.add(entry, ranges)
             return
+        self.entries[entry.id] = entry
         if ranges:
             self.ranges[entry.id] = ranges
-        if len(self.entries) >= self.next_plan:
+        if self.count >= self.next_plan:
             self.next_plan *= 2     # no grid fits yet: try again at twice the size
             grid = _Grid.plan([self.ranges.get(i, {}) for i in self.entries])
             if grid is not None:
                 for known in self.entries.values():
                     grid.add(known, self.ranges.get(known.id))
                 self.grid = grid
-                self.ranges = None
+                self.entries = {}   # the grid holds them now
+                self.ranges = {}
 
-    def remove(self, entry):
-        if self.entries.pop(entry.id, None) is None:
-            return
+    def remove(self, entry, ranges):
+        """Take out ``entry`` (filed here); ``ranges`` are its range
+        constraints, needed only when the bucket has a grid."""
         if self.grid is not None:
-            self.grid.remove(entry)
-        else:
+            self.grid.remove(entry, ranges)
+            self.count -= 1
+        elif self.entries.pop(entry.id, None) is not None:
             self.ranges.pop(entry.id, None)
+            self.count -= 1
+
+    def all_entries(self):
+        return self.entries if self.grid is None else self.grid.entries()
 
     def select(self, attributes, found):
         grid = self.grid
@@ -188,6 +308,10 @@ class SubscriptionIndex:
         self._by_name = {}
         self._always = _Bucket()
         self._where = {}
+        # id -> range_constraints of the entries added with a tree of their
+        # own (removal finds their grid cells by them; the others' come
+        # from their subscription)
+        self._tree_ranges = {}
 
     def __len__(self):
         return len(self._where)
@@ -228,7 +352,7 @@ class SubscriptionIndex:
         else:
             kind, where, keys = self._access(equality_constraints(tree),
                                              lambda: required_names(tree))
-            ranges = range_constraints(tree)
+            ranges = self._tree_ranges[entry.id] = range_constraints(tree)
         # Where it is filed, as shared objects (the buckets), not as keys
         # of its own: this is per subscription.
         if kind == "values":
@@ -259,6 +383,7 @@ class SubscriptionIndex:
         placed = self._where.pop(entry.id, None)
         if placed is None:
             return
+        ranges = self._tree_ranges.pop(entry.id, None)
         buckets = (placed,) if placed.__class__ is _Bucket else placed
         if not buckets:
             return
@@ -270,7 +395,9 @@ class SubscriptionIndex:
         else:
             table = None
         for bucket in buckets:
-            bucket.remove(entry)
+            if ranges is None and bucket.grid is not None:
+                ranges = entry.subscription.index_facts()[2]
+            bucket.remove(entry, ranges)
             if not bucket and table is not None:
                 del table[bucket.key]
         if table is not None and not table and signature is not True:
@@ -280,7 +407,7 @@ class SubscriptionIndex:
 
     def candidates(self, attributes):
         """Entries that may match ``attributes`` (a normalised dict)."""
-        found = []
+        found: list = []
         if self._always:
             self._always.select(attributes, found)
         by_name = self._by_name
@@ -314,8 +441,8 @@ class SubscriptionIndex:
         """Every filed entry (each once)."""
         seen = {}
         for bucket in self._always, *self._by_name.values():
-            seen.update(bucket.entries)
+            seen.update(bucket.all_entries())
         for table in self._by_values.values():
             for bucket in table.values():
-                seen.update(bucket.entries)
+                seen.update(bucket.all_entries())
         return seen.values()

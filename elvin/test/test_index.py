@@ -1,5 +1,6 @@
 """The matching index never loses a match, and files subscriptions sensibly."""
 
+import math
 import random
 
 from hypothesis import given, settings, strategies as st
@@ -16,6 +17,16 @@ class Entry:
         self.id = sub_id
         self.subscription = Subscription(expression)
         self.evaluate = self.subscription.evaluator
+
+
+class TreeEntry:
+    """Filed with a tree of its own and no subscription (as the router's
+    pull entries are)."""
+
+    def __init__(self, sub_id, expression):
+        self.id = sub_id
+        self.tree = Subscription(expression).ast
+        self.evaluate = Subscription(expression).evaluator
 
 
 class AnalysisTests(unittest.TestCase):
@@ -131,11 +142,15 @@ def _ranged_expression(draw):
                                  draw(st.booleans())))
     if draw(st.integers(0, 4)) == 0:
         parts.append(draw(st.sampled_from(["require(x)", "n != 5", "!(n < 3)", "m + 1 > 2"])))
-    if not parts:
-        parts.append("n > 10")
-    text = " && ".join(parts)
+    return _conjunction(draw, parts, "n > 10", "m == 1")
+
+
+def _conjunction(draw, parts, default, alternative):
+    """``parts`` (or ``default``) joined by ``&&``; one time in ten, that
+    or ``alternative`` (in parentheses, to be one operand of an ``&&``)."""
+    text = " && ".join(parts or [default])
     if draw(st.integers(0, 9)) == 0:
-        text = f"({text}) || m == 1"
+        text = f"(({text}) || {alternative})"
     return text
 
 
@@ -143,6 +158,46 @@ _NUMBER_VALUES = st.one_of(st.integers(-60, 1060), st.integers(-60, 1060).map(In
                            st.floats(-60, 1060), st.sampled_from(
                                [float("nan"), float("inf"), float("-inf"), -0.0, 0,
                                 9223372036854775807, Int64(9223372036854775807), "5", b"5"]))
+
+
+def _entries(expressions, make):
+    """``make(id, text)`` for each expression that is a subscription."""
+    entries = []
+    for i, text in enumerate(expressions):
+        try:
+            entries.append(make(i + 1, text))
+        except Exception:
+            continue            # constant or refused: not a subscription
+    return entries
+
+
+def _file_remove_and_check(test, entries, notifications, rng):
+    """File ``entries`` (by their own tree when they have one), remove a
+    third, and check that the index holds the rest and gives each
+    notification every live match as a candidate, once, and nothing
+    removed. Returns the index and the live entries."""
+    index = SubscriptionIndex()
+    for entry in entries:
+        index.add(entry, getattr(entry, "tree", None))
+    removed = set(rng.sample(range(len(entries)), len(entries) // 3))
+    for i in removed:
+        index.remove(entries[i])
+    live = [e for i, e in enumerate(entries) if i not in removed]
+    test.assertEqual(len(index), len(live))
+    # every entry filed (one never true, e.g. "m == 0 && m == 1", is not)
+    filed = [e.id for e in index.all_entries()]
+    test.assertEqual(len(filed), len(set(filed)))
+    test.assertLessEqual(set(filed), {e.id for e in live})
+    gone = {entries[i].id for i in removed}
+    for note in notifications:
+        attrs = normalise(note)
+        ids = [c.id for c in index.candidates(attrs)]
+        test.assertEqual(len(ids), len(set(ids)), "a candidate was produced twice")
+        expected = {e.id for e in live if e.evaluate(attrs) is True}
+        test.assertTrue(expected <= set(ids), f"{note}: lost {expected - set(ids)}")
+        test.assertLessEqual(expected, set(filed))
+        test.assertFalse(set(ids) & gone)
+    return index, live
 
 
 class GridTests(unittest.TestCase):
@@ -156,26 +211,8 @@ class GridTests(unittest.TestCase):
                     min_size=1, max_size=8),
            st.randoms(use_true_random=False))
     def test_never_loses_a_match(self, expressions, notifications, rng):
-        index = SubscriptionIndex()
-        entries = []
-        for i, text in enumerate(expressions):
-            try:
-                entries.append(Entry(i + 1, text))
-            except Exception:
-                continue            # constant or refused: not a subscription
-        for entry in entries:
-            index.add(entry)
-        removed = set(rng.sample(range(len(entries)), len(entries) // 3))
-        for i in removed:
-            index.remove(entries[i])
-        live = [e for i, e in enumerate(entries) if i not in removed]
-        for note in notifications:
-            attrs = normalise(note)
-            ids = [c.id for c in index.candidates(attrs)]
-            self.assertEqual(len(ids), len(set(ids)), "a candidate was produced twice")
-            expected = {e.id for e in live if e.evaluate(attrs) is True}
-            self.assertTrue(expected <= set(ids), f"{note}: lost {expected - set(ids)}")
-            self.assertFalse(set(ids) & {entries[i].id for i in removed})
+        _file_remove_and_check(self, _entries(expressions, lambda i, text: Entry(i, text)),
+                               notifications, rng)
 
     def test_a_grid_is_selective(self):
         index = SubscriptionIndex()
@@ -203,3 +240,123 @@ class GridTests(unittest.TestCase):
         self.assertEqual(ranges("n > 1 || n < 0"), {})
         self.assertEqual(ranges("!(n > 1)"), {})
         self.assertEqual(ranges("n != 1 && n + 1 > 2"), {})
+
+
+@st.composite
+def _two_range_expression(draw):
+    """Mostly conjunctions bounding n and m on both sides (as the
+    benchmark's i1 and i2: the grid's two attributes), some only n (filed
+    in the grid's rows) or one side, a few never true or unbounded."""
+    parts = []
+    for name, both in (("n", 6), ("m", 5)):
+        kind = draw(st.integers(0, 7))
+        if kind <= both:
+            low = draw(st.integers(-50, 1000))
+            parts.append(f"{name} >= {low} && {name} <= {low + draw(st.integers(0, 150))}")
+        elif kind == 6:
+            parts.append(_bound_text(draw(_OPS), name, draw(_LITERALS), draw(st.booleans())))
+    if draw(st.integers(0, 7)) == 0:
+        parts.append(draw(st.sampled_from(["n > 5 && n < 1", "require(x)", "m != 5",
+                                           "n >= 9223372036854775000L"])))
+    return _conjunction(draw, parts, "m < 10", "x == 1")
+
+
+class TwoAttributeGridTests(unittest.TestCase):
+    """A bucket whose entries bound two numeric attributes gets a grid
+    over both; those bound on only the first are filed by it alone."""
+
+    def grid_of(self, index, key):
+        bucket = index._by_values[("s",)][(key,)]
+        return bucket.grid
+
+    @settings(max_examples=150)
+    @given(st.lists(_two_range_expression(), min_size=20, max_size=90),
+           st.lists(st.fixed_dictionaries({"s": st.just("a")},
+                                          optional={"n": _NUMBER_VALUES, "m": _NUMBER_VALUES,
+                                                    "x": st.just(1)}),
+                    min_size=1, max_size=8),
+           st.randoms(use_true_random=False))
+    def test_never_loses_a_match(self, expressions, notifications, rng):
+        # Some filed by a tree given with them (as the pull index does),
+        # whose ranges the index keeps for removal.
+        def make(i, text):
+            kind = TreeEntry if rng.random() < 0.25 else Entry
+            return kind(i, f's == "a" && {text}')
+        index, live = _file_remove_and_check(self, _entries(expressions, make),
+                                             notifications, rng)
+        for entry in live:
+            index.remove(entry)
+        self.assertEqual(len(index), 0)
+        self.assertEqual(index.candidates({"s": "a", "n": 1, "m": 1}), [])
+
+    def test_two_attributes_are_more_selective_than_one(self):
+        index = SubscriptionIndex()
+        rng = random.Random(3)
+        entries = []
+        for i in range(1000):
+            lo1, lo2 = rng.randrange(900), rng.randrange(900)
+            entries.append(Entry(i + 1, f's == "a" && i1 >= {lo1} && i1 < {lo1 + 100} && '
+                                        f'i2 >= {lo2} && i2 < {lo2 + 100}'))
+            index.add(entries[-1])
+        grid = self.grid_of(index, "a")
+        self.assertEqual({grid.name, grid.name2}, {"i1", "i2"})
+        notes = [{"s": "a", "i1": rng.randrange(1000), "i2": rng.uniform(0, 1000)}
+                 for _ in range(50)]
+        found = sum(len(index.candidates(n)) for n in notes) / len(notes)
+        # One attribute's cells (as wide as an interval) give about 200.
+        self.assertLess(found, 120)
+        for note in notes:
+            ids = {c.id for c in index.candidates(note)}
+            self.assertTrue({e.id for e in entries if e.evaluate(note) is True} <= ids)
+        # Without a number for the second attribute: no cell, nothing loose.
+        self.assertEqual(index.candidates({"s": "a", "i1": 5}), [])
+        self.assertEqual(index.candidates({"s": "a", "i1": 5, "i2": float("nan")}), [])
+
+    def test_cells_sharing_a_key_over_select(self):
+        # Cells (0, 2**32) and (1, 0) share a key: each entry is given
+        # for both, once, and only evaluation tells them apart.
+        index = SubscriptionIndex()
+        filler = [Entry(i + 1, f's == "a" && m >= {10 + 4 * i} && m <= {11 + 4 * i} && '
+                               'n >= 0 && n <= 1') for i in range(20)]
+        for entry in filler:
+            index.add(entry)
+        grid = self.grid_of(index, "a")
+        self.assertEqual((grid.name, grid.name2), ("m", "n"))
+        far_n = math.ceil(2 ** 32 * grid.width2)        # n's cell 2**32
+        self.assertEqual(math.floor(far_n / grid.width2), 2 ** 32)
+        near_m = grid.width * 1.25                       # m's cell 1
+        far = Entry(100, f's == "a" && m >= 0 && m <= 0.5 && n >= {far_n}L && n <= {far_n}L')
+        near = Entry(101, f's == "a" && m >= {near_m} && m <= {near_m} && n >= 0 && n <= 1')
+        index.add(far)
+        index.add(near)
+        for note, match in (({"s": "a", "m": near_m, "n": 0}, near),
+                            ({"s": "a", "m": 0, "n": far_n}, far)):
+            ids = [c.id for c in index.candidates(note)]
+            self.assertEqual(sorted(ids), [100, 101])
+            self.assertEqual([c.id for c in index.candidates(note)
+                              if c.evaluate(normalise(note)) is True], [match.id])
+        index.remove(far)
+        self.assertEqual([c.id for c in index.candidates({"s": "a", "m": near_m, "n": 0})],
+                         [101])
+
+    def test_removal_finds_an_entry_its_ranges_no_longer_place(self):
+        index = SubscriptionIndex()
+        # entries 1-40 in cells of m and n, 41-45 in the rows of m
+        entries = [Entry(i + 1, f's == "a" && n >= {10 * i} && n <= {10 * i + 5} && '
+                                f'm >= {10 * i} && m <= {10 * i + 5}') for i in range(40)]
+        entries += [Entry(41 + i, f's == "a" && m >= {10 * i} && m <= {10 * i + 5}')
+                    for i in range(5)]
+        for entry in entries:
+            index.add(entry)
+        grid = self.grid_of(index, "a")
+        self.assertEqual((grid.name, grid.name2), ("m", "n"))
+        self.assertTrue(grid.rows)
+        for moved, note in ((entries[7], {"s": "a", "n": 72, "m": 72}),
+                            (entries[42], {"s": "a", "n": 1, "m": 22})):
+            self.assertIn(moved, index.candidates(note))
+            moved.subscription = Subscription('s == "a" && n >= 900 && n <= 905 && '
+                                              'm >= 0 && m <= 5')
+            index.remove(moved)
+            self.assertNotIn(moved, index.candidates(note))
+            self.assertNotIn(moved, list(index.all_entries()))
+        self.assertEqual(len(index), 43)
