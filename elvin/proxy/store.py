@@ -96,9 +96,10 @@ CREATE INDEX IF NOT EXISTS delivered_by_notification ON delivered (notification)
 #: What each session is owed: a row per (session, notification,
 #: subscription that matched), clustered by session and arrival (replay
 #: pages and acknowledgements walk it in order), ``capped`` when the
-#: subscription has a max_count: only those rows are in the index that
-#: finds a subscription's oldest (a store for an uncapped one writes one
-#: session-led tree, not two).
+#: subscription has a max_count and its session other subscriptions: only
+#: those rows are in the index that finds a subscription's oldest (a store
+#: for an uncapped one, or for the only subscription of its session, writes
+#: one session-led tree, not two; see ``Store._capped_walk``).
 _PENDING = """
 CREATE TABLE IF NOT EXISTS {name} (
     session       TEXT NOT NULL,
@@ -301,6 +302,8 @@ class Store:
         self._total: Optional[int] = None
         #: Each subscription's (ttl, max_count), read once.
         self._limit_cache: Dict[Tuple[str, int], Any] = {}
+        #: Whether each session has more than one subscription (read once).
+        self._several: Dict[str, bool] = {}
         #: Subscriptions holding more than their max_count, by less than
         #: ``_slack``: trimmed in one go when the slack is used up, or before
         #: anything reads what a session is owed (``_catch_up``).
@@ -415,6 +418,7 @@ class Store:
             self.db.execute("ROLLBACK")
         self._owed.clear()
         self._sub_rows.clear()
+        self._several.clear()
         self._checked.clear()       # trims may be undone: look again
         self._total = None
 
@@ -470,10 +474,31 @@ class Store:
         """How many pending rows subscription ``key`` has (counted once)."""
         rows = self._sub_rows.get(key)
         if rows is None:
+            index, only = self._capped_walk(key[0])
             rows = self._sub_rows[key] = self.db.execute(
-                "SELECT count(*) FROM pending INDEXED BY pending_capped WHERE session = ? "
-                "AND subscription = ? AND capped = 1", key).fetchone()[0]
+                f"SELECT count(*) FROM pending p {index} WHERE p.session = ? "
+                f"AND p.subscription = ? {only}", key).fetchone()[0]
         return rows
+
+    def _has_several(self, session: str) -> bool:
+        """Has the session more than one subscription?"""
+        several = self._several.get(session)
+        if several is None:
+            several = self._several[session] = self.db.execute(
+                "SELECT 1 FROM subscriptions WHERE session = ? LIMIT 1 OFFSET 1",
+                (session,)).fetchone() is not None
+        return several
+
+    def _capped_walk(self, session: str) -> Tuple[str, str]:
+        """How to walk one capped subscription's rows of ``session`` in
+        arrival order: with only one subscription, its rows are the
+        session's, in the table's own order; with several, by the index of
+        capped rows (a row is in it, ``capped``, when its subscription has
+        a maximum count and its session more than one subscription).
+        Returns (index clause, condition on ``p``)."""
+        if self._has_several(session):
+            return "INDEXED BY pending_capped", "AND p.capped = 1"
+        return "", ""
 
     def total_bytes(self) -> int:
         """Bytes of every stored notification (counted once, then kept)."""
@@ -630,6 +655,7 @@ class Store:
         beyond a lowered count go."""
         before = self._limits(session, sub_id)
         self._limit_cache.pop((session, sub_id), None)
+        had_several = before is not None or self._has_several(session)
         with self.batch():
             self.db.execute(
                 "INSERT OR REPLACE INTO subscriptions "
@@ -638,6 +664,14 @@ class Store:
                 (session, sub_id, expression, int(accept_insecure), ttl, max_count,
                  self._seal_keys(f"{session}/{sub_id}", keys)))
             if before is None:
+                if not had_several:
+                    # Perhaps its second: the rows of its capped subscription
+                    # join their index (see _capped_walk).
+                    self.db.execute(
+                        "UPDATE pending SET capped = 1 WHERE session = ? AND capped = 0 "
+                        "AND subscription IN (SELECT id FROM subscriptions WHERE session = ? "
+                        "AND max_count IS NOT NULL)", (session, session))
+                self._several.pop(session, None)
                 return
             if before[0] != ttl:
                 self.db.execute(
@@ -646,7 +680,8 @@ class Store:
                     "AND subscription = ?", (ttl, session, sub_id))
             if (before[1] is None) != (max_count is None):
                 self.db.execute("UPDATE pending SET capped = ? WHERE session = ? "
-                                "AND subscription = ?", (max_count is not None, session, sub_id))
+                                "AND subscription = ?", (int(max_count is not None), session,
+                                                         sub_id))
                 self._sub_rows.pop((session, sub_id), None)
             if max_count is not None and before[1] != max_count:
                 self._trim_subscription(session, sub_id, max_count)
@@ -663,9 +698,13 @@ class Store:
         self._limit_cache.pop((session, sub_id), None)
         self._sub_rows.pop((session, sub_id), None)
         self._lagging.discard((session, sub_id))
+        # (rows left in the capped index by a session back to one
+        # subscription are still found: _capped_walk then walks them all)
+        self._several.pop(session, None)
 
     def _forget_counts(self, session: str) -> None:
         self._owed.pop(session, None)
+        self._several.pop(session, None)
         self._lagging = {key for key in self._lagging if key[0] != session}
         for key in [k for k in self._limit_cache if k[0] == session]:
             del self._limit_cache[key]
@@ -751,7 +790,7 @@ class Store:
                 "INSERT INTO pending (session, subscription, notification, expires, secure, "
                 "capped) VALUES (?, ?, ?, ?, ?, ?)",
                 [(session, sub_id, note, None if ttl is None else now + ttl, secure,
-                  0 if max_count is None else 1)
+                  0 if max_count is None or not self._has_several(session) else 1)
                  for session, sub_id, ttl, max_count, secure in rows])
             size = len(kept)
             if self._total is not None:
@@ -790,18 +829,19 @@ class Store:
 
     def _trim_subscription(self, session: str, sub_id: int, max_count: int) -> None:
         """Drop the subscription's oldest rows beyond ``max_count``: its row
-        count is kept, so the oldest it keeps is found by one step of its
-        index, and what goes is one range of it, deleted (with the
-        notifications nobody else is owed) by one statement per table, with
-        no row handled in Python."""
+        count is kept, so the oldest it keeps is found by one walk of its
+        rows (``_capped_walk``), and what goes is one range of them, deleted
+        (with the notifications nobody else is owed) by one statement per
+        table, with no row handled in Python."""
         key = (session, sub_id)
         self._lagging.discard(key)
         count = self._rows_of(key)
         if count <= max_count:
             return
+        index, only = self._capped_walk(session)
         found = self.db.execute(
-            "SELECT notification FROM pending INDEXED BY pending_capped WHERE session = ? "
-            "AND subscription = ? AND capped = 1 ORDER BY notification LIMIT 1 OFFSET ?",
+            f"SELECT p.notification FROM pending p {index} WHERE p.session = ? "
+            f"AND p.subscription = ? {only} ORDER BY p.notification LIMIT 1 OFFSET ?",
             (session, sub_id, count - max_count - 1)).fetchone()
         if found is None:               # fewer rows than its count: count again
             self._sub_rows.pop(key, None)
@@ -809,23 +849,18 @@ class Store:
                 self._trim_subscription(session, sub_id, max_count)
             return
         args = (session, sub_id, found[0])
-        span = ("FROM pending p INDEXED BY pending_capped WHERE p.session = ? "
-                "AND p.subscription = ? AND p.capped = 1 AND p.notification <= ?")
+        span = (f"FROM pending p {index} WHERE p.session = ? AND p.subscription = ? {only} "
+                "AND p.notification <= ?")
         owed = self._owed.get(session)
         if owed is not None:
             # The session is owed no more what no other subscription of it
             # keeps (nothing, if it has no other subscription).
-            alone = not self.db.execute(
-                "SELECT 1 FROM subscriptions WHERE session = ? AND id != ? LIMIT 1",
-                (session, sub_id)).fetchone()
             gone, size = self.db.execute(
-                "SELECT total(1), total(length(n.body)) FROM pending p "
-                "INDEXED BY pending_capped JOIN notifications n ON n.id = p.notification "
-                "WHERE p.session = ? AND p.subscription = ? AND p.capped = 1 "
-                "AND p.notification <= ?" + ("" if alone else
-                " AND NOT EXISTS (SELECT 1 FROM pending q WHERE q.session = p.session "
-                "AND q.notification = p.notification AND q.subscription != p.subscription)"),
-                args).fetchone()
+                "SELECT total(1), total(length(n.body)) " + span.replace(
+                    " WHERE ", " JOIN notifications n ON n.id = p.notification WHERE ", 1) +
+                (" AND NOT EXISTS (SELECT 1 FROM pending q WHERE q.session = p.session "
+                 "AND q.notification = p.notification AND q.subscription != p.subscription)"
+                 if only else ""), args).fetchone()
             owed[0] -= int(gone)
             owed[1] -= int(size)
         # The notifications no other row keeps go with the range.
@@ -840,8 +875,9 @@ class Store:
         if self.db.execute("SELECT 1 FROM delivered LIMIT 1").fetchone():
             self.db.execute(f"DELETE FROM delivered WHERE notification IN ({orphans})", args)
         self.db.execute(f"DELETE FROM notifications WHERE id IN ({orphans})", args)
-        deleted = self.db.execute("DELETE FROM pending WHERE session = ? AND subscription = ? "
-                                  "AND capped = 1 AND notification <= ?", args).rowcount
+        deleted = self.db.execute(
+            f"DELETE FROM pending WHERE session = ? AND subscription = ? "
+            f"{only.replace('p.', '')} AND notification <= ?", args).rowcount
         self._sub_rows[key] = count - deleted
 
     def _trim_session(self, session: str) -> None:

@@ -115,31 +115,34 @@ class TrimTests(unittest.TestCase):
         self.assertCountsExact(again)
 
     def test_counts_stay_exact_with_shared_capped_subscriptions(self):
-        """Random stores, acknowledgements, sweeps, lowered caps and
-        restarts, with subscriptions of two sessions sharing notifications:
-        every kept count matches a recount, and no reader sees more than a
-        subscription's maximum count."""
+        """Random stores, acknowledgements, sweeps, changed caps, removed and
+        added subscriptions (a session going from one subscription to two
+        and back: the two ways a capped one's rows are walked) and
+        restarts, with subscriptions of three sessions sharing
+        notifications: every kept count matches a recount, and no reader
+        sees more than a subscription's maximum count."""
         rng = random.Random(39)
         path = os.path.join(self.mktemp() + ".db")
-        caps = {("a", 1): 9, ("a", 2): None, ("b", 1): 17, ("b", 2): 3}
+        names = ["a", "b", "c"]
+        caps = {("a", 1): 9, ("a", 2): None, ("b", 1): 17, ("b", 2): 3, ("c", 1): 6}
         open_store = lambda: Store(path, max_stored=40, max_total_bytes=6000)  # noqa: E731
         store = open_store()
-        for name in ("a", "b"):
+        for name in names:
             store.create_session(name)
         for (name, sub), cap in caps.items():
             store.put_subscription(name, sub, f"require(x{sub})", ttl=rng.choice([None, 300]),
                                    max_count=cap)
         now = 0.0
-        for step in range(600):
+        for step in range(900):
             now += 1
-            op = rng.choices(["store", "take", "sweep", "cap", "restart", "read"],
-                             [70, 10, 5, 5, 3, 7])[0]
+            op = rng.choices(["store", "take", "sweep", "cap", "unsubscribe", "restart",
+                              "read"], [70, 10, 5, 5, 4, 3, 7])[0]
             if op == "store":
                 matches = {name: rng.sample([1, 2], rng.randint(1, 2))
-                           for name in rng.sample(["a", "b"], rng.randint(1, 2))}
+                           for name in rng.sample(names, rng.randint(1, 3))}
                 store.store({"n": step, "pad": "x" * rng.randint(0, 120)}, matches, now)
             elif op == "take":
-                name = rng.choice(["a", "b"])
+                name = rng.choice(names)
                 taken = [n.id for n in store.pending(name, "c", now, limit=4)]
                 store.acknowledge(name, "c", taken, destructive=rng.random() < 0.6)
             elif op == "sweep":
@@ -149,6 +152,18 @@ class TrimTests(unittest.TestCase):
                 caps[name, sub] = rng.choice([None, 2, 5, 12])
                 store.put_subscription(name, sub, f"require(x{sub})", ttl=300,
                                        max_count=caps[name, sub])
+            elif op == "unsubscribe":
+                name = rng.choice(names)
+                held = [sub for sub in (1, 2) if (name, sub) in caps]
+                if len(held) == 2:                  # back to one subscription
+                    sub = rng.choice(held)
+                    store.remove_subscription(name, sub)
+                    del caps[name, sub]
+                else:                               # to two
+                    sub = 3 - held[0]
+                    caps[name, sub] = rng.choice([None, 4, 11])
+                    store.put_subscription(name, sub, f"require(x{sub})",
+                                           max_count=caps[name, sub])
             elif op == "restart":
                 store.close()
                 store = open_store()
