@@ -14,10 +14,11 @@ followed by a per-category breakdown. With ``--index S ...`` it instead
 files S subscriptions of bench/throughput.py's workload through
 ``Router.add_subscription`` and prints, per S, the candidates the index
 gives a notification against its matches, the rate of index look-up plus
-evaluation (``Router.route``'s loop without delivery, per CPU second), and the bytes per
-subscription the router and the index hold (``tracemalloc``, expression
-text included). Not a test: the figures depend on the
-machine. The whole run takes about 3 x --seconds (default 4 s each phase).
+evaluation (``Router.route``'s loop without delivery, per CPU second),
+and the bytes per subscription the router holds, of which the index's
+and the ``Subscription``'s own (``tracemalloc``, expression text
+included). Not a test: the figures depend on the machine. The whole run
+takes about 3 x --seconds (default 4 s each phase).
 """
 
 import argparse
@@ -187,8 +188,14 @@ def bench_index(subs, notifications, seconds, seed):
         index.add(entry)
     gc.collect()
     index_bytes = tracemalloc.get_traced_memory()[0] - index_before
-    tracemalloc.stop()
     del index
+    gc.collect()
+    alone_before = tracemalloc.get_traced_memory()[0]
+    alone = [Subscription(text).compact() for text in texts]
+    gc.collect()
+    subscription_bytes = tracemalloc.get_traced_memory()[0] - alone_before
+    tracemalloc.stop()
+    del alone
 
     candidates = router.index.candidates
     found = matched = 0
@@ -212,6 +219,7 @@ def bench_index(subs, notifications, seconds, seed):
           f"lookup_eval_rate={done / elapsed:,.0f}/cpu-s "
           f"({elapsed / done * 1e6:.2f} us each) "
           f"bytes_per_sub={held / subs:.0f} index_bytes_per_sub={index_bytes / subs:.0f} "
+          f"subscription_bytes_per_sub={subscription_bytes / subs:.0f} "
           f"text_bytes_per_sub={sum(map(len, texts)) / subs:.0f}", flush=True)
 
 
