@@ -81,9 +81,9 @@ class _Grid:
     may share a key (numbers past ``_STRIDE``): an entry is still filed
     once per key, so a notification may get more candidates, never fewer
     or doubled. ``rows`` (two attributes only) holds, by cell on ``name``,
-    the entries bound on it but not on ``name2``. Nothing per entry is
-    kept besides the lists: removal works out its cells again from its
-    ranges."""
+    the entries bound on it but not on ``name2`` (or over more cells of
+    it than ``MAX_GRID_CELLS`` allows). Nothing per entry is kept besides
+    the lists: removal works out its cells again from its ranges."""
 
     __slots__ = ("name", "width", "name2", "width2", "cells", "rows", "loose")
 
@@ -98,9 +98,9 @@ class _Grid:
 
     def _place(self, ranges):
         """Where an entry with ``ranges`` is filed: None (loose) or its
-        cells as one int: the first key
-        shifted past 7 bits holding whether it is in ``rows`` and how many
-        more cells it covers on each attribute (see _keys)."""
+        cells as one int, the first cell's key shifted left past 7 bits
+        that say whether it is in ``rows`` and how many more cells it
+        covers on each attribute (see _keys)."""
         if not ranges:
             return None
         span = _span(ranges.get(self.name), self.width)
