@@ -38,7 +38,7 @@ sys.path.insert(0, ROOT)
 
 from twisted.internet import protocol  # noqa: E402
 
-from elvin.protocols import packets as P  # noqa: E402
+from elvin.protocols import packets  # noqa: E402
 from elvin.protocols.framing import FramedProtocol, frame  # noqa: E402
 
 NOTIFY_EMIT = 56
@@ -86,36 +86,36 @@ class Relay(FramedProtocol):
                 target, sub_id = self.factory.fixed
             else:
                 return
-            target.transport.write(frame(P.encode_notify_deliver_from(
+            target.transport.write(frame(packets.encode_notify_deliver_from(
                 data[4:end], (), (sub_id,))))
             return
-        packet = P.decode(data)
+        packet = packets.decode(data)
         kind = type(packet)
         reply = None
-        if kind is P.ConnRqst:
-            reply = P.ConnRply(packet.xid, dict(packet.options))
-        elif kind is P.SubAddRqst:
+        if kind is packets.ConnRqst:
+            reply = packets.ConnRply(packet.xid, dict(packet.options))
+        elif kind is packets.SubAddRqst:
             self.factory.next_id += 1
             sub_id = self.factory.next_id
             if packet.expression.startswith("BenchSync"):
                 self.sync_id = sub_id
             elif self.factory.fixed is None:
                 self.factory.fixed = (self, sub_id)
-            reply = P.SubRply(packet.xid, sub_id)
-        elif kind in (P.SubModRqst, P.SubDelRqst):
-            reply = P.SubRply(packet.xid, packet.subscription_id)
-        elif kind is P.QosRqst:
-            reply = P.QosRply(packet.xid, dict(packet.options))
-        elif kind is P.SecRqst:
-            reply = P.SecRply(packet.xid)
-        elif kind is P.TestConn:
-            reply = P.ConfConn()
-        elif kind is P.DisconnRqst:
-            self.transport.write(frame(P.encode(P.DisconnRply(packet.xid))))
+            reply = packets.SubRply(packet.xid, sub_id)
+        elif kind in (packets.SubModRqst, packets.SubDelRqst):
+            reply = packets.SubRply(packet.xid, packet.subscription_id)
+        elif kind is packets.QosRqst:
+            reply = packets.QosRply(packet.xid, dict(packet.options))
+        elif kind is packets.SecRqst:
+            reply = packets.SecRply(packet.xid)
+        elif kind is packets.TestConn:
+            reply = packets.ConfConn()
+        elif kind is packets.DisconnRqst:
+            self.transport.write(frame(packets.encode(packets.DisconnRply(packet.xid))))
             self.transport.loseConnection()
             return
         if reply is not None:
-            self.transport.write(frame(P.encode(reply)))
+            self.transport.write(frame(packets.encode(reply)))
 
     def connectionLost(self, reason=None):
         fixed = self.factory.fixed

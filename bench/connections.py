@@ -30,11 +30,11 @@ import time
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
-from elvin.protocols import packets as P  # noqa: E402
+from elvin.protocols import packets  # noqa: E402
 
 
 def frame(packet):
-    data = P.encode(packet)
+    data = packets.encode(packet)
     return struct.pack(">I", len(data)) + data
 
 
@@ -57,7 +57,7 @@ def read_packet(sock):
             data += chunk
         return data
     (length,) = struct.unpack(">I", exactly(4))
-    return P.decode(exactly(length))
+    return packets.decode(exactly(length))
 
 
 def raise_fd_limit(needed):
@@ -131,10 +131,10 @@ def main():
         # Warm the code paths with one client first, so the baseline is the
         # router at rest rather than before its first import of anything.
         warm = socket.create_connection(("127.0.0.1", port))
-        handshake_all([warm], lambda i: P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY),
-                      P.ConnRply)
-        handshake_all([warm], lambda i: P.SubAddRqst(2, "warm == 1", True, P.Keys.EMPTY),
-                      P.SubRply)
+        handshake_all([warm], lambda i: packets.ConnRqst(1, 4, 0, {}, packets.Keys.EMPTY, packets.Keys.EMPTY),
+                      packets.ConnRply)
+        handshake_all([warm], lambda i: packets.SubAddRqst(2, "warm == 1", True, packets.Keys.EMPTY),
+                      packets.SubRply)
         before = settle(proc.pid)
         print(f"router RSS at rest: {before / 1024:.1f} MiB")
 
@@ -149,8 +149,8 @@ def main():
                 sock = socket.create_connection(("127.0.0.1", port))
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 batch.append(sock)
-            handshake_all(batch, lambda i: P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY,
-                                                      P.Keys.EMPTY), P.ConnRply)
+            handshake_all(batch, lambda i: packets.ConnRqst(1, 4, 0, {}, packets.Keys.EMPTY,
+                                                      packets.Keys.EMPTY), packets.ConnRply)
             socks.extend(batch)
         took = time.time() - started
         held = settle(proc.pid, 2.0)
@@ -161,23 +161,23 @@ def main():
               f"bytes per connection")
         subscribed = held
         if args.subscribe:
-            handshake_all(socks, lambda i: P.SubAddRqst(2, f"n == {i}", True, P.Keys.EMPTY),
-                          P.SubRply)
+            handshake_all(socks, lambda i: packets.SubAddRqst(2, f"n == {i}", True, packets.Keys.EMPTY),
+                          packets.SubRply)
             subscribed = settle(proc.pid, 2.0)
             print(f"router RSS with one subscription each: {subscribed / 1024:.1f} MiB; "
                   f"{(subscribed - before) * 1024 / n:,.0f} bytes per connection in all")
         # Still routing: a new client publishes to the last held connection.
         probe = socket.create_connection(("127.0.0.1", port))
-        handshake_all([probe], lambda i: P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY),
-                      P.ConnRply)
+        handshake_all([probe], lambda i: packets.ConnRqst(1, 4, 0, {}, packets.Keys.EMPTY, packets.Keys.EMPTY),
+                      packets.ConnRply)
         target = socks[-1]
         if not args.subscribe:
-            handshake_all([target], lambda i: P.SubAddRqst(2, f"n == {n - 1}", True,
-                                                           P.Keys.EMPTY), P.SubRply)
+            handshake_all([target], lambda i: packets.SubAddRqst(2, f"n == {n - 1}", True,
+                                                           packets.Keys.EMPTY), packets.SubRply)
         t0 = time.time()
-        probe.sendall(frame(P.NotifyEmit({"n": n - 1}, True, P.Keys.EMPTY)))
+        probe.sendall(frame(packets.NotifyEmit({"n": n - 1}, True, packets.Keys.EMPTY)))
         delivered = read_packet(target)
-        assert isinstance(delivered, P.NotifyDeliver), delivered
+        assert isinstance(delivered, packets.NotifyDeliver), delivered
         print(f"still routing: delivered to connection {n} in "
               f"{(time.time() - t0) * 1000:.1f} ms")
         for sock in socks + [probe]:
@@ -192,11 +192,11 @@ def main():
             for first in range(0, n, 100):
                 batch = [socket.create_connection(("127.0.0.1", port))
                          for _ in range(min(100, n - first))]
-                handshake_all(batch, lambda i: P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY,
-                                                          P.Keys.EMPTY), P.ConnRply)
+                handshake_all(batch, lambda i: packets.ConnRqst(1, 4, 0, {}, packets.Keys.EMPTY,
+                                                          packets.Keys.EMPTY), packets.ConnRply)
                 if args.subscribe:
-                    handshake_all(batch, lambda i, f=first: P.SubAddRqst(
-                        2, f"n == {f + i}", True, P.Keys.EMPTY), P.SubRply)
+                    handshake_all(batch, lambda i, f=first: packets.SubAddRqst(
+                        2, f"n == {f + i}", True, packets.Keys.EMPTY), packets.SubRply)
                 socks.extend(batch)
             peak = settle(proc.pid, 2.0)
             for sock in socks:

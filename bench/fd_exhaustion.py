@@ -30,7 +30,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)
 
 from connections import frame, read_packet  # noqa: E402  (bench/connections.py)
-from elvin.protocols import packets as P  # noqa: E402
+from elvin.protocols import packets  # noqa: E402
 
 
 def free_port():
@@ -98,17 +98,17 @@ def elvin_round_trip(port, timeout):
     start = time.perf_counter()
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.settimeout(timeout)
-        s.sendall(frame(P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY)))
+        s.sendall(frame(packets.ConnRqst(1, 4, 0, {}, packets.Keys.EMPTY, packets.Keys.EMPTY)))
         reply = read_packet(s)
-        if not isinstance(reply, P.ConnRply):
+        if not isinstance(reply, packets.ConnRply):
             raise ConnectionError(f"ConnRqst answered with {reply!r}")
         connected = time.perf_counter()
-        s.sendall(frame(P.TestConn()))
+        s.sendall(frame(packets.TestConn()))
         reply = read_packet(s)
-        if not isinstance(reply, P.ConfConn):
+        if not isinstance(reply, packets.ConfConn):
             raise ConnectionError(f"TestConn answered with {reply!r}")
         done = time.perf_counter()
-        s.sendall(frame(P.DisconnRqst(2)))
+        s.sendall(frame(packets.DisconnRqst(2)))
     return connected - start, done - connected
 
 

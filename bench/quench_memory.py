@@ -40,7 +40,7 @@ sys.path.insert(0, ROOT)
 from elvin import errors  # noqa: E402
 from elvin.core.quench import DEFAULT_MAX_QUENCH_MEMORY  # noqa: E402
 from elvin.core.router import Router  # noqa: E402
-from elvin.protocols import packets as P  # noqa: E402
+from elvin.protocols import packets  # noqa: E402
 from elvin.test.test_router import RecordingOutput  # noqa: E402
 
 
@@ -53,7 +53,7 @@ class CountingOutput(RecordingOutput):
         self.last = packet
 
     def send_encoded(self, data, droppable):
-        self.notified = P.decode(data)
+        self.notified = packets.decode(data)
 
 
 def rss_mib():
@@ -74,8 +74,8 @@ def trim():
 def connect(router, options=None):
     out = CountingOutput()
     session = router.open_session(out, "bench")
-    session.packet_received(P.ConnRqst(1, 4, 0, options or {}, P.Keys.EMPTY, P.Keys.EMPTY))
-    assert isinstance(out.last, P.ConnRply), out.last
+    session.packet_received(packets.ConnRqst(1, 4, 0, options or {}, packets.Keys.EMPTY, packets.Keys.EMPTY))
+    assert isinstance(out.last, packets.ConnRply), out.last
     return session, out
 
 
@@ -97,7 +97,7 @@ def main():
     subscriber, sub_out = connect(router)
     producer, _ = connect(router)
     first = "name0000" if args.shared else "quench0000.attribute.0000"
-    subscriber.packet_received(P.SubAddRqst(2, f"{first} > 1", True, P.Keys.EMPTY))
+    subscriber.packet_received(packets.SubAddRqst(2, f"{first} > 1", True, packets.Keys.EMPTY))
     gc.collect()
     trim()
     before = rss_mib()
@@ -110,12 +110,12 @@ def main():
     for i in range(args.quenches):
         names = tuple(f"name{j:04d}" if args.shared else f"quench{i:04d}.attribute.{j:04d}"
                       for j in range(args.names))
-        wire = P.encode(P.QnchAddRqst(10 + i, names, True, P.Keys.EMPTY))
-        client.packet_received(P.decode(wire))
-        if isinstance(out.last, P.QnchRply):
+        wire = packets.encode(packets.QnchAddRqst(10 + i, names, True, packets.Keys.EMPTY))
+        client.packet_received(packets.decode(wire))
+        if isinstance(out.last, packets.QnchRply):
             accepted += 1
         else:
-            assert isinstance(out.last, P.Nack) and out.last.error == errors.IMPL_LIMIT
+            assert isinstance(out.last, packets.Nack) and out.last.error == errors.IMPL_LIMIT
             refused += 1
             message = out.last.message
     took = time.perf_counter() - started
@@ -132,8 +132,8 @@ def main():
           + (f"; tracemalloc: {traced_holding / 2 ** 20:.1f} MiB live, "
              f"{traced_holding / max(1, accepted * args.names):.0f} bytes a name"
              if args.trace else ""))
-    producer.packet_received(P.NotifyEmit({first: 5}, True, P.Keys.EMPTY))
-    assert isinstance(sub_out.notified, P.NotifyDeliver), sub_out.notified
+    producer.packet_received(packets.NotifyEmit({first: 5}, True, packets.Keys.EMPTY))
+    assert isinstance(sub_out.notified, packets.NotifyDeliver), sub_out.notified
     print("bystanders still served: a producer's notification reached a subscriber")
     started = time.perf_counter()
     client.connection_lost()

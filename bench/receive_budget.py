@@ -42,7 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, ".."), HERE]
 
 from connections import frame, read_packet, rss_kib  # noqa: E402  (bench/connections.py)
-from elvin.protocols import packets as P  # noqa: E402
+from elvin.protocols import packets  # noqa: E402
 from elvin.test.places import start_twistd  # noqa: E402
 
 MiB = 1 << 20
@@ -54,9 +54,9 @@ def connect(port, options=None):
     """A connected session: (socket, the options the router granted)."""
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.sendall(frame(P.ConnRqst(1, 4, 0, options or {}, P.Keys.EMPTY, P.Keys.EMPTY)))
+    sock.sendall(frame(packets.ConnRqst(1, 4, 0, options or {}, packets.Keys.EMPTY, packets.Keys.EMPTY)))
     reply = read_packet(sock)
-    if not isinstance(reply, P.ConnRply):
+    if not isinstance(reply, packets.ConnRply):
         raise SystemExit(f"ConnRqst answered with {reply!r}")
     return sock, dict(reply.options)
 
@@ -93,12 +93,12 @@ class Prober(threading.Thread):
         while not self.stop.is_set():
             started = time.perf_counter()
             try:
-                self.sock.sendall(frame(P.TestConn()))
+                self.sock.sendall(frame(packets.TestConn()))
                 reply = read_packet(self.sock)
             except OSError as e:
                 self.failed = f"bystander lost: {e}"
                 return
-            if not isinstance(reply, P.ConfConn):
+            if not isinstance(reply, packets.ConfConn):
                 self.failed = f"bystander got {reply!r}"
                 return
             self.rtts.append(time.perf_counter() - started)
@@ -189,7 +189,7 @@ def main():
     try:
         bystander, _ = connect(port)
         for _ in range(20):                   # warm the code paths
-            bystander.sendall(frame(P.TestConn()))
+            bystander.sendall(frame(packets.TestConn()))
             read_packet(bystander)
         time.sleep(1.0)
         at_rest = rss_kib(proc.pid)

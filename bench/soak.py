@@ -45,7 +45,7 @@ sys.path.insert(0, ROOT)
 from twisted.internet import defer, error, protocol, reactor, task  # noqa: E402
 
 from elvin import client  # noqa: E402
-from elvin.protocols import packets as P  # noqa: E402
+from elvin.protocols import packets  # noqa: E402
 from test.test_fuzz import FrameFuzzer, framed  # noqa: E402
 
 
@@ -224,12 +224,12 @@ class Soak:
         rng = self.fuzzer.rng
         parts = []
         if rng.random() < 0.9:
-            parts.append(framed(P.encode(P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY))))
+            parts.append(framed(packets.encode(packets.ConnRqst(1, 4, 0, {}, packets.Keys.EMPTY, packets.Keys.EMPTY))))
         n = rng.randint(1, 30)
         mutate = rng.random() >= 0.4
         for _ in range(n):
             parts.append(framed(self.fuzzer.client_frame(mutate), rng if mutate else None))
-        parts.append(framed(P.encode(P.DisconnRqst(7))))
+        parts.append(framed(packets.encode(packets.DisconnRqst(7))))
         done = defer.Deferred()
         try:
             yield protocol.ClientCreator(reactor, _Fuzz, b"".join(parts), done).connectTCP(

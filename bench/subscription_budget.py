@@ -34,7 +34,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, ".."), HERE]
 
 from connections import frame, read_packet, rss_kib  # noqa: E402  (bench/connections.py)
-from elvin.protocols import packets as P  # noqa: E402
+from elvin.protocols import packets  # noqa: E402
 from elvin.subscription.lexer import tokenize  # noqa: E402
 from elvin.test.places import start_twistd  # noqa: E402
 
@@ -45,9 +45,9 @@ def rss_mib(pid):
 
 def connect(port, options=None):
     sock = socket.create_connection(("127.0.0.1", port))
-    sock.sendall(frame(P.ConnRqst(1, 4, 0, options or {}, P.Keys.EMPTY, P.Keys.EMPTY)))
+    sock.sendall(frame(packets.ConnRqst(1, 4, 0, options or {}, packets.Keys.EMPTY, packets.Keys.EMPTY)))
     reply = read_packet(sock)
-    assert isinstance(reply, P.ConnRply), reply
+    assert isinstance(reply, packets.ConnRply), reply
     return sock, reply.options
 
 
@@ -63,9 +63,9 @@ class Bystander(threading.Thread):
     def run(self):
         while self.running:
             start = time.perf_counter()
-            self.sock.sendall(frame(P.TestConn()))
+            self.sock.sendall(frame(packets.TestConn()))
             reply = read_packet(self.sock)
-            assert isinstance(reply, P.ConfConn), reply
+            assert isinstance(reply, packets.ConfConn), reply
             self.longest = max(self.longest, time.perf_counter() - start)
             time.sleep(0.01)
 
@@ -130,12 +130,12 @@ def work_per_request(port):
     xid = 10
     for label, expression in costly_requests(max_length, 16384):
         start = time.perf_counter()
-        attacker.sendall(frame(P.SubAddRqst(xid, expression, True, P.Keys.EMPTY)))
+        attacker.sendall(frame(packets.SubAddRqst(xid, expression, True, packets.Keys.EMPTY)))
         reply = read_packet(attacker)
         took = time.perf_counter() - start
         time.sleep(0.05)
         answer = type(reply).__name__
-        if isinstance(reply, P.Nack):
+        if isinstance(reply, packets.Nack):
             answer += f" {reply.error}"
         print(f"{label:26} {len(expression):6d} B  answered in {took:5.3f} s ({answer}); "
               f"bystander waited at most {bystander.take():5.3f} s")
@@ -155,9 +155,9 @@ def memory(port, pid, count, size):
     accepted, refused, first_refusal = 0, 0, None
     start = time.perf_counter()
     for xid, expression in enumerate(expressions, 10):
-        attacker.sendall(frame(P.SubAddRqst(xid, expression, True, P.Keys.EMPTY)))
+        attacker.sendall(frame(packets.SubAddRqst(xid, expression, True, packets.Keys.EMPTY)))
         reply = read_packet(attacker)
-        if isinstance(reply, P.SubRply):
+        if isinstance(reply, packets.SubRply):
             accepted += 1
         else:
             refused += 1

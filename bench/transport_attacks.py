@@ -64,12 +64,12 @@ from connections import frame, read_packet, rss_kib  # noqa: E402
 from fd_exhaustion import elvin_round_trip, free_port, closed_count  # noqa: E402
 from receive_budget import Prober  # noqa: E402
 from subscription_budget import costly_requests  # noqa: E402
-from elvin.protocols import packets as P  # noqa: E402
+from elvin.protocols import packets as elvin_packets  # noqa: E402
 
 MiB = 1 << 20
 RTT_TARGET_S = 0.5
 RSS_TARGET_MIB = 100
-CONNRQST = P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY)
+CONNRQST = elvin_packets.ConnRqst(1, 4, 0, {}, elvin_packets.Keys.EMPTY, elvin_packets.Keys.EMPTY)
 
 
 # -- the router ----------------------------------------------------------------
@@ -173,10 +173,10 @@ class Router:
 
     def tls_session(self, options=None):
         sock = self.tls_socket()
-        sock.sendall(frame(P.ConnRqst(1, 4, 0, options or {}, P.Keys.EMPTY,
-                                      P.Keys.EMPTY)))
+        sock.sendall(frame(elvin_packets.ConnRqst(1, 4, 0, options or {}, elvin_packets.Keys.EMPTY,
+                                      elvin_packets.Keys.EMPTY)))
         reply = read_packet(sock)
-        if not isinstance(reply, P.ConnRply):
+        if not isinstance(reply, elvin_packets.ConnRply):
             raise ConnectionError(f"ConnRqst over TLS answered with {reply!r}")
         return sock, dict(reply.options)
 
@@ -184,9 +184,9 @@ class Router:
         sock = socket.create_connection(("127.0.0.1", self.tcp))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.sendall(frame(CONNRQST))
-        assert isinstance(read_packet(sock), P.ConnRply)
+        assert isinstance(read_packet(sock), elvin_packets.ConnRply)
         for _ in range(20):
-            sock.sendall(frame(P.TestConn()))
+            sock.sendall(frame(elvin_packets.TestConn()))
             read_packet(sock)
         return sock
 
@@ -196,14 +196,14 @@ class Tunnel:
 
     def __init__(self, port, options=None, timeout=30):
         self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-        body = frame(P.ConnRqst(1, 4, 0, options or {}, P.Keys.EMPTY, P.Keys.EMPTY))
+        body = frame(elvin_packets.ConnRqst(1, 4, 0, options or {}, elvin_packets.Keys.EMPTY, elvin_packets.Keys.EMPTY))
         status, data = self.request("POST", "/elvin/session", body)
         if status != 201:
             raise ConnectionError(f"POST /elvin/session answered {status} {data[:60]!r}")
         self.path = "/elvin/session/" + data.decode("ascii")
         self.seq = 1
         replies = self.fetch()
-        if not replies or not isinstance(replies[0], P.ConnRply):
+        if not replies or not isinstance(replies[0], elvin_packets.ConnRply):
             raise ConnectionError(f"tunnel ConnRqst answered with {replies!r}")
         self.options = dict(replies[0].options)
 
@@ -226,7 +226,7 @@ class Tunnel:
         packets, offset = [], 0
         while offset + 4 <= len(data):
             (length,) = struct.unpack(">I", data[offset:offset + 4])
-            packets.append(P.decode(data[offset + 4:offset + 4 + length]))
+            packets.append(elvin_packets.decode(data[offset + 4:offset + 4 + length]))
             offset += 4 + length
         return packets
 
@@ -250,8 +250,8 @@ def new_client_round_trips(router, timeout=10.0):
     start = time.perf_counter()
     try:
         sock, _ = router.tls_session()
-        sock.sendall(frame(P.TestConn()))
-        assert isinstance(read_packet(sock), P.ConfConn)
+        sock.sendall(frame(elvin_packets.TestConn()))
+        assert isinstance(read_packet(sock), elvin_packets.ConfConn)
         sock.close()
         result["tls"] = time.perf_counter() - start
     except (OSError, ConnectionError, AssertionError) as e:
@@ -259,9 +259,9 @@ def new_client_round_trips(router, timeout=10.0):
     start = time.perf_counter()
     try:
         tunnel = Tunnel(router.http, timeout=timeout)
-        tunnel.post(frame(P.TestConn()))
+        tunnel.post(frame(elvin_packets.TestConn()))
         replies = tunnel.fetch()
-        assert any(isinstance(p, P.ConfConn) for p in replies), replies
+        assert any(isinstance(p, elvin_packets.ConfConn) for p in replies), replies
         tunnel.close()
         result["http"] = time.perf_counter() - start
     except (OSError, ConnectionError, AssertionError, http.client.HTTPException) as e:
@@ -376,7 +376,7 @@ def attack_subscription(router, bystander):
             start = time.perf_counter()
             if kind == "http":   # other names: not a shared compiled expression
                 expression = re.sub(r"\b(a|id)\b", r"\1x", expression)
-            packet = frame(P.SubAddRqst(xid, expression, True, P.Keys.EMPTY))
+            packet = frame(elvin_packets.SubAddRqst(xid, expression, True, elvin_packets.Keys.EMPTY))
             if kind == "tls":
                 tls.sendall(packet)
                 reply = read_packet(tls)
@@ -388,7 +388,7 @@ def attack_subscription(router, bystander):
             time.sleep(0.1)
             watch.stop()
             answer = type(reply).__name__
-            if isinstance(reply, P.Nack):
+            if isinstance(reply, elvin_packets.Nack):
                 answer += f" {reply.error}"
             line, met = watch.line()
             ok = ok and met
@@ -581,7 +581,7 @@ def attack_idle(limit, idle, clients, sessions):
 # -- (d) UDP floods -------------------------------------------------------------
 
 def unotify(attributes):
-    return P.encode(P.UNotify(4, 0, attributes, True, P.Keys.EMPTY))
+    return elvin_packets.encode(elvin_packets.UNotify(4, 0, attributes, True, elvin_packets.Keys.EMPTY))
 
 
 def datagrams(max_size=65507):

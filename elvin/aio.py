@@ -37,7 +37,7 @@ from elvin.clientcore.state import (ClientState, ConnectFailed, ConnectionClosed
                                     SessionArg, proxy_options)
 from elvin.core.options import OPTIONS
 from elvin.keys import Keys, consumer_keys, dual_keys, producer_keys
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.protocols.xdr import DecodeError
 from elvin.uri import ElvinURI
 from elvin.values import normalise
@@ -119,7 +119,7 @@ class _Protocol(asyncio.Protocol):
             frames = self.deframer.feed(data)
             lifecycle = connection.lifecycle
             for frame in frames:
-                lifecycle.packet(P.decode(frame))
+                lifecycle.packet(packets.decode(frame))
                 if connection.protocol is not self:
                     return                # dropped meanwhile
         except (ValueError, DecodeError):
@@ -132,7 +132,7 @@ class _Protocol(asyncio.Protocol):
         self.connection._lost(self, exc)
 
     def send(self, packet: Any) -> None:
-        data = P.encode(packet)
+        data = packets.encode(packet)
         out = self._out
         if not out:
             self.loop.call_soon(self.flush)
@@ -163,7 +163,7 @@ class Subscription:
 
     def __init__(self, connection: "Connection", sub_id: int, expression: str,
                  accept_insecure: bool, callback: Optional[NoteCallback] = None,
-                 keys: Optional[P.Keys] = None) -> None:
+                 keys: Optional[packets.Keys] = None) -> None:
         self.connection = connection
         self.keys = keys          # as subscribed: registered again with these
         self.id = sub_id
@@ -200,8 +200,8 @@ class Subscription:
 
     async def modify(self, expression: Optional[str] = None,
                      accept_insecure: Optional[bool] = None,
-                     add_keys: Optional[P.Keys] = None,
-                     del_keys: Optional[P.Keys] = None) -> "Subscription":
+                     add_keys: Optional[packets.Keys] = None,
+                     del_keys: Optional[packets.Keys] = None) -> "Subscription":
         """Change the expression, insecure flag or keys; returns self."""
         conn = self.connection
         insecure = self.accept_insecure if accept_insecure is None else accept_insecure
@@ -260,8 +260,8 @@ class Quench(QuenchHandlers):
 
     async def modify(self, add_names: Iterable[str] = (), del_names: Iterable[str] = (),
                      deliver_insecure: Optional[bool] = None,
-                     add_keys: Optional[P.Keys] = None,
-                     del_keys: Optional[P.Keys] = None) -> "Quench":
+                     add_keys: Optional[packets.Keys] = None,
+                     del_keys: Optional[packets.Keys] = None) -> "Quench":
         conn = self.connection
         insecure = self.deliver_insecure if deliver_insecure is None else deliver_insecure
         await conn._call(conn.qnch_mod_rqst(self.id, add_names, del_names, insecure,
@@ -291,7 +291,7 @@ class AutoQuench(AutoQuenchBase):
     """
 
     def __init__(self, connection: "Connection", names: Iterable[str] = (),
-                 deliver_insecure: bool = True, keys: Optional[P.Keys] = None) -> None:
+                 deliver_insecure: bool = True, keys: Optional[packets.Keys] = None) -> None:
         self.connection = connection
         self.state = QuenchState()
         self.names = set(names)
@@ -535,7 +535,7 @@ class Connection(LifecycleView, ClientState):
             pass                          # the session (and it) are gone
 
     def notify(self, attributes: Mapping[str, Any], deliver_insecure: bool = True,
-               keys: Optional[P.Keys] = None) -> None:
+               keys: Optional[packets.Keys] = None) -> None:
         """Emit a notification (nothing comes back; errors are local).
         While reconnecting it waits in the buffer (PublishBufferFull when
         full)."""
@@ -543,7 +543,7 @@ class Connection(LifecycleView, ClientState):
 
     def subscribe(self, expression: str, callback: Optional[NoteCallback] = None,
                   accept_insecure: bool = True,
-                  keys: Optional[P.Keys] = None) -> "_Pending[Subscription]":
+                  keys: Optional[packets.Keys] = None) -> "_Pending[Subscription]":
         """Register ``expression``: ``await`` it for a ``Subscription``, or
         ``async with conn.subscribe(...) as sub`` to remove it on exit.
         A bad expression raises NackError (code 2101-2112). Cancelled
@@ -567,7 +567,7 @@ class Connection(LifecycleView, ClientState):
                      on_modify: Optional[QuenchCallback] = None,
                      on_delete: Optional[Callable[[int], Any]] = None,
                      deliver_insecure: bool = True,
-                     keys: Optional[P.Keys] = None) -> Quench:
+                     keys: Optional[packets.Keys] = None) -> Quench:
         """Be told of subscriptions referring to ``names`` (see Quench)."""
         names = tuple(sorted(set(names)))
         reply = await self._call(self.qnch_add_rqst(names, deliver_insecure, keys))
@@ -597,10 +597,10 @@ class Connection(LifecycleView, ClientState):
         password), its subscriptions and everything stored for it."""
         return await self.set_options({"Proxy.Delete-Session": name})
 
-    async def set_keys(self, add_nfn_keys: Optional[P.Keys] = None,
-                       del_nfn_keys: Optional[P.Keys] = None,
-                       add_sub_keys: Optional[P.Keys] = None,
-                       del_sub_keys: Optional[P.Keys] = None) -> None:
+    async def set_keys(self, add_nfn_keys: Optional[packets.Keys] = None,
+                       del_nfn_keys: Optional[packets.Keys] = None,
+                       add_sub_keys: Optional[packets.Keys] = None,
+                       del_sub_keys: Optional[packets.Keys] = None) -> None:
         """Change the connection's keys (SecRqst)."""
         change = self.sec_rqst(add_nfn_keys, del_nfn_keys, add_sub_keys, del_sub_keys)
         await self._call(change)
@@ -674,7 +674,7 @@ def _connect_error(connection: Connection, cause: BaseException,
 
 def connect(uri: URIs = None,
             options: Optional[Mapping[str, Any]] = None,
-            nfn_keys: Optional[P.Keys] = None, sub_keys: Optional[P.Keys] = None, *,
+            nfn_keys: Optional[packets.Keys] = None, sub_keys: Optional[packets.Keys] = None, *,
             tls: Optional[ssl.SSLContext] = None, tls_ca: Union[str, bytes, None] = None,
             tls_certificate: Optional[str] = None, tls_key: Optional[str] = None,
             tls_hostname: Optional[str] = None,
@@ -848,7 +848,7 @@ class _Raw(asyncio.Protocol):
 
 
 async def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
-                  deliver_insecure: bool = True, keys: Optional[P.Keys] = None, *,
+                  deliver_insecure: bool = True, keys: Optional[packets.Keys] = None, *,
                   tls: Optional[ssl.SSLContext] = None,
                   tls_ca: Union[str, bytes, None] = None,
                   tls_certificate: Optional[str] = None, tls_key: Optional[str] = None,
@@ -856,8 +856,8 @@ async def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
     """Send one session-less notification (UNotify). Over
     ``udp,none,xdr`` it is one datagram and nothing confirms it arrived."""
     target = ElvinURI(uri) if not isinstance(uri, ElvinURI) else uri
-    packet = P.UNotify(4, 0, normalise(attributes), deliver_insecure, keys or P.Keys.EMPTY)
-    data = P.encode(packet)
+    packet = packets.UNotify(4, 0, normalise(attributes), deliver_insecure, keys or packets.Keys.EMPTY)
+    data = packets.encode(packet)
     loop = asyncio.get_running_loop()
     if target.transport == "udp":
         transport, _ = await loop.create_datagram_endpoint(

@@ -31,7 +31,7 @@ from elvin.clientcore.state import (ClientState, ConnectFailed, ConnectionClosed
                                     refuse_coroutine, coroutine_result_refused)
 from elvin.core.options import OPTIONS
 from elvin.keys import Keys, consumer_keys, dual_keys, producer_keys
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.protocols.framing import FramedProtocol
 from elvin.protocols.xdr import DecodeError
 from elvin.uri import ElvinURI
@@ -65,11 +65,11 @@ class ClientSubscription:
         self.callback = callback
         self.accept_insecure = accept_insecure
         #: the keys it was subscribed with (subscribed again with them)
-        self.keys: Optional[P.Keys] = None
+        self.keys: Optional[packets.Keys] = None
 
     def modify(self, expression: Optional[str] = None, accept_insecure: Optional[bool] = None,
-               add_keys: Optional[P.Keys] = None,
-               del_keys: Optional[P.Keys] = None) -> "defer.Deferred[ClientSubscription]":
+               add_keys: Optional[packets.Keys] = None,
+               del_keys: Optional[packets.Keys] = None) -> "defer.Deferred[ClientSubscription]":
         """Change the expression and/or insecure flag; Deferred fires with self."""
         return self.connection._modify(self, expression, accept_insecure,
                                        add_keys, del_keys)
@@ -95,8 +95,8 @@ class ClientQuench(QuenchHandlers):
     """
 
     def modify(self, add_names: Iterable[str] = (), del_names: Iterable[str] = (),
-               deliver_insecure: Optional[bool] = None, add_keys: Optional[P.Keys] = None,
-               del_keys: Optional[P.Keys] = None) -> "defer.Deferred[ClientQuench]":
+               deliver_insecure: Optional[bool] = None, add_keys: Optional[packets.Keys] = None,
+               del_keys: Optional[packets.Keys] = None) -> "defer.Deferred[ClientQuench]":
         """Change the names (and flags/keys); fires with self."""
         return self.connection._modify_quench(self, add_names, del_names,
                                               deliver_insecure, add_keys, del_keys)
@@ -192,7 +192,7 @@ class ElvinClientProtocol(FramedProtocol):
         if connection.protocol is not self:
             return
         try:
-            packet = P.decode(data)
+            packet = packets.decode(data)
         except DecodeError as e:
             self.log.warn("undecodable packet from router: {e}", e=e)
             connection.problem = "not_elvin"
@@ -214,7 +214,7 @@ class ElvinClientProtocol(FramedProtocol):
         self.factory.connection._lost(reason, self)
 
     def send(self, packet):
-        self.sendFrame(P.encode(packet))
+        self.sendFrame(packets.encode(packet))
 
 
 class Connection(LifecycleView, ClientState):
@@ -422,7 +422,7 @@ class Connection(LifecycleView, ClientState):
         return self._opened
 
     def subscribe(self, expression: str, callback: Callable[[Notification], Any],
-                  accept_insecure: bool = True, keys: Optional[P.Keys] = None, *,
+                  accept_insecure: bool = True, keys: Optional[packets.Keys] = None, *,
                   ttl: Optional[int] = None,
                   max_count: Optional[int] = None) -> "defer.Deferred[ClientSubscription]":
         """Register ``expression``; ``callback(notification)`` for each match.
@@ -533,7 +533,7 @@ class Connection(LifecycleView, ClientState):
         return d.addCallback(removed)
 
     def notify(self, attributes: Mapping[str, Any], deliver_insecure: bool = True,
-               keys: Optional[P.Keys] = None) -> None:
+               keys: Optional[packets.Keys] = None) -> None:
         """Emit a notification (no reply comes back; errors are local)."""
         self.emit(attributes, deliver_insecure, keys)
 
@@ -546,8 +546,8 @@ class Connection(LifecycleView, ClientState):
             return dict(reply.options)
         return d.addCallback(done)
 
-    def set_keys(self, add_nfn_keys: Optional[P.Keys] = None,
-                 del_nfn_keys: Optional[P.Keys] = None, add_sub_keys: Optional[P.Keys] = None,
+    def set_keys(self, add_nfn_keys: Optional[packets.Keys] = None,
+                 del_nfn_keys: Optional[packets.Keys] = None, add_sub_keys: Optional[packets.Keys] = None,
                  del_sub_keys=None):
         """Change the connection's keys (SecRqst)."""
         change = self.sec_rqst(add_nfn_keys, del_nfn_keys, add_sub_keys, del_sub_keys)
@@ -598,8 +598,8 @@ def _tls_args(tls, tls_ca, tls_certificate, tls_key, tls_hostname):
 @defer.inlineCallbacks
 def connect(uri: Union[str, ElvinURI, Sequence[Union[str, ElvinURI]], None] = None,
             options: Optional[Mapping[str, Any]] = None,
-            reactor: Any = None, nfn_keys: Optional[P.Keys] = None,
-            sub_keys: Optional[P.Keys] = None, *, tls: Any = None, tls_ca: Any = None,
+            reactor: Any = None, nfn_keys: Optional[packets.Keys] = None,
+            sub_keys: Optional[packets.Keys] = None, *, tls: Any = None, tls_ca: Any = None,
             tls_certificate: Any = None, tls_key: Any = None,
             tls_hostname: Optional[str] = None, scope: Optional[str] = None,
             discover: bool = False, discoverer: Any = None, discovery_timeout: float = 10.0,
@@ -874,7 +874,7 @@ def connect_discovered(scope: Optional[str] = None, discoverer: Any = None,
 
 @defer.inlineCallbacks
 def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
-            deliver_insecure: bool = True, keys: Optional[P.Keys] = None, reactor: Any = None,
+            deliver_insecure: bool = True, keys: Optional[packets.Keys] = None, reactor: Any = None,
             *, tls: Any = None, tls_ca: Any = None, tls_certificate: Any = None,
             tls_key: Any = None, tls_hostname: Optional[str] = None) -> Generator[Any, Any, None]:
     """Send one session-less notification (UNotify) and close the channel.
@@ -886,8 +886,8 @@ def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
         from twisted.internet import reactor
     if not isinstance(uri, ElvinURI):
         uri = ElvinURI(uri)
-    packet = P.UNotify(4, 0, normalise(attributes), deliver_insecure,
-                       keys or P.Keys.EMPTY)
+    packet = packets.UNotify(4, 0, normalise(attributes), deliver_insecure,
+                       keys or packets.Keys.EMPTY)
     if uri.transport == "udp":
         from elvin.endpoints import check_supported
         from elvin.protocols.udp import send_unotify

@@ -51,7 +51,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 from elvin.clientcore.state import (ClientState, ConnectionClosed, NackError,
                                     PublishBufferFull, Reconnect, describe_disconn)
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.uri import ElvinURI
 
 __all__ = ["Lifecycle", "Phase", "Dial", "StartTimer", "CancelTimer", "CloseChannel",
@@ -157,7 +157,7 @@ class HandshakeTimeout(TimeoutError):
 _RECONNECTING = (Phase.WAITING, Phase.DIALLING, Phase.HANDSHAKING, Phase.REPLAYING)
 #: Requests a followed redirection sends again to the new router (they name
 #: no id of the old session, which ended with them unanswered).
-_RESENDABLE = (P.SubAddRqst, P.QnchAddRqst, P.QosRqst, P.SecRqst)
+_RESENDABLE = (packets.SubAddRqst, packets.QnchAddRqst, packets.QosRqst, packets.SecRqst)
 
 
 class Lifecycle:
@@ -240,7 +240,7 @@ class Lifecycle:
                 inflight[xid] = packet
             return
         if phase in _RECONNECTING and self.established and xid != -1 and self.pending_size:
-            size = len(P.encode(packet))
+            size = len(packets.encode(packet))
             if self._buffered + size > self.pending_size:
                 raise PublishBufferFull(
                     f"reconnecting to {self.uri}: the buffer of {self.pending_size} bytes "
@@ -309,7 +309,7 @@ class Lifecycle:
 
     def packet(self, packet: Any) -> None:
         """A packet read from the current channel."""
-        if type(packet) is P.Disconn:
+        if type(packet) is packets.Disconn:
             self._disconnected(packet.reason, packet.args)
             return
         self.session.packet_received(packet)

@@ -25,7 +25,7 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Opti
 
 from elvin.clientcore.acks import ACK, ACK_INTERVAL, ACK_WINDOW, DEFAULT_ACK_WINDOW, AckTracker
 from elvin.errors import ElvinError
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.values import Int64, normalise
 
 __all__ = ["ClientState", "NackError", "ConnectionClosed", "ConnectFailed",
@@ -282,7 +282,7 @@ class QuenchHandlers:
         self.on_delete = on_delete
         self.deliver_insecure = deliver_insecure
         #: the keys it was registered with (registered again with them)
-        self.keys: Optional[P.Keys] = None
+        self.keys: Optional[packets.Keys] = None
 
     def _event(self, kind: str, term_id: int, tree: Any = None, secure: bool = False) -> None:
         handler: Any = {"add": self.on_add, "modify": self.on_modify,
@@ -358,7 +358,7 @@ class AutoQuenchBase:
         raise NotImplementedError
 
     def notify(self, attributes: Mapping[str, Any], deliver_insecure: bool = True,
-               keys: Optional[P.Keys] = None) -> bool:
+               keys: Optional[packets.Keys] = None) -> bool:
         """Emit ``attributes`` if any subscription could want it; returns
         True when sent."""
         if not set(attributes) <= self.names:
@@ -507,73 +507,73 @@ class ClientState:
     def ping(self, on_alive: Callable[[bool], Any], on_error: Callable[[Exception], Any]) -> None:
         """TestConn: ``on_alive(True)`` when the router shows it is alive.
         Raises ConnectionClosed unless the session is up."""
-        self.post(P.TestConn(), -1)
+        self.post(packets.TestConn(), -1)
         self._liveness_waiters.append((on_alive, on_error))
 
     def emit(self, attributes: Mapping[str, Any], deliver_insecure: bool = True,
-             keys: Optional[P.Keys] = None) -> None:
+             keys: Optional[packets.Keys] = None) -> None:
         """Send a NotifyEmit (no reply comes back; errors are local)."""
         attributes = normalise(attributes)
         if not attributes:
             raise ValueError("a notification needs at least one attribute")
-        self.post(P.NotifyEmit(attributes, deliver_insecure, keys or P.Keys.EMPTY), None)
+        self.post(packets.NotifyEmit(attributes, deliver_insecure, keys or packets.Keys.EMPTY), None)
 
     # Packet builders for the requests every flavour makes.
 
     @staticmethod
-    def conn_rqst(options: Optional[Mapping[str, Any]], nfn_keys: Optional[P.Keys],
-                  sub_keys: Optional[P.Keys]) -> MakePacket:
-        return lambda xid: P.ConnRqst(xid, 4, 0, dict(options or {}),
-                                      nfn_keys or P.Keys.EMPTY, sub_keys or P.Keys.EMPTY)
+    def conn_rqst(options: Optional[Mapping[str, Any]], nfn_keys: Optional[packets.Keys],
+                  sub_keys: Optional[packets.Keys]) -> MakePacket:
+        return lambda xid: packets.ConnRqst(xid, 4, 0, dict(options or {}),
+                                      nfn_keys or packets.Keys.EMPTY, sub_keys or packets.Keys.EMPTY)
 
     @staticmethod
     def sub_add_rqst(expression: str, accept_insecure: bool,
-                     keys: Optional[P.Keys]) -> MakePacket:
-        return lambda xid: P.SubAddRqst(xid, expression, accept_insecure,
-                                        keys or P.Keys.EMPTY)
+                     keys: Optional[packets.Keys]) -> MakePacket:
+        return lambda xid: packets.SubAddRqst(xid, expression, accept_insecure,
+                                        keys or packets.Keys.EMPTY)
 
     @staticmethod
     def sub_mod_rqst(sub_id: int, expression: Optional[str], accept_insecure: bool,
-                     add_keys: Optional[P.Keys], del_keys: Optional[P.Keys]) -> MakePacket:
-        return lambda xid: P.SubModRqst(xid, sub_id, expression or "", accept_insecure,
-                                        add_keys or P.Keys.EMPTY, del_keys or P.Keys.EMPTY)
+                     add_keys: Optional[packets.Keys], del_keys: Optional[packets.Keys]) -> MakePacket:
+        return lambda xid: packets.SubModRqst(xid, sub_id, expression or "", accept_insecure,
+                                        add_keys or packets.Keys.EMPTY, del_keys or packets.Keys.EMPTY)
 
     @staticmethod
     def sub_del_rqst(sub_id: int) -> MakePacket:
-        return lambda xid: P.SubDelRqst(xid, sub_id)
+        return lambda xid: packets.SubDelRqst(xid, sub_id)
 
     @staticmethod
     def qnch_add_rqst(names: Iterable[str], deliver_insecure: bool,
-                      keys: Optional[P.Keys]) -> MakePacket:
-        return lambda xid: P.QnchAddRqst(xid, tuple(names), deliver_insecure,
-                                         keys or P.Keys.EMPTY)
+                      keys: Optional[packets.Keys]) -> MakePacket:
+        return lambda xid: packets.QnchAddRqst(xid, tuple(names), deliver_insecure,
+                                         keys or packets.Keys.EMPTY)
 
     @staticmethod
     def qnch_mod_rqst(quench_id: int, add_names: Iterable[str], del_names: Iterable[str],
-                      deliver_insecure: bool, add_keys: Optional[P.Keys],
-                      del_keys: Optional[P.Keys]) -> MakePacket:
-        return lambda xid: P.QnchModRqst(xid, quench_id, tuple(add_names), tuple(del_names),
-                                         deliver_insecure, add_keys or P.Keys.EMPTY,
-                                         del_keys or P.Keys.EMPTY)
+                      deliver_insecure: bool, add_keys: Optional[packets.Keys],
+                      del_keys: Optional[packets.Keys]) -> MakePacket:
+        return lambda xid: packets.QnchModRqst(xid, quench_id, tuple(add_names), tuple(del_names),
+                                         deliver_insecure, add_keys or packets.Keys.EMPTY,
+                                         del_keys or packets.Keys.EMPTY)
 
     @staticmethod
     def qnch_del_rqst(quench_id: int) -> MakePacket:
-        return lambda xid: P.QnchDelRqst(xid, quench_id)
+        return lambda xid: packets.QnchDelRqst(xid, quench_id)
 
     @staticmethod
     def qos_rqst(options: Mapping[str, Any]) -> MakePacket:
-        return lambda xid: P.QosRqst(xid, dict(options))
+        return lambda xid: packets.QosRqst(xid, dict(options))
 
     @staticmethod
-    def sec_rqst(add_nfn_keys: Optional[P.Keys], del_nfn_keys: Optional[P.Keys],
-                 add_sub_keys: Optional[P.Keys], del_sub_keys: Optional[P.Keys]) -> MakePacket:
-        empty = P.Keys.EMPTY
-        return lambda xid: P.SecRqst(xid, add_nfn_keys or empty, del_nfn_keys or empty,
+    def sec_rqst(add_nfn_keys: Optional[packets.Keys], del_nfn_keys: Optional[packets.Keys],
+                 add_sub_keys: Optional[packets.Keys], del_sub_keys: Optional[packets.Keys]) -> MakePacket:
+        empty = packets.Keys.EMPTY
+        return lambda xid: packets.SecRqst(xid, add_nfn_keys or empty, del_nfn_keys or empty,
                                      add_sub_keys or empty, del_sub_keys or empty)
 
     @staticmethod
     def disconn_rqst() -> MakePacket:
-        return lambda xid: P.DisconnRqst(xid)
+        return lambda xid: packets.DisconnRqst(xid)
 
     def subscription_modified(self, sub: Any, expression: Optional[str], accept_insecure: bool,
                               reply: Any) -> Any:
@@ -748,39 +748,39 @@ class ClientState:
 
     def packet_received(self, packet: Any) -> None:
         kind = type(packet)
-        if self._liveness_waiters and kind not in (P.TestConn, P.Disconn):
+        if self._liveness_waiters and kind not in (packets.TestConn, packets.Disconn):
             # Any packet from the router proves it is alive: a router with
             # packets queued for us may skip ConfConn (ours does, in
             # ClientSession._test_conn; so does Avis).
             waiters, self._liveness_waiters = self._liveness_waiters, []
             for on_alive, _ in waiters:
                 on_alive(True)
-        if kind is P.NotifyDeliver:
+        if kind is packets.NotifyDeliver:
             self._deliver(packet)
-        elif kind is P.Nack:
+        elif kind is packets.Nack:
             waiting = self._pending.pop(packet.xid, None)
             if waiting is not None:
                 waiting[1](NackError(packet.error, packet.message, packet.args))
-        elif kind is P.Disconn:
+        elif kind is packets.Disconn:
             pass  # the lifecycle's (Lifecycle.packet): it ends or moves the session
-        elif kind is P.SubAddNotify or kind is P.SubModNotify:
-            event = "add" if kind is P.SubAddNotify else "modify"
+        elif kind is packets.SubAddNotify or kind is packets.SubModNotify:
+            event = "add" if kind is packets.SubAddNotify else "modify"
             for secure, ids in ((True, packet.secure_quench_ids),
                                 (False, packet.insecure_quench_ids)):
                 for quench_id in ids:
                     self._quench_event(quench_id, event, packet.term_id,
                                        packet.sub_expr, secure)
-        elif kind is P.SubDelNotify:
+        elif kind is packets.SubDelNotify:
             for quench_id in packet.quench_ids:
                 self._quench_event(quench_id, "delete", packet.term_id)
-        elif kind is P.DropWarn:
+        elif kind is packets.DropWarn:
             self.dropwarns += 1
             if self.on_dropwarn is not None:
                 self.on_dropwarn()
-        elif kind is P.TestConn:
+        elif kind is packets.TestConn:
             if self.send is not None:
-                self.send(P.ConfConn())
-        elif kind is P.ConfConn:
+                self.send(packets.ConfConn())
+        elif kind is packets.ConfConn:
             pass  # answered ping above, like any other packet
         else:
             xid = getattr(packet, "xid", None)

@@ -31,7 +31,7 @@ by ``quench_cost``.
 
 import sys
 
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 
 __all__ = ["QuenchEntry", "QuenchRegistry", "quench_cost", "DEFAULT_MAX_QUENCH_MEMORY"]
 
@@ -250,7 +250,7 @@ class QuenchRegistry:
         kept = [quenches[i] for i in after if i in before]
         self._notify_delete(entry, gone)
         self._notify_add(entry, added)
-        self._send_grouped(entry, kept, P.SubModNotify)
+        self._send_grouped(entry, kept, packets.SubModNotify)
 
     # -- quenches come and go ----------------------------------------------
 
@@ -301,7 +301,7 @@ class QuenchRegistry:
         self.bytes += quench.cost
         quench.names = self._index(quench, quench.names)
         for entry in sorted(self._subscriptions_on(quench.names), key=lambda e: e.id):
-            self._send_grouped(entry, [quench], P.SubAddNotify)
+            self._send_grouped(entry, [quench], packets.SubAddNotify)
 
     def remove(self, quench):
         if self.quenches.pop(quench.id, None) is None:
@@ -327,7 +327,7 @@ class QuenchRegistry:
         for sub_id in sorted(before.keys() - after.keys()):
             self._notify_delete(before[sub_id], [quench])
         for sub_id in sorted(after.keys() - before.keys()):
-            self._send_grouped(after[sub_id], [quench], P.SubAddNotify)
+            self._send_grouped(after[sub_id], [quench], packets.SubAddNotify)
 
     def session_closed(self, session):
         """Forget every quench of ``session`` (its ``quenches`` dict, which
@@ -342,7 +342,7 @@ class QuenchRegistry:
     # -- sending -------------------------------------------------------------
 
     def _notify_add(self, entry, quenches):
-        self._send_grouped(entry, quenches, P.SubAddNotify)
+        self._send_grouped(entry, quenches, packets.SubAddNotify)
 
     def _send_grouped(self, entry, quenches, packet_class):
         """One packet per quenching session, with its secure/insecure ids."""
@@ -366,6 +366,6 @@ class QuenchRegistry:
         for quench in quenches:
             per_session.setdefault(quench.session, []).append(quench.id)
         for session, ids in per_session.items():
-            session.send_droppable(P.SubDelNotify(tuple(ids), entry.id))
+            session.send_droppable(packets.SubDelNotify(tuple(ids), entry.id))
 
 

@@ -27,7 +27,7 @@ from elvin.core.keys import CONSUMER, PRODUCER, SUPPORTED_KEY_SCHEMES, KeyRing
 from elvin.core.options import ConnectionOptions, OPTIONS
 from elvin.core.quench import QuenchEntry, QuenchRegistry, quench_cost
 from elvin.core.sendqueue import QueueBudget
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.subscription import Subscription
 from elvin.subscription.ast import Kind, int32, node
 from elvin.subscription.compiler import compile_tree
@@ -448,9 +448,9 @@ class Router(SessionHost):
             found[slot].append(entry.id)
         if not matches:
             return 0
-        body = P.encode_attributes(attributes)
+        body = packets.encode_attributes(attributes)
         for session, (secure, insecure) in matches.items():
-            session.deliver(P.encode_notify_deliver_from(body, secure, insecure))
+            session.deliver(packets.encode_notify_deliver_from(body, secure, insecure))
         self.stats["deliveries"] += len(matches)
         return len(matches)
 
@@ -524,21 +524,21 @@ class ClientSession:
             self.violation(f"unexpected {type(packet).__name__} packet from client")
             return
         if self.state == self.NEW:
-            if type(packet) is P.ConnRqst:
+            if type(packet) is packets.ConnRqst:
                 self._connect(packet)
-            elif type(packet) is P.UNotify:
+            elif type(packet) is packets.UNotify:
                 self.state = self.UNOTIFY
                 self._unotify(packet)
             else:
                 self.violation(f"{type(packet).__name__} before ConnRqst")
             return
         if self.state == self.UNOTIFY:
-            if type(packet) is P.UNotify:
+            if type(packet) is packets.UNotify:
                 self._unotify(packet)
             else:
                 self.violation(f"{type(packet).__name__} on a session-less channel")
             return
-        if type(packet) is P.ConnRqst or type(packet) is P.UNotify:
+        if type(packet) is packets.ConnRqst or type(packet) is packets.UNotify:
             self.violation(f"{type(packet).__name__} on an established session")
             return
         self.HANDLERS[type(packet)](self, packet)
@@ -576,12 +576,12 @@ class ClientSession:
     def send_droppable(self, packet):
         """Quench notifications: may be dropped (with DropWarn) when congested."""
         if self.state == self.CONNECTED:
-            self.output.send_encoded(P.encode(packet), True)
+            self.output.send_encoded(packets.encode(packet), True)
 
     def nack(self, xid, code, message, args=()):
         self.router.nacks[code] += 1
         self.router.refusals.append((self.router.wall_clock(), self.peer, code, message))
-        self.send(P.Nack(xid, code, message, tuple(args)))
+        self.send(packets.Nack(xid, code, message, tuple(args)))
 
     def disconnect(self, reason, args=""):
         """Send Disconn and close (router shutdown, redirection, abuse)."""
@@ -590,7 +590,7 @@ class ClientSession:
         self.ending(_DISCONN_CAUSES.get(reason, f"disconnected by the router "
                                                 f"(reason {reason})"))
         if self.state == self.CONNECTED:
-            self.send(P.Disconn(reason, args))
+            self.send(packets.Disconn(reason, args))
         self._close()
 
     def _close(self):
@@ -694,7 +694,7 @@ class ClientSession:
         self.output.configure(self.options)
         self.state = self.CONNECTED
         self._announced = True
-        self.send(P.ConnRply(xid, reply))
+        self.send(packets.ConnRply(xid, reply))
 
     def _too_many_keys(self, xid, keys):
         """Nack (and say True) when ``keys`` exceed Subscription.Max-Keys."""
@@ -736,18 +736,18 @@ class ClientSession:
                        ours=f"{PROTOCOL_MAJOR}.{PROTOCOL_MINOR}")
 
     def _disconn_rqst(self, packet):
-        self.send(P.DisconnRply(packet.xid))
+        self.send(packets.DisconnRply(packet.xid))
         self.ending("client closed the session (DisconnRqst)")
         self._close()
 
     def _test_conn(self, packet):
         if self.output.is_idle():
-            self.send(P.ConfConn())
+            self.send(packets.ConfConn())
 
     def _qos_rqst(self, packet):
         reply = self.options.negotiate(packet.options)
         self.output.configure(self.options)
-        self.send(P.QosRply(packet.xid, reply))
+        self.send(packets.QosRply(packet.xid, reply))
 
     def _sec_rqst(self, packet):
         xid = packet.xid
@@ -775,7 +775,7 @@ class ClientSession:
         self.nfn_keys, self.sub_keys = nfn_keys, sub_keys
         self.nfn_raw_keys = self.nfn_raw_keys.union(_raw(packet.add_nfn_keys)).difference(
             _raw(packet.del_nfn_keys))
-        self.send(P.SecRply(xid))
+        self.send(packets.SecRply(xid))
 
     # -- quench ------------------------------------------------------------------
 
@@ -802,7 +802,7 @@ class ClientSession:
             self._quench_memory_full(packet.xid)
             return
         self.quenches[quench.id] = quench
-        self.send(P.QnchRply(packet.xid, quench.id))
+        self.send(packets.QnchRply(packet.xid, quench.id))
         router.quench.add(quench)
 
     def _qnch_mod(self, packet):
@@ -839,7 +839,7 @@ class ClientSession:
         if add_keys is None or del_keys is None:
             return
         keys = quench.keys.union(add_keys).difference(del_keys)
-        self.send(P.QnchRply(packet.xid, quench.id))
+        self.send(packets.QnchRply(packet.xid, quench.id))
         self.router.quench.modify(quench, names, packet.deliver_insecure, keys)
 
     def _quench_problem(self, xid, names, quenches):
@@ -873,7 +873,7 @@ class ClientSession:
                                 (_id_arg(packet.quench_id),))
             return
         self.router.quench.remove(quench)
-        self.send(P.QnchRply(packet.xid, quench.id))
+        self.send(packets.QnchRply(packet.xid, quench.id))
 
     # -- notifications ----------------------------------------------------------
 
@@ -975,7 +975,7 @@ class ClientSession:
             return
         self.subscriptions[entry.id] = entry
         self.subscription_bytes += _utf8_length(subscription.expression)
-        self.send(P.SubRply(packet.xid, entry.id))
+        self.send(packets.SubRply(packet.xid, entry.id))
 
     def _sub_mod(self, packet):
         entry = self.subscriptions.get(packet.subscription_id)
@@ -1000,7 +1000,7 @@ class ClientSession:
                 return
             self.subscription_bytes += _utf8_length(subscription.expression) - old_size
         self.router.modify_subscription(entry, subscription, keys, packet.accept_insecure)
-        self.send(P.SubRply(packet.xid, entry.id))
+        self.send(packets.SubRply(packet.xid, entry.id))
 
     def _sub_del(self, packet):
         entry = self.subscriptions.pop(packet.subscription_id, None)
@@ -1011,7 +1011,7 @@ class ClientSession:
             return
         self.subscription_bytes -= _utf8_length(entry.subscription.expression)
         self.router.remove_subscription(entry)
-        self.send(P.SubRply(packet.xid, entry.id))
+        self.send(packets.SubRply(packet.xid, entry.id))
 
 
 def _utf8_length(text):
@@ -1097,19 +1097,19 @@ def subscription_nack_args(error):
 
 
 _HANDLERS = {
-    P.ConnRqst: None,
-    P.UNotify: None,
-    P.DisconnRqst: ClientSession._disconn_rqst,
-    P.TestConn: ClientSession._test_conn,
-    P.QosRqst: ClientSession._qos_rqst,
-    P.SecRqst: ClientSession._sec_rqst,
-    P.NotifyEmit: ClientSession._notify_emit,
-    P.SubAddRqst: ClientSession._sub_add,
-    P.SubModRqst: ClientSession._sub_mod,
-    P.SubDelRqst: ClientSession._sub_del,
-    P.QnchAddRqst: ClientSession._qnch_add,
-    P.QnchModRqst: ClientSession._qnch_mod,
-    P.QnchDelRqst: ClientSession._qnch_del,
+    packets.ConnRqst: None,
+    packets.UNotify: None,
+    packets.DisconnRqst: ClientSession._disconn_rqst,
+    packets.TestConn: ClientSession._test_conn,
+    packets.QosRqst: ClientSession._qos_rqst,
+    packets.SecRqst: ClientSession._sec_rqst,
+    packets.NotifyEmit: ClientSession._notify_emit,
+    packets.SubAddRqst: ClientSession._sub_add,
+    packets.SubModRqst: ClientSession._sub_mod,
+    packets.SubDelRqst: ClientSession._sub_del,
+    packets.QnchAddRqst: ClientSession._qnch_add,
+    packets.QnchModRqst: ClientSession._qnch_mod,
+    packets.QnchDelRqst: ClientSession._qnch_del,
 }
 
 #: pkt_ids a client may send; a transport refuses any other undecoded.

@@ -18,7 +18,7 @@ import socket
 import struct
 from typing import Any, Callable, List, Optional, Set, Tuple
 
-from elvin.discovery import packets as D
+from elvin.discovery import packets as discovery_packets
 from elvin.discovery.channel import DiscoveryUnavailable, MulticastChannel
 from elvin.discovery.discoverer import DEFAULT_MAX_LOCALITY, Discoverer, NoRouterFound
 from elvin.discovery.dnssd import DnsSdBrowser
@@ -73,8 +73,8 @@ class AsyncioMulticastChannel(MulticastChannel):
     loopback and own-packet rules; only the sockets differ."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, on_packet: Callable[..., Any],
-                 group: str = D.GROUP, port: int = D.PORT, interface: Optional[str] = None,
-                 ttl_limit: int = D.MAX_LOCALITY) -> None:
+                 group: str = discovery_packets.GROUP, port: int = discovery_packets.PORT, interface: Optional[str] = None,
+                 ttl_limit: int = discovery_packets.MAX_LOCALITY) -> None:
         super().__init__(None, on_packet, group=group, port=port, interface=interface,
                          ttl_limit=ttl_limit)
         self.loop = loop
@@ -126,7 +126,7 @@ class AsyncioMulticastChannel(MulticastChannel):
         ttl = max(0, min(locality, self.ttl_limit))
         try:
             sock.setsockopt(socket.IPPROTO_IP, socket.IP_MULTICAST_TTL, ttl)
-            self._transports[-1].sendto(D.encode(packet), (self.group, self.port))
+            self._transports[-1].sendto(discovery_packets.encode(packet), (self.group, self.port))
         except OSError:
             self.send_errors += 1
             return False
@@ -196,8 +196,8 @@ class AsyncioDiscoverer(Discoverer):
 
     def __init__(self, loop: Optional[asyncio.AbstractEventLoop] = None,
                  interface: Optional[str] = None,
-                 max_locality: int = DEFAULT_MAX_LOCALITY, ttl_limit: int = D.MAX_LOCALITY,
-                 group: str = D.GROUP, port: int = D.PORT, random: Any = None,
+                 max_locality: int = DEFAULT_MAX_LOCALITY, ttl_limit: int = discovery_packets.MAX_LOCALITY,
+                 group: str = discovery_packets.GROUP, port: int = discovery_packets.PORT, random: Any = None,
                  erdp: bool = True, dns_sd: bool = True,
                  dns_sd_interfaces: Optional[List[str]] = None) -> None:
         self.loop = loop or asyncio.get_running_loop()

@@ -24,7 +24,7 @@ import socket
 from twisted.internet import defer, protocol
 from twisted.logger import Logger
 
-from elvin.discovery import packets as D
+from elvin.discovery import packets as discovery_packets
 from elvin.discovery.addresses import local_addresses
 
 __all__ = ["MulticastChannel", "DiscoveryUnavailable"]
@@ -64,8 +64,8 @@ class MulticastChannel:
 
     log = Logger()
 
-    def __init__(self, reactor, on_packet, group=D.GROUP, port=D.PORT,
-                 interface=None, ttl_limit=D.MAX_LOCALITY, local=None):
+    def __init__(self, reactor, on_packet, group=discovery_packets.GROUP, port=discovery_packets.PORT,
+                 interface=None, ttl_limit=discovery_packets.MAX_LOCALITY, local=None):
         self.reactor = reactor
         self.on_packet = on_packet
         self.group = group
@@ -130,7 +130,7 @@ class MulticastChannel:
         """Multicast ``packet`` with IP TTL ``min(locality, ttl_limit)``."""
         if self._sender is None:
             return False
-        data = D.encode(packet)
+        data = discovery_packets.encode(packet)
         ttl = max(0, min(locality, self.ttl_limit))
         try:
             self._sender.setTTL(ttl)
@@ -153,10 +153,10 @@ class MulticastChannel:
     def _datagram(self, data, addr):
         self.received += 1
         try:
-            packet = D.decode(data)
-        except D.UnknownPacketError:
+            packet = discovery_packets.decode(data)
+        except discovery_packets.UnknownPacketError:
             return
-        except D.DecodeError as e:
+        except discovery_packets.DecodeError as e:
             self.malformed += 1
             self.log.debug("discovery: malformed packet from {addr}: {e}",
                            addr=addr[0], e=e)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from elvin.discovery import packets as D
+from elvin.discovery import packets as discovery_packets
 from elvin.discovery.cache import DNS_SD, ERDP, RouterCache
 from elvin.discovery.channel import DiscoveryUnavailable, MulticastChannel
 from elvin.discovery.solicitor import Solicitor
@@ -74,7 +74,7 @@ class Discoverer:
     log = Logger()
 
     def __init__(self, reactor=None, interface=None, max_locality=DEFAULT_MAX_LOCALITY,
-                 ttl_limit=D.MAX_LOCALITY, group=D.GROUP, port=D.PORT, dns_sd=True,
+                 ttl_limit=discovery_packets.MAX_LOCALITY, group=discovery_packets.GROUP, port=discovery_packets.PORT, dns_sd=True,
                  dns_sd_interfaces=None, erdp=True, random=None, local_addresses=None):
         if reactor is None:
             from twisted.internet import reactor
@@ -175,15 +175,15 @@ class Discoverer:
     def _packet(self, packet, address, own):
         kind = type(packet)
         if len(self.heard) < 10000:
-            detail = packet.locality if kind is D.SvrRqst else packet.server
+            detail = packet.locality if kind is discovery_packets.SvrRqst else packet.server
             self.heard.append((self.reactor.seconds(), kind.__name__, detail, own))
-        if own or not D.compatible(packet):
+        if own or not discovery_packets.compatible(packet):
             return
-        if kind is D.SvrAdvt:
+        if kind is discovery_packets.SvrAdvt:
             local = self.channel.is_local(address)
             self.cache.advert(packet, address=address, local=local, source=ERDP)
             self.solicitor.observed(packet)
-        elif kind is D.SvrAdvtClose:
+        elif kind is discovery_packets.SvrAdvtClose:
             self.cache.withdraw(packet.server)
         else:
             self.solicitor.observed(packet)
@@ -213,7 +213,7 @@ class Discoverer:
         then the result is returned at once if the cache has one (else
         None), and NoRouterFound is raised if discovery is not running."""
         if scope is not None:
-            D.check_scope(scope)
+            discovery_packets.check_scope(scope)
         found = self.cache.candidates(scope, exclude)
         if found:
             return found if waiting is not None else defer.succeed(found)

@@ -22,7 +22,7 @@ from twisted.application import service
 from twisted.internet import defer, task
 from twisted.logger import Logger
 
-from elvin.discovery import packets as D
+from elvin.discovery import packets as discovery_packets
 from elvin.discovery.addresses import advertisable_uris, is_unspecified, local_addresses
 from elvin.discovery.advertiser import INITIAL_LOCALITY_LIMIT, Advertiser
 from elvin.discovery.channel import DiscoveryUnavailable, MulticastChannel
@@ -66,8 +66,8 @@ class DiscoveryService(service.Service):
     log = Logger()
 
     def __init__(self, listen, reactor=None, scope="", default=True, advertise=None,
-                 interface=None, ttl_limit=INITIAL_LOCALITY_LIMIT, group=D.GROUP,
-                 port=D.PORT, dns_sd=True, dns_sd_interfaces=None, dns_sd_probe=True,
+                 interface=None, ttl_limit=INITIAL_LOCALITY_LIMIT, group=discovery_packets.GROUP,
+                 port=discovery_packets.PORT, dns_sd=True, dns_sd_interfaces=None, dns_sd_probe=True,
                  router_name=None, addresses=None, refresh=DEFAULT_REFRESH):
         self.sent = 0
         if reactor is None:
@@ -75,7 +75,7 @@ class DiscoveryService(service.Service):
         self.reactor = reactor
         self.listen = list(listen)
         self.advertise = list(advertise) if advertise else None
-        self.scope = D.check_scope(scope)
+        self.scope = discovery_packets.check_scope(scope)
         self.default = bool(default)
         self.interface = interface
         self.ttl_limit = ttl_limit
@@ -128,7 +128,7 @@ class DiscoveryService(service.Service):
         if advertise is not None:
             self.advertise = list(advertise) or None
         if scope is not None:
-            self.scope = D.check_scope(scope)
+            self.scope = discovery_packets.check_scope(scope)
         if default is not None:
             self.default = bool(default)
         if self.advertiser is None:

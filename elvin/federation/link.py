@@ -16,12 +16,12 @@ from twisted.logger import Logger
 
 from elvin import errors
 from elvin.errors import SubscriptionError
-from elvin.federation import filters as F
-from elvin.federation import packets as FP
+from elvin.federation import filters
+from elvin.federation import packets as fed_packets
 from elvin.federation.identity import domain_problem, shown
 from elvin.federation.mesh import advert_domain
 from elvin.core.keys import PRODUCER, KeyRing
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.core.router import notification_problem
 
 __all__ = ["FederationLink", "LinkState"]
@@ -57,7 +57,7 @@ class FederationLink:
         self.peer_host = peer_host
         self.peer_domain = None
         self.state = self.CONNECTING if outgoing else self.AWAITING_REQUEST
-        self.remote_filter = F.Filter(F.FALSE)   # what the peer asked us for
+        self.remote_filter = filters.Filter(filters.FALSE)   # what the peer asked us for
         self.sent_filter = None                  # what we last asked the peer for
         self.acked_filter = None
         self._xids = itertools.count(1)
@@ -89,7 +89,7 @@ class FederationLink:
         if self.outgoing:
             xid = next(self._xids)
             self._pending[xid] = "connect"
-            self.output.send(FP.FedConnRqst(xid, FP.PROTOCOL_MAJOR, FP.PROTOCOL_MINOR,
+            self.output.send(fed_packets.FedConnRqst(xid, fed_packets.PROTOCOL_MAJOR, fed_packets.PROTOCOL_MINOR,
                                             self.manager.domain))
 
     def connection_lost(self, reason="connection lost"):
@@ -101,7 +101,7 @@ class FederationLink:
     def close(self, reason="closing"):
         """Close politely (Disconn) and forget the link at once."""
         if self.state == self.UP:
-            self.output.send(P.Disconn(1, reason))
+            self.output.send(packets.Disconn(1, reason))
         self.connection_lost(reason)
         self.output.close()
 
@@ -121,21 +121,21 @@ class FederationLink:
         self._size = size
         kind = type(packet)
         if self.state == self.AWAITING_REQUEST:
-            if kind is FP.FedConnRqst:
+            if kind is fed_packets.FedConnRqst:
                 self._accept(packet)
             else:
                 self.violation(f"{kind.__name__} before FedConnRqst")
             return
         if self.state == self.CONNECTING:
-            if kind is FP.FedConnRply and self._pending.pop(packet.xid, None) == "connect":
+            if kind is fed_packets.FedConnRply and self._pending.pop(packet.xid, None) == "connect":
                 self._connected(packet.router_domain)
-            elif kind is P.Nack and self._pending.pop(packet.xid, None) == "connect":
+            elif kind is packets.Nack and self._pending.pop(packet.xid, None) == "connect":
                 message = shown(packet.message)
                 self.log.warn("federation peer {host} refused us: {message} ({code})",
                               host=self.peer_host, message=message, code=packet.error)
                 self.connection_lost(f"refused: {message}")
                 self.output.close()
-            elif kind is P.Disconn:
+            elif kind is packets.Disconn:
                 self.connection_lost("disconnected by peer")
                 self.output.close()
             else:
@@ -149,7 +149,7 @@ class FederationLink:
 
     def _accept(self, packet):
         manager = self.manager
-        if packet.major_version != FP.PROTOCOL_MAJOR or packet.minor_version > FP.PROTOCOL_MINOR:
+        if packet.major_version != fed_packets.PROTOCOL_MAJOR or packet.minor_version > fed_packets.PROTOCOL_MINOR:
             # Federation 6.2.1: close at once, as for a protocol violation.
             self.violation(f"federation protocol {packet.major_version}."
                            f"{packet.minor_version} not supported")
@@ -165,11 +165,11 @@ class FederationLink:
             self.log.warn("refused federation from {host} ({domain}): {problem}",
                           host=self.peer_host, domain=shown(packet.router_domain),
                           problem=problem)
-            self.output.send(P.Nack(packet.xid, code, problem, ()))
+            self.output.send(packets.Nack(packet.xid, code, problem, ()))
             self.state = self.CLOSED
             self.output.close()
             return
-        self.output.send(FP.FedConnRply(packet.xid, manager.domain))
+        self.output.send(fed_packets.FedConnRply(packet.xid, manager.domain))
         self._up(packet.router_domain)
 
     def _authentication_problem(self):
@@ -228,7 +228,7 @@ class FederationLink:
         self.sent_filter = tree
         xid = next(self._xids)
         self._pending[xid] = ("filter", tree)
-        packet = FP.FedSubReplace(xid, F.to_wire(tree))
+        packet = fed_packets.FedSubReplace(xid, filters.to_wire(tree))
         self.output.send(packet)
         self.manager.trace.subreplace(self, "out", tree)
         return True
@@ -238,31 +238,31 @@ class FederationLink:
             # A mesh router says what it is with one disjunct of its filter
             # (mesh.MARKER_NAME). Every router takes it out, a plain one too,
             # so that no router passes a peer's mark on as its own.
-            tree, marked = F.strip_marker(packet.pull_filter, self.manager.mesh_marker)
+            tree, marked = filters.strip_marker(packet.pull_filter, self.manager.mesh_marker)
             if self.manager.mesh is not None:
                 if marked and not self.mesh:
                     self.mesh = True
                     self.manager.mesh_peer_found(self)
                 elif not marked and self.mesh is None:
                     self.mesh = False     # a plain peer: the manager hears of it below
-            if tree is not F.TRUE and tree is not F.FALSE:
+            if tree is not filters.TRUE and tree is not filters.FALSE:
                 if _larger_than(tree, self.manager.max_filter_nodes):
                     # We never send a filter over max_filter_nodes; a bigger
                     # one would cost every notification its evaluation. Widen
                     # it to TRUE: the peer gets more than it asked for, never less.
-                    tree = F.TRUE
+                    tree = filters.TRUE
                 else:
-                    tree = F.from_wire(tree)
+                    tree = filters.from_wire(tree)
         except SubscriptionError as e:
-            self.output.send(P.Nack(packet.xid, e.code, f"bad pull filter: {e}", ()))
+            self.output.send(packets.Nack(packet.xid, e.code, f"bad pull filter: {e}", ()))
             return
         heard, self._filter_heard = self._filter_heard, True
-        self.output.send(FP.Ack(packet.xid))
+        self.output.send(fed_packets.Ack(packet.xid))
         self.manager.trace.subreplace(self, "in", tree)
         if heard and tree == self.remote_filter.tree:
             self.stats["refreshed"] += 1      # a refresh that changes nothing
             return
-        self.remote_filter = F.Filter(tree)
+        self.remote_filter = filters.Filter(tree)
         self.manager.remote_filter_changed(self)
 
     def _ack(self, packet):
@@ -318,7 +318,7 @@ class FederationLink:
     def _encoded_size(self, packet):
         size = self._size
         if size is None:
-            return lambda: P.encode(packet)
+            return lambda: packets.encode(packet)
         return lambda: _Sized(size)
 
     def _mesh_advert(self, packet):
@@ -337,7 +337,7 @@ class FederationLink:
         self.manager.mesh_advert(self, packet)
 
     def _test_conn(self, packet):
-        self.output.send(P.ConfConn())
+        self.output.send(packets.ConfConn())
 
     def _conf_conn(self, packet):
         pass
@@ -378,13 +378,13 @@ class _Sized:
 
 
 _HANDLERS = {
-    FP.FedMeshAdvert: FederationLink._mesh_advert,
-    FP.FedSubReplace: FederationLink._sub_replace,
-    FP.FedNotify: FederationLink._fed_notify,
-    FP.Ack: FederationLink._ack,
-    P.Nack: FederationLink._nack,
-    P.TestConn: FederationLink._test_conn,
-    P.ConfConn: FederationLink._conf_conn,
-    P.Disconn: FederationLink._disconn,
-    P.DropWarn: FederationLink._drop_warn,
+    fed_packets.FedMeshAdvert: FederationLink._mesh_advert,
+    fed_packets.FedSubReplace: FederationLink._sub_replace,
+    fed_packets.FedNotify: FederationLink._fed_notify,
+    fed_packets.Ack: FederationLink._ack,
+    packets.Nack: FederationLink._nack,
+    packets.TestConn: FederationLink._test_conn,
+    packets.ConfConn: FederationLink._conf_conn,
+    packets.Disconn: FederationLink._disconn,
+    packets.DropWarn: FederationLink._drop_warn,
 }

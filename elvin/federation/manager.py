@@ -24,12 +24,12 @@ import time
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from elvin.federation import filters as F
+from elvin.federation import filters
 from elvin.federation import mesh as MESH
-from elvin.federation import packets as FP
+from elvin.federation import packets as fed_packets
 from elvin.federation.identity import domain_problem
 from elvin.federation.trace import NullTrace
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.core.router import RouterObserver
 
 __all__ = ["FederationClass", "FederationManager", "host_matches"]
@@ -47,13 +47,13 @@ def host_matches(patterns, *hosts):
 class FederationClass:
     """Per-peer policy: what we import and export, and who it applies to."""
 
-    def __init__(self, name, import_filter=F.TRUE, export_filter=F.TRUE, hosts=(),
+    def __init__(self, name, import_filter=filters.TRUE, export_filter=filters.TRUE, hosts=(),
                  require_authenticated=False):
         self.name = name
         self.import_tree = import_filter
         self.export_tree = export_filter
-        self.import_filter = F.Filter(import_filter)
-        self.export_filter = F.Filter(export_filter)
+        self.import_filter = filters.Filter(import_filter)
+        self.export_filter = filters.Filter(export_filter)
         self.hosts = tuple(hosts)
         self.require_authenticated = require_authenticated
 
@@ -92,7 +92,7 @@ class FederationManager(RouterObserver):
         self.require_authenticated_hosts = tuple(require_authenticated_hosts)
         #: Federation over any graph (elvin.federation.mesh); None: plain EFP.
         self.mesh = None
-        self.mesh_marker = F.marker(MESH.MARKER_NAME)
+        self.mesh_marker = filters.marker(MESH.MARKER_NAME)
         self.mesh_interval = mesh_interval
         self.duplicates = MESH.DuplicateWindow(duplicate_window)
         self._tree = set()
@@ -284,8 +284,8 @@ class FederationManager(RouterObserver):
         departure.callback(None)
 
     def _file(self, link):
-        trees = F.disjuncts(link.remote_filter.tree) if self.active(link) else []
-        self.router.set_pull_filter(link, [True if tree is F.TRUE else tree for tree in trees])
+        trees = filters.disjuncts(link.remote_filter.tree) if self.active(link) else []
+        self.router.set_pull_filter(link, [True if tree is filters.TRUE else tree for tree in trees])
 
     # -- the mesh (elvin.federation.mesh) ---------------------------------------------
 
@@ -316,7 +316,7 @@ class FederationManager(RouterObserver):
             # Soft state is refreshed once there is a mesh to refresh it in.
             self._mesh_call = self.clock.callLater(self.mesh_interval, self._mesh_refresh)
         for advert in list(self.mesh.adverts.values()):
-            link.output.send(FP.FedMeshAdvert(advert.origin, advert.epoch, advert.sequence,
+            link.output.send(fed_packets.FedMeshAdvert(advert.origin, advert.epoch, advert.sequence,
                                               sorted(advert.neighbours)))
         self._advertise()
         self._mesh_changed()
@@ -356,7 +356,7 @@ class FederationManager(RouterObserver):
 
     def _advertise(self):
         origin, epoch, sequence, neighbours = self.mesh.own_advert()
-        packet = FP.FedMeshAdvert(origin, epoch, sequence, neighbours)
+        packet = fed_packets.FedMeshAdvert(origin, epoch, sequence, neighbours)
         for link in self.links:
             if link.mesh and link.state == link.UP:
                 link.output.send(packet)
@@ -409,15 +409,15 @@ class FederationManager(RouterObserver):
 
     def pull_filter_for(self, link, local=None):
         if not self.active(link):
-            tree = F.FALSE            # off the mesh's tree: ask for nothing
+            tree = filters.FALSE            # off the mesh's tree: ask for nothing
         else:
             local = self.local_trees() if local is None else local
             others = [other.remote_filter.tree for other in self.links
                       if other is not link and other.state == other.UP and self.active(other)]
-            import_tree = link.fed_class.import_tree if link.fed_class else F.TRUE
-            tree = F.build_pull_filter(local, others, import_tree, self.max_filter_nodes)
+            import_tree = link.fed_class.import_tree if link.fed_class else filters.TRUE
+            tree = filters.build_pull_filter(local, others, import_tree, self.max_filter_nodes)
         if self.mesh is not None:
-            tree = F.with_marker(tree, self.mesh_marker)
+            tree = filters.with_marker(tree, self.mesh_marker)
         return tree
 
     def schedule_update(self):
@@ -479,7 +479,7 @@ class FederationManager(RouterObserver):
                 continue
             if body is None:
                 body = self._encode(attributes, deliver_insecure, keys, out_routing)
-            if len(body) > FP.MAX_PACKET_LENGTH or link.output.send_encoded(body, True) is False:
+            if len(body) > fed_packets.MAX_PACKET_LENGTH or link.output.send_encoded(body, True) is False:
                 link.stats["overload"] += 1
                 trace.notify(link, "notify_dropped_overload", "out", attributes, out_routing,
                              lambda: body)
@@ -491,8 +491,8 @@ class FederationManager(RouterObserver):
 
     @staticmethod
     def _encode(attributes, deliver_insecure, keys, routing):
-        wire_keys = keys.to_wire() if keys else P.Keys.EMPTY
-        return P.encode(FP.FedNotify(attributes, deliver_insecure, wire_keys, routing))
+        wire_keys = keys.to_wire() if keys else packets.Keys.EMPTY
+        return packets.encode(fed_packets.FedNotify(attributes, deliver_insecure, wire_keys, routing))
 
     def shutdown(self):
         self._closing = True

@@ -6,7 +6,7 @@ also uses (Nack, Disconn, DropWarn, TestConn, ConfConn), so a client port
 never decodes federation packets and vice versa.
 """
 
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.protocols.packets import (BOOLEAN, CLIENT, ID32, ID64, KEYS, NAME_VALUES, STRING,
                                      STRINGS, SUBAST, UINT32, define)
 
@@ -70,8 +70,8 @@ class FedMeshAdvert:
 
 #: pkt_ids a peer may send on a link; any other is refused undecoded.
 LINK_PACKET_IDS = frozenset(cls.ID for cls in (
-    FedConnRqst, FedConnRply, FedSubReplace, FedNotify, Ack, FedMeshAdvert, P.Nack,
-    P.Disconn, P.DropWarn, P.TestConn, P.ConfConn))
+    FedConnRqst, FedConnRply, FedSubReplace, FedNotify, Ack, FedMeshAdvert, packets.Nack,
+    packets.Disconn, packets.DropWarn, packets.TestConn, packets.ConfConn))
 
 
 def decode(data):

@@ -17,9 +17,9 @@ from twisted.internet import protocol
 from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOProtocol
 
-from elvin.federation import packets as FP
+from elvin.federation import packets as fed_packets
 from elvin.federation.link import FederationLink
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.protocols.output import QueuedFramedProtocol
 from elvin.protocols.xdr import DecodeError
 from elvin.core.sendqueue import SendQueue
@@ -31,7 +31,7 @@ __all__ = ["FederationProtocol", "AcceptorFactory", "ConnectorFactory",
 DEFAULT_FEDERATION_PORT = EwafURI.DEFAULT_PORT
 #: Seconds between probes of a quiet link: a hung peer is found within two.
 DEFAULT_KEEPALIVE = 5.0
-_DROPWARN = P.encode(P.DropWarn())
+_DROPWARN = packets.encode(packets.DropWarn())
 _packet_id = struct.Struct(">I").unpack_from
 
 
@@ -53,7 +53,7 @@ class FederationProtocol(QueuedFramedProtocol):
         #: When we last sent TestConn (a probe answered once anything is heard after it).
         self._probed_at = None
         self._liveness = None
-        self.max_frame_length = FP.MAX_PACKET_LENGTH
+        self.max_frame_length = fed_packets.MAX_PACKET_LENGTH
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -105,7 +105,7 @@ class FederationProtocol(QueuedFramedProtocol):
         if silent >= interval:
             if self._probed_at is None or self._probed_at <= self.last_heard:
                 self._probed_at = self.clock.seconds()
-                self.send(P.TestConn())
+                self.send(packets.TestConn())
             wake = 2 * interval - silent
         else:
             wake = interval - silent
@@ -124,12 +124,12 @@ class FederationProtocol(QueuedFramedProtocol):
 
     def frameReceived(self, data):
         self.last_heard = self.clock.seconds()
-        if _packet_id(data)[0] not in FP.LINK_PACKET_IDS:
+        if _packet_id(data)[0] not in fed_packets.LINK_PACKET_IDS:
             self.link.violation(f"protocol_error: packet id {_packet_id(data)[0]} "
                                 "is not one a federation peer sends")
             return
         try:
-            packet = FP.decode(data)
+            packet = fed_packets.decode(data)
         except DecodeError as e:
             self.link.violation(f"protocol_error: {e}")
             return
@@ -138,7 +138,7 @@ class FederationProtocol(QueuedFramedProtocol):
     # -- output (the link's) ---------------------------------------------------
 
     def send(self, packet):
-        self.send_encoded(P.encode(packet), False)
+        self.send_encoded(packets.encode(packet), False)
 
     #: Queue ``data``; False when it was dropped (overload: the queue's
     #: policy is "newest", so it is this packet that is dropped).

@@ -6,7 +6,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from elvin.endpoints import STACK_KINDS, TLS, check_supported, client_endpoint, server_endpoint
-from elvin.federation import filters as F
+from elvin.federation import filters
 from elvin.federation.manager import FederationClass, FederationManager
 from elvin.federation.protocol import AcceptorFactory, ConnectorFactory, connector_service
 from elvin.federation.trace import TraceWriter
@@ -176,8 +176,8 @@ class FederationService(service.MultiService):
 
 def _federation_class(config):
     """The manager's FederationClass for one class's settings."""
-    return FederationClass(config.name, F.parse_filter(config.subscribe),
-                           F.parse_filter(config.provide), config.hosts,
+    return FederationClass(config.name, filters.parse_filter(config.subscribe),
+                           filters.parse_filter(config.provide), config.hosts,
                            config.require_authenticated)
 
 

@@ -151,9 +151,9 @@ class TraceWriter:
         # which names no router.
         record["routing"] = [r for r in routing if not r.startswith(ID_PREFIX)]
         if encoded is None:
-            from elvin.federation import packets as FP
-            from elvin.protocols import packets as P
-            size = len(P.encode(FP.FedNotify(attributes, False, P.Keys.EMPTY, routing)))
+            from elvin.federation import packets as fed_packets
+            from elvin.protocols import packets
+            size = len(packets.encode(fed_packets.FedNotify(attributes, False, packets.Keys.EMPTY, routing)))
         else:
             size = len(encoded() if callable(encoded) else encoded)
         record["size"] = size

@@ -13,7 +13,7 @@ import struct
 from twisted.internet import error, protocol
 from twisted.logger import Logger
 
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.protocols.framing import peer_text
 from elvin.protocols.output import QueuedFramedProtocol
 from elvin.protocols.xdr import DecodeError
@@ -32,9 +32,9 @@ CONNECT_TIMEOUT = 30.0
 #: at most this much until the client has a session.
 PRE_CONNECT_MAX_PACKET = 64 << 10
 
-_DROPWARN = P.encode(P.DropWarn())
+_DROPWARN = packets.encode(packets.DropWarn())
 _packet_id = struct.Struct(">I").unpack_from
-_NOTIFY_EMIT = P.NotifyEmit.ID
+_NOTIFY_EMIT = packets.NotifyEmit.ID
 _CONNECTED = SessionState.CONNECTED
 
 
@@ -111,7 +111,7 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
             # dispatching on its type: every notification takes this path
             # (docs/performance.md).
             try:
-                attributes, deliver_insecure, keys = P.decode_notify_emit(data)
+                attributes, deliver_insecure, keys = packets.decode_notify_emit(data)
             except DecodeError as e:
                 self.session.decode_failed(str(e))
                 return
@@ -123,7 +123,7 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
             self.session.decode_failed(f"packet id {pkt_id} is not one a client sends")
             return
         try:
-            packet = P.decode(data)
+            packet = packets.decode(data)
         except DecodeError as e:
             self.session.decode_failed(str(e))
             return
@@ -137,7 +137,7 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
     # -- SessionOutput -----------------------------------------------------
 
     def send(self, packet):
-        self.send_encoded(P.encode(packet), False)
+        self.send_encoded(packets.encode(packet), False)
 
     #: Deliveries go straight through (the hot path: no extra call).
     send_encoded = QueuedFramedProtocol.writeOrQueue

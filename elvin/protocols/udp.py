@@ -37,7 +37,7 @@ import socket
 from twisted.internet import defer, protocol
 from twisted.logger import Logger
 
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.protocols.xdr import DecodeError
 from elvin.core.router import ClientSession, SessionOutput, UdpCounters
 
@@ -110,7 +110,7 @@ class UNotifyDatagramProtocol(protocol.DatagramProtocol):
                            size=len(data), peer=peer)
             return
         try:
-            packet = P.decode(data)
+            packet = packets.decode(data)
         except DecodeError as e:
             counters["malformed"] += 1
             self.log.debug("dropped malformed datagram from {peer}: {e}", peer=peer, e=e)
@@ -120,7 +120,7 @@ class UNotifyDatagramProtocol(protocol.DatagramProtocol):
             self.log.warn("dropped malformed datagram from {peer}: decoder raised "
                           "{e!r}", peer=peer, e=e)
             return
-        if type(packet) is not P.UNotify:
+        if type(packet) is not packets.UNotify:
             counters["unexpected"] += 1
             self.log.debug("dropped {kind} datagram from {peer} (only UNotify is "
                            "accepted over UDP)", kind=type(packet).__name__, peer=peer)
@@ -148,7 +148,7 @@ def send_unotify(reactor, uri, packet):
 
     UDP is unreliable: nothing confirms that the router got it.
     """
-    data = packet if isinstance(packet, bytes) else P.encode(packet)
+    data = packet if isinstance(packet, bytes) else packets.encode(packet)
     if len(data) > MAX_UDP_PAYLOAD:
         raise ValueError(f"UNotify of {len(data)} bytes does not fit in a UDP "
                          f"datagram (at most {MAX_UDP_PAYLOAD})")

@@ -39,7 +39,7 @@ from __future__ import annotations
 from twisted.logger import Logger
 
 from elvin.core.router import ClientSession
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.proxy.joining import Joining, PasswordChecks
 from elvin.proxy.model import (ACK, ACK_WINDOW, ADMIN_PASSWORD, CLIENT, DELETE_SESSION,
                                DESTRUCTIVE, EVENT, MAX_COUNT, NON_DESTRUCTIVE, PASSWORD,
@@ -186,18 +186,18 @@ class ProxyClient(Joining):
 
 
 _HANDLERS = {
-    P.ConnRqst: None,
-    P.UNotify: None,
-    P.DisconnRqst: ClientSession._disconn_rqst,
-    P.TestConn: ClientSession._test_conn,
-    P.QosRqst: ProxyClient._qos_rqst,
-    P.SecRqst: ProxyClient._sec_rqst,
-    P.NotifyEmit: ProxyClient._notify_emit,
-    P.SubAddRqst: ProxyClient._sub_add,
-    P.SubModRqst: ProxyClient._sub_mod,
-    P.SubDelRqst: ProxyClient._sub_del,
-    P.QnchAddRqst: ProxyClient._quench,
-    P.QnchModRqst: ProxyClient._quench,
-    P.QnchDelRqst: ProxyClient._quench,
+    packets.ConnRqst: None,
+    packets.UNotify: None,
+    packets.DisconnRqst: ClientSession._disconn_rqst,
+    packets.TestConn: ClientSession._test_conn,
+    packets.QosRqst: ProxyClient._qos_rqst,
+    packets.SecRqst: ProxyClient._sec_rqst,
+    packets.NotifyEmit: ProxyClient._notify_emit,
+    packets.SubAddRqst: ProxyClient._sub_add,
+    packets.SubModRqst: ProxyClient._sub_mod,
+    packets.SubDelRqst: ProxyClient._sub_del,
+    packets.QnchAddRqst: ProxyClient._quench,
+    packets.QnchModRqst: ProxyClient._quench,
+    packets.QnchDelRqst: ProxyClient._quench,
 }
 ProxyClient.HANDLERS = _HANDLERS

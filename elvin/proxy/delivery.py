@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 from typing import Dict, List, Tuple
 
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.proxy.model import Session
 from elvin.proxy.state import ClientState, CoreState
 from elvin.proxy.store import StoreFailed
@@ -113,12 +113,12 @@ class Keeping(CoreState):
                 secure, insecure = deliveries.setdefault(client, ([], []))
                 for sub_id, is_secure in subs.items():
                     (secure if is_secure else insecure).append(sub_id)
-        body = P.encode_attributes(attributes)
+        body = packets.encode_attributes(attributes)
         note = None
         if keep:
             note = self._keep(body, keep, marks)
         for client, (secure, insecure) in deliveries.items():
-            data = P.encode_notify_deliver_from(body, secure, insecure)
+            data = packets.encode_notify_deliver_from(body, secure, insecure)
             client.reserve()
             if self._holding or self._held:
                 # Delivered once this turn's transaction has committed: no
@@ -226,7 +226,7 @@ class Receiving(ClientState):
     def drop_warn(self):
         """Tell the client notifications were lost (DropWarn)."""
         if self.state == self.CONNECTED:
-            self.output.send(P.DropWarn())
+            self.output.send(packets.DropWarn())
 
     def acknowledged(self, count):
         """The client's application has handled ``count`` notifications
@@ -259,7 +259,7 @@ class Receiving(ClientState):
 
     def send_event(self, attributes):
         if self.state == self.CONNECTED:
-            self.output.send(P.NotifyDeliver(attributes, (), ()))
+            self.output.send(packets.NotifyDeliver(attributes, (), ()))
 
     def _schedule_replay(self):
         call_later = self.core.call_later
@@ -292,7 +292,7 @@ class Receiving(ClientState):
         if not page:
             self.live = True
             return
-        encode = P.encode_notify_deliver_from
+        encode = packets.encode_notify_deliver_from
         send = self.output.send_encoded
         if self.ack_window:
             for note in page:

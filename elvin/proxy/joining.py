@@ -18,7 +18,7 @@ from twisted.internet import defer
 
 from elvin import errors
 from elvin.core.keys import CONSUMER, PRODUCER
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.proxy.guard import Busy
 from elvin.proxy.model import (ACK_WINDOW, ADMIN_PASSWORD, CLIENT, DESTRUCTIVE, EVENT,
                                MAX_COUNT, MAX_JOINED, NON_DESTRUCTIVE, PASSWORD, RECEIPT,
@@ -229,7 +229,7 @@ class Joining(Requests):
                              "Proxy.Dropped": lost,
                              "Proxy.Admin": int(session.name in self.admin)})
         if dropped:
-            self.send(P.DropWarn())
+            self.send(packets.DropWarn())
         self.live = False
         self._replay()
 

@@ -13,7 +13,7 @@ import json
 from typing import Any, Dict, Optional
 
 from elvin.core.keys import KeyRing
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.protocols.xdr import Writer
 from elvin.values import Int64
 
@@ -58,18 +58,18 @@ def ring_from_bytes(data: Optional[bytes], part: str) -> KeyRing:
     if not data:
         return KeyRing.EMPTY
     entries = json.loads(data)[part]
-    return KeyRing.from_prepared_wire(P.Keys(
+    return KeyRing.from_prepared_wire(packets.Keys(
         [(scheme, [[bytes.fromhex(k) for k in ks] for ks in sets]) for scheme, sets in entries]))
 
 
 def _keys_bytes(ring: KeyRing) -> bytes:
     """Raw keys as the protocol encodes a Keys (an opaque attribute)."""
     writer = Writer()
-    P.KEYS.write(writer, ring.to_wire())
+    packets.KEYS.write(writer, ring.to_wire())
     return writer.getvalue()
 
 
-def raw_ring(wire_keys: P.Keys) -> KeyRing:
+def raw_ring(wire_keys: packets.Keys) -> KeyRing:
     """Keys as a client sent them, unprepared (``from_wire`` checked them)."""
     return KeyRing.from_prepared_wire(wire_keys) if wire_keys else KeyRing.EMPTY
 

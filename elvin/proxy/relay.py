@@ -18,7 +18,7 @@ from typing import Tuple
 
 from elvin.client.state import ConnectionClosed, NackError
 from elvin.core.keys import KeyRing
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.proxy.model import ProxySubscription
 from elvin.proxy.delivery import Keeping
 from elvin.proxy.store import StoreFailed
@@ -132,7 +132,7 @@ class UpstreamRelay(Keeping):
             sub.upstream_id = None
             sub.in_flight = False
 
-    def forward(self, attributes, deliver_insecure, keys: P.Keys) -> None:
+    def forward(self, attributes, deliver_insecure, keys: packets.Keys) -> None:
         """A client's notification, to upstream (or kept until it is back)."""
         if self.upstream.is_up:
             self.upstream.notify(attributes, deliver_insecure, keys)

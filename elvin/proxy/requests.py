@@ -18,7 +18,7 @@ from elvin.core.keys import CONSUMER, PRODUCER, KeyRing
 from elvin.core.router import PROTOCOL_MAJOR, compile_expression, notification_problem, \
     subscription_nack_args
 from elvin.errors import ElvinError, SubscriptionError
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.proxy.model import (ACK, ACK_WINDOW, DELETE_SESSION, EVENT, MAX_COUNT, SESSION,
                                TTL, ProxySubscription, raw_ring)
 from elvin.proxy.delivery import Receiving
@@ -100,7 +100,7 @@ class Requests(Receiving):
         d = core.subscribe_upstream(sub)
 
         def added(_=None):
-            self.send(P.SubRply(xid, sub.id))
+            self.send(packets.SubRply(xid, sub.id))
             core.announce(session, sub.event(), but=self)
 
         if d is None:
@@ -138,7 +138,7 @@ class Requests(Receiving):
                 d = core.subscribe_upstream(sub)
                 if d is not None:
                     d.addErrback(lambda f: None)
-            self.send(P.SubRply(xid, sub.id))
+            self.send(packets.SubRply(xid, sub.id))
             core.announce(sub.session, sub.event(), but=self)
 
         d = core.modify_upstream(sub, expression, packet.accept_insecure, keys)
@@ -159,7 +159,7 @@ class Requests(Receiving):
         if sub is None or not self._may_change(xid, sub.session):
             return
         self.core.remove_subscription(sub)
-        self.send(P.SubRply(xid, sub.id))
+        self.send(packets.SubRply(xid, sub.id))
         self.core.announce(sub.session, {EVENT: "subscription-removed",
                                          SESSION: sub.session.name,
                                          "Proxy.Subscription": Int64(sub.id)}, but=self)
@@ -234,7 +234,7 @@ class Requests(Receiving):
         for sub in changed:
             self.core.save(sub)
             self.core.announce(sub.session, sub.event(), but=self)
-        self.send(P.QosRply(xid, reply))
+        self.send(packets.QosRply(xid, reply))
         for what, target, value in changes:
             if what == DELETE_SESSION:
                 self.core.delete_session(target)
@@ -265,7 +265,7 @@ class Requests(Receiving):
         self.core.save_keys(session)
         if add_sub or del_sub:
             self.core.session_keys_changed(session, old)
-        self.send(P.SecRply(xid))
+        self.send(packets.SecRply(xid))
 
     def _nfn_keys(self) -> KeyRing:
         keys = KeyRing.EMPTY
@@ -294,7 +294,7 @@ class Requests(Receiving):
                           problem=problem)
             return
         keys = connection_keys.union(raw_ring(wire_keys)) if wire_keys else connection_keys
-        self.core.forward(attributes, deliver_insecure, keys.to_wire() if keys else P.Keys.EMPTY)
+        self.core.forward(attributes, deliver_insecure, keys.to_wire() if keys else packets.Keys.EMPTY)
 
     def _quench(self, packet):
         self.protocol_error(packet.xid, errors.NOT_IMPL,

@@ -52,7 +52,7 @@ from contextlib import contextmanager
 from typing import (Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set,
                     Tuple)
 
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.protocols.xdr import Reader
 from elvin.proxy.seal import SealError, Sealer, create_private, make_private
 
@@ -768,7 +768,7 @@ class Store:
         if isinstance(attributes, (bytes, bytearray)):
             body = bytes(attributes)
         else:
-            body = P.encode_attributes(attributes)
+            body = packets.encode_attributes(attributes)
         with self.batch():
             rows = []
             for session, sub_ids in matches.items():
