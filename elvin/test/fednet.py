@@ -13,7 +13,7 @@ from twisted.test.iosim import connect, makeFakeClient, makeFakeServer
 from elvin.core.router import Router
 from elvin.federation.manager import FederationClass, FederationManager
 from elvin.federation.protocol import AcceptorFactory, ConnectorFactory
-from elvin.protocols import packets as P
+from elvin.protocols import packets as elvin_packets
 from elvin.test.test_router import RecordingOutput
 
 __all__ = ["Net", "MemRouter", "MemClient"]
@@ -26,7 +26,7 @@ class MemClient:
         self.output = RecordingOutput()
         self.session = router.open_session(self.output, "client")
         self._xid = 1
-        self.request(P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY))
+        self.request(elvin_packets.ConnRqst(1, 4, 0, {}, elvin_packets.Keys.EMPTY, elvin_packets.Keys.EMPTY))
         self.received = []      # every packet but the replies
         self.output.take()
 
@@ -38,24 +38,24 @@ class MemClient:
         return self._xid
 
     def subscribe(self, expression):
-        self.request(P.SubAddRqst(self.xid(), expression, True, P.Keys.EMPTY))
+        self.request(elvin_packets.SubAddRqst(self.xid(), expression, True, elvin_packets.Keys.EMPTY))
         reply = self.output.take()
-        assert isinstance(reply[-1], P.SubRply), reply
+        assert isinstance(reply[-1], elvin_packets.SubRply), reply
         return reply[-1].subscription_id
 
     def unsubscribe(self, sub_id):
-        self.request(P.SubDelRqst(self.xid(), sub_id))
+        self.request(elvin_packets.SubDelRqst(self.xid(), sub_id))
         self.take()
 
     def quench(self, names, deliver_insecure=True):
-        self.request(P.QnchAddRqst(self.xid(), tuple(names), deliver_insecure, P.Keys.EMPTY))
+        self.request(elvin_packets.QnchAddRqst(self.xid(), tuple(names), deliver_insecure, elvin_packets.Keys.EMPTY))
         packets = self.output.take()
-        reply = next(p for p in packets if isinstance(p, P.QnchRply))
+        reply = next(p for p in packets if isinstance(p, elvin_packets.QnchRply))
         self.received += [p for p in packets if p is not reply]
         return reply.quench_id
 
     def notify(self, attributes):
-        self.request(P.NotifyEmit(attributes, True, P.Keys.EMPTY))
+        self.request(elvin_packets.NotifyEmit(attributes, True, elvin_packets.Keys.EMPTY))
 
     def take(self):
         self.received += self.output.take()
@@ -63,7 +63,7 @@ class MemClient:
         return got
 
     def deliveries(self):
-        return [p.attributes for p in self.take() if isinstance(p, P.NotifyDeliver)]
+        return [p.attributes for p in self.take() if isinstance(p, elvin_packets.NotifyDeliver)]
 
 
 class MemRouter:

@@ -17,7 +17,7 @@ from elvin import aio
 from elvin import client as tx
 from elvin.clientcore.acks import ACK, ACK_WINDOW, AckTracker
 from elvin.clientcore.state import proxy_options
-from elvin.protocols import packets as P
+from elvin.protocols import packets as elvin_packets
 from elvin.proxy.core import EVENT
 from elvin.test.test_proxy_core import ProxyCoreCase
 from elvin.test.test_router import RecordingOutput
@@ -73,10 +73,10 @@ class BridgeOutput(RecordingOutput):
         self.queue = queue
 
     def send(self, packet):
-        self.queue.append(P.decode(P.encode(packet)))
+        self.queue.append(elvin_packets.decode(elvin_packets.encode(packet)))
 
     def send_encoded(self, data, droppable):
-        self.queue.append(P.decode(data))
+        self.queue.append(elvin_packets.decode(data))
 
 
 class Bridge:
@@ -89,7 +89,7 @@ class Bridge:
         self.sent = []                      # every packet the client sent
 
     def client_send(self, packet):
-        packet = P.decode(P.encode(packet))
+        packet = elvin_packets.decode(elvin_packets.encode(packet))
         self.sent.append(packet)
         self.to_proxy.append(packet)
 
@@ -105,7 +105,7 @@ class Bridge:
 
     def acks(self):
         return [p.options[ACK] for p in self.sent
-                if isinstance(p, P.QosRqst) and ACK in p.options]
+                if isinstance(p, elvin_packets.QosRqst) and ACK in p.options]
 
     def drop(self):
         """The link drops (nothing more crosses it)."""
@@ -117,7 +117,7 @@ class Bridge:
 
 def values(packets):
     return [p.attributes["n"] for p in packets
-            if isinstance(p, P.NotifyDeliver) and EVENT not in p.attributes]
+            if isinstance(p, elvin_packets.NotifyDeliver) and EVENT not in p.attributes]
 
 
 class FlavourCase(ProxyCoreCase):
@@ -197,7 +197,7 @@ class TwistedAckTest(FlavourCase):
         bridge.pump()
         self.assertEqual(bridge.acks(), [5])
         kinds = [type(p) for p in bridge.sent]
-        self.assertLess(kinds.index(P.QosRqst), kinds.index(P.DisconnRqst))
+        self.assertLess(kinds.index(elvin_packets.QosRqst), kinds.index(elvin_packets.DisconnRqst))
         self.assertEqual(self.store.stored_count("phone"), 0)
 
     def test_no_window_no_acknowledgements(self):
@@ -214,11 +214,11 @@ class TwistedAckTest(FlavourCase):
         conn = tx.Connection(URI, reactor)
         sent = []
         conn.lifecycle.attached(sent.append, {})
-        conn.lifecycle.packet(P.ConnRply(sent[0].xid, {}))
+        conn.lifecycle.packet(elvin_packets.ConnRply(sent[0].xid, {}))
         self.assertEqual(sent[0].options, {})
-        conn.lifecycle.packet(P.NotifyDeliver({"n": 1}, (), (7,)))
+        conn.lifecycle.packet(elvin_packets.NotifyDeliver({"n": 1}, (), (7,)))
         reactor.advance(1)
-        self.assertEqual([type(p) for p in sent], [P.ConnRqst])
+        self.assertEqual([type(p) for p in sent], [elvin_packets.ConnRqst])
 
 
 class AioAckTest(FlavourCase):

@@ -13,7 +13,7 @@ from elvin.clientcore.lifecycle import (CancelTimer, CloseChannel, ConnectFailed
                                         PauseReading, Phase, ResumeReading, StartTimer)
 from elvin.clientcore.state import (ClientState, ConnectionClosed, NackError,
                                     PublishBufferFull, Reconnect)
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.test.places import REPO
 from elvin.uri import ElvinURI
 
@@ -60,7 +60,7 @@ class Harness:
     def up(self, options=None):
         self.machine.start()
         rqst = self.open()
-        self.machine.packet(P.ConnRply(rqst.xid, options or {}))
+        self.machine.packet(packets.ConnRply(rqst.xid, options or {}))
         self.take()
         self.sent.clear()
 
@@ -73,10 +73,10 @@ class LifecycleTests(unittest.SynchronousTestCase):
         self.assertEqual(h.take(), [Dial(A)])
         self.assertIs(h.machine.phase, Phase.DIALLING)
         rqst = h.open()
-        self.assertEqual(type(rqst), P.ConnRqst)
+        self.assertEqual(type(rqst), packets.ConnRqst)
         self.assertEqual(rqst.options, {"Subscription.Max-Count": 8})
         self.assertEqual(h.take(), [StartTimer(10.0)])
-        h.machine.packet(P.ConnRply(rqst.xid, {"Subscription.Max-Count": 8}))
+        h.machine.packet(packets.ConnRply(rqst.xid, {"Subscription.Max-Count": 8}))
         self.assertEqual(h.take(), [CancelTimer(), Connected()])
         self.assertIs(h.machine.phase, Phase.UP)
         self.assertEqual(h.session.options, {"Subscription.Max-Count": 8})
@@ -121,7 +121,7 @@ class LifecycleTests(unittest.SynchronousTestCase):
         self.assertEqual(h.sent_kinds(), ["DisconnRqst"])
         self.assertTrue(h.machine.is_closed)
         self.assertEqual(h.take(), [StartTimer(5.0)])
-        h.machine.packet(P.DisconnRply(2))
+        h.machine.packet(packets.DisconnRply(2))
         self.assertEqual(h.take(), [CloseChannel(abort=False)])
         h.machine.channel_lost()
         self.assertEqual(h.take(), [CancelTimer(), Ended(None)])
@@ -147,7 +147,7 @@ class LifecycleTests(unittest.SynchronousTestCase):
         h.session.subscriptions[1] = sub
         disconns = []
         h.session.on_disconnect = lambda reason, text: disconns.append((reason, text))
-        h.machine.packet(P.Disconn(1, "router is shutting down"))
+        h.machine.packet(packets.Disconn(1, "router is shutting down"))
         self.assertEqual(h.take(), [CloseChannel(abort=False)])
         h.machine.channel_lost()
         (error,) = sub.ended
@@ -183,11 +183,11 @@ class LifecycleTests(unittest.SynchronousTestCase):
         h.machine.timer_fired()
         self.assertEqual(h.take(), [Dial(A)])
         rqst = h.open()
-        h.machine.packet(P.ConnRply(rqst.xid, {}))
+        h.machine.packet(packets.ConnRply(rqst.xid, {}))
         self.assertIs(h.machine.phase, Phase.REPLAYING)
-        (readd,) = [p for p in h.sent if type(p) is P.SubAddRqst]
+        (readd,) = [p for p in h.sent if type(p) is packets.SubAddRqst]
         h.sent.clear()
-        h.machine.packet(P.SubRply(readd.xid, 70))
+        h.machine.packet(packets.SubRply(readd.xid, 70))
         self.assertIs(h.machine.phase, Phase.UP)
         self.assertEqual(sub.id, 70)
         self.assertEqual(list(h.session.subscriptions), [70])
@@ -248,7 +248,7 @@ class LifecycleTests(unittest.SynchronousTestCase):
         self.assertEqual(h.take(), [StartTimer(0.4)])  # the back-off goes on
         self.assertTrue(h.machine.retry_now())
         rqst = h.open()
-        h.machine.packet(P.ConnRply(rqst.xid, {}))
+        h.machine.packet(packets.ConnRply(rqst.xid, {}))
         self.assertIs(h.machine.phase, Phase.UP)
         self.assertEqual(h.machine.reconnects, 1)
         self.assertFalse(h.machine.retry_now())
@@ -269,7 +269,7 @@ class LifecycleTests(unittest.SynchronousTestCase):
         h.machine.dial_failed(ConnectionRefusedError())
         self.assertEqual(h.take(), [Dial(B)])
         rqst = h.open()
-        h.machine.packet(P.ConnRply(rqst.xid, {}))
+        h.machine.packet(packets.ConnRply(rqst.xid, {}))
         self.assertEqual(h.machine.uri, B)
 
     def test_reconnection_fails_over_and_says_so(self):
@@ -283,7 +283,7 @@ class LifecycleTests(unittest.SynchronousTestCase):
         h.machine.dial_failed(ConnectionRefusedError())
         self.assertEqual(h.take(), [Dial(B)])
         rqst = h.open()
-        h.machine.packet(P.ConnRply(rqst.xid, {}))
+        h.machine.packet(packets.ConnRply(rqst.xid, {}))
         self.assertEqual((h.machine.uri, moved), (B, [B]))
 
     def test_redirect_followed_with_requests_kept(self):
@@ -291,7 +291,7 @@ class LifecycleTests(unittest.SynchronousTestCase):
         h.up()
         moved = []
         h.session.on_redirect = moved.append
-        h.machine.packet(P.Disconn(2, "elvin://b.test:2917"))
+        h.machine.packet(packets.Disconn(2, "elvin://b.test:2917"))
         h.take()
         h.machine.channel_lost()
         self.assertEqual(h.take(), [Dial(B)])
@@ -299,7 +299,7 @@ class LifecycleTests(unittest.SynchronousTestCase):
         self.assertFalse(h.machine.is_closed)
         h.session.emit({"during": 1})        # no spurious ConnectionClosed
         rqst = h.open()
-        h.machine.packet(P.ConnRply(rqst.xid, {}))
+        h.machine.packet(packets.ConnRply(rqst.xid, {}))
         self.assertIs(h.machine.phase, Phase.UP)
         self.assertIn("NotifyEmit", h.sent_kinds())
         self.assertEqual(moved, [B])         # told once
@@ -310,21 +310,21 @@ class LifecycleTests(unittest.SynchronousTestCase):
         replies = []
         xid = h.session.request(h.session.sub_add_rqst("x == 1", True, None),
                                 replies.append, replies.append)
-        h.machine.packet(P.Disconn(2, "elvin://b.test:2917"))
+        h.machine.packet(packets.Disconn(2, "elvin://b.test:2917"))
         h.machine.channel_lost()
         self.assertEqual(replies, [])                 # not failed: kept for the new router
         h.sent.clear()
         rqst = h.open()
-        h.machine.packet(P.ConnRply(rqst.xid, {}))
-        self.assertEqual([(type(p), p.xid) for p in h.sent[1:]], [(P.SubAddRqst, xid)])
-        h.machine.packet(P.SubRply(xid, 9))
+        h.machine.packet(packets.ConnRply(rqst.xid, {}))
+        self.assertEqual([(type(p), p.xid) for p in h.sent[1:]], [(packets.SubAddRqst, xid)])
+        h.machine.packet(packets.SubRply(xid, 9))
         self.assertEqual([r.subscription_id for r in replies], [9])
 
     def test_redirect_not_followed_when_refused(self):
         h = Harness()
         h.up()
         h.session.follow_redirects = False
-        h.machine.packet(P.Disconn(2, "elvin://b.test:2917"))
+        h.machine.packet(packets.Disconn(2, "elvin://b.test:2917"))
         h.machine.channel_lost()
         self.assertEqual(h.machine.close_reason.reason, 2)
 
@@ -332,12 +332,12 @@ class LifecycleTests(unittest.SynchronousTestCase):
         h = Harness()
         h.up()
         for _ in range(6):
-            h.machine.packet(P.Disconn(2, "elvin://b.test:2917"))
+            h.machine.packet(packets.Disconn(2, "elvin://b.test:2917"))
             h.machine.channel_lost()
             if h.machine.phase is Phase.CLOSED:
                 break
             rqst = h.open()
-            h.machine.packet(P.ConnRply(rqst.xid, {}))
+            h.machine.packet(packets.ConnRply(rqst.xid, {}))
         self.assertIs(h.machine.phase, Phase.CLOSED)
         self.assertIn("redirection loop", str(h.machine.close_reason))
 
@@ -349,10 +349,10 @@ class LifecycleTests(unittest.SynchronousTestCase):
         h.machine.channel_lost()
         h.machine.timer_fired()
         rqst = h.open()
-        h.machine.packet(P.ConnRply(rqst.xid, {}))
-        first, second = [p for p in h.sent if type(p) is P.SubAddRqst]
-        h.machine.packet(P.Nack(first.xid, 2006, "too many", ()))
-        h.machine.packet(P.SubRply(second.xid, 20))
+        h.machine.packet(packets.ConnRply(rqst.xid, {}))
+        first, second = [p for p in h.sent if type(p) is packets.SubAddRqst]
+        h.machine.packet(packets.Nack(first.xid, 2006, "too many", ()))
+        h.machine.packet(packets.SubRply(second.xid, 20))
         self.assertIs(h.machine.phase, Phase.UP)
         self.assertIsInstance(a.ended[0], NackError)
         self.assertEqual(list(h.session.subscriptions), [20])
@@ -373,7 +373,7 @@ class LifecycleTests(unittest.SynchronousTestCase):
         xid = h.session.request(h.session.sub_add_rqst("x == 1", True, None),
                                 self.fail, self.fail)
         h.session.abandon(xid, late.append)
-        h.machine.packet(P.SubRply(xid, 5))
+        h.machine.packet(packets.SubRply(xid, 5))
         self.assertEqual([r.subscription_id for r in late], [5])
 
     def test_receive_bound_pauses_and_resumes(self):

@@ -22,7 +22,7 @@ from elvin import client, tap
 from elvin.discovery import advertiser as advertiser_module
 from elvin.discovery import discoverer as discoverer_module
 from elvin.discovery import solicitor as solicitor_module
-from elvin.discovery import packets as D
+from elvin.discovery import packets as discovery_packets
 from elvin.discovery.channel import MulticastChannel
 from elvin.discovery.discoverer import Discoverer, NoRouterFound, resolve_uri
 from elvin.discovery.service import DiscoveryService
@@ -71,7 +71,7 @@ def multicast_skip_reason():
     except Exception as e:
         reason = f"multicast on the loopback interface is unavailable here: {e}"
     else:
-        channel.send(D.SvrRqst(), 0)
+        channel.send(discovery_packets.SvrRqst(), 0)
         timer = reactor.callLater(
             3, lambda: got.called or got.errback(TimeoutError("no packet")))
         try:

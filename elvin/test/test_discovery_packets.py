@@ -3,7 +3,7 @@
 
 from twisted.trial import unittest
 
-from elvin.discovery import packets as D
+from elvin.discovery import packets as discovery_packets
 from elvin.discovery.packets import (
     DecodeError, EncodeError, SvrAdvt, SvrAdvtClose, SvrRqst, UnknownPacketError,
     compatible, decode, encode, fit_advert)
@@ -33,9 +33,9 @@ class VectorTests(unittest.TestCase):
     timeout = 30
 
     def test_constants(self):
-        self.assertEqual((D.SVR_RQST, D.SVR_ADVT, D.SVR_ADVT_CLOSE), (16, 17, 18))
-        self.assertEqual((D.GROUP, D.PORT), ("224.4.0.1", 2917))
-        self.assertEqual(D.VERSION, (4, 0))
+        self.assertEqual((discovery_packets.SVR_RQST, discovery_packets.SVR_ADVT, discovery_packets.SVR_ADVT_CLOSE), (16, 17, 18))
+        self.assertEqual((discovery_packets.GROUP, discovery_packets.PORT), ("224.4.0.1", 2917))
+        self.assertEqual(discovery_packets.VERSION, (4, 0))
 
     def test_svr_rqst(self):
         packet = SvrRqst(locality=1)
@@ -158,8 +158,8 @@ class EncodeTests(unittest.TestCase):
         with self.assertRaises(EncodeError):
             encode(SvrAdvt(server="s", revision=1, uris=("elvin://h",), scope="a:b"))
         with self.assertRaises(ValueError):
-            D.check_scope("a:b")
-        self.assertEqual(D.check_scope(""), "")
+            discovery_packets.check_scope("a:b")
+        self.assertEqual(discovery_packets.check_scope(""), "")
 
     def test_refuses_no_uri(self):
         with self.assertRaises(EncodeError):
@@ -181,7 +181,7 @@ class EncodeTests(unittest.TestCase):
         uris = tuple(f"elvin://host{i:03d}.example.com:2917" for i in range(100))
         packet = SvrAdvt(server="s", revision=1, uris=uris)
         fitted, dropped = fit_advert(packet)
-        self.assertLessEqual(len(encode(fitted)), D.MAX_ADVERT_SIZE)
+        self.assertLessEqual(len(encode(fitted)), discovery_packets.MAX_ADVERT_SIZE)
         self.assertEqual(fitted.uris + tuple(dropped), uris)
         self.assertTrue(dropped)
         small = SvrAdvt(server="s", revision=1, uris=uris[:2])

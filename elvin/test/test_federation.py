@@ -8,7 +8,7 @@ from twisted.internet import defer, endpoints, reactor
 from twisted.trial import unittest
 
 from elvin import client
-from elvin.federation import filters as F
+from elvin.federation import filters
 from elvin.federation.manager import FederationClass, FederationManager
 from elvin.federation.protocol import AcceptorFactory, ConnectorFactory, parse_ewaf
 from elvin.federation.trace import TraceWriter, notification_digest
@@ -283,8 +283,8 @@ class LoopTests(FederationTestCase):
 
     @defer.inlineCallbacks
     def test_notification_with_own_domain_is_dropped(self):
-        from elvin.federation import packets as FP
-        from elvin.protocols import packets as P
+        from elvin.federation import packets as fed_packets
+        from elvin.protocols import packets
         a = FedRouter(self, "a.test")
         b = FedRouter(self, "b.test")
         yield a.link_to(b)
@@ -292,8 +292,8 @@ class LoopTests(FederationTestCase):
         got = []
         yield consumer.subscribe("require(x)", got.append)
         link = b.link("a.test")
-        link.packet_received(FP.FedNotify({"x": 1}, True, P.Keys.EMPTY, ("a.test", "b.test")))
-        link.packet_received(FP.FedNotify({"x": 2}, True, P.Keys.EMPTY, ("a.test",)))
+        link.packet_received(fed_packets.FedNotify({"x": 1}, True, packets.Keys.EMPTY, ("a.test", "b.test")))
+        link.packet_received(fed_packets.FedNotify({"x": 2}, True, packets.Keys.EMPTY, ("a.test",)))
         yield wait_until(lambda: got)
         yield consumer.test_connection()
         self.assertEqual([n["x"] for n in got], [2])
@@ -342,24 +342,24 @@ class RefusalTests(FederationTestCase):
 
 class FilterUnitTests(unittest.TestCase):
     def test_wire_forms(self):
-        self.assertIs(F.from_wire(F.to_wire(F.TRUE)), F.TRUE)
-        self.assertIs(F.from_wire(F.to_wire(F.FALSE)), F.FALSE)
+        self.assertIs(filters.from_wire(filters.to_wire(filters.TRUE)), filters.TRUE)
+        self.assertIs(filters.from_wire(filters.to_wire(filters.FALSE)), filters.FALSE)
         tree = parse("x == 1")
-        self.assertEqual(F.from_wire(F.to_wire(tree)), tree)
+        self.assertEqual(filters.from_wire(filters.to_wire(tree)), tree)
 
     def test_generalise_never_narrows(self):
         trees = [parse(f"x == {i} && y > {i}") for i in range(100)]
-        general = F.generalise(trees, 20)
-        self.assertLessEqual(F.node_count(general), 20)
-        filt = F.Filter(general)
+        general = filters.generalise(trees, 20)
+        self.assertLessEqual(filters.node_count(general), 20)
+        filt = filters.Filter(general)
         for i in range(100):
             self.assertTrue(filt.matches({"x": i, "y": i + 1}))
 
     def test_union_and_intersect(self):
-        self.assertIs(F.union([]), F.FALSE)
-        self.assertIs(F.union([F.TRUE, parse("x == 1")]), F.TRUE)
-        self.assertIs(F.intersect(F.TRUE, F.FALSE), F.FALSE)
-        both = F.Filter(F.intersect(parse("x == 1"), parse("y == 2")))
+        self.assertIs(filters.union([]), filters.FALSE)
+        self.assertIs(filters.union([filters.TRUE, parse("x == 1")]), filters.TRUE)
+        self.assertIs(filters.intersect(filters.TRUE, filters.FALSE), filters.FALSE)
+        both = filters.Filter(filters.intersect(parse("x == 1"), parse("y == 2")))
         self.assertTrue(both.matches({"x": 1, "y": 2}))
         self.assertFalse(both.matches({"x": 1}))
 
@@ -449,8 +449,8 @@ class _LinkOutput:
         self.sent.append(packet)
 
     def send_encoded(self, data, droppable):
-        from elvin.federation import packets as FP
-        self.sent.append(FP.decode(data))
+        from elvin.federation import packets as fed_packets
+        self.sent.append(fed_packets.decode(data))
         return True
 
     def close(self):
@@ -472,10 +472,10 @@ class FederationKeyTests(unittest.TestCase):
 
     def setUp(self):
         from twisted.internet.task import Clock
-        from elvin.federation import packets as FP
+        from elvin.federation import packets as fed_packets
         from elvin.federation.link import FederationLink
-        from elvin.protocols import packets as P
-        self.FP, self.P = FP, P
+        from elvin.protocols import packets
+        self.FP, self.P = fed_packets, packets
         self.router = Router()
         self.clock = Clock()
         fed_class = FederationClass("Peer", hosts=["peer.test"])
@@ -484,8 +484,8 @@ class FederationKeyTests(unittest.TestCase):
         self.out = _LinkOutput()
         self.link = FederationLink(self.manager, self.out, False, fed_class, "peer.test")
         self.link.start()
-        self.link.packet_received(FP.FedConnRqst(1, 1, 0, "avis.test"))
-        self.link.packet_received(FP.FedSubReplace(2, F.to_wire(F.TRUE)))
+        self.link.packet_received(fed_packets.FedConnRqst(1, 1, 0, "avis.test"))
+        self.link.packet_received(fed_packets.FedSubReplace(2, filters.to_wire(filters.TRUE)))
         self.clock.advance(1)
         self.out.sent.clear()
 
@@ -499,8 +499,8 @@ class FederationKeyTests(unittest.TestCase):
         return session, out
 
     def test_incoming_raw_producer_key_is_prepared_here(self):
-        from elvin.core import keys as K
-        nfn_keys, sub_keys = K.producer_keys(b"secret")
+        from elvin.core import keys as key_schemes
+        nfn_keys, sub_keys = key_schemes.producer_keys(b"secret")
         consumer, out = self.client()
         consumer.packet_received(self.P.SubAddRqst(2, "require(x)", False, sub_keys))
         out.take()
@@ -511,9 +511,9 @@ class FederationKeyTests(unittest.TestCase):
                          ((entry.id,), ()))
 
     def test_outgoing_fednotify_carries_the_producers_keys(self):
-        from elvin.core import keys as K
-        nfn_keys, _ = K.producer_keys(b"secret")
-        conn_keys, _ = K.producer_keys(b"connection secret")
+        from elvin.core import keys as key_schemes
+        nfn_keys, _ = key_schemes.producer_keys(b"secret")
+        conn_keys, _ = key_schemes.producer_keys(b"connection secret")
         producer, _ = self.client()
         producer.packet_received(self.P.SecRqst(3, conn_keys, self.P.Keys.EMPTY,
                                                 self.P.Keys.EMPTY, self.P.Keys.EMPTY))

@@ -9,13 +9,13 @@ from twisted.trial import unittest
 from elvin import errors
 from elvin.config import ConfigError, parse
 from elvin.core.router import Router
-from elvin.federation import filters as F
-from elvin.federation import packets as FP
+from elvin.federation import filters
+from elvin.federation import packets as fed_packets
 from elvin.federation.identity import MAX_DOMAIN_BYTES, domain_problem, shown
 from elvin.federation.link import FederationLink
 from elvin.federation.manager import FederationClass, FederationManager
 from elvin.ops.metrics import RouterCollector
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.test.test_federation import _LinkOutput
 from elvin.test.test_router import RecordingOutput
 
@@ -79,7 +79,7 @@ class LinkIdentityTests(unittest.TestCase):
         out = _LinkOutput()
         link = FederationLink(self.manager, out, False, self.fed_class, host)
         link.start()
-        link.packet_received(FP.FedConnRqst(1, 1, 0, domain))
+        link.packet_received(fed_packets.FedConnRqst(1, 1, 0, domain))
         return link, out
 
     def dialled_link(self, reply_domain):
@@ -87,7 +87,7 @@ class LinkIdentityTests(unittest.TestCase):
         link = FederationLink(self.manager, out, True, self.fed_class, "10.0.0.9")
         link.start()
         (request,) = out.sent
-        link.packet_received(FP.FedConnRply(request.xid, reply_domain))
+        link.packet_received(fed_packets.FedConnRply(request.xid, reply_domain))
         return link, out
 
     def assert_log_bounded(self):
@@ -100,7 +100,7 @@ class LinkIdentityTests(unittest.TestCase):
     def test_normal_domains_are_accepted_both_ways(self):
         for i, domain in enumerate(GOOD):
             link, out = self.accepted_link(domain)
-            self.assertEqual(type(out.sent[0]), FP.FedConnRply, domain)
+            self.assertEqual(type(out.sent[0]), fed_packets.FedConnRply, domain)
             self.assertEqual((link.state, link.peer_domain), (link.UP, domain))
             link.connection_lost()
         for domain in GOOD:
@@ -114,7 +114,7 @@ class LinkIdentityTests(unittest.TestCase):
         for domain in BAD:
             link, out = self.accepted_link(domain)
             (nack,) = out.sent
-            self.assertIsInstance(nack, P.Nack)
+            self.assertIsInstance(nack, packets.Nack)
             self.assertEqual(nack.error, errors.AUTHZ_FAIL)
             self.assertNotIn(domain or "\0", nack.message)
             self.assertTrue(out.closed)
@@ -127,14 +127,14 @@ class LinkIdentityTests(unittest.TestCase):
         self.assertTrue(any("x" * 80 + "…[" in line for line in refusals))
         self.assertTrue(any("router\\nINFO forged" in line for line in refusals))
         # The bystander link still carries notifications.
-        bystander.packet_received(FP.FedSubReplace(2, F.to_wire(F.TRUE)))
+        bystander.packet_received(fed_packets.FedSubReplace(2, filters.to_wire(filters.TRUE)))
         self.clock.advance(1)
         out = bystander.output
         out.sent.clear()
         producer = self.router.open_session(RecordingOutput(), "producer")
-        producer.packet_received(P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY))
-        producer.packet_received(P.NotifyEmit({"x": 1}, True, P.Keys.EMPTY))
-        self.assertEqual([type(p) for p in out.sent], [FP.FedNotify])
+        producer.packet_received(packets.ConnRqst(1, 4, 0, {}, packets.Keys.EMPTY, packets.Keys.EMPTY))
+        producer.packet_received(packets.NotifyEmit({"x": 1}, True, packets.Keys.EMPTY))
+        self.assertEqual([type(p) for p in out.sent], [fed_packets.FedNotify])
 
     def test_bad_domain_in_the_reply_closes_the_dialled_link(self):
         for domain in BAD:
@@ -149,13 +149,13 @@ class LinkIdentityTests(unittest.TestCase):
 
     def test_peer_messages_are_logged_bounded(self):
         link, out = self.dialled_link("router.example.com")
-        link.send_filter(F.TRUE)
+        link.send_filter(filters.TRUE)
         xid = max(link._pending)
-        link.packet_received(P.Nack(xid, errors.PROT_ERROR, "\x1b[2J" + "m" * 2 ** 20, ()))
+        link.packet_received(packets.Nack(xid, errors.PROT_ERROR, "\x1b[2J" + "m" * 2 ** 20, ()))
         out = _LinkOutput()
         refused = FederationLink(self.manager, out, True, self.fed_class, "10.0.0.9")
         refused.start()
-        refused.packet_received(P.Nack(out.sent[0].xid, errors.AUTHZ_FAIL, "no\n" * 100000,
+        refused.packet_received(packets.Nack(out.sent[0].xid, errors.AUTHZ_FAIL, "no\n" * 100000,
                                        ()))
         self.assertEqual(refused.state, refused.CLOSED)
         self.assertEqual(len([line for line in self.log.lines if "rejected our" in line
@@ -164,10 +164,10 @@ class LinkIdentityTests(unittest.TestCase):
 
     def test_mesh_advert_naming_a_bad_domain_is_ignored(self):
         link, _ = self.accepted_link("router.example.com")
-        link.packet_received(FP.FedMeshAdvert("x" * 2 ** 20, 1, 1, ["router.example.com"]))
-        link.packet_received(FP.FedMeshAdvert("other.example.com", 1, 1, ["bad\ndomain"]))
+        link.packet_received(fed_packets.FedMeshAdvert("x" * 2 ** 20, 1, 1, ["router.example.com"]))
+        link.packet_received(fed_packets.FedMeshAdvert("other.example.com", 1, 1, ["bad\ndomain"]))
         self.assertEqual(self.manager.mesh.adverts, {})
-        link.packet_received(FP.FedMeshAdvert("other.example.com", 1, 1,
+        link.packet_received(fed_packets.FedMeshAdvert("other.example.com", 1, 1,
                                               ["router.example.com"]))
         self.assertEqual(list(self.manager.mesh.adverts), ["other.example.com"])
         self.assert_log_bounded()

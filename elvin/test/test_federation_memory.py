@@ -4,9 +4,9 @@ in cycles, restarted routers. One fake clock, no sockets: deterministic."""
 
 from twisted.trial import unittest
 
-from elvin.federation import packets as FP
+from elvin.federation import packets as fed_packets
 from elvin.federation.mesh import notification_id
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.test.fednet import Net
 
 
@@ -53,7 +53,7 @@ class DuplicateTraceTests(unittest.TestCase):
         consumer.subscribe("require(n)")
         link = b.link("a.test")
         ident = notification_id("x.test", 1, 7)
-        packet = FP.FedNotify({"n": 1}, True, P.Keys.EMPTY, (ident, "x.test", "a.test"))
+        packet = fed_packets.FedNotify({"n": 1}, True, packets.Keys.EMPTY, (ident, "x.test", "a.test"))
         link.packet_received(packet)
         link.packet_received(packet)
         self.assertEqual(len(consumer.deliveries()), 1)
@@ -61,7 +61,7 @@ class DuplicateTraceTests(unittest.TestCase):
         self.assertEqual(drops, [("b.test", "a.test", "notify_dropped_duplicate")])
         self.assertEqual((link.stats["duplicates"], link.stats["loops"]), (1, 0))
         # Our own domain in the routing list is still a loop.
-        link.packet_received(FP.FedNotify({"n": 2}, True, P.Keys.EMPTY,
+        link.packet_received(fed_packets.FedNotify({"n": 2}, True, packets.Keys.EMPTY,
                                           ("b.test", "a.test")))
         self.assertEqual(events[-1], ("b.test", "a.test", "notify_dropped_loop"))
 
@@ -327,7 +327,7 @@ class SoftStateFilterTests(unittest.TestCase):
         net.run(1.0)
 
     def test_a_filter_that_drifted_is_put_right_by_the_next_refresh(self):
-        from elvin.federation import filters as F
+        from elvin.federation import filters
         net, a, b = self.net, self.a, self.b
         consumer = b.client()
         consumer.subscribe("require(n)")
@@ -339,7 +339,7 @@ class SoftStateFilterTests(unittest.TestCase):
         # a's copy of b's filter is lost (an update misapplied, a peer's
         # restart seen late): a no longer forwards what b wants.
         link = a.link("b.test")
-        link.remote_filter = F.Filter(F.FALSE)
+        link.remote_filter = filters.Filter(filters.FALSE)
         a.manager._file(link)
         producer.notify({"n": 2})
         net.run(0.1)
@@ -400,7 +400,7 @@ class DrainTests(StreamChecks, unittest.TestCase):
         self.check_stream(net, stream, consumers, drain)
         self.assertEqual(drained, [1])
         self.assertGreaterEqual(len(stream.sent), 500)
-        disconns = [p for p in local.take() if isinstance(p, P.Disconn)]
+        disconns = [p for p in local.take() if isinstance(p, packets.Disconn)]
         self.assertEqual([p.reason for p in disconns], [DISCONN_REDIRECT])
         # b keeps running, its links up and idle, and stays off the tree
         # through later adverts and a link made afresh.

@@ -5,7 +5,7 @@ import time
 from twisted.internet import defer, reactor, task
 from twisted.trial import unittest
 
-from elvin.federation import filters as F
+from elvin.federation import filters
 from elvin.federation.mesh import (DuplicateWindow, MeshState, id_of, notification_id,
                                    spanning_tree)
 from elvin.test.polling import wait_until
@@ -55,14 +55,14 @@ class SpanningTreeTests(unittest.TestCase):
         self.assertIsNone(id_of(["x", "y"]))
 
     def test_marker_survives_every_filter(self):
-        mark = F.marker("Elvin-Federation.Mesh-1")
+        mark = filters.marker("Elvin-Federation.Mesh-1")
         from elvin.subscription import parse
-        for tree in (F.TRUE, F.FALSE, parse("x == 1"), parse("x == 1 || y > 2")):
-            wire = F.to_wire(F.with_marker(tree, mark))
-            stripped, marked = F.strip_marker(wire, mark)
+        for tree in (filters.TRUE, filters.FALSE, parse("x == 1"), parse("x == 1 || y > 2")):
+            wire = filters.to_wire(filters.with_marker(tree, mark))
+            stripped, marked = filters.strip_marker(wire, mark)
             self.assertTrue(marked)
-            if stripped is not F.TRUE and stripped is not F.FALSE:
-                stripped = F.from_wire(stripped)
+            if stripped is not filters.TRUE and stripped is not filters.FALSE:
+                stripped = filters.from_wire(stripped)
             self.assertEqual(stripped, tree)
 
 

@@ -32,11 +32,11 @@ from twisted.logger import globalLogPublisher
 from twisted.trial import unittest
 
 from elvin import client
-from elvin.federation import packets as FP
+from elvin.federation import packets as fed_packets
 from elvin.federation.link import FederationLink
 from elvin.federation.manager import FederationClass, FederationManager
 from elvin.core.options import OPTIONS
-from elvin.protocols import packets as P
+from elvin.protocols import packets as elvin_packets
 from elvin.protocols.server import ElvinServerFactory, ElvinServerProtocol
 from elvin.protocols.xdr import MAX_AST_DEPTH, DecodeError
 from elvin.core.router import CLIENT_PACKET_IDS, Router, SessionOutput
@@ -97,8 +97,8 @@ def _name_values(rng):
 
 def _keys(rng):
     if rng.random() < 0.5:
-        return P.Keys.EMPTY
-    return P.Keys([(rng.choice([1, 2, 3, 0, 99]),
+        return elvin_packets.Keys.EMPTY
+    return elvin_packets.Keys([(rng.choice([1, 2, 3, 0, 99]),
                     [[bytes([rng.randrange(256)]) * rng.randrange(1, 30)
                       for _ in range(rng.randrange(3))] for _ in range(rng.randrange(4))])
                    for _ in range(rng.randrange(1, 3))])
@@ -140,24 +140,24 @@ def deep_ast(depth, kind=Kind.NOT):
 
 
 _GENERATORS = {
-    P.ID32: lambda r: r.choice([0, 1, 2, 0xFFFFFFFF, r.randrange(1 << 32)]),
-    P.UINT32: lambda r: r.choice([0, 1, 4, r.randrange(1 << 32)]),
-    P.INT32: lambda r: r.randrange(-2**31, 2**31),
-    P.ID64: lambda r: r.choice([0, 1, 2, 3, (1 << 64) - 1, r.randrange(1 << 64)]),
-    P.UINT8: lambda r: r.choice([4, 4, 4, 0, 1, 5, 255]),
-    P.UINT16: lambda r: r.randrange(1 << 16),
-    P.BOOLEAN: lambda r: r.random() < 0.5,
-    P.STRING: _string,
-    P.NAME_VALUES: _name_values,
-    P.VALUES: lambda r: tuple(_value(r) for _ in range(r.randrange(4))),
-    P.STRINGS: lambda r: tuple(_string(r) for _ in range(r.randrange(4))),
-    P.ID64S: lambda r: tuple(r.randrange(1 << 64) for _ in range(r.randrange(4))),
-    P.KEYS: _keys,
-    P.SUBAST: _ast,
+    elvin_packets.ID32: lambda r: r.choice([0, 1, 2, 0xFFFFFFFF, r.randrange(1 << 32)]),
+    elvin_packets.UINT32: lambda r: r.choice([0, 1, 4, r.randrange(1 << 32)]),
+    elvin_packets.INT32: lambda r: r.randrange(-2**31, 2**31),
+    elvin_packets.ID64: lambda r: r.choice([0, 1, 2, 3, (1 << 64) - 1, r.randrange(1 << 64)]),
+    elvin_packets.UINT8: lambda r: r.choice([4, 4, 4, 0, 1, 5, 255]),
+    elvin_packets.UINT16: lambda r: r.randrange(1 << 16),
+    elvin_packets.BOOLEAN: lambda r: r.random() < 0.5,
+    elvin_packets.STRING: _string,
+    elvin_packets.NAME_VALUES: _name_values,
+    elvin_packets.VALUES: lambda r: tuple(_value(r) for _ in range(r.randrange(4))),
+    elvin_packets.STRINGS: lambda r: tuple(_string(r) for _ in range(r.randrange(4))),
+    elvin_packets.ID64S: lambda r: tuple(r.randrange(1 << 64) for _ in range(r.randrange(4))),
+    elvin_packets.KEYS: _keys,
+    elvin_packets.SUBAST: _ast,
 }
 
 #: Every packet class of the client and federation protocols.
-ALL_CLASSES = sorted(set(P.CLIENT.classes()) | set(FP.FEDERATION.classes()),
+ALL_CLASSES = sorted(set(elvin_packets.CLIENT.classes()) | set(fed_packets.FEDERATION.classes()),
                      key=lambda cls: cls.ID)
 
 
@@ -169,26 +169,26 @@ def random_packet(rng, cls=None):
 
 def sample_packets():
     """One hand-made, valid instance of every packet class."""
-    keys = P.Keys({1: [[b"k1", b"k2"], [b"c"]], 2: [[b"p"]], 3: [[b"q" * 7]]})
+    keys = elvin_packets.Keys({1: [[b"k1", b"k2"], [b"c"]], 2: [[b"p"]], 3: [[b"q" * 7]]})
     tree = parse('a == 1 && (b < 2.5 || regex(s, "x+")) && !require(z) && size(o) > 3L')
     attrs = {"a": 1, "s": "str\u00e9", "b": b"op", "r": 2.5, "l": Int64(7)}
     samples = [
-        P.UNotify(4, 0, attrs, True, keys), P.Nack(3, 2101, "msg", (1, "x", 2.0, b"o")),
-        P.ConnRqst(1, 4, 0, {"Packet.Max-Length": 4096}, keys, keys),
-        P.ConnRply(1, {"a": 1}), P.DisconnRqst(2), P.DisconnRply(2), P.Disconn(1, "bye"),
-        P.SecRqst(5, keys, keys, keys, keys), P.SecRply(5),
-        P.NotifyEmit(attrs, True, keys), P.NotifyDeliver(attrs, (1, 2), (3,)),
-        P.SubAddRqst(6, "x > 1 && y == 'a'", True, keys),
-        P.SubModRqst(7, 99, "x > 2", False, keys, keys), P.SubDelRqst(8, 5),
-        P.SubRply(8, 5), P.DropWarn(), P.TestConn(), P.ConfConn(),
-        P.QosRqst(9, {"Subscription.Max-Count": 20}), P.QosRply(9, {"x": 1}),
-        P.QnchAddRqst(10, ("a", "b"), True, keys),
-        P.QnchModRqst(11, 3, ("c",), ("a",), False, keys, keys), P.QnchDelRqst(12, 3),
-        P.QnchRply(12, 3), P.SubAddNotify((1,), (2,), 3, tree),
-        P.SubModNotify((1,), (), 3, tree), P.SubDelNotify((1, 2), 3),
-        FP.FedConnRqst(1, 1, 0, "peer.test"), FP.FedConnRply(1, "peer.test"),
-        FP.FedSubReplace(2, tree), FP.FedNotify(attrs, True, keys, ("a", "b")), FP.Ack(3),
-        FP.FedMeshAdvert("a.test", 1795581970397, 7, ("b.test", "c.test")),
+        elvin_packets.UNotify(4, 0, attrs, True, keys), elvin_packets.Nack(3, 2101, "msg", (1, "x", 2.0, b"o")),
+        elvin_packets.ConnRqst(1, 4, 0, {"Packet.Max-Length": 4096}, keys, keys),
+        elvin_packets.ConnRply(1, {"a": 1}), elvin_packets.DisconnRqst(2), elvin_packets.DisconnRply(2), elvin_packets.Disconn(1, "bye"),
+        elvin_packets.SecRqst(5, keys, keys, keys, keys), elvin_packets.SecRply(5),
+        elvin_packets.NotifyEmit(attrs, True, keys), elvin_packets.NotifyDeliver(attrs, (1, 2), (3,)),
+        elvin_packets.SubAddRqst(6, "x > 1 && y == 'a'", True, keys),
+        elvin_packets.SubModRqst(7, 99, "x > 2", False, keys, keys), elvin_packets.SubDelRqst(8, 5),
+        elvin_packets.SubRply(8, 5), elvin_packets.DropWarn(), elvin_packets.TestConn(), elvin_packets.ConfConn(),
+        elvin_packets.QosRqst(9, {"Subscription.Max-Count": 20}), elvin_packets.QosRply(9, {"x": 1}),
+        elvin_packets.QnchAddRqst(10, ("a", "b"), True, keys),
+        elvin_packets.QnchModRqst(11, 3, ("c",), ("a",), False, keys, keys), elvin_packets.QnchDelRqst(12, 3),
+        elvin_packets.QnchRply(12, 3), elvin_packets.SubAddNotify((1,), (2,), 3, tree),
+        elvin_packets.SubModNotify((1,), (), 3, tree), elvin_packets.SubDelNotify((1, 2), 3),
+        fed_packets.FedConnRqst(1, 1, 0, "peer.test"), fed_packets.FedConnRply(1, "peer.test"),
+        fed_packets.FedSubReplace(2, tree), fed_packets.FedNotify(attrs, True, keys, ("a", "b")), fed_packets.Ack(3),
+        fed_packets.FedMeshAdvert("a.test", 1795581970397, 7, ("b.test", "c.test")),
     ]
     assert {type(p) for p in samples} == set(ALL_CLASSES)
     return samples
@@ -204,7 +204,7 @@ class FrameFuzzer:
 
     def __init__(self, seed=SEED, pool=1500):
         self.rng = random.Random(seed)
-        self.valid = [P.encode(p) for p in sample_packets()]
+        self.valid = [elvin_packets.encode(p) for p in sample_packets()]
         self.pool = [data for data in (self.structured() for _ in range(pool)) if data]
 
     def _n(self, n):
@@ -246,7 +246,7 @@ class FrameFuzzer:
     def structured(self):
         """A new random well-formed packet's encoding (None if unencodable)."""
         try:
-            return P.encode(random_packet(self.rng))
+            return elvin_packets.encode(random_packet(self.rng))
         except (ValueError, TypeError, OverflowError):
             return None
 
@@ -269,7 +269,7 @@ class FrameFuzzer:
             if self._client_pool is None:
                 # Requests of an established session (ConnRqst, UNotify and
                 # DisconnRqst would end it).
-                ids = CLIENT_PACKET_IDS - {P.ConnRqst.ID, P.UNotify.ID, P.DisconnRqst.ID}
+                ids = CLIENT_PACKET_IDS - {elvin_packets.ConnRqst.ID, elvin_packets.UNotify.ID, elvin_packets.DisconnRqst.ID}
                 self._client_pool = [d for d in self.pool
                                      if struct.unpack_from(">I", d)[0] in ids]
             data = rng.choice(self._client_pool)
@@ -303,7 +303,7 @@ class CodecFuzzTests(unittest.TestCase):
         """Decode each frame with both decoders; count what decoded."""
         decoded = 0
         for data in frames:
-            for decode in (P.decode, FP.decode):
+            for decode in (elvin_packets.decode, fed_packets.decode):
                 try:
                     decode(data)
                     decoded += 1
@@ -313,8 +313,8 @@ class CodecFuzzTests(unittest.TestCase):
 
     def test_samples_round_trip(self):
         for packet in sample_packets():
-            decode = FP.decode if packet.ID in (192, 193, 194, 195, 200, 65) else P.decode
-            self.assertEqual(decode(P.encode(packet)), packet)
+            decode = fed_packets.decode if packet.ID in (192, 193, 194, 195, 200, 65) else elvin_packets.decode
+            self.assertEqual(decode(elvin_packets.encode(packet)), packet)
 
     def test_every_truncation_and_every_extreme_word(self):
         """Exhaustive over the samples: every prefix, every 4-byte word set
@@ -343,7 +343,7 @@ class CodecFuzzTests(unittest.TestCase):
         for pkt_id in list(range(0, 300)) + [0x7FFFFFFF, 0x80000000, 0xFFFFFFFF]:
             if pkt_id in known:
                 continue
-            for decode in (P.decode, FP.decode):
+            for decode in (elvin_packets.decode, fed_packets.decode):
                 with self.assertRaises(DecodeError):
                     decode(struct.pack(">II", pkt_id, 0))
 
@@ -352,10 +352,10 @@ class CodecFuzzTests(unittest.TestCase):
         however deep the input (the encoder is iterative)."""
         for kind in (Kind.NOT, Kind.AND, Kind.FUNC_SIZE):
             for depth in (MAX_AST_DEPTH - 2, MAX_AST_DEPTH, MAX_AST_DEPTH + 1, 5000):
-                for packet in (P.SubAddNotify((1,), (), 1, deep_ast(depth, kind)),
-                               FP.FedSubReplace(1, deep_ast(depth, kind))):
-                    data = P.encode(packet)
-                    decode = FP.decode if packet.ID == 194 else P.decode
+                for packet in (elvin_packets.SubAddNotify((1,), (), 1, deep_ast(depth, kind)),
+                               fed_packets.FedSubReplace(1, deep_ast(depth, kind))):
+                    data = elvin_packets.encode(packet)
+                    decode = fed_packets.decode if packet.ID == 194 else elvin_packets.decode
                     if depth < MAX_AST_DEPTH:
                         self.assertEqual(decode(data), packet)
                     else:
@@ -397,7 +397,7 @@ class CodecFuzzTests(unittest.TestCase):
             for data in frames:
                 tracemalloc.reset_peak()
                 base = tracemalloc.get_traced_memory()[0]
-                P.decode(data)
+                elvin_packets.decode(data)
                 peak = tracemalloc.get_traced_memory()[1] - base
                 self.assertLess(peak, 40 * len(data))
         finally:
@@ -413,11 +413,11 @@ class _CoreOutput(SessionOutput):
         self.closed = False
 
     def send(self, packet):
-        P.encode(packet)   # whatever the router answers must be encodable
+        elvin_packets.encode(packet)   # whatever the router answers must be encodable
         self.sent += 1
 
     def send_encoded(self, data, droppable):
-        P.decode(data)
+        elvin_packets.decode(data)
         self.sent += 1
 
     def is_idle(self):
@@ -435,7 +435,7 @@ class _CoreOutput(SessionOutput):
 
 class _LinkOutput:
     def send(self, packet):
-        P.encode(packet)
+        elvin_packets.encode(packet)
 
     def send_encoded(self, data, droppable):
         return True
@@ -462,12 +462,12 @@ class CoreFuzzTests(unittest.TestCase):
 
         def new_session():
             session = router.open_session(_CoreOutput(), "fuzz")
-            session.packet_received(P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY))
+            session.packet_received(elvin_packets.ConnRqst(1, 4, 0, {}, elvin_packets.Keys.EMPTY, elvin_packets.Keys.EMPTY))
             return session
 
         def new_link():
             link = FederationLink(manager, _LinkOutput(), False, manager.classes["D"], "h")
-            link.packet_received(FP.FedConnRqst(1, 1, 0, f"peer{next(peers)}.test"))
+            link.packet_received(fed_packets.FedConnRqst(1, 1, 0, f"peer{next(peers)}.test"))
             return link
 
         sessions = [new_session() for _ in range(3)]
@@ -476,7 +476,7 @@ class CoreFuzzTests(unittest.TestCase):
         for i in range(20_000):
             data = fuzzer.client_frame() if i % 2 else fuzzer.frame()
             try:
-                packet = P.decode(data)
+                packet = elvin_packets.decode(data)
             except DecodeError:
                 packet = None
             if packet is not None:
@@ -486,7 +486,7 @@ class CoreFuzzTests(unittest.TestCase):
                 sessions[k].packet_received(packet)
                 handled += 1
             try:
-                fed_packet = FP.decode(data)
+                fed_packet = fed_packets.decode(data)
             except DecodeError:
                 continue
             if link.state != link.UP:
@@ -550,9 +550,9 @@ class _FuzzClient(protocol.Protocol):
 
 
 #: What a router may send a client.
-ROUTER_SENDS = (P.ConnRply, P.Nack, P.DisconnRply, P.Disconn, P.SecRply, P.NotifyDeliver,
-                P.SubRply, P.DropWarn, P.ConfConn, P.QosRply, P.QnchRply,
-                P.SubAddNotify, P.SubModNotify, P.SubDelNotify)
+ROUTER_SENDS = (elvin_packets.ConnRply, elvin_packets.Nack, elvin_packets.DisconnRply, elvin_packets.Disconn, elvin_packets.SecRply, elvin_packets.NotifyDeliver,
+                elvin_packets.SubRply, elvin_packets.DropWarn, elvin_packets.ConfConn, elvin_packets.QosRply, elvin_packets.QnchRply,
+                elvin_packets.SubAddNotify, elvin_packets.SubModNotify, elvin_packets.SubDelNotify)
 
 
 def split_frames(data):
@@ -564,7 +564,7 @@ def split_frames(data):
         (length,) = struct.unpack_from(">I", data, pos)
         if pos + 4 + length > len(data):
             break
-        packets.append(P.decode(data[pos + 4:pos + 4 + length]))
+        packets.append(elvin_packets.decode(data[pos + 4:pos + 4 + length]))
         pos += 4 + length
     return packets
 
@@ -601,8 +601,8 @@ class LiveFuzzTests(unittest.TestCase):
         rng = fuzzer.rng
         parts = []
         if rng.random() < 0.9:   # usually get past ConnRqst, to reach the handlers
-            parts.append(framed(P.encode(P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY,
-                                                    P.Keys.EMPTY))))
+            parts.append(framed(elvin_packets.encode(elvin_packets.ConnRqst(1, 4, 0, {}, elvin_packets.Keys.EMPTY,
+                                                    elvin_packets.Keys.EMPTY))))
         count = rng.randint(1, 30)
         if rng.random() < 0.4:
             # Only well-formed packets: protocol errors, each Nacked (7.3.3).
@@ -611,7 +611,7 @@ class LiveFuzzTests(unittest.TestCase):
         else:
             for _ in range(count):
                 parts.append(framed(fuzzer.client_frame(), rng))
-        parts.append(framed(P.encode(P.DisconnRqst(7))))
+        parts.append(framed(elvin_packets.encode(elvin_packets.DisconnRqst(7))))
         stats["frames"] += count
         done = defer.Deferred()
         yield protocol.ClientCreator(reactor, _FuzzClient, b"".join(parts), done).connectTCP(

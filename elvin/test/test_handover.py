@@ -11,7 +11,7 @@ from twisted.trial import unittest
 
 from elvin import client
 from elvin.core.router import Router
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.protocols.server import ElvinServerFactory
 from elvin.test.places import REPO
 from elvin.test.polling import wait_until
@@ -24,20 +24,20 @@ class DrainCoreTests(unittest.TestCase):
         router = Router()
         out = RecordingOutput()
         session = router.open_session(out, "c1")
-        session.packet_received(P.ConnRqst(1, 4, 0, {}))
+        session.packet_received(packets.ConnRqst(1, 4, 0, {}))
         out.take()
         self.assertEqual(router.drain("elvin://other:2917"), 1)
         (disconn,) = out.take()
         self.assertEqual((disconn.reason, disconn.args), (2, "elvin://other:2917"))
         self.assertTrue(out.closed)
         late = RecordingOutput()
-        router.open_session(late, "c2").packet_received(P.ConnRqst(1, 4, 0, {}))
+        router.open_session(late, "c2").packet_received(packets.ConnRqst(1, 4, 0, {}))
         kinds = [type(p) for p in late.take()]
-        self.assertEqual(kinds, [P.ConnRply, P.Disconn])
+        self.assertEqual(kinds, [packets.ConnRply, packets.Disconn])
         router.undrain()
         fresh = RecordingOutput()
-        router.open_session(fresh, "c3").packet_received(P.ConnRqst(1, 4, 0, {}))
-        self.assertEqual([type(p) for p in fresh.take()], [P.ConnRply])
+        router.open_session(fresh, "c3").packet_received(packets.ConnRqst(1, 4, 0, {}))
+        self.assertEqual([type(p) for p in fresh.take()], [packets.ConnRply])
 
 
 class LocalRouter:

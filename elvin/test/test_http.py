@@ -10,7 +10,7 @@ from twisted.web.http_headers import Headers
 
 from elvin import client
 from elvin.protocols.httpclient import HTTPTunnelEndpoint, _Bytes
-from elvin.protocols import packets as P
+from elvin.protocols import packets as elvin_packets
 from elvin.protocols.framing import frame
 from elvin.uri import ElvinURI
 
@@ -21,7 +21,7 @@ def unframe(data):
     packets = []
     while len(data) >= 4:
         (length,) = struct.unpack(">I", data[:4])
-        packets.append(P.decode(data[4:4 + length]))
+        packets.append(elvin_packets.decode(data[4:4 + length]))
         data = data[4 + length:]
     return packets
 
@@ -160,7 +160,7 @@ class HTTPWireTests(RouterFixture):
         url = yield self.open_session()
         self.assertGreaterEqual(len(url.rsplit(b"/", 1)[1]), 32)
         response, _ = yield self.request(
-            b"POST", url + b"?seq=1", frame(P.encode(P.ConnRqst(1, 4, 0))))
+            b"POST", url + b"?seq=1", frame(elvin_packets.encode(elvin_packets.ConnRqst(1, 4, 0))))
         self.assertEqual(response.code, 204)
         # Nothing was attached: the reply waited in the session's send queue.
         response, data = yield self.request(b"GET", url + b"?mode=poll")
@@ -168,17 +168,17 @@ class HTTPWireTests(RouterFixture):
         self.assertEqual(response.headers.getRawHeaders(b"content-type"),
                          [b"application/x-elvin-xdr"])
         (reply,) = unframe(data)
-        self.assertIsInstance(reply, P.ConnRply)
+        self.assertIsInstance(reply, elvin_packets.ConnRply)
         # Three requests in one POST, all answered (with no GET attached
         # the session is idle, so TestConn is answered too).
-        body = (frame(P.encode(P.TestConn()))
-                + frame(P.encode(P.SubAddRqst(2, "require(x)", True)))
-                + frame(P.encode(P.DisconnRqst(3))))
+        body = (frame(elvin_packets.encode(elvin_packets.TestConn()))
+                + frame(elvin_packets.encode(elvin_packets.SubAddRqst(2, "require(x)", True)))
+                + frame(elvin_packets.encode(elvin_packets.DisconnRqst(3))))
         response, _ = yield self.request(b"POST", url + b"?seq=2", body)
         self.assertEqual(response.code, 204)
         response, data = yield self.request(b"GET", url)
         kinds = [type(p) for p in unframe(data)]
-        self.assertEqual(kinds, [P.ConfConn, P.SubRply, P.DisconnRply])
+        self.assertEqual(kinds, [elvin_packets.ConfConn, elvin_packets.SubRply, elvin_packets.DisconnRply])
         # DisconnRply closed the session.
         self.assertEqual(self.site.tunnels, {})
         response, _ = yield self.request(b"GET", url)
@@ -189,7 +189,7 @@ class HTTPWireTests(RouterFixture):
     @defer.inlineCallbacks
     def test_seq_resend_ignored_and_gap_refused(self):
         url = yield self.open_session()
-        connrqst = frame(P.encode(P.ConnRqst(1, 4, 0)))
+        connrqst = frame(elvin_packets.encode(elvin_packets.ConnRqst(1, 4, 0)))
         response, _ = yield self.request(b"POST", url + b"?seq=1", connrqst)
         self.assertEqual(response.code, 204)
         response, _ = yield self.request(b"POST", url + b"?seq=1", connrqst)
@@ -197,7 +197,7 @@ class HTTPWireTests(RouterFixture):
         response, _ = yield self.request(b"POST", url + b"?seq=5", b"")
         self.assertEqual(response.code, 409)
         response, data = yield self.request(b"GET", url + b"?mode=poll")
-        self.assertEqual([type(p) for p in unframe(data)], [P.ConnRply])
+        self.assertEqual([type(p) for p in unframe(data)], [elvin_packets.ConnRply])
         self.assertEqual(len(self.router.sessions), 1)
 
     @defer.inlineCallbacks

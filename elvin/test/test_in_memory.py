@@ -88,11 +88,11 @@ class FederationInMemoryTests(unittest.TestCase):
 
         # A subscriber on the right: its filter reaches the left.
         from elvin.test.test_router import RecordingOutput
-        from elvin.protocols import packets as P
+        from elvin.protocols import packets
         out = RecordingOutput()
         consumer = right_router.open_session(out, "consumer")
-        consumer.packet_received(P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY))
-        consumer.packet_received(P.SubAddRqst(2, "require(greeting)", True, P.Keys.EMPTY))
+        consumer.packet_received(packets.ConnRqst(1, 4, 0, {}, packets.Keys.EMPTY, packets.Keys.EMPTY))
+        consumer.packet_received(packets.SubAddRqst(2, "require(greeting)", True, packets.Keys.EMPTY))
         out.take()
         self.clock.advance(0.02)   # the debounce
         pump.flush()
@@ -100,9 +100,9 @@ class FederationInMemoryTests(unittest.TestCase):
 
         # Published on the left, delivered on the right, exactly once.
         producer = left_router.open_session(RecordingOutput(), "producer")
-        producer.packet_received(P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY))
-        producer.packet_received(P.NotifyEmit({"greeting": "hi"}, True, P.Keys.EMPTY))
-        producer.packet_received(P.NotifyEmit({"other": 1}, True, P.Keys.EMPTY))
+        producer.packet_received(packets.ConnRqst(1, 4, 0, {}, packets.Keys.EMPTY, packets.Keys.EMPTY))
+        producer.packet_received(packets.NotifyEmit({"greeting": "hi"}, True, packets.Keys.EMPTY))
+        producer.packet_received(packets.NotifyEmit({"other": 1}, True, packets.Keys.EMPTY))
         pump.flush()
         deliveries = out.take()
         self.assertEqual([d.attributes for d in deliveries], [{"greeting": "hi"}])

@@ -6,19 +6,19 @@ from twisted.internet import defer
 from twisted.trial import unittest
 
 from elvin import errors
-from elvin.core import keys as K
+from elvin.core import keys as key_schemes
 from elvin.core.keys import CONSUMER, PRODUCER, KeyRing
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.test.test_integration import RouterFixture, wait_until
 from elvin.test.test_router import RouterTestCase
 
 
 class KeyRingTests(unittest.TestCase):
     def test_public_key_is_sha1(self):
-        self.assertEqual(K.public_key(b"secret"), hashlib.sha1(b"secret").digest())
+        self.assertEqual(key_schemes.public_key(b"secret"), hashlib.sha1(b"secret").digest())
 
     def test_producer_scheme(self):
-        nfn, sub = K.producer_keys("s")
+        nfn, sub = key_schemes.producer_keys("s")
         producer = KeyRing.from_wire(nfn, PRODUCER)
         consumer = KeyRing.from_wire(sub, CONSUMER)
         self.assertTrue(producer.matches(consumer))
@@ -27,7 +27,7 @@ class KeyRingTests(unittest.TestCase):
         self.assertFalse(forged.matches(consumer))
 
     def test_consumer_scheme(self):
-        nfn, sub = K.consumer_keys("s")
+        nfn, sub = key_schemes.consumer_keys("s")
         self.assertTrue(KeyRing.from_wire(nfn, PRODUCER).matches(
             KeyRing.from_wire(sub, CONSUMER)))
         # A consumer holding only the public key cannot receive.
@@ -35,34 +35,34 @@ class KeyRingTests(unittest.TestCase):
             KeyRing.from_wire(nfn, CONSUMER)))
 
     def test_dual_scheme_needs_both_halves(self):
-        nfn, sub = K.dual_keys("p", "c")
+        nfn, sub = key_schemes.dual_keys("p", "c")
         self.assertTrue(KeyRing.from_wire(nfn, PRODUCER).matches(
             KeyRing.from_wire(sub, CONSUMER)))
-        other_nfn, _ = K.dual_keys("p", "other")
+        other_nfn, _ = key_schemes.dual_keys("p", "other")
         self.assertFalse(KeyRing.from_wire(other_nfn, PRODUCER).matches(
             KeyRing.from_wire(sub, CONSUMER)))
 
     def test_different_secrets_do_not_match(self):
-        nfn, _ = K.producer_keys("a")
-        _, sub = K.producer_keys("b")
+        nfn, _ = key_schemes.producer_keys("a")
+        _, sub = key_schemes.producer_keys("b")
         self.assertFalse(KeyRing.from_wire(nfn, PRODUCER).matches(
             KeyRing.from_wire(sub, CONSUMER)))
 
     def test_empty_never_matches(self):
-        _, sub = K.producer_keys("a")
+        _, sub = key_schemes.producer_keys("a")
         self.assertFalse(KeyRing.EMPTY.matches(KeyRing.from_wire(sub, CONSUMER)))
 
     def test_bad_scheme_and_index(self):
         with self.assertRaises(errors.ElvinError) as cm:
-            KeyRing.from_wire(P.Keys({7: [[b"k"]]}), PRODUCER)
+            KeyRing.from_wire(packets.Keys({7: [[b"k"]]}), PRODUCER)
         self.assertEqual(cm.exception.code, errors.BAD_KEY_SCHEME)
         with self.assertRaises(errors.ElvinError) as cm:
-            KeyRing.from_wire(P.Keys({K.SHA1_DUAL: [[b"k"]]}), PRODUCER)
+            KeyRing.from_wire(packets.Keys({key_schemes.SHA1_DUAL: [[b"k"]]}), PRODUCER)
         self.assertEqual(cm.exception.code, errors.BAD_KEY_INDEX)
 
     def test_set_operations(self):
-        a = KeyRing.from_wire(K.producer_keys("a")[0], PRODUCER)
-        b = KeyRing.from_wire(K.producer_keys("b")[0], PRODUCER)
+        a = KeyRing.from_wire(key_schemes.producer_keys("a")[0], PRODUCER)
+        b = KeyRing.from_wire(key_schemes.producer_keys("b")[0], PRODUCER)
         both = a.union(b)
         self.assertEqual(len(both), 2)
         self.assertTrue(both.contains_all(a))
@@ -74,86 +74,86 @@ class KeyRingTests(unittest.TestCase):
 
 class KeyedRoutingTests(RouterTestCase):
     def deliveries(self, out):
-        return [p for p in out.take() if type(p) is P.NotifyDeliver]
+        return [p for p in out.take() if type(p) is packets.NotifyDeliver]
 
     def scenario(self, nfn, sub, deliver_insecure=False, accept_insecure=True):
         consumer, out = self.connect()
-        consumer.packet_received(P.SubAddRqst(self.xid(), "require(a)", accept_insecure, sub))
+        consumer.packet_received(packets.SubAddRqst(self.xid(), "require(a)", accept_insecure, sub))
         (rply,) = out.take()
         producer, _ = self.connect()
-        producer.packet_received(P.NotifyEmit({"a": 1}, deliver_insecure, nfn))
+        producer.packet_received(packets.NotifyEmit({"a": 1}, deliver_insecure, nfn))
         return rply.subscription_id, self.deliveries(out)
 
     def test_each_scheme_delivers_securely(self):
-        for nfn, sub in (K.producer_keys("x"), K.consumer_keys("x"), K.dual_keys("p", "c")):
+        for nfn, sub in (key_schemes.producer_keys("x"), key_schemes.consumer_keys("x"), key_schemes.dual_keys("p", "c")):
             sub_id, (d,) = self.scenario(nfn, sub)
             self.assertEqual((d.secure_matches, d.insecure_matches), ((sub_id,), ()))
 
     def test_wrong_key_is_not_delivered_when_insecure_forbidden(self):
-        nfn, _ = K.producer_keys("x")
-        _, sub = K.producer_keys("y")
+        nfn, _ = key_schemes.producer_keys("x")
+        _, sub = key_schemes.producer_keys("y")
         self.assertEqual(self.scenario(nfn, sub)[1], [])
 
     def test_wrong_key_delivered_insecurely_when_both_allow(self):
-        nfn, _ = K.producer_keys("x")
-        _, sub = K.producer_keys("y")
+        nfn, _ = key_schemes.producer_keys("x")
+        _, sub = key_schemes.producer_keys("y")
         sub_id, (d,) = self.scenario(nfn, sub, deliver_insecure=True)
         self.assertEqual((d.secure_matches, d.insecure_matches), ((), (sub_id,)))
         self.assertEqual(self.scenario(nfn, sub, True, accept_insecure=False)[1], [])
 
     def test_connection_keys(self):
-        nfn, sub = K.consumer_keys("x")
+        nfn, sub = key_schemes.consumer_keys("x")
         consumer, out = self.connect()
-        consumer.packet_received(P.SecRqst(self.xid(), P.Keys.EMPTY, P.Keys.EMPTY,
-                                           sub, P.Keys.EMPTY))
-        self.assertIsInstance(out.take()[0], P.SecRply)
-        consumer.packet_received(P.SubAddRqst(self.xid(), "require(a)", False, P.Keys.EMPTY))
+        consumer.packet_received(packets.SecRqst(self.xid(), packets.Keys.EMPTY, packets.Keys.EMPTY,
+                                           sub, packets.Keys.EMPTY))
+        self.assertIsInstance(out.take()[0], packets.SecRply)
+        consumer.packet_received(packets.SubAddRqst(self.xid(), "require(a)", False, packets.Keys.EMPTY))
         sub_id = out.take()[0].subscription_id
         producer, pout = self.connect()
-        producer.packet_received(P.SecRqst(self.xid(), nfn, P.Keys.EMPTY,
-                                           P.Keys.EMPTY, P.Keys.EMPTY))
+        producer.packet_received(packets.SecRqst(self.xid(), nfn, packets.Keys.EMPTY,
+                                           packets.Keys.EMPTY, packets.Keys.EMPTY))
         pout.take()
-        producer.packet_received(P.NotifyEmit({"a": 1}, False, P.Keys.EMPTY))
+        producer.packet_received(packets.NotifyEmit({"a": 1}, False, packets.Keys.EMPTY))
         (d,) = self.deliveries(out)
         self.assertEqual(d.secure_matches, (sub_id,))
         # Removing the producer's key stops secure delivery.
-        producer.packet_received(P.SecRqst(self.xid(), P.Keys.EMPTY, nfn,
-                                           P.Keys.EMPTY, P.Keys.EMPTY))
-        self.assertIsInstance(pout.take()[0], P.SecRply)
-        producer.packet_received(P.NotifyEmit({"a": 1}, False, P.Keys.EMPTY))
+        producer.packet_received(packets.SecRqst(self.xid(), packets.Keys.EMPTY, nfn,
+                                           packets.Keys.EMPTY, packets.Keys.EMPTY))
+        self.assertIsInstance(pout.take()[0], packets.SecRply)
+        producer.packet_received(packets.NotifyEmit({"a": 1}, False, packets.Keys.EMPTY))
         self.assertEqual(self.deliveries(out), [])
 
     def test_secrqst_duplicate_and_missing_keys(self):
-        nfn, _ = K.producer_keys("x")
+        nfn, _ = key_schemes.producer_keys("x")
         session, out = self.connect()
-        session.packet_received(P.SecRqst(1, nfn, P.Keys.EMPTY, P.Keys.EMPTY, P.Keys.EMPTY))
-        self.assertIsInstance(out.take()[0], P.SecRply)
-        session.packet_received(P.SecRqst(2, nfn, P.Keys.EMPTY, P.Keys.EMPTY, P.Keys.EMPTY))
+        session.packet_received(packets.SecRqst(1, nfn, packets.Keys.EMPTY, packets.Keys.EMPTY, packets.Keys.EMPTY))
+        self.assertIsInstance(out.take()[0], packets.SecRply)
+        session.packet_received(packets.SecRqst(2, nfn, packets.Keys.EMPTY, packets.Keys.EMPTY, packets.Keys.EMPTY))
         self.assertEqual(out.take()[0].error, errors.KEY_EXISTS)
-        other, _ = K.producer_keys("y")
-        session.packet_received(P.SecRqst(3, P.Keys.EMPTY, other, P.Keys.EMPTY, P.Keys.EMPTY))
+        other, _ = key_schemes.producer_keys("y")
+        session.packet_received(packets.SecRqst(3, packets.Keys.EMPTY, other, packets.Keys.EMPTY, packets.Keys.EMPTY))
         self.assertEqual(out.take()[0].error, errors.NO_SUCH_KEY)
 
     def test_submod_adds_and_removes_keys_silently(self):
-        nfn, sub = K.producer_keys("x")
+        nfn, sub = key_schemes.producer_keys("x")
         consumer, out = self.connect()
-        consumer.packet_received(P.SubAddRqst(1, "require(a)", False, P.Keys.EMPTY))
+        consumer.packet_received(packets.SubAddRqst(1, "require(a)", False, packets.Keys.EMPTY))
         sub_id = out.take()[0].subscription_id
-        consumer.packet_received(P.SubModRqst(2, sub_id, "", False, sub, P.Keys.EMPTY))
-        consumer.packet_received(P.SubModRqst(3, sub_id, "", False, sub, P.Keys.EMPTY))
-        self.assertEqual([type(p) for p in out.take()], [P.SubRply, P.SubRply])
+        consumer.packet_received(packets.SubModRqst(2, sub_id, "", False, sub, packets.Keys.EMPTY))
+        consumer.packet_received(packets.SubModRqst(3, sub_id, "", False, sub, packets.Keys.EMPTY))
+        self.assertEqual([type(p) for p in out.take()], [packets.SubRply, packets.SubRply])
         producer, _ = self.connect()
-        producer.packet_received(P.NotifyEmit({"a": 1}, False, nfn))
+        producer.packet_received(packets.NotifyEmit({"a": 1}, False, nfn))
         self.assertEqual(len(self.deliveries(out)), 1)
-        consumer.packet_received(P.SubModRqst(4, sub_id, "", False, P.Keys.EMPTY, sub))
+        consumer.packet_received(packets.SubModRqst(4, sub_id, "", False, packets.Keys.EMPTY, sub))
         out.take()
-        producer.packet_received(P.NotifyEmit({"a": 1}, False, nfn))
+        producer.packet_received(packets.NotifyEmit({"a": 1}, False, nfn))
         self.assertEqual(self.deliveries(out), [])
 
     def test_subscription_key_limit(self):
         session, out = self.connect({"Subscription.Max-Keys": 1})
-        two = P.Keys({K.SHA1_PRODUCER: [[b"a", b"b"]]})
-        session.packet_received(P.SubAddRqst(1, "require(a)", True, two))
+        two = packets.Keys({key_schemes.SHA1_PRODUCER: [[b"a", b"b"]]})
+        session.packet_received(packets.SubAddRqst(1, "require(a)", True, two))
         (nack,) = out.take()
         self.assertEqual((nack.error, nack.args), (errors.QOS_LIMIT, ("Subscription.Max-Keys",)))
 
@@ -165,7 +165,7 @@ class KeyedRoutingTests(RouterTestCase):
 class KeysOverTcpTests(RouterFixture):
     @defer.inlineCallbacks
     def test_keyed_delivery_over_tcp(self):
-        nfn, sub = K.producer_keys("launch-codes")
+        nfn, sub = key_schemes.producer_keys("launch-codes")
         consumer = yield self.connect()
         producer = yield self.connect()
         eavesdropper = yield self.connect()

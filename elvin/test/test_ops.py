@@ -18,7 +18,7 @@ from elvin.core.router import Router
 from elvin.ops.metrics import registry_for
 from elvin.ops.status import snapshot
 from elvin.ops.web import StatusSite, status_root
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.protocols.server import ElvinServerFactory
 from elvin.test.places import REPO
 from elvin.test.polling import wait_until
@@ -42,18 +42,18 @@ class MetricsUnitTests(unittest.TestCase):
     def session(self, peer):
         out = RecordingOutput()
         session = self.router.open_session(out, peer)
-        session.packet_received(P.ConnRqst(1, 4, 0, {}))
+        session.packet_received(packets.ConnRqst(1, 4, 0, {}))
         out.take()
         return session, out
 
     def test_counts_follow_the_packets(self):
         sub, sub_out = self.session("sub")
-        sub.packet_received(P.SubAddRqst(2, "require(x)", True, P.Keys.EMPTY))
-        sub.packet_received(P.SubAddRqst(3, "x ==", True, P.Keys.EMPTY))   # Nack 2101
+        sub.packet_received(packets.SubAddRqst(2, "require(x)", True, packets.Keys.EMPTY))
+        sub.packet_received(packets.SubAddRqst(3, "x ==", True, packets.Keys.EMPTY))   # Nack 2101
         pub, _ = self.session("pub")
         for n in range(5):
-            pub.packet_received(P.NotifyEmit({"x": n}, True, P.Keys.EMPTY))
-        pub.packet_received(P.NotifyEmit({"y": 1}, True, P.Keys.EMPTY))
+            pub.packet_received(packets.NotifyEmit({"x": n}, True, packets.Keys.EMPTY))
+        pub.packet_received(packets.NotifyEmit({"y": 1}, True, packets.Keys.EMPTY))
         got = samples(self.registry)
         self.assertEqual(got[("elvin_connections", (("transport", "tcp"),))], 2)
         self.assertEqual(got[("elvin_connections_opened_total", ())], 2)
@@ -307,14 +307,14 @@ class DeclaredCountersTests(unittest.TestCase):
         harness = Harness()
         router = harness.router
         sub, sub_t = harness.client()
-        sent = frame(P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY)) + frame(
-            P.SubAddRqst(2, "require(x)", True, P.Keys.EMPTY))
+        sent = frame(packets.ConnRqst(1, 4, 0, {}, packets.Keys.EMPTY, packets.Keys.EMPTY)) + frame(
+            packets.SubAddRqst(2, "require(x)", True, packets.Keys.EMPTY))
         sub.dataReceived(sent)
         pub, _ = harness.client()
-        pub.dataReceived(frame(P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY)))
+        pub.dataReceived(frame(packets.ConnRqst(1, 4, 0, {}, packets.Keys.EMPTY, packets.Keys.EMPTY)))
         sub.pauseProducing()           # the subscriber's socket stops draining
         for n in range(3):
-            pub.dataReceived(frame(P.NotifyEmit({"x": n}, True, P.Keys.EMPTY)))
+            pub.dataReceived(frame(packets.NotifyEmit({"x": n}, True, packets.Keys.EMPTY)))
         status = snapshot(router)
         totals = status["totals"]
         (client_row,) = [c for c in status["clients"] if c["subscriptions"]]

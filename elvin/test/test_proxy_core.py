@@ -14,7 +14,7 @@ from elvin import errors
 from elvin.client.state import ConnectionClosed, NackError
 from elvin.core.keys import consumer_keys, producer_keys
 from elvin.core.router import Router
-from elvin.protocols import packets as P
+from elvin.protocols import packets as elvin_packets
 from elvin.proxy.core import EVENT, ProxyCore
 from elvin.proxy.store import Store
 from elvin.test.test_router import RecordingOutput
@@ -37,12 +37,12 @@ class InProcessUpstream:
 
         class Output(RecordingOutput):
             def send(self, packet):
-                outer._received(P.decode(P.encode(packet)))
+                outer._received(elvin_packets.decode(elvin_packets.encode(packet)))
 
             def send_encoded(self, data, droppable):
-                outer._received(P.decode(data))
+                outer._received(elvin_packets.decode(data))
         self.session = self.router.open_session(Output(), "proxy")
-        self.session.packet_received(P.ConnRqst(next(self._xids), 4, 0, {}))
+        self.session.packet_received(elvin_packets.ConnRqst(next(self._xids), 4, 0, {}))
         self.is_up = True
         self.core.upstream_up()
 
@@ -55,10 +55,10 @@ class InProcessUpstream:
         self.core.upstream_down()
 
     def _received(self, packet):
-        if isinstance(packet, P.NotifyDeliver):
+        if isinstance(packet, elvin_packets.NotifyDeliver):
             self.core.upstream_notification(packet.attributes, packet.secure_matches,
                                             packet.insecure_matches)
-        elif isinstance(packet, P.Nack):
+        elif isinstance(packet, elvin_packets.Nack):
             self._waiting.pop(packet.xid).errback(
                 NackError(packet.error, packet.message, packet.args))
         elif hasattr(packet, "xid") and packet.xid in self._waiting:
@@ -74,19 +74,19 @@ class InProcessUpstream:
         return d
 
     def subscribe(self, expression, accept_insecure, keys):
-        return self._request(lambda x: P.SubAddRqst(x, expression, accept_insecure, keys)
+        return self._request(lambda x: elvin_packets.SubAddRqst(x, expression, accept_insecure, keys)
                              ).addCallback(lambda r: r.subscription_id)
 
     def modify(self, upstream_id, expression, accept_insecure, add_keys, del_keys):
-        return self._request(lambda x: P.SubModRqst(x, upstream_id, expression,
+        return self._request(lambda x: elvin_packets.SubModRqst(x, upstream_id, expression,
                                                     accept_insecure, add_keys, del_keys)
                              ).addCallback(lambda r: r.subscription_id)
 
     def unsubscribe(self, upstream_id):
-        return self._request(lambda x: P.SubDelRqst(x, upstream_id))
+        return self._request(lambda x: elvin_packets.SubDelRqst(x, upstream_id))
 
     def notify(self, attributes, deliver_insecure, keys):
-        self.session.packet_received(P.NotifyEmit(attributes, deliver_insecure, keys))
+        self.session.packet_received(elvin_packets.NotifyEmit(attributes, deliver_insecure, keys))
 
 
 class Clock:
@@ -117,10 +117,10 @@ class ProxyCoreCase(unittest.TestCase):
         self.upstream.core = self.core
         self.upstream.up()
 
-    def connect(self, options=None, nfn_keys=P.Keys.EMPTY, sub_keys=P.Keys.EMPTY):
+    def connect(self, options=None, nfn_keys=elvin_packets.Keys.EMPTY, sub_keys=elvin_packets.Keys.EMPTY):
         output = RecordingOutput()
         client = self.core.open_session(output, "peer")
-        client.packet_received(P.ConnRqst(next(self.xids), 4, 0, dict(options or {}),
+        client.packet_received(elvin_packets.ConnRqst(next(self.xids), 4, 0, dict(options or {}),
                                           nfn_keys, sub_keys))
         return client, output
 
@@ -133,28 +133,28 @@ class ProxyCoreCase(unittest.TestCase):
     def request(self, client, packet):
         client.packet_received(packet)
 
-    def subscribe(self, client, output, expression, keys=P.Keys.EMPTY):
-        self.request(client, P.SubAddRqst(next(self.xids), expression, True, keys))
-        reply = [p for p in output.take() if isinstance(p, (P.SubRply, P.Nack))][-1]
-        if isinstance(reply, P.Nack):
+    def subscribe(self, client, output, expression, keys=elvin_packets.Keys.EMPTY):
+        self.request(client, elvin_packets.SubAddRqst(next(self.xids), expression, True, keys))
+        reply = [p for p in output.take() if isinstance(p, (elvin_packets.SubRply, elvin_packets.Nack))][-1]
+        if isinstance(reply, elvin_packets.Nack):
             raise NackError(reply.error, reply.message, reply.args)
         return reply.subscription_id
 
-    def publish(self, attributes, keys=P.Keys.EMPTY, deliver_insecure=True):
+    def publish(self, attributes, keys=elvin_packets.Keys.EMPTY, deliver_insecure=True):
         publisher = self.upstream.router.open_session(RecordingOutput(), "publisher")
-        publisher.packet_received(P.ConnRqst(1, 4, 0, {}))
-        publisher.packet_received(P.NotifyEmit(attributes, deliver_insecure, keys))
+        publisher.packet_received(elvin_packets.ConnRqst(1, 4, 0, {}))
+        publisher.packet_received(elvin_packets.NotifyEmit(attributes, deliver_insecure, keys))
         publisher.connection_lost("done")
 
     @staticmethod
     def delivered(output):
         return [p for p in output.take()
-                if isinstance(p, P.NotifyDeliver) and EVENT not in p.attributes]
+                if isinstance(p, elvin_packets.NotifyDeliver) and EVENT not in p.attributes]
 
     @staticmethod
     def events(packets):
         return [p.attributes for p in packets
-                if isinstance(p, P.NotifyDeliver) and EVENT in p.attributes]
+                if isinstance(p, elvin_packets.NotifyDeliver) and EVENT in p.attributes]
 
 
 
@@ -164,7 +164,7 @@ class ProxyCoreTest(ProxyCoreCase):
 
     def test_plain_client_gets_router_behaviour(self):
         client, out = self.connect()
-        self.assertIsInstance(out.take()[0], P.ConnRply)
+        self.assertIsInstance(out.take()[0], elvin_packets.ConnRply)
         sub = self.subscribe(client, out, 'Group == "chat"')
         self.publish({"Group": "chat", "n": 1})
         self.publish({"Group": "news"})
@@ -186,13 +186,13 @@ class ProxyCoreTest(ProxyCoreCase):
     def test_notifications_go_upstream_with_connection_keys(self):
         secret = b"producer secret"
         subscriber = self.upstream.router.open_session(RecordingOutput(), "s")
-        subscriber.packet_received(P.ConnRqst(1, 4, 0, {}))
+        subscriber.packet_received(elvin_packets.ConnRqst(1, 4, 0, {}))
         nfn, sub = producer_keys(secret)
-        subscriber.packet_received(P.SubAddRqst(2, "require(x)", False, sub))
+        subscriber.packet_received(elvin_packets.SubAddRqst(2, "require(x)", False, sub))
         subscriber.output.take()
         client, out = self.connect(nfn_keys=nfn)
-        self.request(client, P.NotifyEmit({"x": 1}, False, P.Keys.EMPTY))
-        (note,) = [p for p in subscriber.output.take() if isinstance(p, P.NotifyDeliver)]
+        self.request(client, elvin_packets.NotifyEmit({"x": 1}, False, elvin_packets.Keys.EMPTY))
+        (note,) = [p for p in subscriber.output.take() if isinstance(p, elvin_packets.NotifyDeliver)]
         self.assertEqual(note.attributes, {"x": 1})
         self.assertEqual(list(note.secure_matches), [subscriber.subscriptions and
                                                      next(iter(subscriber.subscriptions))])
@@ -200,7 +200,7 @@ class ProxyCoreTest(ProxyCoreCase):
     def test_quench_is_refused_as_not_implemented(self):
         client, out = self.connect()
         out.take()
-        self.request(client, P.QnchAddRqst(5, ("x",), True, P.Keys.EMPTY))
+        self.request(client, elvin_packets.QnchAddRqst(5, ("x",), True, elvin_packets.Keys.EMPTY))
         (nack,) = out.take()
         self.assertEqual((nack.xid, nack.error), (5, errors.NOT_IMPL))
 
@@ -216,12 +216,12 @@ class ProxyCoreTest(ProxyCoreCase):
         self.publish({"Group": "news"})
         client, out = self.join("phone")
         packets = out.take()
-        self.assertIsInstance(packets[0], P.ConnRply)
+        self.assertIsInstance(packets[0], elvin_packets.ConnRply)
         events = self.events(packets)
         self.assertEqual([(e[EVENT], e.get("Proxy.Subscription")) for e in events],
                          [("subscription", sub), ("subscription", other), ("joined", None)])
         self.assertEqual(events[-1]["Proxy.Stored"], 3)
-        notes = [p for p in packets if isinstance(p, P.NotifyDeliver)
+        notes = [p for p in packets if isinstance(p, elvin_packets.NotifyDeliver)
                  and EVENT not in p.attributes]
         self.assertEqual([n.attributes["n"] for n in notes], [0, 1, 2])
         for note in notes:
@@ -262,9 +262,9 @@ class ProxyCoreTest(ProxyCoreCase):
     def test_per_subscription_limits_by_qos_request(self):
         client, out = self.join("phone")
         sub = self.subscribe(client, out, "require(n)")
-        self.request(client, P.QosRqst(7, {f"Proxy.Max-Count.{sub}": 1, f"Proxy.TTL.{sub}": 5}))
+        self.request(client, elvin_packets.QosRqst(7, {f"Proxy.Max-Count.{sub}": 1, f"Proxy.TTL.{sub}": 5}))
         (reply,) = out.take()
-        self.assertIsInstance(reply, P.QosRply)
+        self.assertIsInstance(reply, elvin_packets.QosRply)
         self.assertEqual(reply.options[f"Proxy.Max-Count.{sub}"], 1)
         self.assertEqual(self.store.subscriptions("phone")[0][3:], (5, 1))
         client.connection_lost()
@@ -324,13 +324,13 @@ class ProxyCoreTest(ProxyCoreCase):
         b, b_out = self.join("s")
         self.assertEqual([e.get("Proxy.Expression") for e in self.events(b_out.take())],
                          ["require(x)", None])
-        self.request(a, P.SubModRqst(3, sub, "require(y)", True, P.Keys.EMPTY, P.Keys.EMPTY))
+        self.request(a, elvin_packets.SubModRqst(3, sub, "require(y)", True, elvin_packets.Keys.EMPTY, elvin_packets.Keys.EMPTY))
         self.assertEqual([(e[EVENT], e["Proxy.Expression"]) for e in self.events(b_out.take())],
                          [("subscription", "require(y)")])
         self.publish({"x": 1})
         self.publish({"y": 1})
         self.assertEqual([n.attributes for n in self.delivered(b_out)], [{"y": 1}])
-        self.request(a, P.SubDelRqst(4, sub))
+        self.request(a, elvin_packets.SubDelRqst(4, sub))
         self.assertEqual([e[EVENT] for e in self.events(b_out.take())],
                          ["subscription-removed"])
         self.assertEqual(self.upstream.router.subscriptions, {})
@@ -353,9 +353,9 @@ class ProxyCoreTest(ProxyCoreCase):
         owner.connection_lost()
         user, out = self.join("s", Password="pw")
         self.assertEqual(self.events(out.take())[-1]["Proxy.Admin"], 0)
-        for packet in (P.SubAddRqst(8, "require(y)", True, P.Keys.EMPTY),
-                       P.SubDelRqst(9, sub),
-                       P.QosRqst(10, {"Proxy.Delete-Session": "s"})):
+        for packet in (elvin_packets.SubAddRqst(8, "require(y)", True, elvin_packets.Keys.EMPTY),
+                       elvin_packets.SubDelRqst(9, sub),
+                       elvin_packets.QosRqst(10, {"Proxy.Delete-Session": "s"})):
             self.request(user, packet)
             (nack,) = out.take()
             self.assertEqual((nack.xid, nack.error), (packet.xid, errors.AUTHZ_FAIL))
@@ -375,8 +375,8 @@ class ProxyCoreTest(ProxyCoreCase):
         self.subscribe(a, a_out, "require(x)")
         b, b_out = self.join("s", Admin_Password="boss")
         b_out.take()
-        self.request(a, P.QosRqst(11, {"Proxy.Delete-Session": "s"}))
-        self.assertIsInstance(a_out.take()[0], P.QosRply)
+        self.request(a, elvin_packets.QosRqst(11, {"Proxy.Delete-Session": "s"}))
+        self.assertIsInstance(a_out.take()[0], elvin_packets.QosRply)
         self.assertEqual([e[EVENT] for e in self.events(b_out.take())], ["session-deleted"])
         self.assertIsNone(self.store.session("s"))
         self.assertEqual(self.upstream.router.subscriptions, {})
@@ -410,9 +410,9 @@ class ProxyCoreTest(ProxyCoreCase):
         client, out = self.join("s")
         packets = out.take()
         self.assertEqual(self.events(packets)[-1]["Proxy.Dropped"], 2)
-        self.assertEqual(sum(isinstance(p, P.DropWarn) for p in packets), 1)
+        self.assertEqual(sum(isinstance(p, elvin_packets.DropWarn) for p in packets), 1)
         self.assertEqual([p.attributes["n"] for p in packets
-                          if isinstance(p, P.NotifyDeliver) and EVENT not in p.attributes],
+                          if isinstance(p, elvin_packets.NotifyDeliver) and EVENT not in p.attributes],
                          [2, 3, 4])
 
     # -- upstream ------------------------------------------------------------------
@@ -421,10 +421,10 @@ class ProxyCoreTest(ProxyCoreCase):
         client, out = self.join("s")
         sub = self.subscribe(client, out, "require(n)")
         self.upstream.down()
-        self.request(client, P.SubAddRqst(20, "require(m)", True, P.Keys.EMPTY))
+        self.request(client, elvin_packets.SubAddRqst(20, "require(m)", True, elvin_packets.Keys.EMPTY))
         (reply,) = out.take()
         self.assertEqual(reply.xid, 20)          # accepted while upstream is away
-        self.request(client, P.NotifyEmit({"m": 7}, True, P.Keys.EMPTY))
+        self.request(client, elvin_packets.NotifyEmit({"m": 7}, True, elvin_packets.Keys.EMPTY))
         self.upstream = upstream = InProcessUpstream()
         upstream.core = self.core
         self.core.upstream = upstream
@@ -466,8 +466,8 @@ class ProxyCoreTest(ProxyCoreCase):
         self.subscribe(client, out, "require(n)")
         self.publish({"n": 0}, keys=nfn, deliver_insecure=False)
         self.assertEqual(self.delivered(out), [])
-        self.request(client, P.SecRqst(30, P.Keys.EMPTY, P.Keys.EMPTY, sub_keys, P.Keys.EMPTY))
-        self.assertIsInstance(out.take()[-1], P.SecRply)
+        self.request(client, elvin_packets.SecRqst(30, elvin_packets.Keys.EMPTY, elvin_packets.Keys.EMPTY, sub_keys, elvin_packets.Keys.EMPTY))
+        self.assertIsInstance(out.take()[-1], elvin_packets.SecRply)
         self.publish({"n": 1}, keys=nfn, deliver_insecure=False)
         self.assertEqual(len(self.delivered(out)), 1)
 
@@ -516,12 +516,12 @@ class AdmissionTest(ProxyCoreCase):
 
     def test_requests_sent_before_conn_rply_wait(self):
         client, out = self.join("s", Password="pw")
-        client.packet_received(P.SubAddRqst(40, "require(x)", True, P.Keys.EMPTY))
-        client.packet_received(P.TestConn())
+        client.packet_received(elvin_packets.SubAddRqst(40, "require(x)", True, elvin_packets.Keys.EMPTY))
+        client.packet_received(elvin_packets.TestConn())
         self.assertEqual(out.take(), [])
         self.run_checks()
         kinds = [type(p).__name__ for p in out.take() if not (
-            isinstance(p, P.NotifyDeliver) and EVENT in p.attributes)]
+            isinstance(p, elvin_packets.NotifyDeliver) and EVENT in p.attributes)]
         self.assertEqual(kinds[:2], ["ConnRply", "SubRply"])
         self.assertEqual(self.store.subscriptions("s")[0][1], "require(x)")
 
@@ -536,6 +536,6 @@ class AdmissionTest(ProxyCoreCase):
         a, a_out = self.join("s", Password="pw")
         b, b_out = self.join("s", Password="other")
         self.run_checks()
-        self.assertIsInstance(a_out.take()[0], P.ConnRply)
+        self.assertIsInstance(a_out.take()[0], elvin_packets.ConnRply)
         (nack,) = b_out.take()
         self.assertEqual(nack.error, errors.AUTHZ_FAIL)     # the first made it

@@ -8,7 +8,7 @@ from twisted.web.client import Agent, readBody
 from twisted.web.http_headers import Headers
 from twisted.web.server import Site
 
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.proxy.core import ACK, ProxyCore
 from elvin.proxy.counters import registry_for, snapshot, status_root
 from elvin.proxy.store import Store
@@ -25,7 +25,7 @@ class CountersTest(ProxyCoreCase):
         for n in range(5):
             self.publish({"n": n})
         phone, out = self.join("phone", Ack_Window=100)
-        phone.packet_received(P.QosRqst(next(self.xids), {ACK: Int64(3)}))
+        phone.packet_received(packets.QosRqst(next(self.xids), {ACK: Int64(3)}))
         self.core.upstream_dropwarn()
         self.core.upstream.early_retries = 2      # as Upstream counts them
         status = snapshot(self.core)

@@ -18,7 +18,7 @@ from twisted.trial import unittest
 
 from elvin import errors
 from elvin.core.keys import consumer_keys, producer_keys
-from elvin.protocols import packets as P
+from elvin.protocols import packets as elvin_packets
 from elvin.protocols.xdr import Reader
 from elvin.proxy.ack import Acknowledger
 from elvin.proxy.core import ACK, ACK_WINDOW, EVENT, ProxyCore
@@ -35,7 +35,7 @@ def key_bytes(keys):
 
 def values(packets):
     return [p.attributes["n"] for p in packets
-            if isinstance(p, P.NotifyDeliver) and EVENT not in p.attributes]
+            if isinstance(p, elvin_packets.NotifyDeliver) and EVENT not in p.attributes]
 
 
 class AcknowledgedDeliveryTest(ProxyCoreCase):
@@ -50,8 +50,8 @@ class AcknowledgedDeliveryTest(ProxyCoreCase):
             self.publish({"n": n})
 
     def ack(self, client, out, count):
-        self.request(client, P.QosRqst(next(self.xids), {ACK: Int64(count)}))
-        return [p for p in out.sent if isinstance(p, (P.QosRply, P.Nack))][-1]
+        self.request(client, elvin_packets.QosRqst(next(self.xids), {ACK: Int64(count)}))
+        return [p for p in out.sent if isinstance(p, (elvin_packets.QosRply, elvin_packets.Nack))][-1]
 
     def test_link_dropped_mid_replay_loses_nothing(self):
         self.stored(1000)
@@ -184,15 +184,15 @@ class UpstreamDropTest(SubscribedCase):
     def test_dropwarn_reaches_connected_clients_and_the_next_of_others(self):
         here_out, plain_out = self.subscribed()
         self.core.upstream_dropwarn()
-        self.assertTrue(any(isinstance(p, P.DropWarn) for p in here_out.take()))
-        self.assertTrue(any(isinstance(p, P.DropWarn) for p in plain_out.take()))
+        self.assertTrue(any(isinstance(p, elvin_packets.DropWarn) for p in here_out.take()))
+        self.assertTrue(any(isinstance(p, elvin_packets.DropWarn) for p in plain_out.take()))
         self.assertEqual(self.core.counters.upstream_dropwarns, 1)
         self.flushLoggedErrors()
         away, away_out = self.join("away")
         packets = away_out.take()
         joined = [e for e in self.events(packets) if e[EVENT] == "joined"]
         self.assertEqual(joined[0]["Proxy.Dropped"], 1)
-        self.assertTrue(any(isinstance(p, P.DropWarn) for p in packets))
+        self.assertTrue(any(isinstance(p, elvin_packets.DropWarn) for p in packets))
 
 
 class PrivateSessionTest(ProxyCoreCase):
@@ -206,7 +206,7 @@ class PrivateSessionTest(ProxyCoreCase):
             self.assertEqual((nack.error, nack.message), (errors.AUTHZ_FAIL,
                                                           "authorisation failed"))
         client, out = self.join("mine", Admin_Password="s3cret")
-        self.assertIsInstance(out.take()[0], P.ConnRply)
+        self.assertIsInstance(out.take()[0], elvin_packets.ConnRply)
 
     def test_admin_clients_are_told_the_session_keys(self):
         nfn, _ = producer_keys(b"n-secret")
@@ -218,7 +218,7 @@ class PrivateSessionTest(ProxyCoreCase):
         (keys,) = [e for e in self.events(out.take()) if e[EVENT] == "keys"]
         for attribute, given in (("Proxy.Notification-Keys", nfn),
                                  ("Proxy.Subscription-Keys", sub)):
-            told = P.KEYS.read(Reader(keys[attribute]), "keys")
+            told = elvin_packets.KEYS.read(Reader(keys[attribute]), "keys")
             self.assertEqual(key_bytes(told), key_bytes(given))
         reader, out = self.join("k", Password="j")
         self.assertFalse([e for e in self.events(out.take()) if e[EVENT] == "keys"])
@@ -477,12 +477,12 @@ class DiskFullTest(ProxyCoreCase):
         phone, out = self.join("phone")
         reactor.advance(0)
         packets = out.take()
-        self.assertIsInstance(packets[0], P.ConnRply)
+        self.assertIsInstance(packets[0], elvin_packets.ConnRply)
         got = values(packets)
         self.assertEqual(got[:3], [0, 1, 2])       # the replay works
         (joined,) = [e for e in self.events(packets) if e[EVENT] == "joined"]
         self.assertGreater(joined["Proxy.Dropped"], 0)
-        self.assertTrue(any(isinstance(p, P.DropWarn) for p in packets))
+        self.assertTrue(any(isinstance(p, elvin_packets.DropWarn) for p in packets))
         phone.connection_lost()
         self.store.db.execute("PRAGMA max_page_count = 1000000")
         self.clock.now += 2
@@ -585,12 +585,12 @@ class GapTest(SubscribedCase):
         packets = out.take()
         (joined,) = [e for e in self.events(packets) if e[EVENT] == "joined"]
         self.assertEqual(joined["Proxy.Dropped"], 1)
-        self.assertEqual(sum(isinstance(p, P.DropWarn) for p in packets), 1)
+        self.assertEqual(sum(isinstance(p, elvin_packets.DropWarn) for p in packets), 1)
         empty, out = self.join("empty")
         packets = out.take()
         (joined,) = [e for e in self.events(packets) if e[EVENT] == "joined"]
         self.assertEqual(joined["Proxy.Dropped"], 0)
-        self.assertFalse(any(isinstance(p, P.DropWarn) for p in packets))
+        self.assertFalse(any(isinstance(p, elvin_packets.DropWarn) for p in packets))
         self.flushLoggedErrors()
 
     def test_a_new_proxy_counts_no_gap(self):
@@ -605,11 +605,11 @@ class GapTest(SubscribedCase):
         for out in (here_out, idle_out, plain_out, bare_out):
             out.take()
         self.upstream.down()
-        self.assertFalse(any(isinstance(p, P.DropWarn) for p in here_out.take()))
+        self.assertFalse(any(isinstance(p, elvin_packets.DropWarn) for p in here_out.take()))
         self.assertEqual(self.gaps(), (0, 0))          # told when it ends
         self.reconnect()
         for out, warned in ((here_out, 1), (plain_out, 1), (idle_out, 0), (bare_out, 0)):
-            self.assertEqual(sum(isinstance(p, P.DropWarn) for p in out.take()), warned)
+            self.assertEqual(sum(isinstance(p, elvin_packets.DropWarn) for p in out.take()), warned)
         self.assertEqual(self.gaps(), (3, 0))          # here, away, plain's own
         self.assertEqual(self.core.counters.upstream_dropwarns, 0)
         away, away_out = self.join("away")

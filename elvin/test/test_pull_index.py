@@ -10,9 +10,9 @@ from hypothesis import given, settings, strategies as st
 from twisted.internet.task import Clock
 from twisted.trial import unittest
 
-from elvin.federation import filters as F
+from elvin.federation import filters
 from elvin.federation.manager import FederationClass, FederationManager
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.core.router import Router
 from elvin.subscription import parse
 from elvin.test.test_router import RecordingOutput
@@ -25,24 +25,24 @@ def _tree(text):
 class DisjunctTests(unittest.TestCase):
 
     def test_or_is_flattened(self):
-        parts = F.disjuncts(_tree("a == 1 || (b == 2 || c == 3)"))
+        parts = filters.disjuncts(_tree("a == 1 || (b == 2 || c == 3)"))
         self.assertEqual(len(parts), 3)
 
     def test_and_distributes_over_or(self):
-        parts = F.disjuncts(_tree("(a == 1 || b == 2) && c == 3"))
+        parts = filters.disjuncts(_tree("(a == 1 || b == 2) && c == 3"))
         self.assertEqual(len(parts), 2)
         for part, attrs in zip(parts, ({"a": 1, "c": 3}, {"b": 2, "c": 3})):
-            self.assertTrue(F.Filter(part).matches(attrs))
+            self.assertTrue(filters.Filter(part).matches(attrs))
 
     def test_constants(self):
-        self.assertEqual(F.disjuncts(F.TRUE), [F.TRUE])
-        self.assertEqual(F.disjuncts(F.FALSE), [])
+        self.assertEqual(filters.disjuncts(filters.TRUE), [filters.TRUE])
+        self.assertEqual(filters.disjuncts(filters.FALSE), [])
 
     def test_a_wide_product_stays_one_disjunct(self):
         wide = " && ".join("(" + " || ".join(f"n{i} == {j}" for j in range(3)) + ")"
                            for i in range(5))      # 3**5 = 243 combinations
         tree = _tree(wide)
-        self.assertEqual(F.disjuncts(tree), [tree])
+        self.assertEqual(filters.disjuncts(tree), [tree])
 
     @settings(max_examples=200, deadline=None)
     @given(st.dictionaries(st.sampled_from("abcd"), st.integers(0, 3), max_size=4))
@@ -52,8 +52,8 @@ class DisjunctTests(unittest.TestCase):
                      "require(a) && (b == 1 || c == 2 || d == 3)",
                      "!(a == 1 || b == 1) || c == 2"):
             tree = _tree(text)
-            whole = F.Filter(tree).matches(attrs)
-            any_part = any(F.Filter(p).matches(attrs) for p in F.disjuncts(tree))
+            whole = filters.Filter(tree).matches(attrs)
+            any_part = any(filters.Filter(p).matches(attrs) for p in filters.disjuncts(tree))
             self.assertEqual(whole, any_part, (text, attrs))
 
 
@@ -61,7 +61,7 @@ class RouterPullTests(unittest.TestCase):
 
     def test_pulled_by_uses_the_index(self):
         router = Router()
-        router.set_pull_filter("left", F.disjuncts(_tree("a == 1 || b == 2")))
+        router.set_pull_filter("left", filters.disjuncts(_tree("a == 1 || b == 2")))
         router.set_pull_filter("right", [_tree("c == 3")])
         self.assertEqual(list(router.pulled_by({"a": 1})), ["left"])
         self.assertEqual(sorted(router.pulled_by({"b": 2, "c": 3})), ["left", "right"])
@@ -112,7 +112,7 @@ class _FakeLink:
         self.peer_domain = domain
         self.output = _Output()
         self.stats = {"out": 0}
-        self.remote_filter = F.Filter(F.FALSE)
+        self.remote_filter = filters.Filter(filters.FALSE)
 
     def send_filter(self, tree):
         pass
@@ -131,7 +131,7 @@ class ManagerPullTests(unittest.TestCase):
     def _link(self, domain, text):
         link = _FakeLink(domain)
         self.manager.link_up(link)
-        link.remote_filter = F.Filter(F.parse_filter(text))
+        link.remote_filter = filters.Filter(filters.parse_filter(text))
         self.manager.remote_filter_changed(link)
         return link
 
@@ -139,10 +139,10 @@ class ManagerPullTests(unittest.TestCase):
         a = self._link("a.test", "x == 1 || y == 2")
         b = self._link("b.test", "z == 3")
         session = self.router.open_session(RecordingOutput(), "producer")
-        session.packet_received(P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY))
-        session.packet_received(P.NotifyEmit({"y": 2}, True, P.Keys.EMPTY))
-        session.packet_received(P.NotifyEmit({"z": 3, "x": 1}, True, P.Keys.EMPTY))
-        session.packet_received(P.NotifyEmit({"q": 1}, True, P.Keys.EMPTY))
+        session.packet_received(packets.ConnRqst(1, 4, 0, {}, packets.Keys.EMPTY, packets.Keys.EMPTY))
+        session.packet_received(packets.NotifyEmit({"y": 2}, True, packets.Keys.EMPTY))
+        session.packet_received(packets.NotifyEmit({"z": 3, "x": 1}, True, packets.Keys.EMPTY))
+        session.packet_received(packets.NotifyEmit({"q": 1}, True, packets.Keys.EMPTY))
         self.assertEqual((a.stats["out"], b.stats["out"]), (2, 1))
 
     def test_a_link_that_goes_down_stops_pulling(self):

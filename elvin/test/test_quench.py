@@ -7,18 +7,18 @@ import tracemalloc
 from twisted.trial import unittest
 
 from elvin import errors
-from elvin.core import keys as K
+from elvin.core import keys as key_schemes
 from elvin.core.quench import NAME_COST, quench_cost
-from elvin.protocols import packets as P
+from elvin.protocols import packets as elvin_packets
 from elvin.subscription import parse
 from elvin.test.test_router import RouterTestCase
 
 
 class QuenchRouterTests(RouterTestCase):
-    def quench(self, session, out, names, deliver_insecure=True, keys=P.Keys.EMPTY):
-        session.packet_received(P.QnchAddRqst(self.xid(), tuple(names), deliver_insecure, keys))
+    def quench(self, session, out, names, deliver_insecure=True, keys=elvin_packets.Keys.EMPTY):
+        session.packet_received(elvin_packets.QnchAddRqst(self.xid(), tuple(names), deliver_insecure, keys))
         packets = out.take()
-        self.assertIsInstance(packets[0], P.QnchRply)
+        self.assertIsInstance(packets[0], elvin_packets.QnchRply)
         return packets[0].quench_id, packets[1:]
 
     def test_existing_and_new_subscriptions_are_notified(self):
@@ -28,13 +28,13 @@ class QuenchRouterTests(RouterTestCase):
         q_s, q_out = self.connect()
         qid, initial = self.quench(q_s, q_out, ["price", "volume"])
         (note,) = initial
-        self.assertIsInstance(note, P.SubAddNotify)
+        self.assertIsInstance(note, elvin_packets.SubAddNotify)
         self.assertEqual(note.term_id, existing)
         self.assertEqual(note.insecure_quench_ids, (qid,))
         self.assertEqual(note.sub_expr, parse("price > 10"))
         new = self.subscribe(sub_s, sub_out, 'volume < 5 && sym == "X"').subscription_id
         (note,) = q_out.take()
-        self.assertEqual((type(note), note.term_id), (P.SubAddNotify, new))
+        self.assertEqual((type(note), note.term_id), (elvin_packets.SubAddNotify, new))
         self.assertEqual(note.sub_expr, parse('volume < 5 && sym == "X"'))
         self.subscribe(sub_s, sub_out, "unrelated > 1")
         self.assertEqual(q_out.take(), [])
@@ -47,18 +47,18 @@ class QuenchRouterTests(RouterTestCase):
         self.assertEqual(initial, [])
 
         def modify(expression):
-            sub_s.packet_received(P.SubModRqst(self.xid(), sub_id, expression, True,
-                                               P.Keys.EMPTY, P.Keys.EMPTY))
-            self.assertIsInstance(sub_out.take()[0], P.SubRply)
+            sub_s.packet_received(elvin_packets.SubModRqst(self.xid(), sub_id, expression, True,
+                                               elvin_packets.Keys.EMPTY, elvin_packets.Keys.EMPTY))
+            self.assertIsInstance(sub_out.take()[0], elvin_packets.SubRply)
             return q_out.take()
 
         (n,) = modify("price > 1")
-        self.assertIsInstance(n, P.SubAddNotify)
+        self.assertIsInstance(n, elvin_packets.SubAddNotify)
         (n,) = modify("price > 2")
-        self.assertIsInstance(n, P.SubModNotify)
+        self.assertIsInstance(n, elvin_packets.SubModNotify)
         self.assertEqual(n.sub_expr, parse("price > 2"))
         (n,) = modify("a == 2")
-        self.assertEqual(n, P.SubDelNotify((qid,), sub_id))
+        self.assertEqual(n, elvin_packets.SubDelNotify((qid,), sub_id))
 
     def test_delete_and_disconnect_notify(self):
         sub_s, sub_out = self.connect()
@@ -66,10 +66,10 @@ class QuenchRouterTests(RouterTestCase):
         b = self.subscribe(sub_s, sub_out, "price > 2").subscription_id
         q_s, q_out = self.connect()
         qid, _ = self.quench(q_s, q_out, ["price"])
-        sub_s.packet_received(P.SubDelRqst(self.xid(), a))
-        self.assertEqual(q_out.take(), [P.SubDelNotify((qid,), a)])
+        sub_s.packet_received(elvin_packets.SubDelRqst(self.xid(), a))
+        self.assertEqual(q_out.take(), [elvin_packets.SubDelNotify((qid,), a)])
         sub_s.connection_lost()
-        self.assertEqual(q_out.take(), [P.SubDelNotify((qid,), b)])
+        self.assertEqual(q_out.take(), [elvin_packets.SubDelNotify((qid,), b)])
 
     def test_one_packet_per_quenching_client(self):
         q_s, q_out = self.connect()
@@ -81,7 +81,7 @@ class QuenchRouterTests(RouterTestCase):
         self.assertEqual(sorted(n.insecure_quench_ids), sorted([q1, q2]))
 
     def test_keys_decide_visibility(self):
-        nfn, sub = K.producer_keys("k")
+        nfn, sub = key_schemes.producer_keys("k")
         sub_s, sub_out = self.connect()
         secret = self.subscribe_keys(sub_s, sub_out, "price > 1", accept_insecure=False, keys=sub)
         public = self.subscribe(sub_s, sub_out, "price > 2").subscription_id
@@ -93,7 +93,7 @@ class QuenchRouterTests(RouterTestCase):
         self.assertEqual([(n.term_id, n.insecure_quench_ids) for n in initial], [(public, (pq,))])
 
     def subscribe_keys(self, session, out, expression, accept_insecure, keys):
-        session.packet_received(P.SubAddRqst(self.xid(), expression, accept_insecure, keys))
+        session.packet_received(elvin_packets.SubAddRqst(self.xid(), expression, accept_insecure, keys))
         return out.take()[0].subscription_id
 
     def test_quench_modify_adds_and_removes_names(self):
@@ -103,30 +103,30 @@ class QuenchRouterTests(RouterTestCase):
         q_s, q_out = self.connect()
         qid, initial = self.quench(q_s, q_out, ["a"])
         self.assertEqual([n.term_id for n in initial], [a])
-        q_s.packet_received(P.QnchModRqst(self.xid(), qid, ("b",), ("a",), True,
-                                          P.Keys.EMPTY, P.Keys.EMPTY))
+        q_s.packet_received(elvin_packets.QnchModRqst(self.xid(), qid, ("b",), ("a",), True,
+                                          elvin_packets.Keys.EMPTY, elvin_packets.Keys.EMPTY))
         packets = q_out.take()
-        self.assertIsInstance(packets[0], P.QnchRply)
-        self.assertEqual(packets[1:], [P.SubDelNotify((qid,), a),
-                                       P.SubAddNotify((), (qid,), b, parse("b > 1"))])
+        self.assertIsInstance(packets[0], elvin_packets.QnchRply)
+        self.assertEqual(packets[1:], [elvin_packets.SubDelNotify((qid,), a),
+                                       elvin_packets.SubAddNotify((), (qid,), b, parse("b > 1"))])
 
     def test_quench_nacks(self):
         q_s, q_out = self.connect()
-        q_s.packet_received(P.QnchAddRqst(1, (), True, P.Keys.EMPTY))
+        q_s.packet_received(elvin_packets.QnchAddRqst(1, (), True, elvin_packets.Keys.EMPTY))
         self.assertEqual(q_out.take()[0].error, errors.EMPTY_QUENCH)
         qid, _ = self.quench(q_s, q_out, ["a"])
         cases = [
-            (P.QnchModRqst(2, qid, ("a",), (), True, P.Keys.EMPTY, P.Keys.EMPTY), errors.ATTR_EXISTS),
-            (P.QnchModRqst(3, qid, (), ("z",), True, P.Keys.EMPTY, P.Keys.EMPTY), errors.NO_SUCH_ATTR),
-            (P.QnchModRqst(4, qid, (), ("a",), True, P.Keys.EMPTY, P.Keys.EMPTY), errors.EMPTY_QUENCH),
-            (P.QnchModRqst(5, 999, ("b",), (), True, P.Keys.EMPTY, P.Keys.EMPTY), errors.NO_SUCH_QUENCH),
-            (P.QnchDelRqst(6, 999), errors.NO_SUCH_QUENCH),
+            (elvin_packets.QnchModRqst(2, qid, ("a",), (), True, elvin_packets.Keys.EMPTY, elvin_packets.Keys.EMPTY), errors.ATTR_EXISTS),
+            (elvin_packets.QnchModRqst(3, qid, (), ("z",), True, elvin_packets.Keys.EMPTY, elvin_packets.Keys.EMPTY), errors.NO_SUCH_ATTR),
+            (elvin_packets.QnchModRqst(4, qid, (), ("a",), True, elvin_packets.Keys.EMPTY, elvin_packets.Keys.EMPTY), errors.EMPTY_QUENCH),
+            (elvin_packets.QnchModRqst(5, 999, ("b",), (), True, elvin_packets.Keys.EMPTY, elvin_packets.Keys.EMPTY), errors.NO_SUCH_QUENCH),
+            (elvin_packets.QnchDelRqst(6, 999), errors.NO_SUCH_QUENCH),
         ]
         for packet, code in cases:
             q_s.packet_received(packet)
             self.assertEqual(q_out.take()[0].error, code, packet)
-        q_s.packet_received(P.QnchDelRqst(7, qid))
-        self.assertEqual(q_out.take(), [P.QnchRply(7, qid)])
+        q_s.packet_received(elvin_packets.QnchDelRqst(7, qid))
+        self.assertEqual(q_out.take(), [elvin_packets.QnchRply(7, qid)])
         sub_s, sub_out = self.connect()
         self.subscribe(sub_s, sub_out, "a > 1")
         self.assertEqual(q_out.take(), [])
@@ -183,7 +183,7 @@ class QuenchMemoryTests(RouterTestCase):
         full = sys.getsizeof(registry._quenches_by_name)
         full_shared = sys.getsizeof(registry._quenches_by_name["shared"].quenches)
         for qid in ids[:-5]:
-            q_s.packet_received(P.QnchDelRqst(self.xid(), qid))
+            q_s.packet_received(elvin_packets.QnchDelRqst(self.xid(), qid))
         self.assertEqual(len(q_out.take()), len(ids) - 5)
         self.assertEqual(registry.names(), 5 * 64 + 1)
         self.assertLess(sys.getsizeof(registry._quenches_by_name), full / 16)
@@ -192,8 +192,8 @@ class QuenchMemoryTests(RouterTestCase):
 
     def test_memory_is_in_proportion_and_comes_back(self):
         q_s, q_out = self.connect(self.many)
-        packets = [P.QnchAddRqst(self.xid(), _names(f"quench{i:04d}.attribute", 256), True,
-                                 P.Keys.EMPTY) for i in range(200)]
+        packets = [elvin_packets.QnchAddRqst(self.xid(), _names(f"quench{i:04d}.attribute", 256), True,
+                                 elvin_packets.Keys.EMPTY) for i in range(200)]
         sizes = sum(sys.getsizeof(name) for packet in packets for name in packet.names)
         gc.collect()
         tracemalloc.start()
@@ -226,10 +226,10 @@ class QuenchMemoryTests(RouterTestCase):
         term = self.subscribe(sub_s, sub_out, "price > 1").subscription_id
         accepted = 0
         while True:
-            hog.packet_received(P.QnchAddRqst(self.xid(), _names(f"h{accepted}", 256), True,
-                                              P.Keys.EMPTY))
+            hog.packet_received(elvin_packets.QnchAddRqst(self.xid(), _names(f"h{accepted}", 256), True,
+                                              elvin_packets.Keys.EMPTY))
             reply = hog_out.take()[0]
-            if isinstance(reply, P.Nack):
+            if isinstance(reply, elvin_packets.Nack):
                 break
             accepted += 1
         self.assertEqual(reply.error, errors.IMPL_LIMIT)
@@ -241,18 +241,18 @@ class QuenchMemoryTests(RouterTestCase):
         # Growing a quench past the cap is refused too; the quench is kept.
         qid = min(hog.quenches)
         longer = _names("longer" * 100, 200)
-        hog.packet_received(P.QnchModRqst(self.xid(), qid, longer, _names("h0", 200), True,
-                                          P.Keys.EMPTY, P.Keys.EMPTY))
+        hog.packet_received(elvin_packets.QnchModRqst(self.xid(), qid, longer, _names("h0", 200), True,
+                                          elvin_packets.Keys.EMPTY, elvin_packets.Keys.EMPTY))
         self.assertEqual(hog_out.take()[0].error, errors.IMPL_LIMIT)
         self.assertEqual(len(hog.quenches[qid].names), 256)
         # Shrinking one is not.
-        hog.packet_received(P.QnchModRqst(self.xid(), qid, (), _names("h0", 200), True,
-                                          P.Keys.EMPTY, P.Keys.EMPTY))
-        self.assertIsInstance(hog_out.take()[0], P.QnchRply)
+        hog.packet_received(elvin_packets.QnchModRqst(self.xid(), qid, (), _names("h0", 200), True,
+                                          elvin_packets.Keys.EMPTY, elvin_packets.Keys.EMPTY))
+        self.assertIsInstance(hog_out.take()[0], elvin_packets.QnchRply)
         # Everyone else is still served: subscriptions and notifications...
         self.emit(bystander, {"price": 5})
         (deliver,) = sub_out.take()
-        self.assertIsInstance(deliver, P.NotifyDeliver)
+        self.assertIsInstance(deliver, elvin_packets.NotifyDeliver)
         # ... and, once the hog has gone, quenches.
         hog.connection_lost()
         self.assertEqual(self.router.quench.bytes, 0)

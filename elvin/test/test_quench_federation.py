@@ -4,8 +4,8 @@ federation"). In memory (elvin.test.fednet): one fake clock, no sockets."""
 
 from twisted.trial import unittest
 
-from elvin.federation import filters as F
-from elvin.protocols import packets as P
+from elvin.federation import filters as fed_filters
+from elvin.protocols import packets as elvin_packets
 from elvin.subscription.compiler import compile_tree
 from elvin.test.fednet import Net
 
@@ -15,9 +15,9 @@ def _terms(packets, terms=None):
     (applied in order to ``terms``, if given)."""
     terms = {} if terms is None else terms
     for packet in packets:
-        if isinstance(packet, (P.SubAddNotify, P.SubModNotify)):
+        if isinstance(packet, (elvin_packets.SubAddNotify, elvin_packets.SubModNotify)):
             terms[packet.term_id] = packet.sub_expr
-        elif isinstance(packet, P.SubDelNotify):
+        elif isinstance(packet, elvin_packets.SubDelNotify):
             terms.pop(packet.term_id, None)
     return terms
 
@@ -54,12 +54,12 @@ class QuenchAcrossFederationTests(unittest.TestCase):
         (tree,) = terms.values()
         self.assertTrue(_wanted(terms, {"x": 1, "y": 3}))
         self.assertFalse(_wanted(terms, {"x": 2, "y": 3}))
-        add = next(p for p in packets if isinstance(p, P.SubAddNotify))
+        add = next(p for p in packets if isinstance(p, elvin_packets.SubAddNotify))
         self.assertEqual((add.secure_quench_ids, len(add.insecure_quench_ids)), ((), 1))
         # The subscription goes: so does the term.
         consumer.unsubscribe(sub)
         net.run(0.5)
-        deleted = [p for p in quencher.take() if isinstance(p, P.SubDelNotify)]
+        deleted = [p for p in quencher.take() if isinstance(p, elvin_packets.SubDelNotify)]
         self.assertEqual([d.term_id for d in deleted], list(terms))
 
     def test_a_quench_added_later_hears_of_what_is_there(self):
@@ -74,7 +74,7 @@ class QuenchAcrossFederationTests(unittest.TestCase):
         self.assertTrue(_wanted(terms, {"x": 1}))
         self.assertTrue(_wanted(terms, {"x": 2}))
         self.assertTrue(all(p.secure_quench_ids and not p.insecure_quench_ids
-                            for p in packets if isinstance(p, P.SubAddNotify)))
+                            for p in packets if isinstance(p, elvin_packets.SubAddNotify)))
         # ...and quenches on other names hear nothing of them.
         other = a.client()
         other.quench(["z"])
@@ -87,7 +87,7 @@ class QuenchAcrossFederationTests(unittest.TestCase):
         # A peer asking for everything (the Avis router's default, or a
         # filter generalised to TRUE) wants whatever a producer has.
         link = a.link("b.test")
-        link.remote_filter = F.Filter(F.TRUE)
+        link.remote_filter = fed_filters.Filter(fed_filters.TRUE)
         a.manager.remote_filter_changed(link)
         quencher = a.client()
         quencher.quench(["unrelated"])

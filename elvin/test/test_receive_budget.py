@@ -22,7 +22,7 @@ from elvin.federation.manager import FederationClass, FederationManager
 from elvin.federation.protocol import FederationProtocol
 from elvin.ops.metrics import registry_for
 from elvin.ops.status import snapshot
-from elvin.protocols import packets as P
+from elvin.protocols import packets as elvin_packets
 from elvin.protocols.framing import (DEFAULT_MAX_RECEIVE_MEMORY, FramedProtocol,
                                      ReceiveBudget, frame, receive_budget_of)
 from elvin.protocols.httptunnel import ElvinHTTPSite
@@ -181,7 +181,7 @@ def _decode_frames(data):
     packets, pos = [], 0
     while pos + 4 <= len(data):
         (length,) = struct.unpack_from(">I", data, pos)
-        packets.append(P.decode(data[pos + 4:pos + 4 + length]))
+        packets.append(elvin_packets.decode(data[pos + 4:pos + 4 + length]))
         pos += 4 + length
     return packets
 
@@ -203,8 +203,8 @@ class RouterBudgetTests(unittest.TestCase):
 
     def connected(self, options=None):
         proto, transport = self.channel()
-        proto.dataReceived(frame(P.encode(P.ConnRqst(1, 4, 0, options or {}))))
-        self.assertIsInstance(_decode_frames(transport.value())[-1], P.ConnRply)
+        proto.dataReceived(frame(elvin_packets.encode(elvin_packets.ConnRqst(1, 4, 0, options or {}))))
+        self.assertIsInstance(_decode_frames(transport.value())[-1], elvin_packets.ConnRply)
         transport.clear()
         return proto, transport
 
@@ -226,7 +226,7 @@ class RouterBudgetTests(unittest.TestCase):
     def test_largest_holder_reset_bystanders_served(self):
         self.budget.max_bytes = 1 << 20
         bystander, bystander_io = self.channel()               # not connected yet
-        bystander.dataReceived(frame(P.encode(P.ConnRqst(1, 4, 0, {})))[:20])
+        bystander.dataReceived(frame(elvin_packets.encode(elvin_packets.ConnRqst(1, 4, 0, {})))[:20])
         client, client_io = self.connected()
         attackers = [self.connected({"Packet.Max-Length": 4 << 20}) for _ in range(2)]
         big, big_io = attackers[0]
@@ -243,10 +243,10 @@ class RouterBudgetTests(unittest.TestCase):
         for transport in (other_io, bystander_io, client_io):
             self.assertFalse(transport.disconnected)
         # The connected bystander is answered; the other finishes connecting.
-        client.dataReceived(frame(P.encode(P.TestConn())))
-        self.assertIsInstance(_decode_frames(client_io.value())[-1], P.ConfConn)
-        bystander.dataReceived(frame(P.encode(P.ConnRqst(1, 4, 0, {})))[20:])
-        self.assertIsInstance(_decode_frames(bystander_io.value())[-1], P.ConnRply)
+        client.dataReceived(frame(elvin_packets.encode(elvin_packets.TestConn())))
+        self.assertIsInstance(_decode_frames(client_io.value())[-1], elvin_packets.ConfConn)
+        bystander.dataReceived(frame(elvin_packets.encode(elvin_packets.ConnRqst(1, 4, 0, {})))[20:])
+        self.assertIsInstance(_decode_frames(bystander_io.value())[-1], elvin_packets.ConnRply)
         self.assertEqual(self.budget.total, 4 + (500 << 10))
 
     def test_logged_and_counted_in_status_and_metrics(self):

@@ -8,14 +8,14 @@ from twisted.trial import unittest
 
 from elvin import errors
 from elvin.core.options import DropPolicy
-from elvin.protocols import packets as P
+from elvin.protocols import packets as elvin_packets
 from elvin.protocols.server import ElvinServerFactory
 from elvin.core.router import Router
 from elvin.core.sendqueue import QueueOverflow, SendQueue
 
 
 def frame(packet):
-    data = P.encode(packet)
+    data = elvin_packets.encode(packet)
     return struct.pack(">I", len(data)) + data
 
 
@@ -23,7 +23,7 @@ def unframe(data):
     packets = []
     while data:
         (length,) = struct.unpack(">I", data[:4])
-        packets.append(P.decode(data[4:4 + length]))
+        packets.append(elvin_packets.decode(data[4:4 + length]))
         data = data[4 + length:]
     return packets
 
@@ -47,37 +47,37 @@ class ServerProtocolTests(unittest.TestCase):
 
     def connected(self, options=None):
         proto, transport = self.h.client()
-        proto.dataReceived(frame(P.ConnRqst(1, 4, 0, options or {}, P.Keys.EMPTY,
-                                            P.Keys.EMPTY)))
+        proto.dataReceived(frame(elvin_packets.ConnRqst(1, 4, 0, options or {}, elvin_packets.Keys.EMPTY,
+                                            elvin_packets.Keys.EMPTY)))
         (reply,) = unframe(transport.value())
-        self.assertIsInstance(reply, P.ConnRply)
+        self.assertIsInstance(reply, elvin_packets.ConnRply)
         transport.clear()
         return proto, transport
 
     def test_connect_split_across_reads(self):
         proto, transport = self.h.client()
-        data = frame(P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY))
+        data = frame(elvin_packets.ConnRqst(1, 4, 0, {}, elvin_packets.Keys.EMPTY, elvin_packets.Keys.EMPTY))
         for i in range(len(data)):
             proto.dataReceived(data[i:i + 1])
-        self.assertIsInstance(unframe(transport.value())[0], P.ConnRply)
+        self.assertIsInstance(unframe(transport.value())[0], elvin_packets.ConnRply)
 
     def test_subscribe_and_deliver(self):
         proto, transport = self.connected()
-        proto.dataReceived(frame(P.SubAddRqst(2, "a > 1", True, P.Keys.EMPTY))
-                           + frame(P.NotifyEmit({"a": 2}, True, P.Keys.EMPTY)))
+        proto.dataReceived(frame(elvin_packets.SubAddRqst(2, "a > 1", True, elvin_packets.Keys.EMPTY))
+                           + frame(elvin_packets.NotifyEmit({"a": 2}, True, elvin_packets.Keys.EMPTY)))
         rply, deliver = unframe(transport.value())
         self.assertEqual(rply.xid, 2)
         self.assertEqual(deliver.insecure_matches, (rply.subscription_id,))
 
     def test_garbage_packet_aborts_only_that_connection(self):
         good, good_t = self.connected()
-        good.dataReceived(frame(P.SubAddRqst(2, "require(a)", True, P.Keys.EMPTY)))
+        good.dataReceived(frame(elvin_packets.SubAddRqst(2, "require(a)", True, elvin_packets.Keys.EMPTY)))
         good_t.clear()
         bad, bad_t = self.connected()
         bad.dataReceived(struct.pack(">II", 4, 9999))  # unknown packet id
         self.assertTrue(bad_t.disconnecting)
         other, other_t = self.connected()
-        other.dataReceived(frame(P.NotifyEmit({"a": 1}, True, P.Keys.EMPTY)))
+        other.dataReceived(frame(elvin_packets.NotifyEmit({"a": 1}, True, elvin_packets.Keys.EMPTY)))
         self.assertEqual(len(unframe(good_t.value())), 1)
 
     def test_oversize_frame_resets(self):
@@ -97,13 +97,13 @@ class ServerProtocolTests(unittest.TestCase):
 
     def test_disconnect_flushes_then_closes(self):
         proto, transport = self.connected()
-        proto.dataReceived(frame(P.DisconnRqst(5)))
-        self.assertEqual(unframe(transport.value()), [P.DisconnRply(5)])
+        proto.dataReceived(frame(elvin_packets.DisconnRqst(5)))
+        self.assertEqual(unframe(transport.value()), [elvin_packets.DisconnRply(5)])
         self.assertTrue(transport.disconnecting)
 
     def test_connection_lost_cleans_up(self):
         proto, transport = self.connected()
-        proto.dataReceived(frame(P.SubAddRqst(2, "require(a)", True, P.Keys.EMPTY)))
+        proto.dataReceived(frame(elvin_packets.SubAddRqst(2, "require(a)", True, elvin_packets.Keys.EMPTY)))
         proto.connectionLost(None)
         self.assertEqual(len(self.h.router.index), 0)
         self.assertEqual(self.h.router.sessions, set())
@@ -112,35 +112,35 @@ class ServerProtocolTests(unittest.TestCase):
         slow, slow_t = self.connected({"Send-Queue.Max-Length": 4096})
         fast, fast_t = self.connected()
         for proto in (slow, fast):
-            proto.dataReceived(frame(P.SubAddRqst(2, "require(n)", True, P.Keys.EMPTY)))
+            proto.dataReceived(frame(elvin_packets.SubAddRqst(2, "require(n)", True, elvin_packets.Keys.EMPTY)))
         slow_t.clear()
         fast_t.clear()
         slow.pauseProducing()  # what Twisted does when the socket stops draining
         producer, _ = self.connected()
         for n in range(200):
-            producer.dataReceived(frame(P.NotifyEmit({"n": n, "pad": "x" * 100},
-                                                     True, P.Keys.EMPTY)))
+            producer.dataReceived(frame(elvin_packets.NotifyEmit({"n": n, "pad": "x" * 100},
+                                                     True, elvin_packets.Keys.EMPTY)))
         self.assertEqual(len(unframe(fast_t.value())), 200)
         self.assertEqual(slow_t.value(), b"")
         self.assertLessEqual(slow.queue.size, 4096)
         slow.resumeProducing()
         received = unframe(slow_t.value())
         kinds = [type(p) for p in received]
-        self.assertIn(P.DropWarn, kinds)
-        numbers = [p.attributes["n"] for p in received if type(p) is P.NotifyDeliver]
+        self.assertIn(elvin_packets.DropWarn, kinds)
+        numbers = [p.attributes["n"] for p in received if type(p) is elvin_packets.NotifyDeliver]
         self.assertEqual(numbers, sorted(numbers))
         self.assertEqual(numbers[-1], 199)  # policy "oldest" keeps the newest
         self.assertGreater(slow.session.dropped, 0)
 
     def test_replies_are_never_dropped(self):
         proto, transport = self.connected({"Send-Queue.Max-Length": 1024})
-        proto.dataReceived(frame(P.SubAddRqst(2, "require(n)", True, P.Keys.EMPTY)))
+        proto.dataReceived(frame(elvin_packets.SubAddRqst(2, "require(n)", True, elvin_packets.Keys.EMPTY)))
         transport.clear()
         proto.pauseProducing()
         for i in range(100):
-            proto.dataReceived(frame(P.SubAddRqst(10 + i, f"n == {i}", True, P.Keys.EMPTY)))
+            proto.dataReceived(frame(elvin_packets.SubAddRqst(10 + i, f"n == {i}", True, elvin_packets.Keys.EMPTY)))
         proto.resumeProducing()
-        replies = [p for p in unframe(transport.value()) if type(p) is P.SubRply]
+        replies = [p for p in unframe(transport.value()) if type(p) is elvin_packets.SubRply]
         self.assertEqual(len(replies), 100)
 
     def test_shutdown_sends_disconn_to_every_client(self):
@@ -148,7 +148,7 @@ class ServerProtocolTests(unittest.TestCase):
         self.h.router.shutdown()
         for proto, transport in clients:
             (packet,) = unframe(transport.value())
-            self.assertEqual(packet, P.Disconn(1, "router is shutting down"))
+            self.assertEqual(packet, elvin_packets.Disconn(1, "router is shutting down"))
             self.assertTrue(transport.disconnecting)
 
 
@@ -221,37 +221,37 @@ class NotifyEmitFastPathTests(unittest.TestCase):
     def setUp(self):
         self.h = Harness()
         self.consumer, self.consumer_t = ServerProtocolTests.connected(self)
-        self.consumer.dataReceived(frame(P.SubAddRqst(2, "require(a)", True, P.Keys.EMPTY)))
+        self.consumer.dataReceived(frame(elvin_packets.SubAddRqst(2, "require(a)", True, elvin_packets.Keys.EMPTY)))
         self.consumer_t.clear()
 
     def deliveries(self):
         got = unframe(self.consumer_t.value())
         self.consumer_t.clear()
-        return [p.attributes for p in got if isinstance(p, P.NotifyDeliver)]
+        return [p.attributes for p in got if isinstance(p, elvin_packets.NotifyDeliver)]
 
     def test_limits_negotiated_small_still_refuse_long_names_and_strings(self):
         producer, _ = ServerProtocolTests.connected(
             self, {"Attribute.Name.Max-Length": 64, "Attribute.String.Max-Length": 1024})
         long_name = "n" * 65
-        producer.dataReceived(frame(P.NotifyEmit({"a": 1, long_name: 1}, True, P.Keys.EMPTY))
-                              + frame(P.NotifyEmit({"a": "é" * 600}, True, P.Keys.EMPTY))
-                              + frame(P.NotifyEmit({"a": "x" * 1024}, True, P.Keys.EMPTY))
-                              + frame(P.NotifyEmit({"a": 2}, True, P.Keys.EMPTY)))
+        producer.dataReceived(frame(elvin_packets.NotifyEmit({"a": 1, long_name: 1}, True, elvin_packets.Keys.EMPTY))
+                              + frame(elvin_packets.NotifyEmit({"a": "é" * 600}, True, elvin_packets.Keys.EMPTY))
+                              + frame(elvin_packets.NotifyEmit({"a": "x" * 1024}, True, elvin_packets.Keys.EMPTY))
+                              + frame(elvin_packets.NotifyEmit({"a": 2}, True, elvin_packets.Keys.EMPTY)))
         self.assertEqual(self.deliveries(), [{"a": "x" * 1024}, {"a": 2}])
         self.assertEqual(self.h.router.stats["rejected_notifications"], 2)
 
     def test_bad_notify_emit_gets_the_full_decoders_error(self):
-        good = P.encode(P.NotifyEmit({"a": 1}, True, P.Keys.EMPTY))
+        good = elvin_packets.encode(elvin_packets.NotifyEmit({"a": 1}, True, elvin_packets.Keys.EMPTY))
         for bad in (good[:-2], good[:-4] + struct.pack(">I", 7), good + b"\0\0\0\0",
                     good[:8] + b"\xff\xff\xff\xff" + good[12:]):
-            with self.assertRaises(P.DecodeError) as full:
-                P.decode(bad)
-            with self.assertRaises(P.DecodeError) as fast:
-                P.decode_notify_emit(bad)
+            with self.assertRaises(elvin_packets.DecodeError) as full:
+                elvin_packets.decode(bad)
+            with self.assertRaises(elvin_packets.DecodeError) as fast:
+                elvin_packets.decode_notify_emit(bad)
             self.assertEqual(str(fast.exception), str(full.exception))
 
     def test_before_connect_a_notify_emit_is_still_a_violation(self):
         proto, transport = self.h.client()
-        proto.dataReceived(frame(P.NotifyEmit({"a": 1}, True, P.Keys.EMPTY)))
+        proto.dataReceived(frame(elvin_packets.NotifyEmit({"a": 1}, True, elvin_packets.Keys.EMPTY)))
         self.assertTrue(transport.disconnecting)
         self.assertEqual(self.deliveries(), [])

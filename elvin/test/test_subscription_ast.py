@@ -2,7 +2,7 @@
 n-ary flattening, printing, from_ast, and hypothesis properties.
 
 Typecodes are those of the client protocol 4.0 draft
-(/work/shared/specs/elvin-client-protocol-4.0.txt, section 8.2.3.4,
+(the Elvin client protocol 4.0, section 8.2.3.4,
 lines ~2920-2986); shapes follow the grammar of Appendix A and the
 project's precedence/flattening decisions; the property tests use
 reference models written from section 6.1.1 (logic), 6.1.11 (real64
@@ -14,7 +14,7 @@ import math
 from twisted.trial import unittest
 
 from elvin import Int32, Int64, Subscription, SubscriptionError
-from elvin.subscription import ast as A
+from elvin.subscription import ast as sub_ast
 from elvin.subscription import parse, to_text
 from elvin.subscription.ast import Kind, Node
 
@@ -428,10 +428,10 @@ class FromAstTests(unittest.TestCase):
         self.assertIsNone(sub.evaluate({"x": 1}))
 
     def test_from_helper_functions(self):
-        tree = A.node(Kind.OR, A.node(Kind.EQUALS, A.name("x"), A.int32(1)),
-                      A.node(Kind.EQUALS, A.name("x"), A.int64(2)),
-                      A.node(Kind.EQUALS, A.name("x"), A.real64(3.5)),
-                      A.node(Kind.EQUALS, A.name("x"), A.string("s")))
+        tree = sub_ast.node(Kind.OR, sub_ast.node(Kind.EQUALS, sub_ast.name("x"), sub_ast.int32(1)),
+                      sub_ast.node(Kind.EQUALS, sub_ast.name("x"), sub_ast.int64(2)),
+                      sub_ast.node(Kind.EQUALS, sub_ast.name("x"), sub_ast.real64(3.5)),
+                      sub_ast.node(Kind.EQUALS, sub_ast.name("x"), sub_ast.string("s")))
         sub = Subscription.from_ast(tree)
         for value in (1, Int64(2), 3.5, "s"):
             self.assertIs(sub.evaluate({"x": value}), True, value)
@@ -475,7 +475,7 @@ if given is not None:
     _names = st.one_of(
         st.sampled_from(["x", "y", "z", "Group", "size", "regex", "a b", "pipe="]),
         st.text(st.sampled_from(_NAME_CHARS), min_size=1, max_size=6))
-    _name_nodes = _names.map(A.name)
+    _name_nodes = _names.map(sub_ast.name)
 
     _int32s = st.one_of(st.integers(-(1 << 31), (1 << 31) - 1),
                         st.sampled_from([0, -1, 1, (1 << 31) - 1, -(1 << 31)]))
@@ -487,18 +487,18 @@ if given is not None:
     _texts = st.text(st.characters(blacklist_categories=("Cs",),
                                    blacklist_characters="\x00"), max_size=8)
 
-    _int_lits = st.one_of(_int32s.map(A.int32), _int64s.map(A.int64))
-    _num_lits = st.one_of(_int_lits, _reals.map(A.real64))
-    _str_lits = _texts.map(A.string)
+    _int_lits = st.one_of(_int32s.map(sub_ast.int32), _int64s.map(sub_ast.int64))
+    _num_lits = st.one_of(_int_lits, _reals.map(sub_ast.real64))
+    _str_lits = _texts.map(sub_ast.string)
 
     _REGEXES = ["", "a", "^a", "b$", "[Ss]egall?", "a.b", "(cat|dog)+", "\\d{2,3}",
                 "\u00e9+", "^$", "x*y?z", "[^abc]", "\\.", "(?:ab)|c"]
     _WILDCARDS = ["", "*", "?", "a*", "*[Hh]ello*", "a?c", "[!a]bc", "[a-c]x",
                   "\\*", "*.c", "\u00e9*"]
-    _regex_lits = st.sampled_from(_REGEXES).map(A.string)
+    _regex_lits = st.sampled_from(_REGEXES).map(sub_ast.string)
     _wildcard_lits = st.one_of(st.sampled_from(_WILDCARDS),
                                st.text(st.sampled_from("ab*?.+(){}^$|"), max_size=5)
-                               ).map(A.string)
+                               ).map(sub_ast.string)
 
     _STRING_FUNCS = [Kind.FUNC_FOLD_CASE, Kind.FUNC_DECOMPOSE, Kind.FUNC_DECOMPOSE_COMPAT]
     _ARITH = [Kind.ADD, Kind.SUBTRACT, Kind.MULTIPLY, Kind.DIVIDE, Kind.MODULO]
@@ -511,10 +511,10 @@ if given is not None:
     _STRING_PREDS = [Kind.FUNC_BEGINS_WITH, Kind.FUNC_ENDS_WITH, Kind.FUNC_CONTAINS]
 
     def _unary(kinds, child):
-        return st.builds(lambda k, c: A.node(k, c), st.sampled_from(kinds), child)
+        return st.builds(lambda k, c: sub_ast.node(k, c), st.sampled_from(kinds), child)
 
     def _binary(kinds, left, right):
-        return st.builds(lambda k, a, b: A.node(k, a, b), st.sampled_from(kinds), left, right)
+        return st.builds(lambda k, a, b: sub_ast.node(k, a, b), st.sampled_from(kinds), left, right)
 
     _CACHE = {}
 
@@ -540,7 +540,7 @@ if given is not None:
     @_memo
     def integer_value(depth):
         base = st.one_of(_name_nodes, _int_lits,
-                         _name_nodes.map(lambda s: A.node(Kind.FUNC_SIZE, s)))
+                         _name_nodes.map(lambda s: sub_ast.node(Kind.FUNC_SIZE, s)))
         if depth <= 0:
             return base
         sub = integer_value(depth - 1)
@@ -565,18 +565,18 @@ if given is not None:
             _binary(_COMPARE, numeric_value(vd), numeric_value(vd)),
             _binary([Kind.EQUALS, Kind.NOT_EQUALS], string_value(1), string_value(1)),
             _unary(_TYPE_TESTS, _name_nodes),
-            st.builds(lambda k, s, ps: A.node(k, s, *ps), st.sampled_from(_STRING_PREDS),
+            st.builds(lambda k, s, ps: sub_ast.node(k, s, *ps), st.sampled_from(_STRING_PREDS),
                       string_subject(2), st.lists(_str_lits, min_size=1, max_size=3)),
-            st.builds(lambda s, ps: A.node(Kind.FUNC_REGEX, s, *ps),
+            st.builds(lambda s, ps: sub_ast.node(Kind.FUNC_REGEX, s, *ps),
                       string_subject(1), st.lists(_regex_lits, min_size=1, max_size=2)),
-            st.builds(lambda s, ps: A.node(Kind.FUNC_WILDCARD, s, *ps),
+            st.builds(lambda s, ps: sub_ast.node(Kind.FUNC_WILDCARD, s, *ps),
                       string_subject(1), st.lists(_wildcard_lits, min_size=1, max_size=2)),
-            st.builds(lambda s, vs: A.node(Kind.FUNC_EQUALS, s, *vs),
+            st.builds(lambda s, vs: sub_ast.node(Kind.FUNC_EQUALS, s, *vs),
                       _name_nodes, st.lists(st.one_of(numeric_value(0), _str_lits),
                                             min_size=1, max_size=3)),
-            st.builds(lambda s, vs: A.node(Kind.FUNC_EQUALS, s, *vs),
+            st.builds(lambda s, vs: sub_ast.node(Kind.FUNC_EQUALS, s, *vs),
                       _name_nodes, st.lists(numeric_value(1), min_size=1, max_size=3)),
-            st.builds(lambda s, vs: A.node(Kind.FUNC_EQUALS, s, *vs),
+            st.builds(lambda s, vs: sub_ast.node(Kind.FUNC_EQUALS, s, *vs),
                       _name_nodes, st.lists(string_value(0), min_size=1, max_size=3)),
         )
         if depth <= 0:
@@ -584,8 +584,8 @@ if given is not None:
         sub = predicate(depth - 1)
         return st.one_of(
             leaves,
-            sub.map(lambda c: A.node(Kind.NOT, c)),
-            st.builds(lambda k, cs: A.node(k, *cs),
+            sub.map(lambda c: sub_ast.node(Kind.NOT, c)),
+            st.builds(lambda k, cs: sub_ast.node(k, *cs),
                       st.sampled_from([Kind.AND, Kind.OR, Kind.XOR]),
                       st.lists(sub, min_size=2, max_size=4)))
 
@@ -714,10 +714,10 @@ if given is not None:
     _ATOMS = ["a", "b", "c", "d"]
 
     _logic_trees = st.recursive(
-        st.sampled_from(_ATOMS).map(lambda n: A.node(Kind.EQUALS, A.name(n), A.int32(1))),
+        st.sampled_from(_ATOMS).map(lambda n: sub_ast.node(Kind.EQUALS, sub_ast.name(n), sub_ast.int32(1))),
         lambda sub: st.one_of(
-            sub.map(lambda c: A.node(Kind.NOT, c)),
-            st.builds(lambda k, cs: A.node(k, *cs),
+            sub.map(lambda c: sub_ast.node(Kind.NOT, c)),
+            st.builds(lambda k, cs: sub_ast.node(k, *cs),
                       st.sampled_from([Kind.AND, Kind.OR, Kind.XOR]),
                       st.lists(sub, min_size=2, max_size=4))),
         max_leaves=12)

@@ -1,7 +1,7 @@
 """Rejected subscriptions: every error code of section 6.3 with its offset.
 
 Codes are the Nack codes of the client protocol 4.0 draft
-(/work/shared/specs/elvin-client-protocol-4.0.txt, section 7.4.2 table,
+(the Elvin client protocol 4.0, section 7.4.2 table,
 lines ~1704-1725), their meaning is section 6.3; offsets are 0-based
 character offsets of the token where the problem is found, as the project
 decided (the table gives each of these errors an "offset" argument).
@@ -395,15 +395,15 @@ class GrammarArgumentNackTests(unittest.TestCase):
     """The router Nacks such a SubAddRqst with the code and (offset, token)."""
 
     def test_nack_carries_code_offset_and_token(self):
-        from elvin.protocols import packets as P
+        from elvin.protocols import packets
         from elvin.core.router import Router
         from elvin.test.test_router import RecordingOutput
         out = RecordingOutput()
         session = Router().open_session(out, "test")
-        session.packet_received(P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY))
+        session.packet_received(packets.ConnRqst(1, 4, 0, {}, packets.Keys.EMPTY, packets.Keys.EMPTY))
         out.take()
-        session.packet_received(P.SubAddRqst(2, "size(fold-case(x)) > 1", True, P.Keys.EMPTY))
-        session.packet_received(P.SubAddRqst(3, 'equals("a", x)', True, P.Keys.EMPTY))
+        session.packet_received(packets.SubAddRqst(2, "size(fold-case(x)) > 1", True, packets.Keys.EMPTY))
+        session.packet_received(packets.SubAddRqst(3, 'equals("a", x)', True, packets.Keys.EMPTY))
         first, second = out.take()
         self.assertEqual((first.xid, first.error, first.args), (2, PARSE_ERROR, (5, "fold-case")))
         self.assertEqual((second.xid, second.error, second.args), (3, TYPE_MISMATCH, (7, "a")))

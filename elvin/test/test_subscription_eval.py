@@ -1,10 +1,10 @@
 """Evaluation semantics of subscriptions: three-valued logic, comparisons,
 numeric promotion and wrapping, functions, Unicode, value typing.
 
-Expected values are taken from the client protocol 4.0 draft
-(/work/shared/specs/elvin-client-protocol-4.0.txt, section 6: the
+Expected values are taken from the Elvin client protocol 4.0 draft
+(section 6: the
 Lukasiewicz table of 6.1.1, 6.1.6-6.1.12 and 6.2), the subscription language
-reference (/work/shared/specs/elvin-subscription-language.md) and the
+reference and the
 project's recorded decisions where those are silent.  They are written out
 by hand, never computed with the implementation.
 

@@ -2,9 +2,9 @@
 whitespace and operator tokens, checked through the public API.
 
 Expected values come from the client protocol 4.0 draft
-(/work/shared/specs/elvin-client-protocol-4.0.txt, section 6.1.4 "Literal
+(the Elvin client protocol 4.0, section 6.1.4 "Literal
 Syntax" and Appendix A), the subscription language reference
-(/work/shared/specs/elvin-subscription-language.md, "Names" and "Literals")
+(the Elvin subscription language, "Names" and "Literals")
 and the project's recorded decisions where those are silent.
 """
 

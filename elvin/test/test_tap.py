@@ -16,7 +16,7 @@ from twisted.trial import unittest
 
 from elvin import tap
 from elvin.endpoints import SUPPORTED_STACKS
-from elvin.protocols import packets as P
+from elvin.protocols import packets as elvin_packets
 from elvin.protocols.framing import frame
 from elvin.protocols.gate import GateFactory
 from elvin.protocols.server import ElvinServerFactory
@@ -42,7 +42,7 @@ def frames(data):
     packets = []
     while len(data) >= 4:
         (length,) = struct.unpack(">I", data[:4])
-        packets.append(P.decode(data[4:4 + length]))
+        packets.append(elvin_packets.decode(data[4:4 + length]))
         data = data[4 + length:]
     return packets
 
@@ -244,8 +244,8 @@ class MakeServiceTests(unittest.TestCase):
         proto = factory.buildProtocol(None)
         transport = StringTransport()
         proto.makeConnection(transport)
-        proto.dataReceived(frame(P.encode(P.ConnRqst(1, 4, 0))))
-        self.assertIsInstance(frames(transport.value())[0], P.ConnRply)
+        proto.dataReceived(frame(elvin_packets.encode(elvin_packets.ConnRqst(1, 4, 0))))
+        self.assertIsInstance(frames(transport.value())[0], elvin_packets.ConnRply)
         transport.clear()
 
         self.assertFalse(top.router.closing)
@@ -254,7 +254,7 @@ class MakeServiceTests(unittest.TestCase):
         self.assertFalse(top.running)
         packets = frames(transport.value())
         self.assertEqual(len(packets), 1)
-        self.assertIsInstance(packets[0], P.Disconn)
+        self.assertIsInstance(packets[0], elvin_packets.Disconn)
         self.assertEqual(packets[0].reason, DISCONN_SHUTDOWN)
         self.assertTrue(transport.disconnecting)
         self.assertEqual(top.router.sessions, set())
@@ -268,9 +268,9 @@ class MakeServiceTests(unittest.TestCase):
         proto = factory.buildProtocol(None)
         transport = StringTransport()
         proto.makeConnection(transport)
-        proto.dataReceived(frame(P.encode(P.ConnRqst(1, 4, 0))))
+        proto.dataReceived(frame(elvin_packets.encode(elvin_packets.ConnRqst(1, 4, 0))))
         (nack,) = frames(transport.value())
-        self.assertIsInstance(nack, P.Nack)
+        self.assertIsInstance(nack, elvin_packets.Nack)
         self.assertEqual(nack.error, 2006)
         return d
 

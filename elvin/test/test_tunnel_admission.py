@@ -14,17 +14,17 @@ from twisted.trial import unittest
 from twisted.web import http
 
 from elvin.core.router import Router
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.protocols.httptunnel import ElvinHTTPSite
 from elvin.protocols.server import ElvinServerFactory
 
 
 def frame(packet):
-    data = P.encode(packet)
+    data = packets.encode(packet)
     return struct.pack(">I", len(data)) + data
 
 
-CONNRQST = frame(P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY))
+CONNRQST = frame(packets.ConnRqst(1, 4, 0, {}, packets.Keys.EMPTY, packets.Keys.EMPTY))
 
 
 class TunnelAdmissionTests(unittest.TestCase):

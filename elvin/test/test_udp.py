@@ -7,7 +7,7 @@ from twisted.trial import unittest
 
 from elvin import client
 from elvin.endpoints import UnsupportedStackError
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.protocols.framing import frame
 from elvin.protocols.udp import MAX_UDP_PAYLOAD, UNotifyDatagramProtocol, send_unotify
 from elvin.core.router import Router
@@ -17,7 +17,7 @@ from elvin.test.transport_fixtures import RouterFixture, wait_until
 
 
 def unotify_bytes(attrs, major=4, minor=0, insecure=True):
-    return P.encode(P.UNotify(major, minor, attrs, insecure))
+    return packets.encode(packets.UNotify(major, minor, attrs, insecure))
 
 
 class _Listener(protocol.DatagramProtocol):
@@ -96,8 +96,8 @@ class UNotifyTests(UDPFixture):
         self.send(b"\xff" * 64)                          # garbage
         self.send(good[:-4])                             # truncated
         self.send(frame(good))                           # framed as on TCP
-        self.send(P.encode(P.ConnRqst(1, 4, 0)))         # a session packet
-        self.send(P.encode(P.TestConn()))
+        self.send(packets.encode(packets.ConnRqst(1, 4, 0)))         # a session packet
+        self.send(packets.encode(packets.TestConn()))
         self.send(good)                                  # still works after all that
         yield wait_until(lambda: got)
         yield wait_until(lambda: self.udp.counters["datagrams"] == 7)
@@ -213,7 +213,7 @@ class UDPClientTests(unittest.TestCase):
         self.assertIn("UNotify", str(failure.value))
 
     def test_too_big_for_a_datagram(self):
-        packet = P.UNotify(4, 0, {"x": b"\0" * 70000}, True)
+        packet = packets.UNotify(4, 0, {"x": b"\0" * 70000}, True)
         d = send_unotify(reactor, ElvinURI("elvin:/udp,none,xdr/127.0.0.1:2917"), packet)
         self.failureResultOf(d, ValueError)
 
@@ -230,6 +230,6 @@ class UDPClientTests(unittest.TestCase):
         yield client.unotify(f"elvin:/udp,none,xdr/localhost:{port.getHost().port}",
                              {"a": 1})
         yield wait_until(lambda: got)
-        packet = P.decode(got[0])
-        self.assertIsInstance(packet, P.UNotify)
+        packet = packets.decode(got[0])
+        self.assertIsInstance(packet, packets.UNotify)
         self.assertEqual(struct.unpack(">i", got[0][:4])[0], 32)  # no length header

@@ -1,5 +1,5 @@
 """Tests for elvin.uri, with expectations taken from the Elvin URI Scheme
-draft (/work/shared/specs/elvin-uri-scheme.m4.txt)."""
+Internet-Draft."""
 
 import copy
 import pickle
