@@ -254,6 +254,9 @@ class Store:
                  max_total_bytes: Optional[int] = None,
                  key_path: Optional[str] = None) -> None:
         self.path = path
+        #: Secure-only notifications of an earlier version's database found
+        #: in clear and sealed as it was opened (the proxy logs the count).
+        self.sealed_at_open = 0
         self.max_stored = max_stored
         self.max_stored_bytes = max_stored_bytes
         self.max_total_bytes = max_total_bytes
@@ -340,10 +343,14 @@ class Store:
             self.db.execute("DROP TABLE pending")
             self.db.execute("ALTER TABLE pending_new RENAME TO pending")
             self.db.execute("COMMIT")
+        added = set()
         for table, column, declaration in _ADDED_COLUMNS:
             columns = {row[1] for row in self.db.execute(f"PRAGMA table_info({table})")}
             if column not in columns:
                 self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+                added.add((table, column))
+        if ("notifications", "sealed") in added:
+            self._seal_secure_only()
         clear = [(name, keys) for name, keys in self.db.execute(
             "SELECT name, keys FROM sessions WHERE keys IS NOT NULL")
             if not bytes(keys).startswith(b"\x00")]
@@ -357,6 +364,24 @@ class Store:
             self.db.executemany("UPDATE subscriptions SET keys = ? WHERE session = ? AND id = ?",
                                 [(self._seal_keys(f"{s}/{i}", k), s, i) for s, i, k in subs])
             self.db.execute("COMMIT")
+
+    def _seal_secure_only(self) -> None:
+        """A database from before notifications were sealed kept every body
+        in clear: seal those that only secure matches are owed, as a store
+        does now (once, when the ``sealed`` column is added)."""
+        rows = self.db.execute(
+            "SELECT n.id, n.body FROM notifications n WHERE n.sealed = 0 "
+            "AND EXISTS (SELECT 1 FROM pending p WHERE p.notification = n.id) "
+            "AND NOT EXISTS (SELECT 1 FROM pending p WHERE p.notification = n.id "
+            "AND p.secure = 0)").fetchall()
+        if not rows:
+            return
+        self.db.execute("BEGIN IMMEDIATE")
+        self.db.executemany(
+            "UPDATE notifications SET body = ?, sealed = 1 WHERE id = ?",
+            [(self.sealer.seal(bytes(body), b"notification"), note) for note, body in rows])
+        self.db.execute("COMMIT")
+        self.sealed_at_open = len(rows)
 
     def _seal_keys(self, owner: str, keys: Optional[bytes]) -> Optional[bytes]:
         if keys is None:

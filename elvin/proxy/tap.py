@@ -209,6 +209,10 @@ def makeService(options, reactor=None):
         raise SystemExit(f"twistd elvin-proxy: {config.database}: not a usable proxy "
                          f"database ({e}); move it aside to start with an empty one, or "
                          "restore it from a backup") from None
+    if store.sealed_at_open:
+        ProxyService.log.info(
+            "{path}: sealed {count} secure-only notifications an earlier version kept "
+            "in clear", path=config.database, count=store.sealed_at_open)
     upstream.core = core
     top = ProxyService(core, config, store, pool)
     factory = ProxyServerFactory(core, reactor, config.connect_timeout)

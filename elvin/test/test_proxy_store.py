@@ -247,3 +247,42 @@ class CountKeepingTests(unittest.TestCase):
         self.assertEqual(kept, list(range(10 - len(kept), 10)))
         self.assertLess(len(kept), 10)
         self.assertEqual(store.take_dropped("s"), 10 - len(kept))
+
+
+class EarlierDatabaseTests(unittest.TestCase):
+    """A database from before notifications were sealed is converted when
+    opened: what only secure matches are owed is sealed, the rest stays."""
+
+    def test_secure_only_notifications_in_clear_are_sealed_on_open(self):
+        import sqlite3
+        path = os.path.abspath(self.mktemp() + ".sqlite3")
+        s = Store(path)
+        s.create_session("phone")
+        s.put_subscription("phone", 1, "require(n)")
+        secret = s.store({"n": 1, "word": "secret"}, {"phone": {1: True}}, now=1)
+        public = s.store({"n": 2, "word": "public"}, {"phone": {1: False}}, now=2)
+        clear = {note: s.sealer.open_body(body) if sealed else bytes(body)
+                 for note, body, sealed in s.db.execute(
+                     "SELECT id, body, sealed FROM notifications")}
+        s.close()
+        # As an earlier version left it: no sealed column, every body in clear.
+        db = sqlite3.connect(path, isolation_level=None)
+        db.executemany("UPDATE notifications SET body = ? WHERE id = ?",
+                       [(body, note) for note, body in clear.items()])
+        db.execute("ALTER TABLE notifications DROP COLUMN sealed")
+        db.close()
+
+        s = Store(path)
+        self.addCleanup(s.close)
+        self.assertEqual(s.sealed_at_open, 1)
+        raw = {note: (bytes(body), sealed) for note, body, sealed in s.db.execute(
+            "SELECT id, body, sealed FROM notifications")}
+        self.assertEqual(raw[public], (clear[public], 0))
+        self.assertEqual(raw[secret][1], 1)
+        self.assertNotIn(b"secret", raw[secret][0])
+        notes = s.pending("phone", "dev", now=3)
+        self.assertEqual([n.attributes["word"] for n in notes], ["secret", "public"])
+        s.close()
+        again = Store(path)                  # converted once: nothing more to do
+        self.addCleanup(again.close)
+        self.assertEqual(again.sealed_at_open, 0)
