@@ -506,6 +506,16 @@ def _run(name, argv, workdir, env, timeout, log, groups=None):
     return seconds
 
 
+def _call_reference(reference, traces, out, log):
+    """The local tables written by ``reference`` in this process; seconds taken."""
+    _say(log, f"local: in this process, to {out}")
+    began = time.monotonic()
+    reference(traces, out)
+    seconds = time.monotonic() - began
+    _say(log, f"local: {seconds:.1f} s")
+    return seconds
+
+
 def _say(log, text):
     if log is not None:
         print(text, file=log, flush=True)
@@ -540,7 +550,7 @@ class _Background:
 
 def run_cluster_check(traces=None, workdir=None, port=7077, keep=False, synth=None, conf=None,
                       start_timeout=60.0, run_timeout=900.0, deadline=None, log=None,
-                      analysis_args=(), only=RUNS):
+                      analysis_args=(), only=RUNS, workers=2, reference=None):
     """Start the cluster, run the analysis three ways (or the ``only`` of
     them named: "local" and at least one cluster run), compare, stop.
 
@@ -553,6 +563,12 @@ def run_cluster_check(traces=None, workdir=None, port=7077, keep=False, synth=No
     progress lines (None: silent). ``analysis_args``: more arguments of
     ``python -m spark_analysis`` for all three runs (``--latency-sample 2``
     checks that a sample is the same notifications on a cluster).
+    ``workers``: how many workers (one core each) the cluster gets.
+    ``reference``: a callable ``reference(traces, out_dir)`` that writes
+    the local tables in this process (a Spark session already running
+    here) instead of the "local" run's ``python -m spark_analysis
+    --master local[2]`` with a driver of its own; ``analysis_args`` and
+    ``conf`` are then the caller's to apply.
 
     Returns {"ok", "errors", "seconds" {"synth", "start", "local", "submit",
     "module", "stop"}, "comparison" (compare_outputs), "leftover" (processes
@@ -573,7 +589,7 @@ def run_cluster_check(traces=None, workdir=None, port=7077, keep=False, synth=No
     env = dict(os.environ)
     env.update(SPARK_HOME=spark_home(), SPARK_LOCAL_IP="127.0.0.1",
                PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    cluster = Cluster(workdir, port=port)
+    cluster = Cluster(workdir, port=port, workers=workers)
     run_groups = set()                                 # of the analysis runs, checked at the end
     local_run = None                                   # the local run, in its own thread
     finished = False                                   # False: an exception is on its way out
@@ -604,7 +620,10 @@ def run_cluster_check(traces=None, workdir=None, port=7077, keep=False, synth=No
                       "--master", "local[2]", "--engine", "spark", "--quiet"] + extra + analysis_args
         # The local run needs no cluster: it runs while the cluster starts
         # (its JVMs spend their first seconds waiting on each other).
-        if "local" in only:
+        if "local" in only and reference is not None:
+            local_run = _Background(lambda: _call_reference(reference, traces, outs["local"],
+                                                            log))
+        elif "local" in only:
             local_run = _Background(lambda: _run("local", local_argv, workdir, env,
                                                  left(run_timeout), log, run_groups))
 

@@ -1,15 +1,16 @@
 """spark_analysis on a real standalone Spark cluster: the small version of
 ``bench/spark_cluster.py``.
 
-A master and two workers (one core, 1 GiB each) on 127.0.0.1, on free
-ports, started with the pyspark package's ``spark-class``; small synthetic
-traces analysed with ``local[2]`` and with ``python -m spark_analysis
---master spark://...`` on the cluster must give the same
-CSV tables, and no process of the cluster may be left afterwards. The
+A master and one worker (one core, 1 GiB) on 127.0.0.1, on free ports,
+started with the pyspark package's ``spark-class``; small synthetic traces
+analysed in this process by the suite's shared local Spark session and with
+``python -m spark_analysis --master spark://...`` on the cluster must give
+the same CSV tables, and no process of the cluster may be left afterwards.
+(The bench script runs two workers and a local driver of its own.) The
 check runs in a thread (so trial's timeout can fire) and every wait in it is
 bounded by a deadline shorter than the timeout. The JVMs' output goes to
 log files in the work dir, under ``_trial_temp``. Skipped, with the reason,
-without pyspark, Java or ``spark-class``. Takes a few minutes on 2 cores.
+without pyspark, Java or ``spark-class``. About a minute on 2 cores.
 """
 
 import csv
@@ -24,8 +25,8 @@ from elvin.test.places import REPO
 
 BENCH = os.path.join(REPO, "bench", "spark_cluster.py")
 
-#: Tiny inputs: a few shuffle partitions, and the JVMs' quick JIT tier only
-#: (the same for the three runs, so the comparison is still like for like).
+#: Tiny inputs on the cluster: a few shuffle partitions, and the JVMs' quick
+#: JIT tier only (as the shared local session has).
 FAST = {
     "spark.sql.shuffle.partitions": "2",
     "spark.default.parallelism": "2",
@@ -78,13 +79,20 @@ class StandaloneClusterTests(unittest.TestCase):
             raise unittest.SkipTest(f"{spark_class} is missing")
 
     def test_cluster_tables_match_local(self):
-        """local[2] and python -m on the cluster: the same CSV tables
-        (latencies on a 1-in-2 sample: the same notifications on the
-        executors as in local mode); the master saw the cluster run; nothing
-        left running. (spark-submit is the third way the bench script runs;
-        left out here to keep the suite short: it runs the same module.)"""
-        from spark_analysis import synth
+        """The shared local session and python -m on the cluster: the same
+        CSV tables (latencies on a 1-in-2 sample: the same notifications on
+        the executor as in local mode); the master saw the cluster run;
+        nothing left running. (spark-submit is the third way the bench
+        script runs; left out here to keep the suite short: it runs the
+        same module.)"""
+        from spark_analysis import pipeline, synth
+        from elvin.test.test_spark_analysis import spark_session
+        session = spark_session()
         bench = load_bench()
+
+        def reference(traces, out):
+            pipeline.run(session, traces, out, progress=None, report=False,
+                         latency_sample=2, engine="spark")
         work = os.path.abspath(self.mktemp())
         traces = os.path.join(work, "traces")
         synth.generate(traces, routers=3, clients=8, rate=20, seconds=30, seed=3)
@@ -93,7 +101,8 @@ class StandaloneClusterTests(unittest.TestCase):
         d = threads.deferToThread(
             bench.run_cluster_check, traces=traces, workdir=cluster_dir, port=0, conf=FAST,
             start_timeout=90, run_timeout=240, deadline=self.timeout - 90, log=log,
-            analysis_args=["--latency-sample", "2"], only=("local", "module"))
+            analysis_args=["--latency-sample", "2"], only=("local", "module"), workers=1,
+            reference=reference)
 
         def check(result):
             report = "\n".join(bench.summary(result)) + "\n--- progress:\n" + log.getvalue()
