@@ -11,7 +11,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import time
 
 from twisted.internet import defer, threads
 from twisted.internet.error import ConnectionAborted
@@ -406,13 +405,14 @@ class LowLimitRouterTests(unittest.TestCase):
                            64 + 1 + REAP_SLACK)
         socks = []
         self.addCleanup(lambda: [s.close() for s in socks])
-        started = time.monotonic()
+        # Real sockets and a real file limit are the point: a client locked
+        # out would get no reply, and the round trip's socket timeout (5 s
+        # a step, generous for a loaded machine) would raise.
         for _ in range(caps[CLIENT] + 10):
             socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
         replies = yield threads.deferToThread(_raw_round_trip, port)
         self.assertIsInstance(replies[0], P.ConnRply)
         self.assertEqual(replies[1:], [P.ConfConn()])
-        self.assertLess(time.monotonic() - started, 10)
         with open(log.name) as f:
             text = f.read()
         self.assertIn(f"max-connections lowered from 10000 to {caps[CLIENT]}", text)

@@ -14,7 +14,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 
 from twisted.internet import defer
 from twisted.trial import unittest
@@ -473,13 +472,14 @@ class Scenarios:
             with self.assertRaises(PublishBufferFull):    # beyond pending_size
                 await d.notify(conn, {"after": -1, "pad": "x" * 400})
             uri, router = start_router(port)
-            back = time.monotonic()
+            # Real sockets are the point here: the wait (at least 4 s, longer
+            # on a loaded machine) is a generous bound, not a speed check;
+            # test_client_lifecycle checks the back-off's cap without sockets.
             for _ in range(200):
                 if "reconnected" in events:
                     break
                 await _sleep_via(d, 0.02)
             self.assertEqual(events, ["lost", "reconnected"])
-            self.assertLess(time.monotonic() - back, 3.0)   # the back-off is capped at 1.5 s
             producer = await d.connect(uri)
             await d.notify(producer, {"after": 1})
             self.assertEqual((await d.next(sub))["after"], 0)

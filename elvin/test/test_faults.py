@@ -199,16 +199,23 @@ class StallTests(FaultTestCase):
         yield self.settle(a, b)
         link = a.manager.links[0]
         reasons = []
+        silences = []
         original = a.manager.link_down
-        a.manager.link_down = lambda l, reason, was_up: (reasons.append(reason),
-                                                         original(l, reason, was_up))
+
+        def link_down(l, reason, was_up):
+            reasons.append(reason)
+            silences.append(l.output.silent_for())
+            original(l, reason, was_up)
+        a.manager.link_down = link_down
         (stalled,) = self.accepted_protocols(b)
         stalled.transport.pauseProducing()      # b stops reading, says nothing
-        started = time.monotonic()
+        # Real sockets are the point here (a peer that stops reading): the
+        # 5 s is a generous bound for a loaded machine, not a speed check;
+        # test_federation_memory times the rule itself on a Clock.
         yield wait_until(lambda: link.state == link.CLOSED, timeout=5)
-        # Silent for two keepalive periods after the probe: closed.
-        self.assertLess(time.monotonic() - started, 2.0)
+        # Closed by the liveness rule: silent for two keepalive periods.
         self.assertEqual(reasons[0], "liveness")
+        self.assertGreaterEqual(silences[0], 2 * 0.1)
         self.assertNotIn(link, a.manager.links)
         self.assertTrue(all(l.peer_domain != "b.test" or l is not link
                             for l in a.manager.links))
