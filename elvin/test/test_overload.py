@@ -21,7 +21,6 @@ A real router on 127.0.0.1 (port 0) with real clients:
 import random
 import socket
 import struct
-import time
 
 from twisted.internet import defer, endpoints, protocol, reactor, task
 from twisted.trial import unittest
@@ -362,12 +361,18 @@ class FloodTests(LiveFixture):
         yield flood_sub.subscribe("require(flood)", lambda n: flood_seen.append(1))
         good_sub = yield self.connect()
         good_pub = yield self.connect()
-        latencies = {}
-        sent_at = {}
+        # How long a good notification waits is counted in notifications
+        # the router handled meanwhile, not in seconds: a publisher starved
+        # by the flood would wait for most of its 40,000.
+        waited = {}
+        routed_at = {}
         received = []
 
+        def routed():
+            return self.router.stats["notifications"]
+
         def got(note):
-            latencies[note["seq"]] = time.monotonic() - sent_at[note["seq"]]
+            waited[note["seq"]] = routed() - routed_at[note["seq"]]
             received.append(note["seq"])
         yield good_sub.subscribe("require(seq)", got)
         flood = 40_000
@@ -380,7 +385,7 @@ class FloodTests(LiveFixture):
 
         def publish():
             seq = len(sent)
-            sent_at[seq] = time.monotonic()
+            routed_at[seq] = routed()
             good_pub.notify({"seq": seq})
             sent.append(seq)
         ticker = task.LoopingCall(publish)
@@ -393,12 +398,13 @@ class FloodTests(LiveFixture):
         yield wait_until(lambda: len(received) >= len(sent), timeout=10)
         yield good_pub.test_connection()
         yield task.deferLater(reactor, 0.1, lambda: None)
-        # ... and every good notification got through, in order, promptly.
+        # ... and every good notification got through, in order, during it.
         self.assertEqual(received, sent)
         self.assertEqual(flood_done, flood)
         self.assertGreater(len(sent), 20, "the flood was too short to measure")
-        worst = max(latencies.values())
-        self.assertLess(worst, 1.0, f"worst latency {worst:.3f}s during the flood")
+        worst = max(waited.values())
+        self.assertLess(worst, flood // 4,
+                        f"a good notification waited for {worst} others during the flood")
 
 
 class RouterCapTests(LiveFixture):
