@@ -24,7 +24,7 @@ from elvin.config import RouterConfig, parse
 from elvin.core.admission import (CLIENT, FEDERATION, REAP_SLACK, STATUS,
                                   ConnectionBudget, fit_caps)
 from elvin.core.router import Router
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.protocols.gate import Admission, GateFactory, raise_open_file_limit
 from elvin.protocols.server import ElvinServerFactory
 from elvin.test.places import REPO, free_port, wait_listening
@@ -226,9 +226,9 @@ class GateTests(unittest.TestCase):
         return proto, transport
 
     def login(self, proto, transport):
-        proto.dataReceived(frame(P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY)))
+        proto.dataReceived(frame(packets.ConnRqst(1, 4, 0, {}, packets.Keys.EMPTY, packets.Keys.EMPTY)))
         (reply,) = unframe(transport.value())
-        self.assertIsInstance(reply, P.ConnRply)
+        self.assertIsInstance(reply, packets.ConnRply)
         transport.clear()
 
     def test_beyond_the_cap_connections_are_refused_at_accept(self):
@@ -289,8 +289,8 @@ class GateTests(unittest.TestCase):
         proto, transport = self.accept()
         self.assertIsNotNone(proto)
         self.login(proto, transport)
-        proto.dataReceived(frame(P.TestConn()))
-        self.assertEqual(unframe(transport.value()), [P.ConfConn()])
+        proto.dataReceived(frame(packets.TestConn()))
+        self.assertEqual(unframe(transport.value()), [packets.ConfConn()])
         more = [self.accept() for _ in range(10)]
         self.assertFalse(transport.aborted)
         self.assertTrue(all(p is not None for p, _ in more))
@@ -369,9 +369,9 @@ def _reply(sock):
 def _raw_round_trip(port, timeout=5.0):
     """ConnRqst, then TestConn, on a new socket: the packets answering them."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
-        s.sendall(frame(P.ConnRqst(1, 4, 0, {}, P.Keys.EMPTY, P.Keys.EMPTY)))
+        s.sendall(frame(packets.ConnRqst(1, 4, 0, {}, packets.Keys.EMPTY, packets.Keys.EMPTY)))
         replies = _reply(s)
-        s.sendall(frame(P.TestConn()))
+        s.sendall(frame(packets.TestConn()))
         return replies + _reply(s)
 
 
@@ -411,8 +411,8 @@ class LowLimitRouterTests(unittest.TestCase):
         for _ in range(caps[CLIENT] + 10):
             socks.append(socket.create_connection(("127.0.0.1", port), timeout=5))
         replies = yield threads.deferToThread(_raw_round_trip, port)
-        self.assertIsInstance(replies[0], P.ConnRply)
-        self.assertEqual(replies[1:], [P.ConfConn()])
+        self.assertIsInstance(replies[0], packets.ConnRply)
+        self.assertEqual(replies[1:], [packets.ConfConn()])
         with open(log.name) as f:
             text = f.read()
         self.assertIn(f"max-connections lowered from 10000 to {caps[CLIENT]}", text)

@@ -814,7 +814,7 @@ class AsyncioDiscoveryTests(unittest.SynchronousTestCase):
     find a router process by ERDP on loopback multicast (TTL 0)."""
 
     def setUp(self):
-        from elvin.discovery import packets as D
+        from elvin.discovery import packets as discovery_packets
         from elvin.discovery.aio import AsyncioMulticastChannel
         self.group_port = free_port(socket.SOCK_DGRAM)
 
@@ -829,7 +829,7 @@ class AsyncioDiscoveryTests(unittest.SynchronousTestCase):
             except OSError as e:
                 return f"multicast on the loopback interface is unavailable here: {e}"
             try:
-                channel.send(D.SvrRqst(), 0)
+                channel.send(discovery_packets.SvrRqst(), 0)
                 await asyncio.wait_for(heard, 3)
             except asyncio.TimeoutError:
                 return "multicast sent on 127.0.0.1 does not loop back here"

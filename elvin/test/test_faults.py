@@ -368,7 +368,7 @@ class ShutdownTests(FaultTestCase):
     def test_sigterm_through_twistd(self):
         """The real thing: twistd, SIGTERM, Disconn to a client and a peer,
         and the trace complete on disk."""
-        from elvin.protocols import packets as P
+        from elvin.protocols import packets as elvin_packets
         import struct
         workdir = os.path.abspath(self.mktemp())
         os.makedirs(workdir)
@@ -394,7 +394,7 @@ class ShutdownTests(FaultTestCase):
             time.sleep(0.05)
 
         def framed(packet):
-            data = P.encode(packet)
+            data = elvin_packets.encode(packet)
             return struct.pack(">I", len(data)) + data
 
         def read_all(sock):
@@ -408,15 +408,15 @@ class ShutdownTests(FaultTestCase):
             packets = []
             while len(data) >= 4:
                 (n,) = struct.unpack(">I", data[:4])
-                packets.append(FP.decode(data[4:4 + n]))
+                packets.append(fed_packets.decode(data[4:4 + n]))
                 data = data[4 + n:]
             return packets
 
-        from elvin.federation import packets as FP
+        from elvin.federation import packets as fed_packets
         peer = socket.create_connection(("127.0.0.1", fed_port))
-        peer.sendall(framed(FP.FedConnRqst(1, 1, 0, "peer.test")))
+        peer.sendall(framed(fed_packets.FedConnRqst(1, 1, 0, "peer.test")))
         cli = socket.create_connection(("127.0.0.1", client_port))
-        cli.sendall(framed(P.ConnRqst(1, 4, 0)))
+        cli.sendall(framed(elvin_packets.ConnRqst(1, 4, 0)))
         # Wait for the ConnRply before shutting down.
         cli.settimeout(10)
         header = cli.recv(4)
@@ -424,15 +424,15 @@ class ShutdownTests(FaultTestCase):
         body = b""
         while len(body) < n:
             body += cli.recv(n - len(body))
-        self.assertIsInstance(P.decode(body), P.ConnRply)
+        self.assertIsInstance(elvin_packets.decode(body), elvin_packets.ConnRply)
         time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
         client_packets = read_all(cli)
         peer_data = read_all(peer)
         proc.wait(20)
-        self.assertIn(P.Disconn(1, "router is shutting down"), client_packets)
-        self.assertIsInstance(peer_data[0], FP.FedConnRply)
-        self.assertIn(P.Disconn(1, "shutdown"), peer_data)
+        self.assertIn(elvin_packets.Disconn(1, "router is shutting down"), client_packets)
+        self.assertIsInstance(peer_data[0], fed_packets.FedConnRply)
+        self.assertIn(elvin_packets.Disconn(1, "shutdown"), peer_data)
         records = []
         for path in glob.glob(os.path.join(trace_dir, "*.jsonl")):
             with open(path) as f:

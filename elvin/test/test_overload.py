@@ -26,11 +26,11 @@ from twisted.internet import defer, endpoints, protocol, reactor, task
 from twisted.trial import unittest
 
 from elvin import client, errors
-from elvin.federation import packets as FP
+from elvin.federation import packets as fed_packets
 from elvin.federation.manager import FederationClass, FederationManager
 from elvin.core import keys as core_keys
 from elvin.core.options import DropPolicy, OPTIONS
-from elvin.protocols import packets as P
+from elvin.protocols import packets
 from elvin.protocols.framing import frame
 from elvin.protocols.server import ElvinServerFactory, ElvinServerProtocol
 from elvin.protocols.udp import UNotifyDatagramProtocol
@@ -324,8 +324,8 @@ class SlowConsumerTests(LiveFixture):
                 self.transport.pauseProducing()    # never read
                 options = {name: spec.default for name, spec in OPTIONS.items()}
                 options["Send-Queue.Max-Length"] = 1024
-                self.transport.write(frame(P.encode(P.ConnRqst(1, 4, 0, options))))
-                request = frame(P.encode(P.QosRqst(2, options)))
+                self.transport.write(frame(packets.encode(packets.ConnRqst(1, 4, 0, options))))
+                request = frame(packets.encode(packets.QosRqst(2, options)))
                 self.transport.write(request * 30000)   # about 30 MB of replies
 
             def connectionLost(self, reason):
@@ -348,8 +348,8 @@ class _Flooder(protocol.Protocol):
         self.count = count
 
     def connectionMade(self):
-        self.transport.write(frame(P.encode(P.ConnRqst(1, 4, 0))))
-        note = frame(P.encode(P.NotifyEmit({"flood": 1, "pad": "f" * 64}, True)))
+        self.transport.write(frame(packets.encode(packets.ConnRqst(1, 4, 0))))
+        note = frame(packets.encode(packets.NotifyEmit({"flood": 1, "pad": "f" * 64}, True)))
         self.transport.write(note * self.count)
 
 
@@ -555,7 +555,7 @@ class CostTests(unittest.TestCase):
         proto = factory.buildProtocol(None)
         transport = StringTransport()
         proto.makeConnection(transport)
-        proto.dataReceived(frame(P.encode(P.ConnRqst(1, 4, 0))))
+        proto.dataReceived(frame(packets.encode(packets.ConnRqst(1, 4, 0))))
         transport.clear()
         return proto, transport
 
@@ -564,14 +564,14 @@ class CostTests(unittest.TestCase):
         130,000 nodes would take seconds to decode: it is refused unread."""
         proto, transport = self.connected()
         leaf = struct.pack(">ii", 1, 4) + struct.pack(">I", 1) + b"x\0\0\0"
-        body = (struct.pack(">IIIQ", P.SubAddNotify.ID, 0, 0, 1)
+        body = (struct.pack(">IIIQ", packets.SubAddNotify.ID, 0, 0, 1)
                 + struct.pack(">iii", 16, 0, 130_000) + leaf * 130_000)
         decoded = []
         for name in ("decode", "decode_notify_emit"):
-            def counted(data, real=getattr(P, name), name=name):
+            def counted(data, real=getattr(packets, name), name=name):
                 decoded.append(name)
                 return real(data)
-            self.patch(P, name, counted)
+            self.patch(packets, name, counted)
         proto.dataReceived(struct.pack(">I", len(body)) + body)
         self.assertEqual(decoded, [])
         self.assertTrue(transport.disconnecting)
@@ -581,7 +581,7 @@ class CostTests(unittest.TestCase):
         count = 200_000
         keys = (struct.pack(">IIII", 1, 2, 1, count)
                 + (struct.pack(">I", 1) + b"k\0\0\0") * count)
-        body = struct.pack(">II", P.SecRqst.ID, 9) + keys + struct.pack(">III", 0, 0, 0)
+        body = struct.pack(">II", packets.SecRqst.ID, 9) + keys + struct.pack(">III", 0, 0, 0)
         hashed = []
 
         def counted_public_key(private, real=core_keys.public_key):
@@ -590,7 +590,7 @@ class CostTests(unittest.TestCase):
         self.patch(core_keys, "public_key", counted_public_key)
         proto.dataReceived(struct.pack(">I", len(body)) + body)
         (length,) = struct.unpack(">I", transport.value()[:4])
-        nack = P.decode(transport.value()[4:4 + length])
+        nack = packets.decode(transport.value()[4:4 + length])
         self.assertEqual((nack.xid, nack.error), (9, errors.QOS_LIMIT))
         # Decoding 200,000 keys is the cost left: none of them is hashed.
         self.assertEqual(len(hashed), 0)
@@ -663,9 +663,9 @@ class PathLimitTests(RouterFixture):
         self.ports.append(sender)
         target = ("127.0.0.1", port.getHost().port)
         many = OPTIONS["Attribute.Max-Count"].default + 1
-        sender.write(P.encode(P.UNotify(4, 0, {f"a{i}": i for i in range(many)}, True)), target)
-        sender.write(P.encode(P.UNotify(4, 0, {"a0": "y" * 9000}, True)), target)
-        sender.write(P.encode(P.UNotify(4, 0, {"a0": 1}, True)), target)
+        sender.write(packets.encode(packets.UNotify(4, 0, {f"a{i}": i for i in range(many)}, True)), target)
+        sender.write(packets.encode(packets.UNotify(4, 0, {"a0": "y" * 9000}, True)), target)
+        sender.write(packets.encode(packets.UNotify(4, 0, {"a0": 1}, True)), target)
         yield wait_until(lambda: got)
         self.assertEqual(udp.counters["oversize"], 1)
         self.assertEqual(self.router.stats["rejected_notifications"], 1)
@@ -678,7 +678,7 @@ class PathLimitTests(RouterFixture):
         packet a peer never sends, closes the link without being decoded;
         a pull filter bigger than we would ever send is widened to TRUE."""
         from twisted.internet.testing import StringTransport
-        from elvin.federation import filters as F
+        from elvin.federation import filters
         from elvin.federation.protocol import FederationProtocol
         from elvin.subscription.ast import Kind, Node
 
@@ -694,16 +694,16 @@ class PathLimitTests(RouterFixture):
             proto = FederationProtocol(manager, False, None, keepalive=0)
             transport = StringTransport()
             proto.makeConnection(transport)
-            proto.dataReceived(frame(P.encode(FP.FedConnRqst(1, 1, 0,
+            proto.dataReceived(frame(packets.encode(fed_packets.FedConnRqst(1, 1, 0,
                                                              f"peer{len(manager.links)}.test"))))
             self.assertEqual(proto.link.state, proto.link.UP)
             return proto, transport
 
         proto, transport = peer()
         many = OPTIONS["Attribute.Max-Count"].default + 1
-        proto.dataReceived(frame(P.encode(FP.FedNotify({f"a{i}": i for i in range(many)},
-                                                       True, P.Keys.EMPTY, ("far.test",)))))
-        proto.dataReceived(frame(P.encode(FP.FedNotify({"a0": 1}, True, P.Keys.EMPTY,
+        proto.dataReceived(frame(packets.encode(fed_packets.FedNotify({f"a{i}": i for i in range(many)},
+                                                       True, packets.Keys.EMPTY, ("far.test",)))))
+        proto.dataReceived(frame(packets.encode(fed_packets.FedNotify({"a0": 1}, True, packets.Keys.EMPTY,
                                                        ("far.test",)))))
         yield wait_until(lambda: got)
         yield watcher.test_connection()
@@ -712,15 +712,15 @@ class PathLimitTests(RouterFixture):
         # A filter of more nodes than max_filter_nodes is taken as TRUE.
         wide = Node(Kind.OR, None, [Node(Kind.FUNC_REQUIRE, None, [Node(Kind.NAME, f"n{i}")])
                                     for i in range(100)])
-        proto.dataReceived(frame(P.encode(FP.FedSubReplace(5, wide))))
-        self.assertIs(proto.link.remote_filter.tree, F.TRUE)
+        proto.dataReceived(frame(packets.encode(fed_packets.FedSubReplace(5, wide))))
+        self.assertIs(proto.link.remote_filter.tree, filters.TRUE)
         # A packet only a router sends a client: refused undecoded.
-        proto.dataReceived(frame(P.encode(P.SubRply(1, 1))))
+        proto.dataReceived(frame(packets.encode(packets.SubRply(1, 1))))
         self.assertTrue(transport.disconnecting or proto.link.state == proto.link.CLOSED)
         self.assertNotIn(proto.link, manager.links)
         # A frame header over the federation packet limit resets the link.
         proto2, transport2 = peer()
-        proto2.dataReceived(struct.pack(">I", FP.MAX_PACKET_LENGTH + 4))
+        proto2.dataReceived(struct.pack(">I", fed_packets.MAX_PACKET_LENGTH + 4))
         self.assertTrue(transport2.disconnecting)
         proto2.connectionLost(None)
         self.assertEqual(manager.links, [])
