@@ -188,10 +188,13 @@ def _shared(kinds):
 # neither, as that depends only on the tokens before it. Every remembered
 # key is also checked against the real lexer (``_remember``).
 _ID_CHAR_CLASS = r"\x21\x23-\x26\x2a\x2b\x2d-\x5a\x5e-\xff"
+#: The lookahead first: a position where no literal can start (most of a
+#: text) fails on one character instead of trying each alternative (a
+#: typical subscription's key 4.1 -> 2.3 us).
 _SPLIT = re.compile(
-    "(\"[^\"]*\"|'[^']*')"
+    "(?=[\"'0-9-])(?:(\"[^\"]*\"|'[^']*')"
     f"|(?<![{_ID_CHAR_CLASS}])(-?)"
-    r"([0-9]+\.[0-9]+(?:[eE][+-]?[0-9]+)?|0[xX][0-9A-Fa-f]+[lL]?|[0-9]+[lL]?)").split
+    r"([0-9]+\.[0-9]+(?:[eE][+-]?[0-9]+)?|0[xX][0-9A-Fa-f]+[lL]?|[0-9]+[lL]?))").split
 
 
 def _key(text):
