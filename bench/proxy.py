@@ -21,6 +21,13 @@ per second of the proxy's own CPU time (what to compare on a loaded
 machine). Targets (2-core machine): stored ≥ 10,000/s,
 replayed ≥ 20,000/s, RSS < 150 MB.
 
+``--store-alone`` measures ``Store.store`` alone, in this process, with
+no router or proxy: the same sessions, subscriptions and notifications
+(matched without keys), 400 stored per transaction (about what the proxy
+commits a reactor turn), in a fresh database file; prints
+``store_alone_per_cpu_s`` (CPU time of the loop). With ``--max-count``
+it shows what the cap adds to a store without the rest of the proxy.
+
 ``--overload F`` measures instead what happens to a publisher faster
 than the proxy can store: it first finds the store rate as above (N/5
 notifications), then publishes N more at F times that rate, unthrottled
@@ -372,12 +379,43 @@ def kill_proxy(args, procs, router_uri, database, restart_proxy, folder):
         print(f"  join: {line}", flush=True)
 
 
+def store_alone(args):
+    """``--store-alone``: ``Store.store`` in a loop, timed by CPU."""
+    from elvin.protocols import packets
+    from elvin.proxy.store import Store
+
+    folder = tempfile.mkdtemp(prefix="elvin-store-bench-")
+    try:
+        store = Store(os.path.join(folder, "proxy.db"))
+        count = args.sessions
+        for i in range(count):
+            store.create_session(f"s{i}")
+            store.put_subscription(f"s{i}", i + 1, f"shard == {i} || shard == {(i + 1) % count}",
+                                   max_count=args.max_count or None)
+        bodies = [packets.encode_attributes(note(i, count)) for i in range(args.notifs)]
+        start = time.process_time()
+        for first in range(0, args.notifs, 400):
+            with store.batch():
+                for i in range(first, min(args.notifs, first + 400)):
+                    a, b = i % count, (i - 1) % count
+                    store.store(bodies[i], {f"s{a}": {a + 1: False}, f"s{b}": {b + 1: False}},
+                                1000.0 + i)
+        cpu = time.process_time() - start
+        store.close()
+        print(f"notifs={args.notifs} sessions={count} max_count={args.max_count or None} "
+              f"store_alone_per_cpu_s={args.notifs / cpu:.0f}")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--notifs", type=int, default=1_000_000)
     parser.add_argument("--sessions", type=int, default=10)
     parser.add_argument("--batch", type=int, default=5000)
     parser.add_argument("--max-count", type=int, default=0)
+    parser.add_argument("--store-alone", action="store_true",
+                        help="time Store.store alone in this process (no router, no proxy)")
     parser.add_argument("--profile", default=None,
                         help="record the proxy with py-spy while it stores (raw "
                              "collapsed stacks to this file)")
@@ -410,6 +448,9 @@ def main():
     args = parser.parse_args()
     if args.device:
         device(args)
+        return
+    if args.store_alone:
+        store_alone(args)
         return
     if args.kill_proxy:
         args.sessions = 1

@@ -391,13 +391,16 @@ class Store:
     def _open_keys(self, owner: str, keys: Optional[bytes]) -> Optional[bytes]:
         return self.sealer.open(keys, b"keys:" + owner.encode("utf-8"))
 
-    def _limits(self, session: str, sub_id: int) -> Optional[Tuple[Any, Any]]:
-        """A subscription's (ttl, max_count), or None if it does not exist."""
+    def _limits(self, session: str, sub_id: int) -> Optional[Tuple[Any, Any, Any]]:
+        """A subscription's (ttl, max_count, row count at which its oldest
+        are trimmed), or None if it does not exist."""
         key = (session, sub_id)
         if key in self._limit_cache:
             return self._limit_cache[key]
-        found = self.db.execute("SELECT ttl, max_count FROM subscriptions "
-                                "WHERE session = ? AND id = ?", key).fetchone()
+        row = self.db.execute("SELECT ttl, max_count FROM subscriptions "
+                              "WHERE session = ? AND id = ?", key).fetchone()
+        found = None if row is None else (
+            row[0], row[1], None if row[1] is None else row[1] + _slack(row[1]))
         if len(self._limit_cache) > 100_000:
             self._limit_cache.clear()
         self._limit_cache[key] = found
@@ -802,7 +805,8 @@ class Store:
                 for sub_id, secure in secure_of.items():
                     found = self._limits(session, sub_id)
                     if found is not None:
-                        rows.append((session, sub_id, found[0], found[1], int(bool(secure))))
+                        rows.append((session, sub_id, found[0], found[1], int(bool(secure)),
+                                     found[2]))
             if not rows:
                 return None
             sealed = all(row[4] for row in rows)
@@ -816,7 +820,7 @@ class Store:
                 "capped) VALUES (?, ?, ?, ?, ?, ?)",
                 [(session, sub_id, note, None if ttl is None else now + ttl, secure,
                   0 if max_count is None or not self._has_several(session) else 1)
-                 for session, sub_id, ttl, max_count, secure in rows])
+                 for session, sub_id, ttl, max_count, secure, _ in rows])
             size = len(kept)
             if self._total is not None:
                 self._total += size
@@ -827,23 +831,24 @@ class Store:
                     owed[0] += 1
                     owed[1] += size
             sub_rows = self._sub_rows
-            for session, sub_id, _, max_count, _ in rows:
+            for session, sub_id, _, max_count, _, trim_at in rows:
                 key = (session, sub_id)
                 count = sub_rows.get(key)
                 if count is not None:
                     count += 1
                     sub_rows[key] = count
-                if max_count is not None:
-                    if count is None:
-                        count = self._rows_of(key)
-                    if count > max_count:
-                        # At the cap: the oldest go _slack at a time, as one
-                        # range (_trim_subscription); readers see the cap
-                        # exact (_catch_up).
-                        if count > max_count + _slack(max_count):
-                            self._trim_subscription(session, sub_id, max_count)
-                        else:
-                            self._lagging.add(key)
+                elif max_count is None:
+                    continue
+                else:
+                    count = self._rows_of(key)
+                if max_count is not None and count > max_count:
+                    # At the cap: the oldest go _slack at a time, as one
+                    # range (_trim_subscription); readers see the cap exact
+                    # (_catch_up).
+                    if count > trim_at:
+                        self._trim_subscription(session, sub_id, max_count)
+                    else:
+                        self._lagging.add(key)
             if self.max_stored is not None or self.max_stored_bytes is not None:
                 for session in sessions:
                     if self._over_cap(session):
