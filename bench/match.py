@@ -17,11 +17,18 @@ gives a notification against its matches, the rate of index look-up plus
 evaluation (``Router.route``'s loop without delivery, per CPU second),
 and the bytes per subscription the router holds, of which the index's
 and the ``Subscription``'s own (``tracemalloc``, expression text
-included). Not a test: the figures depend on the machine. The whole run
+included). ``--shape java`` files instead subscriptions shaped as the
+Java load generator's (``Bench.java`` in the shared peer-bench): string
+equalities chosen from the per-subscription match probability as it
+chooses them (at 1,000 and more subscriptions both ``s1`` and ``s2``, so
+buckets of about S / 1,000 entries), and three ranges each covering the
+cube root of what is left (the generator then calibrates that width by
+bisection; this does not). Not a test: the figures depend on the machine. The whole run
 takes about 3 x --seconds (default 4 s each phase).
 """
 
 import argparse
+import math
 import os
 import random
 import sys
@@ -158,7 +165,33 @@ def bench_category(subscriptions, notifications, seconds):
     return result
 
 
-def bench_index(subs, notifications, seconds, seed):
+def java_subscription(rng, subs):
+    """A subscription shaped as the Java load generator's for ``subs``
+    subscriptions (10% of notifications matching one or more)."""
+    p = -math.expm1(math.log1p(-0.1) / subs)
+    if p * 1000 <= 0.125:
+        use1, use2, rest = True, True, p * 1000
+    elif p * 100 <= 0.125:
+        use1, use2, rest = True, False, p * 100
+    elif p * 10 <= 0.125:
+        use1, use2, rest = False, True, p * 10
+    else:
+        use1, use2, rest = False, False, p
+    width = rest ** (1 / 3)
+    parts = []
+    if use1:
+        parts.append(f's1 == "sym-{rng.randrange(100):03d}"')
+    if use2:
+        parts.append(f's2 == "ex-{rng.randrange(10)}"')
+    for name in ("i1", "i2"):
+        lo = int(rng.random() * (1 - width) * 1000)
+        parts.append(f"{name} >= {lo} && {name} < {lo + int(width * 1000)}")
+    lo = rng.random() * (1 - width) * 1000
+    parts.append(f"r1 >= {lo:.2f} && r1 < {lo + width * 1000:.2f}")
+    return " && ".join(parts)
+
+
+def bench_index(subs, notifications, seconds, seed, shape="python"):
     """Candidates and matches per notification, look-up + evaluation rate
     and bytes per subscription for ``subs`` workload subscriptions."""
     import gc
@@ -170,7 +203,8 @@ def bench_index(subs, notifications, seconds, seed):
     from throughput import make_notification, make_subscription
 
     rng = random.Random(seed)
-    texts = [make_subscription(rng, subs) for _ in range(subs)]
+    make = java_subscription if shape == "java" else make_subscription
+    texts = [make(rng, subs) for _ in range(subs)]
     notes = [normalise(make_notification(rng)) for _ in range(notifications)]
     owners = [object() for _ in range(min(50, subs))]
     gc.collect()
@@ -214,7 +248,7 @@ def bench_index(subs, notifications, seconds, seed):
                 entry.evaluate(note)
         done += len(notes)
     elapsed = time.process_time() - start
-    print(f"subs={subs} candidates_per_notif={found / len(notes):.2f} "
+    print(f"shape={shape} subs={subs} candidates_per_notif={found / len(notes):.2f} "
           f"matches_per_notif={matched / len(notes):.3f} "
           f"lookup_eval_rate={done / elapsed:,.0f}/cpu-s "
           f"({elapsed / done * 1e6:.2f} us each) "
@@ -232,11 +266,14 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=4)
     parser.add_argument("--index", type=int, nargs="+", metavar="S",
                         help="measure the router's index at S subscriptions instead")
+    parser.add_argument("--shape", choices=["python", "java"], default="python",
+                        help="with --index: bench/throughput.py's subscriptions, or "
+                             "shaped as the Java load generator's")
     args = parser.parse_args(argv)
 
     if args.index:
         for subs in args.index:
-            bench_index(subs, args.notifications, args.seconds, args.seed)
+            bench_index(subs, args.notifications, args.seconds, args.seed, args.shape)
         return
 
     rng = random.Random(args.seed)

@@ -44,8 +44,11 @@ __all__ = ["SubscriptionIndex", "MAX_KEY_COMBINATIONS", "GRID_FROM", "MAX_GRID_C
 #: Most value combinations one subscription is filed under before the
 #: index falls back to fewer constrained names.
 MAX_KEY_COMBINATIONS = 64
-#: A bucket this large gets a grid (smaller ones are cheaper to scan).
-GRID_FROM = 16
+#: A bucket this large gets a grid. Small buckets are common: equality on
+#: two attributes of 100 and 10 values spreads 10,000 subscriptions ten to a
+#: bucket, where a grid over two ranges leaves 2.7 candidates to evaluate
+#: instead of 9.4 (planned from 16 entries, those buckets kept none).
+GRID_FROM = 4
 #: Most cells one entry is filed in; a wider interval goes in "loose".
 MAX_GRID_CELLS = 8
 #: A grid's cells are this many times as wide as its entries' median

@@ -227,6 +227,19 @@ class GridTests(unittest.TestCase):
         self.assertEqual(index.candidates({"s1": "x", "i1": "text"}), [])
         self.assertEqual(index.candidates({"s1": "x", "i1": float("nan")}), [])
 
+    def test_a_small_bucket_is_selective(self):
+        # Equality on two attributes spreads many subscriptions a few to a
+        # bucket; those buckets too select by the ranges' cells.
+        index = SubscriptionIndex()
+        rng = random.Random(3)
+        for i in range(10):
+            lo1, lo2 = rng.randrange(780), rng.randrange(780)
+            index.add(Entry(i + 1, f's1 == "x" && s2 == "y" && i1 >= {lo1} && i1 < {lo1 + 220}'
+                                   f' && i2 >= {lo2} && i2 < {lo2 + 220}'))
+        counts = [len(index.candidates({"s1": "x", "s2": "y", "i1": a, "i2": b}))
+                  for a in range(0, 1000, 50) for b in range(0, 1000, 50)]
+        self.assertLess(sum(counts) / len(counts), 5)
+
     def test_range_constraints(self):
         from elvin.subscription.analysis import range_constraints
 
