@@ -32,7 +32,6 @@ only skips subscriptions that cannot be true.
 
 import itertools
 import math
-import statistics
 
 from elvin.subscription.analysis import (equality_constraints, index_key,
                                          range_constraints, required_names)
@@ -100,40 +99,36 @@ class _Grid:
         self.loose = {}
 
     def _place(self, ranges):
-        """Where an entry with ``ranges`` is filed: None (loose) or its
-        cells as one int, the first cell's key shifted left past 7 bits
-        that say whether it is in ``rows`` and how many more cells it
-        covers on each attribute (see _keys)."""
+        """Where an entry with ``ranges`` is filed: None (loose), or the
+        keys of its cells (each once) and the table they are in."""
         if not ranges:
             return None
         span = _span(ranges.get(self.name), self.width)
         if span is None:
             return None
         first, last = span
-        more = last - first
-        span2 = _span(ranges.get(self.name2), self.width2) if self.name2 else None
-        if span2 is not None and (more + 1) * (span2[1] - span2[0] + 1) <= MAX_GRID_CELLS:
-            return (first * _STRIDE + span2[0]) << 7 | more << 3 | (span2[1] - span2[0])
-        if more < MAX_GRID_CELLS:
-            return first << 7 | (64 if self.name2 else 0) | more << 3
+        name2 = self.name2
+        if name2 is None:
+            return (range(first, last + 1), self.cells) if last - first < MAX_GRID_CELLS \
+                else None
+        span2 = _span(ranges.get(name2), self.width2)
+        if span2 is not None and (last - first + 1) * (span2[1] - span2[0] + 1) \
+                <= MAX_GRID_CELLS:
+            first2, last2 = span2
+            if first == last and first2 == last2:
+                return (first * _STRIDE + first2,), self.cells
+            return {x * _STRIDE + y for x in range(first, last + 1)
+                    for y in range(first2, last2 + 1)}, self.cells
+        if last - first < MAX_GRID_CELLS:
+            return range(first, last + 1), self.rows
         return None
-
-    def _keys(self, placed):
-        """The cell keys (each once) and the table of a ``_place`` int."""
-        first, more, more2 = placed >> 7, (placed >> 3) & 7, placed & 7
-        if placed & 64:
-            return range(first, first + more + 1), self.rows
-        if self.name2 is None:
-            return range(first, first + more + 1), self.cells
-        return {first + x * _STRIDE + y for x in range(more + 1)
-                for y in range(more2 + 1)}, self.cells
 
     def add(self, entry, ranges):
         placed = self._place(ranges)
         if placed is None:
             self.loose[entry.id] = entry
         else:
-            keys, table = self._keys(placed)
+            keys, table = placed
             for key in keys:
                 cell = table.get(key)
                 if cell is None:
@@ -145,7 +140,7 @@ class _Grid:
         if self.loose.pop(entry.id, None) is not None:
             return
         placed = self._place(ranges)
-        if placed is not None and _drop(entry, *self._keys(placed)):
+        if placed is not None and _drop(entry, *placed):
             return
         # Not where its ranges file it (ranges other than when it was
         # added): look in every cell.
@@ -193,8 +188,8 @@ class _Grid:
         interval."""
         counts: dict[str, int] = {}
         for bounds in ranges:
-            for name, interval in bounds.items():
-                if _span(interval, 1.0) is not None:
+            for name, (lo, hi) in bounds.items():
+                if -_INF < lo <= hi < _INF:
                     counts[name] = counts.get(name, 0) + 1
         if not counts:
             return None
@@ -204,8 +199,8 @@ class _Grid:
         pairs: dict[str, int] = {}
         for bounds in ranges:
             if _span(bounds.get(name), 1.0) is not None:
-                for other, interval in bounds.items():
-                    if other != name and _span(interval, 1.0) is not None:
+                for other, (lo, hi) in bounds.items():
+                    if other != name and -_INF < lo <= hi < _INF:
                         pairs[other] = pairs.get(other, 0) + 1
         name2 = max(sorted(pairs), key=pairs.__getitem__) if pairs else None
         if name2 is not None and pairs[name2] * 2 < len(ranges):
@@ -234,10 +229,12 @@ def _drop(entry, keys, table):
 
 
 def _median_width(ranges, name, factor):
-    """``factor`` times the median width of the bounded intervals on ``name``."""
-    width = statistics.median(
-        b[name][1] - b[name][0] for b in ranges
-        if _span(b.get(name), 1.0) is not None)
+    """``factor`` times the median width of the bounded intervals on ``name``
+    (for an even count, the mean of the middle two, as statistics.median)."""
+    widths = sorted(hi - lo for lo, hi in (b[name] for b in ranges if name in b)
+                    if -_INF < lo <= hi < _INF)
+    middle = len(widths) // 2
+    width = widths[middle] if len(widths) % 2 else (widths[middle - 1] + widths[middle]) / 2
     return width * factor if width > 0 else 1.0
 
 
