@@ -30,6 +30,18 @@ class CodegenEquivalenceTests(unittest.TestCase):
             attrs = normalise(note)
             self.assertIs(generated(attrs), reference(attrs), f"{atoms} {note}")
 
+    def test_a_conjunction_tests_numbers_before_strings(self):
+        # The index gives candidates whose string equalities hold already.
+        class Reads(dict):
+            def get(self, name, default=None):
+                self.read.append(name)
+                return dict.get(self, name, default)
+        evaluate = compiler._generate(parse('s == "a" && n > 1 && t == "b"'))
+        attrs = Reads(s="a", n=0, t="b")
+        attrs.read = []
+        self.assertIs(evaluate(attrs), False)
+        self.assertEqual(attrs.read, ["n"])
+
     def test_used_for_conjunctions(self):
         tree = parse("x == 1 && y > 2")
         self.assertIsNotNone(compiler._generate(tree))
