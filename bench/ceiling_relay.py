@@ -22,7 +22,12 @@ SecRqst, TestConn, DisconnRqst. Where a notification goes:
 * every other one goes to one fixed subscriber: the first subscription of
   the first connection that subscribed to anything else.
 
-So the generator's ``delivered`` is the number of notifications, not its
+``--deliver-every K`` passes on only every K-th of those (the others are
+read and dropped), so the generator's subscriber receives about as many
+as from a router where 1 in K matches: the ceiling without the extra
+receiving work that delivering all of them gives the generator.
+
+So the generator's ``delivered`` is the number of notifications (or a K-th of them), not its
 ``expected`` (it reports ``timed_out=1`` and exits 2 after ``--timeout``);
 its ``notif_rate`` (notifications over the time to the last delivery) is the
 figure to read.
@@ -83,7 +88,11 @@ class Relay(FramedProtocol):
             if sync and self.sync_id is not None:
                 target, sub_id = self, self.sync_id
             elif self.factory.fixed is not None:
-                target, sub_id = self.factory.fixed
+                factory = self.factory
+                factory.seen += 1
+                if factory.seen % factory.every:
+                    return
+                target, sub_id = factory.fixed
             else:
                 return
             target.transport.write(frame(packets.encode_notify_deliver_from(
@@ -127,17 +136,23 @@ class Relay(FramedProtocol):
 class RelayFactory(protocol.ServerFactory):
     protocol = Relay
 
-    def __init__(self):
+    def __init__(self, every=1):
         self.fixed = None
         self.next_id = 0
+        #: Pass on every ``every``-th notification (``seen`` counts them).
+        self.every = every
+        self.seen = 0
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=29930)
+    parser.add_argument("--deliver-every", type=int, default=1, metavar="K",
+                        help="pass on only every K-th notification (default: all)")
     args = parser.parse_args()
     from twisted.internet import reactor
-    reactor.listenTCP(args.port, RelayFactory(), interface="127.0.0.1")
+    reactor.listenTCP(args.port, RelayFactory(max(1, args.deliver_every)),
+                      interface="127.0.0.1")
     print(f"ceiling relay on elvin://127.0.0.1:{args.port}", flush=True)
     reactor.run()
 

@@ -8,7 +8,7 @@ then once more while ``py-spy record`` samples the router process (raw
 collapsed stacks, idle time excluded), and reads the router's CPU time
 from /proc around that run. Each sample is put in the stage of the
 deepest frame it recognises (table ``STAGES``); the router's CPU for the
-notifications, less any samples still placing subscriptions, is divided
+notifications, less any samples placing subscriptions or removing them, is divided
 among the stages in proportion and by the number of notifications:
 
     subs=1000 notifs=50000 router_cpu_s=... us_per_notif=... decode=...
@@ -60,9 +60,11 @@ STAGES = (
     ("reactor", ("doPoll", "mainLoop", "runUntilCurrent")),
 )
 #: A sample with any of these frames is placing a subscription (or another
-#: request that is not a notification), wherever its deepest frame is.
+#: request that is not a notification), or taking subscriptions away as the
+#: generator's connections close at the end, wherever its deepest frame is.
 PLACING = ("packet_received", "decode (elvin/protocols/packets.py", "_sub_add", "_sub_mod",
-           "_sub_del", "add_subscription", "(elvin/subscription/")
+           "_sub_del", "add_subscription", "(elvin/subscription/", "remove_subscription",
+           "session_closed", "connection_lost")
 SHOWN = ("read", "decode", "route", "index", "evaluate", "encode", "write", "reactor",
          "other", "kernel")
 
