@@ -17,10 +17,14 @@ from elvin.endpoints import UDP, stack_kind
 from elvin.uri import ElvinURI, InvalidURIError
 
 __all__ = ["ProxyConfig", "PROXY_SETTINGS", "DEFAULT_LISTEN", "DEFAULT_UPSTREAM",
-           "load_proxy_config", "parse_proxy_config", "ConfigError"]
+           "DEFAULT_UPSTREAM_PROBE", "DEFAULT_UPSTREAM_KEEPALIVE", "load_proxy_config", "parse_proxy_config", "ConfigError"]
 
 DEFAULT_LISTEN = "elvin://localhost:2916"
 DEFAULT_UPSTREAM = "elvin://localhost:2917"
+#: Seconds between probes of an absent upstream router's port, and between
+#: TestConn checks of a present one (also ``Upstream``'s own defaults).
+DEFAULT_UPSTREAM_PROBE = 0.2
+DEFAULT_UPSTREAM_KEEPALIVE = 30.0
 
 
 def _upstream(value, key, where, config):
@@ -53,7 +57,7 @@ PROXY_SETTINGS = (
     Setting("upstream-scope", text, None, "none",
             "With `upstream = discover`: the discovery scope to find a router in "
             "(none: a default router)."),
-    Setting("upstream-probe", duration(True), 0.2, "`0.2`",
+    Setting("upstream-probe", duration(True), DEFAULT_UPSTREAM_PROBE, "`0.2`",
             "While the upstream router is away: seconds between probes of its port (a "
             "TCP connect, closed at once); the first that succeeds in an outage "
             "reconnects at once instead of after the back-off (at most 1 s). `0`: no "
@@ -66,7 +70,7 @@ PROXY_SETTINGS = (
     Setting("upstream-tls-ca", config_file, None, "none",
             "CA certificates (PEM) that a TLS upstream router's certificate must chain "
             "to (default: the platform's trust store)."),
-    Setting("upstream-keepalive", duration(True), 30.0, "`30`",
+    Setting("upstream-keepalive", duration(True), DEFAULT_UPSTREAM_KEEPALIVE, "`30`",
             "Seconds between TestConn checks of the upstream connection; one unanswered "
             "for as long again drops and remakes it. `0`: no checks."),
     Setting("database", config_file, "elvin-proxy.db", "`elvin-proxy.db`",

@@ -33,13 +33,10 @@ from elvin.client import connect as client_connect
 from elvin.clientcore.state import ConnectionClosed, Reconnect
 from elvin.discovery.addresses import is_loopback
 from elvin.endpoints import UDP, stack_kind
+from elvin.proxy.config import DEFAULT_UPSTREAM_KEEPALIVE, DEFAULT_UPSTREAM_PROBE
 from elvin.uri import ElvinURI
 
 __all__ = ["Upstream", "tcp_probe", "announces"]
-
-#: Seconds between probes of the router's port while upstream is down.
-DEFAULT_PROBE_INTERVAL = 0.2
-
 
 def tcp_probe(reactor: Any, timeout: float = 2.0) -> Callable[[ElvinURI], Any]:
     """A probe: ``probe(uri)`` fires True if a TCP connection to the URI's
@@ -99,8 +96,9 @@ class Upstream(service.Service):
     log = Logger()
 
     def __init__(self, reactor: Any, core: Any = None, connect_args: Any = None,
-                 reconnect: Optional[Reconnect] = None, keepalive: float = 30.0,
-                 probe_interval: float = DEFAULT_PROBE_INTERVAL, probe: Any = None,
+                 reconnect: Optional[Reconnect] = None,
+                 keepalive: float = DEFAULT_UPSTREAM_KEEPALIVE,
+                 probe_interval: float = DEFAULT_UPSTREAM_PROBE, probe: Any = None,
                  discoverer: Any = None, connect: Any = None) -> None:
         self.reactor = reactor
         self.core = core
