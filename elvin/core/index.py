@@ -45,7 +45,7 @@ __all__ = ["SubscriptionIndex", "MAX_KEY_COMBINATIONS", "GRID_FROM", "MAX_GRID_C
 MAX_KEY_COMBINATIONS = 64
 #: A bucket this large gets a grid. Small buckets are common: equality on
 #: two attributes of 100 and 10 values spreads 10,000 subscriptions ten to a
-#: bucket, where a grid over two ranges leaves 2.7 candidates to evaluate
+#: bucket, where a grid over two ranges leaves 2.5 candidates to evaluate
 #: instead of 9.4 (planned from 16 entries, those buckets kept none).
 GRID_FROM = 4
 #: Most cells one entry is filed in; a wider interval goes in "loose".

@@ -17,7 +17,8 @@ from elvin.endpoints import UDP, stack_kind
 from elvin.uri import ElvinURI, InvalidURIError
 
 __all__ = ["ProxyConfig", "PROXY_SETTINGS", "DEFAULT_LISTEN", "DEFAULT_UPSTREAM",
-           "DEFAULT_UPSTREAM_PROBE", "DEFAULT_UPSTREAM_KEEPALIVE", "load_proxy_config", "parse_proxy_config", "ConfigError"]
+           "DEFAULT_UPSTREAM_PROBE", "DEFAULT_UPSTREAM_KEEPALIVE", "load_proxy_config",
+           "parse_proxy_config", "ConfigError"]
 
 DEFAULT_LISTEN = "elvin://localhost:2916"
 DEFAULT_UPSTREAM = "elvin://localhost:2917"

@@ -38,6 +38,7 @@ from elvin.uri import ElvinURI
 
 __all__ = ["Upstream", "tcp_probe", "announces"]
 
+
 def tcp_probe(reactor: Any, timeout: float = 2.0) -> Callable[[ElvinURI], Any]:
     """A probe: ``probe(uri)`` fires True if a TCP connection to the URI's
     host and port opens within ``timeout`` seconds (it is closed at once),
