@@ -376,9 +376,6 @@ class Lifecycle:
                                       lambda reply: self._closing_answered(),
                                       lambda error: None)
             return
-        if self._buffer:
-            _log.warning("closed while reconnecting to %s: %d queued packets (%d bytes) "
-                         "not sent", self.uri, len(self._buffer), self._buffered)
         self.execute(CancelTimer())
         if self.phase is not Phase.IDLE:
             self._drop_channel()
@@ -607,7 +604,12 @@ class Lifecycle:
         self.phase = Phase.CLOSED
         self._end_error = error
         self.execute(CancelTimer())
-        buffer, self._buffer, self._buffered = self._buffer, [], 0
+        if self._buffer:
+            # Queued while the connection was away and never sent: said
+            # here, with the reason, whichever way the session ended.
+            _log.warning("session with %s ended (%s): %d queued packets (%d bytes) not sent",
+                         self.uri, error or "closed", len(self._buffer), self._buffered)
+        self._buffer, self._buffered = [], 0
         closed = error or ConnectionClosed("connection is closed")
         self.session._fail_pending(closed)
         for sub in list(self.session.subscriptions.values()):

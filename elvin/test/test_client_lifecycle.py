@@ -226,6 +226,30 @@ class LifecycleTests(unittest.SynchronousTestCase):
         self.assertIs(h.machine.phase, Phase.CLOSED)
         self.assertIn("gave up reconnecting", str(sub.ended[0]))
 
+    def test_giving_up_says_what_was_not_sent(self):
+        h = Harness(reconnect=Reconnect(initial=0.1, attempts=1, jitter=0))
+        h.up()
+        h.machine.channel_lost()
+        h.session.emit({"a": 1})
+        h.session.emit({"a": 2})
+        with self.assertLogs("elvin.client", "WARNING") as logged:
+            h.machine.timer_fired()
+            h.machine.dial_failed(ConnectionRefusedError("refused"))
+        self.assertIs(h.machine.phase, Phase.CLOSED)
+        (line,) = logged.output
+        self.assertIn("gave up reconnecting", line)
+        self.assertIn("2 queued packets", line)
+
+    def test_closing_while_away_says_what_was_not_sent(self):
+        h = Harness(reconnect=Reconnect())
+        h.up()
+        h.machine.channel_lost()
+        h.session.emit({"a": 1})
+        with self.assertLogs("elvin.client", "WARNING") as logged:
+            h.machine.close()
+        (line,) = logged.output
+        self.assertIn("1 queued packets", line)
+
     def test_backoff_is_short_and_capped(self):
         delays = list(Reconnect(attempts=12).delays(rng=lambda: 1.0))
         self.assertLess(max(delays), 2.0)
