@@ -532,6 +532,11 @@ def _decode_sub_add_rqst(data):
     return _build_sub_add_rqst((xid, expression, accept_insecure, keys))
 
 
+#: A NotifyEmit's deliver_insecure (true, false) followed by an empty key list.
+_INSECURE_NO_KEYS = b"\x00\x00\x00\x01\x00\x00\x00\x00"
+_SECURE_NO_KEYS = bytes(8)
+
+
 def decode_notify_emit(data):
     """A NotifyEmit's fields as ``(attributes, deliver_insecure, keys)``,
     without building the packet, because every notification a router
@@ -541,6 +546,14 @@ def decode_notify_emit(data):
     reader = Reader(data, 4)
     try:
         attributes = reader.name_values("attribute")
+        pos = reader.pos
+        if reader.end - pos == 8:
+            # The usual tail, a boolean and no keys, compared whole.
+            tail = data[pos:pos + 8]
+            if tail == _INSECURE_NO_KEYS:
+                return attributes, True, Keys.EMPTY
+            if tail == _SECURE_NO_KEYS:
+                return attributes, False, Keys.EMPTY
         deliver_insecure = reader.boolean("NotifyEmit.deliver_insecure")
         keys = _read_keys(reader)
     except (DecodeError, struct.error):

@@ -250,6 +250,16 @@ class NotifyEmitFastPathTests(unittest.TestCase):
                 elvin_packets.decode_notify_emit(bad)
             self.assertEqual(str(fast.exception), str(full.exception))
 
+    def test_notify_emit_fast_decoding_is_the_full_decoders(self):
+        keys = elvin_packets.Keys({1: [[b"k1", b"k2"]]})
+        for deliver_insecure in (True, False):
+            for key_list in (elvin_packets.Keys.EMPTY, keys):
+                data = elvin_packets.encode(elvin_packets.NotifyEmit(
+                    {"a": 1, "b": "x"}, deliver_insecure, key_list))
+                full = elvin_packets.decode(data)
+                self.assertEqual(elvin_packets.decode_notify_emit(data),
+                                 (full.attributes, full.deliver_insecure, full.keys))
+
     def test_before_connect_a_notify_emit_is_still_a_violation(self):
         proto, transport = self.h.client()
         proto.dataReceived(frame(elvin_packets.NotifyEmit({"a": 1}, True, elvin_packets.Keys.EMPTY)))
