@@ -27,8 +27,9 @@ read and dropped), so the generator's subscriber receives about as many
 as from a router where 1 in K matches: the ceiling without the extra
 receiving work that delivering all of them gives the generator.
 
-So the generator's ``delivered`` is the number of notifications (or a K-th of them), not its
-``expected`` (it reports ``timed_out=1`` and exits 2 after ``--timeout``);
+So the generator's ``delivered`` is the number of notifications (or a
+K-th of them), not its ``expected`` (it reports ``timed_out=1`` and exits
+2 after ``--timeout``);
 its ``notif_rate`` (notifications over the time to the last delivery) is the
 figure to read.
 """
@@ -150,9 +151,10 @@ def main():
     parser.add_argument("--deliver-every", type=int, default=1, metavar="K",
                         help="pass on only every K-th notification (default: all)")
     args = parser.parse_args()
+    if args.deliver_every < 1:
+        parser.error(f"--deliver-every must be at least 1, not {args.deliver_every}")
     from twisted.internet import reactor
-    reactor.listenTCP(args.port, RelayFactory(max(1, args.deliver_every)),
-                      interface="127.0.0.1")
+    reactor.listenTCP(args.port, RelayFactory(args.deliver_every), interface="127.0.0.1")
     print(f"ceiling relay on elvin://127.0.0.1:{args.port}", flush=True)
     reactor.run()
 

@@ -23,8 +23,9 @@ equalities chosen from the per-subscription match probability as it
 chooses them (at 1,000 and more subscriptions both ``s1`` and ``s2``, so
 buckets of about S / 1,000 entries), and three ranges each covering the
 cube root of what is left (the generator then calibrates that width by
-bisection; this does not). Not a test: the figures depend on the machine. The whole run
-takes about 3 x --seconds (default 4 s each phase).
+bisection; this does not). Not a test: the figures depend on the
+machine. The whole run takes about 3 x --seconds (default 4 s each
+phase).
 """
 
 import argparse

@@ -911,34 +911,30 @@ def _atom_lines(key, index):
     ]
 
 
-def _in_evaluation_order(root, operands):
-    """``root``'s operands in the order its generated evaluator tests them:
-    for ``&&``, comparisons with a number first. The index files a
-    subscription under its equalities (elvin.core.index), so a candidate
-    it gives already has its ``name == "string"`` operands true and the
-    ranges decide; any order gives the same three-valued result, as no
-    operand has an effect."""
-    if root.kind != Kind.AND:
-        return operands
-    numeric = [o for o in operands if _is_numeric_comparison(o)]
-    if not numeric or len(numeric) == len(operands):
-        return operands
-    return tuple(numeric) + tuple([o for o in operands if not _is_numeric_comparison(o)])
-
-
-def _is_numeric_comparison(node):
-    simple = _simple_comparison(node)
-    return simple is not None and simple[2].kind in _NUMBER_KINDS
+def _operands(root):
+    """The comparisons a generated evaluator for ``root`` tests, in order:
+    an ``&&``/``||``'s children, or ``root`` alone. An ``&&`` tests those
+    with a number first: the index files a subscription under its
+    equalities (elvin.core.index), so a candidate it gives already has its
+    ``name == "string"`` operands true and the ranges decide; any order
+    gives the same three-valued result, as no operand has an effect."""
+    if root.kind not in (Kind.AND, Kind.OR):
+        return (root,)
+    if root.kind == Kind.OR:
+        return root.children
+    numeric, other = [], []
+    for operand in root.children:
+        simple = _simple_comparison(operand)
+        (numeric if simple is not None and simple[2].kind in _NUMBER_KINDS
+         else other).append(operand)
+    return tuple(numeric + other) if numeric and other else root.children
 
 
 def _generate(root):
     """A generated evaluator for ``root``, or None when it does not apply."""
-    if root.kind in (Kind.AND, Kind.OR):
-        operands = _in_evaluation_order(root, root.children)
-    elif _simple_comparison(root) is not None:
-        operands = (root,)
-    else:
+    if root.kind not in (Kind.AND, Kind.OR) and _simple_comparison(root) is None:
         return None
+    operands = _operands(root)
     if len(operands) > _MAX_GENERATED_OPERANDS or not any(
             _simple_comparison(c) is not None for c in operands):
         return None
@@ -1014,8 +1010,7 @@ def generated_plan(root, position):
     """
     if not _all_simple(root):
         return None
-    operands = (_in_evaluation_order(root, root.children) if root.kind in (Kind.AND, Kind.OR)
-                else (root,))
+    operands = _operands(root)
     if len(operands) > _MAX_GENERATED_OPERANDS:
         return None
     shape, consts = _code_shape(root, operands)
