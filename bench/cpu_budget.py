@@ -53,7 +53,7 @@ STAGES = (
     ("write", ("writeOrQueue", "send_encoded", "sendFrame", "ClientSession.deliver",
                "doWrite", "writeSomeData", "FileDescriptor.write", "writeSequence",
                "startWriting", "stopWriting")),
-    ("route", ("Router.route", "ClientSession._emit", "notify_emit", "frameReceived",
+    ("route", ("Router.route", "notify_emit", "frameReceived",
                "notification_problem", "KeyRing", "_secure")),
     ("read", ("doRead", "_dataReceived", "FramedProtocol.", "dataReceived")),
     ("reactor", ("doPoll", "mainLoop", "runUntilCurrent")),

@@ -408,7 +408,7 @@ class SubscriptionIndex:
     def candidates(self, attributes):
         """Entries that may match ``attributes`` (a normalised dict)."""
         found: list = []
-        if self._always:
+        if self._always.count:
             self._always.select(attributes, found)
         by_name = self._by_name
         if by_name:
@@ -425,12 +425,13 @@ class SubscriptionIndex:
             key = []
             for name in signature:
                 value = attributes.get(name)
-                if value is None:
-                    break
-                k = index_key(value)
-                if k is None:
-                    break
-                key.append(k)
+                if value.__class__ is not str:      # a string is its own key
+                    if value is None:
+                        break
+                    value = index_key(value)
+                    if value is None:
+                        break
+                key.append(value)
             else:
                 bucket = table.get(tuple(key))
                 if bucket is not None:

@@ -152,6 +152,7 @@ class ConnectionOptions:
         self.specs = dict(OPTIONS if specs is None else specs)
         self.key_schemes = tuple(key_schemes)
         self.values = {name: spec.default for name, spec in self.specs.items()}
+        self._limits_changed()
 
     def __getitem__(self, name):
         return self.values[name]
@@ -178,11 +179,23 @@ class ConnectionOptions:
             proposed[standard] = offered
             reply[name] = (0 if offered else 1) if name in _INVERTED else offered
         self.values = proposed
+        self._limits_changed()
         for standard in _INFORMATIONAL:
             if standard not in reply and not any(
                     canonical_name(n) == standard for n in reply):
                 reply[standard] = self._informational(standard)
         return reply
+
+    def _limits_changed(self):
+        #: ``(Attribute.Max-Count, the smallest length limit)``: a packet no
+        #: longer than the smallest limit holds no name, string or opaque
+        #: over any of them, so only its count needs checking (the router's
+        #: per-notification fast path, ``notification_problem``).
+        values = self.values
+        self.attribute_limits = (values["Attribute.Max-Count"],
+                                 min(values["Attribute.Name.Max-Length"],
+                                     values["Attribute.String.Max-Length"],
+                                     values["Attribute.Opaque.Max-Length"]))
 
     def _informational(self, standard):
         if standard == "Vendor-Identification":

@@ -432,7 +432,8 @@ class Router(SessionHost):
                 observer.notification_routed(attributes, deliver_insecure, forward_keys,
                                              routing, source, pulled)
         matches = {}
-        keyed = bool(keys) or bool(connection_keys)
+        keyed = ((keys is not _NO_KEYS and bool(keys))
+                 or (connection_keys is not _NO_KEYS and bool(connection_keys)))
         for entry in self.index.candidates(attributes):
             if entry.evaluate(attributes) is not True:
                 continue
@@ -453,6 +454,11 @@ class Router(SessionHost):
             session.deliver(packets.encode_notify_deliver_from(body, secure, insecure))
         self.stats["deliveries"] += len(matches)
         return len(matches)
+
+
+#: The empty key sets, told apart by identity on the per-notification path.
+_NO_KEYS = KeyRing.EMPTY
+_NO_WIRE_KEYS = packets.Keys.EMPTY
 
 
 def _secure(keys, connection_keys, entry):
@@ -878,30 +884,31 @@ class ClientSession:
     # -- notifications ----------------------------------------------------------
 
     def _notify_emit(self, packet):
-        self._emit(packet.attributes, packet.deliver_insecure, packet.keys,
-                   self.nfn_keys, self.nfn_raw_keys)
-
-    def notify_emit(self, attributes, deliver_insecure, wire_keys, size=None):
-        """A NotifyEmit on a CONNECTED session, as its decoded fields: the
-        transports' fast path, skipping the packet object and the dispatch.
-        ``size``: the encoded packet's length, if known (see
-        ``notification_problem``)."""
-        self._emit(attributes, deliver_insecure, wire_keys, self.nfn_keys,
-                   self.nfn_raw_keys, size)
+        self.notify_emit(packet.attributes, packet.deliver_insecure, packet.keys)
 
     def _unotify(self, packet):
         if packet.client_major_version != PROTOCOL_MAJOR:
             return  # 7.4.1: silently discarded
         self._announced_version(packet)
         self.router.stats["unotify"] += 1
-        self._emit(packet.attributes, packet.deliver_insecure, packet.keys,
-                   KeyRing.EMPTY, KeyRing.EMPTY)
+        self.notify_emit(packet.attributes, packet.deliver_insecure, packet.keys,
+                         connection_keys=KeyRing.EMPTY, connection_raw_keys=KeyRing.EMPTY)
 
-    def _emit(self, attributes, deliver_insecure, wire_keys, connection_keys,
-              connection_raw_keys, size=None):
+    def notify_emit(self, attributes, deliver_insecure, wire_keys, size=None,
+                    connection_keys=None, connection_raw_keys=None):
+        """A notification from this session, as its decoded fields: the
+        transports call it for a NotifyEmit on a CONNECTED session (their
+        fast path, skipping the packet object and the dispatch). ``size``:
+        the encoded packet's length, if known (see
+        ``notification_problem``). The connection's notification keys are
+        the session's unless given (a UNotify has none)."""
+        if connection_keys is None:
+            connection_keys = self.nfn_keys
+            connection_raw_keys = self.nfn_raw_keys
         problem = notification_problem(self.options, attributes, size)
         keys = KeyRing.EMPTY
-        if problem is None and wire_keys:
+        keyed = wire_keys is not _NO_WIRE_KEYS and bool(wire_keys)
+        if problem is None and keyed:
             try:
                 keys = KeyRing.from_wire(wire_keys, PRODUCER)
             except errors.ElvinError as e:
@@ -916,7 +923,7 @@ class ClientSession:
             self.log.info("notification from {peer}: {names}", peer=self.peer,
                           names=sorted(attributes))
         forward_keys = connection_raw_keys
-        if wire_keys:
+        if keyed:
             forward_keys = forward_keys.union(_raw(wire_keys))
         self.router.route(attributes, deliver_insecure, keys, connection_keys,
                           forward_keys=forward_keys)
@@ -1028,10 +1035,13 @@ def notification_problem(options, attributes, size=None):
     the count is checked (the usual case: limits are at least 64 bytes for
     names and 1 KiB for values, and so are the defaults 2 KiB and 1 MiB).
     """
+    if isinstance(options, ConnectionOptions):
+        max_count, smallest = options.attribute_limits
+        if size is not None and size <= smallest and 0 < len(attributes) <= max_count:
+            return None
+        options = options.values
     if not attributes:
         return "a notification needs at least one attribute"
-    if isinstance(options, ConnectionOptions):
-        options = options.values
     if len(attributes) > options["Attribute.Max-Count"]:
         return f"more than Attribute.Max-Count ({options['Attribute.Max-Count']}) attributes"
     name_max = options["Attribute.Name.Max-Length"]

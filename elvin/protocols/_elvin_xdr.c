@@ -66,6 +66,10 @@ name_values(PyObject *self, PyObject *args)
 
     if (!PyArg_ParseTuple(args, "y*nnO", &view, &pos, &end, &int64_type))
         return NULL;
+    /* An int subclass that keeps int's layout and adds no __new__ of
+       substance (values.Int64) is made by int.__new__ directly. */
+    int int_subtype = PyType_Check(int64_type)
+        && PyType_IsSubtype((PyTypeObject *)int64_type, &PyLong_Type);
     const unsigned char *buf = (const unsigned char *)view.buf;
     if (end > view.len || pos < 0 || pos > end)
         goto fallback;
@@ -119,7 +123,16 @@ name_values(PyObject *self, PyObject *args)
                     Py_DECREF(name);
                     goto error;
                 }
-                value = PyObject_CallOneArg(int64_type, number);
+                if (int_subtype) {
+                    /* int.__new__(int64_type, number): the subclass's own
+                       __new__ only checks the range, which 8 bytes meet. */
+                    PyObject *pair = PyTuple_Pack(1, number);
+                    value = pair == NULL ? NULL
+                        : PyLong_Type.tp_new((PyTypeObject *)int64_type, pair, NULL);
+                    Py_XDECREF(pair);
+                } else {
+                    value = PyObject_CallOneArg(int64_type, number);
+                }
                 Py_DECREF(number);
                 if (value == NULL) {
                     Py_DECREF(name);

@@ -264,7 +264,9 @@ class FramedProtocol(protocol.Protocol):
         try:
             while total - pos >= 4:
                 length = _unpack_header(data, pos)[0]
-                if not self._length_ok(length):
+                # (the limit is read each time: a packet may renegotiate it)
+                if (length > self.max_frame_length or not length or length & 3) \
+                        and not self._length_ok(length):
                     return
                 end = pos + 4 + length
                 if end > total:

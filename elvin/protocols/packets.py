@@ -35,6 +35,8 @@ from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 from elvin.protocols.xdr import DecodeError, EncodeError, Reader, Writer
+from elvin.protocols.xdr import _accelerated_name_values as _compiled_name_values
+from elvin.values import Int64 as _Int64
 
 __all__ = [
     "UNotify", "Nack", "ConnRqst", "ConnRply", "DisconnRqst", "DisconnRply",
@@ -543,6 +545,15 @@ def decode_notify_emit(data):
     routes takes this path. ``data``
     must start with NotifyEmit's pkt_id. Anything wrong is decoded again by
     ``decode``, so the DecodeError and its message are exactly decode's."""
+    if _compiled_name_values is not None:
+        got = _compiled_name_values(data, 4, len(data), _Int64)
+        if got is not None and len(data) - got[1] == 8:
+            pos = got[1]
+            tail = data[pos:pos + 8]
+            if tail == _INSECURE_NO_KEYS:
+                return got[0], True, Keys.EMPTY
+            if tail == _SECURE_NO_KEYS:
+                return got[0], False, Keys.EMPTY
     reader = Reader(data, 4)
     try:
         attributes = reader.name_values("attribute")

@@ -860,10 +860,12 @@ def _simple_comparison(node):
     return None
 
 
-def _atom(node, consts, index):
+def _atom(node, consts, index, same=False):
     """Put operand ``index``'s constants in ``consts``; return the key of
     the code it needs (``_atom_lines`` writes that code from the key alone,
-    so a shape seen before costs no source building)."""
+    so a shape seen before costs no source building). ``same``: the
+    operand before it compares the same attribute with a number, so a
+    numeric comparison reuses that read (a range is two comparisons)."""
     simple = _simple_comparison(node)
     if simple is None:
         consts[f"f{index}"] = _compile(node).fn
@@ -879,20 +881,29 @@ def _atom(node, consts, index):
     consts[f"r{index}"] = real
     if literal.kind != Kind.REAL64:
         consts[f"i{index}"] = literal.value
-    return ("number", kind, literal.kind == Kind.REAL64, real == 0.0)
+    return ("number", kind, literal.kind == Kind.REAL64, real == 0.0, same)
 
 
-def _atom_lines(key, index):
-    """Lines computing ``x`` (True/False/None) for one operand."""
+def _atom_lines(key, index, stop):
+    """Lines deciding one operand: return ``stop`` (False in an ``&&``,
+    True in an ``||``) when it is ``stop``, set ``r = None`` when it is
+    bottom, else go on. Both Python branches of a comparison give a bool,
+    so only a value of another type is bottom."""
+    test = "if not ({}):" if stop == "False" else "if {}:"
     if key[0] == "call":
-        return [f"x = f{index}(a)"]
-    lines = [f"v = a.get(n{index})"]
+        return [f"x = f{index}(a)", f"if x is {stop}:", f"    return {stop}",
+                "if x is None:", "    r = None"]
     if key[0] == "bottom":
-        return lines + ["x = None"]
+        return ["r = None"]
     op = _PYOP[key[1]]
     if key[0] == "string":
-        return lines + [f"x = (v {op} c{index}) if v.__class__ is str else None"]
-    _, _, is_real, is_zero = key
+        return [f"v = a.get(n{index})",
+                "if v.__class__ is str:",
+                "    " + test.format(f"v {op} c{index}"),
+                f"        return {stop}",
+                "else:",
+                "    r = None"]
+    _, _, is_real, is_zero, same = key
     cmp_real = f"(_rc(v, r{index}) {op} 0)"
     if is_real:
         int_case = f"_rc(float(v), r{index}) {op} 0" if is_zero else f"float(v) {op} r{index}"
@@ -900,14 +911,16 @@ def _atom_lines(key, index):
         int_case = f"v {op} i{index}"
     fast_real = cmp_real if is_zero else (
         f"(v {op} r{index}) if (v == v and v != 0.0) else {cmp_real}")
-    return lines + [
-        "t = v.__class__",
+    read = [] if same else [f"v = a.get(n{index})", "t = v.__class__"]
+    return read + [
         "if t is int or t is _I64:",
-        f"    x = {int_case}",
+        "    " + test.format(int_case),
+        f"        return {stop}",
         "elif t is float:",
-        f"    x = {fast_real}",
+        "    " + test.format(fast_real),
+        f"        return {stop}",
         "else:",
-        "    x = None",
+        "    r = None",
     ]
 
 
@@ -947,9 +960,15 @@ def _code_shape(root, operands):
     """The code shape of ``root`` over ``operands`` (the && / || and each
     operand's ``_atom`` key) and the constants it needs."""
     consts = {"_rc": _real_compare, "_I64": Int64}
-    shape = ((root.kind if root.kind in (Kind.AND, Kind.OR) else Kind.AND,)
-             + tuple([_atom(operand, consts, index)
-                      for index, operand in enumerate(operands)]))
+    keys = []
+    previous = None     # the attribute the operand before compares with a number
+    for index, operand in enumerate(operands):
+        simple = _simple_comparison(operand)
+        numeric = simple is not None and simple[2].kind in _NUMBER_KINDS
+        keys.append(_atom(operand, consts, index,
+                          same=numeric and previous is not None and simple[1] == previous))
+        previous = simple[1] if numeric else None
+    shape = (root.kind if root.kind in (Kind.AND, Kind.OR) else Kind.AND,) + tuple(keys)
     return shape, consts
 
 
@@ -1110,9 +1129,7 @@ def _factory(shape, names):
     stop, seed = ("False", "True") if shape[0] == Kind.AND else ("True", "False")
     body = [f"r = {seed}"]
     for index, key in enumerate(shape[1:]):
-        body += _atom_lines(key, index)
-        body += [f"if x is {stop}:", f"    return {stop}",
-                 "if x is None:", "    r = None"]
+        body += _atom_lines(key, index, stop)
     body.append("return r")
     # The literals are keyword defaults of ``evaluate``: one tuple per
     # subscription instead of a closure cell each, and LOAD_FAST. The

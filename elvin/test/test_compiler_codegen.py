@@ -42,6 +42,22 @@ class CodegenEquivalenceTests(unittest.TestCase):
         self.assertIs(evaluate(attrs), False)
         self.assertEqual(attrs.read, ["n"])
 
+    def test_a_range_reads_its_attribute_once(self):
+        class Reads(dict):
+            def get(self, name, default=None):
+                self.read.append(name)
+                return dict.get(self, name, default)
+        for text, values, result in [
+                ("n >= 1 && n < 5.5 && m > 0", dict(n=3, m=1), True),
+                ("n >= 1 && n < 5.5 && m > 0", dict(n=9.0, m=1), False),
+                ("n >= 1 && n < 5.5 && m > 0", dict(n="x", m=1), None),
+                ("n < 1 || n > 5 || m == 0", dict(n=3, m=1), False),
+                ("n < 1 || n > 5 || m == 0", dict(n=6, m=1), True)]:
+            attrs = Reads(values)
+            attrs.read = []
+            self.assertIs(compiler._generate(parse(text))(attrs), result, text)
+            self.assertEqual(attrs.read.count("n"), 1, text)
+
     def test_used_for_conjunctions(self):
         tree = parse("x == 1 && y > 2")
         self.assertIsNotNone(compiler._generate(tree))

@@ -459,6 +459,23 @@ class RoutingTests(RouterTestCase):
         self.emit(session, {"a": "e" * 1000})
         self.assertEqual(len(out.take()), 1)
 
+    def test_limits_by_size_follow_negotiation(self):
+        # A packet no longer than the smallest length limit is checked by
+        # its count alone; the limits are the ones negotiated last.
+        from elvin.core.options import ConnectionOptions
+        from elvin.core.router import notification_problem
+        options = ConnectionOptions()
+        small = {f"a{i}": i for i in range(16)}
+        self.assertIsNone(notification_problem(options, {**small, "x": 1}, 200))
+        options.negotiate({"Attribute.Max-Count": 16, "Attribute.String.Max-Length": 1024})
+        self.assertIsNone(notification_problem(options, small, 200))
+        self.assertIn("Attribute.Max-Count", notification_problem(options, {**small, "x": 1}, 200))
+        self.assertIsNone(notification_problem(options, {"a": "e" * 1000}, 1020))
+        self.assertIn("Attribute.String.Max-Length",
+                      notification_problem(options, {"a": "e" * 1100}, 1120))
+        self.assertEqual(notification_problem(options, {}, 8),
+                         "a notification needs at least one attribute")
+
     def test_empty_notification_is_ignored(self):
         session, out = self.connect()
         self.subscribe(session, out, "require(a)")

@@ -123,3 +123,10 @@ class AcceleratorTests(unittest.TestCase):
         got, _ = _compiled(data)
         self.assertTrue(_same(got, _python(data)[0]))
         self.assertIs(type(got["lo"]), Int64)
+
+    def test_int64_type_that_is_not_an_int_is_called(self):
+        # values.Int64 is made by int.__new__ directly; anything else given
+        # as the int64 type is called as before.
+        data = Writer().name_values({"t": Int64(5)}).getvalue()
+        got, _ = _elvin_xdr.name_values(data, 0, len(data), lambda n: ("made", n))
+        self.assertEqual(got, {"t": ("made", 5)})
