@@ -410,7 +410,7 @@ class Router(SessionHost):
 
     def route(self, attributes, deliver_insecure, keys=KeyRing.EMPTY,
               connection_keys=KeyRing.EMPTY, routing=(), source=None,
-              forward_keys=KeyRing.EMPTY):
+              forward_keys=KeyRing.EMPTY, emit_packet=None, attributes_end=0):
         """Deliver a (normalised) notification to every matching subscription.
 
         ``keys`` and ``connection_keys`` are the producer's prepared
@@ -424,6 +424,10 @@ class Router(SessionHost):
         notification then goes on over every other link that wants it,
         carrying ``forward_keys``: the producer's keys as it gave them
         (unprepared), which is what a FedNotify holds (docs/federation.md).
+        With ``attributes_end``, ``emit_packet[4:attributes_end]`` is the
+        canonical encoding of ``attributes`` (the NotifyEmit they came in,
+        ``packets.notify_emit_fields``): deliveries carry those bytes
+        instead of encoding the attributes again.
         """
         self.stats["notifications"] += 1
         if self.observers:
@@ -449,7 +453,8 @@ class Router(SessionHost):
             found[slot].append(entry.id)
         if not matches:
             return 0
-        body = packets.encode_attributes(attributes)
+        body = (emit_packet[4:attributes_end] if attributes_end
+                else packets.encode_attributes(attributes))
         for session, (secure, insecure) in matches.items():
             session.deliver(packets.encode_notify_deliver_from(body, secure, insecure))
         self.stats["deliveries"] += len(matches)
@@ -895,13 +900,15 @@ class ClientSession:
                          connection_keys=KeyRing.EMPTY, connection_raw_keys=KeyRing.EMPTY)
 
     def notify_emit(self, attributes, deliver_insecure, wire_keys, size=None,
-                    connection_keys=None, connection_raw_keys=None):
+                    connection_keys=None, connection_raw_keys=None,
+                    emit_packet=None, attributes_end=0):
         """A notification from this session, as its decoded fields: the
         transports call it for a NotifyEmit on a CONNECTED session (their
         fast path, skipping the packet object and the dispatch). ``size``:
         the encoded packet's length, if known (see
         ``notification_problem``). The connection's notification keys are
-        the session's unless given (a UNotify has none)."""
+        the session's unless given (a UNotify has none).
+        ``emit_packet``/``attributes_end``: see ``Router.route``."""
         if connection_keys is None:
             connection_keys = self.nfn_keys
             connection_raw_keys = self.nfn_raw_keys
@@ -926,7 +933,8 @@ class ClientSession:
         if keyed:
             forward_keys = forward_keys.union(_raw(wire_keys))
         self.router.route(attributes, deliver_insecure, keys, connection_keys,
-                          forward_keys=forward_keys)
+                          forward_keys=forward_keys, emit_packet=emit_packet,
+                          attributes_end=attributes_end)
 
     # -- subscriptions ----------------------------------------------------------
 

@@ -16,7 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define ABI_VERSION 1
+#define ABI_VERSION 2
 
 enum { T_INT32 = 1, T_INT64 = 2, T_REAL64 = 3, T_STRING = 4, T_OPAQUE = 5 };
 
@@ -34,7 +34,7 @@ get_u64(const unsigned char *p)
 }
 
 /* Reads a length-prefixed, padded item at *pos; sets *start and *len.
- * Returns 0 when it does not fit before end. */
+ * Returns 0 when it does not fit before end or its padding is not zero. */
 static int
 take_block(Py_ssize_t *pos, Py_ssize_t end, const unsigned char *buf,
            Py_ssize_t *start, Py_ssize_t *len)
@@ -49,6 +49,12 @@ take_block(Py_ssize_t *pos, Py_ssize_t end, const unsigned char *buf,
     Py_ssize_t padded = stop + ((-(Py_ssize_t)n) & 3);
     if (padded > end)
         return 0;
+    /* Padding must be zero (XDR): an array decoded here is then its own
+       canonical encoding, which a router may pass on as it came. Anything
+       else is left to the Python decoder. */
+    for (Py_ssize_t i = stop; i < padded; i++)
+        if (buf[i])
+            return 0;
     *start = s;
     *len = (Py_ssize_t)n;
     *pos = padded;

@@ -45,7 +45,8 @@ __all__ = [
     "TestConn", "ConfConn", "QosRqst", "QosRply", "QnchAddRqst",
     "QnchModRqst", "QnchDelRqst", "QnchRply", "SubAddNotify", "SubModNotify",
     "SubDelNotify", "Keys", "UnknownPacketError", "DecodeError",
-    "EncodeError", "encode", "decode", "encode_attributes",
+    "EncodeError", "encode", "decode", "encode_attributes", "decode_notify_emit",
+    "notify_emit_fields",
     "encode_notify_deliver_from", "define", "register", "Registry",
     "CLIENT", "WireType", "ID32", "UINT32", "INT32", "ID64", "UINT8",
     "UINT16", "BOOLEAN", "STRING", "NAME_VALUES", "VALUES", "STRINGS",
@@ -541,38 +542,46 @@ _SECURE_NO_KEYS = bytes(8)
 
 def decode_notify_emit(data):
     """A NotifyEmit's fields as ``(attributes, deliver_insecure, keys)``,
-    without building the packet, because every notification a router
-    routes takes this path. ``data``
-    must start with NotifyEmit's pkt_id. Anything wrong is decoded again by
-    ``decode``, so the DecodeError and its message are exactly decode's."""
+    without building the packet. ``data`` must start with NotifyEmit's
+    pkt_id. Anything wrong is decoded again by ``decode``, so the
+    DecodeError and its message are exactly decode's."""
+    return notify_emit_fields(data)[:3]
+
+
+def notify_emit_fields(data):
+    """``decode_notify_emit``'s fields and ``attributes_end``, because every
+    notification a router routes takes this path: when the compiled
+    decoder read the NameValue array (it takes only zero padding),
+    ``data[4:attributes_end]`` is the array's canonical encoding, which a
+    delivery may carry as it is; otherwise ``attributes_end`` is 0."""
     if _compiled_name_values is not None:
         got = _compiled_name_values(data, 4, len(data), _Int64)
         if got is not None and len(data) - got[1] == 8:
+            # The usual tail, a boolean and no keys, compared whole.
             pos = got[1]
             tail = data[pos:pos + 8]
             if tail == _INSECURE_NO_KEYS:
-                return got[0], True, Keys.EMPTY
+                return got[0], True, Keys.EMPTY, pos
             if tail == _SECURE_NO_KEYS:
-                return got[0], False, Keys.EMPTY
+                return got[0], False, Keys.EMPTY, pos
     reader = Reader(data, 4)
     try:
         attributes = reader.name_values("attribute")
         pos = reader.pos
         if reader.end - pos == 8:
-            # The usual tail, a boolean and no keys, compared whole.
             tail = data[pos:pos + 8]
             if tail == _INSECURE_NO_KEYS:
-                return attributes, True, Keys.EMPTY
+                return attributes, True, Keys.EMPTY, 0
             if tail == _SECURE_NO_KEYS:
-                return attributes, False, Keys.EMPTY
+                return attributes, False, Keys.EMPTY, 0
         deliver_insecure = reader.boolean("NotifyEmit.deliver_insecure")
         keys = _read_keys(reader)
     except (DecodeError, struct.error):
         reader = None
     if reader is None or reader.pos != reader.end:
         packet = decode(data)      # raises the canonical error
-        return packet.attributes, packet.deliver_insecure, packet.keys
-    return attributes, deliver_insecure, keys
+        return packet.attributes, packet.deliver_insecure, packet.keys, 0
+    return attributes, deliver_insecure, keys, 0
 
 
 def encode_attributes(attributes):

@@ -111,11 +111,12 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
             # dispatching on its type: every notification takes this path
             # (docs/performance.md).
             try:
-                attributes, deliver_insecure, keys = packets.decode_notify_emit(data)
+                attributes, deliver_insecure, keys, end = packets.notify_emit_fields(data)
             except DecodeError as e:
                 self.session.decode_failed(str(e))
                 return
-            self.session.notify_emit(attributes, deliver_insecure, keys, len(data))
+            self.session.notify_emit(attributes, deliver_insecure, keys, len(data),
+                                     emit_packet=data, attributes_end=end)
             return
         if pkt_id not in CLIENT_PACKET_IDS:
             # Not a packet a client may send (7.3.2): refuse it undecoded,

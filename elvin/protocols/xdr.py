@@ -120,7 +120,9 @@ if not os.environ.get("ELVIN_PURE_PYTHON"):
     except ImportError:
         pass
     else:
-        if getattr(_elvin_xdr, "ABI", None) == 1:
+        # ABI 2: an array it decodes has zero padding (``packets.notify_emit_fields``
+        # relies on it); an older build is not used.
+        if getattr(_elvin_xdr, "ABI", None) == 2:
             _accelerated_name_values = _elvin_xdr.name_values
 _type_of = _values.type_of
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1

@@ -12,6 +12,7 @@ from elvin.protocols import packets as elvin_packets
 from elvin.protocols.server import ElvinServerFactory
 from elvin.core.router import Router
 from elvin.core.sendqueue import QueueOverflow, SendQueue
+from elvin.values import Int64
 
 
 def frame(packet):
@@ -259,6 +260,30 @@ class NotifyEmitFastPathTests(unittest.TestCase):
                 full = elvin_packets.decode(data)
                 self.assertEqual(elvin_packets.decode_notify_emit(data),
                                  (full.attributes, full.deliver_insecure, full.keys))
+
+    def test_deliveries_carry_the_attributes_as_encoded(self):
+        # Whether the delivery reuses the NotifyEmit's NameValue array (the
+        # compiled decoder, zero padding) or encodes the attributes again
+        # (the pure-Python decoder, or padding that is not zero), the
+        # subscriber gets the canonical encoding.
+        proto, transport = self.h.client()
+        proto.dataReceived(frame(elvin_packets.ConnRqst(1, 4, 0, {}, elvin_packets.Keys.EMPTY,
+                                                        elvin_packets.Keys.EMPTY)))
+        proto.dataReceived(frame(elvin_packets.SubAddRqst(2, "require(s)", True,
+                                                          elvin_packets.Keys.EMPTY)))
+        sub_id = elvin_packets.decode(transport.value()[-16:]).subscription_id
+        transport.clear()
+        attrs = {"s": "é", "n": 1, "l": Int64(-2), "r": float("nan"), "z": -0.0, "o": b"\x01"}
+        body = elvin_packets.encode_attributes(attrs)
+        data = elvin_packets.encode(elvin_packets.NotifyEmit(attrs, True, elvin_packets.Keys.EMPTY))
+        index = data.index("é".encode())
+        dirty = data[:index + 2] + b"\x07" + data[index + 3:]     # a padding byte not zero
+        for emitted in (data, dirty):
+            proto.dataReceived(struct.pack(">I", len(emitted)) + emitted)
+            delivered = transport.value()[4:]
+            self.assertEqual(delivered[4:4 + len(body)], body)
+            self.assertEqual(delivered, elvin_packets.encode_notify_deliver_from(body, [], [sub_id]))
+            transport.clear()
 
     def test_before_connect_a_notify_emit_is_still_a_violation(self):
         proto, transport = self.h.client()

@@ -130,3 +130,16 @@ class AcceleratorTests(unittest.TestCase):
         data = Writer().name_values({"t": Int64(5)}).getvalue()
         got, _ = _elvin_xdr.name_values(data, 0, len(data), lambda n: ("made", n))
         self.assertEqual(got, {"t": ("made", 5)})
+
+    def test_padding_that_is_not_zero_is_left_to_python(self):
+        # What the compiled decoder reads is its own canonical encoding
+        # (a router passes it on as it came); anything else is Python's.
+        data = bytearray(Writer().name_values({"s": "ab", "o": b"\x01"}).getvalue())
+        self.assertIsNotNone(_compiled(bytes(data)))
+        string = data.index(b"ab") + 2
+        opaque = data.index(b"\x00\x00\x00\x01\x01") + 5
+        for at in (string, string + 1, opaque, opaque + 2):
+            dirty = bytearray(data)
+            dirty[at] = 9
+            self.assertIsNone(_compiled(bytes(dirty)))
+            self.assertEqual(_python(bytes(dirty))[0], {"s": "ab", "o": b"\x01"})
