@@ -15,7 +15,7 @@ first ``:``), so names may contain colons.
 
 import math
 
-from elvin.values import (INT32, INT64, INT64_MAX, INT64_MIN, OPAQUE, REAL64, STRING,
+from elvin.values import (INT32, INT64, INT64_MAX, INT64_MIN, REAL64, STRING,
                           Int64, type_of)
 
 __all__ = ["FormatError", "format_value", "format_notification", "parse_value",

@@ -126,7 +126,10 @@ class Joining(Requests):
         d.addErrback(self._admission_failed, xid)
 
     def _admission_failed(self, failure, xid):
-        waiting, self._admitting = self._admitting, None
+        # What the client sent meanwhile was for the session it asked for,
+        # which it does not get (the Nack or the violation below says so):
+        # it is not handled.
+        self._admitting = None
         if self.state != self.NEW:
             return
         if failure.check(Busy):

@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import itertools
 import time
-from typing import TYPE_CHECKING, Any, ClassVar, Callable, Deque, Dict, List, Optional, Set, Tuple
+from typing import TYPE_CHECKING, Any, ClassVar, Callable, Deque, Dict, List, Optional, Tuple
 
 from twisted.internet import defer
 from twisted.logger import Logger

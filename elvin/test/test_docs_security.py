@@ -14,7 +14,6 @@ import re
 import textwrap
 
 from twisted.internet import defer, threads
-from twisted.trial import unittest
 
 from elvin import client
 from elvin.protocols import tls

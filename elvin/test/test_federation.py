@@ -403,7 +403,6 @@ class ConfigTests(FederationTestCase):
     def test_pair_from_config_files(self):
         from elvin.config import parse
         from elvin.federation.service import FederationService
-        import socket
         from twisted.logger import formatEvent, globalLogPublisher
         events = []
         globalLogPublisher.addObserver(events.append)

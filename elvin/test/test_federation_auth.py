@@ -1,7 +1,6 @@
 """Federation.Require-Authenticated: links that must be TLS with a peer
 certificate that tls-ca verifies (throwaway certificates from trustme)."""
 
-import socket
 
 from twisted.internet import defer, reactor, task
 from twisted.logger import formatEvent, globalLogPublisher

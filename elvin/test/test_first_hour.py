@@ -148,13 +148,13 @@ class MessageTests(unittest.TestCase):
 
     def test_misspelt_federation_discovery_and_proxy_settings(self):
         from elvin.proxy.config import parse_proxy_config
-        for parse, text, hint in (
+        for read, text, hint in (
                 (config.parse, "Federation.Activatd = yes", "'Federation.Activated'"),
                 (config.parse, "Federation.Conect[P] = ewaf://h:1", "'Federation.Connect[P]'"),
                 (config.parse, "discovery-scop = x", "'discovery-scope'"),
                 (parse_proxy_config, "upstrem = elvin://h:1", "'upstream'")):
             with self.assertRaises(ConfigError) as raised:
-                parse(text)
+                read(text)
             self.assertIn(f"(did you mean {hint}?)", str(raised.exception))
 
     def test_listen_port_out_of_range(self):

@@ -1,12 +1,8 @@
 """Integration tests: a real router and real clients over TCP on 127.0.0.1."""
 
-from twisted.internet import defer, reactor
-from twisted.trial import unittest
+from twisted.internet import defer
 
 from elvin import client, errors
-from elvin.protocols.server import ElvinServerFactory
-from elvin.core.router import Router
-from elvin.values import Int64
 from elvin.test import transport_fixtures
 from elvin.test.polling import wait_until
 

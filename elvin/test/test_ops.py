@@ -11,7 +11,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client import generate_latest
 from twisted.internet import defer, reactor, threads
 from twisted.trial import unittest
-from twisted.web import server
 
 from elvin import client
 from elvin.core.router import Router
@@ -197,7 +196,6 @@ class ReloadTests(unittest.TestCase):
     @defer.inlineCallbacks
     def test_sighup_changes_link_and_limit_and_refuses_a_broken_file(self):
         import signal
-        from elvin.federation.manager import FederationClass
         from elvin.test.places import free_port
         from elvin.test.test_client_flavours import start_router, stop_router
         from elvin.test.test_federation import FedRouter

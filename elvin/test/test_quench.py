@@ -4,7 +4,6 @@ import gc
 import sys
 import tracemalloc
 
-from twisted.trial import unittest
 
 from elvin import errors
 from elvin.core import keys as key_schemes

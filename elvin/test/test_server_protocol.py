@@ -6,7 +6,6 @@ from twisted.internet.testing import StringTransport
 from twisted.internet.task import Clock
 from twisted.trial import unittest
 
-from elvin import errors
 from elvin.core.options import DropPolicy
 from elvin.protocols import packets as elvin_packets
 from elvin.protocols.server import ElvinServerFactory

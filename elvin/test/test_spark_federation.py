@@ -11,7 +11,6 @@ import glob
 import os
 
 from twisted.internet import defer
-from twisted.trial import unittest
 
 from spark_analysis import traceformat as tf
 from elvin.test.test_federation import FederationTestCase, FedRouter

@@ -20,8 +20,6 @@ from twisted.trial import unittest
 
 from elvin import client
 from elvin.ops.web import StatusSite, status_root
-from elvin.protocols.server import ElvinServerFactory
-from elvin.test.polling import wait_until
 from elvin.test.test_federation import FedRouter
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")

@@ -524,7 +524,7 @@ class IdCharTests(_Base):
             text = f"a{char} == 1"
             try:
                 ok = first_name(text) == f"a{char}"
-            except SubscriptionError as e:
+            except SubscriptionError:
                 ok = False
             if not ok:
                 wrong.append(text)

@@ -3,12 +3,10 @@ well on Ctrl-C and closed pipes, and say what to do. Each test runs the tool
 as a subprocess against servers on loopback, with bounded waits."""
 
 import os
-import signal
 import sys
 
 from twisted.internet import defer, protocol, reactor, task
 
-from elvin.textformat import read_notifications
 from elvin.test.places import free_port
 from elvin.test.polling import wait_until
 from elvin.test.test_tools import REPO, ToolTestCase
