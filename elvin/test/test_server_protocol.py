@@ -4,6 +4,7 @@ import struct
 
 from twisted.internet.testing import StringTransport
 from twisted.internet.task import Clock
+from hypothesis import given, settings, strategies as st
 from twisted.trial import unittest
 
 from elvin.core.options import DropPolicy
@@ -284,8 +285,62 @@ class NotifyEmitFastPathTests(unittest.TestCase):
             self.assertEqual(delivered, elvin_packets.encode_notify_deliver_from(body, [], [sub_id]))
             transport.clear()
 
+    @settings(max_examples=150, deadline=None)
+    @given(st.dictionaries(st.text(min_size=1, max_size=8),
+                           st.one_of(st.integers(-(1 << 31), (1 << 31) - 1),
+                                     st.integers(-(1 << 63), (1 << 63) - 1).map(Int64),
+                                     st.floats(), st.text(max_size=9), st.binary(max_size=9)),
+                           max_size=6),
+           st.lists(st.integers(0, 1 << 16), max_size=3))
+    def test_any_notification_is_delivered_canonically(self, attrs, dirt):
+        # Padding bytes set to 0xff at random: the delivery is still the
+        # canonical encoding of what was decoded.
+        proto, transport = self.h.client()
+        proto.dataReceived(frame(elvin_packets.ConnRqst(1, 4, 0, {}, elvin_packets.Keys.EMPTY,
+                                                        elvin_packets.Keys.EMPTY)))
+        proto.dataReceived(frame(elvin_packets.SubAddRqst(
+            2, "require(k)", True, elvin_packets.Keys.EMPTY)))
+        attrs["k"] = 1
+        sub_id = elvin_packets.decode(transport.value()[-16:]).subscription_id
+        transport.clear()
+        data = bytearray(elvin_packets.encode(elvin_packets.NotifyEmit(
+            attrs, True, elvin_packets.Keys.EMPTY)))
+        padding = [i for i in range(len(data)) if _is_padding(data, i)]
+        for choice in dirt:
+            if padding:
+                data[padding[choice % len(padding)]] = 0xff
+        decoded = elvin_packets.decode(bytes(data)).attributes
+        proto.dataReceived(struct.pack(">I", len(data)) + bytes(data))
+        self.assertEqual(transport.value()[4:], elvin_packets.encode_notify_deliver_from(
+            elvin_packets.encode_attributes(decoded), [], [sub_id]))
+
     def test_before_connect_a_notify_emit_is_still_a_violation(self):
         proto, transport = self.h.client()
         proto.dataReceived(frame(elvin_packets.NotifyEmit({"a": 1}, True, elvin_packets.Keys.EMPTY)))
         self.assertTrue(transport.disconnecting)
         self.assertEqual(self.deliveries(), [])
+
+
+def _is_padding(data, index):
+    """Is ``data[index]`` a padding byte of a NotifyEmit's NameValue array
+    (found by walking it: name, type code, value)?"""
+    return index in _padding_of(bytes(data))
+
+
+def _padding_of(data):
+    pad = set()
+    (count,) = struct.unpack_from(">i", data, 4)
+    pos = 8
+
+    def block(pos):
+        (n,) = struct.unpack_from(">I", data, pos)
+        end = pos + 4 + n
+        padded = end + (-n & 3)
+        pad.update(range(end, padded))
+        return padded
+    for _ in range(count):
+        pos = block(pos)
+        (code,) = struct.unpack_from(">i", data, pos)
+        pos += 4
+        pos = pos + 4 if code == 1 else pos + 8 if code in (2, 3) else block(pos)
+    return pad
