@@ -554,26 +554,29 @@ def notify_emit_fields(data):
     decoder read the NameValue array (it takes only zero padding),
     ``data[4:attributes_end]`` is the array's canonical encoding, which a
     delivery may carry as it is; otherwise ``attributes_end`` is 0."""
+    end = 0
     if _compiled_name_values is not None:
         got = _compiled_name_values(data, 4, len(data), _Int64)
-        if got is not None and len(data) - got[1] == 8:
-            # The usual tail, a boolean and no keys, compared whole.
-            pos = got[1]
-            tail = data[pos:pos + 8]
-            if tail == _INSECURE_NO_KEYS:
-                return got[0], True, Keys.EMPTY, pos
-            if tail == _SECURE_NO_KEYS:
-                return got[0], False, Keys.EMPTY, pos
-    reader = Reader(data, 4)
+        if got is not None:
+            attributes, end = got
+            if len(data) - end == 8:
+                # The usual tail, a boolean and no keys, compared whole.
+                tail = data[end:end + 8]
+                if tail == _INSECURE_NO_KEYS:
+                    return attributes, True, Keys.EMPTY, end
+                if tail == _SECURE_NO_KEYS:
+                    return attributes, False, Keys.EMPTY, end
+    reader = Reader(data, end or 4)
     try:
-        attributes = reader.name_values("attribute")
-        pos = reader.pos
-        if reader.end - pos == 8:
-            tail = data[pos:pos + 8]
-            if tail == _INSECURE_NO_KEYS:
-                return attributes, True, Keys.EMPTY, 0
-            if tail == _SECURE_NO_KEYS:
-                return attributes, False, Keys.EMPTY, 0
+        if not end:
+            attributes = reader.name_values("attribute")
+            pos = reader.pos
+            if reader.end - pos == 8:
+                tail = data[pos:pos + 8]
+                if tail == _INSECURE_NO_KEYS:
+                    return attributes, True, Keys.EMPTY, 0
+                if tail == _SECURE_NO_KEYS:
+                    return attributes, False, Keys.EMPTY, 0
         deliver_insecure = reader.boolean("NotifyEmit.deliver_insecure")
         keys = _read_keys(reader)
     except (DecodeError, struct.error):
@@ -581,7 +584,7 @@ def notify_emit_fields(data):
     if reader is None or reader.pos != reader.end:
         packet = decode(data)      # raises the canonical error
         return packet.attributes, packet.deliver_insecure, packet.keys, 0
-    return attributes, deliver_insecure, keys, 0
+    return attributes, deliver_insecure, keys, end
 
 
 def encode_attributes(attributes):

@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from twisted.trial import unittest
 
 from elvin.core.options import DropPolicy
-from elvin.protocols import packets as elvin_packets
+from elvin.protocols import packets as elvin_packets, xdr
 from elvin.protocols.server import ElvinServerFactory
 from elvin.core.router import Router
 from elvin.core.sendqueue import QueueOverflow, SendQueue
@@ -260,6 +260,12 @@ class NotifyEmitFastPathTests(unittest.TestCase):
                 full = elvin_packets.decode(data)
                 self.assertEqual(elvin_packets.decode_notify_emit(data),
                                  (full.attributes, full.deliver_insecure, full.keys))
+                # Where the compiled decoder read the array, its bytes are
+                # the attributes' encoding, keys or none after it.
+                end = elvin_packets.notify_emit_fields(data)[3]
+                self.assertEqual(bool(end), xdr._accelerated_name_values is not None)
+                if end:
+                    self.assertEqual(data[4:end], elvin_packets.encode_attributes(full.attributes))
 
     def test_deliveries_carry_the_attributes_as_encoded(self):
         # Whether the delivery reuses the NotifyEmit's NameValue array (the
