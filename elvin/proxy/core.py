@@ -159,8 +159,17 @@ class ProxyClient(Joining):
     def __repr__(self):
         return f"<ProxyClient {self.peer} {self.name!r} state={self.state.name}>"
 
-    def notify_emit(self, attributes, deliver_insecure, wire_keys, size=None):
-        self._emit_upstream(attributes, deliver_insecure, wire_keys, self._nfn_keys(), size)
+    def notify_emit(self, attributes, deliver_insecure, wire_keys, size=None,
+                    connection_keys=None, connection_raw_keys=None,
+                    emit_packet=None, attributes_end=0):
+        """The transports' fast path for a NotifyEmit (``ClientSession``'s
+        signature): published upstream with the keys of the sessions this
+        client joined, unless ``connection_keys`` are given. The proxy's own
+        connection upstream encodes the attributes, so the received bytes
+        (``emit_packet``, ``attributes_end``) are not needed."""
+        if connection_keys is None:
+            connection_keys = self._nfn_keys()
+        self._emit_upstream(attributes, deliver_insecure, wire_keys, connection_keys, size)
 
     def packet_received(self, packet):
         if self._admitting is not None:

@@ -197,6 +197,32 @@ class ProxyCoreTest(ProxyCoreCase):
         self.assertEqual(list(note.secure_matches), [subscriber.subscriptions and
                                                      next(iter(subscriber.subscriptions))])
 
+    def test_a_notify_emit_over_the_wire_goes_upstream(self):
+        # Through the proxy's stream protocol, as a client's bytes arrive:
+        # the transports' fast path, not the packet dispatch.
+        import struct
+        from twisted.internet.task import Clock as ReactorClock
+        from twisted.internet.testing import StringTransport
+        from elvin.proxy.protocol import ProxyServerFactory
+        subscriber = self.upstream.router.open_session(RecordingOutput(), "s")
+        subscriber.packet_received(elvin_packets.ConnRqst(1, 4, 0, {}))
+        subscriber.packet_received(elvin_packets.SubAddRqst(2, "require(x)", True,
+                                                            elvin_packets.Keys.EMPTY))
+        subscriber.output.take()
+        protocol = ProxyServerFactory(self.core, ReactorClock(), 30).buildProtocol(None)
+        transport = StringTransport()
+        protocol.makeConnection(transport)
+
+        def send(packet):
+            data = elvin_packets.encode(packet)
+            protocol.dataReceived(struct.pack(">I", len(data)) + data)
+        send(elvin_packets.ConnRqst(1, 4, 0, {}, elvin_packets.Keys.EMPTY,
+                                    elvin_packets.Keys.EMPTY))
+        send(elvin_packets.NotifyEmit({"x": 1, "s": "é"}, True, elvin_packets.Keys.EMPTY))
+        self.assertFalse(transport.disconnecting)
+        (note,) = [p for p in subscriber.output.take() if isinstance(p, elvin_packets.NotifyDeliver)]
+        self.assertEqual(note.attributes, {"x": 1, "s": "é"})
+
     def test_quench_is_refused_as_not_implemented(self):
         client, out = self.connect()
         out.take()
