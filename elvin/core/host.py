@@ -43,8 +43,9 @@ SESSION_OVERRIDES = {
                        "ClientSession.packet_received, in order",
     "connection_lost": "ends its own work, then ClientSession.connection_lost",
     "deliver": "writes a notification to the output only while CONNECTED",
-    "notify_emit": "the transports' fast path for NotifyEmit "
-                   "(attributes, deliver_insecure, wire_keys, size)",
+    "notify_emit": "the transports' fast path for NotifyEmit: takes every "
+                   "parameter of ClientSession.notify_emit (the transports "
+                   "pass the received packet and where its attributes end)",
     "_notify_emit": "request handler", "_unotify": "request handler",
     "_qos_rqst": "request handler", "_sec_rqst": "request handler",
     "_sub_add": "request handler", "_sub_mod": "request handler",

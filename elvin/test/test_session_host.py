@@ -114,6 +114,24 @@ class SessionHostTests(unittest.TestCase):
         # override nobody declared.
         self.assertEqual(replaced, set(SESSION_OVERRIDES))
 
+    def test_each_replacement_takes_what_the_session_passes(self):
+        # A replacement is called as the session's member is (the
+        # transports pass notify_emit keywords, for one): it takes every
+        # parameter, by the same name and kind.
+        import inspect
+        below = ProxyClient.__mro__[:ProxyClient.__mro__.index(ClientSession)]
+        for name in SESSION_OVERRIDES:
+            replacement = next(vars(k)[name] for k in below if name in vars(k))
+            original = vars(ClientSession)[name]
+            if not inspect.isfunction(original):
+                continue                # a table (HANDLERS), not a call
+            wanted = inspect.signature(original).parameters
+            given = inspect.signature(replacement).parameters
+            for parameter in wanted.values():
+                self.assertIn(parameter.name, given, name)
+                self.assertEqual(given[parameter.name].kind, parameter.kind,
+                                 f"{name}({parameter.name})")
+
     def test_both_hosts_declare_the_interface(self):
         self.assertIn(SessionHost, Router.__mro__)
         self.assertIn(SessionHost, ProxyCore.__mro__)
