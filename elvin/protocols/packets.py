@@ -554,29 +554,25 @@ def notify_emit_fields(data):
     decoder read the NameValue array (it takes only zero padding),
     ``data[4:attributes_end]`` is the array's canonical encoding, which a
     delivery may carry as it is; otherwise ``attributes_end`` is 0."""
-    end = 0
+    got = None
     if _compiled_name_values is not None:
         got = _compiled_name_values(data, 4, len(data), _Int64)
-        if got is not None:
-            attributes, end = got
-            if len(data) - end == 8:
-                # The usual tail, a boolean and no keys, compared whole.
-                tail = data[end:end + 8]
-                if tail == _INSECURE_NO_KEYS:
-                    return attributes, True, Keys.EMPTY, end
-                if tail == _SECURE_NO_KEYS:
-                    return attributes, False, Keys.EMPTY, end
-    reader = Reader(data, end or 4)
     try:
-        if not end:
+        if got is not None:
+            attributes, pos = got
+        else:
+            reader = Reader(data, 4)
             attributes = reader.name_values("attribute")
             pos = reader.pos
-            if reader.end - pos == 8:
-                tail = data[pos:pos + 8]
-                if tail == _INSECURE_NO_KEYS:
-                    return attributes, True, Keys.EMPTY, 0
-                if tail == _SECURE_NO_KEYS:
-                    return attributes, False, Keys.EMPTY, 0
+        end = pos if got is not None else 0
+        if len(data) - pos == 8:
+            # The usual tail, a boolean and no keys, compared whole.
+            tail = data[pos:pos + 8]
+            if tail == _INSECURE_NO_KEYS:
+                return attributes, True, Keys.EMPTY, end
+            if tail == _SECURE_NO_KEYS:
+                return attributes, False, Keys.EMPTY, end
+        reader = Reader(data, pos)
         deliver_insecure = reader.boolean("NotifyEmit.deliver_insecure")
         keys = _read_keys(reader)
     except (DecodeError, struct.error):

@@ -860,13 +860,13 @@ def _simple_comparison(node):
     return None
 
 
-def _atom(node, consts, index, same=False):
+def _atom(node, simple, consts, index, same):
     """Put operand ``index``'s constants in ``consts``; return the key of
     the code it needs (``_atom_lines`` writes that code from the key alone,
-    so a shape seen before costs no source building). ``same``: the
-    operand before it compares the same attribute with a number, so a
-    numeric comparison reuses that read (a range is two comparisons)."""
-    simple = _simple_comparison(node)
+    so a shape seen before costs no source building). ``simple``: the
+    node's ``_simple_comparison``; ``same``: the operand before it
+    compares the same attribute with a number, so a numeric comparison
+    reuses that read (a range is two comparisons)."""
     if simple is None:
         consts[f"f{index}"] = _compile(node).fn
         return ("call",)
@@ -965,8 +965,8 @@ def _code_shape(root, operands):
     for index, operand in enumerate(operands):
         simple = _simple_comparison(operand)
         numeric = simple is not None and simple[2].kind in _NUMBER_KINDS
-        keys.append(_atom(operand, consts, index,
-                          same=numeric and previous is not None and simple[1] == previous))
+        keys.append(_atom(operand, simple, consts, index,
+                          numeric and previous is not None and simple[1] == previous))
         previous = simple[1] if numeric else None
     shape = (root.kind if root.kind in (Kind.AND, Kind.OR) else Kind.AND,) + tuple(keys)
     return shape, consts
