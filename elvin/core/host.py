@@ -46,7 +46,7 @@ SESSION_OVERRIDES = {
     "notify_emit": "the transports' fast path for NotifyEmit: takes every "
                    "parameter of ClientSession.notify_emit (the transports "
                    "pass the received packet and where its attributes end)",
-    "_notify_emit": "request handler", "_unotify": "request handler",
+    "_unotify": "request handler",
     "_qos_rqst": "request handler", "_sec_rqst": "request handler",
     "_sub_add": "request handler", "_sub_mod": "request handler",
     "_sub_del": "request handler",

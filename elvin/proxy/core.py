@@ -201,7 +201,7 @@ _HANDLERS = {
     packets.TestConn: ClientSession._test_conn,
     packets.QosRqst: ProxyClient._qos_rqst,
     packets.SecRqst: ProxyClient._sec_rqst,
-    packets.NotifyEmit: ProxyClient._notify_emit,
+    packets.NotifyEmit: ClientSession._notify_emit,   # through notify_emit
     packets.SubAddRqst: ProxyClient._sub_add,
     packets.SubModRqst: ProxyClient._sub_mod,
     packets.SubDelRqst: ProxyClient._sub_del,

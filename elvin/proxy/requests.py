@@ -274,9 +274,6 @@ class Requests(Receiving):
                 keys = keys.union(session.nfn_keys)
         return keys
 
-    def _notify_emit(self, packet):
-        self._emit_upstream(packet.attributes, packet.deliver_insecure, packet.keys, self._nfn_keys())
-
     def _unotify(self, packet):
         if packet.client_major_version != PROTOCOL_MAJOR:
             return
