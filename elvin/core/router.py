@@ -108,6 +108,16 @@ class SessionOutput(abc.ABC):
         """Bytes waiting to be written to the client now."""
         return 0
 
+    def hold(self):
+        """Keep what is sent from now on in order, unwritten, until as many
+        ``release`` calls: a reply must not reach the client before what
+        it promises is true (``ClientSession._reply_in_force``). Returns
+        False for a channel that cannot hold, which sends at once."""
+        return False
+
+    def release(self):
+        """Undo one ``hold``; the last one writes what waited."""
+
 
 class RouterStats(TypedDict):
     """What the router counts (``Router.stats``): declared, so that a
@@ -140,8 +150,9 @@ class RouterObserver(abc.ABC):
     the narrow interface instead of the router knowing who they are."""
 
     @abc.abstractmethod
-    def subscriptions_changed(self):
-        """Some subscription was added, removed or changed its expression."""
+    def subscriptions_changed(self, entry):
+        """Subscription ``entry`` was added or changed its expression, or
+        was removed (then it is no longer in ``Router.subscriptions``)."""
 
     @abc.abstractmethod
     def notification_routed(self, attributes, deliver_insecure, keys, routing, source,
@@ -154,6 +165,15 @@ class RouterObserver(abc.ABC):
     @abc.abstractmethod
     def router_shutting_down(self):
         """The router is stopping."""
+
+    def subscription_placed(self, entry, in_force):
+        """A client's subscription ``entry`` was added, or its expression
+        changed. Return True to have the client's SubRply wait until
+        ``in_force()`` is called (once, later: never from here), when
+        the subscription is in force wherever this observer carries it
+        (federation: the peers acknowledged a pull filter that covers it).
+        The default: in force at once."""
+        return False
 
 
 class SubscriptionEntry:
@@ -324,7 +344,7 @@ class Router(SessionHost):
         self.index.add(entry)
         self.quench.subscription_added(entry)
         subscription.compact()
-        self._subscriptions_changed()
+        self._subscriptions_changed(entry)
         return entry
 
     def modify_subscription(self, entry, subscription, keys, accept_insecure):
@@ -340,18 +360,18 @@ class Router(SessionHost):
         entry.accept_insecure = accept_insecure
         self.quench.subscription_changed(entry, token)
         if subscription is not None:
-            self._subscriptions_changed()
+            self._subscriptions_changed(entry)
 
     def _remove_entry(self, entry):
         if self.subscriptions.pop(entry.id, None) is None:
             return
         self.index.remove(entry)
         self.quench.subscription_removed(entry)
-        self._subscriptions_changed()
+        self._subscriptions_changed(entry)
 
-    def _subscriptions_changed(self):
+    def _subscriptions_changed(self, entry):
         for observer in self.observers:
-            observer.subscriptions_changed()
+            observer.subscriptions_changed(entry)
 
     def remove_subscription(self, entry):
         self._remove_entry(entry)
@@ -990,7 +1010,7 @@ class ClientSession:
             return
         self.subscriptions[entry.id] = entry
         self.subscription_bytes += _utf8_length(subscription.expression)
-        self.send(packets.SubRply(packet.xid, entry.id))
+        self._reply_in_force(packet.xid, entry)
 
     def _sub_mod(self, packet):
         entry = self.subscriptions.get(packet.subscription_id)
@@ -1015,7 +1035,32 @@ class ClientSession:
                 return
             self.subscription_bytes += _utf8_length(subscription.expression) - old_size
         self.router.modify_subscription(entry, subscription, keys, packet.accept_insecure)
-        self.send(packets.SubRply(packet.xid, entry.id))
+        if subscription is None:
+            self.send(packets.SubRply(packet.xid, entry.id))
+        else:
+            self._reply_in_force(packet.xid, entry)
+
+    def _reply_in_force(self, xid, entry):
+        """SubRply for a new or changed expression, sent once every observer
+        says the subscription is in force (``RouterObserver.subscription_placed``):
+        with federation, a notification published at a peer after the
+        client has its reply reaches it. Until then the channel holds the
+        reply and whatever follows it, in order (``SessionOutput.hold``)."""
+        waiting = 0
+        output = self.output
+
+        def in_force():
+            nonlocal waiting
+            waiting -= 1
+            if not waiting:
+                output.release()
+
+        for observer in self.router.observers:
+            if observer.subscription_placed(entry, in_force):
+                waiting += 1
+        if waiting and not output.hold():
+            waiting = -1            # cannot hold: in_force() does nothing
+        self.send(packets.SubRply(xid, entry.id))
 
     def _sub_del(self, packet):
         entry = self.subscriptions.pop(packet.subscription_id, None)

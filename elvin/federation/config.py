@@ -102,6 +102,12 @@ FEDERATION_SETTINGS = (
              "about this often (each link at its own time, 0.75 to 1.25 intervals "
              "apart) even if unchanged, so a peer's copy that drifted is put right; "
              "`0` switches this off.", target="filter_refresh"),
+    _setting("Filter.Wait", duration(True), 2.0, "`2`",
+             "Most seconds a client's SubRply (a new or changed expression) waits for "
+             "the peers to answer a pull filter that covers it, so that what is "
+             "published at a peer once the client has its reply reaches it; past this "
+             "the reply goes anyway (counted and logged). `0`: reply at once.",
+             target="subscribe_wait"),
     _setting("Filter.Max-Nodes", at_least(1), 2000, "`2000`",
              "Generalise pull filters beyond this many nodes.",
              target="max_filter_nodes"),

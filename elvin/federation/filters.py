@@ -20,7 +20,8 @@ from elvin.subscription.ast import Kind, Node, int32, name, node
 from elvin.subscription.compiler import compile_tree
 
 __all__ = ["TRUE", "FALSE", "Filter", "disjuncts", "to_wire", "from_wire", "parse_filter",
-           "union", "intersect", "generalise", "node_count", "build_pull_filter"]
+           "union", "intersect", "generalise", "node_count", "build_pull_filter",
+           "top_disjuncts", "covers", "LocalInterest"]
 
 
 class _Constant:
@@ -97,6 +98,39 @@ def disjuncts(tree):
         return [parts[0] if len(parts) == 1 else Node(Kind.AND, None, parts)
                 for parts in products]
     return [tree]
+
+
+def top_disjuncts(tree):
+    """The trees ``tree`` is the OR of at its top (ORs flattened, nothing
+    distributed), as a frozenset; TRUE and FALSE as themselves."""
+    if tree is TRUE or tree is FALSE or tree is None:
+        return frozenset([tree])
+    parts = []
+    stack = [tree]
+    while stack:
+        part = stack.pop()
+        if part.kind == Kind.OR:
+            stack.extend(part.children)
+        else:
+            parts.append(part)
+    return frozenset(parts)
+
+
+def covers(parts, tree, requirement):
+    """Is a filter whose ``top_disjuncts`` are ``parts`` surely true for
+    every notification a subscription is true for? The subscription is
+    given by its ``tree`` (None if not at hand) and its ``_requirement``
+    form (``LocalInterest.requirement_of``). Only what ``build_pull_filter``
+    makes is recognised: the tree itself, or what ``generalise`` widens it
+    to (its required names, all or the first); False means "not known to"."""
+    if TRUE in parts or _TRUE_WIRE in parts or (tree is not None and tree in parts):
+        return True
+    if requirement is None or requirement is TRUE or requirement is FALSE:
+        return False
+    if requirement in parts:
+        return True
+    first = requirement if requirement.kind == Kind.FUNC_REQUIRE else requirement.children[0]
+    return first in parts
 
 
 def node_count(tree):
@@ -186,32 +220,154 @@ def _requirement(tree):
 
 def generalise(trees, max_nodes):
     """Union of ``trees``, widened until it has at most ``max_nodes`` nodes."""
-    exact = union(trees)
-    if node_count(exact) <= max_nodes:
-        return exact
-    widened = union(_requirement(t) for t in trees)
+    trees = list(trees)
+    return _generalise(trees, [_requirement(t) for t in trees], max_nodes)
+
+
+def _generalise(exact, requirements, max_nodes):
+    """``generalise`` given the trees (None: known to be over ``max_nodes``)
+    and their ``_requirement`` forms, in the same order."""
+    if exact is not None:
+        tree = union(exact)
+        if node_count(tree) <= max_nodes:
+            return tree
+    widened = union(requirements)
     if node_count(widened) <= max_nodes:
         return widened
-    # Still too big: any one required name per subscription.
-    names = set()
-    for tree in trees:
-        if tree is TRUE:
+    # Still too big: any one required name per subscription (the first of
+    # a requirement's sorted names).
+    coarse = {}
+    for requirement in requirements:
+        if requirement is TRUE:
             return TRUE
-        if tree is FALSE:
+        if requirement is FALSE:
             continue
-        required = required_names(tree)
-        if not required:
-            return TRUE
-        names.add(min(required))
-    coarse = union(node(Kind.FUNC_REQUIRE, name(n)) for n in sorted(names))
-    if node_count(coarse) <= max_nodes:
-        return coarse
+        first = (requirement if requirement.kind == Kind.FUNC_REQUIRE
+                 else requirement.children[0])
+        coarse[first.children[0].value] = first
+    tree = union(coarse[n] for n in sorted(coarse))
+    if node_count(tree) <= max_nodes:
+        return tree
     return TRUE
 
 
-def build_pull_filter(local_trees, peer_filters, import_filter, max_nodes):
-    """What to ask one peer for (see module docstring)."""
-    wanted = generalise(list(local_trees) + list(peer_filters), max_nodes)
+class LocalInterest:
+    """The router's own subscriptions as a pull filter needs them, kept one
+    subscription at a time: each one's ``_requirement`` form counted (few
+    distinct ones), and each tree only while their union is small enough
+    to be sent exactly. A filter then costs the distinct forms, not a pass
+    over every subscription and its tree, which would make placing
+    subscriptions on a federated router quadratic."""
+
+    def __init__(self):
+        self._requirement_of = {}       # key -> requirement form
+        self._forms = {}                # frozenset of names -> requirement form
+        self._tree_of = {}              # key -> tree, while exact is kept
+        self.requirements = {}          # requirement form -> count
+        #: Distinct trees -> count; None once their nodes passed the limit
+        #: (``exact_trees`` asks for them again when they may fit).
+        self._exact = {}
+        self._exact_nodes = 0
+        self._limit = 0                 # the max_nodes exact was last kept for
+        self._overflowed_at = 0         # how many subscriptions there were then
+
+    def __len__(self):
+        return len(self._requirement_of)
+
+    def requirement_of(self, key):
+        return self._requirement_of.get(key)
+
+    def tree_of(self, key):
+        """The subscription's tree while exact trees are kept, else None."""
+        return self._tree_of.get(key)
+
+    def add(self, key, required, tree):
+        """Subscription ``key`` requires the names ``required``
+        (``analysis.required_names``) and has the tree ``tree()``, asked
+        for only while exact trees are kept. Replaces what ``key`` had."""
+        if key in self._requirement_of:
+            self.remove(key)
+        required = frozenset(required)
+        requirement = self._forms.get(required)
+        if requirement is None:
+            names = sorted(required)
+            if not names:
+                requirement = TRUE
+            else:
+                requires = [node(Kind.FUNC_REQUIRE, name(n)) for n in names]
+                requirement = (requires[0] if len(requires) == 1
+                               else Node(Kind.AND, None, requires))
+            self._forms[required] = requirement
+        self._requirement_of[key] = requirement
+        self.requirements[requirement] = self.requirements.get(requirement, 0) + 1
+        if self._exact is not None:
+            self._add_exact(key, tree())
+
+    def _add_exact(self, key, tree):
+        exact = self._exact
+        self._tree_of[key] = tree
+        count = exact.get(tree, 0)
+        exact[tree] = count + 1
+        if not count:
+            self._exact_nodes += node_count(tree)
+            if self._limit and self._exact_nodes > self._limit:
+                self._drop_exact()
+
+    def remove(self, key):
+        requirement = self._requirement_of.pop(key, None)
+        if requirement is None:
+            return
+        count = self.requirements[requirement] - 1
+        if count:
+            self.requirements[requirement] = count
+        else:
+            del self.requirements[requirement]
+        tree = self._tree_of.pop(key, None)
+        if tree is not None and self._exact is not None:
+            count = self._exact[tree] - 1
+            if count:
+                self._exact[tree] = count
+            else:
+                del self._exact[tree]
+                self._exact_nodes -= node_count(tree)
+
+    def _drop_exact(self):
+        self._exact = None
+        self._tree_of = {}
+        self._exact_nodes = 0
+        self._overflowed_at = len(self._requirement_of)
+
+    def exact_trees(self, max_nodes, trees):
+        """The distinct trees, or None when their union is known to be over
+        ``max_nodes``. ``trees()`` yields every (key, tree) again: called to
+        keep them anew once there are half as many subscriptions as when
+        they were dropped, or the limit grew."""
+        if self._exact is None and (len(self._requirement_of) * 2 <= self._overflowed_at
+                                    or max_nodes > self._limit):
+            self._exact, self._exact_nodes, self._tree_of = {}, 0, {}
+            self._limit = max_nodes
+            for key, tree in trees():
+                self._add_exact(key, tree)
+                if self._exact is None:
+                    break
+        self._limit = max_nodes
+        if self._exact is not None and self._exact_nodes > max_nodes:
+            self._drop_exact()
+        return None if self._exact is None else list(self._exact)
+
+
+def build_pull_filter(local, peer_filters, import_filter, max_nodes, trees=None):
+    """What to ask one peer for (see module docstring): ``local`` is a
+    ``LocalInterest`` (``trees`` as its ``exact_trees`` takes), or the
+    local subscriptions' trees."""
+    peer_filters = list(peer_filters)
+    if isinstance(local, LocalInterest):
+        exact = local.exact_trees(max_nodes, trees)
+        requirements = list(local.requirements) + [_requirement(p) for p in peer_filters]
+        wanted = _generalise(None if exact is None else exact + peer_filters, requirements,
+                             max_nodes)
+    else:
+        wanted = generalise(list(local) + peer_filters, max_nodes)
     return intersect(wanted, import_filter)
 
 

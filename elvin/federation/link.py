@@ -60,6 +60,10 @@ class FederationLink:
         self.remote_filter = filters.Filter(filters.FALSE)   # what the peer asked us for
         self.sent_filter = None                  # what we last asked the peer for
         self.acked_filter = None
+        #: FedSubReplaces sent, and the latest of them the peer answered
+        #: (Ack or Nack): a filter is in force once answered_seq reaches it.
+        self.sent_seq = 0
+        self.answered_seq = 0
         self._xids = itertools.count(1)
         self._pending = {}
         self.stats: LinkStats = {"in": 0, "out": 0, "loops": 0, "suppressed": 0,
@@ -226,8 +230,9 @@ class FederationLink:
         if self.state != self.UP or (tree == self.sent_filter and not force):
             return False
         self.sent_filter = tree
+        self.sent_seq += 1
         xid = next(self._xids)
-        self._pending[xid] = ("filter", tree)
+        self._pending[xid] = ("filter", tree, self.sent_seq)
         packet = fed_packets.FedSubReplace(xid, filters.to_wire(tree))
         self.output.send(packet)
         self.manager.trace.subreplace(self, "out", tree)
@@ -269,9 +274,17 @@ class FederationLink:
         pending = self._pending.pop(packet.xid, None)
         if isinstance(pending, tuple) and pending[0] == "filter":
             self.acked_filter = pending[1]
+            self._answered(pending[2])
+
+    def _answered(self, seq):
+        if seq > self.answered_seq:
+            self.answered_seq = seq
+            self.manager.filter_answered(self)
 
     def _nack(self, packet):
         pending = self._pending.pop(packet.xid, None)
+        if isinstance(pending, tuple) and pending[0] == "filter":
+            self._answered(pending[2])      # refused: nothing more to wait for
         self.log.warn("federation peer {peer} rejected our {what}: {message}",
                       peer=self.peer_domain, what=pending, message=shown(packet.message))
 

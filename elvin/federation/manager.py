@@ -35,6 +35,18 @@ from elvin.core.router import RouterObserver
 __all__ = ["FederationClass", "FederationManager", "host_matches"]
 
 
+class _Waiter:
+    """A SubRply waiting for the peers: by link, the FedSubReplace (its
+    ``sent_seq``; None: the next one sent) whose answer it needs."""
+
+    __slots__ = ("targets", "in_force", "timer")
+
+    def __init__(self, targets, in_force):
+        self.targets = targets
+        self.in_force = in_force
+        self.timer = None
+
+
 def host_matches(patterns, *hosts):
     """True when a host (name or address) matches a pattern (``*``, ``?``)."""
     for pattern in patterns:
@@ -73,7 +85,7 @@ class FederationManager(RouterObserver):
                  max_filter_nodes=2000, debounce=0.05, trace=None,
                  require_authenticated_hosts=(), mesh=True, mesh_interval=30.0,
                  duplicate_window=200_000, mesh_grace=1.0, filter_refresh=600.0,
-                 rng=None):
+                 rng=None, subscribe_wait=2.0):
         if clock is None:
             # Injected (the reactor in the service, a Clock in tests) so the
             # manager stays free of the global reactor.
@@ -111,6 +123,17 @@ class FederationManager(RouterObserver):
         self.filter_refresh = filter_refresh
         self._rng = rng or random.Random()
         self._refresh_calls = {}
+        #: Most seconds a client's SubRply waits for the peers to answer a
+        #: pull filter that covers its subscription (0: it does not wait).
+        self.subscribe_wait = subscribe_wait
+        self._waiters = []
+        self._parts_cache = {}
+        #: The router's own subscriptions, as the pull filters need them.
+        self.local = filters.LocalInterest()
+        for entry in list(router.subscriptions.values()):
+            self.subscriptions_changed(entry)
+        #: How many replies waited, and how many of them gave up waiting.
+        self.wait_stats = {"waited": 0, "timed_out": 0}
         if mesh:
             lifetime = 3 * mesh_interval if mesh_interval else float("inf")
             self.mesh = MESH.MeshState(domain, int(time.time() * 1000), lifetime)
@@ -194,6 +217,9 @@ class FederationManager(RouterObserver):
             self.log.info("federation link down: {domain}: {reason}",
                           domain=link.peer_domain, reason=reason)
         self.trace.link(link, "link_down", reason=reason)
+        self._parts_cache.pop(link, None)
+        if self._waiters:
+            self._check_waiters()
         if was_up:
             self.schedule_update()
         if self._departure is not None and not self._closing:
@@ -391,7 +417,12 @@ class FederationManager(RouterObserver):
 
     # -- RouterObserver ---------------------------------------------------------
 
-    def subscriptions_changed(self):
+    def subscriptions_changed(self, entry):
+        if entry.id in self.router.subscriptions:
+            subscription = entry.subscription
+            self.local.add(entry.id, subscription.required_names(), lambda: subscription.ast)
+        else:
+            self.local.remove(entry.id)
         if self.links:
             self.schedule_update()
 
@@ -404,34 +435,129 @@ class FederationManager(RouterObserver):
 
     # -- filters -----------------------------------------------------------------------
 
-    def local_trees(self):
-        return {entry.subscription.ast for entry in self.router.subscriptions.values()}
+    def _local_trees(self):
+        """Every local subscription's (id, tree), for ``LocalInterest``."""
+        return ((entry.id, entry.subscription.ast)
+                for entry in list(self.router.subscriptions.values()))
 
-    def pull_filter_for(self, link, local=None):
+    def pull_filter_for(self, link):
         if not self.active(link):
             tree = filters.FALSE            # off the mesh's tree: ask for nothing
         else:
-            local = self.local_trees() if local is None else local
             others = [other.remote_filter.tree for other in self.links
                       if other is not link and other.state == other.UP and self.active(other)]
             import_tree = link.fed_class.import_tree if link.fed_class else filters.TRUE
-            tree = filters.build_pull_filter(local, others, import_tree, self.max_filter_nodes)
+            tree = filters.build_pull_filter(self.local, others, import_tree,
+                                             self.max_filter_nodes, self._local_trees)
         if self.mesh is not None:
             tree = filters.with_marker(tree, self.mesh_marker)
         return tree
 
-    def schedule_update(self):
-        if self._update_call is None or not self._update_call.active():
-            self._update_call = self.clock.callLater(self.debounce, self.update_filters)
+    def schedule_update(self, soon=False):
+        """Recompute the links' filters after the debounce, or (``soon``: a
+        reply waits for it) in the next reactor turn, for all changes made
+        in this one."""
+        call = self._update_call
+        if call is not None and call.active():
+            if not soon or call.getTime() <= self.clock.seconds():
+                return
+            call.cancel()
+        self._update_call = self.clock.callLater(0 if soon else self.debounce,
+                                                 self.update_filters)
 
     def update_filters(self):
         """Recompute and send every link's pull filter (now)."""
-        self._update_call = None
-        if not self.links:
-            return
-        local = self.local_trees()
+        call, self._update_call = self._update_call, None
+        if call is not None and call.active():
+            call.cancel()
         for link in list(self.links):
-            link.send_filter(self.pull_filter_for(link, local))
+            link.send_filter(self.pull_filter_for(link))
+        if self._waiters:
+            # Waiting for "the next filter": that is the one just sent, or
+            # the one before if nothing changed.
+            for waiter in self._waiters:
+                for link, seq in waiter.targets.items():
+                    if seq is None:
+                        waiter.targets[link] = link.sent_seq
+            self._check_waiters()
+
+    # -- replies that wait for the peers (RouterObserver.subscription_placed) -----------
+
+    def subscription_placed(self, entry, in_force):
+        """Hold the client's SubRply until each peer that carries anything
+        answered a pull filter covering the subscription: without this, a
+        client that subscribes here and then publishes at a peer would race
+        the filter's debounce and lose its first notifications. A filter
+        already sent that covers it (generalised filters cover most new
+        subscriptions) needs only its answer; otherwise the links' filters
+        are recomputed in the next reactor turn, not after the debounce."""
+        if not self.subscribe_wait:
+            return False
+        links = [link for link in self.links if link.state == link.UP and self.active(link)]
+        if not links:
+            return False
+        tree = self.local.tree_of(entry.id)
+        requirement = self.local.requirement_of(entry.id)
+        targets = {}
+        stale = False
+        for link in links:
+            if link.sent_filter is not None and filters.covers(self._sent_parts(link), tree,
+                                                               requirement):
+                if link.answered_seq < link.sent_seq:
+                    targets[link] = link.sent_seq
+            else:
+                targets[link] = None
+                stale = True
+        if not targets:
+            return False
+        waiter = _Waiter(targets, in_force)
+        waiter.timer = self.clock.callLater(self.subscribe_wait, self._wait_timed_out, waiter)
+        self._waiters.append(waiter)
+        self.wait_stats["waited"] += 1
+        if stale:
+            self.schedule_update(soon=True)
+        return True
+
+    def _sent_parts(self, link):
+        cached = self._parts_cache.get(link)
+        if cached is None or cached[0] is not link.sent_filter:
+            cached = self._parts_cache[link] = (link.sent_filter,
+                                                filters.top_disjuncts(link.sent_filter))
+        return cached[1]
+
+    def filter_answered(self, link):
+        """``link``'s peer answered a FedSubReplace."""
+        if self._waiters:
+            self._check_waiters()
+
+    def _check_waiters(self):
+        done = []
+        for waiter in self._waiters:
+            for link, seq in list(waiter.targets.items()):
+                if link not in self.links or link.state != link.UP or (
+                        seq is not None and link.answered_seq >= seq):
+                    del waiter.targets[link]
+            if not waiter.targets:
+                done.append(waiter)
+        for waiter in done:
+            self._release(waiter)
+
+    def _wait_timed_out(self, waiter):
+        waiter.timer = None
+        self.wait_stats["timed_out"] += 1
+        self.log.info("a subscription's reply waited {seconds:g} s for federation peers "
+                      "({peers}) to answer its pull filter; sent without their answer",
+                      seconds=self.subscribe_wait,
+                      peers=", ".join(sorted(str(link.peer_domain) for link in waiter.targets)))
+        self._release(waiter)
+
+    def _release(self, waiter):
+        if waiter in self._waiters:
+            self._waiters.remove(waiter)
+        if waiter.timer is not None and waiter.timer.active():
+            waiter.timer.cancel()
+        waiter.timer = None
+        waiter.in_force()
 
     # -- forwarding ----------------------------------------------------------------------
 
@@ -510,6 +636,8 @@ class FederationManager(RouterObserver):
             link.close("shutdown")
         if self._update_call is not None and self._update_call.active():
             self._update_call.cancel()
+        for waiter in list(self._waiters):
+            self._release(waiter)
         return self.trace.close()
 
     def status(self):

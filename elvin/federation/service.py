@@ -35,7 +35,7 @@ class FederationService(service.MultiService):
             router, domain, classes, fed.default_class, reactor, fed.max_filter_nodes,
             trace=trace, require_authenticated_hosts=fed.require_authenticated_hosts,
             mesh=fed.mesh, mesh_interval=fed.mesh_interval, mesh_grace=fed.mesh_grace,
-            filter_refresh=fed.filter_refresh)
+            filter_refresh=fed.filter_refresh, subscribe_wait=fed.subscribe_wait)
         self.keepalive = fed.keepalive
         self._tls = None
         #: Listener services by URI text; link keepers by (class, URI text).
@@ -106,7 +106,7 @@ class FederationService(service.MultiService):
                 keeper.factory.keepalive = new.keepalive
             changes.append(f"federation keepalive {new.keepalive:g} s for new links")
         for name in ("default_class", "max_filter_nodes", "mesh_interval", "mesh_grace",
-                     "filter_refresh"):
+                     "filter_refresh", "subscribe_wait"):
             if getattr(old, name) != getattr(new, name):
                 setattr(manager, name, getattr(new, name))
                 changes.append(f"Federation.{name.replace('_', '-')} {getattr(new, name)}")

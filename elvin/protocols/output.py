@@ -35,6 +35,9 @@ class QueuedFramedProtocol(FramedProtocol):
         self.closing = False
         self.queue = None
         self._registered = False
+        #: ``hold`` calls not yet released; while any, frames queue.
+        self.held = 0
+        self._transport_paused = False
 
     def registerAsProducer(self):
         self.transport.registerProducer(self, True)
@@ -68,6 +71,24 @@ class QueuedFramedProtocol(FramedProtocol):
             return dropped == 0
         self.sendFrame(data)
         return True
+
+    def hold(self):
+        """Queue every frame from now on, in order and under the queue's
+        limits as for a paused transport, until ``release``."""
+        if self.closing or self.transport is None or self.queue is None:
+            return False
+        self.held += 1
+        self.paused = True
+        return True
+
+    def release(self):
+        """Undo one ``hold``; the last writes what waited (unless the
+        transport itself is paused: then its resume does)."""
+        if not self.held:
+            return
+        self.held -= 1
+        if not self.held and not self._transport_paused and self.transport is not None:
+            self.resumeProducing()
 
     def queueOverflowed(self, error):
         """A frame that may not be dropped did not fit (override)."""
@@ -114,9 +135,13 @@ class QueuedFramedProtocol(FramedProtocol):
     # -- IPushProducer -------------------------------------------------------
 
     def pauseProducing(self):
+        self._transport_paused = True
         self.paused = True
 
     def resumeProducing(self):
+        self._transport_paused = False
+        if self.held:
+            return          # release() writes them
         self.paused = False
         queue = self.queue
         while queue and not self.paused:
@@ -125,4 +150,5 @@ class QueuedFramedProtocol(FramedProtocol):
             self._hang_up()
 
     def stopProducing(self):
+        self._transport_paused = True
         self.paused = True

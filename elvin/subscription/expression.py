@@ -124,6 +124,14 @@ class Subscription:
         return (analysis.equality_constraints(tree), analysis.required_names(tree),
                 analysis.range_constraints(tree))
 
+    def required_names(self):
+        """``analysis.required_names`` of the expression (from the shape's
+        recipe when it has one: no tree is built)."""
+        recipe = self._recipe
+        if recipe is not None and recipe.equalities is not None:
+            return recipe.required
+        return analysis.required_names(self.ast)
+
     def _literals(self):
         """The literal values of an expression of a known shape."""
         values = self._values
