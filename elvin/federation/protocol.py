@@ -10,6 +10,7 @@ with jittered exponential backoff.
 """
 
 import random
+import socket
 import struct
 
 from twisted.application.internet import ClientService, backoffPolicy
@@ -33,6 +34,19 @@ DEFAULT_FEDERATION_PORT = EwafURI.DEFAULT_PORT
 DEFAULT_KEEPALIVE = 5.0
 _DROPWARN = packets.encode(packets.DropWarn())
 _packet_id = struct.Struct(">I").unpack_from
+#: Linux's TCP_QUICKACK (None elsewhere): see FederationProtocol.dataReceived.
+_QUICKACK = getattr(socket, "TCP_QUICKACK", None)
+
+
+def _tcp_socket(transport):
+    """The TCP socket under ``transport`` (through TLS), or None."""
+    while transport is not None:
+        handle = getattr(transport, "getHandle", None)
+        sock = handle() if handle is not None else None
+        if isinstance(sock, socket.socket):
+            return sock
+        transport = getattr(transport, "transport", None)
+    return None
 
 
 class FederationProtocol(QueuedFramedProtocol):
@@ -67,6 +81,7 @@ class FederationProtocol(QueuedFramedProtocol):
                 set_nodelay(True)
             except OSError:
                 pass
+        self._socket = _tcp_socket(self.transport) if _QUICKACK is not None else None
         peer = self.transport.getPeer()
         host = getattr(peer, "host", str(peer))
         fed_class = self.fed_class
@@ -121,6 +136,23 @@ class FederationProtocol(QueuedFramedProtocol):
             self.link.connection_lost("connection_lost")
 
     # -- input -------------------------------------------------------------------
+
+    #: The link's TCP socket, to acknowledge what the peer sent at once.
+    _socket = None
+
+    def dataReceived(self, data):
+        sock = self._socket
+        if sock is not None:
+            # Acknowledge the segments just read now, not after the
+            # kernel's delayed-ACK timer: a peer that leaves Nagle's
+            # algorithm on (Avis) otherwise holds its next small packet,
+            # such as the Ack of our next FedSubReplace that a client's
+            # SubRply waits for, until that timer (40 ms) fires.
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
+            except OSError:
+                self._socket = None
+        super().dataReceived(data)
 
     def frameReceived(self, data):
         self.last_heard = self.clock.seconds()

@@ -1,6 +1,10 @@
 """A subscription is in force at the linked peers when its SubRply arrives
 (docs/federation.md), and pull filters are kept one subscription at a time
-(``filters.LocalInterest``) instead of from every subscription's tree."""
+(``filters.LocalInterest``) instead of from every subscription's tree; a
+link acknowledges what it reads at once, so a peer's Ack is not held by
+its Nagle's algorithm."""
+
+import socket
 
 from hypothesis import given, settings, strategies as st
 from twisted.internet import defer
@@ -293,6 +297,57 @@ class LocalInterestTests(unittest.TestCase):
             self.assertEqual(set(sub.required_names()), set(required_names(parse(text))))
             sub.compact()
             self.assertEqual(set(sub.required_names()), set(required_names(parse(text))))
+
+
+class _RecordingSocket(socket.socket):
+    """A TCP socket that keeps the options set on it (never connected)."""
+
+    def __init__(self):
+        super().__init__(socket.AF_INET, socket.SOCK_STREAM)
+        self.options = []
+
+    def setsockopt(self, *args):
+        self.options.append(args)
+
+
+class _SocketTransport(StringTransport):
+    def __init__(self, sock):
+        super().__init__()
+        self.sock = sock
+
+    def getHandle(self):
+        return self.sock
+
+
+class QuickAckTests(unittest.TestCase):
+    def test_every_read_acknowledges_at_once(self):
+        if not hasattr(socket, "TCP_QUICKACK"):
+            raise unittest.SkipTest("no TCP_QUICKACK here (Linux only)")
+        from elvin.federation.protocol import AcceptorFactory
+        manager = FederationManager(Router(), "ours.test", [], None, Clock(), mesh=False)
+        sock = _RecordingSocket()
+        self.addCleanup(sock.close)
+        protocol = AcceptorFactory(manager, keepalive=0).buildProtocol(None)
+        protocol.makeConnection(_SocketTransport(sock))
+        self.addCleanup(protocol.connectionLost, None)
+        quick = (socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
+        before = sock.options.count(quick)
+        protocol.dataReceived(b"\0\0")
+        protocol.dataReceived(b"\0\0")
+        self.assertEqual(sock.options.count(quick) - before, 2)
+
+    def test_the_socket_is_found_under_tls(self):
+        from elvin.federation.protocol import _tcp_socket
+        sock = _RecordingSocket()
+        self.addCleanup(sock.close)
+
+        class Tls:
+            transport = _SocketTransport(sock)
+
+            def getHandle(self):
+                return object()         # an OpenSSL connection, not a socket
+        self.assertIs(_tcp_socket(Tls()), sock)
+        self.assertIsNone(_tcp_socket(StringTransport()))
 
 
 class PairTests(FederationTestCase):
