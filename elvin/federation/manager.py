@@ -228,13 +228,16 @@ class FederationManager(RouterObserver):
     def remote_filter_changed(self, link):
         """The peer sent a new pull filter: file it in the router's pull
         index (one entry per disjunct; nothing for a link off the mesh's
-        tree), then recompute what we ask others."""
+        tree), then recompute what we ask others in the next turn, not
+        after the debounce: a subscription two hops away then reaches the
+        far peer right behind its filter's Ack (the Ack itself does not
+        wait: links that form a cycle would wait on each other)."""
         if link in self.links:
             if (self.mesh is not None and link.mesh is False
                     and link.peer_domain not in self.mesh.plain):
                 self.plain_peer_found(link)
             self._file(link)
-        self.schedule_update()
+        self.schedule_update(soon=True)
         if self._departure is not None:
             self._check_departed()
 
@@ -510,13 +513,16 @@ class FederationManager(RouterObserver):
                 stale = True
         if not targets:
             return False
+        self._wait(targets, in_force)
+        if stale:
+            self.schedule_update(soon=True)
+        return True
+
+    def _wait(self, targets, in_force):
         waiter = _Waiter(targets, in_force)
         waiter.timer = self.clock.callLater(self.subscribe_wait, self._wait_timed_out, waiter)
         self._waiters.append(waiter)
         self.wait_stats["waited"] += 1
-        if stale:
-            self.schedule_update(soon=True)
-        return True
 
     def _sent_parts(self, link):
         cached = self._parts_cache.get(link)

@@ -363,13 +363,39 @@ class PairTests(FederationTestCase):
         self.a.manager.debounce = 0.5
         yield self.a.link_to(self.b)
 
-    @defer.inlineCallbacks
     def test_first_notification_after_the_reply_arrives(self):
-        consumer = yield self.connect(self.b)
-        producer = yield self.connect(self.a)
-        got = []
-        for i in range(3):
-            yield consumer.subscribe(f"x == {i}", got.append)
-            producer.notify({"x": i})
-        yield wait_until(lambda: len(got) == 3)
-        self.assertEqual(sorted(n["x"] for n in got), [0, 1, 2])
+        return _subscribe_then_publish(self, self.b, self.a)
+
+
+@defer.inlineCallbacks
+def _subscribe_then_publish(test, at, publisher):
+    """Subscribe ``x == i`` at router ``at`` and, as each SubRply arrives,
+    publish ``{x: i}`` at ``publisher``; every one must arrive."""
+    consumer = yield test.connect(at)
+    producer = yield test.connect(publisher)
+    got = []
+    for i in range(3):
+        yield consumer.subscribe(f"x == {i}", got.append)
+        producer.notify({"x": i})
+    yield wait_until(lambda: len(got) == 3)
+    test.assertEqual(sorted(n["x"] for n in got), [0, 1, 2])
+
+
+class ChainTests(FederationTestCase):
+    """a - b - c: subscribe at c, publish at a at once. b sends a its new
+    filter in the turn after c's arrives (no debounce), ahead of the
+    client's reply and publication."""
+
+    @defer.inlineCallbacks
+    def setUp(self):
+        super().setUp()
+        self.a = FedRouter(self, "a.test", mesh=False)
+        self.b = FedRouter(self, "b.test", mesh=False)
+        self.c = FedRouter(self, "c.test", mesh=False)
+        for router in self.a, self.b, self.c:
+            router.manager.debounce = 0.5
+        yield self.a.link_to(self.b)
+        yield self.c.link_to(self.b)
+
+    def test_first_notification_after_the_reply_arrives_two_hops_away(self):
+        return _subscribe_then_publish(self, self.c, self.a)
