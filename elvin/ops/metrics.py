@@ -63,7 +63,12 @@ class RouterCollector:
                 ("elvin_discovery_packets_sent", "discovery_packets_sent",
                  "Router discovery packets sent (adverts and withdrawals)."),
                 ("elvin_trace_records", "trace_records",
-                 "Federation trace records written (docs/traces.md).")):
+                 "Federation trace records written (docs/traces.md)."),
+                ("elvin_federation_replies_waited", "federation_replies_waited",
+                 "SubRplys held until the linked peers answered a pull filter covering "
+                 "the subscription."),
+                ("elvin_federation_replies_timed_out", "federation_replies_timed_out",
+                 "SubRplys sent after Federation.Filter.Wait without the peers' answer.")):
             yield CounterMetricFamily(name, text, value=totals[key])
         yield GaugeMetricFamily("elvin_subscriptions", "Subscriptions registered.",
                                 value=totals["subscriptions"])

@@ -133,6 +133,12 @@ def snapshot(router: "Router", federation: Optional["FederationManager"] = None,
             "bytes_in": bytes_in, "bytes_out": bytes_out,
             "discovery_packets_sent": discovery.sent if discovery is not None else 0,
             "trace_records": federation.trace.records if federation is not None else 0,
+            # SubRplys held until the peers answered a covering pull filter,
+            # and those sent after Federation.Filter.Wait without it.
+            "federation_replies_waited":
+                federation.wait_stats["waited"] if federation is not None else 0,
+            "federation_replies_timed_out":
+                federation.wait_stats["timed_out"] if federation is not None else 0,
             # Accepted sockets by pool (client, federation, status): open,
             # cap, idle, refused when accepted, idle ones closed (admission).
             "sockets": admission.budget.stats() if admission is not None else {},

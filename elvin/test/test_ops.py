@@ -366,6 +366,11 @@ class FederationMetricsTests(unittest.TestCase):
         self.assertLess(scraped[("elvin_federation_last_heard_seconds", peer)], 30)
         self.assertEqual(scraped[("elvin_federation_dropped_total",
                                   (("cause", "overload"), ("peer", "leaf.test")))], 0)
+        # the consumer's SubRply waited for the hub's answer to leaf's filter
+        at_leaf = samples(registry_for(lambda: snapshot(leaf.router, leaf.manager, started=0,
+                                                        domain="leaf.test")))
+        self.assertEqual(at_leaf[("elvin_federation_replies_waited_total", ())], 1)
+        self.assertEqual(at_leaf[("elvin_federation_replies_timed_out_total", ())], 0)
 
 
 class HttpsTests(unittest.TestCase):
