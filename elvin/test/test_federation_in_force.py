@@ -151,6 +151,25 @@ class InForceTests(_Linked, unittest.TestCase):
         (reply,) = _packets(out)
         self.assertEqual(reply.xid, 5)
 
+    def test_a_changed_expression_waits_and_a_key_change_does_not(self):
+        consumer, out = self.client()
+        self.subscribe(consumer, 5, "x == 1")
+        self.clock.advance(0)
+        self.answer()
+        (reply,) = _packets(out)
+        sub_id = reply.subscription_id
+        consumer.dataReceived(_frame(packets.SubModRqst(6, sub_id, "x == 2", True,
+                                                        packets.Keys.EMPTY,
+                                                        packets.Keys.EMPTY)))
+        self.assertEqual(_packets(out), [])
+        self.clock.advance(0)
+        self.answer()
+        self.assertEqual([p.xid for p in _packets(out)], [6])
+        consumer.dataReceived(_frame(packets.SubModRqst(7, sub_id, "", False,
+                                                        packets.Keys.EMPTY,
+                                                        packets.Keys.EMPTY)))
+        self.assertEqual([p.xid for p in _packets(out)], [7])
+
     def test_removing_does_not_wait(self):
         consumer, out = self.client()
         self.subscribe(consumer, 5, "x == 1")
