@@ -508,13 +508,27 @@ class Connection(LifecycleView, ClientState):
     # -- requests --------------------------------------------------------------
 
     async def _call(self, make_packet: Callable[[int], Any],
-                    late: Optional[Callable[[Any], Any]] = None) -> Any:
+                    late: Optional[Callable[[Any], Any]] = None,
+                    at_reply: Optional[Callable[[Any], Any]] = None) -> Any:
         """Send a request and wait for its reply. If the caller is
-        cancelled first, ``late(reply)`` takes the reply when it comes."""
+        cancelled first, ``late(reply)`` takes the reply when it comes.
+        ``at_reply(reply)``, when given, runs as the reply is read, before
+        any packet read after it, and its result is what the caller gets:
+        a subscription or quench must be known before the NotifyDeliver or
+        SubAddNotify that can follow its reply in the same read (the
+        caller resumes only on a later turn of the loop)."""
         future: "asyncio.Future[Any]" = self.loop.create_future()
-        xid = self.request(make_packet,
-                           lambda reply: _settle(future, reply),
-                           lambda error: _settle(future, error=error))
+
+        def replied(reply: Any) -> None:
+            if at_reply is not None:
+                try:
+                    reply = at_reply(reply)
+                except Exception as error:
+                    _settle(future, error=error)
+                    return
+            _settle(future, reply)
+
+        xid = self.request(make_packet, replied, lambda error: _settle(future, error=error))
         try:
             return await future
         except asyncio.CancelledError:
@@ -526,11 +540,14 @@ class Connection(LifecycleView, ClientState):
                     self.abandon(xid, late)
             raise
 
-    def _unsubscribe_late(self, reply: Any) -> None:
-        """A subscribe its caller gave up on was made after all: undo it."""
+    def _unsubscribe_late(self, made: Any) -> None:
+        """A subscribe its caller gave up on was made after all: undo it
+        (``made``: the Subscription, or the SubRply if it came later)."""
+        sub_id = made.id if isinstance(made, Subscription) else made.subscription_id
+        self.subscriptions.pop(sub_id, None)
+        self.session_subscriptions.pop(sub_id, None)
         try:
-            self.request(self.sub_del_rqst(reply.subscription_id),
-                         lambda _: None, lambda _: None)
+            self.request(self.sub_del_rqst(sub_id), lambda _: None, lambda _: None)
         except ConnectionClosed:
             pass                          # the session (and it) are gone
 
@@ -549,13 +566,17 @@ class Connection(LifecycleView, ClientState):
         A bad expression raises NackError (code 2101-2112). Cancelled
         while waiting (``asyncio.wait_for``), it removes the subscription
         if the router made it."""
-        async def subscribed() -> Subscription:
-            reply = await self._call(self.sub_add_rqst(expression, accept_insecure, keys),
-                                     self._unsubscribe_late)
+        def registered(reply: Any) -> Subscription:
             sub = Subscription(self, reply.subscription_id, expression, accept_insecure,
                                callback, keys)
             self.subscriptions[sub.id] = sub
             self.subscribed_in_session(sub.id, expression, accept_insecure)
+            return sub
+
+        async def subscribed() -> Subscription:
+            sub: Subscription = await self._call(
+                self.sub_add_rqst(expression, accept_insecure, keys), self._unsubscribe_late,
+                at_reply=registered)
             return sub
 
         async def remove(sub: Optional[Subscription]) -> None:
@@ -570,11 +591,15 @@ class Connection(LifecycleView, ClientState):
                      keys: Optional[packets.Keys] = None) -> Quench:
         """Be told of subscriptions referring to ``names`` (see Quench)."""
         names = tuple(sorted(set(names)))
-        reply = await self._call(self.qnch_add_rqst(names, deliver_insecure, keys))
-        quench = Quench(self, reply.quench_id, names, on_add, on_modify, on_delete,
-                        deliver_insecure)
-        quench.keys = keys
-        self.quenches[quench.id] = quench
+
+        def registered(reply: Any) -> Quench:
+            quench = Quench(self, reply.quench_id, names, on_add, on_modify, on_delete,
+                            deliver_insecure)
+            quench.keys = keys
+            self.quenches[quench.id] = quench
+            return quench
+        quench: Quench = await self._call(self.qnch_add_rqst(names, deliver_insecure, keys),
+                                          at_reply=registered)
         return quench
 
     async def set_options(self, options: Mapping[str, Any]) -> Dict[str, Any]:
