@@ -262,13 +262,20 @@ class FederationLink:
             self.output.send(packets.Nack(packet.xid, e.code, f"bad pull filter: {e}", ()))
             return
         heard, self._filter_heard = self._filter_heard, True
-        self.output.send(fed_packets.Ack(packet.xid))
         self.manager.trace.subreplace(self, "in", tree)
         if heard and tree == self.remote_filter.tree:
+            self.output.send(fed_packets.Ack(packet.xid))
             self.stats["refreshed"] += 1      # a refresh that changes nothing
             return
         self.remote_filter = filters.Filter(tree)
-        self.manager.remote_filter_changed(self)
+
+        def answer():
+            if self.state == self.UP:
+                self.output.send(fed_packets.Ack(packet.xid))
+        # Among mesh routers the Ack may wait until our other peers answered
+        # the filters this one changes (FederationManager.remote_filter_changed).
+        if not self.manager.remote_filter_changed(self, answer):
+            answer()
 
     def _ack(self, packet):
         pending = self._pending.pop(packet.xid, None)

@@ -225,21 +225,47 @@ class FederationManager(RouterObserver):
         if self._departure is not None and not self._closing:
             self._check_departed()
 
-    def remote_filter_changed(self, link):
+    def remote_filter_changed(self, link, answer=None):
         """The peer sent a new pull filter: file it in the router's pull
         index (one entry per disjunct; nothing for a link off the mesh's
         tree), then recompute what we ask others in the next turn, not
-        after the debounce: a subscription two hops away then reaches the
-        far peer right behind its filter's Ack (the Ack itself does not
-        wait: links that form a cycle would wait on each other)."""
+        after the debounce. ``answer`` sends the peer its Ack: returns True
+        when the Ack is to wait until our other peers answered the filters
+        recomputed (at most ``subscribe_wait`` seconds), so that a
+        subscription is in force all along the tree when its client's
+        SubRply arrives; False: the caller sends it now. Only among mesh
+        routers on a settled tree (``_acks_may_wait``): links in a cycle
+        would wait on each other."""
+        waiting = False
         if link in self.links:
             if (self.mesh is not None and link.mesh is False
                     and link.peer_domain not in self.mesh.plain):
                 self.plain_peer_found(link)
             self._file(link)
+            if answer is not None and self._acks_may_wait(link):
+                others = {other: None for other in self.links
+                          if other is not link and other.state == other.UP
+                          and self.active(other)}
+                if others:
+                    self._wait(others, answer)
+                    waiting = True
         self.schedule_update(soon=True)
         if self._departure is not None:
             self._check_departed()
+        return waiting
+
+    def _acks_may_wait(self, link):
+        """May ``link``'s Ack wait for our other peers? Only when the waits
+        cannot form a cycle: this router and every peer it would wait for
+        are mesh routers on the tree they agreed (a tree has no cycle), and
+        no link is in its ``mesh_grace`` (then two paths carry at once).
+        Plain peers can close a cycle the mesh does not see."""
+        if not self.subscribe_wait or self.mesh is None or self._leaving:
+            return False
+        if not link.mesh or not self.active(link):
+            return False
+        return all(other.mesh for other in self.links
+                   if other is not link and other.state == other.UP and self.active(other))
 
     # -- pull filters as soft state ---------------------------------------------
 

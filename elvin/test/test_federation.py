@@ -112,6 +112,20 @@ class FederationTestCase(unittest.TestCase):
         yield wait_until(settled)
 
 
+@defer.inlineCallbacks
+def subscribe_then_publish(test, at, publisher):
+    """Subscribe ``x == i`` at router ``at`` and, as each SubRply arrives,
+    publish ``{x: i}`` at ``publisher``; every one must arrive."""
+    consumer = yield test.connect(at)
+    producer = yield test.connect(publisher)
+    got = []
+    for i in range(3):
+        yield consumer.subscribe(f"x == {i}", got.append)
+        producer.notify({"x": i})
+    yield wait_until(lambda: len(got) == 3)
+    test.assertEqual(sorted(n["x"] for n in got), [0, 1, 2])
+
+
 class ChainTests(FederationTestCase):
     @defer.inlineCallbacks
     def setUp(self):
@@ -121,6 +135,43 @@ class ChainTests(FederationTestCase):
         self.c = FedRouter(self, "c.test")
         yield self.a.link_to(self.b)
         yield self.c.link_to(self.b)
+
+    @defer.inlineCallbacks
+    def mesh_settled(self):
+        """The three are mesh routers on their tree, filters answered."""
+        yield self.settle(self.a, self.b, self.c)
+        yield wait_until(lambda: all(link.mesh and r.manager.active(link)
+                                     for r in (self.a, self.b, self.c)
+                                     for link in r.manager.links))
+
+    @defer.inlineCallbacks
+    def test_subscribed_at_c_in_force_at_a_when_the_reply_arrives(self):
+        """b holds its Ack of c's new filter until a answered the filter b
+        then sends it (docs/federation.md)."""
+        yield self.mesh_settled()
+        yield subscribe_then_publish(self, self.c, self.a)
+
+    @defer.inlineCallbacks
+    def test_the_reply_waits_for_the_far_router(self):
+        """a never answers b's filter: c's reply comes once b gave up on a
+        (b's Filter.Wait), not before."""
+        from elvin.federation import packets as fed_packets
+        yield self.mesh_settled()
+        self.b.manager.subscribe_wait = 0.5
+        self.c.manager.subscribe_wait = 5
+        link_ab = self.a.link("b.test")
+        send = link_ab.output.send
+
+        def no_acks(packet):
+            if not isinstance(packet, fed_packets.Ack):
+                send(packet)
+        link_ab.output.send = no_acks
+        consumer = yield self.connect(self.c)
+        started = reactor.seconds()
+        yield consumer.subscribe("x == 1", lambda n: None)
+        self.assertGreaterEqual(reactor.seconds() - started, 0.45)
+        self.assertEqual(self.b.manager.wait_stats["timed_out"], 1)
+        self.assertEqual(self.c.manager.wait_stats["timed_out"], 0)
 
     @defer.inlineCallbacks
     def test_exactly_the_matching_subscribers_exactly_once(self):

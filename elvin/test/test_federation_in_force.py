@@ -21,8 +21,8 @@ from elvin.protocols import packets
 from elvin.protocols.server import ElvinServerFactory
 from elvin.subscription import parse
 from elvin.subscription.analysis import required_names
-from elvin.test.test_federation import FederationTestCase, FedRouter, _LinkOutput
-from elvin.test.test_integration import wait_until
+from elvin.test.test_federation import (FederationTestCase, FedRouter, _LinkOutput,
+                                         subscribe_then_publish)
 from elvin.test.test_server_protocol import frame as _frame, unframe
 
 
@@ -383,21 +383,7 @@ class PairTests(FederationTestCase):
         yield self.a.link_to(self.b)
 
     def test_first_notification_after_the_reply_arrives(self):
-        return _subscribe_then_publish(self, self.b, self.a)
-
-
-@defer.inlineCallbacks
-def _subscribe_then_publish(test, at, publisher):
-    """Subscribe ``x == i`` at router ``at`` and, as each SubRply arrives,
-    publish ``{x: i}`` at ``publisher``; every one must arrive."""
-    consumer = yield test.connect(at)
-    producer = yield test.connect(publisher)
-    got = []
-    for i in range(3):
-        yield consumer.subscribe(f"x == {i}", got.append)
-        producer.notify({"x": i})
-    yield wait_until(lambda: len(got) == 3)
-    test.assertEqual(sorted(n["x"] for n in got), [0, 1, 2])
+        return subscribe_then_publish(self, self.b, self.a)
 
 
 class ChainTests(FederationTestCase):
@@ -417,4 +403,5 @@ class ChainTests(FederationTestCase):
         yield self.c.link_to(self.b)
 
     def test_first_notification_after_the_reply_arrives_two_hops_away(self):
-        return _subscribe_then_publish(self, self.c, self.a)
+        return subscribe_then_publish(self, self.c, self.a)
+
