@@ -1,5 +1,5 @@
-"""The asyncio and blocking clients know a subscription (a quench) from
-the moment its reply is read, not from when the awaiting caller resumes: a
+"""Every client flavour knows a subscription (a quench) from the moment
+its reply is read, not from when the awaiting caller resumes: a
 NotifyDeliver (a SubAddNotify) that follows the reply in the same read is
 not dropped. A router writes them together whenever a delivery is queued
 behind the reply (a SubRply held for the federation peers, or a matching
@@ -8,6 +8,7 @@ notification routed just after it)."""
 import asyncio
 import struct
 
+from twisted.internet import defer, protocol, reactor
 from twisted.trial import unittest
 
 from elvin import aio
@@ -114,4 +115,44 @@ class ReplyThenPacketTests(unittest.SynchronousTestCase):
                 threading.Event().wait(0.01)
         box["loop"].call_soon_threadsafe(box["stop"].set)
         thread.join(10)
+        self.assertEqual([dict(note) for note in got], [{"x": 1}])
+
+
+class _OneReadProtocol(protocol.Protocol):
+    """``_OneReadRouter``'s answers, from a Twisted server."""
+
+    def connectionMade(self):
+        self.buffer = b""
+
+    def dataReceived(self, data):
+        self.buffer += data
+        while len(self.buffer) >= 4:
+            (length,) = struct.unpack(">I", self.buffer[:4])
+            if len(self.buffer) < 4 + length:
+                return
+            packet = packets.decode(self.buffer[4:4 + length])
+            self.buffer = self.buffer[4 + length:]
+            if isinstance(packet, packets.ConnRqst):
+                self.transport.write(_frame(packets.ConnRply(packet.xid, {})))
+            elif isinstance(packet, packets.SubAddRqst):
+                self.transport.write(_frame(packets.SubRply(packet.xid, 77))
+                                     + _frame(packets.NotifyDeliver({"x": 1}, (), (77,))))
+            elif isinstance(packet, packets.DisconnRqst):
+                self.transport.write(_frame(packets.DisconnRply(packet.xid)))
+
+
+class TwistedClientTests(unittest.TestCase):
+    """The Twisted client registers in its Deferred's callback, which runs
+    as the reply is read: the same guarantee, checked."""
+
+    @defer.inlineCallbacks
+    def test_a_delivery_read_with_the_subrply_reaches_the_subscription(self):
+        from elvin import client
+        factory = protocol.Factory.forProtocol(_OneReadProtocol)
+        port = reactor.listenTCP(0, factory, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        conn = yield client.connect(f"elvin://127.0.0.1:{port.getHost().port}")
+        got = []
+        yield conn.subscribe("x == 1", got.append)
+        yield conn.close()
         self.assertEqual([dict(note) for note in got], [{"x": 1}])
