@@ -1047,19 +1047,19 @@ class ClientSession:
         client has its reply reaches it. Until then the channel holds the
         reply and whatever follows it, in order (``SessionOutput.hold``)."""
         waiting = 0
+        held = False
         output = self.output
 
         def in_force():
             nonlocal waiting
             waiting -= 1
-            if not waiting:
+            if not waiting and held:
                 output.release()
 
         for observer in self.router.observers:
             if observer.subscription_placed(entry, in_force):
                 waiting += 1
-        if waiting and not output.hold():
-            waiting = -1            # cannot hold: in_force() does nothing
+        held = bool(waiting) and output.hold()    # a channel that cannot hold sends now
         self.send(packets.SubRply(xid, entry.id))
 
     def _sub_del(self, packet):

@@ -129,8 +129,7 @@ def covers(parts, tree, requirement):
         return False
     if requirement in parts:
         return True
-    first = requirement if requirement.kind == Kind.FUNC_REQUIRE else requirement.children[0]
-    return first in parts
+    return _first_require(requirement) in parts
 
 
 def node_count(tree):
@@ -211,11 +210,22 @@ def _requirement(tree):
     """The weakest filter implied by ``tree``: its required names."""
     if tree is TRUE or tree is FALSE:
         return tree
-    names = sorted(required_names(tree))
-    if not names:
+    return _requiring(required_names(tree))
+
+
+def _requiring(names):
+    """``require(a) && require(b) ...`` over ``names`` in order, or TRUE
+    for none: a subscription's ``_requirement`` from its required names."""
+    requires = [node(Kind.FUNC_REQUIRE, name(n)) for n in sorted(names)]
+    if not requires:
         return TRUE
-    requires = [node(Kind.FUNC_REQUIRE, name(n)) for n in names]
     return requires[0] if len(requires) == 1 else Node(Kind.AND, None, requires)
+
+
+def _first_require(requirement):
+    """The ``require`` of a (non-constant) requirement's first name: what
+    ``generalise``'s coarsest step widens a subscription to."""
+    return requirement if requirement.kind == Kind.FUNC_REQUIRE else requirement.children[0]
 
 
 def generalise(trees, max_nodes):
@@ -242,8 +252,7 @@ def _generalise(exact, requirements, max_nodes):
             return TRUE
         if requirement is FALSE:
             continue
-        first = (requirement if requirement.kind == Kind.FUNC_REQUIRE
-                 else requirement.children[0])
+        first = _first_require(requirement)
         coarse[first.children[0].value] = first
     tree = union(coarse[n] for n in sorted(coarse))
     if node_count(tree) <= max_nodes:
@@ -290,14 +299,7 @@ class LocalInterest:
         required = frozenset(required)
         requirement = self._forms.get(required)
         if requirement is None:
-            names = sorted(required)
-            if not names:
-                requirement = TRUE
-            else:
-                requires = [node(Kind.FUNC_REQUIRE, name(n)) for n in names]
-                requirement = (requires[0] if len(requires) == 1
-                               else Node(Kind.AND, None, requires))
-            self._forms[required] = requirement
+            requirement = self._forms[required] = _requiring(required)
         self._requirement_of[key] = requirement
         self.requirements[requirement] = self.requirements.get(requirement, 0) + 1
         if self._exact is not None:
@@ -356,18 +358,14 @@ class LocalInterest:
         return None if self._exact is None else list(self._exact)
 
 
-def build_pull_filter(local, peer_filters, import_filter, max_nodes, trees=None):
-    """What to ask one peer for (see module docstring): ``local`` is a
-    ``LocalInterest`` (``trees`` as its ``exact_trees`` takes), or the
-    local subscriptions' trees."""
+def build_pull_filter(local, peer_filters, import_filter, max_nodes, trees):
+    """What to ask one peer for (see module docstring): ``local`` is the
+    router's ``LocalInterest`` (``trees`` as its ``exact_trees`` takes)."""
     peer_filters = list(peer_filters)
-    if isinstance(local, LocalInterest):
-        exact = local.exact_trees(max_nodes, trees)
-        requirements = list(local.requirements) + [_requirement(p) for p in peer_filters]
-        wanted = _generalise(None if exact is None else exact + peer_filters, requirements,
-                             max_nodes)
-    else:
-        wanted = generalise(list(local) + peer_filters, max_nodes)
+    exact = local.exact_trees(max_nodes, trees)
+    requirements = list(local.requirements) + [_requirement(p) for p in peer_filters]
+    wanted = _generalise(None if exact is None else exact + peer_filters, requirements,
+                         max_nodes)
     return intersect(wanted, import_filter)
 
 

@@ -217,10 +217,15 @@ class HoldTests(unittest.TestCase):
         p.release()
         self.assertEqual(self.transport.value(), b"".join(map(_frame_bytes, (b"a", b"b", b"c"))))
 
-    def test_a_paused_transport_keeps_them_after_the_release(self):
+    def held_with_a(self):
+        """The channel held, one frame (``a``) waiting."""
         p = self.protocol
         p.hold()
         p.send_encoded(b"a", False)
+        return p
+
+    def test_a_paused_transport_keeps_them_after_the_release(self):
+        p = self.held_with_a()
         p.pauseProducing()
         p.release()
         self.assertEqual(self.transport.value(), b"")
@@ -228,9 +233,7 @@ class HoldTests(unittest.TestCase):
         self.assertEqual(self.transport.value(), _frame_bytes(b"a"))
 
     def test_a_resume_while_held_does_not_write(self):
-        p = self.protocol
-        p.hold()
-        p.send_encoded(b"a", False)
+        p = self.held_with_a()
         p.pauseProducing()
         p.resumeProducing()
         self.assertEqual(self.transport.value(), b"")
@@ -238,9 +241,7 @@ class HoldTests(unittest.TestCase):
         self.assertEqual(self.transport.value(), _frame_bytes(b"a"))
 
     def test_a_close_waits_for_the_release(self):
-        p = self.protocol
-        p.hold()
-        p.send_encoded(b"a", False)
+        p = self.held_with_a()
         p.close()
         self.assertFalse(self.transport.disconnecting)
         p.release()
