@@ -21,7 +21,7 @@ from elvin.subscription.compiler import compile_tree
 
 __all__ = ["TRUE", "FALSE", "Filter", "disjuncts", "to_wire", "from_wire", "parse_filter",
            "union", "intersect", "generalise", "node_count", "build_pull_filter",
-           "top_disjuncts", "covers", "LocalInterest"]
+           "top_disjuncts", "covers", "LocalInterest", "requirement"]
 
 
 class _Constant:
@@ -119,7 +119,7 @@ def top_disjuncts(tree):
 def covers(parts, tree, requirement):
     """Is a filter whose ``top_disjuncts`` are ``parts`` surely true for
     every notification a subscription is true for? The subscription is
-    given by its ``tree`` (None if not at hand) and its ``_requirement``
+    given by its ``tree`` (None if not at hand) and its ``requirement``
     form (``LocalInterest.requirement_of``). Only what ``build_pull_filter``
     makes is recognised: the tree itself, or what ``generalise`` widens it
     to (its required names, all or the first); False means "not known to"."""
@@ -206,7 +206,7 @@ def intersect(a, b):
     return node(Kind.AND, a, b)
 
 
-def _requirement(tree):
+def requirement(tree):
     """The weakest filter implied by ``tree``: its required names."""
     if tree is TRUE or tree is FALSE:
         return tree
@@ -215,7 +215,7 @@ def _requirement(tree):
 
 def _requiring(names):
     """``require(a) && require(b) ...`` over ``names`` in order, or TRUE
-    for none: a subscription's ``_requirement`` from its required names."""
+    for none: a subscription's ``requirement`` from its required names."""
     requires = [node(Kind.FUNC_REQUIRE, name(n)) for n in sorted(names)]
     if not requires:
         return TRUE
@@ -231,12 +231,12 @@ def _first_require(requirement):
 def generalise(trees, max_nodes):
     """Union of ``trees``, widened until it has at most ``max_nodes`` nodes."""
     trees = list(trees)
-    return _generalise(trees, [_requirement(t) for t in trees], max_nodes)
+    return _generalise(trees, [requirement(t) for t in trees], max_nodes)
 
 
 def _generalise(exact, requirements, max_nodes):
     """``generalise`` given the trees (None: known to be over ``max_nodes``)
-    and their ``_requirement`` forms, in the same order."""
+    and their ``requirement`` forms, in the same order."""
     if exact is not None:
         tree = union(exact)
         if node_count(tree) <= max_nodes:
@@ -262,7 +262,7 @@ def _generalise(exact, requirements, max_nodes):
 
 class LocalInterest:
     """The router's own subscriptions as a pull filter needs them, kept one
-    subscription at a time: each one's ``_requirement`` form counted (few
+    subscription at a time: each one's ``requirement`` form counted (few
     distinct ones), and each tree only while their union is small enough
     to be sent exactly. A filter then costs the distinct forms, not a pass
     over every subscription and its tree, which would make placing
@@ -363,7 +363,7 @@ def build_pull_filter(local, peer_filters, import_filter, max_nodes, trees):
     router's ``LocalInterest`` (``trees`` as its ``exact_trees`` takes)."""
     peer_filters = list(peer_filters)
     exact = local.exact_trees(max_nodes, trees)
-    requirements = list(local.requirements) + [_requirement(p) for p in peer_filters]
+    requirements = list(local.requirements) + [requirement(p) for p in peer_filters]
     wanted = _generalise(None if exact is None else exact + peer_filters, requirements,
                          max_nodes)
     return intersect(wanted, import_filter)

@@ -16,7 +16,7 @@ from twisted.logger import Logger
 
 from elvin import errors
 from elvin.errors import SubscriptionError
-from elvin.federation import filters
+from elvin.federation import filters, subast
 from elvin.federation import packets as fed_packets
 from elvin.federation.identity import domain_problem, shown
 from elvin.federation.mesh import advert_domain
@@ -76,6 +76,10 @@ class FederationLink:
         #: said so, False once its first pull filter came without the mark
         #: (a plain EFP 1.0 router), None until then.
         self.mesh = None
+        #: The SubAST numbering the peer's filters showed it uses
+        #: (elvin.federation.subast: SPEC, AVIS, or None while unknown).
+        self.ast_numbering = None
+        self._ambiguity_logged = False
         self._size = None
         # Notifications from a peer are held to the attribute limits an
         # ordinary client of this router gets (its default connection options).
@@ -233,7 +237,9 @@ class FederationLink:
         self.sent_seq += 1
         xid = next(self._xids)
         self._pending[xid] = ("filter", tree, self.sent_seq)
-        packet = fed_packets.FedSubReplace(xid, filters.to_wire(tree))
+        numbering = subast.SPEC if self.mesh else self.ast_numbering
+        packet = fed_packets.FedSubReplace(xid, subast.wire_filter(filters.to_wire(tree),
+                                                                   numbering))
         self.output.send(packet)
         self.manager.trace.subreplace(self, "out", tree)
         return True
@@ -243,7 +249,8 @@ class FederationLink:
             # A mesh router says what it is with one disjunct of its filter
             # (mesh.MARKER_NAME). Every router takes it out, a plain one too,
             # so that no router passes a peer's mark on as its own.
-            tree, marked = filters.strip_marker(packet.pull_filter, self.manager.mesh_marker)
+            tree = self._read_filter(packet.pull_filter)
+            tree, marked = filters.strip_marker(tree, self.manager.mesh_marker)
             if self.manager.mesh is not None:
                 if marked and not self.mesh:
                     self.mesh = True
@@ -276,6 +283,24 @@ class FederationLink:
         # the filters this one changes (FederationManager.remote_filter_changed).
         if not self.manager.remote_filter_changed(self, answer):
             answer()
+
+    def _read_filter(self, wire):
+        """The peer's pull filter as it meant it (elvin.federation.subast)."""
+        known = self.ast_numbering
+        tree, self.ast_numbering, both = subast.read_filter(wire, known)
+        if self.ast_numbering != known:
+            self.log.info("federation peer {peer} numbers SubAST operators as {numbering} "
+                          "does: filters to it are sent so", peer=shown(self.peer_domain),
+                          numbering="the spec" if self.ast_numbering == subast.SPEC
+                          else "Avis")
+            if self.sent_filter is not None and subast.uses_ambiguous(self.sent_filter):
+                self.send_filter(self.sent_filter, force=True)
+        elif both and not self._ambiguity_logged:
+            self._ambiguity_logged = True
+            self.log.info("federation peer {peer} sent a pull filter whose operators the "
+                          "spec and Avis number differently: both readings are served",
+                          peer=shown(self.peer_domain))
+        return tree
 
     def _ack(self, packet):
         pending = self._pending.pop(packet.xid, None)

@@ -8,7 +8,8 @@ never decodes federation packets and vice versa.
 
 from elvin.protocols import packets
 from elvin.protocols.packets import (BOOLEAN, CLIENT, ID32, ID64, KEYS, NAME_VALUES, STRING,
-                                     STRINGS, SUBAST, UINT32, define)
+                                     STRINGS, UINT32, WireType, define)
+from elvin.protocols.xdr import RawSubAST
 
 __all__ = ["FEDERATION", "FedConnRqst", "FedConnRply", "FedSubReplace",
            "FedNotify", "Ack", "FedMeshAdvert", "decode", "PROTOCOL_MAJOR", "PROTOCOL_MINOR",
@@ -22,6 +23,18 @@ PROTOCOL_MINOR = 0
 MAX_PACKET_LENGTH = 16 * 1024 * 1024
 
 FEDERATION = CLIENT.copy()
+
+
+def _write_filter(writer, tree):
+    if isinstance(tree, RawSubAST):
+        writer.raw(tree.data)
+    else:
+        writer.ast(tree)
+
+
+#: A pull filter: a Node, or a RawSubAST when its typecodes are read
+#: differently by the spec and by Avis (elvin.federation.subast decides).
+PULL_FILTER = WireType("SubAST", read=lambda r, what: r.peer_ast(what), write=_write_filter)
 
 
 @define(192, registry=FEDERATION)
@@ -41,7 +54,7 @@ class FedConnRply:
 @define(194, registry=FEDERATION)
 class FedSubReplace:
     xid: ID32
-    pull_filter: SUBAST
+    pull_filter: PULL_FILTER
 
 
 @define(195, registry=FEDERATION)

@@ -41,7 +41,9 @@ or vague; cross-checked against the Avis router's XdrCoding):
   at most ``MAX_AST_DEPTH`` (256) deep. Typecodes are those of section
   8.2.3.4 (``elvin.subscription.ast.Kind``) by default; Avis's table
   (which numbers arithmetic, bitwise and decompose operators differently)
-  is available as ``AVIS_AST_TYPECODES`` for whoever needs it.
+  is ``AVIS_AST_TYPECODES``. A federation peer's filter is read with
+  ``Reader.peer_ast``, which keeps a tree using a disputed code as its
+  bytes (``RawSubAST``) for ``elvin.federation.subast`` to read.
 """
 
 import os
@@ -52,6 +54,7 @@ from elvin.subscription.ast import Kind, LEAF_KINDS, Node
 
 __all__ = ["DecodeError", "BadUTF8Error", "EncodeError", "Writer", "Reader",
            "MAX_AST_DEPTH", "SPEC_AST_TYPECODES", "AVIS_AST_TYPECODES",
+           "AMBIGUOUS_AST_CODES", "RawSubAST",
            "encode_value", "decode_value", "encode_name_values",
            "decode_name_values", "encode_ast", "decode_ast"]
 
@@ -142,6 +145,40 @@ AVIS_AST_TYPECODES.update({
     Kind.BIT_AND: 35, Kind.BIT_XOR: 36, Kind.BIT_OR: 37, Kind.BIT_NEGATE: 38,
     Kind.FUNC_DECOMPOSE: 61, Kind.FUNC_DECOMPOSE_COMPAT: 62,
 })
+
+#: Typecodes whose meaning differs between the two numberings (arithmetic,
+#: bitwise and decompose operators): a SubAST holding one of them cannot
+#: be read without knowing which numbering its sender uses.
+AMBIGUOUS_AST_CODES = frozenset(
+    code for table in (SPEC_AST_TYPECODES, AVIS_AST_TYPECODES)
+    for kind, code in table.items()
+    if SPEC_AST_TYPECODES[kind] != AVIS_AST_TYPECODES[kind])
+
+#: Leaf typecodes (the same in both numberings) -> their value_typecode.
+_LEAF_CODES = {1: 4, 2: 1, 3: 2, 4: 3, 5: 4}
+
+
+class RawSubAST:
+    """A SubAST kept as its bytes because its typecodes do not say what it
+    means: some are ambiguous between the spec's numbering and Avis's, or
+    known to neither, or it nests deeper than ``MAX_AST_DEPTH``. Its
+    framing is sound (``Reader.peer_ast`` walked it); the receiver decides
+    how to read it (``decode_ast`` with a numbering) or refuses it."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data):
+        self.data = bytes(data)
+
+    def __eq__(self, other):
+        return isinstance(other, RawSubAST) and other.data == self.data
+
+    def __hash__(self):
+        return hash(self.data)
+
+    def __repr__(self):
+        return f"RawSubAST({self.data.hex()})"
+
 
 #: value_typecode written after the SubAST typecode of each leaf kind
 _LEAF_VALUE_TYPE = {Kind.NAME: _STRING, Kind.STRING: _STRING,
@@ -636,6 +673,59 @@ class Reader:
         n = self.count(4, "SubAST child")
         depth += 1
         return Node(kind, None, [self._ast(kinds, depth) for _ in range(n)])
+
+
+    def peer_ast(self, what=None):
+        """A SubAST from a peer whose numbering is not known: a ``Node``
+        when every typecode means the same in both numberings (see
+        ``AMBIGUOUS_AST_CODES``), else a ``RawSubAST``. Only the framing is
+        checked here (leaf value typecodes, 0 for the rest, counts against
+        the bytes left), iteratively, so any depth the packet holds is
+        walked without recursion."""
+        start = self.pos
+        codes = set()
+        stack = [1]
+        deepest = 1
+        try:
+            while stack:
+                if not stack[-1]:
+                    stack.pop()
+                    continue
+                stack[-1] -= 1
+                pos = self.pos
+                code = self.int32("SubAST typecode")
+                codes.add(code)
+                if code == 0:
+                    continue
+                value_type = self.int32("SubAST value typecode")
+                expected = _LEAF_CODES.get(code)
+                if expected is not None:
+                    if value_type != expected:
+                        raise DecodeError(f"SubAST leaf typecode {code} has value typecode "
+                                          f"{value_type}, expected {expected}", pos + 4)
+                    if expected == _STRING:
+                        self.string("SubAST string")
+                    elif expected == _INT32:
+                        self.int32("SubAST int32")
+                    else:
+                        self.int64("SubAST value")
+                    continue
+                if value_type != 0:
+                    raise DecodeError(f"SubAST typecode {code} node has value typecode "
+                                      f"{value_type}, expected 0", pos + 4)
+                stack.append(self.count(4, "SubAST child"))
+                deepest = max(deepest, len(stack))
+        except DecodeError as e:
+            if what is None:
+                raise
+            raise type(e)(f"{what}: {e.reason}", e.offset) from None
+        if deepest <= MAX_AST_DEPTH and not codes & AMBIGUOUS_AST_CODES \
+                and codes <= _SPEC_KINDS.keys():
+            end, self.pos = self.pos, start
+            tree = self.ast(None, what)
+            assert self.pos == end
+            return tree
+        return RawSubAST(self._buf[start:self.pos])
 
 
 _SPEC_KINDS = {int(kind): kind for kind in Kind}

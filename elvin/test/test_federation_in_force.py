@@ -284,7 +284,7 @@ class LocalInterestTests(unittest.TestCase):
             if local._exact is None:
                 # trees dropped past the limit (kept again at half as many):
                 # the filter is then the widened one, never narrower
-                expected = filters._generalise(None, [filters._requirement(t) for t in trees],
+                expected = filters._generalise(None, [filters.requirement(t) for t in trees],
                                                max_nodes)
             else:
                 expected = filters.generalise(trees, max_nodes)

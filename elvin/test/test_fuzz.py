@@ -32,13 +32,14 @@ from twisted.logger import globalLogPublisher
 from twisted.trial import unittest
 
 from elvin import client
-from elvin.federation import packets as fed_packets
+from elvin.errors import SubscriptionError
+from elvin.federation import packets as fed_packets, subast
 from elvin.federation.link import FederationLink
 from elvin.federation.manager import FederationClass, FederationManager
 from elvin.core.options import OPTIONS
 from elvin.protocols import packets as elvin_packets
 from elvin.protocols.server import ElvinServerFactory, ElvinServerProtocol
-from elvin.protocols.xdr import MAX_AST_DEPTH, DecodeError
+from elvin.protocols.xdr import MAX_AST_DEPTH, DecodeError, RawSubAST
 from elvin.core.router import CLIENT_PACKET_IDS, Router, SessionOutput
 from elvin.subscription import parse
 from elvin.subscription.ast import Kind, LEAF_KINDS, Node
@@ -154,6 +155,7 @@ _GENERATORS = {
     elvin_packets.ID64S: lambda r: tuple(r.randrange(1 << 64) for _ in range(r.randrange(4))),
     elvin_packets.KEYS: _keys,
     elvin_packets.SUBAST: _ast,
+    fed_packets.PULL_FILTER: _ast,
 }
 
 #: Every packet class of the client and federation protocols.
@@ -358,6 +360,13 @@ class CodecFuzzTests(unittest.TestCase):
                     decode = fed_packets.decode if packet.ID == 194 else elvin_packets.decode
                     if depth < MAX_AST_DEPTH:
                         self.assertEqual(decode(data), packet)
+                    elif packet.ID == 194:
+                        # A link Nacks it (2112) and keeps going.
+                        raw = decode(data).pull_filter
+                        self.assertIsInstance(raw, RawSubAST)
+                        with self.assertRaises(SubscriptionError) as caught:
+                            subast.read_filter(raw)
+                        self.assertEqual(caught.exception.code, 2112)
                     else:
                         with self.assertRaises(DecodeError):
                             decode(data)

@@ -1,0 +1,131 @@
+"""Which SubAST numbering a federation peer speaks, and filters safe for both.
+
+Section 8.2.3.4 of the client spec numbers the arithmetic, bitwise and
+decompose operators 20-33, 57 and 58; the Avis router (and, by its own
+account, Mantara elvind) numbers them 24-30, 32-38, 61 and 62. EFP 1.0
+has no way to say which one a router uses, and codes 24-30, 32 and 33 are
+valid in both with different meanings, so a filter read the wrong way
+loses notifications silently. A pull filter promises what is wanted, so
+each direction is made safe on its own:
+
+* **Sending.** To a peer not known to read the spec's numbering (any
+  peer but one of our mesh routers), every part of a filter that uses one
+  of those operators is widened to the attribute names it requires
+  (``portable``): what is left means the same to every router, and EFP
+  6.2.3 lets a pull filter be "more general". Once a peer's own filters
+  showed which numbering it uses, filters go to it exactly, in that
+  numbering (``wire_filter``).
+* **Receiving.** A filter that uses such codes is read in each numbering
+  in which it decodes and type-checks (``read_filter``). A code that only
+  one numbering has settles the peer's numbering for the rest of the
+  link; while two readings remain, the filter is their OR, so the peer
+  gets what it meant, and perhaps more, never less.
+"""
+
+from elvin.errors import SubscriptionError
+from elvin.federation import filters
+from elvin.protocols.xdr import (AVIS_AST_TYPECODES, SPEC_AST_TYPECODES, DecodeError,
+                                 RawSubAST, decode_ast, encode_ast)
+from elvin.subscription import checker
+from elvin.subscription.ast import Kind, Node
+
+__all__ = ["SPEC", "AVIS", "AMBIGUOUS_KINDS", "uses_ambiguous", "portable", "read_filter",
+           "wire_filter"]
+
+SPEC = "spec"
+AVIS = "avis"
+_TABLES = {SPEC: SPEC_AST_TYPECODES, AVIS: AVIS_AST_TYPECODES}
+
+#: Kinds whose typecode differs between the two numberings.
+AMBIGUOUS_KINDS = frozenset(kind for kind in Kind
+                            if SPEC_AST_TYPECODES[kind] != AVIS_AST_TYPECODES[kind])
+
+#: Codes that only one numbering has: seeing one says which a peer uses.
+_ONLY = {name: frozenset(table.values()) - frozenset(_TABLES[other].values())
+         for name, table, other in ((SPEC, SPEC_AST_TYPECODES, AVIS),
+                                    (AVIS, AVIS_AST_TYPECODES, SPEC))}
+
+
+def uses_ambiguous(tree):
+    """Does filter ``tree`` use an operator the numberings disagree on?"""
+    if tree is filters.TRUE or tree is filters.FALSE:
+        return False
+    return any(node.kind in AMBIGUOUS_KINDS for node in tree.walk())
+
+
+def portable(tree):
+    """``tree`` (a filter, TRUE or FALSE) with each part that uses an
+    operator of ``AMBIGUOUS_KINDS`` widened to the names it requires.
+    ANDs and ORs are widened part by part (a part true for a notification
+    stays true once widened, so they do too); anything else holding such
+    an operator, a NOT included, becomes its required names as a whole."""
+    if not uses_ambiguous(tree):
+        return tree
+    if tree.kind == Kind.OR:
+        return filters.union([portable(child) for child in tree.children])
+    if tree.kind == Kind.AND:
+        parts = []
+        for child in tree.children:
+            part = portable(child)
+            if part is filters.FALSE:
+                return filters.FALSE
+            if part is not filters.TRUE and part not in parts:
+                parts.append(part)
+        if not parts:
+            return filters.TRUE
+        return parts[0] if len(parts) == 1 else Node(Kind.AND, None, parts)
+    return filters.requirement(tree)
+
+
+def wire_filter(tree, numbering):
+    """What to send for filter ``tree`` (after ``filters.to_wire``) to a
+    peer using ``numbering`` (SPEC, AVIS, or None: not known)."""
+    if numbering == SPEC or not uses_ambiguous(tree):
+        return tree
+    if numbering == AVIS:
+        return RawSubAST(encode_ast(tree, AVIS_AST_TYPECODES))
+    return portable(tree)
+
+
+def read_filter(raw, numbering=None):
+    """``(tree, numbering, both)`` for a received pull filter: ``raw`` as
+    the peer's numbering reads it (a ``Node`` from ``Reader.peer_ast`` is
+    returned as it is), the numbering the link is now known to use
+    (``numbering`` as given, or settled by this filter), and whether
+    ``tree`` is the OR of two readings. Raises SubscriptionError when no
+    numbering gives a valid filter."""
+    if not isinstance(raw, RawSubAST):
+        return raw, numbering, False
+    readings = {}
+    problems = []
+    for name in (numbering,) if numbering else (SPEC, AVIS):
+        try:
+            tree = decode_ast(raw.data, _TABLES[name])
+            if tree.kind != Kind.EMPTY:
+                checker.check(tree)
+        except DecodeError as e:
+            problems.append(_refusal(e, name))
+        except SubscriptionError as e:
+            problems.append(e)
+        else:
+            readings[name] = tree
+    if not readings:
+        raise problems[0]
+    if len(readings) == 1:
+        (name, tree), = readings.items()
+        table = _TABLES[name]
+        if numbering is None and any(table[node.kind] in _ONLY[name] for node in tree.walk()):
+            numbering = name
+        return tree, numbering, False
+    spec_tree, avis_tree = readings[SPEC], readings[AVIS]
+    if spec_tree == avis_tree:
+        return spec_tree, numbering, False
+    return Node(Kind.OR, None, [spec_tree, avis_tree]), numbering, True
+
+
+def _refusal(error, numbering):
+    """The Nack-able form of a SubAST that ``numbering`` cannot decode."""
+    reason = error.reason
+    if reason.startswith("SubAST nested deeper"):
+        return SubscriptionError(2112, 0, f"pull filter: {reason}")
+    return SubscriptionError(2101, 0, f"pull filter in the {numbering} numbering: {reason}")
