@@ -82,6 +82,14 @@ class ToolUsageTests(unittest.TestCase):
                          f"elvin-config-example (elvin) {elvin.__version__}")
 
 
+class ToolErrorTests(unittest.TestCase):
+
+    def test_an_error_without_text_is_named_by_its_type(self):
+        from elvin.tools.common import describe_error
+        self.assertEqual(describe_error(AssertionError()), "AssertionError")
+        self.assertEqual(describe_error(ValueError("bad")), "bad")
+
+
 class StatUsageTests(unittest.TestCase):
 
     def test_bare_port_and_host_port(self):

@@ -187,6 +187,12 @@ async def _with_uri(reactor, options, body):
     return await body(reactor, options)
 
 
+def describe_error(error):
+    """The one line a tool prints for ``error``: its text, or its type
+    when it has none (an empty line would say nothing)."""
+    return str(error) or type(error).__name__
+
+
 def parse_options(options_class, argv=None):
     """The tool's options from ``argv``; a usage error exits 2 with one
     line naming what was wrong and where the help is."""
@@ -218,7 +224,7 @@ def run(options_class, body, argv=None):
         def failed(failure):
             if interrupt.interrupted or failure.check(StdoutClosed, defer.CancelledError):
                 return None
-            sys.stderr.write(f"{options.name}: error: {failure.value}\n")
+            sys.stderr.write(f"{options.name}: error: {describe_error(failure.value)}\n")
             status["code"] = 1
         d.addErrback(failed)
         return d
