@@ -89,6 +89,7 @@ class Options(usage.Options):
                 self._refuse(str(e))
         if self["listen"]:
             config.listen = list(self["listen"])
+            config.origins["listen"] = [("-l", str(uri)) for uri in config.listen]
         if not config.listen:
             config.listen = [ElvinURI(DEFAULT_LISTEN)]
         if self["verbose"]:
@@ -104,13 +105,42 @@ class Options(usage.Options):
 
 def check_listeners(config):
     """Refuse (ConfigError, UnsupportedStackError) a listener that could not
-    work: an unsupported stack, or TLS with unusable certificate files --
-    found before starting, to be reported as usage errors."""
+    work: an unsupported stack, or TLS (a client or federation listener,
+    https status) without a certificate or with unusable certificate files
+    -- found before starting, to be reported in one line naming the
+    setting and where it was given."""
     for uri in config.listen:
         check_supported(uri)
-    if config.tls_certificate and any(stack_kind(u) == TLS for u in config.listen):
-        from elvin.protocols.tls import server_options_from_config
-        server_options_from_config(config)
+    federation = getattr(config, "federation", None)
+    fed_listen = list(federation.listen) if federation is not None and federation.enabled \
+        else []
+    tls_users = [("listen", str(u), u.port) for u in config.listen if stack_kind(u) == TLS]
+    tls_users += [("Federation.Listen", str(u), u.port) for u in fed_listen
+                  if stack_kind(u) == TLS]
+    status = getattr(config, "status_listen", None)
+    if status is not None and status[0] == "https":
+        tls_users.append(("status-listen", f"https://{status[1]}:{status[2]}", None))
+    if not tls_users:
+        return
+    if not config.tls_certificate:
+        # A client listener's own check (in makeService) names its URI.
+        named = [user for user in tls_users if user[0] != "listen"]
+        if not named:
+            return
+        name, value, port = named[0]
+        where = _origin(config, name, port)
+        raise ConfigError(f"{where}{name} {value} needs TLS, but tls-certificate is not "
+                          "set (the router's certificate; and tls-key unless the key is "
+                          "in the same file)")
+    from elvin.protocols.tls import server_options_from_config
+    server_options_from_config(config)
+
+
+def _origin(config, name, port=None):
+    """``'file:line: '`` (or ``'-l: '``) where ``name`` was set, else ""."""
+    origin = getattr(config, "origin", None)
+    where = origin(name, port) if origin is not None else None
+    return f"{where}: " if where else ""
 
 
 def _short(uri):
@@ -149,28 +179,55 @@ class RouterService(service.MultiService):
                    else open(self.log_file, "a", encoding="utf-8"))
             parent.setComponent(ILogObserver, jsonFileLogObserver(out, recordSeparator=""))
 
-    def privilegedStartService(self):
-        """Bind every listener; one that cannot listen stops the router
-        with one line naming its URI, the cause and what to try."""
-        try:
-            super().privilegedStartService()
-        except CannotListenError as e:
-            raise SystemExit(f"twistd elvin: {self._cannot_listen(e)}") from None
+    _bound = False
 
-    def _cannot_listen(self, e):
-        uris = list(self.config.listen) + list(getattr(self.config.federation, "listen", ()))
-        where = next((str(_short(u)) for u in uris if u.port == e.port),
-                     f"{e.interface or '*'}:{e.port}")
+    def privilegedStartService(self):
+        """Bind every listener, once (``makeService`` binds under twistd,
+        before it daemonises and redirects stderr to the log, so a port
+        in use is told on the terminal and no pidfile is left); one that
+        cannot listen stops the router with one line naming its URI, the
+        setting that chose it, the cause and what to try."""
+        if self._bound:
+            return
+        self._bound = True
+        service.Service.privilegedStartService(self)
+        for child in self:
+            try:
+                child.privilegedStartService()
+            except CannotListenError as e:
+                raise SystemExit(f"twistd elvin: {self._cannot_listen(e, child)}") from None
+
+    def _cannot_listen(self, e, child=None):
+        """The line for a listener that could not bind: its URI, the
+        setting that chose it (where it was given) and what to change."""
+        config = self.config
+        if child is not None and child is self.federation_service:
+            setting, uris = "Federation.Listen", list(config.federation.listen)
+        elif child is not None and getattr(child, "elvin_setting", None) == "status-listen":
+            scheme, host, port = config.status_listen
+            setting, uris = "status-listen", []
+            where = f"{scheme}://{host}:{port}"
+        else:
+            setting, uris = "listen", list(config.listen)
+        if uris:
+            where = next((str(_short(u)) for u in uris if u.port == e.port),
+                         f"{e.interface or '*'}:{e.port}")
+        origin = config.origin(setting, e.port) if hasattr(config, "origin") else None
+        if origin == "-l" or (setting == "listen" and origin is None):
+            change = "use -l to choose another"
+        else:
+            where = f"{origin + ': ' if origin else ''}{setting} {where}"
+            change = f"change {setting} to another"
         code = getattr(e.socketError, "errno", None)
         if code == errno.EADDRINUSE:
             return (f"{where}: address already in use; is another router running? "
-                    "use -l to choose another port")
+                    f"{change} port")
         if code == errno.EACCES:
             return (f"{where}: permission denied (ports below 1024 need privileges); "
-                    "use -l with a port above 1023")
+                    f"{change} port, above 1023")
         if code == errno.EADDRNOTAVAIL:
-            return (f"{where}: {e.interface} is not an address of this host; use -l "
-                    "with one of its addresses, or 0.0.0.0 for all")
+            return (f"{where}: {e.interface} is not an address of this host; {change} "
+                    "address: one of this host's, or 0.0.0.0 for all")
         return f"{where}: cannot listen: {e.socketError}"
 
     def fit_connections(self, config):
@@ -417,11 +474,17 @@ def makeService(options, reactor=None):
         top.federation_service = FederationService(router, config, reactor)
         top.federation_service.setServiceParent(top)
     if getattr(config, "status_listen", None) is not None:
-        status_service(reactor, config, router, top).setServiceParent(top)
+        status = status_service(reactor, config, router, top)
+        status.elvin_setting = "status-listen"
+        status.setServiceParent(top)
     if getattr(config, "discovery", False):
         # Added last, so stopped first: withdraw before the listeners close.
         from elvin.discovery.service import DiscoveryService
         DiscoveryService.from_config(config, reactor=reactor).setServiceParent(top)
+    if parent is not None:
+        # Under twistd: bind now, while stderr is the terminal and before
+        # daemonising (whose parent would wait for word that never comes).
+        top.privilegedStartService()
     return top
 
 

@@ -170,6 +170,12 @@ class MessageTests(unittest.TestCase):
             config.parse("listen = elvin://localhost:99999")
         self.assertIn("must be 1-65535", str(raised.exception))
 
+    def test_bad_redirect_to_names_its_setting(self):
+        with self.assertRaises(ConfigError) as raised:
+            config.parse("listen = elvin://localhost:2917\nredirect-to = nowhere", "t.conf")
+        self.assertTrue(str(raised.exception).startswith("t.conf:2: bad redirect-to URI: "),
+                        str(raised.exception))
+
     def test_single_equals_hints_double(self):
         with self.assertRaises(SubscriptionError) as raised:
             Subscription('Group = "chat"')
