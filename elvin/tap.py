@@ -11,6 +11,7 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from elvin.config import ConfigError, RouterConfig, load
+from elvin.configvalues import did_you_mean
 from elvin.endpoints import (TLS, UnsupportedStackError, check_supported,
                              listener_service, stack_kind)
 from elvin.core.admission import CLIENT, FEDERATION, STATUS
@@ -64,7 +65,30 @@ class Options(usage.Options):
         try:
             self["listen"].append(ElvinURI(uri))
         except InvalidURIError as e:
-            raise usage.UsageError(str(e)) from None
+            raise usage.UsageError(f"-l/--listen: {e}") from None
+
+    def parseOptions(self, options=None):
+        """As usage.Options; under twistd a bad option or value is one line
+        naming it (``_refuse``) rather than twistd's page of usage."""
+        try:
+            super().parseOptions(options)
+        except usage.UsageError as e:
+            if getattr(self, "parent", None) is None:
+                raise
+            self._refuse(self._unknown_option(str(e)))
+
+    def _unknown_option(self, message):
+        """getopt's "option --listn not recognized", with the option it
+        was probably meant to be."""
+        import re
+        match = re.fullmatch(r"option (-{1,2})([\w-]+) not recognized", message)
+        if match is None:
+            return message
+        dashes, name = match.groups()
+        known = [o.rstrip("=") for o in self.longOpt]
+        hint = did_you_mean(name, known) if dashes == "--" else ""
+        hint = hint.replace(" (did you mean '", " (did you mean --").replace("'?)", "?)")
+        return f"unknown option {dashes}{name}{hint}"
 
     opt_l = opt_listen
 

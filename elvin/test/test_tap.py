@@ -94,6 +94,22 @@ class OptionsTests(unittest.TestCase):
         self.assertIn(",".join(stack), message)
         self.assertIn("not supported", message)
 
+    def test_bad_option_under_twistd_is_one_line(self):
+        """Under twistd (a parent), a bad -l value or a misspelt option is
+        a line naming it, not twistd's page of usage."""
+        for args, expected in (
+                (["-l", "elvin://localhost:99999"], "twistd elvin: -l/--listen: invalid "
+                 "Elvin URI 'elvin://localhost:99999'"),
+                (["-l", "foo"], "twistd elvin: -l/--listen: invalid Elvin URI 'foo'"),
+                (["--listn", "elvin://localhost:2917"],
+                 "twistd elvin: unknown option --listn (did you mean --listen?)")):
+            options = tap.Options()
+            options.parent = {}
+            with self.assertRaises(SystemExit) as raised:
+                options.parseOptions(args)
+            self.assertTrue(str(raised.exception.code).startswith(expected),
+                            raised.exception.code)
+
     def test_supported_stacks_accepted(self):
         for stack in SUPPORTED_STACKS:
             uri = f"elvin:/{','.join(stack)}/localhost:2917"
