@@ -193,6 +193,9 @@ class RouterService(service.MultiService):
         self.factory = None
         self.config_path = None
         self.overrides = {}
+        #: The configuration the router started with: what reload does not
+        #: apply (``_needing_restart``) is compared with it.
+        self.started_config = config
 
     def setServiceParent(self, parent):
         super().setServiceParent(parent)
@@ -343,7 +346,9 @@ class RouterService(service.MultiService):
 
     async def _reload(self):
         if not self.config_path:
-            return False, "no configuration file to reload (start with -c FILE)"
+            message = "no configuration file to reload (start with -c FILE)"
+            self.log.warn("reload: {problem}", problem=message)
+            return False, message
         try:
             new = load(self.config_path, RouterConfig())
             if self.overrides.get("listen"):
@@ -403,6 +408,9 @@ class RouterService(service.MultiService):
                            if new.federation.enabled else "federation stopped")
         self.config = new
         message = "reloaded: " + ("; ".join(changes) if changes else "nothing changed")
+        restart = _needing_restart(self.started_config, new)
+        if restart:
+            message += f"; changed but applied only at restart: {', '.join(restart)}"
         self.log.info("{message}", message=message)
         return True, message
 
@@ -431,6 +439,23 @@ class RouterService(service.MultiService):
         if admission is not None:
             admission.stop()
         return super().stopService()
+
+
+#: Settings a reload does not apply (docs/operations.md): the status
+#: listener, the TLS files of running listeners, discovery.
+RESTART_ONLY = ("status-listen", "status-token", "status-max-connections",
+                "status-idle-timeout", "tls-certificate", "tls-key", "tls-ca",
+                "require-authenticated")
+
+
+def _needing_restart(running, new):
+    """The settings changed from ``running`` to ``new`` that a reload
+    does not apply, so the reply can say a restart is needed."""
+    from elvin.discovery.settings import DISCOVERY_SETTINGS
+    names = [(name, name.replace("-", "_")) for name in RESTART_ONLY]
+    names += [(setting.name, setting.attr) for setting in DISCOVERY_SETTINGS]
+    return [name for name, attr in names
+            if getattr(running, attr, None) != getattr(new, attr, None)]
 
 
 def connection_caps(config):

@@ -368,6 +368,34 @@ class StartUpProblemTests(unittest.TestCase):
             self.assertIn("tls-certificate is not set", str(raised.exception))
 
 
+class ReloadMessageTests(unittest.TestCase):
+    """What a reload says about settings it does not apply (in process)."""
+
+    def test_status_listen_changed_needs_a_restart(self):
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write("listen = elvin://127.0.0.1:3000\nstatus-listen = http://127.0.0.1:3001\n")
+        top = tap.makeService(parse("-c", path), reactor=MemoryReactorClock())
+        with open(path, "w") as f:
+            f.write("listen = elvin://127.0.0.1:3000\nstatus-listen = http://127.0.0.1:3002\n")
+        applied, message = self.successResultOf(top.reload())
+        self.assertTrue(applied)
+        self.assertEqual(message, "reloaded: nothing changed; changed but applied only at "
+                                  "restart: status-listen")
+
+    def test_no_configuration_file_is_logged(self):
+        from twisted.logger import globalLogPublisher
+        events = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        top = tap.makeService(parse("-l", "elvin://127.0.0.1:3000"),
+                              reactor=MemoryReactorClock())
+        applied, message = self.successResultOf(top.reload())
+        self.assertFalse(applied)
+        self.assertIn("no configuration file to reload", message)
+        self.assertIn(message, [e.get("problem") for e in events])
+
+
 class PluginTests(unittest.TestCase):
 
     def test_discoverable(self):
