@@ -89,6 +89,28 @@ class ToolErrorTests(unittest.TestCase):
         self.assertEqual(describe_error(AssertionError()), "AssertionError")
         self.assertEqual(describe_error(ValueError("bad")), "bad")
 
+    def test_tls_trust_advice_is_the_tools(self):
+        """The tools take no tls_ca: their advice is SSL_CERT_FILE."""
+        from elvin import client
+        from elvin.tools.common import describe_error
+        closed = client.ConnectionClosed("connection to the router at x was lost: "
+                                         "certificate verify failed")
+        uri = client.ElvinURI("elvin:/secure/127.0.0.1:31643")
+        message = client._handshake_lost(uri, client.Connection(uri, reactor=Clock()),
+                                          closed)
+        self.assertIn("tls_ca", message)
+        shown = describe_error(client.ConnectFailed(message))
+        self.assertNotIn("tls_ca", shown)
+        self.assertIn("SSL_CERT_FILE=", shown)
+
+    def test_refused_by_an_http_proxy_names_the_proxy(self):
+        from elvin import client
+        uri = client.ElvinURI("elvin:/http,none,xdr/router.test:80;proxy-host=proxy.test;"
+                              "proxy-port=3128")
+        message = client._cannot_connect(uri, error.ConnectionRefusedError())
+        self.assertIn("the HTTP proxy at proxy.test:3128 refused the connection", message)
+        self.assertNotIn("router running", message)
+
 
 class StatUsageTests(unittest.TestCase):
 

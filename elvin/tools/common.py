@@ -189,8 +189,10 @@ async def _with_uri(reactor, options, body):
 
 def describe_error(error):
     """The one line a tool prints for ``error``: its text, or its type
-    when it has none (an empty line would say nothing)."""
-    return str(error) or type(error).__name__
+    when it has none (an empty line would say nothing); advice given in
+    the library's terms is given in the tools' (SSL_CERT_FILE, not tls_ca)."""
+    from elvin.client import TLS_TRUST, TOOLS_TLS_TRUST
+    return (str(error) or type(error).__name__).replace(TLS_TRUST, TOOLS_TLS_TRUST)
 
 
 def parse_options(options_class, argv=None):
