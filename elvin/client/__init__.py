@@ -794,7 +794,17 @@ def _cannot_connect(uri, error_value):
     if isinstance(error_value, (error.TimeoutError, defer.TimeoutError, TimeoutError)):
         return (f"{_shown(uri)}: no answer to the TCP connect: is the host up, and the port "
                 f"open (no firewall in between)?")
-    return f"{_shown(uri)}: cannot connect: {error_value}"
+    reasons = getattr(error_value, "reasons", None)
+    if reasons:
+        # twisted.web's ResponseFailed and kin: a list of Failures, whose
+        # text is their repr; say what they mean.
+        detail = "; ".join(r.getErrorMessage() if hasattr(r, "getErrorMessage") else str(r)
+                           for r in reasons)
+        hint = (f" (if it is a plain listener, use elvin://{_endpoint_text(uri)})"
+                if uri.protocol[0] == "http" else "")
+        return (f"{_shown(uri)}: no HTTP response ({detail}): is this an Elvin HTTP "
+                f"tunnel listener?{hint}")
+    return f"{_shown(uri)}: cannot connect: {error_value or type(error_value).__name__}"
 
 
 def _http_proxy(uri):

@@ -103,6 +103,19 @@ class ToolErrorTests(unittest.TestCase):
         self.assertNotIn("tls_ca", shown)
         self.assertIn("SSL_CERT_FILE=", shown)
 
+    def test_no_http_response_is_a_sentence(self):
+        """twisted.web's failures carry a list of Failures: said in words,
+        not as their repr."""
+        from twisted.python.failure import Failure
+        from twisted.web._newclient import ResponseNeverReceived
+        from elvin import client
+        uri = client.ElvinURI("elvin:/http,none,xdr/127.0.0.1:31644")
+        message = client._cannot_connect(
+            uri, ResponseNeverReceived([Failure(error.ConnectionLost("lost"))]))
+        self.assertNotIn("Failure", message)
+        self.assertIn("no HTTP response (Connection to the other side was lost", message)
+        self.assertIn("use elvin://127.0.0.1:31644", message)
+
     def test_refused_by_an_http_proxy_names_the_proxy(self):
         from elvin import client
         uri = client.ElvinURI("elvin:/http,none,xdr/router.test:80;proxy-host=proxy.test;"
