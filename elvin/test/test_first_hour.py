@@ -116,6 +116,30 @@ class ToolErrorTests(unittest.TestCase):
         self.assertIn("no HTTP response (Connection to the other side was lost", message)
         self.assertIn("use elvin://127.0.0.1:31644", message)
 
+    def test_json_is_named_as_not_the_format(self):
+        from elvin.textformat import FormatError, parse_line
+        with self.assertRaises(FormatError) as raised:
+            parse_line('{"Group": "chat"}')
+        self.assertIn("looks like JSON", str(raised.exception))
+        self.assertIn("'Name: value' per line", str(raised.exception))
+        self.assertNotIn("unterminated", str(raised.exception))
+
+    def test_unsupported_stack_is_a_usage_error(self):
+        err = ToolUsageTests.usage_error(self, NotifyOptions,
+                                         ["-e", "elvin:/sctp,none,xdr/localhost:2917", "a: 1"])
+        self.assertIn("protocol stack sctp,none,xdr is not supported", err)
+
+    def test_status_line_without_a_domain(self):
+        totals = dict(connections_open=0, connections_by_transport={}, nacks={},
+                      deliveries=0, dropped_deliveries=0, notifications_received=0,
+                      notifications_rejected=0, quenches=0, send_queue_bytes=0,
+                      subscriptions=0)
+        status = {"router": {"domain": None, "version": "0.1.0", "uptime_s": 5,
+                             "listeners": ["elvin://localhost:2917"], "drained_to": None},
+                  "totals": totals, "links": []}
+        first = stat.format_status(status).splitlines()[0]
+        self.assertTrue(first.startswith("router version 0.1.0, up 5 s"), first)
+
     def test_refused_by_an_http_proxy_names_the_proxy(self):
         from elvin import client
         uri = client.ElvinURI("elvin:/http,none,xdr/router.test:80;proxy-host=proxy.test;"
@@ -210,6 +234,13 @@ class MessageTests(unittest.TestCase):
             config.parse("listen = elvin://localhost:2917\nredirect-to = nowhere", "t.conf")
         self.assertTrue(str(raised.exception).startswith("t.conf:2: bad redirect-to URI: "),
                         str(raised.exception))
+
+    def test_federation_filter_error_says_the_offset_once(self):
+        with self.assertRaises(ConfigError) as raised:
+            config.parse("Federation.Subscribe[X] = require(", "t.conf")
+        self.assertEqual(str(raised.exception).count("offset"), 1, str(raised.exception))
+        self.assertTrue(str(raised.exception).startswith(
+            "t.conf:1: bad Federation.Subscribe[X] filter"), str(raised.exception))
 
     def test_single_equals_hints_double(self):
         with self.assertRaises(SubscriptionError) as raised:

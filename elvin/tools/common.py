@@ -77,11 +77,17 @@ class ToolOptions(BaseOptions):
         if not self["timeout"] > 0:
             raise usage.UsageError(f"--timeout must be more than 0 seconds, "
                                    f"not {self['timeout']:g}")
+        from elvin.endpoints import UnsupportedStackError, check_supported
         try:
             # None: found when the tool runs (see _with_uri)
             self["uri"] = None if self["elvin"] is None else ElvinURI(self["elvin"])
         except InvalidURIError as e:
             raise usage.UsageError(f"-e/--elvin: {e}{uri_hint(self['elvin'])}") from None
+        try:
+            if self["uri"] is not None:
+                check_supported(self["uri"])   # a usage error, like any bad URI
+        except UnsupportedStackError as e:
+            raise usage.UsageError(f"-e/--elvin: {e}") from None
 
 
 def uri_hint(text):
