@@ -34,7 +34,7 @@ def listen_uri(value, key, where, config):
     try:
         uri = ElvinURI(value)
     except InvalidURIError as e:
-        raise ConfigError(f"{where}: bad listen URI: {e}") from None
+        raise ConfigError(f"{where}: bad {key} URI: {e}") from None
     try:
         check_supported(uri)
     except UnsupportedStackError as e:
@@ -214,12 +214,16 @@ class RouterConfig(SettingsConfig):
         _discovery_settings.init(self)
         # Federation (docs/federation.md)
         self.federation = FederationConfig()
+        #: Setting name (lower case) -> [(where, value)] as the file gave
+        #: them, so a problem found later can name the line.
+        self.origins = {}
 
     def set(self, name, value, where):
         """Apply one ``name = value`` setting; ``where`` is 'file:line'."""
         key = name.strip()
         value = value.strip()
         lowered = key.lower()
+        self.origins.setdefault(lowered, []).append((where, value))
         if lowered.startswith("federation."):
             self.federation.set(key, value, where)
         elif lowered in _BY_NAME:
@@ -260,6 +264,17 @@ class RouterConfig(SettingsConfig):
                      + _discovery_settings.SETTINGS + sorted(OPTIONS))
             raise ConfigError(f"{where}: unknown setting {key!r}{did_you_mean(key, known)} "
                               f"(known: {', '.join(known)})")
+
+    def origin(self, name, port=None):
+        """Where setting ``name`` was given ('file:line', '-l' for a
+        command-line listen), or None; with ``port``, the line whose value
+        names that port."""
+        import re
+        entries = self.origins.get(name.lower(), [])
+        if port is not None:
+            entries = [(where, value) for where, value in entries
+                       if re.search(rf":{port}(?!\d)", value)] or entries
+        return entries[-1][0] if entries else None
 
     def check(self, filename):
         """Checks across settings, once the whole file is read."""

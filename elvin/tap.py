@@ -11,6 +11,7 @@ from twisted.logger import Logger
 from twisted.python import usage
 
 from elvin.config import ConfigError, RouterConfig, load
+from elvin.configvalues import did_you_mean
 from elvin.endpoints import (TLS, UnsupportedStackError, check_supported,
                              listener_service, stack_kind)
 from elvin.core.admission import CLIENT, FEDERATION, STATUS
@@ -64,7 +65,30 @@ class Options(usage.Options):
         try:
             self["listen"].append(ElvinURI(uri))
         except InvalidURIError as e:
-            raise usage.UsageError(str(e)) from None
+            raise usage.UsageError(f"-l/--listen: {e}") from None
+
+    def parseOptions(self, options=None):
+        """As usage.Options; under twistd a bad option or value is one line
+        naming it (``_refuse``) rather than twistd's page of usage."""
+        try:
+            super().parseOptions(options)
+        except usage.UsageError as e:
+            if getattr(self, "parent", None) is None:
+                raise
+            self._refuse(self._unknown_option(str(e)))
+
+    def _unknown_option(self, message):
+        """getopt's "option --listn not recognized", with the option it
+        was probably meant to be."""
+        import re
+        match = re.fullmatch(r"option (-{1,2})([\w-]+) not recognized", message)
+        if match is None:
+            return message
+        dashes, name = match.groups()
+        known = [o.rstrip("=") for o in self.longOpt]
+        hint = did_you_mean(name, known) if dashes == "--" else ""
+        hint = hint.replace(" (did you mean '", " (did you mean --").replace("'?)", "?)")
+        return f"unknown option {dashes}{name}{hint}"
 
     opt_l = opt_listen
 
@@ -89,6 +113,7 @@ class Options(usage.Options):
                 self._refuse(str(e))
         if self["listen"]:
             config.listen = list(self["listen"])
+            config.origins["listen"] = [("-l", str(uri)) for uri in config.listen]
         if not config.listen:
             config.listen = [ElvinURI(DEFAULT_LISTEN)]
         if self["verbose"]:
@@ -104,13 +129,42 @@ class Options(usage.Options):
 
 def check_listeners(config):
     """Refuse (ConfigError, UnsupportedStackError) a listener that could not
-    work: an unsupported stack, or TLS with unusable certificate files --
-    found before starting, to be reported as usage errors."""
+    work: an unsupported stack, or TLS (a client or federation listener,
+    https status) without a certificate or with unusable certificate files
+    -- found before starting, to be reported in one line naming the
+    setting and where it was given."""
     for uri in config.listen:
         check_supported(uri)
-    if config.tls_certificate and any(stack_kind(u) == TLS for u in config.listen):
-        from elvin.protocols.tls import server_options_from_config
-        server_options_from_config(config)
+    federation = getattr(config, "federation", None)
+    fed_listen = list(federation.listen) if federation is not None and federation.enabled \
+        else []
+    tls_users = [("listen", str(u), u.port) for u in config.listen if stack_kind(u) == TLS]
+    tls_users += [("Federation.Listen", str(u), u.port) for u in fed_listen
+                  if stack_kind(u) == TLS]
+    status = getattr(config, "status_listen", None)
+    if status is not None and status[0] == "https":
+        tls_users.append(("status-listen", f"https://{status[1]}:{status[2]}", None))
+    if not tls_users:
+        return
+    if not config.tls_certificate:
+        # A client listener's own check (in makeService) names its URI.
+        named = [user for user in tls_users if user[0] != "listen"]
+        if not named:
+            return
+        name, value, port = named[0]
+        where = _origin(config, name, port)
+        raise ConfigError(f"{where}{name} {value} needs TLS, but tls-certificate is not "
+                          "set (the router's certificate; and tls-key unless the key is "
+                          "in the same file)")
+    from elvin.protocols.tls import server_options_from_config
+    server_options_from_config(config)
+
+
+def _origin(config, name, port=None):
+    """``'file:line: '`` (or ``'-l: '``) where ``name`` was set, else ""."""
+    origin = getattr(config, "origin", None)
+    where = origin(name, port) if origin is not None else None
+    return f"{where}: " if where else ""
 
 
 def _short(uri):
@@ -139,6 +193,9 @@ class RouterService(service.MultiService):
         self.factory = None
         self.config_path = None
         self.overrides = {}
+        #: The configuration the router started with: what reload does not
+        #: apply (``_needing_restart``) is compared with it.
+        self.started_config = config
 
     def setServiceParent(self, parent):
         super().setServiceParent(parent)
@@ -149,28 +206,55 @@ class RouterService(service.MultiService):
                    else open(self.log_file, "a", encoding="utf-8"))
             parent.setComponent(ILogObserver, jsonFileLogObserver(out, recordSeparator=""))
 
-    def privilegedStartService(self):
-        """Bind every listener; one that cannot listen stops the router
-        with one line naming its URI, the cause and what to try."""
-        try:
-            super().privilegedStartService()
-        except CannotListenError as e:
-            raise SystemExit(f"twistd elvin: {self._cannot_listen(e)}") from None
+    _bound = False
 
-    def _cannot_listen(self, e):
-        uris = list(self.config.listen) + list(getattr(self.config.federation, "listen", ()))
-        where = next((str(_short(u)) for u in uris if u.port == e.port),
-                     f"{e.interface or '*'}:{e.port}")
+    def privilegedStartService(self):
+        """Bind every listener, once (``makeService`` binds under twistd,
+        before it daemonises and redirects stderr to the log, so a port
+        in use is told on the terminal and no pidfile is left); one that
+        cannot listen stops the router with one line naming its URI, the
+        setting that chose it, the cause and what to try."""
+        if self._bound:
+            return
+        self._bound = True
+        service.Service.privilegedStartService(self)
+        for child in self:
+            try:
+                child.privilegedStartService()
+            except CannotListenError as e:
+                raise SystemExit(f"twistd elvin: {self._cannot_listen(e, child)}") from None
+
+    def _cannot_listen(self, e, child=None):
+        """The line for a listener that could not bind: its URI, the
+        setting that chose it (where it was given) and what to change."""
+        config = self.config
+        if child is not None and child is self.federation_service:
+            setting, uris = "Federation.Listen", list(config.federation.listen)
+        elif child is not None and getattr(child, "elvin_setting", None) == "status-listen":
+            scheme, host, port = config.status_listen
+            setting, uris = "status-listen", []
+            where = f"{scheme}://{host}:{port}"
+        else:
+            setting, uris = "listen", list(config.listen)
+        if uris:
+            where = next((str(_short(u)) for u in uris if u.port == e.port),
+                         f"{e.interface or '*'}:{e.port}")
+        origin = config.origin(setting, e.port) if hasattr(config, "origin") else None
+        if origin == "-l" or (setting == "listen" and origin is None):
+            change = "use -l to choose another"
+        else:
+            where = f"{origin + ': ' if origin else ''}{setting} {where}"
+            change = f"change {setting} to another"
         code = getattr(e.socketError, "errno", None)
         if code == errno.EADDRINUSE:
             return (f"{where}: address already in use; is another router running? "
-                    "use -l to choose another port")
+                    f"{change} port")
         if code == errno.EACCES:
             return (f"{where}: permission denied (ports below 1024 need privileges); "
-                    "use -l with a port above 1023")
+                    f"{change} port, above 1023")
         if code == errno.EADDRNOTAVAIL:
-            return (f"{where}: {e.interface} is not an address of this host; use -l "
-                    "with one of its addresses, or 0.0.0.0 for all")
+            return (f"{where}: {e.interface} is not an address of this host; {change} "
+                    "address: one of this host's, or 0.0.0.0 for all")
         return f"{where}: cannot listen: {e.socketError}"
 
     def fit_connections(self, config):
@@ -262,7 +346,9 @@ class RouterService(service.MultiService):
 
     async def _reload(self):
         if not self.config_path:
-            return False, "no configuration file to reload (start with -c FILE)"
+            message = "no configuration file to reload (start with -c FILE)"
+            self.log.warn("reload: {problem}", problem=message)
+            return False, message
         try:
             new = load(self.config_path, RouterConfig())
             if self.overrides.get("listen"):
@@ -322,6 +408,9 @@ class RouterService(service.MultiService):
                            if new.federation.enabled else "federation stopped")
         self.config = new
         message = "reloaded: " + ("; ".join(changes) if changes else "nothing changed")
+        restart = _needing_restart(self.started_config, new)
+        if restart:
+            message += f"; changed but applied only at restart: {', '.join(restart)}"
         self.log.info("{message}", message=message)
         return True, message
 
@@ -350,6 +439,23 @@ class RouterService(service.MultiService):
         if admission is not None:
             admission.stop()
         return super().stopService()
+
+
+#: Settings a reload does not apply (docs/operations.md): the status
+#: listener, the TLS files of running listeners, discovery.
+RESTART_ONLY = ("status-listen", "status-token", "status-max-connections",
+                "status-idle-timeout", "tls-certificate", "tls-key", "tls-ca",
+                "require-authenticated")
+
+
+def _needing_restart(running, new):
+    """The settings changed from ``running`` to ``new`` that a reload
+    does not apply, so the reply can say a restart is needed."""
+    from elvin.discovery.settings import DISCOVERY_SETTINGS
+    names = [(name, name.replace("-", "_")) for name in RESTART_ONLY]
+    names += [(setting.name, setting.attr) for setting in DISCOVERY_SETTINGS]
+    return [name for name, attr in names
+            if getattr(running, attr, None) != getattr(new, attr, None)]
 
 
 def connection_caps(config):
@@ -417,11 +523,17 @@ def makeService(options, reactor=None):
         top.federation_service = FederationService(router, config, reactor)
         top.federation_service.setServiceParent(top)
     if getattr(config, "status_listen", None) is not None:
-        status_service(reactor, config, router, top).setServiceParent(top)
+        status = status_service(reactor, config, router, top)
+        status.elvin_setting = "status-listen"
+        status.setServiceParent(top)
     if getattr(config, "discovery", False):
         # Added last, so stopped first: withdraw before the listeners close.
         from elvin.discovery.service import DiscoveryService
         DiscoveryService.from_config(config, reactor=reactor).setServiceParent(top)
+    if parent is not None:
+        # Under twistd: bind now, while stderr is the terminal and before
+        # daemonising (whose parent would wait for word that never comes).
+        top.privilegedStartService()
     return top
 
 

@@ -128,6 +128,9 @@ def parse_line(line):
     if sep < 0:
         sep = line.find(":")
         width = 1
+    if line.lstrip()[:1] in ("{", "["):
+        raise FormatError(f"this looks like JSON, which is not the format: give one "
+                          f"'Name: value' per line (e.g. Group: \"chat\"), got {line!r}")
     if sep <= 0:
         raise FormatError(f"expected 'Name: value', got {line!r}")
     return line[:sep], parse_value(line[sep + width:])

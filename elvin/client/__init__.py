@@ -783,6 +783,10 @@ def _endpoint_text(uri):
 def _cannot_connect(uri, error_value):
     """A sentence for a failed TCP/TLS connect to ``uri``."""
     if isinstance(error_value, (error.ConnectionRefusedError, ConnectionRefusedError)):
+        proxy = _http_proxy(uri)
+        if proxy is not None:
+            return (f"{_shown(uri)}: the HTTP proxy at {proxy} refused the connection: is "
+                    "it running there? (check proxy-host and proxy-port)")
         return (f"{_shown(uri)}: connection refused: is the router running there? (start "
                 f"one with 'twistd -n elvin', or give another URI with -e)")
     if isinstance(error_value, (error.DNSLookupError,)):
@@ -790,7 +794,33 @@ def _cannot_connect(uri, error_value):
     if isinstance(error_value, (error.TimeoutError, defer.TimeoutError, TimeoutError)):
         return (f"{_shown(uri)}: no answer to the TCP connect: is the host up, and the port "
                 f"open (no firewall in between)?")
-    return f"{_shown(uri)}: cannot connect: {error_value}"
+    reasons = getattr(error_value, "reasons", None)
+    if reasons:
+        # twisted.web's ResponseFailed and kin: a list of Failures, whose
+        # text is their repr; say what they mean.
+        detail = "; ".join(r.getErrorMessage() if hasattr(r, "getErrorMessage") else str(r)
+                           for r in reasons)
+        hint = (f" (if it is a plain listener, use elvin://{_endpoint_text(uri)})"
+                if uri.protocol[0] == "http" else "")
+        return (f"{_shown(uri)}: no HTTP response ({detail}): is this an Elvin HTTP "
+                f"tunnel listener?{hint}")
+    return f"{_shown(uri)}: cannot connect: {error_value or type(error_value).__name__}"
+
+
+def _http_proxy(uri):
+    """``host:port`` of the HTTP proxy an HTTP-tunnel ``uri`` goes
+    through (``proxy-host``, ``proxy-port``), else None."""
+    host = uri.options.get("proxy-host") if uri.options else None
+    if not host:
+        return None
+    return f"{host}:{uri.options.get('proxy-port') or 8080}"
+
+
+#: The advice on trusting a router's certificate, in the library's terms;
+#: the command-line tools say TOOLS_TLS_TRUST instead (they take no tls_ca).
+TLS_TRUST = "does tls_ca trust its certificate"
+TOOLS_TLS_TRUST = ("is its CA trusted (SSL_CERT_FILE=CA.pem before the command, "
+                   "docs/security.md)")
 
 
 def _handshake_lost(uri, connection, closed):
@@ -807,8 +837,8 @@ def _handshake_lost(uri, connection, closed):
     text = str(closed)
     detail = text.split("was lost: ", 1)[1] if "was lost: " in text else ""
     if uri.is_secure and detail:
-        return (f"TLS with {_shown(uri)} failed ({detail}): is it a TLS listener, does "
-                f"tls_ca trust its certificate, and does the certificate name "
+        return (f"TLS with {_shown(uri)} failed ({detail}): is it a TLS listener, "
+                f"{TLS_TRUST}, and does the certificate name "
                 f"{uri.host!r}?{_stack_hint(uri)}")
     return (f"{_shown(uri)} closed the connection before answering ConnRqst: is this an "
             f"Elvin router?{_stack_hint(uri)}")

@@ -199,6 +199,8 @@ class Lifecycle:
         self._announced: Optional[ElvinURI] = None   # on_redirect told of it
         self._buffer: List[Tuple[Any, int, Optional[int]]] = []
         self._buffered = 0
+        #: Liveness checks waiting for the router a redirection moves us to.
+        self._moving_waiters: List[Tuple[Callable[[bool], Any], Callable[[Exception], Any]]] = []
         self._inflight: Dict[int, Any] = {}   # xid -> the program's request sent
         self._replays = 0
         self.held_count = 0
@@ -325,12 +327,17 @@ class Lifecycle:
         error = self._loss(detail)
         if phase is Phase.UP and self._disconn is not None and self._disconn[0] == 2 \
                 and self._disconn[1] and self.session.follow_redirects:
-            # Followed: what the old router left unanswered goes to the new one.
+            # Followed: what the old router left unanswered goes to the new one,
+            # and a liveness check is answered by it (the session is moving).
             pending = self.session._pending
             self._buffer[:0] = [(packet, 0, xid) for xid, packet in sorted(self._inflight.items())
                                 if xid in pending and isinstance(packet, _RESENDABLE)]
+            self._moving_waiters += self.session._liveness_waiters
+            self.session._liveness_waiters = []
         self._inflight.clear()
         self.session._fail_pending(error, keep=self._buffered_xids())
+        if self.phase is Phase.CLOSED:
+            return                        # the program closed it from a callback
         if phase is Phase.CLOSING:
             self._end(None)
         elif phase is Phase.UP:
@@ -368,7 +375,7 @@ class Lifecycle:
         phase = self.phase
         if phase in (Phase.CLOSING, Phase.CLOSED):
             return
-        if phase is Phase.UP:
+        if phase is Phase.UP and self._channel:
             self.session.stop_acks()      # what the program handled, before DisconnRqst
             self.phase = Phase.CLOSING
             self.execute(StartTimer(CLOSE_TIMEOUT))
@@ -485,6 +492,10 @@ class Lifecycle:
         assert send is not None
         for packet, _, _ in buffer:
             send(packet)
+        if self._moving_waiters:
+            self.session._liveness_waiters += self._moving_waiters
+            self._moving_waiters = []
+            send(packets.TestConn())
         if announced is not None and announced != self.uri:
             self.session.redirected(self.uri)
         self._call("on_reconnected", self.owner)
@@ -610,6 +621,8 @@ class Lifecycle:
             _log.warning("session with %s ended (%s): %d queued packets (%d bytes) not sent",
                          self.uri, error or "closed", len(self._buffer), self._buffered)
         self._buffer, self._buffered = [], 0
+        self.session._liveness_waiters += self._moving_waiters
+        self._moving_waiters = []
         closed = error or ConnectionClosed("connection is closed")
         self.session._fail_pending(closed)
         for sub in list(self.session.subscriptions.values()):

@@ -57,7 +57,8 @@ def _filter(value, key, where, config):
     try:
         parse_filter(value)
     except SubscriptionError as e:
-        raise ConfigError(f"{where}: bad {key} filter at offset {e.offset}: {e}") from None
+        at = "" if "offset" in str(e) else f" at offset {e.offset}"   # said once
+        raise ConfigError(f"{where}: bad {key} filter{at}: {e}") from None
     return value
 
 

@@ -344,6 +344,48 @@ class LifecycleTests(unittest.SynchronousTestCase):
         h.machine.packet(packets.SubRply(xid, 9))
         self.assertEqual([r.subscription_id for r in replies], [9])
 
+    def test_liveness_check_answered_by_the_router_we_are_redirected_to(self):
+        """A drained router answers ConnRqst, then redirects: a TestConn
+        waiting then is answered by the new router, not failed."""
+        h = Harness()
+        h.up()
+        alive, errors = [], []
+        h.session.ping(alive.append, errors.append)
+        h.machine.packet(packets.Disconn(2, "elvin://b.test:2917"))
+        h.machine.channel_lost()
+        self.assertEqual((alive, errors), ([], []))
+        h.sent.clear()
+        rqst = h.open()
+        h.machine.packet(packets.ConnRply(rqst.xid, {}))
+        self.assertEqual(h.sent_kinds(), ["ConnRqst", "TestConn"])
+        h.machine.packet(packets.ConfConn())
+        self.assertEqual((alive, errors), ([True], []))
+
+    def test_liveness_check_fails_if_the_redirection_gives_up(self):
+        h = Harness()
+        h.up()
+        errors = []
+        h.session.ping(lambda _: None, errors.append)
+        h.machine.packet(packets.Disconn(2, "elvin://b.test:2917"))
+        h.machine.channel_lost()
+        h.machine.close()
+        self.assertEqual([type(e) for e in errors], [ConnectionClosed])
+
+    def test_close_from_a_failed_request_as_the_channel_ends(self):
+        """A program that closes in the errback of a request failed by the
+        channel's end (still UP, no channel) closes at once: no DisconnRqst
+        on a channel that is gone, and no redirection followed after."""
+        h = Harness()
+        h.up()
+        h.session.request(h.session.sub_del_rqst(1), lambda _: None,
+                          lambda _: h.machine.close())
+        h.machine.packet(packets.Disconn(2, "elvin://b.test:2917"))
+        h.take()
+        h.machine.channel_lost()
+        self.assertIs(h.machine.phase, Phase.CLOSED)
+        self.assertNotIn(Dial(B), h.take())
+        self.assertIsNone(h.machine.close_reason)
+
     def test_redirect_not_followed_when_refused(self):
         h = Harness()
         h.up()

@@ -82,6 +82,73 @@ class ToolUsageTests(unittest.TestCase):
                          f"elvin-config-example (elvin) {elvin.__version__}")
 
 
+class ToolErrorTests(unittest.TestCase):
+
+    def test_an_error_without_text_is_named_by_its_type(self):
+        from elvin.tools.common import describe_error
+        self.assertEqual(describe_error(AssertionError()), "AssertionError")
+        self.assertEqual(describe_error(ValueError("bad")), "bad")
+
+    def test_tls_trust_advice_is_the_tools(self):
+        """The tools take no tls_ca: their advice is SSL_CERT_FILE."""
+        from elvin import client
+        from elvin.tools.common import describe_error
+        closed = client.ConnectionClosed("connection to the router at x was lost: "
+                                         "certificate verify failed")
+        uri = client.ElvinURI("elvin:/secure/127.0.0.1:31643")
+        message = client._handshake_lost(uri, client.Connection(uri, reactor=Clock()),
+                                          closed)
+        self.assertIn("tls_ca", message)
+        shown = describe_error(client.ConnectFailed(message))
+        self.assertNotIn("tls_ca", shown)
+        self.assertIn("SSL_CERT_FILE=", shown)
+
+    def test_no_http_response_is_a_sentence(self):
+        """twisted.web's failures carry a list of Failures: said in words,
+        not as their repr."""
+        from twisted.python.failure import Failure
+        from twisted.web._newclient import ResponseNeverReceived
+        from elvin import client
+        uri = client.ElvinURI("elvin:/http,none,xdr/127.0.0.1:31644")
+        message = client._cannot_connect(
+            uri, ResponseNeverReceived([Failure(error.ConnectionLost("lost"))]))
+        self.assertNotIn("Failure", message)
+        self.assertIn("no HTTP response (Connection to the other side was lost", message)
+        self.assertIn("use elvin://127.0.0.1:31644", message)
+
+    def test_json_is_named_as_not_the_format(self):
+        from elvin.textformat import FormatError, parse_line
+        with self.assertRaises(FormatError) as raised:
+            parse_line('{"Group": "chat"}')
+        self.assertIn("looks like JSON", str(raised.exception))
+        self.assertIn("'Name: value' per line", str(raised.exception))
+        self.assertNotIn("unterminated", str(raised.exception))
+
+    def test_unsupported_stack_is_a_usage_error(self):
+        err = ToolUsageTests.usage_error(self, NotifyOptions,
+                                         ["-e", "elvin:/sctp,none,xdr/localhost:2917", "a: 1"])
+        self.assertIn("protocol stack sctp,none,xdr is not supported", err)
+
+    def test_status_line_without_a_domain(self):
+        totals = dict(connections_open=0, connections_by_transport={}, nacks={},
+                      deliveries=0, dropped_deliveries=0, notifications_received=0,
+                      notifications_rejected=0, quenches=0, send_queue_bytes=0,
+                      subscriptions=0)
+        status = {"router": {"domain": None, "version": "0.1.0", "uptime_s": 5,
+                             "listeners": ["elvin://localhost:2917"], "drained_to": None},
+                  "totals": totals, "links": []}
+        first = stat.format_status(status).splitlines()[0]
+        self.assertTrue(first.startswith("router version 0.1.0, up 5 s"), first)
+
+    def test_refused_by_an_http_proxy_names_the_proxy(self):
+        from elvin import client
+        uri = client.ElvinURI("elvin:/http,none,xdr/router.test:80;proxy-host=proxy.test;"
+                              "proxy-port=3128")
+        message = client._cannot_connect(uri, error.ConnectionRefusedError())
+        self.assertIn("the HTTP proxy at proxy.test:3128 refused the connection", message)
+        self.assertNotIn("router running", message)
+
+
 class StatUsageTests(unittest.TestCase):
 
     def test_bare_port_and_host_port(self):
@@ -161,6 +228,19 @@ class MessageTests(unittest.TestCase):
         with self.assertRaises(ConfigError) as raised:
             config.parse("listen = elvin://localhost:99999")
         self.assertIn("must be 1-65535", str(raised.exception))
+
+    def test_bad_redirect_to_names_its_setting(self):
+        with self.assertRaises(ConfigError) as raised:
+            config.parse("listen = elvin://localhost:2917\nredirect-to = nowhere", "t.conf")
+        self.assertTrue(str(raised.exception).startswith("t.conf:2: bad redirect-to URI: "),
+                        str(raised.exception))
+
+    def test_federation_filter_error_says_the_offset_once(self):
+        with self.assertRaises(ConfigError) as raised:
+            config.parse("Federation.Subscribe[X] = require(", "t.conf")
+        self.assertEqual(str(raised.exception).count("offset"), 1, str(raised.exception))
+        self.assertTrue(str(raised.exception).startswith(
+            "t.conf:1: bad Federation.Subscribe[X] filter"), str(raised.exception))
 
     def test_single_equals_hints_double(self):
         with self.assertRaises(SubscriptionError) as raised:

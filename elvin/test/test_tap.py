@@ -1,5 +1,6 @@
 """Tests for elvin.tap: ``twistd elvin`` options, service tree and plugin."""
 
+import errno
 import os
 import signal
 import socket
@@ -9,6 +10,7 @@ import sys
 from twisted.application import service
 from twisted.application.service import IServiceMaker
 from twisted.internet import defer, error, protocol, reactor, task
+from twisted.internet.utils import getProcessOutputAndValue
 from twisted.internet.testing import MemoryReactor, MemoryReactorClock, StringTransport
 from twisted.plugin import getPlugins
 from twisted.python import usage
@@ -91,6 +93,22 @@ class OptionsTests(unittest.TestCase):
         message = str(cm.exception)
         self.assertIn(",".join(stack), message)
         self.assertIn("not supported", message)
+
+    def test_bad_option_under_twistd_is_one_line(self):
+        """Under twistd (a parent), a bad -l value or a misspelt option is
+        a line naming it, not twistd's page of usage."""
+        for args, expected in (
+                (["-l", "elvin://localhost:99999"], "twistd elvin: -l/--listen: invalid "
+                 "Elvin URI 'elvin://localhost:99999'"),
+                (["-l", "foo"], "twistd elvin: -l/--listen: invalid Elvin URI 'foo'"),
+                (["--listn", "elvin://localhost:2917"],
+                 "twistd elvin: unknown option --listn (did you mean --listen?)")):
+            options = tap.Options()
+            options.parent = {}
+            with self.assertRaises(SystemExit) as raised:
+                options.parseOptions(args)
+            self.assertTrue(str(raised.exception.code).startswith(expected),
+                            raised.exception.code)
 
     def test_supported_stacks_accepted(self):
         for stack in SUPPORTED_STACKS:
@@ -275,6 +293,109 @@ class MakeServiceTests(unittest.TestCase):
         return d
 
 
+class _BusyReactor(MemoryReactorClock):
+    """A MemoryReactor on which some TCP ports are taken."""
+
+    def __init__(self, busy):
+        super().__init__()
+        self.busy = set(busy)
+
+    def listenTCP(self, port, factory, backlog=50, interface=""):
+        if port in self.busy:
+            raise error.CannotListenError(
+                interface, port, OSError(errno.EADDRINUSE, "Address already in use"))
+        return super().listenTCP(port, factory, backlog, interface)
+
+
+class StartUpProblemTests(unittest.TestCase):
+    """A listener that cannot bind, or TLS without a certificate, is named
+    by its setting and where it was given (in process)."""
+
+    def config_file(self, text):
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def cannot_start(self, text, busy):
+        path = self.config_file(text)
+        top = tap.makeService(parse("-c", path), reactor=_BusyReactor(busy))
+        with self.assertRaises(SystemExit) as raised:
+            top.privilegedStartService()
+        return path, str(raised.exception.code)
+
+    def test_status_listener_in_use_names_its_setting(self):
+        path, message = self.cannot_start(
+            "listen = elvin://127.0.0.1:3000\nstatus-listen = http://127.0.0.1:3001\n",
+            {3001})
+        self.assertEqual(message, f"twistd elvin: {path}:2: status-listen "
+                         "http://127.0.0.1:3001: address already in use; is another "
+                         "router running? change status-listen to another port")
+
+    def test_federation_listener_in_use_names_its_setting(self):
+        path, message = self.cannot_start(
+            "listen = elvin://127.0.0.1:3000\nFederation.Listen = ewaf://localhost:3002\n",
+            {3002})
+        self.assertIn(f"{path}:2: Federation.Listen ", message)
+        self.assertIn("change Federation.Listen to another port", message)
+        self.assertNotIn("-l", message)
+
+    def test_listen_from_the_file_is_named_with_its_line(self):
+        path, message = self.cannot_start("listen = elvin://127.0.0.1:3000\n", {3000})
+        self.assertIn(f"{path}:1: listen elvin://127.0.0.1:3000: address already in use",
+                      message)
+
+    def test_bound_once_under_twistd(self):
+        """Under twistd makeService binds (before daemonising); twistd's
+        own privilegedStartService then binds nothing again."""
+        options = parse("-l", "elvin://127.0.0.1:3000")
+        options.parent = {"logfile": None}
+        reactor_ = MemoryReactorClock()
+        top = tap.makeService(options, reactor=reactor_)
+        self.assertEqual([s[0] for s in reactor_.tcpServers], [3000])
+        top.privilegedStartService()
+        self.assertEqual([s[0] for s in reactor_.tcpServers], [3000])
+
+    def test_tls_without_certificate_names_setting_and_line(self):
+        for text, name in (
+                ("Federation.Listen = ewaf:/secure/localhost:3003\n", "Federation.Listen"),
+                ("status-listen = https://127.0.0.1:3004\n", "status-listen")):
+            path = self.config_file("listen = elvin://127.0.0.1:3000\n" + text)
+            with self.assertRaises(usage.UsageError) as raised:
+                parse("-c", path)
+            self.assertTrue(str(raised.exception).startswith(f"{path}:2: {name} "),
+                            str(raised.exception))
+            self.assertIn("tls-certificate is not set", str(raised.exception))
+
+
+class ReloadMessageTests(unittest.TestCase):
+    """What a reload says about settings it does not apply (in process)."""
+
+    def test_status_listen_changed_needs_a_restart(self):
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write("listen = elvin://127.0.0.1:3000\nstatus-listen = http://127.0.0.1:3001\n")
+        top = tap.makeService(parse("-c", path), reactor=MemoryReactorClock())
+        with open(path, "w") as f:
+            f.write("listen = elvin://127.0.0.1:3000\nstatus-listen = http://127.0.0.1:3002\n")
+        applied, message = self.successResultOf(top.reload())
+        self.assertTrue(applied)
+        self.assertEqual(message, "reloaded: nothing changed; changed but applied only at "
+                                  "restart: status-listen")
+
+    def test_no_configuration_file_is_logged(self):
+        from twisted.logger import globalLogPublisher
+        events = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        top = tap.makeService(parse("-l", "elvin://127.0.0.1:3000"),
+                              reactor=MemoryReactorClock())
+        applied, message = self.successResultOf(top.reload())
+        self.assertFalse(applied)
+        self.assertIn("no configuration file to reload", message)
+        self.assertIn(message, [e.get("problem") for e in events])
+
+
 class PluginTests(unittest.TestCase):
 
     def test_discoverable(self):
@@ -373,19 +494,42 @@ class TwistdErrorTests(unittest.TestCase):
              "-n", "--pidfile=", "elvin"] + list(args), env=env, path=rundir)
         return proc.ended
 
-    @defer.inlineCallbacks
-    def test_port_in_use(self):
+    def held_port(self):
         held = socket.socket()
         self.addCleanup(held.close)
         held.bind(("127.0.0.1", 0))
         held.listen()
-        port = held.getsockname()[1]
+        return held.getsockname()[1]
+
+    @defer.inlineCallbacks
+    def test_port_in_use(self):
+        port = self.held_port()
         out, reason = yield self.twistd("-l", f"elvin://127.0.0.1:{port}")
         self.assertEqual(reason.exitCode, 1)
         text = out.decode()
         self.assertIn(f"elvin://127.0.0.1:{port}: address already in use; is another "
                       "router running? use -l to choose another port", text)
         self.assertNotIn("Traceback", text)
+
+    @defer.inlineCallbacks
+    def test_port_in_use_daemonised(self):
+        """twistd without -n: the parent exits 1 with the one line on its
+        stderr (not a log line on stdout), and leaves no pidfile."""
+        port = self.held_port()
+        rundir = os.path.abspath(self.mktemp())
+        os.mkdir(rundir)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+        out, err, code = yield getProcessOutputAndValue(
+            sys.executable,
+            ["-c", "from twisted.scripts.twistd import run; run()",
+             "--pidfile=d.pid", "--logfile=d.log", "elvin",
+             "-l", f"elvin://127.0.0.1:{port}"], env=env, path=rundir)
+        self.assertEqual((out, code), (b"", 1))
+        self.assertEqual(err.decode(), f"twistd elvin: elvin://127.0.0.1:{port}: address "
+                         "already in use; is another router running? use -l to choose "
+                         "another port\n")
+        self.assertFalse(os.path.exists(os.path.join(rundir, "d.pid")))
 
     @defer.inlineCallbacks
     def test_config_error_without_usage(self):

@@ -281,6 +281,35 @@ class NotifyTests(ToolTestCase):
         self.assertIn(b"refused", err.lower())
         self.assertNotIn(b"Traceback", err)
 
+    @defer.inlineCallbacks
+    def test_follows_a_drained_routers_redirection(self):
+        """A drained router answers ConnRqst, then redirects: elvin-notify
+        goes with it and the notification reaches the other router (in
+        process: the tool's body on this reactor)."""
+        from elvin.tools import notify
+        other = Router()
+        other_factory = _TrackingFactory(other, reactor)
+        other_port = reactor.listenTCP(0, other_factory, interface="127.0.0.1")
+        other_uri = f"elvin://127.0.0.1:{other_port.getHost().port}"
+
+        @defer.inlineCallbacks
+        def stop_other():
+            other.shutdown()
+            yield defer.DeferredList([p.lost for p in other_factory.protocols])
+            yield other_port.stopListening()
+        self.addCleanup(stop_other)
+        conn = yield client.connect(other_uri, reactor=reactor)
+        self.connections.append(conn)
+        received = []
+        yield conn.subscribe("D == 11", received.append)
+        self.router.drain(other_uri)
+        options = notify.Options()
+        options.parseOptions(["-e", self.uri, "D: 11"])
+        yield defer.ensureDeferred(notify.body(reactor, options))
+        yield wait_until(lambda: received)
+        self.assertEqual(received, [{"D": 11}])
+        self.assertEqual(self.router.stats["notifications"], 0)
+
     def test_bad_uri_is_usage_error(self):
         err, code = self.usage_error("notify", "-e", "http://nowhere", "A: 1")
         self.assertEqual(code, 2)

@@ -77,11 +77,17 @@ class ToolOptions(BaseOptions):
         if not self["timeout"] > 0:
             raise usage.UsageError(f"--timeout must be more than 0 seconds, "
                                    f"not {self['timeout']:g}")
+        from elvin.endpoints import UnsupportedStackError, check_supported
         try:
             # None: found when the tool runs (see _with_uri)
             self["uri"] = None if self["elvin"] is None else ElvinURI(self["elvin"])
         except InvalidURIError as e:
             raise usage.UsageError(f"-e/--elvin: {e}{uri_hint(self['elvin'])}") from None
+        try:
+            if self["uri"] is not None:
+                check_supported(self["uri"])   # a usage error, like any bad URI
+        except UnsupportedStackError as e:
+            raise usage.UsageError(f"-e/--elvin: {e}") from None
 
 
 def uri_hint(text):
@@ -187,6 +193,14 @@ async def _with_uri(reactor, options, body):
     return await body(reactor, options)
 
 
+def describe_error(error):
+    """The one line a tool prints for ``error``: its text, or its type
+    when it has none (an empty line would say nothing); advice given in
+    the library's terms is given in the tools' (SSL_CERT_FILE, not tls_ca)."""
+    from elvin.client import TLS_TRUST, TOOLS_TLS_TRUST
+    return (str(error) or type(error).__name__).replace(TLS_TRUST, TOOLS_TLS_TRUST)
+
+
 def parse_options(options_class, argv=None):
     """The tool's options from ``argv``; a usage error exits 2 with one
     line naming what was wrong and where the help is."""
@@ -218,7 +232,7 @@ def run(options_class, body, argv=None):
         def failed(failure):
             if interrupt.interrupted or failure.check(StdoutClosed, defer.CancelledError):
                 return None
-            sys.stderr.write(f"{options.name}: error: {failure.value}\n")
+            sys.stderr.write(f"{options.name}: error: {describe_error(failure.value)}\n")
             status["code"] = 1
         d.addErrback(failed)
         return d

@@ -83,6 +83,9 @@ async def body(reactor, options):
     conn = await client.connect(uri, reactor=reactor, timeout=options["timeout"])
     closing(reactor, conn)
     try:
+        # A drained router answers ConnRqst, then redirects (Disconn 2): a
+        # round trip first makes sure we emit to the router we end up with.
+        await conn.test_connection()
         while (attrs := await notes.get()) is not None:
             if isinstance(attrs, Exception):
                 raise attrs

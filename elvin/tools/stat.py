@@ -132,7 +132,8 @@ def format_status(status, previous=None):
             return ""
         dt = router["uptime_s"] - previous["router"]["uptime_s"]
         return f" ({(totals[key] - previous['totals'][key]) / dt:,.0f}/s)" if dt > 0 else ""
-    lines = [f"router {router['domain'] or ''} version {router['version']}, up "
+    lines = [" ".join(filter(None, ["router", router["domain"], "version"]))
+             + f" {router['version']}, up "
              f"{router['uptime_s']:.0f} s, listening on {', '.join(router['listeners'])}"
              + (f", DRAINED to {router['drained_to']}" if router["drained_to"] else ""),
              f"clients {totals['connections_open']} "
