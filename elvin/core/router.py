@@ -1156,6 +1156,8 @@ def subscription_nack_args(error):
         return ()
     if error.code in (errors.UNTERM_STRING, errors.NESTING_TOO_DEEP):
         return (error.offset,)
+    if error.code == errors.TYPE_MISMATCH:
+        return (error.offset, error.token or "", error.found or "")
     return (error.offset, error.token or "")
 
 
