@@ -36,6 +36,7 @@ _DROPWARN = packets.encode(packets.DropWarn())
 _packet_id = struct.Struct(">I").unpack_from
 _NOTIFY_EMIT = packets.NotifyEmit.ID
 _CONNECTED = SessionState.CONNECTED
+_NEW = SessionState.NEW
 
 
 class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
@@ -113,7 +114,7 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
             try:
                 attributes, deliver_insecure, keys, end = packets.notify_emit_fields(data)
             except DecodeError as e:
-                self.session.decode_failed(str(e))
+                self._undecodable(data, e)
                 return
             self.session.notify_emit(attributes, deliver_insecure, keys, len(data),
                                      emit_packet=data, attributes_end=end)
@@ -126,14 +127,25 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
         try:
             packet = packets.decode(data)
         except DecodeError as e:
-            self.session.decode_failed(str(e))
+            self._undecodable(data, e)
             return
-        if self._timeout is not None:
-            self._cancel_timeout()
         self.session.packet_received(packet)
+        if self._timeout is not None and self.session.state is not _NEW:
+            self._cancel_timeout()     # (a TestConn does not keep a channel open)
         ticket = self.admission
         if ticket is not None and ticket.is_idle and self.session.state is _CONNECTED:
             ticket.busy()     # logged in: no longer an idle socket to close first
+
+    def _undecodable(self, data, error):
+        """``data`` raised ``error``: a violation, unless the packet is a
+        notification wrong only in repeating an attribute name (a protocol
+        error in it, which the session ignores: 7.3.3)."""
+        try:
+            packet, problem = packets.notification_repeating(data, error)
+        except DecodeError as e:
+            self.session.decode_failed(str(e))
+            return
+        self.session.notification_faulty(packet, problem)
 
     # -- SessionOutput -----------------------------------------------------
 
