@@ -99,7 +99,14 @@ class SessionOutput(abc.ABC):
 
     @abc.abstractmethod
     def abort(self):
-        """Close the channel at once (protocol violation)."""
+        """Close the channel at once (slow client, resources exhausted)."""
+
+    def drop(self):
+        """A protocol violation: read nothing more, write what was sent
+        before (the Disconn saying why last), then close; a peer that does
+        not read it all within a short time is cut off. By default, as
+        ``abort``."""
+        self.abort()
 
     #: Bytes read from and written to the channel (operations' counters).
     bytes_in = 0
@@ -677,14 +684,19 @@ class ClientSession:
         self.output.close()
 
     def violation(self, reason):
-        """Section 7.3.2: drop the channel without a closure exchange."""
+        """Section 7.3.2: the router MAY end the channel without a closure
+        exchange. A connected client is told why first (Disconn 4, the
+        code for protocol errors, with the reason), after the replies to
+        what it sent before; then the channel is closed (``drop``)."""
         self.log.warn("protocol violation from {peer}: {reason}; closing",
                       peer=self.peer, reason=reason)
         self.ending(f"protocol violation: {reason}")
+        if self.state == self.CONNECTED:
+            self.send(packets.Disconn(DISCONN_PROTOCOL_ERRORS, f"protocol violation: {reason}"))
         if self.state != self.CLOSED:
             self.state = self.CLOSING
             self.router.session_closed(self)
-        self.output.abort()
+        self.output.drop()
 
     def protocol_error(self, xid, code, message, args=()):
         """Nack a request and keep the session (7.3.3).

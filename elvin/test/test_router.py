@@ -205,6 +205,9 @@ class ConnectTests(RouterTestCase):
         session, out = self.connect()
         session.packet_received(elvin_packets.SubRply(1, 1))
         self.assertTrue(out.aborted)
+        (disconn,) = out.take()
+        self.assertEqual((disconn.reason, disconn.args),
+                         (4, "protocol violation: unexpected SubRply packet from client"))
 
     def test_undecodable_packet_is_a_violation(self):
         session, out = self.connect()

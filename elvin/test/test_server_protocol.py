@@ -142,6 +142,32 @@ class ServerProtocolTests(unittest.TestCase):
         self.assertEqual(unframe(transport.value()), [elvin_packets.ConfConn()])
         self.assertFalse(transport.disconnecting)
 
+    def test_violation_sends_earlier_replies_then_disconn_4_and_closes(self):
+        """7.3.2 lets the router end the channel; it does so gracefully: the
+        replies to the packets before the violation and a Disconn (reason
+        4) saying why are written, the rest of the read is not looked at,
+        and the channel closed (reset only if the peer has not read them
+        within VIOLATION_LINGER seconds)."""
+        from elvin.protocols.server import VIOLATION_LINGER
+        proto, transport = self.connected()
+        proto.dataReceived(frame(elvin_packets.SubAddRqst(5, "x == 1", True,
+                                                          elvin_packets.Keys.EMPTY))
+                           + struct.pack(">II", 4, 99) + frame(elvin_packets.TestConn()))
+        rply, disconn = unframe(transport.value())
+        self.assertEqual(rply.xid, 5)
+        self.assertEqual(disconn.reason, 4)
+        self.assertIn("packet id 99", disconn.args)
+        self.assertTrue(transport.disconnecting)
+        self.assertFalse(transport.disconnected)          # not reset
+        self.h.clock.advance(VIOLATION_LINGER)
+        self.assertTrue(transport.disconnected)           # the peer never read it
+
+    def test_violation_linger_ends_with_the_connection(self):
+        proto, transport = self.connected()
+        proto.dataReceived(struct.pack(">II", 4, 99))
+        proto.connectionLost(None)
+        self.assertEqual(self.h.clock.getDelayedCalls(), [])
+
     def test_oversize_frame_resets(self):
         proto, transport = self.connected({"Packet.Max-Length": 1024})
         proto.dataReceived(struct.pack(">I", 4096))
