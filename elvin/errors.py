@@ -74,11 +74,15 @@ class SubscriptionError(ElvinError):
     ``code`` is the Nack error code (2101-2112, or 2005 QOS_LIMIT),
     ``offset`` the 0-based character offset in the expression where the
     problem was found, and ``str(err)`` a message naming the problem.
+    ``token`` is the text the Nack names (for TYPE_MISMATCH: the offending
+    expression, printed canonically) and ``found``, for TYPE_MISMATCH
+    only, the type that expression has.
     """
 
-    def __init__(self, code, offset, message, token=None):
+    def __init__(self, code, offset, message, token=None, found=None):
         self.offset = offset
         self.token = token
+        self.found = found
         super().__init__(code, message)
 
     def __repr__(self):

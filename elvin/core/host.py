@@ -78,6 +78,11 @@ class SessionHost(Protocol):
         """The connection options a new session negotiates from."""
         ...
 
+    def notification_ignored(self, peer: Any, problem: str) -> None:
+        """A notification from ``peer`` was ignored (7.3.3) for ``problem``:
+        count it where the host counts such things, and log it, rate-limited."""
+        ...
+
     def session_closed(self, session: Any) -> None:
         """``session`` ended: forget it and what it held."""
         ...

@@ -76,7 +76,8 @@ class KeyRing:
 
         Private keys of the role are hashed; raises ElvinError with
         BAD_KEY_SCHEME for an unknown scheme and BAD_KEY_INDEX for a wrong
-        number of key sets.
+        number of key sets, whose Nack args are the scheme and the index
+        of the first bad key set (``_bad_index``).
         """
         sets = {}
         for scheme, key_sets in keys.entries():
@@ -87,7 +88,8 @@ class KeyRing:
             if len(key_sets) != expected:
                 raise ElvinError(errors.BAD_KEY_INDEX,
                                  f"key scheme {scheme} needs {expected} key set(s), "
-                                 f"got {len(key_sets)}", (scheme, len(key_sets)))
+                                 f"got {len(key_sets)}",
+                                 (scheme, _bad_index(key_sets, expected)))
             producer, consumer = sets.get(scheme, (set(), set()))
             producer, consumer = set(producer), set(consumer)
             if scheme == SHA1_DUAL:
@@ -129,8 +131,9 @@ class KeyRing:
             elif scheme == SHA1_CONSUMER and len(key_sets) == 1:
                 sets[scheme] = (set(), {bytes(k) for k in key_sets[0]})
             else:
+                expected = 2 if scheme == SHA1_DUAL else 1
                 raise ElvinError(errors.BAD_KEY_INDEX, f"bad key sets for scheme {scheme}",
-                                 (scheme, len(key_sets)))
+                                 (scheme, _bad_index(key_sets, expected)))
         return cls(sets)
 
     def union(self, other):
@@ -185,3 +188,10 @@ class KeyRing:
 
 
 KeyRing.EMPTY = KeyRing()
+
+
+def _bad_index(key_sets, expected):
+    """The index of the first bad key set of a scheme that has ``expected``
+    (7.4.2's BAD_KEY_INDEX argument): the first one past those, or, when
+    there are too few, the first missing one."""
+    return min(len(key_sets), expected)

@@ -5,6 +5,12 @@ offers the value it is prepared to provide (clamped into its range), or,
 for an option it does not recognise, leaves it out of the reply. Legacy
 ``router.*`` names (section 7.5.3) are understood and answered under the
 name the client used.
+
+A legacy name is another name for its standard option, not a second
+option: when a request names both, one value is decided (the standard
+name's, unless it is out of range or of the wrong type and the legacy
+name's is not: what Avis does), enforced, and reported under each name
+the client used (docs/interop.md).
 """
 
 import enum
@@ -51,6 +57,15 @@ class OptionSpec:
                 return requested
             return self.default
         return self.default
+
+    def within(self, value):
+        """True for a value the router takes as it is (no clamping, no default)."""
+        if self.kind is int:
+            return (isinstance(value, int) and not isinstance(value, bool)
+                    and self.low <= value <= self.high)
+        if self.kind is str:
+            return isinstance(value, str) and value in self.choices
+        return False
 
     def with_ceiling(self, high):
         """This option with clients allowed at most ``high``."""
@@ -163,20 +178,32 @@ class ConnectionOptions:
         The reply has an entry for every recognised requested option (under
         the name the client used), plus the informational options.
         """
-        reply = {}
-        proposed = dict(self.values)
+        asked = {}
         for name, value in requested.items():
+            standard = canonical_name(name)
+            if standard is None or standard in _INFORMATIONAL:
+                continue
+            if name in _INVERTED and type(value) is int:
+                value = 0 if value else 1
+            # The standard name's value first, then the legacy name's.
+            if name == standard:
+                asked.setdefault(standard, []).insert(0, value)
+            else:
+                asked.setdefault(standard, []).append(value)
+        proposed = dict(self.values)
+        for standard, values in asked.items():
+            spec = self.specs[standard]
+            value = next((v for v in values if spec.within(v)), values[0])
+            proposed[standard] = spec.offer(value)
+        reply = {}
+        for name in requested:
             standard = canonical_name(name)
             if standard is None:
                 continue
             if standard in _INFORMATIONAL:
                 reply[name] = self._informational(standard)
                 continue
-            spec = self.specs[standard]
-            if name in _INVERTED and type(value) is int:
-                value = 0 if value else 1
-            offered = spec.offer(value)
-            proposed[standard] = offered
+            offered = proposed[standard]
             reply[name] = (0 if offered else 1) if name in _INVERTED else offered
         self.values = proposed
         self._limits_changed()

@@ -24,6 +24,7 @@ from elvin.errors import SubscriptionError
 from elvin.core.host import SessionHost
 from elvin.core.index import SubscriptionIndex
 from elvin.core.keys import CONSUMER, PRODUCER, SUPPORTED_KEY_SCHEMES, KeyRing
+from elvin.core.lograte import LogLimiter
 from elvin.core.options import ConnectionOptions, OPTIONS
 from elvin.core.quench import QuenchEntry, QuenchRegistry, quench_cost
 from elvin.core.sendqueue import QueueBudget
@@ -98,7 +99,14 @@ class SessionOutput(abc.ABC):
 
     @abc.abstractmethod
     def abort(self):
-        """Close the channel at once (protocol violation)."""
+        """Close the channel at once (slow client, resources exhausted)."""
+
+    def drop(self):
+        """A protocol violation: read nothing more, write what was sent
+        before (the Disconn saying why last), then close; a peer that does
+        not read it all within a short time is cut off. By default, as
+        ``abort``."""
+        self.abort()
 
     #: Bytes read from and written to the channel (operations' counters).
     bytes_in = 0
@@ -280,8 +288,18 @@ class Router(SessionHost):
         #: The latest refusals (Nacks, violations), newest last, for the
         #: status page: (time, peer, code, message).
         self.refusals = collections.deque(maxlen=50)
+        self._ignored_log = LogLimiter(clock)
 
     # -- sessions -----------------------------------------------------------
+
+    def notification_ignored(self, peer, problem):
+        """A notification from ``peer`` was ignored (7.3.3): counted in
+        ``stats["rejected_notifications"]``, logged at most once per 10 s."""
+        self.stats["rejected_notifications"] += 1
+        skipped = self._ignored_log.allow()
+        if skipped is not None:
+            self.log.info("ignored notification from {peer}: {problem}{more}", peer=peer,
+                          problem=problem, more=self._ignored_log.more(skipped))
 
     def open_session(self, output, peer=None):
         """A transport accepted a channel: make its session."""
@@ -554,6 +572,13 @@ class ClientSession:
         if type(packet) not in self.HANDLERS:
             self.violation(f"unexpected {type(packet).__name__} packet from client")
             return
+        if type(packet) is packets.TestConn or type(packet) is packets.ConfConn:
+            # 7.4.13: either side MAY send TestConn, so one is answered in
+            # every state, before ConnRqst too; an unasked-for ConfConn is
+            # harmless and ignored (both as Avis does).
+            if type(packet) is packets.TestConn:
+                self._test_conn(packet)
+            return
         if self.state == self.NEW:
             if type(packet) is packets.ConnRqst:
                 self._connect(packet)
@@ -577,6 +602,35 @@ class ClientSession:
     def decode_failed(self, reason):
         """The transport could not unmarshal a packet: a protocol violation."""
         self.violation(f"undecodable packet: {reason}")
+
+    def notification_faulty(self, packet, problem):
+        """A NotifyEmit or UNotify that decoded only by taking the last value
+        of a repeated attribute name (``problem`` says which:
+        ``packets.notification_repeating``). That is a protocol error in a
+        notification, which 7.3.3 says to ignore: where the packet is one
+        the client may send now, the notification is dropped, counted and
+        logged (``SessionHost.notification_ignored``) and counts toward
+        ``max_protocol_errors``, and the session goes on. Elsewhere it is
+        the violation any such packet would be."""
+        if self.state in (self.CLOSING, self.CLOSED):
+            return
+        kind = type(packet)
+        if kind is packets.NotifyEmit and self.state == self.CONNECTED:
+            self.ignore_notification(problem, counts=True)
+        elif kind is packets.UNotify and self.state in (self.NEW, self.UNOTIFY):
+            self.state = self.UNOTIFY
+            if packet.client_major_version == PROTOCOL_MAJOR:  # else 7.4.1: discarded
+                self.ignore_notification(problem, counts=True)
+        else:
+            self.violation(f"{kind.__name__} ({problem}) where the client may not send one")
+
+    def ignore_notification(self, problem, counts=False):
+        """7.3.3: a notification with a protocol error is ignored, not
+        Nacked; ``counts``: toward ``max_protocol_errors`` too (a malformed
+        one, not one over a negotiated limit)."""
+        self.router.notification_ignored(self.peer, problem)
+        if counts:
+            self._count_protocol_error()
 
     def connection_lost(self, why="connection lost"):
         """The transport's channel ended (``why``, when nothing else said)."""
@@ -630,14 +684,19 @@ class ClientSession:
         self.output.close()
 
     def violation(self, reason):
-        """Section 7.3.2: drop the channel without a closure exchange."""
+        """Section 7.3.2: the router MAY end the channel without a closure
+        exchange. A connected client is told why first (Disconn 4, the
+        code for protocol errors, with the reason), after the replies to
+        what it sent before; then the channel is closed (``drop``)."""
         self.log.warn("protocol violation from {peer}: {reason}; closing",
                       peer=self.peer, reason=reason)
         self.ending(f"protocol violation: {reason}")
+        if self.state == self.CONNECTED:
+            self.send(packets.Disconn(DISCONN_PROTOCOL_ERRORS, f"protocol violation: {reason}"))
         if self.state != self.CLOSED:
             self.state = self.CLOSING
             self.router.session_closed(self)
-        self.output.abort()
+        self.output.drop()
 
     def protocol_error(self, xid, code, message, args=()):
         """Nack a request and keep the session (7.3.3).
@@ -653,8 +712,13 @@ class ClientSession:
         self.log.info("rejected request from {peer}: {message}", peer=self.peer,
                       message=message)
         self.nack(xid, code, message, args)
+        if errors.PROT_ERROR <= code < errors.NO_SUCH_KEY:
+            self._count_protocol_error()
+
+    def _count_protocol_error(self):
+        """One more protocol error: too many too fast disconnect (Disconn 4)."""
         router = self.router
-        if not (errors.PROT_ERROR <= code < errors.NO_SUCH_KEY) or not router.max_protocol_errors:
+        if not router.max_protocol_errors or self.state in (self.CLOSING, self.CLOSED):
             return
         now = router.clock()
         recent = self.protocol_errors
@@ -942,9 +1006,7 @@ class ClientSession:
                 problem = str(e)
         if problem is not None:
             # 7.3.3: a protocol error in a NotifyEmit is ignored, not Nacked.
-            self.router.stats["rejected_notifications"] += 1
-            self.log.info("ignored notification from {peer}: {problem}",
-                          peer=self.peer, problem=problem)
+            self.ignore_notification(problem)
             return
         if self.router.verbose:
             self.log.info("notification from {peer}: {names}", peer=self.peer,
@@ -1156,6 +1218,8 @@ def subscription_nack_args(error):
         return ()
     if error.code in (errors.UNTERM_STRING, errors.NESTING_TOO_DEEP):
         return (error.offset,)
+    if error.code == errors.TYPE_MISMATCH:
+        return (error.offset, error.token or "", error.found or "")
     return (error.offset, error.token or "")
 
 
@@ -1164,6 +1228,7 @@ _HANDLERS = {
     packets.UNotify: None,
     packets.DisconnRqst: ClientSession._disconn_rqst,
     packets.TestConn: ClientSession._test_conn,
+    packets.ConfConn: None,
     packets.QosRqst: ClientSession._qos_rqst,
     packets.SecRqst: ClientSession._sec_rqst,
     packets.NotifyEmit: ClientSession._notify_emit,

@@ -21,6 +21,7 @@ from elvin.federation import packets as fed_packets
 from elvin.federation.identity import domain_problem, shown
 from elvin.federation.mesh import advert_domain
 from elvin.core.keys import PRODUCER, KeyRing
+from elvin.core.lograte import LogLimiter
 from elvin.protocols import packets
 from elvin.core.router import notification_problem
 
@@ -85,6 +86,7 @@ class FederationLink:
         # ordinary client of this router gets (its default connection options).
         specs = getattr(manager.router, "option_specs", None) or {}
         self._limits = {name: spec.default for name, spec in specs.items()}
+        self._dropped_log = LogLimiter(lambda: manager.clock.seconds())
 
     def __repr__(self):
         return (f"<FederationLink {self.peer_domain or self.peer_host} "
@@ -154,6 +156,24 @@ class FederationLink:
             self.violation(f"unexpected {kind.__name__} on an established link")
             return
         handler(self, packet)
+
+    def notification_faulty(self, packet, problem, size=None):
+        """A FedNotify that decoded only by taking the last value of a
+        repeated attribute name (``problem``): a protocol error in a
+        notification, which is ignored (client protocol 7.3.3): dropped,
+        counted and traced as an import drop (``suppressed``,
+        ``notify_dropped_import``), logged at most once per 10 s, and the
+        link goes on. Any other such packet, or one before the link is up,
+        is a violation."""
+        self.last_heard = self.manager.clock.seconds()
+        if self.state == self.CLOSED:
+            return
+        if self.state != self.UP or type(packet) is not fed_packets.FedNotify:
+            self.violation(f"protocol_error: {problem} in {type(packet).__name__}")
+            return
+        self._size = size
+        self.stats["in"] += 1
+        self._drop_import(packet, problem)
 
     def _accept(self, packet):
         manager = self.manager
@@ -339,12 +359,7 @@ class FederationLink:
         attributes = packet.attributes
         problem = notification_problem(self._limits, attributes) if self._limits else None
         if problem is not None or not self.fed_class.import_filter.matches(attributes):
-            if problem is not None:
-                self.log.info("dropped notification from federation peer {peer}: {problem}",
-                              peer=self.peer_domain, problem=problem)
-            self.stats["suppressed"] += 1
-            manager.trace.notify(self, "notify_dropped_import", "in", attributes,
-                                 packet.routing, self._encoded_size(packet))
+            self._drop_import(packet, problem)
             return
         manager.trace.notify(self, "notify_received", "in", attributes, packet.routing,
                              self._encoded_size(packet))
@@ -359,6 +374,19 @@ class FederationLink:
         manager.router.route(attributes, packet.deliver_insecure, keys, KeyRing.EMPTY,
                              routing=tuple(packet.routing), source=self,
                              forward_keys=forward_keys)
+
+    def _drop_import(self, packet, problem=None):
+        """Drop a FedNotify at import: one the import filter refuses, or
+        with a ``problem`` (logged, at most once per 10 s)."""
+        if problem is not None:
+            skipped = self._dropped_log.allow()
+            if skipped is not None:
+                self.log.info("dropped notification from federation peer {peer}: "
+                              "{problem}{more}", peer=self.peer_domain, problem=problem,
+                              more=self._dropped_log.more(skipped))
+        self.stats["suppressed"] += 1
+        self.manager.trace.notify(self, "notify_dropped_import", "in", packet.attributes,
+                                  packet.routing, self._encoded_size(packet))
 
     def _encoded_size(self, packet):
         size = self._size

@@ -87,8 +87,9 @@ LINK_PACKET_IDS = frozenset(cls.ID for cls in (
     packets.Disconn, packets.DropWarn, packets.TestConn, packets.ConfConn))
 
 
-def decode(data):
-    """Decode one federation-link packet."""
-    return FEDERATION.decode(data)
+def decode(data, repeats=None):
+    """Decode one federation-link packet (``repeats``: see
+    ``elvin.protocols.packets.decode``)."""
+    return FEDERATION.decode(data, repeats)
 
 

@@ -163,7 +163,14 @@ class FederationProtocol(QueuedFramedProtocol):
         try:
             packet = fed_packets.decode(data)
         except DecodeError as e:
-            self.link.violation(f"protocol_error: {e}")
+            # A FedNotify wrong only in repeating an attribute name is a
+            # protocol error in a notification (7.3.3): dropped, the link kept.
+            try:
+                packet, problem = packets.notification_repeating(data, e, fed_packets.decode)
+            except DecodeError as error:
+                self.link.violation(f"protocol_error: {error}")
+                return
+            self.link.notification_faulty(packet, problem, len(data))
             return
         self.link.packet_received(packet, len(data))
 

@@ -34,7 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
-from elvin.protocols.xdr import DecodeError, EncodeError, Reader, Writer
+from elvin.protocols.xdr import DecodeError, EncodeError, Reader, RepeatedNameError, Writer
 from elvin.protocols.xdr import _accelerated_name_values as _compiled_name_values
 from elvin.values import Int64 as _Int64
 
@@ -45,11 +45,12 @@ __all__ = [
     "TestConn", "ConfConn", "QosRqst", "QosRply", "QnchAddRqst",
     "QnchModRqst", "QnchDelRqst", "QnchRply", "SubAddNotify", "SubModNotify",
     "SubDelNotify", "Keys", "UnknownPacketError", "DecodeError",
-    "EncodeError", "encode", "decode", "encode_attributes", "decode_notify_emit",
+    "EncodeError", "RepeatedNameError", "encode", "decode", "notification_repeating",
+    "encode_attributes", "decode_notify_emit",
     "notify_emit_fields",
     "encode_notify_deliver_from", "define", "register", "Registry",
     "CLIENT", "WireType", "ID32", "UINT32", "INT32", "ID64", "UINT8",
-    "UINT16", "BOOLEAN", "STRING", "NAME_VALUES", "VALUES", "STRINGS",
+    "UINT16", "BOOLEAN", "STRING", "NAME_VALUES", "OPTIONS", "VALUES", "STRINGS",
     "ID64S", "KEYS", "SUBAST",
 ]
 
@@ -254,6 +255,10 @@ BOOLEAN = WireType("boolean", "I", limit=1, convert=_bool)
 STRING = WireType("string", read=Reader.string, write=Writer.string)
 NAME_VALUES = WireType("NameValue[]", read=Reader.name_values,
                        write=Writer.name_values, convert=_dict)
+#: A connection options table: a NameValue array whose repeated name
+#: takes its last value (``Reader.options``).
+OPTIONS = WireType("options", read=Reader.options, write=Writer.name_values,
+                   convert=_dict)
 VALUES = WireType("Value[]", read=Reader.values, write=Writer.values,
                   convert=_tuple)
 STRINGS = WireType("string[]", read=Reader.strings, write=Writer.strings,
@@ -436,9 +441,10 @@ class Registry:
         self._decoders[pkt_id] = (packet_class, decoder)
         return packet_class
 
-    def decode(self, data):
-        """Decode one whole packet (no framing header)."""
-        reader = Reader(data)
+    def decode(self, data, repeats=None):
+        """Decode one whole packet (no framing header). ``repeats``: see
+        ``decode``."""
+        reader = Reader(data, repeats=repeats)
         if reader.end < 4:
             raise DecodeError(f"packet of {reader.end} bytes has no pkt_id", 0)
         pkt_id = reader.int32("pkt_id")
@@ -509,13 +515,34 @@ def encode(packet):
     return writer.getvalue()
 
 
-def decode(data):
-    """Decode one client-protocol packet (no framing header)."""
+def decode(data, repeats=None):
+    """Decode one client-protocol packet (no framing header).
+
+    A name repeated in a notification's attributes is a RepeatedNameError;
+    with ``repeats`` a list, its last value is taken instead and the name
+    added to ``repeats`` (see ``notification_repeating``)."""
     if data[:4] == _SUB_ADD_RQST_ID:
         packet = _decode_sub_add_rqst(data)
         if packet is not None:
             return packet
-    return CLIENT.decode(data)
+    return CLIENT.decode(data, repeats)
+
+
+def notification_repeating(data, error, decoder=None):
+    """``(packet, problem)`` for ``data``, whose decoding raised ``error``
+    (a DecodeError), when that is only a repeated attribute name: the
+    packet decoded with each repeated name's last value, and why it is
+    wrong. Section 7.3.3 makes that a protocol error in the notification,
+    to be ignored, not a violation (7.3.2): the packet was unmarshalled.
+    Raises ``error`` again, or the DecodeError of whatever else is wrong
+    with the packet, when it cannot be used. ``decoder(data, repeats)``:
+    the registry's (default: the client protocol's ``decode``)."""
+    if not isinstance(error, RepeatedNameError):
+        raise error
+    repeats = []
+    packet = (decode if decoder is None else decoder)(data, repeats)
+    names = ", ".join(repr(name) for name in dict.fromkeys(repeats))
+    return packet, f"attribute name{'s' if len(set(repeats)) > 1 else ''} {names} repeated"
 
 
 def _decode_sub_add_rqst(data):
@@ -632,7 +659,7 @@ class ConnRqst:
     xid: ID32
     client_major_version: UINT8
     client_minor_version: UINT8
-    options: NAME_VALUES = field(default_factory=dict)
+    options: OPTIONS = field(default_factory=dict)
     nfn_keys: KEYS = _EMPTY
     sub_keys: KEYS = _EMPTY
 
@@ -640,7 +667,7 @@ class ConnRqst:
 @define(50)
 class ConnRply:
     xid: ID32
-    options: NAME_VALUES = field(default_factory=dict)
+    options: OPTIONS = field(default_factory=dict)
 
 
 @define(51)
@@ -735,13 +762,13 @@ class ConfConn:
 @define(70)
 class QosRqst:
     xid: ID32
-    options: NAME_VALUES = field(default_factory=dict)
+    options: OPTIONS = field(default_factory=dict)
 
 
 @define(71)
 class QosRply:
     xid: ID32
-    options: NAME_VALUES = field(default_factory=dict)
+    options: OPTIONS = field(default_factory=dict)
 
 
 @define(80)

@@ -20,11 +20,16 @@ from elvin.protocols.xdr import DecodeError
 from elvin.core.router import CLIENT_PACKET_IDS, SessionOutput, SessionState
 from elvin.core.sendqueue import SendQueue
 
-__all__ = ["ElvinServerProtocol", "ElvinServerFactory", "CONNECT_TIMEOUT",
+__all__ = ["ElvinServerProtocol", "ElvinServerFactory", "CONNECT_TIMEOUT", "VIOLATION_LINGER",
            "PRE_CONNECT_MAX_PACKET"]
 
 #: Seconds a new channel may stay silent before it must send ConnRqst/UNotify.
 CONNECT_TIMEOUT = 30.0
+
+#: Seconds a channel dropped for a protocol violation has to read what was
+#: written before (its Disconn last) before it is reset: a peer that does
+#: not read cannot hold the channel open.
+VIOLATION_LINGER = 5.0
 
 #: The longest packet a channel may send before its session is connected
 #: (ConnRqst, or UNotify on a session-less channel, as a UDP datagram): a
@@ -36,6 +41,7 @@ _DROPWARN = packets.encode(packets.DropWarn())
 _packet_id = struct.Struct(">I").unpack_from
 _NOTIFY_EMIT = packets.NotifyEmit.ID
 _CONNECTED = SessionState.CONNECTED
+_NEW = SessionState.NEW
 
 
 class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
@@ -49,6 +55,7 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
         super().__init__()
         self.session = None
         self._timeout = None
+        self._linger = None
 
     # -- channel lifecycle -------------------------------------------------
 
@@ -94,6 +101,9 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
     def connectionLost(self, reason=None):
         super().connectionLost(reason)
         self._cancel_timeout()
+        if self._linger is not None and self._linger.active():
+            self._linger.cancel()
+        self._linger = None
         if self.queue is not None:
             self.queue.clear()
             if self.queue.budget is not None:
@@ -113,7 +123,7 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
             try:
                 attributes, deliver_insecure, keys, end = packets.notify_emit_fields(data)
             except DecodeError as e:
-                self.session.decode_failed(str(e))
+                self._undecodable(data, e)
                 return
             self.session.notify_emit(attributes, deliver_insecure, keys, len(data),
                                      emit_packet=data, attributes_end=end)
@@ -126,14 +136,25 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
         try:
             packet = packets.decode(data)
         except DecodeError as e:
-            self.session.decode_failed(str(e))
+            self._undecodable(data, e)
             return
-        if self._timeout is not None:
-            self._cancel_timeout()
         self.session.packet_received(packet)
+        if self._timeout is not None and self.session.state is not _NEW:
+            self._cancel_timeout()     # (a TestConn does not keep a channel open)
         ticket = self.admission
         if ticket is not None and ticket.is_idle and self.session.state is _CONNECTED:
             ticket.busy()     # logged in: no longer an idle socket to close first
+
+    def _undecodable(self, data, error):
+        """``data`` raised ``error``: a violation, unless the packet is a
+        notification wrong only in repeating an attribute name (a protocol
+        error in it, which the session ignores: 7.3.3)."""
+        try:
+            packet, problem = packets.notification_repeating(data, error)
+        except DecodeError as e:
+            self.session.decode_failed(str(e))
+            return
+        self.session.notification_faulty(packet, problem)
 
     # -- SessionOutput -----------------------------------------------------
 
@@ -142,6 +163,25 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
 
     #: Deliveries go straight through (the hot path: no extra call).
     send_encoded = QueuedFramedProtocol.writeOrQueue
+
+    def drop(self):
+        """A protocol violation (``SessionOutput.drop``): nothing more is
+        read (not even the rest of this read: each further frame would log
+        another violation), what was written goes out, the Disconn last,
+        and the channel closes gracefully; reset after VIOLATION_LINGER
+        seconds if the peer has not read it all by then."""
+        self._stopped = True
+        self.close()
+        if self.transport is not None and self._linger is None:
+            self._linger = self.factory.clock.callLater(VIOLATION_LINGER, self._linger_over)
+
+    def _linger_over(self):
+        self._linger = None
+        if self.transport is not None:
+            self.log.info("resetting channel from {peer}: it did not read what it was "
+                          "sent within {s:g} s of a protocol violation", peer=self.peer,
+                          s=VIOLATION_LINGER)
+            self.abort()
 
     def queueOverflowed(self, error):
         self.log.warn("disconnecting slow client {peer}: {reason}",

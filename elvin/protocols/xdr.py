@@ -28,8 +28,14 @@ or vague; cross-checked against the Avis router's XdrCoding):
   elvin.values.Int64, real64 -> float, string -> str, opaque -> bytes.
   Encoded via elvin.values.type_of (plain int: int32 if it fits, else
   int64).
-* A NameValue array decodes to a dict; a repeated name is a DecodeError
-  (a notification is a set of attributes).
+* A NameValue array decodes to a dict; a repeated name is a
+  ``RepeatedNameError`` (a DecodeError: a notification is a set of
+  attributes). A Reader whose ``repeats`` is a list instead takes the last
+  value of a repeated name and adds the name to that list, so that whoever
+  got the error can decode the packet again and tell a notification that
+  is wrong only in its names (a protocol error, 7.3.3) from one that
+  cannot be unmarshalled (a violation, 7.3.2). A connection options table
+  (``Reader.options``) always takes the last value, as Avis does.
 * SubAST: the spec gives only a C-like union. We write the layout the Avis
   router uses and reads back from Mantara elvind (the only deployed
   evidence there is): ``int32 subast_typecode``, then ``int32
@@ -52,7 +58,8 @@ import struct
 from elvin import values as _values
 from elvin.subscription.ast import Kind, LEAF_KINDS, Node
 
-__all__ = ["DecodeError", "BadUTF8Error", "EncodeError", "Writer", "Reader",
+__all__ = ["DecodeError", "BadUTF8Error", "RepeatedNameError", "EncodeError", "Writer",
+           "Reader",
            "MAX_AST_DEPTH", "SPEC_AST_TYPECODES", "AVIS_AST_TYPECODES",
            "AMBIGUOUS_AST_CODES", "RawSubAST",
            "encode_value", "decode_value", "encode_name_values",
@@ -77,6 +84,14 @@ class BadUTF8Error(DecodeError):
 
     A router answers this with Nack BAD_UTF8 (1006) and the offset.
     """
+
+
+class RepeatedNameError(DecodeError):
+    """A NameValue array named ``name`` twice (at ``offset``, the second)."""
+
+    def __init__(self, message, offset, name):
+        super().__init__(message, offset)
+        self.name = name
 
 
 class EncodeError(ValueError):
@@ -425,9 +440,9 @@ class Reader:
     length first and raises DecodeError naming the item and its offset.
     """
 
-    __slots__ = ("_buf", "pos", "end")
+    __slots__ = ("_buf", "pos", "end", "repeats")
 
-    def __init__(self, data, offset=0):
+    def __init__(self, data, offset=0, repeats=None):
         if isinstance(data, memoryview):
             data = data.tobytes()  # one copy, so slices have a fast .decode()
         elif not isinstance(data, (bytes, bytearray)):
@@ -435,6 +450,9 @@ class Reader:
         self._buf = data
         self.pos = offset
         self.end = len(data)
+        #: None: a repeated name in a NameValue array is a RepeatedNameError;
+        #: a list: the last value is taken and the name appended to it.
+        self.repeats = repeats
 
     @property
     def remaining(self):
@@ -567,6 +585,20 @@ class Reader:
                 return result
         return self._name_values(what)
 
+    def options(self, what="option"):
+        """A connection options table (ConnRqst, QosRqst and their replies):
+        a NameValue array in which a repeated name takes its last value."""
+        repeats, self.repeats = self.repeats, []
+        try:
+            return self.name_values(what)
+        finally:
+            self.repeats = repeats
+
+    def _repeated(self, name, offset, what):
+        if self.repeats is None:
+            raise RepeatedNameError(f"duplicate {what} name {name!r}", offset, name)
+        self.repeats.append(name)
+
     def _name_values(self, what):
         """The pure-Python name_values (also the fallback that names errors)."""
         n = self.count(12, what)
@@ -587,7 +619,7 @@ class Reader:
                         pass
                     else:
                         if name in result:
-                            raise DecodeError(f"duplicate {what} name {name!r}", item)
+                            self._repeated(name, item, what)
                         code, word = _unpack_ii(buf, pos)
                         if code == _INT32:
                             result[name] = word
@@ -612,7 +644,7 @@ class Reader:
             self.pos = item
             name = self.string(what + " name")
             if name in result:
-                raise DecodeError(f"duplicate {what} name {name!r}", item)
+                self._repeated(name, item, what)
             result[name] = self.value(what + " value")
             pos = self.pos
         self.pos = pos

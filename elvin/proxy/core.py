@@ -199,6 +199,7 @@ _HANDLERS = {
     packets.UNotify: None,
     packets.DisconnRqst: ClientSession._disconn_rqst,
     packets.TestConn: ClientSession._test_conn,
+    packets.ConfConn: None,
     packets.QosRqst: ProxyClient._qos_rqst,
     packets.SecRqst: ProxyClient._sec_rqst,
     packets.NotifyEmit: ClientSession._notify_emit,   # through notify_emit

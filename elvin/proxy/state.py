@@ -20,6 +20,7 @@ from twisted.logger import Logger
 
 from elvin.core.host import SessionHost
 from elvin.core.keys import SUPPORTED_KEY_SCHEMES, KeyRing
+from elvin.core.lograte import LogLimiter
 from elvin.core.options import OPTIONS, ConnectionOptions
 from elvin.core.router import MAX_PROTOCOL_ERRORS, PROTOCOL_ERROR_WINDOW, ClientSession
 from elvin.proxy.counters import ProxyCounters
@@ -81,6 +82,7 @@ class CoreState(SessionHost):
         self.protocol_error_window = PROTOCOL_ERROR_WINDOW
         #: What it has done (elvin.proxy.counters; shown by the status listener).
         self.counters = ProxyCounters()
+        self._ignored_log = LogLimiter(clock)
         #: While the store cannot write (disk full): when to try again, and
         #: each session's notifications not stored meanwhile.
         self.store_down_until: Optional[float] = None
@@ -122,6 +124,13 @@ class CoreState(SessionHost):
 
     def new_options(self) -> ConnectionOptions:
         return ConnectionOptions(self.option_specs, SUPPORTED_KEY_SCHEMES)
+
+    def notification_ignored(self, peer: Any, problem: str) -> None:
+        """A client's notification was ignored (7.3.3): logged, rate-limited."""
+        skipped = self._ignored_log.allow()
+        if skipped is not None:
+            self.log.info("ignored notification from {peer}: {problem}{more}", peer=peer,
+                          problem=problem, more=self._ignored_log.more(skipped))
 
     def client_name(self) -> str:
         return f"connection-{next(self._client_numbers)}"

@@ -14,6 +14,7 @@ from elvin.subscription import patterns
 from elvin.subscription.ast import Kind, LITERAL_KINDS
 from elvin.subscription.grammar import FUNCTIONS, MAX_DEPTH
 from elvin.subscription.grammar import SYMBOL as _SYMBOL
+from elvin.subscription.printer import to_text
 from elvin.values import INT32, INT64, OPAQUE, REAL64, STRING, TYPE_NAMES
 
 __all__ = ["check", "BOOL"]
@@ -69,6 +70,13 @@ class _Checker:
         offset = self.at(node)
         raise SubscriptionError(code, offset, f"{message} (at offset {offset})", token)
 
+    def mismatch(self, node, message, found):
+        """TYPE_MISMATCH: ``node``, of type ``found``, does not fit its place
+        (the Nack's arguments: offset, the expression, its type)."""
+        offset = self.at(node)
+        raise SubscriptionError(errors.TYPE_MISMATCH, offset,
+                                f"{message} (at offset {offset})", to_text(node), found)
+
     def predicate(self, node, context):
         """Check ``node`` and require it to be a predicate."""
         result = self.check(node)
@@ -87,9 +95,8 @@ class _Checker:
             self.fail(errors.PARSE_ERROR, node,
                       f"{context} needs a value, but found a predicate")
         if not (result & allowed):
-            self.fail(errors.TYPE_MISMATCH, node,
-                      f"{context} needs {_type_names(allowed)}, but found "
-                      f"{_type_names(result)}", _type_names(result))
+            self.mismatch(node, f"{context} needs {_type_names(allowed)}, but found "
+                                f"{_type_names(result)}", _type_names(result))
         return result & allowed
 
     def check(self, node):
@@ -176,25 +183,24 @@ class _Checker:
             return
         if OPAQUE in left and OPAQUE in right:
             return
-        self.fail(errors.TYPE_MISMATCH, node,
-                  f"{context} cannot compare {_type_names(left)} with {_type_names(right)}",
-                  _type_names(right))
+        self.mismatch(node, f"{context} cannot compare {_type_names(left)} with "
+                            f"{_type_names(right)}", _type_names(right))
 
     def _name_argument(self, node, context):
         if node.kind == Kind.NAME:
             return
         if node.kind in LITERAL_KINDS:
-            self.fail(errors.TYPE_MISMATCH, node,
-                      f"{context} needs an attribute name, but found a literal")
+            self.mismatch(node, f"{context} needs an attribute name, but found a literal",
+                          TYPE_NAMES[_LITERAL_TYPE[node.kind]])
         self.fail(errors.PARSE_ERROR, node, f"{context} needs an attribute name")
 
     def _string_constant(self, node, context):
         if node.kind == Kind.STRING:
             return
         if node.kind in LITERAL_KINDS:
-            self.fail(errors.TYPE_MISMATCH, node,
-                      f"{context} needs string literals after its first argument, "
-                      f"but found {node.kind.name.lower()}", node.kind.name.lower())
+            self.mismatch(node, f"{context} needs string literals after its first "
+                                f"argument, but found {node.kind.name.lower()}",
+                          TYPE_NAMES[_LITERAL_TYPE[node.kind]])
         self.fail(errors.PARSE_ERROR, node,
                   f"{context} needs string literals after its first argument")
 

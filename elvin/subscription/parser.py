@@ -23,6 +23,7 @@ from elvin.errors import SubscriptionError
 from elvin.subscription import lexer as _lexer
 from elvin.subscription.ast import Kind, Node
 from elvin.subscription.grammar import FUNCTIONS, MAX_DEPTH
+from elvin.subscription.printer import to_text
 from elvin.values import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN
 
 __all__ = ["parse", "ParseResult", "FUNCTIONS", "MAX_DEPTH"]
@@ -51,6 +52,8 @@ _FORM_NAMES = {
 }
 _LITERAL_FORMS = {Kind.INT32: "int32 literal", Kind.INT64: "int64 literal",
                   Kind.REAL64: "real64 literal", Kind.STRING: "string literal"}
+_LITERAL_TYPE_NAMES = {Kind.INT32: "int32", Kind.INT64: "int64", Kind.REAL64: "real64",
+                       Kind.STRING: "string"}
 
 _BINARY = {
     "||": Kind.OR, "^^": Kind.XOR, "&&": Kind.AND,
@@ -227,13 +230,14 @@ class _Grammar:
         else:
             form = "expression"
         offset = state.offsets.get(id(first), 0)
-        literal = form in _LITERAL_FORMS.values()
-        code = errors.TYPE_MISMATCH if literal else errors.PARSE_ERROR
-        raise SubscriptionError(
-            code, offset,
-            f"{function}() needs {_FORM_NAMES[allowed]} as its first argument, "
-            f"not {'an' if form[0] in 'aei' else 'a'} {form} (at offset {offset})",
-            _token_at(state.text, offset))
+        message = (f"{function}() needs {_FORM_NAMES[allowed]} as its first argument, "
+                   f"not {'an' if form[0] in 'aei' else 'a'} {form} (at offset {offset})")
+        if form in _LITERAL_FORMS.values() and first.kind in _LITERAL_TYPE_NAMES:
+            # Nack args (7.4.2's table): offset, the expression, its type.
+            raise SubscriptionError(errors.TYPE_MISMATCH, offset, message, to_text(first),
+                                    _LITERAL_TYPE_NAMES[first.kind])
+        raise SubscriptionError(errors.PARSE_ERROR, offset, message,
+                                _token_at(state.text, offset))
 
     def p_args_one(self, p):
         "args : expr"

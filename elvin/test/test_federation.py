@@ -351,6 +351,35 @@ class LoopTests(FederationTestCase):
         self.assertEqual(link.stats["loops"], 1)
 
 
+    @defer.inlineCallbacks
+    def test_fednotify_repeating_an_attribute_name_is_dropped_and_the_link_kept(self):
+        """7.3.3: a protocol error in a notification is ignored. A FedNotify
+        naming an attribute twice is dropped (counted and traced as an
+        import drop), not a violation ending the link."""
+        from elvin.federation import packets as fed_packets
+        from elvin.protocols import packets
+        a = FedRouter(self, "a.test")
+        b = FedRouter(self, "b.test")
+        yield a.link_to(b)
+        consumer = yield self.connect(b)
+        got = []
+        yield consumer.subscribe("require(x)", got.append)
+        link = b.link("a.test")
+        good = packets.encode(fed_packets.FedNotify({"x": 1, "y": 7}, True, packets.Keys.EMPTY,
+                                                    ("a.test",)))
+        twice = good.replace(b"\0\0\0\x01y\0\0\0", b"\0\0\0\x01x\0\0\0")
+        link.output.frameReceived(twice)
+        link.output.frameReceived(good)
+        yield wait_until(lambda: got)
+        yield consumer.test_connection()
+        self.assertEqual(got, [{"x": 1, "y": 7}])
+        self.assertEqual(link.state, link.UP)
+        self.assertEqual((link.stats["in"], link.stats["suppressed"]), (2, 1))
+        # Not a FedNotify, or not yet up: still a violation.
+        link.output.frameReceived(good[:4] + b"\0\0\0\x01" + good[4:])   # garbage
+        self.assertEqual(link.state, link.CLOSED)
+
+
 class RefusalTests(FederationTestCase):
     @defer.inlineCallbacks
     def test_same_domain_refused(self):

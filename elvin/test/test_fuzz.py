@@ -150,6 +150,7 @@ _GENERATORS = {
     elvin_packets.BOOLEAN: lambda r: r.random() < 0.5,
     elvin_packets.STRING: _string,
     elvin_packets.NAME_VALUES: _name_values,
+    elvin_packets.OPTIONS: _name_values,
     elvin_packets.VALUES: lambda r: tuple(_value(r) for _ in range(r.randrange(4))),
     elvin_packets.STRINGS: lambda r: tuple(_string(r) for _ in range(r.randrange(4))),
     elvin_packets.ID64S: lambda r: tuple(r.randrange(1 << 64) for _ in range(r.randrange(4))),

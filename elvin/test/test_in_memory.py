@@ -62,7 +62,7 @@ class ClientInMemoryTests(unittest.TestCase):
         d = conn.subscribe("size(1) > 2", lambda n: None)
         pump.flush()
         error = self.failureResultOf(d).value
-        self.assertEqual((error.code, error.nack_args), (2106, (5, "1")))
+        self.assertEqual((error.code, error.nack_args), (2106, (5, "1", "int32")))
 
 
 class FederationInMemoryTests(unittest.TestCase):

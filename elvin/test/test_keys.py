@@ -60,6 +60,20 @@ class KeyRingTests(unittest.TestCase):
             KeyRing.from_wire(packets.Keys({key_schemes.SHA1_DUAL: [[b"k"]]}), PRODUCER)
         self.assertEqual(cm.exception.code, errors.BAD_KEY_INDEX)
 
+    def test_bad_key_index_args_name_the_scheme_and_the_bad_index(self):
+        """7.4.2's table: BAD_KEY_INDEX args are the scheme and the index of
+        the bad key set (the first extra one, or the first missing one),
+        not how many there were."""
+        dual, producer = key_schemes.SHA1_DUAL, key_schemes.SHA1_PRODUCER
+        for scheme, key_sets, index in ((dual, [[b"k"]] * 3, 2), (dual, [[b"k"]], 1),
+                                        (dual, [], 0), (producer, [[b"k"]] * 2, 1)):
+            for read in (lambda keys: KeyRing.from_wire(keys, PRODUCER),
+                         KeyRing.from_prepared_wire):
+                with self.assertRaises(errors.ElvinError) as cm:
+                    read(packets.Keys({scheme: key_sets}))
+                self.assertEqual((cm.exception.code, cm.exception.nack_args),
+                                 (errors.BAD_KEY_INDEX, (scheme, index)))
+
     def test_set_operations(self):
         a = KeyRing.from_wire(key_schemes.producer_keys("a")[0], PRODUCER)
         b = KeyRing.from_wire(key_schemes.producer_keys("b")[0], PRODUCER)

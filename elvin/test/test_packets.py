@@ -305,6 +305,45 @@ class RejectionTests(unittest.TestCase):
                                  "00000001 61000000 00000001 00000002"
                                  "00000001 00000000"), "duplicate")
 
+    def test_repeated_option_name_takes_the_last_value(self):
+        """ConnRqst and QosRqst options: a name given twice is no decode
+        error (Avis answers it; 7.3.3: keep the connection): the last
+        value counts."""
+        body = ("00000002"
+                "00000016 53756273 63726970 74696f6e 2e4d6178 2d436f75 6e740000"
+                "00000001 0000000a"
+                "00000016 53756273 63726970 74696f6e 2e4d6178 2d436f75 6e740000"
+                "00000001 00000014")
+        rqst = elvin_packets.decode(h("00000031 00000001 00000004 00000000" + body
+                          + "00000000 00000000"))
+        self.assertEqual(rqst.options, {"Subscription.Max-Count": 20})
+        qos = elvin_packets.decode(h("00000046 00000002" + body))
+        self.assertEqual(qos.options, {"Subscription.Max-Count": 20})
+
+    def test_repeated_attribute_in_a_notification_decodes_again_with_repeats(self):
+        """A repeated attribute name is a RepeatedNameError; given it,
+        ``notification_repeating`` gives the packet (the last value) and
+        the problem, and re-raises anything else wrong with the packet."""
+        data = h("00000038 00000002"
+                 "00000001 61000000 00000001 00000001"
+                 "00000001 61000000 00000001 00000002"
+                 "00000001 00000000")
+        with self.assertRaises(elvin_packets.RepeatedNameError) as cm:
+            elvin_packets.decode(data)
+        packet, problem = elvin_packets.notification_repeating(data, cm.exception)
+        self.assertEqual(packet, elvin_packets.NotifyEmit({"a": 2}, True))
+        self.assertEqual(problem, "attribute name 'a' repeated")
+        with self.assertRaises(elvin_packets.RepeatedNameError) as cm:
+            elvin_packets.decode_notify_emit(data)
+        truncated = data[:-4]
+        with self.assertRaises(elvin_packets.RepeatedNameError) as cm:
+            elvin_packets.decode(truncated)
+        self.assertRaises(DecodeError, elvin_packets.notification_repeating, truncated, cm.exception)
+        other = DecodeError("something else", 4)
+        with self.assertRaises(DecodeError) as again:
+            elvin_packets.notification_repeating(data, other)
+        self.assertIs(again.exception, other)
+
     def test_deep_ast(self):
         tree = ast.name("x")
         for _ in range(300):
@@ -482,6 +521,7 @@ STRATEGIES = {
     elvin_packets.BOOLEAN: st.booleans(),
     elvin_packets.STRING: texts,
     elvin_packets.NAME_VALUES: attributes,
+    elvin_packets.OPTIONS: attributes,
     elvin_packets.VALUES: st.lists(values, max_size=5),
     elvin_packets.STRINGS: st.lists(texts, max_size=5),
     elvin_packets.ID64S: st.lists(st.integers(0, (1 << 64) - 1), max_size=5),

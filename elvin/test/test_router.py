@@ -81,7 +81,7 @@ class ConnectTests(RouterTestCase):
             "Subscription.Max-Count": 50,
             "router.attribute.max-count": 100,
             "Unknown.Option": 3,
-            "Attribute.Max-Count": 10,           # below the minimum: offered 16
+            "Attribute.Name.Max-Length": 10,     # below the minimum: offered 64
             "Send-Queue.Drop-Policy": "bogus",   # not a policy: offered the default
         }, elvin_packets.Keys.EMPTY, elvin_packets.Keys.EMPTY))
         (reply,) = out.take()
@@ -89,12 +89,63 @@ class ConnectTests(RouterTestCase):
         self.assertEqual(reply.options["Subscription.Max-Count"], 50)
         self.assertEqual(reply.options["router.attribute.max-count"], 100)
         self.assertNotIn("Unknown.Option", reply.options)
-        self.assertEqual(reply.options["Attribute.Max-Count"], 16)
+        self.assertEqual(reply.options["Attribute.Name.Max-Length"], 64)
         self.assertEqual(reply.options["Send-Queue.Drop-Policy"], "oldest")
         self.assertIn("Vendor-Identification", reply.options)
         self.assertIn("Supported-Key-Schemes", reply.options)
         self.assertEqual(session.options["Subscription.Max-Count"], 50)
         self.assertIs(out.configured, session.options)
+
+    def test_standard_and_legacy_name_are_one_option(self):
+        """A ConnRqst naming an option and its legacy alias (7.5.3) with
+        different values: one value is decided (the standard name's, in
+        whichever order they came, as Avis does), enforced, and reported
+        under both names."""
+        for options in ({"Packet.Max-Length": 8192, "router.packet.max-length": 4096},
+                        {"router.packet.max-length": 4096, "Packet.Max-Length": 8192}):
+            out = RecordingOutput()
+            session = self.router.open_session(out)
+            session.packet_received(elvin_packets.ConnRqst(
+                1, 4, 0, options, elvin_packets.Keys.EMPTY, elvin_packets.Keys.EMPTY))
+            (reply,) = out.take()
+            self.assertEqual(reply.options["Packet.Max-Length"], 8192)
+            self.assertEqual(reply.options["router.packet.max-length"], 8192)
+            self.assertEqual(out.configured["Packet.Max-Length"], 8192)
+
+    def test_legacy_name_counts_where_the_standard_value_is_not_acceptable(self):
+        """As Avis: a standard value out of range or of the wrong type gives
+        way to an acceptable legacy one; the inverted coalesce-delay is
+        reported inverted."""
+        session, out = self.connect({"Packet.Max-Length": 100,
+                                     "router.packet.max-length": 8192,
+                                     "Send-Queue.Drop-Policy": "bogus",
+                                     "router.send-queue.drop-policy": "newest",
+                                     "TCP.Send-Immediately": 0,
+                                     "router.coalesce-delay": 0})
+        session.packet_received(elvin_packets.QosRqst(self.xid(), {
+            "Subscription.Max-Count": 30, "router.subscription.max-count": 20}))
+        (qos,) = out.take()
+        self.assertEqual((session.options["Packet.Max-Length"],
+                          session.options["Send-Queue.Drop-Policy"],
+                          session.options["TCP.Send-Immediately"],
+                          session.options["Subscription.Max-Count"]), (8192, "newest", 0, 30))
+        self.assertEqual(qos.options["router.subscription.max-count"], 30)
+
+    def test_repeated_option_name_takes_the_last_value(self):
+        """ConnRqst with an option named twice: answered (as Avis does; the
+        spec is silent and 7.3.3 says keep the connection), the last value
+        in force."""
+        data = elvin_packets.encode(elvin_packets.ConnRqst(1, 4, 0, {"Subscription.Max-Count": 10}))
+        head, option = data[:16], data[20:-8]
+        twice = head + b"\0\0\0\2" + option + option.replace(b"\0\0\0\x0a", b"\0\0\0\x14") \
+            + data[-8:]
+        packet = elvin_packets.decode(twice)
+        out = RecordingOutput()
+        session = self.router.open_session(out)
+        session.packet_received(packet)
+        (reply,) = out.take()
+        self.assertEqual(reply.options["Subscription.Max-Count"], 20)
+        self.assertEqual(session.options["Subscription.Max-Count"], 20)
 
     def test_wrong_major_version_is_nacked(self):
         out = RecordingOutput()
@@ -154,6 +205,9 @@ class ConnectTests(RouterTestCase):
         session, out = self.connect()
         session.packet_received(elvin_packets.SubRply(1, 1))
         self.assertTrue(out.aborted)
+        (disconn,) = out.take()
+        self.assertEqual((disconn.reason, disconn.args),
+                         (4, "protocol violation: unexpected SubRply packet from client"))
 
     def test_undecodable_packet_is_a_violation(self):
         session, out = self.connect()

@@ -81,6 +81,93 @@ class ServerProtocolTests(unittest.TestCase):
         other.dataReceived(frame(elvin_packets.NotifyEmit({"a": 1}, True, elvin_packets.Keys.EMPTY)))
         self.assertEqual(len(unframe(good_t.value())), 1)
 
+    def test_notification_repeating_an_attribute_name_is_ignored(self):
+        """7.3.3: a protocol error in a NotifyEmit is ignored. Naming an
+        attribute twice drops that notification (counted, and toward
+        max-protocol-errors), and the publisher's session goes on; so for
+        a UNotify on a session-less channel."""
+        sub, sub_t = self.connected()
+        sub.dataReceived(frame(elvin_packets.SubAddRqst(2, "require(x)", True,
+                                                        elvin_packets.Keys.EMPTY)))
+        sub_t.clear()
+        good = elvin_packets.encode(elvin_packets.NotifyEmit({"x": 1, "y": 2}, True))
+        twice = good.replace(b"\0\0\0\x01y\0\0\0", b"\0\0\0\x01x\0\0\0")
+        pub, pub_t = self.connected()
+        for data in (twice, good):
+            pub.dataReceived(struct.pack(">I", len(data)) + data)
+        pub.dataReceived(frame(elvin_packets.TestConn()))
+        self.assertEqual(unframe(pub_t.value()), [elvin_packets.ConfConn()])
+        self.assertFalse(pub_t.disconnecting)
+        self.assertEqual([p.attributes for p in unframe(sub_t.value())], [{"x": 1, "y": 2}])
+        self.assertEqual(self.h.router.stats["rejected_notifications"], 1)
+        self.assertEqual(len(pub.session.protocol_errors), 1)
+        udp, udp_t = self.h.client()
+        unotify = elvin_packets.encode(elvin_packets.UNotify(4, 0, {"x": 1, "y": 2}, True))
+        unotify = unotify.replace(b"\0\0\0\x01y\0\0\0", b"\0\0\0\x01x\0\0\0")
+        udp.dataReceived(struct.pack(">I", len(unotify)) + unotify)
+        self.assertFalse(udp_t.disconnecting)
+        self.assertEqual(udp.session.state, udp.session.UNOTIFY)
+        self.assertEqual(self.h.router.stats["rejected_notifications"], 2)
+
+    def test_repeated_attribute_names_count_toward_max_protocol_errors(self):
+        self.h.router.max_protocol_errors = 3
+        pub, pub_t = self.connected()
+        data = elvin_packets.encode(elvin_packets.NotifyEmit({"x": 1, "y": 2}, True))
+        data = data.replace(b"\0\0\0\x01y\0\0\0", b"\0\0\0\x01x\0\0\0")
+        pub.dataReceived((struct.pack(">I", len(data)) + data) * 3)
+        (disconn,) = unframe(pub_t.value())
+        self.assertEqual(disconn.reason, 4)
+        self.assertTrue(pub_t.disconnecting)
+
+    def test_repeated_name_and_more_wrong_is_still_a_violation(self):
+        pub, pub_t = self.connected()
+        data = elvin_packets.encode(elvin_packets.NotifyEmit({"x": 1, "y": 2}, True))
+        data = data.replace(b"\0\0\0\x01y\0\0\0", b"\0\0\0\x01x\0\0\0")[:-4]
+        pub.dataReceived(struct.pack(">I", len(data)) + data)
+        self.assertTrue(pub_t.disconnecting)
+        self.assertEqual(self.h.router.stats["rejected_notifications"], 0)
+
+    def test_test_conn_before_connrqst_is_answered(self):
+        """7.4.13: either side MAY send TestConn; one before ConnRqst gets
+        ConfConn (as Avis answers), and does not keep a silent channel open.
+        A ConfConn the client sends unasked is ignored (as by Avis)."""
+        proto, transport = self.h.client()
+        proto.dataReceived(frame(elvin_packets.TestConn()) + frame(elvin_packets.ConfConn()))
+        self.assertEqual(unframe(transport.value()), [elvin_packets.ConfConn()])
+        self.assertFalse(transport.disconnecting)
+        self.h.clock.advance(31)
+        self.assertTrue(transport.disconnecting)
+        proto, transport = self.connected()
+        proto.dataReceived(frame(elvin_packets.ConfConn()) + frame(elvin_packets.TestConn()))
+        self.assertEqual(unframe(transport.value()), [elvin_packets.ConfConn()])
+        self.assertFalse(transport.disconnecting)
+
+    def test_violation_sends_earlier_replies_then_disconn_4_and_closes(self):
+        """7.3.2 lets the router end the channel; it does so gracefully: the
+        replies to the packets before the violation and a Disconn (reason
+        4) saying why are written, the rest of the read is not looked at,
+        and the channel closed (reset only if the peer has not read them
+        within VIOLATION_LINGER seconds)."""
+        from elvin.protocols.server import VIOLATION_LINGER
+        proto, transport = self.connected()
+        proto.dataReceived(frame(elvin_packets.SubAddRqst(5, "x == 1", True,
+                                                          elvin_packets.Keys.EMPTY))
+                           + struct.pack(">II", 4, 99) + frame(elvin_packets.TestConn()))
+        rply, disconn = unframe(transport.value())
+        self.assertEqual(rply.xid, 5)
+        self.assertEqual(disconn.reason, 4)
+        self.assertIn("packet id 99", disconn.args)
+        self.assertTrue(transport.disconnecting)
+        self.assertFalse(transport.disconnected)          # not reset
+        self.h.clock.advance(VIOLATION_LINGER)
+        self.assertTrue(transport.disconnected)           # the peer never read it
+
+    def test_violation_linger_ends_with_the_connection(self):
+        proto, transport = self.connected()
+        proto.dataReceived(struct.pack(">II", 4, 99))
+        proto.connectionLost(None)
+        self.assertEqual(self.h.clock.getDelayedCalls(), [])
+
     def test_oversize_frame_resets(self):
         proto, transport = self.connected({"Packet.Max-Length": 1024})
         proto.dataReceived(struct.pack(">I", 4096))

@@ -406,7 +406,31 @@ class GrammarArgumentNackTests(unittest.TestCase):
         session.packet_received(packets.SubAddRqst(3, 'equals("a", x)', True, packets.Keys.EMPTY))
         first, second = out.take()
         self.assertEqual((first.xid, first.error, first.args), (2, PARSE_ERROR, (5, "fold-case")))
-        self.assertEqual((second.xid, second.error, second.args), (3, TYPE_MISMATCH, (7, "a")))
+        self.assertEqual((second.xid, second.error, second.args),
+                         (3, TYPE_MISMATCH, (7, '"a"', "string")))
+
+    def test_type_mismatch_nack_carries_offset_expression_and_type(self):
+        """7.4.2's table: TYPE_MISMATCH's args are offset, expr, type: the
+        expression whose type does not fit (printed canonically) and that
+        type, whether the checker or the parser found it."""
+        from elvin.protocols import packets
+        from elvin.core.router import Router
+        from elvin.test.test_router import RecordingOutput
+        out = RecordingOutput()
+        session = Router().open_session(out, "test")
+        session.packet_received(packets.ConnRqst(1, 4, 0, {}, packets.Keys.EMPTY, packets.Keys.EMPTY))
+        out.take()
+        cases = [("x == 'a' + 1", (5, '"a"', "string")),
+                 ("int32(1)", (6, "1", "int32")),
+                 ('1 == "a"', (5, '"a"', "string")),
+                 ("~1.5 == 1", (1, "1.5", "real64")),
+                 ("begins-with(x, 3)", (15, "3", "int32")),
+                 ("x + (y + 2.5) < (z + 'a')", (21, '"a"', "string"))]
+        for xid, (expression, args) in enumerate(cases, 2):
+            session.packet_received(packets.SubAddRqst(xid, expression, True, packets.Keys.EMPTY))
+            (nack,) = out.take()
+            self.assertEqual((nack.xid, nack.error, nack.args), (xid, TYPE_MISMATCH, args),
+                             expression)
 
 
 class TooFewArgsTests(_Base):

@@ -219,6 +219,35 @@ class NameValueTests(unittest.TestCase):
             decode_name_values(data)
         self.assertIn("duplicate", str(cm.exception))
         self.assertEqual(cm.exception.offset, 20)
+        self.assertIsInstance(cm.exception, xdr.RepeatedNameError)
+        self.assertEqual(cm.exception.name, "x")
+
+    def test_repeated_name_with_repeats_takes_the_last_value(self):
+        """With a ``repeats`` list (whoever got RepeatedNameError decoding
+        again) the last value is taken and the name recorded, in the fast
+        path and the checked one (a float value) alike, with the C
+        decoder or without."""
+        for tail in ("00000001 00000002", "00000003 40000000 00000000"):
+            data = h("00000003"
+                     "00000001 78000000 00000001 00000001"
+                     "00000001 79000000 00000001 00000005"
+                     "00000001 78000000 " + tail)
+            repeats = []
+            reader = Reader(data, repeats=repeats)
+            got = reader.name_values()
+            self.assertEqual(got, {"x": 2 if tail.startswith("00000001") else 2.0, "y": 5})
+            self.assertEqual((repeats, reader.pos), (["x"], len(data)))
+            self.assertRaises(xdr.RepeatedNameError, Reader(data).name_values)
+
+    def test_options_take_the_last_value_of_a_repeated_name(self):
+        """A connection options table: a repeated name is no error, its last
+        value counts (as Avis reads it)."""
+        data = h("00000002"
+                 "00000001 78000000 00000001 0000000a"
+                 "00000001 78000000 00000001 00000014")
+        reader = Reader(data)
+        self.assertEqual(reader.options(), {"x": 20})
+        self.assertIsNone(reader.repeats)
 
     def test_name_must_be_str(self):
         self.assertRaises(TypeError, encode_name_values, {1: 1})
