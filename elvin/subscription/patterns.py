@@ -10,7 +10,9 @@ the input, so no subscription can make the router backtrack for ever
 everything common in POSIX and Python expressions; what it cannot run in
 linear time — backreferences, lookaround — is refused with
 REGEXP_TOO_COMPLEX, as is a pattern whose program would need more than
-``MAX_PROGRAM_MEMORY``. Without the package, Python's ``re`` is used.
+``MAX_PROGRAM_MEMORY`` or a repetition over RE2's 1,000; other syntax RE2
+does not have (``\Z``, possessive or atomic groups) is INVALID_REGEXP.
+Without the package, Python's ``re`` is used.
 """
 
 import re
@@ -58,12 +60,22 @@ def _compile(source, what):
             e.args[0], bytes) else str(e)
     except (TypeError, ValueError) as e:  # e.g. NUL bytes
         raise PatternError(f"invalid {what}: {e}") from None
-    try:
-        re.compile(source, re.DOTALL)
-    except (re.error, OverflowError, RecursionError) as e:
-        raise PatternError(f"invalid {what}: {e}") from None
-    raise PatternTooComplex(f"{what} cannot be matched in linear time "
-                            f"(backreferences, lookaround or too large): {reason}")
+    reversed_repeat = _REVERSED_REPEAT.search(reason)
+    if _TOO_COMPLEX.search(reason) and not (
+            reversed_repeat and int(reversed_repeat[1]) > int(reversed_repeat[2])):
+        raise PatternTooComplex(f"{what} cannot be matched in linear time "
+                                f"(backreferences, lookaround or too large): {reason}")
+    # Anything else is syntax outside RE2's dialect (e.g. \Z, \u00e9,
+    # possessive or atomic groups, [[:foo:]]), not a costly pattern.
+    raise PatternError(f"invalid {what}: {reason}")
+
+
+#: RE2's refusals of what it cannot match in linear time or within its
+#: limits: backreferences, lookaround, programs or repetitions too large.
+_TOO_COMPLEX = re.compile(r"invalid escape sequence: \\[1-9]|invalid perl operator: "
+                          r"\(\?(?:=|!|<=|<!)|pattern too large|invalid repetition size")
+#: ... but a repetition whose bounds are reversed ({3,1}) is only invalid.
+_REVERSED_REPEAT = re.compile(r"invalid repetition size: \{(\d+),(\d+)\}$")
 
 
 def wildcard_to_regex(pattern):

@@ -44,6 +44,19 @@ class RegexBombTests(unittest.TestCase):
             Subscription('regex(s, "(")')
         self.assertEqual(cm.exception.code, errors.INVALID_REGEXP)
 
+    def test_syntax_outside_re2_is_invalid_not_too_complex(self):
+        """What RE2 lacks but could run in linear time (a POSIX class name
+        it does not know, Python's \\Z, possessive and atomic groups) is
+        INVALID_REGEXP; only what it cannot match in linear time or within
+        its limits is REGEXP_TOO_COMPLEX."""
+        for pattern in ["[[:foo:]]", r"c\\Z", r"\\u00e9", "a++", "(?>a)", "(?x)a", r"\\h"]:
+            with self.assertRaises(SubscriptionError) as cm:
+                Subscription(f'regex(s, "{pattern}")')
+            self.assertEqual(cm.exception.code, errors.INVALID_REGEXP, pattern)
+        with self.assertRaises(SubscriptionError) as cm:
+            Subscription('regex(s, "a{1001}")')
+        self.assertEqual(cm.exception.code, errors.REGEXP_TOO_COMPLEX)
+
 
 class StructureBombTests(unittest.TestCase):
     timeout = 60
