@@ -5,10 +5,14 @@ import json
 import os
 
 from twisted.internet import defer, endpoints, reactor
+from twisted.internet.task import Clock
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial import unittest
 
 from elvin import client
 from elvin.federation import filters
+from elvin.federation import packets as fed_packets
+from elvin.federation.link import FederationLink
 from elvin.federation.manager import FederationClass, FederationManager
 from elvin.federation.protocol import AcceptorFactory, ConnectorFactory, parse_ewaf
 from elvin.federation.trace import TraceWriter, notification_digest
@@ -644,3 +648,89 @@ class TraceQueueTests(unittest.TestCase):
         writer = TraceWriter(self.mktemp(), "ours.test", reactor=SlowToReturn())
         yield writer.close()
         self.assertFalse(writer._thread.is_alive())
+
+
+# -- the handshake, redials and link classes, in memory -------------------------------
+
+class _Logged:
+    def __init__(self, test):
+        self.lines = []
+        globalLogPublisher.addObserver(self)
+        test.addCleanup(globalLogPublisher.removeObserver, self)
+
+    def __call__(self, event):
+        self.lines.append(formatEvent(event))
+
+    def having(self, text):
+        return [line for line in self.lines if text in line]
+
+
+class MeshAdvertOnPlainLinkTests(unittest.TestCase):
+    """docs/federation.md, "A link is what its peer's first filter says":
+    a FedMeshAdvert on a link not marked mesh (plain, or before the
+    peer's first filter) is ignored, counted and logged once a minute."""
+
+    def setUp(self):
+        self.router = Router()
+        self.clock = Clock()
+        self.fed_class = FederationClass("Peer", hosts=["*"])
+        self.log = _Logged(self)
+
+    def link(self, mesh=True):
+        manager = FederationManager(self.router, "ours.test", [self.fed_class], None,
+                                    self.clock, debounce=0, mesh=mesh)
+        out = _LinkOutput()
+        link = FederationLink(manager, out, False, self.fed_class, "10.0.0.7")
+        link.start()
+        link.packet_received(fed_packets.FedConnRqst(1, 1, 0, "peer.test"))
+        self.clock.advance(0.1)
+        return manager, link, out
+
+    @staticmethod
+    def advert(sequence=1):
+        return fed_packets.FedMeshAdvert("peer.test", 1, sequence, ["ours.test"])
+
+    def test_a_plain_link_stays_plain(self):
+        manager, link, out = self.link()
+        link.packet_received(fed_packets.FedSubReplace(2, filters.to_wire(filters.TRUE)))
+        self.clock.advance(0.1)
+        self.assertIs(link.mesh, False)
+        out.sent.clear()
+        for sequence in range(1, 101):
+            link.packet_received(self.advert(sequence))
+            self.clock.advance(0.1)
+        self.assertIs(link.mesh, False)
+        self.assertEqual([p for p in out.sent if isinstance(p, fed_packets.FedMeshAdvert)], [])
+        self.assertEqual(manager.mesh.adverts, {})
+        self.assertNotIn("peer.test", manager.mesh.neighbours)
+        self.assertIn("peer.test", manager.mesh.plain)
+        self.assertEqual(link.stats["adverts_ignored"], 100)
+        self.assertEqual(self.log.having("is a mesh link"), [])
+        (line,) = self.log.having("ignored 1 mesh advert(s) from federation peer peer.test")
+        self.assertIn("not a mesh link", line)
+        self.clock.advance(60.0)
+        link.packet_received(self.advert(101))
+        self.assertEqual(len(self.log.having("ignored 100 mesh advert(s)")), 1)
+        self.assertEqual(len(self.log.having("mesh advert(s)")), 2)
+
+    def test_an_advert_before_the_first_filter_is_ignored(self):
+        manager, link, out = self.link()
+        link.packet_received(self.advert())
+        self.assertIsNone(link.mesh)
+        self.assertEqual((manager.mesh.adverts, link.stats["adverts_ignored"]), ({}, 1))
+        self.assertEqual(len(self.log.having("its first pull filter has not arrived")), 1)
+        # The first filter decides; later adverts are taken.
+        marked = filters.with_marker(filters.TRUE, manager.mesh_marker)
+        link.packet_received(fed_packets.FedSubReplace(2, filters.to_wire(marked)))
+        self.assertIs(link.mesh, True)
+        self.assertTrue(any(isinstance(p, fed_packets.FedMeshAdvert) for p in out.sent))
+        link.packet_received(self.advert(2))
+        self.assertEqual(list(manager.mesh.adverts), ["peer.test"])
+
+    def test_a_router_without_mesh_ignores_adverts(self):
+        manager, link, out = self.link(mesh=False)
+        link.packet_received(fed_packets.FedSubReplace(2, filters.to_wire(filters.TRUE)))
+        out.sent.clear()
+        link.packet_received(self.advert())
+        self.assertEqual((out.sent, link.stats["adverts_ignored"]), ([], 1))
+        self.assertEqual(link.state, link.UP)
