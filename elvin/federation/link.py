@@ -124,6 +124,17 @@ class FederationLink:
         self.connection_lost(reason)
         self.output.abort()
 
+    def handshake_timed_out(self, seconds):
+        """The handshake was not done within ``seconds`` of the connection
+        opening (the output's timer): close, whatever the peer sent."""
+        if self.state == self.UP or self.state == self.CLOSED:
+            return
+        waiting = "FedConnRply" if self.outgoing else "FedConnRqst"
+        self.log.warn("federation link with {host}: no {waiting} within {seconds:g} s; "
+                      "closing", host=self.peer_host, waiting=waiting, seconds=seconds)
+        self.connection_lost("handshake timeout")
+        self.output.abort()
+
     # -- input -------------------------------------------------------------------
 
     def packet_received(self, packet, size=None):
@@ -133,6 +144,13 @@ class FederationLink:
             return
         self._size = size
         kind = type(packet)
+        if self.state != self.UP and (kind is packets.TestConn or kind is packets.ConfConn):
+            # Liveness holds from the moment the connection opens, before
+            # the handshake too, both ways (as the Avis router's): a probe
+            # is answered whatever the state, and an answer is taken.
+            if kind is packets.TestConn:
+                self.output.send(packets.ConfConn())
+            return
         if self.state == self.AWAITING_REQUEST:
             if kind is fed_packets.FedConnRqst:
                 self._accept(packet)

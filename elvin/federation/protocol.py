@@ -4,9 +4,10 @@
 ``FederationLink`` and implements its output with the same bounded send
 queue as client channels (a stalled peer costs only its own queue; what
 does not fit is dropped and traced as overload). Idle links are probed
-with TestConn; a link that stays silent is closed, its peer's filter is
-forgotten at once, and an outgoing link is redialled by a ``ClientService``
-with jittered exponential backoff.
+with TestConn (from the moment the connection opens); a link that stays
+silent, or whose handshake is not done within ``HANDSHAKE_TIMEOUT``, is
+closed, its peer's filter is forgotten at once, and an outgoing link is
+redialled by a ``ClientService`` with jittered exponential backoff.
 """
 
 import random
@@ -19,7 +20,7 @@ from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOProtocol
 
 from elvin.federation import packets as fed_packets
-from elvin.federation.link import FederationLink
+from elvin.federation.link import FederationLink, LinkState
 from elvin.protocols import packets
 from elvin.protocols.output import QueuedFramedProtocol
 from elvin.protocols.xdr import DecodeError
@@ -27,11 +28,15 @@ from elvin.core.sendqueue import SendQueue
 from elvin.uri import EwafURI, parse_ewaf
 
 __all__ = ["FederationProtocol", "AcceptorFactory", "ConnectorFactory",
-           "parse_ewaf", "DEFAULT_FEDERATION_PORT", "connector_service"]
+           "parse_ewaf", "DEFAULT_FEDERATION_PORT", "HANDSHAKE_TIMEOUT", "connector_service"]
 
 DEFAULT_FEDERATION_PORT = EwafURI.DEFAULT_PORT
 #: Seconds between probes of a quiet link: a hung peer is found within two.
 DEFAULT_KEEPALIVE = 5.0
+#: Seconds a connection has to finish its handshake (FedConnRqst answered
+#: by a FedConnRply that is accepted) before it is closed, whatever else
+#: the peer sends meanwhile: the Avis router's Federation.Request-Timeout.
+HANDSHAKE_TIMEOUT = 20.0
 _DROPWARN = packets.encode(packets.DropWarn())
 _packet_id = struct.Struct(">I").unpack_from
 #: Linux's TCP_QUICKACK (None elsewhere): see FederationProtocol.dataReceived.
@@ -53,12 +58,16 @@ class FederationProtocol(QueuedFramedProtocol):
     log = Logger()
 
     def __init__(self, manager, outgoing, fed_class=None, keepalive=DEFAULT_KEEPALIVE,
-                 send_queue_bytes=8 * 1024 * 1024, clock=None):
+                 send_queue_bytes=8 * 1024 * 1024, clock=None,
+                 handshake_timeout=HANDSHAKE_TIMEOUT):
         super().__init__()
         self.manager = manager
         self.outgoing = outgoing
         self.fed_class = fed_class
         self.keepalive = keepalive
+        self.handshake_timeout = handshake_timeout
+        self._awaiting_up = False
+        self._handshake = None
         self.clock = clock or manager.clock
         self.queue = SendQueue(send_queue_bytes, "newest", _DROPWARN)
         self.link = None
@@ -98,7 +107,23 @@ class FederationProtocol(QueuedFramedProtocol):
         self.last_heard = self.clock.seconds()
         if self.keepalive:
             self._liveness = self.clock.callLater(self.keepalive, self._check_liveness)
+        self._awaiting_up = True
+        if self.handshake_timeout:
+            self._handshake = self.clock.callLater(self.handshake_timeout,
+                                                   self._handshake_expired)
         self.link.start()
+
+    def _handshake_expired(self):
+        self._handshake = None
+        if self._awaiting_up:
+            self.link.handshake_timed_out(self.handshake_timeout)
+
+    def _came_up(self):
+        """The link is up (its handshake is done): stop the handshake timer."""
+        self._awaiting_up = False
+        if self._handshake is not None and self._handshake.active():
+            self._handshake.cancel()
+        self._handshake = None
 
     def silent_for(self):
         """Seconds since the peer last sent anything."""
@@ -131,6 +156,10 @@ class FederationProtocol(QueuedFramedProtocol):
         if self._liveness is not None and self._liveness.active():
             self._liveness.cancel()
         self._liveness = None
+        if self._handshake is not None and self._handshake.active():
+            self._handshake.cancel()
+        self._handshake = None
+        self._awaiting_up = False
         self.queue.clear()
         if self.link is not None:
             self.link.connection_lost("connection_lost")
@@ -166,6 +195,8 @@ class FederationProtocol(QueuedFramedProtocol):
             self.link.violation(f"protocol_error: {e}")
             return
         self.link.packet_received(packet, len(data))
+        if self._awaiting_up and self.link.state == LinkState.UP:
+            self._came_up()
 
     # -- output (the link's) ---------------------------------------------------
 

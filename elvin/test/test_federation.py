@@ -3,18 +3,23 @@
 import glob
 import json
 import os
+import struct
 
 from twisted.internet import defer, endpoints, reactor
+from twisted.internet.protocol import Protocol
 from twisted.internet.task import Clock
 from twisted.logger import formatEvent, globalLogPublisher
+from twisted.test import iosim
 from twisted.trial import unittest
 
-from elvin import client
+from elvin import client, errors
 from elvin.federation import filters
 from elvin.federation import packets as fed_packets
+from elvin.federation import protocol as fedproto
 from elvin.federation.link import FederationLink
 from elvin.federation.manager import FederationClass, FederationManager
 from elvin.federation.protocol import AcceptorFactory, ConnectorFactory, parse_ewaf
+from elvin.protocols import packets
 from elvin.federation.trace import TraceWriter, notification_digest
 from elvin.protocols.server import ElvinServerFactory
 from elvin.core.router import Router
@@ -652,6 +657,55 @@ class TraceQueueTests(unittest.TestCase):
 
 # -- the handshake, redials and link classes, in memory -------------------------------
 
+class _ScriptedPeer(Protocol):
+    """A raw federation peer (over iosim) that answers a FedConnRqst as
+    ``plan`` says: ``good``, ``nack``, ``wrong_xid``, ``own_domain``
+    (ours.test), ``empty``, ``hangup`` or ``stall`` (never). It answers
+    TestConn with ConfConn, and can send any packet itself."""
+
+    def __init__(self, plan="good"):
+        self.plan = plan
+        self.buffer = b""
+        self.received = []
+
+    def dataReceived(self, data):
+        self.buffer += data
+        while len(self.buffer) >= 4:
+            (length,) = struct.unpack_from(">I", self.buffer)
+            if len(self.buffer) < 4 + length:
+                return
+            frame, self.buffer = self.buffer[4:4 + length], self.buffer[4 + length:]
+            packet = fed_packets.decode(frame)
+            self.received.append(packet)
+            self.answer(packet)
+
+    def send(self, packet):
+        data = packets.encode(packet)
+        self.transport.write(struct.pack(">I", len(data)) + data)
+
+    def answer(self, packet):
+        if isinstance(packet, packets.TestConn):
+            self.send(packets.ConfConn())
+        if not isinstance(packet, fed_packets.FedConnRqst):
+            return
+        xid, plan = packet.xid, self.plan
+        if plan == "nack":
+            self.send(packets.Nack(xid, errors.AUTHZ_FAIL, "go away", ()))
+        elif plan == "wrong_xid":
+            self.send(fed_packets.FedConnRply(xid + 1, "peer.test"))
+        elif plan == "own_domain":
+            self.send(fed_packets.FedConnRply(xid, "ours.test"))
+        elif plan == "empty":
+            self.send(fed_packets.FedConnRply(xid, ""))
+        elif plan == "hangup":
+            self.transport.loseConnection()
+        elif plan == "good":
+            self.send(fed_packets.FedConnRply(xid, "peer.test"))
+
+    def kinds(self):
+        return [type(p).__name__ for p in self.received]
+
+
 class _Logged:
     def __init__(self, test):
         self.lines = []
@@ -663,6 +717,97 @@ class _Logged:
 
     def having(self, text):
         return [line for line in self.lines if text in line]
+
+
+class HandshakeLivenessTests(unittest.TestCase):
+    """docs/federation.md, "Liveness" and "Handshake timeout": TestConn is
+    answered whatever the state of the link, both ways; a handshake not
+    done within HANDSHAKE_TIMEOUT closes the connection; a silent one is
+    closed sooner by the liveness rule."""
+
+    def setUp(self):
+        self.router = Router()
+        self.clock = Clock()
+        self.fed_class = FederationClass("Peer", hosts=["*"])
+        self.manager = FederationManager(self.router, "ours.test", [self.fed_class], None,
+                                         self.clock, debounce=0)
+        self.log = _Logged(self)
+
+    def test_testconn_before_fedconnrqst_is_answered(self):
+        out = _LinkOutput()
+        link = FederationLink(self.manager, out, False, self.fed_class, "10.0.0.7")
+        link.start()
+        link.packet_received(packets.TestConn())
+        link.packet_received(packets.ConfConn())
+        self.assertEqual(out.sent, [packets.ConfConn()])
+        self.assertEqual((link.state, out.closed), (link.AWAITING_REQUEST, False))
+        link.packet_received(fed_packets.FedConnRqst(1, 1, 0, "peer.test"))
+        self.assertIsInstance(out.sent[1], fed_packets.FedConnRply)
+        self.assertEqual(link.state, link.UP)
+
+    def test_testconn_before_fedconnrply_is_answered(self):
+        out = _LinkOutput()
+        link = FederationLink(self.manager, out, True, self.fed_class, "10.0.0.9")
+        link.start()
+        (request,) = out.sent
+        link.packet_received(packets.TestConn())
+        link.packet_received(packets.ConfConn())
+        self.assertEqual(out.sent[1:], [packets.ConfConn()])
+        self.assertEqual((link.state, out.closed), (link.CONNECTING, False))
+        link.packet_received(fed_packets.FedConnRply(request.xid, "peer.test"))
+        self.assertEqual(link.state, link.UP)
+
+    def accepted(self, peer, keepalive=5.0):
+        """``peer`` connected to our federation listener (iosim, our clock)."""
+        ours = AcceptorFactory(self.manager, keepalive).buildProtocol(None)
+        pump = iosim.connect(ours, iosim.makeFakeServer(ours), peer,
+                             iosim.makeFakeClient(peer), greet=False, clock=self.clock)
+        return ours, pump
+
+    def play(self, pump, seconds, step=0.05):
+        for _ in range(round(seconds / step)):
+            self.clock.advance(step)
+            pump.flush()
+
+    def test_a_connection_that_sends_nothing_is_probed_then_closed(self):
+        peer = Protocol()
+        peer.received = b""
+        peer.dataReceived = lambda data: setattr(peer, "received", peer.received + data)
+        ours, pump = self.accepted(peer)
+        self.play(pump, 4.9)
+        self.assertEqual(peer.received, b"")
+        self.play(pump, 0.2)
+        self.assertEqual(fed_packets.decode(peer.received[4:]), packets.TestConn())
+        self.play(pump, 4.7)
+        self.assertIsNotNone(ours.transport)
+        self.play(pump, 0.3)                  # silent for 2 keepalives: closed
+        self.assertTrue(pump.serverIO.disconnected)
+        self.assertEqual(len(self.log.having("is silent; closing")), 1)
+
+    def test_probes_do_not_stand_in_for_the_handshake(self):
+        """A peer that answers and sends probes but no FedConnRqst is closed
+        at the handshake timeout, not sooner."""
+        for keepalive in (5.0, 0.0):
+            peer = _ScriptedPeer("stall")
+            ours, pump = self.accepted(peer, keepalive)
+            for _ in range(19):
+                peer.send(packets.TestConn())
+                self.play(pump, 1.0)
+            self.assertFalse(pump.serverIO.disconnected)
+            self.assertEqual(peer.kinds().count("ConfConn"), 19)
+            self.play(pump, 1.05)
+            self.assertTrue(pump.serverIO.disconnected, keepalive)
+        self.assertEqual(len(self.log.having("no FedConnRqst within 20 s; closing")), 2)
+        self.assertEqual(self.manager.links, [])
+
+    def test_a_link_that_came_up_has_no_handshake_timeout(self):
+        peer = _ScriptedPeer()
+        ours, pump = self.accepted(peer, keepalive=0.0)
+        peer.send(fed_packets.FedConnRqst(1, 1, 0, "peer.test"))
+        self.play(pump, fedproto.HANDSHAKE_TIMEOUT * 2)
+        self.assertFalse(pump.serverIO.disconnected)
+        self.assertEqual([l.peer_domain for l in self.manager.links], ["peer.test"])
+        self.assertIsNone(ours._handshake)
 
 
 class MeshAdvertOnPlainLinkTests(unittest.TestCase):
