@@ -4,6 +4,7 @@ import glob
 import json
 import os
 import struct
+from types import SimpleNamespace
 
 from twisted.internet import defer, endpoints, reactor
 from twisted.internet.protocol import Protocol
@@ -18,7 +19,8 @@ from elvin.federation import packets as fed_packets
 from elvin.federation import protocol as fedproto
 from elvin.federation.link import FederationLink
 from elvin.federation.manager import FederationClass, FederationManager
-from elvin.federation.protocol import AcceptorFactory, ConnectorFactory, parse_ewaf
+from elvin.federation.protocol import (AcceptorFactory, ConnectorFactory, connector_service,
+                                       parse_ewaf)
 from elvin.protocols import packets
 from elvin.federation.trace import TraceWriter, notification_digest
 from elvin.protocols.server import ElvinServerFactory
@@ -706,6 +708,27 @@ class _ScriptedPeer(Protocol):
         return [type(p).__name__ for p in self.received]
 
 
+class _ScriptedEndpoint:
+    """A client endpoint whose every connect reaches a new ``_ScriptedPeer``
+    with the next of ``plans``, over an iosim pump of ``net``."""
+
+    def __init__(self, net, plans):
+        self.net = net
+        self.plans = iter(plans)
+        self.attempts = []
+        self.peers = []
+
+    def connect(self, factory):
+        self.attempts.append(self.net.clock.seconds())
+        peer = _ScriptedPeer(next(self.plans))
+        self.peers.append(peer)
+        ours = factory.buildProtocol(None)
+        self.net.pumps.append(iosim.connect(peer, iosim.makeFakeServer(peer), ours,
+                                            iosim.makeFakeClient(ours), greet=False,
+                                            clock=self.net.clock))
+        return defer.succeed(ours)
+
+
 class _Logged:
     def __init__(self, test):
         self.lines = []
@@ -717,6 +740,94 @@ class _Logged:
 
     def having(self, text):
         return [line for line in self.lines if text in line]
+
+
+class RedialBackoffTests(unittest.TestCase):
+    """docs/federation.md, "Links": every redial that brings no link up
+    doubles the delay (1, 2, 4 ... 30 s, plus the jitter), whether the TCP
+    connect failed or the peer refused us once connected; it starts again
+    from 1 s once a link has come up."""
+
+    JITTER = 0.25
+
+    def setUp(self):
+        from elvin.test.fednet import Net
+        self.patch(fedproto, "random", SimpleNamespace(random=lambda: self.JITTER))
+        self.net = Net()
+        self.manager = FederationManager(Router(), "ours.test",
+                                         [FederationClass("Peer", hosts=["*"])], None,
+                                         self.net.clock, debounce=0.05)
+        self.log = _Logged(self)
+
+    def keep(self, plans):
+        endpoint = _ScriptedEndpoint(self.net, plans)
+        factory = ConnectorFactory(self.manager, self.manager.classes["Peer"], 5.0)
+        service = connector_service(self.net.clock, endpoint, factory,
+                                    initial_delay=0.5, max_delay=30.0, name="ewaf://peer")
+        service.startService()
+
+        def stop():
+            stopped = service.stopService()
+            self.net.flush()            # the link's transport closes
+            return stopped
+        self.addCleanup(stop)
+        return endpoint
+
+    def run_until(self, endpoint, attempts, limit=400.0):
+        while len(endpoint.attempts) < attempts and self.net.clock.seconds() < limit:
+            self.net.run(0.01)
+
+    def expected(self, *steps):
+        return [min(0.5 * 2 ** n, 30.0) + self.JITTER for n in steps]
+
+    def assert_intervals(self, times, expected):
+        intervals = [b - a for a, b in zip(times, times[1:])]
+        self.assertEqual(len(intervals), len(expected), intervals)
+        for got, want in zip(intervals, expected):
+            # The clock moves in steps of 10 ms.
+            self.assertLessEqual(abs(got - want), 0.025, (intervals, expected))
+
+    def test_refusals_after_connecting_back_off_to_the_cap(self):
+        refusals = ["nack", "wrong_xid", "own_domain", "empty", "hangup", "nack", "nack",
+                    "nack"]
+        endpoint = self.keep(refusals + ["good"])
+        self.run_until(endpoint, len(refusals) + 1)
+        self.assertEqual([peer.kinds()[:1] for peer in endpoint.peers],
+                         [["FedConnRqst"]] * (len(refusals) + 1))
+        # 1.25, 2.25, 4.25, 8.25, 16.25, then 30.25 (the cap) three times.
+        self.assert_intervals(endpoint.attempts, self.expected(*range(1, 9)))
+        self.net.run(0.1)
+        (link,) = self.manager.links
+        self.assertEqual(link.peer_domain, "peer.test")
+        self.assertEqual(len(self.log.having("federation link up")), 1)   # the last one
+        redials = self.log.having("federation: redialling ewaf://peer")
+        self.assertEqual(len(redials), len(refusals))
+        self.assertIn("(attempt 8 since a link was up)", redials[-1])
+        self.assertEqual(self.log.having("Scheduling retry"), [])
+
+    def test_the_delay_starts_again_once_a_link_was_up(self):
+        endpoint = self.keep(["nack", "nack", "nack", "good", "nack", "nack"])
+        self.run_until(endpoint, 4)
+        self.net.run(0.1)
+        self.assertEqual(len(self.manager.links), 1)
+        endpoint.peers[-1].transport.loseConnection()      # the link drops
+        self.run_until(endpoint, 6)
+        times = endpoint.attempts
+        self.assert_intervals(times[:4], self.expected(1, 2, 3))
+        dropped_at = times[3] + 0.1
+        self.assertLessEqual(abs(times[4] - dropped_at - self.expected(1)[0]), 0.025)
+        self.assert_intervals(times[4:], self.expected(2))
+
+    def test_a_handshake_that_never_ends_counts_as_a_failed_attempt(self):
+        """The peer answers every probe but never FedConnRply: closed at
+        the handshake timeout, then redialled after a growing delay."""
+        endpoint = self.keep(["stall", "stall", "good"])
+        self.run_until(endpoint, 3, limit=100.0)
+        timeout = fedproto.HANDSHAKE_TIMEOUT
+        self.assert_intervals(endpoint.attempts,
+                              [timeout + d for d in self.expected(1, 2)])
+        self.assertIn("TestConn", endpoint.peers[0].kinds())   # probed, answered
+        self.assertEqual(len(self.log.having("no FedConnRply within 20 s; closing")), 2)
 
 
 class HandshakeLivenessTests(unittest.TestCase):
