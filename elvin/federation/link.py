@@ -38,11 +38,16 @@ class LinkState(enum.IntEnum):
 
 
 #: What a link counts (``FederationLink.stats``): notifications in and out,
-#: and those dropped as loops, suppressed, duplicates or for overload, and
-#: pull-filter refreshes that changed nothing. Declared, so that a reader
-#: naming a counter that is not here fails the type check.
+#: and those dropped as loops, suppressed, duplicates or for overload,
+#: pull-filter refreshes that changed nothing, and mesh adverts ignored
+#: (the link is not a mesh link). Declared, so that a reader naming a
+#: counter that is not here fails the type check.
 LinkStats = TypedDict("LinkStats", {"in": int, "out": int, "loops": int, "suppressed": int,
-                                    "duplicates": int, "overload": int, "refreshed": int})
+                                    "duplicates": int, "overload": int, "refreshed": int,
+                                    "adverts_ignored": int})
+
+#: Seconds between log lines about one link's ignored mesh adverts.
+IGNORED_ADVERT_LOG_INTERVAL = 60.0
 
 
 class FederationLink:
@@ -68,7 +73,11 @@ class FederationLink:
         self._xids = itertools.count(1)
         self._pending = {}
         self.stats: LinkStats = {"in": 0, "out": 0, "loops": 0, "suppressed": 0,
-                                 "duplicates": 0, "overload": 0, "refreshed": 0}
+                                 "duplicates": 0, "overload": 0, "refreshed": 0,
+                                 "adverts_ignored": 0}
+        #: When ignored adverts were last logged, and how many had been then.
+        self._adverts_logged_at = None
+        self._adverts_logged = 0
         self._filter_heard = False
         #: When the peer last sent anything (the manager's clock's seconds;
         #: keepalives included).
@@ -121,6 +130,17 @@ class FederationLink:
         self.connection_lost(reason)
         self.output.abort()
 
+    def handshake_timed_out(self, seconds):
+        """The handshake was not done within ``seconds`` of the connection
+        opening (the output's timer): close, whatever the peer sent."""
+        if self.state == self.UP or self.state == self.CLOSED:
+            return
+        waiting = "FedConnRply" if self.outgoing else "FedConnRqst"
+        self.log.warn("federation link with {host}: no {waiting} within {seconds:g} s; "
+                      "closing", host=self.peer_host, waiting=waiting, seconds=seconds)
+        self.connection_lost("handshake timeout")
+        self.output.abort()
+
     # -- input -------------------------------------------------------------------
 
     def packet_received(self, packet, size=None):
@@ -130,6 +150,13 @@ class FederationLink:
             return
         self._size = size
         kind = type(packet)
+        if self.state != self.UP and (kind is packets.TestConn or kind is packets.ConfConn):
+            # Liveness holds from the moment the connection opens, before
+            # the handshake too, both ways (as the Avis router's): a probe
+            # is answered whatever the state, and an answer is taken.
+            if kind is packets.TestConn:
+                self.output.send(packets.ConfConn())
+            return
         if self.state == self.AWAITING_REQUEST:
             if kind is fed_packets.FedConnRqst:
                 self._accept(packet)
@@ -396,7 +423,16 @@ class FederationLink:
 
     def _mesh_advert(self, packet):
         if self.manager.mesh is None:
-            return                    # our mesh is switched off: ignore it
+            self._ignore_advert("federation mesh is off here")
+            return
+        if not self.mesh:
+            # A link is what its peer's first pull filter says, and adverts
+            # go only to peers whose filters carried the mesh marker: an
+            # advert on any other link changes nothing.
+            self._ignore_advert("not a mesh link (its first pull filter had no mesh "
+                                "marker)" if self.mesh is False else
+                                "its first pull filter has not arrived")
+            return
         for domain in (packet.origin, *map(advert_domain, packet.neighbours)):
             problem = domain_problem(domain)
             if problem is not None:
@@ -404,10 +440,20 @@ class FederationLink:
                 self.log.warn("ignored a mesh advert from {peer} naming {domain}: {problem}",
                               peer=self.peer_domain, domain=shown(domain), problem=problem)
                 return
-        if not self.mesh:
-            self.mesh = True
-            self.manager.mesh_peer_found(self)
         self.manager.mesh_advert(self, packet)
+
+    def _ignore_advert(self, why):
+        """Count an ignored FedMeshAdvert; log at most one line per
+        ``IGNORED_ADVERT_LOG_INTERVAL`` for the link, with the count."""
+        self.stats["adverts_ignored"] += 1
+        now = self.manager.clock.seconds()
+        last = self._adverts_logged_at
+        if last is not None and now - last < IGNORED_ADVERT_LOG_INTERVAL:
+            return
+        count = self.stats["adverts_ignored"] - self._adverts_logged
+        self._adverts_logged_at, self._adverts_logged = now, self.stats["adverts_ignored"]
+        self.log.warn("ignored {count} mesh advert(s) from federation peer {peer}: {why}",
+                      count=count, peer=self.peer_domain, why=why)
 
     def _test_conn(self, packet):
         self.output.send(packets.ConfConn())

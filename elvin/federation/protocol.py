@@ -4,34 +4,40 @@
 ``FederationLink`` and implements its output with the same bounded send
 queue as client channels (a stalled peer costs only its own queue; what
 does not fit is dropped and traced as overload). Idle links are probed
-with TestConn; a link that stays silent is closed, its peer's filter is
-forgotten at once, and an outgoing link is redialled by a ``ClientService``
-with jittered exponential backoff.
+with TestConn (from the moment the connection opens); a link that stays
+silent, or whose handshake is not done within ``HANDSHAKE_TIMEOUT``, is
+closed, its peer's filter is forgotten at once, and an outgoing link is
+redialled by a ``ClientService`` with jittered exponential backoff that
+starts again from its first step only once a link came up.
 """
 
 import random
 import socket
 import struct
 
-from twisted.application.internet import ClientService, backoffPolicy
+from twisted.application.internet import ClientService
 from twisted.internet import protocol
 from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOProtocol
 
 from elvin.federation import packets as fed_packets
-from elvin.federation.link import FederationLink
+from elvin.federation.link import FederationLink, LinkState
 from elvin.protocols import packets
 from elvin.protocols.output import QueuedFramedProtocol
 from elvin.protocols.xdr import DecodeError
 from elvin.core.sendqueue import SendQueue
 from elvin.uri import EwafURI, parse_ewaf
 
-__all__ = ["FederationProtocol", "AcceptorFactory", "ConnectorFactory",
-           "parse_ewaf", "DEFAULT_FEDERATION_PORT", "connector_service"]
+__all__ = ["FederationProtocol", "AcceptorFactory", "ConnectorFactory", "Backoff",
+           "parse_ewaf", "DEFAULT_FEDERATION_PORT", "HANDSHAKE_TIMEOUT", "connector_service"]
 
 DEFAULT_FEDERATION_PORT = EwafURI.DEFAULT_PORT
 #: Seconds between probes of a quiet link: a hung peer is found within two.
 DEFAULT_KEEPALIVE = 5.0
+#: Seconds a connection has to finish its handshake (FedConnRqst answered
+#: by a FedConnRply that is accepted) before it is closed, whatever else
+#: the peer sends meanwhile: the Avis router's Federation.Request-Timeout.
+HANDSHAKE_TIMEOUT = 20.0
 _DROPWARN = packets.encode(packets.DropWarn())
 _packet_id = struct.Struct(">I").unpack_from
 #: Linux's TCP_QUICKACK (None elsewhere): see FederationProtocol.dataReceived.
@@ -53,12 +59,18 @@ class FederationProtocol(QueuedFramedProtocol):
     log = Logger()
 
     def __init__(self, manager, outgoing, fed_class=None, keepalive=DEFAULT_KEEPALIVE,
-                 send_queue_bytes=8 * 1024 * 1024, clock=None):
+                 send_queue_bytes=8 * 1024 * 1024, clock=None,
+                 handshake_timeout=HANDSHAKE_TIMEOUT):
         super().__init__()
         self.manager = manager
         self.outgoing = outgoing
         self.fed_class = fed_class
         self.keepalive = keepalive
+        self.handshake_timeout = handshake_timeout
+        #: Called (no arguments) once, when the link comes up.
+        self.on_up = None
+        self._awaiting_up = False
+        self._handshake = None
         self.clock = clock or manager.clock
         self.queue = SendQueue(send_queue_bytes, "newest", _DROPWARN)
         self.link = None
@@ -98,7 +110,27 @@ class FederationProtocol(QueuedFramedProtocol):
         self.last_heard = self.clock.seconds()
         if self.keepalive:
             self._liveness = self.clock.callLater(self.keepalive, self._check_liveness)
+        self._awaiting_up = True
+        if self.handshake_timeout:
+            self._handshake = self.clock.callLater(self.handshake_timeout,
+                                                   self._handshake_expired)
         self.link.start()
+
+    def _handshake_expired(self):
+        self._handshake = None
+        if self._awaiting_up:
+            self.link.handshake_timed_out(self.handshake_timeout)
+
+    def _came_up(self):
+        """The link is up (its handshake is done): stop the handshake
+        timer and tell ``on_up`` (the redial backoff starts again)."""
+        self._awaiting_up = False
+        if self._handshake is not None and self._handshake.active():
+            self._handshake.cancel()
+        self._handshake = None
+        on_up, self.on_up = self.on_up, None
+        if on_up is not None:
+            on_up()
 
     def silent_for(self):
         """Seconds since the peer last sent anything."""
@@ -131,6 +163,10 @@ class FederationProtocol(QueuedFramedProtocol):
         if self._liveness is not None and self._liveness.active():
             self._liveness.cancel()
         self._liveness = None
+        if self._handshake is not None and self._handshake.active():
+            self._handshake.cancel()
+        self._handshake = None
+        self._awaiting_up = False
         self.queue.clear()
         if self.link is not None:
             self.link.connection_lost("connection_lost")
@@ -173,6 +209,8 @@ class FederationProtocol(QueuedFramedProtocol):
             self.link.notification_faulty(packet, problem, len(data))
             return
         self.link.packet_received(packet, len(data))
+        if self._awaiting_up and self.link.state == LinkState.UP:
+            self._came_up()
 
     # -- output (the link's) ---------------------------------------------------
 
@@ -220,22 +258,83 @@ class ConnectorFactory(protocol.Factory):
         self.manager = manager
         self.fed_class = fed_class
         self.keepalive = keepalive
+        #: The redial backoff of the ClientService that uses this factory
+        #: (``connector_service``): started again when a link comes up.
+        self.backoff = None
 
     def buildProtocol(self, addr):
         proto = FederationProtocol(self.manager, True, self.fed_class, self.keepalive)
         proto.factory = self
+        proto.on_up = self._link_up
         return proto
+
+    def _link_up(self):
+        if self.backoff is not None:
+            self.backoff.reset()
+
+
+class Backoff:
+    """The redial delays of one outgoing link: ``initial_delay`` doubled
+    for each attempt since a link last came up (``reset``), at most
+    ``max_delay``, plus ``jitter()`` (0 to 1 s).
+
+    A ClientService counts failures only until the TCP connect: a peer
+    that accepts and then refuses us (a Nack, a bad FedConnRply, a
+    hang-up, a handshake that never ends) would be redialled at the first
+    step forever. Here an attempt counts as failed until the link is up.
+    """
+
+    log = Logger()
+
+    def __init__(self, initial_delay=0.5, max_delay=30.0, factor=2.0, jitter=None,
+                 name=None):
+        self.initial_delay = initial_delay
+        self.max_delay = max_delay
+        self.factor = factor
+        self.jitter = jitter if jitter is not None else random.random
+        self.name = name
+        #: Attempts since a link was last up (or since the start).
+        self.failures = 0
+
+    def __call__(self, _twisted_count=None):
+        """The delay before the next attempt (a ClientService retryPolicy)."""
+        self.failures += 1
+        delay = min(self.initial_delay * self.factor ** self.failures, self.max_delay)
+        delay += self.jitter()
+        self.log.info("federation: redialling {peer} in {delay:.2f} s (attempt {n} "
+                      "since a link was up)", peer=self.name, delay=delay,
+                      n=self.failures)
+        return delay
+
+    def reset(self):
+        self.failures = 0
+
+
+class _QuietRetries(Logger):
+    """ClientService's log without its "Scheduling retry N" line, whose N
+    restarts at every TCP connect: ``Backoff`` logs each redial instead."""
+
+    def info(self, format=None, **kwargs):
+        if format is not None and format.startswith("Scheduling retry"):
+            return
+        super().info(format, **kwargs)
+
+
+class _Keeper(ClientService):
+    _log = _QuietRetries(namespace="elvin.federation.protocol.connector_service")
 
 
 def connector_service(reactor, endpoint, factory, initial_delay=0.5, max_delay=30.0,
                       name=None):
     """A ClientService that keeps an outgoing link up, redialling with
-    jittered exponential backoff; each failed dial is logged with its
+    jittered exponential backoff (``Backoff``: it grows until a link is
+    up, not merely connected); each failed dial is logged with its
     reason, naming ``name`` (the link's URI)."""
-    policy = backoffPolicy(initialDelay=initial_delay, maxDelay=max_delay, factor=2.0,
-                           jitter=random.random)
-    return ClientService(_ReasonLogged(endpoint, name or repr(endpoint)), factory,
-                         retryPolicy=policy, clock=reactor)
+    name = name or repr(endpoint)
+    policy = Backoff(initial_delay, max_delay, 2.0, random.random, name)
+    factory.backoff = policy
+    return _Keeper(_ReasonLogged(endpoint, name), factory, retryPolicy=policy,
+                   clock=reactor)
 
 
 class _ReasonLogged:

@@ -3,14 +3,25 @@
 import glob
 import json
 import os
+import struct
+from types import SimpleNamespace
 
 from twisted.internet import defer, endpoints, reactor
+from twisted.internet.protocol import Protocol
+from twisted.internet.task import Clock
+from twisted.logger import formatEvent, globalLogPublisher
+from twisted.test import iosim
 from twisted.trial import unittest
 
-from elvin import client
+from elvin import client, errors
 from elvin.federation import filters
+from elvin.federation import packets as fed_packets
+from elvin.federation import protocol as fedproto
+from elvin.federation.link import FederationLink
 from elvin.federation.manager import FederationClass, FederationManager
-from elvin.federation.protocol import AcceptorFactory, ConnectorFactory, parse_ewaf
+from elvin.federation.protocol import (AcceptorFactory, ConnectorFactory, connector_service,
+                                       parse_ewaf)
+from elvin.protocols import packets
 from elvin.federation.trace import TraceWriter, notification_digest
 from elvin.protocols.server import ElvinServerFactory
 from elvin.core.router import Router
@@ -673,3 +684,338 @@ class TraceQueueTests(unittest.TestCase):
         writer = TraceWriter(self.mktemp(), "ours.test", reactor=SlowToReturn())
         yield writer.close()
         self.assertFalse(writer._thread.is_alive())
+
+
+# -- the handshake, redials and link classes, in memory -------------------------------
+
+class _ScriptedPeer(Protocol):
+    """A raw federation peer (over iosim) that answers a FedConnRqst as
+    ``plan`` says: ``good``, ``nack``, ``wrong_xid``, ``own_domain``
+    (ours.test), ``empty``, ``hangup`` or ``stall`` (never). It answers
+    TestConn with ConfConn, and can send any packet itself."""
+
+    def __init__(self, plan="good"):
+        self.plan = plan
+        self.buffer = b""
+        self.received = []
+
+    def dataReceived(self, data):
+        self.buffer += data
+        while len(self.buffer) >= 4:
+            (length,) = struct.unpack_from(">I", self.buffer)
+            if len(self.buffer) < 4 + length:
+                return
+            frame, self.buffer = self.buffer[4:4 + length], self.buffer[4 + length:]
+            packet = fed_packets.decode(frame)
+            self.received.append(packet)
+            self.answer(packet)
+
+    def send(self, packet):
+        data = packets.encode(packet)
+        self.transport.write(struct.pack(">I", len(data)) + data)
+
+    def answer(self, packet):
+        if isinstance(packet, packets.TestConn):
+            self.send(packets.ConfConn())
+        if not isinstance(packet, fed_packets.FedConnRqst):
+            return
+        xid, plan = packet.xid, self.plan
+        if plan == "nack":
+            self.send(packets.Nack(xid, errors.AUTHZ_FAIL, "go away", ()))
+        elif plan == "wrong_xid":
+            self.send(fed_packets.FedConnRply(xid + 1, "peer.test"))
+        elif plan == "own_domain":
+            self.send(fed_packets.FedConnRply(xid, "ours.test"))
+        elif plan == "empty":
+            self.send(fed_packets.FedConnRply(xid, ""))
+        elif plan == "hangup":
+            self.transport.loseConnection()
+        elif plan == "good":
+            self.send(fed_packets.FedConnRply(xid, "peer.test"))
+
+    def kinds(self):
+        return [type(p).__name__ for p in self.received]
+
+
+class _ScriptedEndpoint:
+    """A client endpoint whose every connect reaches a new ``_ScriptedPeer``
+    with the next of ``plans``, over an iosim pump of ``net``."""
+
+    def __init__(self, net, plans):
+        self.net = net
+        self.plans = iter(plans)
+        self.attempts = []
+        self.peers = []
+
+    def connect(self, factory):
+        self.attempts.append(self.net.clock.seconds())
+        peer = _ScriptedPeer(next(self.plans))
+        self.peers.append(peer)
+        ours = factory.buildProtocol(None)
+        self.net.pumps.append(iosim.connect(peer, iosim.makeFakeServer(peer), ours,
+                                            iosim.makeFakeClient(ours), greet=False,
+                                            clock=self.net.clock))
+        return defer.succeed(ours)
+
+
+class _Logged:
+    def __init__(self, test):
+        self.lines = []
+        globalLogPublisher.addObserver(self)
+        test.addCleanup(globalLogPublisher.removeObserver, self)
+
+    def __call__(self, event):
+        self.lines.append(formatEvent(event))
+
+    def having(self, text):
+        return [line for line in self.lines if text in line]
+
+
+class RedialBackoffTests(unittest.TestCase):
+    """docs/federation.md, "Links": every redial that brings no link up
+    doubles the delay (1, 2, 4 ... 30 s, plus the jitter), whether the TCP
+    connect failed or the peer refused us once connected; it starts again
+    from 1 s once a link has come up."""
+
+    JITTER = 0.25
+
+    def setUp(self):
+        from elvin.test.fednet import Net
+        self.patch(fedproto, "random", SimpleNamespace(random=lambda: self.JITTER))
+        self.net = Net()
+        self.manager = FederationManager(Router(), "ours.test",
+                                         [FederationClass("Peer", hosts=["*"])], None,
+                                         self.net.clock, debounce=0.05)
+        self.log = _Logged(self)
+
+    def keep(self, plans):
+        endpoint = _ScriptedEndpoint(self.net, plans)
+        factory = ConnectorFactory(self.manager, self.manager.classes["Peer"], 5.0)
+        service = connector_service(self.net.clock, endpoint, factory,
+                                    initial_delay=0.5, max_delay=30.0, name="ewaf://peer")
+        service.startService()
+
+        def stop():
+            stopped = service.stopService()
+            self.net.flush()            # the link's transport closes
+            return stopped
+        self.addCleanup(stop)
+        return endpoint
+
+    def run_until(self, endpoint, attempts, limit=400.0):
+        while len(endpoint.attempts) < attempts and self.net.clock.seconds() < limit:
+            self.net.run(0.01)
+
+    def expected(self, *steps):
+        return [min(0.5 * 2 ** n, 30.0) + self.JITTER for n in steps]
+
+    def assert_intervals(self, times, expected):
+        intervals = [b - a for a, b in zip(times, times[1:])]
+        self.assertEqual(len(intervals), len(expected), intervals)
+        for got, want in zip(intervals, expected):
+            # The clock moves in steps of 10 ms.
+            self.assertLessEqual(abs(got - want), 0.025, (intervals, expected))
+
+    def test_refusals_after_connecting_back_off_to_the_cap(self):
+        refusals = ["nack", "wrong_xid", "own_domain", "empty", "hangup", "nack", "nack",
+                    "nack"]
+        endpoint = self.keep(refusals + ["good"])
+        self.run_until(endpoint, len(refusals) + 1)
+        self.assertEqual([peer.kinds()[:1] for peer in endpoint.peers],
+                         [["FedConnRqst"]] * (len(refusals) + 1))
+        # 1.25, 2.25, 4.25, 8.25, 16.25, then 30.25 (the cap) three times.
+        self.assert_intervals(endpoint.attempts, self.expected(*range(1, 9)))
+        self.net.run(0.1)
+        (link,) = self.manager.links
+        self.assertEqual(link.peer_domain, "peer.test")
+        self.assertEqual(len(self.log.having("federation link up")), 1)   # the last one
+        redials = self.log.having("federation: redialling ewaf://peer")
+        self.assertEqual(len(redials), len(refusals))
+        self.assertIn("(attempt 8 since a link was up)", redials[-1])
+        self.assertEqual(self.log.having("Scheduling retry"), [])
+
+    def test_the_delay_starts_again_once_a_link_was_up(self):
+        endpoint = self.keep(["nack", "nack", "nack", "good", "nack", "nack"])
+        self.run_until(endpoint, 4)
+        self.net.run(0.1)
+        self.assertEqual(len(self.manager.links), 1)
+        endpoint.peers[-1].transport.loseConnection()      # the link drops
+        self.run_until(endpoint, 6)
+        times = endpoint.attempts
+        self.assert_intervals(times[:4], self.expected(1, 2, 3))
+        dropped_at = times[3] + 0.1
+        self.assertLessEqual(abs(times[4] - dropped_at - self.expected(1)[0]), 0.025)
+        self.assert_intervals(times[4:], self.expected(2))
+
+    def test_a_handshake_that_never_ends_counts_as_a_failed_attempt(self):
+        """The peer answers every probe but never FedConnRply: closed at
+        the handshake timeout, then redialled after a growing delay."""
+        endpoint = self.keep(["stall", "stall", "good"])
+        self.run_until(endpoint, 3, limit=100.0)
+        timeout = fedproto.HANDSHAKE_TIMEOUT
+        self.assert_intervals(endpoint.attempts,
+                              [timeout + d for d in self.expected(1, 2)])
+        self.assertIn("TestConn", endpoint.peers[0].kinds())   # probed, answered
+        self.assertEqual(len(self.log.having("no FedConnRply within 20 s; closing")), 2)
+
+
+class HandshakeLivenessTests(unittest.TestCase):
+    """docs/federation.md, "Liveness" and "Handshake timeout": TestConn is
+    answered whatever the state of the link, both ways; a handshake not
+    done within HANDSHAKE_TIMEOUT closes the connection; a silent one is
+    closed sooner by the liveness rule."""
+
+    def setUp(self):
+        self.router = Router()
+        self.clock = Clock()
+        self.fed_class = FederationClass("Peer", hosts=["*"])
+        self.manager = FederationManager(self.router, "ours.test", [self.fed_class], None,
+                                         self.clock, debounce=0)
+        self.log = _Logged(self)
+
+    def test_testconn_before_fedconnrqst_is_answered(self):
+        out = _LinkOutput()
+        link = FederationLink(self.manager, out, False, self.fed_class, "10.0.0.7")
+        link.start()
+        link.packet_received(packets.TestConn())
+        link.packet_received(packets.ConfConn())
+        self.assertEqual(out.sent, [packets.ConfConn()])
+        self.assertEqual((link.state, out.closed), (link.AWAITING_REQUEST, False))
+        link.packet_received(fed_packets.FedConnRqst(1, 1, 0, "peer.test"))
+        self.assertIsInstance(out.sent[1], fed_packets.FedConnRply)
+        self.assertEqual(link.state, link.UP)
+
+    def test_testconn_before_fedconnrply_is_answered(self):
+        out = _LinkOutput()
+        link = FederationLink(self.manager, out, True, self.fed_class, "10.0.0.9")
+        link.start()
+        (request,) = out.sent
+        link.packet_received(packets.TestConn())
+        link.packet_received(packets.ConfConn())
+        self.assertEqual(out.sent[1:], [packets.ConfConn()])
+        self.assertEqual((link.state, out.closed), (link.CONNECTING, False))
+        link.packet_received(fed_packets.FedConnRply(request.xid, "peer.test"))
+        self.assertEqual(link.state, link.UP)
+
+    def accepted(self, peer, keepalive=5.0):
+        """``peer`` connected to our federation listener (iosim, our clock)."""
+        ours = AcceptorFactory(self.manager, keepalive).buildProtocol(None)
+        pump = iosim.connect(ours, iosim.makeFakeServer(ours), peer,
+                             iosim.makeFakeClient(peer), greet=False, clock=self.clock)
+        return ours, pump
+
+    def play(self, pump, seconds, step=0.05):
+        for _ in range(round(seconds / step)):
+            self.clock.advance(step)
+            pump.flush()
+
+    def test_a_connection_that_sends_nothing_is_probed_then_closed(self):
+        peer = Protocol()
+        peer.received = b""
+        peer.dataReceived = lambda data: setattr(peer, "received", peer.received + data)
+        ours, pump = self.accepted(peer)
+        self.play(pump, 4.9)
+        self.assertEqual(peer.received, b"")
+        self.play(pump, 0.2)
+        self.assertEqual(fed_packets.decode(peer.received[4:]), packets.TestConn())
+        self.play(pump, 4.7)
+        self.assertIsNotNone(ours.transport)
+        self.play(pump, 0.3)                  # silent for 2 keepalives: closed
+        self.assertTrue(pump.serverIO.disconnected)
+        self.assertEqual(len(self.log.having("is silent; closing")), 1)
+
+    def test_probes_do_not_stand_in_for_the_handshake(self):
+        """A peer that answers and sends probes but no FedConnRqst is closed
+        at the handshake timeout, not sooner."""
+        for keepalive in (5.0, 0.0):
+            peer = _ScriptedPeer("stall")
+            ours, pump = self.accepted(peer, keepalive)
+            for _ in range(19):
+                peer.send(packets.TestConn())
+                self.play(pump, 1.0)
+            self.assertFalse(pump.serverIO.disconnected)
+            self.assertEqual(peer.kinds().count("ConfConn"), 19)
+            self.play(pump, 1.05)
+            self.assertTrue(pump.serverIO.disconnected, keepalive)
+        self.assertEqual(len(self.log.having("no FedConnRqst within 20 s; closing")), 2)
+        self.assertEqual(self.manager.links, [])
+
+    def test_a_link_that_came_up_has_no_handshake_timeout(self):
+        peer = _ScriptedPeer()
+        ours, pump = self.accepted(peer, keepalive=0.0)
+        peer.send(fed_packets.FedConnRqst(1, 1, 0, "peer.test"))
+        self.play(pump, fedproto.HANDSHAKE_TIMEOUT * 2)
+        self.assertFalse(pump.serverIO.disconnected)
+        self.assertEqual([l.peer_domain for l in self.manager.links], ["peer.test"])
+        self.assertIsNone(ours._handshake)
+
+
+class MeshAdvertOnPlainLinkTests(unittest.TestCase):
+    """docs/federation.md, "A link is what its peer's first filter says":
+    a FedMeshAdvert on a link not marked mesh (plain, or before the
+    peer's first filter) is ignored, counted and logged once a minute."""
+
+    def setUp(self):
+        self.router = Router()
+        self.clock = Clock()
+        self.fed_class = FederationClass("Peer", hosts=["*"])
+        self.log = _Logged(self)
+
+    def link(self, mesh=True):
+        manager = FederationManager(self.router, "ours.test", [self.fed_class], None,
+                                    self.clock, debounce=0, mesh=mesh)
+        out = _LinkOutput()
+        link = FederationLink(manager, out, False, self.fed_class, "10.0.0.7")
+        link.start()
+        link.packet_received(fed_packets.FedConnRqst(1, 1, 0, "peer.test"))
+        self.clock.advance(0.1)
+        return manager, link, out
+
+    @staticmethod
+    def advert(sequence=1):
+        return fed_packets.FedMeshAdvert("peer.test", 1, sequence, ["ours.test"])
+
+    def test_a_plain_link_stays_plain(self):
+        manager, link, out = self.link()
+        link.packet_received(fed_packets.FedSubReplace(2, filters.to_wire(filters.TRUE)))
+        self.clock.advance(0.1)
+        self.assertIs(link.mesh, False)
+        out.sent.clear()
+        for sequence in range(1, 101):
+            link.packet_received(self.advert(sequence))
+            self.clock.advance(0.1)
+        self.assertIs(link.mesh, False)
+        self.assertEqual([p for p in out.sent if isinstance(p, fed_packets.FedMeshAdvert)], [])
+        self.assertEqual(manager.mesh.adverts, {})
+        self.assertNotIn("peer.test", manager.mesh.neighbours)
+        self.assertIn("peer.test", manager.mesh.plain)
+        self.assertEqual(link.stats["adverts_ignored"], 100)
+        self.assertEqual(self.log.having("is a mesh link"), [])
+        (line,) = self.log.having("ignored 1 mesh advert(s) from federation peer peer.test")
+        self.assertIn("not a mesh link", line)
+        self.clock.advance(60.0)
+        link.packet_received(self.advert(101))
+        self.assertEqual(len(self.log.having("ignored 100 mesh advert(s)")), 1)
+        self.assertEqual(len(self.log.having("mesh advert(s)")), 2)
+
+    def test_an_advert_before_the_first_filter_is_ignored(self):
+        manager, link, out = self.link()
+        link.packet_received(self.advert())
+        self.assertIsNone(link.mesh)
+        self.assertEqual((manager.mesh.adverts, link.stats["adverts_ignored"]), ({}, 1))
+        self.assertEqual(len(self.log.having("its first pull filter has not arrived")), 1)
+        # The first filter decides; later adverts are taken.
+        marked = filters.with_marker(filters.TRUE, manager.mesh_marker)
+        link.packet_received(fed_packets.FedSubReplace(2, filters.to_wire(marked)))
+        self.assertIs(link.mesh, True)
+        self.assertTrue(any(isinstance(p, fed_packets.FedMeshAdvert) for p in out.sent))
+        link.packet_received(self.advert(2))
+        self.assertEqual(list(manager.mesh.adverts), ["peer.test"])
+
+    def test_a_router_without_mesh_ignores_adverts(self):
+        manager, link, out = self.link(mesh=False)
+        link.packet_received(fed_packets.FedSubReplace(2, filters.to_wire(filters.TRUE)))
+        out.sent.clear()
+        link.packet_received(self.advert())
+        self.assertEqual((out.sent, link.stats["adverts_ignored"]), ([], 1))
+        self.assertEqual(link.state, link.UP)

@@ -164,6 +164,8 @@ class LinkIdentityTests(unittest.TestCase):
 
     def test_mesh_advert_naming_a_bad_domain_is_ignored(self):
         link, _ = self.accepted_link("router.example.com")
+        marked = filters.with_marker(filters.TRUE, self.manager.mesh_marker)
+        link.packet_received(fed_packets.FedSubReplace(2, filters.to_wire(marked)))  # a mesh link
         link.packet_received(fed_packets.FedMeshAdvert("x" * 2 ** 20, 1, 1, ["router.example.com"]))
         link.packet_received(fed_packets.FedMeshAdvert("other.example.com", 1, 1, ["bad\ndomain"]))
         self.assertEqual(self.manager.mesh.adverts, {})
