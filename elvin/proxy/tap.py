@@ -82,6 +82,10 @@ class Options(usage.Options):
             self._refuse(str(e))
         if not config.listen:
             config.listen = [ElvinURI(DEFAULT_LISTEN)]
+        status = getattr(config, "status_listen", None)
+        if status is not None and status[0] != "http":
+            self._refuse(f"status-listen {status[0]}://...: the proxy serves its counters "
+                         "over http only (on a loopback address, or behind a TLS front end)")
         try:
             check_listeners(config)
         except (ConfigError, UnsupportedStackError) as e:

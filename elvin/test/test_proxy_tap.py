@@ -96,9 +96,8 @@ class ProxyOptionsTest(unittest.TestCase):
         top = tap.makeService(options, Clock())
         self.assertEqual(len(list(top)), 4)       # listener, status, sweep, upstream
         top.store.close()
-        with self.assertRaises(SystemExit) as caught:
-            tap.makeService(self.with_config("status-listen = https://127.0.0.1:9916\n"),
-                            Clock())
+        with self.assertRaises(usage.UsageError) as caught:
+            self.with_config("status-listen = https://127.0.0.1:9916\n")
         self.assertIn("http only", str(caught.exception))
 
     def test_upstream_by_discovery(self):
