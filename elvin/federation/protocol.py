@@ -128,6 +128,11 @@ class FederationProtocol(QueuedFramedProtocol):
         if self._handshake is not None and self._handshake.active():
             self._handshake.cancel()
         self._handshake = None
+        ticket = getattr(self, "admission", None)
+        if ticket is not None and ticket.is_idle:
+            # An accepted link is in use now: the connection budget closes
+            # idle sockets first when its pool is crowded, never a link.
+            ticket.busy()
         on_up, self.on_up = self.on_up, None
         if on_up is not None:
             on_up()

@@ -263,6 +263,25 @@ class GateTests(unittest.TestCase):
         self.login(proto, transport)
         self.assertFalse(proto.admission.is_idle)
 
+    def test_a_federation_link_that_came_up_is_not_closed_as_idle(self):
+        """The federation pool crowded (2 of 2): the socket that never
+        finished its handshake goes after 2 s, the link that is up stays."""
+        from elvin.federation import packets as fed_packets
+        from elvin.federation.manager import FederationClass, FederationManager
+        from elvin.federation.protocol import AcceptorFactory
+        fed_class = FederationClass("Peer", hosts=["192.168.1.1"])
+        manager = FederationManager(self.router, "ours.test", [fed_class], None, self.clock,
+                                    mesh=False)
+        gate = GateFactory(AcceptorFactory(manager, keepalive=0), self.admission, FEDERATION)
+        linked, linked_socket = self.accept(gate)
+        idle, idle_socket = self.accept(gate)
+        linked.dataReceived(frame(fed_packets.FedConnRqst(1, 1, 0, "peer.test")))
+        self.assertFalse(linked.admission.is_idle)
+        self.assertTrue(idle.admission.is_idle)
+        self.clock.advance(2.5)
+        self.assertTrue(idle_socket.aborted)
+        self.assertFalse(linked_socket.aborted)
+
     def test_idle_pre_login_connections_closed_oldest_first_when_crowded(self):
         attackers = []
         for _ in range(5):
