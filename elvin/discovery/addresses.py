@@ -55,24 +55,41 @@ def local_addresses():
     return result
 
 
+def _address(host):
+    """``host`` as the address a resolver would make of it, or None for a
+    name: besides dotted quads and IPv6, the numeric IPv4 forms
+    ``inet_aton`` reads (``127.1``, ``2130706433``, ``0x7f.1``,
+    ``0177.0.0.1``), and an IPv4-mapped IPv6 address as its IPv4 one, so
+    that no spelling of an address slips past the checks below."""
+    text = host.strip("[]")
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        if not text or not text[0].isdigit():
+            return None
+        try:
+            address = ipaddress.IPv4Address(socket.inet_aton(text))
+        except (OSError, ValueError):
+            return None
+    mapped = getattr(address, "ipv4_mapped", None)
+    return mapped if mapped is not None else address
+
+
 def is_loopback(host):
-    """True for a loopback address literal or the name ``localhost``."""
+    """True for a loopback address, however it is spelt, or the name
+    ``localhost``."""
     if host.lower().rstrip(".") == "localhost":
         return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    address = _address(host)
+    return address is not None and address.is_loopback
 
 
 def is_unspecified(host):
-    """True for a wildcard bind address (0.0.0.0 or ::)."""
+    """True for a wildcard bind address (0.0.0.0 or ::), however spelt."""
     if host in _IPV4_WILDCARDS:
         return True
-    try:
-        return ipaddress.ip_address(host).is_unspecified
-    except ValueError:
-        return False
+    address = _address(host)
+    return address is not None and address.is_unspecified
 
 
 def with_host(uri, host):

@@ -27,8 +27,10 @@ __all__ = ["DISCOVERY_SETTINGS", "SETTINGS", "DEFAULTS", "apply_setting", "init"
 
 
 def _scope(value, key, where, config):
-    if value in ('""', "''"):
-        value = ""
+    # Quotes around a scope (``""`` for the empty one, ``"chat"``) are
+    # taken off, as a user who writes them means.
+    if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+        value = value[1:-1]
     try:
         return check_scope(value)
     except ValueError as e:
@@ -74,7 +76,8 @@ DISCOVERY_SETTINGS = (
     Setting("discovery", flag, False, "`no`",
             "advertise this router (same as `--discovery`)"),
     Setting("discovery-scope", _scope, "", "empty",
-            "the scope name advertised; must not contain `:`; write `\"\"` for empty"),
+            "the scope name advertised; must not contain `:`; write `\"\"` for empty "
+            "(quotes around a scope are taken off)"),
     Setting("discovery-default", flag, True, "`yes`",
             "the *default* flag: clients with no scope use only routers that set it"),
     Setting("discovery-advertise", _advertise, [], "every `listen` URI",

@@ -52,6 +52,9 @@ class SettingsTests(unittest.TestCase):
 
     def test_empty_scope_can_be_written(self):
         self.assertEqual(parse('discovery-scope = ""\n').discovery_scope, "")
+        self.assertEqual(parse('discovery-scope = "chat"\n').discovery_scope, "chat")
+        self.assertEqual(parse("discovery-scope = 'chat'\n").discovery_scope, "chat")
+        self.assertEqual(parse('discovery-scope = "chat\n').discovery_scope, '"chat')
 
     def test_errors_name_file_and_line(self):
         bad = ["discovery = maybe",

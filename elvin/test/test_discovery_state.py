@@ -422,6 +422,16 @@ class CacheTests(unittest.TestCase):
         self.assertEqual([str(u) for _, u in found],
                          ["elvin:4.0/tcp,none,xdr/192.0.2.1:1"])
 
+    def test_no_spelling_of_loopback_or_wildcard_passes_for_a_remote_router(self):
+        """A remote advert naming this host's loopback (or a wildcard) in
+        any numeric form a resolver reads is not a way to a router."""
+        hosts = ["127.1", "2130706433", "0x7f.1", "0177.0.0.1", "127.000.000.001",
+                 "[::ffff:127.0.0.1]", "0", "0.0", "[::ffff:0.0.0.0]"]
+        uris = tuple(f"elvin://{h}:{i + 10}" for i, h in enumerate(hosts))
+        self.cache.advert(self.advert(uris=uris + ("elvin://192.0.2.1:1",), scope="s"))
+        self.assertEqual([str(u) for _, u in self.cache.candidates("s")],
+                         ["elvin:4.0/tcp,none,xdr/192.0.2.1:1"])
+
     def test_loopback_kept_for_local_router(self):
         self.cache.advert(self.advert(uris=("elvin://127.0.0.1:6", "elvin://[::1]:7"),
                                       scope="s"), address="127.0.0.1", local=True)
