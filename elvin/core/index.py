@@ -8,7 +8,10 @@ needs to be true (``elvin.subscription.analysis``):
    subscription with ``equals(s1, "a", "b")`` or ``s1 == "a" || s1 == "b"``
    is filed once per value combination;
 2. otherwise, one attribute name it requires (``require(x)``, ``x > 3``);
-3. otherwise (rare: e.g. ``!(x == 1) || y == 2``), the "always" list.
+3. otherwise, an OR whose disjuncts each have an access key of their own
+   (``M == 1 || N == "s"``) is filed under each of them (and the
+   candidates are then made unique);
+4. otherwise (rare: e.g. ``!(x == 1) || y == 2``), the "always" list.
 
 For a notification, the candidates are the buckets its own names and
 values select — a few dictionary look-ups per distinct name signature —
@@ -26,23 +29,29 @@ attribute alone, its *rows*; any other in the bucket's "loose" list. A notificat
 its values' cell and row, plus the loose entries; one without a number
 there takes only the loose ones. Every subscription is in exactly one
 bucket a notification can select and there in one list it can take, so
-no candidate is produced twice. The index never changes what matches: it
+no candidate is produced twice (an OR filed under several keys is the
+exception: ``candidates`` removes its repeats). The index never changes what matches: it
 only skips subscriptions that cannot be true.
 """
 
 import itertools
 import math
 
-from elvin.subscription.analysis import (equality_constraints, index_key,
+from elvin.subscription.analysis import (equality_constraints, index_key, or_parts,
                                          range_constraints, required_names)
+from elvin.subscription.ast import Kind
 from elvin.values import Int64
 
-__all__ = ["SubscriptionIndex", "MAX_KEY_COMBINATIONS", "GRID_FROM", "MAX_GRID_CELLS",
+__all__ = ["SubscriptionIndex", "MAX_KEY_COMBINATIONS", "MAX_SPREAD", "GRID_FROM",
+           "MAX_GRID_CELLS",
            "CELL_WIDTH", "CELL_WIDTH_2D"]
 
 #: Most value combinations one subscription is filed under before the
 #: index falls back to fewer constrained names.
 MAX_KEY_COMBINATIONS = 64
+#: Most buckets an OR is filed in, one or more per disjunct (past it, the
+#: "always" list).
+MAX_SPREAD = 64
 #: A bucket this large gets a grid. Small buckets are common: equality on
 #: two attributes of 100 and 10 values spreads 10,000 subscriptions ten to a
 #: bucket, where a grid over two ranges leaves 2.5 candidates to evaluate
@@ -312,6 +321,9 @@ class SubscriptionIndex:
         # own (removal finds their grid cells by them; the others' come
         # from their subscription)
         self._tree_ranges = {}
+        # ids of the ORs filed in several buckets (``_spread_out``): while
+        # there are any, ``candidates`` removes repeats.
+        self._spread = set()
 
     def __len__(self):
         return len(self._where)
@@ -353,6 +365,8 @@ class SubscriptionIndex:
             kind, where, keys = self._access(equality_constraints(tree),
                                              lambda: required_names(tree))
             ranges = self._tree_ranges[entry.id] = range_constraints(tree)
+        if kind == "always" and self._spread_out(entry, tree):
+            return
         # Where it is filed, as shared objects (the buckets), not as keys
         # of its own: this is per subscription.
         if kind == "values":
@@ -377,31 +391,76 @@ class SubscriptionIndex:
         else:
             self._where[entry.id] = ()     # "never": filed nowhere
 
+    def _spread_out(self, entry, tree):
+        """File an OR that has no access key as a whole (``M == 1 || N ==
+        "s"``) under each disjunct's, so that it is a candidate only where
+        one of them may be true, not for every notification. False (filed
+        nowhere) when a disjunct has no access key of its own, or the OR
+        would take more than ``MAX_SPREAD`` buckets."""
+        if tree is None:
+            tree = entry.subscription.ast
+        if tree.kind != Kind.OR:
+            return False
+        accesses = []
+        for part in or_parts(tree):
+            kind, where, keys = self._access(equality_constraints(part),
+                                             lambda part=part: required_names(part))
+            if kind == "always":
+                return False
+            if kind == "values":
+                accesses.extend((where, key) for key in keys)
+            elif kind == "name":
+                accesses.append((True, where))
+            if len(accesses) > MAX_SPREAD:
+                return False
+        if not accesses:
+            return False                   # no disjunct can be true: "always" as before
+        buckets = []
+        for where, key in accesses:
+            if where is True:
+                bucket = self._by_name.get(key)
+                if bucket is None:
+                    self._by_name[key] = bucket = _Bucket(key, True)
+            else:
+                table = self._by_values.setdefault(where, {})
+                bucket = table.get(key)
+                if bucket is None:
+                    table[key] = bucket = _Bucket(key, where)
+            if bucket not in buckets:
+                bucket.add(entry, None)    # no ranges: loose in a grid
+                buckets.append(bucket)
+        self._where[entry.id] = tuple(buckets)
+        self._spread.add(entry.id)
+        return True
+
     def remove(self, entry):
-        # Its bucket, or a tuple of its buckets (all of one table): shared
-        # objects, no record of its own.
+        # Its bucket, or a tuple of its buckets: shared objects, no record
+        # of its own.
         placed = self._where.pop(entry.id, None)
         if placed is None:
             return
         ranges = self._tree_ranges.pop(entry.id, None)
         buckets = (placed,) if placed.__class__ is _Bucket else placed
-        if not buckets:
-            return
-        signature = buckets[0].signature
-        if signature is True:
-            table = self._by_name
-        elif signature is not None:
-            table = self._by_values[signature]
-        else:
-            table = None
+        if entry.id in self._spread:
+            self._spread.discard(entry.id)
+            ranges = {}                    # filed loose wherever there is a grid
         for bucket in buckets:
             if ranges is None and bucket.grid is not None:
                 ranges = entry.subscription.index_facts()[2]
             bucket.remove(entry, ranges)
-            if not bucket and table is not None:
-                del table[bucket.key]
-        if table is not None and not table and signature is not True:
-            del self._by_values[signature]
+            if not bucket:
+                self._forget(bucket)
+
+    def _forget(self, bucket):
+        """Take an emptied bucket out of its table (the "always" one stays)."""
+        signature = bucket.signature
+        if signature is True:
+            del self._by_name[bucket.key]
+        elif signature is not None:
+            table = self._by_values[signature]
+            del table[bucket.key]
+            if not table:
+                del self._by_values[signature]
 
     # -- lookup -----------------------------------------------------------------
 
@@ -436,6 +495,8 @@ class SubscriptionIndex:
                 bucket = table.get(tuple(key))
                 if bucket is not None:
                     bucket.select(attributes, found)
+        if self._spread and len(found) > 1:
+            return list(dict.fromkeys(found))
         return found
 
     def all_entries(self):

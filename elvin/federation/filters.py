@@ -15,7 +15,7 @@ misses a notification because a filter was simplified.
 
 from elvin.errors import SubscriptionError
 from elvin.subscription import checker
-from elvin.subscription.analysis import required_names
+from elvin.subscription.analysis import or_parts, required_names
 from elvin.subscription.ast import Kind, Node, int32, name, node
 from elvin.subscription.compiler import compile_tree
 
@@ -105,15 +105,7 @@ def top_disjuncts(tree):
     distributed), as a frozenset; TRUE and FALSE as themselves."""
     if tree is TRUE or tree is FALSE or tree is None:
         return frozenset([tree])
-    parts = []
-    stack = [tree]
-    while stack:
-        part = stack.pop()
-        if part.kind == Kind.OR:
-            stack.extend(part.children)
-        else:
-            parts.append(part)
-    return frozenset(parts)
+    return frozenset(or_parts(tree))
 
 
 def covers(parts, tree, requirement):

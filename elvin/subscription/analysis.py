@@ -18,9 +18,23 @@ from elvin.values import Int64
 
 __all__ = ["required_names", "equality_constraints", "equality_recipe",
            "apply_equality_recipe", "range_constraints", "range_recipe",
-           "apply_range_recipe", "index_key", "names_compared"]
+           "apply_range_recipe", "index_key", "names_compared", "or_parts"]
 
 _LOGICAL = {Kind.AND, Kind.OR, Kind.XOR, Kind.NOT}
+
+
+def or_parts(tree):
+    """The trees ``tree`` is the OR of at its top (nested ORs flattened,
+    nothing distributed); ``[tree]`` when it is no OR."""
+    parts = []
+    stack = [tree]
+    while stack:
+        part = stack.pop()
+        if part.kind == Kind.OR:
+            stack.extend(part.children)
+        else:
+            parts.append(part)
+    return parts
 
 
 def _atomic_names(node):

@@ -66,6 +66,8 @@ EXPRESSIONS = [
     "begins-with(s, 'a')", "size(s) > 0", "int64(n)", "real64(n)",
     "s == 'a' && s == 'b'", "(s == 'a' && n == 1) || (s == 'b' && n == 2)",
     "!(n == 1 || x == 'a')", "n + 1 == 2", "nan(n)", "n == 2 && x == 'a'",
+    "s == 'a' || x == 'b'", "require(x) || n == 2", "(s == 'a' && n == 1) || x == 'a' || n > 2",
+    "s == 'a' || !require(n)", "equals(s, 'a', 'b') || n == 3 || require(x)",
 ]
 
 VALUES = ["a", "b", "c", 1, 2, 3, Int64(1), 1.0, 2.5, float("nan"), b"a", -0.0, 0]
@@ -105,6 +107,29 @@ class IndexCompletenessTests(unittest.TestCase):
         self.assertEqual(len(index), 0)
         self.assertEqual(list(index.all_entries()), [])
         self.assertEqual(index.candidates({"s": "a", "n": 1, "x": "a"}), [])
+
+    def test_an_or_of_different_names_is_a_candidate_only_where_a_disjunct_may_hold(self):
+        """``M == 1 || N == "s"`` has no access key as a whole; filed under
+        each disjunct's, a notification naming neither does not reach it."""
+        index = SubscriptionIndex()
+        entries = [Entry(i + 1, f'M == {i} || N == "s{i}"') for i in range(1000)]
+        for entry in entries:
+            index.add(entry)
+        self.assertEqual(index.candidates(normalise({"BY": "probe"})), [])
+        self.assertEqual([c.id for c in index.candidates(normalise({"M": 7}))], [8])
+        both = index.candidates(normalise({"M": 7, "N": "s7"}))
+        self.assertEqual([c.id for c in both], [8])           # once, not twice
+        for entry in entries:
+            index.remove(entry)
+        self.assertEqual(len(index), 0)
+        self.assertEqual((index._by_name, index._by_values, index._spread), ({}, {}, set()))
+
+    def test_an_or_over_more_buckets_than_max_spread_stays_in_always(self):
+        from elvin.core.index import MAX_SPREAD
+        index = SubscriptionIndex()
+        index.add(Entry(1, " || ".join(f"n{i} == {i}" for i in range(MAX_SPREAD + 1))))
+        index.add(Entry(2, " || ".join(f"n{i} == {i}" for i in range(MAX_SPREAD))))
+        self.assertEqual([c.id for c in index.candidates(normalise({"BY": 1}))], [1])
 
     def test_selective(self):
         index = SubscriptionIndex()
