@@ -18,6 +18,7 @@ from elvin.core.admission import CLIENT, FEDERATION, STATUS
 from elvin.protocols.gate import Admission
 from elvin.protocols.framing import receive_budget_of
 from elvin.protocols.server import ElvinServerFactory
+from elvin.core.options import CEILING_SUFFIX
 from elvin.core.router import Router
 from elvin.uri import ElvinURI, InvalidURIError
 
@@ -359,24 +360,14 @@ class RouterService(service.MultiService):
         except (ConfigError, UnsupportedStackError) as e:
             self.log.error("reload refused, running configuration kept: {e}", e=e)
             return False, f"refused: {e}"
-        old, router, changes = self.config, self.router, []
+        old, router = self.config, self.router
         router.max_connections = new.max_connections
         self.fit_connections(new)
-        router.max_subscriptions = new.max_subscriptions
-        router.max_subscription_tokens = new.max_subscription_tokens
-        router.max_client_subscription_bytes = new.max_client_subscription_bytes
-        router.verbose = new.verbose
-        router.max_protocol_errors = new.max_protocol_errors
-        router.protocol_error_window = new.protocol_error_window
-        router.queue_budget.max_bytes = new.max_queue_memory
-        router.quench.max_bytes = new.max_quench_memory
-        receive_budget_of(router).max_bytes = new.max_receive_memory
+        for apply in RELOADED.values():
+            if apply is not None:
+                apply(router, new)
         router.option_specs = dict(new.option_specs)   # for sessions from now on
-        for name in ("max_connections", "max_subscriptions", "max_subscription_tokens",
-                     "max_queue_memory", "max_receive_memory", "max_quench_memory",
-                     "verbose"):
-            if getattr(old, name) != getattr(new, name):
-                changes.append(f"{name.replace('_', '-')} {getattr(new, name)}")
+        changes = reloaded_changes(old, new)
         wanted = {str(uri): uri for uri in new.listen}
         for text in [t for t in self.listeners if t not in wanted]:
             listener = self.listeners.pop(text)
@@ -411,7 +402,7 @@ class RouterService(service.MultiService):
         restart = _needing_restart(self.started_config, new)
         if restart:
             message += f"; changed but applied only at restart: {', '.join(restart)}"
-        self.log.info("{message}", message=message)
+        self.log.info("{summary}", summary=message)   # ("message" is legacy logging's key)
         return True, message
 
     def _install_drain_signal(self):
@@ -441,11 +432,67 @@ class RouterService(service.MultiService):
         return super().stopService()
 
 
+def _router_attribute(attr):
+    """Apply a setting by setting the router's ``attr`` to its new value."""
+    def apply(router, new):
+        setattr(router, attr, getattr(new, attr))
+    return apply
+
+
+def _memory_cap(setting, owner):
+    """Apply a memory cap ``setting`` to ``owner(router).max_bytes``."""
+    def apply(router, new):
+        owner(router).max_bytes = getattr(new, setting)
+    return apply
+
+
+#: The router settings a reload applies, each with how (None: through
+#: ``fit_connections``, or read from the configuration when next needed);
+#: the reload line names every one that changed (``reloaded_changes``).
+#: Each router setting is here, in RESTART_ONLY, or is ``listen``
+#: (which reload handles listener by listener): test_tap checks.
+RELOADED = {
+    "max-connections": None,                 # refitted to the open-file limit
+    "max-federation-connections": None,      # likewise
+    "reserved-files": None,                  # likewise
+    "max-subscriptions": _router_attribute("max_subscriptions"),
+    "max-subscription-tokens": _router_attribute("max_subscription_tokens"),
+    "max-client-subscription-bytes": _router_attribute("max_client_subscription_bytes"),
+    "max-protocol-errors": _router_attribute("max_protocol_errors"),
+    "protocol-error-window": _router_attribute("protocol_error_window"),
+    "verbose": _router_attribute("verbose"),
+    "max-queue-memory": _memory_cap("max_queue_memory", lambda r: r.queue_budget),
+    "max-quench-memory": _memory_cap("max_quench_memory", lambda r: r.quench),
+    "max-receive-memory": _memory_cap("max_receive_memory", receive_budget_of),
+    "redirect-to": None,                     # read by the next drain
+}
+
 #: Settings a reload does not apply (docs/operations.md): the status
-#: listener, the TLS files of running listeners, discovery.
+#: listener, the TLS files of running listeners, what listeners and
+#: channels were made with (timeouts), starting drained, discovery.
 RESTART_ONLY = ("status-listen", "status-token", "status-max-connections",
                 "status-idle-timeout", "tls-certificate", "tls-key", "tls-ca",
-                "require-authenticated")
+                "require-authenticated", "connect-timeout", "crowded-idle-timeout",
+                "http-session-timeout", "http-poll-timeout", "drain")
+
+
+def reloaded_changes(old, new):
+    """A phrase for each setting of RELOADED, and each connection option
+    default or ceiling, that differs from ``old`` to ``new`` (the reload
+    line)."""
+    changes = []
+    for name in RELOADED:
+        attr = name.replace("-", "_")
+        value = getattr(new, attr)
+        if getattr(old, attr) != value:
+            changes.append(f"{name} {'none' if value is None else value}")
+    for option, spec in new.option_specs.items():
+        before = old.option_specs.get(option)
+        if before is None or before.default != spec.default:
+            changes.append(f"{option} {spec.default}")
+        if before is None or before.high != spec.high:
+            changes.append(f"{option}{CEILING_SUFFIX} {spec.high}")
+    return changes
 
 
 def _needing_restart(running, new):

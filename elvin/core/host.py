@@ -83,6 +83,18 @@ class SessionHost(Protocol):
         count it where the host counts such things, and log it, rate-limited."""
         ...
 
+    def deliveries_lost(self, count: int) -> None:
+        """``count`` deliveries to a session were dropped (its send queue's
+        drop policy) or will never be written (its channel was reset or
+        lost); the session's ``dropped`` counts them too."""
+        ...
+
+    def slow_client_disconnected(self) -> None:
+        """A client's channel is being reset because it does not read what
+        it is sent (its send queue overflowed, or the host's queue memory
+        ran out)."""
+        ...
+
     def session_closed(self, session: Any) -> None:
         """``session`` ended: forget it and what it held."""
         ...

@@ -131,6 +131,10 @@ class QuenchRegistry:
         self._pulls_everything = {}
         self.max_bytes = max_bytes
         self.bytes = 0
+        #: Quench notifications given to quenching clients: deliveries,
+        #: which their send queues may drop (operations add them to the
+        #: router's ``deliveries``, as drops are in ``dropped_deliveries``).
+        self.sent = 0
 
     def __len__(self):
         return len(self.quenches)
@@ -360,6 +364,7 @@ class QuenchRegistry:
         tree = entry.tree if getattr(entry, "is_pull", False) else entry.subscription.ast
         for session, (secure, insecure) in per_session.items():
             session.send_droppable(packet_class(tuple(secure), tuple(insecure), entry.id, tree))
+        self.sent += len(per_session)
 
     def _notify_delete(self, entry, quenches):
         per_session = {}
@@ -367,5 +372,6 @@ class QuenchRegistry:
             per_session.setdefault(quench.session, []).append(quench.id)
         for session, ids in per_session.items():
             session.send_droppable(packets.SubDelNotify(tuple(ids), entry.id))
+        self.sent += len(per_session)
 
 

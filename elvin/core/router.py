@@ -15,7 +15,7 @@ import enum
 import itertools
 import time
 import weakref
-from typing import TypedDict
+from typing import Optional, TypedDict
 
 from twisted.logger import Logger
 
@@ -39,6 +39,7 @@ __all__ = ["Router", "RouterObserver", "ClientSession", "SessionState", "Session
            "SessionHost", "SubscriptionEntry",
            "DISCONN_SHUTDOWN", "DISCONN_REDIRECT", "DISCONN_PROTOCOL_ERRORS",
            "CLIENT_PACKET_IDS", "notification_problem", "DEFAULT_MAX_QUEUE_MEMORY",
+           "SEND_QUEUE_FULL", "QUEUE_MEMORY_FULL",
            "DEFAULT_MAX_SUBSCRIPTION_TOKENS", "DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES"]
 
 DISCONN_SHUTDOWN = 1
@@ -57,6 +58,11 @@ PROTOCOL_MINOR = 0
 #: which a client is disconnected (7.3.3); refused requests (2xxx) never count.
 MAX_PROTOCOL_ERRORS = 50
 PROTOCOL_ERROR_WINDOW = 10.0
+
+#: Why deliveries to a client were dropped (``ClientSession.deliveries_dropped``):
+#: its own send queue was full, or the router-wide queue memory was.
+SEND_QUEUE_FULL = "send queue full"
+QUEUE_MEMORY_FULL = "router-wide queue memory full"
 
 #: Default router-wide cap on the bytes in all client send queues.
 DEFAULT_MAX_QUEUE_MEMORY = 512 * 1024 * 1024
@@ -137,6 +143,7 @@ class RouterStats(TypedDict):
     rejected_notifications: int
     connections: int
     dropped_deliveries: int
+    slow_client_disconnections: int
     dropwarns: int
     bytes_in: int
     bytes_out: int
@@ -274,6 +281,7 @@ class Router(SessionHost):
         self.stats: RouterStats = {"notifications": 0, "deliveries": 0, "unotify": 0,
                                    "rejected_notifications": 0, "connections": 0,
                                    "dropped_deliveries": 0, "dropwarns": 0,
+                                   "slow_client_disconnections": 0,
                                    "bytes_in": 0, "bytes_out": 0}
         #: Set by the layers that own them (the receive budget by
         #: elvin.protocols.framing, the open-file admission by elvin.tap,
@@ -301,6 +309,16 @@ class Router(SessionHost):
             self.log.info("ignored notification from {peer}: {problem}{more}", peer=peer,
                           problem=problem, more=self._ignored_log.more(skipped))
 
+    def deliveries_lost(self, count):
+        """``count`` deliveries a session was given were dropped or never
+        written: counted at once (not when the session ends), so that the
+        drops of a session already closing are counted too."""
+        self.stats["dropped_deliveries"] += count
+
+    def slow_client_disconnected(self):
+        """A client was disconnected for not reading what it was sent."""
+        self.stats["slow_client_disconnections"] += 1
+
     def open_session(self, output, peer=None):
         """A transport accepted a channel: make its session."""
         session = ClientSession(self, output, peer)
@@ -309,7 +327,6 @@ class Router(SessionHost):
 
     def session_closed(self, session):
         if session in self.sessions:
-            self.stats["dropped_deliveries"] += session.dropped
             self.stats["bytes_in"] += getattr(session.output, "bytes_in", 0)
             self.stats["bytes_out"] += getattr(session.output, "bytes_out", 0)
         self.sessions.discard(session)
@@ -532,6 +549,19 @@ class ClientSession:
     log = Logger()
 
     NEW, CONNECTED, UNOTIFY, CLOSING, CLOSED = SessionState
+
+    #: Deliveries (and quench notifications) dropped or never written, and
+    #: of those, the ones still queued when the channel ended.
+    dropped = 0
+    discarded = 0
+    #: Rate limits of this client's drop and refusal lines, and what they
+    #: have yet to say: class defaults, set on a session only once needed
+    #: (most never drop or are refused anything).
+    _drop_log: Optional[LogLimiter] = None
+    _refusal_log: Optional[LogLimiter] = None
+    _drops_unlogged = 0
+    _drop_logged_at: Optional[float] = None
+    _slow = False
     #: What Nacks call the host (the proxy's ProxyClient says "proxy").
     SERVER_NAME = "router"
 
@@ -640,14 +670,75 @@ class ClientSession:
             self.router.session_closed(self)
         if self._announced and not self._end_logged:
             self._end_logged = True
-            self.log.info("client at {peer} disconnected: {cause}", peer=self.peer,
-                          cause=self.end_cause)
+            self.log.info("client at {peer} disconnected: {cause}{losses}", peer=self.peer,
+                          cause=self.end_cause, losses=self._losses(), dropped=self.dropped)
+
+    def _losses(self):
+        """What the end-of-session line adds: the deliveries this client
+        lost and the refusals not logged, when there were any."""
+        text = ""
+        if self.dropped:
+            text += f"; {_deliveries(self.dropped)} dropped"
+            if self.discarded:
+                text += f" ({self.discarded} of them lost with the channel)"
+        unlogged = self._refusal_log.suppressed if self._refusal_log is not None else 0
+        if unlogged:
+            text += f"; {unlogged} more rejected requests not logged"
+        return text
 
     def ending(self, cause):
         """Record why this session ends (the first cause given wins); it is
         logged once, with the peer, when the channel is gone."""
         if self.end_cause is None:
             self.end_cause = cause
+
+    # -- losses ---------------------------------------------------------------
+
+    def deliveries_dropped(self, count, cause):
+        """``count`` deliveries (or quench notifications) to this client were
+        dropped and a DropWarn marks the gap; ``cause``: SEND_QUEUE_FULL or
+        QUEUE_MEMORY_FULL. Counted, and logged with the client's policy:
+        the first drop at once, then at most one line per LOG_INTERVAL
+        with the count since the last, so a slow consumer cannot flood
+        the log."""
+        self.dropped += count
+        self.router.deliveries_lost(count)
+        self._drops_unlogged += count
+        if self._drop_log is None:
+            self._drop_log = LogLimiter(self.router.clock)
+        if self._drop_log.allow() is None:
+            return
+        now, before = self.router.clock(), self._drop_logged_at
+        since = "" if before is None else f" in the last {now - before:.0f} s"
+        self._drop_logged_at = now
+        unlogged, self._drops_unlogged = self._drops_unlogged, 0
+        if cause == SEND_QUEUE_FULL:
+            why = (f"its send queue is full (Send-Queue.Max-Length "
+                   f"{self.options['Send-Queue.Max-Length']} bytes)")
+        else:
+            why = "the router-wide send queue memory (max-queue-memory) is full"
+        self.log.warn("slow client {peer}: {dropped} dropped{since} ({total} since it "
+                      "connected): {why}, Send-Queue.Drop-Policy {policy}; DropWarn sent",
+                      peer=self.peer, dropped=_deliveries(unlogged), count=unlogged,
+                      since=since, total=self.dropped, why=why,
+                      policy=self.options["Send-Queue.Drop-Policy"])
+
+    def deliveries_discarded(self, count):
+        """``count`` deliveries to this client will never be written: they
+        were queued when its channel was reset or lost. Counted; the line
+        logging the session's end says how many."""
+        self.dropped += count
+        self.discarded += count
+        self.router.deliveries_lost(count)
+
+    def slow_client(self, cause):
+        """The output is resetting the channel because the client does not
+        read what it is sent (``cause`` says how it showed): counted once,
+        and the session's end line gives the cause."""
+        self.ending(f"slow client: {cause}")
+        if not self._slow:
+            self._slow = True
+            self.router.slow_client_disconnected()
 
     # -- output ---------------------------------------------------------------
 
@@ -708,12 +799,25 @@ class ClientSession:
         ``router.protocol_error_window`` seconds is disconnected as a
         suspected denial of service. Refused requests (2xxx: a bad
         expression, a limit reached) are ordinary answers and never count.
+        Each is logged, at most one line per LOG_INTERVAL per client
+        (``_log_refusal``).
         """
-        self.log.info("rejected request from {peer}: {message}", peer=self.peer,
-                      message=message)
+        self._log_refusal("rejected request from {peer}: {reason}{more}", reason=message)
         self.nack(xid, code, message, args)
         if errors.PROT_ERROR <= code < errors.NO_SUCH_KEY:
             self._count_protocol_error()
+
+    def _log_refusal(self, text, **fields):
+        """Log a refusal of this client's request: the first at once, then
+        at most one line per LOG_INTERVAL, saying how many were not logged
+        (``{more}`` in ``text``), so that a client pipelining refused
+        requests cannot flood the log; they are all counted as Nacks."""
+        limiter = self._refusal_log
+        if limiter is None:
+            limiter = self._refusal_log = LogLimiter(self.router.clock)
+        skipped = limiter.allow()
+        if skipped is not None:
+            self.log.info(text, peer=self.peer, more=limiter.more(skipped), **fields)
 
     def _count_protocol_error(self):
         """One more protocol error: too many too fast disconnect (Disconn 4)."""
@@ -741,9 +845,9 @@ class ClientSession:
             self._close()
             return False
         if packet.client_major_version != PROTOCOL_MAJOR:
-            self.log.info("refused {peer}: protocol {major}.{minor}", peer=self.peer,
-                          major=packet.client_major_version,
-                          minor=packet.client_minor_version)
+            self._log_refusal("refused {peer}: protocol {major}.{minor}{more}",
+                              major=packet.client_major_version,
+                              minor=packet.client_minor_version)
             self.nack(packet.xid, errors.PROT_INCOMPAT,
                       f"protocol version {packet.client_major_version}."
                       f"{packet.client_minor_version} not supported "
@@ -1134,6 +1238,10 @@ class ClientSession:
         self.subscription_bytes -= _utf8_length(entry.subscription.expression)
         self.router.remove_subscription(entry)
         self.send(packets.SubRply(packet.xid, entry.id))
+
+
+def _deliveries(count):
+    return f"{count} delivery" if count == 1 else f"{count} deliveries"
 
 
 def _utf8_length(text):

@@ -242,8 +242,13 @@ class SendQueue:
         return entry.data
 
     def clear(self):
+        """Empty the queue; returns how many droppable packets (deliveries,
+        quench notifications) it held: never written, so the owner can
+        count them as lost."""
+        lost = 0
         entry = self._head.next
         while entry is not self._head:  # let the victim indexes see them gone
+            lost += entry.droppable
             entry.droppable = False
             entry = entry.next
         self._head.prev = self._head.next = self._head
@@ -253,6 +258,7 @@ class SendQueue:
         if self.budget is not None:
             self.budget.total -= self.size
         self.size = 0
+        return lost
 
 
 class QueueBudget:
@@ -264,8 +270,9 @@ class QueueBudget:
     drop policy (with DropWarn, as if its own limit had been reached;
     ``shed(count)`` is then told how many it dropped). A largest queue that
     can shed nothing (policy ``none``, or only replies left) is evicted:
-    ``evict(queue)`` is called and must end that client (the router
-    disconnects it). This repeats until the total is a tenth under the cap,
+    it leaves the budget, ``evict(queue)`` is called and must end that
+    client (the router disconnects it, counting what the queue held), and
+    the queue is emptied. This repeats until the total is a tenth under the cap,
     so that under sustained pressure the O(queues) search for the largest
     runs once per tenth of the cap queued, not once per packet.
     ``max_bytes`` of 0 means no cap.
@@ -311,8 +318,8 @@ class QueueBudget:
             if freed > 0:
                 continue
             self.leave(queue)
-            queue.clear()
             evict(queue)
+            queue.clear()
             evicted += 1
             self.evictions += 1
         return evicted

@@ -50,9 +50,16 @@ class RouterCollector:
                  "Session-less notifications (UNotify) received."),
                 ("elvin_notifications_rejected", "notifications_rejected",
                  "Notifications refused by the router's limits."),
-                ("elvin_deliveries", "deliveries", "NotifyDeliver packets sent to clients."),
+                ("elvin_deliveries", "deliveries",
+                 "Deliveries made to clients (a NotifyDeliver per client a notification "
+                 "reached, and quench notifications), before any was dropped: written = "
+                 "deliveries - dropped deliveries."),
                 ("elvin_dropped_deliveries", "dropped_deliveries",
-                 "Deliveries dropped from slow clients' send queues (DropWarn)."),
+                 "Deliveries dropped from slow clients' send queues (DropWarn), or "
+                 "still queued when a client's connection was reset or lost."),
+                ("elvin_slow_client_disconnections", "slow_client_disconnections",
+                 "Clients disconnected for not reading what they were sent (send queue "
+                 "full under drop policy none, replies unread, max-queue-memory)."),
                 ("elvin_queue_evictions", "queue_evictions",
                  "Clients disconnected because the router-wide queue memory ran out."),
                 ("elvin_receive_budget_closes", "receive_budget_closes",

@@ -60,7 +60,6 @@ def snapshot(router: "Router", federation: Optional["FederationManager"] = None,
     now = time.time()
     clients = []
     queue_bytes = 0
-    dropped_now = 0
     stats = router.stats
     bytes_in = stats["bytes_in"]
     bytes_out = stats["bytes_out"]
@@ -69,7 +68,6 @@ def snapshot(router: "Router", federation: Optional["FederationManager"] = None,
         output = session.output
         size = output.queued_bytes()
         queue_bytes += size
-        dropped_now += session.dropped
         bytes_in += output.bytes_in
         bytes_out += output.bytes_out
         clients.append({
@@ -121,8 +119,12 @@ def snapshot(router: "Router", federation: Optional["FederationManager"] = None,
             "notifications_received": stats["notifications"],
             "unotify_received": stats["unotify"],
             "notifications_rejected": stats["rejected_notifications"],
-            "deliveries": stats["deliveries"],
-            "dropped_deliveries": stats["dropped_deliveries"] + dropped_now,
+            # Deliveries made (NotifyDeliver, and quench notifications),
+            # and of those, the ones dropped or never written: the written
+            # ones are the difference.
+            "deliveries": stats["deliveries"] + router.quench.sent,
+            "dropped_deliveries": stats["dropped_deliveries"],
+            "slow_client_disconnections": stats["slow_client_disconnections"],
             "queue_evictions": budget.evictions,
             "send_queue_bytes": budget.total or queue_bytes,
             # Unfinished packets (max-receive-memory): bytes held now, and

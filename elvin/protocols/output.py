@@ -55,15 +55,21 @@ class QueuedFramedProtocol(FramedProtocol):
         Returns False when nothing was taken: the channel is closing, or
         the queue overflowed (``queueOverflowed`` is called), or the queue
         dropped frames to make room (``framesDropped`` is told how many;
-        under the policy "newest" that is this frame).
+        under the policy "newest" that is this frame). A droppable frame
+        not taken because the channel is closing or overflowed is told to
+        ``framesDiscarded``.
         """
         if self.closing or self.transport is None:
+            if droppable:
+                self.framesDiscarded(1)
             return False
         if self.paused or self.queue:
             try:
                 dropped = self.queue.push(data, droppable)
             except QueueOverflow as e:
                 self.queueOverflowed(e)
+                if droppable:
+                    self.framesDiscarded(1)
                 return False
             if dropped:
                 self.framesDropped(dropped)
@@ -96,8 +102,20 @@ class QueuedFramedProtocol(FramedProtocol):
     def framesDropped(self, count):
         """The queue's drop policy dropped ``count`` frames (override)."""
 
+    def framesDiscarded(self, count):
+        """``count`` droppable frames will never be written: they were
+        queued when the channel was reset, or offered while it was closing
+        (override, to count them as lost)."""
+
     def frameQueued(self):
         """A frame was queued (override, e.g. to enforce a memory budget)."""
+
+    def discardQueue(self):
+        """Empty the send queue, telling ``framesDiscarded`` what it held."""
+        if self.queue is not None:
+            lost = self.queue.clear()
+            if lost:
+                self.framesDiscarded(lost)
 
     # -- closing -------------------------------------------------------------
 
@@ -111,8 +129,7 @@ class QueuedFramedProtocol(FramedProtocol):
         """Close at once, dropping what is queued."""
         self.closing = True
         self._stopped = True   # no more frames from the chunk being read
-        if self.queue is not None:
-            self.queue.clear()
+        self.discardQueue()
         self._unregister()
         if self.transport is not None:
             self.transport.abortConnection()

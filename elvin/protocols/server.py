@@ -17,7 +17,8 @@ from elvin.protocols import packets
 from elvin.protocols.framing import peer_text
 from elvin.protocols.output import QueuedFramedProtocol
 from elvin.protocols.xdr import DecodeError
-from elvin.core.router import CLIENT_PACKET_IDS, SessionOutput, SessionState
+from elvin.core.router import (CLIENT_PACKET_IDS, QUEUE_MEMORY_FULL, SEND_QUEUE_FULL,
+                               SessionOutput, SessionState)
 from elvin.core.sendqueue import SendQueue
 
 __all__ = ["ElvinServerProtocol", "ElvinServerFactory", "CONNECT_TIMEOUT", "VIOLATION_LINGER",
@@ -105,7 +106,7 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
             self._linger.cancel()
         self._linger = None
         if self.queue is not None:
-            self.queue.clear()
+            self.discardQueue()      # counted before the session's end is logged
             if self.queue.budget is not None:
                 self.queue.budget.leave(self.queue)
         if self.session is not None:
@@ -186,11 +187,15 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
     def queueOverflowed(self, error):
         self.log.warn("disconnecting slow client {peer}: {reason}",
                       peer=self.peer, reason=str(error))
-        self.session.ending(f"slow client: {error}")
+        self.session.slow_client(str(error))
         self.abort()
 
     def framesDropped(self, count):
-        self.session.dropped += count
+        self.session.deliveries_dropped(count, SEND_QUEUE_FULL)
+
+    def framesDiscarded(self, count):
+        if self.session is not None:
+            self.session.deliveries_discarded(count)
 
     def frameQueued(self):
         budget = self.queue.budget
@@ -199,15 +204,15 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
 
     def _shed(self, dropped):
         """The router-wide queue budget dropped deliveries from our queue."""
-        self.session.dropped += dropped
+        self.session.deliveries_dropped(dropped, QUEUE_MEMORY_FULL)
 
     def _evicted(self, queue):
         """The router-wide queue budget is exhausted and ours is the largest
         queue that cannot shed: disconnect, as for drop policy none."""
         self.log.warn("disconnecting slow client {peer}: router-wide send queue "
                       "memory (max-queue-memory) exhausted", peer=self.peer)
-        self.session.ending("slow client: router-wide send queue memory "
-                            "(max-queue-memory) exhausted")
+        self.session.slow_client("router-wide send queue memory (max-queue-memory) "
+                                 "exhausted")
         self.abort()
 
     def frameTooLong(self, length):

@@ -125,6 +125,13 @@ class CoreState(SessionHost):
     def new_options(self) -> ConnectionOptions:
         return ConnectionOptions(self.option_specs, SUPPORTED_KEY_SCHEMES)
 
+    def deliveries_lost(self, count: int) -> None:
+        """Nothing here: the proxy adds a client's ``dropped`` to its
+        counters when the channel ends (``ProxyCore.session_closed``)."""
+
+    def slow_client_disconnected(self) -> None:
+        """Nothing here: the proxy keeps no count of slow clients."""
+
     def notification_ignored(self, peer: Any, problem: str) -> None:
         """A client's notification was ignored (7.3.3): logged, rate-limited."""
         skipped = self._ignored_log.allow()

@@ -592,7 +592,7 @@ class SessionEndLogTests(RouterTestCase):
         for i in range(50):
             s.packet_received(elvin_packets.SubDelRqst(self.xid(), 999))
         s.connection_lost("client closed the connection")
-        cases.append("too many protocol errors")
+        cases.append("too many protocol errors; 49 more rejected requests not logged")
         s, out = self.connect()
         s.connection_lost("connection lost: Connection reset by peer")
         cases.append("connection lost: Connection reset by peer")
@@ -605,6 +605,53 @@ class SessionEndLogTests(RouterTestCase):
         for line, cause in zip(ends, cases):
             self.assertTrue(line.startswith("client at test disconnected: "), line)
             self.assertTrue(line.endswith(cause), (line, cause))
+
+    def test_refusals_are_logged_at_most_once_per_10_s(self):
+        """A client pipelining refused requests gets every Nack, and the
+        log a line per 10 s saying how many it did not log."""
+        now = [0.0]
+        self.router = Router(clock=lambda: now[0])
+        s, out = self.connect({"Subscription.Max-Count": 1})
+        limit = s.options["Subscription.Max-Count"]
+        for n in range(limit):
+            self.subscribe(s, out, f"a == {n}")
+        for _ in range(1000):
+            s.packet_received(elvin_packets.SubAddRqst(self.xid(), "require(b)", True,
+                                                       elvin_packets.Keys.EMPTY))
+        nacks = [p for p in out.take() if type(p) is elvin_packets.Nack]
+        self.assertEqual(len(nacks), 1000)
+        self.assertEqual(self.router.nacks[errors.QOS_LIMIT], 1000)
+        self.assertEqual(s.state, s.CONNECTED)      # 2xxx: not protocol errors
+        rejected = lambda: [l for l in self.formatted() if l.startswith("rejected request")]
+        (first,) = rejected()
+        self.assertEqual(first, "rejected request from test: client already has "
+                                f"Subscription.Max-Count ({limit}) subscriptions")
+        now[0] = 10.0
+        s.packet_received(elvin_packets.SubDelRqst(self.xid(), 999))
+        self.assertEqual(rejected()[1], "rejected request from test: no such subscription: "
+                                        "999 (999 more in the last 10 s not logged)")
+        for _ in range(5):
+            s.packet_received(elvin_packets.SubDelRqst(self.xid(), 999))
+        self.assertEqual(len(rejected()), 2)
+        s.connection_lost("client closed the connection")
+        self.assertEqual(self.ends(), ["client at test disconnected: client closed the "
+                                       "connection; 5 more rejected requests not logged"])
+
+    def test_refused_protocol_versions_are_rate_limited(self):
+        now = [0.0]
+        self.router = Router(clock=lambda: now[0])
+        out = RecordingOutput()
+        s = self.router.open_session(out, "test")
+        for _ in range(100):
+            s.packet_received(elvin_packets.ConnRqst(self.xid(), 5, 0, {}, elvin_packets.Keys.EMPTY,
+                                                     elvin_packets.Keys.EMPTY))
+        self.assertEqual(len(out.take()), 100)
+        self.assertEqual([l for l in self.formatted() if l.startswith("refused test")],
+                         ["refused test: protocol 5.0"])
+
+    def formatted(self):
+        from twisted.logger import formatEvent
+        return [formatEvent(e) for e in self.events]
 
     def test_logged_once(self):
         s, out = self.connect()

@@ -437,3 +437,158 @@ def _padding_of(data):
         pos += 4
         pos = pos + 4 if code == 1 else pos + 8 if code in (2, 3) else block(pos)
     return pad
+
+
+class LossAccountingTests(unittest.TestCase):
+    """Whatever the router accepts for a client is written to it, or its
+    loss is counted (``dropped_deliveries``), logged (rate-limited, and
+    in the session's end line) and exported; a client reset for being slow
+    is counted too. Written = deliveries - dropped_deliveries throughout."""
+
+    def setUp(self):
+        from twisted.logger import globalLogPublisher
+        self.clock = Clock()
+        self.h = Harness(Router(clock=self.clock.seconds), self.clock)
+        self.events = []
+        globalLogPublisher.addObserver(self.events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, self.events.append)
+        self.transports = []
+
+    def connected(self, options=None, subscribe=True):
+        proto, transport = self.h.client()
+        data = frame(elvin_packets.ConnRqst(1, 4, 0, options or {}, elvin_packets.Keys.EMPTY,
+                                            elvin_packets.Keys.EMPTY))
+        if subscribe:
+            data += frame(elvin_packets.SubAddRqst(2, "require(n)", True,
+                                                   elvin_packets.Keys.EMPTY))
+        proto.dataReceived(data)
+        self.transports.append(transport)
+        transport.clear()
+        return proto, transport
+
+    def publish(self, count, start=0):
+        if not hasattr(self, "producer"):
+            self.producer, _ = self.connected(subscribe=False)
+        for n in range(start, start + count):
+            self.producer.dataReceived(frame(elvin_packets.NotifyEmit(
+                {"n": n, "pad": "x" * 100}, True, elvin_packets.Keys.EMPTY)))
+
+    def lines(self, word):
+        from twisted.logger import formatEvent
+        return [formatEvent(e) for e in self.events if word in e.get("log_format", "")]
+
+    def totals(self):
+        from elvin.ops.status import snapshot
+        return snapshot(self.h.router)["totals"]
+
+    def assert_books_balance(self):
+        """Every delivery the router made was written, or counted lost."""
+        written = sum(type(p) is elvin_packets.NotifyDeliver
+                      for t in self.transports for p in unframe(t.value()))
+        totals = self.totals()
+        self.assertEqual(totals["deliveries"] - totals["dropped_deliveries"], written)
+
+    def test_drops_are_logged_once_then_at_most_every_10_s(self):
+        slow, slow_t = self.connected({"Send-Queue.Max-Length": 4096})
+        fast, fast_t = self.connected()
+        slow.pauseProducing()
+        self.publish(200)
+        (first,) = self.lines("since it connected")
+        self.assertGreater(slow.session.dropped, 1)
+        self.assertIn(": 1 delivery dropped (1 since it connected)", first)  # at once
+        self.assertIn(f"slow client {slow.peer}: ", first)
+        self.assertIn("Send-Queue.Max-Length 4096 bytes", first)
+        self.assertIn("Send-Queue.Drop-Policy oldest", first)
+        self.clock.advance(9)
+        self.publish(100, 200)
+        self.assertEqual(len(self.lines("since it connected")), 1)      # held back
+        self.clock.advance(1)
+        self.publish(1, 300)
+        first, second = self.lines("since it connected")
+        since = slow.session.dropped - 1         # all but the first line's
+        self.assertIn(f": {since} deliveries dropped in the last 10 s "
+                      f"({slow.session.dropped} since it connected)", second)
+        self.publish(500, 301)                    # a flood of drops: no more lines
+        self.assertEqual(len(self.lines("since it connected")), 2)
+        self.assertEqual(self.totals()["dropped_deliveries"], slow.session.dropped)
+        slow.resumeProducing()
+        self.assert_books_balance()
+        slow.connectionLost(None)
+        (end,) = [line for line in self.lines("disconnected:") if slow.peer in line]
+        self.assertTrue(end.endswith(f"; {slow.session.dropped} deliveries dropped"), end)
+        self.assert_books_balance()
+
+    def test_policy_none_reset_counts_what_was_queued_and_the_disconnection(self):
+        from elvin.ops.metrics import registry_for
+        from elvin.ops.status import snapshot
+        from prometheus_client import generate_latest
+        slow, slow_t = self.connected({"Send-Queue.Max-Length": 4096,
+                                       "Send-Queue.Drop-Policy": "none"})
+        bystander, bystander_t = self.connected()
+        slow.pauseProducing()
+        self.publish(200)
+        self.assertTrue(slow_t.disconnecting)           # reset at once, by design
+        self.assertEqual(len(unframe(bystander_t.value())), 200)
+        self.assertEqual((slow.session.dropped, slow.session.discarded), (200, 200))
+        totals = self.totals()
+        self.assertEqual((totals["dropped_deliveries"], totals["slow_client_disconnections"]),
+                         (200, 1))
+        self.assert_books_balance()
+        slow.connectionLost(None)
+        (end,) = [line for line in self.lines("disconnected:") if slow.peer in line]
+        self.assertIn("slow client: send queue over Send-Queue.Max-Length (4096 bytes) "
+                      "with drop policy none; 200 deliveries dropped (200 of them lost with the "
+                      "channel)", end)
+        text = generate_latest(registry_for(lambda: snapshot(self.h.router))).decode()
+        self.assertIn("elvin_dropped_deliveries_total 200.0", text)
+        self.assertIn("elvin_slow_client_disconnections_total 1.0", text)
+        self.assert_books_balance()
+
+    def test_unread_replies_disconnection_is_counted(self):
+        proto, transport = self.connected({"Send-Queue.Max-Length": 1024}, subscribe=False)
+        proto.pauseProducing()
+        proto.dataReceived(b"".join(frame(elvin_packets.QosRqst(10 + i, {}))
+                                    for i in range(500)))
+        self.assertTrue(transport.disconnecting)
+        totals = self.totals()
+        self.assertEqual((totals["slow_client_disconnections"], totals["dropped_deliveries"]),
+                         (1, 0))
+
+    def test_deliveries_queued_when_the_connection_is_lost_are_counted(self):
+        sub, sub_t = self.connected()
+        sub.pauseProducing()
+        self.publish(3)
+        sub.connectionLost(None)
+        self.assertEqual(self.totals()["dropped_deliveries"], 3)
+        self.assertEqual(self.totals()["slow_client_disconnections"], 0)
+        self.assert_books_balance()
+
+    def test_router_wide_queue_memory_eviction_counts_what_was_queued(self):
+        self.h = Harness(Router(clock=self.clock.seconds, max_queue_memory=16384), self.clock)
+        hog, hog_t = self.connected({"Send-Queue.Drop-Policy": "none"})
+        bystander, bystander_t = self.connected()
+        hog.pauseProducing()
+        self.publish(300)
+        self.assertTrue(hog_t.disconnecting)
+        self.assertEqual(len(unframe(bystander_t.value())), 300)
+        totals = self.totals()
+        self.assertEqual(totals["slow_client_disconnections"], 1)
+        self.assertEqual(totals["dropped_deliveries"], 300)
+        self.assert_books_balance()
+
+    def test_quench_notifications_are_deliveries_and_their_drops_count(self):
+        quencher, quencher_t = self.connected(
+            {"Send-Queue.Max-Length": 1024, "Send-Queue.Drop-Policy": "newest"},
+            subscribe=False)
+        quencher.dataReceived(frame(elvin_packets.QnchAddRqst(3, ("n",), True,
+                                                              elvin_packets.Keys.EMPTY)))
+        quencher.pauseProducing()
+        for n in range(40):                      # each a SubAddNotify to the quencher
+            self.connected()
+        totals = self.totals()
+        self.assertEqual(totals["deliveries"], 40)
+        self.assertGreater(totals["dropped_deliveries"], 0)
+        quencher.resumeProducing()
+        written = sum(type(p) is elvin_packets.SubAddNotify
+                      for p in unframe(quencher_t.value()))
+        self.assertEqual(totals["deliveries"] - totals["dropped_deliveries"], written)

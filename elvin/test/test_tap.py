@@ -383,6 +383,54 @@ class ReloadMessageTests(unittest.TestCase):
         self.assertEqual(message, "reloaded: nothing changed; changed but applied only at "
                                   "restart: status-listen")
 
+    def test_every_router_setting_is_reloaded_or_restart_only(self):
+        from elvin.config import ROUTER_SETTINGS
+        names = {setting.name for setting in ROUTER_SETTINGS}
+        self.assertEqual(names, set(tap.RELOADED) | set(tap.RESTART_ONLY) | {"listen"})
+        self.assertFalse(set(tap.RELOADED) & set(tap.RESTART_ONLY))
+
+    def test_the_reload_line_names_every_setting_it_applies(self):
+        from twisted.logger import globalLogPublisher
+        events = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write("listen = elvin://127.0.0.1:3000\n")
+        top = tap.makeService(parse("-c", path), reactor=MemoryReactorClock())
+        router = top.router
+        changed = {"max-connections": "500", "max-federation-connections": "10",
+                   "reserved-files": "32", "max-subscriptions": "7",
+                   "max-subscription-tokens": "99", "max-client-subscription-bytes": "12345",
+                   "max-protocol-errors": "9", "protocol-error-window": "3.5",
+                   "verbose": "yes", "max-queue-memory": "1000000",
+                   "max-quench-memory": "2000000", "max-receive-memory": "3000000",
+                   "redirect-to": "elvin://127.0.0.1:3999"}
+        self.assertEqual(set(changed), set(tap.RELOADED))
+        with open(path, "w") as f:
+            f.write("listen = elvin://127.0.0.1:3000\n"
+                    + "".join(f"{name} = {value}\n" for name, value in changed.items())
+                    + "Send-Queue.Max-Length = 4096\nSubscription.Max-Count.Ceiling = 50000\n")
+        applied, message = self.successResultOf(top.reload())
+        self.assertTrue(applied)
+        phrases = message[len("reloaded: "):].split("; ")
+        self.assertEqual(sorted(phrase.split(" ")[0] for phrase in phrases),
+                         sorted(list(changed) + ["Send-Queue.Max-Length",
+                                                 "Subscription.Max-Count.Ceiling"]))
+        for phrase in ("max-client-subscription-bytes 12345", "max-protocol-errors 9",
+                       "protocol-error-window 3.5", "verbose True",
+                       "Send-Queue.Max-Length 4096", "Subscription.Max-Count.Ceiling 50000"):
+            self.assertIn(phrase, phrases)
+        self.assertIn(message, [e.get("summary") for e in events])
+        self.assertEqual((router.max_subscriptions, router.max_subscription_tokens,
+                          router.max_client_subscription_bytes, router.max_protocol_errors,
+                          router.protocol_error_window, router.verbose,
+                          router.queue_budget.max_bytes, router.quench.max_bytes),
+                         (7, 99, 12345, 9, 3.5, True, 1000000, 2000000))
+        self.assertEqual(router.new_options()["Send-Queue.Max-Length"], 4096)
+        applied, message = self.successResultOf(top.reload())
+        self.assertEqual(message, "reloaded: nothing changed")
+
     def test_no_configuration_file_is_logged(self):
         from twisted.logger import globalLogPublisher
         events = []
