@@ -168,8 +168,9 @@ class FederationLink:
                 self._connected(packet.router_domain)
             elif kind is packets.Nack and self._pending.pop(packet.xid, None) == "connect":
                 message = shown(packet.message)
-                self.log.warn("federation peer {host} refused us: {message} ({code})",
-                              host=self.peer_host, message=message, code=packet.error)
+                # (not ``message=``: Twisted's legacy observers overwrite it)
+                self.log.warn("federation peer {host} refused us: {reason} ({code})",
+                              host=self.peer_host, reason=message, code=packet.error)
                 self.connection_lost(f"refused: {message}")
                 self.output.close()
             elif kind is packets.Disconn:
@@ -364,8 +365,8 @@ class FederationLink:
         pending = self._pending.pop(packet.xid, None)
         if isinstance(pending, tuple) and pending[0] == "filter":
             self._answered(pending[2])      # refused: nothing more to wait for
-        self.log.warn("federation peer {peer} rejected our {what}: {message}",
-                      peer=self.peer_domain, what=pending, message=shown(packet.message))
+        self.log.warn("federation peer {peer} rejected our {what}: {reason}",
+                      peer=self.peer_domain, what=pending, reason=shown(packet.message))
 
     # -- notifications --------------------------------------------------------------
 

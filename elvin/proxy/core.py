@@ -72,7 +72,10 @@ class ProxyCore(PasswordChecks, UpstreamRelay):
         return client
 
     def session_closed(self, client: "ProxyClient") -> None:
-        """A channel ended (ClientSession calls this by the router's name)."""
+        """A channel ended (ClientSession calls this by the router's name;
+        it may call it again as the connection is lost: once is counted)."""
+        if client not in self.sessions:
+            return
         self.sessions.discard(client)
         self.counters.client_queue_dropped += client.dropped
         left = []

@@ -60,6 +60,7 @@ class CountersTest(ProxyCoreCase):
         pda, _ = self.join("other")
         pda.dropped = 7                 # as the send queue counts what it dropped
         pda.connection_lost()
+        self.core.session_closed(pda)   # told again as the connection goes: once counted
         dropped = snapshot(self.core)["dropped"]
         self.assertEqual(dropped["session_cap"], 3)
         self.assertEqual(dropped["client_queue"], 7)
