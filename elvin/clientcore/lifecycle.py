@@ -231,7 +231,8 @@ class Lifecycle:
         phase = self.phase
         if phase is Phase.UP:
             send = self.session.send
-            assert send is not None
+            if send is None:              # never: the phase changes with the channel
+                raise ConnectionClosed(f"connection to the router at {self.uri} was lost")
             send(packet)
             if xid is not None and xid != -1:
                 inflight = self._inflight
@@ -335,21 +336,31 @@ class Lifecycle:
             self._moving_waiters += self.session._liveness_waiters
             self.session._liveness_waiters = []
         self._inflight.clear()
-        self.session._fail_pending(error, keep=self._buffered_xids())
-        if self.phase is Phase.CLOSED:
-            return                        # the program closed it from a callback
+        # The requests that waited on this channel fail once the phase has
+        # moved on: an errback that makes a request at once (Twisted fires
+        # them synchronously) sees the new phase (buffered while
+        # reconnecting, ConnectionClosed once ended), never a half-lost UP.
+        failed = self.session._take_pending(keep=self._buffered_xids())
+        try:
+            self._channel_ended(phase, error)
+        finally:
+            for on_error in failed:
+                on_error(error)
+
+    def _channel_ended(self, phase: Phase, error: ConnectionClosed) -> None:
+        """``channel_lost``'s transition out of ``phase``."""
         if phase is Phase.CLOSING:
             self._end(None)
         elif phase is Phase.UP:
             if self._redirecting():
                 return
             if self.reconnect is not None:
-                self._call("on_connection_lost", error)
                 self._delays = None
                 self._policy = self.reconnect
                 self._tried = 0
                 self._last = error
                 self._wait_or_give_up()
+                self._call("on_connection_lost", error)
             else:
                 self._end(error)
         elif phase in (Phase.HANDSHAKING, Phase.REPLAYING):

@@ -872,13 +872,18 @@ class ClientState:
     def _fail_pending(self, error: Exception, keep: Iterable[int] = ()) -> None:
         """Fail every waiting request (but those in ``keep``: not sent yet)
         and liveness check with ``error``."""
+        for on_error in self._take_pending(keep):
+            on_error(error)
+
+    def _take_pending(self, keep: Iterable[int] = ()) -> List[Callable[[Exception], Any]]:
+        """Forget every waiting request (but those in ``keep``) and
+        liveness check; their ``on_error``s, for the caller to fail."""
         pending, self._pending = self._pending, {}
         for xid in keep:
             if xid in pending:
                 self._pending[xid] = pending.pop(xid)
         waiters, self._liveness_waiters = self._liveness_waiters, []
-        for _, on_error in list(pending.values()) + waiters:
-            on_error(error)
+        return [on_error for _, on_error in list(pending.values()) + waiters]
 
 
 def _ignore(_: Any) -> None:
