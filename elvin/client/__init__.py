@@ -75,7 +75,9 @@ class ClientSubscription:
                                        add_keys, del_keys)
 
     def remove(self) -> "defer.Deferred[None]":
-        """Delete the subscription; Deferred fires when the router confirms."""
+        """Delete the subscription; Deferred fires when the router confirms
+        (at once if it was removed already). Cancelled after it went out,
+        the router's answer still removes it here."""
         return self.connection._remove(self)
 
     def _deliver_note(self, note):
@@ -480,18 +482,22 @@ class Connection(LifecycleView, ClientState):
 
     def _modify(self, sub, expression, accept_insecure, add_keys, del_keys):
         insecure = sub.accept_insecure if accept_insecure is None else accept_insecure
-        d = self.call(self.sub_mod_rqst(sub.id, expression, insecure, add_keys, del_keys))
 
-        return d.addCallback(lambda reply: self.subscription_modified(
-            sub, expression, insecure, reply))
+        def modified(reply):
+            return self.subscription_modified(sub, expression, insecure, reply)
+        # Cancelled after it went out, the router's answer still applies.
+        return self.call(self.sub_mod_rqst(sub.id, expression, insecure, add_keys, del_keys),
+                         modified).addCallback(modified)
 
     def _remove(self, sub):
-        d = self.call(self.sub_del_rqst(sub.id))
+        if not _holds(self.subscriptions, sub) or self.lifecycle.phase is Phase.CLOSED:
+            return defer.succeed(None)    # removed already, or the session is over
 
         def removed(reply):
-            self.subscriptions.pop(sub.id, None)
+            if _holds(self.subscriptions, sub):
+                del self.subscriptions[sub.id]
             return None
-        return d.addCallback(removed)
+        return self.call(self.sub_del_rqst(sub.id), removed).addCallback(removed)
 
     def quench(self, names: Iterable[str], on_add: Optional[Callable[[int, Any, bool], Any]] = None,
                on_modify: Optional[Callable[[int, Any, bool], Any]] = None,
@@ -516,21 +522,23 @@ class Connection(LifecycleView, ClientState):
     def _modify_quench(self, quench, add_names, del_names, deliver_insecure,
                        add_keys, del_keys):
         insecure = quench.deliver_insecure if deliver_insecure is None else deliver_insecure
-        d = self.call(self.qnch_mod_rqst(quench.id, add_names, del_names, insecure,
-                                             add_keys, del_keys))
+        add, delete = set(add_names), set(del_names)
 
         def modified(reply):
-            quench.names = (quench.names | set(add_names)) - set(del_names)
+            quench.names = (quench.names | add) - delete
             quench.deliver_insecure = insecure
             return quench
-        return d.addCallback(modified)
+        return self.call(self.qnch_mod_rqst(quench.id, sorted(add), sorted(delete), insecure,
+                                            add_keys, del_keys), modified).addCallback(modified)
 
     def _remove_quench(self, quench):
-        d = self.call(self.qnch_del_rqst(quench.id))
+        if not _holds(self.quenches, quench) or self.lifecycle.phase is Phase.CLOSED:
+            return defer.succeed(None)    # removed already, or the session is over
 
         def removed(reply):
-            self.quenches.pop(quench.id, None)
-        return d.addCallback(removed)
+            if _holds(self.quenches, quench):
+                del self.quenches[quench.id]
+        return self.call(self.qnch_del_rqst(quench.id), removed).addCallback(removed)
 
     def notify(self, attributes: Mapping[str, Any], deliver_insecure: bool = True,
                keys: Optional[packets.Keys] = None) -> None:
@@ -575,6 +583,11 @@ class Connection(LifecycleView, ClientState):
             return result
         self.disconnected.addBoth(ended)
         return d
+
+
+def _holds(table: Dict[int, Any], item: Any) -> bool:
+    """Is ``item`` (a subscription, a quench) registered in ``table``?"""
+    return table.get(item.id) is item
 
 
 class _ClientFactory(protocol.Factory):

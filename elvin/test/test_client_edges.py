@@ -45,7 +45,7 @@ class FakeRouter:
         self.connection.lifecycle.channel_lost(detail)
 
 
-class TwistedEdges(unittest.TestCase):
+class TwistedCase(unittest.TestCase):
 
     def open(self, **kw):
         self.reactor = MemoryReactorClock()
@@ -53,6 +53,9 @@ class TwistedEdges(unittest.TestCase):
         router = FakeRouter(conn)
         router.open()
         return conn, router
+
+
+class TwistedEdges(TwistedCase):
 
     def test_a_request_from_the_errback_of_one_failed_by_the_loss(self):
         """Twisted fires errbacks as the channel ends: a request made there
@@ -105,3 +108,158 @@ class AioCase(unittest.TestCase):
         task = self.loop.create_task(wrapped())
         self.turn()
         return task
+
+
+class CancelledChangesTwisted(TwistedCase):
+    """A modify or remove cancelled after it went out: the router carries
+    it out, and so does the client's view (nothing registered again
+    after a reconnection, the new expression kept)."""
+
+    def test_cancelled_remove_is_carried_out(self):
+        conn, router = self.open()
+        d = conn.subscribe("require(a)", lambda note: None)
+        router.answer(packets.SubRply(router.last(packets.SubAddRqst).xid, 1))
+        sub = self.successResultOf(d)
+        d = sub.remove()
+        d.cancel()
+        self.failureResultOf(d, defer.CancelledError)
+        self.assertIn(1, conn.subscriptions)            # not answered yet
+        router.answer(packets.SubRply(router.last(packets.SubDelRqst).xid, 1))
+        self.assertEqual(conn.subscriptions, {})
+        self.assertEqual(conn.replay(), [])
+
+    def test_cancelled_modify_is_carried_out(self):
+        conn, router = self.open()
+        d = conn.subscribe("require(a)", lambda note: None)
+        router.answer(packets.SubRply(router.last(packets.SubAddRqst).xid, 1))
+        sub = self.successResultOf(d)
+        d = sub.modify("require(c)")
+        d.cancel()
+        self.failureResultOf(d, defer.CancelledError)
+        router.answer(packets.SubRply(router.last(packets.SubModRqst).xid, 1))
+        self.assertEqual(sub.expression, "require(c)")
+
+    def test_removing_twice_does_nothing(self):
+        conn, router = self.open()
+        d = conn.subscribe("require(a)", lambda note: None)
+        router.answer(packets.SubRply(router.last(packets.SubAddRqst).xid, 1))
+        sub = self.successResultOf(d)
+        d = sub.remove()
+        router.answer(packets.SubRply(router.last(packets.SubDelRqst).xid, 1))
+        self.assertIsNone(self.successResultOf(d))
+        sent = len(router.sent)
+        self.assertIsNone(self.successResultOf(sub.remove()))
+        self.assertEqual(len(router.sent), sent)          # nothing asked of the router
+
+
+class CancelledChangesAio(AioCase):
+
+    def subscribed(self, conn, router, expression="require(a)", sub_id=1):
+        task = self.start(conn.subscribe(expression))
+        router.answer(packets.SubRply(router.last(packets.SubAddRqst).xid, sub_id))
+        self.turn()
+        return task.result()
+
+    def test_cancelled_remove_is_carried_out(self):
+        conn, router = self.open()
+        sub = self.subscribed(conn, router)
+        task = self.start(sub.remove())
+        task.cancel()
+        self.turn()
+        self.assertTrue(task.cancelled())
+        router.answer(packets.SubRply(router.last(packets.SubDelRqst).xid, 1))
+        self.assertEqual(conn.subscriptions, {})
+        self.assertIsNotNone(sub._ended)                  # its iterator ends
+        self.assertEqual(conn.replay(), [])               # not registered again
+
+    def test_cancelled_modify_is_carried_out(self):
+        conn, router = self.open()
+        sub = self.subscribed(conn, router)
+        task = self.start(sub.modify("require(c)"))
+        task.cancel()
+        self.turn()
+        router.answer(packets.SubRply(router.last(packets.SubModRqst).xid, 1))
+        self.assertEqual(sub.expression, "require(c)")
+
+    def test_cancelled_quench_changes_are_carried_out(self):
+        conn, router = self.open()
+        task = self.start(conn.quench(["a"]))
+        router.answer(packets.QnchRply(router.last(packets.QnchAddRqst).xid, 5))
+        self.turn()
+        quench = task.result()
+        task = self.start(quench.modify(add_names=["b"]))
+        task.cancel()
+        self.turn()
+        router.answer(packets.QnchRply(router.last(packets.QnchModRqst).xid, 5))
+        self.assertEqual(quench.names, {"a", "b"})
+        task = self.start(quench.remove())
+        task.cancel()
+        self.turn()
+        router.answer(packets.QnchRply(router.last(packets.QnchDelRqst).xid, 5))
+        self.assertEqual(conn.quenches, {})
+
+    def test_a_remove_cancelled_in_the_reconnection_buffer_changes_nothing(self):
+        conn, router = self.open(reconnect=aio.Reconnect())
+        sub = self.subscribed(conn, router)
+        router.lost()
+        task = self.start(sub.remove())
+        task.cancel()
+        self.turn()
+        self.assertEqual(conn.lifecycle.buffered, 0)     # taken back: never sent
+        self.assertIn(1, conn.subscriptions)
+        self.assertIsNone(sub._ended)
+        conn.lifecycle.close()
+
+    def test_removing_twice_does_nothing(self):
+        conn, router = self.open()
+        sub = self.subscribed(conn, router)
+        task = self.start(sub.remove())
+        router.answer(packets.SubRply(router.last(packets.SubDelRqst).xid, 1))
+        self.turn()
+        self.assertIsNone(task.result())
+        sent = len(router.sent)
+        self.assertIsNone(self.loop.run_until_complete(sub.remove()))
+        self.assertEqual(len(router.sent), sent)
+
+
+class CancelledChangesBlocking(unittest.TestCase):
+    """``elvin.sync`` cancels the work on its loop when the calling thread
+    stops waiting (a KeyboardInterrupt, or ``_run``'s timeout here): the
+    same path as an asyncio cancellation."""
+
+    def test_an_interrupted_remove_is_carried_out(self):
+        import concurrent.futures
+        import threading
+        from elvin import sync
+        loop = sync._private_loop()
+
+        async def opened():
+            conn = aio.Connection(URI, loop)
+            router = FakeRouter(conn)
+            router.open()
+            return conn, router
+        conn, router = sync._run(opened())
+
+        def answer(packet):
+            asyncio.run_coroutine_threadsafe(_call(router.answer, packet), loop).result(10)
+        subscribing = asyncio.run_coroutine_threadsafe(_awaited(conn.subscribe("require(a)")),
+                                                       loop)
+        for _ in range(500):              # bounded: 5 s
+            if sync._run(_call(lambda: type(router.sent[-1]))) is packets.SubAddRqst:
+                break
+            threading.Event().wait(0.01)
+        answer(packets.SubRply(router.last(packets.SubAddRqst).xid, 1))
+        inner = subscribing.result(10)
+        with self.assertRaises(concurrent.futures.TimeoutError):
+            sync._run(inner.remove(), timeout=0.05)
+        answer(packets.SubRply(router.last(packets.SubDelRqst).xid, 1))
+        self.assertEqual(sync._run(_call(lambda: dict(conn.subscriptions))), {})
+        sync._run(_call(conn.lifecycle.close))
+
+
+async def _call(function, *args):
+    return function(*args)
+
+
+async def _awaited(awaitable):
+    return await awaitable
