@@ -820,6 +820,9 @@ def connect(uri: URIs = None,
             await asyncio.shield(connection.opened)
         except asyncio.CancelledError:
             connection.lifecycle.close()
+            opened = connection.opened
+            if opened.done() and not opened.cancelled():
+                opened.exception()        # ours: nobody else will retrieve it
             raise
         except Exception as e:
             raise _connect_error(connection, e, timeout) from None

@@ -253,8 +253,8 @@ class Connection(LifecycleView, ClientState):
         self._dialling = None
         self._timer = None
         self.disconnected: defer.Deferred[None] = defer.Deferred()
-        self._opened: defer.Deferred[Connection] = defer.Deferred(
-            lambda d: self.lifecycle.close())
+        self._opened: defer.Deferred[Connection] = defer.Deferred(self._cancel_connect)
+        self._connect_cancelled = False
         #: What the peer first sent, and whether it was not Elvin framing:
         #: for a message that says what the server at ``uri`` really is.
         self.first_bytes = None
@@ -268,6 +268,13 @@ class Connection(LifecycleView, ClientState):
         self._failover_discoverer = None
         self._records = {}
         self.router = None
+
+    def _cancel_connect(self, opened: "defer.Deferred[Connection]") -> None:
+        """``connect``'s Deferred was cancelled (``cancel()``, ``addTimeout``):
+        give up the dial or handshake; the Deferred fails with
+        CancelledError (``addTimeout``: TimeoutError), not ConnectFailed."""
+        self._connect_cancelled = True
+        self.lifecycle.close()
 
     #: The name the command-line tools read.
     @property
@@ -307,7 +314,7 @@ class Connection(LifecycleView, ClientState):
             if not self._opened.called:
                 self._opened.callback(self)
         elif kind is ConnectFailedEffect:
-            if not self._opened.called:
+            if not self._opened.called and not self._connect_cancelled:
                 self._opened.errback(effect.cause)
             self._finish()
         elif kind is Ended:

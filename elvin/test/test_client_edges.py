@@ -263,3 +263,79 @@ async def _call(function, *args):
 
 async def _awaited(awaitable):
     return await awaitable
+
+
+class _SilentEndpoint:
+    """Connects at once to a router that never answers ConnRqst."""
+
+    def connect(self, factory):
+        from twisted.internet.testing import StringTransport
+        proto = factory.buildProtocol(None)
+        proto.makeConnection(StringTransport())
+        self.transport = proto.transport
+        return defer.succeed(proto)
+
+
+class CancelledConnectTwisted(unittest.TestCase):
+    """Cancelling ``connect`` during the handshake fails it with
+    CancelledError (TimeoutError with ``addTimeout``), as Twisted code
+    expects, not with a ConnectFailed blaming the router."""
+
+    def connect(self):
+        self.reactor = MemoryReactorClock()
+        endpoint = _SilentEndpoint()
+        self.patch(tx, "_endpoint", lambda reactor, uri, tls=None: endpoint)
+        d = tx.connect(URI, reactor=self.reactor, timeout=10)
+        self.assertNotEqual(endpoint.transport.value(), b"")     # ConnRqst sent
+        return d, endpoint
+
+    def test_cancel(self):
+        d, endpoint = self.connect()
+        d.cancel()
+        self.failureResultOf(d, defer.CancelledError)
+        self.assertTrue(endpoint.transport.disconnecting)
+
+    def test_add_timeout(self):
+        d, _ = self.connect()
+        d.addTimeout(0.5, self.reactor)
+        self.reactor.advance(0.5)
+        self.failureResultOf(d, defer.TimeoutError)
+
+
+class CancelledConnectAio(unittest.TestCase):
+
+    def test_no_future_exception_left_unretrieved(self):
+        import gc
+
+        class Transport(asyncio.Transport):
+            def get_extra_info(self, name, default=None):
+                return default
+
+            def write(self, data):
+                pass
+
+            def is_closing(self):
+                return False
+
+            def abort(self):
+                pass
+
+            close = abort
+
+        async def silent(uri, loop, factory, *args):
+            protocol = factory()
+            transport = Transport()
+            protocol.connection_made(transport)
+            return transport, protocol
+        self.patch(aio, "_open", silent)
+        problems = []
+
+        async def scenario():
+            asyncio.get_running_loop().set_exception_handler(
+                lambda loop, context: problems.append(context))
+            with self.assertRaises(asyncio.TimeoutError):
+                await asyncio.wait_for(aio.connect(URI, timeout=10), 0.05)
+            await asyncio.sleep(0)
+            gc.collect()
+        asyncio.run(scenario())
+        self.assertEqual(problems, [])
