@@ -253,11 +253,17 @@ class Lifecycle:
             return
         if phase in _RECONNECTING and self.established:
             raise ConnectionClosed(f"reconnecting to {self.uri}")
-        if phase is Phase.CLOSED and self._end_error is not None:
-            raise ConnectionClosed(str(self._end_error), self._end_error.reason,
-                                   self._end_error.disconn_args)
-        raise ConnectionClosed("connection is closed" if self.established or
-                               phase is not Phase.IDLE else "not connected")
+        raise self.closed_error()
+
+    def closed_error(self) -> ConnectionClosed:
+        """What a request meets once the session is over: the cause that
+        ended it (a router's Disconn with its reason), or "connection is
+        closed" when the program closed it."""
+        if self.phase is Phase.CLOSED and self._end_error is not None:
+            return ConnectionClosed(str(self._end_error), self._end_error.reason,
+                                    self._end_error.disconn_args)
+        return ConnectionClosed("connection is closed" if self.established or
+                                self.phase is not Phase.IDLE else "not connected")
 
     _end_error: Optional[ConnectionClosed] = None
 

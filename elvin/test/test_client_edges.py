@@ -339,3 +339,105 @@ class CancelledConnectAio(unittest.TestCase):
             gc.collect()
         asyncio.run(scenario())
         self.assertEqual(problems, [])
+
+
+def blocking(options=None, **kw):
+    """An ``elvin.sync`` Connection over a FakeRouter (both on the
+    blocking flavour's private loop): (connection, router, on_loop)
+    where ``on_loop(f, *args)`` runs ``f`` there and returns its result."""
+    from elvin import sync
+    loop = sync._private_loop()
+
+    def on_loop(function, *args):
+        return sync._run(_call(function, *args))
+
+    def opened():
+        conn = aio.Connection(URI, loop, **kw)
+        router = FakeRouter(conn)
+        router.open(options)
+        return conn, router
+    inner, router = on_loop(opened)
+    return sync.Connection(inner), router, on_loop
+
+
+class OversizedNotifications(unittest.TestCase):
+    """A notification the router would answer by ending the session
+    (larger than its Packet.Max-Length, past the attribute limits it
+    reported) raises ValueError in every flavour, and is not sent."""
+
+    def flavours(self, options=None):
+        """(name, notify, sent packets, close) for each flavour."""
+        reactor = MemoryReactorClock()
+        twisted = tx.Connection(URI, reactor)
+        twisted_router = FakeRouter(twisted)
+        twisted_router.open(options)
+        loop = asyncio.new_event_loop()
+        self.addCleanup(loop.close)
+        asyncio_conn = aio.Connection(URI, loop)
+        asyncio_router = FakeRouter(asyncio_conn)
+        asyncio_router.open(options)
+        sync_conn, sync_router, on_loop = blocking(options)
+        self.addCleanup(lambda: on_loop(sync_conn._inner.lifecycle.close))
+        return [("twisted", twisted.notify, twisted_router.sent),
+                ("asyncio", asyncio_conn.notify, asyncio_router.sent),
+                ("blocking", sync_conn.notify, sync_router.sent)]
+
+    def refused(self, options, attributes, words):
+        for name, notify, sent in self.flavours(options):
+            before = len(sent)
+            with self.assertRaises(ValueError, msg=name) as caught:
+                notify(attributes)
+            self.assertIn(words, str(caught.exception), name)
+            self.assertEqual(len(sent), before, name)
+
+    def test_larger_than_the_negotiated_packet_max_length(self):
+        self.refused({"Packet.Max-Length": 4096}, {"big": b"x" * 5000},
+                     "Packet.Max-Length (4096)")
+
+    def test_the_legacy_name_counts_too(self):
+        self.refused({"router.packet.max-length": 4096}, {"big": "x" * 5000},
+                     "Packet.Max-Length (4096)")
+
+    def test_larger_than_the_default_when_the_router_did_not_say(self):
+        self.refused(None, {"big": b"x" * (2 * 1024 * 1024)}, "the default")
+
+    def test_attribute_limits_the_router_reported(self):
+        self.refused({"Attribute.String.Max-Length": 1024}, {"s": "é" * 600},
+                     "Attribute.String.Max-Length (1024)")
+        self.refused({"Attribute.Opaque.Max-Length": 1024}, {"o": b"x" * 1025},
+                     "Attribute.Opaque.Max-Length (1024)")
+        self.refused({"Attribute.Max-Count": 16}, {f"a{n}": n for n in range(17)},
+                     "Attribute.Max-Count (16)")
+        self.refused({"Attribute.Name.Max-Length": 64}, {"n" * 65: 1},
+                     "Attribute.Name.Max-Length (64)")
+
+    def test_within_the_limits_is_sent(self):
+        from elvin import sync
+        for name, notify, sent in self.flavours({"Packet.Max-Length": 4096}):
+            notify({"fits": b"x" * 3000})
+            sync._run(_call(lambda: None))    # the blocking flavour sends from its loop
+            self.assertEqual(sent[-1].attributes, {"fits": b"x" * 3000}, name)
+
+
+class NotifyAfterTheRoutersDisconn(unittest.TestCase):
+
+    def test_blocking_notify_raises_the_cause(self):
+        conn, router, on_loop = blocking()
+        on_loop(router.answer, packets.Disconn(1, "router is shutting down"))
+        on_loop(router.lost, "")
+        self.assertTrue(conn.is_closed)
+        with self.assertRaises(ConnectionClosed) as caught:
+            conn.notify({"x": 1})
+        self.assertEqual(caught.exception.reason, 1)
+        self.assertIn("shutting down", str(caught.exception))
+
+    def test_every_flavour_raises_the_same(self):
+        reactor = MemoryReactorClock()
+        twisted = tx.Connection(URI, reactor)
+        router = FakeRouter(twisted)
+        router.open()
+        router.answer(packets.Disconn(1, "router is shutting down"))
+        router.lost("")
+        with self.assertRaises(ConnectionClosed) as caught:
+            twisted.notify({"x": 1})
+        self.assertEqual(caught.exception.reason, 1)
