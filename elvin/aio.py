@@ -352,7 +352,7 @@ class AutoQuench(AutoQuenchBase):
                 if self.names <= self.quench.names:
                     break
         except (NackError, ConnectionClosed) as e:
-            logging.getLogger("elvin.aio").warning("auto-quench registration failed: %s", e)
+            self._registration_failed(e, logging.getLogger("elvin.aio").warning)
         finally:
             self._pending = None
             _settle(self._ready)

@@ -305,6 +305,11 @@ class AutoQuench:
     def dropped(self) -> int:
         return self._inner.dropped
 
+    @property
+    def unsupported(self) -> bool:
+        """The router has no quench (Nack 2007): everything is sent."""
+        return self._inner.unsupported
+
     def could_interest(self, attributes: Mapping[str, Any]) -> bool:
         """Could a subscription the router has told of match ``attributes``?"""
         async def ask() -> bool:

@@ -158,7 +158,9 @@ class AutoQuench(AutoQuenchBase):
             if not self.ready.called:
                 self.ready.callback(self)
             if isinstance(result, Exception) or hasattr(result, "value"):
-                self.connection.log.warn("auto-quench registration failed: {r}", r=result)
+                error = getattr(result, "value", result)
+                self._registration_failed(
+                    error, lambda text: self.connection.log.warn("{text}", text=text))
                 return None
             self._sync()  # names may have grown meanwhile
             return None

@@ -44,6 +44,10 @@ QuenchCallback = Callable[[int, Any, bool], Any]
 ReplayStep = Tuple[MakePacket, Optional[Callable[[Any], None]], Optional[Tuple[Dict[int, Any], Any]]]
 
 
+#: The Nack code of a router that does not implement a request (client
+#: protocol 7.4.2, "not implemented"): Avis answers QnchAddRqst with it.
+QUENCH_NOT_SUPPORTED = 2007
+
 #: What a router takes when it did not say (Packet.Max-Length's default,
 #: ours and Avis's): a notification larger than this is refused locally.
 DEFAULT_PACKET_MAX_LENGTH = 2 * 1024 * 1024
@@ -367,13 +371,32 @@ class AutoQuenchBase:
     dropped: int
     _pending: Any
 
+    #: The router does not do quench (Nack 2007, as Avis): everything is
+    #: sent, and the router's own matching decides.
+    unsupported = False
+
     def _sync(self) -> None:
         raise NotImplementedError
+
+    def _registration_failed(self, error: BaseException, log: Callable[[str], Any]) -> None:
+        """The quench request failed: on a router without quench (Nack
+        2007) fall back to sending everything, and say so once."""
+        if isinstance(error, NackError) and error.code == QUENCH_NOT_SUPPORTED:
+            if not self.unsupported:
+                self.unsupported = True
+                log(f"the router does not support quench ({error}): auto-quench sends "
+                    f"every notification")
+            return
+        log(f"auto-quench registration failed: {error}")
 
     def notify(self, attributes: Mapping[str, Any], deliver_insecure: bool = True,
                keys: Optional[packets.Keys] = None) -> bool:
         """Emit ``attributes`` if any subscription could want it; returns
         True when sent."""
+        if self.unsupported:
+            self.connection.notify(attributes, deliver_insecure, keys)
+            self.sent += 1
+            return True
         if not set(attributes) <= self.names:
             self.names |= set(attributes)
             self._sync()

@@ -441,3 +441,63 @@ class NotifyAfterTheRoutersDisconn(unittest.TestCase):
         with self.assertRaises(ConnectionClosed) as caught:
             twisted.notify({"x": 1})
         self.assertEqual(caught.exception.reason, 1)
+
+
+class AutoQuenchWithoutQuench(unittest.TestCase):
+    """A router without quench (Avis, an Elvin proxy: Nack 2007): auto-
+    quench says so and sends everything (the router filters anyway)."""
+
+    NACK = staticmethod(lambda xid: packets.Nack(xid, 2007, "Quench not supported", ()))
+
+    def test_twisted(self):
+        conn = tx.Connection(URI, MemoryReactorClock())
+        router = FakeRouter(conn)
+        router.open()
+        auto = tx.AutoQuench(conn, {"file"})
+        router.answer(self.NACK(router.last(packets.QnchAddRqst).xid))
+        self.assertIs(self.successResultOf(auto.ready), auto)
+        self.assertTrue(auto.unsupported)
+        self.assertTrue(auto.notify({"file": "a", "new": 1}))
+        self.assertEqual(router.sent[-1].attributes, {"file": "a", "new": 1})
+        self.assertEqual(len([p for p in router.sent if isinstance(p, packets.QnchAddRqst)]), 1)
+
+    def test_asyncio(self):
+        loop = asyncio.new_event_loop()
+        self.addCleanup(loop.close)
+        conn = aio.Connection(URI, loop)
+        router = FakeRouter(conn)
+        router.open()
+
+        async def scenario():
+            auto = aio.AutoQuench(conn, {"file"})
+            await asyncio.sleep(0)
+            with self.assertLogs("elvin.aio", "WARNING") as logged:
+                router.answer(self.NACK(router.last(packets.QnchAddRqst).xid))
+                await auto.ready()
+            self.assertIn("sends every notification", logged.output[0])
+            return auto
+        auto = loop.run_until_complete(scenario())
+        self.assertTrue(auto.notify({"file": "a"}))
+        self.assertEqual((auto.sent, auto.dropped), (1, 0))
+        self.assertEqual(router.sent[-1].attributes, {"file": "a"})
+
+    def test_blocking(self):
+        import threading
+        from elvin import sync
+        conn, router, on_loop = blocking()
+        made = {}
+        thread = threading.Thread(target=lambda: made.setdefault("auto",
+                                                                 conn.auto_quench({"file"})))
+        thread.start()
+        for _ in range(500):              # bounded: 5 s
+            if on_loop(lambda: [p for p in router.sent if isinstance(p, packets.QnchAddRqst)]):
+                break
+            threading.Event().wait(0.01)
+        on_loop(router.answer, self.NACK(router.last(packets.QnchAddRqst).xid))
+        thread.join(10)
+        auto = made["auto"]
+        self.assertTrue(auto.unsupported)
+        self.assertTrue(auto.notify({"file": "a"}))
+        sync._run(_call(lambda: None))
+        self.assertEqual(router.sent[-1].attributes, {"file": "a"})
+        on_loop(conn._inner.lifecycle.close)
