@@ -393,12 +393,19 @@ class Lifecycle:
         if phase in (Phase.CLOSING, Phase.CLOSED):
             return
         if phase is Phase.UP and self._channel:
+            # The program's requests still waiting fail now, not when the
+            # channel ends (up to CLOSE_TIMEOUT later).
+            waiting = self.session._take_pending()
+            self._inflight.clear()
             self.session.stop_acks()      # what the program handled, before DisconnRqst
             self.phase = Phase.CLOSING
             self.execute(StartTimer(CLOSE_TIMEOUT))
             self.session.send_request(self.session.disconn_rqst(),
                                       lambda reply: self._closing_answered(),
                                       lambda error: None)
+            closed = ConnectionClosed("connection is closed")
+            for on_error in waiting:
+                on_error(closed)
             return
         self.execute(CancelTimer())
         if self.phase is not Phase.IDLE:

@@ -128,6 +128,22 @@ class LifecycleTests(unittest.SynchronousTestCase):
         self.assertEqual(sub.ended, [None])
         self.assertIsNone(h.machine.close_reason)
 
+    def test_close_fails_waiting_requests_at_once(self):
+        h = Harness()
+        h.up()
+        errors = []
+        h.session.request(h.session.sub_add_rqst("x == 1", True, None), self.fail,
+                          errors.append)
+        h.session.ping(self.fail, errors.append)
+        h.machine.close()
+        self.assertEqual([str(e) for e in errors], ["connection is closed"] * 2)
+        disconn = h.sent[-1]
+        self.assertEqual(h.sent_kinds(), ["SubAddRqst", "TestConn", "DisconnRqst"])
+        h.machine.packet(packets.DisconnRply(disconn.xid))
+        h.machine.channel_lost()
+        self.assertEqual(len(errors), 2)
+        self.assertIsNone(h.machine.close_reason)
+
     def test_lost_ends_iterators_with_the_error(self):
         h = Harness()
         h.up()
