@@ -31,6 +31,7 @@ from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, DEFAULT_RECEIVE_QU
                                         Connected, Dial, Effect, Ended, HandshakeTimeout,
                                         Lifecycle, LifecycleView, PauseReading, Phase,
                                         ResumeReading, StartTimer)
+from elvin.clientcore import messages
 from elvin.clientcore.state import (ClientState, ConnectFailed, ConnectionClosed, Deframer,
                                     NackError, Notification, PublishBufferFull,
                                     QuenchHandlers, QuenchState, Reconnect, AutoQuenchBase,
@@ -706,21 +707,29 @@ async def _open(uri: ElvinURI, loop: asyncio.AbstractEventLoop,
 
 def _connect_error(connection: Connection, cause: BaseException,
                    timeout: Optional[float]) -> BaseException:
-    """What ``connect`` raises for the lifecycle's ConnectFailed ``cause``."""
+    """What ``connect`` raises for the lifecycle's ConnectFailed ``cause``:
+    the Twisted client's words (``elvin.clientcore.messages``)."""
     target = connection.uri
     if isinstance(cause, (NackError, ConnectFailed)):
         return cause
     if isinstance(cause, HandshakeTimeout):
-        return ConnectFailed(f"no Elvin ConnRply from {target} within {timeout:g} s: "
-                             f"is this an Elvin router?")
+        return ConnectFailed(messages.handshake_timeout(target, timeout or 0))
     if isinstance(cause, ConnectionClosed):
-        if cause.reason is not None:
-            return ConnectFailed(str(cause), cause.reason, cause.disconn_args)
-        return ConnectFailed(f"{target} closed the connection before ConnRply"
-                             + (" (it is not Elvin)" if connection.problem else ""))
+        text = messages.handshake_lost(target, connection.problem, connection.first_bytes,
+                                       cause)
+        return ConnectFailed(text, cause.reason, cause.disconn_args)
+    if isinstance(cause, ssl.SSLError):
+        return ConnectFailed(messages.tls_failed(
+            target, getattr(cause, "verify_message", None) or cause.reason or str(cause)))
     if isinstance(cause, ConnectionRefusedError):
-        return ConnectFailed(f"{target}: connection refused: is the router running there?")
-    return ConnectFailed(f"{target}: cannot connect: {cause or 'timed out'}")
+        kind: Optional[str] = "refused"
+    elif isinstance(cause, socket.gaierror):
+        kind = "unresolved"
+    elif isinstance(cause, (TimeoutError, asyncio.TimeoutError)):
+        kind = "timeout"
+    else:
+        kind = None
+    return ConnectFailed(messages.cannot_connect(target, cause, kind))
 
 
 def connect(uri: URIs = None,

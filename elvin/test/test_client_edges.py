@@ -501,3 +501,36 @@ class AutoQuenchWithoutQuench(unittest.TestCase):
         sync._run(_call(lambda: None))
         self.assertEqual(router.sent[-1].attributes, {"file": "a"})
         on_loop(conn._inner.lifecycle.close)
+
+
+class ConnectFailureWording(unittest.TestCase):
+    """``connect``'s failures read the same in every flavour (one builder,
+    ``elvin.clientcore.messages``): the short URI, what went wrong, what
+    to try."""
+
+    def test_the_flavours_say_the_same(self):
+        import socket
+        from twisted.internet import error
+        from elvin.clientcore.lifecycle import HandshakeTimeout
+        loop = asyncio.new_event_loop()
+        self.addCleanup(loop.close)
+        conn = aio.Connection(URI, loop)
+        twisted = tx.Connection(URI, MemoryReactorClock())
+        lost = ConnectionClosed(f"connection to the router at {URI} was lost")
+        cases = [
+            (ConnectionRefusedError(), tx._cannot_connect(URI, error.ConnectionRefusedError())),
+            (socket.gaierror(-2, "Name or service not known"),
+             tx._cannot_connect(URI, error.DNSLookupError("router.invalid"))),
+            (TimeoutError(), tx._cannot_connect(URI, error.TimeoutError())),
+            (lost, tx._handshake_lost(URI, twisted, lost)),
+        ]
+        for cause, twisted_says in cases:
+            self.assertEqual(str(aio._connect_error(conn, cause, 5)), twisted_says)
+        self.assertIn("elvin://router.invalid:2917", twisted_says)
+        for side in (conn, twisted):
+            side.problem, side.first_bytes = "not_elvin", b"HTTP/1.1 400"
+        self.assertEqual(str(aio._connect_error(conn, lost, 5)),
+                         tx._handshake_lost(URI, twisted, lost))
+        self.assertIn("not Elvin", tx._handshake_lost(URI, twisted, lost))
+        self.assertIn("within 5 s: is this an Elvin router?",
+                      str(aio._connect_error(conn, HandshakeTimeout(), 5)))
