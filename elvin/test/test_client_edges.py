@@ -411,6 +411,14 @@ class OversizedNotifications(unittest.TestCase):
         self.refused({"Attribute.Name.Max-Length": 64}, {"n" * 65: 1},
                      "Attribute.Name.Max-Length (64)")
 
+    def test_a_bool_is_refused(self):
+        for name, notify, sent in self.flavours():
+            before = len(sent)
+            with self.assertRaises(TypeError, msg=name) as caught:
+                notify({"x": True})
+            self.assertIn("bool is not an Elvin value type", str(caught.exception))
+            self.assertEqual(len(sent), before, name)
+
     def test_within_the_limits_is_sent(self):
         from elvin import sync
         for name, notify, sent in self.flavours({"Packet.Max-Length": 4096}):
