@@ -29,8 +29,9 @@ from typing import (Any, Awaitable, Callable, Coroutine, Dict, Generator, Generi
 from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, DEFAULT_RECEIVE_QUEUE,
                                         CancelTimer, CloseChannel, ConnectFailedEffect,
                                         Connected, Dial, Effect, Ended, HandshakeTimeout,
-                                        Lifecycle, LifecycleView, PauseReading, ResumeReading,
-                                        StartTimer)
+                                        Lifecycle, LifecycleView, PauseReading, Phase,
+                                        ResumeReading, StartTimer)
+from elvin.clientcore import messages
 from elvin.clientcore.state import (ClientState, ConnectFailed, ConnectionClosed, Deframer,
                                     NackError, Notification, PublishBufferFull,
                                     QuenchHandlers, QuenchState, Reconnect, AutoQuenchBase,
@@ -205,17 +206,26 @@ class Subscription:
         """Change the expression, insecure flag or keys; returns self."""
         conn = self.connection
         insecure = self.accept_insecure if accept_insecure is None else accept_insecure
-        reply = await conn._call(conn.sub_mod_rqst(self.id, expression, insecure,
-                                                   add_keys, del_keys))
-        return conn.subscription_modified(self, expression, insecure, reply)
+        await conn._call(conn.sub_mod_rqst(self.id, expression, insecure, add_keys, del_keys),
+                         at_reply=lambda reply: conn.subscription_modified(
+                             self, expression, insecure, reply),
+                         apply_late=True)
+        return self
 
     async def remove(self) -> None:
-        """Delete the subscription (iteration then ends)."""
+        """Delete the subscription (iteration then ends). Removing one
+        already removed (or ended) does nothing."""
         conn = self.connection
-        if self._ended is None:
-            await conn._call(conn.sub_del_rqst(self.id))
-        conn.subscriptions.pop(self.id, None)
-        self._end()
+        if self._ended is not None:
+            if conn.subscriptions.get(self.id) is self:
+                del conn.subscriptions[self.id]
+            return
+
+        def removed(reply: Any) -> None:
+            if conn.subscriptions.get(self.id) is self:
+                del conn.subscriptions[self.id]
+            self._end()
+        await conn._call(conn.sub_del_rqst(self.id), at_reply=removed, apply_late=True)
 
     def __aiter__(self) -> "Subscription":
         if self._queue is None:
@@ -264,16 +274,26 @@ class Quench(QuenchHandlers):
                      del_keys: Optional[packets.Keys] = None) -> "Quench":
         conn = self.connection
         insecure = self.deliver_insecure if deliver_insecure is None else deliver_insecure
-        await conn._call(conn.qnch_mod_rqst(self.id, add_names, del_names, insecure,
-                                            add_keys, del_keys))
-        self.names = (self.names | set(add_names)) - set(del_names)
-        self.deliver_insecure = insecure
+        add, delete = set(add_names), set(del_names)
+
+        def modified(reply: Any) -> "Quench":
+            self.names = (self.names | add) - delete
+            self.deliver_insecure = insecure
+            return self
+        await conn._call(conn.qnch_mod_rqst(self.id, sorted(add), sorted(delete), insecure,
+                                            add_keys, del_keys),
+                         at_reply=modified, apply_late=True)
         return self
 
     async def remove(self) -> None:
         conn = self.connection
-        await conn._call(conn.qnch_del_rqst(self.id))
-        conn.quenches.pop(self.id, None)
+        if conn.quenches.get(self.id) is not self or conn.lifecycle.phase is Phase.CLOSED:
+            return                        # removed already, or the session is over
+
+        def removed(reply: Any) -> None:
+            if conn.quenches.get(self.id) is self:
+                del conn.quenches[self.id]
+        await conn._call(conn.qnch_del_rqst(self.id), at_reply=removed, apply_late=True)
 
 
 class AutoQuench(AutoQuenchBase):
@@ -333,7 +353,7 @@ class AutoQuench(AutoQuenchBase):
                 if self.names <= self.quench.names:
                     break
         except (NackError, ConnectionClosed) as e:
-            logging.getLogger("elvin.aio").warning("auto-quench registration failed: %s", e)
+            self._registration_failed(e, logging.getLogger("elvin.aio").warning)
         finally:
             self._pending = None
             _settle(self._ready)
@@ -509,14 +529,19 @@ class Connection(LifecycleView, ClientState):
 
     async def _call(self, make_packet: Callable[[int], Any],
                     late: Optional[Callable[[Any], Any]] = None,
-                    at_reply: Optional[Callable[[Any], Any]] = None) -> Any:
+                    at_reply: Optional[Callable[[Any], Any]] = None,
+                    apply_late: bool = False) -> Any:
         """Send a request and wait for its reply. If the caller is
         cancelled first, ``late(reply)`` takes the reply when it comes.
         ``at_reply(reply)``, when given, runs as the reply is read, before
         any packet read after it, and its result is what the caller gets:
         a subscription or quench must be known before the NotifyDeliver or
         SubAddNotify that can follow its reply in the same read (the
-        caller resumes only on a later turn of the loop)."""
+        caller resumes only on a later turn of the loop). With
+        ``apply_late``, ``at_reply`` runs even if the caller was cancelled
+        after the request went out (a modify or remove the router carries
+        out is carried out here too); one taken back from the
+        reconnection buffer was never sent and changes nothing."""
         future: "asyncio.Future[Any]" = self.loop.create_future()
 
         def replied(reply: Any) -> None:
@@ -536,6 +561,8 @@ class Connection(LifecycleView, ClientState):
                 if future.done() and not future.cancelled() and future.exception() is None:
                     if late is not None:
                         late(future.result())
+                elif apply_late and at_reply is not None:
+                    self.abandon(xid, at_reply)
                 else:
                     self.abandon(xid, late)
             raise
@@ -680,21 +707,29 @@ async def _open(uri: ElvinURI, loop: asyncio.AbstractEventLoop,
 
 def _connect_error(connection: Connection, cause: BaseException,
                    timeout: Optional[float]) -> BaseException:
-    """What ``connect`` raises for the lifecycle's ConnectFailed ``cause``."""
+    """What ``connect`` raises for the lifecycle's ConnectFailed ``cause``:
+    the Twisted client's words (``elvin.clientcore.messages``)."""
     target = connection.uri
     if isinstance(cause, (NackError, ConnectFailed)):
         return cause
     if isinstance(cause, HandshakeTimeout):
-        return ConnectFailed(f"no Elvin ConnRply from {target} within {timeout:g} s: "
-                             f"is this an Elvin router?")
+        return ConnectFailed(messages.handshake_timeout(target, timeout or 0))
     if isinstance(cause, ConnectionClosed):
-        if cause.reason is not None:
-            return ConnectFailed(str(cause), cause.reason, cause.disconn_args)
-        return ConnectFailed(f"{target} closed the connection before ConnRply"
-                             + (" (it is not Elvin)" if connection.problem else ""))
+        text = messages.handshake_lost(target, connection.problem, connection.first_bytes,
+                                       cause)
+        return ConnectFailed(text, cause.reason, cause.disconn_args)
+    if isinstance(cause, ssl.SSLError):
+        return ConnectFailed(messages.tls_failed(
+            target, getattr(cause, "verify_message", None) or cause.reason or str(cause)))
     if isinstance(cause, ConnectionRefusedError):
-        return ConnectFailed(f"{target}: connection refused: is the router running there?")
-    return ConnectFailed(f"{target}: cannot connect: {cause or 'timed out'}")
+        kind: Optional[str] = "refused"
+    elif isinstance(cause, socket.gaierror):
+        kind = "unresolved"
+    elif isinstance(cause, (TimeoutError, asyncio.TimeoutError)):
+        kind = "timeout"
+    else:
+        kind = None
+    return ConnectFailed(messages.cannot_connect(target, cause, kind))
 
 
 def connect(uri: URIs = None,
@@ -794,6 +829,9 @@ def connect(uri: URIs = None,
             await asyncio.shield(connection.opened)
         except asyncio.CancelledError:
             connection.lifecycle.close()
+            opened = connection.opened
+            if opened.done() and not opened.cancelled():
+                opened.exception()        # ours: nobody else will retrieve it
             raise
         except Exception as e:
             raise _connect_error(connection, e, timeout) from None

@@ -39,7 +39,6 @@ from elvin.clientcore.state import (ConnectFailed, ConnectionClosed, NackError, 
                                     refuse_coroutine)
 from elvin.keys import Keys, consumer_keys, dual_keys, producer_keys
 from elvin.uri import ElvinURI
-from elvin.values import normalise
 
 __all__ = ["connect", "notify", "subscribe", "unotify", "Connection", "Subscription",
            "Quench", "AutoQuench", "Reconnect",
@@ -306,6 +305,11 @@ class AutoQuench:
     def dropped(self) -> int:
         return self._inner.dropped
 
+    @property
+    def unsupported(self) -> bool:
+        """The router has no quench (Nack 2007): everything is sent."""
+        return self._inner.unsupported
+
     def could_interest(self, attributes: Mapping[str, Any]) -> bool:
         """Could a subscription the router has told of match ``attributes``?"""
         async def ask() -> bool:
@@ -441,22 +445,19 @@ class Connection:
         this connection; nothing comes back from the router."""
         inner = self._inner
         if inner.is_closed:
-            raise ConnectionClosed("connection is closed")
-        attributes = normalise(attributes)
-        if not attributes:
-            raise ValueError("a notification needs at least one attribute")
+            raise inner.lifecycle.closed_error()    # the router's Disconn, if it ended so
+        packet = inner.notify_emit(attributes, deliver_insecure, keys)
         if inner.lifecycle.phase is Phase.UP:
-            _private_loop().call_soon_threadsafe(self._emit, attributes, deliver_insecure, keys)
+            _private_loop().call_soon_threadsafe(self._emit, packet)
             return
 
         async def emit() -> None:       # reconnecting: the buffer may refuse it
-            inner.emit(attributes, deliver_insecure, keys)
+            inner.post(packet, None)
         _run(emit())
 
-    def _emit(self, attributes: Mapping[str, Any], deliver_insecure: bool,
-              keys: Optional[Keys]) -> None:
+    def _emit(self, packet: Any) -> None:
         try:
-            self._inner.emit(attributes, deliver_insecure, keys)
+            self._inner.post(packet, None)
         except PublishBufferFull as e:
             _log.error("notification not sent: %s", e)
         except ConnectionClosed:

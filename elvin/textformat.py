@@ -6,7 +6,7 @@ ends a notification. Values carry their Elvin type in their spelling:
     Num: 42            int32 (an integer too big for int32 is int64)
     Big: 12L           int64
     R: 3.25            real64 (also 1e10, inf, -inf, nan)
-    Text: "hi\\n"      string; escapes \\n \\t \\r \\\\ \\" \\' \\0, or 'single quotes'
+    Text: "hi\\n"      string; escapes \\n \\t \\r \\\\ \\" \\' \\0 (no others), or 'single quotes'
     Blob: [de ad be]   opaque, hex bytes (spaces optional)
 
 The name is everything before the first ``": "`` (or, failing that, the
@@ -68,7 +68,12 @@ def _unquote(text):
             if i + 1 >= len(body):
                 raise FormatError(f"string ends with a lone backslash: {text!r}")
             nxt = body[i + 1]
-            out.append(_ESCAPES.get(nxt, nxt))
+            escaped = _ESCAPES.get(nxt)
+            if escaped is None:
+                raise FormatError(f"unknown escape \\{nxt} in {text!r} (the escapes are "
+                                  f"\\n \\t \\r \\\\ \\\" \\' \\0; write other "
+                                  f"characters as themselves)")
+            out.append(escaped)
             i += 2
         else:
             out.append(c)

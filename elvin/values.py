@@ -93,10 +93,15 @@ def type_of(value):
 
 
 def normalise_value(value):
-    """Return ``value`` in the router's internal form (see module docstring)."""
+    """Return ``value`` in the router's internal form (see module docstring).
+    A bool is refused (TypeError): Elvin has no boolean type, and sending
+    True as the int 1 would hide the mistake."""
     kind = type(value)
     if kind is str or kind is float or kind is Int64 or kind is bytes:
         return value
+    if kind is bool:
+        raise TypeError(f"bool is not an Elvin value type ({value!r}): write 1 or 0 (Elvin "
+                        "values are int, Int32, Int64, float, str or bytes)")
     code = type_of(value)
     if code == INT32:
         return int(value)

@@ -24,6 +24,9 @@ from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, CancelTimer, Close
                                         HandshakeTimeout, Lifecycle, LifecycleView,
                                         PauseReading, Phase,
                                         ResumeReading, StartTimer)
+from elvin.clientcore import messages
+from elvin.clientcore.messages import (TLS_TRUST, TOOLS_TLS_TRUST, shown as _shown,
+                                       stack_hint as _stack_hint)
 from elvin.clientcore.state import (ClientState, ConnectFailed, ConnectionClosed, NackError,
                                     Notification, PublishBufferFull, QuenchHandlers,
                                     QuenchState, Reconnect, AutoQuenchBase, JoinedSession,
@@ -75,7 +78,9 @@ class ClientSubscription:
                                        add_keys, del_keys)
 
     def remove(self) -> "defer.Deferred[None]":
-        """Delete the subscription; Deferred fires when the router confirms."""
+        """Delete the subscription; Deferred fires when the router confirms
+        (at once if it was removed already). Cancelled after it went out,
+        the router's answer still removes it here."""
         return self.connection._remove(self)
 
     def _deliver_note(self, note):
@@ -156,7 +161,9 @@ class AutoQuench(AutoQuenchBase):
             if not self.ready.called:
                 self.ready.callback(self)
             if isinstance(result, Exception) or hasattr(result, "value"):
-                self.connection.log.warn("auto-quench registration failed: {r}", r=result)
+                error = getattr(result, "value", result)
+                self._registration_failed(
+                    error, lambda text: self.connection.log.warn("{text}", text=text))
                 return None
             self._sync()  # names may have grown meanwhile
             return None
@@ -251,8 +258,8 @@ class Connection(LifecycleView, ClientState):
         self._dialling = None
         self._timer = None
         self.disconnected: defer.Deferred[None] = defer.Deferred()
-        self._opened: defer.Deferred[Connection] = defer.Deferred(
-            lambda d: self.lifecycle.close())
+        self._opened: defer.Deferred[Connection] = defer.Deferred(self._cancel_connect)
+        self._connect_cancelled = False
         #: What the peer first sent, and whether it was not Elvin framing:
         #: for a message that says what the server at ``uri`` really is.
         self.first_bytes = None
@@ -266,6 +273,13 @@ class Connection(LifecycleView, ClientState):
         self._failover_discoverer = None
         self._records = {}
         self.router = None
+
+    def _cancel_connect(self, opened: "defer.Deferred[Connection]") -> None:
+        """``connect``'s Deferred was cancelled (``cancel()``, ``addTimeout``):
+        give up the dial or handshake; the Deferred fails with
+        CancelledError (``addTimeout``: TimeoutError), not ConnectFailed."""
+        self._connect_cancelled = True
+        self.lifecycle.close()
 
     #: The name the command-line tools read.
     @property
@@ -305,7 +319,7 @@ class Connection(LifecycleView, ClientState):
             if not self._opened.called:
                 self._opened.callback(self)
         elif kind is ConnectFailedEffect:
-            if not self._opened.called:
+            if not self._opened.called and not self._connect_cancelled:
                 self._opened.errback(effect.cause)
             self._finish()
         elif kind is Ended:
@@ -480,18 +494,22 @@ class Connection(LifecycleView, ClientState):
 
     def _modify(self, sub, expression, accept_insecure, add_keys, del_keys):
         insecure = sub.accept_insecure if accept_insecure is None else accept_insecure
-        d = self.call(self.sub_mod_rqst(sub.id, expression, insecure, add_keys, del_keys))
 
-        return d.addCallback(lambda reply: self.subscription_modified(
-            sub, expression, insecure, reply))
+        def modified(reply):
+            return self.subscription_modified(sub, expression, insecure, reply)
+        # Cancelled after it went out, the router's answer still applies.
+        return self.call(self.sub_mod_rqst(sub.id, expression, insecure, add_keys, del_keys),
+                         modified).addCallback(modified)
 
     def _remove(self, sub):
-        d = self.call(self.sub_del_rqst(sub.id))
+        if not _holds(self.subscriptions, sub) or self.lifecycle.phase is Phase.CLOSED:
+            return defer.succeed(None)    # removed already, or the session is over
 
         def removed(reply):
-            self.subscriptions.pop(sub.id, None)
+            if _holds(self.subscriptions, sub):
+                del self.subscriptions[sub.id]
             return None
-        return d.addCallback(removed)
+        return self.call(self.sub_del_rqst(sub.id), removed).addCallback(removed)
 
     def quench(self, names: Iterable[str], on_add: Optional[Callable[[int, Any, bool], Any]] = None,
                on_modify: Optional[Callable[[int, Any, bool], Any]] = None,
@@ -516,21 +534,23 @@ class Connection(LifecycleView, ClientState):
     def _modify_quench(self, quench, add_names, del_names, deliver_insecure,
                        add_keys, del_keys):
         insecure = quench.deliver_insecure if deliver_insecure is None else deliver_insecure
-        d = self.call(self.qnch_mod_rqst(quench.id, add_names, del_names, insecure,
-                                             add_keys, del_keys))
+        add, delete = set(add_names), set(del_names)
 
         def modified(reply):
-            quench.names = (quench.names | set(add_names)) - set(del_names)
+            quench.names = (quench.names | add) - delete
             quench.deliver_insecure = insecure
             return quench
-        return d.addCallback(modified)
+        return self.call(self.qnch_mod_rqst(quench.id, sorted(add), sorted(delete), insecure,
+                                            add_keys, del_keys), modified).addCallback(modified)
 
     def _remove_quench(self, quench):
-        d = self.call(self.qnch_del_rqst(quench.id))
+        if not _holds(self.quenches, quench) or self.lifecycle.phase is Phase.CLOSED:
+            return defer.succeed(None)    # removed already, or the session is over
 
         def removed(reply):
-            self.quenches.pop(quench.id, None)
-        return d.addCallback(removed)
+            if _holds(self.quenches, quench):
+                del self.quenches[quench.id]
+        return self.call(self.qnch_del_rqst(quench.id), removed).addCallback(removed)
 
     def notify(self, attributes: Mapping[str, Any], deliver_insecure: bool = True,
                keys: Optional[packets.Keys] = None) -> None:
@@ -575,6 +595,11 @@ class Connection(LifecycleView, ClientState):
             return result
         self.disconnected.addBoth(ended)
         return d
+
+
+def _holds(table: Dict[int, Any], item: Any) -> bool:
+    """Is ``item`` (a subscription, a quench) registered in ``table``?"""
+    return table.get(item.id) is item
 
 
 class _ClientFactory(protocol.Factory):
@@ -730,8 +755,7 @@ def connect(uri: Union[str, ElvinURI, Sequence[Union[str, ElvinURI]], None] = No
         raise
     except HandshakeTimeout:
         raise ConnectFailed(
-            f"no Elvin ConnRply from {_shown(connection.uri)} within {timeout:g} s: is this "
-            f"an Elvin router?{_stack_hint(connection.uri)}") from None
+            messages.handshake_timeout(connection.uri, timeout or 0)) from None
     except ConnectionClosed as e:
         raise ConnectFailed(_handshake_lost(connection.uri, connection, e)) from e
     except defer.CancelledError:
@@ -761,87 +785,22 @@ def _abort(connection):
         connection.protocol.transport.abortConnection()
 
 
-def _stack_hint(uri):
-    if uri.is_secure:
-        return (f" (if it is a plain listener, use elvin://{_endpoint_text(uri)}"
-                " rather than a TLS URI)")
-    return (f" (if it is a TLS listener, use elvin:/secure/{_endpoint_text(uri)})")
-
-
-def _shown(uri):
-    """``uri`` as a person would write it (the short form when it has one)."""
-    if uri.protocol == ("tcp", "none", "xdr") and uri.version == (4, 0) and not uri.options:
-        return f"elvin://{_endpoint_text(uri)}"
-    return str(uri)
-
-
-def _endpoint_text(uri):
-    host = f"[{uri.host}]" if ":" in uri.host else uri.host
-    return f"{host}:{uri.port}"
-
-
 def _cannot_connect(uri, error_value):
     """A sentence for a failed TCP/TLS connect to ``uri``."""
     if isinstance(error_value, (error.ConnectionRefusedError, ConnectionRefusedError)):
-        proxy = _http_proxy(uri)
-        if proxy is not None:
-            return (f"{_shown(uri)}: the HTTP proxy at {proxy} refused the connection: is "
-                    "it running there? (check proxy-host and proxy-port)")
-        return (f"{_shown(uri)}: connection refused: is the router running there? (start "
-                f"one with 'twistd -n elvin', or give another URI with -e)")
-    if isinstance(error_value, (error.DNSLookupError,)):
-        return f"{_shown(uri)}: cannot resolve host {uri.host!r}: check the host name"
-    if isinstance(error_value, (error.TimeoutError, defer.TimeoutError, TimeoutError)):
-        return (f"{_shown(uri)}: no answer to the TCP connect: is the host up, and the port "
-                f"open (no firewall in between)?")
-    reasons = getattr(error_value, "reasons", None)
-    if reasons:
-        # twisted.web's ResponseFailed and kin: a list of Failures, whose
-        # text is their repr; say what they mean.
-        detail = "; ".join(r.getErrorMessage() if hasattr(r, "getErrorMessage") else str(r)
-                           for r in reasons)
-        hint = (f" (if it is a plain listener, use elvin://{_endpoint_text(uri)})"
-                if uri.protocol[0] == "http" else "")
-        return (f"{_shown(uri)}: no HTTP response ({detail}): is this an Elvin HTTP "
-                f"tunnel listener?{hint}")
-    return f"{_shown(uri)}: cannot connect: {error_value or type(error_value).__name__}"
-
-
-def _http_proxy(uri):
-    """``host:port`` of the HTTP proxy an HTTP-tunnel ``uri`` goes
-    through (``proxy-host``, ``proxy-port``), else None."""
-    host = uri.options.get("proxy-host") if uri.options else None
-    if not host:
-        return None
-    return f"{host}:{uri.options.get('proxy-port') or 8080}"
-
-
-#: The advice on trusting a router's certificate, in the library's terms;
-#: the command-line tools say TOOLS_TLS_TRUST instead (they take no tls_ca).
-TLS_TRUST = "does tls_ca trust its certificate"
-TOOLS_TLS_TRUST = ("is its CA trusted (SSL_CERT_FILE=CA.pem before the command, "
-                   "docs/security.md)")
+        kind = "refused"
+    elif isinstance(error_value, (error.DNSLookupError,)):
+        kind = "unresolved"
+    elif isinstance(error_value, (error.TimeoutError, defer.TimeoutError, TimeoutError)):
+        kind = "timeout"
+    else:
+        kind = None
+    return messages.cannot_connect(uri, error_value, kind)
 
 
 def _handshake_lost(uri, connection, closed):
     """A sentence for a channel that ended before ConnRply."""
-    if connection.problem == "not_elvin":
-        first = connection.first_bytes or b""
-        if first[:1] in (b"\x15", b"\x16") and first[1:2] == b"\x03":
-            return (f"{_shown(uri)} answered with TLS: it is a TLS listener, so use "
-                    f"elvin:/secure/{_endpoint_text(uri)}")
-        return (f"{_shown(uri)} answered with something that is not Elvin (it began "
-                f"{first!r}): is this an Elvin router?{_stack_hint(uri)}")
-    if closed.reason is not None:
-        return str(closed)  # the router sent Disconn: its own words
-    text = str(closed)
-    detail = text.split("was lost: ", 1)[1] if "was lost: " in text else ""
-    if uri.is_secure and detail:
-        return (f"TLS with {_shown(uri)} failed ({detail}): is it a TLS listener, "
-                f"{TLS_TRUST}, and does the certificate name "
-                f"{uri.host!r}?{_stack_hint(uri)}")
-    return (f"{_shown(uri)} closed the connection before answering ConnRqst: is this an "
-            f"Elvin router?{_stack_hint(uri)}")
+    return messages.handshake_lost(uri, connection.problem, connection.first_bytes, closed)
 
 
 @defer.inlineCallbacks

@@ -231,7 +231,8 @@ class Lifecycle:
         phase = self.phase
         if phase is Phase.UP:
             send = self.session.send
-            assert send is not None
+            if send is None:              # never: the phase changes with the channel
+                raise ConnectionClosed(f"connection to the router at {self.uri} was lost")
             send(packet)
             if xid is not None and xid != -1:
                 inflight = self._inflight
@@ -252,11 +253,17 @@ class Lifecycle:
             return
         if phase in _RECONNECTING and self.established:
             raise ConnectionClosed(f"reconnecting to {self.uri}")
-        if phase is Phase.CLOSED and self._end_error is not None:
-            raise ConnectionClosed(str(self._end_error), self._end_error.reason,
-                                   self._end_error.disconn_args)
-        raise ConnectionClosed("connection is closed" if self.established or
-                               phase is not Phase.IDLE else "not connected")
+        raise self.closed_error()
+
+    def closed_error(self) -> ConnectionClosed:
+        """What a request meets once the session is over: the cause that
+        ended it (a router's Disconn with its reason), or "connection is
+        closed" when the program closed it."""
+        if self.phase is Phase.CLOSED and self._end_error is not None:
+            return ConnectionClosed(str(self._end_error), self._end_error.reason,
+                                    self._end_error.disconn_args)
+        return ConnectionClosed("connection is closed" if self.established or
+                                self.phase is not Phase.IDLE else "not connected")
 
     _end_error: Optional[ConnectionClosed] = None
 
@@ -335,21 +342,31 @@ class Lifecycle:
             self._moving_waiters += self.session._liveness_waiters
             self.session._liveness_waiters = []
         self._inflight.clear()
-        self.session._fail_pending(error, keep=self._buffered_xids())
-        if self.phase is Phase.CLOSED:
-            return                        # the program closed it from a callback
+        # The requests that waited on this channel fail once the phase has
+        # moved on: an errback that makes a request at once (Twisted fires
+        # them synchronously) sees the new phase (buffered while
+        # reconnecting, ConnectionClosed once ended), never a half-lost UP.
+        failed = self.session._take_pending(keep=self._buffered_xids())
+        try:
+            self._channel_ended(phase, error)
+        finally:
+            for on_error in failed:
+                on_error(error)
+
+    def _channel_ended(self, phase: Phase, error: ConnectionClosed) -> None:
+        """``channel_lost``'s transition out of ``phase``."""
         if phase is Phase.CLOSING:
             self._end(None)
         elif phase is Phase.UP:
             if self._redirecting():
                 return
             if self.reconnect is not None:
-                self._call("on_connection_lost", error)
                 self._delays = None
                 self._policy = self.reconnect
                 self._tried = 0
                 self._last = error
                 self._wait_or_give_up()
+                self._call("on_connection_lost", error)
             else:
                 self._end(error)
         elif phase in (Phase.HANDSHAKING, Phase.REPLAYING):
@@ -376,12 +393,19 @@ class Lifecycle:
         if phase in (Phase.CLOSING, Phase.CLOSED):
             return
         if phase is Phase.UP and self._channel:
+            # The program's requests still waiting fail now, not when the
+            # channel ends (up to CLOSE_TIMEOUT later).
+            waiting = self.session._take_pending()
+            self._inflight.clear()
             self.session.stop_acks()      # what the program handled, before DisconnRqst
             self.phase = Phase.CLOSING
             self.execute(StartTimer(CLOSE_TIMEOUT))
             self.session.send_request(self.session.disconn_rqst(),
                                       lambda reply: self._closing_answered(),
                                       lambda error: None)
+            closed = ConnectionClosed("connection is closed")
+            for on_error in waiting:
+                on_error(closed)
             return
         self.execute(CancelTimer())
         if self.phase is not Phase.IDLE:

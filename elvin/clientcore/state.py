@@ -44,6 +44,23 @@ QuenchCallback = Callable[[int, Any, bool], Any]
 ReplayStep = Tuple[MakePacket, Optional[Callable[[Any], None]], Optional[Tuple[Dict[int, Any], Any]]]
 
 
+#: The Nack code of a router that does not implement a request (client
+#: protocol 7.4.2, "not implemented"): Avis answers QnchAddRqst with it.
+QUENCH_NOT_SUPPORTED = 2007
+
+#: What a router takes when it did not say (Packet.Max-Length's default,
+#: ours and Avis's): a notification larger than this is refused locally.
+DEFAULT_PACKET_MAX_LENGTH = 2 * 1024 * 1024
+#: The legacy names (client protocol 7.5.3) a router may report limits by.
+_LEGACY_NAMES = {
+    "Packet.Max-Length": "router.packet.max-length",
+    "Attribute.Max-Count": "router.attribute.max-count",
+    "Attribute.Name.Max-Length": "router.attribute.name.max-length",
+    "Attribute.String.Max-Length": "router.attribute.string.max-length",
+    "Attribute.Opaque.Max-Length": "router.attribute.opaque.max-length",
+}
+
+
 class NackError(ElvinError):
     """The router refused a request: ``code``, ``message``, ``nack_args``."""
 
@@ -354,13 +371,32 @@ class AutoQuenchBase:
     dropped: int
     _pending: Any
 
+    #: The router does not do quench (Nack 2007, as Avis): everything is
+    #: sent, and the router's own matching decides.
+    unsupported = False
+
     def _sync(self) -> None:
         raise NotImplementedError
+
+    def _registration_failed(self, error: BaseException, log: Callable[[str], Any]) -> None:
+        """The quench request failed: on a router without quench (Nack
+        2007) fall back to sending everything, and say so once."""
+        if isinstance(error, NackError) and error.code == QUENCH_NOT_SUPPORTED:
+            if not self.unsupported:
+                self.unsupported = True
+                log(f"the router does not support quench ({error}): auto-quench sends "
+                    f"every notification")
+            return
+        log(f"auto-quench registration failed: {error}")
 
     def notify(self, attributes: Mapping[str, Any], deliver_insecure: bool = True,
                keys: Optional[packets.Keys] = None) -> bool:
         """Emit ``attributes`` if any subscription could want it; returns
         True when sent."""
+        if self.unsupported:
+            self.connection.notify(attributes, deliver_insecure, keys)
+            self.sent += 1
+            return True
         if not set(attributes) <= self.names:
             self.names |= set(attributes)
             self._sync()
@@ -513,10 +549,76 @@ class ClientState:
     def emit(self, attributes: Mapping[str, Any], deliver_insecure: bool = True,
              keys: Optional[packets.Keys] = None) -> None:
         """Send a NotifyEmit (no reply comes back; errors are local)."""
+        self.post(self.notify_emit(attributes, deliver_insecure, keys), None)
+
+    def notify_emit(self, attributes: Mapping[str, Any], deliver_insecure: bool = True,
+                    keys: Optional[packets.Keys] = None) -> Any:
+        """The NotifyEmit for ``attributes``, checked as the router would
+        check it: TypeError for a value of no Elvin type, ValueError for no
+        attribute or for what the router would refuse by ending the
+        session (larger than its Packet.Max-Length, or past the attribute
+        limits it reported)."""
         attributes = normalise(attributes)
         if not attributes:
             raise ValueError("a notification needs at least one attribute")
-        self.post(packets.NotifyEmit(attributes, deliver_insecure, keys or packets.Keys.EMPTY), None)
+        packet = packets.NotifyEmit(attributes, deliver_insecure, keys or packets.Keys.EMPTY)
+        self._check_limits(packet, attributes, keys)
+        return packet
+
+    def option_value(self, name: str) -> Optional[int]:
+        """The router's value of integer option ``name`` (under its standard
+        or legacy name), if it reported one."""
+        options = self.options
+        value = options.get(name)
+        if value is None:
+            legacy = _LEGACY_NAMES.get(name)
+            value = options.get(legacy) if legacy is not None else None
+        return int(value) if isinstance(value, int) else None
+
+    def _check_limits(self, packet: Any, attributes: Mapping[str, Any],
+                      keys: Optional[packets.Keys]) -> None:
+        limit = self.option_value("Packet.Max-Length") or DEFAULT_PACKET_MAX_LENGTH
+        # An upper bound of the encoded size: a usual notification is not
+        # encoded twice (its channel encodes it).
+        bound = 64
+        for name, value in attributes.items():
+            bound += 4 * len(name) + 24
+            kind = type(value)
+            if kind is str:
+                bound += 4 * len(value)
+            elif kind is bytes:
+                bound += len(value)
+        if keys or bound > limit:
+            size = len(packets.encode(packet))
+            if size > limit:
+                reported = self.option_value("Packet.Max-Length") is not None
+                raise ValueError(
+                    f"the notification is {size} bytes encoded, more than the router's "
+                    f"Packet.Max-Length ({limit}"
+                    + ("" if reported else ", the default; ask for more with "
+                       "connect(options={'Packet.Max-Length': N})")
+                    + "): the router would end the session; not sent")
+        count = self.option_value("Attribute.Max-Count")
+        if count is not None and len(attributes) > count:
+            raise ValueError(f"{len(attributes)} attributes, more than the router's "
+                             f"Attribute.Max-Count ({count}); not sent")
+        name_max = self.option_value("Attribute.Name.Max-Length")
+        string_max = self.option_value("Attribute.String.Max-Length")
+        opaque_max = self.option_value("Attribute.Opaque.Max-Length")
+        if name_max is None and string_max is None and opaque_max is None:
+            return
+        for name, value in attributes.items():
+            if name_max is not None and len(name.encode("utf-8")) > name_max:
+                raise ValueError(f"attribute name {name[:40]!r}... longer than the router's "
+                                 f"Attribute.Name.Max-Length ({name_max}); not sent")
+            kind = type(value)
+            if kind is str and string_max is not None and len(value) > string_max // 4 \
+                    and len(value.encode("utf-8")) > string_max:
+                raise ValueError(f"string attribute {name!r} longer than the router's "
+                                 f"Attribute.String.Max-Length ({string_max}); not sent")
+            if kind is bytes and opaque_max is not None and len(value) > opaque_max:
+                raise ValueError(f"opaque attribute {name!r} longer than the router's "
+                                 f"Attribute.Opaque.Max-Length ({opaque_max}); not sent")
 
     # Packet builders for the requests every flavour makes.
 
@@ -872,13 +974,18 @@ class ClientState:
     def _fail_pending(self, error: Exception, keep: Iterable[int] = ()) -> None:
         """Fail every waiting request (but those in ``keep``: not sent yet)
         and liveness check with ``error``."""
+        for on_error in self._take_pending(keep):
+            on_error(error)
+
+    def _take_pending(self, keep: Iterable[int] = ()) -> List[Callable[[Exception], Any]]:
+        """Forget every waiting request (but those in ``keep``) and
+        liveness check; their ``on_error``s, for the caller to fail."""
         pending, self._pending = self._pending, {}
         for xid in keep:
             if xid in pending:
                 self._pending[xid] = pending.pop(xid)
         waiters, self._liveness_waiters = self._liveness_waiters, []
-        for _, on_error in list(pending.values()) + waiters:
-            on_error(error)
+        return [on_error for _, on_error in list(pending.values()) + waiters]
 
 
 def _ignore(_: Any) -> None:

@@ -395,4 +395,9 @@ class Upstream(service.Service):
         connection = self.connection
         if connection is None or not self.is_up:
             raise ConnectionClosed("upstream is not connected")
-        connection.emit(attributes, deliver_insecure, keys)
+        try:
+            connection.emit(attributes, deliver_insecure, keys)
+        except ValueError as e:
+            # What the router would end the upstream session for (larger
+            # than its Packet.Max-Length): not forwarded, the session kept.
+            self.log.warn("a client's notification not forwarded upstream: {e}", e=e)

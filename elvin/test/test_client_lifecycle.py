@@ -128,6 +128,22 @@ class LifecycleTests(unittest.SynchronousTestCase):
         self.assertEqual(sub.ended, [None])
         self.assertIsNone(h.machine.close_reason)
 
+    def test_close_fails_waiting_requests_at_once(self):
+        h = Harness()
+        h.up()
+        errors = []
+        h.session.request(h.session.sub_add_rqst("x == 1", True, None), self.fail,
+                          errors.append)
+        h.session.ping(self.fail, errors.append)
+        h.machine.close()
+        self.assertEqual([str(e) for e in errors], ["connection is closed"] * 2)
+        disconn = h.sent[-1]
+        self.assertEqual(h.sent_kinds(), ["SubAddRqst", "TestConn", "DisconnRqst"])
+        h.machine.packet(packets.DisconnRply(disconn.xid))
+        h.machine.channel_lost()
+        self.assertEqual(len(errors), 2)
+        self.assertIsNone(h.machine.close_reason)
+
     def test_lost_ends_iterators_with_the_error(self):
         h = Harness()
         h.up()
@@ -373,18 +389,78 @@ class LifecycleTests(unittest.SynchronousTestCase):
 
     def test_close_from_a_failed_request_as_the_channel_ends(self):
         """A program that closes in the errback of a request failed by the
-        channel's end (still UP, no channel) closes at once: no DisconnRqst
-        on a channel that is gone, and no redirection followed after."""
+        channel's end closes at once: no DisconnRqst on a channel that is
+        gone, and the dial of the redirection drops."""
         h = Harness()
         h.up()
         h.session.request(h.session.sub_del_rqst(1), lambda _: None,
                           lambda _: h.machine.close())
         h.machine.packet(packets.Disconn(2, "elvin://b.test:2917"))
         h.take()
+        h.sent.clear()
         h.machine.channel_lost()
         self.assertIs(h.machine.phase, Phase.CLOSED)
-        self.assertNotIn(Dial(B), h.take())
+        effects = h.take()
+        self.assertEqual(effects[0], Dial(B))
+        self.assertIn(CloseChannel(abort=True), effects)
+        self.assertEqual(effects[-1], Ended(None))
+        self.assertEqual(h.sent, [])
         self.assertIsNone(h.machine.close_reason)
+
+    def _retry_in_errback(self, h):
+        """A request failed by the channel's end makes requests from its
+        errback (Twisted fires errbacks synchronously): what they meet."""
+        met = []
+
+        def retry(error):
+            met.append(error)
+            for call in (lambda: h.session.emit({"again": 1}),
+                         lambda: h.session.request(h.session.sub_add_rqst(
+                             "require(x)", True, None), met.append, met.append),
+                         lambda: h.session.ping(met.append, met.append)):
+                try:
+                    call()
+                    met.append("accepted")
+                except ConnectionClosed as e:
+                    met.append(e)
+        h.session.request(h.session.sub_del_rqst(1), self.fail, retry)
+        h.machine.channel_lost("reset")
+        return met
+
+    def test_a_request_from_a_failed_requests_errback_is_refused(self):
+        h = Harness()
+        h.up()
+        met = self._retry_in_errback(h)
+        self.assertIs(h.machine.phase, Phase.CLOSED)
+        self.assertEqual(len(met), 4)
+        for error in met:
+            self.assertIsInstance(error, ConnectionClosed)
+            self.assertIn("was lost: reset", str(error))
+
+    def test_a_request_from_a_failed_requests_errback_waits_for_the_reconnection(self):
+        h = Harness(reconnect=Reconnect(jitter=0))
+        h.up()
+        met = self._retry_in_errback(h)
+        self.assertIs(h.machine.phase, Phase.WAITING)
+        self.assertIsInstance(met[0], ConnectionClosed)
+        self.assertEqual(met[1:3], ["accepted", "accepted"])    # buffered
+        self.assertIsInstance(met[3], ConnectionClosed)         # TestConn: not while away
+        self.assertGreater(h.machine.buffered, 0)
+        h.sent.clear()
+        h.machine.timer_fired()
+        rqst = h.open()
+        h.machine.packet(packets.ConnRply(rqst.xid, {}))
+        self.assertEqual(h.sent_kinds(), ["ConnRqst", "NotifyEmit", "SubAddRqst"])
+
+    def test_on_connection_lost_sees_the_reconnecting_phase(self):
+        h = Harness(reconnect=Reconnect(jitter=0))
+        h.up()
+        seen = []
+        h.session.on_connection_lost = lambda error: (seen.append(h.machine.phase),
+                                                      h.session.emit({"from_hook": 1}))
+        h.machine.channel_lost()
+        self.assertEqual(seen, [Phase.WAITING])
+        self.assertGreater(h.machine.buffered, 0)
 
     def test_redirect_not_followed_when_refused(self):
         h = Harness()

@@ -135,8 +135,9 @@ class ParseValueTests(unittest.TestCase):
 
     def test_string_escapes(self):
         self.assertTyped(r'"a\nb\tc\rd\\e\"f\'g\0h"', "a\nb\tc\rd\\e\"f'g\0h", STRING)
-        # Any other escaped character stands for itself.
-        self.assertTyped(r'"\q\:"', "q:", STRING)
+        # Any other escape is an error (test_unknown_escape_...): "\u00e9"
+        # silently read as "u00e9" would hide the mistake.
+        self.assertRaises(FormatError, parse_value, r'"\q\:"')
 
     def test_string_keeps_inner_space(self):
         self.assertTyped('"  padded  "', "  padded  ", STRING)
@@ -168,6 +169,16 @@ class ParseValueTests(unittest.TestCase):
             parse_value("chat")
         self.assertIn("'chat'", str(cm.exception))
         self.assertIn("quotes", str(cm.exception))
+
+    def test_unknown_escape_is_an_error_naming_line_and_escape(self):
+        for text, escape in (('"\\u00e9"', "\\u"), ('"a\\qb"', "\\q"), ("'\\x'", "\\x")):
+            with self.assertRaises(FormatError) as cm:
+                parse_value(text)
+            self.assertIn(f"unknown escape {escape}", str(cm.exception))
+        with self.assertRaises(FormatError) as cm:
+            list(read_notifications(["a: 1", 'b: "a\\qb"'], "notes.txt"))
+        self.assertIn("notes.txt:2: unknown escape \\q", str(cm.exception))
+        self.assertEqual(parse_value('"\\n\\t\\r\\\\\\"\\\'\\0"'), "\n\t\r\\\"'\0")
 
     def test_format_error_is_value_error(self):
         self.assertTrue(issubclass(FormatError, ValueError))

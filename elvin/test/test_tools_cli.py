@@ -262,6 +262,16 @@ class UsageTests(CLITestCase):
         self.assertEqual(len(lines), 1, lines)
         self.assertIn("router closed the connection (Disconn reason 1", lines[0])
 
+    @defer.inlineCallbacks
+    def test_quench_says_the_routers_reason(self):
+        proc = self.spawn("quench", "-e", self.uri, "n")
+        yield wait_until(lambda: any(s.quenches for s in self.router.sessions), timeout=15)
+        self.router.shutdown()
+        out, err, code = yield self.wait_ended(proc)
+        self.assertEqual(code, 1)
+        self.assertIn(b"router closed the connection (Disconn reason 1", err)
+        self.assertNotIn(b"was lost", err)
+
 
 class DefaultRouterTests(CLITestCase):
     """Item 11: without -e the tools use $ELVIN_URI (or localhost:2917)

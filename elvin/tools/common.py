@@ -193,6 +193,19 @@ async def _with_uri(reactor, options, body):
     return await body(reactor, options)
 
 
+def ended_error(conn, uri):
+    """Why ``conn``'s session ended, as the tools say it: the router's
+    Disconn reason and text if it sent one (as elvin-subscribe says it),
+    else that the connection was lost."""
+    from elvin.client import ConnectionClosed
+    reason = getattr(conn.close_reason, "reason", None)
+    if reason is not None:
+        message = conn.close_reason.disconn_args
+        return ConnectionClosed(f"the router closed the connection (Disconn reason {reason}"
+                                f"{': ' + message if message else ''})", reason, message)
+    return ConnectionClosed(f"the connection to {uri} was lost")
+
+
 def describe_error(error):
     """The one line a tool prints for ``error``: its text, or its type
     when it has none (an empty line would say nothing); advice given in

@@ -11,7 +11,7 @@ from twisted.internet import defer
 
 from elvin import client
 from elvin.subscription.printer import to_text
-from elvin.tools.common import StdoutClosed, ToolOptions, closing, run, write
+from elvin.tools.common import StdoutClosed, ToolOptions, closing, ended_error, run, write
 
 
 class Options(ToolOptions):
@@ -53,7 +53,7 @@ async def body(reactor, options):
     await conn.quench(options["names"], on_add=show("add"), on_modify=show("modify"),
                       on_delete=show("delete"))
     conn.disconnected.addBoth(lambda _: done.called or done.errback(
-        client.ConnectionClosed(f"the connection to {options['uri']} was lost")))
+        ended_error(conn, options["uri"])))
     try:
         await done
     finally:

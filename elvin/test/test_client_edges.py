@@ -1,0 +1,544 @@
+"""The client flavours at the edges of a session, in memory: no socket,
+a fake router that records what the client sends and answers when told,
+Twisted's ``MemoryReactorClock`` and a private asyncio loop turned by
+hand. The blocking flavour runs its private loop's thread, so its turns
+are checked through that loop (``elvin.sync._run``)."""
+
+import asyncio
+
+from twisted.internet import defer
+from twisted.internet.testing import MemoryReactorClock
+from twisted.trial import unittest
+
+from elvin import aio
+from elvin import client as tx
+from elvin.clientcore.lifecycle import Phase
+from elvin.clientcore.state import ConnectionClosed, NackError
+from elvin.protocols import packets
+from elvin.uri import ElvinURI
+
+URI = ElvinURI("elvin://router.invalid:2917")
+
+
+class FakeRouter:
+    """What the client sends, decoded (so it must encode); ``answer``
+    feeds the client a packet as if read from the channel."""
+
+    def __init__(self, connection):
+        self.connection = connection
+        self.sent = []
+
+    def send(self, packet):
+        self.sent.append(packets.decode(packets.encode(packet)))
+
+    def open(self, options=None):
+        self.connection.lifecycle.attached(self.send, {})
+        self.answer(packets.ConnRply(self.sent[-1].xid, options or {}))
+
+    def answer(self, packet):
+        self.connection.lifecycle.packet(packet)
+
+    def last(self, kind):
+        return [p for p in self.sent if isinstance(p, kind)][-1]
+
+    def lost(self, detail="reset"):
+        self.connection.lifecycle.channel_lost(detail)
+
+
+class TwistedCase(unittest.TestCase):
+
+    def open(self, **kw):
+        self.reactor = MemoryReactorClock()
+        conn = tx.Connection(URI, self.reactor, **kw)
+        router = FakeRouter(conn)
+        router.open()
+        return conn, router
+
+
+class TwistedEdges(TwistedCase):
+
+    def test_a_request_from_the_errback_of_one_failed_by_the_loss(self):
+        """Twisted fires errbacks as the channel ends: a request made there
+        fails with the loss (or waits for the reconnection), never an
+        AssertionError."""
+        for reconnect in (None, tx.Reconnect()):
+            conn, router = self.open(reconnect=reconnect)
+            met = []
+
+            def retry(failure):
+                met.append(failure.value)
+                try:
+                    conn.notify({"x": 1})
+                    met.append("notified")
+                except ConnectionClosed as e:
+                    met.append(e)
+                conn.subscribe("require(x)", print).addErrback(
+                    lambda f: met.append(f.value))
+            conn.test_connection().addErrback(retry)
+            router.lost()
+            self.assertIsInstance(met[0], ConnectionClosed)
+            if reconnect is None:
+                self.assertEqual([type(e) for e in met], [ConnectionClosed] * 3)
+            else:
+                self.assertEqual(met[1], "notified")
+                self.assertIs(conn.lifecycle.phase, Phase.WAITING)
+                conn.close()
+                self.assertIsInstance(met[2], ConnectionClosed)
+
+
+class AioCase(unittest.TestCase):
+
+    def setUp(self):
+        self.loop = asyncio.new_event_loop()
+        self.addCleanup(self.loop.close)
+
+    def open(self, **kw):
+        conn = aio.Connection(URI, self.loop, **kw)
+        router = FakeRouter(conn)
+        router.open()
+        return conn, router
+
+    def turn(self, times=3):
+        for _ in range(times):
+            self.loop.run_until_complete(asyncio.sleep(0))
+
+    def start(self, awaitable):
+        async def wrapped():
+            return await awaitable
+        task = self.loop.create_task(wrapped())
+        self.turn()
+        return task
+
+
+class CancelledChangesTwisted(TwistedCase):
+    """A modify or remove cancelled after it went out: the router carries
+    it out, and so does the client's view (nothing registered again
+    after a reconnection, the new expression kept)."""
+
+    def test_cancelled_remove_is_carried_out(self):
+        conn, router = self.open()
+        d = conn.subscribe("require(a)", lambda note: None)
+        router.answer(packets.SubRply(router.last(packets.SubAddRqst).xid, 1))
+        sub = self.successResultOf(d)
+        d = sub.remove()
+        d.cancel()
+        self.failureResultOf(d, defer.CancelledError)
+        self.assertIn(1, conn.subscriptions)            # not answered yet
+        router.answer(packets.SubRply(router.last(packets.SubDelRqst).xid, 1))
+        self.assertEqual(conn.subscriptions, {})
+        self.assertEqual(conn.replay(), [])
+
+    def test_cancelled_modify_is_carried_out(self):
+        conn, router = self.open()
+        d = conn.subscribe("require(a)", lambda note: None)
+        router.answer(packets.SubRply(router.last(packets.SubAddRqst).xid, 1))
+        sub = self.successResultOf(d)
+        d = sub.modify("require(c)")
+        d.cancel()
+        self.failureResultOf(d, defer.CancelledError)
+        router.answer(packets.SubRply(router.last(packets.SubModRqst).xid, 1))
+        self.assertEqual(sub.expression, "require(c)")
+
+    def test_removing_twice_does_nothing(self):
+        conn, router = self.open()
+        d = conn.subscribe("require(a)", lambda note: None)
+        router.answer(packets.SubRply(router.last(packets.SubAddRqst).xid, 1))
+        sub = self.successResultOf(d)
+        d = sub.remove()
+        router.answer(packets.SubRply(router.last(packets.SubDelRqst).xid, 1))
+        self.assertIsNone(self.successResultOf(d))
+        sent = len(router.sent)
+        self.assertIsNone(self.successResultOf(sub.remove()))
+        self.assertEqual(len(router.sent), sent)          # nothing asked of the router
+
+
+class CancelledChangesAio(AioCase):
+
+    def subscribed(self, conn, router, expression="require(a)", sub_id=1):
+        task = self.start(conn.subscribe(expression))
+        router.answer(packets.SubRply(router.last(packets.SubAddRqst).xid, sub_id))
+        self.turn()
+        return task.result()
+
+    def test_cancelled_remove_is_carried_out(self):
+        conn, router = self.open()
+        sub = self.subscribed(conn, router)
+        task = self.start(sub.remove())
+        task.cancel()
+        self.turn()
+        self.assertTrue(task.cancelled())
+        router.answer(packets.SubRply(router.last(packets.SubDelRqst).xid, 1))
+        self.assertEqual(conn.subscriptions, {})
+        self.assertIsNotNone(sub._ended)                  # its iterator ends
+        self.assertEqual(conn.replay(), [])               # not registered again
+
+    def test_cancelled_modify_is_carried_out(self):
+        conn, router = self.open()
+        sub = self.subscribed(conn, router)
+        task = self.start(sub.modify("require(c)"))
+        task.cancel()
+        self.turn()
+        router.answer(packets.SubRply(router.last(packets.SubModRqst).xid, 1))
+        self.assertEqual(sub.expression, "require(c)")
+
+    def test_cancelled_quench_changes_are_carried_out(self):
+        conn, router = self.open()
+        task = self.start(conn.quench(["a"]))
+        router.answer(packets.QnchRply(router.last(packets.QnchAddRqst).xid, 5))
+        self.turn()
+        quench = task.result()
+        task = self.start(quench.modify(add_names=["b"]))
+        task.cancel()
+        self.turn()
+        router.answer(packets.QnchRply(router.last(packets.QnchModRqst).xid, 5))
+        self.assertEqual(quench.names, {"a", "b"})
+        task = self.start(quench.remove())
+        task.cancel()
+        self.turn()
+        router.answer(packets.QnchRply(router.last(packets.QnchDelRqst).xid, 5))
+        self.assertEqual(conn.quenches, {})
+
+    def test_a_remove_cancelled_in_the_reconnection_buffer_changes_nothing(self):
+        conn, router = self.open(reconnect=aio.Reconnect())
+        sub = self.subscribed(conn, router)
+        router.lost()
+        task = self.start(sub.remove())
+        task.cancel()
+        self.turn()
+        self.assertEqual(conn.lifecycle.buffered, 0)     # taken back: never sent
+        self.assertIn(1, conn.subscriptions)
+        self.assertIsNone(sub._ended)
+        conn.lifecycle.close()
+
+    def test_removing_twice_does_nothing(self):
+        conn, router = self.open()
+        sub = self.subscribed(conn, router)
+        task = self.start(sub.remove())
+        router.answer(packets.SubRply(router.last(packets.SubDelRqst).xid, 1))
+        self.turn()
+        self.assertIsNone(task.result())
+        sent = len(router.sent)
+        self.assertIsNone(self.loop.run_until_complete(sub.remove()))
+        self.assertEqual(len(router.sent), sent)
+
+
+class CancelledChangesBlocking(unittest.TestCase):
+    """``elvin.sync`` cancels the work on its loop when the calling thread
+    stops waiting (a KeyboardInterrupt, or ``_run``'s timeout here): the
+    same path as an asyncio cancellation."""
+
+    def test_an_interrupted_remove_is_carried_out(self):
+        import concurrent.futures
+        import threading
+        from elvin import sync
+        loop = sync._private_loop()
+
+        async def opened():
+            conn = aio.Connection(URI, loop)
+            router = FakeRouter(conn)
+            router.open()
+            return conn, router
+        conn, router = sync._run(opened())
+
+        def answer(packet):
+            asyncio.run_coroutine_threadsafe(_call(router.answer, packet), loop).result(10)
+        subscribing = asyncio.run_coroutine_threadsafe(_awaited(conn.subscribe("require(a)")),
+                                                       loop)
+        for _ in range(500):              # bounded: 5 s
+            if sync._run(_call(lambda: type(router.sent[-1]))) is packets.SubAddRqst:
+                break
+            threading.Event().wait(0.01)
+        answer(packets.SubRply(router.last(packets.SubAddRqst).xid, 1))
+        inner = subscribing.result(10)
+        with self.assertRaises(concurrent.futures.TimeoutError):
+            sync._run(inner.remove(), timeout=0.05)
+        answer(packets.SubRply(router.last(packets.SubDelRqst).xid, 1))
+        self.assertEqual(sync._run(_call(lambda: dict(conn.subscriptions))), {})
+        sync._run(_call(conn.lifecycle.close))
+
+
+async def _call(function, *args):
+    return function(*args)
+
+
+async def _awaited(awaitable):
+    return await awaitable
+
+
+class _SilentEndpoint:
+    """Connects at once to a router that never answers ConnRqst."""
+
+    def connect(self, factory):
+        from twisted.internet.testing import StringTransport
+        proto = factory.buildProtocol(None)
+        proto.makeConnection(StringTransport())
+        self.transport = proto.transport
+        return defer.succeed(proto)
+
+
+class CancelledConnectTwisted(unittest.TestCase):
+    """Cancelling ``connect`` during the handshake fails it with
+    CancelledError (TimeoutError with ``addTimeout``), as Twisted code
+    expects, not with a ConnectFailed blaming the router."""
+
+    def connect(self):
+        self.reactor = MemoryReactorClock()
+        endpoint = _SilentEndpoint()
+        self.patch(tx, "_endpoint", lambda reactor, uri, tls=None: endpoint)
+        d = tx.connect(URI, reactor=self.reactor, timeout=10)
+        self.assertNotEqual(endpoint.transport.value(), b"")     # ConnRqst sent
+        return d, endpoint
+
+    def test_cancel(self):
+        d, endpoint = self.connect()
+        d.cancel()
+        self.failureResultOf(d, defer.CancelledError)
+        self.assertTrue(endpoint.transport.disconnecting)
+
+    def test_add_timeout(self):
+        d, _ = self.connect()
+        d.addTimeout(0.5, self.reactor)
+        self.reactor.advance(0.5)
+        self.failureResultOf(d, defer.TimeoutError)
+
+
+class CancelledConnectAio(unittest.TestCase):
+
+    def test_no_future_exception_left_unretrieved(self):
+        import gc
+
+        class Transport(asyncio.Transport):
+            def get_extra_info(self, name, default=None):
+                return default
+
+            def write(self, data):
+                pass
+
+            def is_closing(self):
+                return False
+
+            def abort(self):
+                pass
+
+            close = abort
+
+        async def silent(uri, loop, factory, *args):
+            protocol = factory()
+            transport = Transport()
+            protocol.connection_made(transport)
+            return transport, protocol
+        self.patch(aio, "_open", silent)
+        problems = []
+
+        async def scenario():
+            asyncio.get_running_loop().set_exception_handler(
+                lambda loop, context: problems.append(context))
+            with self.assertRaises(asyncio.TimeoutError):
+                await asyncio.wait_for(aio.connect(URI, timeout=10), 0.05)
+            await asyncio.sleep(0)
+            gc.collect()
+        asyncio.run(scenario())
+        self.assertEqual(problems, [])
+
+
+def blocking(options=None, **kw):
+    """An ``elvin.sync`` Connection over a FakeRouter (both on the
+    blocking flavour's private loop): (connection, router, on_loop)
+    where ``on_loop(f, *args)`` runs ``f`` there and returns its result."""
+    from elvin import sync
+    loop = sync._private_loop()
+
+    def on_loop(function, *args):
+        return sync._run(_call(function, *args))
+
+    def opened():
+        conn = aio.Connection(URI, loop, **kw)
+        router = FakeRouter(conn)
+        router.open(options)
+        return conn, router
+    inner, router = on_loop(opened)
+    return sync.Connection(inner), router, on_loop
+
+
+class OversizedNotifications(unittest.TestCase):
+    """A notification the router would answer by ending the session
+    (larger than its Packet.Max-Length, past the attribute limits it
+    reported) raises ValueError in every flavour, and is not sent."""
+
+    def flavours(self, options=None):
+        """(name, notify, sent packets, close) for each flavour."""
+        reactor = MemoryReactorClock()
+        twisted = tx.Connection(URI, reactor)
+        twisted_router = FakeRouter(twisted)
+        twisted_router.open(options)
+        loop = asyncio.new_event_loop()
+        self.addCleanup(loop.close)
+        asyncio_conn = aio.Connection(URI, loop)
+        asyncio_router = FakeRouter(asyncio_conn)
+        asyncio_router.open(options)
+        sync_conn, sync_router, on_loop = blocking(options)
+        self.addCleanup(lambda: on_loop(sync_conn._inner.lifecycle.close))
+        return [("twisted", twisted.notify, twisted_router.sent),
+                ("asyncio", asyncio_conn.notify, asyncio_router.sent),
+                ("blocking", sync_conn.notify, sync_router.sent)]
+
+    def refused(self, options, attributes, words):
+        for name, notify, sent in self.flavours(options):
+            before = len(sent)
+            with self.assertRaises(ValueError, msg=name) as caught:
+                notify(attributes)
+            self.assertIn(words, str(caught.exception), name)
+            self.assertEqual(len(sent), before, name)
+
+    def test_larger_than_the_negotiated_packet_max_length(self):
+        self.refused({"Packet.Max-Length": 4096}, {"big": b"x" * 5000},
+                     "Packet.Max-Length (4096)")
+
+    def test_the_legacy_name_counts_too(self):
+        self.refused({"router.packet.max-length": 4096}, {"big": "x" * 5000},
+                     "Packet.Max-Length (4096)")
+
+    def test_larger_than_the_default_when_the_router_did_not_say(self):
+        self.refused(None, {"big": b"x" * (2 * 1024 * 1024)}, "the default")
+
+    def test_attribute_limits_the_router_reported(self):
+        self.refused({"Attribute.String.Max-Length": 1024}, {"s": "é" * 600},
+                     "Attribute.String.Max-Length (1024)")
+        self.refused({"Attribute.Opaque.Max-Length": 1024}, {"o": b"x" * 1025},
+                     "Attribute.Opaque.Max-Length (1024)")
+        self.refused({"Attribute.Max-Count": 16}, {f"a{n}": n for n in range(17)},
+                     "Attribute.Max-Count (16)")
+        self.refused({"Attribute.Name.Max-Length": 64}, {"n" * 65: 1},
+                     "Attribute.Name.Max-Length (64)")
+
+    def test_a_bool_is_refused(self):
+        for name, notify, sent in self.flavours():
+            before = len(sent)
+            with self.assertRaises(TypeError, msg=name) as caught:
+                notify({"x": True})
+            self.assertIn("bool is not an Elvin value type", str(caught.exception))
+            self.assertEqual(len(sent), before, name)
+
+    def test_within_the_limits_is_sent(self):
+        from elvin import sync
+        for name, notify, sent in self.flavours({"Packet.Max-Length": 4096}):
+            notify({"fits": b"x" * 3000})
+            sync._run(_call(lambda: None))    # the blocking flavour sends from its loop
+            self.assertEqual(sent[-1].attributes, {"fits": b"x" * 3000}, name)
+
+
+class NotifyAfterTheRoutersDisconn(unittest.TestCase):
+
+    def test_blocking_notify_raises_the_cause(self):
+        conn, router, on_loop = blocking()
+        on_loop(router.answer, packets.Disconn(1, "router is shutting down"))
+        on_loop(router.lost, "")
+        self.assertTrue(conn.is_closed)
+        with self.assertRaises(ConnectionClosed) as caught:
+            conn.notify({"x": 1})
+        self.assertEqual(caught.exception.reason, 1)
+        self.assertIn("shutting down", str(caught.exception))
+
+    def test_every_flavour_raises_the_same(self):
+        reactor = MemoryReactorClock()
+        twisted = tx.Connection(URI, reactor)
+        router = FakeRouter(twisted)
+        router.open()
+        router.answer(packets.Disconn(1, "router is shutting down"))
+        router.lost("")
+        with self.assertRaises(ConnectionClosed) as caught:
+            twisted.notify({"x": 1})
+        self.assertEqual(caught.exception.reason, 1)
+
+
+class AutoQuenchWithoutQuench(unittest.TestCase):
+    """A router without quench (Avis, an Elvin proxy: Nack 2007): auto-
+    quench says so and sends everything (the router filters anyway)."""
+
+    NACK = staticmethod(lambda xid: packets.Nack(xid, 2007, "Quench not supported", ()))
+
+    def test_twisted(self):
+        conn = tx.Connection(URI, MemoryReactorClock())
+        router = FakeRouter(conn)
+        router.open()
+        auto = tx.AutoQuench(conn, {"file"})
+        router.answer(self.NACK(router.last(packets.QnchAddRqst).xid))
+        self.assertIs(self.successResultOf(auto.ready), auto)
+        self.assertTrue(auto.unsupported)
+        self.assertTrue(auto.notify({"file": "a", "new": 1}))
+        self.assertEqual(router.sent[-1].attributes, {"file": "a", "new": 1})
+        self.assertEqual(len([p for p in router.sent if isinstance(p, packets.QnchAddRqst)]), 1)
+
+    def test_asyncio(self):
+        loop = asyncio.new_event_loop()
+        self.addCleanup(loop.close)
+        conn = aio.Connection(URI, loop)
+        router = FakeRouter(conn)
+        router.open()
+
+        async def scenario():
+            auto = aio.AutoQuench(conn, {"file"})
+            await asyncio.sleep(0)
+            with self.assertLogs("elvin.aio", "WARNING") as logged:
+                router.answer(self.NACK(router.last(packets.QnchAddRqst).xid))
+                await auto.ready()
+            self.assertIn("sends every notification", logged.output[0])
+            return auto
+        auto = loop.run_until_complete(scenario())
+        self.assertTrue(auto.notify({"file": "a"}))
+        self.assertEqual((auto.sent, auto.dropped), (1, 0))
+        self.assertEqual(router.sent[-1].attributes, {"file": "a"})
+
+    def test_blocking(self):
+        import threading
+        from elvin import sync
+        conn, router, on_loop = blocking()
+        made = {}
+        thread = threading.Thread(target=lambda: made.setdefault("auto",
+                                                                 conn.auto_quench({"file"})))
+        thread.start()
+        for _ in range(500):              # bounded: 5 s
+            if on_loop(lambda: [p for p in router.sent if isinstance(p, packets.QnchAddRqst)]):
+                break
+            threading.Event().wait(0.01)
+        on_loop(router.answer, self.NACK(router.last(packets.QnchAddRqst).xid))
+        thread.join(10)
+        auto = made["auto"]
+        self.assertTrue(auto.unsupported)
+        self.assertTrue(auto.notify({"file": "a"}))
+        sync._run(_call(lambda: None))
+        self.assertEqual(router.sent[-1].attributes, {"file": "a"})
+        on_loop(conn._inner.lifecycle.close)
+
+
+class ConnectFailureWording(unittest.TestCase):
+    """``connect``'s failures read the same in every flavour (one builder,
+    ``elvin.clientcore.messages``): the short URI, what went wrong, what
+    to try."""
+
+    def test_the_flavours_say_the_same(self):
+        import socket
+        from twisted.internet import error
+        from elvin.clientcore.lifecycle import HandshakeTimeout
+        loop = asyncio.new_event_loop()
+        self.addCleanup(loop.close)
+        conn = aio.Connection(URI, loop)
+        twisted = tx.Connection(URI, MemoryReactorClock())
+        lost = ConnectionClosed(f"connection to the router at {URI} was lost")
+        cases = [
+            (ConnectionRefusedError(), tx._cannot_connect(URI, error.ConnectionRefusedError())),
+            (socket.gaierror(-2, "Name or service not known"),
+             tx._cannot_connect(URI, error.DNSLookupError("router.invalid"))),
+            (TimeoutError(), tx._cannot_connect(URI, error.TimeoutError())),
+            (lost, tx._handshake_lost(URI, twisted, lost)),
+        ]
+        for cause, twisted_says in cases:
+            self.assertEqual(str(aio._connect_error(conn, cause, 5)), twisted_says)
+        self.assertIn("elvin://router.invalid:2917", twisted_says)
+        for side in (conn, twisted):
+            side.problem, side.first_bytes = "not_elvin", b"HTTP/1.1 400"
+        self.assertEqual(str(aio._connect_error(conn, lost, 5)),
+                         tx._handshake_lost(URI, twisted, lost))
+        self.assertIn("not Elvin", tx._handshake_lost(URI, twisted, lost))
+        self.assertIn("within 5 s: is this an Elvin router?",
+                      str(aio._connect_error(conn, HandshakeTimeout(), 5)))
