@@ -121,7 +121,7 @@ class Joining(Requests):
         # Passwords are checked (scrypt: about 40 ms each) off the reactor
         # thread; what the client sends meanwhile waits (_admitting).
         self._admitting = []
-        d = core.check_passwords(wanted, self.peer)
+        d = core.check_passwords(wanted, self.address())
         d.addCallback(self._admit, wanted, packet, standard, receipt, client, limits)
         d.addErrback(self._admission_failed, xid)
 
