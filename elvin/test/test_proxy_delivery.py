@@ -542,10 +542,64 @@ class DatabaseFileTest(unittest.TestCase):
         store.close()
         os.remove(self.path + ".key")
         os.rename(self.path, self.path + ".copy")          # the file alone, elsewhere
-        stolen = Store(self.path + ".copy")
-        with self.assertRaises(Exception):
-            stolen.pending("s", "c", 0)
-        stolen.close()
+        with self.assertRaises(StoreError):
+            Store(self.path + ".copy")
+        self.assertFalse(os.path.exists(self.path + ".copy.key"))
+
+    def sealed_database(self, notifications_only=False):
+        """A database holding sealed values, closed; its key file's bytes."""
+        store = Store(self.path)
+        store.create_session("s")
+        if notifications_only:
+            store.put_subscription("s", 1, "require(n)")
+        else:
+            store.set_keys("s", b'{"nfn": "KEYKEYKEY"}')
+            store.put_subscription("s", 1, "require(n)", keys=b'{"sub": "SUB"}')
+        store.store({"secret": 1}, {"s": {1: True}}, now=1)
+        store.close()
+        with open(self.path + ".key", "rb") as f:
+            return f.read()
+
+    def assert_one_line(self, caught, *words):
+        message = str(caught.exception)
+        for word in (self.path + ".key",) + words:
+            self.assertIn(word, message)
+        self.assertNotIn("\n", message)
+
+    def test_a_key_file_that_does_not_match_is_one_clear_error(self):
+        for notifications_only in (False, True):
+            self.sealed_database(notifications_only)
+            with open(self.path + ".key", "wb") as f:
+                f.write(os.urandom(32))
+            with self.assertRaises(StoreError) as caught:
+                Store(self.path)
+            self.assert_one_line(caught, "not the one", "move the database aside")
+            os.remove(self.path)
+            os.remove(self.path + ".key")
+
+    def test_a_missing_key_file_is_one_clear_error_and_not_made_anew(self):
+        for notifications_only in (False, True):
+            key = self.sealed_database(notifications_only)
+            os.remove(self.path + ".key")
+            with self.assertRaises(StoreError) as caught:
+                Store(self.path)
+            self.assert_one_line(caught, "missing", "put that key file back")
+            self.assertFalse(os.path.exists(self.path + ".key"))
+            with open(self.path + ".key", "wb") as f:          # put back: all there
+                f.write(key)
+            store = Store(self.path)
+            self.assertEqual([n.attributes for n in store.pending("s", "c", 0)], [{"secret": 1}])
+            store.close()
+            os.remove(self.path)
+            os.remove(self.path + ".key")
+
+    def test_a_missing_key_file_is_made_for_a_database_with_nothing_sealed(self):
+        store = Store(self.path)
+        store.create_session("s")
+        store.close()
+        os.remove(self.path + ".key")
+        Store(self.path).close()
+        self.assertEqual(os.stat(self.path + ".key").st_size, 32)
 
     def test_a_corrupted_database_is_one_clear_error(self):
         with open(self.path, "wb") as f:
