@@ -219,6 +219,33 @@ class ProxyIntegrationTest(unittest.TestCase):
             self.assertLess(text.index("while you were out"), text.index("and again"))
         return defer.ensureDeferred(run())
 
+    def test_elvin_subscribe_session_tells_of_a_gap_once(self):
+        """The proxy restarted while nobody was joined: its next client is
+        told of the gap (Proxy.Dropped, then a DropWarn); the tool says so in
+        one line on stderr, with the count."""
+        async def run():
+            phone = await self.connect(self.proxy_uri, session="gap")
+            await phone.subscribe('Group == "chat"', lambda n: None)
+            await phone.close()
+            self.proxy.send_signal(signal.SIGKILL)
+            self.proxy.wait(10)
+            _, self.proxy = start_proxy(self.router_uri, self.db, self.proxy_port)
+            await upstream_ready(self.proxy_uri, self.router_uri)
+            pub = await self.publisher()
+            pub.notify({"Group": "chat", "Message": "after the restart"})
+            await pub.test_connection()
+            await sleep(0.3)
+            out, err, code = await utils.getProcessOutputAndValue(
+                sys.executable, ["-m", "elvin.tools.subscribe", "-e", self.proxy_uri,
+                                 "--session", "gap", "-n", "1"],
+                env=dict(os.environ), path=REPO, reactor=reactor)
+            self.assertEqual(code, 0, err)
+            self.assertIn("after the restart", out.decode())
+            lost = [line for line in err.decode().splitlines() if "lost" in line]
+            self.assertEqual(len(lost), 1, err)
+            self.assertIn("the proxy reports 1 notification lost from session 'gap'", lost[0])
+        return defer.ensureDeferred(run())
+
     def test_device_killed_mid_replay_loses_nothing(self):
         """elvin-subscribe --session acknowledges what it printed: killed
         with SIGKILL in the middle of a replay (its output read slowly, so
