@@ -30,6 +30,11 @@ from elvin.proxy.store import StoreFailed, check_password, hash_password
 __all__ = ["PasswordChecks", "Joining", "sessions_asked", "join_rights", "needs_check"]
 
 
+#: The Nack 2006 message for a new session while the store cannot write.
+CANNOT_CREATE = ("the proxy cannot create a session now: its database cannot be written "
+                 "(disk full?); existing sessions can still be joined")
+
+
 class PasswordChecks(CoreState):
     """The core's part in joining: every password check, through the gate."""
 
@@ -138,8 +143,7 @@ class Joining(Requests):
             return
         if failure.check(StoreFailed):
             self.core.store_failed(failure.value)
-            self.nack(xid, errors.IMPL_LIMIT, "the proxy cannot create a session now "
-                                              "(its database cannot be written)")
+            self.nack(xid, errors.IMPL_LIMIT, CANNOT_CREATE)
             return
         self.log.failure("admitting {peer} failed", failure, peer=self.peer)
         self.violation("the proxy could not admit the client")
@@ -151,6 +155,11 @@ class Joining(Requests):
         if self.state != self.NEW:
             return                        # gone while we checked
         core, xid = self.core, packet.xid
+        if any(name not in core.named for name, _, _ in wanted) and not core.store_writable():
+            # A session row may still fit where notifications do not; one
+            # made now would be the first thing lost if the proxy stopped.
+            self.nack(xid, errors.IMPL_LIMIT, CANNOT_CREATE)
+            return
         sessions, admin = [], set()
         for (name, password, admin_password), (_, rights, hashes) in zip(wanted, checked):
             session = core.named.get(name)

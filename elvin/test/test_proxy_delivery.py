@@ -494,6 +494,37 @@ class DiskFullTest(ProxyCoreCase):
         self.assertIn(1000, values(out.take()))
 
 
+    def test_no_session_is_created_while_the_store_cannot_write(self):
+        reactor = ReactorClock()
+        self.core.call_later = reactor.callLater
+        phone, out = self.join("phone")
+        self.subscribe(phone, out, "require(n)")
+        phone.connection_lost()
+        pages = self.store.db.execute("PRAGMA page_count").fetchone()[0]
+        self.store.db.execute(f"PRAGMA max_page_count = {pages}")
+        for n in range(400):
+            self.publish({"n": n, "pad": "x" * 200})
+        reactor.advance(0)
+        self.assertIsNotNone(self.core.store_down_until)
+        # A session row would fit now (as one may where notifications do
+        # not), but the store is still in its cannot-write second.
+        self.store.db.execute("PRAGMA max_page_count = 1000000")
+        _, out = self.join("new")
+        (nack,) = out.take()
+        self.assertEqual(nack.error, errors.IMPL_LIMIT)
+        self.assertIn("cannot create a session now", nack.message)
+        self.assertNotIn("new", self.core.named)
+        self.assertIsNone(self.store.session("new"))
+        phone, out = self.join("phone")                 # joining goes on
+        self.assertIsInstance(out.take()[0], elvin_packets.ConnRply)
+        phone.connection_lost()
+        self.clock.now += 2                             # the store is tried again
+        _, out = self.join("new")
+        self.assertIsInstance(out.take()[0], elvin_packets.ConnRply)
+        self.assertIsNotNone(self.store.session("new"))
+        self.assertEqual(self.flushLoggedErrors(), [])
+
+
 class DatabaseFileTest(unittest.TestCase):
 
     def setUp(self):
