@@ -237,7 +237,8 @@ class Joining(Requests):
             dropped += lost
             self.send_event({EVENT: "joined", SESSION: session.name,
                              "Proxy.Subscriptions": len(session.subscriptions),
-                             "Proxy.Stored": store.stored_count(session.name),
+                             "Proxy.Stored": store.unexpired_count(session.name,
+                                                                   core.clock()),
                              "Proxy.Dropped": lost,
                              "Proxy.Admin": int(session.name in self.admin)})
         if dropped:

@@ -807,6 +807,21 @@ class Store:
         self._catch_up([session])
         return self._owed_count(session)
 
+    def unexpired_count(self, session: str, now: float) -> int:
+        """``stored_count`` less what has expired but not been swept yet
+        (what a joining client is told it will get). The expired rows are
+        found by the expiry index, so this costs what the sweep has left,
+        not the session's size; a notification also owed unexpired through
+        another subscription still counts."""
+        expired = self.db.execute(
+            "SELECT count(DISTINCT p.notification) FROM pending p "
+            "INDEXED BY pending_by_expiry_set "
+            "WHERE p.expires IS NOT NULL AND p.expires <= ? AND p.session = ? "
+            "AND NOT EXISTS (SELECT 1 FROM pending q WHERE q.session = p.session "
+            "AND q.notification = p.notification AND (q.expires IS NULL OR q.expires > ?))",
+            (now, session, now)).fetchone()[0]
+        return max(0, self.stored_count(session) - expired)
+
     def _catch_up(self, sessions: Optional[Iterable[str]] = None) -> None:
         """Trim the subscriptions of ``sessions`` (None: all) still beyond
         their max_count, so that whatever reads sees the limits exact."""

@@ -274,7 +274,12 @@ class ProxyCoreTest(ProxyCoreCase):
         self.publish({"n": 2})
         self.clock.now += 40            # the first is 70 s old, the second 40
         client, out = self.join("phone")
-        self.assertEqual([n.attributes["n"] for n in self.delivered(out)], [2])
+        packets = out.take()
+        (joined,) = [e for e in self.events(packets) if e[EVENT] == "joined"]
+        self.assertEqual(joined["Proxy.Stored"], 1)    # the expired one, unswept, is not told
+        self.assertEqual([p.attributes["n"] for p in packets
+                          if isinstance(p, elvin_packets.NotifyDeliver)
+                          and EVENT not in p.attributes], [2])
 
     def test_max_count_keeps_the_newest(self):
         client, out = self.join("phone", Max_Count=2)
@@ -297,7 +302,12 @@ class ProxyCoreTest(ProxyCoreCase):
         self.publish({"n": 1})
         self.publish({"n": 2})
         client, out = self.join("phone")
-        self.assertEqual([n.attributes["n"] for n in self.delivered(out)], [2])
+        packets = out.take()
+        (joined,) = [e for e in self.events(packets) if e[EVENT] == "joined"]
+        self.assertEqual(joined["Proxy.Stored"], 1)    # the expired one, unswept, is not told
+        self.assertEqual([p.attributes["n"] for p in packets
+                          if isinstance(p, elvin_packets.NotifyDeliver)
+                          and EVENT not in p.attributes], [2])
 
     def test_two_devices_non_destructive_never_twice(self):
         pda, pda_out = self.join("me", Receipt="non-destructive", Client="pda")
