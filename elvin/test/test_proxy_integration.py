@@ -360,9 +360,10 @@ class ProxyFlavoursTest(unittest.TestCase):
     def test_blocking_client_session(self):
         from elvin import sync
         with sync.connect(self.proxy_uri, session="desk", admin_password="a") as conn:
-            sub = conn.subscribe("require(n)", callback=lambda n: None)
-            conn.set_limits(sub.id, ttl=3600, max_count=5)
+            sub = conn.subscribe("require(n)", callback=lambda n: None, ttl=3600,
+                                 max_count=5)
             self.assertEqual(conn.session_subscriptions[sub.id].max_count, 5)
+            self.assertEqual(conn.session_subscriptions[sub.id].ttl, 3600)
         with sync.connect(self.router_uri) as pub:
             for n in range(8):
                 pub.notify({"n": n})
@@ -402,9 +403,11 @@ class ProxyFlavoursTest(unittest.TestCase):
         async def run():
             async with aio.connect(self.proxy_uri, session=["one", ("two", "pw")]) as conn:
                 self.assertEqual(sorted(conn.sessions), ["one", "two"])
-                sub = await conn.subscribe("require(x)")
-                await conn.set_limits(sub.id, ttl=10)
+                sub = await conn.subscribe("require(x)", ttl=10)
                 self.assertEqual(conn.session_subscriptions[sub.id].ttl, 10)
+                other = await conn.subscribe("require(y)")
+                await conn.set_limits(other.id, max_count=4)
+                self.assertEqual(conn.session_subscriptions[other.id].max_count, 4)
             with self.assertRaises(aio.NackError) as caught:
                 await aio.connect(self.proxy_uri, session="two", password="wrong")
             self.assertEqual(caught.exception.code, 2)
