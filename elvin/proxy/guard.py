@@ -63,7 +63,9 @@ class _Buckets:
         return used
 
     def empty(self, key: Any, now: float) -> bool:
-        return self.used(key, now) >= self.burst
+        """Not a whole failure left (one a moment after the burst is not
+        one: the next comes back a full period later)."""
+        return self.used(key, now) > self.burst - 1
 
     def clean(self, key: Any, now: float) -> bool:
         return self.used(key, now) == 0.0

@@ -262,6 +262,14 @@ class GateTest(unittest.TestCase):
         self.now[0] += 60                                 # failures age out
         self.assertFalse(self.gate.refuses(attacker, "s"))
 
+    def test_a_burst_used_up_gives_one_more_only_a_whole_period_later(self):
+        for _ in range(5):
+            self.gate.failed("10.0.0.9", "s")
+        self.now[0] += 0.5                                # a fraction back: not a try
+        self.assertTrue(self.gate.refuses("10.0.0.9", "s"))
+        self.now[0] += 11.5                               # a whole one back
+        self.assertFalse(self.gate.refuses("10.0.0.9", "s"))
+
     def test_the_queue_is_bounded_and_clean_addresses_go_first(self):
         for i in range(3):                                # 3 suspect addresses
             self.gate.failed(f"10.0.1.{i}", f"x{i}")
