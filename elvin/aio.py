@@ -587,12 +587,15 @@ class Connection(LifecycleView, ClientState):
 
     def subscribe(self, expression: str, callback: Optional[NoteCallback] = None,
                   accept_insecure: bool = True,
-                  keys: Optional[packets.Keys] = None) -> "_Pending[Subscription]":
+                  keys: Optional[packets.Keys] = None, *, ttl: Optional[int] = None,
+                  max_count: Optional[int] = None) -> "_Pending[Subscription]":
         """Register ``expression``: ``await`` it for a ``Subscription``, or
         ``async with conn.subscribe(...) as sub`` to remove it on exit.
         A bad expression raises NackError (code 2101-2112). Cancelled
         while waiting (``asyncio.wait_for``), it removes the subscription
-        if the router made it."""
+        if the router made it. Through an Elvin proxy session, ``ttl``
+        (seconds) and ``max_count`` bound what the proxy keeps for it
+        (``set_limits``, as the Twisted client's ``subscribe``)."""
         def registered(reply: Any) -> Subscription:
             sub = Subscription(self, reply.subscription_id, expression, accept_insecure,
                                callback, keys)
@@ -604,6 +607,8 @@ class Connection(LifecycleView, ClientState):
             sub: Subscription = await self._call(
                 self.sub_add_rqst(expression, accept_insecure, keys), self._unsubscribe_late,
                 at_reply=registered)
+            if ttl is not None or max_count is not None:
+                await self.set_limits(sub.id, ttl, max_count)
             return sub
 
         async def remove(sub: Optional[Subscription]) -> None:

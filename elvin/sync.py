@@ -465,18 +465,22 @@ class Connection:
 
     def subscribe(self, expression: str, timeout: Optional[float] = None,
                   callback: Optional[Callable[[Notification], Any]] = None,
-                  accept_insecure: bool = True, keys: Optional[Keys] = None) -> Subscription:
+                  accept_insecure: bool = True, keys: Optional[Keys] = None, *,
+                  ttl: Optional[int] = None, max_count: Optional[int] = None) -> Subscription:
         """Register ``expression``; iterate the Subscription (waiting at
         most ``timeout`` seconds for each notification), or have
         ``callback(note)`` called on the client's thread (a coroutine
         function is refused with TypeError: nothing here would await it).
-        A bad expression raises NackError (code 2101-2112)."""
+        A bad expression raises NackError (code 2101-2112). Through an
+        Elvin proxy session, ``ttl`` (seconds) and ``max_count`` bound what
+        the proxy keeps for it (``set_limits``)."""
         refuse_coroutine(callback, "elvin.sync")
         inner_conn = self._inner
         inbox = None if callback is not None else _Inbox(inner_conn)
         inner = _run(inner_conn.subscribe(expression,
                                           callback if inbox is None else inbox.put,
-                                          accept_insecure, keys))
+                                          accept_insecure, keys, ttl=ttl,
+                                          max_count=max_count))
         sub = Subscription(self, inner, timeout, inbox)
         if inbox is not None:
             async def watch() -> None:    # on the loop: no delivery can slip between

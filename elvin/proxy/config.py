@@ -79,8 +79,8 @@ PROXY_SETTINGS = (
             "the configuration file's folder; created if missing)."),
     Setting("database-key", config_file, None, "the database's name + `.key`",
             "The file of the key sealing security keys and secure-only notifications "
-            "in the database (created, owner-only, if missing). Keep it out of the "
-            "database's backups."),
+            "in the database (created, owner-only, if missing and the database holds "
+            "nothing sealed). Keep it out of the database's backups."),
     Setting("max-connections", at_least(1), 10_000, "`10000`",
             "Most clients connected at once."),
     Setting("max-sessions", at_least(1), 10_000, "`10000`",

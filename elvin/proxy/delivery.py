@@ -54,6 +54,11 @@ class Keeping(CoreState):
         if self._holding:
             self._abandon_turn()
 
+    def store_writable(self) -> bool:
+        """``_store_up`` for the parts that create rows the proxy must not
+        lose (a new session): False while the store cannot write."""
+        return self._store_up()
+
     def _store_up(self) -> bool:
         """May the store be written to (not in the second after a failure)?"""
         if self.store_down_until is None:

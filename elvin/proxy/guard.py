@@ -63,7 +63,9 @@ class _Buckets:
         return used
 
     def empty(self, key: Any, now: float) -> bool:
-        return self.used(key, now) >= self.burst
+        """Not a whole failure left (one a moment after the burst is not
+        one: the next comes back a full period later)."""
+        return self.used(key, now) > self.burst - 1
 
     def clean(self, key: Any, now: float) -> bool:
         return self.used(key, now) == 0.0
@@ -98,8 +100,12 @@ class PasswordGate:
 
     @staticmethod
     def host(peer: Any) -> Any:
-        """The address part of a peer (its port changes at every connect)."""
-        return getattr(peer, "host", peer)
+        """The address part of a peer (its port changes at every connect),
+        an IPv4-mapped IPv6 address as its IPv4 one (one host, one bucket)."""
+        host = getattr(peer, "host", peer)
+        if isinstance(host, str) and host.lower().startswith("::ffff:") and "." in host:
+            return host[7:]
+        return host
 
     def refuses(self, peer: Any, session: str) -> bool:
         """Is a check of ``session``'s password from ``peer`` refused

@@ -30,6 +30,11 @@ from elvin.proxy.store import StoreFailed, check_password, hash_password
 __all__ = ["PasswordChecks", "Joining", "sessions_asked", "join_rights", "needs_check"]
 
 
+#: The Nack 2006 message for a new session while the store cannot write.
+CANNOT_CREATE = ("the proxy cannot create a session now: its database cannot be written "
+                 "(disk full?); existing sessions can still be joined")
+
+
 class PasswordChecks(CoreState):
     """The core's part in joining: every password check, through the gate."""
 
@@ -121,7 +126,7 @@ class Joining(Requests):
         # Passwords are checked (scrypt: about 40 ms each) off the reactor
         # thread; what the client sends meanwhile waits (_admitting).
         self._admitting = []
-        d = core.check_passwords(wanted, self.peer)
+        d = core.check_passwords(wanted, self.address())
         d.addCallback(self._admit, wanted, packet, standard, receipt, client, limits)
         d.addErrback(self._admission_failed, xid)
 
@@ -138,8 +143,7 @@ class Joining(Requests):
             return
         if failure.check(StoreFailed):
             self.core.store_failed(failure.value)
-            self.nack(xid, errors.IMPL_LIMIT, "the proxy cannot create a session now "
-                                              "(its database cannot be written)")
+            self.nack(xid, errors.IMPL_LIMIT, CANNOT_CREATE)
             return
         self.log.failure("admitting {peer} failed", failure, peer=self.peer)
         self.violation("the proxy could not admit the client")
@@ -151,6 +155,11 @@ class Joining(Requests):
         if self.state != self.NEW:
             return                        # gone while we checked
         core, xid = self.core, packet.xid
+        if any(name not in core.named for name, _, _ in wanted) and not core.store_writable():
+            # A session row may still fit where notifications do not; one
+            # made now would be the first thing lost if the proxy stopped.
+            self.nack(xid, errors.IMPL_LIMIT, CANNOT_CREATE)
+            return
         sessions, admin = [], set()
         for (name, password, admin_password), (_, rights, hashes) in zip(wanted, checked):
             session = core.named.get(name)
@@ -228,7 +237,8 @@ class Joining(Requests):
             dropped += lost
             self.send_event({EVENT: "joined", SESSION: session.name,
                              "Proxy.Subscriptions": len(session.subscriptions),
-                             "Proxy.Stored": store.stored_count(session.name),
+                             "Proxy.Stored": store.unexpired_count(session.name,
+                                                                   core.clock()),
                              "Proxy.Dropped": lost,
                              "Proxy.Admin": int(session.name in self.admin)})
         if dropped:

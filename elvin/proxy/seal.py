@@ -68,9 +68,13 @@ class Sealer:
         return cls(AESGCM.generate_key(bit_length=256))
 
     @classmethod
-    def from_file(cls, path: str) -> "Sealer":
-        """The key in ``path``, made (random, 0600) if the file is new."""
-        if create_private(path):
+    def from_file(cls, path: str, create: bool = True) -> Optional["Sealer"]:
+        """The key in ``path``, made (random, 0600) if the file is new; None
+        if there is none and not ``create`` (the store first checks that its
+        database holds nothing sealed with a key that went missing)."""
+        if not create and not os.path.exists(path):
+            return None
+        if create and create_private(path):
             with open(path, "wb") as f:
                 f.write(AESGCM.generate_key(bit_length=256))
         else:

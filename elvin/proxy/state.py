@@ -217,6 +217,15 @@ class ClientState(ClientSession):
         self._reserved = 0
         self._inflight: Deque[Tuple[int, Optional[int]]] = collections.deque()
 
+    def address(self) -> Any:
+        """The peer's host address without its port (``self.peer`` is log
+        text, port included, and the port changes at every connect, so
+        password failures are counted by this)."""
+        transport = getattr(self.output, "transport", None)
+        peer = transport.getPeer() if transport is not None else None
+        host = getattr(peer, "host", None)
+        return self.peer if host is None else host
+
     @property
     def primary(self) -> Session:
         return self.joined[0]

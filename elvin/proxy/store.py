@@ -54,7 +54,7 @@ from typing import (Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequ
 
 from elvin.protocols import packets
 from elvin.protocols.xdr import Reader
-from elvin.proxy.seal import SealError, Sealer, create_private, make_private
+from elvin.proxy.seal import MARK, SealError, Sealer, create_private, make_private
 
 __all__ = ["Store", "StoredNotification", "SessionRecord", "StoreError", "StoreFailed",
            "hash_password", "check_password"]
@@ -269,8 +269,8 @@ class Store:
                     for suffix in ("", "-wal", "-shm"):
                         make_private(path + suffix)
             self.key_path = None if memory else (key_path or path + ".key")
-            self.sealer = Sealer.ephemeral() if self.key_path is None else Sealer.from_file(
-                self.key_path)
+            sealer = Sealer.ephemeral() if self.key_path is None else Sealer.from_file(
+                self.key_path, create=False)
         except (OSError, SealError) as e:
             raise StoreError(f"{path}: cannot open the proxy's database: {e}") from None
         try:
@@ -287,6 +287,7 @@ class Store:
                 # copies every page the log holds, however often it changed.
                 self.db.execute(f"PRAGMA wal_autocheckpoint = {_CHECKPOINT_PAGES}")
             self.db.executescript(_SCHEMA + _PENDING.format(name="pending"))
+            self.sealer = self._check_key(sealer)
             self._migrate()
             self.db.executescript(_PENDING_INDEXES)
         except sqlite3.DatabaseError as e:
@@ -319,6 +320,51 @@ class Store:
         #: Sessions whose capped subscriptions were checked since the store
         #: opened (a previous run may have left some beyond their cap).
         self._checked: Set[str] = set()
+
+    def _a_sealed_value(self) -> Optional[Tuple[bytes, bytes]]:
+        """One sealed value the database holds and its context, or None:
+        keys first (few rows), a notification only if no keys are sealed."""
+        mark = sqlite3.Binary(MARK)
+        for row in self.db.execute(
+                "SELECT 'keys:' || name, keys FROM sessions WHERE substr(keys, 1, ?) = ? "
+                "UNION ALL SELECT 'keys:' || session || '/' || id, keys FROM subscriptions "
+                "WHERE substr(keys, 1, ?) = ? LIMIT 1", (len(MARK), mark, len(MARK), mark)):
+            return bytes(row[1]), row[0].encode("utf-8")
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(notifications)")}
+        if "sealed" in columns:
+            for (body,) in self.db.execute(
+                    "SELECT body FROM notifications WHERE sealed = 1 LIMIT 1"):
+                return bytes(body), b"notification"
+        return None
+
+    def _check_key(self, sealer: Optional[Sealer]) -> Sealer:
+        """Refuse, in one line, a key file that does not open the database's
+        sealed values, or a missing one where it holds some; make a new key
+        file only for a database with nothing sealed (a new key there would
+        open nothing, and would hide which file went missing)."""
+        sealed = self._a_sealed_value()
+        if sealer is None:
+            if sealed is not None:
+                raise StoreError(
+                    f"{self.path}: its key file {self.key_path} is missing, and the "
+                    "database holds values sealed with it (security keys or secure-only "
+                    "notifications); put that key file back, or move the database aside "
+                    "to start with an empty one")
+            try:
+                made = Sealer.from_file(self.key_path or "")
+            except OSError as e:
+                raise StoreError(f"{self.path}: cannot make its key file: {e}") from None
+            assert made is not None
+            return made
+        if sealed is not None:
+            try:
+                sealer.open(*sealed)
+            except SealError:
+                raise StoreError(
+                    f"{self.path}: the key file {self.key_path} is not the one its values "
+                    "were sealed with; put the right key file back, or move the database "
+                    "aside to start with an empty one") from None
+        return sealer
 
     def _migrate(self) -> None:
         """Bring a database made by an earlier version up to this schema, and
@@ -760,6 +806,21 @@ class Store:
         """How many notifications the session is owed (expired or not)."""
         self._catch_up([session])
         return self._owed_count(session)
+
+    def unexpired_count(self, session: str, now: float) -> int:
+        """``stored_count`` less what has expired but not been swept yet
+        (what a joining client is told it will get). The expired rows are
+        found by the expiry index, so this costs what the sweep has left,
+        not the session's size; a notification also owed unexpired through
+        another subscription still counts."""
+        expired = self.db.execute(
+            "SELECT count(DISTINCT p.notification) FROM pending p "
+            "INDEXED BY pending_by_expiry_set "
+            "WHERE p.expires IS NOT NULL AND p.expires <= ? AND p.session = ? "
+            "AND NOT EXISTS (SELECT 1 FROM pending q WHERE q.session = p.session "
+            "AND q.notification = p.notification AND (q.expires IS NULL OR q.expires > ?))",
+            (now, session, now)).fetchone()[0]
+        return max(0, self.stored_count(session) - expired)
 
     def _catch_up(self, sessions: Optional[Iterable[str]] = None) -> None:
         """Trim the subscriptions of ``sessions`` (None: all) still beyond

@@ -274,7 +274,12 @@ class ProxyCoreTest(ProxyCoreCase):
         self.publish({"n": 2})
         self.clock.now += 40            # the first is 70 s old, the second 40
         client, out = self.join("phone")
-        self.assertEqual([n.attributes["n"] for n in self.delivered(out)], [2])
+        packets = out.take()
+        (joined,) = [e for e in self.events(packets) if e[EVENT] == "joined"]
+        self.assertEqual(joined["Proxy.Stored"], 1)    # the expired one, unswept, is not told
+        self.assertEqual([p.attributes["n"] for p in packets
+                          if isinstance(p, elvin_packets.NotifyDeliver)
+                          and EVENT not in p.attributes], [2])
 
     def test_max_count_keeps_the_newest(self):
         client, out = self.join("phone", Max_Count=2)
@@ -297,7 +302,12 @@ class ProxyCoreTest(ProxyCoreCase):
         self.publish({"n": 1})
         self.publish({"n": 2})
         client, out = self.join("phone")
-        self.assertEqual([n.attributes["n"] for n in self.delivered(out)], [2])
+        packets = out.take()
+        (joined,) = [e for e in self.events(packets) if e[EVENT] == "joined"]
+        self.assertEqual(joined["Proxy.Stored"], 1)    # the expired one, unswept, is not told
+        self.assertEqual([p.attributes["n"] for p in packets
+                          if isinstance(p, elvin_packets.NotifyDeliver)
+                          and EVENT not in p.attributes], [2])
 
     def test_two_devices_non_destructive_never_twice(self):
         pda, pda_out = self.join("me", Receipt="non-destructive", Client="pda")
@@ -565,3 +575,65 @@ class AdmissionTest(ProxyCoreCase):
         self.assertIsInstance(a_out.take()[0], elvin_packets.ConnRply)
         (nack,) = b_out.take()
         self.assertEqual(nack.error, errors.AUTHZ_FAIL)     # the first made it
+
+
+class ThrottleOverTheWireTest(ProxyCoreCase):
+    """Password failures counted by host, as the real stream protocol gives
+    the peer (its port differs at every connect)."""
+
+    ports = itertools.count(40000)
+
+    def join_over_the_wire(self, host, password, ipv6=False):
+        """One connection from ``host`` (a new port each time): its reply."""
+        import struct
+        from twisted.internet.address import IPv4Address, IPv6Address
+        from twisted.internet.task import Clock as ReactorClock
+        from twisted.internet.testing import StringTransport
+        from elvin.proxy.protocol import ProxyServerFactory
+        address = (IPv6Address if ipv6 else IPv4Address)("TCP", host, next(self.ports))
+        protocol = ProxyServerFactory(self.core, ReactorClock(), 30).buildProtocol(address)
+        transport = StringTransport(peerAddress=address)
+        protocol.makeConnection(transport)
+        self.assertIn(":", protocol.peer)                     # log text, port included
+        data = elvin_packets.encode(elvin_packets.ConnRqst(
+            1, 4, 0, {"Proxy.Session": "locked", "Proxy.Password": password}))
+        protocol.dataReceived(struct.pack(">I", len(data)) + data)
+        reply = transport.value()
+        protocol.connectionLost(None)
+        return elvin_packets.decode(reply[4:4 + struct.unpack(">I", reply[:4])[0]])
+
+    def throttled(self):
+        return self.core.gate.counters.throttled
+
+    def test_one_host_is_throttled_whatever_its_port(self):
+        for host, ipv6 in (("127.0.0.1", False), ("::1", True)):
+            self.core.gate.peers._used.clear()
+            self.core.gate.sessions._used.clear()
+            before = self.throttled()
+            self.assertIsInstance(self.join_over_the_wire(host, "right", ipv6),
+                                  elvin_packets.ConnRply)
+            replies = [self.join_over_the_wire(host, f"w{i}", ipv6) for i in range(30)]
+            self.assertEqual({r.error for r in replies}, {errors.AUTHZ_FAIL})
+            self.assertEqual(self.throttled() - before, 25)   # 5 checked, then refused
+            # Refused unchecked even with the right password, until one ages
+            # out (the refusals count too, one beyond the burst at most).
+            self.assertIsInstance(self.join_over_the_wire(host, "right", ipv6), elvin_packets.Nack)
+            self.clock.now += 24
+            self.assertIsInstance(self.join_over_the_wire(host, "right", ipv6),
+                                  elvin_packets.ConnRply)
+
+    def test_a_session_is_throttled_across_hosts(self):
+        self.join_over_the_wire("10.0.0.1", "right")
+        for i in range(5):                                    # 10 failures, 2 per host
+            for _ in range(2):
+                self.join_over_the_wire(f"10.0.3.{i}", "wrong")
+        before = self.throttled()
+        # A host with failures left of its own is refused: the session's are used.
+        self.assertIsInstance(self.join_over_the_wire("10.0.3.0", "right"), elvin_packets.Nack)
+        self.assertEqual(self.throttled(), before + 1)
+        # A host with no failure is still checked (the owner is not locked out).
+        self.assertIsInstance(self.join_over_the_wire("10.0.0.1", "right"),
+                              elvin_packets.ConnRply)
+        self.clock.now += 12                                  # one back (of 11 counted)
+        self.assertIsInstance(self.join_over_the_wire("10.0.3.0", "right"),
+                              elvin_packets.ConnRply)

@@ -262,6 +262,14 @@ class GateTest(unittest.TestCase):
         self.now[0] += 60                                 # failures age out
         self.assertFalse(self.gate.refuses(attacker, "s"))
 
+    def test_a_burst_used_up_gives_one_more_only_a_whole_period_later(self):
+        for _ in range(5):
+            self.gate.failed("10.0.0.9", "s")
+        self.now[0] += 0.5                                # a fraction back: not a try
+        self.assertTrue(self.gate.refuses("10.0.0.9", "s"))
+        self.now[0] += 11.5                               # a whole one back
+        self.assertFalse(self.gate.refuses("10.0.0.9", "s"))
+
     def test_the_queue_is_bounded_and_clean_addresses_go_first(self):
         for i in range(3):                                # 3 suspect addresses
             self.gate.failed(f"10.0.1.{i}", f"x{i}")
@@ -494,6 +502,37 @@ class DiskFullTest(ProxyCoreCase):
         self.assertIn(1000, values(out.take()))
 
 
+    def test_no_session_is_created_while_the_store_cannot_write(self):
+        reactor = ReactorClock()
+        self.core.call_later = reactor.callLater
+        phone, out = self.join("phone")
+        self.subscribe(phone, out, "require(n)")
+        phone.connection_lost()
+        pages = self.store.db.execute("PRAGMA page_count").fetchone()[0]
+        self.store.db.execute(f"PRAGMA max_page_count = {pages}")
+        for n in range(400):
+            self.publish({"n": n, "pad": "x" * 200})
+        reactor.advance(0)
+        self.assertIsNotNone(self.core.store_down_until)
+        # A session row would fit now (as one may where notifications do
+        # not), but the store is still in its cannot-write second.
+        self.store.db.execute("PRAGMA max_page_count = 1000000")
+        _, out = self.join("new")
+        (nack,) = out.take()
+        self.assertEqual(nack.error, errors.IMPL_LIMIT)
+        self.assertIn("cannot create a session now", nack.message)
+        self.assertNotIn("new", self.core.named)
+        self.assertIsNone(self.store.session("new"))
+        phone, out = self.join("phone")                 # joining goes on
+        self.assertIsInstance(out.take()[0], elvin_packets.ConnRply)
+        phone.connection_lost()
+        self.clock.now += 2                             # the store is tried again
+        _, out = self.join("new")
+        self.assertIsInstance(out.take()[0], elvin_packets.ConnRply)
+        self.assertIsNotNone(self.store.session("new"))
+        self.assertEqual(self.flushLoggedErrors(), [])
+
+
 class DatabaseFileTest(unittest.TestCase):
 
     def setUp(self):
@@ -542,10 +581,64 @@ class DatabaseFileTest(unittest.TestCase):
         store.close()
         os.remove(self.path + ".key")
         os.rename(self.path, self.path + ".copy")          # the file alone, elsewhere
-        stolen = Store(self.path + ".copy")
-        with self.assertRaises(Exception):
-            stolen.pending("s", "c", 0)
-        stolen.close()
+        with self.assertRaises(StoreError):
+            Store(self.path + ".copy")
+        self.assertFalse(os.path.exists(self.path + ".copy.key"))
+
+    def sealed_database(self, notifications_only=False):
+        """A database holding sealed values, closed; its key file's bytes."""
+        store = Store(self.path)
+        store.create_session("s")
+        if notifications_only:
+            store.put_subscription("s", 1, "require(n)")
+        else:
+            store.set_keys("s", b'{"nfn": "KEYKEYKEY"}')
+            store.put_subscription("s", 1, "require(n)", keys=b'{"sub": "SUB"}')
+        store.store({"secret": 1}, {"s": {1: True}}, now=1)
+        store.close()
+        with open(self.path + ".key", "rb") as f:
+            return f.read()
+
+    def assert_one_line(self, caught, *words):
+        message = str(caught.exception)
+        for word in (self.path + ".key",) + words:
+            self.assertIn(word, message)
+        self.assertNotIn("\n", message)
+
+    def test_a_key_file_that_does_not_match_is_one_clear_error(self):
+        for notifications_only in (False, True):
+            self.sealed_database(notifications_only)
+            with open(self.path + ".key", "wb") as f:
+                f.write(os.urandom(32))
+            with self.assertRaises(StoreError) as caught:
+                Store(self.path)
+            self.assert_one_line(caught, "not the one", "move the database aside")
+            os.remove(self.path)
+            os.remove(self.path + ".key")
+
+    def test_a_missing_key_file_is_one_clear_error_and_not_made_anew(self):
+        for notifications_only in (False, True):
+            key = self.sealed_database(notifications_only)
+            os.remove(self.path + ".key")
+            with self.assertRaises(StoreError) as caught:
+                Store(self.path)
+            self.assert_one_line(caught, "missing", "put that key file back")
+            self.assertFalse(os.path.exists(self.path + ".key"))
+            with open(self.path + ".key", "wb") as f:          # put back: all there
+                f.write(key)
+            store = Store(self.path)
+            self.assertEqual([n.attributes for n in store.pending("s", "c", 0)], [{"secret": 1}])
+            store.close()
+            os.remove(self.path)
+            os.remove(self.path + ".key")
+
+    def test_a_missing_key_file_is_made_for_a_database_with_nothing_sealed(self):
+        store = Store(self.path)
+        store.create_session("s")
+        store.close()
+        os.remove(self.path + ".key")
+        Store(self.path).close()
+        self.assertEqual(os.stat(self.path + ".key").st_size, 32)
 
     def test_a_corrupted_database_is_one_clear_error(self):
         with open(self.path, "wb") as f:

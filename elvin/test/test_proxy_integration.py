@@ -101,7 +101,7 @@ class ProxyIntegrationTest(unittest.TestCase):
             phone.on_notification = got.append
             self.assertEqual(sorted(s.expression for s in phone.session_subscriptions.values()),
                              ['Group == "chat"', 'Group == "stocks"'])
-            self.assertEqual(phone.sessions["phone"].stored, 4)
+            self.assertEqual(phone.sessions["phone"].stored, 3)    # not the expired one
             await until(lambda: len(got) >= 3)
             await sleep(0.2)
             self.assertEqual([n["n"] for n in got], [1, 2, 3])
@@ -219,6 +219,33 @@ class ProxyIntegrationTest(unittest.TestCase):
             self.assertLess(text.index("while you were out"), text.index("and again"))
         return defer.ensureDeferred(run())
 
+    def test_elvin_subscribe_session_tells_of_a_gap_once(self):
+        """The proxy restarted while nobody was joined: its next client is
+        told of the gap (Proxy.Dropped, then a DropWarn); the tool says so in
+        one line on stderr, with the count."""
+        async def run():
+            phone = await self.connect(self.proxy_uri, session="gap")
+            await phone.subscribe('Group == "chat"', lambda n: None)
+            await phone.close()
+            self.proxy.send_signal(signal.SIGKILL)
+            self.proxy.wait(10)
+            _, self.proxy = start_proxy(self.router_uri, self.db, self.proxy_port)
+            await upstream_ready(self.proxy_uri, self.router_uri)
+            pub = await self.publisher()
+            pub.notify({"Group": "chat", "Message": "after the restart"})
+            await pub.test_connection()
+            await sleep(0.3)
+            out, err, code = await utils.getProcessOutputAndValue(
+                sys.executable, ["-m", "elvin.tools.subscribe", "-e", self.proxy_uri,
+                                 "--session", "gap", "-n", "1"],
+                env=dict(os.environ), path=REPO, reactor=reactor)
+            self.assertEqual(code, 0, err)
+            self.assertIn("after the restart", out.decode())
+            lost = [line for line in err.decode().splitlines() if "lost" in line]
+            self.assertEqual(len(lost), 1, err)
+            self.assertIn("the proxy reports 1 notification lost from session 'gap'", lost[0])
+        return defer.ensureDeferred(run())
+
     def test_device_killed_mid_replay_loses_nothing(self):
         """elvin-subscribe --session acknowledges what it printed: killed
         with SIGKILL in the middle of a replay (its output read slowly, so
@@ -333,9 +360,10 @@ class ProxyFlavoursTest(unittest.TestCase):
     def test_blocking_client_session(self):
         from elvin import sync
         with sync.connect(self.proxy_uri, session="desk", admin_password="a") as conn:
-            sub = conn.subscribe("require(n)", callback=lambda n: None)
-            conn.set_limits(sub.id, ttl=3600, max_count=5)
+            sub = conn.subscribe("require(n)", callback=lambda n: None, ttl=3600,
+                                 max_count=5)
             self.assertEqual(conn.session_subscriptions[sub.id].max_count, 5)
+            self.assertEqual(conn.session_subscriptions[sub.id].ttl, 3600)
         with sync.connect(self.router_uri) as pub:
             for n in range(8):
                 pub.notify({"n": n})
@@ -375,9 +403,11 @@ class ProxyFlavoursTest(unittest.TestCase):
         async def run():
             async with aio.connect(self.proxy_uri, session=["one", ("two", "pw")]) as conn:
                 self.assertEqual(sorted(conn.sessions), ["one", "two"])
-                sub = await conn.subscribe("require(x)")
-                await conn.set_limits(sub.id, ttl=10)
+                sub = await conn.subscribe("require(x)", ttl=10)
                 self.assertEqual(conn.session_subscriptions[sub.id].ttl, 10)
+                other = await conn.subscribe("require(y)")
+                await conn.set_limits(other.id, max_count=4)
+                self.assertEqual(conn.session_subscriptions[other.id].max_count, 4)
             with self.assertRaises(aio.NackError) as caught:
                 await aio.connect(self.proxy_uri, session="two", password="wrong")
             self.assertEqual(caught.exception.code, 2)

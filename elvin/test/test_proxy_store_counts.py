@@ -174,3 +174,29 @@ class TrimTests(unittest.TestCase):
                                for note in store.pending(name, "nobody", now, 1000))
                     self.assertLessEqual(seen, cap, (name, sub, step))
         store.close()
+
+
+class UnexpiredCountTest(unittest.TestCase):
+    """What a joining client is told is stored leaves out what expired
+    before the sweep removed it, by the expiry index alone."""
+
+    def test_expired_unswept_rows_are_not_counted(self):
+        store = Store(":memory:")
+        store.create_session("a")
+        store.create_session("b")
+        store.put_subscription("a", 1, "require(t)", ttl=3)
+        store.put_subscription("a", 2, "require(k)")
+        store.put_subscription("b", 1, "require(t)", ttl=3)
+        store.store({"t": 0}, {"a": [1], "b": [1]}, now=0)      # expires at 3
+        store.store({"t": 1, "k": 1}, {"a": [1, 2]}, now=0)     # kept by 2
+        store.store({"k": 2}, {"a": [2]}, now=0)
+        store.store({"t": 3}, {"a": [1]}, now=9)                # expires at 12
+        self.assertEqual(store.unexpired_count("a", 1), 4)
+        self.assertEqual(store.unexpired_count("a", 10), 3)
+        self.assertEqual(store.unexpired_count("b", 10), 0)
+        self.assertEqual(store.stored_count("a"), 4)             # unswept: still there
+        plan = " ".join(str(row) for row in store.db.execute(
+            "EXPLAIN QUERY PLAN SELECT count(DISTINCT p.notification) FROM pending p "
+            "INDEXED BY pending_by_expiry_set WHERE p.expires IS NOT NULL "
+            "AND p.expires <= 10 AND p.session = 'a'"))
+        self.assertIn("pending_by_expiry_set", plan)

@@ -6,6 +6,7 @@ import os
 import sys
 
 from twisted.internet import defer, protocol, reactor, task
+from twisted.trial import unittest
 
 from elvin.test.places import free_port
 from elvin.test.polling import wait_until
@@ -289,3 +290,47 @@ class DefaultRouterTests(CLITestCase):
         from twisted.internet.utils import getProcessOutputAndValue
         return getProcessOutputAndValue(sys.executable, ["-m", f"elvin.tools.{name}"]
                                         + list(args), env=env, path=REPO)
+
+
+class GapReporterTests(unittest.TestCase):
+    """elvin-subscribe's lines about lost notifications, without a router."""
+
+    def setUp(self):
+        import io
+        from elvin.clientcore.state import JoinedSession
+        from elvin.tools.subscribe import GapReporter
+        self.JoinedSession = JoinedSession
+        self.err = io.StringIO()
+        self.reporter = GapReporter(out=self.err)
+        self.conn = type("Conn", (), {"sessions": {}})()
+
+    def lines(self):
+        lines, _ = self.err.getvalue().splitlines(), self.err.truncate(0)
+        self.err.seek(0)
+        return lines
+
+    def test_a_join_with_drops_is_one_line_with_its_dropwarn_early_or_late(self):
+        for early in (True, False):
+            self.reporter._told.clear()
+            self.conn.sessions = {"s": self.JoinedSession("s", stored=4, dropped=3)}
+            if early:
+                self.reporter.dropwarn()          # before connect returned
+            self.reporter.conn = self.conn
+            self.reporter.joined()
+            if not early:
+                self.reporter.dropwarn()
+            (line,) = self.lines()
+            self.assertIn("the proxy reports 3 notifications lost from session 's'", line)
+
+    def test_a_later_dropwarn_and_a_rejoin_are_told_too(self):
+        self.conn.sessions = {"s": self.JoinedSession("s")}
+        self.reporter.conn = self.conn
+        self.reporter.joined()
+        self.assertEqual(self.lines(), [])        # nothing lost: nothing said
+        self.reporter.dropwarn()
+        (line,) = self.lines()
+        self.assertIn("reports notifications lost here (a DropWarn", line)
+        self.conn.sessions = {"s": self.JoinedSession("s", dropped=1)}   # joined again
+        self.reporter.dropwarn()
+        (line,) = self.lines()
+        self.assertIn("reports 1 notification lost from session 's'", line)

@@ -7,7 +7,8 @@ Notifications are printed in the text form elvin-notify reads, each ended
 by '---', until interrupted (Ctrl-C: exit 0) or after --count
 notifications. A closed stdout (``| head -2``) ends it quietly. Through a
 proxy session, what is printed is acknowledged (docs/proxy.md): what was
-not printed yet when the connection ended is printed again next time.
+not printed yet when the connection ended is printed again next time,
+and what the proxy or router reports lost is said on stderr.
 """
 
 import sys
@@ -77,6 +78,62 @@ def bare_name_warnings(expression):
             f"{a} {op} \"{b}\"" for a, op, b in names_compared(tree)]
 
 
+class GapReporter:
+    """Tells the user, one line on stderr each, of notifications the proxy
+    or the router says were lost: a session's ``Proxy.Dropped`` on joining
+    (and the DropWarn that follows it: one line, with the count) and each
+    later DropWarn (no count: a DropWarn carries none). Without it, a gap in
+    what is printed would look like nothing having matched. ``conn`` is set
+    once connected (a DropWarn may come first: it is held until then)."""
+
+    def __init__(self, name="elvin-subscribe", out=None):
+        self.conn = None
+        self.name = name
+        self.out = out
+        #: The joins (JoinedSession objects) already told of, by id (held,
+        #: so that no later one gets the same id).
+        self._told = {}
+        #: DropWarns still to come for joins told of (each join's own).
+        self._owed = 0
+        #: DropWarns before ``conn`` was set.
+        self._early = 0
+
+    def _line(self, text):
+        out = self.out or sys.stderr
+        out.write(f"{self.name}: {text}\n")
+        out.flush()
+
+    def joined(self):
+        """Tell of drops the sessions reported on joining, once per join."""
+        if self.conn is None:
+            return
+        for joined in list(self.conn.sessions.values()):
+            if id(joined) in self._told:
+                continue
+            self._told[id(joined)] = joined
+            if joined.dropped:
+                self._owed += 1
+                self._line(f"the proxy reports {joined.dropped} notification"
+                           f"{'' if joined.dropped == 1 else 's'} lost from session "
+                           f"{joined.name!r} while no client of it was connected "
+                           "(a limit, a full disk, the router or the proxy restarting)")
+        early, self._early = self._early, 0
+        for _ in range(early):
+            self.dropwarn()
+
+    def dropwarn(self):
+        """``on_dropwarn``: a join's own DropWarn was told with its count."""
+        if self.conn is None:
+            self._early += 1
+            return
+        self.joined()
+        if self._owed:
+            self._owed -= 1
+            return
+        self._line("the router or proxy reports notifications lost here (a DropWarn; "
+                   "it does not say how many)")
+
+
 async def body(reactor, options):
     session = {}
     if options["session"] is not None:
@@ -104,10 +161,13 @@ async def body(reactor, options):
         if limit is not None and seen["n"] >= limit and not done.called:
             done.callback(None)
 
+    gaps = GapReporter()
     conn = await client.connect(options["uri"], reactor=reactor,
                                 timeout=options["timeout"],
                                 ack_window=ACK_WINDOW_ASKED if session else None,
-                                **session)
+                                on_dropwarn=gaps.dropwarn, **session)
+    gaps.conn = conn
+    gaps.joined()
     if session:
         # Everything the session's subscriptions match, stored (which
         # follows the join at once, so this is set before anything else
