@@ -206,7 +206,7 @@ class Subscription:
         """Change the expression, insecure flag or keys; returns self."""
         conn = self.connection
         insecure = self.accept_insecure if accept_insecure is None else accept_insecure
-        await conn._call(conn.sub_mod_rqst(self.id, expression, insecure, add_keys, del_keys),
+        await conn._call(conn.sub_mod_rqst(self, expression, insecure, add_keys, del_keys),
                          at_reply=lambda reply: conn.subscription_modified(
                              self, expression, insecure, reply),
                          apply_late=True)
@@ -225,7 +225,7 @@ class Subscription:
             if conn.subscriptions.get(self.id) is self:
                 del conn.subscriptions[self.id]
             self._end()
-        await conn._call(conn.sub_del_rqst(self.id), at_reply=removed, apply_late=True)
+        await conn._call(conn.sub_del_rqst(self), at_reply=removed, apply_late=True)
 
     def __aiter__(self) -> "Subscription":
         if self._queue is None:
@@ -280,7 +280,7 @@ class Quench(QuenchHandlers):
             self.names = (self.names | add) - delete
             self.deliver_insecure = insecure
             return self
-        await conn._call(conn.qnch_mod_rqst(self.id, sorted(add), sorted(delete), insecure,
+        await conn._call(conn.qnch_mod_rqst(self, sorted(add), sorted(delete), insecure,
                                             add_keys, del_keys),
                          at_reply=modified, apply_late=True)
         return self
@@ -293,7 +293,7 @@ class Quench(QuenchHandlers):
         def removed(reply: Any) -> None:
             if conn.quenches.get(self.id) is self:
                 del conn.quenches[self.id]
-        await conn._call(conn.qnch_del_rqst(self.id), at_reply=removed, apply_late=True)
+        await conn._call(conn.qnch_del_rqst(self), at_reply=removed, apply_late=True)
 
 
 class AutoQuench(AutoQuenchBase):

@@ -498,7 +498,7 @@ class Connection(LifecycleView, ClientState):
         def modified(reply):
             return self.subscription_modified(sub, expression, insecure, reply)
         # Cancelled after it went out, the router's answer still applies.
-        return self.call(self.sub_mod_rqst(sub.id, expression, insecure, add_keys, del_keys),
+        return self.call(self.sub_mod_rqst(sub, expression, insecure, add_keys, del_keys),
                          modified).addCallback(modified)
 
     def _remove(self, sub):
@@ -509,7 +509,7 @@ class Connection(LifecycleView, ClientState):
             if _holds(self.subscriptions, sub):
                 del self.subscriptions[sub.id]
             return None
-        return self.call(self.sub_del_rqst(sub.id), removed).addCallback(removed)
+        return self.call(self.sub_del_rqst(sub), removed).addCallback(removed)
 
     def quench(self, names: Iterable[str], on_add: Optional[Callable[[int, Any, bool], Any]] = None,
                on_modify: Optional[Callable[[int, Any, bool], Any]] = None,
@@ -540,7 +540,7 @@ class Connection(LifecycleView, ClientState):
             quench.names = (quench.names | add) - delete
             quench.deliver_insecure = insecure
             return quench
-        return self.call(self.qnch_mod_rqst(quench.id, sorted(add), sorted(delete), insecure,
+        return self.call(self.qnch_mod_rqst(quench, sorted(add), sorted(delete), insecure,
                                             add_keys, del_keys), modified).addCallback(modified)
 
     def _remove_quench(self, quench):
@@ -550,7 +550,7 @@ class Connection(LifecycleView, ClientState):
         def removed(reply):
             if _holds(self.quenches, quench):
                 del self.quenches[quench.id]
-        return self.call(self.qnch_del_rqst(quench.id), removed).addCallback(removed)
+        return self.call(self.qnch_del_rqst(quench), removed).addCallback(removed)
 
     def notify(self, attributes: Mapping[str, Any], deliver_insecure: bool = True,
                keys: Optional[packets.Keys] = None) -> None:

@@ -42,7 +42,10 @@ States (``Phase``)::
 While reconnecting (WAITING, DIALLING, HANDSHAKING, REPLAYING after a
 session was up) what the program sends waits in a buffer of
 ``pending_size`` bytes, sent in order once the session is back;
-``PublishBufferFull`` when it would overflow.
+``PublishBufferFull`` when it would overflow. A change to a subscription
+or quench waiting there (a ``Targeted`` request) is built again as it is
+sent, with the id the replay gave; if the replay could not register the
+item again, a remove succeeds and a modify fails, neither sent.
 """
 
 import enum
@@ -50,7 +53,7 @@ import logging
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from elvin.clientcore.state import (ClientState, ConnectionClosed, NackError,
-                                    PublishBufferFull, Reconnect, describe_disconn)
+                                    PublishBufferFull, Reconnect, Targeted, describe_disconn)
 from elvin.protocols import packets
 from elvin.uri import ElvinURI
 
@@ -197,7 +200,8 @@ class Lifecycle:
         self._last: Optional[BaseException] = None
         self._policy: Optional[Reconnect] = None
         self._announced: Optional[ElvinURI] = None   # on_redirect told of it
-        self._buffer: List[Tuple[Any, int, Optional[int]]] = []
+        #: (packet, size, xid, the Targeted that builds it again or None)
+        self._buffer: List[Tuple[Any, int, Optional[int], Optional[Targeted]]] = []
         self._buffered = 0
         #: Liveness checks waiting for the router a redirection moves us to.
         self._moving_waiters: List[Tuple[Callable[[bool], Any], Callable[[Exception], Any]]] = []
@@ -227,7 +231,7 @@ class Lifecycle:
         """Bytes waiting to be sent once reconnected."""
         return self._buffered
 
-    def _post(self, packet: Any, xid: Optional[int]) -> None:
+    def _post(self, packet: Any, xid: Optional[int], target: Optional[Targeted] = None) -> None:
         phase = self.phase
         if phase is Phase.UP:
             send = self.session.send
@@ -248,7 +252,7 @@ class Lifecycle:
                 raise PublishBufferFull(
                     f"reconnecting to {self.uri}: the buffer of {self.pending_size} bytes "
                     f"is full ({self._buffered} bytes waiting); not sent")
-            self._buffer.append((packet, size, xid))
+            self._buffer.append((packet, size, xid, target))
             self._buffered += size
             return
         if phase in _RECONNECTING and self.established:
@@ -276,7 +280,7 @@ class Lifecycle:
     def unsend(self, xid: int) -> bool:
         """Take request ``xid`` back out of the reconnection buffer (its
         caller gave up on it); True if it was there."""
-        for i, (_, size, buffered_xid) in enumerate(self._buffer):
+        for i, (_, size, buffered_xid, _) in enumerate(self._buffer):
             if buffered_xid == xid:
                 del self._buffer[i]
                 self._buffered -= size
@@ -337,7 +341,8 @@ class Lifecycle:
             # Followed: what the old router left unanswered goes to the new one,
             # and a liveness check is answered by it (the session is moving).
             pending = self.session._pending
-            self._buffer[:0] = [(packet, 0, xid) for xid, packet in sorted(self._inflight.items())
+            self._buffer[:0] = [(packet, 0, xid, None)
+                                for xid, packet in sorted(self._inflight.items())
                                 if xid in pending and isinstance(packet, _RESENDABLE)]
             self._moving_waiters += self.session._liveness_waiters
             self.session._liveness_waiters = []
@@ -514,8 +519,18 @@ class Lifecycle:
         buffer, self._buffer, self._buffered = self._buffer, [], 0
         send = self.session.send
         assert send is not None
-        for packet, _, _ in buffer:
+        gone = []
+        for packet, _, xid, target in buffer:
+            if target is not None and xid is not None:
+                if not target.registered():
+                    gone.append((xid, target))
+                    continue
+                packet = target(xid)      # the id the replay gave
             send(packet)
+        for xid, target in gone:          # after the sends: what they do goes after them
+            waiting = self.session._pending.pop(xid, None)
+            if waiting is not None:
+                target.settle_here(*waiting)
         if self._moving_waiters:
             self.session._liveness_waiters += self._moving_waiters
             self._moving_waiters = []
@@ -632,7 +647,7 @@ class Lifecycle:
             self.session._fail_pending(self._loss("closed"), keep=self._buffered_xids())
 
     def _buffered_xids(self) -> List[int]:
-        return [xid for _, _, xid in self._buffer if xid is not None]
+        return [xid for _, _, xid, _ in self._buffer if xid is not None]
 
     def _end(self, error: Optional[ConnectionClosed]) -> None:
         """The session is over: fail what waits, end the iterators."""

@@ -24,12 +24,12 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Opti
                     Sequence, Tuple, Union)
 
 from elvin.clientcore.acks import ACK, ACK_INTERVAL, ACK_WINDOW, DEFAULT_ACK_WINDOW, AckTracker
-from elvin.errors import ElvinError
+from elvin.errors import NO_SUCH_QUENCH, NO_SUCH_SUB, ElvinError
 from elvin.protocols import packets
 from elvin.values import Int64, normalise
 
 __all__ = ["ClientState", "NackError", "ConnectionClosed", "ConnectFailed",
-           "PublishBufferFull", "describe_disconn", "refuse_coroutine",
+           "PublishBufferFull", "Targeted", "describe_disconn", "refuse_coroutine",
            "coroutine_result_refused",
            "Notification", "Deframer", "QuenchHandlers", "QuenchState", "Reconnect",
            "AutoQuenchBase", "SessionSubscription", "JoinedSession", "proxy_options"]
@@ -437,6 +437,41 @@ class Deframer:
         return frames
 
 
+class Targeted:
+    """A request naming a subscription or quench (``item``, registered in
+    ``table``) by the object, not by its id: ``build(xid, item.id)`` makes
+    the packet as it is sent, so one that waited out a reconnection names
+    the id the replay gave (the old one may be another's by then).
+    ``removes``: a remove, which is done already if the item is no longer
+    registered; ``missing``: the Nack code for anything else then."""
+
+    __slots__ = ("table", "item", "build", "removes", "missing")
+
+    def __init__(self, table: Dict[int, Any], item: Any, build: Callable[[int, int], Any],
+                 removes: bool, missing: int) -> None:
+        self.table = table
+        self.item = item
+        self.build = build
+        self.removes = removes
+        self.missing = missing
+
+    def __call__(self, xid: int) -> Any:
+        return self.build(xid, self.item.id)
+
+    def registered(self) -> bool:
+        return self.table.get(self.item.id) is self.item
+
+    def settle_here(self, on_reply: Callable[[Any], Any],
+                    on_error: Callable[[Exception], Any]) -> None:
+        """The item is gone (the replay could not register it again): a
+        remove succeeds without the router, anything else fails."""
+        if self.removes:
+            on_reply(None)
+        else:
+            on_error(NackError(self.missing, f"{self.item!r} is no longer registered "
+                                             f"with the router"))
+
+
 class ClientState:
     """Requests, replies, deliveries and quench events of one session.
 
@@ -451,10 +486,11 @@ class ClientState:
     def __init__(self, send: Optional[Callable[[Any], None]] = None) -> None:
         #: Writes a packet to the current channel (set by the lifecycle).
         self.send = send
-        #: Where the program's packets go: ``post(packet, xid)`` sends,
-        #: buffers or raises ConnectionClosed (the lifecycle sets it; alone,
-        #: a ClientState sends whenever it has a channel).
-        self.post: Callable[[Any, Optional[int]], None] = self._post_direct
+        #: Where the program's packets go: ``post(packet, xid, target=None)``
+        #: sends, buffers or raises ConnectionClosed (the lifecycle sets it;
+        #: alone, a ClientState sends whenever it has a channel). ``target``:
+        #: the Targeted that built ``packet``, to build it again if it waits.
+        self.post: Callable[..., None] = self._post_direct
         self.options: Dict[str, Any] = {}
         self.subscriptions: Dict[int, Any] = {}
         self.quenches: Dict[int, Any] = {}
@@ -499,7 +535,8 @@ class ClientState:
         self.call_later: Optional[Callable[[float, Callable[[], Any]], Any]] = None
         self._ack_timer: Any = None
 
-    def _post_direct(self, packet: Any, xid: Optional[int]) -> None:
+    def _post_direct(self, packet: Any, xid: Optional[int],
+                     target: Optional[Targeted] = None) -> None:
         if self.send is None:
             raise ConnectionClosed("connection is closed")
         self.send(packet)
@@ -515,7 +552,8 @@ class ClientState:
         xid = next(self._xids)
         self._pending[xid] = (on_reply, on_error)
         try:
-            self.post(make_packet(xid), xid)
+            self.post(make_packet(xid), xid,
+                      make_packet if isinstance(make_packet, Targeted) else None)
         except BaseException:
             del self._pending[xid]
             raise
@@ -634,15 +672,20 @@ class ClientState:
         return lambda xid: packets.SubAddRqst(xid, expression, accept_insecure,
                                         keys or packets.Keys.EMPTY)
 
-    @staticmethod
-    def sub_mod_rqst(sub_id: int, expression: Optional[str], accept_insecure: bool,
-                     add_keys: Optional[packets.Keys], del_keys: Optional[packets.Keys]) -> MakePacket:
-        return lambda xid: packets.SubModRqst(xid, sub_id, expression or "", accept_insecure,
-                                        add_keys or packets.Keys.EMPTY, del_keys or packets.Keys.EMPTY)
+    # The builders of changes take a registered subscription or quench (a
+    # Targeted request: its id is read as it is sent) or a bare id.
 
-    @staticmethod
-    def sub_del_rqst(sub_id: int) -> MakePacket:
-        return lambda xid: packets.SubDelRqst(xid, sub_id)
+    def sub_mod_rqst(self, sub: Union[int, Any], expression: Optional[str],
+                     accept_insecure: bool, add_keys: Optional[packets.Keys],
+                     del_keys: Optional[packets.Keys]) -> MakePacket:
+        def build(xid: int, sub_id: int) -> Any:
+            return packets.SubModRqst(xid, sub_id, expression or "", accept_insecure,
+                                      add_keys or packets.Keys.EMPTY,
+                                      del_keys or packets.Keys.EMPTY)
+        return self._targeted(self.subscriptions, sub, build, False, NO_SUCH_SUB)
+
+    def sub_del_rqst(self, sub: Union[int, Any]) -> MakePacket:
+        return self._targeted(self.subscriptions, sub, packets.SubDelRqst, True, NO_SUCH_SUB)
 
     @staticmethod
     def qnch_add_rqst(names: Iterable[str], deliver_insecure: bool,
@@ -650,17 +693,27 @@ class ClientState:
         return lambda xid: packets.QnchAddRqst(xid, tuple(names), deliver_insecure,
                                          keys or packets.Keys.EMPTY)
 
-    @staticmethod
-    def qnch_mod_rqst(quench_id: int, add_names: Iterable[str], del_names: Iterable[str],
-                      deliver_insecure: bool, add_keys: Optional[packets.Keys],
+    def qnch_mod_rqst(self, quench: Union[int, Any], add_names: Iterable[str],
+                      del_names: Iterable[str], deliver_insecure: bool,
+                      add_keys: Optional[packets.Keys],
                       del_keys: Optional[packets.Keys]) -> MakePacket:
-        return lambda xid: packets.QnchModRqst(xid, quench_id, tuple(add_names), tuple(del_names),
-                                         deliver_insecure, add_keys or packets.Keys.EMPTY,
-                                         del_keys or packets.Keys.EMPTY)
+        add, delete = tuple(add_names), tuple(del_names)
+
+        def build(xid: int, quench_id: int) -> Any:
+            return packets.QnchModRqst(xid, quench_id, add, delete, deliver_insecure,
+                                       add_keys or packets.Keys.EMPTY,
+                                       del_keys or packets.Keys.EMPTY)
+        return self._targeted(self.quenches, quench, build, False, NO_SUCH_QUENCH)
+
+    def qnch_del_rqst(self, quench: Union[int, Any]) -> MakePacket:
+        return self._targeted(self.quenches, quench, packets.QnchDelRqst, True, NO_SUCH_QUENCH)
 
     @staticmethod
-    def qnch_del_rqst(quench_id: int) -> MakePacket:
-        return lambda xid: packets.QnchDelRqst(xid, quench_id)
+    def _targeted(table: Dict[int, Any], item: Union[int, Any],
+                  build: Callable[[int, int], Any], removes: bool, missing: int) -> MakePacket:
+        if isinstance(item, int):
+            return lambda xid: build(xid, item)
+        return Targeted(table, item, build, removes, missing)
 
     @staticmethod
     def qos_rqst(options: Mapping[str, Any]) -> MakePacket:

@@ -12,7 +12,7 @@ from twisted.trial import unittest
 
 from elvin import aio
 from elvin import client as tx
-from elvin.clientcore.lifecycle import Phase
+from elvin.clientcore.lifecycle import Dial, Phase
 from elvin.clientcore.state import ConnectionClosed, NackError
 from elvin.protocols import packets
 from elvin.uri import ElvinURI
@@ -43,6 +43,22 @@ class FakeRouter:
 
     def lost(self, detail="reset"):
         self.connection.lifecycle.channel_lost(detail)
+
+    def back(self):
+        """After ``lost``: the client dials again (the Dial is not carried
+        out: this router takes it) and connects; returns the requests the
+        replay sent, to be answered."""
+        lifecycle = self.connection.lifecycle
+        execute = lifecycle.execute
+        lifecycle.execute = lambda effect: None if isinstance(effect, Dial) else execute(effect)
+        try:
+            lifecycle.retry_now()
+        finally:
+            lifecycle.execute = execute
+        lifecycle.dialled(self.send)
+        before = len(self.sent)
+        self.answer(packets.ConnRply(self.last(packets.ConnRqst).xid, {}))
+        return self.sent[before:]
 
 
 class TwistedCase(unittest.TestCase):
@@ -542,3 +558,238 @@ class ConnectFailureWording(unittest.TestCase):
         self.assertIn("not Elvin", tx._handshake_lost(URI, twisted, lost))
         self.assertIn("within 5 s: is this an Elvin router?",
                       str(aio._connect_error(conn, HandshakeTimeout(), 5)))
+
+
+#: A reconnection policy whose timer never fires within a test: the test
+#: brings the router back itself (``FakeRouter.back``).
+AWAY = aio.Reconnect(initial=60, maximum=60, jitter=0)
+#: A replay answer refusing to register the subscription or quench again.
+REFUSED = None
+
+
+def answer_replay(router, ids):
+    """Back after ``lost``: answer the replay, giving each subscription
+    (by expression) and quench (by names) the new id in ``ids``, or a
+    Nack where it says REFUSED."""
+    for rqst in router.back():
+        if isinstance(rqst, packets.SubAddRqst):
+            new = ids[rqst.expression]
+            reply = packets.SubRply(rqst.xid, new) if new is not REFUSED else None
+        elif isinstance(rqst, packets.QnchAddRqst):
+            new = ids[rqst.names]
+            reply = packets.QnchRply(rqst.xid, new) if new is not REFUSED else None
+        else:
+            continue
+        router.answer(reply or packets.Nack(rqst.xid, 2006, "too many", ()))
+    assert router.connection.lifecycle.phase is Phase.UP
+
+
+def after_replay(router, kinds):
+    """What the client sent of ``kinds`` once the replay was answered."""
+    connects = [i for i, p in enumerate(router.sent) if isinstance(p, packets.ConnRqst)]
+    return [p for p in router.sent[connects[-1]:] if isinstance(p, kinds)]
+
+
+CHANGES = (packets.SubModRqst, packets.SubDelRqst, packets.QnchModRqst, packets.QnchDelRqst)
+
+
+class ChangesWhileReconnectingTwisted(TwistedCase):
+    """A modify or remove asked for while reconnecting waits in the buffer
+    and goes out after the replay, naming the subscription or quench by
+    the id the router gave it then (the replay gives new ids)."""
+
+    def subscribed(self, conn, router, expression, sub_id):
+        d = conn.subscribe(expression, lambda note: None)
+        router.answer(packets.SubRply(router.last(packets.SubAddRqst).xid, sub_id))
+        return self.successResultOf(d)
+
+    def quenched(self, conn, router, name, quench_id):
+        d = conn.quench([name])
+        router.answer(packets.QnchRply(router.last(packets.QnchAddRqst).xid, quench_id))
+        return self.successResultOf(d)
+
+    def test_a_remove_names_the_new_id(self):
+        conn, router = self.open(reconnect=AWAY)
+        a = self.subscribed(conn, router, "require(a)", 1)
+        b = self.subscribed(conn, router, "require(b)", 2)
+        router.lost()
+        d = a.remove()
+        # The replay swaps the ids: the old id of a is now b's.
+        answer_replay(router, {"require(a)": 2, "require(b)": 1})
+        (remove,) = after_replay(router, CHANGES)
+        self.assertEqual(remove.subscription_id, 2)
+        router.answer(packets.SubRply(remove.xid, 2))
+        self.assertIsNone(self.successResultOf(d))
+        self.assertEqual(conn.subscriptions, {1: b})
+
+    def test_a_modify_names_the_new_id(self):
+        conn, router = self.open(reconnect=AWAY)
+        a = self.subscribed(conn, router, "require(a)", 1)
+        router.lost()
+        d = a.modify("require(c)")
+        answer_replay(router, {"require(a)": 7})
+        (modify,) = after_replay(router, CHANGES)
+        self.assertEqual(modify.subscription_id, 7)
+        router.answer(packets.SubRply(modify.xid, 7))
+        self.assertIs(self.successResultOf(d), a)
+        self.assertEqual((a.expression, conn.subscriptions), ("require(c)", {7: a}))
+
+    def test_quench_changes_name_the_new_id(self):
+        conn, router = self.open(reconnect=AWAY)
+        q = self.quenched(conn, router, "a", 5)
+        r = self.quenched(conn, router, "b", 6)
+        router.lost()
+        modified = q.modify(add_names=["c"])
+        removed = q.remove()
+        answer_replay(router, {("a",): 6, ("b",): 5})
+        modify, remove = after_replay(router, CHANGES)
+        self.assertEqual((modify.quench_id, remove.quench_id), (6, 6))
+        router.answer(packets.QnchRply(modify.xid, 6))
+        router.answer(packets.QnchRply(remove.xid, 6))
+        self.assertIs(self.successResultOf(modified), q)
+        self.assertIsNone(self.successResultOf(removed))
+        self.assertEqual(conn.quenches, {5: r})
+
+    def test_changes_to_what_the_replay_could_not_place_again(self):
+        """A remove completes here, a modify fails: nothing is sent for
+        either (their old ids may be another's now)."""
+        conn, router = self.open(reconnect=AWAY)
+        a = self.subscribed(conn, router, "require(a)", 1)
+        b = self.subscribed(conn, router, "require(b)", 2)
+        q = self.quenched(conn, router, "a", 5)
+        router.lost()
+        removed, modified, unquenched = a.remove(), b.modify("require(c)"), q.remove()
+        answer_replay(router, {"require(a)": REFUSED, "require(b)": REFUSED,
+                               ("a",): REFUSED})
+        self.assertEqual(after_replay(router, CHANGES), [])
+        self.assertIsNone(self.successResultOf(removed))
+        self.assertIsNone(self.successResultOf(unquenched))
+        self.failureResultOf(modified, NackError)
+        self.assertEqual((conn.subscriptions, conn.quenches), ({}, {}))
+        self.assertEqual(b.expression, "require(b)")
+
+
+class ChangesWhileReconnectingAio(AioCase):
+    """As ChangesWhileReconnectingTwisted, with asyncio."""
+
+    def subscribed(self, conn, router, expression, sub_id):
+        task = self.start(conn.subscribe(expression))
+        router.answer(packets.SubRply(router.last(packets.SubAddRqst).xid, sub_id))
+        self.turn()
+        return task.result()
+
+    def quenched(self, conn, router, name, quench_id):
+        task = self.start(conn.quench([name]))
+        router.answer(packets.QnchRply(router.last(packets.QnchAddRqst).xid, quench_id))
+        self.turn()
+        return task.result()
+
+    def test_a_remove_names_the_new_id(self):
+        conn, router = self.open(reconnect=AWAY)
+        a = self.subscribed(conn, router, "require(a)", 1)
+        b = self.subscribed(conn, router, "require(b)", 2)
+        router.lost()
+        task = self.start(a.remove())
+        answer_replay(router, {"require(a)": 2, "require(b)": 1})
+        (remove,) = after_replay(router, CHANGES)
+        self.assertEqual(remove.subscription_id, 2)
+        router.answer(packets.SubRply(remove.xid, 2))
+        self.turn()
+        self.assertIsNone(task.result())
+        self.assertEqual(conn.subscriptions, {1: b})
+        self.assertIsNone(b._ended)
+        self.assertIsNotNone(a._ended)
+
+    def test_a_modify_names_the_new_id(self):
+        conn, router = self.open(reconnect=AWAY)
+        a = self.subscribed(conn, router, "require(a)", 1)
+        router.lost()
+        task = self.start(a.modify("require(c)"))
+        answer_replay(router, {"require(a)": 7})
+        (modify,) = after_replay(router, CHANGES)
+        self.assertEqual(modify.subscription_id, 7)
+        router.answer(packets.SubRply(modify.xid, 7))
+        self.turn()
+        self.assertIs(task.result(), a)
+        self.assertEqual((a.expression, conn.subscriptions), ("require(c)", {7: a}))
+
+    def test_quench_changes_name_the_new_id(self):
+        conn, router = self.open(reconnect=AWAY)
+        q = self.quenched(conn, router, "a", 5)
+        r = self.quenched(conn, router, "b", 6)
+        router.lost()
+        modified = self.start(q.modify(add_names=["c"]))
+        removed = self.start(q.remove())
+        answer_replay(router, {("a",): 6, ("b",): 5})
+        modify, remove = after_replay(router, CHANGES)
+        self.assertEqual((modify.quench_id, remove.quench_id), (6, 6))
+        router.answer(packets.QnchRply(modify.xid, 6))
+        router.answer(packets.QnchRply(remove.xid, 6))
+        self.turn()
+        self.assertIs(modified.result(), q)
+        self.assertIsNone(removed.result())
+        self.assertEqual(conn.quenches, {5: r})
+
+    def test_changes_to_what_the_replay_could_not_place_again(self):
+        conn, router = self.open(reconnect=AWAY)
+        a = self.subscribed(conn, router, "require(a)", 1)
+        b = self.subscribed(conn, router, "require(b)", 2)
+        q = self.quenched(conn, router, "a", 5)
+        router.lost()
+        removed = self.start(a.remove())
+        modified = self.start(b.modify("require(c)"))
+        unquenched = self.start(q.remove())
+        answer_replay(router, {"require(a)": REFUSED, "require(b)": REFUSED,
+                               ("a",): REFUSED})
+        self.turn()
+        self.assertEqual(after_replay(router, CHANGES), [])
+        self.assertIsNone(removed.result())
+        self.assertIsNone(unquenched.result())
+        self.assertIsInstance(modified.exception(), NackError)
+        self.assertEqual((conn.subscriptions, conn.quenches), ({}, {}))
+        self.assertIsInstance(a._ended, NackError)        # its iterator says why
+
+
+class ChangesWhileReconnectingBlocking(unittest.TestCase):
+    """The blocking flavour's remove, made on its own thread while the
+    client reconnects, names the id the replay gave."""
+
+    def test_a_remove_names_the_new_id(self):
+        import concurrent.futures
+        import threading
+        conn, router, on_loop = blocking(reconnect=AWAY)
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        self.addCleanup(pool.shutdown)
+        self.addCleanup(on_loop, conn._inner.lifecycle.close)   # first: a call waiting fails
+
+        def sent(kind):
+            for _ in range(500):              # bounded: 5 s
+                found = on_loop(lambda: [p for p in router.sent if isinstance(p, kind)])
+                if found:
+                    return found[-1]
+                threading.Event().wait(0.01)
+            self.fail(f"no {kind.__name__} sent")
+
+        def subscribed(expression, sub_id):
+            subscribing = pool.submit(conn.subscribe, expression, callback=lambda note: None)
+            for _ in range(500):
+                rqst = sent(packets.SubAddRqst)
+                if rqst.expression == expression:
+                    break
+                threading.Event().wait(0.01)
+            on_loop(router.answer, packets.SubRply(rqst.xid, sub_id))
+            return subscribing.result(10)
+        a = subscribed("require(a)", 1)
+        b = subscribed("require(b)", 2)
+        on_loop(router.lost)
+        removing = pool.submit(a.remove)
+        for _ in range(500):
+            if on_loop(lambda: conn._inner.lifecycle.buffered):
+                break
+            threading.Event().wait(0.01)
+        on_loop(answer_replay, router, {"require(a)": 2, "require(b)": 1})
+        remove = sent(packets.SubDelRqst)
+        self.assertEqual(remove.subscription_id, 2)
+        on_loop(router.answer, packets.SubRply(remove.xid, 2))
+        self.assertIsNone(removing.result(10))
+        self.assertEqual(on_loop(lambda: dict(conn._inner.subscriptions)), {1: b._inner})

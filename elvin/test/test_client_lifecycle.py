@@ -499,6 +499,52 @@ class LifecycleTests(unittest.SynchronousTestCase):
         self.assertIsInstance(a.ended[0], NackError)
         self.assertEqual(list(h.session.subscriptions), [20])
 
+    def _back_with(self, h, answers):
+        """Reconnect ``h``: the replay's SubAddRqsts answered in order
+        (an id, or None for a Nack); returns what was sent after."""
+        h.machine.timer_fired()
+        rqst = h.open()
+        h.machine.packet(packets.ConnRply(rqst.xid, {}))
+        readds = [p for p in h.sent if type(p) is packets.SubAddRqst]
+        h.sent.clear()
+        for readd, answer in zip(readds, answers):
+            h.machine.packet(packets.SubRply(readd.xid, answer) if answer is not None
+                             else packets.Nack(readd.xid, 2006, "too many", ()))
+        self.assertIs(h.machine.phase, Phase.UP)
+        return list(h.sent)
+
+    def test_a_change_waiting_out_a_reconnection_names_the_replayed_id(self):
+        """Built as it is sent: the replay gave a's old id to b."""
+        h = Harness(reconnect=Reconnect(jitter=0))
+        h.up()
+        a, b = Sub(1, "a == 1"), Sub(2, "b == 1")
+        h.session.subscriptions.update({1: a, 2: b})
+        h.machine.channel_lost()
+        replies = []
+        h.session.request(h.session.sub_mod_rqst(a, "a == 2", True, None, None),
+                          replies.append, self.fail)
+        h.session.request(h.session.sub_del_rqst(a), replies.append, self.fail)
+        modify, remove = self._back_with(h, [2, 1])
+        self.assertEqual((type(modify), modify.subscription_id), (packets.SubModRqst, 2))
+        self.assertEqual((type(remove), remove.subscription_id), (packets.SubDelRqst, 2))
+
+    def test_a_change_to_what_the_replay_refused_is_not_sent(self):
+        h = Harness(reconnect=Reconnect(jitter=0))
+        h.up()
+        a, b = Sub(1, "a == 1"), Sub(2, "b == 1")
+        h.session.subscriptions.update({1: a, 2: b})
+        h.machine.channel_lost()
+        removed, failed = [], []
+        h.session.request(h.session.sub_del_rqst(a), removed.append, self.fail)
+        h.session.request(h.session.sub_mod_rqst(a, "a == 2", True, None, None),
+                          self.fail, failed.append)
+        h.session.emit({"after": 1})
+        sent = self._back_with(h, [None, 1])
+        self.assertEqual([type(p) for p in sent], [packets.NotifyEmit])
+        self.assertEqual(removed, [None])               # done: it is gone
+        self.assertEqual([e.code for e in failed], [1002])
+        self.assertEqual(h.session._pending, {})
+
     def test_cancelled_request_is_taken_back_from_the_buffer(self):
         h = Harness(reconnect=Reconnect())
         h.up()
