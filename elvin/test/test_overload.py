@@ -617,7 +617,12 @@ class PathLimitTests(RouterFixture):
         small = yield self.connect({"Attribute.Max-Count": 16, "Packet.Max-Length": 1024},
                                    **self.client_args)
         self.assertEqual(small.options["Attribute.Max-Count"], 16)
-        small.notify({f"a{i}": i for i in range(17)})   # one too many: ignored
+        # The client refuses what the router said it would not take ...
+        with self.assertRaises(ValueError):
+            small.notify({f"a{i}": i for i in range(17)})
+        # ... and the router ignores it when a client sends it anyway.
+        small.post(packets.NotifyEmit({f"a{i}": i for i in range(17)}, True,
+                                      packets.Keys.EMPTY), None)
         small.notify({f"a{i}": i for i in range(16)})   # at the limit: routed
         yield small.test_connection()
         yield wait_until(lambda: got)
@@ -625,7 +630,9 @@ class PathLimitTests(RouterFixture):
         self.assertEqual([len(n) for n in got], [16])
         self.assertEqual(self.router.stats["rejected_notifications"], 1)
         # A packet over Packet.Max-Length resets that connection only.
-        small.notify({"a0": "x" * 2000})
+        with self.assertRaises(ValueError):
+            small.notify({"a0": "x" * 2000})
+        small.post(packets.NotifyEmit({"a0": "x" * 2000}, True, packets.Keys.EMPTY), None)
         yield small.disconnected
         self.connections.remove(small)
         yield watcher.test_connection()
