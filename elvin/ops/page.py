@@ -74,6 +74,7 @@ async function refresh() {
       figure("notifications in " + rate(s, "notifications_received"), t.notifications_received),
       figure("deliveries " + rate(s, "deliveries"), t.deliveries),
       figure("dropped deliveries", t.dropped_deliveries),
+      figure("slow clients reset", t.slow_client_disconnections),
       figure("send queues (bytes)", t.send_queue_bytes));
     document.getElementById("client-count").textContent = "(" + s.clients.length + ")";
     fill("clients", s.clients, c => [cell(c.peer), cell(c.transport), cell(c.state),

@@ -64,6 +64,9 @@ class MetricsUnitTests(unittest.TestCase):
         self.assertEqual(status["refusals"][-1]["name"], "PARSE_ERROR")
         self.assertEqual([c["subscriptions"] for c in status["clients"]
                           if c["peer"] == "sub"], [1])
+        from elvin.tools.stat import format_status
+        self.assertIn("dropped 0  rejected 0  slow clients reset 0",
+                      format_status(snapshot(self.router, started=1)))
         sub.connection_lost()
         got = samples(self.registry)
         self.assertEqual(got[("elvin_connections", (("transport", "tcp"),))], 1)

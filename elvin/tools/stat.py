@@ -142,7 +142,8 @@ def format_status(status, previous=None):
              f"notifications in {totals['notifications_received']:,}"
              f"{rate('notifications_received')}  deliveries {totals['deliveries']:,}"
              f"{rate('deliveries')}  dropped {totals['dropped_deliveries']:,}  "
-             f"rejected {totals['notifications_rejected']:,}",
+             f"rejected {totals['notifications_rejected']:,}  slow clients reset "
+             f"{totals.get('slow_client_disconnections', 0):,}",
              f"send queues {totals['send_queue_bytes']:,} bytes  nacks "
              + (" ".join(f"{c}×{n}" for c, n in totals["nacks"].items()) or "none")]
     for link in status["links"]:
