@@ -158,14 +158,17 @@ class AutoQuench(AutoQuenchBase):
 
         def settled(result):
             self._pending = None
-            if not self.ready.called:
-                self.ready.callback(self)
-            if isinstance(result, Exception) or hasattr(result, "value"):
+            failed = isinstance(result, Exception) or hasattr(result, "value")
+            if failed:
+                # Before ``ready`` fires: what its callbacks send must find
+                # the fallback (``unsupported``) already in place.
                 error = getattr(result, "value", result)
                 self._registration_failed(
                     error, lambda text: self.connection.log.warn("{text}", text=text))
-                return None
-            self._sync()  # names may have grown meanwhile
+            if not self.ready.called:
+                self.ready.callback(self)
+            if not failed:
+                self._sync()  # names may have grown meanwhile
             return None
         d.addBoth(settled)
 

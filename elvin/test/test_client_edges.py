@@ -478,7 +478,11 @@ class AutoQuenchWithoutQuench(unittest.TestCase):
         router = FakeRouter(conn)
         router.open()
         auto = tx.AutoQuench(conn, {"file"})
+        # What ready's callbacks send already finds the fallback in place.
+        first = []
+        auto.ready.addCallback(lambda a: first.append(a.notify({"file": "first"})) or a)
         router.answer(self.NACK(router.last(packets.QnchAddRqst).xid))
+        self.assertEqual(first, [True])
         self.assertIs(self.successResultOf(auto.ready), auto)
         self.assertTrue(auto.unsupported)
         self.assertTrue(auto.notify({"file": "a", "new": 1}))
