@@ -82,11 +82,8 @@ class Options(usage.Options):
             self._refuse(str(e))
         if not config.listen:
             config.listen = [ElvinURI(DEFAULT_LISTEN)]
-        status = getattr(config, "status_listen", None)
-        if status is not None and status[0] != "http":
-            self._refuse(f"status-listen {status[0]}://...: the proxy serves its counters "
-                         "over http only (on a loopback address, or behind a TLS front end)")
         try:
+            check_status_http(config)
             check_listeners(config)
         except (ConfigError, UnsupportedStackError) as e:
             self._refuse(str(e))
@@ -160,6 +157,17 @@ def _upstream_discoverer(reactor, config):
     return Discoverer(reactor)
 
 
+def check_status_http(config):
+    """ConfigError for a ``status-listen`` that is not http: checked as the
+    options are read, before the router's own TLS checks would speak of a
+    certificate the proxy never uses."""
+    status = getattr(config, "status_listen", None)
+    if status is not None and status[0] != "http":
+        raise ConfigError(f"status-listen {status[0]}://...: the proxy serves its counters "
+                          "over http only (on a loopback address, or behind a TLS "
+                          "front end)")
+
+
 def status_service(reactor, config, core):
     """The operations listener (``status-listen``): the proxy's counters as
     ``/status.json`` and Prometheus ``/metrics``."""
@@ -167,11 +175,8 @@ def status_service(reactor, config, core):
     from twisted.internet import endpoints
     from elvin.ops.web import StatusSite
     from elvin.proxy.counters import status_root
-    scheme, host, port = config.status_listen
-    if scheme != "http":
-        raise ConfigError(f"status-listen {scheme}://...: the proxy serves its counters "
-                          "over http only (on a loopback address, or behind a TLS "
-                          "front end)")
+    check_status_http(config)
+    _, host, port = config.status_listen
     site = StatusSite(status_root(core, config.status_token), reactor=reactor)
     listener = StreamServerEndpointService(
         endpoints.TCP4ServerEndpoint(reactor, port, interface=host), site)

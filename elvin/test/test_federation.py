@@ -344,16 +344,22 @@ class LoopTests(FederationTestCase):
         self.assertEqual(carried(), before)
 
     @defer.inlineCallbacks
-    def test_notification_with_own_domain_is_dropped(self):
-        from elvin.federation import packets as fed_packets
-        from elvin.protocols import packets
+    def linked_consumer(self):
+        """b linked to a, a client of b subscribed to ``require(x)``: b's
+        link to a, the client, and what it receives."""
         a = FedRouter(self, "a.test")
         b = FedRouter(self, "b.test")
         yield a.link_to(b)
         consumer = yield self.connect(b)
         got = []
         yield consumer.subscribe("require(x)", got.append)
-        link = b.link("a.test")
+        return b.link("a.test"), consumer, got
+
+    @defer.inlineCallbacks
+    def test_notification_with_own_domain_is_dropped(self):
+        from elvin.federation import packets as fed_packets
+        from elvin.protocols import packets
+        link, consumer, got = yield self.linked_consumer()
         link.packet_received(fed_packets.FedNotify({"x": 1}, True, packets.Keys.EMPTY, ("a.test", "b.test")))
         link.packet_received(fed_packets.FedNotify({"x": 2}, True, packets.Keys.EMPTY, ("a.test",)))
         yield wait_until(lambda: got)
@@ -369,13 +375,7 @@ class LoopTests(FederationTestCase):
         import drop), not a violation ending the link."""
         from elvin.federation import packets as fed_packets
         from elvin.protocols import packets
-        a = FedRouter(self, "a.test")
-        b = FedRouter(self, "b.test")
-        yield a.link_to(b)
-        consumer = yield self.connect(b)
-        got = []
-        yield consumer.subscribe("require(x)", got.append)
-        link = b.link("a.test")
+        link, consumer, got = yield self.linked_consumer()
         good = packets.encode(fed_packets.FedNotify({"x": 1, "y": 7}, True, packets.Keys.EMPTY,
                                                     ("a.test",)))
         twice = good.replace(b"\0\0\0\x01y\0\0\0", b"\0\0\0\x01x\0\0\0")

@@ -3,7 +3,6 @@ peer-supplied text bounded and escaped wherever it is logged or labelled.
 Sans-IO: links are driven with packets, no sockets."""
 
 from twisted.internet.task import Clock
-from twisted.logger import formatEvent, globalLogPublisher
 from twisted.trial import unittest
 
 from elvin import errors
@@ -16,7 +15,7 @@ from elvin.federation.link import FederationLink
 from elvin.federation.manager import FederationClass, FederationManager
 from elvin.ops.metrics import RouterCollector
 from elvin.protocols import packets
-from elvin.test.test_federation import _LinkOutput
+from elvin.test.test_federation import _LinkOutput, _Logged
 from elvin.test.test_router import RecordingOutput
 
 #: Domains real deployments use: DNS names, addresses, URIs, Avis's default.
@@ -54,16 +53,6 @@ class DomainRuleTests(unittest.TestCase):
         self.assertIn(f"{2 ** 20 - 80} more characters", long)
         self.assertTrue(shown("\n" * 1000).isprintable())
         self.assertLess(len(shown("\n" * 1000)), 120)
-
-
-class _Logged:
-    def __init__(self, test):
-        self.lines = []
-        globalLogPublisher.addObserver(self)
-        test.addCleanup(globalLogPublisher.removeObserver, self)
-
-    def __call__(self, event):
-        self.lines.append(formatEvent(event))
 
 
 class LinkIdentityTests(unittest.TestCase):

@@ -265,6 +265,15 @@ class ProxyCoreTest(ProxyCoreCase):
         self.assertEqual(len(self.delivered(out)), 1)
         self.assertEqual(self.store.counts()["notifications"], 0)
 
+    def joined_and_delivered(self, out):
+        """The "joined" event a rejoining client was sent, and the ``n`` of
+        each notification delivered to it."""
+        packets = out.take()
+        (joined,) = [e for e in self.events(packets) if e[EVENT] == "joined"]
+        return joined, [p.attributes["n"] for p in packets
+                        if isinstance(p, elvin_packets.NotifyDeliver)
+                        and EVENT not in p.attributes]
+
     def test_expired_notifications_are_never_delivered(self):
         client, out = self.join("phone", TTL=60)
         self.subscribe(client, out, "require(n)")
@@ -274,12 +283,9 @@ class ProxyCoreTest(ProxyCoreCase):
         self.publish({"n": 2})
         self.clock.now += 40            # the first is 70 s old, the second 40
         client, out = self.join("phone")
-        packets = out.take()
-        (joined,) = [e for e in self.events(packets) if e[EVENT] == "joined"]
+        joined, delivered = self.joined_and_delivered(out)
         self.assertEqual(joined["Proxy.Stored"], 1)    # the expired one, unswept, is not told
-        self.assertEqual([p.attributes["n"] for p in packets
-                          if isinstance(p, elvin_packets.NotifyDeliver)
-                          and EVENT not in p.attributes], [2])
+        self.assertEqual(delivered, [2])
 
     def test_max_count_keeps_the_newest(self):
         client, out = self.join("phone", Max_Count=2)
@@ -302,12 +308,9 @@ class ProxyCoreTest(ProxyCoreCase):
         self.publish({"n": 1})
         self.publish({"n": 2})
         client, out = self.join("phone")
-        packets = out.take()
-        (joined,) = [e for e in self.events(packets) if e[EVENT] == "joined"]
+        joined, delivered = self.joined_and_delivered(out)
         self.assertEqual(joined["Proxy.Stored"], 1)    # the expired one, unswept, is not told
-        self.assertEqual([p.attributes["n"] for p in packets
-                          if isinstance(p, elvin_packets.NotifyDeliver)
-                          and EVENT not in p.attributes], [2])
+        self.assertEqual(delivered, [2])
 
     def test_two_devices_non_destructive_never_twice(self):
         pda, pda_out = self.join("me", Receipt="non-destructive", Client="pda")
