@@ -20,7 +20,7 @@ from elvin.federation.config import FederationConfig
 from elvin.protocols.framing import DEFAULT_MAX_RECEIVE_MEMORY
 from elvin.core.options import CEILING_SUFFIX, HARD_CEILINGS, OPTIONS
 from elvin.core.quench import DEFAULT_MAX_QUENCH_MEMORY
-from elvin.core.router import (DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES,
+from elvin.core.router import (DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES, DEFAULT_MAX_PATTERN_WORK,
                                DEFAULT_MAX_SUBSCRIPTION_TOKENS, MAX_PROTOCOL_ERRORS,
                                PROTOCOL_ERROR_WINDOW)
 from elvin.uri import ElvinURI, InvalidURIError
@@ -93,6 +93,13 @@ ROUTER_SETTINGS = (
             "(its subscriptions' texts together); past it SubAddRqst and a longer "
             "SubModRqst are refused with Nack 2006 (`IMPL_LIMIT`). A compiled "
             "subscription costs about 30 times its text. `0`: no limit."),
+    Setting("max-pattern-work", at_least(0), DEFAULT_MAX_PATTERN_WORK, "`33554432`",
+            "Most string-matching work one client's subscriptions may do for one "
+            "notification: for each `regex`/`wildcard` test run, its RE2 program's "
+            "instructions times the string's bytes (for `contains`, needles times "
+            "bytes); about 50 ms at worst. A test past it is not run (the subscription "
+            "does not match), and the client gets a DropWarn; counted in "
+            "`elvin_pattern_work_refusals_total`. `0`: no limit."),
     Setting("max-quench-memory", at_least(0), DEFAULT_MAX_QUENCH_MEMORY, "`67108864`",
             "Bytes all quenches together may hold, estimated per quench (about 80 bytes "
             "plus the string for each name, 400 for the quench); a QnchAddRqst or "

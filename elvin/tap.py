@@ -458,6 +458,7 @@ RELOADED = {
     "max-subscriptions": _router_attribute("max_subscriptions"),
     "max-subscription-tokens": _router_attribute("max_subscription_tokens"),
     "max-client-subscription-bytes": _router_attribute("max_client_subscription_bytes"),
+    "max-pattern-work": _router_attribute("max_pattern_work"),
     "max-protocol-errors": _router_attribute("max_protocol_errors"),
     "protocol-error-window": _router_attribute("protocol_error_window"),
     "verbose": _router_attribute("verbose"),
@@ -540,7 +541,8 @@ def makeService(options, reactor=None):
                     max_protocol_errors=config.max_protocol_errors,
                     protocol_error_window=config.protocol_error_window,
                     max_subscription_tokens=config.max_subscription_tokens,
-                    max_client_subscription_bytes=config.max_client_subscription_bytes)
+                    max_client_subscription_bytes=config.max_client_subscription_bytes,
+                    max_pattern_work=config.max_pattern_work)
     router.admission = Admission(connection_caps(config), reactor,
                                  config.crowded_idle_timeout)
     receive_budget_of(router).max_bytes = config.max_receive_memory

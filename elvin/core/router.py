@@ -33,6 +33,7 @@ from elvin.subscription import Subscription
 from elvin.subscription.ast import Kind, int32, node
 from elvin.subscription.compiler import compile_tree
 from elvin.subscription.lexer import more_tokens_than
+from elvin.subscription.workbudget import PatternBudget
 from elvin.values import OPAQUE, STRING, type_of
 
 __all__ = ["Router", "RouterObserver", "ClientSession", "SessionState", "SessionOutput",
@@ -40,7 +41,8 @@ __all__ = ["Router", "RouterObserver", "ClientSession", "SessionState", "Session
            "DISCONN_SHUTDOWN", "DISCONN_REDIRECT", "DISCONN_PROTOCOL_ERRORS",
            "CLIENT_PACKET_IDS", "notification_problem", "DEFAULT_MAX_QUEUE_MEMORY",
            "SEND_QUEUE_FULL", "QUEUE_MEMORY_FULL",
-           "DEFAULT_MAX_SUBSCRIPTION_TOKENS", "DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES"]
+           "DEFAULT_MAX_SUBSCRIPTION_TOKENS", "DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES",
+           "DEFAULT_MAX_PATTERN_WORK"]
 
 DISCONN_SHUTDOWN = 1
 DISCONN_REDIRECT = 2
@@ -72,6 +74,11 @@ DEFAULT_MAX_QUEUE_MEMORY = 512 * 1024 * 1024
 #: so this keeps one client to about 64 MiB, while 10,000 subscriptions of
 #: 200 bytes still fit.
 DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES = 2 * 1024 * 1024
+#: String-matching work one client's subscriptions may do for one
+#: notification (``elvin.subscription.workbudget``): pattern instructions
+#: (or needles) times string bytes; about 50 ms at RE2's NFA rate, where
+#: RE2's DFA or one scan per needle usually makes it a few milliseconds.
+DEFAULT_MAX_PATTERN_WORK = 32 * 1024 * 1024
 
 #: Most tokens (names, literals, operators, brackets, commas) in one
 #: subscription: parsing, checking and compiling cost 5-20 µs a token, so
@@ -144,6 +151,7 @@ class RouterStats(TypedDict):
     connections: int
     dropped_deliveries: int
     slow_client_disconnections: int
+    pattern_work_refusals: int
     dropwarns: int
     bytes_in: int
     bytes_out: int
@@ -245,12 +253,15 @@ class Router(SessionHost):
                  protocol_error_window=PROTOCOL_ERROR_WINDOW, clock=time.monotonic,
                  max_subscription_tokens=DEFAULT_MAX_SUBSCRIPTION_TOKENS,
                  max_client_subscription_bytes=DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES,
-                 wall_clock=time.time):
+                 wall_clock=time.time, max_pattern_work=DEFAULT_MAX_PATTERN_WORK):
         self.option_specs = dict(OPTIONS if option_specs is None else option_specs)
         #: Most tokens in one subscription expression (0: no limit).
         self.max_subscription_tokens = max_subscription_tokens
         #: Most bytes of expressions one client's subscriptions hold (0: no limit).
         self.max_client_subscription_bytes = max_client_subscription_bytes
+        #: Most string-matching work of one client's subscriptions on one
+        #: notification (0: no limit; elvin.subscription.workbudget).
+        self.max_pattern_work = max_pattern_work
         #: A client making ``max_protocol_errors`` protocol errors within
         #: ``protocol_error_window`` seconds is disconnected (0: never).
         self.max_protocol_errors = max_protocol_errors
@@ -282,6 +293,7 @@ class Router(SessionHost):
                                    "rejected_notifications": 0, "connections": 0,
                                    "dropped_deliveries": 0, "dropwarns": 0,
                                    "slow_client_disconnections": 0,
+                                   "pattern_work_refusals": 0,
                                    "bytes_in": 0, "bytes_out": 0}
         #: Set by the layers that own them (the receive budget by
         #: elvin.protocols.framing, the open-file admission by elvin.tap,
@@ -375,6 +387,7 @@ class Router(SessionHost):
                                     "the router holds its maximum number of subscriptions")
         entry = SubscriptionEntry(next(self._sub_ids), session, subscription,
                                   accept_insecure, keys)
+        _meter(entry)
         self.subscriptions[entry.id] = entry
         self.index.add(entry)
         self.quench.subscription_added(entry)
@@ -389,6 +402,7 @@ class Router(SessionHost):
             self.index.remove(entry)
             entry.subscription = subscription
             entry.evaluate = subscription.evaluator
+            _meter(entry)
             self.index.add(entry)
             subscription.compact()
         entry.keys = keys
@@ -516,6 +530,14 @@ class Router(SessionHost):
         return len(matches)
 
 
+def _meter(entry):
+    """Evaluate a subscription that scans strings under its session's
+    PatternBudget (sessions of other hosts, e.g. the proxy's, have none)."""
+    budget_of = getattr(entry.session, "pattern_budget", None)
+    if budget_of is not None and entry.subscription.reads_strings():
+        entry.evaluate = budget_of().metered(entry.subscription.evaluator)
+
+
 #: The empty key sets, told apart by identity on the per-notification path.
 _NO_KEYS = KeyRing.EMPTY
 _NO_WIRE_KEYS = packets.Keys.EMPTY
@@ -562,6 +584,11 @@ class ClientSession:
     _drops_unlogged = 0
     _drop_logged_at: Optional[float] = None
     _slow = False
+    #: Notifications some of whose string tests this client's
+    #: PatternBudget refused, and that budget (made when first needed).
+    pattern_refusals = 0
+    _pattern_budget: Optional[PatternBudget] = None
+    _pattern_log: Optional[LogLimiter] = None
     #: What Nacks call the host (the proxy's ProxyClient says "proxy").
     SERVER_NAME = "router"
 
@@ -681,6 +708,10 @@ class ClientSession:
             text += f"; {_deliveries(self.dropped)} dropped"
             if self.discarded:
                 text += f" ({self.discarded} of them lost with the channel)"
+        if self.pattern_refusals:
+            count = self.pattern_refusals
+            text += (f"; {count} notification{'' if count == 1 else 's'} not fully "
+                     f"evaluated (max-pattern-work)")
         unlogged = self._refusal_log.suppressed if self._refusal_log is not None else 0
         if unlogged:
             text += f"; {unlogged} more rejected requests not logged"
@@ -730,6 +761,36 @@ class ClientSession:
         self.dropped += count
         self.discarded += count
         self.router.deliveries_lost(count)
+
+    def pattern_budget(self):
+        """This client's PatternBudget (elvin.subscription.workbudget)."""
+        budget = self._pattern_budget
+        if budget is None:
+            budget = self._pattern_budget = PatternBudget(self.router,
+                                                          self._pattern_work_refused)
+        return budget
+
+    def _pattern_work_refused(self):
+        """A notification's string tests for this client's subscriptions
+        passed the router's ``max-pattern-work``: the rest were not run, so
+        a subscription may have missed it. Counted (here and router-wide),
+        logged at most once per LOG_INTERVAL, and a DropWarn tells the
+        client, as for a delivery dropped."""
+        self.pattern_refusals += 1
+        self.router.stats["pattern_work_refusals"] += 1
+        if self.state == self.CONNECTED:
+            self.send(packets.DropWarn())
+        limiter = self._pattern_log
+        if limiter is None:
+            limiter = self._pattern_log = LogLimiter(self.router.clock)
+        skipped = limiter.allow()
+        if skipped is not None:
+            self.log.warn("client {peer}: string tests (regex, wildcard, contains) of its "
+                          "subscriptions needed more than max-pattern-work ({limit}) for one "
+                          "notification; the rest were not run, DropWarn sent ({total} so "
+                          "far){more}", peer=self.peer,
+                          limit=self.router.max_pattern_work, total=self.pattern_refusals,
+                          more=limiter.more(skipped))
 
     def slow_client(self, cause):
         """The output is resetting the channel because the client does not

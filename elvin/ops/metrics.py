@@ -60,6 +60,10 @@ class RouterCollector:
                 ("elvin_slow_client_disconnections", "slow_client_disconnections",
                  "Clients disconnected for not reading what they were sent (send queue "
                  "full under drop policy none, replies unread, max-queue-memory)."),
+                ("elvin_pattern_work_refusals", "pattern_work_refusals",
+                 "Notifications some of a client's string tests (regex, wildcard, "
+                 "contains) were not run for, past max-pattern-work (the client got a "
+                 "DropWarn)."),
                 ("elvin_queue_evictions", "queue_evictions",
                  "Clients disconnected because the router-wide queue memory ran out."),
                 ("elvin_receive_budget_closes", "receive_budget_closes",

@@ -18,6 +18,7 @@ import weakref
 
 from elvin.subscription.ast import Kind
 from elvin.subscription import patterns
+from elvin.subscription.workbudget import metered_test
 from elvin.values import Int64
 
 __all__ = ["compile_tree", "Compiled", "generated_plan", "Plan"]
@@ -688,20 +689,21 @@ def _ends_with(literals):
 
 
 def _contains(literals):
+    # One scan of the string per needle: metered (workbudget).
     if len(literals) == 1:
         (needle,) = literals
-        return lambda v: needle in v
-    return lambda v: any(n in v for n in literals)
+        return metered_test(lambda v: needle in v, 1)
+    return metered_test(lambda v: any(n in v for n in literals), len(literals))
 
 
 def _wildcard(literals):
-    matcher = patterns.compile_wildcards(literals)
-    return lambda v: matcher(v) is not None
+    matcher, weight = patterns.weighed_wildcards(literals)
+    return metered_test(lambda v: matcher(v) is not None, weight)
 
 
 def _regex(literals):
-    matcher = patterns.compile_regexes(literals)
-    return lambda v: matcher(v) is not None
+    matcher, weight = patterns.weighed_regexes(literals)
+    return metered_test(lambda v: matcher(v) is not None, weight)
 
 
 def _string_function(transform):

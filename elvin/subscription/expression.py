@@ -12,7 +12,7 @@ from elvin import errors
 from elvin.errors import SubscriptionError
 from elvin.protocols.xdr import decode_ast, encode_ast
 from elvin.subscription import analysis, checker, compiler, shapes
-from elvin.subscription.ast import Node
+from elvin.subscription.ast import Kind, Node
 from elvin.subscription.printer import to_text
 from elvin.values import normalise
 
@@ -25,6 +25,9 @@ def parse(text):
     if checked.tree is None:
         return shapes.rebuild(checked.template, checked.kinds, checked.values)
     return checked.tree
+
+#: Predicates whose work grows with the string they read.
+_SCANNING_KINDS = frozenset({Kind.FUNC_REGEX, Kind.FUNC_WILDCARD, Kind.FUNC_CONTAINS})
 
 
 class Subscription:
@@ -153,6 +156,16 @@ class Subscription:
                 self._packed = encode_ast(self._tree)
             self._tree = None
         return self
+
+    def reads_strings(self):
+        """Does evaluation scan strings (``regex``, ``wildcard``,
+        ``contains``), at a cost that grows with their length? Such
+        subscriptions are evaluated under their client's PatternBudget
+        (``elvin.subscription.workbudget``). Needs no tree for a
+        subscription with a recipe: those are comparisons only."""
+        if self._recipe is not None:
+            return False
+        return any(n.kind in _SCANNING_KINDS for n in self.ast.walk())
 
     @property
     def evaluator(self):

@@ -23,7 +23,8 @@ except ImportError:  # pragma: no cover - google-re2 is a dependency
     re2 = None
 
 __all__ = ["PatternError", "PatternTooComplex", "wildcard_to_regex",
-           "compile_wildcards", "compile_regexes", "check_regex", "check_wildcard",
+           "compile_wildcards", "compile_regexes", "weighed_wildcards", "weighed_regexes",
+           "check_regex", "check_wildcard",
            "ENGINE", "MAX_PROGRAM_MEMORY"]
 
 ENGINE = "re2" if re2 is not None else "re"
@@ -136,22 +137,44 @@ def check_regex(pattern):
     _compile(pattern, f"regular expression {pattern!r}")
 
 
-def compile_wildcards(patterns):
-    """Return a ``fullmatch`` callable true for any of ``patterns``."""
+def _weight(compiled, source):
+    """A compiled pattern's cost per byte of input, in RE2 program
+    instructions (its NFA's worst case; ``elvin.subscription.workbudget``);
+    with Python's re, the source's length stands in."""
+    size = getattr(compiled, "programsize", None)
+    return size if isinstance(size, int) and size > 0 else max(1, len(source))
+
+
+def weighed_wildcards(patterns):
+    """A ``fullmatch`` callable true for any of ``patterns``, and its weight."""
     source = "|".join(f"(?:{wildcard_to_regex(p)})" for p in patterns)
-    return _compile(source, "wildcards").fullmatch
+    compiled = _compile(source, "wildcards")
+    return compiled.fullmatch, _weight(compiled, source)
 
 
-def compile_regexes(patterns):
-    """Return a ``search`` callable true for any of ``patterns`` (unanchored)."""
-    if len(patterns) == 1:
-        return _compile(patterns[0], "regular expression").search
-    compiled = [_compile(p, "regular expression").search for p in patterns]
+def weighed_regexes(patterns):
+    """A ``search`` callable true for any of ``patterns`` (unanchored), and
+    its weight (the patterns' together)."""
+    compiled = [_compile(p, "regular expression") for p in patterns]
+    weight = sum(_weight(c, p) for c, p in zip(compiled, patterns))
+    if len(compiled) == 1:
+        return compiled[0].search, weight
+    searches = [c.search for c in compiled]
 
     def search(value):
-        for s in compiled:
+        for s in searches:
             m = s(value)
             if m is not None:
                 return m
         return None
-    return search
+    return search, weight
+
+
+def compile_wildcards(patterns):
+    """Return a ``fullmatch`` callable true for any of ``patterns``."""
+    return weighed_wildcards(patterns)[0]
+
+
+def compile_regexes(patterns):
+    """Return a ``search`` callable true for any of ``patterns`` (unanchored)."""
+    return weighed_regexes(patterns)[0]

@@ -738,3 +738,121 @@ class SubscriptionBudgetTests(RouterTestCase):
         other.connection_lost()
         gc.collect()
         self.assertNotIn(expression, router_module._compiled)
+
+
+class PatternWorkBudgetTests(RouterTestCase):
+    """``max-pattern-work``: what one client's string tests may cost on one
+    notification; past it they are not run, the client gets a DropWarn,
+    and another client's same subscription is evaluated as usual."""
+
+    def setUp(self):
+        super().setUp()
+        from elvin.subscription import patterns
+        # RE2 program instructions of regex "x": the work of one test is
+        # this times the string's length.
+        self.weight = patterns.weighed_regexes(["x"])[1]
+        self.router.max_pattern_work = self.weight * 100
+
+    def test_over_the_budget_not_run_dropwarn_bystander_served(self):
+        self.router.max_pattern_work = self.weight * 150
+        attacker, attacker_out = self.connect()
+        bystander, bystander_out = self.connect()
+        for pattern in ("x", "z"):
+            self.subscribe(attacker, attacker_out, f'regex(s, "{pattern}")')
+        self.subscribe(bystander, bystander_out, 'regex(s, "z")')
+        self.subscribe(bystander, bystander_out, 's == "y" || size(s) > 0')
+        long = "y" * 100 + "z"          # 101 bytes: one test fits in 150, two do not
+        self.emit(bystander, {"s": long})
+        # Its "x" test ran (no match); its "z" test, which would have
+        # matched, did not: a DropWarn says something may be missing.
+        (warned,) = attacker_out.take()
+        self.assertIsInstance(warned, elvin_packets.DropWarn)
+        (delivered,) = bystander_out.take()
+        self.assertEqual(len(delivered.insecure_matches), 2)
+        self.assertEqual(self.router.stats["pattern_work_refusals"], 1)
+        self.assertEqual(attacker.pattern_refusals, 1)
+        self.assertEqual(bystander.pattern_refusals, 0)
+        # Within the budget: matched as usual; each notification has its own.
+        for _ in range(3):
+            self.emit(bystander, {"s": "y" * 70 + "z"})
+            (delivered,) = attacker_out.take()
+            self.assertIsInstance(delivered, elvin_packets.NotifyDeliver)
+        self.assertEqual(self.router.stats["pattern_work_refusals"], 1)
+
+    def test_one_clients_subscriptions_share_its_budget(self):
+        client, out = self.connect()
+        for pattern in "xyz":
+            self.subscribe(client, out, f'regex(s, "{pattern}")')
+        self.emit(client, {"s": "xyz" + "-" * 37})      # 40 bytes: two tests fit
+        (warned, delivered) = out.take()
+        self.assertIsInstance(warned, elvin_packets.DropWarn)
+        self.assertEqual(len(delivered.insecure_matches), 2)
+        self.assertEqual(client.pattern_refusals, 1)    # once per notification
+
+    def test_refused_test_is_bottom_under_not(self):
+        client, out = self.connect()
+        self.subscribe(client, out, '!regex(s, "x")')
+        self.emit(client, {"s": "y" * 200})
+        self.assertEqual([type(p) for p in out.take()], [elvin_packets.DropWarn])
+        self.emit(client, {"s": "y" * 20})
+        self.assertIsInstance(out.take()[0], elvin_packets.NotifyDeliver)
+
+    def test_contains_costs_a_scan_per_needle(self):
+        self.router.max_pattern_work = 100
+        client, out = self.connect()
+        self.subscribe(client, out, 'contains(s, "a", "b", "c", "d")')
+        self.emit(client, {"s": "d" * 25})              # 4 x 25: fits
+        self.assertIsInstance(out.take()[0], elvin_packets.NotifyDeliver)
+        self.emit(client, {"s": "d" * 26})
+        self.assertIsInstance(out.take()[0], elvin_packets.DropWarn)
+
+    def test_wildcard_weight_is_its_program(self):
+        from elvin.subscription import patterns
+        short = patterns.weighed_wildcards(["a*"])[1]
+        hostile = patterns.weighed_wildcards(["*a?" * 200])[1]
+        self.assertGreater(hostile, 100 * short)
+        self.router.max_pattern_work = hostile * 50
+        client, out = self.connect()
+        self.subscribe(client, out, f'wildcard(s, "{"*a?" * 200}")')
+        self.emit(client, {"s": "ab" * 30})
+        self.assertIsInstance(out.take()[0], elvin_packets.DropWarn)
+
+    def test_zero_is_no_limit_and_reload_applies_next_notification(self):
+        client, out = self.connect()
+        self.subscribe(client, out, 'regex(s, "x")')
+        self.router.max_pattern_work = 0
+        self.emit(client, {"s": "y" * 5000 + "x"})
+        self.assertIsInstance(out.take()[0], elvin_packets.NotifyDeliver)
+        self.router.max_pattern_work = self.weight * 10
+        self.emit(client, {"s": "y" * 5000 + "x"})
+        self.assertIsInstance(out.take()[0], elvin_packets.DropWarn)
+
+    def test_modified_into_a_pattern_is_metered(self):
+        client, out = self.connect()
+        reply = self.subscribe(client, out, 's == "x"')
+        entry = self.router.subscriptions[reply.subscription_id]
+        self.assertIs(entry.evaluate, entry.subscription.evaluator)   # not wrapped
+        client.packet_received(elvin_packets.SubModRqst(
+            self.xid(), reply.subscription_id, 'regex(s, "x")', True,
+            elvin_packets.Keys.EMPTY, elvin_packets.Keys.EMPTY))
+        out.take()
+        self.emit(client, {"s": "y" * 200 + "x"})
+        self.assertIsInstance(out.take()[0], elvin_packets.DropWarn)
+
+    def test_outside_a_budget_nothing_is_limited(self):
+        from elvin.subscription import Subscription
+        self.assertTrue(Subscription('regex(s, "x")').matches({"s": "y" * 100_000 + "x"}))
+
+    def test_end_line_counts_refusals(self):
+        logged = []
+        globalLogPublisher.addObserver(logged.append)
+        self.addCleanup(globalLogPublisher.removeObserver, logged.append)
+        client, out = self.connect()
+        self.subscribe(client, out, 'regex(s, "x")')
+        for _ in range(3):
+            self.emit(client, {"s": "y" * 200})
+        warnings = [e for e in logged if "max-pattern-work" in e.get("log_format", "")]
+        self.assertEqual(len(warnings), 1)          # rate-limited
+        client.connection_lost()
+        ends = [e for e in logged if "disconnected" in e.get("log_format", "")]
+        self.assertIn("3 notifications not fully evaluated", ends[-1]["losses"])
