@@ -33,7 +33,7 @@ from elvin.subscription import Subscription
 from elvin.subscription.ast import Kind, int32, node
 from elvin.subscription.compiler import compile_tree
 from elvin.subscription.lexer import more_tokens_than
-from elvin.subscription.workbudget import PatternBudget
+from elvin.subscription.workbudget import SCANNING_KINDS, PatternBudget
 from elvin.values import OPAQUE, STRING, type_of
 
 __all__ = ["Router", "RouterObserver", "ClientSession", "SessionState", "SessionOutput",
@@ -281,6 +281,8 @@ class Router(SessionHost):
         #: Filters of pulling sessions (federation links), by disjunct.
         self.pull_index = SubscriptionIndex()
         self._pulls = {}
+        #: Each pulling session's PatternBudget (elvin.subscription.workbudget).
+        self._pull_budgets = {}
         self.quench = QuenchRegistry()
         self._sub_ids = itertools.count(1)
         self._quench_ids = itertools.count(1)
@@ -454,7 +456,11 @@ class Router(SessionHost):
                     entry = PullEntry(next(self._sub_ids), session, _always_true,
                                       _ALWAYS_TREE, frozenset())
                 else:
-                    entry = PullEntry(next(self._sub_ids), session, compile_tree(tree).fn,
+                    evaluate = compile_tree(tree).fn
+                    if any(n.kind in SCANNING_KINDS for n in tree.walk()):
+                        evaluate = self._pull_budget(session).metered(
+                            evaluate, refused_means_true=True)
+                    entry = PullEntry(next(self._sub_ids), session, evaluate,
                                       tree, frozenset(tree.names()))
                 self.pull_index.add(entry, key)
                 self.quench.pull_added(entry)
@@ -464,6 +470,28 @@ class Router(SessionHost):
             self.quench.pull_removed(entry)
         if entries:
             self._pulls[session] = entries
+        else:
+            self._pull_budgets.pop(session, None)
+
+    def _pull_budget(self, session):
+        """The PatternBudget of a pulling session's filter: a test it refuses
+        makes the filter true, so the notification is passed on unfiltered
+        (more than asked, never less); counted and logged."""
+        budget = self._pull_budgets.get(session)
+        if budget is None:
+            limiter = LogLimiter(self.clock)
+
+            def refused():
+                self.stats["pattern_work_refusals"] += 1
+                skipped = limiter.allow()
+                if skipped is not None:
+                    self.log.warn("pull filter of {peer}: string tests (regex, wildcard, "
+                                  "contains) needed more than max-pattern-work ({limit}) "
+                                  "for one notification; passed on without them{more}",
+                                  peer=session, limit=self.max_pattern_work,
+                                  more=limiter.more(skipped))
+            budget = self._pull_budgets[session] = PatternBudget(self, refused)
+        return budget
 
     def pulled_by(self, attributes):
         """The pulling sessions whose filter ``attributes`` satisfies."""

@@ -63,7 +63,7 @@ class RouterCollector:
                 ("elvin_pattern_work_refusals", "pattern_work_refusals",
                  "Notifications some of a client's string tests (regex, wildcard, "
                  "contains) were not run for, past max-pattern-work (the client got a "
-                 "DropWarn)."),
+                 "DropWarn), or a federation link's (passed on unfiltered)."),
                 ("elvin_queue_evictions", "queue_evictions",
                  "Clients disconnected because the router-wide queue memory ran out."),
                 ("elvin_receive_budget_closes", "receive_budget_closes",

@@ -12,7 +12,8 @@ from elvin import errors
 from elvin.errors import SubscriptionError
 from elvin.protocols.xdr import decode_ast, encode_ast
 from elvin.subscription import analysis, checker, compiler, shapes
-from elvin.subscription.ast import Kind, Node
+from elvin.subscription.ast import Node
+from elvin.subscription.workbudget import SCANNING_KINDS
 from elvin.subscription.printer import to_text
 from elvin.values import normalise
 
@@ -25,9 +26,6 @@ def parse(text):
     if checked.tree is None:
         return shapes.rebuild(checked.template, checked.kinds, checked.values)
     return checked.tree
-
-#: Predicates whose work grows with the string they read.
-_SCANNING_KINDS = frozenset({Kind.FUNC_REGEX, Kind.FUNC_WILDCARD, Kind.FUNC_CONTAINS})
 
 
 class Subscription:
@@ -165,7 +163,7 @@ class Subscription:
         subscription with a recipe: those are comparisons only."""
         if self._recipe is not None:
             return False
-        return any(n.kind in _SCANNING_KINDS for n in self.ast.walk())
+        return any(n.kind in SCANNING_KINDS for n in self.ast.walk())
 
     @property
     def evaluator(self):

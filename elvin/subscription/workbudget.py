@@ -20,7 +20,12 @@ library testing a notification, federation filters) is not limited.
 Evaluation is single-threaded (the reactor's), as is ``CURRENT``.
 """
 
-__all__ = ["PatternBudget", "CURRENT", "metered_test"]
+from elvin.subscription.ast import Kind
+
+__all__ = ["PatternBudget", "CURRENT", "metered_test", "SCANNING_KINDS"]
+
+#: The predicates whose work grows with the string they read.
+SCANNING_KINDS = frozenset({Kind.FUNC_REGEX, Kind.FUNC_WILDCARD, Kind.FUNC_CONTAINS})
 
 
 class _Current:
@@ -58,7 +63,8 @@ class PatternBudget:
     first time a test is refused.
     """
 
-    __slots__ = ("limits", "on_refused", "notification", "spent", "refused", "_limit")
+    __slots__ = ("limits", "on_refused", "notification", "spent", "refused", "denied",
+                 "_limit")
 
     def __init__(self, limits, on_refused):
         self.limits = limits
@@ -68,10 +74,15 @@ class PatternBudget:
         self.notification = None
         self.spent = 0
         self.refused = False
+        #: Tests refused in all (an evaluation compares it before and after).
+        self.denied = 0
         self._limit = 0
 
-    def metered(self, evaluate):
-        """``evaluate`` charging its string tests to this budget."""
+    def metered(self, evaluate, refused_means_true=False):
+        """``evaluate`` charging its string tests to this budget. With
+        ``refused_means_true`` an evaluation in which a test was refused is
+        true: for a federation filter, where passing on more than asked is
+        allowed and passing on less would lose notifications."""
         budget = self
         current = CURRENT
 
@@ -81,11 +92,15 @@ class PatternBudget:
                 budget.spent = 0
                 budget.refused = False
                 budget._limit = budget.limits.max_pattern_work
+            denied = budget.denied
             current.budget = budget
             try:
-                return evaluate(attributes)
+                result = evaluate(attributes)
             finally:
                 current.budget = None
+            if refused_means_true and budget.denied != denied:
+                return True
+            return result
         return evaluate_metered
 
     def spend(self, work):
@@ -93,6 +108,7 @@ class PatternBudget:
         limit = self._limit
         spent = self.spent + work
         if limit and spent > limit:
+            self.denied += 1
             if not self.refused:
                 self.refused = True
                 self.on_refused()

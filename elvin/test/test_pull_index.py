@@ -87,6 +87,23 @@ class RouterPullTests(unittest.TestCase):
         router.set_pull_filter("link", [_tree("a == 1")])
         self.assertEqual((router.subscriptions, seen), ({}, []))
 
+    def test_a_filter_past_max_pattern_work_passes_the_notification_on(self):
+        """A peer's filter is held to max-pattern-work too; a test it
+        refuses makes the filter true (EFP lets a router pass on more than
+        its peer asked, never less)."""
+        from elvin.subscription import patterns
+        router = Router()
+        weight = patterns.weighed_regexes(["x"])[1]
+        router.max_pattern_work = weight * 100
+        router.set_pull_filter("link", [_tree('regex(s, "x")')])
+        router.set_pull_filter("other", [_tree('s == "never"')])
+        self.assertEqual(list(router.pulled_by({"s": "y" * 99})), [])
+        self.assertEqual(list(router.pulled_by({"s": "y" * 99 + "x"})), ["link"])
+        self.assertEqual(list(router.pulled_by({"s": "y" * 101})), ["link"])
+        self.assertEqual(router.stats["pattern_work_refusals"], 1)
+        router.set_pull_filter("link", [])
+        self.assertEqual(router._pull_budgets, {})
+
 
 class _Output:
     def __init__(self):
