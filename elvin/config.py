@@ -21,6 +21,7 @@ from elvin.protocols.framing import DEFAULT_MAX_RECEIVE_MEMORY
 from elvin.core.options import CEILING_SUFFIX, HARD_CEILINGS, OPTIONS
 from elvin.core.quench import DEFAULT_MAX_QUENCH_MEMORY
 from elvin.core.router import (DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES, DEFAULT_MAX_PATTERN_WORK,
+                               DEFAULT_MAX_EVALUATION_BYTES,
                                DEFAULT_MAX_SUBSCRIPTION_TOKENS, MAX_PROTOCOL_ERRORS,
                                PROTOCOL_ERROR_WINDOW)
 from elvin.uri import ElvinURI, InvalidURIError
@@ -100,6 +101,13 @@ ROUTER_SETTINGS = (
             "bytes); about 50 ms at worst. A test past it is not run (the subscription "
             "does not match), and the client gets a DropWarn; counted in "
             "`elvin_pattern_work_refusals_total`. `0`: no limit."),
+    Setting("max-evaluation-bytes", at_least(0), DEFAULT_MAX_EVALUATION_BYTES, "`65536`",
+            "Most of one client's subscriptions one notification may have evaluated, "
+            "counted as their expressions' bytes plus 16 each (evaluation costs up to "
+            "about 30 ns a byte: about 2 ms); counted when a notification has more than "
+            "32 candidates. Past it that client's other candidates are skipped and it "
+            "gets a DropWarn; counted in `elvin_evaluation_refusals_total`. `0`: no "
+            "limit."),
     Setting("max-quench-memory", at_least(0), DEFAULT_MAX_QUENCH_MEMORY, "`67108864`",
             "Bytes all quenches together may hold, estimated per quench (about 80 bytes "
             "plus the string for each name, 400 for the quench); a QnchAddRqst or "

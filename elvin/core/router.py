@@ -42,7 +42,7 @@ __all__ = ["Router", "RouterObserver", "ClientSession", "SessionState", "Session
            "CLIENT_PACKET_IDS", "notification_problem", "DEFAULT_MAX_QUEUE_MEMORY",
            "SEND_QUEUE_FULL", "QUEUE_MEMORY_FULL",
            "DEFAULT_MAX_SUBSCRIPTION_TOKENS", "DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES",
-           "DEFAULT_MAX_PATTERN_WORK"]
+           "DEFAULT_MAX_PATTERN_WORK", "DEFAULT_MAX_EVALUATION_BYTES"]
 
 DISCONN_SHUTDOWN = 1
 DISCONN_REDIRECT = 2
@@ -79,6 +79,16 @@ DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES = 2 * 1024 * 1024
 #: (or needles) times string bytes; about 50 ms at RE2's NFA rate, where
 #: RE2's DFA or one scan per needle usually makes it a few milliseconds.
 DEFAULT_MAX_PATTERN_WORK = 32 * 1024 * 1024
+#: Expression bytes of one client's subscriptions evaluated for one
+#: notification: evaluation costs up to about 30 ns an expression byte
+#: (arithmetic in a long OR), so about 2 ms.
+DEFAULT_MAX_EVALUATION_BYTES = 64 * 1024
+#: What a candidate costs beside its text (the call, reaching its objects).
+EVALUATION_OVERHEAD_BYTES = 16
+#: Candidates of one notification from which ``max_evaluation_bytes`` is
+#: counted; fewer cost at most this many evaluations (the usual case, where
+#: the index leaves a handful), and skip the count.
+COUNT_EVALUATIONS_FROM = 32
 
 #: Most tokens (names, literals, operators, brackets, commas) in one
 #: subscription: parsing, checking and compiling cost 5-20 µs a token, so
@@ -152,6 +162,7 @@ class RouterStats(TypedDict):
     dropped_deliveries: int
     slow_client_disconnections: int
     pattern_work_refusals: int
+    evaluation_refusals: int
     dropwarns: int
     bytes_in: int
     bytes_out: int
@@ -253,7 +264,8 @@ class Router(SessionHost):
                  protocol_error_window=PROTOCOL_ERROR_WINDOW, clock=time.monotonic,
                  max_subscription_tokens=DEFAULT_MAX_SUBSCRIPTION_TOKENS,
                  max_client_subscription_bytes=DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES,
-                 wall_clock=time.time, max_pattern_work=DEFAULT_MAX_PATTERN_WORK):
+                 wall_clock=time.time, max_pattern_work=DEFAULT_MAX_PATTERN_WORK,
+                 max_evaluation_bytes=DEFAULT_MAX_EVALUATION_BYTES):
         self.option_specs = dict(OPTIONS if option_specs is None else option_specs)
         #: Most tokens in one subscription expression (0: no limit).
         self.max_subscription_tokens = max_subscription_tokens
@@ -262,6 +274,9 @@ class Router(SessionHost):
         #: Most string-matching work of one client's subscriptions on one
         #: notification (0: no limit; elvin.subscription.workbudget).
         self.max_pattern_work = max_pattern_work
+        #: Most expression bytes of one client's subscriptions evaluated for
+        #: one notification (0: no limit; ``_within_budgets``).
+        self.max_evaluation_bytes = max_evaluation_bytes
         #: A client making ``max_protocol_errors`` protocol errors within
         #: ``protocol_error_window`` seconds is disconnected (0: never).
         self.max_protocol_errors = max_protocol_errors
@@ -295,7 +310,7 @@ class Router(SessionHost):
                                    "rejected_notifications": 0, "connections": 0,
                                    "dropped_deliveries": 0, "dropwarns": 0,
                                    "slow_client_disconnections": 0,
-                                   "pattern_work_refusals": 0,
+                                   "pattern_work_refusals": 0, "evaluation_refusals": 0,
                                    "bytes_in": 0, "bytes_out": 0}
         #: Set by the layers that own them (the receive budget by
         #: elvin.protocols.framing, the open-file admission by elvin.tap,
@@ -535,7 +550,10 @@ class Router(SessionHost):
         matches = {}
         keyed = ((keys is not _NO_KEYS and bool(keys))
                  or (connection_keys is not _NO_KEYS and bool(connection_keys)))
-        for entry in self.index.candidates(attributes):
+        candidates = self.index.candidates(attributes)
+        if len(candidates) > COUNT_EVALUATIONS_FROM and self.max_evaluation_bytes:
+            candidates = self._within_budgets(candidates)
+        for entry in candidates:
             if entry.evaluate(attributes) is not True:
                 continue
             if keyed and _secure(keys, connection_keys, entry):
@@ -557,6 +575,34 @@ class Router(SessionHost):
         self.stats["deliveries"] += len(matches)
         return len(matches)
 
+    def _within_budgets(self, candidates):
+        """``candidates`` less those past their client's
+        ``max_evaluation_bytes`` for this notification (each costs its
+        expression's length plus EVALUATION_OVERHEAD_BYTES, in the index's
+        order). A client left some out is told (``evaluation_refused``):
+        one client's many subscriptions that only a name selects (``BY + 1
+        == 2``) cost every notification carrying that name this much at
+        most, not their number times their evaluation."""
+        limit = self.max_evaluation_bytes
+        spent: dict = {}
+        over: dict = {}
+        kept = []
+        keep = kept.append
+        get = spent.get
+        for entry in candidates:
+            session = entry.session
+            if session in over:
+                continue
+            cost = get(session, _OVERHEAD) + len(entry.subscription.expression)
+            if cost > limit:
+                over[session] = None
+                continue
+            spent[session] = cost + _OVERHEAD
+            keep(entry)
+        for session in over:
+            session.evaluation_refused()
+        return kept
+
 
 def _meter(entry):
     """Evaluate a subscription that scans strings under its session's
@@ -564,6 +610,9 @@ def _meter(entry):
     budget_of = getattr(entry.session, "pattern_budget", None)
     if budget_of is not None and entry.subscription.reads_strings():
         entry.evaluate = budget_of().metered(entry.subscription.evaluator)
+
+
+_OVERHEAD = EVALUATION_OVERHEAD_BYTES
 
 
 #: The empty key sets, told apart by identity on the per-notification path.
@@ -612,9 +661,9 @@ class ClientSession:
     _drops_unlogged = 0
     _drop_logged_at: Optional[float] = None
     _slow = False
-    #: Notifications some of whose string tests this client's
-    #: PatternBudget refused, and that budget (made when first needed).
-    pattern_refusals = 0
+    #: Notifications not fully evaluated for this client (its PatternBudget,
+    #: ``max-evaluation-bytes``), and that budget (made when first needed).
+    unevaluated = 0
     _pattern_budget: Optional[PatternBudget] = None
     _pattern_log: Optional[LogLimiter] = None
     #: What Nacks call the host (the proxy's ProxyClient says "proxy").
@@ -736,10 +785,10 @@ class ClientSession:
             text += f"; {_deliveries(self.dropped)} dropped"
             if self.discarded:
                 text += f" ({self.discarded} of them lost with the channel)"
-        if self.pattern_refusals:
-            count = self.pattern_refusals
+        if self.unevaluated:
+            count = self.unevaluated
             text += (f"; {count} notification{'' if count == 1 else 's'} not fully "
-                     f"evaluated (max-pattern-work)")
+                     f"evaluated (max-pattern-work, max-evaluation-bytes)")
         unlogged = self._refusal_log.suppressed if self._refusal_log is not None else 0
         if unlogged:
             text += f"; {unlogged} more rejected requests not logged"
@@ -800,12 +849,25 @@ class ClientSession:
 
     def _pattern_work_refused(self):
         """A notification's string tests for this client's subscriptions
-        passed the router's ``max-pattern-work``: the rest were not run, so
-        a subscription may have missed it. Counted (here and router-wide),
-        logged at most once per LOG_INTERVAL, and a DropWarn tells the
-        client, as for a delivery dropped."""
-        self.pattern_refusals += 1
-        self.router.stats["pattern_work_refusals"] += 1
+        passed the router's ``max-pattern-work``: the rest were not run."""
+        self._not_fully_evaluated("pattern_work_refusals", "max-pattern-work",
+                                  "string tests (regex, wildcard, contains) of its "
+                                  "subscriptions needed more than", "the rest were not run")
+
+    def evaluation_refused(self):
+        """This client's candidates for a notification passed the router's
+        ``max-evaluation-bytes`` (``Router._within_budgets``)."""
+        self._not_fully_evaluated("evaluation_refusals", "max-evaluation-bytes",
+                                  "its subscriptions to evaluate came to more than",
+                                  "the rest were skipped")
+
+    def _not_fully_evaluated(self, counter, setting, what, outcome):
+        """A subscription of this client may have missed a notification
+        because evaluating them all passed ``setting``: counted (here and in
+        the router's ``counter``), logged at most once per LOG_INTERVAL, and
+        a DropWarn tells the client, as for a delivery dropped."""
+        self.unevaluated += 1
+        self.router.stats[counter] += 1
         if self.state == self.CONNECTED:
             self.send(packets.DropWarn())
         limiter = self._pattern_log
@@ -813,12 +875,12 @@ class ClientSession:
             limiter = self._pattern_log = LogLimiter(self.router.clock)
         skipped = limiter.allow()
         if skipped is not None:
-            self.log.warn("client {peer}: string tests (regex, wildcard, contains) of its "
-                          "subscriptions needed more than max-pattern-work ({limit}) for one "
-                          "notification; the rest were not run, DropWarn sent ({total} so "
-                          "far){more}", peer=self.peer,
-                          limit=self.router.max_pattern_work, total=self.pattern_refusals,
-                          more=limiter.more(skipped))
+            limit = getattr(self.router, setting.replace("-", "_"))
+            self.log.warn("client {peer}: {what} {setting} ({limit}) for one notification; "
+                          "{outcome}, DropWarn sent ({total} notifications not fully "
+                          "evaluated so far){more}", peer=self.peer, what=what,
+                          setting=setting, limit=limit, outcome=outcome,
+                          total=self.unevaluated, more=limiter.more(skipped))
 
     def slow_client(self, cause):
         """The output is resetting the channel because the client does not

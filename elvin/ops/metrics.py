@@ -64,6 +64,9 @@ class RouterCollector:
                  "Notifications some of a client's string tests (regex, wildcard, "
                  "contains) were not run for, past max-pattern-work (the client got a "
                  "DropWarn), or a federation link's (passed on unfiltered)."),
+                ("elvin_evaluation_refusals", "evaluation_refusals",
+                 "Notifications for which some of a client's subscriptions were not "
+                 "evaluated, past max-evaluation-bytes (the client got a DropWarn)."),
                 ("elvin_queue_evictions", "queue_evictions",
                  "Clients disconnected because the router-wide queue memory ran out."),
                 ("elvin_receive_budget_closes", "receive_budget_closes",

@@ -75,7 +75,7 @@ async function refresh() {
       figure("deliveries " + rate(s, "deliveries"), t.deliveries),
       figure("dropped deliveries", t.dropped_deliveries),
       figure("slow clients reset", t.slow_client_disconnections),
-      figure("pattern work refused", t.pattern_work_refusals),
+      figure("not fully evaluated", t.pattern_work_refusals + t.evaluation_refusals),
       figure("send queues (bytes)", t.send_queue_bytes));
     document.getElementById("client-count").textContent = "(" + s.clients.length + ")";
     fill("clients", s.clients, c => [cell(c.peer), cell(c.transport), cell(c.state),

@@ -126,6 +126,7 @@ def snapshot(router: "Router", federation: Optional["FederationManager"] = None,
             "dropped_deliveries": stats["dropped_deliveries"],
             "slow_client_disconnections": stats["slow_client_disconnections"],
             "pattern_work_refusals": stats["pattern_work_refusals"],
+            "evaluation_refusals": stats["evaluation_refusals"],
             "queue_evictions": budget.evictions,
             "send_queue_bytes": budget.total or queue_bytes,
             # Unfinished packets (max-receive-memory): bytes held now, and

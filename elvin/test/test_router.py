@@ -770,8 +770,8 @@ class PatternWorkBudgetTests(RouterTestCase):
         (delivered,) = bystander_out.take()
         self.assertEqual(len(delivered.insecure_matches), 2)
         self.assertEqual(self.router.stats["pattern_work_refusals"], 1)
-        self.assertEqual(attacker.pattern_refusals, 1)
-        self.assertEqual(bystander.pattern_refusals, 0)
+        self.assertEqual(attacker.unevaluated, 1)
+        self.assertEqual(bystander.unevaluated, 0)
         # Within the budget: matched as usual; each notification has its own.
         for _ in range(3):
             self.emit(bystander, {"s": "y" * 70 + "z"})
@@ -787,7 +787,7 @@ class PatternWorkBudgetTests(RouterTestCase):
         (warned, delivered) = out.take()
         self.assertIsInstance(warned, elvin_packets.DropWarn)
         self.assertEqual(len(delivered.insecure_matches), 2)
-        self.assertEqual(client.pattern_refusals, 1)    # once per notification
+        self.assertEqual(client.unevaluated, 1)    # once per notification
 
     def test_refused_test_is_bottom_under_not(self):
         client, out = self.connect()
@@ -851,8 +851,69 @@ class PatternWorkBudgetTests(RouterTestCase):
         self.subscribe(client, out, 'regex(s, "x")')
         for _ in range(3):
             self.emit(client, {"s": "y" * 200})
-        warnings = [e for e in logged if "max-pattern-work" in e.get("log_format", "")]
+        warnings = [e for e in logged if e.get("setting") == "max-pattern-work"]
         self.assertEqual(len(warnings), 1)          # rate-limited
         client.connection_lost()
         ends = [e for e in logged if "disconnected" in e.get("log_format", "")]
         self.assertIn("3 notifications not fully evaluated", ends[-1]["losses"])
+
+
+class EvaluationBudgetTests(RouterTestCase):
+    """``max-evaluation-bytes``: how much of one client's subscriptions a
+    notification may have evaluated (each costs its text's length plus
+    EVALUATION_OVERHEAD_BYTES); past it the rest are skipped and the
+    client gets a DropWarn, and other clients are evaluated in full."""
+
+    def setUp(self):
+        super().setUp()
+        from elvin.core import router as router_module
+        self.overhead = router_module.EVALUATION_OVERHEAD_BYTES
+        self.from_ = router_module.COUNT_EVALUATIONS_FROM
+
+    def test_many_name_only_subscriptions_cost_at_most_the_budget(self):
+        attacker, attacker_out = self.connect()
+        bystander, bystander_out = self.connect()
+        texts = [f"BY + {i} == {i + 1}" for i in range(100)]     # each matches BY == 1
+        for text in texts:
+            self.subscribe(attacker, attacker_out, text)
+        self.subscribe(bystander, bystander_out, "BY + 1 == 2")
+        per = len(texts[50]) + self.overhead
+        self.router.max_evaluation_bytes = per * 60
+        evaluated = []
+        for entry in self.router.subscriptions.values():
+            original = entry.evaluate
+            entry.evaluate = (lambda f, e: lambda a: evaluated.append(e) or f(a))(original,
+                                                                                  entry)
+        self.emit(bystander, {"BY": 1})
+        warned, delivered = attacker_out.take()
+        self.assertIsInstance(warned, elvin_packets.DropWarn)
+        self.assertLessEqual(sum(len(e.subscription.expression) + self.overhead
+                                 for e in evaluated if e.session is attacker),
+                             self.router.max_evaluation_bytes)
+        self.assertGreater(len(delivered.insecure_matches), 50)
+        self.assertLess(len(delivered.insecure_matches), 100)
+        (mine,) = bystander_out.take()
+        self.assertEqual(len(mine.insecure_matches), 1)
+        self.assertEqual(self.router.stats["evaluation_refusals"], 1)
+        self.assertEqual((attacker.unevaluated, bystander.unevaluated), (1, 0))
+
+    def test_few_candidates_are_not_counted(self):
+        client, out = self.connect()
+        for i in range(self.from_):
+            self.subscribe(client, out, f"BY + {i} == {i + 1}")
+        self.router.max_evaluation_bytes = 1
+        self.emit(client, {"BY": 1})
+        (delivered,) = out.take()
+        self.assertEqual(len(delivered.insecure_matches), self.from_)
+
+    def test_zero_is_no_limit(self):
+        client, out = self.connect()
+        for i in range(self.from_ + 10):
+            self.subscribe(client, out, f"BY + {i} == {i + 1}")
+        self.router.max_evaluation_bytes = 0
+        self.emit(client, {"BY": 1})
+        (delivered,) = out.take()
+        self.assertEqual(len(delivered.insecure_matches), self.from_ + 10)
+        self.router.max_evaluation_bytes = 100
+        self.emit(client, {"BY": 1})
+        self.assertIsInstance(out.take()[0], elvin_packets.DropWarn)

@@ -402,7 +402,7 @@ class ReloadMessageTests(unittest.TestCase):
         changed = {"max-connections": "500", "max-federation-connections": "10",
                    "reserved-files": "32", "max-subscriptions": "7",
                    "max-subscription-tokens": "99", "max-client-subscription-bytes": "12345",
-                   "max-pattern-work": "4096",
+                   "max-pattern-work": "4096", "max-evaluation-bytes": "8192",
                    "max-protocol-errors": "9", "protocol-error-window": "3.5",
                    "verbose": "yes", "max-queue-memory": "1000000",
                    "max-quench-memory": "2000000", "max-receive-memory": "3000000",
@@ -428,8 +428,8 @@ class ReloadMessageTests(unittest.TestCase):
                           router.max_client_subscription_bytes, router.max_protocol_errors,
                           router.protocol_error_window, router.verbose,
                           router.queue_budget.max_bytes, router.quench.max_bytes,
-                          router.max_pattern_work),
-                         (7, 99, 12345, 9, 3.5, True, 1000000, 2000000, 4096))
+                          router.max_pattern_work, router.max_evaluation_bytes),
+                         (7, 99, 12345, 9, 3.5, True, 1000000, 2000000, 4096, 8192))
         self.assertEqual(router.new_options()["Send-Queue.Max-Length"], 4096)
         applied, message = self.successResultOf(top.reload())
         self.assertEqual(message, "reloaded: nothing changed")

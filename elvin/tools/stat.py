@@ -143,8 +143,8 @@ def format_status(status, previous=None):
              f"{rate('notifications_received')}  deliveries {totals['deliveries']:,}"
              f"{rate('deliveries')}  dropped {totals['dropped_deliveries']:,}  "
              f"rejected {totals['notifications_rejected']:,}  slow clients reset "
-             f"{totals.get('slow_client_disconnections', 0):,}  pattern work refused "
-             f"{totals.get('pattern_work_refusals', 0):,}",
+             f"{totals.get('slow_client_disconnections', 0):,}  not fully evaluated "
+             f"{totals.get('pattern_work_refusals', 0) + totals.get('evaluation_refusals', 0):,}",
              f"send queues {totals['send_queue_bytes']:,} bytes  nacks "
              + (" ".join(f"{c}×{n}" for c, n in totals["nacks"].items()) or "none")]
     for link in status["links"]:
