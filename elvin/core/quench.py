@@ -316,8 +316,7 @@ class QuenchRegistry:
 
     def modify(self, quench, names, deliver_insecure, keys):
         """Change ``quench``; tell it about subscriptions it gains or loses."""
-        before = {e.id: e for e in self._subscriptions_on(quench.names)
-                  if visibility(quench, e) is not None}
+        before = self._seen_by(quench)
         self.remove(quench)
         quench.names = tuple(dict.fromkeys(names))
         quench.cost = quench_cost(quench.names)
@@ -326,12 +325,66 @@ class QuenchRegistry:
         self.quenches[quench.id] = quench
         self.bytes += quench.cost
         quench.names = self._index(quench, quench.names)
-        after = {e.id: e for e in self._subscriptions_on(quench.names)
-                 if visibility(quench, e) is not None}
-        for sub_id in sorted(before.keys() - after.keys()):
-            self._notify_delete(before[sub_id], [quench])
-        for sub_id in sorted(after.keys() - before.keys()):
-            self._send_grouped(after[sub_id], [quench], packets.SubAddNotify)
+        self._tell_changes([(quench, entry, side) for entry, side in before],
+                           [(quench, entry, visibility(quench, entry))
+                            for entry in self._subscriptions_on(quench.names)])
+
+    def _seen_by(self, quench):
+        """(subscription, visibility) of each subscription on ``quench``'s names."""
+        return [(e, visibility(quench, e)) for e in self._subscriptions_on(quench.names)]
+
+    def keys_changing(self, session):
+        """Call before ``session``'s connection keys change (SecRqst): its
+        notification keys decide what its quenches see, its subscription
+        keys who sees its subscriptions (``visibility``). Returns a token
+        for ``keys_changed``, None when there is no quench to tell."""
+        if not self._quenches_by_name:
+            return None
+        return self._pairs_of(session)
+
+    def keys_changed(self, session, token):
+        """Tell each quench what the key change made it gain (SubAddNotify),
+        lose (SubDelNotify) or see on the other side, secure or insecure
+        (SubModNotify): 7.4.9 has what follows a SecRply match the new keys."""
+        if token is not None:
+            self._tell_changes(token, self._pairs_of(session))
+
+    def _pairs_of(self, session):
+        """(quench, subscription, visibility) for the session's quenches and
+        the subscriptions on their names, and the session's subscriptions
+        and the quenches on theirs."""
+        pairs = []
+        for quench in getattr(session, "quenches", {}).values():
+            pairs.extend((quench, entry, side) for entry, side in self._seen_by(quench))
+        for entry in getattr(session, "subscriptions", {}).values():
+            pairs.extend((quench, entry, visibility(quench, entry))
+                         for quench in self._interested(entry.subscription.names))
+        return pairs
+
+    def _tell_changes(self, before, after):
+        """Notify the differences between two lists of (quench, subscription,
+        visibility), in subscription order: gained, lost, or changed side."""
+        old = {(q.id, e.id): side for q, e, side in before}
+        changes: dict = {}
+        for quench, entry, side in after:
+            was = old.pop((quench.id, entry.id), None)
+            if side == was:
+                continue
+            kind = (packets.SubAddNotify if was is None else
+                    None if side is None else packets.SubModNotify)
+            changes.setdefault((entry.id, kind is None), (entry, kind, []))[2].append(quench)
+        if old:
+            entries = {e.id: e for _, e, _ in before}
+            for (quench_id, entry_id), side in old.items():
+                if side is not None and quench_id in self.quenches:
+                    changes.setdefault((entry_id, True), (entries[entry_id], None, []))[2] \
+                        .append(self.quenches[quench_id])
+        for key in sorted(changes):
+            entry, kind, quenches = changes[key]
+            if kind is None:
+                self._notify_delete(entry, quenches)
+            else:
+                self._send_grouped(entry, quenches, kind)
 
     def session_closed(self, session):
         """Forget every quench of ``session`` (its ``quenches`` dict, which

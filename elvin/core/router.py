@@ -1122,10 +1122,13 @@ class ClientSession:
             self.protocol_error(xid, errors.QOS_LIMIT, "more keys than Connection.Max-Keys",
                                 ("Connection.Max-Keys",))
             return
+        quench = self.router.quench
+        token = quench.keys_changing(self)
         self.nfn_keys, self.sub_keys = nfn_keys, sub_keys
         self.nfn_raw_keys = self.nfn_raw_keys.union(_raw(packet.add_nfn_keys)).difference(
             _raw(packet.del_nfn_keys))
         self.send(packets.SecRply(xid))
+        quench.keys_changed(self, token)
 
     # -- quench ------------------------------------------------------------------
 

@@ -91,6 +91,63 @@ class QuenchRouterTests(RouterTestCase):
         pq, initial = self.quench(plain_q, plain_out, ["price"])
         self.assertEqual([(n.term_id, n.insecure_quench_ids) for n in initial], [(public, (pq,))])
 
+    def test_notification_keys_changed_by_secrqst_are_told(self):
+        """7.4.9: what follows a SecRply matches its keys, quench
+        notifications too: a quencher whose connection gains the key sees
+        the keyed subscription, and loses it with the key."""
+        nfn, sub = key_schemes.producer_keys("k")
+        sub_s, sub_out = self.connect()
+        secret = self.subscribe_keys(sub_s, sub_out, "price > 1", accept_insecure=False, keys=sub)
+        q_s, q_out = self.connect()
+        qid, initial = self.quench(q_s, q_out, ["price"], deliver_insecure=False)
+        self.assertEqual(initial, [])
+        q_s.packet_received(elvin_packets.SecRqst(self.xid(), add_nfn_keys=nfn))
+        reply, added = q_out.take()
+        self.assertIsInstance(reply, elvin_packets.SecRply)
+        self.assertEqual((type(added), added.term_id, added.secure_quench_ids),
+                         (elvin_packets.SubAddNotify, secret, (qid,)))
+        # Changing the subscription now is a modification, not a second add.
+        sub_s.packet_received(elvin_packets.SubModRqst(self.xid(), secret, "price > 2", False,
+                                                       elvin_packets.Keys.EMPTY,
+                                                       elvin_packets.Keys.EMPTY))
+        self.assertIsInstance(q_out.take()[0], elvin_packets.SubModNotify)
+        q_s.packet_received(elvin_packets.SecRqst(self.xid(), del_nfn_keys=nfn))
+        self.assertEqual(q_out.take()[1:], [elvin_packets.SubDelNotify((qid,), secret)])
+
+    def test_subscription_keys_changed_by_secrqst_are_told(self):
+        nfn, sub = key_schemes.producer_keys("k")
+        sub_s, sub_out = self.connect()
+        sub_id = self.subscribe_keys(sub_s, sub_out, "price > 1", accept_insecure=False,
+                                     keys=elvin_packets.Keys.EMPTY)
+        q_s, q_out = self.connect()
+        qid, initial = self.quench(q_s, q_out, ["price"], deliver_insecure=False, keys=nfn)
+        self.assertEqual(initial, [])
+        sub_s.packet_received(elvin_packets.SecRqst(self.xid(), add_sub_keys=sub))
+        self.assertIsInstance(sub_out.take()[0], elvin_packets.SecRply)
+        (added,) = q_out.take()
+        self.assertEqual((added.term_id, added.secure_quench_ids), (sub_id, (qid,)))
+        sub_s.packet_received(elvin_packets.SecRqst(self.xid(), del_sub_keys=sub))
+        self.assertEqual(q_out.take(), [elvin_packets.SubDelNotify((qid,), sub_id)])
+        # A change no quench can notice sends nothing.
+        sub_s.packet_received(elvin_packets.SecRqst(self.xid(),
+                                                    add_nfn_keys=key_schemes.producer_keys("o")[0]))
+        self.assertEqual(q_out.take(), [])
+
+    def test_quench_modify_moving_a_subscription_to_the_secure_side(self):
+        nfn, sub = key_schemes.producer_keys("k")
+        sub_s, sub_out = self.connect()
+        sub_id = self.subscribe_keys(sub_s, sub_out, "price > 1", accept_insecure=True, keys=sub)
+        q_s, q_out = self.connect()
+        qid, (initial,) = self.quench(q_s, q_out, ["price"])
+        self.assertEqual(initial.insecure_quench_ids, (qid,))
+        q_s.packet_received(elvin_packets.QnchModRqst(self.xid(), qid, (), (), True, nfn,
+                                                      elvin_packets.Keys.EMPTY))
+        reply, moved = q_out.take()
+        self.assertIsInstance(reply, elvin_packets.QnchRply)
+        self.assertEqual((type(moved), moved.term_id, moved.secure_quench_ids,
+                          moved.insecure_quench_ids),
+                         (elvin_packets.SubModNotify, sub_id, (qid,), ()))
+
     def subscribe_keys(self, session, out, expression, accept_insecure, keys):
         session.packet_received(elvin_packets.SubAddRqst(self.xid(), expression, accept_insecure, keys))
         return out.take()[0].subscription_id
