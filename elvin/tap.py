@@ -25,6 +25,10 @@ from elvin.uri import ElvinURI, InvalidURIError
 __all__ = ["Options", "makeService", "RouterService", "DEFAULT_LISTEN"]
 
 DEFAULT_LISTEN = "elvin://localhost:2917"
+#: Seconds a drain without redirect-to looks for another router by
+#: discovery, and waits for each one found to answer.
+DRAIN_SEARCH_TIME = 5.0
+DRAIN_PROBE_TIMEOUT = 2.0
 
 
 class Options(usage.Options):
@@ -292,7 +296,11 @@ class RouterService(service.MultiService):
         return defer.succeed(0)
 
     async def _drain_to_discovered(self):
-        """Find another router of our scope by discovery and drain to it."""
+        """Find another router of our scope by discovery and drain to it.
+
+        Adverts are unauthenticated, so a URI found is tried first
+        (``_answers``): clients are sent only where an Elvin router
+        answers, not wherever one forged advert points."""
         from elvin.discovery.discoverer import Discoverer, NoRouterFound
         from twisted.internet import reactor
         config = self.config
@@ -306,25 +314,53 @@ class RouterService(service.MultiService):
         await finder.start()
         ours = getattr(service, "router_name", None)
         tried = set()
-        deadline = reactor.seconds() + 5.0
+        deadline = reactor.seconds() + DRAIN_SEARCH_TIME
+        chosen = None
         try:
-            while True:
+            while chosen is None:
                 left = deadline - reactor.seconds()
                 if left <= 0:
-                    raise NoRouterFound("discovery found no other router")
+                    raise NoRouterFound("discovery found no other router that answers")
                 found = await finder.find(config.discovery_scope or None, left,
                                           exclude=tried)
-                others = [uri for record, uri in found
-                          if str(uri) not in own and record.name != ours]
-                if others:
-                    break
-                tried |= {(record.name, record.revision, uri) for record, uri in found}
+                for record, uri in found:
+                    tried.add((record.name, record.revision, uri))
+                    if str(uri) in own or record.name == ours:
+                        continue
+                    if await self._answers(uri, record, reactor):
+                        chosen = uri
+                        break
         except NoRouterFound as e:
             self.log.error("cannot drain: {e}", e=e)
             return 0
         finally:
             await finder.stop()
-        return await self._leave_then_drain(_short(others[0]))
+        return await self._leave_then_drain(_short(chosen))
+
+    async def _answers(self, uri, record, reactor):
+        """Does an Elvin router answer at ``uri`` (a ConnRqst answered, then
+        closed)? A TLS URI is checked for a listener only: its certificate
+        is for the clients to judge."""
+        from elvin import client
+        from twisted.internet.endpoints import HostnameEndpoint, connectProtocol
+        from twisted.internet.protocol import Protocol
+        try:
+            if uri.is_secure:
+                endpoint = HostnameEndpoint(reactor, uri.host, uri.port,
+                                            timeout=DRAIN_PROBE_TIMEOUT)
+                probe = await connectProtocol(endpoint, Protocol())
+                probe.transport.loseConnection()
+            else:
+                conn = await client.connect(str(uri), reactor=reactor,
+                                            timeout=DRAIN_PROBE_TIMEOUT,
+                                            follow_redirects=False)
+                await conn.close()
+        except Exception as e:
+            self.log.warn("drain: {uri}, advertised by {name}, does not answer ({e}); "
+                          "not sending clients there", uri=_short(uri), name=record.name,
+                          e=str(e) or type(e).__name__)
+            return False
+        return True
 
     def _leave_federation(self):
         """Take this router off the federation's tree, make before break

@@ -21,6 +21,12 @@ Choosing (``candidates``), section 5.1:
 * routers in the order first seen (the expanding search finds near routers
   first), each router's URIs in its own order (the draft lets a router
   steer clients by ordering them).
+
+Adverts are unauthenticated, so the cache is bounded: at most
+``MAX_ROUTERS`` routers (past it the one not heard from longest goes,
+routers on this host last) and the first ``MAX_URIS`` URIs of each (a
+router's SvrAdvt fits one 1,472-byte datagram; each URI may cost a
+connection attempt).
 """
 
 from __future__ import annotations
@@ -30,7 +36,13 @@ from dataclasses import dataclass, field
 from elvin.discovery.addresses import is_loopback, is_unspecified
 from elvin.uri import ElvinURI, InvalidURIError
 
-__all__ = ["RouterRecord", "RouterCache", "ERDP", "DNS_SD", "session_stacks"]
+__all__ = ["RouterRecord", "RouterCache", "ERDP", "DNS_SD", "session_stacks",
+           "MAX_ROUTERS", "MAX_URIS"]
+
+#: Most routers one cache holds.
+MAX_ROUTERS = 256
+#: Most URIs kept of one router's advert.
+MAX_URIS = 16
 
 ERDP = "erdp"
 DNS_SD = "dns-sd"
@@ -94,11 +106,14 @@ class RouterCache:
     "added", "changed" or "withdrawn".
     """
 
-    def __init__(self, clock=None):
+    def __init__(self, clock=None, max_routers=MAX_ROUTERS):
         self.clock = clock
         self.routers = {}
         self.listeners = []
         self.duplicates = 0
+        self.max_routers = max_routers
+        #: Routers forgotten to make room (``max_routers``).
+        self.evicted = 0
 
     def _now(self):
         return self.clock.seconds() if self.clock is not None else 0.0
@@ -130,8 +145,10 @@ class RouterCache:
                 if local and not known.local:
                     known.local = True
                 return None
+        if known is None and len(self.routers) >= self.max_routers:
+            self._evict()
         record = RouterRecord(name=name, scope=scope, default=bool(default),
-                              revision=revision, uris=tuple(uris), source=source,
+                              revision=revision, uris=tuple(uris)[:MAX_URIS], source=source,
                               address=address, local=local, first_seen=now,
                               last_seen=now, sources={source})
         if known is not None:
@@ -140,6 +157,14 @@ class RouterCache:
         self.routers[name] = record  # an update keeps the router's position
         self._emit("changed" if known is not None else "added", record)
         return record
+
+    def _evict(self):
+        """Forget the router not heard from longest (routers on this host
+        last), to make room for a new one."""
+        oldest = min(self.routers.values(), key=lambda r: (r.local, r.last_seen))
+        del self.routers[oldest.name]
+        self.evicted += 1
+        self._emit("withdrawn", oldest)
 
     def advert(self, packet, address="", local=False, source=ERDP):
         """Record a SvrAdvt packet (see ``learn``)."""

@@ -16,6 +16,7 @@ import socket
 import uuid
 
 from twisted.internet import defer, reactor, task
+from twisted.logger import globalLogPublisher
 from twisted.trial import unittest
 
 from elvin import client, tap
@@ -431,11 +432,9 @@ class TapTests(LoopbackCase):
 
 
     @defer.inlineCallbacks
-    def test_drain_without_redirect_to_finds_another_router(self):
-        """A drained router with discovery and no redirect-to sends its
-        clients to another router of its scope."""
-        scope = unique("drain")
-        path = self.discovery_config(scope)
+    def two_routers_and_a_client(self, path):
+        """Two ``twistd elvin`` services with discovery by ``path``, and a
+        client of the first: ((service, uri), (service, uri), connection)."""
         tops = []
         for _ in range(2):
             listen = f"elvin://{LOOPBACK}:{free_port(socket.SOCK_STREAM)}"
@@ -446,9 +445,17 @@ class TapTests(LoopbackCase):
             self.addCleanup(top.stopService)
             yield top.getServiceNamed("discovery").ready
             tops.append((top, listen))
-        (old, old_uri), (new, new_uri) = tops
-        conn = yield client.connect(old_uri, reactor=reactor)
+        conn = yield client.connect(tops[0][1], reactor=reactor)
         self.addCleanup(self.close, conn)
+        return tops[0], tops[1], conn
+
+    @defer.inlineCallbacks
+    def test_drain_without_redirect_to_finds_another_router(self):
+        """A drained router with discovery and no redirect-to sends its
+        clients to another router of its scope."""
+        scope = unique("drain")
+        path = self.discovery_config(scope)
+        (old, old_uri), (new, new_uri), conn = yield self.two_routers_and_a_client(path)
         got, moved = [], []
         conn.on_redirect = moved.append
         yield conn.subscribe("require(n)", got.append)
@@ -456,6 +463,33 @@ class TapTests(LoopbackCase):
         self.assertEqual(count, 1)
         yield wait_until(lambda: moved and len(new.router.subscriptions) == 1, timeout=20)
         self.assertEqual(conn.uri, ElvinURI(new_uri))
+
+
+    @defer.inlineCallbacks
+    def test_drain_skips_an_advertised_uri_where_nothing_answers(self):
+        """Adverts are unauthenticated: one pointing where no router listens
+        (seen first here) does not get the clients; the next router does."""
+        scope = unique("forged")
+        path = self.discovery_config(scope)
+        dead = f"elvin://{LOOPBACK}:{free_port(socket.SOCK_STREAM)}"
+        forged = DiscoveryService([ElvinURI(dead)], reactor=reactor, scope=scope,
+                                  default=False, interface=LOOPBACK, ttl_limit=0,
+                                  port=self.group_port, dns_sd=False)
+        forged.startService()
+        self.addCleanup(lambda: forged.stopService() if forged.running else None)
+        yield forged.ready
+        (old, old_uri), (new, new_uri), conn = yield self.two_routers_and_a_client(path)
+        moved = []
+        conn.on_redirect = moved.append
+        logged = []
+        globalLogPublisher.addObserver(logged.append)
+        self.addCleanup(globalLogPublisher.removeObserver, logged.append)
+        count = yield old.drain()
+        self.assertEqual(count, 1)
+        yield wait_until(lambda: moved, timeout=20)
+        self.assertEqual(conn.uri, ElvinURI(new_uri))
+        self.assertTrue(any(e.get("uri") == tap._short(ElvinURI(dead)) for e in logged
+                            if "does not answer" in e.get("log_format", "")))
 
 
 class ToolTests(LoopbackCase):

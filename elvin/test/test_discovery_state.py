@@ -383,6 +383,26 @@ class CacheTests(unittest.TestCase):
         self.assertEqual(self.cache.get("r").uris, ("elvin://n",))
         self.assertEqual(self.events, [("added", "r", 1), ("changed", "r", 2)])
 
+    def test_bounded_against_a_flood_of_forged_adverts(self):
+        from elvin.discovery.cache import MAX_ROUTERS, MAX_URIS
+        clock = self.cache.clock
+        self.cache.advert(self.advert(server="home"), local=True)
+        self.cache.advert(self.advert(server="real"))
+        for i in range(MAX_ROUTERS * 4):
+            clock.advance(1)
+            self.cache.advert(self.advert(server=f"forged-{i}"))
+        self.assertEqual(len(self.cache), MAX_ROUTERS)
+        self.assertEqual(self.cache.evicted, MAX_ROUTERS * 4 + 2 - MAX_ROUTERS)
+        self.assertIsNotNone(self.cache.get("home"))        # this host's: kept
+        self.assertIsNone(self.cache.get("real"))           # not heard from longest
+        self.assertIn(("withdrawn", "real", 1), self.events)
+        # A real router heard again comes back (the oldest forged one goes).
+        self.cache.advert(self.advert(server="real"))
+        self.assertIsNotNone(self.cache.get("real"))
+        uris = tuple(f"elvin://192.0.2.9:{3000 + i}" for i in range(2000))
+        self.cache.advert(self.advert(server="many", uris=uris))
+        self.assertEqual(self.cache.get("many").uris, uris[:MAX_URIS])
+
     def test_withdraw(self):
         self.cache.advert(self.advert(server="a"))
         self.cache.advert(self.advert(server="b"))
