@@ -358,10 +358,12 @@ class QuenchState:
 
 
 class AutoQuenchBase:
-    """What every flavour's AutoQuench decides: send a notification only
-    when no registration is under way and a subscription the router told
-    of could match it; a new attribute name widens the quench (``_sync``,
-    the flavour's). Subclasses set ``connection``, ``names``, ``state``
+    """What every flavour's AutoQuench decides: send a notification when a
+    subscription the router told of could match it, or while a
+    registration is under way (a subscription on a name not yet quenched
+    is not known: sending lets the router's matching decide, where
+    dropping could lose what a subscriber wants); a new attribute name
+    widens the quench (``_sync``, the flavour's). Subclasses set ``connection``, ``names``, ``state``
     (a QuenchState), ``sent``, ``dropped`` and ``_pending``."""
 
     connection: Any
@@ -400,7 +402,7 @@ class AutoQuenchBase:
         if not set(attributes) <= self.names:
             self.names |= set(attributes)
             self._sync()
-        if self._pending is None and self.state.could_interest(attributes):
+        if self._pending is not None or self.state.could_interest(attributes):
             self.connection.notify(attributes, deliver_insecure, keys)
             self.sent += 1
             return True
