@@ -1137,7 +1137,7 @@ class ClientSession:
             self.protocol_error(packet.xid, errors.EMPTY_QUENCH,
                                 "a quench needs at least one attribute name")
             return
-        if self._quench_problem(packet.xid, len(packet.names), len(self.quenches) + 1):
+        if self._quench_problem(packet.xid, packet.names, len(self.quenches) + 1):
             return
         keys = self._keys(packet.xid, packet.keys, PRODUCER)
         if keys is None:
@@ -1182,7 +1182,8 @@ class ClientSession:
             self.protocol_error(packet.xid, errors.EMPTY_QUENCH,
                                 "the change would leave the quench with no names")
             return
-        if self._quench_problem(packet.xid, len(names), len(self.quenches)):
+        if self._quench_problem(packet.xid, packet.names_add, len(self.quenches),
+                                len(names)):
             return
         if not self.router.quench.affordable(quench_cost(names), replacing=quench):
             self._quench_memory_full(packet.xid)
@@ -1195,15 +1196,24 @@ class ClientSession:
         self.send(packets.QnchRply(packet.xid, quench.id))
         self.router.quench.modify(quench, names, packet.deliver_insecure, keys)
 
-    def _quench_problem(self, xid, names, quenches):
+    def _quench_problem(self, xid, names, quenches, count=None):
         """Nack a quench that breaks this client's limits (True if so).
 
         The spec sets no limits on quenches; without them one client could
         register names without bound. A quench is held to the limits of a
         subscription: at most Subscription.Max-Count quenches per client,
-        at most Attribute.Max-Count names in one.
+        at most Attribute.Max-Count names in one (``count``, default the
+        number of ``names``), and each of ``names`` (those it adds) no
+        longer than Attribute.Name.Max-Length, as a notification's.
         """
-        for option, value in (("Attribute.Max-Count", names),
+        longest = self.options["Attribute.Name.Max-Length"]
+        for name in names:
+            if _utf8_length(name) > longest:
+                self.protocol_error(xid, errors.QOS_LIMIT,
+                                    f"quench name longer than Attribute.Name.Max-Length "
+                                    f"({longest} bytes)", ("Attribute.Name.Max-Length",))
+                return True
+        for option, value in (("Attribute.Max-Count", len(names) if count is None else count),
                               ("Subscription.Max-Count", quenches)):
             if value > self.options[option]:
                 self.protocol_error(xid, errors.QOS_LIMIT,

@@ -187,6 +187,19 @@ class QuenchRouterTests(RouterTestCase):
         self.subscribe(sub_s, sub_out, "a > 1")
         self.assertEqual(q_out.take(), [])
 
+    def test_quench_names_are_held_to_attribute_name_max_length(self):
+        q_s, q_out = self.connect({"Attribute.Name.Max-Length": 64})
+        q_s.packet_received(elvin_packets.QnchAddRqst(self.xid(), ("n" * 65,), True,
+                                                      elvin_packets.Keys.EMPTY))
+        (nack,) = q_out.take()
+        self.assertEqual((nack.error, nack.args), (errors.QOS_LIMIT,
+                                                   ("Attribute.Name.Max-Length",)))
+        qid, _ = self.quench(q_s, q_out, ["n" * 64])
+        q_s.packet_received(elvin_packets.QnchModRqst(self.xid(), qid, ("é" * 33,), (), True,
+                                                      elvin_packets.Keys.EMPTY,
+                                                      elvin_packets.Keys.EMPTY))
+        self.assertEqual(q_out.take()[0].error, errors.QOS_LIMIT)
+
     def test_quencher_disconnect_forgets_its_quenches(self):
         q_s, q_out = self.connect()
         self.quench(q_s, q_out, ["a"])
