@@ -13,7 +13,8 @@ from elvin.protocols.xdr import RawSubAST
 
 __all__ = ["FEDERATION", "FedConnRqst", "FedConnRply", "FedSubReplace",
            "FedNotify", "Ack", "FedMeshAdvert", "decode", "PROTOCOL_MAJOR", "PROTOCOL_MINOR",
-           "MAX_PACKET_LENGTH", "LINK_PACKET_IDS"]
+           "MAX_PACKET_LENGTH", "LINK_PACKET_IDS", "HANDSHAKE_PACKET_IDS",
+           "MAX_HANDSHAKE_LENGTH"]
 
 PROTOCOL_MAJOR = 1
 PROTOCOL_MINOR = 0
@@ -21,6 +22,11 @@ PROTOCOL_MINOR = 0
 #: Longest federation packet a router sends or accepts (a longer frame
 #: resets the link, so a notification that would need one is not forwarded).
 MAX_PACKET_LENGTH = 16 * 1024 * 1024
+#: Longest packet accepted before the handshake is done: a FedConnRqst
+#: carries a domain name, so anyone who can open the port could otherwise
+#: make the router decode 16 MiB (a FedSubReplace of 400,000 terms held
+#: it 5 s) before it knew who was asking.
+MAX_HANDSHAKE_LENGTH = 64 * 1024
 
 FEDERATION = CLIENT.copy()
 
@@ -85,6 +91,10 @@ class FedMeshAdvert:
 LINK_PACKET_IDS = frozenset(cls.ID for cls in (
     FedConnRqst, FedConnRply, FedSubReplace, FedNotify, Ack, FedMeshAdvert, packets.Nack,
     packets.Disconn, packets.DropWarn, packets.TestConn, packets.ConfConn))
+#: What may come before the link is up: anything else ends it undecoded.
+HANDSHAKE_PACKET_IDS = frozenset(cls.ID for cls in (
+    FedConnRqst, FedConnRply, packets.Nack, packets.Disconn, packets.TestConn,
+    packets.ConfConn))
 
 
 def decode(data, repeats=None):

@@ -79,7 +79,8 @@ class FederationProtocol(QueuedFramedProtocol):
         #: When we last sent TestConn (a probe answered once anything is heard after it).
         self._probed_at = None
         self._liveness = None
-        self.max_frame_length = fed_packets.MAX_PACKET_LENGTH
+        # Until the handshake is done (``_came_up``): see MAX_HANDSHAKE_LENGTH.
+        self.max_frame_length = fed_packets.MAX_HANDSHAKE_LENGTH
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -125,6 +126,7 @@ class FederationProtocol(QueuedFramedProtocol):
         """The link is up (its handshake is done): stop the handshake
         timer and tell ``on_up`` (the redial backoff starts again)."""
         self._awaiting_up = False
+        self.max_frame_length = fed_packets.MAX_PACKET_LENGTH
         if self._handshake is not None and self._handshake.active():
             self._handshake.cancel()
         self._handshake = None
@@ -197,9 +199,15 @@ class FederationProtocol(QueuedFramedProtocol):
 
     def frameReceived(self, data):
         self.last_heard = self.clock.seconds()
-        if _packet_id(data)[0] not in fed_packets.LINK_PACKET_IDS:
-            self.link.violation(f"protocol_error: packet id {_packet_id(data)[0]} "
+        packet_id = _packet_id(data)[0]
+        if packet_id not in fed_packets.LINK_PACKET_IDS:
+            self.link.violation(f"protocol_error: packet id {packet_id} "
                                 "is not one a federation peer sends")
+            return
+        if self._awaiting_up and packet_id not in fed_packets.HANDSHAKE_PACKET_IDS:
+            # Not decoded: its size and contents are the peer's to choose.
+            self.link.violation(f"protocol_error: packet id {packet_id} before the "
+                                "handshake is done")
             return
         try:
             packet = fed_packets.decode(data)

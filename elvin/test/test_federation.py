@@ -940,6 +940,33 @@ class HandshakeLivenessTests(unittest.TestCase):
         self.assertEqual(len(self.log.having("no FedConnRqst within 20 s; closing")), 2)
         self.assertEqual(self.manager.links, [])
 
+    def test_before_the_handshake_only_handshake_packets_are_decoded(self):
+        """Anyone who can open the port could send a 16 MiB FedSubReplace
+        first: it is refused by its packet id, undecoded, and a frame
+        longer than MAX_HANDSHAKE_LENGTH is refused by its header."""
+        from elvin.subscription import parse as parse_expression
+        decoded = []
+        self.patch(fedproto.fed_packets, "decode",
+                   lambda data, *a, _d=fed_packets.decode: decoded.append(data) or _d(data, *a))
+        peer = _ScriptedPeer("stall")
+        ours, pump = self.accepted(peer, keepalive=0.0)
+        peer.send(fed_packets.FedSubReplace(1, parse_expression("a == 1")))
+        self.play(pump, 0.1)
+        self.assertTrue(pump.serverIO.disconnected)
+        self.assertEqual(decoded, [])
+        self.assertEqual(len(self.log.having("before the handshake is done")), 1)
+        peer = _ScriptedPeer("stall")
+        ours, pump = self.accepted(peer, keepalive=0.0)
+        peer.transport.write(struct.pack(">I", fed_packets.MAX_HANDSHAKE_LENGTH + 4))
+        self.play(pump, 0.1)
+        self.assertTrue(pump.serverIO.disconnected)
+        # Once up, the full length and every packet.
+        peer = _ScriptedPeer()
+        ours, pump = self.accepted(peer, keepalive=0.0)
+        peer.send(fed_packets.FedConnRqst(1, 1, 0, "peer.test"))
+        self.play(pump, 0.1)
+        self.assertEqual(ours.max_frame_length, fed_packets.MAX_PACKET_LENGTH)
+
     def test_a_link_that_came_up_has_no_handshake_timeout(self):
         peer = _ScriptedPeer()
         ours, pump = self.accepted(peer, keepalive=0.0)
