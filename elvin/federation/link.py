@@ -19,7 +19,7 @@ from elvin.errors import SubscriptionError
 from elvin.federation import filters, subast
 from elvin.federation import packets as fed_packets
 from elvin.federation.identity import domain_problem, shown
-from elvin.federation.mesh import advert_domain
+from elvin.federation.mesh import MAX_ADVERT_NEIGHBOURS, advert_domain
 from elvin.core.keys import PRODUCER, KeyRing
 from elvin.core.lograte import LogLimiter
 from elvin.protocols import packets
@@ -433,6 +433,10 @@ class FederationLink:
             self._ignore_advert("not a mesh link (its first pull filter had no mesh "
                                 "marker)" if self.mesh is False else
                                 "its first pull filter has not arrived")
+            return
+        if len(packet.neighbours) > MAX_ADVERT_NEIGHBOURS:
+            self._ignore_advert(f"it names {len(packet.neighbours)} neighbours, more than "
+                                f"{MAX_ADVERT_NEIGHBOURS}")
             return
         for domain in (packet.origin, *map(advert_domain, packet.neighbours)):
             problem = domain_problem(domain)

@@ -17,6 +17,7 @@ its routing list, whose pull filter it satisfies, and whose export filter
 allows it; the FedNotify is encoded once for all of them.
 """
 
+import collections
 import fnmatch
 import random
 import time
@@ -30,9 +31,14 @@ from elvin.federation import packets as fed_packets
 from elvin.federation.identity import domain_problem
 from elvin.federation.trace import NullTrace
 from elvin.protocols import packets
+from elvin.core.lograte import LogLimiter
 from elvin.core.router import RouterObserver
 
 __all__ = ["FederationClass", "FederationManager", "host_matches"]
+
+#: Computations of the mesh tree for other routers' adverts in one second
+#: before the next waits for the second to end.
+MESH_RECOMPUTE_BURST = 20
 
 
 class _Waiter:
@@ -117,6 +123,11 @@ class FederationManager(RouterObserver):
         self._departure_call = None
         self.mesh_grace = mesh_grace
         self._mesh_call = None
+        #: When the tree was computed for adverts in the last second
+        #: (``_mesh_changed_soon``), and the computation put off, if any.
+        self._mesh_recompute = None
+        self._mesh_computed_at = collections.deque()
+        self._mesh_full_log = LogLimiter(lambda: self.clock.seconds())
         #: Pull filters are soft state: each link's is sent again in full
         #: every ``filter_refresh`` seconds (0: never), give or take a
         #: quarter, drawn from ``rng`` per link so links spread out.
@@ -397,7 +408,35 @@ class FederationManager(RouterObserver):
             for other in self.links:
                 if other is not link and other.mesh and other.state == other.UP:
                     other.output.send(packet)
+            self._mesh_changed_soon()
+        elif packet.origin not in self.mesh.adverts and packet.origin != self.domain:
+            skipped = self._mesh_full_log.allow()
+            if skipped is not None:
+                self.log.warn("ignored a mesh advert from {peer}: this router holds "
+                              "{most} routers' adverts already{more}", peer=link.peer_domain,
+                              most=MESH.MAX_MESH_ROUTERS, more=self._mesh_full_log.more(skipped))
+
+    def _mesh_changed_soon(self):
+        """Compute the tree again now, unless MESH_RECOMPUTE_BURST
+        computations were done in the last second: then once the second
+        is over. A peer flooding adverts costs a few computations a
+        second, not one per advert; routers healing a mesh send a few."""
+        if self._mesh_recompute is not None:
+            return
+        now = self.clock.seconds()
+        recent = self._mesh_computed_at
+        while recent and recent[0] <= now - 1.0:
+            recent.popleft()
+        if len(recent) < MESH_RECOMPUTE_BURST:
+            recent.append(now)
             self._mesh_changed()
+            return
+
+        def recompute():
+            self._mesh_recompute = None
+            self._mesh_computed_at.append(self.clock.seconds())
+            self._mesh_changed()
+        self._mesh_recompute = self.clock.callLater(recent[0] + 1.0 - now, recompute)
 
     def _left(self, domain):
         """A link's grace off the tree is over (unless it is back on it)."""
@@ -657,8 +696,9 @@ class FederationManager(RouterObserver):
         self._departed()
         if self in self.router.observers:
             self.router.observers.remove(self)    # a reload may make another
-        if self._mesh_call is not None and self._mesh_call.active():
-            self._mesh_call.cancel()
+        for pending in (self._mesh_call, self._mesh_recompute):
+            if pending is not None and pending.active():
+                pending.cancel()
         for call in [*self._grace_calls.values(), *self._refresh_calls.values()]:
             if call.active():
                 call.cancel()

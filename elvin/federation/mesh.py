@@ -109,6 +109,15 @@ def spanning_tree(nodes: Iterable[str], edges: Iterable[Tuple[str, str]],
     return tree
 
 
+#: Most neighbours one advert may name (mesh and plain together); an advert
+#: naming more is ignored: a router with this many mesh links is past
+#: anything the tree is for, and a peer could otherwise have the router
+#: hold and flood on any number (100,000 a advert grew one by 500 MB).
+MAX_ADVERT_NEIGHBOURS = 64
+#: Most other routers' adverts held; a new origin past it is ignored.
+MAX_MESH_ROUTERS = 256
+
+
 class MeshState:
     """This router's view of the mesh: its own mesh neighbours (links up
     to mesh routers), the adverts of the others (soft state: each expires
@@ -149,6 +158,8 @@ class MeshState:
         if origin == self.domain:
             return False
         known = self.adverts.get(origin)
+        if known is None and len(self.adverts) >= MAX_MESH_ROUTERS:
+            return False
         if known is not None and known.version >= (epoch, sequence):
             if known.version == (epoch, sequence):
                 known.expires = max(known.expires, now + self.lifetime)

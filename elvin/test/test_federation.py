@@ -1039,6 +1039,36 @@ class MeshAdvertOnPlainLinkTests(unittest.TestCase):
         link.packet_received(self.advert(2))
         self.assertEqual(list(manager.mesh.adverts), ["peer.test"])
 
+    def mesh_link(self):
+        manager, link, out = self.link()
+        marked = filters.with_marker(filters.TRUE, manager.mesh_marker)
+        link.packet_received(fed_packets.FedSubReplace(2, filters.to_wire(marked)))
+        self.assertIs(link.mesh, True)
+        return manager, link, out
+
+    def test_what_a_mesh_peer_may_announce_is_bounded(self):
+        """A mesh peer's adverts are held to MAX_ADVERT_NEIGHBOURS each and
+        MAX_MESH_ROUTERS in all (100,000 neighbours an advert grew a router
+        by 500 MB), and a flood of them computes the tree a few times a
+        second, not once per advert."""
+        from elvin.federation import manager as manager_module
+        from elvin.federation.mesh import MAX_ADVERT_NEIGHBOURS, MAX_MESH_ROUTERS
+        manager, link, out = self.mesh_link()
+        many = [f"n{i}.test" for i in range(MAX_ADVERT_NEIGHBOURS + 1)]
+        link.packet_received(fed_packets.FedMeshAdvert("wide.test", 1, 1, many))
+        self.assertNotIn("wide.test", manager.mesh.adverts)
+        self.assertEqual(link.stats["adverts_ignored"], 1)
+        computed = []
+        original = manager._mesh_changed
+        manager._mesh_changed = lambda: computed.append(1) or original()
+        for i in range(MAX_MESH_ROUTERS + 50):
+            link.packet_received(fed_packets.FedMeshAdvert(f"r{i}.test", 1, 1, ["peer.test"]))
+        self.assertEqual(len(manager.mesh.adverts), MAX_MESH_ROUTERS)
+        self.assertEqual(len(computed), manager_module.MESH_RECOMPUTE_BURST)
+        self.assertEqual(len(self.log.having("routers' adverts already")), 1)
+        self.clock.advance(1.0)
+        self.assertEqual(len(computed), manager_module.MESH_RECOMPUTE_BURST + 1)
+
     def test_a_router_without_mesh_ignores_adverts(self):
         manager, link, out = self.link(mesh=False)
         link.packet_received(fed_packets.FedSubReplace(2, filters.to_wire(filters.TRUE)))
