@@ -38,13 +38,19 @@ class LinkState(enum.IntEnum):
 
 
 #: What a link counts (``FederationLink.stats``): notifications in and out,
-#: and those dropped as loops, suppressed, duplicates or for overload,
-#: pull-filter refreshes that changed nothing, and mesh adverts ignored
+#: and those dropped as loops, suppressed, duplicates or for overload
+#: (its send queue full), those counted out but still queued when the
+#: connection was lost (unsent), pull-filter refreshes that changed nothing, and mesh adverts ignored
 #: (the link is not a mesh link). Declared, so that a reader naming a
 #: counter that is not here fails the type check.
 LinkStats = TypedDict("LinkStats", {"in": int, "out": int, "loops": int, "suppressed": int,
-                                    "duplicates": int, "overload": int, "refreshed": int,
-                                    "adverts_ignored": int})
+                                    "duplicates": int, "overload": int, "unsent": int,
+                                    "refreshed": int, "adverts_ignored": int})
+
+#: The LinkStats that count notifications lost, with the cause each is
+#: exported under (``elvin_federation_dropped``).
+LOSS_CAUSES = (("loop", "loops"), ("import", "suppressed"), ("duplicate", "duplicates"),
+               ("overload", "overload"), ("unsent", "unsent"))
 
 #: Seconds between log lines about one link's ignored mesh adverts.
 IGNORED_ADVERT_LOG_INTERVAL = 60.0
@@ -73,8 +79,10 @@ class FederationLink:
         self._xids = itertools.count(1)
         self._pending = {}
         self.stats: LinkStats = {"in": 0, "out": 0, "loops": 0, "suppressed": 0,
-                                 "duplicates": 0, "overload": 0, "refreshed": 0,
-                                 "adverts_ignored": 0}
+                                 "duplicates": 0, "overload": 0, "unsent": 0,
+                                 "refreshed": 0, "adverts_ignored": 0}
+        #: Rate limit of this link's overload lines (made when first needed).
+        self.overload_log = None
         #: When ignored adverts were last logged, and how many had been then.
         self._adverts_logged_at = None
         self._adverts_logged = 0

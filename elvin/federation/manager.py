@@ -29,6 +29,7 @@ from elvin.federation import filters
 from elvin.federation import mesh as MESH
 from elvin.federation import packets as fed_packets
 from elvin.federation.identity import domain_problem
+from elvin.federation.link import LOSS_CAUSES
 from elvin.federation.trace import NullTrace
 from elvin.protocols import packets
 from elvin.core.lograte import LogLimiter
@@ -128,6 +129,8 @@ class FederationManager(RouterObserver):
         self._mesh_recompute = None
         self._mesh_computed_at = collections.deque()
         self._mesh_full_log = LogLimiter(lambda: self.clock.seconds())
+        #: Losses (LOSS_CAUSES) counted by links that have gone down.
+        self.gone_losses: collections.Counter = collections.Counter()
         #: Pull filters are soft state: each link's is sent again in full
         #: every ``filter_refresh`` seconds (0: never), give or take a
         #: quarter, drawn from ``rng`` per link so links spread out.
@@ -224,9 +227,13 @@ class FederationManager(RouterObserver):
                 known.discard(link.peer_domain)
                 self._advertise()
                 self._mesh_changed()
+        lost = {cause: link.stats[key] for cause, key in LOSS_CAUSES if link.stats[key]}
+        self.gone_losses.update(lost)
         if was_up:
-            self.log.info("federation link down: {domain}: {reason}",
-                          domain=link.peer_domain, reason=reason)
+            self.log.info("federation link down: {domain}: {reason}{losses}",
+                          domain=link.peer_domain, reason=reason,
+                          losses="; notifications lost: " + ", ".join(
+                              f"{cause} {n}" for cause, n in lost.items()) if lost else "")
         self.trace.link(link, "link_down", reason=reason)
         self._parts_cache.pop(link, None)
         if self._waiters:
@@ -235,6 +242,31 @@ class FederationManager(RouterObserver):
             self.schedule_update()
         if self._departure is not None and not self._closing:
             self._check_departed()
+
+    def _overloaded(self, link, size):
+        """A notification for ``link`` was dropped: its send queue is full
+        (the peer reads slower than we send) or it is too long for a
+        federation packet. Logged at most once per LOG_INTERVAL a link."""
+        limiter = link.overload_log
+        if limiter is None:
+            limiter = link.overload_log = LogLimiter(lambda: self.clock.seconds())
+        skipped = limiter.allow()
+        if skipped is not None:
+            why = (f"{size} bytes is past the {fed_packets.MAX_PACKET_LENGTH}-byte packet limit"
+                   if size > fed_packets.MAX_PACKET_LENGTH else
+                   "its send queue is full: the peer reads slower than we send")
+            self.log.warn("federation link {domain}: a notification not forwarded ({why}); "
+                          "{total} so far{more}", domain=link.peer_domain or link.peer_host,
+                          why=why, total=link.stats["overload"], more=limiter.more(skipped))
+
+    def losses(self):
+        """Notifications lost by cause (LOSS_CAUSES) over every link, the
+        ones that went down included."""
+        totals = collections.Counter(self.gone_losses)
+        for link in self.links:
+            for cause, key in LOSS_CAUSES:
+                totals[cause] += link.stats[key]
+        return totals
 
     def remote_filter_changed(self, link, answer=None):
         """The peer sent a new pull filter: file it in the router's pull
@@ -678,6 +710,7 @@ class FederationManager(RouterObserver):
                 body = self._encode(attributes, deliver_insecure, keys, out_routing)
             if len(body) > fed_packets.MAX_PACKET_LENGTH or link.output.send_encoded(body, True) is False:
                 link.stats["overload"] += 1
+                self._overloaded(link, len(body))
                 trace.notify(link, "notify_dropped_overload", "out", attributes, out_routing,
                              lambda: body)
                 continue

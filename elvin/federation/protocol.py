@@ -174,8 +174,10 @@ class FederationProtocol(QueuedFramedProtocol):
             self._handshake.cancel()
         self._handshake = None
         self._awaiting_up = False
-        self.queue.clear()
+        unsent = self.queue.clear()
         if self.link is not None:
+            # Counted out when queued, never written: lost with the link.
+            self.link.stats["unsent"] += unsent
             self.link.connection_lost("connection_lost")
 
     # -- input -------------------------------------------------------------------

@@ -12,6 +12,7 @@ from prometheus_client.core import (CollectorRegistry, CounterMetricFamily,
                                     GaugeMetricFamily, InfoMetricFamily)
 
 from elvin.federation.identity import MAX_DOMAIN_BYTES, shown
+from elvin.federation.link import LOSS_CAUSES
 
 __all__ = ["RouterCollector", "registry_for"]
 
@@ -102,6 +103,13 @@ class RouterCollector:
         for outcome, count in totals.get("udp_datagrams", {}).items():
             datagrams.add_metric([outcome], count)
         yield datagrams
+        losses = CounterMetricFamily(
+            "elvin_federation_dropped_all", "Notifications not carried over any "
+            "federation link, the links gone down included, by cause (as "
+            "elvin_federation_dropped).", labels=["cause"])
+        for cause, _ in LOSS_CAUSES:
+            losses.add_metric([cause], totals.get("federation_losses", {}).get(cause, 0))
+        yield losses
         nacks = CounterMetricFamily("elvin_nacks", "Nacks sent, by error code.",
                                     labels=["code"])
         for code, count in totals["nacks"].items():
@@ -143,7 +151,8 @@ class RouterCollector:
                                       labels=["peer", "direction"])
         dropped = CounterMetricFamily("elvin_federation_dropped",
                                       "Notifications not carried, by cause: from the peer "
-                                      "(loop, import, duplicate) or to it (overload).",
+                                      "(loop, import, duplicate) or to it (overload; unsent: "
+                                      "queued when the link was lost).",
                                       labels=["peer", "cause"])
         sizes = CounterMetricFamily("elvin_federation_bytes",
                                     "Bytes over the link, by direction.",
@@ -159,8 +168,7 @@ class RouterCollector:
             nodes.add_metric([peer], link["filter_nodes"])
             carried.add_metric([peer, "in"], link["in"])
             carried.add_metric([peer, "out"], link["out"])
-            for cause, key in (("loop", "loops"), ("import", "suppressed"),
-                               ("duplicate", "duplicates"), ("overload", "overload")):
+            for cause, key in LOSS_CAUSES:
                 dropped.add_metric([peer, cause], link[key])
             sizes.add_metric([peer, "in"], link["bytes_in"])
             sizes.add_metric([peer, "out"], link["bytes_out"])

@@ -89,7 +89,7 @@ def snapshot(router: "Router", federation: Optional["FederationManager"] = None,
                 "in": link.stats["in"], "out": link.stats["out"],
                 "loops": link.stats["loops"], "suppressed": link.stats["suppressed"],
                 "duplicates": link.stats["duplicates"],
-                "overload": link.stats["overload"],
+                "overload": link.stats["overload"], "unsent": link.stats["unsent"],
                 "bytes_in": link.output.bytes_in,
                 "bytes_out": link.output.bytes_out,
                 "last_heard_s": round(heard_now - link.last_heard, 3)
@@ -143,6 +143,9 @@ def snapshot(router: "Router", federation: Optional["FederationManager"] = None,
                 federation.wait_stats["waited"] if federation is not None else 0,
             "federation_replies_timed_out":
                 federation.wait_stats["timed_out"] if federation is not None else 0,
+            # Notifications lost on federation links by cause, the links
+            # gone down included (the per-link figures go with the link).
+            "federation_losses": dict(federation.losses()) if federation is not None else {},
             # Accepted sockets by pool (client, federation, status): open,
             # cap, idle, refused when accepted, idle ones closed (admission).
             "sockets": admission.budget.stats() if admission is not None else {},

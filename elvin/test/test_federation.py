@@ -967,6 +967,35 @@ class HandshakeLivenessTests(unittest.TestCase):
         self.play(pump, 0.1)
         self.assertEqual(ours.max_frame_length, fed_packets.MAX_PACKET_LENGTH)
 
+    def test_losses_are_logged_and_outlive_the_link(self):
+        """A peer that does not read: each notification its full queue
+        refuses is counted (overload) and logged at most once per 10 s;
+        what was queued when the link went is counted (unsent); the
+        router-wide totals (``losses``) keep both after the link is gone."""
+        peer = _ScriptedPeer()
+        ours, pump = self.accepted(peer, keepalive=0.0)
+        peer.send(fed_packets.FedConnRqst(1, 1, 0, "peer.test"))
+        peer.send(fed_packets.FedSubReplace(2, filters.to_wire(filters.TRUE)))
+        self.play(pump, 0.1)
+        (link,) = self.manager.links
+        full = [False]
+        real = ours.send_encoded
+        ours.send_encoded = lambda data, droppable: (
+            False if full[0] else real(data, droppable))
+        ours.queue.push(b"\0" * 8, True)          # one still queued when the link goes
+        full[0] = True
+        for n in range(3):
+            self.router.route({"n": n}, True)
+        self.assertEqual(link.stats["overload"], 3)
+        (line,) = self.log.having("a notification not forwarded")
+        self.assertIn("send queue is full", line)
+        ours.connectionLost(None)
+        self.assertEqual(link.stats["unsent"], 1)
+        self.assertEqual((self.manager.losses()["overload"], self.manager.losses()["unsent"]),
+                         (3, 1))
+        (down,) = self.log.having("federation link down")
+        self.assertIn("notifications lost: overload 3, unsent 1", down)
+
     def test_a_link_that_came_up_has_no_handshake_timeout(self):
         peer = _ScriptedPeer()
         ours, pump = self.accepted(peer, keepalive=0.0)

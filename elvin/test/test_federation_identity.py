@@ -166,7 +166,7 @@ class LinkIdentityTests(unittest.TestCase):
     def test_metrics_label_is_bounded(self):
         status = {"domain": None, "host": "h" * 10000, "state": "up", "active": True,
                   "filter_nodes": 1, "in": 0, "out": 0, "loops": 0, "suppressed": 0,
-                  "duplicates": 0, "overload": 0, "bytes_in": 0, "bytes_out": 0,
+                  "duplicates": 0, "overload": 0, "unsent": 0, "bytes_in": 0, "bytes_out": 0,
                   "last_heard_s": None}
         normal = dict(status, domain="router.example.com")
         for family in RouterCollector._links([status, normal]):

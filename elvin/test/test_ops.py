@@ -369,6 +369,8 @@ class FederationMetricsTests(unittest.TestCase):
         self.assertLess(scraped[("elvin_federation_last_heard_seconds", peer)], 30)
         self.assertEqual(scraped[("elvin_federation_dropped_total",
                                   (("cause", "overload"), ("peer", "leaf.test")))], 0)
+        self.assertEqual(scraped[("elvin_federation_dropped_all_total",
+                                  (("cause", "unsent"),))], 0)
         # the consumer's SubRply waited for the hub's answer to leaf's filter
         at_leaf = samples(registry_for(lambda: snapshot(leaf.router, leaf.manager, started=0,
                                                         domain="leaf.test")))
