@@ -105,7 +105,7 @@ ROUTER_SETTINGS = (
             "Most of one client's subscriptions one notification may have evaluated, "
             "counted as their expressions' bytes plus 16 each (evaluation costs up to "
             "about 30 ns a byte: about 2 ms); counted when a notification has more than "
-            "32 candidates. Past it that client's other candidates are skipped and it "
+            "16 candidates. Past it that client's other candidates are skipped and it "
             "gets a DropWarn; counted in `elvin_evaluation_refusals_total`. `0`: no "
             "limit."),
     Setting("max-quench-memory", at_least(0), DEFAULT_MAX_QUENCH_MEMORY, "`67108864`",

@@ -88,7 +88,7 @@ EVALUATION_OVERHEAD_BYTES = 16
 #: Candidates of one notification from which ``max_evaluation_bytes`` is
 #: counted; fewer cost at most this many evaluations (the usual case, where
 #: the index leaves a handful), and skip the count.
-COUNT_EVALUATIONS_FROM = 32
+COUNT_EVALUATIONS_FROM = 16
 
 #: Most tokens (names, literals, operators, brackets, commas) in one
 #: subscription: parsing, checking and compiling cost 5-20 µs a token, so

@@ -128,7 +128,8 @@ class _FakeLink:
     def __init__(self, domain):
         self.peer_domain = domain
         self.output = _Output()
-        self.stats = {"out": 0}
+        self.stats = {key: 0 for key in ("in", "out", "loops", "suppressed", "duplicates",
+                                         "overload", "unsent", "refreshed", "adverts_ignored")}
         self.remote_filter = filters.Filter(filters.FALSE)
 
     def send_filter(self, tree):

@@ -39,6 +39,29 @@ class RegexBombTests(unittest.TestCase):
             Subscription('regex(s, "((((a{100}){100}){100}){100})")')
         self.assertIn(cm.exception.code, (errors.REGEXP_TOO_COMPLEX, errors.INVALID_REGEXP))
 
+    def test_several_regexes_are_one_scan_that_agrees_with_any(self):
+        """``regex(x, p1, p2, ...)`` is searched as one alternation (200
+        patterns searched one by one were 200 calls a notification): the
+        same answer as any one of them matching, flags staying inside
+        their own pattern."""
+        import random
+        rng = random.Random(7)
+        atoms = ["a", "b", "^a", "b$", "a+", "(?i)A", "[ab]", "x*", r"\d", "(a|b)c", "c.",
+                 "$", "^", "(?i)X"]
+        subjects = ["", "a", "b", "ab", "ba", "A", "c", "xc", "1", "\n", "a\nb", "bc", "x"]
+        for _ in range(500):
+            chosen = [rng.choice(atoms) + rng.choice(["", rng.choice(atoms)])
+                      for _ in range(rng.randint(2, 4))]
+            together, _ = patterns.weighed_regexes(chosen)
+            alone = [patterns.weighed_regexes([p])[0] for p in chosen]
+            for subject in subjects:
+                self.assertEqual(together(subject) is not None,
+                                 any(f(subject) is not None for f in alone), (chosen, subject))
+        many = [f"lat{i}x" for i in range(200)]
+        search, weight = patterns.weighed_regexes(many)
+        self.assertIsNotNone(search("zzlat199xzz"))
+        self.assertLess(weight, sum(patterns.weighed_regexes([p])[1] for p in many))
+
     def test_invalid_is_still_invalid(self):
         with self.assertRaises(SubscriptionError) as cm:
             Subscription('regex(s, "(")')
