@@ -21,7 +21,7 @@ from elvin.protocols.framing import DEFAULT_MAX_RECEIVE_MEMORY
 from elvin.core.options import CEILING_SUFFIX, HARD_CEILINGS, OPTIONS
 from elvin.core.quench import DEFAULT_MAX_QUENCH_MEMORY
 from elvin.core.router import (DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES, DEFAULT_MAX_PATTERN_WORK,
-                               DEFAULT_MAX_EVALUATION_BYTES,
+                               DEFAULT_MAX_EVALUATION_BYTES, DEFAULT_MAX_CLIENT_QUENCHES,
                                DEFAULT_MAX_SUBSCRIPTION_TOKENS, MAX_PROTOCOL_ERRORS,
                                PROTOCOL_ERROR_WINDOW)
 from elvin.uri import ElvinURI, InvalidURIError
@@ -108,6 +108,11 @@ ROUTER_SETTINGS = (
             "16 candidates. Past it that client's other candidates are skipped and it "
             "gets a DropWarn; counted in `elvin_evaluation_refusals_total`. `0`: no "
             "limit."),
+    Setting("max-client-quenches", at_least(0), DEFAULT_MAX_CLIENT_QUENCHES, "`256`",
+            "Most quenches one client may hold; past it QnchAddRqst is refused with Nack "
+            "2006 (`IMPL_LIMIT`). Each subscription added, changed or removed costs a "
+            "check per quench on its names, so this bounds what one client's quenches "
+            "add to everyone's subscription changes. `0`: only `Subscription.Max-Count`."),
     Setting("max-quench-memory", at_least(0), DEFAULT_MAX_QUENCH_MEMORY, "`67108864`",
             "Bytes all quenches together may hold, estimated per quench (about 80 bytes "
             "plus the string for each name, 400 for the quench); a QnchAddRqst or "

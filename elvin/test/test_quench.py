@@ -200,6 +200,22 @@ class QuenchRouterTests(RouterTestCase):
                                                       elvin_packets.Keys.EMPTY))
         self.assertEqual(q_out.take()[0].error, errors.QOS_LIMIT)
 
+    def test_max_client_quenches(self):
+        """Each subscription change costs a check per quench on its names:
+        one client's quenches are capped router-wide, another client's
+        are its own."""
+        self.router.max_client_quenches = 3
+        q_s, q_out = self.connect()
+        for _ in range(3):
+            self.quench(q_s, q_out, ["BY"])
+        q_s.packet_received(elvin_packets.QnchAddRqst(self.xid(), ("BY",), True,
+                                                      elvin_packets.Keys.EMPTY))
+        (nack,) = q_out.take()
+        self.assertEqual(nack.error, errors.IMPL_LIMIT)
+        self.assertIn("max-client-quenches", nack.message)
+        other, other_out = self.connect()
+        self.quench(other, other_out, ["BY"])
+
     def test_quencher_disconnect_forgets_its_quenches(self):
         q_s, q_out = self.connect()
         self.quench(q_s, q_out, ["a"])
@@ -219,6 +235,10 @@ class QuenchMemoryTests(RouterTestCase):
     quench = QuenchRouterTests.quench
 
     many = {"Subscription.Max-Count": 100_000}
+
+    def setUp(self):
+        super().setUp()
+        self.router.max_client_quenches = 0      # these hold thousands on purpose
 
     def test_a_shared_name_is_held_once(self):
         sessions = [self.connect() for _ in range(3)]

@@ -403,6 +403,7 @@ class ReloadMessageTests(unittest.TestCase):
                    "reserved-files": "32", "max-subscriptions": "7",
                    "max-subscription-tokens": "99", "max-client-subscription-bytes": "12345",
                    "max-pattern-work": "4096", "max-evaluation-bytes": "8192",
+                   "max-client-quenches": "17",
                    "max-protocol-errors": "9", "protocol-error-window": "3.5",
                    "verbose": "yes", "max-queue-memory": "1000000",
                    "max-quench-memory": "2000000", "max-receive-memory": "3000000",
@@ -428,8 +429,9 @@ class ReloadMessageTests(unittest.TestCase):
                           router.max_client_subscription_bytes, router.max_protocol_errors,
                           router.protocol_error_window, router.verbose,
                           router.queue_budget.max_bytes, router.quench.max_bytes,
-                          router.max_pattern_work, router.max_evaluation_bytes),
-                         (7, 99, 12345, 9, 3.5, True, 1000000, 2000000, 4096, 8192))
+                          router.max_pattern_work, router.max_evaluation_bytes,
+                          router.max_client_quenches),
+                         (7, 99, 12345, 9, 3.5, True, 1000000, 2000000, 4096, 8192, 17))
         self.assertEqual(router.new_options()["Send-Queue.Max-Length"], 4096)
         applied, message = self.successResultOf(top.reload())
         self.assertEqual(message, "reloaded: nothing changed")
