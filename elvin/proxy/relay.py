@@ -50,9 +50,12 @@ class UpstreamRelay(Keeping):
         def failed(failure):
             sub.in_flight = False
             if failure.check(NackError):
-                self.log.warn("upstream refused subscription {id} of {session!r} "
-                              "({expr!r}): {why}", id=sub.id, session=sub.session.name,
-                              expr=sub.expression, why=failure.value)
+                skipped = self._refusal_log.allow()
+                if skipped is not None:
+                    self.log.warn("upstream refused subscription {id} of {session!r} "
+                                  "({expr!r}): {why}{more}", id=sub.id,
+                                  session=sub.session.name, expr=sub.expression,
+                                  why=failure.value, more=self._refusal_log.more(skipped))
             return failure
         return d.addCallbacks(added, failed)
 

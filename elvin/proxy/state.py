@@ -53,6 +53,8 @@ class CoreState(SessionHost):
         self.wall_clock = clock
         self.option_specs = dict(OPTIONS if option_specs is None else option_specs)
         self.clock = clock
+        #: Upstream's refusals of subscriptions: one line per 10 s at most.
+        self._refusal_log = LogLimiter(clock)
         self.call_later = call_later
         self.max_connections = max_connections
         self.max_sessions = max_sessions

@@ -141,8 +141,10 @@ def _upstream_args(config):
     else:
         args["uri"] = config.upstream
     # As large a send queue as the router allows: it drops (with DropWarn)
-    # only what it cannot hold while the proxy is busy.
-    args["options"] = {"Send-Queue.Max-Length": HARD_CEILINGS["Send-Queue.Max-Length"]}
+    # only what it cannot hold while the proxy is busy. As many
+    # subscriptions too: every session's are the proxy's one client's there.
+    args["options"] = {option: HARD_CEILINGS[option]
+                       for option in ("Send-Queue.Max-Length", "Subscription.Max-Count")}
     if config.upstream_tls_ca:
         args["tls_ca"] = config.upstream_tls_ca
     return args

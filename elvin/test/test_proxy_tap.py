@@ -105,7 +105,8 @@ class ProxyOptionsTest(unittest.TestCase):
                                     "upstream-tls-ca = ca.pem\n", "/etc/p.conf")
         self.assertEqual(tap._upstream_args(config),
                          {"discover": True, "scope": "lab", "tls_ca": "/etc/ca.pem",
-                          "options": {"Send-Queue.Max-Length": 256 * 1024 * 1024}})
+                          "options": {"Send-Queue.Max-Length": 256 * 1024 * 1024,
+                                      "Subscription.Max-Count": 2 ** 31 - 1}})
         self.assertEqual(tap._upstream_args(parse_proxy_config(""))["uri"].port, 2917)
 
     def test_upstream_return_settings(self):
