@@ -1027,11 +1027,12 @@ class ClientSession:
         if not self._admissible(packet):
             return
         router = self.router
-        nfn_keys = self._keys(packet.xid, packet.nfn_keys, PRODUCER)
-        sub_keys = self._keys(packet.xid, packet.sub_keys, CONSUMER)
+        # The keys are held to the Connection.Max-Keys this ConnRqst asks for.
+        reply = self.options.negotiate(packet.options)
+        nfn_keys = self._keys(packet.xid, packet.nfn_keys, PRODUCER, _CONNECTION_KEYS)
+        sub_keys = self._keys(packet.xid, packet.sub_keys, CONSUMER, _CONNECTION_KEYS)
         if nfn_keys is None or sub_keys is None:
             return
-        reply = self.options.negotiate(packet.options)
         if len(nfn_keys) + len(sub_keys) > self.options["Connection.Max-Keys"]:
             self.protocol_error(packet.xid, errors.QOS_LIMIT,
                                 "more keys than Connection.Max-Keys",
@@ -1064,14 +1065,13 @@ class ClientSession:
             return True
         return False
 
-    def _keys(self, xid, keys, role):
-        """Prepare wire keys for ``role``, or Nack and return None."""
+    def _keys(self, xid, keys, role, option):
+        """Prepare wire keys for ``role``, or Nack and return None. More
+        keys than ``option`` (the limit of the request's kind) allows are
+        refused before they are hashed: hashing a packet full of keys
+        would stall the router."""
         if not keys:
             return KeyRing.EMPTY
-        # More keys than any key limit allows are refused before they are
-        # hashed (hashing a packet full of keys would stall the router).
-        option = max(("Connection.Max-Keys", "Subscription.Max-Keys"),
-                     key=lambda name: self.options[name])
         if keys.key_count() > self.options[option]:
             self.protocol_error(xid, errors.QOS_LIMIT, f"more keys than {option}", (option,))
             return None
@@ -1111,10 +1111,10 @@ class ClientSession:
 
     def _sec_rqst(self, packet):
         xid = packet.xid
-        prepared = [self._keys(xid, packet.add_nfn_keys, PRODUCER),
-                    self._keys(xid, packet.del_nfn_keys, PRODUCER),
-                    self._keys(xid, packet.add_sub_keys, CONSUMER),
-                    self._keys(xid, packet.del_sub_keys, CONSUMER)]
+        prepared = [self._keys(xid, packet.add_nfn_keys, PRODUCER, _CONNECTION_KEYS),
+                    self._keys(xid, packet.del_nfn_keys, PRODUCER, _CONNECTION_KEYS),
+                    self._keys(xid, packet.add_sub_keys, CONSUMER, _CONNECTION_KEYS),
+                    self._keys(xid, packet.del_sub_keys, CONSUMER, _CONNECTION_KEYS)]
         if any(ring is None for ring in prepared):
             return
         add_nfn, del_nfn, add_sub, del_sub = prepared
@@ -1149,7 +1149,7 @@ class ClientSession:
             return
         if self._quench_problem(packet.xid, packet.names, len(self.quenches) + 1):
             return
-        keys = self._keys(packet.xid, packet.keys, PRODUCER)
+        keys = self._keys(packet.xid, packet.keys, PRODUCER, _SUBSCRIPTION_KEYS)
         if keys is None:
             return
         if self._too_many_keys(packet.xid, keys):
@@ -1198,8 +1198,8 @@ class ClientSession:
         if not self.router.quench.affordable(quench_cost(names), replacing=quench):
             self._quench_memory_full(packet.xid)
             return
-        add_keys = self._keys(packet.xid, packet.add_keys, PRODUCER)
-        del_keys = self._keys(packet.xid, packet.del_keys, PRODUCER)
+        add_keys = self._keys(packet.xid, packet.add_keys, PRODUCER, _SUBSCRIPTION_KEYS)
+        del_keys = self._keys(packet.xid, packet.del_keys, PRODUCER, _SUBSCRIPTION_KEYS)
         if add_keys is None or del_keys is None:
             return
         keys = quench.keys.union(add_keys).difference(del_keys)
@@ -1284,10 +1284,15 @@ class ClientSession:
         keys = KeyRing.EMPTY
         keyed = wire_keys is not _NO_WIRE_KEYS and bool(wire_keys)
         if problem is None and keyed:
-            try:
-                keys = KeyRing.from_wire(wire_keys, PRODUCER)
-            except errors.ElvinError as e:
-                problem = str(e)
+            most = self.options[_CONNECTION_KEYS]
+            if wire_keys.key_count() > most:
+                # Not hashed: a 2 MiB NotifyEmit holds 262,000 keys.
+                problem = f"more keys than Connection.Max-Keys ({most})"
+            else:
+                try:
+                    keys = KeyRing.from_wire(wire_keys, PRODUCER)
+                except errors.ElvinError as e:
+                    problem = str(e)
         if problem is not None:
             # 7.3.3: a protocol error in a NotifyEmit is ignored, not Nacked.
             self.ignore_notification(problem)
@@ -1340,7 +1345,7 @@ class ClientSession:
                                 f"client already has Subscription.Max-Count ({limit}) "
                                 "subscriptions", ("Subscription.Max-Count",))
             return
-        keys = self._keys(packet.xid, packet.keys, CONSUMER)
+        keys = self._keys(packet.xid, packet.keys, CONSUMER, _SUBSCRIPTION_KEYS)
         if keys is None:
             return
         if self._too_many_keys(packet.xid, keys):
@@ -1365,8 +1370,8 @@ class ClientSession:
                                 f"no such subscription: {packet.subscription_id}",
                                 (_id_arg(packet.subscription_id),))
             return
-        add_keys = self._keys(packet.xid, packet.add_keys, CONSUMER)
-        del_keys = self._keys(packet.xid, packet.del_keys, CONSUMER)
+        add_keys = self._keys(packet.xid, packet.add_keys, CONSUMER, _SUBSCRIPTION_KEYS)
+        del_keys = self._keys(packet.xid, packet.del_keys, CONSUMER, _SUBSCRIPTION_KEYS)
         if add_keys is None or del_keys is None:
             return
         # 7.4.18: adding a present key or removing an absent one is ignored.
@@ -1418,6 +1423,10 @@ class ClientSession:
         self.subscription_bytes -= _utf8_length(entry.subscription.expression)
         self.router.remove_subscription(entry)
         self.send(packets.SubRply(packet.xid, entry.id))
+
+
+_CONNECTION_KEYS = "Connection.Max-Keys"
+_SUBSCRIPTION_KEYS = "Subscription.Max-Keys"
 
 
 def _deliveries(count):

@@ -10,7 +10,7 @@ from elvin.core import keys as key_schemes
 from elvin.core.keys import CONSUMER, PRODUCER, KeyRing
 from elvin.protocols import packets
 from elvin.test.test_integration import RouterFixture, wait_until
-from elvin.test.test_router import RouterTestCase
+from elvin.test.test_router import RecordingOutput, RouterTestCase
 
 
 class KeyRingTests(unittest.TestCase):
@@ -170,6 +170,27 @@ class KeyedRoutingTests(RouterTestCase):
         session.packet_received(packets.SubAddRqst(1, "require(a)", True, two))
         (nack,) = out.take()
         self.assertEqual((nack.error, nack.args), (errors.QOS_LIMIT, ("Subscription.Max-Keys",)))
+
+    def test_a_key_limit_nack_names_the_requests_own_limit(self):
+        many = packets.Keys({key_schemes.SHA1_PRODUCER: [[bytes([i, j]) for i in range(8)
+                                                          for j in range(250)]]})  # 2,000
+        session, out = self.connect()
+        session.packet_received(packets.SubAddRqst(1, "require(a)", True, many))
+        self.assertEqual(out.take()[0].args, ("Subscription.Max-Keys",))
+        session, out = self.connect({"Connection.Max-Keys": 10})
+        twenty = packets.Keys({key_schemes.SHA1_PRODUCER: [[bytes([i]) for i in range(20)]]})
+        session.packet_received(packets.SecRqst(2, add_nfn_keys=twenty))
+        self.assertEqual(out.take()[0].args, ("Connection.Max-Keys",))
+
+    def test_connrqst_keys_are_held_to_the_limit_it_asks_for(self):
+        keys = packets.Keys({key_schemes.SHA1_PRODUCER: [[bytes([i, j]) for i in range(6)
+                                                          for j in range(250)]]})  # 1,500
+        out = RecordingOutput()
+        session = self.router.open_session(out, "test")
+        session.packet_received(packets.ConnRqst(1, 4, 0, {"Connection.Max-Keys": 4096}, keys,
+                                                 packets.Keys.EMPTY))
+        (reply,) = out.take()
+        self.assertIsInstance(reply, packets.ConnRply)
 
     def test_supported_key_schemes_reported(self):
         out_session, out = self.connect()

@@ -595,6 +595,16 @@ class CostTests(unittest.TestCase):
         # Decoding 200,000 keys is the cost left: none of them is hashed.
         self.assertEqual(len(hashed), 0)
         self.assertFalse(transport.disconnecting)
+        # A NotifyEmit carrying them is ignored (7.3.3), nothing hashed.
+        transport.clear()
+        body = (struct.pack(">II", packets.NotifyEmit.ID, 1) + struct.pack(">I", 1) + b"a\0\0\0"
+                + struct.pack(">II", 1, 1) + struct.pack(">I", 1) + keys)
+        before = proto.session.router.stats["rejected_notifications"]
+        proto.dataReceived(struct.pack(">I", len(body)) + body)
+        self.assertEqual(len(hashed), 0)
+        self.assertEqual(proto.session.router.stats["rejected_notifications"], before + 1)
+        self.assertEqual(transport.value(), b"")
+        self.assertFalse(transport.disconnecting)
 
 
 # -- one representative limit on every path ------------------------------------------
