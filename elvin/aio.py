@@ -35,7 +35,7 @@ from elvin.clientcore import messages
 from elvin.clientcore.state import (ClientState, ConnectFailed, ConnectionClosed, Deframer,
                                     NackError, Notification, PublishBufferFull,
                                     QuenchHandlers, QuenchState, Reconnect, AutoQuenchBase,
-                                    SessionArg, proxy_options)
+                                    SessionArg, changed_keys, proxy_options)
 from elvin.core.options import OPTIONS
 from elvin.keys import Keys, consumer_keys, dual_keys, producer_keys
 from elvin.protocols import packets
@@ -208,7 +208,7 @@ class Subscription:
         insecure = self.accept_insecure if accept_insecure is None else accept_insecure
         await conn._call(conn.sub_mod_rqst(self, expression, insecure, add_keys, del_keys),
                          at_reply=lambda reply: conn.subscription_modified(
-                             self, expression, insecure, reply),
+                             self, expression, insecure, reply, add_keys, del_keys),
                          apply_late=True)
         return self
 
@@ -279,6 +279,8 @@ class Quench(QuenchHandlers):
         def modified(reply: Any) -> "Quench":
             self.names = (self.names | add) - delete
             self.deliver_insecure = insecure
+            if add_keys or del_keys:
+                self.keys = changed_keys(self.keys, add_keys, del_keys)
             return self
         await conn._call(conn.qnch_mod_rqst(self, sorted(add), sorted(delete), insecure,
                                             add_keys, del_keys),

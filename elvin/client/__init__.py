@@ -30,7 +30,7 @@ from elvin.clientcore.messages import (TLS_TRUST, TOOLS_TLS_TRUST, shown as _sho
 from elvin.clientcore.state import (ClientState, ConnectFailed, ConnectionClosed, NackError,
                                     Notification, PublishBufferFull, QuenchHandlers,
                                     QuenchState, Reconnect, AutoQuenchBase, JoinedSession,
-                                    SessionArg, SessionSubscription, proxy_options,
+                                    SessionArg, SessionSubscription, changed_keys, proxy_options,
                                     refuse_coroutine, coroutine_result_refused)
 from elvin.core.options import OPTIONS
 from elvin.keys import Keys, consumer_keys, dual_keys, producer_keys
@@ -499,7 +499,8 @@ class Connection(LifecycleView, ClientState):
         insecure = sub.accept_insecure if accept_insecure is None else accept_insecure
 
         def modified(reply):
-            return self.subscription_modified(sub, expression, insecure, reply)
+            return self.subscription_modified(sub, expression, insecure, reply, add_keys,
+                                              del_keys)
         # Cancelled after it went out, the router's answer still applies.
         return self.call(self.sub_mod_rqst(sub, expression, insecure, add_keys, del_keys),
                          modified).addCallback(modified)
@@ -542,6 +543,8 @@ class Connection(LifecycleView, ClientState):
         def modified(reply):
             quench.names = (quench.names | add) - delete
             quench.deliver_insecure = insecure
+            if add_keys or del_keys:
+                quench.keys = changed_keys(quench.keys, add_keys, del_keys)
             return quench
         return self.call(self.qnch_mod_rqst(quench, sorted(add), sorted(delete), insecure,
                                             add_keys, del_keys), modified).addCallback(modified)

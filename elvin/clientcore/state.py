@@ -410,6 +410,28 @@ class AutoQuenchBase:
         return False
 
 
+def changed_keys(keys: Optional[packets.Keys], add: Optional[packets.Keys],
+                 delete: Optional[packets.Keys]) -> packets.Keys:
+    """``keys`` with ``add``'s added and ``delete``'s taken out, key set by
+    key set within each scheme, as a router applies a SubModRqst or
+    QnchModRqst (adding a present key or deleting an absent one changes
+    nothing): what a reconnection must register again."""
+    table: Dict[int, List[List[bytes]]] = {}
+    for source, adding in ((keys, True), (add, True), (delete, False)):
+        for scheme, key_sets in source or packets.Keys.EMPTY:
+            sets = table.setdefault(scheme, [])
+            for index, key_set in enumerate(key_sets):
+                while len(sets) <= index:
+                    sets.append([])
+                for key in key_set:
+                    if adding and key not in sets[index]:
+                        sets[index].append(key)
+                    elif not adding and key in sets[index]:
+                        sets[index].remove(key)
+    return packets.Keys({scheme: sets for scheme, sets in table.items()
+                         if any(sets)})
+
+
 class Deframer:
     """Bytes in, whole packets' bytes out (the 4-byte length framing of
     client protocol 8.1), for flavours whose transport gives a stream."""
@@ -733,12 +755,16 @@ class ClientState:
         return lambda xid: packets.DisconnRqst(xid)
 
     def subscription_modified(self, sub: Any, expression: Optional[str], accept_insecure: bool,
-                              reply: Any) -> Any:
+                              reply: Any, add_keys: Optional[packets.Keys] = None,
+                              del_keys: Optional[packets.Keys] = None) -> Any:
         """Apply a SubModRqst's SubRply to ``sub`` (a router may give the
-        subscription a new id); returns ``sub``."""
+        subscription a new id; its keys are what a reconnection registers
+        again); returns ``sub``."""
         if expression:
             sub.expression = expression
         sub.accept_insecure = accept_insecure
+        if add_keys or del_keys:
+            sub.keys = changed_keys(sub.keys, add_keys, del_keys)
         if reply.subscription_id != sub.id:
             self.subscriptions.pop(sub.id, None)
             sub.id = reply.subscription_id

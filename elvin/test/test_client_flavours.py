@@ -113,8 +113,8 @@ class AioDriver:
             return True
         return False
 
-    async def modify(self, sub, expression):
-        await sub.modify(expression)
+    async def modify(self, sub, expression=None, **kw):
+        await sub.modify(expression, **kw)
 
     async def remove(self, sub):
         await sub.remove()
@@ -200,8 +200,8 @@ class SyncDriver:
     async def nothing(self, sub, timeout=0.3):
         return sub.get(timeout) is None
 
-    async def modify(self, sub, expression):
-        sub.modify(expression)
+    async def modify(self, sub, expression=None, **kw):
+        sub.modify(expression, **kw)
 
     async def remove(self, sub):
         sub.remove()
@@ -462,6 +462,11 @@ class Scenarios:
             conn.on_connection_lost = lambda error: events.append("lost")
             conn.on_reconnected = lambda c: events.append("reconnected")
             sub = await d.subscribe(conn, "require(after)")
+            # Keys taken off a subscription stay off when it is registered again.
+            nfn_keys, sub_keys = producer_keys(b"taken off")
+            keyed = await d.subscribe(conn, "require(secret)", accept_insecure=False,
+                                      keys=sub_keys)
+            await d.modify(keyed, del_keys=sub_keys)
             stop_router(router)
             for _ in range(200):
                 if events:
@@ -480,10 +485,12 @@ class Scenarios:
                     break
                 await _sleep_via(d, 0.02)
             self.assertEqual(events, ["lost", "reconnected"])
-            producer = await d.connect(uri)
+            producer = await d.connect(uri, nfn_keys=nfn_keys)
+            await d.notify(producer, {"secret": 1}, deliver_insecure=False)
             await d.notify(producer, {"after": 1})
             self.assertEqual((await d.next(sub))["after"], 0)
             self.assertEqual((await d.next(sub))["after"], 1)
+            self.assertTrue(await d.nothing(keyed))
             await d.close(producer)
             await d.close(conn)
         finally:

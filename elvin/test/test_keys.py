@@ -215,3 +215,22 @@ class KeysOverTcpTests(RouterFixture):
         self.assertEqual(got[0]["msg"], "secret")
         self.assertEqual(got[0].secure, (secure_sub.id,))
         self.assertEqual(spied[0]["msg"], "public")
+
+
+class ChangedKeysTests(unittest.TestCase):
+    """``clientcore.state.changed_keys``: what a client registers again
+    after a SubModRqst/QnchModRqst changed keys, as the router applied it."""
+
+    def test_add_delete_and_dual_sets(self):
+        from elvin.clientcore.state import changed_keys
+        a = packets.Keys({key_schemes.SHA1_PRODUCER: [[b"a"]]})
+        ab = packets.Keys({key_schemes.SHA1_PRODUCER: [[b"a", b"b"]]})
+        b = packets.Keys({key_schemes.SHA1_PRODUCER: [[b"b"]]})
+        self.assertEqual(changed_keys(a, b, None), ab)
+        self.assertEqual(changed_keys(ab, a, a), b)        # added then taken off
+        self.assertEqual(changed_keys(a, None, a), packets.Keys.EMPTY)
+        self.assertEqual(changed_keys(None, None, a), packets.Keys.EMPTY)   # absent: nothing
+        dual = packets.Keys({key_schemes.SHA1_DUAL: [[b"p"], [b"c"]]})
+        half = packets.Keys({key_schemes.SHA1_DUAL: [[b"p"], []]})
+        self.assertEqual(changed_keys(dual, None, packets.Keys(
+            {key_schemes.SHA1_DUAL: [[], [b"c"]]})), half)
