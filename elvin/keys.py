@@ -76,8 +76,15 @@ def dual_keys(producer_secret: Secret, consumer_secret: Secret) -> KeyPair:
 
 
 def _bytes(secret: Secret) -> bytes:
+    """The secret's bytes. An empty secret is refused: its public key is
+    SHA-1 of nothing, a constant anyone can compute, and the Avis router
+    ends a session that sends an empty key."""
     if isinstance(secret, str):
-        return secret.encode("utf-8")
-    if isinstance(secret, (bytes, bytearray, memoryview)):
-        return bytes(secret)
-    raise TypeError(f"a key's secret is str or bytes, not {type(secret).__name__}")
+        data = secret.encode("utf-8")
+    elif isinstance(secret, (bytes, bytearray, memoryview)):
+        data = bytes(secret)
+    else:
+        raise TypeError(f"a key's secret is str or bytes, not {type(secret).__name__}")
+    if not data:
+        raise ValueError("a key's secret is empty: anyone could compute its public key")
+    return data

@@ -83,13 +83,13 @@ class KeyRing:
         for scheme, key_sets in keys.entries():
             if scheme not in SCHEMES:
                 raise ElvinError(errors.BAD_KEY_SCHEME,
-                                 f"unknown key scheme {scheme}", (scheme,))
+                                 f"unknown key scheme {scheme}", (_id32(scheme),))
             expected = 2 if scheme == SHA1_DUAL else 1
             if len(key_sets) != expected:
                 raise ElvinError(errors.BAD_KEY_INDEX,
                                  f"key scheme {scheme} needs {expected} key set(s), "
                                  f"got {len(key_sets)}",
-                                 (scheme, _bad_index(key_sets, expected)))
+                                 (_id32(scheme), _bad_index(key_sets, expected)))
             producer, consumer = sets.get(scheme, (set(), set()))
             producer, consumer = set(producer), set(consumer)
             if scheme == SHA1_DUAL:
@@ -123,7 +123,7 @@ class KeyRing:
         for scheme, key_sets in keys.entries():
             if scheme not in SCHEMES:
                 raise ElvinError(errors.BAD_KEY_SCHEME, f"unknown key scheme {scheme}",
-                                 (scheme,))
+                                 (_id32(scheme),))
             if scheme == SHA1_DUAL and len(key_sets) == 2:
                 sets[scheme] = ({bytes(k) for k in key_sets[0]}, {bytes(k) for k in key_sets[1]})
             elif scheme == SHA1_PRODUCER and len(key_sets) == 1:
@@ -195,3 +195,9 @@ def _bad_index(key_sets, expected):
     (7.4.2's BAD_KEY_INDEX argument): the first one past those, or, when
     there are too few, the first missing one."""
     return min(len(key_sets), expected)
+
+
+def _id32(scheme):
+    """A scheme id (an id32, unsigned on the wire) as the int32 Value a
+    Nack's arguments carry (7.4.2), two's complement past 2**31."""
+    return scheme - (1 << 32) if scheme >= 1 << 31 else scheme

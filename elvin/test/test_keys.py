@@ -234,3 +234,25 @@ class ChangedKeysTests(unittest.TestCase):
         half = packets.Keys({key_schemes.SHA1_DUAL: [[b"p"], []]})
         self.assertEqual(changed_keys(dual, None, packets.Keys(
             {key_schemes.SHA1_DUAL: [[], [b"c"]]})), half)
+
+
+class SchemeArgumentTests(RouterTestCase):
+    def test_bad_key_scheme_argument_is_an_int32(self):
+        """7.4.2: the argument is the scheme id, an id32, carried as int32
+        (two's complement past 2**31), not widened to int64."""
+        session, out = self.connect()
+        odd = packets.Keys({0xFFFFFFFF: [[b"k"]]})
+        session.packet_received(packets.SubAddRqst(1, "require(a)", True, odd))
+        (nack,) = out.take()
+        self.assertEqual(nack.error, errors.BAD_KEY_SCHEME)
+        (arg,) = nack.args
+        self.assertIs(type(arg), int)
+        self.assertEqual(arg, -1)
+
+    def test_an_empty_secret_is_refused_by_the_helpers(self):
+        from elvin import keys as client_keys
+        for make in (client_keys.producer_keys, client_keys.consumer_keys):
+            with self.assertRaises(ValueError):
+                make("")
+        with self.assertRaises(ValueError):
+            client_keys.dual_keys(b"p", b"")
