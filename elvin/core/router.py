@@ -414,13 +414,31 @@ class Router(SessionHost):
                                     "the router holds its maximum number of subscriptions")
         entry = SubscriptionEntry(next(self._sub_ids), session, subscription,
                                   accept_insecure, keys)
-        _meter(entry)
+        self._meter(entry)
         self.subscriptions[entry.id] = entry
         self.index.add(entry)
         self.quench.subscription_added(entry)
         subscription.compact()
         self._subscriptions_changed(entry)
         return entry
+
+    def _meter(self, entry):
+        """Evaluate a subscription that scans strings under its client's
+        PatternBudget (``elvin.subscription.workbudget``), made when first
+        needed and kept on the session."""
+        if not entry.subscription.reads_strings():
+            return
+        session = entry.session
+        budget = session._pattern_budget
+        if budget is None:
+            def refused():
+                self.stats["pattern_work_refusals"] += 1
+                session.not_fully_evaluated(
+                    "max-pattern-work", self.max_pattern_work,
+                    "string tests (regex, wildcard, contains) of its subscriptions "
+                    "needed more than", "the rest were not run")
+            budget = session._pattern_budget = PatternBudget(self, refused)
+        entry.evaluate = budget.metered(entry.subscription.evaluator)
 
     def modify_subscription(self, entry, subscription, keys, accept_insecure):
         """Change an entry (None keeps the expression); quenchers are told."""
@@ -429,7 +447,7 @@ class Router(SessionHost):
             self.index.remove(entry)
             entry.subscription = subscription
             entry.evaluate = subscription.evaluator
-            _meter(entry)
+            self._meter(entry)
             self.index.add(entry)
             subscription.compact()
         entry.keys = keys
@@ -610,16 +628,11 @@ class Router(SessionHost):
             spent[session] = cost + _OVERHEAD
             keep(entry)
         for session in over:
-            session.evaluation_refused()
+            self.stats["evaluation_refusals"] += 1
+            session.not_fully_evaluated("max-evaluation-bytes", limit,
+                                        "its subscriptions to evaluate came to more than",
+                                        "the rest were skipped")
         return kept
-
-
-def _meter(entry):
-    """Evaluate a subscription that scans strings under its session's
-    PatternBudget (sessions of other hosts, e.g. the proxy's, have none)."""
-    budget_of = getattr(entry.session, "pattern_budget", None)
-    if budget_of is not None and entry.subscription.reads_strings():
-        entry.evaluate = budget_of().metered(entry.subscription.evaluator)
 
 
 _OVERHEAD = EVALUATION_OVERHEAD_BYTES
@@ -849,35 +862,13 @@ class ClientSession:
         self.discarded += count
         self.router.deliveries_lost(count)
 
-    def pattern_budget(self):
-        """This client's PatternBudget (elvin.subscription.workbudget)."""
-        budget = self._pattern_budget
-        if budget is None:
-            budget = self._pattern_budget = PatternBudget(self.router,
-                                                          self._pattern_work_refused)
-        return budget
-
-    def _pattern_work_refused(self):
-        """A notification's string tests for this client's subscriptions
-        passed the router's ``max-pattern-work``: the rest were not run."""
-        self._not_fully_evaluated("pattern_work_refusals", "max-pattern-work",
-                                  "string tests (regex, wildcard, contains) of its "
-                                  "subscriptions needed more than", "the rest were not run")
-
-    def evaluation_refused(self):
-        """This client's candidates for a notification passed the router's
-        ``max-evaluation-bytes`` (``Router._within_budgets``)."""
-        self._not_fully_evaluated("evaluation_refusals", "max-evaluation-bytes",
-                                  "its subscriptions to evaluate came to more than",
-                                  "the rest were skipped")
-
-    def _not_fully_evaluated(self, counter, setting, what, outcome):
+    def not_fully_evaluated(self, setting, limit, what, outcome):
         """A subscription of this client may have missed a notification
-        because evaluating them all passed ``setting``: counted (here and in
-        the router's ``counter``), logged at most once per LOG_INTERVAL, and
-        a DropWarn tells the client, as for a delivery dropped."""
+        because evaluating them all passed the router's ``setting``
+        (``limit``; the router counts it): counted here, logged at most
+        once per LOG_INTERVAL, and a DropWarn tells the client, as for a
+        delivery dropped."""
         self.unevaluated += 1
-        self.router.stats[counter] += 1
         if self.state == self.CONNECTED:
             self.send(packets.DropWarn())
         limiter = self._pattern_log
@@ -885,7 +876,6 @@ class ClientSession:
             limiter = self._pattern_log = LogLimiter(self.router.clock)
         skipped = limiter.allow()
         if skipped is not None:
-            limit = getattr(self.router, setting.replace("-", "_"))
             self.log.warn("client {peer}: {what} {setting} ({limit}) for one notification; "
                           "{outcome}, DropWarn sent ({total} notifications not fully "
                           "evaluated so far){more}", peer=self.peer, what=what,
