@@ -305,6 +305,10 @@ class TransportsTests(unittest.TestCase):
         budget = receive_budget_of(router)
         self.assertIs(proto.receive_budget, budget)
         budget.max_bytes = 100_000
+        # Up first: before its handshake a link takes no frame over 64 KiB.
+        from elvin.federation import packets as fed_packets
+        hello = elvin_packets.encode(fed_packets.FedConnRqst(1, 1, 0, "peer.test"))
+        proto.dataReceived(struct.pack(">I", len(hello)) + hello)
         proto.dataReceived(header(1 << 20) + b"\0" * 120_000)
         self.assertTrue(transport.disconnected)
         self.assertEqual((budget.closes, budget.total), (1, 0))
