@@ -441,7 +441,11 @@ class Router(SessionHost):
         entry.evaluate = budget.metered(entry.subscription.evaluator)
 
     def modify_subscription(self, entry, subscription, keys, accept_insecure):
-        """Change an entry (None keeps the expression); quenchers are told."""
+        """Change an entry (None keeps the expression); quenchers are told
+        of a change, not of a request that changed nothing."""
+        if (subscription is None and keys == entry.keys
+                and accept_insecure == entry.accept_insecure):
+            return
         token = self.quench.subscription_changing(entry)
         if subscription is not None:
             self.index.remove(entry)

@@ -59,6 +59,22 @@ class QuenchRouterTests(RouterTestCase):
         (n,) = modify("a == 2")
         self.assertEqual(n, elvin_packets.SubDelNotify((qid,), sub_id))
 
+    def test_a_modification_that_changes_nothing_is_not_told(self):
+        sub_s, sub_out = self.connect()
+        sub_id = self.subscribe(sub_s, sub_out, "price > 1").subscription_id
+        q_s, q_out = self.connect()
+        self.quench(q_s, q_out, ["price"])
+        sub_s.packet_received(elvin_packets.SubModRqst(self.xid(), sub_id, "", True,
+                                                       elvin_packets.Keys.EMPTY,
+                                                       elvin_packets.Keys.EMPTY))
+        self.assertIsInstance(sub_out.take()[0], elvin_packets.SubRply)
+        self.assertEqual(q_out.take(), [])
+        sub_s.packet_received(elvin_packets.SubModRqst(self.xid(), sub_id, "", False,
+                                                       elvin_packets.Keys.EMPTY,
+                                                       elvin_packets.Keys.EMPTY))
+        self.assertEqual(q_out.take(), [elvin_packets.SubDelNotify(
+            (next(iter(q_s.quenches)),), sub_id)])
+
     def test_delete_and_disconnect_notify(self):
         sub_s, sub_out = self.connect()
         a = self.subscribe(sub_s, sub_out, "price > 1").subscription_id
