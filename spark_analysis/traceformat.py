@@ -174,7 +174,7 @@ def is_trace_file(name):
 
 def format_record(ts_us, router, peer, event, direction, *, routing=None, size=None,
                   attrs=None, digest=None, filter_nodes=None, filter_bytes=None,
-                  reason=None):
+                  reason=None, unsent=None):
     """One trace line (without the newline): compact JSON, UTF-8 safe.
 
     Fields that are None are left out (except ``peer``, always present);
@@ -196,6 +196,8 @@ def format_record(ts_us, router, peer, event, direction, *, routing=None, size=N
         record["filter_bytes"] = int(filter_bytes)
     if reason is not None:
         record["reason"] = reason
+    if unsent is not None:
+        record["unsent"] = int(unsent)
     return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
 
 

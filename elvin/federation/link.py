@@ -135,6 +135,9 @@ class FederationLink:
     def violation(self, reason):
         self.log.warn("federation protocol violation from {peer}: {reason}",
                       peer=self.peer_domain or self.peer_host, reason=reason)
+        drop = getattr(self.output, "drop_unsent", None)
+        if drop is not None:
+            drop()          # lost with the link: counted before it goes down
         self.connection_lost(reason)
         self.output.abort()
 

@@ -234,7 +234,7 @@ class FederationManager(RouterObserver):
                           domain=link.peer_domain, reason=reason,
                           losses="; notifications lost: " + ", ".join(
                               f"{cause} {n}" for cause, n in lost.items()) if lost else "")
-        self.trace.link(link, "link_down", reason=reason)
+        self.trace.link(link, "link_down", reason=reason, unsent=link.stats["unsent"])
         self._parts_cache.pop(link, None)
         if self._waiters:
             self._check_waiters()

@@ -153,6 +153,7 @@ class FederationProtocol(QueuedFramedProtocol):
             self._liveness = None
             self.log.warn("federation link to {peer} is silent; closing",
                           peer=self.link.peer_domain or self.link.peer_host)
+            self.drop_unsent()      # counted before the link_down says how many
             self.link.connection_lost("liveness")
             self.transport.abortConnection()
             return
@@ -174,11 +175,32 @@ class FederationProtocol(QueuedFramedProtocol):
             self._handshake.cancel()
         self._handshake = None
         self._awaiting_up = False
-        unsent = self.queue.clear()
+        self.drop_unsent()
         if self.link is not None:
-            # Counted out when queued, never written: lost with the link.
-            self.link.stats["unsent"] += unsent
             self.link.connection_lost("connection_lost")
+
+    def drop_unsent(self):
+        """Empty the send queue: the notifications in it were counted out
+        (and traced notify_forwarded) when queued and will never be written,
+        so they are lost with the link (``unsent``). Done before the link
+        goes down where the queue is to be dropped, so that its log line,
+        totals and trace record count them; what a link closed politely
+        still held when its connection ended is counted after."""
+        unsent = self.queue.clear()
+        link = self.link
+        if link is None or not unsent:
+            return
+        link.stats["unsent"] += unsent
+        if link.state == link.CLOSED:
+            # already down (closed politely): add to the totals of links gone
+            self.manager.gone_losses["unsent"] += unsent
+            self.log.warn("federation link {domain}: {n} notifications still queued when "
+                          "its connection ended were not sent (unsent)",
+                          domain=link.peer_domain or link.peer_host, n=unsent)
+
+    def abort(self):
+        self.drop_unsent()
+        super().abort()
 
     # -- input -------------------------------------------------------------------
 

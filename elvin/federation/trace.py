@@ -17,12 +17,27 @@ import time
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from elvin.configvalues import ConfigError
+from elvin.core.lograte import LogLimiter
 from elvin.federation.mesh import ID_PREFIX
 from elvin.protocols.xdr import Writer
 
-__all__ = ["NullTrace", "TraceWriter", "notification_digest", "trace_file_name"]
+__all__ = ["NullTrace", "TraceDirectoryError", "TraceWriter", "notification_digest", "trace_file_name"]
 
 FORMAT_VERSION = 1
+
+
+class TraceDirectoryError(ConfigError):
+    """The trace directory cannot be made or is not a directory: one line
+    naming the setting (``where`` it was set: 'file:line: '), the directory
+    and why, as the other configuration errors."""
+
+    def __init__(self, directory, error, where=""):
+        self.directory = directory
+        self.reason = f"cannot make it: {error.strerror or error}"
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            self.reason = "it exists and is not a directory"
+        super().__init__(f"{where}Federation.Trace-Directory {directory}: {self.reason}")
 
 
 def notification_digest(attributes):
@@ -50,10 +65,13 @@ class NullTrace:
     """Tracing switched off: every call does nothing."""
 
     enabled = False
-    #: Records written (operations read it of any trace).
+    #: Records accepted, written whole, and lost (operations read them of any trace).
     records = 0
+    written = 0
+    dropped_overflow = 0
+    dropped_error = 0
 
-    def link(self, link, event, reason=None):
+    def link(self, link, event, reason=None, unsent=0):
         pass
 
     def subreplace(self, link, direction, tree):
@@ -78,16 +96,21 @@ class TraceWriter:
     #: dropped and counted (``dropped_overflow``), so a disk that cannot keep
     #: up costs bounded memory, and close() waits for a bounded backlog.
     MAX_QUEUED = 100_000
+    #: Seconds between two log lines of one kind (queue full, write failing).
+    LOG_INTERVAL = 60.0
 
     def __init__(self, directory, domain, max_bytes=64 * 1024 * 1024,
                  max_seconds=3600.0, now=time.time, max_queued=MAX_QUEUED,
-                 reactor=None):
+                 reactor=None, where=""):
         self.directory = directory
         self.domain = domain
         self.max_bytes = max_bytes
         self.max_seconds = max_seconds
         self.now = now
-        os.makedirs(directory, exist_ok=True)
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as e:
+            raise TraceDirectoryError(directory, e, where) from None
         self._lines = collections.deque()
         self._cond = threading.Condition()
         self._closing = False
@@ -98,10 +121,21 @@ class TraceWriter:
         self._file = None
         self._opened = 0.0
         self._written = 0
+        #: Records accepted (queued for the writer thread).
         self.records = 0
+        #: Records written whole to a file.
+        self.written = 0
         self.dropped_after_close = 0
         self.max_queued = max_queued
+        #: Records dropped because the queue was full.
         self.dropped_overflow = 0
+        #: Records lost to failed writes (disk full, I/O error): the writer
+        #: goes on, and writes again once the disk takes them.
+        self.dropped_error = 0
+        self._overflow_log = LogLimiter(time.monotonic, self.LOG_INTERVAL)
+        self._error_log = LogLimiter(time.monotonic, self.LOG_INTERVAL)
+        self._failing = None         # the error while writes fail, else None
+        self._failed_since = 0       # records lost since writes began to fail
         self._thread = threading.Thread(target=self._run, name="elvin-trace", daemon=True)
         self._thread.start()
         self._digests = (None, None)
@@ -109,18 +143,23 @@ class TraceWriter:
     # -- records -------------------------------------------------------------
 
     def _emit(self, record):
-        line = json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n"
+        line = (json.dumps(record, separators=(",", ":"), ensure_ascii=False)
+                + "\n").encode("utf-8")
         with self._cond:
             if self._closing:
                 # After close() nothing is written: do not accept (count) it.
                 self.dropped_after_close += 1
                 return
             if len(self._lines) >= self.max_queued:
-                if not self.dropped_overflow:
-                    _log.warn("trace writer for {domain} is {n} records behind; "
-                              "dropping records until it catches up (counted)",
-                              domain=self.domain, n=len(self._lines))
                 self.dropped_overflow += 1
+                skipped = self._overflow_log.allow()
+                if skipped is not None:
+                    _log.warn("trace writer for {domain}: {n} records wait to be written "
+                              "(the limit); new records are dropped while it stays full: "
+                              "{total} dropped so far{failing}", domain=self.domain,
+                              n=len(self._lines), total=self.dropped_overflow,
+                              failing=f" (writes fail: {self._failing})"
+                              if self._failing else "")
                 return
             self._lines.append(line)
             self.records += 1
@@ -131,10 +170,12 @@ class TraceWriter:
                 "router": self.domain, "peer": link.peer_domain, "event": event,
                 "direction": direction}
 
-    def link(self, link, event, reason=None):
+    def link(self, link, event, reason=None, unsent=0):
         record = self._base(link, event, "out" if link.outgoing else "in")
         if reason is not None:
             record["reason"] = reason
+        if unsent:
+            record["unsent"] = unsent
         self._emit(record)
 
     def subreplace(self, link, direction, tree):
@@ -176,31 +217,100 @@ class TraceWriter:
         self._seq += 1
         self._opened = self.now()
         path = os.path.join(self.directory, trace_file_name(self.domain, self._opened, self._seq))
-        self._file = open(path, "a", encoding="utf-8")
+        # unbuffered: each batch is one write, and what reached the file is known
+        self._file = open(path, "ab", buffering=0)
         self._written = 0
+
+    def _close_file(self):
+        file, self._file = self._file, None
+        if file is not None:
+            try:
+                file.close()
+            except OSError:
+                pass
+
+    def _write(self, lines):
+        """Write ``lines`` (encoded records) to the current file, rotating
+        first when it is due. On an error (disk full, I/O error) the records
+        not written whole are counted lost (``dropped_error``), the file is cut
+        back to its last whole record, and the next batch tries again."""
+        if not lines:
+            return
+        try:
+            if (self._file is None or self._written >= self.max_bytes
+                    or self.now() - self._opened >= self.max_seconds):
+                self._close_file()
+                self._open()
+        except OSError as e:
+            self._failed(len(lines), e)
+            return
+        data = b"".join(lines)
+        done = 0
+        try:
+            view = memoryview(data)
+            while done < len(data):
+                n = self._file.write(view[done:])
+                if not n:
+                    raise OSError("nothing written")
+                done += n
+        except OSError as e:
+            whole, kept = 0, 0
+            for line in lines:
+                if kept + len(line) > done:
+                    break
+                kept += len(line)
+                whole += 1
+            if kept < done:
+                try:
+                    os.ftruncate(self._file.fileno(), self._written + kept)
+                except OSError:
+                    # cannot cut the partial record off: start the next file
+                    self._close_file()
+            self._written += kept
+            self.written += whole
+            self._failed(len(lines) - whole, e)
+            return
+        self._written += len(data)
+        self.written += len(lines)
+        if self._failing is not None:
+            lost, self._failing, self._failed_since = self._failed_since, None, 0
+            self._say("trace writer for {domain}: writing again; {lost} records were "
+                      "lost while writes failed ({total} in all)", domain=self.domain,
+                      lost=lost, total=self.dropped_error)
+
+    def _failed(self, lost, error):
+        self.dropped_error += lost
+        self._failed_since += lost
+        reason = error.strerror or str(error)
+        first = self._failing is None
+        self._failing = reason
+        skipped = self._error_log.allow()
+        if first or skipped is not None:
+            self._say("trace writer for {domain}: cannot write to {directory}: {reason}; "
+                      "records are lost (counted: {total} so far) until writes succeed "
+                      "again", domain=self.domain, directory=self.directory, reason=reason,
+                      total=self.dropped_error)
+
+    def _say(self, text, **fields):
+        """Log from the writer thread (in the reactor thread)."""
+        from twisted.internet import reactor as default_reactor
+        reactor = self._reactor or default_reactor
+        reactor.callFromThread(lambda: _log.warn(text, **fields))
 
     def _run(self):
         while True:
             with self._cond:
                 while not self._lines and not self._closing:
                     self._cond.wait(1.0)
-                    if self._file is not None and not self._lines:
-                        self._file.flush()
                 batch = list(self._lines)
                 self._lines.clear()
                 closing = self._closing
-            for line in batch:
-                if (self._file is None or self._written >= self.max_bytes
-                        or self.now() - self._opened >= self.max_seconds):
-                    if self._file is not None:
-                        self._file.close()
-                    self._open()
-                self._file.write(line)
-                self._written += len(line.encode("utf-8"))
+            try:
+                self._write(batch)
+            except Exception as e:   # never end tracing: count, log, go on
+                self._failed(len(batch), e if isinstance(e, OSError) else OSError(repr(e)))
             if closing:
-                if self._file is not None:
-                    self._file.close()
-                    self._file = None
+                self._close_file()
                 with self._cond:
                     finish = self._finish
                 if finish is not None:
@@ -212,11 +322,9 @@ class TraceWriter:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             with self._cond:
-                if not self._lines:
+                if self.written + self.dropped_error >= self.records:
                     break
             time.sleep(0.005)
-        if self._file is not None:
-            self._file.flush()
 
     def _finished(self, closed):
         """In the reactor thread: the writer thread has closed the file and

@@ -78,7 +78,7 @@ class RouterCollector:
                 ("elvin_discovery_packets_sent", "discovery_packets_sent",
                  "Router discovery packets sent (adverts and withdrawals)."),
                 ("elvin_trace_records", "trace_records",
-                 "Federation trace records written (docs/traces.md)."),
+                 "Federation trace records written whole to a file (docs/traces.md)."),
                 ("elvin_federation_replies_waited", "federation_replies_waited",
                  "SubRplys held until the linked peers answered a pull filter covering "
                  "the subscription."),
@@ -110,6 +110,13 @@ class RouterCollector:
         for cause, _ in LOSS_CAUSES:
             losses.add_metric([cause], totals.get("federation_losses", {}).get(cause, 0))
         yield losses
+        trace_lost = CounterMetricFamily(
+            "elvin_trace_records_dropped", "Federation trace records lost, by cause: "
+            "overflow (the writer's queue was full), error (a write failed: disk "
+            "full, I/O error).", labels=["cause"])
+        for cause, count in totals.get("trace_dropped", {}).items():
+            trace_lost.add_metric([cause], count)
+        yield trace_lost
         nacks = CounterMetricFamily("elvin_nacks", "Nacks sent, by error code.",
                                     labels=["code"])
         for code, count in totals["nacks"].items():

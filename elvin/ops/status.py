@@ -136,7 +136,12 @@ def snapshot(router: "Router", federation: Optional["FederationManager"] = None,
             "nacks": {str(code): n for code, n in sorted(router.nacks.items())},
             "bytes_in": bytes_in, "bytes_out": bytes_out,
             "discovery_packets_sent": discovery.sent if discovery is not None else 0,
-            "trace_records": federation.trace.records if federation is not None else 0,
+            # Federation trace records written whole, and those lost: the
+            # writer's queue was full (overflow), or writes failed (error).
+            "trace_records": federation.trace.written if federation is not None else 0,
+            "trace_dropped": {"overflow": federation.trace.dropped_overflow,
+                              "error": federation.trace.dropped_error}
+            if federation is not None else {"overflow": 0, "error": 0},
             # SubRplys held until the peers answered a covering pull filter,
             # and those sent after Federation.Filter.Wait without it.
             "federation_replies_waited":

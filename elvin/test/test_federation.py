@@ -646,6 +646,70 @@ class TraceQueueTests(unittest.TestCase):
         self.assertEqual(lines, 4)
 
     @defer.inlineCallbacks
+    def test_a_full_disk_loses_records_counted_and_writing_resumes(self):
+        """ENOSPC part way through a batch: the records written whole
+        count as written, the rest as lost (``dropped_error``), the file is
+        cut back to its last whole record, the reason is logged, and once
+        the disk takes writes again the writer goes on (it did not die)."""
+        import errno
+        said = []
+        observer = lambda event: said.append(event)   # noqa: E731
+        globalLogPublisher.addObserver(observer)
+        self.addCleanup(globalLogPublisher.removeObserver, observer)
+        room = [10_000]
+
+        class Disk:
+            """A file on a disk with ``room[0]`` bytes left."""
+            def __init__(self, raw):
+                self.raw = raw
+
+            def write(self, data):
+                if room[0] <= 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                n = min(len(data), room[0])
+                room[0] -= n
+                return self.raw.write(bytes(data[:n]))
+
+            def fileno(self):
+                return self.raw.fileno()
+
+            def close(self):
+                self.raw.close()
+
+        writer = TraceWriter(self.mktemp(), "ours.test")
+        real_open = writer._open
+
+        def open_on_disk():
+            real_open()
+            writer._file = Disk(writer._file)
+        writer._open = open_on_disk
+        link = SimpleNamespace(peer_domain="peer.test", outgoing=True)
+        writer.link(link, "link_up")
+        writer.flush()
+        one = os.path.getsize(os.path.join(writer.directory, os.listdir(writer.directory)[0]))
+        room[0] = int(2.5 * one)                # two records and a half fit
+        for _ in range(5):
+            writer.link(link, "link_up")
+        writer.flush()
+        self.assertEqual((writer.written, writer.dropped_error), (3, 3))
+        room[0] = 10 ** 6                       # space freed
+        for _ in range(4):
+            writer.link(link, "link_down", reason="shutdown")
+        writer.flush()
+        self.assertTrue(writer._thread.is_alive())
+        self.assertEqual((writer.records, writer.written, writer.dropped_error), (10, 7, 3))
+        yield writer.close()
+        (name,) = os.listdir(writer.directory)
+        text = open(os.path.join(writer.directory, name), encoding="utf-8").read()
+        self.assertTrue(text.endswith("\n"))
+        self.assertEqual([json.loads(line)["event"] for line in text.splitlines()],
+                         ["link_up"] * 3 + ["link_down"] * 4)
+        texts = [formatEvent(e) for e in said if "trace writer" in (e.get("log_format") or "")]
+        self.assertTrue(any("No space left on device" in t and "3 so far" in t
+                            for t in texts), texts)
+        self.assertTrue(any("writing again; 3 records were lost" in t for t in texts), texts)
+
+    @defer.inlineCallbacks
     def test_close_does_not_block_while_the_disk_stalls(self):
         import threading
         from types import SimpleNamespace
@@ -995,6 +1059,32 @@ class HandshakeLivenessTests(unittest.TestCase):
                          (3, 1))
         (down,) = self.log.having("federation link down")
         self.assertIn("notifications lost: overload 3, unsent 1", down)
+
+    def test_queued_notifications_lost_with_a_silent_link_are_traced(self):
+        """A peer gone silent is closed by the liveness rule: what its send
+        queue still held (traced notify_forwarded, never written) is counted
+        before the link goes down, so the link_down record, its log line
+        and the totals all say how many (unsent)."""
+        from elvin.federation.trace import NullTrace
+        traced = []
+
+        class Recording(NullTrace):
+            def link(self, link, event, reason=None, unsent=0):
+                traced.append((event, reason, unsent))
+        self.manager.trace = Recording()
+        peer = _ScriptedPeer()
+        ours, pump = self.accepted(peer, keepalive=1.0)
+        peer.send(fed_packets.FedConnRqst(1, 1, 0, "peer.test"))
+        self.play(pump, 0.1)
+        (link,) = self.manager.links
+        peer.dataReceived = lambda data: None          # silent from now on
+        ours.queue.push(b"\0" * 8, True)
+        ours.queue.push(b"\0" * 8, True)
+        self.play(pump, 3.0)
+        self.assertEqual(traced[-1], ("link_down", "liveness", 2))
+        self.assertEqual((link.stats["unsent"], self.manager.losses()["unsent"]), (2, 2))
+        (down,) = self.log.having("federation link down")
+        self.assertIn("unsent 2", down)
 
     def test_a_link_that_came_up_has_no_handshake_timeout(self):
         peer = _ScriptedPeer()

@@ -371,6 +371,11 @@ class FederationMetricsTests(unittest.TestCase):
                                   (("cause", "overload"), ("peer", "leaf.test")))], 0)
         self.assertEqual(scraped[("elvin_federation_dropped_all_total",
                                   (("cause", "unsent"),))], 0)
+        # trace records lost are exported by cause (no tracing here: none)
+        self.assertEqual(scraped[("elvin_trace_records_dropped_total",
+                                  (("cause", "overflow"),))], 0)
+        self.assertEqual(scraped[("elvin_trace_records_dropped_total",
+                                  (("cause", "error"),))], 0)
         # the consumer's SubRply waited for the hub's answer to leaf's filter
         at_leaf = samples(registry_for(lambda: snapshot(leaf.router, leaf.manager, started=0,
                                                         domain="leaf.test")))
