@@ -609,7 +609,12 @@ def makeService(options, reactor=None):
     federation = getattr(config, "federation", None)
     if federation is not None and federation.enabled:
         from elvin.federation.service import FederationService
-        top.federation_service = FederationService(router, config, reactor)
+        try:
+            top.federation_service = FederationService(router, config, reactor)
+        except ConfigError as e:   # e.g. a Trace-Directory that is a file
+            if parent is not None:
+                raise SystemExit(f"twistd elvin: {e}") from None  # no traceback
+            raise
         top.federation_service.setServiceParent(top)
     if getattr(config, "status_listen", None) is not None:
         status = status_service(reactor, config, router, top)

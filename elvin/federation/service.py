@@ -29,8 +29,10 @@ class FederationService(service.MultiService):
         domain = fed.domain()
         trace = None
         if fed.trace_directory:
+            origin = getattr(config, "origin", None)
+            where = origin("Federation.Trace-Directory") if origin is not None else None
             trace = TraceWriter(fed.trace_directory, domain, fed.trace_max_bytes,
-                                fed.trace_max_seconds)
+                                fed.trace_max_seconds, where=f"{where}: " if where else "")
         self.manager = FederationManager(
             router, domain, classes, fed.default_class, reactor, fed.max_filter_nodes,
             trace=trace, require_authenticated_hosts=fed.require_authenticated_hosts,

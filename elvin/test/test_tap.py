@@ -585,6 +585,24 @@ class TwistdErrorTests(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(rundir, "d.pid")))
 
     @defer.inlineCallbacks
+    def test_trace_directory_that_is_a_file(self):
+        """Federation.Trace-Directory naming a regular file: one line naming
+        the setting, where it was set and why (not a FileExistsError traceback)."""
+        blocker = os.path.abspath(self.mktemp())
+        open(blocker, "w").close()
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write(f"listen = elvin://127.0.0.1:{free_port()}\nFederation.Activated = yes\n"
+                    f"Federation.Router-Name = t.test\n"
+                    f"Federation.Trace-Directory = {blocker}\n")
+        out, reason = yield self.twistd("-c", path)
+        text = out.decode()
+        self.assertEqual(reason.exitCode, 1, text)
+        self.assertIn(f"twistd elvin: {path}:4: Federation.Trace-Directory {blocker}: "
+                      "it exists and is not a directory", text)
+        self.assertNotIn("Traceback", text)
+
+    @defer.inlineCallbacks
     def test_config_error_without_usage(self):
         path = os.path.abspath(self.mktemp())
         with open(path, "w") as f:
