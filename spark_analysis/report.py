@@ -233,10 +233,9 @@ def fig_topology(figs):
     plt = _plt()
     a = figs.a
     volume = {}
-    for row in a.tables.get("links", []):
-        key = frozenset((row["router"], row["peer"]))
-        if row["direction"] == "out":
-            volume[key] = volume.get(key, 0) + (row["bytes"] or 0)
+    for row in wire_traffic(a):
+        key = frozenset((row["sender"], row["receiver"]))
+        volume[key] = volume.get(key, 0) + (row["bytes"] or 0)
     edges = {frozenset((r["router"], r["peer"])) for r in a.tables.get("link_uptime", [])}
     nodes = sorted({n for e in edges for n in e} | set(r["router"] for r in a.tables["overview"]))
     traced = {r["router"] for r in a.tables["overview"]}
@@ -351,14 +350,81 @@ def _shade_outages(ax, figs, router, peer):
             ax.axvspan(_when(r["down_us"]), _when(end), color="#e03131", alpha=0.18, lw=0)
 
 
+def wire_traffic(a):
+    """Per directed link (sender, receiver): what crossed it, from either end.
+
+    ``sent``: the sender's notify_forwarded (None if the sender is not
+    traced); ``received``: the receiver's in records, notify_received and
+    notify_dropped_* (None if the receiver is not traced); ``notifications``
+    and ``bytes``: the sender's figures where it is traced, else the
+    receiver's (docs/traces.md: both describe the same wire traffic), and
+    ``side``, which of the two they are. Every figure is a row of
+    csv/links.csv: (sender, receiver, out) and (receiver, sender, in).
+    """
+    traced = {r["router"] for r in a.tables.get("overview", [])}
+    out = {}
+    for r in a.tables.get("links", []):
+        key = ((r["router"], r["peer"]) if r["direction"] == "out"
+               else (r["peer"], r["router"]))
+        row = out.setdefault(key, {"sender": key[0], "receiver": key[1], "sent": None,
+                                   "sent_bytes": None, "received": None,
+                                   "received_bytes": None})
+        if r["direction"] == "out":
+            row["sent"], row["sent_bytes"] = r["notifications"] or 0, r["bytes"] or 0
+        else:
+            row["received"], row["received_bytes"] = r["notifications"] or 0, r["bytes"] or 0
+    for (sender, receiver), row in out.items():
+        if row["sent"] is None and sender in traced:
+            row["sent"], row["sent_bytes"] = 0, 0
+        if row["received"] is None and receiver in traced:
+            row["received"], row["received_bytes"] = 0, 0
+        from_sender = row["sent"] is not None
+        row["side"] = "sender" if from_sender else "receiver"
+        row["notifications"] = row["sent"] if from_sender else row["received"]
+        row["bytes"] = row["sent_bytes"] if from_sender else row["received_bytes"]
+    return sorted(out.values(), key=lambda r: (-(r["notifications"] or 0),
+                                               r["sender"], r["receiver"]))
+
+
+def unreceived_reading(figs):
+    """Per link traced at both ends: notifications the sender forwarded
+    that the receiver has no record of (sends with no receipt)."""
+    a = figs.a
+    parts = []
+    for r in wire_traffic(a):
+        if r["sent"] is None or r["received"] is None or r["sent"] <= r["received"]:
+            continue
+        parts.append(f"{figs.s(r['sender'])} \u2192 {figs.s(r['receiver'])}: "
+                     f"{_n(r['sent'] - r['received'])} of the {_n(r['sent'])} notifications "
+                     f"{figs.s(r['sender'])} forwarded (notify_forwarded) have no record at "
+                     f"{figs.s(r['receiver'])}, which recorded {_n(r['received'])} from it")
+    if not parts:
+        return ""
+    return ("Sent but not received, on links traced at both ends: " + "; ".join(parts)
+            + " (csv/links.csv: the sender's out row and the receiver's in row). "
+            "Notifications still queued when a link went down are lost with it; the "
+            "sender's link_down records count them (unsent).")
+
+
 def fig_link_traffic(figs):
     plt = _plt()
     a = figs.a
     series = a.series.get("link_traffic", [])
     links = a.tables.get("links", [])
-    if not series:
+    wire = [r for r in wire_traffic(a) if r["notifications"]]
+    if not series and not wire:
         return "link_traffic", (_empty("link_traffic", figs, "no notification traffic crossed "
                                        "any link") and "No notification crossed any link.")
+    if not series:
+        top = wire[0]
+        return "link_traffic", (_empty("link_traffic", figs, "no traced router forwarded "
+                                       "a notification") and
+                                f"No traced router forwarded a notification, but "
+                                f"notifications crossed links toward traced routers: the "
+                                f"busiest direction is {figs.s(top['sender'])} \u2192 "
+                                f"{figs.s(top['receiver'])}, {_n(top['notifications'])} "
+                                f"notifications ({_bytes(top['bytes'])}) recorded by "
+                                f"{figs.s(top['receiver'])} (its in records, csv/links.csv).")
     per = {}
     for row in series:
         per.setdefault((row["router"], row["peer"]), []).append(row)
@@ -411,8 +477,16 @@ def fig_link_traffic(figs):
     figs.save(fig, "link_traffic")
     out = [r for r in links if r["direction"] == "out"]
     reading = ""
-    if out:
-        top = out[0]
+    busiest = wire[0] if wire else None
+    if busiest is not None and busiest["side"] == "receiver":
+        reading = (f"The busiest direction is {figs.s(busiest['sender'])} \u2192 "
+                   f"{figs.s(busiest['receiver'])}: {_n(busiest['notifications'])} "
+                   f"notifications ({_bytes(busiest['bytes'])}) recorded by "
+                   f"{figs.s(busiest['receiver'])} ({figs.s(busiest['sender'])} is not "
+                   f"traced; its in records, csv/links.csv).")
+    elif out:
+        top = next(r for r in out if (r["router"], r["peer"])
+                   == (busiest["sender"], busiest["receiver"])) if busiest else out[0]
         reading = (f"The busiest direction is {figs.s(top['router'])} \u2192 "
                    f"{figs.s(top['peer'])}: {_n(top['notifications'])} notifications "
                    f"({_bytes(top['bytes'])}), on average {top['mean_per_min'] or 0:.1f} a minute "
@@ -1044,9 +1118,8 @@ def fig_filter_sizes(figs):
 def summary(a):
     """The figures a later report compares itself with (``summary.json``)."""
     links = {}
-    for r in a.tables.get("links", []):
-        if r["direction"] == "out":
-            links[f"{r['router']} > {r['peer']}"] = {"notifications": r["notifications"],
+    for r in wire_traffic(a):
+        links[f"{r['sender']} > {r['receiver']}"] = {"notifications": r["notifications"],
                                                       "bytes": r["bytes"]}
     for r in a.tables.get("filter_effect", []):
         links.setdefault(f"{r['router']} > {r['peer']}", {})["forwarded_pct"] = r["forwarded_pct"]
@@ -1458,6 +1531,7 @@ def write_report(analysis):
 
     parts.append(_section("Links: what each link carries", "links",
                           _img(figs, "link_traffic") + _reading(readings["link_traffic"])
+                          + _reading(unreceived_reading(figs))
                           + _reading(readings["uptime"])
                           + _reading(readings["outages"])
                           + _table([r for r in a.tables.get("link_outages", [])], [

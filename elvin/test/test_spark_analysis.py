@@ -927,6 +927,44 @@ class ReportChangesTests(unittest.SynchronousTestCase):
         self.assertEqual(report.changes_since(before), "")     # no previous report
 
 
+class ReportWireTests(unittest.SynchronousTestCase):
+    """The report's sentences count a link's traffic from whichever end is
+    traced (receiver-side in records where the sender is not), and say
+    per link traced at both ends how many sends have no receipt."""
+
+    def analysis(self, traced, links):
+        from types import SimpleNamespace
+        return SimpleNamespace(
+            start_us=T0, end_us=T0 + 3600 * 10**6, records=1, bad_lines=0, previous=None,
+            tables={"overview": [{"router": r, "event": "link_up", "records": 1}
+                                 for r in traced],
+                    "links": [{"router": r, "peer": p, "direction": d, "notifications": n,
+                               "bytes": n * 100} for r, p, d, n in links]})
+
+    def test_untraced_sender_counted_from_the_receiver(self):
+        from types import SimpleNamespace
+        from spark_analysis import report
+        a = self.analysis(["c"], [("c", "b", "in", 3049), ("c", "b", "out", 10)])
+        wire = report.wire_traffic(a)
+        self.assertEqual([(r["sender"], r["receiver"], r["notifications"], r["side"])
+                          for r in wire], [("b", "c", 3049, "receiver"),
+                                           ("c", "b", 10, "sender")])
+        self.assertEqual(report.summary(a)["links"]["b > c"]["notifications"], 3049)
+        figs = SimpleNamespace(a=a, s=lambda d: d)
+        self.assertEqual(report.unreceived_reading(figs), "")   # b is not traced
+
+    def test_sends_with_no_receipt(self):
+        from types import SimpleNamespace
+        from spark_analysis import report
+        a = self.analysis(["b", "c"], [("b", "c", "out", 11793), ("c", "b", "in", 6494),
+                                       ("c", "b", "out", 5), ("b", "c", "in", 5)])
+        text = report.unreceived_reading(SimpleNamespace(a=a, s=lambda d: d))
+        self.assertIn("b \u2192 c: 5,299 of the 11,793 notifications b forwarded", text)
+        self.assertIn("which recorded 6,494 from it", text)
+        self.assertIn("csv/links.csv", text)
+        self.assertNotIn("c \u2192 b", text)
+
+
 class BadInputTests(unittest.SynchronousTestCase):
     """A directory with nothing valid is an error naming the file and line."""
 
