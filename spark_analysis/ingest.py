@@ -11,6 +11,7 @@ the files that have some).
 
 import os
 import re
+import sys
 
 from spark_analysis import traceformat as tf
 
@@ -57,12 +58,18 @@ def _local(path):
     return path[5:] if path.startswith("file:") else path
 
 
-def list_trace_files(path, spark=None):
+def _warn_stderr(text):
+    print(f"      warning: {text}", file=sys.stderr, flush=True)
+
+
+def list_trace_files(path, spark=None, warn=_warn_stderr):
     """[(path, size)] of ``*.jsonl`` and ``*.jsonl.gz`` under ``path``, recursively.
 
     Local paths are listed with os; other URIs (hdfs://, s3a://, ...) with
     Hadoop's FileSystem through ``spark``. Raises TraceInputError if the
-    path does not exist or holds no trace file.
+    path does not exist or holds no trace file. A file that vanishes while
+    it is listed (a closed file being gzip-compressed) or a dangling
+    symbolic link is skipped, with a warning (``warn``).
     """
     found = []
     if _is_local(path):
@@ -77,7 +84,12 @@ def list_trace_files(path, spark=None):
                 for name in sorted(filenames):
                     if tf.is_trace_file(name):
                         full = os.path.abspath(os.path.join(dirpath, name))
-                        found.append((full, os.path.getsize(full)))
+                        try:
+                            found.append((full, os.path.getsize(full)))
+                        except OSError as e:
+                            why = ("a symbolic link to nothing" if os.path.islink(full)
+                                   else f"gone while listed ({e.strerror})")
+                            warn(f"{full}: {why}; skipped")
     else:
         if spark is None:
             raise TraceInputError(f"{path}: listing a remote path needs Spark")

@@ -303,6 +303,26 @@ BAD = [
 ]
 
 
+class ListingTests(unittest.SynchronousTestCase):
+    """A file gone while the directory is listed (gzip rotation) or a
+    dangling *.jsonl symbolic link is skipped with a warning, not a crash."""
+
+    def test_vanished_and_dangling_files_are_skipped(self):
+        from spark_analysis import ingest
+        directory = _tempdir("listing")
+        self.addCleanup(shutil.rmtree, directory, True)
+        good = os.path.join(directory, "a.test-20240501T120000Z-000001.jsonl")
+        with open(good, "w") as f:
+            f.write("{}\n")
+        os.symlink(os.path.join(directory, "nowhere"),
+                   os.path.join(directory, "a.test-20240501T130000Z-000002.jsonl"))
+        said = []
+        files = ingest.list_trace_files(directory, warn=said.append)
+        self.assertEqual(files, [(good, 3)])
+        (line,) = said
+        self.assertIn("000002.jsonl: a symbolic link to nothing; skipped", line)
+
+
 class RecordTests(unittest.SynchronousTestCase):
 
     def test_format_record(self):
