@@ -17,6 +17,7 @@ PAGE = """<!doctype html>
  .figure { border: 1px solid #ddd; border-radius: 6px; padding: .5em .8em; min-width: 9em; }
  .figure b { display: block; font-size: 1.3em; }
  .up { color: #176f2c; } .down { color: #a11; } .muted { color: #777; }
+ .detail { font-size: 12px; max-width: 40em; }
 </style></head>
 <body>
 <h1>Elvin router <span id="domain" class="muted"></span></h1>
@@ -54,6 +55,28 @@ function figure(label, value) {
   const b = document.createElement("b"); b.textContent = value;
   div.appendChild(b); div.appendChild(document.createTextNode(label)); return div;
 }
+function seconds(s) {
+  return s < 90 ? Math.round(s) + " s" : s < 5400 ? Math.round(s / 60) + " min"
+                                                  : Math.round(s / 3600) + " h";
+}
+function linkState(l) {
+  // A configured link that is not up says why and when it is tried again.
+  const td = cell(l.state, l.state === "up" ? "up" : "down");
+  const more = [];
+  const attempt = l.attempts ? "attempt " + l.attempts + " since up" : "next attempt";
+  if (l.state !== "up" && l.next_attempt_s !== null)
+    more.push(attempt + " in " + seconds(l.next_attempt_s));
+  else if (l.state !== "up" && l.attempts) more.push(attempt);
+  if (l.state !== "up" && l.last_error)
+    more.push("last error " + (l.last_error_s !== null ? seconds(l.last_error_s) + " ago" : "")
+              + ": " + l.last_error);
+  if (more.length) {
+    const detail = document.createElement("div");
+    detail.className = "muted detail"; detail.textContent = more.join(" · ");
+    td.appendChild(detail);
+  }
+  return td;
+}
 let last = null;
 function rate(now, key) {
   if (!last || !now.router.uptime_s) return "";
@@ -81,13 +104,18 @@ async function refresh() {
     fill("clients", s.clients, c => [cell(c.peer), cell(c.transport), cell(c.state),
       cell(c.subscriptions, "n"), cell(c.quenches, "n"), cell(c.queue_bytes, "n"),
       cell(c.dropped, "n")]);
-    document.getElementById("link-count").textContent = "(" + s.links.length + ")";
+    const down = s.links.filter(l => l.state !== "up").length;
+    document.getElementById("link-count").textContent =
+      "(" + s.links.length + (down ? ", " + down + " not up" : "") + ")";
     fill("links", s.links, l => {
       const f = cell(""); const code = document.createElement("code");
-      code.textContent = l.pull_filter; f.appendChild(code);
-      return [cell(l.domain + " (" + l.host + (l.outgoing ? ", we dial" : "") + ")"),
-              cell(l.state, l.state === "up" ? "up" : "down"),
-              cell(l.active ? (l.mesh ? "tree link" : "yes") : "idle (off the tree)"),
+      code.textContent = l.pull_filter === null ? "—" : l.pull_filter; f.appendChild(code);
+      const up = l.state === "up";
+      return [cell((l.domain || "peer not yet known") + " (" + (l.uri || l.host) +
+                   (l.outgoing ? ", we dial" : "") + ")"),
+              linkState(l),
+              cell(up ? (l.active ? (l.mesh ? "tree link" : "yes") : "idle (off the tree)")
+                      : "no (not up)"),
               cell(l.in, "n"), cell(l.out, "n"), f];
     });
     fill("refusals", s.refusals.slice().reverse(), x => [

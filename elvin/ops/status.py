@@ -16,6 +16,7 @@ from elvin.subscription.printer import to_text
 if TYPE_CHECKING:
     from elvin.core.router import ClientSession, Router, UdpCounters
     from elvin.discovery.service import DiscoveryService
+    from elvin.federation.dial import DialledPeer
     from elvin.federation.link import FederationLink
     from elvin.federation.manager import FederationManager
 
@@ -76,28 +77,7 @@ def snapshot(router: "Router", federation: Optional["FederationManager"] = None,
             "subscriptions": len(session.subscriptions),
             "quenches": len(session.quenches),
             "queue_bytes": size, "dropped": session.dropped})
-    links = []
-    if federation is not None:
-        heard_now = federation.clock.seconds()
-        federation_links: list["FederationLink"] = list(federation.links)
-        for link in federation_links:
-            links.append({
-                "domain": link.peer_domain, "host": link.peer_host,
-                "class": link.fed_class.name if link.fed_class else None,
-                "outgoing": link.outgoing, "state": link.state.name.lower(),
-                "mesh": link.mesh, "active": federation.active(link),
-                "in": link.stats["in"], "out": link.stats["out"],
-                "loops": link.stats["loops"], "suppressed": link.stats["suppressed"],
-                "duplicates": link.stats["duplicates"],
-                "overload": link.stats["overload"], "unsent": link.stats["unsent"],
-                "bytes_in": link.output.bytes_in,
-                "bytes_out": link.output.bytes_out,
-                "last_heard_s": round(heard_now - link.last_heard, 3)
-                if link.last_heard is not None else None,
-                "filter_nodes": link.remote_filter.nodes,
-                "pull_filter": filter_text(link.remote_filter.tree),
-                "our_filter": filter_text(link.sent_filter)
-                if link.sent_filter is not None else None})
+    links = _links(federation) if federation is not None else []
     by_transport: dict[str, int] = {}
     for client in clients:
         if client["state"] == "connected":
@@ -158,6 +138,86 @@ def snapshot(router: "Router", federation: Optional["FederationManager"] = None,
                       "name": ERROR_NAMES.get(code, str(code)), "message": message}
                      for t, peer, code, message in list(router.refusals)],
     }
+
+
+def _links(federation: "FederationManager") -> list[dict[str, Any]]:
+    """A row for every configured link (``Federation.Connect``), up or not,
+    in the order dialled, then one for every other link up (incoming).
+    A configured link's counters run across its reconnections."""
+    now = federation.clock.seconds()
+    up: list["FederationLink"] = list(federation.links)
+    dialled: list["DialledPeer"] = list(federation.dialled)
+    rows = []
+    shown = set()
+    for dial in dialled:
+        link = dial.link
+        if link is not None and link in up:
+            rows.append(_link_row(federation, link, now, dial))
+            shown.add(link)
+        else:
+            rows.append(_dial_row(dial, now))
+    for link in up:
+        if link not in shown:
+            rows.append(_link_row(federation, link, now))
+    return rows
+
+
+def _ago(now: float, then: Optional[float]) -> Optional[float]:
+    return round(now - then, 3) if then is not None else None
+
+
+def _counts(stats: Any, bytes_in: int, bytes_out: int) -> dict[str, int]:
+    """A link's counters as status.json names them."""
+    return {"in": stats["in"], "out": stats["out"], "loops": stats["loops"],
+            "suppressed": stats["suppressed"], "duplicates": stats["duplicates"],
+            "overload": stats["overload"], "unsent": stats["unsent"],
+            "bytes_in": bytes_in, "bytes_out": bytes_out}
+
+
+def _dial_facts(dial: Optional["DialledPeer"], now: float) -> dict[str, Any]:
+    """What a configured link adds to its row (None for other links)."""
+    if dial is None:
+        return {"uri": None, "attempts": 0, "last_error": None, "last_error_s": None,
+                "next_attempt_s": None}
+    due = dial.next_attempt
+    return {"uri": dial.uri, "attempts": dial.attempts, "last_error": dial.last_error,
+            "last_error_s": _ago(now, dial.last_error_at),
+            "next_attempt_s": round(max(0.0, due - now), 3)
+            if due is not None and dial.state == "redialling" else None}
+
+
+def _link_row(federation: "FederationManager", link: "FederationLink", now: float,
+              dial: Optional["DialledPeer"] = None) -> dict[str, Any]:
+    if dial is not None:
+        totals = dial.totals()
+        counts = _counts(totals, totals["bytes_in"], totals["bytes_out"])
+    else:
+        counts = _counts(link.stats, link.output.bytes_in, link.output.bytes_out)
+    return {
+        "domain": link.peer_domain, "host": link.peer_host,
+        "class": link.fed_class.name if link.fed_class else None,
+        "outgoing": link.outgoing, "state": link.state.name.lower(),
+        "mesh": link.mesh, "active": federation.active(link),
+        **counts,
+        "last_heard_s": _ago(now, link.last_heard),
+        "filter_nodes": link.remote_filter.nodes,
+        "pull_filter": filter_text(link.remote_filter.tree),
+        "our_filter": filter_text(link.sent_filter)
+        if link.sent_filter is not None else None,
+        **_dial_facts(dial, now)}
+
+
+def _dial_row(dial: "DialledPeer", now: float) -> dict[str, Any]:
+    """A configured link that is not up: dialling, in its handshake
+    (connecting) or waiting to dial again (redialling)."""
+    totals = dial.totals()
+    return {
+        "domain": dial.domain, "host": dial.host, "class": dial.class_name,
+        "outgoing": True, "state": dial.state, "mesh": None, "active": False,
+        **_counts(totals, totals["bytes_in"], totals["bytes_out"]),
+        "last_heard_s": _ago(now, dial.heard()),
+        "filter_nodes": 0, "pull_filter": None, "our_filter": None,
+        **_dial_facts(dial, now)}
 
 
 def _udp_totals(listeners: Iterable["UdpCounters"]) -> dict[str, int]:

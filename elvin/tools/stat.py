@@ -147,11 +147,29 @@ def format_status(status, previous=None):
              f"{totals.get('pattern_work_refusals', 0) + totals.get('evaluation_refusals', 0):,}",
              f"send queues {totals['send_queue_bytes']:,} bytes  nacks "
              + (" ".join(f"{c}×{n}" for c, n in totals["nacks"].items()) or "none")]
-    for link in status["links"]:
-        lines.append(f"link {link['domain']} ({link['host']}) {link['state']}"
-                     f"{'' if link['active'] else ' idle'}: in {link['in']:,} out "
-                     f"{link['out']:,}  pull filter {link['pull_filter']}")
+    lines.extend(link_line(link) for link in status["links"])
     return "\n".join(lines) + "\n"
+
+
+def link_line(link):
+    """One federation link (or configured link that is not up) as a line."""
+    if link["state"] == "up":
+        return (f"link {link['domain']} ({link['host']}) up{'' if link['active'] else ' idle'}: "
+                f"in {link['in']:,} out {link['out']:,}  pull filter {link['pull_filter']}")
+    facts = []
+    attempt = f"attempt {link['attempts']} since up" if link.get("attempts") else "next attempt"
+    if link.get("next_attempt_s") is not None:
+        facts.append(f"{attempt} in {link['next_attempt_s']:.0f} s")
+    elif link.get("attempts"):
+        facts.append(attempt)
+    if link.get("last_error"):
+        ago = link.get("last_error_s")
+        facts.append("last error" + (f" {ago:.0f} s ago" if ago is not None else "")
+                     + f": {link['last_error']}")
+    return (f"link {link['domain'] or '(peer not yet known)'} "
+            f"({link.get('uri') or link['host']}) "
+            f"{link['state'].upper()}" + (f" ({'; '.join(facts)})" if facts else "")
+            + f": in {link['in']:,} out {link['out']:,}")
 
 
 def main(argv=None):
