@@ -5,6 +5,7 @@
 already keep; nothing on the routing path counts anything for it.
 """
 
+import heapq
 import time
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
@@ -54,34 +55,47 @@ def filter_text(tree):
 def snapshot(router: "Router", federation: Optional["FederationManager"] = None,
              listeners: Iterable[Any] = (), started: Optional[float] = None,
              domain: Optional[str] = None,
-             discovery: Optional["DiscoveryService"] = None) -> dict[str, Any]:
+             discovery: Optional["DiscoveryService"] = None,
+             clients_limit: Optional[int] = None) -> dict[str, Any]:
     """The router's status now, as JSON-ready data: every figure read by
     its declared name (``RouterStats``, ``LinkStats``, the router's
-    budgets), so that a rename fails the type check instead of reading 0."""
+    budgets), so that a rename fails the type check instead of reading 0.
+
+    ``clients`` lists the client sessions with the largest send queues
+    first, then those that had most deliveries dropped (then most
+    subscriptions, then by address, so that a page's rows keep still);
+    ``clients_limit``: at most that many of them, the rest counted in
+    ``clients_omitted`` (the totals count every session either way)."""
     now = time.time()
-    clients = []
     queue_bytes = 0
     stats = router.stats
     bytes_in = stats["bytes_in"]
     bytes_out = stats["bytes_out"]
     sessions: list["ClientSession"] = list(router.sessions)
+    by_transport: dict[str, int] = {}
+    ranked = []
     for session in sessions:
         output = session.output
         size = output.queued_bytes()
         queue_bytes += size
         bytes_in += output.bytes_in
         bytes_out += output.bytes_out
-        clients.append({
-            "peer": session.peer, "transport": transport_of(session),
-            "state": session.state.name.lower(),
-            "subscriptions": len(session.subscriptions),
-            "quenches": len(session.quenches),
-            "queue_bytes": size, "dropped": session.dropped})
+        if session.state.name == "CONNECTED":
+            transport = transport_of(session)
+            by_transport[transport] = by_transport.get(transport, 0) + 1
+        ranked.append((-size, -session.dropped, -len(session.subscriptions),
+                       str(session.peer), id(session), size, session))
+    if clients_limit is None or clients_limit >= len(ranked):
+        ranked.sort()
+    else:
+        ranked = heapq.nsmallest(max(0, clients_limit), ranked)
+    clients = [{"peer": session.peer, "transport": transport_of(session),
+                "state": session.state.name.lower(),
+                "subscriptions": len(session.subscriptions),
+                "quenches": len(session.quenches),
+                "queue_bytes": size, "dropped": session.dropped}
+               for *_, size, session in ranked]
     links = _links(federation) if federation is not None else []
-    by_transport: dict[str, int] = {}
-    for client in clients:
-        if client["state"] == "connected":
-            by_transport[client["transport"]] = by_transport.get(client["transport"], 0) + 1
     budget = router.queue_budget
     receive = router.receive_budget
     admission = router.admission
@@ -133,6 +147,7 @@ def snapshot(router: "Router", federation: Optional["FederationManager"] = None,
             "udp_datagrams": _udp_totals(router.udp_counters),
         },
         "clients": clients,
+        "clients_omitted": len(sessions) - len(clients),
         "links": links,
         "refusals": [{"time": t, "peer": peer, "code": code,
                       "name": ERROR_NAMES.get(code, str(code)), "message": message}

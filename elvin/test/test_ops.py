@@ -39,8 +39,8 @@ class MetricsUnitTests(unittest.TestCase):
         self.router = Router()
         self.registry = registry_for(lambda: snapshot(self.router, started=0))
 
-    def session(self, peer):
-        out = RecordingOutput()
+    def session(self, peer, out=None):
+        out = out or RecordingOutput()
         session = self.router.open_session(out, peer)
         session.packet_received(packets.ConnRqst(1, 4, 0, {}))
         out.take()
@@ -72,6 +72,26 @@ class MetricsUnitTests(unittest.TestCase):
         got = samples(self.registry)
         self.assertEqual(got[("elvin_connections", (("transport", "tcp"),))], 1)
         self.assertEqual(got[("elvin_subscriptions", ())], 0)
+
+    def test_clients_largest_queue_and_most_dropped_first(self):
+        """docs/operations.md, "status.json": clients come largest send
+        queue first, then most dropped; ``clients_limit`` lists that many
+        and counts the rest, the totals count every one."""
+        figures = {"idle-b": (0, 0), "idle-a": (0, 0), "dropping": (0, 40),
+                   "queued": (5000, 1), "queued-more": (9000, 0), "queued-dropping": (5000, 7)}
+        for peer, (queued, dropped) in figures.items():
+            session, out = self.session(peer, _Queued(queued))
+            session.dropped = dropped
+        order = ["queued-more", "queued-dropping", "queued", "dropping", "idle-a", "idle-b"]
+        status = snapshot(self.router)
+        self.assertEqual([c["peer"] for c in status["clients"]], order)
+        self.assertEqual(status["clients_omitted"], 0)
+        status = snapshot(self.router, clients_limit=2)
+        self.assertEqual([c["peer"] for c in status["clients"]], order[:2])
+        self.assertEqual(status["clients_omitted"], 4)
+        self.assertEqual(status["totals"]["connections_open"], 6)
+        self.assertEqual(status["totals"]["send_queue_bytes"], 19000)
+        self.assertEqual(snapshot(self.router, clients_limit=0)["clients"], [])
 
     def test_names_follow_prometheus_conventions(self):
         text = generate_latest(self.registry).decode()
@@ -129,6 +149,28 @@ class StatusListenerTests(unittest.TestCase):
         self.assertEqual(status["totals"]["subscriptions"], 1)
         status_code, page = yield self.get("/")
         self.assertIn("Elvin router status", page)
+
+    @defer.inlineCallbacks
+    def test_status_json_lists_at_most_clients_n(self):
+        """``/status.json?clients=N`` (what the page asks for) lists N
+        clients and counts the rest; elvin-stat asks for none."""
+        import urllib.error
+        from elvin.tools import stat
+        for _ in range(3):
+            conn = yield client.connect(self.uri)
+            self.addCleanup(conn.close)
+        _, body = yield self.get("/status.json?clients=1")
+        status = json.loads(body)
+        self.assertEqual((len(status["clients"]), status["clients_omitted"]), (1, 2))
+        self.assertEqual(status["totals"]["connections_open"], 3)
+        _, body = yield self.get("/status.json")
+        self.assertEqual(len(json.loads(body)["clients"]), 3)
+        status = yield threads.deferToThread(stat.fetch, self.base, "s3cret", 5.0, 0)
+        self.assertEqual((status["clients"], status["clients_omitted"]), ([], 3))
+        for wrong in ("x", "-1", "1.5"):
+            with self.assertRaises(urllib.error.HTTPError) as caught:
+                yield self.get(f"/status.json?clients={wrong}")
+            self.assertEqual(caught.exception.code, 400)
 
     @defer.inlineCallbacks
     def test_token_is_required(self):
@@ -519,6 +561,17 @@ class ConfiguredLinkTests(unittest.TestCase):
         self.assertEqual(scraped[("elvin_federation_last_heard_seconds", peer)], 2.0)
         self.assertEqual(scraped[("elvin_federation_notifications_total",
                                   (("direction", "in"), ("peer", "peer.test")))], 2)
+
+
+class _Queued(RecordingOutput):
+    """A client's output with ``queued`` bytes waiting."""
+
+    def __init__(self, queued):
+        super().__init__()
+        self.queued = queued
+
+    def queued_bytes(self):
+        return self.queued
 
 
 class _Refusing(_ScriptedEndpoint):

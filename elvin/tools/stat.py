@@ -86,9 +86,11 @@ def refused(code, token, action="the status"):
     return None
 
 
-def fetch(base, token=None, timeout=5.0):
-    """The router's status (``/status.json``) as a dict."""
-    request = urllib.request.Request(base + "/status.json")
+def fetch(base, token=None, timeout=5.0, clients=None):
+    """The router's status (``/status.json``) as a dict; ``clients``: list
+    at most that many clients (None: all)."""
+    query = f"?clients={clients}" if clients is not None else ""
+    request = urllib.request.Request(base + "/status.json" + query)
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -181,7 +183,9 @@ def main(argv=None):
     try:
         while True:
             try:
-                status = fetch(options["status"], options["token"])
+                # The lines print no client: fetch none (--json: all).
+                status = fetch(options["status"], options["token"],
+                               clients=None if options["json"] else 0)
             except urllib.error.HTTPError as e:
                 why = refused(e.code, options["token"])
                 sys.stderr.write(f"elvin-stat: error: {options['status']}: HTTP {e.code} "
