@@ -59,18 +59,20 @@ class _Page(resource.Resource):
 
 
 class _Json(resource.Resource):
-    """``/status.json``; ``?clients=N``: list at most N clients (those
-    with the largest send queues and most drops), as the page asks."""
+    """``/status.json``: ``source()`` as JSON. ``clients``: ``source``
+    takes a limit, ``?clients=N``, to list at most N clients (those with
+    the largest send queues and most drops), as the page asks."""
 
     isLeaf = True
 
-    def __init__(self, source):
+    def __init__(self, source, clients=False):
         super().__init__()
         self.source = source
+        self.clients = clients
 
     def render_GET(self, request):
+        given = request.args.get(b"clients") if self.clients else None
         limit = None
-        given = request.args.get(b"clients")
         if given:
             text = given[0].decode("latin-1")
             if not (text.isascii() and text.isdigit()):
@@ -79,9 +81,10 @@ class _Json(resource.Resource):
                 return (f"clients={text}: give the most clients to list, a whole number "
                         f"(0 or more), or leave it out for all\n").encode("utf-8")
             limit = int(text)
+        status = self.source(limit) if self.clients else self.source()
         request.setHeader(b"content-type", b"application/json")
         request.setHeader(b"cache-control", b"no-store")
-        return json.dumps(self.source(limit)).encode("utf-8")
+        return json.dumps(status).encode("utf-8")
 
 
 class _Reload(resource.Resource):
@@ -117,7 +120,7 @@ def status_root(router, federation=None, listeners=(), domain=None, token=None,
         return snapshot(router, manager, listeners, started, domain, finder, clients_limit)
     root = resource.Resource()
     root.putChild(b"", _Page())
-    root.putChild(b"status.json", _Json(source))
+    root.putChild(b"status.json", _Json(source, clients=True))
     # The metrics need the totals, not a row per client.
     root.putChild(b"metrics", MetricsResource(registry=registry_for(lambda: source(0))))
     if reload is not None and token is not None:
