@@ -68,6 +68,9 @@ class FederationLink:
         self.fed_class = fed_class
         self.peer_host = peer_host
         self.peer_domain = None
+        #: The configured link (``dial.DialledPeer``) this one was dialled
+        #: for, if any: told when the link comes up and goes down.
+        self.dial = None
         self.state = self.CONNECTING if outgoing else self.AWAITING_REQUEST
         self.remote_filter = filters.Filter(filters.FALSE)   # what the peer asked us for
         self.sent_filter = None                  # what we last asked the peer for

@@ -106,6 +106,10 @@ class FederationManager(RouterObserver):
         self.debounce = debounce
         self.trace = trace or NullTrace()
         self.links = []
+        #: The configured outgoing links (``Federation.Connect``), up or
+        #: not, in the order dialled (``dial.DialledPeer``): each while its
+        #: ClientService runs (``protocol.connector_service``).
+        self.dialled = []
         self._update_call = None
         #: Peers that must authenticate whatever their class (Avis's form).
         self.require_authenticated_hosts = tuple(require_authenticated_hosts)
@@ -204,6 +208,8 @@ class FederationManager(RouterObserver):
 
     def link_up(self, link):
         self.links.append(link)
+        if link.dial is not None:
+            link.dial.came_up(link)
         self.log.info("federation link up: {domain} ({host}, class {cls})",
                       domain=link.peer_domain, host=link.peer_host,
                       cls=link.fed_class.name if link.fed_class else None)
@@ -216,6 +222,8 @@ class FederationManager(RouterObserver):
     def link_down(self, link, reason, was_up):
         if link in self.links:
             self.links.remove(link)
+        if link.dial is not None:
+            link.dial.went_down(link, reason)
         call = self._refresh_calls.pop(link, None)
         if call is not None and call.active():
             call.cancel()

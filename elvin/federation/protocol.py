@@ -21,6 +21,7 @@ from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOProtocol
 
 from elvin.federation import packets as fed_packets
+from elvin.federation.dial import DialledPeer
 from elvin.federation.link import FederationLink, LinkState
 from elvin.protocols import packets
 from elvin.protocols.output import QueuedFramedProtocol
@@ -57,6 +58,8 @@ def _tcp_socket(transport):
 
 class FederationProtocol(QueuedFramedProtocol):
     log = Logger()
+    #: The configured link this connection was dialled for, if any.
+    dial = None
 
     def __init__(self, manager, outgoing, fed_class=None, keepalive=DEFAULT_KEEPALIVE,
                  send_queue_bytes=8 * 1024 * 1024, clock=None,
@@ -101,6 +104,8 @@ class FederationProtocol(QueuedFramedProtocol):
         if fed_class is None:
             fed_class = self.manager.class_for(host)
         self.link = FederationLink(self.manager, self, self.outgoing, fed_class, host)
+        if self.dial is not None:
+            self.dial.connected(self.link)
         if (self.outgoing and not self.is_tls()
                 and self.manager.requires_authentication(fed_class, host)):
             # Nothing, not even our domain, goes to a peer we cannot verify.
@@ -298,10 +303,13 @@ class ConnectorFactory(protocol.Factory):
         #: The redial backoff of the ClientService that uses this factory
         #: (``connector_service``): started again when a link comes up.
         self.backoff = None
+        #: The configured link the status shows (``connector_service``).
+        self.dial = None
 
     def buildProtocol(self, addr):
         proto = FederationProtocol(self.manager, True, self.fed_class, self.keepalive)
         proto.factory = self
+        proto.dial = self.dial
         proto.on_up = self._link_up
         return proto
 
@@ -324,12 +332,14 @@ class Backoff:
     log = Logger()
 
     def __init__(self, initial_delay=0.5, max_delay=30.0, factor=2.0, jitter=None,
-                 name=None):
+                 name=None, dial=None):
         self.initial_delay = initial_delay
         self.max_delay = max_delay
         self.factor = factor
         self.jitter = jitter if jitter is not None else random.random
         self.name = name
+        #: Told when the next attempt is (a ``DialledPeer``), if anyone.
+        self.dial = dial
         #: Attempts since a link was last up (or since the start).
         self.failures = 0
 
@@ -341,6 +351,8 @@ class Backoff:
         self.log.info("federation: redialling {peer} in {delay:.2f} s (attempt {n} "
                       "since a link was up)", peer=self.name, delay=delay,
                       n=self.failures)
+        if self.dial is not None:
+            self.dial.redial_in(delay, self.failures)
         return delay
 
     def reset(self):
@@ -358,20 +370,47 @@ class _QuietRetries(Logger):
 
 
 class _Keeper(ClientService):
+    """Keeps one configured link; its ``dial`` is in the manager's
+    ``dialled`` (what the status shows) while it runs."""
+
     _log = _QuietRetries(namespace="elvin.federation.protocol.connector_service")
+    dial = None
+
+    def _dialled(self):
+        manager = getattr(self.factory, "manager", None)
+        return getattr(manager, "dialled", None)
+
+    def startService(self):
+        dialled = self._dialled()
+        if dialled is not None and self.dial not in dialled:
+            dialled.append(self.dial)
+        super().startService()
+
+    def stopService(self):
+        dialled = self._dialled()
+        if dialled is not None and self.dial in dialled:
+            dialled.remove(self.dial)
+        return super().stopService()
 
 
 def connector_service(reactor, endpoint, factory, initial_delay=0.5, max_delay=30.0,
-                      name=None):
+                      name=None, host=None):
     """A ClientService that keeps an outgoing link up, redialling with
     jittered exponential backoff (``Backoff``: it grows until a link is
     up, not merely connected); each failed dial is logged with its
-    reason, naming ``name`` (the link's URI)."""
+    reason, naming ``name`` (the link's URI), and the manager's status
+    shows the link, up or not (``DialledPeer``, with ``host``)."""
     name = name or repr(endpoint)
-    policy = Backoff(initial_delay, max_delay, 2.0, random.random, name)
+    fed_class = getattr(factory, "fed_class", None)
+    dial = DialledPeer(name, host, fed_class.name if fed_class is not None else None, reactor)
+    policy = Backoff(initial_delay, max_delay, 2.0, random.random, name, dial)
     factory.backoff = policy
-    return _Keeper(_ReasonLogged(endpoint, name), factory, retryPolicy=policy,
-                   clock=reactor)
+    factory.dial = dial
+    keeper = _Keeper(_ReasonLogged(endpoint, name, dial), factory, retryPolicy=policy,
+                     clock=reactor)
+    keeper.factory = factory
+    keeper.dial = dial
+    return keeper
 
 
 class _ReasonLogged:
@@ -380,16 +419,22 @@ class _ReasonLogged:
 
     log = Logger()
 
-    def __init__(self, endpoint, name):
+    def __init__(self, endpoint, name, dial=None):
         self.endpoint = endpoint
         self.name = name
+        self.dial = dial
 
     def __repr__(self):
         return f"<{self.name}>"
 
     def connect(self, factory):
         def failed(failure):
+            reason = failure.getErrorMessage()
             self.log.warn("federation: cannot reach {peer}: {reason}", peer=self.name,
-                          reason=failure.getErrorMessage())
+                          reason=reason)
+            if self.dial is not None:
+                self.dial.dial_failed(reason)
             return failure
+        if self.dial is not None:
+            self.dial.dialling()
         return self.endpoint.connect(factory).addErrback(failed)

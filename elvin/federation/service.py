@@ -74,8 +74,8 @@ class FederationService(service.MultiService):
                                    tls_certificate=config.tls_certificate,
                                    tls_key=config.tls_key)
         factory = ConnectorFactory(self.manager, fed_class, self.keepalive)
-        keeper = connector_service(self.reactor, endpoint, factory, name=str(uri))
-        keeper.factory = factory
+        keeper = connector_service(self.reactor, endpoint, factory, name=str(uri),
+                                   host=getattr(uri, "host", None))
         keeper.setServiceParent(self)
         self.connectors[(fed_class.name, str(uri))] = keeper
         return keeper

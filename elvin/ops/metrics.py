@@ -147,7 +147,9 @@ class RouterCollector:
     @staticmethod
     def _links(links):
         up = GaugeMetricFamily("elvin_federation_link_up",
-                               "1 for each federation link that is up.", labels=["peer"])
+                               "1 for each federation link that is up; 0 for a "
+                               "configured one (Federation.Connect) that is not.",
+                               labels=["peer"])
         active = GaugeMetricFamily("elvin_federation_link_active",
                                    "1 if the link carries notifications (on the mesh's "
                                    "tree, or a plain link).", labels=["peer"])
@@ -167,9 +169,7 @@ class RouterCollector:
         heard = GaugeMetricFamily("elvin_federation_last_heard_seconds",
                                   "Seconds since the peer last sent anything "
                                   "(keepalives included).", labels=["peer"])
-        for link in links:
-            # Domains are checked when a link comes up; a label is bounded anyway.
-            peer = shown(link["domain"] or link["host"] or "?", MAX_DOMAIN_BYTES)
+        for peer, link in _by_peer(links).items():
             up.add_metric([peer], 1 if link["state"] == "up" else 0)
             active.add_metric([peer], 1 if link["active"] else 0)
             nodes.add_metric([peer], link["filter_nodes"])
@@ -182,6 +182,35 @@ class RouterCollector:
             if link["last_heard_s"] is not None:
                 heard.add_metric([peer], link["last_heard_s"])
         yield from (up, active, nodes, carried, dropped, sizes, heard)
+
+
+#: The figures of status.json's link rows that are counters.
+_SUMMED = ("in", "out", "bytes_in", "bytes_out", *(key for _, key in LOSS_CAUSES))
+
+
+def _by_peer(links):
+    """The link rows by their ``peer`` label: the peer's domain, or for a
+    configured link whose peer never came up, its URI. Rows with the same
+    label (a configured link redialling while its peer's own link to us
+    is up) make one series each: up and active if any is, counters
+    summed, the filter of the one up, the latest heard."""
+    peers = {}
+    for link in links:
+        # Domains are checked when a link comes up; a label is bounded anyway.
+        peer = shown(link["domain"] or link.get("uri") or link["host"] or "?",
+                     MAX_DOMAIN_BYTES)
+        seen = peers.get(peer)
+        if seen is None:
+            peers[peer] = dict(link)
+            continue
+        for key in _SUMMED:
+            seen[key] += link[key]
+        if link["state"] == "up" and seen["state"] != "up":
+            seen["state"], seen["filter_nodes"] = "up", link["filter_nodes"]
+        seen["active"] = seen["active"] or link["active"]
+        heard = [s for s in (seen["last_heard_s"], link["last_heard_s"]) if s is not None]
+        seen["last_heard_s"] = min(heard) if heard else None
+    return peers
 
 
 def registry_for(source):

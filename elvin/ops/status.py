@@ -5,6 +5,7 @@
 already keep; nothing on the routing path counts anything for it.
 """
 
+import heapq
 import time
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
@@ -16,6 +17,7 @@ from elvin.subscription.printer import to_text
 if TYPE_CHECKING:
     from elvin.core.router import ClientSession, Router, UdpCounters
     from elvin.discovery.service import DiscoveryService
+    from elvin.federation.dial import DialledPeer
     from elvin.federation.link import FederationLink
     from elvin.federation.manager import FederationManager
 
@@ -53,55 +55,47 @@ def filter_text(tree):
 def snapshot(router: "Router", federation: Optional["FederationManager"] = None,
              listeners: Iterable[Any] = (), started: Optional[float] = None,
              domain: Optional[str] = None,
-             discovery: Optional["DiscoveryService"] = None) -> dict[str, Any]:
+             discovery: Optional["DiscoveryService"] = None,
+             clients_limit: Optional[int] = None) -> dict[str, Any]:
     """The router's status now, as JSON-ready data: every figure read by
     its declared name (``RouterStats``, ``LinkStats``, the router's
-    budgets), so that a rename fails the type check instead of reading 0."""
+    budgets), so that a rename fails the type check instead of reading 0.
+
+    ``clients`` lists the client sessions with the largest send queues
+    first, then those that had most deliveries dropped (then most
+    subscriptions, then by address, so that a page's rows keep still);
+    ``clients_limit``: at most that many of them, the rest counted in
+    ``clients_omitted`` (the totals count every session either way)."""
     now = time.time()
-    clients = []
     queue_bytes = 0
     stats = router.stats
     bytes_in = stats["bytes_in"]
     bytes_out = stats["bytes_out"]
     sessions: list["ClientSession"] = list(router.sessions)
+    by_transport: dict[str, int] = {}
+    ranked = []
     for session in sessions:
         output = session.output
         size = output.queued_bytes()
         queue_bytes += size
         bytes_in += output.bytes_in
         bytes_out += output.bytes_out
-        clients.append({
-            "peer": session.peer, "transport": transport_of(session),
-            "state": session.state.name.lower(),
-            "subscriptions": len(session.subscriptions),
-            "quenches": len(session.quenches),
-            "queue_bytes": size, "dropped": session.dropped})
-    links = []
-    if federation is not None:
-        heard_now = federation.clock.seconds()
-        federation_links: list["FederationLink"] = list(federation.links)
-        for link in federation_links:
-            links.append({
-                "domain": link.peer_domain, "host": link.peer_host,
-                "class": link.fed_class.name if link.fed_class else None,
-                "outgoing": link.outgoing, "state": link.state.name.lower(),
-                "mesh": link.mesh, "active": federation.active(link),
-                "in": link.stats["in"], "out": link.stats["out"],
-                "loops": link.stats["loops"], "suppressed": link.stats["suppressed"],
-                "duplicates": link.stats["duplicates"],
-                "overload": link.stats["overload"], "unsent": link.stats["unsent"],
-                "bytes_in": link.output.bytes_in,
-                "bytes_out": link.output.bytes_out,
-                "last_heard_s": round(heard_now - link.last_heard, 3)
-                if link.last_heard is not None else None,
-                "filter_nodes": link.remote_filter.nodes,
-                "pull_filter": filter_text(link.remote_filter.tree),
-                "our_filter": filter_text(link.sent_filter)
-                if link.sent_filter is not None else None})
-    by_transport: dict[str, int] = {}
-    for client in clients:
-        if client["state"] == "connected":
-            by_transport[client["transport"]] = by_transport.get(client["transport"], 0) + 1
+        if session.state.name == "CONNECTED":
+            transport = transport_of(session)
+            by_transport[transport] = by_transport.get(transport, 0) + 1
+        ranked.append((-size, -session.dropped, -len(session.subscriptions),
+                       str(session.peer), id(session), size, session))
+    if clients_limit is None or clients_limit >= len(ranked):
+        ranked.sort()
+    else:
+        ranked = heapq.nsmallest(max(0, clients_limit), ranked)
+    clients = [{"peer": session.peer, "transport": transport_of(session),
+                "state": session.state.name.lower(),
+                "subscriptions": len(session.subscriptions),
+                "quenches": len(session.quenches),
+                "queue_bytes": size, "dropped": session.dropped}
+               for *_, size, session in ranked]
+    links = _links(federation) if federation is not None else []
     budget = router.queue_budget
     receive = router.receive_budget
     admission = router.admission
@@ -158,11 +152,92 @@ def snapshot(router: "Router", federation: Optional["FederationManager"] = None,
             "udp_datagrams": _udp_totals(router.udp_counters),
         },
         "clients": clients,
+        "clients_omitted": len(sessions) - len(clients),
         "links": links,
         "refusals": [{"time": t, "peer": peer, "code": code,
                       "name": ERROR_NAMES.get(code, str(code)), "message": message}
                      for t, peer, code, message in list(router.refusals)],
     }
+
+
+def _links(federation: "FederationManager") -> list[dict[str, Any]]:
+    """A row for every configured link (``Federation.Connect``), up or not,
+    in the order dialled, then one for every other link up (incoming).
+    A configured link's counters run across its reconnections."""
+    now = federation.clock.seconds()
+    up: list["FederationLink"] = list(federation.links)
+    dialled: list["DialledPeer"] = list(federation.dialled)
+    rows = []
+    shown = set()
+    for dial in dialled:
+        link = dial.link
+        if link is not None and link in up:
+            rows.append(_link_row(federation, link, now, dial))
+            shown.add(link)
+        else:
+            rows.append(_dial_row(dial, now))
+    for link in up:
+        if link not in shown:
+            rows.append(_link_row(federation, link, now))
+    return rows
+
+
+def _ago(now: float, then: Optional[float]) -> Optional[float]:
+    return round(now - then, 3) if then is not None else None
+
+
+def _counts(stats: Any, bytes_in: int, bytes_out: int) -> dict[str, int]:
+    """A link's counters as status.json names them."""
+    return {"in": stats["in"], "out": stats["out"], "loops": stats["loops"],
+            "suppressed": stats["suppressed"], "duplicates": stats["duplicates"],
+            "overload": stats["overload"], "unsent": stats["unsent"],
+            "bytes_in": bytes_in, "bytes_out": bytes_out}
+
+
+def _dial_facts(dial: Optional["DialledPeer"], now: float) -> dict[str, Any]:
+    """What a configured link adds to its row (None for other links)."""
+    if dial is None:
+        return {"uri": None, "attempts": 0, "last_error": None, "last_error_s": None,
+                "next_attempt_s": None}
+    due = dial.next_attempt
+    return {"uri": dial.uri, "attempts": dial.attempts, "last_error": dial.last_error,
+            "last_error_s": _ago(now, dial.last_error_at),
+            "next_attempt_s": round(max(0.0, due - now), 3)
+            if due is not None and dial.state == "redialling" else None}
+
+
+def _link_row(federation: "FederationManager", link: "FederationLink", now: float,
+              dial: Optional["DialledPeer"] = None) -> dict[str, Any]:
+    if dial is not None:
+        totals = dial.totals()
+        counts = _counts(totals, totals["bytes_in"], totals["bytes_out"])
+    else:
+        counts = _counts(link.stats, link.output.bytes_in, link.output.bytes_out)
+    return {
+        "domain": link.peer_domain, "host": link.peer_host,
+        "class": link.fed_class.name if link.fed_class else None,
+        "outgoing": link.outgoing, "state": link.state.name.lower(),
+        "mesh": link.mesh, "active": federation.active(link),
+        **counts,
+        "last_heard_s": _ago(now, link.last_heard),
+        "filter_nodes": link.remote_filter.nodes,
+        "pull_filter": filter_text(link.remote_filter.tree),
+        "our_filter": filter_text(link.sent_filter)
+        if link.sent_filter is not None else None,
+        **_dial_facts(dial, now)}
+
+
+def _dial_row(dial: "DialledPeer", now: float) -> dict[str, Any]:
+    """A configured link that is not up: dialling, in its handshake
+    (connecting) or waiting to dial again (redialling)."""
+    totals = dial.totals()
+    return {
+        "domain": dial.domain, "host": dial.host, "class": dial.class_name,
+        "outgoing": True, "state": dial.state, "mesh": None, "active": False,
+        **_counts(totals, totals["bytes_in"], totals["bytes_out"]),
+        "last_heard_s": _ago(now, dial.heard()),
+        "filter_nodes": 0, "pull_filter": None, "our_filter": None,
+        **_dial_facts(dial, now)}
 
 
 def _udp_totals(listeners: Iterable["UdpCounters"]) -> dict[str, int]:

@@ -59,16 +59,32 @@ class _Page(resource.Resource):
 
 
 class _Json(resource.Resource):
+    """``/status.json``: ``source()`` as JSON. ``clients``: ``source``
+    takes a limit, ``?clients=N``, to list at most N clients (those with
+    the largest send queues and most drops), as the page asks."""
+
     isLeaf = True
 
-    def __init__(self, source):
+    def __init__(self, source, clients=False):
         super().__init__()
         self.source = source
+        self.clients = clients
 
     def render_GET(self, request):
+        given = request.args.get(b"clients") if self.clients else None
+        limit = None
+        if given:
+            text = given[0].decode("latin-1")
+            if not (text.isascii() and text.isdigit()):
+                request.setResponseCode(400)
+                request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+                return (f"clients={text}: give the most clients to list, a whole number "
+                        f"(0 or more), or leave it out for all\n").encode("utf-8")
+            limit = int(text)
+        status = self.source(limit) if self.clients else self.source()
         request.setHeader(b"content-type", b"application/json")
         request.setHeader(b"cache-control", b"no-store")
-        return json.dumps(self.source()).encode("utf-8")
+        return json.dumps(status).encode("utf-8")
 
 
 class _Reload(resource.Resource):
@@ -98,14 +114,15 @@ def status_root(router, federation=None, listeners=(), domain=None, token=None,
     ``reload``: served as ``POST /reload`` when there is a ``token``."""
     started = time.time() if started is None else started
 
-    def source():
+    def source(clients_limit=None):
         manager = federation() if callable(federation) else federation
         finder = discovery() if callable(discovery) else discovery
-        return snapshot(router, manager, listeners, started, domain, finder)
+        return snapshot(router, manager, listeners, started, domain, finder, clients_limit)
     root = resource.Resource()
     root.putChild(b"", _Page())
-    root.putChild(b"status.json", _Json(source))
-    root.putChild(b"metrics", MetricsResource(registry=registry_for(source)))
+    root.putChild(b"status.json", _Json(source, clients=True))
+    # The metrics need the totals, not a row per client.
+    root.putChild(b"metrics", MetricsResource(registry=registry_for(lambda: source(0))))
     if reload is not None and token is not None:
         root.putChild(b"reload", _Reload(reload))
     return _Guarded(root, token)

@@ -58,6 +58,10 @@ class FederationReloadTests(unittest.TestCase):
         self.assertIn("dialled", message)
         yield wait_until(lambda: self.linked(second), timeout=10)
         self.assertEqual(self.linked(first), [link])
+        # status.json's configured links (docs/operations.md): both, in order
+        dialled = service.manager.dialled
+        self.assertEqual([d.uri.rsplit(":", 1)[1] for d in dialled],
+                         [str(p.fed_port.getHost().port) for p in (first, second)])
 
         self.write(second, extra="Federation.Provide[Peer] = require(x)\n")
         applied, message = yield self.top.reload()
@@ -65,6 +69,7 @@ class FederationReloadTests(unittest.TestCase):
         self.assertIn("federation class Peer changed", message)
         yield wait_until(lambda: not self.linked(first), timeout=10)
         (kept,) = self.linked(second)
+        self.assertEqual([d.link for d in service.manager.dialled], [kept])
         self.assertTrue(kept.fed_class.export_filter.matches({"x": 1}))
         self.assertFalse(kept.fed_class.export_filter.matches({"y": 1}))
         self.assertIs(self.top.federation_service, service)

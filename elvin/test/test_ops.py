@@ -9,7 +9,7 @@ import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client import generate_latest
-from twisted.internet import defer, reactor, threads
+from twisted.internet import defer, error, reactor, threads
 from twisted.trial import unittest
 
 from elvin import client
@@ -21,6 +21,7 @@ from elvin.protocols import packets
 from elvin.protocols.server import ElvinServerFactory
 from elvin.test.places import REPO
 from elvin.test.polling import wait_until
+from elvin.test.test_federation import _ScriptedEndpoint
 from elvin.test.test_router import RecordingOutput
 
 
@@ -38,8 +39,8 @@ class MetricsUnitTests(unittest.TestCase):
         self.router = Router()
         self.registry = registry_for(lambda: snapshot(self.router, started=0))
 
-    def session(self, peer):
-        out = RecordingOutput()
+    def session(self, peer, out=None):
+        out = out or RecordingOutput()
         session = self.router.open_session(out, peer)
         session.packet_received(packets.ConnRqst(1, 4, 0, {}))
         out.take()
@@ -71,6 +72,26 @@ class MetricsUnitTests(unittest.TestCase):
         got = samples(self.registry)
         self.assertEqual(got[("elvin_connections", (("transport", "tcp"),))], 1)
         self.assertEqual(got[("elvin_subscriptions", ())], 0)
+
+    def test_clients_largest_queue_and_most_dropped_first(self):
+        """docs/operations.md, "status.json": clients come largest send
+        queue first, then most dropped; ``clients_limit`` lists that many
+        and counts the rest, the totals count every one."""
+        figures = {"idle-b": (0, 0), "idle-a": (0, 0), "dropping": (0, 40),
+                   "queued": (5000, 1), "queued-more": (9000, 0), "queued-dropping": (5000, 7)}
+        for peer, (queued, dropped) in figures.items():
+            session, out = self.session(peer, _Queued(queued))
+            session.dropped = dropped
+        order = ["queued-more", "queued-dropping", "queued", "dropping", "idle-a", "idle-b"]
+        status = snapshot(self.router)
+        self.assertEqual([c["peer"] for c in status["clients"]], order)
+        self.assertEqual(status["clients_omitted"], 0)
+        status = snapshot(self.router, clients_limit=2)
+        self.assertEqual([c["peer"] for c in status["clients"]], order[:2])
+        self.assertEqual(status["clients_omitted"], 4)
+        self.assertEqual(status["totals"]["connections_open"], 6)
+        self.assertEqual(status["totals"]["send_queue_bytes"], 19000)
+        self.assertEqual(snapshot(self.router, clients_limit=0)["clients"], [])
 
     def test_names_follow_prometheus_conventions(self):
         text = generate_latest(self.registry).decode()
@@ -128,6 +149,28 @@ class StatusListenerTests(unittest.TestCase):
         self.assertEqual(status["totals"]["subscriptions"], 1)
         status_code, page = yield self.get("/")
         self.assertIn("Elvin router status", page)
+
+    @defer.inlineCallbacks
+    def test_status_json_lists_at_most_clients_n(self):
+        """``/status.json?clients=N`` (what the page asks for) lists N
+        clients and counts the rest; elvin-stat asks for none."""
+        import urllib.error
+        from elvin.tools import stat
+        for _ in range(3):
+            conn = yield client.connect(self.uri)
+            self.addCleanup(conn.close)
+        _, body = yield self.get("/status.json?clients=1")
+        status = json.loads(body)
+        self.assertEqual((len(status["clients"]), status["clients_omitted"]), (1, 2))
+        self.assertEqual(status["totals"]["connections_open"], 3)
+        _, body = yield self.get("/status.json")
+        self.assertEqual(len(json.loads(body)["clients"]), 3)
+        status = yield threads.deferToThread(stat.fetch, self.base, "s3cret", 5.0, 0)
+        self.assertEqual((status["clients"], status["clients_omitted"]), ([], 3))
+        for wrong in ("x", "-1", "1.5"):
+            with self.assertRaises(urllib.error.HTTPError) as caught:
+                yield self.get(f"/status.json?clients={wrong}")
+            self.assertEqual(caught.exception.code, 400)
 
     @defer.inlineCallbacks
     def test_token_is_required(self):
@@ -382,6 +425,174 @@ class FederationMetricsTests(unittest.TestCase):
         self.assertEqual(at_leaf[("elvin_federation_replies_waited_total", ())], 1)
         self.assertEqual(at_leaf[("elvin_federation_replies_timed_out_total", ())], 0)
 
+
+
+class ConfiguredLinkTests(unittest.TestCase):
+    """docs/operations.md, "Metrics": a configured link (Federation.Connect)
+    has a row in status.json and elvin-stat, and its series in /metrics,
+    whether its peer is up or not: its state, last error and next attempt,
+    link_up 0 while down, and counters that run on across reconnections
+    (an in-memory router dialling scripted peers, on a fake clock)."""
+
+    URI = "ewaf:1.0/tcp,none,xdr/peer.example:2916"
+
+    def setUp(self):
+        from types import SimpleNamespace
+        from elvin.federation import protocol as fedproto
+        from elvin.federation.manager import FederationClass, FederationManager
+        from elvin.test.fednet import Net
+        self.patch(fedproto, "random", SimpleNamespace(random=lambda: 0.25))
+        self.net = Net()
+        self.router = Router()
+        self.manager = FederationManager(self.router, "ours.test",
+                                         [FederationClass("Peer", hosts=["*"])], None,
+                                         self.net.clock, debounce=0.05)
+
+    def keep(self, plans):
+        from elvin.federation.protocol import ConnectorFactory, connector_service
+        endpoint = _Refusing(self.net, plans)
+        factory = ConnectorFactory(self.manager, self.manager.classes["Peer"], 0)
+        service = connector_service(self.net.clock, endpoint, factory, initial_delay=0.5,
+                                    name=self.URI, host="peer.example")
+        service.startService()
+
+        def stop():
+            stopped = service.stopService()
+            self.net.flush()
+            return stopped
+        self.addCleanup(stop)
+        return endpoint, service
+
+    def status(self):
+        return snapshot(self.router, self.manager, started=1, domain="ours.test")
+
+    def scrape(self):
+        return samples(registry_for(self.status))
+
+    def run_until(self, test, limit=60.0):
+        deadline = self.net.clock.seconds() + limit
+        while not test() and self.net.clock.seconds() < deadline:
+            self.net.run(0.01)
+        self.assertTrue(test())
+
+    def notify(self, endpoint, count):
+        from elvin.federation import packets as fed_packets
+        for n in range(count):
+            endpoint.peers[-1].send(fed_packets.FedNotify({"n": n}, True, packets.Keys.EMPTY,
+                                                          ("peer.test",)))
+        self.net.flush()
+
+    def test_a_configured_link_is_shown_up_or_down(self):
+        from elvin.tools.stat import format_status
+        endpoint, _ = self.keep(["refused", "good", "refused", "good"])
+        (row,) = self.status()["links"]
+        self.assertEqual((row["state"], row["uri"], row["host"], row["domain"]),
+                         ("redialling", self.URI, "peer.example", None))
+        self.assertIn("refused", row["last_error"])
+        self.assertEqual((row["attempts"], row["next_attempt_s"]), (1, 1.25))
+        self.assertEqual(self.scrape()[("elvin_federation_link_up", (("peer", self.URI),))], 0)
+        self.assertIn(f"link (peer not yet known) ({self.URI}) REDIALLING (attempt 1 since up "
+                      "in 1 s; last error 0 s ago: Connection was refused",
+                      format_status(self.status()))
+
+        self.run_until(lambda: self.manager.links)
+        self.notify(endpoint, 3)
+        (row,) = self.status()["links"]
+        self.assertEqual((row["state"], row["domain"], row["in"], row["attempts"]),
+                         ("up", "peer.test", 3, 0))
+        peer = (("peer", "peer.test"),)
+        scraped = self.scrape()
+        self.assertEqual(scraped[("elvin_federation_link_up", peer)], 1)
+        self.assertNotIn(("elvin_federation_link_up", (("peer", self.URI),)), scraped)
+        bytes_in = row["bytes_in"]
+
+        endpoint.peers[-1].transport.loseConnection()       # the peer goes away
+        self.net.flush()
+        (row,) = self.status()["links"]
+        self.assertEqual((row["state"], row["domain"], row["in"], row["bytes_in"]),
+                         ("redialling", "peer.test", 3, bytes_in))
+        self.assertEqual(row["last_error"], "connection_lost")
+        scraped = self.scrape()
+        self.assertEqual(scraped[("elvin_federation_link_up", peer)], 0)
+        self.assertEqual(scraped[("elvin_federation_notifications_total",
+                                  (("direction", "in"), ("peer", "peer.test")))], 3)
+        self.assertIn("link peer.test (" + self.URI + ") REDIALLING",
+                      format_status(self.status()))
+
+        self.run_until(lambda: self.manager.links)            # refused once, then back
+        self.notify(endpoint, 2)
+        (row,) = self.status()["links"]
+        self.assertEqual((row["state"], row["in"]), ("up", 5))
+        self.assertGreater(row["bytes_in"], bytes_in)
+        self.assertEqual(self.scrape()[("elvin_federation_notifications_total",
+                                        (("direction", "in"), ("peer", "peer.test")))], 5)
+
+    def test_a_handshake_under_way_is_connecting(self):
+        self.keep(["stall"])
+        self.net.run(0.1)
+        (row,) = self.status()["links"]
+        self.assertEqual((row["state"], row["next_attempt_s"], row["pull_filter"]),
+                         ("connecting", None, None))
+        self.assertGreater(row["bytes_out"], 0)               # its FedConnRqst
+
+    def test_a_stopped_keeper_is_forgotten(self):
+        _, service = self.keep(["refused", "refused"])
+        self.assertEqual(len(self.status()["links"]), 1)
+        service.stopService()
+        self.assertEqual(self.status()["links"], [])
+
+    def test_one_series_a_peer(self):
+        """A configured link redialling while its peer's own link to us is
+        up (each side dials the other): one series for the peer, up."""
+        from elvin.ops.metrics import RouterCollector
+        status = self.status()
+        row = dict.fromkeys(("in", "out", "bytes_in", "bytes_out", "loops", "suppressed",
+                             "duplicates", "overload", "unsent", "filter_nodes"), 1)
+        row.update(domain="peer.test", host="10.0.0.1", active=True, last_heard_s=2.0)
+        status["links"] = [dict(row, state="redialling", uri=self.URI, active=False,
+                                filter_nodes=0, last_heard_s=None),
+                           dict(row, state="up", uri=None, filter_nodes=7)]
+        collector = RouterCollector(lambda: status)
+        from prometheus_client.core import CollectorRegistry
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(collector)
+        text = generate_latest(registry).decode()
+        self.assertEqual(text.count('elvin_federation_link_up{peer="peer.test"}'), 1)
+        scraped = samples(registry)
+        peer = (("peer", "peer.test"),)
+        self.assertEqual(scraped[("elvin_federation_link_up", peer)], 1)
+        self.assertEqual(scraped[("elvin_federation_link_active", peer)], 1)
+        self.assertEqual(scraped[("elvin_federation_pull_filter_nodes", peer)], 7)
+        self.assertEqual(scraped[("elvin_federation_last_heard_seconds", peer)], 2.0)
+        self.assertEqual(scraped[("elvin_federation_notifications_total",
+                                  (("direction", "in"), ("peer", "peer.test")))], 2)
+
+
+class _Queued(RecordingOutput):
+    """A client's output with ``queued`` bytes waiting."""
+
+    def __init__(self, queued):
+        super().__init__()
+        self.queued = queued
+
+    def queued_bytes(self):
+        return self.queued
+
+
+class _Refusing(_ScriptedEndpoint):
+    """A ``_ScriptedEndpoint`` whose plan ``refused`` fails the TCP connect."""
+
+    def __init__(self, net, plans):
+        super().__init__(net, [])
+        self.queue = list(plans)
+
+    def connect(self, factory):
+        plan = self.queue.pop(0)
+        if plan == "refused":
+            self.attempts.append(self.net.clock.seconds())
+            return defer.fail(error.ConnectionRefusedError())
+        self.plans = iter([plan])
+        return super().connect(factory)
 
 class HttpsTests(unittest.TestCase):
     timeout = 60

@@ -1,7 +1,9 @@
 """The status page in a real headless browser (Debian's chromium, driven
 over its DevTools protocol with websocket-client): it loads, a client
 appears and a federation link comes up without a reload, and a screenshot
-is saved (``status-page.png`` in the test's folder).
+is saved (``status-page.png`` in the test's folder); with hundreds of
+clients and a configured link that is down it stays short and fits a
+narrow window (``status-page-many.png``, ``status-page-narrow.png``).
 
 Skipped, with the reason, where no chromium is installed; ``.ci/run``
 installs it."""
@@ -19,8 +21,12 @@ from twisted.internet import defer, reactor, threads
 from twisted.trial import unittest
 
 from elvin import client
+from elvin.ops.page import CLIENTS
 from elvin.ops.web import StatusSite, status_root
+from elvin.protocols import packets
+from elvin.test.places import free_port
 from elvin.test.test_federation import FedRouter
+from elvin.test.test_ops import _Queued
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 
@@ -118,6 +124,88 @@ class StatusPageBrowserTest(unittest.TestCase):
         except ImportError:
             raise unittest.SkipTest("websocket-client is not installed "
                                     "(pip install '.[test]')")
+
+    def screenshot(self, browser, name):
+        shot = browser.call("Page.captureScreenshot", format="png")
+        path = os.path.abspath(name)
+        with open(path, "wb") as f:
+            f.write(base64.b64decode(shot["data"]))
+        self.assertGreater(os.path.getsize(path), 10_000)
+        return path
+
+    @defer.inlineCallbacks
+    def test_many_clients_and_a_link_down_in_a_wide_and_a_narrow_window(self):
+        """docs/operations.md, "The status page": links and refusals come
+        first, then the CLIENTS clients with the largest queues and most
+        drops and a line counting the others; a configured link whose peer
+        is down shows why; in a 380 px window only the tables' own boxes
+        scroll sideways."""
+        from twisted.internet import endpoints
+        from elvin.federation.protocol import ConnectorFactory, connector_service
+        hub = FedRouter(self, "hub.test")
+        dead = f"ewaf:1.0/tcp,none,xdr/127.0.0.1:{free_port()}"    # nobody listens
+        keeper = connector_service(
+            reactor, endpoints.TCP4ClientEndpoint(reactor, "127.0.0.1", int(dead.rsplit(":")[-1])),
+            ConnectorFactory(hub.manager, hub.fed_class, 0), name=dead, host="127.0.0.1")
+        keeper.startService()
+        self.addCleanup(keeper.stopService)
+        for n in range(3 * CLIENTS):
+            out = _Queued(1000 * n if n % 50 == 7 else 0)
+            session = hub.router.open_session(out, f"10.0.{n // 256}.{n % 256}:4000")
+            session.packet_received(packets.ConnRqst(1, 4, 0, {}))
+        session.packet_received(packets.SubAddRqst(2, "x ==", True, packets.Keys.EMPTY))
+        self.addCleanup(lambda: [s.connection_lost() for s in list(hub.router.sessions)])
+        site = StatusSite(status_root(hub.router, hub.manager, [hub.uri], "hub.test"))
+        web = reactor.listenTCP(0, site, interface="127.0.0.1")
+        self.addCleanup(web.stopListening)
+        browser = yield threads.deferToThread(Browser, self.browser_path)
+        self.addCleanup(browser.close)
+        yield threads.deferToThread(browser.call, "Page.enable")
+        yield threads.deferToThread(browser.call, "Page.navigate",
+                                    url=f"http://127.0.0.1:{web.getHost().port}/")
+        page = """(() => {
+          const top = id => document.getElementById(id).getBoundingClientRect().top;
+          const rows = id => Array.from(document.querySelectorAll("#" + id + " tbody tr"),
+                                        tr => tr.innerText);
+          const box = document.querySelector("#clients").parentElement;
+          return {clients: rows("clients"), links: rows("links"),
+                  refusals: rows("refusals"),
+                  more: document.getElementById("clients-more").innerText,
+                  order: [top("links"), top("refusals"), top("clients")],
+                  height: document.documentElement.scrollHeight,
+                  page_wider: document.documentElement.scrollWidth > innerWidth,
+                  box_wider: box.scrollWidth > box.clientWidth};
+        })()"""
+
+        @defer.inlineCallbacks
+        def seen(test, seconds=20):
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                got = yield threads.deferToThread(browser.evaluate, page)
+                if got and got["clients"] and test(got):
+                    return got
+                yield threads.deferToThread(time.sleep, 0.25)
+            raise AssertionError(f"the page never showed it: {got!r}")
+        wide = yield seen(lambda p: "refused" in " ".join(p["links"]))
+        self.assertEqual(len(wide["clients"]), CLIENTS)
+        self.assertEqual(sorted(wide["order"]), wide["order"])     # clients last
+        # The largest queues first: clients 7, 57, 107, ... (1000 bytes each n).
+        self.assertTrue(wide["clients"][0].startswith("10.0.1.1:4000\t257,000\t"),
+                        wide["clients"][0])
+        self.assertIn(f"{2 * CLIENTS} more", wide["more"])
+        (link,) = wide["links"]
+        self.assertIn(dead, link)
+        self.assertIn("Connection was refused", link)
+        self.assertIn("2101", wide["refusals"][0])
+        self.assertLess(wide["height"], 5000)
+        self.assertFalse(wide["page_wider"])
+        yield threads.deferToThread(self.screenshot, browser, "status-page-many.png")
+        yield threads.deferToThread(browser.call, "Emulation.setDeviceMetricsOverride",
+                                    width=380, height=800, deviceScaleFactor=1, mobile=False)
+        narrow = yield seen(lambda p: p["box_wider"])
+        self.assertFalse(narrow["page_wider"])
+        self.assertEqual(sorted(narrow["order"]), narrow["order"])
+        yield threads.deferToThread(self.screenshot, browser, "status-page-narrow.png")
 
     @defer.inlineCallbacks
     def test_page_shows_a_client_and_a_link_appear_without_reload(self):

@@ -86,9 +86,11 @@ def refused(code, token, action="the status"):
     return None
 
 
-def fetch(base, token=None, timeout=5.0):
-    """The router's status (``/status.json``) as a dict."""
-    request = urllib.request.Request(base + "/status.json")
+def fetch(base, token=None, timeout=5.0, clients=None):
+    """The router's status (``/status.json``) as a dict; ``clients``: list
+    at most that many clients (None: all)."""
+    query = f"?clients={clients}" if clients is not None else ""
+    request = urllib.request.Request(base + "/status.json" + query)
     if token:
         request.add_header("Authorization", f"Bearer {token}")
     with urllib.request.urlopen(request, timeout=timeout) as response:
@@ -147,11 +149,29 @@ def format_status(status, previous=None):
              f"{totals.get('pattern_work_refusals', 0) + totals.get('evaluation_refusals', 0):,}",
              f"send queues {totals['send_queue_bytes']:,} bytes  nacks "
              + (" ".join(f"{c}×{n}" for c, n in totals["nacks"].items()) or "none")]
-    for link in status["links"]:
-        lines.append(f"link {link['domain']} ({link['host']}) {link['state']}"
-                     f"{'' if link['active'] else ' idle'}: in {link['in']:,} out "
-                     f"{link['out']:,}  pull filter {link['pull_filter']}")
+    lines.extend(link_line(link) for link in status["links"])
     return "\n".join(lines) + "\n"
+
+
+def link_line(link):
+    """One federation link (or configured link that is not up) as a line."""
+    if link["state"] == "up":
+        return (f"link {link['domain']} ({link['host']}) up{'' if link['active'] else ' idle'}: "
+                f"in {link['in']:,} out {link['out']:,}  pull filter {link['pull_filter']}")
+    facts = []
+    attempt = f"attempt {link['attempts']} since up" if link.get("attempts") else "next attempt"
+    if link.get("next_attempt_s") is not None:
+        facts.append(f"{attempt} in {link['next_attempt_s']:.0f} s")
+    elif link.get("attempts"):
+        facts.append(attempt)
+    if link.get("last_error"):
+        ago = link.get("last_error_s")
+        facts.append("last error" + (f" {ago:.0f} s ago" if ago is not None else "")
+                     + f": {link['last_error']}")
+    return (f"link {link['domain'] or '(peer not yet known)'} "
+            f"({link.get('uri') or link['host']}) "
+            f"{link['state'].upper()}" + (f" ({'; '.join(facts)})" if facts else "")
+            + f": in {link['in']:,} out {link['out']:,}")
 
 
 def main(argv=None):
@@ -163,7 +183,9 @@ def main(argv=None):
     try:
         while True:
             try:
-                status = fetch(options["status"], options["token"])
+                # The lines print no client: fetch none (--json: all).
+                status = fetch(options["status"], options["token"],
+                               clients=None if options["json"] else 0)
             except urllib.error.HTTPError as e:
                 why = refused(e.code, options["token"])
                 sys.stderr.write(f"elvin-stat: error: {options['status']}: HTTP {e.code} "
