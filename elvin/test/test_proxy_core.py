@@ -640,3 +640,59 @@ class ThrottleOverTheWireTest(ProxyCoreCase):
         self.clock.now += 12                                  # one back (of 11 counted)
         self.assertIsInstance(self.join_over_the_wire("10.0.3.0", "right"),
                               elvin_packets.ConnRply)
+
+
+class HTTPTunnelSessionTest(ProxyCoreCase):
+    """A session joined over the proxy's HTTP tunnel listener (loopback,
+    port 0, the real client) is given what was stored, then live ones, as
+    over TCP: the tunnel's protocol is the proxy's, whose draining goes on
+    with the replay."""
+
+    timeout = 30
+
+    def setUp(self):
+        from twisted.internet import reactor
+        from elvin.protocols.httptunnel import ElvinHTTPSite
+        from elvin.proxy.protocol import ProxyServerFactory
+        super().setUp(call_later=reactor.callLater)
+        self.site = ElvinHTTPSite(ProxyServerFactory(self.core, reactor, 30))
+        port = reactor.listenTCP(0, self.site, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        self.addCleanup(self.site.close_all)
+        self.uri = f"elvin:/http,none,xdr/127.0.0.1:{port.getHost().port}"
+
+    def test_tunnels_serve_the_proxys_protocol(self):
+        from elvin.protocols.httptunnel import TunnelServerProtocol, tunnel_protocol
+        from elvin.proxy.protocol import ProxyServerProtocol
+        made = tunnel_protocol(self.site.elvin_factory)
+        self.assertTrue(issubclass(made, TunnelServerProtocol))
+        self.assertTrue(issubclass(made, ProxyServerProtocol))
+
+    async def stored_then_live(self, mode):
+        from twisted.internet import reactor
+        from elvin import client
+        from elvin.test.polling import wait_until
+        uri = self.uri + (f";mode={mode}" if mode else "")
+        phone = await client.connect(uri, session="phone", reactor=reactor)
+        await phone.subscribe("require(n)", lambda n: None)
+        await phone.close()
+        self.publish({"n": 1})
+        self.publish({"n": 2})
+        got = []
+        phone = await client.connect(uri, session="phone", reactor=reactor,
+                                     on_notification=got.append)
+        try:
+            await wait_until(lambda: len(got) == 2, timeout=10)
+            self.publish({"n": 3})
+            await wait_until(lambda: len(got) == 3, timeout=10)
+            self.assertEqual([n["n"] for n in got], [1, 2, 3])
+        finally:
+            await phone.close()
+        # Acknowledged over the tunnel too: nothing is owed any more.
+        self.assertEqual(self.store.counts()["notifications"], 0)
+
+    def test_stored_then_live_over_streamed_gets(self):
+        return defer.ensureDeferred(self.stored_then_live(None))
+
+    def test_stored_then_live_over_polled_gets(self):
+        return defer.ensureDeferred(self.stored_then_live("poll"))
