@@ -179,7 +179,10 @@ def status_service(reactor, config, core):
     from elvin.proxy.counters import status_root
     check_status_http(config)
     _, host, port = config.status_listen
-    site = StatusSite(status_root(core, config.status_token), reactor=reactor)
+    upstream = str(config.upstream) if config.upstream is not None else (
+        f"discover (scope {config.upstream_scope})" if config.upstream_scope else "discover")
+    site = StatusSite(status_root(core, config.status_token, config.listen, upstream),
+                      reactor=reactor)
     listener = StreamServerEndpointService(
         endpoints.TCP4ServerEndpoint(reactor, port, interface=host), site)
     listener._raiseSynchronously = True

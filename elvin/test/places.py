@@ -1,4 +1,5 @@
-"""Where tests find the checkout, and free loopback ports: one copy each."""
+"""Where tests find the checkout, free loopback ports and processes, and
+elvin-stat run in-process: one copy each."""
 
 import os
 import socket
@@ -102,3 +103,24 @@ def start_twistd(plugin, argv_for, port=None, attempts=5):
         except PortTaken:
             if port or attempt == attempts - 1:
                 raise
+
+
+def elvin_stat_on_a_thread(base, *args):
+    """elvin-stat's main in this process on a thread (it blocks), against
+    the status listener ``base``: a Deferred firing with (exit status,
+    stdout, stderr)."""
+    import contextlib
+    import io
+    from twisted.internet import threads
+    from elvin.tools import stat
+
+    def run():
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                stat.main(["-e", base, *args])
+                code = 0
+            except SystemExit as e:
+                code = e.code or 0
+        return code, out.getvalue(), err.getvalue()
+    return threads.deferToThread(run)
