@@ -109,6 +109,23 @@ class ProxyCoreCase(unittest.TestCase):
         self.upstream.up()
         self.xids = itertools.count(1)
 
+    def serve(self, http=False):
+        """Listen for clients on 127.0.0.1 (a free port), TCP or the HTTP
+        tunnel, as ``twistd elvin-proxy`` does (the core should be made
+        with ``call_later=reactor.callLater``): (URI, the HTTP site or the
+        factory)."""
+        from twisted.internet import reactor
+        from elvin.protocols.httptunnel import ElvinHTTPSite
+        from elvin.proxy.protocol import ProxyServerFactory
+        factory = ProxyServerFactory(self.core, reactor, 30)
+        if http:
+            factory = ElvinHTTPSite(factory)
+            self.addCleanup(factory.close_all)
+        port = reactor.listenTCP(0, factory, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        stack = "/http,none,xdr/" if http else "//"
+        return f"elvin:{stack}127.0.0.1:{port.getHost().port}", factory
+
     def restart(self, **limits):
         """A new proxy on the same store (as after kill -9 and a restart)."""
         self.upstream.down()
@@ -652,14 +669,8 @@ class HTTPTunnelSessionTest(ProxyCoreCase):
 
     def setUp(self):
         from twisted.internet import reactor
-        from elvin.protocols.httptunnel import ElvinHTTPSite
-        from elvin.proxy.protocol import ProxyServerFactory
         super().setUp(call_later=reactor.callLater)
-        self.site = ElvinHTTPSite(ProxyServerFactory(self.core, reactor, 30))
-        port = reactor.listenTCP(0, self.site, interface="127.0.0.1")
-        self.addCleanup(port.stopListening)
-        self.addCleanup(self.site.close_all)
-        self.uri = f"elvin:/http,none,xdr/127.0.0.1:{port.getHost().port}"
+        self.uri, self.site = self.serve(http=True)
 
     def test_tunnels_serve_the_proxys_protocol(self):
         from elvin.protocols.httptunnel import TunnelServerProtocol, tunnel_protocol
