@@ -175,6 +175,7 @@ class ProxyConfig(SettingsConfig):
             names = [s.name for s in PROXY_SETTINGS]
             raise ConfigError(f"{where}: unknown setting {key!r}{did_you_mean(key, names)} "
                               f"(known: {', '.join(names)})")
+        self.origins.setdefault(setting.name, []).append((where, value.strip()))
         parsed = setting.parse(value.strip(), key, where, self)
         if setting.repeat:
             getattr(self, setting.attr).append(parsed)

@@ -9,16 +9,15 @@ import sys
 import time
 from typing import Any, Dict
 
-from twisted.application import internet, service
+from twisted.application import internet
 from twisted.internet import threads
-from twisted.internet.error import CannotListenError
 from twisted.logger import Logger
 from twisted.python import usage
 from twisted.python.threadpool import ThreadPool
 
 from elvin.configvalues import ConfigError
 from elvin.endpoints import UnsupportedStackError, listener_service
-from elvin.tap import check_listeners
+from elvin.tap import BindingService, check_listeners
 from elvin.proxy.config import DEFAULT_LISTEN, ProxyConfig, load_proxy_config
 from elvin.core.options import HARD_CEILINGS
 from elvin.proxy.core import ProxyCore
@@ -76,6 +75,7 @@ class Options(usage.Options):
                 config.database = self["database"]
             if self["listen"]:
                 config.listen = []        # the command line's replace the file's
+                config.origins["listen"] = []
             for uri in self["listen"]:
                 config.set("listen", uri, "--listen")
         except ConfigError as e:
@@ -90,10 +90,14 @@ class Options(usage.Options):
         self.proxy_config = config
 
 
-class ProxyService(service.MultiService):
-    """The proxy: its store, core, upstream connection, listeners and sweep."""
+class ProxyService(BindingService):
+    """The proxy: its store, core, upstream connection, listeners and sweep.
+    Its listeners are bound once, before twistd daemonises (as the
+    router's: ``BindingService``)."""
 
     log = Logger()
+    program = "twistd elvin-proxy"
+    kind = "proxy"
 
     def __init__(self, core, config, store, password_pool=None):
         super().__init__()
@@ -102,13 +106,6 @@ class ProxyService(service.MultiService):
         self.store = store
         #: The threads that check passwords (scrypt), apart from the reactor's.
         self.password_pool = password_pool
-
-    def privilegedStartService(self):
-        try:
-            super().privilegedStartService()
-        except CannotListenError as e:
-            raise SystemExit(f"twistd elvin-proxy: port {e.port}: cannot listen: "
-                             f"{e.socketError}") from None
 
     def startService(self):
         if self.password_pool is not None:
@@ -240,11 +237,20 @@ def makeService(options, reactor=None):
         listener.setServiceParent(top)
     if config.status_listen is not None:
         try:
-            status_service(reactor, config, core).setServiceParent(top)
+            top.status_listener = status_service(reactor, config, core)
+            top.status_listener.setServiceParent(top)
         except ConfigError as e:
             raise SystemExit(f"twistd elvin-proxy: {e}") from None
     sweeper = internet.TimerService(config.sweep_interval, core.sweep)
     sweeper.clock = reactor
     sweeper.setServiceParent(top)
     upstream.setServiceParent(top)
+    if getattr(options, "parent", None) is not None:
+        # Under twistd: bind now, while stderr is the terminal and before
+        # daemonising (whose parent would wait for word that never comes).
+        try:
+            top.privilegedStartService()
+        except SystemExit:
+            store.close()
+            raise
     return top
