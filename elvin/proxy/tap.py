@@ -17,7 +17,7 @@ from twisted.python.threadpool import ThreadPool
 
 from elvin.configvalues import ConfigError
 from elvin.endpoints import UnsupportedStackError, listener_service
-from elvin.tap import BindingService, check_listeners
+from elvin.tap import BindingService, _origin, check_listeners
 from elvin.proxy.config import DEFAULT_LISTEN, ProxyConfig, load_proxy_config
 from elvin.core.options import HARD_CEILINGS
 from elvin.proxy.core import ProxyCore
@@ -162,9 +162,10 @@ def check_status_http(config):
     certificate the proxy never uses."""
     status = getattr(config, "status_listen", None)
     if status is not None and status[0] != "http":
-        raise ConfigError(f"status-listen {status[0]}://...: the proxy serves its counters "
-                          "over http only (on a loopback address, or behind a TLS "
-                          "front end)")
+        scheme, host, port = status
+        raise ConfigError(f"{_origin(config, 'status-listen')}status-listen "
+                          f"{scheme}://{host}:{port}: the proxy serves its counters over "
+                          "http only (on a loopback address, or behind a TLS front end)")
 
 
 def status_service(reactor, config, core):

@@ -97,8 +97,10 @@ class ProxyOptionsTest(unittest.TestCase):
         self.assertEqual(len(list(top)), 4)       # listener, status, sweep, upstream
         top.store.close()
         with self.assertRaises(usage.UsageError) as caught:
-            self.with_config("status-listen = https://127.0.0.1:9916\n")
-        self.assertIn("http only", str(caught.exception))
+            self.with_config("# counters\nstatus-listen = https://127.0.0.1:9916\n")
+        self.assertRegex(str(caught.exception), r"^/\S+/p\.conf:2: status-listen "
+                         r"https://127\.0\.0\.1:9916: the proxy serves its counters over "
+                         "http only")
 
     def test_upstream_by_discovery(self):
         config = parse_proxy_config("upstream = discover\nupstream-scope = lab\n"
