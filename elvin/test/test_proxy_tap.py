@@ -34,7 +34,14 @@ class ProxyConfigTest(unittest.TestCase):
                                ("\nbogus = 1", "p.conf:2: unknown setting 'bogus'"),
                                ("listen = elvin:/udp,none,xdr/127.0.0.1:5000",
                                 "p.conf:1: the proxy keeps sessions, which UDP cannot carry"),
-                               ("upstream-scope = x", "upstream-scope needs upstream = discover")):
+                               ("upstream-scope = x", "upstream-scope needs upstream = discover"),
+                               ("upstream = elvin:/udp,none,xdr/127.0.0.1:5000",
+                                "p.conf:1: upstream elvin:/udp,none,xdr/127.0.0.1:5000: the "
+                                "proxy subscribes upstream, which UDP cannot carry"),
+                               ("upstream = elvin:/sctp,none,xdr/h:1",
+                                "p.conf:1: elvin:4.0/sctp,none,xdr/h:1: protocol stack "
+                                "sctp,none,xdr is not supported"),
+                               ("upstream = elvin://h:99999", "p.conf:1: bad upstream URI: ")):
             with self.assertRaises(ConfigError) as caught:
                 parse_proxy_config(text, "p.conf")
             self.assertIn(expected, str(caught.exception))
@@ -72,6 +79,12 @@ class ProxyOptionsTest(unittest.TestCase):
     def test_bad_listen_is_a_usage_error(self):
         with self.assertRaises(usage.UsageError):
             tap.Options().parseOptions(["-l", "elvin://127.0.0.1:99999"])
+
+    def test_a_udp_upstream_is_a_usage_error(self):
+        with self.assertRaises(usage.UsageError) as caught:
+            tap.Options().parseOptions(["-u", "elvin:/udp,none,xdr/127.0.0.1:5000"])
+        self.assertIn("--upstream: upstream elvin:/udp,none,xdr/127.0.0.1:5000: the proxy "
+                      "subscribes upstream, which UDP cannot carry", str(caught.exception))
 
     def test_service_tree(self):
         options = tap.Options()
