@@ -4,8 +4,10 @@ The proxy (docs/proxy.md) is a client of one upstream router and a router
 to its own clients, keeping named sessions for clients that come and go.
 """
 
+import signal
 import sqlite3
 import sys
+import threading
 import time
 from typing import Any, Dict
 
@@ -21,6 +23,7 @@ from elvin.tap import BindingService, _origin, check_listeners
 from elvin.proxy.config import DEFAULT_LISTEN, ProxyConfig, load_proxy_config
 from elvin.core.options import HARD_CEILINGS
 from elvin.proxy.core import ProxyCore
+from elvin.proxy.counters import NO_RELOAD
 from elvin.proxy.guard import PasswordGate
 from elvin.proxy.protocol import ProxyServerFactory
 from elvin.proxy.store import Store, StoreError
@@ -116,8 +119,29 @@ class ProxyService(BindingService):
                       uris=", ".join(str(u) for u in self.config.listen),
                       upstream=self.config.upstream or "by discovery",
                       n=len(self.core.named), db=self.config.database)
+        self._install_hangup()
+
+    #: SIGHUP's handler before ours (put back at stop), while ours is set.
+    _hangup_before: Any = None
+
+    def _install_hangup(self):
+        """SIGHUP (the router's reload gesture) ends a process by default;
+        the proxy does not reload, so it says so in one line and keeps
+        running (docs/proxy.md, "Configuration")."""
+        from twisted.internet import reactor
+        if threading.current_thread() is not threading.main_thread() or not hasattr(
+                signal, "SIGHUP"):
+            return
+        self._hangup_before = signal.signal(
+            signal.SIGHUP, lambda *_: reactor.callFromThread(self.hangup))
+
+    def hangup(self):
+        self.log.info("SIGHUP: {why}", why=NO_RELOAD)
 
     def stopService(self):
+        if self._hangup_before is not None:
+            signal.signal(signal.SIGHUP, self._hangup_before)
+            self._hangup_before = None
         self.core.shutdown()
         d = super().stopService()
 

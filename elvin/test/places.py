@@ -83,20 +83,26 @@ def wait_listening(proc, port, what, timeout=20.0):
     raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {timeout:.0f} s")
 
 
-def start_twistd(plugin, argv_for, port=None, attempts=5):
+def start_twistd(plugin, argv_for, port=None, attempts=5, log=None):
     """``twistd -n <plugin> <argv_for(port)>`` listening on ``port`` of
     127.0.0.1: (port, process). Without a ``port``, a free one -- and
-    another if a process elsewhere takes it first (PortTaken)."""
+    another if a process elsewhere takes it first (PortTaken). ``log``: a
+    file its output (the log) is appended to, else it is thrown away."""
     import subprocess
     import sys
     for attempt in range(1 if port else attempts):
         chosen = port or free_port()
         argv = argv_for(chosen)
-        proc = subprocess.Popen(
-            [sys.executable, "-c",
-             "import sys; from twisted.scripts.twistd import run; "
-             f"sys.argv = ['twistd', '-n', '--pidfile=', {plugin!r}] + {argv!r}; run()"],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        out = open(log, "ab") if log else subprocess.DEVNULL
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-c",
+                 "import sys; from twisted.scripts.twistd import run; "
+                 f"sys.argv = ['twistd', '-n', '--pidfile=', {plugin!r}] + {argv!r}; run()"],
+                cwd=REPO, stdout=out, stderr=out)
+        finally:
+            if log:
+                out.close()
         try:
             wait_listening(proc, chosen, f"twistd {plugin}")
             return chosen, proc
