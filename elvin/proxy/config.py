@@ -92,6 +92,11 @@ PROXY_SETTINGS = (
     Setting("max-sessions", at_least(1), 10_000, "`10000`",
             "Most sessions the proxy keeps; a ConnRqst creating one more is refused "
             "(Nack 2006, IMPL_LIMIT)."),
+    Setting("max-sessions-per-host", at_least(0), 1_000, "`1000`",
+            "Most sessions the proxy keeps that the clients of one host (its address, "
+            "whatever the port; as for password failures) created; a ConnRqst from that "
+            "host creating one more is refused (Nack 2006, IMPL_LIMIT) until one of them "
+            "is deleted or expires (`session-expiry`). `0`: no cap."),
     Setting("max-session-subscriptions", at_least(1), 1_000, "`1000`",
             "Most subscriptions in one session; one more is refused (Nack 2006)."),
     Setting("max-stored", at_least(1), 100_000, "`100000`",
@@ -156,6 +161,7 @@ class ProxyConfig(SettingsConfig):
     database_key: Optional[str]
     max_connections: int
     max_sessions: int
+    max_sessions_per_host: int
     max_session_subscriptions: int
     max_stored: int
     max_stored_bytes: int

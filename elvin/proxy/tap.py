@@ -234,6 +234,7 @@ def makeService(options, reactor=None):
                          call_later=reactor.callLater,
                          max_connections=config.max_connections,
                          max_sessions=config.max_sessions,
+                         max_sessions_per_host=config.max_sessions_per_host,
                          max_session_subscriptions=config.max_session_subscriptions,
                          max_backlog=config.max_backlog, in_thread=run,
                          max_inflight=config.max_inflight,
