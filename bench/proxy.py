@@ -486,6 +486,8 @@ def main():
     with open(config, "w") as f:
         # Every notification is kept (each session is owed 2N/sessions).
         f.write(f"max-stored = {2 * args.notifs}\n")
+        # Every session is made from this one host.
+        f.write("max-sessions-per-host = 0\n")
         if args.upstream_probe is not None:
             f.write(f"upstream-probe = {args.upstream_probe:g}\n")
     proxy_argv = ["-c", config, "-u", router_uri, "-d", database]

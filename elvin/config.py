@@ -214,6 +214,20 @@ class SettingsConfig:
             setattr(self, setting.attr, copy.copy(setting.default))
         self.option_specs = dict(OPTIONS)
         self.source = None
+        #: Setting name (lower case) -> [(where, value)] as the file gave
+        #: them, so a problem found later can name the line.
+        self.origins = {}
+
+    def origin(self, name, port=None):
+        """Where setting ``name`` was given ('file:line', '-l' for a
+        command-line listen), or None; with ``port``, the line whose value
+        names that port."""
+        import re
+        entries = self.origins.get(name.lower(), [])
+        if port is not None:
+            entries = [(where, value) for where, value in entries
+                       if re.search(rf":{port}(?!\d)", value)] or entries
+        return entries[-1][0] if entries else None
 
     def _path(self, value):
         """A file named in the configuration: relative to the file's folder."""
@@ -234,9 +248,6 @@ class RouterConfig(SettingsConfig):
         _discovery_settings.init(self)
         # Federation (docs/federation.md)
         self.federation = FederationConfig()
-        #: Setting name (lower case) -> [(where, value)] as the file gave
-        #: them, so a problem found later can name the line.
-        self.origins = {}
 
     def set(self, name, value, where):
         """Apply one ``name = value`` setting; ``where`` is 'file:line'."""
@@ -284,17 +295,6 @@ class RouterConfig(SettingsConfig):
                      + _discovery_settings.SETTINGS + sorted(OPTIONS))
             raise ConfigError(f"{where}: unknown setting {key!r}{did_you_mean(key, known)} "
                               f"(known: {', '.join(known)})")
-
-    def origin(self, name, port=None):
-        """Where setting ``name`` was given ('file:line', '-l' for a
-        command-line listen), or None; with ``port``, the line whose value
-        names that port."""
-        import re
-        entries = self.origins.get(name.lower(), [])
-        if port is not None:
-            entries = [(where, value) for where, value in entries
-                       if re.search(rf":{port}(?!\d)", value)] or entries
-        return entries[-1][0] if entries else None
 
     def check(self, filename):
         """Checks across settings, once the whole file is read."""

@@ -3,6 +3,7 @@
 import errno
 import sys
 import threading
+from typing import Any
 
 from twisted.application import service
 from twisted.internet import defer
@@ -180,7 +181,71 @@ def _short(uri):
     return str(uri)
 
 
-class RouterService(service.MultiService):
+class BindingService(service.MultiService):
+    """A service tree whose listeners are bound once, by the first
+    ``privilegedStartService`` (``makeService`` calls it under twistd,
+    before it daemonises and redirects stderr to the log, so a port in use
+    is told on the terminal and no pidfile is left); one that cannot listen
+    stops the program with one line naming its URI, the setting that chose
+    it (and where it was given), the cause and what to try."""
+
+    #: How the program names itself in that line, and what else might hold
+    #: its port.
+    program = "twistd elvin"
+    kind = "router"
+    config: Any = None
+    #: The status listener (``status-listen``), if any, named so in that line.
+    status_listener: Any = None
+    _bound = False
+
+    def privilegedStartService(self):
+        if self._bound:
+            return
+        self._bound = True
+        service.Service.privilegedStartService(self)
+        for child in self:
+            try:
+                child.privilegedStartService()
+            except CannotListenError as e:
+                raise SystemExit(f"{self.program}: {self._cannot_listen(e, child)}") from None
+
+    def _listener_setting(self, child):
+        """(setting, its URIs, where) for the listener ``child``: where is
+        how the line names it when no URI of the setting has its port."""
+        config = self.config
+        if child is not None and child is self.status_listener:
+            scheme, host, port = config.status_listen
+            return "status-listen", [], f"{scheme}://{host}:{port}"
+        return "listen", list(config.listen), None
+
+    def _cannot_listen(self, e, child=None):
+        """The line for a listener that could not bind: its URI, the
+        setting that chose it (where it was given) and what to change."""
+        config = self.config
+        setting, uris, where = self._listener_setting(child)
+        if uris:
+            where = next((str(_short(u)) for u in uris if u.port == e.port),
+                         f"{e.interface or '*'}:{e.port}")
+        origin = config.origin(setting, e.port) if hasattr(config, "origin") else None
+        if origin in ("-l", "--listen") or (setting == "listen" and origin is None):
+            change = "use -l to choose another"
+        else:
+            where = f"{origin + ': ' if origin else ''}{setting} {where}"
+            change = f"change {setting} to another"
+        code = getattr(e.socketError, "errno", None)
+        if code == errno.EADDRINUSE:
+            return (f"{where}: address already in use; is another {self.kind} running? "
+                    f"{change} port")
+        if code == errno.EACCES:
+            return (f"{where}: permission denied (ports below 1024 need privileges); "
+                    f"{change} port, above 1023")
+        if code == errno.EADDRNOTAVAIL:
+            return (f"{where}: {e.interface} is not an address of this host; {change} "
+                    "address: one of this host's, or 0.0.0.0 for all")
+        return f"{where}: cannot listen: {e.socketError}"
+
+
+class RouterService(BindingService):
     """The router and its listeners; tells clients goodbye on shutdown."""
 
     log = Logger()
@@ -211,56 +276,10 @@ class RouterService(service.MultiService):
                    else open(self.log_file, "a", encoding="utf-8"))
             parent.setComponent(ILogObserver, jsonFileLogObserver(out, recordSeparator=""))
 
-    _bound = False
-
-    def privilegedStartService(self):
-        """Bind every listener, once (``makeService`` binds under twistd,
-        before it daemonises and redirects stderr to the log, so a port
-        in use is told on the terminal and no pidfile is left); one that
-        cannot listen stops the router with one line naming its URI, the
-        setting that chose it, the cause and what to try."""
-        if self._bound:
-            return
-        self._bound = True
-        service.Service.privilegedStartService(self)
-        for child in self:
-            try:
-                child.privilegedStartService()
-            except CannotListenError as e:
-                raise SystemExit(f"twistd elvin: {self._cannot_listen(e, child)}") from None
-
-    def _cannot_listen(self, e, child=None):
-        """The line for a listener that could not bind: its URI, the
-        setting that chose it (where it was given) and what to change."""
-        config = self.config
+    def _listener_setting(self, child):
         if child is not None and child is self.federation_service:
-            setting, uris = "Federation.Listen", list(config.federation.listen)
-        elif child is not None and getattr(child, "elvin_setting", None) == "status-listen":
-            scheme, host, port = config.status_listen
-            setting, uris = "status-listen", []
-            where = f"{scheme}://{host}:{port}"
-        else:
-            setting, uris = "listen", list(config.listen)
-        if uris:
-            where = next((str(_short(u)) for u in uris if u.port == e.port),
-                         f"{e.interface or '*'}:{e.port}")
-        origin = config.origin(setting, e.port) if hasattr(config, "origin") else None
-        if origin == "-l" or (setting == "listen" and origin is None):
-            change = "use -l to choose another"
-        else:
-            where = f"{origin + ': ' if origin else ''}{setting} {where}"
-            change = f"change {setting} to another"
-        code = getattr(e.socketError, "errno", None)
-        if code == errno.EADDRINUSE:
-            return (f"{where}: address already in use; is another router running? "
-                    f"{change} port")
-        if code == errno.EACCES:
-            return (f"{where}: permission denied (ports below 1024 need privileges); "
-                    f"{change} port, above 1023")
-        if code == errno.EADDRNOTAVAIL:
-            return (f"{where}: {e.interface} is not an address of this host; {change} "
-                    "address: one of this host's, or 0.0.0.0 for all")
-        return f"{where}: cannot listen: {e.socketError}"
+            return "Federation.Listen", list(self.config.federation.listen), None
+        return super()._listener_setting(child)
 
     def fit_connections(self, config):
         """Raise the soft open-file limit to the hard one, and fit the
@@ -618,7 +637,7 @@ def makeService(options, reactor=None):
         top.federation_service.setServiceParent(top)
     if getattr(config, "status_listen", None) is not None:
         status = status_service(reactor, config, router, top)
-        status.elvin_setting = "status-listen"
+        top.status_listener = status
         status.setServiceParent(top)
     if getattr(config, "discovery", False):
         # Added last, so stopped first: withdraw before the listeners close.

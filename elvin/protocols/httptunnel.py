@@ -3,7 +3,8 @@
 For clients that can only reach the router through HTTP proxies or
 firewalls. The bytes inside the tunnel are exactly the bytes of the TCP
 transport -- packets behind their 4-byte length header (8.2.1) -- and the
-router side of every tunnel is an ordinary ``ElvinServerProtocol`` whose
+router side of every tunnel is an ordinary ``ElvinServerProtocol`` (the
+listener's factory's own kind: the proxy's for the proxy's listeners) whose
 transport is a :class:`TunnelTransport`, so sessions, limits, the send
 queue and its drop policies, timeouts and shutdown all behave exactly as
 on TCP. docs/protocols.md has the wire description; in short::
@@ -69,7 +70,8 @@ from elvin.protocols.gate import AdmittedHTTPChannel
 from elvin.protocols.framing import peer_text, receive_budget_of
 from elvin.protocols.server import ElvinServerProtocol
 
-__all__ = ["ElvinHTTPSite", "TunnelTransport", "TunnelServerProtocol", "SESSION_PATH", "STREAM", "POLL",
+__all__ = ["ElvinHTTPSite", "TunnelTransport", "TunnelServerProtocol", "tunnel_protocol",
+           "SESSION_PATH", "STREAM", "POLL",
            "DEFAULT_SESSION_TIMEOUT", "DEFAULT_POLL_TIMEOUT"]
 
 #: The URL path of the session collection.
@@ -308,6 +310,14 @@ class TunnelServerProtocol(ElvinServerProtocol):
         return not self.queue and (not self.paused or self.transport.down is None)
 
 
+def tunnel_protocol(factory):
+    """The protocol class serving one tunnel for ``factory``: its
+    ``tunnel_protocol`` if it has one (a TunnelServerProtocol subclass
+    that is also the factory's own protocol, as the proxy's is), else
+    TunnelServerProtocol."""
+    return getattr(factory, "tunnel_protocol", None) or TunnelServerProtocol
+
+
 class _LimitedRequest(server.Request):
     """A Request that stops storing a body past MAX_BODY bytes, and whose
     body, until it is complete, counts against the router's receive budget
@@ -518,7 +528,7 @@ class ElvinHTTPSite(server.Site):
         peer = request.getClientAddress()
         tunnel = TunnelTransport(self, session_id, peer, request.getHost())
         self.tunnels[session_id] = tunnel
-        proto = TunnelServerProtocol()
+        proto = tunnel_protocol(self.elvin_factory)()
         proto.factory = self.elvin_factory
         tunnel.protocol = proto
         self.connecting[session_id] = tunnel

@@ -14,7 +14,7 @@ from elvin.config import (ROUTER_SETTINGS, SettingsConfig, config_file, listen_u
 from elvin.configvalues import (ConfigError, Setting, at_least, did_you_mean, duration, flag,
                                 text)
 from elvin.endpoints import UDP, stack_kind
-from elvin.uri import ElvinURI, InvalidURIError
+from elvin.uri import ElvinURI
 
 __all__ = ["ProxyConfig", "PROXY_SETTINGS", "DEFAULT_LISTEN", "DEFAULT_UPSTREAM",
            "DEFAULT_UPSTREAM_PROBE", "DEFAULT_UPSTREAM_KEEPALIVE", "load_proxy_config",
@@ -28,21 +28,26 @@ DEFAULT_UPSTREAM_PROBE = 0.2
 DEFAULT_UPSTREAM_KEEPALIVE = 30.0
 
 
+def _not_udp(uri, where, problem):
+    """``uri``, unless it is UDP: then a ConfigError saying ``problem``."""
+    if stack_kind(uri) == UDP:
+        raise ConfigError(f"{where}: {problem}")
+    return uri
+
+
 def _upstream(value, key, where, config):
     if value == "discover":
         return None
-    try:
-        return ElvinURI(value)
-    except InvalidURIError as e:
-        raise ConfigError(f"{where}: bad upstream URI: {e}") from None
+    return _not_udp(listen_uri(value, key, where, config), where,
+                    f"upstream {value}: the proxy subscribes upstream, which UDP cannot "
+                    "carry (it only sends notifications); give the router's TCP, TLS or "
+                    "HTTP URI")
 
 
 def _stream_listen(value, key, where, config):
-    uri = listen_uri(value, key, where, config)
-    if stack_kind(uri) == UDP:
-        raise ConfigError(f"{where}: the proxy keeps sessions, which UDP cannot carry; "
-                          "listen on TCP, TLS or HTTP")
-    return uri
+    return _not_udp(listen_uri(value, key, where, config), where,
+                    "the proxy keeps sessions, which UDP cannot carry; listen on TCP, TLS "
+                    "or HTTP")
 
 
 #: Settings that mean for the proxy what they mean for the router.
@@ -53,8 +58,9 @@ PROXY_SETTINGS = (
             "An `elvin:` URI to accept clients on (TCP, TLS or HTTP); repeatable.",
             repeat=True),
     Setting("upstream", _upstream, ElvinURI(DEFAULT_UPSTREAM), f"`{DEFAULT_UPSTREAM}`",
-            "The router the proxy is a client of: an `elvin:` URI, or `discover` to find "
-            "one by router discovery (see `upstream-scope`)."),
+            "The router the proxy is a client of: an `elvin:` URI (TCP, TLS or HTTP; not "
+            "UDP, which carries no subscription), or `discover` to find one by router "
+            "discovery (see `upstream-scope`)."),
     Setting("upstream-scope", text, None, "none",
             "With `upstream = discover`: the discovery scope to find a router in "
             "(none: a default router)."),
@@ -86,6 +92,11 @@ PROXY_SETTINGS = (
     Setting("max-sessions", at_least(1), 10_000, "`10000`",
             "Most sessions the proxy keeps; a ConnRqst creating one more is refused "
             "(Nack 2006, IMPL_LIMIT)."),
+    Setting("max-sessions-per-host", at_least(0), 1_000, "`1000`",
+            "Most sessions the proxy keeps that the clients of one host (its address, "
+            "whatever the port; as for password failures) created; a ConnRqst from that "
+            "host creating one more is refused (Nack 2006, IMPL_LIMIT) until one of them "
+            "is deleted or expires (`session-expiry`). `0`: no cap."),
     Setting("max-session-subscriptions", at_least(1), 1_000, "`1000`",
             "Most subscriptions in one session; one more is refused (Nack 2006)."),
     Setting("max-stored", at_least(1), 100_000, "`100000`",
@@ -150,6 +161,7 @@ class ProxyConfig(SettingsConfig):
     database_key: Optional[str]
     max_connections: int
     max_sessions: int
+    max_sessions_per_host: int
     max_session_subscriptions: int
     max_stored: int
     max_stored_bytes: int
@@ -175,6 +187,7 @@ class ProxyConfig(SettingsConfig):
             names = [s.name for s in PROXY_SETTINGS]
             raise ConfigError(f"{where}: unknown setting {key!r}{did_you_mean(key, names)} "
                               f"(known: {', '.join(names)})")
+        self.origins.setdefault(setting.name, []).append((where, value.strip()))
         parsed = setting.parse(value.strip(), key, where, self)
         if setting.repeat:
             getattr(self, setting.attr).append(parsed)

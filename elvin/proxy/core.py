@@ -92,7 +92,10 @@ class ProxyCore(PasswordChecks, UpstreamRelay):
     def delete_session(self, session: Session) -> None:
         for sub in list(session.subscriptions.values()):
             self.remove_subscription(sub)
-        self.named.pop(session.name, None)
+        if self.named.pop(session.name, None) is not None and session.creator is not None:
+            self.created_by[session.creator] -= 1
+            if not self.created_by[session.creator]:
+                del self.created_by[session.creator]
         self.store.delete_session(session.name)
         for client in list(session.clients):
             client.session_deleted(session)

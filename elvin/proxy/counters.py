@@ -7,9 +7,18 @@ resource tree (``status_root``: ``/status.json`` and ``/metrics``, with
 the router's token check). docs/proxy.md, "Operations", lists them.
 """
 
-from typing import Any, Dict, Iterator
+import json
+import time
+from typing import Any, Dict, Iterable, Iterator, Optional
 
-__all__ = ["ProxyCounters", "GateCounters", "snapshot", "ProxyCollector", "status_root"]
+from elvin import __version__
+
+__all__ = ["ProxyCounters", "GateCounters", "snapshot", "ProxyCollector", "status_root",
+           "NO_RELOAD"]
+
+#: What the proxy answers to SIGHUP (logged) and to ``POST /reload``.
+NO_RELOAD = ("the proxy does not reload its configuration file; it keeps running as "
+             "it started: restart it to apply a changed file")
 
 
 class ProxyCounters:
@@ -67,12 +76,19 @@ class GateCounters:
         self.busy = 0
 
 
-def snapshot(core: Any) -> Dict[str, Any]:
-    """The counters and gauges of a ProxyCore, as plain data."""
+def snapshot(core: Any, listeners: Iterable[Any] = (), upstream_uri: Optional[str] = None,
+             started: Optional[float] = None) -> Dict[str, Any]:
+    """The counters and gauges of a ProxyCore, as plain data; its
+    ``proxy`` section says what it is (what ``elvin-stat`` tells a proxy's
+    status from a router's by), where it listens and its upstream."""
     counters, gate, store = core.counters, core.gate.counters, core.store
     clients = [c for c in core.sessions if c.state == c.CONNECTED]
     upstream = core.upstream
     return {
+        "proxy": {"version": __version__, "started": started,
+                  "uptime_s": round(time.time() - started, 3) if started else None,
+                  "listeners": [str(uri) for uri in listeners],
+                  "upstream": upstream_uri},
         "stored": counters.stored,
         "replayed": counters.replayed,
         "delivered": counters.delivered,
@@ -171,20 +187,35 @@ def registry_for(source: Any) -> Any:
     return registry
 
 
-def status_root(core: Any, token: Any = None) -> Any:
+def status_root(core: Any, token: Any = None, listeners: Iterable[Any] = (),
+                upstream_uri: Optional[str] = None, started: Optional[float] = None) -> Any:
     """``/status.json`` and ``/metrics`` for one proxy (``token``: needed
-    as for the router's status listener)."""
+    as for the router's status listener; ``listeners``, ``upstream_uri``
+    and ``started``: for the snapshot's ``proxy`` section), and ``POST
+    /reload``, answered that the proxy does not reload (501, with the
+    router's JSON form, so ``elvin-stat --reload`` says so)."""
     from prometheus_client.twisted import MetricsResource
     from twisted.web import resource
     from twisted.web.resource import IResource
 
     from elvin.ops.web import _Guarded, _Json
+    started = time.time() if started is None else started
+    listeners = list(listeners)
 
     def source() -> Dict[str, Any]:
-        return snapshot(core)
+        return snapshot(core, listeners, upstream_uri, started)
+
+    class NoReload(resource.Resource):
+        isLeaf = True
+
+        def render_POST(self, request: Any) -> bytes:
+            request.setResponseCode(501)
+            request.setHeader(b"content-type", b"application/json")
+            return json.dumps({"applied": False, "message": NO_RELOAD}).encode()
     root = resource.Resource()
     # IResource(...) checks (at run time: the type checker does not read
     # zope's declarations) that each child provides the interface.
     root.putChild(b"status.json", IResource(_Json(source)))
     root.putChild(b"metrics", IResource(MetricsResource(registry=registry_for(source))))
+    root.putChild(b"reload", IResource(NoReload()))
     return _Guarded(root, token)

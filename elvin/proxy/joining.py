@@ -161,6 +161,7 @@ class Joining(Requests):
             self.nack(xid, errors.IMPL_LIMIT, CANNOT_CREATE)
             return
         sessions, admin = [], set()
+        host = str(core.gate.host(self.address()))
         for (name, password, admin_password), (_, rights, hashes) in zip(wanted, checked):
             session = core.named.get(name)
             if session is None:
@@ -169,7 +170,11 @@ class Joining(Requests):
                               f"the proxy holds its maximum number of sessions "
                               f"({core.max_sessions})")
                     return
-                session = core.add_session(name, *hashes)
+                if not core.host_may_create(host):
+                    self._refuse_host(xid, host)
+                    return
+                join_hash, admin_hash = hashes
+                session = core.add_session(name, join_hash, admin_hash, creator=host)
                 rights = True
             elif rights == "new":         # made by another client meanwhile
                 rights = join_rights(session, password, admin_password)
@@ -219,6 +224,20 @@ class Joining(Requests):
             self._joined()
         for waiting_packet in waiting or ():
             self.packet_received(waiting_packet)
+
+    def _refuse_host(self, xid, host):
+        """Nack 2006: the sessions this client's host created are at
+        ``max-sessions-per-host`` (logged at most once per 10 s)."""
+        core = self.core
+        most = core.max_sessions_per_host
+        skipped = core.host_cap_log.allow()
+        if skipped is not None:
+            self.log.warn("refused a new session from {peer}: its host has created "
+                          "{most} sessions the proxy keeps (max-sessions-per-host){more}",
+                          peer=self.peer, most=most, more=core.host_cap_log.more(skipped))
+        self.nack(xid, errors.IMPL_LIMIT,
+                  f"the sessions created from this host are at the proxy's maximum for one "
+                  f"host ({most}); join one of them, or delete one")
 
     def _joined(self):
         """Tell the client its sessions (4.5), their keys if it may change

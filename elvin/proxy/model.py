@@ -113,12 +113,14 @@ class Session:
     for one plain client and gone with it."""
 
     def __init__(self, name=None, join_hash=None, admin_hash=None, nfn_keys=KeyRing.EMPTY,
-                 sub_keys=KeyRing.EMPTY):
+                 sub_keys=KeyRing.EMPTY, creator=None):
         self.name = name
         self.join_hash = join_hash
         self.admin_hash = admin_hash
         self.nfn_keys = nfn_keys
         self.sub_keys = sub_keys
+        #: The host whose client created it (``max-sessions-per-host``), if known.
+        self.creator = creator
         self.subscriptions: Dict[int, ProxySubscription] = {}
         self.clients: set = set()
 

@@ -43,6 +43,7 @@ class CoreState(SessionHost):
     def __init__(self, store: Store, upstream: Any, *, option_specs=None,
                  clock: Callable[[], float] = time.time, call_later=None,
                  max_connections: int = 10_000, max_sessions: int = 10_000,
+                 max_sessions_per_host: int = 1_000,
                  max_session_subscriptions: int = 1_000, max_backlog: int = 10_000,
                  page_size: int = 256, in_thread=None, max_inflight: int = 1024,
                  session_expiry: Optional[float] = None, sweep_step: int = 2000,
@@ -58,6 +59,12 @@ class CoreState(SessionHost):
         self.call_later = call_later
         self.max_connections = max_connections
         self.max_sessions = max_sessions
+        #: Most sessions kept that the clients of one host created (0: no cap).
+        self.max_sessions_per_host = max_sessions_per_host
+        #: How many of the sessions kept each host's clients created.
+        self.created_by: Dict[str, int] = collections.Counter()
+        #: Refusals by max-sessions-per-host: one line per 10 s at most.
+        self.host_cap_log = LogLimiter(clock)
         self.max_session_subscriptions = max_session_subscriptions
         self.max_backlog = max_backlog
         self.page_size = page_size
@@ -112,7 +119,9 @@ class CoreState(SessionHost):
             assert record is not None, name      # a name sessions() lists has its row
             session = Session(name, record.join_hash, record.admin_hash,
                               ring_from_bytes(record.keys, "nfn"),
-                              ring_from_bytes(record.keys, "sub"))
+                              ring_from_bytes(record.keys, "sub"), record.creator)
+            if record.creator is not None:
+                self.created_by[record.creator] += 1
             keys = self.store.subscription_keys(name)
             for sub_id, expression, insecure, ttl, max_count in self.store.subscriptions(name):
                 sub = ProxySubscription(sub_id, session, expression, insecure,
@@ -149,13 +158,22 @@ class CoreState(SessionHost):
         for client in list(self.sessions):
             client.disconnect(1, "proxy is shutting down")
 
-    def add_session(self, name, join_hash, admin_hash) -> Session:
-        """A new session, kept (StoreFailed if the store cannot write)."""
-        record = self.store.add_session(name, join_hash, admin_hash, self.clock())
-        session = Session(name, record.join_hash, record.admin_hash)
+    def add_session(self, name, join_hash, admin_hash, creator=None) -> Session:
+        """A new session, kept (StoreFailed if the store cannot write);
+        ``creator``: the host of the client creating it."""
+        record = self.store.add_session(name, join_hash, admin_hash, self.clock(), creator)
+        session = Session(name, record.join_hash, record.admin_hash, creator=creator)
         self.named[name] = session
+        if creator is not None:
+            self.created_by[creator] += 1
         self.log.info("session {name!r} created", name=name)
         return session
+
+    def host_may_create(self, host) -> bool:
+        """May a client of ``host`` create one more session
+        (``max-sessions-per-host``)?"""
+        return not self.max_sessions_per_host or (
+            self.created_by.get(host, 0) < self.max_sessions_per_host)
 
     def save_keys(self, session: Session) -> None:
         if session.persistent:

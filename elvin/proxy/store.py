@@ -66,7 +66,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     admin_hash  BLOB,
     keys        BLOB,
     dropped     INTEGER NOT NULL DEFAULT 0,
-    last_seen   REAL
+    last_seen   REAL,
+    creator     TEXT
 );
 CREATE TABLE IF NOT EXISTS subscriptions (
     session          TEXT NOT NULL REFERENCES sessions(name) ON DELETE CASCADE,
@@ -122,6 +123,7 @@ CREATE INDEX IF NOT EXISTS pending_capped ON pending (session, subscription, not
 _ADDED_COLUMNS = (
     ("sessions", "last_seen", "REAL"),
     ("notifications", "sealed", "INTEGER NOT NULL DEFAULT 0"),
+    ("sessions", "creator", "TEXT"),
 )
 
 #: Pages of write-ahead log between checkpoints (about 40 MB of log).
@@ -223,17 +225,20 @@ def _ids(text: Any) -> Tuple[int, ...]:
 
 
 class SessionRecord:
-    """A session as stored: its name, password hashes, keys, drop count."""
+    """A session as stored: its name, password hashes, keys, drop count,
+    and the host whose client created it (None: not known, a session from
+    before hosts were kept)."""
 
-    __slots__ = ("name", "join_hash", "admin_hash", "keys", "dropped")
+    __slots__ = ("name", "join_hash", "admin_hash", "keys", "dropped", "creator")
 
     def __init__(self, name: str, join_hash: Optional[bytes], admin_hash: Optional[bytes],
-                 keys: Optional[bytes], dropped: int) -> None:
+                 keys: Optional[bytes], dropped: int, creator: Optional[str] = None) -> None:
         self.name = name
         self.join_hash = join_hash
         self.admin_hash = admin_hash
         self.keys = keys
         self.dropped = dropped
+        self.creator = creator
 
 
 class Store:
@@ -661,22 +666,26 @@ class Store:
         return self.add_session(name, join_hash, admin_hash, now)
 
     def add_session(self, name: str, join_hash: Optional[bytes],
-                    admin_hash: Optional[bytes], now: Optional[float] = None) -> SessionRecord:
-        """``create_session`` with the password hashes already made."""
+                    admin_hash: Optional[bytes], now: Optional[float] = None,
+                    creator: Optional[str] = None) -> SessionRecord:
+        """``create_session`` with the password hashes already made;
+        ``creator``: the host of the client creating it."""
         try:
             with self.batch():
-                self.db.execute("INSERT INTO sessions (name, join_hash, admin_hash, last_seen) "
-                                "VALUES (?, ?, ?, ?)", (name, join_hash, admin_hash, now))
+                self.db.execute("INSERT INTO sessions (name, join_hash, admin_hash, last_seen, "
+                                "creator) VALUES (?, ?, ?, ?, ?)",
+                                (name, join_hash, admin_hash, now, creator))
         except sqlite3.IntegrityError:
             raise KeyError(f"session {name!r} exists") from None
-        return SessionRecord(name, join_hash, admin_hash, None, 0)
+        return SessionRecord(name, join_hash, admin_hash, None, 0, creator)
 
     def session(self, name: str) -> Optional[SessionRecord]:
-        row = self.db.execute("SELECT name, join_hash, admin_hash, keys, dropped "
+        row = self.db.execute("SELECT name, join_hash, admin_hash, keys, dropped, creator "
                               "FROM sessions WHERE name = ?", (name,)).fetchone()
         if not row:
             return None
-        return SessionRecord(row[0], row[1], row[2], self._open_keys(name, row[3]), row[4])
+        return SessionRecord(row[0], row[1], row[2], self._open_keys(name, row[3]), row[4],
+                             row[5])
 
     def sessions(self) -> List[str]:
         return [name for (name,) in self.db.execute("SELECT name FROM sessions ORDER BY name")]

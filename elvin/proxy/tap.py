@@ -4,24 +4,26 @@ The proxy (docs/proxy.md) is a client of one upstream router and a router
 to its own clients, keeping named sessions for clients that come and go.
 """
 
+import signal
 import sqlite3
 import sys
+import threading
 import time
 from typing import Any, Dict
 
-from twisted.application import internet, service
+from twisted.application import internet
 from twisted.internet import threads
-from twisted.internet.error import CannotListenError
 from twisted.logger import Logger
 from twisted.python import usage
 from twisted.python.threadpool import ThreadPool
 
 from elvin.configvalues import ConfigError
 from elvin.endpoints import UnsupportedStackError, listener_service
-from elvin.tap import check_listeners
+from elvin.tap import BindingService, _origin, check_listeners
 from elvin.proxy.config import DEFAULT_LISTEN, ProxyConfig, load_proxy_config
 from elvin.core.options import HARD_CEILINGS
 from elvin.proxy.core import ProxyCore
+from elvin.proxy.counters import NO_RELOAD
 from elvin.proxy.guard import PasswordGate
 from elvin.proxy.protocol import ProxyServerFactory
 from elvin.proxy.store import Store, StoreError
@@ -76,6 +78,7 @@ class Options(usage.Options):
                 config.database = self["database"]
             if self["listen"]:
                 config.listen = []        # the command line's replace the file's
+                config.origins["listen"] = []
             for uri in self["listen"]:
                 config.set("listen", uri, "--listen")
         except ConfigError as e:
@@ -90,10 +93,14 @@ class Options(usage.Options):
         self.proxy_config = config
 
 
-class ProxyService(service.MultiService):
-    """The proxy: its store, core, upstream connection, listeners and sweep."""
+class ProxyService(BindingService):
+    """The proxy: its store, core, upstream connection, listeners and sweep.
+    Its listeners are bound once, before twistd daemonises (as the
+    router's: ``BindingService``)."""
 
     log = Logger()
+    program = "twistd elvin-proxy"
+    kind = "proxy"
 
     def __init__(self, core, config, store, password_pool=None):
         super().__init__()
@@ -102,13 +109,6 @@ class ProxyService(service.MultiService):
         self.store = store
         #: The threads that check passwords (scrypt), apart from the reactor's.
         self.password_pool = password_pool
-
-    def privilegedStartService(self):
-        try:
-            super().privilegedStartService()
-        except CannotListenError as e:
-            raise SystemExit(f"twistd elvin-proxy: port {e.port}: cannot listen: "
-                             f"{e.socketError}") from None
 
     def startService(self):
         if self.password_pool is not None:
@@ -119,8 +119,29 @@ class ProxyService(service.MultiService):
                       uris=", ".join(str(u) for u in self.config.listen),
                       upstream=self.config.upstream or "by discovery",
                       n=len(self.core.named), db=self.config.database)
+        self._install_hangup()
+
+    #: SIGHUP's handler before ours (put back at stop), while ours is set.
+    _hangup_before: Any = None
+
+    def _install_hangup(self):
+        """SIGHUP (the router's reload gesture) ends a process by default;
+        the proxy does not reload, so it says so in one line and keeps
+        running (docs/proxy.md, "Configuration")."""
+        from twisted.internet import reactor
+        if threading.current_thread() is not threading.main_thread() or not hasattr(
+                signal, "SIGHUP"):
+            return
+        self._hangup_before = signal.signal(
+            signal.SIGHUP, lambda *_: reactor.callFromThread(self.hangup))
+
+    def hangup(self):
+        self.log.info("SIGHUP: {why}", why=NO_RELOAD)
 
     def stopService(self):
+        if self._hangup_before is not None:
+            signal.signal(signal.SIGHUP, self._hangup_before)
+            self._hangup_before = None
         self.core.shutdown()
         d = super().stopService()
 
@@ -165,9 +186,10 @@ def check_status_http(config):
     certificate the proxy never uses."""
     status = getattr(config, "status_listen", None)
     if status is not None and status[0] != "http":
-        raise ConfigError(f"status-listen {status[0]}://...: the proxy serves its counters "
-                          "over http only (on a loopback address, or behind a TLS "
-                          "front end)")
+        scheme, host, port = status
+        raise ConfigError(f"{_origin(config, 'status-listen')}status-listen "
+                          f"{scheme}://{host}:{port}: the proxy serves its counters over "
+                          "http only (on a loopback address, or behind a TLS front end)")
 
 
 def status_service(reactor, config, core):
@@ -179,7 +201,10 @@ def status_service(reactor, config, core):
     from elvin.proxy.counters import status_root
     check_status_http(config)
     _, host, port = config.status_listen
-    site = StatusSite(status_root(core, config.status_token), reactor=reactor)
+    upstream = str(config.upstream) if config.upstream is not None else (
+        f"discover (scope {config.upstream_scope})" if config.upstream_scope else "discover")
+    site = StatusSite(status_root(core, config.status_token, config.listen, upstream),
+                      reactor=reactor)
     listener = StreamServerEndpointService(
         endpoints.TCP4ServerEndpoint(reactor, port, interface=host), site)
     listener._raiseSynchronously = True
@@ -209,6 +234,7 @@ def makeService(options, reactor=None):
                          call_later=reactor.callLater,
                          max_connections=config.max_connections,
                          max_sessions=config.max_sessions,
+                         max_sessions_per_host=config.max_sessions_per_host,
                          max_session_subscriptions=config.max_session_subscriptions,
                          max_backlog=config.max_backlog, in_thread=run,
                          max_inflight=config.max_inflight,
@@ -237,11 +263,20 @@ def makeService(options, reactor=None):
         listener.setServiceParent(top)
     if config.status_listen is not None:
         try:
-            status_service(reactor, config, core).setServiceParent(top)
+            top.status_listener = status_service(reactor, config, core)
+            top.status_listener.setServiceParent(top)
         except ConfigError as e:
             raise SystemExit(f"twistd elvin-proxy: {e}") from None
     sweeper = internet.TimerService(config.sweep_interval, core.sweep)
     sweeper.clock = reactor
     sweeper.setServiceParent(top)
     upstream.setServiceParent(top)
+    if getattr(options, "parent", None) is not None:
+        # Under twistd: bind now, while stderr is the terminal and before
+        # daemonising (whose parent would wait for word that never comes).
+        try:
+            top.privilegedStartService()
+        except SystemExit:
+            store.close()
+            raise
     return top

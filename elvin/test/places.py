@@ -1,4 +1,5 @@
-"""Where tests find the checkout, and free loopback ports: one copy each."""
+"""Where tests find the checkout, free loopback ports and processes, and
+elvin-stat run in-process: one copy each."""
 
 import os
 import socket
@@ -82,23 +83,50 @@ def wait_listening(proc, port, what, timeout=20.0):
     raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {timeout:.0f} s")
 
 
-def start_twistd(plugin, argv_for, port=None, attempts=5):
+def start_twistd(plugin, argv_for, port=None, attempts=5, log=None):
     """``twistd -n <plugin> <argv_for(port)>`` listening on ``port`` of
     127.0.0.1: (port, process). Without a ``port``, a free one -- and
-    another if a process elsewhere takes it first (PortTaken)."""
+    another if a process elsewhere takes it first (PortTaken). ``log``: a
+    file its output (the log) is appended to, else it is thrown away."""
     import subprocess
     import sys
     for attempt in range(1 if port else attempts):
         chosen = port or free_port()
         argv = argv_for(chosen)
-        proc = subprocess.Popen(
-            [sys.executable, "-c",
-             "import sys; from twisted.scripts.twistd import run; "
-             f"sys.argv = ['twistd', '-n', '--pidfile=', {plugin!r}] + {argv!r}; run()"],
-            cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        out = open(log, "ab") if log else subprocess.DEVNULL
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-c",
+                 "import sys; from twisted.scripts.twistd import run; "
+                 f"sys.argv = ['twistd', '-n', '--pidfile=', {plugin!r}] + {argv!r}; run()"],
+                cwd=REPO, stdout=out, stderr=out)
+        finally:
+            if log:
+                out.close()
         try:
             wait_listening(proc, chosen, f"twistd {plugin}")
             return chosen, proc
         except PortTaken:
             if port or attempt == attempts - 1:
                 raise
+
+
+def elvin_stat_on_a_thread(base, *args):
+    """elvin-stat's main in this process on a thread (it blocks), against
+    the status listener ``base``: a Deferred firing with (exit status,
+    stdout, stderr)."""
+    import contextlib
+    import io
+    from twisted.internet import threads
+    from elvin.tools import stat
+
+    def run():
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                stat.main(["-e", base, *args])
+                code = 0
+            except SystemExit as e:
+                code = e.code or 0
+        return code, out.getvalue(), err.getvalue()
+    return threads.deferToThread(run)

@@ -19,7 +19,7 @@ from elvin.ops.status import snapshot
 from elvin.ops.web import StatusSite, status_root
 from elvin.protocols import packets
 from elvin.protocols.server import ElvinServerFactory
-from elvin.test.places import REPO
+from elvin.test.places import REPO, elvin_stat_on_a_thread
 from elvin.test.polling import wait_until
 from elvin.test.test_federation import _ScriptedEndpoint
 from elvin.test.test_router import RecordingOutput
@@ -187,33 +187,18 @@ class StatusListenerTests(unittest.TestCase):
         self.addCleanup(lambda: conn.close())
         yield conn.subscribe("require(x)", lambda n: None)
 
-        def run(*args):
-            """elvin-stat's main in this process (on a thread: it blocks)."""
-            import contextlib
-            import io
-            import types
-            from elvin.tools import stat
-            out, err = io.StringIO(), io.StringIO()
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                try:
-                    stat.main(["-e", self.base, *args])
-                    code = 0
-                except SystemExit as e:
-                    code = e.code or 0
-            return types.SimpleNamespace(returncode=code, stdout=out.getvalue(),
-                                         stderr=err.getvalue())
-        done = yield threads.deferToThread(run, "-t", "s3cret")
-        self.assertEqual(done.returncode, 0, done.stderr)
-        self.assertIn("clients 1 tcp=1  subscriptions 1", done.stdout)
-        done = yield threads.deferToThread(run, "-t", "s3cret", "--json", "-i", "0.2",
-                                           "-n", "2")
-        lines = done.stdout.splitlines()
+        code, stdout, stderr = yield elvin_stat_on_a_thread(self.base, "-t", "s3cret")
+        self.assertEqual(code, 0, stderr)
+        self.assertIn("clients 1 tcp=1  subscriptions 1", stdout)
+        code, stdout, stderr = yield elvin_stat_on_a_thread(
+            self.base, "-t", "s3cret", "--json", "-i", "0.2", "-n", "2")
+        lines = stdout.splitlines()
         self.assertEqual(len(lines), 2)
         self.assertEqual(json.loads(lines[0])["totals"]["subscriptions"], 1)
-        done = yield threads.deferToThread(run)
-        self.assertEqual(done.returncode, 1)
-        self.assertIn("HTTP 401", done.stderr)
-        self.assertIn("give --token", done.stderr)
+        code, stdout, stderr = yield elvin_stat_on_a_thread(self.base)
+        self.assertEqual(code, 1)
+        self.assertIn("HTTP 401", stderr)
+        self.assertIn("give --token", stderr)
 
 
 class TapTests(unittest.TestCase):

@@ -109,6 +109,45 @@ class ProxyCoreCase(unittest.TestCase):
         self.upstream.up()
         self.xids = itertools.count(1)
 
+    def serve(self, http=False):
+        """Listen for clients on 127.0.0.1 (a free port), TCP or the HTTP
+        tunnel, as ``twistd elvin-proxy`` does (the core should be made
+        with ``call_later=reactor.callLater``): (URI, the HTTP site or the
+        factory)."""
+        from twisted.internet import reactor
+        from elvin.protocols.httptunnel import ElvinHTTPSite
+        from elvin.proxy.protocol import ProxyServerFactory
+        factory = ProxyServerFactory(self.core, reactor, 30)
+        if http:
+            factory = ElvinHTTPSite(factory)
+            self.addCleanup(factory.close_all)
+        port = reactor.listenTCP(0, factory, interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        stack = "/http,none,xdr/" if http else "//"
+        return f"elvin:{stack}127.0.0.1:{port.getHost().port}", factory
+
+    ports = itertools.count(40000)
+
+    def connrqst_over_the_wire(self, host, options, ipv6=False):
+        """A ConnRqst with ``options`` on one connection from ``host`` (a new
+        port each time) through the proxy's stream protocol, as a socket
+        gives the peer; the connection ends after the reply, returned."""
+        import struct
+        from twisted.internet.address import IPv4Address, IPv6Address
+        from twisted.internet.task import Clock as ReactorClock
+        from twisted.internet.testing import StringTransport
+        from elvin.proxy.protocol import ProxyServerFactory
+        address = (IPv6Address if ipv6 else IPv4Address)("TCP", host, next(self.ports))
+        protocol = ProxyServerFactory(self.core, ReactorClock(), 30).buildProtocol(address)
+        transport = StringTransport(peerAddress=address)
+        protocol.makeConnection(transport)
+        self.assertIn(":", protocol.peer)                     # log text, port included
+        data = elvin_packets.encode(elvin_packets.ConnRqst(1, 4, 0, dict(options)))
+        protocol.dataReceived(struct.pack(">I", len(data)) + data)
+        reply = transport.value()
+        protocol.connectionLost(None)
+        return elvin_packets.decode(reply[4:4 + struct.unpack(">I", reply[:4])[0]])
+
     def restart(self, **limits):
         """A new proxy on the same store (as after kill -9 and a restart)."""
         self.upstream.down()
@@ -584,26 +623,10 @@ class ThrottleOverTheWireTest(ProxyCoreCase):
     """Password failures counted by host, as the real stream protocol gives
     the peer (its port differs at every connect)."""
 
-    ports = itertools.count(40000)
-
     def join_over_the_wire(self, host, password, ipv6=False):
         """One connection from ``host`` (a new port each time): its reply."""
-        import struct
-        from twisted.internet.address import IPv4Address, IPv6Address
-        from twisted.internet.task import Clock as ReactorClock
-        from twisted.internet.testing import StringTransport
-        from elvin.proxy.protocol import ProxyServerFactory
-        address = (IPv6Address if ipv6 else IPv4Address)("TCP", host, next(self.ports))
-        protocol = ProxyServerFactory(self.core, ReactorClock(), 30).buildProtocol(address)
-        transport = StringTransport(peerAddress=address)
-        protocol.makeConnection(transport)
-        self.assertIn(":", protocol.peer)                     # log text, port included
-        data = elvin_packets.encode(elvin_packets.ConnRqst(
-            1, 4, 0, {"Proxy.Session": "locked", "Proxy.Password": password}))
-        protocol.dataReceived(struct.pack(">I", len(data)) + data)
-        reply = transport.value()
-        protocol.connectionLost(None)
-        return elvin_packets.decode(reply[4:4 + struct.unpack(">I", reply[:4])[0]])
+        return self.connrqst_over_the_wire(
+            host, {"Proxy.Session": "locked", "Proxy.Password": password}, ipv6)
 
     def throttled(self):
         return self.core.gate.counters.throttled
@@ -640,3 +663,96 @@ class ThrottleOverTheWireTest(ProxyCoreCase):
         self.clock.now += 12                                  # one back (of 11 counted)
         self.assertIsInstance(self.join_over_the_wire("10.0.3.0", "right"),
                               elvin_packets.ConnRply)
+
+
+class HTTPTunnelSessionTest(ProxyCoreCase):
+    """A session joined over the proxy's HTTP tunnel listener (loopback,
+    port 0, the real client) is given what was stored, then live ones, as
+    over TCP: the tunnel's protocol is the proxy's, whose draining goes on
+    with the replay."""
+
+    timeout = 30
+
+    def setUp(self):
+        from twisted.internet import reactor
+        super().setUp(call_later=reactor.callLater)
+        self.uri, self.site = self.serve(http=True)
+
+    def test_tunnels_serve_the_proxys_protocol(self):
+        from elvin.protocols.httptunnel import TunnelServerProtocol, tunnel_protocol
+        from elvin.proxy.protocol import ProxyServerProtocol
+        made = tunnel_protocol(self.site.elvin_factory)
+        self.assertTrue(issubclass(made, TunnelServerProtocol))
+        self.assertTrue(issubclass(made, ProxyServerProtocol))
+
+    async def stored_then_live(self, mode):
+        from twisted.internet import reactor
+        from elvin import client
+        from elvin.test.polling import wait_until
+        uri = self.uri + (f";mode={mode}" if mode else "")
+        phone = await client.connect(uri, session="phone", reactor=reactor)
+        await phone.subscribe("require(n)", lambda n: None)
+        await phone.close()
+        self.publish({"n": 1})
+        self.publish({"n": 2})
+        got = []
+        phone = await client.connect(uri, session="phone", reactor=reactor,
+                                     on_notification=got.append)
+        try:
+            await wait_until(lambda: len(got) == 2, timeout=10)
+            self.publish({"n": 3})
+            await wait_until(lambda: len(got) == 3, timeout=10)
+            self.assertEqual([n["n"] for n in got], [1, 2, 3])
+        finally:
+            await phone.close()
+        # Acknowledged over the tunnel too: nothing is owed any more.
+        self.assertEqual(self.store.counts()["notifications"], 0)
+
+    def test_stored_then_live_over_streamed_gets(self):
+        return defer.ensureDeferred(self.stored_then_live(None))
+
+    def test_stored_then_live_over_polled_gets(self):
+        return defer.ensureDeferred(self.stored_then_live("poll"))
+
+
+class SessionsPerHostTest(ProxyCoreCase):
+    """``max-sessions-per-host``: the sessions one host's clients created
+    and the proxy keeps are capped (Nack 2006 for one more), by host
+    whatever the port; joining them, and other hosts, go on; a deleted
+    session frees its place; the count survives a restart."""
+
+    def setUp(self):
+        super().setUp(max_sessions_per_host=3)
+
+    def create(self, host, name, ipv6=False):
+        return self.connrqst_over_the_wire(host, {"Proxy.Session": name}, ipv6)
+
+    def test_one_host_creates_at_most_its_share(self):
+        for n in range(3):
+            self.assertIsInstance(self.create("10.0.0.1", f"s{n}"), elvin_packets.ConnRply)
+        nack = self.create("10.0.0.1", "s3")
+        self.assertIsInstance(nack, elvin_packets.Nack)
+        self.assertEqual(nack.error, errors.IMPL_LIMIT)
+        self.assertIn("maximum for one host (3)", nack.message)
+        self.assertNotIn("s3", self.core.named)
+        # Its sessions are still joined; other hosts still create theirs
+        # (an IPv4-mapped IPv6 address is the IPv4 host).
+        self.assertIsInstance(self.create("10.0.0.1", "s0"), elvin_packets.ConnRply)
+        self.assertIsInstance(self.create("::ffff:10.0.0.1", "s3", ipv6=True),
+                              elvin_packets.Nack)
+        self.assertIsInstance(self.create("10.0.0.2", "t0"), elvin_packets.ConnRply)
+        self.assertEqual(self.core.created_by, {"10.0.0.1": 3, "10.0.0.2": 1})
+        # A deleted session (here: expired) frees its place.
+        self.core.delete_session(self.core.named["s1"])
+        self.assertIsInstance(self.create("10.0.0.1", "s3"), elvin_packets.ConnRply)
+        self.assertIsInstance(self.create("10.0.0.1", "s4"), elvin_packets.Nack)
+
+    def test_the_count_is_kept_across_a_restart(self):
+        for n in range(3):
+            self.create("10.0.0.1", f"s{n}")
+        self.restart(max_sessions_per_host=3)
+        self.assertEqual(self.core.created_by, {"10.0.0.1": 3})
+        self.assertIsInstance(self.create("10.0.0.1", "s3"), elvin_packets.Nack)
+        self.restart(max_sessions_per_host=0)                 # 0: no cap
+        self.assertIsInstance(self.create("10.0.0.1", "s3"), elvin_packets.ConnRply)
+

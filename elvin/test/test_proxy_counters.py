@@ -12,6 +12,7 @@ from elvin.protocols import packets
 from elvin.proxy.core import ACK, ProxyCore
 from elvin.proxy.counters import registry_for, snapshot, status_root
 from elvin.proxy.store import Store
+from elvin.test.places import elvin_stat_on_a_thread
 from elvin.test.test_proxy_core import InProcessUpstream, ProxyCoreCase
 from elvin.values import Int64
 
@@ -80,7 +81,8 @@ class StatusListenerTest(ProxyCoreCase):
 
     def setUp(self):
         super().setUp()
-        site = Site(status_root(self.core, "s3cret"))
+        site = Site(status_root(self.core, "s3cret", ["elvin://127.0.0.1:2916"],
+                                "elvin://127.0.0.1:2917"))
         self.port = reactor.listenTCP(0, site, interface="127.0.0.1")
         self.addCleanup(self.port.stopListening)
         self.base = f"http://127.0.0.1:{self.port.getHost().port}"
@@ -101,6 +103,42 @@ class StatusListenerTest(ProxyCoreCase):
             code, text = await self.get("/status.json", "s3cret")
             self.assertEqual(code, 200)
             self.assertIn('"upstream_dropwarns": 0', text)
+        return defer.ensureDeferred(run())
+
+    def elvin_stat(self, *args):
+        return elvin_stat_on_a_thread(self.base, *args)
+
+    def test_elvin_stat_prints_the_proxys_figures(self):
+        async def run():
+            phone, out = self.join("phone")
+            self.subscribe(phone, out, "require(n)")
+            phone.connection_lost()
+            self.publish({"n": 1})
+            code, stdout, stderr = await self.elvin_stat("-t", "s3cret")
+            self.assertEqual((code, stderr), (0, ""))
+            for text in ("proxy version ", "listening on elvin://127.0.0.1:2916",
+                         "upstream elvin://127.0.0.1:2917 up", "sessions 1  clients 0",
+                         "stored 1  replayed 0", "dropped none"):
+                self.assertIn(text, stdout)
+            code, stdout, _ = await self.elvin_stat("-t", "s3cret", "-i", "0.2", "-n", "2")
+            self.assertEqual(code, 0)
+            self.assertIn("/s)", stdout)                       # rates, the second time
+        return defer.ensureDeferred(run())
+
+    def test_elvin_stat_refuses_what_is_not_a_status(self):
+        from elvin.tools.stat import NotAStatus, format_status
+        for text in ({"stored": 1}, [], {"router": {}}):
+            self.assertRaises(NotAStatus, format_status, text)
+
+    def test_elvin_stat_reload_is_told_the_proxy_does_not_reload(self):
+        async def run():
+            code, stdout, stderr = await self.elvin_stat("-t", "s3cret", "--reload")
+            self.assertEqual((code, stdout), (1, ""))
+            self.assertIn("the proxy does not reload its configuration file", stderr)
+            self.assertNotIn("status-token", stderr)
+            code, _, stderr = await self.elvin_stat("--reload")    # no token: refused
+            self.assertEqual(code, 1)
+            self.assertIn("HTTP 401", stderr)
         return defer.ensureDeferred(run())
 
 

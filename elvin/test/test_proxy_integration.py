@@ -18,10 +18,12 @@ from elvin.test.test_client_flavours import start_router, stop_router
 
 
 def start_proxy(upstream, database, port=None, extra=()):
-    """A proxy process on ``port`` (default a free one); its URI and process."""
+    """A proxy process on ``port`` (default a free one), its log appended to
+    the database's name + ``.log``; its URI and process."""
     port, proc = start_twistd(
         "elvin-proxy",
-        lambda p: ["-l", f"elvin://127.0.0.1:{p}", "-u", upstream, "-d", database, *extra], port)
+        lambda p: ["-l", f"elvin://127.0.0.1:{p}", "-u", upstream, "-d", database, *extra], port,
+        log=database + ".log")
     return f"elvin://127.0.0.1:{port}", proc
 
 
@@ -197,6 +199,28 @@ class ProxyIntegrationTest(unittest.TestCase):
                 n += 1
                 await sleep(0.1)
             self.assertTrue(got, "no notification through the proxy after the restart")
+            self.assertFalse(phone.is_closed)
+        return defer.ensureDeferred(run())
+
+    def test_sighup_is_logged_and_changes_nothing(self):
+        """SIGHUP (the router's reload) does not end the proxy: one line in
+        its log says it does not reload; its clients stay connected."""
+        async def run():
+            got = []
+            phone = await self.connect(self.proxy_uri, session="hup",
+                                       on_notification=got.append)
+            await phone.subscribe("require(hup)", lambda n: None)
+            self.proxy.send_signal(signal.SIGHUP)
+            log = self.db + ".log"
+
+            def logged():
+                with open(log, encoding="utf-8", errors="replace") as f:
+                    return "SIGHUP: the proxy does not reload its configuration" in f.read()
+            self.assertTrue(await until(logged), "no SIGHUP line in the proxy's log")
+            self.assertIsNone(self.proxy.poll())
+            pub = await self.publisher()
+            pub.notify({"hup": 1})
+            self.assertTrue(await until(lambda: got))
             self.assertFalse(phone.is_closed)
         return defer.ensureDeferred(run())
 

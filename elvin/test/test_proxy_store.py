@@ -286,3 +286,18 @@ class EarlierDatabaseTests(unittest.TestCase):
         again = Store(path)                  # converted once: nothing more to do
         self.addCleanup(again.close)
         self.assertEqual(again.sealed_at_open, 0)
+
+    def test_sessions_from_before_creators_were_kept_have_none(self):
+        import sqlite3
+        path = os.path.abspath(self.mktemp() + ".sqlite3")
+        s = Store(path)
+        s.create_session("old")
+        s.close()
+        db = sqlite3.connect(path, isolation_level=None)
+        db.execute("ALTER TABLE sessions DROP COLUMN creator")
+        db.close()
+        s = Store(path)
+        self.addCleanup(s.close)
+        self.assertIsNone(s.session("old").creator)
+        s.add_session("new", None, None, now=1, creator="10.0.0.1")
+        self.assertEqual(s.session("new").creator, "10.0.0.1")

@@ -34,7 +34,14 @@ class ProxyConfigTest(unittest.TestCase):
                                ("\nbogus = 1", "p.conf:2: unknown setting 'bogus'"),
                                ("listen = elvin:/udp,none,xdr/127.0.0.1:5000",
                                 "p.conf:1: the proxy keeps sessions, which UDP cannot carry"),
-                               ("upstream-scope = x", "upstream-scope needs upstream = discover")):
+                               ("upstream-scope = x", "upstream-scope needs upstream = discover"),
+                               ("upstream = elvin:/udp,none,xdr/127.0.0.1:5000",
+                                "p.conf:1: upstream elvin:/udp,none,xdr/127.0.0.1:5000: the "
+                                "proxy subscribes upstream, which UDP cannot carry"),
+                               ("upstream = elvin:/sctp,none,xdr/h:1",
+                                "p.conf:1: elvin:4.0/sctp,none,xdr/h:1: protocol stack "
+                                "sctp,none,xdr is not supported"),
+                               ("upstream = elvin://h:99999", "p.conf:1: bad upstream URI: ")):
             with self.assertRaises(ConfigError) as caught:
                 parse_proxy_config(text, "p.conf")
             self.assertIn(expected, str(caught.exception))
@@ -73,6 +80,12 @@ class ProxyOptionsTest(unittest.TestCase):
         with self.assertRaises(usage.UsageError):
             tap.Options().parseOptions(["-l", "elvin://127.0.0.1:99999"])
 
+    def test_a_udp_upstream_is_a_usage_error(self):
+        with self.assertRaises(usage.UsageError) as caught:
+            tap.Options().parseOptions(["-u", "elvin:/udp,none,xdr/127.0.0.1:5000"])
+        self.assertIn("--upstream: upstream elvin:/udp,none,xdr/127.0.0.1:5000: the proxy "
+                      "subscribes upstream, which UDP cannot carry", str(caught.exception))
+
     def test_service_tree(self):
         options = tap.Options()
         options.parseOptions(["-d", ":memory:", "-l", "elvin://127.0.0.1:4003"])
@@ -97,8 +110,10 @@ class ProxyOptionsTest(unittest.TestCase):
         self.assertEqual(len(list(top)), 4)       # listener, status, sweep, upstream
         top.store.close()
         with self.assertRaises(usage.UsageError) as caught:
-            self.with_config("status-listen = https://127.0.0.1:9916\n")
-        self.assertIn("http only", str(caught.exception))
+            self.with_config("# counters\nstatus-listen = https://127.0.0.1:9916\n")
+        self.assertRegex(str(caught.exception), r"^/\S+/p\.conf:2: status-listen "
+                         r"https://127\.0\.0\.1:9916: the proxy serves its counters over "
+                         "http only")
 
     def test_upstream_by_discovery(self):
         config = parse_proxy_config("upstream = discover\nupstream-scope = lab\n"
@@ -143,3 +158,83 @@ class ProxyOptionsTest(unittest.TestCase):
         with open(os.path.join(REPO, "docs", "proxy.md"), encoding="utf-8") as f:
             self.assertIn(reference_table() + "\n", f.read(),
                           "regenerate docs/proxy.md's table: python -m elvin.proxy.config")
+
+
+class StartUpProblemTest(unittest.TestCase):
+    """A listener that cannot bind stops the proxy with one line naming
+    the setting and where it was given, before twistd daemonises."""
+
+    def config_file(self, text):
+        path = os.path.join(tempfile.mkdtemp(), "p.conf")
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def cannot_start(self, text, busy, *argv):
+        from elvin.test.test_tap import _BusyReactor
+        path = self.config_file(text)
+        options = tap.Options()
+        options.parseOptions(["-c", path, "-d", ":memory:", *argv])
+        top = tap.makeService(options, _BusyReactor(busy))
+        self.addCleanup(top.store.close)
+        with self.assertRaises(SystemExit) as raised:
+            top.privilegedStartService()
+        return path, str(raised.exception.code)
+
+    def test_status_listener_in_use_names_its_setting_and_line(self):
+        path, message = self.cannot_start(
+            "listen = elvin://127.0.0.1:3000\nstatus-listen = 3001\n", {3001})
+        self.assertEqual(message, f"twistd elvin-proxy: {path}:2: status-listen "
+                         "http://127.0.0.1:3001: address already in use; is another proxy "
+                         "running? change status-listen to another port")
+
+    def test_listen_in_use_names_its_line_or_the_command_line(self):
+        path, message = self.cannot_start("listen = elvin://127.0.0.1:3000\n", {3000})
+        self.assertEqual(message, f"twistd elvin-proxy: {path}:1: listen "
+                         "elvin://127.0.0.1:3000: address already in use; is another proxy "
+                         "running? change listen to another port")
+        _, message = self.cannot_start("listen = elvin://127.0.0.1:3000\n", {3002},
+                                       "-l", "elvin://127.0.0.1:3002")
+        self.assertEqual(message, "twistd elvin-proxy: elvin://127.0.0.1:3002: address "
+                         "already in use; is another proxy running? use -l to choose "
+                         "another port")
+
+    def test_bound_once_under_twistd(self):
+        from twisted.internet.testing import MemoryReactorClock
+        options = tap.Options()
+        options.parseOptions(["-d", ":memory:", "-l", "elvin://127.0.0.1:3000"])
+        options.parent = {"logfile": None}
+        reactor_ = MemoryReactorClock()
+        top = tap.makeService(options, reactor_)
+        self.addCleanup(top.store.close)
+        self.assertEqual([s[0] for s in reactor_.tcpServers], [3000])
+        top.privilegedStartService()
+        self.assertEqual([s[0] for s in reactor_.tcpServers], [3000])
+
+    def test_port_in_use_daemonised(self):
+        """twistd without -n: the parent exits 1 at once with the line on
+        its stderr, and leaves no pidfile (it waited for ever)."""
+        import socket
+        import subprocess
+        import sys
+        from elvin.test.places import REPO, free_port
+        held = socket.socket()
+        self.addCleanup(held.close)
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        rundir = tempfile.mkdtemp()
+        path = self.config_file(f"status-listen = {port}\n"
+                                f"listen = elvin://127.0.0.1:{free_port()}\n"
+                                f"database = {rundir}/p.db\n")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+        done = subprocess.run(
+            [sys.executable, "-c", "from twisted.scripts.twistd import run; run()",
+             "--pidfile=p.pid", "--logfile=p.log", "elvin-proxy", "-c", path],
+            env=env, cwd=rundir, capture_output=True, timeout=30)
+        self.assertEqual((done.stdout, done.returncode), (b"", 1))
+        self.assertEqual(done.stderr.decode(), f"twistd elvin-proxy: {path}:1: status-listen "
+                         f"http://127.0.0.1:{port}: address already in use; is another "
+                         "proxy running? change status-listen to another port\n")
+        self.assertFalse(os.path.exists(os.path.join(rundir, "p.pid")))

@@ -21,6 +21,7 @@ from elvin.textformat import format_notification, read_notifications
 from elvin.values import INT32, INT64, OPAQUE, REAL64, STRING, Int64, type_of
 from elvin.test.polling import wait_until
 from elvin.test.places import REPO
+from elvin.test.test_proxy_core import ProxyCoreCase
 
 
 
@@ -448,3 +449,35 @@ class SubscribeTests(ToolTestCase):
         # the router's Disconn reason is reported.
         self.assertEqual(code, 1, err)
         self.assertIn(b"router is shutting down", err)
+
+
+class SubscribeSessionCountTests(ProxyCoreCase):
+    """``elvin-subscribe --session -n N`` acknowledges all N it printed,
+    the N-th too (a proxy core in this process on loopback, the tool a
+    subprocess): the next run starts after them."""
+
+    timeout = 60
+
+    def setUp(self):
+        super().setUp(call_later=reactor.callLater)
+        self.uri, _ = self.serve()
+
+    @defer.inlineCallbacks
+    def test_count_acknowledges_the_last_one_printed(self):
+        phone, out = self.join("tab")
+        self.subscribe(phone, out, "require(Seq)")
+        phone.connection_lost()
+        for seq in (1, 2, 3):
+            self.publish({"Seq": seq})
+        printed = []
+        for count in (1, 2):
+            out, err, code = yield getProcessOutputAndValue(
+                sys.executable, ["-m", "elvin.tools.subscribe", "-e", self.uri,
+                                 "--session", "tab", "-n", str(count)],
+                env=os.environ, path=REPO)
+            self.assertEqual(code, 0, err)
+            printed.append([n["Seq"] for n in read_notifications(out.decode().splitlines())])
+            yield wait_until(lambda: not self.core.sessions)     # its channel closed
+        self.assertEqual(printed, [[1], [2, 3]])
+        self.assertEqual(self.core.counters.acknowledged, 3)
+        self.assertEqual(self.store.counts()["notifications"], 0)

@@ -1,4 +1,5 @@
-"""elvin-stat: a router's figures in a terminal, from its status listener.
+"""elvin-stat: a router's (or a proxy's) figures in a terminal, from its
+status listener.
 
     elvin-stat -e http://127.0.0.1:9917            # once
     elvin-stat -e http://127.0.0.1:9917 -i 2       # every 2 s, with rates
@@ -7,7 +8,8 @@
 
 The router must have ``status-listen`` set (docs/operations.md); ``-e``
 names that listener (an http or https URL, host:port or a bare port), not
-an elvin: URI.
+an elvin: URI. A proxy's status listener (``twistd elvin-proxy``,
+docs/proxy.md) is read the same way, and its own figures printed.
 """
 
 import json
@@ -29,7 +31,9 @@ class Options(BaseOptions):
     synopsis = ""
     longdesc = ("Print a router's figures -- clients, subscriptions, notifications, "
                 "deliveries, drops, federation links -- from its status listener "
-                "(status-listen), once or every --interval seconds.")
+                "(status-listen), once or every --interval seconds. A proxy's status "
+                "listener gives the proxy's: sessions, clients, stored, replayed, "
+                "drops, upstream.")
     optFlags = [["json", "j", "Print the status as JSON (one object per line)."],
                 ["reload", None, "Ask the router to re-read its configuration file "
                                  "(POST /reload; needs the router's status-token)."]]
@@ -125,8 +129,20 @@ def reload(base, token):
     return 0
 
 
+class NotAStatus(ValueError):
+    """What was read is neither a router's status nor a proxy's."""
+
+
 def format_status(status, previous=None):
-    """The figures as lines of text (rates when ``previous`` is given)."""
+    """The figures as lines of text (rates when ``previous`` is given): a
+    router's, or a proxy's (its status has a ``proxy`` section); NotAStatus
+    for anything else."""
+    if isinstance(status, dict) and isinstance(status.get("proxy"), dict):
+        return format_proxy_status(status, previous)
+    if not (isinstance(status, dict) and isinstance(status.get("router"), dict)
+            and isinstance(status.get("totals"), dict)):
+        raise NotAStatus("not a router's or a proxy's status (no 'router' or 'proxy' "
+                         "section)")
     router, totals = status["router"], status["totals"]
 
     def rate(key):
@@ -174,6 +190,36 @@ def link_line(link):
             + f": in {link['in']:,} out {link['out']:,}")
 
 
+def format_proxy_status(status, previous=None):
+    """A proxy's figures (docs/proxy.md, "Operations") as lines of text."""
+    proxy = status["proxy"]
+
+    def rate(key):
+        if previous is None or proxy.get("uptime_s") is None:
+            return ""
+        dt = proxy["uptime_s"] - previous["proxy"]["uptime_s"]
+        return f" ({(status[key] - previous[key]) / dt:,.0f}/s)" if dt > 0 else ""
+    up = proxy.get("uptime_s")
+    listening = ", ".join(proxy.get("listeners") or []) or "?"
+    upstream = proxy.get("upstream") or "?"
+    dropped = {k: v for k, v in status["dropped"].items() if v}
+    checks = status["password_checks"]
+    return "\n".join([
+        f"proxy version {proxy['version']}"
+        + (f", up {up:.0f} s" if up is not None else "") + f", listening on {listening}",
+        f"upstream {upstream} {'up' if status['upstream_up'] else 'DOWN'}  connects "
+        f"{status['upstream_connects']:,}  early retries {status['upstream_early_retries']:,}"
+        f"  dropwarns {status['upstream_dropwarns']:,}",
+        f"sessions {status['sessions']:,}  clients {status['clients']:,}  kept "
+        f"{status['stored_bytes']:,} bytes  sessions expired {status['sessions_expired']:,}",
+        f"stored {status['stored']:,}{rate('stored')}  replayed {status['replayed']:,}"
+        f"{rate('replayed')}  delivered {status['delivered']:,}{rate('delivered')}  "
+        f"acknowledged {status['acknowledged']:,}  forwarded {status['forwarded']:,}",
+        "dropped " + (" ".join(f"{k}={v:,}" for k, v in dropped.items()) or "none")
+        + f"  store failures {status['store_failed']:,}  password checks "
+        + " ".join(f"{k}={v:,}" for k, v in checks.items())]) + "\n"
+
+
 def main(argv=None):
     options = parse_options(Options, argv)
     if options["reload"]:
@@ -199,7 +245,15 @@ def main(argv=None):
             if options["json"]:
                 write(json.dumps(status) + "\n")
             else:
-                write(format_status(status, previous) + ("\n" if options["interval"] else ""))
+                try:
+                    text = format_status(status, previous)
+                except (NotAStatus, KeyError, TypeError, AttributeError) as e:
+                    why = e if isinstance(e, NotAStatus) else f"no {e} in it"
+                    sys.stderr.write(f"elvin-stat: error: {options['status']}/status.json: "
+                                     f"{why} (is -e the status-listen of an elvin router "
+                                     "or proxy of this version?)\n")
+                    sys.exit(1)
+                write(text + ("\n" if options["interval"] else ""))
             previous = status
             printed += 1
             if options["interval"] is None or (options["count"] and printed >= options["count"]):

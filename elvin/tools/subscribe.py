@@ -146,7 +146,7 @@ async def body(reactor, options):
     said = []
 
     def show(notification):
-        if done.called:
+        if done.called or (limit is not None and seen["n"] >= limit):
             # Past --count: later packets of the same read are not printed,
             # so a proxy is not told they were (held: never acknowledged).
             conn.ack_hold(notification)
@@ -158,7 +158,14 @@ async def body(reactor, options):
             done.errback(e)
             return
         seen["n"] += 1        # acknowledged to a proxy once this returns
-        if limit is not None and seen["n"] >= limit and not done.called:
+        if limit is not None and seen["n"] >= limit:
+            # Done once this has returned: firing ``done`` here would close
+            # the connection, and send its last acknowledgement, before
+            # this notification counts as handled.
+            reactor.callLater(0, finish)
+
+    def finish():
+        if not done.called:
             done.callback(None)
 
     gaps = GapReporter()
