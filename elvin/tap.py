@@ -1,6 +1,7 @@
 """``twistd elvin``: command-line options and the router's service tree."""
 
 import errno
+import os
 import sys
 import threading
 from typing import Any
@@ -127,7 +128,7 @@ class Options(usage.Options):
         if self["discovery"]:
             config.discovery = True
         try:
-            check_listeners(config)
+            check_startable(config)
         except (ConfigError, UnsupportedStackError) as e:
             self._refuse(str(e))
         self.router_config = config
@@ -137,8 +138,8 @@ def check_listeners(config):
     """Refuse (ConfigError, UnsupportedStackError) a listener that could not
     work: an unsupported stack, or TLS (a client or federation listener,
     https status) without a certificate or with unusable certificate files
-    -- found before starting, to be reported in one line naming the
-    setting and where it was given."""
+    -- found before starting (or before a reload changes anything), to be
+    reported in one line naming the setting and where it was given."""
     for uri in config.listen:
         check_supported(uri)
     federation = getattr(config, "federation", None)
@@ -153,17 +154,45 @@ def check_listeners(config):
     if not tls_users:
         return
     if not config.tls_certificate:
-        # A client listener's own check (in makeService) names its URI.
-        named = [user for user in tls_users if user[0] != "listen"]
-        if not named:
-            return
-        name, value, port = named[0]
+        name, value, port = tls_users[0]
         where = _origin(config, name, port)
+        if where == "-l: ":
+            where, name = "", "-l"
         raise ConfigError(f"{where}{name} {value} needs TLS, but tls-certificate is not "
                           "set (the router's certificate; and tls-key unless the key is "
                           "in the same file)")
-    from elvin.protocols.tls import server_options_from_config
-    server_options_from_config(config)
+    from elvin.protocols.tls import TLSConfigError, server_options_from_config
+    try:
+        server_options_from_config(config)
+    except TLSConfigError as e:
+        where = _origin(config, e.setting) if e.setting else ""
+        raise TLSConfigError(f"{where}{e}", e.setting) from None
+
+
+def check_trace_directory(config):
+    """Make ``Federation.Trace-Directory`` now, as the trace writer would:
+    one that cannot be made or written to is a configuration error naming
+    its line, found before starting (or before a reload changes anything)."""
+    federation = getattr(config, "federation", None)
+    if federation is None or not federation.enabled or not federation.trace_directory:
+        return
+    from elvin.federation.trace import TraceDirectoryError
+    path = federation.trace_directory
+    where = _origin(config, "Federation.Trace-Directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise TraceDirectoryError(path, e, where) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"{where}Federation.Trace-Directory {path}: cannot write in it "
+                          "(permission denied)")
+
+
+def check_startable(config):
+    """Everything about ``config`` that can be checked before it is used:
+    at start-up and at each reload."""
+    check_listeners(config)
+    check_trace_directory(config)
 
 
 def _origin(config, name, port=None):
@@ -411,7 +440,7 @@ class RouterService(BindingService):
                 new.listen = list(self.overrides["listen"])
             if not new.listen:
                 new.listen = [ElvinURI(DEFAULT_LISTEN)]
-            check_listeners(new)
+            check_startable(new)
         except (ConfigError, UnsupportedStackError) as e:
             self.log.error("reload refused, running configuration kept: {e}", e=e)
             return False, f"refused: {e}"

@@ -111,8 +111,17 @@ class OptionsTests(unittest.TestCase):
                             raised.exception.code)
 
     def test_supported_stacks_accepted(self):
+        """Every supported stack is accepted; a TLS one then asks only for
+        the router's certificate."""
+        from elvin.endpoints import TLS, stack_kind
         for stack in SUPPORTED_STACKS:
             uri = f"elvin:/{','.join(stack)}/localhost:2917"
+            if stack_kind(ElvinURI(uri)) == TLS:
+                with self.assertRaises(usage.UsageError) as raised:
+                    parse("-l", uri)
+                self.assertIn("needs TLS, but tls-certificate is not set",
+                              str(raised.exception))
+                continue
             self.assertEqual(parse("-l", uri).router_config.listen[0].protocol, stack)
 
     def test_config_file(self):
@@ -366,6 +375,34 @@ class StartUpProblemTests(unittest.TestCase):
             self.assertTrue(str(raised.exception).startswith(f"{path}:2: {name} "),
                             str(raised.exception))
             self.assertIn("tls-certificate is not set", str(raised.exception))
+
+
+    def refused(self, text):
+        """The one line ``parse -c`` refuses ``text`` with, and its path."""
+        path = self.config_file(text)
+        with self.assertRaises(usage.UsageError) as raised:
+            parse("-c", path)
+        return path, str(raised.exception)
+
+    def test_tls_client_listener_without_certificate_names_its_line(self):
+        path, message = self.refused("listen = elvin://127.0.0.1:3000\n# tls\n"
+                                     "listen = elvin:/secure/127.0.0.1:3001\n")
+        self.assertEqual(message, f"{path}:3: listen elvin:4.0/ssl,none,xdr/127.0.0.1:3001 "
+                         "needs TLS, but tls-certificate is not set (the router's "
+                         "certificate; and tls-key unless the key is in the same file)")
+
+    def test_unreadable_tls_file_names_its_line(self):
+        path, message = self.refused("listen = elvin:/secure/127.0.0.1:3001\n"
+                                     "tls-certificate = /nonexistent/router.pem\n")
+        self.assertEqual(message, f"{path}:2: tls-certificate: cannot read "
+                         "/nonexistent/router.pem: No such file or directory")
+
+    def test_trace_directory_that_cannot_be_made_names_its_line(self):
+        blocker = self.config_file("a file, not a folder\n")
+        path, message = self.refused("Federation.Listen = ewaf://127.0.0.1:3002\n"
+                                     f"Federation.Trace-Directory = {blocker}/traces\n")
+        self.assertEqual(message, f"{path}:2: Federation.Trace-Directory {blocker}/traces: "
+                         "cannot make it: Not a directory")
 
 
 class ReloadMessageTests(unittest.TestCase):
