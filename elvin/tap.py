@@ -379,7 +379,7 @@ class RouterService(BindingService):
                         chosen = uri
                         break
         except NoRouterFound as e:
-            self.log.error("cannot drain: {e}", e=e)
+            self.log.error("cannot drain: {problem}", problem=str(e))
             return 0
         finally:
             await finder.stop()
@@ -442,7 +442,9 @@ class RouterService(BindingService):
                 new.listen = [ElvinURI(DEFAULT_LISTEN)]
             check_startable(new)
         except (ConfigError, UnsupportedStackError) as e:
-            self.log.error("reload refused, running configuration kept: {e}", e=e)
+            # Text, not the exception: a JSON log could not keep that.
+            self.log.error("reload refused, running configuration kept: {problem}",
+                           problem=str(e))
             return False, f"refused: {e}"
         old, router = self.config, self.router
         router.max_connections = new.max_connections

@@ -408,6 +408,21 @@ class StartUpProblemTests(unittest.TestCase):
 class ReloadMessageTests(unittest.TestCase):
     """What a reload says about settings it does not apply (in process)."""
 
+    def log_events(self):
+        """Every log event from now on, as a list."""
+        from twisted.logger import globalLogPublisher
+        events = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        return events
+
+    def started(self, text):
+        """A router made from a file holding ``text``: (file's path, router)."""
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write(text)
+        return path, tap.makeService(parse("-c", path), reactor=MemoryReactorClock())
+
     def test_status_listen_changed_needs_a_restart(self):
         path = os.path.abspath(self.mktemp())
         with open(path, "w") as f:
@@ -427,14 +442,8 @@ class ReloadMessageTests(unittest.TestCase):
         self.assertFalse(set(tap.RELOADED) & set(tap.RESTART_ONLY))
 
     def test_the_reload_line_names_every_setting_it_applies(self):
-        from twisted.logger import globalLogPublisher
-        events = []
-        globalLogPublisher.addObserver(events.append)
-        self.addCleanup(globalLogPublisher.removeObserver, events.append)
-        path = os.path.abspath(self.mktemp())
-        with open(path, "w") as f:
-            f.write("listen = elvin://127.0.0.1:3000\n")
-        top = tap.makeService(parse("-c", path), reactor=MemoryReactorClock())
+        events = self.log_events()
+        path, top = self.started("listen = elvin://127.0.0.1:3000\n")
         router = top.router
         changed = {"max-connections": "500", "max-federation-connections": "10",
                    "reserved-files": "32", "max-subscriptions": "7",
@@ -473,11 +482,25 @@ class ReloadMessageTests(unittest.TestCase):
         applied, message = self.successResultOf(top.reload())
         self.assertEqual(message, "reloaded: nothing changed")
 
+    def test_refusal_keeps_its_reason_in_json_logs(self):
+        """The refusal's reason is a text field: a JSON log keeps it."""
+        import json
+        from twisted.logger import eventAsJSON
+        events = self.log_events()
+        path, top = self.started("listen = elvin://127.0.0.1:3000\n")
+        with open(path, "w") as f:
+            f.write("listen = elvin://127.0.0.1:3000\nmax-subscriptions = lots\n")
+        applied, message = self.successResultOf(top.reload())
+        self.assertFalse(applied)
+        (refusal,) = [json.loads(eventAsJSON(e)) for e in events
+                      if "reload refused" in e.get("log_format", "")]
+        fields = {k: v for k, v in refusal.items() if not k.startswith("log_")}
+        self.assertNotIn({"unpersistable": True}, list(fields.values()))
+        self.assertEqual(refusal["problem"], message[len("refused: "):])
+        self.assertTrue(refusal["problem"].startswith(f"{path}:2: max-subscriptions"))
+
     def test_no_configuration_file_is_logged(self):
-        from twisted.logger import globalLogPublisher
-        events = []
-        globalLogPublisher.addObserver(events.append)
-        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        events = self.log_events()
         top = tap.makeService(parse("-l", "elvin://127.0.0.1:3000"),
                               reactor=MemoryReactorClock())
         applied, message = self.successResultOf(top.reload())
