@@ -271,12 +271,25 @@ class ReloadTests(unittest.TestCase):
         self.assertFalse(first.manager.links)
         with self.assertRaises(client.NackError):
             yield conn.subscribe("require(d)", lambda n: None)
-        # And through the status listener, with the token (elvin-stat --reload).
+
+        def stat_reload():
+            """elvin-stat --reload, through the status listener with the token."""
+            return threads.deferToThread(
+                subprocess.run, [sys.executable, "-m", "elvin.tools.stat", "-e",
+                                 f"http://127.0.0.1:{status_port}", "-t", "t", "--reload"],
+                cwd=REPO, capture_output=True, text=True, timeout=60)
+        # A file adding a listener on a port in use (the status listener's):
+        # refused whole, and the answer says why; the limit and link stay.
+        write(first, 100, extra=f"listen = elvin://127.0.0.1:{status_port}\n")
+        done = yield stat_reload()
+        self.assertEqual(done.returncode, 1, done.stdout)
+        self.assertIn(f"refused: {conf}:8: listen elvin://127.0.0.1:{status_port}: address "
+                      "already in use", done.stderr)
+        with self.assertRaises(client.NackError):
+            yield conn.subscribe("require(d)", lambda n: None)
+        self.assertTrue(second.manager.links)
         write(first, 10)
-        done = yield threads.deferToThread(
-            subprocess.run, [sys.executable, "-m", "elvin.tools.stat", "-e",
-                             f"http://127.0.0.1:{status_port}", "-t", "t", "--reload"],
-            cwd=REPO, capture_output=True, text=True, timeout=60)
+        done = yield stat_reload()
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertIn("reloaded:", done.stdout)
         yield wait_until(lambda: first.manager.links and not second.manager.links,

@@ -303,17 +303,38 @@ class MakeServiceTests(unittest.TestCase):
 
 
 class _BusyReactor(MemoryReactorClock):
-    """A MemoryReactor on which some TCP ports are taken."""
+    """A MemoryReactor on which some TCP ports are taken; ``open`` holds
+    the ports listened on and not closed since."""
 
     def __init__(self, busy):
         super().__init__()
         self.busy = set(busy)
+        self.open = set()
 
     def listenTCP(self, port, factory, backlog=50, interface=""):
         if port in self.busy:
             raise error.CannotListenError(
                 interface, port, OSError(errno.EADDRINUSE, "Address already in use"))
-        return super().listenTCP(port, factory, backlog, interface)
+        super().listenTCP(port, factory, backlog, interface)
+        self.open.add(port)
+        return _Port(self, port)
+
+
+class _Port:
+    """A listening port of _BusyReactor."""
+
+    def __init__(self, reactor, port):
+        self.reactor, self.port = reactor, port
+
+    def startListening(self):
+        pass
+
+    def stopListening(self):
+        self.reactor.open.discard(self.port)
+
+    def getHost(self):
+        from twisted.internet.address import IPv4Address
+        return IPv4Address("TCP", "127.0.0.1", self.port)
 
 
 class StartUpProblemTests(unittest.TestCase):
@@ -507,6 +528,121 @@ class ReloadMessageTests(unittest.TestCase):
         self.assertFalse(applied)
         self.assertIn("no configuration file to reload", message)
         self.assertIn(message, [e.get("problem") for e in events])
+
+
+class ReloadRefusalTests(unittest.TestCase):
+    """A reload whose file adds what cannot be bound or made is refused
+    whole: said and logged with the setting and line, nothing of it
+    applied, and the same file refused again (in process)."""
+
+    BASE = ("listen = elvin://127.0.0.1:3000\nmax-subscriptions = 10\n"
+            "Federation.Listen = ewaf://127.0.0.1:3002\n"
+            "Federation.Router-Name = first.test\n")
+
+    def setUp(self):
+        self.path = os.path.abspath(self.mktemp())
+        self.write(self.BASE)
+        self.reactor = _BusyReactor({3009})
+        self.top = tap.makeService(parse("-c", self.path), reactor=self.reactor)
+        self.top._install_drain_signal = lambda: None    # no signal handlers in trial
+        self.top.privilegedStartService()
+        self.top.startService()
+        self.addCleanup(self.top.stopService)
+        self.events = ReloadMessageTests.log_events(self)
+        self.federation = self.top.federation_service
+
+    def write(self, text):
+        with open(self.path, "w") as f:
+            f.write(text)
+
+    def assertRefused(self, extra, line, phrase):
+        """Reloading BASE with ``extra`` (and max-subscriptions 5) is
+        refused, twice, naming line ``line``; nothing changes."""
+        self.write(self.BASE + "max-subscriptions = 5\n" + extra)
+        config, listeners = self.top.config, dict(self.top.listeners)
+        fed_listeners = dict(self.federation.listeners)
+        for _ in range(2):
+            applied, message = self.successResultOf(self.top.reload())
+            self.assertFalse(applied)
+            self.assertTrue(message.startswith(f"refused: {self.path}:{line}: {phrase}"),
+                            message)
+            self.assertIn(message[len("refused: "):],
+                          [e.get("problem") for e in self.events])
+        self.assertEqual(self.top.router.max_subscriptions, 10)
+        self.assertIs(self.top.config, config)
+        self.assertEqual(self.top.listeners, listeners)
+        self.assertIs(self.top.federation_service, self.federation)
+        self.assertEqual(self.federation.listeners, fed_listeners)
+        self.assertTrue(self.federation.running)
+        self.assertEqual(self.reactor.open, {3000, 3002})
+        return message
+
+    def test_client_listener_in_use(self):
+        message = self.assertRefused("listen = elvin://127.0.0.1:3001\n"
+                                     "listen = elvin://127.0.0.1:3009\n", 7,
+                                     "listen elvin://127.0.0.1:3009: address already in use")
+        self.assertIn("change listen to another port", message)
+
+    def test_tls_client_listener_without_certificate(self):
+        self.assertRefused("listen = elvin:/secure/127.0.0.1:3001\n", 6,
+                           "listen elvin:4.0/ssl,none,xdr/127.0.0.1:3001 needs TLS")
+
+    def test_federation_listener_in_use(self):
+        self.assertRefused("listen = elvin://127.0.0.1:3001\n"
+                           "Federation.Listen = ewaf://127.0.0.1:3009\n", 7,
+                           "Federation.Listen ewaf:1.0/tcp,none,xdr/127.0.0.1:3009: "
+                           "address already in use")
+
+    def test_federation_listener_in_use_when_federation_restarts(self):
+        self.assertRefused("Federation.Router-Name = second.test\n"
+                           "Federation.Listen = ewaf://127.0.0.1:3009\n", 7,
+                           "Federation.Listen ewaf:1.0/tcp,none,xdr/127.0.0.1:3009: "
+                           "address already in use")
+
+    def test_trace_directory_that_cannot_be_made(self):
+        blocker = os.path.abspath(self.mktemp())
+        with open(blocker, "w") as f:
+            f.write("a file, not a folder\n")
+        self.assertRefused(f"Federation.Trace-Directory = {blocker}/traces\n", 6,
+                           f"Federation.Trace-Directory {blocker}/traces: cannot make it")
+
+    def test_a_file_that_binds_is_applied(self):
+        """The same router, given a file whose listeners bind, applies it."""
+        self.write(self.BASE + "max-subscriptions = 5\nlisten = elvin://127.0.0.1:3001\n"
+                   "Federation.Listen = ewaf://127.0.0.1:3003\n")
+        applied, message = self.successResultOf(self.top.reload())
+        self.assertTrue(applied, message)
+        self.assertEqual(self.top.router.max_subscriptions, 5)
+        self.assertEqual(self.reactor.open, {3000, 3001, 3002, 3003})
+        self.assertIs(self.top.federation_service, self.federation)
+
+    def test_federation_restart_keeps_its_listening_port_open(self):
+        """A restart hands the running listener to the new federation: the
+        port is never closed, so nothing can take it meanwhile."""
+        (listener,) = self.federation.listeners.values()
+        bound = len(self.reactor.tcpServers)
+        self.write(self.BASE.replace("first.test", "second.test"))
+        applied, message = self.successResultOf(self.top.reload())
+        self.assertTrue(applied, message)
+        self.assertIn("federation restarted (Federation.router-name changed)", message)
+        fresh = self.top.federation_service
+        self.assertIsNot(fresh, self.federation)
+        self.assertFalse(self.federation.running)
+        self.assertEqual(list(fresh.listeners.values()), [listener])
+        self.assertIs(listener.factory.manager, fresh.manager)
+        self.assertTrue(listener.running)
+        self.assertEqual(len(self.reactor.tcpServers), bound)    # not bound again
+        self.assertEqual(self.reactor.open, {3000, 3002})
+
+    def test_an_unforeseen_error_is_answered_and_logged(self):
+        """Whatever goes wrong, the reload fires with a reason (POST
+        /reload is answered) and the error is logged with its traceback."""
+        def broken(old, new):
+            raise RuntimeError("unforeseen")
+        self.patch(tap, "reloaded_changes", broken)
+        applied, message = self.successResultOf(self.top.reload())
+        self.assertEqual((applied, message), (False, "reload failed: unforeseen"))
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
 
 
 class PluginTests(unittest.TestCase):
