@@ -751,14 +751,20 @@ def status_service(reactor, config, router, top=None):
     from elvin.ops.web import StatusSite, status_root
     scheme, host, port = config.status_listen
 
+    # Read at each request: a reload changes listeners and federation.
     def manager():
         service_ = getattr(top, "federation_service", None)
         return service_.manager if service_ is not None else None
-    domain = manager().domain if manager() is not None else None
+
+    def domain():
+        return manager().domain if manager() is not None else None
+
+    def listeners():
+        return top.config.listen if top is not None else config.listen
+
     def discovery():
         return next((s for s in (top or ()) if getattr(s, "name", None) == "discovery"), None)
-    site = StatusSite(status_root(router, manager, config.listen, domain,
-                                  config.status_token,
+    site = StatusSite(status_root(router, manager, listeners, domain, config.status_token,
                                   reload=getattr(top, "reload", None), discovery=discovery),
                       timeout=getattr(config, "status_idle_timeout", 10.0), reactor=reactor)
     site.url = f"{scheme}://{host or '0.0.0.0'}:{port}/"
