@@ -503,6 +503,29 @@ class ReloadMessageTests(unittest.TestCase):
         applied, message = self.successResultOf(top.reload())
         self.assertEqual(message, "reloaded: nothing changed")
 
+    def test_live_sessions_are_held_to_what_a_reload_lowers(self):
+        """A protocol-error limit lowered by a reload disconnects a session
+        connected before it; a lowered ceiling bounds its next QosRqst."""
+        from elvin.test.test_router import RecordingOutput
+        path, top = self.started("listen = elvin://127.0.0.1:3000\n")
+        router = top.router
+        out = RecordingOutput()
+        session = router.open_session(out, "live")
+        session.packet_received(elvin_packets.ConnRqst(1, 4, 0, {}))
+        with open(path, "w") as f:
+            f.write("listen = elvin://127.0.0.1:3000\nmax-protocol-errors = 3\n"
+                    "Subscription.Max-Count = 16\nSubscription.Max-Count.Ceiling = 20\n")
+        self.assertTrue(self.successResultOf(top.reload())[0])
+        session.packet_received(elvin_packets.QosRqst(2, {"Subscription.Max-Count": 100}))
+        reply = out.sent[-1]
+        self.assertIsInstance(reply, elvin_packets.QosRply)
+        self.assertEqual(reply.options["Subscription.Max-Count"], 20)
+        self.assertEqual(session.options["Subscription.Max-Count"], 20)
+        for xid in (3, 4, 5):
+            session.packet_received(elvin_packets.SubDelRqst(xid, 12345))   # no such id
+        self.assertIsInstance(out.sent[-1], elvin_packets.Disconn)
+        self.assertEqual(out.sent[-1].reason, 4)
+
     def test_refusal_keeps_its_reason_in_json_logs(self):
         """The refusal's reason is a text field: a JSON log keeps it."""
         import json
