@@ -668,6 +668,20 @@ class ReloadRefusalTests(unittest.TestCase):
         self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
 
 
+class LogRotationDocTests(unittest.TestCase):
+    """docs/operations.md, "Rotating the log", holds for this Twisted."""
+
+    def test_text_logs_rotate_at_the_size_the_docs_give(self):
+        from twisted.python.logfile import LogFile
+        with open(os.path.join(REPO, "docs", "operations.md"), encoding="utf-8") as f:
+            text = f.read()
+        log = LogFile.fromFullPath(os.path.abspath(self.mktemp()))   # as twistd makes it
+        self.addCleanup(log.close)
+        section = text.split("## Rotating the log", 1)[1].split("\n## ", 1)[0]
+        self.assertIn(f"reaches {log.rotateLength:,} bytes", section.replace("\n", " "))
+        self.assertIsNone(log.maxRotatedFiles)                      # "It deletes none"
+
+
 class PluginTests(unittest.TestCase):
 
     def test_discoverable(self):
