@@ -297,11 +297,28 @@ class RouterConfig(SettingsConfig):
                               f"(known: {', '.join(known)})")
 
     def check(self, filename):
-        """Checks across settings, once the whole file is read."""
-        self.federation.check(filename, self.tls_ca)
+        """Checks across settings, once the whole file is read; an error
+        names the line of the setting that needs another."""
+        self.federation.check(filename, self.tls_ca, self._line_of)
         if self.drain and self.redirect_to is None and not self.discovery:
-            raise ConfigError(f"{filename}: drain = yes needs redirect-to (where clients "
-                              "go), or discovery to find another router")
+            raise ConfigError(f"{self.origin('drain') or filename}: drain = yes needs "
+                              "redirect-to (where clients go), or discovery to find "
+                              "another router")
+
+    def _line_of(self, prefix):
+        """Where the last setting whose name starts with ``prefix`` was given."""
+        prefix = prefix.lower()
+        entries = [where for name, given in self.origins.items() if name.startswith(prefix)
+                   for where, _ in given]
+        return max(entries, key=_line_number, default=None)
+
+
+
+def _line_number(where):
+    """The line of a 'file:line' place, for ordering places in one file."""
+    tail = where.rsplit(":", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
 
 def parse(text, filename="<config>", config=None):
     """Apply the settings in ``text`` to ``config`` (a new one by default)."""

@@ -21,12 +21,14 @@ docs/protocols.md for each transport.
 
 import ipaddress
 
-from twisted.internet import endpoints
+from twisted.application.internet import StreamServerEndpointService, UDPServer
+from twisted.internet import defer, endpoints
 
 from elvin.uri import ElvinURI
 
 __all__ = ["check_supported", "stack_kind", "server_endpoint", "client_endpoint",
-           "listener_service", "UnsupportedStackError", "SUPPORTED_STACKS",
+           "listener_service", "StreamListenerService", "DatagramListenerService", "bind_new", "close_unused",
+           "UnsupportedStackError", "SUPPORTED_STACKS",
            "STACK_KINDS", "TCP", "TLS", "UDP", "HTTP", "listen_host"]
 
 TCP, TLS, UDP, HTTP = "tcp", "tls", "udp", "http"
@@ -151,6 +153,60 @@ def client_endpoint(reactor, uri, timeout=30, tls=None, tls_ca=None,
     return endpoint
 
 
+class StreamListenerService(StreamServerEndpointService):
+    """A stream listener that raises at once when it cannot bind, and binds
+    once: a reload binds what it adds before it changes anything (a port
+    in use refuses the whole file), then adds the bound listener to the
+    running router, which must not bind it again."""
+
+    _raiseSynchronously = True
+
+    def privilegedStartService(self):
+        if self._waitingForPort is None:
+            super().privilegedStartService()
+
+    def stopService(self):
+        if self._waitingForPort is None:       # never bound
+            self.running = False
+            return defer.succeed(None)
+        return super().stopService()
+
+
+class DatagramListenerService(UDPServer):
+    """A UDP listener that binds once (see StreamListenerService)."""
+
+    def privilegedStartService(self):
+        if self._port is None:
+            super().privilegedStartService()
+
+
+def close_unused(listeners):
+    """Close listeners bound for a reload that will not use them; fires
+    once they are closed."""
+    return defer.gatherResults([defer.maybeDeferred(listener.stopService)
+                                for listener in list(listeners)], consumeErrors=True)
+
+
+def bind_new(uris, held, make):
+    """Bind a listener, made by ``make(uri)``, for each of ``uris`` whose
+    text is not in ``held``: what a reload adds, bound before it changes
+    anything. Returns them by URI text; one that cannot bind raises
+    (CannotListenError, or a ConfigError), those bound before it closed."""
+    bound = {}
+    try:
+        for uri in uris:
+            text = str(check_supported(uri))
+            if text in held or text in bound:
+                continue
+            listener = make(uri)
+            listener.privilegedStartService()
+            bound[text] = listener
+    except BaseException:
+        close_unused(bound.values())
+        raise
+    return bound
+
+
 def listener_service(reactor, uri, router, factory, config, tls=None):
     """The service that listens on ``uri`` for ``router``.
 
@@ -160,14 +216,12 @@ def listener_service(reactor, uri, router, factory, config, tls=None):
     A stream listener's connections count against ``router.admission``
     (``elvin.protocols.gate``), when the router has one.
     """
-    from twisted.application.internet import StreamServerEndpointService, UDPServer
-
     uri = check_supported(uri)
     kind = STACK_KINDS[uri.protocol]
     if kind == UDP:
         from elvin.protocols.udp import UNotifyDatagramProtocol
         proto = UNotifyDatagramProtocol(router)
-        service = UDPServer(uri.port, proto, interface=listen_host(uri.host),
+        service = DatagramListenerService(uri.port, proto, interface=listen_host(uri.host),
                             maxPacketSize=proto.read_size, reactor=reactor)
         service.datagram_protocol = proto
         return service
@@ -180,7 +234,4 @@ def listener_service(reactor, uri, router, factory, config, tls=None):
                                 poll_timeout=config.http_poll_timeout)
     admission = getattr(router, "admission", None)
     gate = admission.endpoint if admission is not None else None
-    listener = StreamServerEndpointService(server_endpoint(reactor, uri, tls=tls, gate=gate),
-                                           factory)
-    listener._raiseSynchronously = True
-    return listener
+    return StreamListenerService(server_endpoint(reactor, uri, tls=tls, gate=gate), factory)

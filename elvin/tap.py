@@ -1,6 +1,7 @@
 """``twistd elvin``: command-line options and the router's service tree."""
 
 import errno
+import os
 import sys
 import threading
 from typing import Any
@@ -13,8 +14,8 @@ from twisted.python import usage
 
 from elvin.config import ConfigError, RouterConfig, load
 from elvin.configvalues import did_you_mean
-from elvin.endpoints import (TLS, UnsupportedStackError, check_supported,
-                             listener_service, stack_kind)
+from elvin.endpoints import (TLS, StreamListenerService, UnsupportedStackError, bind_new,
+                             check_supported, close_unused, listener_service, stack_kind)
 from elvin.core.admission import CLIENT, FEDERATION, STATUS
 from elvin.protocols.gate import Admission
 from elvin.protocols.framing import receive_budget_of
@@ -127,7 +128,7 @@ class Options(usage.Options):
         if self["discovery"]:
             config.discovery = True
         try:
-            check_listeners(config)
+            check_startable(config)
         except (ConfigError, UnsupportedStackError) as e:
             self._refuse(str(e))
         self.router_config = config
@@ -137,8 +138,8 @@ def check_listeners(config):
     """Refuse (ConfigError, UnsupportedStackError) a listener that could not
     work: an unsupported stack, or TLS (a client or federation listener,
     https status) without a certificate or with unusable certificate files
-    -- found before starting, to be reported in one line naming the
-    setting and where it was given."""
+    -- found before starting (or before a reload changes anything), to be
+    reported in one line naming the setting and where it was given."""
     for uri in config.listen:
         check_supported(uri)
     federation = getattr(config, "federation", None)
@@ -153,17 +154,45 @@ def check_listeners(config):
     if not tls_users:
         return
     if not config.tls_certificate:
-        # A client listener's own check (in makeService) names its URI.
-        named = [user for user in tls_users if user[0] != "listen"]
-        if not named:
-            return
-        name, value, port = named[0]
+        name, value, port = tls_users[0]
         where = _origin(config, name, port)
+        if where == "-l: ":
+            where, name = "", "-l"
         raise ConfigError(f"{where}{name} {value} needs TLS, but tls-certificate is not "
                           "set (the router's certificate; and tls-key unless the key is "
                           "in the same file)")
-    from elvin.protocols.tls import server_options_from_config
-    server_options_from_config(config)
+    from elvin.protocols.tls import TLSConfigError, server_options_from_config
+    try:
+        server_options_from_config(config)
+    except TLSConfigError as e:
+        where = _origin(config, e.setting) if e.setting else ""
+        raise TLSConfigError(f"{where}{e}", e.setting) from None
+
+
+def check_trace_directory(config):
+    """Make ``Federation.Trace-Directory`` now, as the trace writer would:
+    one that cannot be made or written to is a configuration error naming
+    its line, found before starting (or before a reload changes anything)."""
+    federation = getattr(config, "federation", None)
+    if federation is None or not federation.enabled or not federation.trace_directory:
+        return
+    from elvin.federation.trace import TraceDirectoryError
+    path = federation.trace_directory
+    where = _origin(config, "Federation.Trace-Directory")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise TraceDirectoryError(path, e, where) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"{where}Federation.Trace-Directory {path}: cannot write in it "
+                          "(permission denied)")
+
+
+def check_startable(config):
+    """Everything about ``config`` that can be checked before it is used:
+    at start-up and at each reload."""
+    check_listeners(config)
+    check_trace_directory(config)
 
 
 def _origin(config, name, port=None):
@@ -209,20 +238,22 @@ class BindingService(service.MultiService):
             except CannotListenError as e:
                 raise SystemExit(f"{self.program}: {self._cannot_listen(e, child)}") from None
 
-    def _listener_setting(self, child):
-        """(setting, its URIs, where) for the listener ``child``: where is
-        how the line names it when no URI of the setting has its port."""
-        config = self.config
+    def _listener_setting(self, child, config):
+        """(setting, its URIs in ``config``, where) for the listener
+        ``child`` (or the name of the setting that made one not yet in the
+        tree: a reload's): where is how the line names it when no URI of
+        the setting has its port."""
         if child is not None and child is self.status_listener:
             scheme, host, port = config.status_listen
             return "status-listen", [], f"{scheme}://{host}:{port}"
         return "listen", list(config.listen), None
 
-    def _cannot_listen(self, e, child=None):
+    def _cannot_listen(self, e, child=None, config=None):
         """The line for a listener that could not bind: its URI, the
-        setting that chose it (where it was given) and what to change."""
-        config = self.config
-        setting, uris, where = self._listener_setting(child)
+        setting that chose it (where ``config``, by default the running
+        configuration, gave it) and what to change."""
+        config = config or self.config
+        setting, uris, where = self._listener_setting(child, config)
         if uris:
             where = next((str(_short(u)) for u in uris if u.port == e.port),
                          f"{e.interface or '*'}:{e.port}")
@@ -276,10 +307,11 @@ class RouterService(BindingService):
                    else open(self.log_file, "a", encoding="utf-8"))
             parent.setComponent(ILogObserver, jsonFileLogObserver(out, recordSeparator=""))
 
-    def _listener_setting(self, child):
-        if child is not None and child is self.federation_service:
-            return "Federation.Listen", list(self.config.federation.listen), None
-        return super()._listener_setting(child)
+    def _listener_setting(self, child, config):
+        if child == "Federation.Listen" or (child is not None
+                                            and child is self.federation_service):
+            return "Federation.Listen", list(config.federation.listen), None
+        return super()._listener_setting(child, config)
 
     def fit_connections(self, config):
         """Raise the soft open-file limit to the hard one, and fit the
@@ -350,7 +382,7 @@ class RouterService(BindingService):
                         chosen = uri
                         break
         except NoRouterFound as e:
-            self.log.error("cannot drain: {e}", e=e)
+            self.log.error("cannot drain: {problem}", problem=str(e))
             return 0
         finally:
             await finder.stop()
@@ -395,10 +427,22 @@ class RouterService(BindingService):
     def reload(self):
         """Read the configuration file again and apply it (SIGHUP, or POST
         /reload): limits, listeners added or removed, federation changed;
-        clients keep their sessions. A file with an error is refused whole
-        (logged with file and line) and the running configuration stays.
-        Fires with (applied, message)."""
-        return defer.ensureDeferred(self._reload())
+        clients keep their sessions. A file with an error, or a listener
+        it adds that cannot bind, is refused whole (logged with file and
+        line) and the running configuration stays. Always fires with
+        (applied, message), so POST /reload is always answered."""
+        return defer.ensureDeferred(self._reload()).addErrback(self._reload_failed)
+
+    def _reload_failed(self, failure):
+        """An error no check foresaw: logged with its traceback, and said."""
+        self.log.failure("reload failed", failure)
+        return False, f"reload failed: {failure.getErrorMessage()}"
+
+    def _refuse_reload(self, problem):
+        # Text, not the exception: a JSON log could not keep that.
+        self.log.error("reload refused, running configuration kept: {problem}",
+                       problem=problem)
+        return False, f"refused: {problem}"
 
     async def _reload(self):
         if not self.config_path:
@@ -411,47 +455,35 @@ class RouterService(BindingService):
                 new.listen = list(self.overrides["listen"])
             if not new.listen:
                 new.listen = [ElvinURI(DEFAULT_LISTEN)]
-            check_listeners(new)
+            check_startable(new)
         except (ConfigError, UnsupportedStackError) as e:
-            self.log.error("reload refused, running configuration kept: {e}", e=e)
-            return False, f"refused: {e}"
-        old, router = self.config, self.router
-        router.max_connections = new.max_connections
-        self.fit_connections(new)
-        for apply in RELOADED.values():
-            if apply is not None:
-                apply(router, new)
-        router.option_specs = dict(new.option_specs)   # for sessions from now on
-        changes = reloaded_changes(old, new)
-        wanted = {str(uri): uri for uri in new.listen}
+            return self._refuse_reload(str(e))
+        # Everything that can fail first: bind what the file adds and make
+        # its federation. Only then change anything.
+        added, setting = {}, "listen"
+        try:
+            added = self._bind_listeners(new)
+            setting = "Federation.Listen"
+            federation = self._prepare_federation(new)
+        except CannotListenError as e:
+            await close_unused(added.values())
+            return self._refuse_reload(self._cannot_listen(e, setting, new))
+        except (ConfigError, UnsupportedStackError, OSError) as e:
+            await close_unused(added.values())
+            return self._refuse_reload(str(e))
+        changes = reloaded_changes(self.config, new)
+        self._apply_limits(new)
+        wanted = {str(uri) for uri in new.listen}
         for text in [t for t in self.listeners if t not in wanted]:
             listener = self.listeners.pop(text)
             await defer.maybeDeferred(listener.stopService)
             listener.disownServiceParent()
             changes.append(f"stopped listening on {text}")
-        for text, uri in wanted.items():
-            if text not in self.listeners:
-                listener = listener_service(self.reactor, uri, router, self.factory, new)
-                listener.setServiceParent(self)
-                self.listeners[text] = listener
-                changes.append(f"listening on {text}")
-        fed_service = self.federation_service
-        why = None
-        if fed_service is not None and new.federation.enabled:
-            why = fed_service.restart_needed(new)
-            if why is None:
-                changes += await fed_service.reconfigure(new)
-        if (fed_service is not None) != new.federation.enabled or why is not None:
-            if fed_service is not None:
-                await defer.maybeDeferred(fed_service.stopService)
-                fed_service.disownServiceParent()
-                self.federation_service = None
-            if new.federation.enabled:
-                from elvin.federation.service import FederationService
-                self.federation_service = FederationService(router, new, self.reactor)
-                self.federation_service.setServiceParent(self)
-            changes.append("federation restarted" + (f" ({why})" if why else "")
-                           if new.federation.enabled else "federation stopped")
+        for text, listener in added.items():
+            listener.setServiceParent(self)        # bound already: starts it
+            self.listeners[text] = listener
+            changes.append(f"listening on {text}")
+        changes += await self._apply_federation(new, federation)
         self.config = new
         message = "reloaded: " + ("; ".join(changes) if changes else "nothing changed")
         restart = _needing_restart(self.started_config, new)
@@ -459,6 +491,68 @@ class RouterService(BindingService):
             message += f"; changed but applied only at restart: {', '.join(restart)}"
         self.log.info("{summary}", summary=message)   # ("message" is legacy logging's key)
         return True, message
+
+    def _bind_listeners(self, config):
+        """Bind the client listeners ``config`` adds (``bind_new``), not
+        yet serving the router."""
+        return bind_new(config.listen, self.listeners, lambda uri: listener_service(
+            self.reactor, uri, self.router, self.factory, config))
+
+    def _prepare_federation(self, config):
+        """What ``_apply_federation`` needs, made and bound before anything
+        changes: ``("reconfigure", listeners bound)`` to change the running
+        federation in place, ``("restart", service or None, why)`` to
+        replace it (None: federation off), or None for no federation."""
+        running, fed = self.federation_service, config.federation
+        if running is not None and fed.enabled:
+            why = running.restart_needed(config)
+            if why is None:
+                return ("reconfigure", running.bind(config, held=running.listeners))
+        elif running is None and not fed.enabled:
+            return None
+        else:
+            why = None
+        fresh = None
+        if fed.enabled:
+            from elvin.federation.service import FederationService
+            fresh = FederationService(self.router, config, self.reactor)
+            try:
+                fresh.bind(config, held=running.listeners if running is not None else ())
+            except BaseException:
+                fresh.discard()
+                raise
+        return ("restart", fresh, why)
+
+    async def _apply_federation(self, config, prepared):
+        """Change federation as ``_prepare_federation`` made ready; returns
+        what changed, as phrases for the reload line."""
+        if prepared is None:
+            return []
+        if prepared[0] == "reconfigure":
+            return await self.federation_service.reconfigure(config, prepared[1])
+        _, fresh, why = prepared
+        running = self.federation_service
+        if running is not None:
+            if fresh is not None:
+                fresh.take_listeners(running)       # their ports stay open
+            await defer.maybeDeferred(running.stopService)
+            running.disownServiceParent()
+            self.federation_service = None
+        if fresh is None:
+            return ["federation stopped"]
+        self.federation_service = fresh
+        fresh.setServiceParent(self)                # bound already: starts it
+        return ["federation restarted" + (f" ({why})" if why else "")]
+
+    def _apply_limits(self, config):
+        """Set the router's limits, and connection option ranges, to ``config``'s."""
+        router = self.router
+        router.max_connections = config.max_connections
+        self.fit_connections(config)
+        for apply in RELOADED.values():
+            if apply is not None:
+                apply(router, config)
+        router.option_specs = dict(config.option_specs)   # sessions' ranges from now on
 
     def _install_drain_signal(self):
         import signal
@@ -653,19 +747,24 @@ def makeService(options, reactor=None):
 def status_service(reactor, config, router, top=None):
     """The operations listener (``status-listen``): page, JSON, metrics and
     (with a token) ``POST /reload``."""
-    from twisted.application.internet import StreamServerEndpointService
     from twisted.internet import endpoints
     from elvin.ops.web import StatusSite, status_root
     scheme, host, port = config.status_listen
 
+    # Read at each request: a reload changes listeners and federation.
     def manager():
         service_ = getattr(top, "federation_service", None)
         return service_.manager if service_ is not None else None
-    domain = manager().domain if manager() is not None else None
+
+    def domain():
+        return manager().domain if manager() is not None else None
+
+    def listeners():
+        return top.config.listen if top is not None else config.listen
+
     def discovery():
         return next((s for s in (top or ()) if getattr(s, "name", None) == "discovery"), None)
-    site = StatusSite(status_root(router, manager, config.listen, domain,
-                                  config.status_token,
+    site = StatusSite(status_root(router, manager, listeners, domain, config.status_token,
                                   reload=getattr(top, "reload", None), discovery=discovery),
                       timeout=getattr(config, "status_idle_timeout", 10.0), reactor=reactor)
     site.url = f"{scheme}://{host or '0.0.0.0'}:{port}/"
@@ -680,9 +779,7 @@ def status_service(reactor, config, router, top=None):
         if options is None:
             raise ConfigError("status-listen is https but tls-certificate is not set")
         endpoint = endpoints.wrapServerTLS(options, endpoint)
-    listener = StreamServerEndpointService(endpoint, site)
-    listener._raiseSynchronously = True
-    return listener
+    return StreamListenerService(endpoint, site)
 
 
 def main(argv=None):  # pragma: no cover - convenience for python -m elvin.tap

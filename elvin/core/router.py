@@ -981,6 +981,11 @@ class ClientSession:
             return
         now = router.clock()
         recent = self.protocol_errors
+        if recent.maxlen != router.max_protocol_errors:
+            # The limit in force now (a reload may have changed it), the
+            # newest errors kept.
+            recent = self.protocol_errors = collections.deque(
+                recent, maxlen=router.max_protocol_errors)
         recent.append(now)
         if len(recent) == recent.maxlen and now - recent[0] <= router.protocol_error_window:
             self.disconnect(DISCONN_PROTOCOL_ERRORS,
@@ -1099,6 +1104,9 @@ class ClientSession:
             self.send(packets.ConfConn())
 
     def _qos_rqst(self, packet):
+        # The ranges in force now: a ceiling lowered by a reload bounds what
+        # a live session asks for next.
+        self.options.specs = self.router.option_specs
         reply = self.options.negotiate(packet.options)
         self.output.configure(self.options)
         self.send(packets.QosRply(packet.xid, reply))

@@ -218,15 +218,19 @@ class FederationConfig:
         return bool(self.require_authenticated_hosts) or any(
             c.require_authenticated for c in self.classes.values())
 
-    def check(self, source="<config>", tls_ca=None):
-        """Cross-setting checks after the whole file is read."""
+    def check(self, source="<config>", tls_ca=None, line_of=None):
+        """Cross-setting checks after the whole file is read; ``line_of``
+        (a setting name's start -> 'file:line', or None) names the line."""
+        def where(prefix):
+            return (line_of(prefix) if line_of is not None else None) or source
         if self.requires_authentication() and tls_ca is None:
-            raise ConfigError(f"{source}: Federation.Require-Authenticated needs tls-ca: "
+            raise ConfigError(f"{where('Federation.Require-Authenticated')}: "
+                              "Federation.Require-Authenticated needs tls-ca: "
                               "the CA certificate(s) a federation peer's certificate "
                               "must chain to")
         if self.default_class is not None and self.default_class not in self.classes:
-            raise ConfigError(f"{source}: Federation.Default-Class names unknown class "
-                              f"{self.default_class!r}")
+            raise ConfigError(f"{where('Federation.Default-Class')}: Federation.Default-Class "
+                              f"names unknown class {self.default_class!r}")
 
 
 def _known(settings, suffix=""):

@@ -1,11 +1,11 @@
 """The federation part of the ``twistd elvin`` service tree."""
 
 from twisted.application import service
-from twisted.application.internet import StreamServerEndpointService
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from elvin.endpoints import STACK_KINDS, TLS, check_supported, client_endpoint, server_endpoint
+from elvin.endpoints import (STACK_KINDS, TLS, StreamListenerService, bind_new,
+                             check_supported, client_endpoint, close_unused, server_endpoint)
 from elvin.federation import filters
 from elvin.federation.manager import FederationClass, FederationManager
 from elvin.federation.protocol import AcceptorFactory, ConnectorFactory, connector_service
@@ -49,7 +49,8 @@ class FederationService(service.MultiService):
             for uri in fed.classes[fed_class.name].connect:
                 self._dial(fed_class, uri)
 
-    def _listen(self, uri):
+    def _listener(self, uri):
+        """A listener for links on ``uri``, not yet bound."""
         uri = check_supported(uri)
         tls = None
         if STACK_KINDS[uri.protocol] == TLS:
@@ -60,13 +61,50 @@ class FederationService(service.MultiService):
         admission = getattr(self.manager.router, "admission", None)
         gate = (None if admission is None
                 else lambda endpoint: admission.endpoint(endpoint, "federation"))
-        listener = StreamServerEndpointService(
-            server_endpoint(self.reactor, uri, tls=tls, gate=gate),
-            AcceptorFactory(self.manager, self.keepalive))
-        listener._raiseSynchronously = True
+        return StreamListenerService(server_endpoint(self.reactor, uri, tls=tls, gate=gate),
+                                     AcceptorFactory(self.manager, self.keepalive))
+
+    def _listen(self, uri, listener=None):
+        """Add a listener on ``uri`` (``listener`` if bound already); it
+        binds now if we are running."""
+        listener = listener or self._listener(uri)
         listener.setServiceParent(self)
-        self.listeners[str(uri)] = listener
+        self.listeners[str(check_supported(uri))] = listener
         return listener
+
+    def bind(self, config, held=()):
+        """Bind the listeners ``config`` adds to ours (all of them for a
+        service not started), except those on URIs in ``held`` (a running
+        service's, that ``take_listeners`` hands over): a reload binds
+        before it changes anything (``bind_new``)."""
+        def make(uri):
+            return self.listeners.get(str(check_supported(uri))) or self._listener(uri)
+        return bind_new(config.federation.listen, held, make)
+
+    def take_listeners(self, running):
+        """Take over the listeners of ``running`` (the service this one
+        replaces) on the URIs both listen on, still bound: its peers
+        reconnect to this one's manager on the same port, which is never
+        closed, so nothing else can take it meanwhile. Call before
+        ``running`` stops."""
+        for text, listener in list(running.listeners.items()):
+            mine = self.listeners.get(text)
+            if mine is None:
+                continue
+            self.removeService(mine)             # never bound: we are not running
+            del running.listeners[text]
+            running.services.remove(listener)    # not removeService: that would stop it
+            listener.parent = None
+            listener.factory.manager = self.manager
+            listener.factory.keepalive = self.keepalive
+            listener.setServiceParent(self)
+            self.listeners[text] = listener
+
+    def discard(self):
+        """Undo a service made for a reload that was refused: close what
+        it bound and its trace; nothing was started."""
+        close_unused(self.listeners.values())
+        return self.manager.shutdown()
 
     def _dial(self, fed_class, uri):
         config = self.router_config
@@ -91,12 +129,14 @@ class FederationService(service.MultiService):
                 return f"Federation.{name.replace('_', '-')} changed"
         return None
 
-    async def reconfigure(self, config):
+    async def reconfigure(self, config, bound=None):
         """Apply ``config`` (a reload) changing only what changed: links
         and listeners are added and removed one by one, classes' filters
         and patterns change in place (the links of a class that goes are
-        closed), the rest takes effect for what comes next. Returns what
-        changed, as phrases for the log (``restart_needed`` first)."""
+        closed), the rest takes effect for what comes next. ``bound``: the
+        new listeners, bound already (``bind``). Returns what changed, as
+        phrases for the log (``restart_needed`` first)."""
+        bound = dict(bound or {})
         old, new = self.config, config.federation
         manager, changes = self.manager, []
         self.router_config = config
@@ -142,7 +182,7 @@ class FederationService(service.MultiService):
             changes.append(f"stopped federation listener {text}")
         for text, uri in wanted_listen.items():
             if text not in self.listeners:
-                self._listen(uri)          # started at once: we are running
+                self._listen(uri, bound.pop(text, None))    # bound now if not before
                 changes.append(f"federation listener {text}")
         wanted_links = {(name, str(uri)): uri for name, c in new.classes.items()
                         for uri in c.connect}

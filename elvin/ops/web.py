@@ -109,15 +109,19 @@ class _Reload(resource.Resource):
 
 def status_root(router, federation=None, listeners=(), domain=None, token=None,
                 started=None, reload=None, discovery=None):
-    """The resource tree for one router. ``federation``: its manager, or a
-    function returning it (it changes when a reload restarts federation);
-    ``reload``: served as ``POST /reload`` when there is a ``token``."""
+    """The resource tree for one router. ``federation``, ``listeners``,
+    ``domain`` and ``discovery`` may each be a function returning it, read
+    at every request: a reload changes the listeners, and a new federation
+    a new manager and domain. ``reload``: served as ``POST /reload`` when
+    there is a ``token``."""
     started = time.time() if started is None else started
 
+    def now(value):
+        return value() if callable(value) else value
+
     def source(clients_limit=None):
-        manager = federation() if callable(federation) else federation
-        finder = discovery() if callable(discovery) else discovery
-        return snapshot(router, manager, listeners, started, domain, finder, clients_limit)
+        return snapshot(router, now(federation), now(listeners), started, now(domain),
+                        now(discovery), clients_limit)
     root = resource.Resource()
     root.putChild(b"", _Page())
     root.putChild(b"status.json", _Json(source, clients=True))

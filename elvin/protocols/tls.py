@@ -41,7 +41,13 @@ _KEY_RE = re.compile(rb"-----BEGIN ((?:[A-Z]+ )?PRIVATE KEY)-----.+?-----END \1-
 
 
 class TLSConfigError(ConfigError):
-    """TLS settings are missing or name files that cannot be used."""
+    """TLS settings are missing or name files that cannot be used;
+    ``setting`` is the one to blame, so the router can add where it was
+    given (file and line)."""
+
+    def __init__(self, message, setting=None):
+        super().__init__(message)
+        self.setting = setting
 
 
 def _read(source, setting):
@@ -53,7 +59,8 @@ def _read(source, setting):
         with open(path, "rb") as f:
             return f.read(), path
     except OSError as e:
-        raise TLSConfigError(f"{setting}: cannot read {path}: {e.strerror}") from None
+        raise TLSConfigError(f"{setting}: cannot read {path}: {e.strerror}",
+                             setting) from None
 
 
 def load_certificates(source, setting="tls-ca"):
@@ -61,11 +68,11 @@ def load_certificates(source, setting="tls-ca"):
     data, name = _read(source, setting)
     blocks = _CERT_RE.findall(data)
     if not blocks:
-        raise TLSConfigError(f"{setting}: no PEM certificate in {name}")
+        raise TLSConfigError(f"{setting}: no PEM certificate in {name}", setting)
     try:
         return [ssl.Certificate.loadPEM(block) for block in blocks]
     except (crypto.Error, ValueError) as e:
-        raise TLSConfigError(f"{setting}: bad certificate in {name}: {e}") from None
+        raise TLSConfigError(f"{setting}: bad certificate in {name}: {e}", setting) from None
 
 
 def load_private_certificate(certificate, key=None, cert_setting="tls-certificate",
@@ -87,17 +94,17 @@ def load_private_certificate(certificate, key=None, cert_setting="tls-certificat
         if key is None:
             key_setting = cert_setting
         raise TLSConfigError(f"{key_setting}: no unencrypted PEM private key in "
-                             f"{key_name}{hint}")
+                             f"{key_name}{hint}", key_setting)
     try:
         pair = ssl.KeyPair.load(match.group(0), crypto.FILETYPE_PEM)
     except (crypto.Error, ValueError, TypeError) as e:
         raise TLSConfigError(f"{key_setting}: cannot load the private key in "
-                             f"{key_name}: {e}") from None
+                             f"{key_name}: {e}", key_setting) from None
     try:
         leaf = ssl.PrivateCertificate.fromCertificateAndKeyPair(certs[0], pair)
     except error.VerifyError:
         raise TLSConfigError(f"{key_setting}: the private key in {key_name} does not "
-                             f"match the certificate in {cert_setting}") from None
+                             f"match the certificate in {cert_setting}", key_setting) from None
     return leaf, certs[1:]
 
 
@@ -108,7 +115,8 @@ def server_options(certificate, key=None, ca=None, require_authenticated=False):
     """
     if require_authenticated and ca is None:
         raise TLSConfigError("require-authenticated = yes needs tls-ca: the CA "
-                             "certificate(s) that client certificates must chain to")
+                             "certificate(s) that client certificates must chain to",
+                             "require-authenticated")
     leaf, chain = load_private_certificate(certificate, key)
     kwargs = {}
     if ca is not None:
@@ -122,7 +130,8 @@ def server_options(certificate, key=None, ca=None, require_authenticated=False):
     try:
         options.getContext()  # fail now, not at the first client
     except SSL.Error as e:
-        raise TLSConfigError(f"tls-certificate: unusable certificate/key: {e}") from None
+        raise TLSConfigError(f"tls-certificate: unusable certificate/key: {e}",
+                             "tls-certificate") from None
     return options
 
 
@@ -132,10 +141,10 @@ def server_options_from_config(config):
     if config.tls_certificate is None:
         for name, value in (("tls-key", config.tls_key), ("tls-ca", config.tls_ca)):
             if value is not None:
-                raise TLSConfigError(f"{name} is set but tls-certificate is not")
+                raise TLSConfigError(f"{name} is set but tls-certificate is not", name)
         if config.require_authenticated:
             raise TLSConfigError("require-authenticated = yes but tls-certificate "
-                                 "is not set")
+                                 "is not set", "require-authenticated")
         return None
     return server_options(config.tls_certificate, config.tls_key, config.tls_ca,
                           config.require_authenticated)

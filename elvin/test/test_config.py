@@ -378,6 +378,17 @@ class ErrorTests(unittest.TestCase):
         self.assertConfigError("connect-timeout = -1", 1, "connect-timeout",
                                "negative")
 
+    def test_settings_that_need_another_name_their_line(self):
+        """A setting refused for want of another is named with its line."""
+        self.assertConfigError("listen = elvin://h:1\n# a comment\ndrain = yes\n", 3,
+                               "drain = yes needs redirect-to")
+        self.assertConfigError("Federation.Connect[K] = ewaf://h:1\n"
+                               "Federation.Default-Class = L\n", 2,
+                               "Federation.Default-Class names unknown class 'L'")
+        self.assertConfigError("verbose = yes\nFederation.Connect[K] = ewaf://h:1\n"
+                               "Federation.Require-Authenticated[K] = yes\n", 3,
+                               "Federation.Require-Authenticated needs tls-ca")
+
     def test_first_error_stops(self):
         """A bad line stops parsing: nothing after it is applied."""
         c = RouterConfig()

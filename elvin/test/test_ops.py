@@ -219,6 +219,40 @@ class TapTests(unittest.TestCase):
         self.assertEqual(options.router_config.status_listen, ("http", "127.0.0.1", port))
 
 
+    def test_status_follows_a_reload(self):
+        """status.json (and so the page and elvin-stat) names the listeners
+        and domain in force, after a reload changes them."""
+        from twisted.internet.testing import MemoryReactorClock
+        from twisted.web.test.requesthelper import DummyRequest
+        from elvin import tap
+        path = os.path.abspath(self.mktemp())
+
+        def write(listen, domain):
+            with open(path, "w") as f:
+                f.write("".join(f"listen = elvin://127.0.0.1:{port}\n" for port in listen)
+                        + "status-listen = http://127.0.0.1:3009\n"
+                        + "Federation.Listen = ewaf://127.0.0.1:3008\n"
+                        + f"Federation.Router-Name = {domain}\n")
+        write([3000], "first.test")
+        options = tap.Options()
+        options.parseOptions(["-c", path])
+        top = tap.makeService(options, MemoryReactorClock())
+        (site,) = [s.factory for s in top if isinstance(getattr(s, "factory", None),
+                                                         StatusSite)]
+
+        def status():
+            request = DummyRequest([b"status.json"])
+            return json.loads(site.getResourceFor(request).render(request))["router"]
+        self.assertEqual((status()["listeners"], status()["domain"]),
+                         (["elvin:4.0/tcp,none,xdr/127.0.0.1:3000"], "first.test"))
+        write([3000, 3001], "second.test")
+        applied, message = self.successResultOf(top.reload())
+        self.assertTrue(applied, message)
+        self.assertEqual((status()["listeners"], status()["domain"]),
+                         (["elvin:4.0/tcp,none,xdr/127.0.0.1:3000",
+                           "elvin:4.0/tcp,none,xdr/127.0.0.1:3001"], "second.test"))
+
+
 class ReloadTests(unittest.TestCase):
     """SIGHUP re-reads the file: a federation link and a limit change, no
     client is dropped; a broken file leaves everything as it was."""
@@ -271,12 +305,25 @@ class ReloadTests(unittest.TestCase):
         self.assertFalse(first.manager.links)
         with self.assertRaises(client.NackError):
             yield conn.subscribe("require(d)", lambda n: None)
-        # And through the status listener, with the token (elvin-stat --reload).
+
+        def stat_reload():
+            """elvin-stat --reload, through the status listener with the token."""
+            return threads.deferToThread(
+                subprocess.run, [sys.executable, "-m", "elvin.tools.stat", "-e",
+                                 f"http://127.0.0.1:{status_port}", "-t", "t", "--reload"],
+                cwd=REPO, capture_output=True, text=True, timeout=60)
+        # A file adding a listener on a port in use (the status listener's):
+        # refused whole, and the answer says why; the limit and link stay.
+        write(first, 100, extra=f"listen = elvin://127.0.0.1:{status_port}\n")
+        done = yield stat_reload()
+        self.assertEqual(done.returncode, 1, done.stdout)
+        self.assertIn(f"refused: {conf}:8: listen elvin://127.0.0.1:{status_port}: address "
+                      "already in use", done.stderr)
+        with self.assertRaises(client.NackError):
+            yield conn.subscribe("require(d)", lambda n: None)
+        self.assertTrue(second.manager.links)
         write(first, 10)
-        done = yield threads.deferToThread(
-            subprocess.run, [sys.executable, "-m", "elvin.tools.stat", "-e",
-                             f"http://127.0.0.1:{status_port}", "-t", "t", "--reload"],
-            cwd=REPO, capture_output=True, text=True, timeout=60)
+        done = yield stat_reload()
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertIn("reloaded:", done.stdout)
         yield wait_until(lambda: first.manager.links and not second.manager.links,

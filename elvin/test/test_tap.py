@@ -111,8 +111,17 @@ class OptionsTests(unittest.TestCase):
                             raised.exception.code)
 
     def test_supported_stacks_accepted(self):
+        """Every supported stack is accepted; a TLS one then asks only for
+        the router's certificate."""
+        from elvin.endpoints import TLS, stack_kind
         for stack in SUPPORTED_STACKS:
             uri = f"elvin:/{','.join(stack)}/localhost:2917"
+            if stack_kind(ElvinURI(uri)) == TLS:
+                with self.assertRaises(usage.UsageError) as raised:
+                    parse("-l", uri)
+                self.assertIn("needs TLS, but tls-certificate is not set",
+                              str(raised.exception))
+                continue
             self.assertEqual(parse("-l", uri).router_config.listen[0].protocol, stack)
 
     def test_config_file(self):
@@ -294,17 +303,38 @@ class MakeServiceTests(unittest.TestCase):
 
 
 class _BusyReactor(MemoryReactorClock):
-    """A MemoryReactor on which some TCP ports are taken."""
+    """A MemoryReactor on which some TCP ports are taken; ``open`` holds
+    the ports listened on and not closed since."""
 
     def __init__(self, busy):
         super().__init__()
         self.busy = set(busy)
+        self.open = set()
 
     def listenTCP(self, port, factory, backlog=50, interface=""):
         if port in self.busy:
             raise error.CannotListenError(
                 interface, port, OSError(errno.EADDRINUSE, "Address already in use"))
-        return super().listenTCP(port, factory, backlog, interface)
+        super().listenTCP(port, factory, backlog, interface)
+        self.open.add(port)
+        return _Port(self, port)
+
+
+class _Port:
+    """A listening port of _BusyReactor."""
+
+    def __init__(self, reactor, port):
+        self.reactor, self.port = reactor, port
+
+    def startListening(self):
+        pass
+
+    def stopListening(self):
+        self.reactor.open.discard(self.port)
+
+    def getHost(self):
+        from twisted.internet.address import IPv4Address
+        return IPv4Address("TCP", "127.0.0.1", self.port)
 
 
 class StartUpProblemTests(unittest.TestCase):
@@ -368,8 +398,51 @@ class StartUpProblemTests(unittest.TestCase):
             self.assertIn("tls-certificate is not set", str(raised.exception))
 
 
+    def refused(self, text):
+        """The one line ``parse -c`` refuses ``text`` with, and its path."""
+        path = self.config_file(text)
+        with self.assertRaises(usage.UsageError) as raised:
+            parse("-c", path)
+        return path, str(raised.exception)
+
+    def test_tls_client_listener_without_certificate_names_its_line(self):
+        path, message = self.refused("listen = elvin://127.0.0.1:3000\n# tls\n"
+                                     "listen = elvin:/secure/127.0.0.1:3001\n")
+        self.assertEqual(message, f"{path}:3: listen elvin:4.0/ssl,none,xdr/127.0.0.1:3001 "
+                         "needs TLS, but tls-certificate is not set (the router's "
+                         "certificate; and tls-key unless the key is in the same file)")
+
+    def test_unreadable_tls_file_names_its_line(self):
+        path, message = self.refused("listen = elvin:/secure/127.0.0.1:3001\n"
+                                     "tls-certificate = /nonexistent/router.pem\n")
+        self.assertEqual(message, f"{path}:2: tls-certificate: cannot read "
+                         "/nonexistent/router.pem: No such file or directory")
+
+    def test_trace_directory_that_cannot_be_made_names_its_line(self):
+        blocker = self.config_file("a file, not a folder\n")
+        path, message = self.refused("Federation.Listen = ewaf://127.0.0.1:3002\n"
+                                     f"Federation.Trace-Directory = {blocker}/traces\n")
+        self.assertEqual(message, f"{path}:2: Federation.Trace-Directory {blocker}/traces: "
+                         "cannot make it: Not a directory")
+
+
 class ReloadMessageTests(unittest.TestCase):
     """What a reload says about settings it does not apply (in process)."""
+
+    def log_events(self):
+        """Every log event from now on, as a list."""
+        from twisted.logger import globalLogPublisher
+        events = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        return events
+
+    def started(self, text):
+        """A router made from a file holding ``text``: (file's path, router)."""
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write(text)
+        return path, tap.makeService(parse("-c", path), reactor=MemoryReactorClock())
 
     def test_status_listen_changed_needs_a_restart(self):
         path = os.path.abspath(self.mktemp())
@@ -390,14 +463,8 @@ class ReloadMessageTests(unittest.TestCase):
         self.assertFalse(set(tap.RELOADED) & set(tap.RESTART_ONLY))
 
     def test_the_reload_line_names_every_setting_it_applies(self):
-        from twisted.logger import globalLogPublisher
-        events = []
-        globalLogPublisher.addObserver(events.append)
-        self.addCleanup(globalLogPublisher.removeObserver, events.append)
-        path = os.path.abspath(self.mktemp())
-        with open(path, "w") as f:
-            f.write("listen = elvin://127.0.0.1:3000\n")
-        top = tap.makeService(parse("-c", path), reactor=MemoryReactorClock())
+        events = self.log_events()
+        path, top = self.started("listen = elvin://127.0.0.1:3000\n")
         router = top.router
         changed = {"max-connections": "500", "max-federation-connections": "10",
                    "reserved-files": "32", "max-subscriptions": "7",
@@ -436,17 +503,183 @@ class ReloadMessageTests(unittest.TestCase):
         applied, message = self.successResultOf(top.reload())
         self.assertEqual(message, "reloaded: nothing changed")
 
+    def test_live_sessions_are_held_to_what_a_reload_lowers(self):
+        """A protocol-error limit lowered by a reload disconnects a session
+        connected before it; a lowered ceiling bounds its next QosRqst."""
+        from elvin.test.test_router import RecordingOutput
+        path, top = self.started("listen = elvin://127.0.0.1:3000\n")
+        router = top.router
+        out = RecordingOutput()
+        session = router.open_session(out, "live")
+        session.packet_received(elvin_packets.ConnRqst(1, 4, 0, {}))
+        with open(path, "w") as f:
+            f.write("listen = elvin://127.0.0.1:3000\nmax-protocol-errors = 3\n"
+                    "Subscription.Max-Count = 16\nSubscription.Max-Count.Ceiling = 20\n")
+        self.assertTrue(self.successResultOf(top.reload())[0])
+        session.packet_received(elvin_packets.QosRqst(2, {"Subscription.Max-Count": 100}))
+        reply = out.sent[-1]
+        self.assertIsInstance(reply, elvin_packets.QosRply)
+        self.assertEqual(reply.options["Subscription.Max-Count"], 20)
+        self.assertEqual(session.options["Subscription.Max-Count"], 20)
+        for xid in (3, 4, 5):
+            session.packet_received(elvin_packets.SubDelRqst(xid, 12345))   # no such id
+        self.assertIsInstance(out.sent[-1], elvin_packets.Disconn)
+        self.assertEqual(out.sent[-1].reason, 4)
+
+    def test_refusal_keeps_its_reason_in_json_logs(self):
+        """The refusal's reason is a text field: a JSON log keeps it."""
+        import json
+        from twisted.logger import eventAsJSON
+        events = self.log_events()
+        path, top = self.started("listen = elvin://127.0.0.1:3000\n")
+        with open(path, "w") as f:
+            f.write("listen = elvin://127.0.0.1:3000\nmax-subscriptions = lots\n")
+        applied, message = self.successResultOf(top.reload())
+        self.assertFalse(applied)
+        (refusal,) = [json.loads(eventAsJSON(e)) for e in events
+                      if "reload refused" in e.get("log_format", "")]
+        fields = {k: v for k, v in refusal.items() if not k.startswith("log_")}
+        self.assertNotIn({"unpersistable": True}, list(fields.values()))
+        self.assertEqual(refusal["problem"], message[len("refused: "):])
+        self.assertTrue(refusal["problem"].startswith(f"{path}:2: max-subscriptions"))
+
     def test_no_configuration_file_is_logged(self):
-        from twisted.logger import globalLogPublisher
-        events = []
-        globalLogPublisher.addObserver(events.append)
-        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        events = self.log_events()
         top = tap.makeService(parse("-l", "elvin://127.0.0.1:3000"),
                               reactor=MemoryReactorClock())
         applied, message = self.successResultOf(top.reload())
         self.assertFalse(applied)
         self.assertIn("no configuration file to reload", message)
         self.assertIn(message, [e.get("problem") for e in events])
+
+
+class ReloadRefusalTests(unittest.TestCase):
+    """A reload whose file adds what cannot be bound or made is refused
+    whole: said and logged with the setting and line, nothing of it
+    applied, and the same file refused again (in process)."""
+
+    BASE = ("listen = elvin://127.0.0.1:3000\nmax-subscriptions = 10\n"
+            "Federation.Listen = ewaf://127.0.0.1:3002\n"
+            "Federation.Router-Name = first.test\n")
+
+    def setUp(self):
+        self.path = os.path.abspath(self.mktemp())
+        self.write(self.BASE)
+        self.reactor = _BusyReactor({3009})
+        self.top = tap.makeService(parse("-c", self.path), reactor=self.reactor)
+        self.top._install_drain_signal = lambda: None    # no signal handlers in trial
+        self.top.privilegedStartService()
+        self.top.startService()
+        self.addCleanup(self.top.stopService)
+        self.events = ReloadMessageTests.log_events(self)
+        self.federation = self.top.federation_service
+
+    def write(self, text):
+        with open(self.path, "w") as f:
+            f.write(text)
+
+    def assertRefused(self, extra, line, phrase):
+        """Reloading BASE with ``extra`` (and max-subscriptions 5) is
+        refused, twice, naming line ``line``; nothing changes."""
+        self.write(self.BASE + "max-subscriptions = 5\n" + extra)
+        config, listeners = self.top.config, dict(self.top.listeners)
+        fed_listeners = dict(self.federation.listeners)
+        for _ in range(2):
+            applied, message = self.successResultOf(self.top.reload())
+            self.assertFalse(applied)
+            self.assertTrue(message.startswith(f"refused: {self.path}:{line}: {phrase}"),
+                            message)
+            self.assertIn(message[len("refused: "):],
+                          [e.get("problem") for e in self.events])
+        self.assertEqual(self.top.router.max_subscriptions, 10)
+        self.assertIs(self.top.config, config)
+        self.assertEqual(self.top.listeners, listeners)
+        self.assertIs(self.top.federation_service, self.federation)
+        self.assertEqual(self.federation.listeners, fed_listeners)
+        self.assertTrue(self.federation.running)
+        self.assertEqual(self.reactor.open, {3000, 3002})
+        return message
+
+    def test_client_listener_in_use(self):
+        message = self.assertRefused("listen = elvin://127.0.0.1:3001\n"
+                                     "listen = elvin://127.0.0.1:3009\n", 7,
+                                     "listen elvin://127.0.0.1:3009: address already in use")
+        self.assertIn("change listen to another port", message)
+
+    def test_tls_client_listener_without_certificate(self):
+        self.assertRefused("listen = elvin:/secure/127.0.0.1:3001\n", 6,
+                           "listen elvin:4.0/ssl,none,xdr/127.0.0.1:3001 needs TLS")
+
+    def test_federation_listener_in_use(self):
+        self.assertRefused("listen = elvin://127.0.0.1:3001\n"
+                           "Federation.Listen = ewaf://127.0.0.1:3009\n", 7,
+                           "Federation.Listen ewaf:1.0/tcp,none,xdr/127.0.0.1:3009: "
+                           "address already in use")
+
+    def test_federation_listener_in_use_when_federation_restarts(self):
+        self.assertRefused("Federation.Router-Name = second.test\n"
+                           "Federation.Listen = ewaf://127.0.0.1:3009\n", 7,
+                           "Federation.Listen ewaf:1.0/tcp,none,xdr/127.0.0.1:3009: "
+                           "address already in use")
+
+    def test_trace_directory_that_cannot_be_made(self):
+        blocker = os.path.abspath(self.mktemp())
+        with open(blocker, "w") as f:
+            f.write("a file, not a folder\n")
+        self.assertRefused(f"Federation.Trace-Directory = {blocker}/traces\n", 6,
+                           f"Federation.Trace-Directory {blocker}/traces: cannot make it")
+
+    def test_a_file_that_binds_is_applied(self):
+        """The same router, given a file whose listeners bind, applies it."""
+        self.write(self.BASE + "max-subscriptions = 5\nlisten = elvin://127.0.0.1:3001\n"
+                   "Federation.Listen = ewaf://127.0.0.1:3003\n")
+        applied, message = self.successResultOf(self.top.reload())
+        self.assertTrue(applied, message)
+        self.assertEqual(self.top.router.max_subscriptions, 5)
+        self.assertEqual(self.reactor.open, {3000, 3001, 3002, 3003})
+        self.assertIs(self.top.federation_service, self.federation)
+
+    def test_federation_restart_keeps_its_listening_port_open(self):
+        """A restart hands the running listener to the new federation: the
+        port is never closed, so nothing can take it meanwhile."""
+        (listener,) = self.federation.listeners.values()
+        bound = len(self.reactor.tcpServers)
+        self.write(self.BASE.replace("first.test", "second.test"))
+        applied, message = self.successResultOf(self.top.reload())
+        self.assertTrue(applied, message)
+        self.assertIn("federation restarted (Federation.router-name changed)", message)
+        fresh = self.top.federation_service
+        self.assertIsNot(fresh, self.federation)
+        self.assertFalse(self.federation.running)
+        self.assertEqual(list(fresh.listeners.values()), [listener])
+        self.assertIs(listener.factory.manager, fresh.manager)
+        self.assertTrue(listener.running)
+        self.assertEqual(len(self.reactor.tcpServers), bound)    # not bound again
+        self.assertEqual(self.reactor.open, {3000, 3002})
+
+    def test_an_unforeseen_error_is_answered_and_logged(self):
+        """Whatever goes wrong, the reload fires with a reason (POST
+        /reload is answered) and the error is logged with its traceback."""
+        def broken(old, new):
+            raise RuntimeError("unforeseen")
+        self.patch(tap, "reloaded_changes", broken)
+        applied, message = self.successResultOf(self.top.reload())
+        self.assertEqual((applied, message), (False, "reload failed: unforeseen"))
+        self.assertEqual(len(self.flushLoggedErrors(RuntimeError)), 1)
+
+
+class LogRotationDocTests(unittest.TestCase):
+    """docs/operations.md, "Rotating the log", holds for this Twisted."""
+
+    def test_text_logs_rotate_at_the_size_the_docs_give(self):
+        from twisted.python.logfile import LogFile
+        with open(os.path.join(REPO, "docs", "operations.md"), encoding="utf-8") as f:
+            text = f.read()
+        log = LogFile.fromFullPath(os.path.abspath(self.mktemp()))   # as twistd makes it
+        self.addCleanup(log.close)
+        section = text.split("## Rotating the log", 1)[1].split("\n## ", 1)[0]
+        self.assertIn(f"reaches {log.rotateLength:,} bytes", section.replace("\n", " "))
+        self.assertIsNone(log.maxRotatedFiles)                      # "It deletes none"
 
 
 class PluginTests(unittest.TestCase):
