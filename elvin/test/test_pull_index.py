@@ -124,6 +124,7 @@ class _FakeLink:
     fed_class = None
     peer_host = "127.0.0.1"
     mesh = False
+    dial = None          # not a configured link's (elvin.federation.dial)
 
     def __init__(self, domain):
         self.peer_domain = domain
