@@ -1,10 +1,17 @@
 """TLS for the ``ssl,none,xdr`` (alias ``secure``) and ``tcp,ssl,xdr`` stacks.
 
 Both stacks are the ordinary Elvin TCP framing and XDR packets inside a TLS
-connection (pyOpenSSL through ``twisted.internet.ssl``); they differ only in
-how the URI names them. Policy, on both sides:
+connection; they differ only in how the URI names them. Policy, on both
+sides:
 
 * TLS 1.2 is the lowest version offered or accepted.
+* Router listeners send no TLS 1.3 session tickets (OpenSSL sends two by
+  default; the MINA SSL filter inside Avis's Java client and router then
+  stalls, docs/interop.md), and no TLS 1.2 tickets either: there is no
+  session resumption. pyOpenSSL cannot set the number of tickets, so a
+  listener's TLS is the standard library's ``ssl`` module (an
+  ``SSLObject`` on memory BIOs) under Twisted's ``TLSMemoryBIOProtocol``;
+  clients use pyOpenSSL through ``twisted.internet.ssl``.
 * The router presents the certificate (and chain) in ``tls-certificate``
   with the key in ``tls-key`` (or in the certificate file itself).
 * With ``tls-ca`` set the router asks every client for a certificate and
@@ -23,15 +30,19 @@ Every problem with the files is a :class:`TLSConfigError` (a
 
 import os
 import re
+import ssl as stdssl
+import tempfile
 
 from OpenSSL import SSL, crypto
 from twisted.internet import error, ssl
+from twisted.internet.interfaces import IOpenSSLServerConnectionCreator
+from zope.interface import implementer
 
 from elvin.configvalues import ConfigError
 
 __all__ = ["TLSConfigError", "MINIMUM_VERSION", "load_certificates",
            "load_private_certificate", "server_options", "server_options_from_config",
-           "client_options"]
+           "client_options", "ServerTLSOptions"]
 
 #: The lowest TLS version either side will negotiate.
 MINIMUM_VERSION = ssl.TLSVersion.TLSv1_2
@@ -102,7 +113,8 @@ def load_private_certificate(certificate, key=None, cert_setting="tls-certificat
 
 
 def server_options(certificate, key=None, ca=None, require_authenticated=False):
-    """CertificateOptions for a router listener (see the module policy).
+    """Server TLS options for a router listener (see the module policy): a
+    :class:`ServerTLSOptions`, for ``twisted.internet.endpoints.wrapServerTLS``.
 
     ``certificate``, ``key`` and ``ca`` are PEM file paths or PEM bytes.
     """
@@ -110,20 +122,153 @@ def server_options(certificate, key=None, ca=None, require_authenticated=False):
         raise TLSConfigError("require-authenticated = yes needs tls-ca: the CA "
                              "certificate(s) that client certificates must chain to")
     leaf, chain = load_private_certificate(certificate, key)
-    kwargs = {}
+    context = stdssl.SSLContext(stdssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = stdssl.TLSVersion.TLSv1_2
+    context.num_tickets = 0
+    context.options |= stdssl.OP_NO_TICKET
+    try:
+        _load_chain(context, certificate, key, leaf, chain)
+    except (stdssl.SSLError, OSError) as e:
+        raise TLSConfigError(f"tls-certificate: unusable certificate/key: {e}") from None
     if ca is not None:
         cas = load_certificates(ca, "tls-ca")
-        kwargs = dict(verify=True, caCerts=[c.original for c in cas],
-                      requireCertificate=bool(require_authenticated))
-    options = ssl.CertificateOptions(
-        privateKey=leaf.privateKey.original, certificate=leaf.original,
-        extraCertChain=[c.original for c in chain] or None,
-        raiseMinimumTo=MINIMUM_VERSION, **kwargs)
+        context.load_verify_locations(cadata="".join(c.dumpPEM().decode("ascii")
+                                                     for c in cas))
+        context.verify_mode = (stdssl.CERT_REQUIRED if require_authenticated
+                               else stdssl.CERT_OPTIONAL)
+    return ServerTLSOptions(context)
+
+
+def _no_passphrase():
+    raise TLSConfigError("tls-key: the private key is encrypted")
+
+
+def _load_chain(context, certificate, key, leaf, chain):
+    """Load the certificate chain and key that ``load_private_certificate``
+    checked into the ``ssl.SSLContext``: from the files themselves, or (PEM
+    bytes given) through a private temporary file."""
+    paths = (str, os.PathLike)
+    if isinstance(certificate, paths) and (key is None or isinstance(key, paths)):
+        context.load_cert_chain(certificate, key, password=_no_passphrase)
+        return
+    pem = (leaf.privateKey.dump(crypto.FILETYPE_PEM) + leaf.dump(crypto.FILETYPE_PEM)
+           + b"".join(c.dump(crypto.FILETYPE_PEM) for c in chain))
+    folder = tempfile.mkdtemp(prefix="elvin-tls-")
+    path = os.path.join(folder, "chain.pem")
     try:
-        options.getContext()  # fail now, not at the first client
-    except SSL.Error as e:
-        raise TLSConfigError(f"tls-certificate: unusable certificate/key: {e}") from None
-    return options
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
+            f.write(pem)
+        context.load_cert_chain(path, password=_no_passphrase)
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
+        os.rmdir(folder)
+
+
+@implementer(IOpenSSLServerConnectionCreator)
+class ServerTLSOptions:
+    """A router listener's TLS (``server_options``): each connection is an
+    ``ssl.SSLObject`` of ``context`` behind the part of pyOpenSSL's
+    ``Connection`` that Twisted's ``TLSMemoryBIOProtocol`` uses."""
+
+    def __init__(self, context):
+        #: The ``ssl.SSLContext`` every connection is made from.
+        self.context = context
+
+    def serverConnectionForTLS(self, protocol):
+        return _ServerConnection(self.context)
+
+
+def _openssl_error(e):
+    """The pyOpenSSL exception Twisted expects for an ``ssl`` module one."""
+    if isinstance(e, stdssl.SSLWantReadError):
+        return SSL.WantReadError()
+    if isinstance(e, stdssl.SSLWantWriteError):
+        return SSL.WantWriteError()
+    if isinstance(e, stdssl.SSLZeroReturnError):
+        return SSL.ZeroReturnError()
+    if isinstance(e, stdssl.SSLEOFError):
+        return SSL.SysCallError(-1, "Unexpected EOF")
+    reason = getattr(e, "verify_message", None) or e.reason or str(e)
+    return SSL.Error([(e.library or "SSL routines", "", str(reason).lower())])
+
+
+class _ServerConnection:
+    """One server-side TLS connection on memory BIOs (see ServerTLSOptions)."""
+
+    def __init__(self, context):
+        self._incoming = stdssl.MemoryBIO()
+        self._outgoing = stdssl.MemoryBIO()
+        self._tls = context.wrap_bio(self._incoming, self._outgoing, server_side=True)
+        self._app_data = None
+
+    def set_accept_state(self):
+        pass                      # made server-side
+
+    def set_app_data(self, data):
+        self._app_data = data
+
+    def get_app_data(self):
+        return self._app_data
+
+    def _call(self, method, *args):
+        try:
+            return method(*args)
+        except stdssl.SSLError as e:
+            raise _openssl_error(e) from e
+
+    def do_handshake(self):
+        self._call(self._tls.do_handshake)
+
+    def recv(self, size):
+        data = self._call(self._tls.read, size)
+        if not data:
+            # The peer's close_notify: ``ssl`` reads b"", pyOpenSSL raises.
+            raise SSL.ZeroReturnError()
+        return data
+
+    read = recv
+
+    def send(self, data):
+        return self._call(self._tls.write, data)
+
+    write = send
+
+    def shutdown(self):
+        """Send close_notify; True once the peer's has come too."""
+        try:
+            self._tls.unwrap()
+        except stdssl.SSLWantReadError:
+            return False
+        except stdssl.SSLError as e:
+            raise _openssl_error(e) from e
+        return True
+
+    def bio_write(self, data):
+        return self._incoming.write(data)
+
+    def bio_read(self, size):
+        data = self._outgoing.read(size)
+        if not data:
+            raise SSL.WantReadError()
+        return data
+
+    def bio_shutdown(self):
+        self._incoming.write_eof()
+
+    def get_peer_certificate(self):
+        der = self._tls.getpeercert(binary_form=True)
+        return crypto.load_certificate(crypto.FILETYPE_ASN1, der) if der else None
+
+    def get_protocol_version_name(self):
+        return self._tls.version() or "Unknown"
+
+    def get_cipher_name(self):
+        cipher = self._tls.cipher()
+        return cipher[0] if cipher else None
+
+    def get_alpn_proto_negotiated(self):
+        return (self._tls.selected_alpn_protocol() or "").encode("ascii")
 
 
 def server_options_from_config(config):
