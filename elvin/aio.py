@@ -30,7 +30,7 @@ from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, DEFAULT_RECEIVE_QU
                                         CancelTimer, CloseChannel, ConnectFailedEffect,
                                         Connected, Dial, Effect, Ended, HandshakeTimeout,
                                         Lifecycle, LifecycleView, PauseReading, Phase,
-                                        ResumeReading, StartTimer)
+                                        ResumeReading, StartTimer, TLS_FIRST_PACKET_DELAY)
 from elvin.clientcore import messages
 from elvin.clientcore.state import (ClientState, ConnectFailed, ConnectionClosed, Deframer,
                                     NackError, Notification, PublishBufferFull,
@@ -89,7 +89,9 @@ def _uris(uri: URIs) -> List[ElvinURI]:
 
 class _Protocol(asyncio.Protocol):
     """Bytes to packets for one channel of a Connection. What is sent in
-    one loop iteration goes out in one ``transport.write``."""
+    one loop iteration goes out in one ``transport.write``; over TLS, the
+    first write waits ``TLS_FIRST_PACKET_DELAY`` seconds after the
+    handshake (asyncio calls ``connection_made`` once it has ended)."""
 
     def __init__(self, connection: "Connection", generation: int) -> None:
         self.connection = connection
@@ -99,9 +101,12 @@ class _Protocol(asyncio.Protocol):
         self.transport: Any = None
         self.done: "asyncio.Future[None]" = connection.loop.create_future()    # set when this channel ends
         self._out: List[bytes] = []
+        self._first_delay = 0.0
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
+        if transport.get_extra_info("ssl_object") is not None:
+            self._first_delay = TLS_FIRST_PACKET_DELAY
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             try:
@@ -136,7 +141,11 @@ class _Protocol(asyncio.Protocol):
         data = packets.encode(packet)
         out = self._out
         if not out:
-            self.loop.call_soon(self.flush)
+            if self._first_delay:
+                self.loop.call_later(self._first_delay, self.flush)
+                self._first_delay = 0.0
+            else:
+                self.loop.call_soon(self.flush)
         out.append(len(data).to_bytes(4, "big"))
         out.append(data)
 
@@ -938,6 +947,8 @@ async def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
     raw = _Raw(loop)
     transport, _ = await _open(target, loop, lambda: raw, tls, tls_ca, tls_certificate,
                                tls_key, tls_hostname)
+    if transport.get_extra_info("ssl_object") is not None:
+        await asyncio.sleep(TLS_FIRST_PACKET_DELAY)
     transport.write(len(data).to_bytes(4, "big") + data)
     await asyncio.sleep(UNOTIFY_LINGER)
     transport.close()

@@ -17,13 +17,16 @@ from typing import (Any, Callable, Dict, Generator, Iterable, Mapping, Optional,
                     Union)
 
 from twisted.internet import defer, error, protocol, task
+from twisted.internet.interfaces import IHandshakeListener
 from twisted.logger import Logger
+from twisted.protocols.tls import TLSMemoryBIOProtocol
+from zope.interface import implementer
 
 from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, CancelTimer, CloseChannel,
                                         ConnectFailedEffect, Connected, Dial, Ended,
                                         HandshakeTimeout, Lifecycle, LifecycleView,
                                         PauseReading, Phase,
-                                        ResumeReading, StartTimer)
+                                        ResumeReading, StartTimer, TLS_FIRST_PACKET_DELAY)
 from elvin.clientcore import messages
 from elvin.clientcore.messages import (TLS_TRUST, TOOLS_TLS_TRUST, shown as _shown,
                                        stack_hint as _stack_hint)
@@ -174,14 +177,24 @@ class AutoQuench(AutoQuenchBase):
 
 
 
+@implementer(IHandshakeListener)
 class ElvinClientProtocol(FramedProtocol):
-    """Frames, decodes and dispatches packets for one channel of a Connection."""
+    """Frames, decodes and dispatches packets for one channel of a Connection.
+
+    Over TLS, packets sent before the handshake has ended are held, and
+    written ``TLS_FIRST_PACKET_DELAY`` seconds after it, in a write of their
+    own (not with the handshake's last message).
+    """
 
     log = Logger()
 
     #: The router limits what it accepts (Packet.Max-Length), not what it
     #: sends; accept any packet up to the largest it could be configured for.
     max_frame_length = OPTIONS["Packet.Max-Length"].high
+
+    #: Frames held until the TLS handshake has ended (None: not held).
+    _held_frames: Optional[list] = None
+    _release: Any = None
 
     def connectionMade(self):
         set_nodelay = getattr(self.transport, "setTcpNoDelay", None)
@@ -190,7 +203,33 @@ class ElvinClientProtocol(FramedProtocol):
                 set_nodelay(True)  # requests and notifications are small
             except OSError:
                 pass
+        self._waiters: list = []
+        if isinstance(self.transport, TLSMemoryBIOProtocol):
+            self._held_frames = []
         self.factory.connection._attached(self)
+
+    def handshakeCompleted(self):
+        if self._held_frames is not None and self._release is None:
+            self._release = self.factory.connection.reactor.callLater(
+                TLS_FIRST_PACKET_DELAY, self._send_held)
+
+    def _send_held(self):
+        held, self._held_frames = self._held_frames, None
+        for data in held or ():
+            self.sendFrame(data)
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
+
+    def written(self) -> "defer.Deferred[None]":
+        """Fires once what was sent has been written to the transport
+        (over TLS, after the handshake); fails with the reason the channel
+        was lost if it is lost first."""
+        if self._held_frames is None:
+            return defer.succeed(None)
+        waiter: defer.Deferred[None] = defer.Deferred()
+        self._waiters.append(waiter)
+        return waiter
 
     def dataReceived(self, data):
         if self.factory.connection.first_bytes is None:
@@ -220,10 +259,18 @@ class ElvinClientProtocol(FramedProtocol):
         super().badFrame(reason)
 
     def connectionLost(self, reason=None):
+        if self._release is not None and self._release.active():
+            self._release.cancel()
+        waiters, self._waiters = getattr(self, "_waiters", []), []
         super().connectionLost(reason)
         self.factory.connection._lost(reason, self)
+        for waiter in waiters:
+            waiter.errback(reason if reason is not None else error.ConnectionDone())
 
     def send(self, packet):
+        if self._held_frames is not None:
+            self._held_frames.append(packets.encode(packet))
+            return
         self.sendFrame(packets.encode(packet))
 
 
@@ -890,6 +937,7 @@ def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
         tls, tls_ca, tls_certificate, tls_key, tls_hostname)).connect(
         _ClientFactory(connection))
     proto.send(packet)
+    yield proto.written()          # over TLS: after the handshake
     # Linger before closing: a router may discard packets it has not yet
     # processed when it sees the channel close (Avis drops most UNotifys).
     yield task.deferLater(reactor, UNOTIFY_LINGER, lambda: None)

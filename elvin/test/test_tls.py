@@ -287,6 +287,131 @@ class SessionTicketTests(unittest.TestCase):
         self.assertFalse(peer.session.has_ticket)
 
 
+class FirstPacketTests(unittest.TestCase):
+    """The client's first packet over TLS (ConnRqst, UNotify) goes in a
+    write of its own after the handshake, not with the client's Finished:
+    Avis's router does not read a packet that comes in the same read as
+    the Finished (docs/interop.md)."""
+
+    def setUp(self):
+        from twisted.internet import protocol
+        from twisted.internet.interfaces import IHandshakeListener
+        from twisted.internet.testing import MemoryReactorClock, StringTransport
+        from twisted.protocols.tls import TLSMemoryBIOFactory
+        from zope.interface import implementer
+        certs = Certificates(self.mktemp())
+        self.reactor = MemoryReactorClock()
+        #: (what, number of the chunk of client bytes it came in)
+        self.events = []
+        self.chunks = 0
+        events = self.events
+        test = self
+
+        @implementer(IHandshakeListener)
+        class Recorder(protocol.Protocol):
+            def handshakeCompleted(self):
+                events.append(("handshake", test.chunks))
+
+            def dataReceived(self, data):
+                events.append((data, test.chunks))
+
+        server_factory = TLSMemoryBIOFactory(
+            tls.server_options(certs.server_cert, certs.server_key), False,
+            protocol.Factory.forProtocol(Recorder), clock=self.reactor)
+        self.server = server_factory.buildProtocol(None)
+        self.server_wire = StringTransport()
+        self.server.makeConnection(self.server_wire)
+
+        class Endpoint:
+            def connect(endpoint, factory):
+                tls_factory = TLSMemoryBIOFactory(
+                    tls.client_options("router.test", certs.ca_path), True, factory,
+                    clock=test.reactor)
+                test.client = tls_factory.buildProtocol(None)
+                test.client_wire = StringTransport()
+                test.client.makeConnection(test.client_wire)
+                return defer.succeed(test.client.wrappedProtocol)
+        self.patch(client, "_endpoint", lambda reactor, uri, tls=None: Endpoint())
+
+    def pump(self, turns=20, step=0.005):
+        for _ in range(turns):
+            self.reactor.advance(step)
+            out = self.client_wire.value()
+            self.client_wire.clear()
+            if out:
+                self.chunks += 1
+                self.server.dataReceived(out)
+            back = self.server_wire.value()
+            self.server_wire.clear()
+            if back:
+                self.client.dataReceived(back)
+            if self.client_wire.disconnecting and self.client.connected:
+                from twisted.internet.error import ConnectionDone
+                from twisted.python.failure import Failure
+                self.client.connectionLost(Failure(ConnectionDone()))
+
+    def first_packet(self):
+        handshake = [chunk for what, chunk in self.events if what == "handshake"]
+        data = [(what, chunk) for what, chunk in self.events if what != "handshake"]
+        self.assertEqual(len(handshake), 1)
+        self.assertTrue(data, "no packet reached the router")
+        first, chunk = data[0]
+        self.assertGreater(chunk, handshake[0], "the first packet came with the Finished")
+        return first
+
+    def test_connrqst_after_the_handshake(self):
+        d = client.connect("elvin:/secure/router.test:2917", reactor=self.reactor,
+                           timeout=10)
+        self.pump()
+        first = self.first_packet()
+        self.assertEqual(first[4:8], b"\x00\x00\x00\x31")        # ConnRqst
+        d.cancel()
+        self.failureResultOf(d)
+
+    def test_unotify_after_the_handshake(self):
+        d = client.unotify("elvin:/secure/router.test:2917", {"a": 1}, reactor=self.reactor)
+        self.pump()
+        first = self.first_packet()
+        self.assertEqual(first[4:8], b"\x00\x00\x00\x20")        # UNotify
+        self.pump(40)
+        self.successResultOf(d)
+
+    def test_aio_first_write_waits(self):
+        """The asyncio flavour (and so the blocking one): asyncio calls
+        ``connection_made`` once the handshake has ended; the first write
+        comes TLS_FIRST_PACKET_DELAY later."""
+        import asyncio
+        from elvin import aio
+        from elvin.clientcore.lifecycle import TLS_FIRST_PACKET_DELAY
+        from elvin.protocols import packets
+        loop = asyncio.new_event_loop()
+        self.addCleanup(loop.close)
+        for secure in (True, False):
+            conn = aio.Connection(ElvinURI("elvin:/secure/router.test:2917"), loop)
+            writes = []
+
+            class Transport(asyncio.Transport):
+                def get_extra_info(self, name, default=None):
+                    return object() if name == "ssl_object" and secure else default
+
+                def write(self, data):
+                    writes.append(data)
+
+                def is_closing(self):
+                    return False
+
+            proto = aio._Protocol(conn, conn._generation)
+            proto.connection_made(Transport())
+            proto.send(packets.TestConn())
+            loop.run_until_complete(asyncio.sleep(0))
+            self.assertEqual(len(writes), 0 if secure else 1)
+            loop.run_until_complete(asyncio.sleep(TLS_FIRST_PACKET_DELAY))
+            self.assertEqual(len(writes), 1)
+            proto.send(packets.TestConn())          # only the first waits
+            loop.run_until_complete(asyncio.sleep(0))
+            self.assertEqual(len(writes), 2)
+
+
 class TapTLSTests(unittest.TestCase):
     """``twistd elvin`` with TLS listeners."""
 
