@@ -732,9 +732,20 @@ def _connect_error(connection: Connection, cause: BaseException,
         text = messages.handshake_lost(target, connection.problem, connection.first_bytes,
                                        cause)
         return ConnectFailed(text, cause.reason, cause.disconn_args)
+    return _dial_error(target, cause)
+
+
+def _dial_error(target: ElvinURI, cause: BaseException) -> BaseException:
+    """ConnectFailed, in ``connect``'s words, for a channel to ``target``
+    that could not be opened (``cause``: what ``_open`` raised)."""
+    if isinstance(cause, ConnectFailed):
+        return cause
     if isinstance(cause, ssl.SSLError):
         return ConnectFailed(messages.tls_failed(
             target, getattr(cause, "verify_message", None) or cause.reason or str(cause)))
+    if target.is_secure and isinstance(cause, (ConnectionResetError, ConnectionAbortedError)):
+        # The peer hung up on the ClientHello: e.g. a plain listener.
+        return ConnectFailed(messages.tls_failed(target, str(cause)))
     if isinstance(cause, ConnectionRefusedError):
         kind: Optional[str] = "refused"
     elif isinstance(cause, socket.gaierror):
@@ -915,12 +926,20 @@ async def _connect_discovered(scope: Optional[str], discoverer: Any, discovery_t
 
 
 class _Raw(asyncio.Protocol):
-    """A stream channel that only sends (``unotify``)."""
+    """A stream channel that only sends (``unotify``): what the peer sent
+    first, and why the channel ended, for the error if it ends first."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.done: "asyncio.Future[None]" = loop.create_future()
+        self.first_bytes: Optional[bytes] = None
+        self.lost = ""
+
+    def data_received(self, data: bytes) -> None:
+        if self.first_bytes is None:
+            self.first_bytes = bytes(data[:16])
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
+        self.lost = str(exc) if exc else ""
         _settle(self.done)
 
 
@@ -931,7 +950,10 @@ async def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
                   tls_certificate: Optional[str] = None, tls_key: Optional[str] = None,
                   tls_hostname: Optional[str] = None) -> None:
     """Send one session-less notification (UNotify). Over
-    ``udp,none,xdr`` it is one datagram and nothing confirms it arrived."""
+    ``udp,none,xdr`` it is one datagram and nothing confirms it arrived.
+    Fails with ``ConnectFailed``, in ``connect``'s words, when the channel
+    cannot be opened (TLS handshake included), or the peer answers or
+    hangs up before the client does."""
     target = ElvinURI(uri) if not isinstance(uri, ElvinURI) else uri
     packet = packets.UNotify(4, 0, normalise(attributes), deliver_insecure, keys or packets.Keys.EMPTY)
     data = packets.encode(packet)
@@ -945,11 +967,20 @@ async def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
             transport.close()
         return
     raw = _Raw(loop)
-    transport, _ = await _open(target, loop, lambda: raw, tls, tls_ca, tls_certificate,
-                               tls_key, tls_hostname)
+    try:
+        transport, _ = await _open(target, loop, lambda: raw, tls, tls_ca, tls_certificate,
+                                   tls_key, tls_hostname)
+    except (OSError, asyncio.TimeoutError) as e:   # ssl.SSLError is an OSError
+        raise _dial_error(target, e) from e
     if transport.get_extra_info("ssl_object") is not None:
         await asyncio.sleep(TLS_FIRST_PACKET_DELAY)
     transport.write(len(data).to_bytes(4, "big") + data)
     await asyncio.sleep(UNOTIFY_LINGER)
+    if raw.done.done() or raw.first_bytes is not None:
+        # The peer answered or hung up first: no Elvin router does either.
+        transport.abort()
+        raise ConnectFailed(messages.unotify_lost(
+            target, "not_elvin" if raw.first_bytes else None, raw.first_bytes, raw.lost,
+            True))
     transport.close()
     await raw.done

@@ -314,6 +314,8 @@ class Connection(LifecycleView, ClientState):
         #: for a message that says what the server at ``uri`` really is.
         self.first_bytes = None
         self.problem = None
+        #: Why a bare channel (``unotify``) ended, if not cleanly.
+        self.lost_detail = ""
         #: TLS arguments for the endpoint, kept to follow a redirection.
         self._tls_args = {}
         #: ``connect(..., failover=True)``: when our router is gone, ask
@@ -450,12 +452,13 @@ class Connection(LifecycleView, ClientState):
         if proto is not None and proto is not self.protocol:
             return                        # a channel already replaced
         self.protocol = None
-        if self.lifecycle.phase is Phase.IDLE:
-            self._finish()                # a bare channel (unotify)
-            return
         why = ""
         if hasattr(reason, "check") and not reason.check(error.ConnectionDone):
-            why = reason.getErrorMessage()  # e.g. a TLS verification failure
+            why = _loss_text(reason.value)  # e.g. a TLS verification failure
+        if self.lifecycle.phase is Phase.IDLE:
+            self.lost_detail = why
+            self._finish()                # a bare channel (unotify)
+            return
         self.lifecycle.channel_lost(why)
 
     # -- requests ------------------------------------------------------------
@@ -848,6 +851,30 @@ def _cannot_connect(uri, error_value):
     return messages.cannot_connect(uri, error_value, kind)
 
 
+def _loss_text(value):
+    """Why a channel was lost, in words: pyOpenSSL's errors are lists of
+    (library, function, reason) tuples, service_identity's a list of
+    mismatches."""
+    from OpenSSL import SSL
+    if isinstance(value, SSL.Error) and not isinstance(value, SSL.SysCallError) \
+            and value.args and isinstance(value.args[0], list) and value.args[0]:
+        return "; ".join(str(entry[-1]) for entry in value.args[0])
+    mismatches = getattr(value, "errors", None)
+    if type(value).__name__ == "VerificationError" and mismatches:
+        names = ", ".join(repr(_mismatched_name(m)) for m in mismatches)
+        return f"certificate name mismatch: the certificate does not name {names}"
+    return str(value) or type(value).__name__
+
+
+def _mismatched_name(mismatch):
+    wanted = getattr(mismatch, "mismatched_id", None)
+    for field in ("hostname", "ip", "pattern"):
+        name = getattr(wanted, field, None)
+        if name is not None:
+            return name.decode("ascii", "replace") if isinstance(name, bytes) else str(name)
+    return str(wanted)
+
+
 def _handshake_lost(uri, connection, closed):
     """A sentence for a channel that ended before ConnRply."""
     return messages.handshake_lost(uri, connection.problem, connection.first_bytes, closed)
@@ -919,7 +946,10 @@ def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
     """Send one session-less notification (UNotify) and close the channel.
 
     Over ``udp,none,xdr`` it is one datagram, and nothing confirms that
-    the router received it. TLS arguments as for ``connect``.
+    the router received it. TLS arguments as for ``connect``. Fails with
+    ``ConnectFailed``, in ``connect``'s words, when the channel cannot be
+    opened, its TLS handshake fails, or the peer answers or hangs up
+    before the client does (no Elvin router does either).
     """
     if reactor is None:
         from twisted.internet import reactor
@@ -933,13 +963,26 @@ def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
         yield send_unotify(reactor, check_supported(uri), packet)
         return
     connection = Connection(uri, reactor)
-    proto = yield _endpoint(reactor, uri, _tls_args(
-        tls, tls_ca, tls_certificate, tls_key, tls_hostname)).connect(
-        _ClientFactory(connection))
+    endpoint = _endpoint(reactor, uri, _tls_args(tls, tls_ca, tls_certificate, tls_key,
+                                                 tls_hostname))
+    try:
+        proto = yield endpoint.connect(_ClientFactory(connection))
+    except Exception as e:
+        raise ConnectFailed(_cannot_connect(uri, e)) from e
+
+    def lost(sent):
+        return ConnectFailed(messages.unotify_lost(uri, connection.problem,
+                                                   connection.first_bytes,
+                                                   connection.lost_detail, sent))
     proto.send(packet)
-    yield proto.written()          # over TLS: after the handshake
+    try:
+        yield proto.written()          # over TLS: after the handshake
+    except Exception:
+        raise lost(False) from None
     # Linger before closing: a router may discard packets it has not yet
     # processed when it sees the channel close (Avis drops most UNotifys).
     yield task.deferLater(reactor, UNOTIFY_LINGER, lambda: None)
+    if connection.disconnected.called:
+        raise lost(True)               # the peer hung up, or answered, first
     proto.transport.loseConnection()
     yield connection.disconnected

@@ -9,7 +9,7 @@ from typing import Any, Optional
 from elvin.uri import ElvinURI
 
 __all__ = ["shown", "endpoint_text", "stack_hint", "cannot_connect", "handshake_lost",
-           "handshake_timeout", "tls_failed", "TLS_TRUST", "TOOLS_TLS_TRUST"]
+           "handshake_timeout", "tls_failed", "unotify_lost", "TLS_TRUST", "TOOLS_TLS_TRUST"]
 
 
 def handshake_timeout(uri: ElvinURI, timeout: float) -> str:
@@ -99,6 +99,20 @@ def handshake_lost(uri: ElvinURI, problem: Optional[str], first_bytes: Optional[
         return tls_failed(uri, detail)
     return (f"{shown(uri)} closed the connection before answering ConnRqst: is this an "
             f"Elvin router?{stack_hint(uri)}")
+
+
+def unotify_lost(uri: ElvinURI, problem: Optional[str], first_bytes: Optional[bytes],
+                 detail: str, sent: bool) -> str:
+    """A sentence for a UNotify channel that ended before the client hung
+    up (``sent``: after the UNotify was written): a failed TLS handshake,
+    or a peer that answered or closed, as no Elvin router does."""
+    if problem == "not_elvin":
+        return handshake_lost(uri, problem, first_bytes, None)
+    if uri.is_secure and detail:
+        return tls_failed(uri, detail)
+    when = "right after" if sent else "before"
+    return (f"{shown(uri)} closed the connection {when} the UNotify: is this an Elvin "
+            f"router?{stack_hint(uri)}")
 
 
 def tls_failed(uri: ElvinURI, detail: str) -> str:

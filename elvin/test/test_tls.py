@@ -94,6 +94,63 @@ class HostnameVerificationTests(RouterFixture):
                                  tls_hostname="router.test")
 
     @defer.inlineCallbacks
+    def test_unotify_to_untrusted_router_fails(self):
+        with self.assertRaises(client.ConnectFailed) as cm:
+            yield client.unotify(self.uri, {"u": 1}, tls_ca=self.certs.other_ca_path,
+                                 tls_hostname="router.test")
+        self.assertIn("TLS with elvin:4.0/ssl,none,xdr/127.0.0.1:", str(cm.exception))
+        self.assertIn("certificate verify failed", str(cm.exception))
+        self.assertEqual(self.router.stats["unotify"], 0)
+
+    @defer.inlineCallbacks
+    def test_unotify_wrong_hostname_fails(self):
+        with self.assertRaises(client.ConnectFailed) as cm:
+            yield client.unotify(self.uri, {"u": 1}, tls_ca=self.certs.ca_path)
+        self.assertIn("does not name '127.0.0.1'", str(cm.exception))
+        self.assertEqual(self.router.stats["unotify"], 0)
+
+    @defer.inlineCallbacks
+    def test_unotify_plain_to_tls_listener_fails(self):
+        plain = self.uri.replace("elvin:/ssl,none,xdr/", "elvin://")
+        with self.assertRaises(client.ConnectFailed) as cm:
+            yield client.unotify(plain, {"u": 1})
+        self.assertIn(f"{plain} closed the connection right after the UNotify",
+                      str(cm.exception))
+        self.assertIn("use elvin:/secure/", str(cm.exception))
+
+    @defer.inlineCallbacks
+    def test_unotify_tls_to_plain_listener_fails(self):
+        uri = self.listen_tcp().replace("elvin://", "elvin:/secure/")
+        with self.assertRaises(client.ConnectFailed) as cm:
+            yield client.unotify(uri, {"u": 1}, tls_ca=self.certs.ca_path,
+                                 tls_hostname="router.test")
+        self.assertIn("TLS with", str(cm.exception))
+        self.assertIn("if it is a plain listener", str(cm.exception))
+
+    def test_aio_unotify_to_untrusted_router_fails(self):
+        """``elvin.aio`` (and ``elvin.sync``) say the same, against an asyncio
+        TLS listener."""
+        import asyncio
+        import ssl as stdssl
+        from elvin import aio
+
+        async def scenario():
+            context = stdssl.SSLContext(stdssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(self.certs.server_cert, self.certs.server_key)
+            server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0,
+                                                ssl=context)
+            port = server.sockets[0].getsockname()[1]
+            try:
+                with self.assertRaises(client.ConnectFailed) as cm:
+                    await aio.unotify(f"elvin:/secure/127.0.0.1:{port}", {"u": 1},
+                                      tls_ca=self.certs.other_ca_path,
+                                      tls_hostname="router.test")
+                self.assertIn("TLS with elvin:4.0/ssl,none,xdr/127.0.0.1", str(cm.exception))
+            finally:
+                server.close()
+        asyncio.run(asyncio.wait_for(scenario(), 20))
+
+    @defer.inlineCallbacks
     def test_unotify_over_tls(self):
         conn = yield client.connect(self.uri, tls_ca=self.certs.ca_path,
                                     tls_hostname="router.test")
