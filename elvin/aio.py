@@ -948,12 +948,15 @@ async def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
                   tls: Optional[ssl.SSLContext] = None,
                   tls_ca: Union[str, bytes, None] = None,
                   tls_certificate: Optional[str] = None, tls_key: Optional[str] = None,
-                  tls_hostname: Optional[str] = None) -> None:
+                  tls_hostname: Optional[str] = None,
+                  timeout: Optional[float] = DEFAULT_CONNECT_TIMEOUT) -> None:
     """Send one session-less notification (UNotify). Over
     ``udp,none,xdr`` it is one datagram and nothing confirms it arrived.
     Fails with ``ConnectFailed``, in ``connect``'s words, when the channel
     cannot be opened (TLS handshake included), or the peer answers or
-    hangs up before the client does."""
+    hangs up before the client does. ``timeout`` (seconds; 0 or None:
+    none) bounds the connect with its TLS handshake, and then the close
+    (a channel not closed in time is aborted)."""
     target = ElvinURI(uri) if not isinstance(uri, ElvinURI) else uri
     packet = packets.UNotify(4, 0, normalise(attributes), deliver_insecure, keys or packets.Keys.EMPTY)
     data = packets.encode(packet)
@@ -968,9 +971,14 @@ async def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
         return
     raw = _Raw(loop)
     try:
-        transport, _ = await _open(target, loop, lambda: raw, tls, tls_ca, tls_certificate,
-                                   tls_key, tls_hostname)
-    except (OSError, asyncio.TimeoutError) as e:   # ssl.SSLError is an OSError
+        transport, _ = await asyncio.wait_for(
+            _open(target, loop, lambda: raw, tls, tls_ca, tls_certificate, tls_key,
+                  tls_hostname), timeout or None)
+    except asyncio.TimeoutError as e:
+        raise ConnectFailed(messages.unotify_timeout(target, timeout or 0)
+                            if target.is_secure
+                            else messages.cannot_connect(target, e, "timeout")) from None
+    except OSError as e:                           # ssl.SSLError is an OSError
         raise _dial_error(target, e) from e
     if transport.get_extra_info("ssl_object") is not None:
         await asyncio.sleep(TLS_FIRST_PACKET_DELAY)
@@ -983,4 +991,7 @@ async def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
             target, "not_elvin" if raw.first_bytes else None, raw.first_bytes, raw.lost,
             True))
     transport.close()
-    await raw.done
+    try:
+        await asyncio.wait_for(asyncio.shield(raw.done), timeout or None)
+    except asyncio.TimeoutError:
+        transport.abort()                 # the peer did not answer the close

@@ -20,6 +20,7 @@ from twisted.internet import defer, error, protocol, task
 from twisted.internet.interfaces import IHandshakeListener
 from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOProtocol
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, CancelTimer, CloseChannel,
@@ -833,13 +834,17 @@ def connect(uri: Union[str, ElvinURI, Sequence[Union[str, ElvinURI]], None] = No
     return connection
 
 
-def _abort(connection):
-    if connection.protocol is not None and connection.protocol.transport:
-        connection.protocol.transport.abortConnection()
+def _abort(connection, proto=None):
+    proto = proto or connection.protocol
+    if proto is not None and proto.transport:
+        proto.transport.abortConnection()
 
 
 def _cannot_connect(uri, error_value):
     """A sentence for a failed TCP/TLS connect to ``uri``."""
+    from elvin.protocols.httpclient import TunnelTimeout
+    if isinstance(error_value, TunnelTimeout):
+        return str(error_value)           # a whole sentence already
     if isinstance(error_value, (error.ConnectionRefusedError, ConnectionRefusedError)):
         kind = "refused"
     elif isinstance(error_value, (error.DNSLookupError,)):
@@ -942,14 +947,18 @@ def connect_discovered(scope: Optional[str] = None, discoverer: Any = None,
 def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
             deliver_insecure: bool = True, keys: Optional[packets.Keys] = None, reactor: Any = None,
             *, tls: Any = None, tls_ca: Any = None, tls_certificate: Any = None,
-            tls_key: Any = None, tls_hostname: Optional[str] = None) -> Generator[Any, Any, None]:
+            tls_key: Any = None, tls_hostname: Optional[str] = None,
+            timeout: Optional[float] = DEFAULT_CONNECT_TIMEOUT) -> Generator[Any, Any, None]:
     """Send one session-less notification (UNotify) and close the channel.
 
     Over ``udp,none,xdr`` it is one datagram, and nothing confirms that
     the router received it. TLS arguments as for ``connect``. Fails with
     ``ConnectFailed``, in ``connect``'s words, when the channel cannot be
     opened, its TLS handshake fails, or the peer answers or hangs up
-    before the client does (no Elvin router does either).
+    before the client does (no Elvin router does either). ``timeout``
+    (seconds, default 10; 0 or None: none) bounds the connect, the TLS
+    handshake (or the HTTP session's opening) and, after that, the close:
+    a channel that does not close in time is aborted.
     """
     if reactor is None:
         from twisted.internet import reactor
@@ -963,9 +972,21 @@ def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
         yield send_unotify(reactor, check_supported(uri), packet)
         return
     connection = Connection(uri, reactor)
-    endpoint = _endpoint(reactor, uri, _tls_args(tls, tls_ca, tls_certificate, tls_key,
-                                                 tls_hostname))
+    tls_args = _tls_args(tls, tls_ca, tls_certificate, tls_key, tls_hostname)
+    if timeout:
+        tls_args["timeout"] = timeout
+    endpoint = _endpoint(reactor, uri, tls_args)
+    deadline = reactor.seconds() + timeout if timeout else None
+
+    def bounded(d, text):
+        """``d``, cancelled at the deadline and then failing with ``text``."""
+        if deadline is not None:
+            d.addTimeout(max(0.0, deadline - reactor.seconds()), reactor,
+                         onTimeoutCancel=lambda result, t: Failure(ConnectFailed(text)))
+        return d
     try:
+        # The endpoint bounds this itself (the TCP connect, the HTTP POST
+        # that opens a session).
         proto = yield endpoint.connect(_ClientFactory(connection))
     except Exception as e:
         raise ConnectFailed(_cannot_connect(uri, e)) from e
@@ -976,7 +997,13 @@ def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
                                                    connection.lost_detail, sent))
     proto.send(packet)
     try:
-        yield proto.written()          # over TLS: after the handshake
+        # Over TLS: after the handshake.
+        yield bounded(proto.written(), messages.unotify_timeout(uri, timeout or 0))
+    except ConnectFailed:
+        _abort(connection, proto)
+        if connection.disconnected.called:
+            raise lost(False) from None
+        raise
     except Exception:
         raise lost(False) from None
     # Linger before closing: a router may discard packets it has not yet
@@ -985,4 +1012,10 @@ def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
     if connection.disconnected.called:
         raise lost(True)               # the peer hung up, or answered, first
     proto.transport.loseConnection()
+    if timeout:
+        # A polite close waits for the peer (TLS close_notify, the HTTP
+        # DELETE): at most ``timeout`` seconds more.
+        closing = reactor.callLater(timeout, _abort, connection, proto)
+        connection.disconnected.addBoth(
+            lambda result: closing.cancel() if closing.active() else None)
     yield connection.disconnected

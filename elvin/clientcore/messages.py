@@ -9,7 +9,7 @@ from typing import Any, Optional
 from elvin.uri import ElvinURI
 
 __all__ = ["shown", "endpoint_text", "stack_hint", "cannot_connect", "handshake_lost",
-           "handshake_timeout", "tls_failed", "unotify_lost", "TLS_TRUST", "TOOLS_TLS_TRUST"]
+           "handshake_timeout", "tls_failed", "unotify_lost", "unotify_timeout", "no_http_response", "TLS_TRUST", "TOOLS_TLS_TRUST"]
 
 
 def handshake_timeout(uri: ElvinURI, timeout: float) -> str:
@@ -58,11 +58,16 @@ def cannot_connect(uri: ElvinURI, error_value: BaseException, kind: Optional[str
         # text is their repr; say what they mean.
         detail = "; ".join(r.getErrorMessage() if hasattr(r, "getErrorMessage") else str(r)
                            for r in reasons)
-        hint = (f" (if it is a plain listener, use elvin://{endpoint_text(uri)})"
-                if uri.protocol[0] == "http" else "")
-        return (f"{shown(uri)}: no HTTP response ({detail}): is this an Elvin HTTP "
-                f"tunnel listener?{hint}")
+        return no_http_response(uri, detail)
     return f"{shown(uri)}: cannot connect: {error_value or type(error_value).__name__}"
+
+
+def no_http_response(uri: ElvinURI, detail: str) -> str:
+    """The HTTP server at ``uri`` did not answer (``detail``: how)."""
+    hint = (f" (if it is a plain listener, use elvin://{endpoint_text(uri)})"
+            if uri.protocol[0] == "http" else "")
+    return (f"{shown(uri)}: no HTTP response ({detail}): is this an Elvin HTTP "
+            f"tunnel listener?{hint}")
 
 
 def http_proxy(uri: ElvinURI) -> Optional[str]:
@@ -113,6 +118,13 @@ def unotify_lost(uri: ElvinURI, problem: Optional[str], first_bytes: Optional[by
     when = "right after" if sent else "before"
     return (f"{shown(uri)} closed the connection {when} the UNotify: is this an Elvin "
             f"router?{stack_hint(uri)}")
+
+
+def unotify_timeout(uri: ElvinURI, timeout: float) -> str:
+    """A UNotify channel opened, but could not carry the UNotify within
+    ``timeout`` seconds (its TLS handshake did not end)."""
+    return (f"{shown(uri)} accepted the connection but did not finish the TLS handshake "
+            f"within {timeout:g} s: is this an Elvin TLS listener?{stack_hint(uri)}")
 
 
 def tls_failed(uri: ElvinURI, detail: str) -> str:

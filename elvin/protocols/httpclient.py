@@ -19,6 +19,9 @@ very same framed protocol over HTTP as over TCP::
 * ``loseConnection`` flushes pending POSTs, then DELETEs the session;
   ``abortConnection`` DELETEs at once. Either way every HTTP connection is
   closed before the protocol's ``connectionLost`` is called.
+* ``connect`` fails with :class:`TunnelTimeout` when the POST that opens
+  the session has no answer (status and body) within the endpoint's
+  ``timeout``: a server that accepts and stays silent.
 
 URI options of the http module: ``mode=stream`` (default) or ``mode=poll``
 (each GET ends after carrying some packets -- for proxies that buffer
@@ -38,7 +41,8 @@ from zope.interface import implementer
 
 from elvin.protocols.httptunnel import CONTENT_TYPE, POLL, SESSION_PATH, STREAM
 
-__all__ = ["HTTPTunnelEndpoint", "HTTPTunnelTransport", "TunnelError", "POST_RETRIES"]
+__all__ = ["HTTPTunnelEndpoint", "HTTPTunnelTransport", "TunnelError", "TunnelTimeout",
+           "POST_RETRIES"]
 
 #: Times a POST is resent after a network failure before giving up.
 POST_RETRIES = 2
@@ -56,6 +60,11 @@ _RETRYABLE = (client.ResponseNeverReceived, client.RequestTransmissionFailed,
 
 class TunnelError(error.ConnectionLost):
     """The HTTP tunnel failed (unexpected status, network error)."""
+
+
+class TunnelTimeout(Exception):
+    """No answer to the POST that opens a tunnelled session in time; its
+    text is the whole sentence."""
 
 
 @implementer(IBodyProducer)
@@ -121,15 +130,30 @@ class HTTPTunnelEndpoint:
         return client.Agent(self.reactor, connectTimeout=self.timeout, pool=pool)
 
     @defer.inlineCallbacks
+    def _open_session(self, agent):
+        """The POST that opens a session: (response, body)."""
+        response = yield agent.request(
+            b"POST", self.base_url, Headers({b"content-type": [CONTENT_TYPE]}),
+            _Bytes(b""))
+        body = yield client.readBody(response)
+        return response, body
+
+    def _no_answer(self, result, timeout):
+        from elvin.clientcore.messages import no_http_response
+        return failure.Failure(TunnelTimeout(
+            no_http_response(self.uri, f"none within {timeout:g} s")))
+
+    @defer.inlineCallbacks
     def connect(self, factory):
         pool = client.HTTPConnectionPool(self.reactor, persistent=True)
         pool.retryAutomatically = False
         agent = self._agent(pool)
         try:
-            response = yield agent.request(
-                b"POST", self.base_url, Headers({b"content-type": [CONTENT_TYPE]}),
-                _Bytes(b""))
-            body = yield client.readBody(response)
+            opened = self._open_session(agent)
+            if self.timeout:
+                opened.addTimeout(self.timeout, self.reactor,
+                                  onTimeoutCancel=self._no_answer)
+            response, body = yield opened
             if response.code != http.CREATED:
                 raise TunnelError(f"{self.uri}: router refused the HTTP session "
                                   f"({response.code} {response.phrase.decode('latin-1')}"

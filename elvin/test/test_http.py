@@ -258,6 +258,30 @@ class HTTPWireTests(RouterFixture):
                           ElvinURI("elvin:/http,none,xdr/h:1;mode=sometimes"))
 
 
+class HTTPSilentServerTests(RouterFixture):
+    """A server that accepts and never answers: ``timeout`` bounds opening
+    the tunnel (docs/router.md, "Never hanging")."""
+
+    @defer.inlineCallbacks
+    def test_connect_times_out(self):
+        uri = f"elvin:/http,none,xdr/127.0.0.1:{self.listen_silent()}"
+        for mode in ("", ";mode=poll"):
+            started = reactor.seconds()
+            with self.assertRaises(client.ConnectFailed) as cm:
+                yield client.connect(uri + mode, timeout=0.5)
+            self.assertLess(reactor.seconds() - started, 5)
+            self.assertIn("no HTTP response (none within 0.5 s)", str(cm.exception))
+
+    @defer.inlineCallbacks
+    def test_unotify_times_out(self):
+        uri = f"elvin:/http,none,xdr/127.0.0.1:{self.listen_silent()}"
+        started = reactor.seconds()
+        with self.assertRaises(client.ConnectFailed) as cm:
+            yield client.unotify(uri, {"a": 1}, timeout=0.5)
+        self.assertLess(reactor.seconds() - started, 5)
+        self.assertIn("no HTTP response (none within 0.5 s)", str(cm.exception))
+
+
 class HTTPProxyTests(RouterFixture):
     """The client reaches the router through an HTTP proxy."""
 

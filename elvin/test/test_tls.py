@@ -1,7 +1,7 @@
 """TLS transport: ssl,none,xdr (alias secure) and tcp,ssl,xdr on 127.0.0.1,
 with throwaway certificates from trustme."""
 
-from twisted.internet import defer, ssl
+from twisted.internet import defer, reactor, ssl
 from twisted.trial import unittest
 
 from elvin import client, config
@@ -149,6 +149,32 @@ class HostnameVerificationTests(RouterFixture):
             finally:
                 server.close()
         asyncio.run(asyncio.wait_for(scenario(), 20))
+
+    @defer.inlineCallbacks
+    def test_unotify_times_out_on_a_silent_server(self):
+        uri = f"elvin:/secure/127.0.0.1:{self.listen_silent()}"
+        started = reactor.seconds()
+        with self.assertRaises(client.ConnectFailed) as cm:
+            yield client.unotify(uri, {"u": 1}, tls_ca=self.certs.ca_path, timeout=0.5)
+        self.assertLess(reactor.seconds() - started, 5)
+        self.assertIn("did not finish the TLS handshake within 0.5 s", str(cm.exception))
+
+    def test_aio_unotify_times_out_on_a_silent_server(self):
+        import asyncio
+        from elvin import aio
+
+        async def scenario():
+            server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+            port = server.sockets[0].getsockname()[1]
+            try:
+                with self.assertRaises(client.ConnectFailed) as cm:
+                    await aio.unotify(f"elvin:/secure/127.0.0.1:{port}", {"u": 1},
+                                      tls_ca=self.certs.ca_path, timeout=0.5)
+                self.assertIn("did not finish the TLS handshake within 0.5 s",
+                              str(cm.exception))
+            finally:
+                server.close()
+        asyncio.run(asyncio.wait_for(scenario(), 5))
 
     @defer.inlineCallbacks
     def test_unotify_over_tls(self):

@@ -306,6 +306,20 @@ class NotifyTests(ToolTestCase):
         self.assertEqual(self.router.stats["unotify"], 0)
 
     @defer.inlineCallbacks
+    def test_unreliable_timeout(self):
+        """-t bounds -u too: a server that accepts and never finishes the
+        TLS handshake ends the tool in about -t seconds."""
+        silent = reactor.listenTCP(0, protocol.Factory.forProtocol(protocol.Protocol),
+                                   interface="127.0.0.1")
+        self.addCleanup(silent.stopListening)
+        uri = f"elvin:/secure/127.0.0.1:{silent.getHost().port}"
+        started = reactor.seconds()
+        out, err, code = yield self.tool("notify", "-e", uri, "-u", "-t", "1", "A: 1")
+        self.assertEqual(code, 1, err)
+        self.assertIn(b"did not finish the TLS handshake within 1 s", err)
+        self.assertLess(reactor.seconds() - started, 8)
+
+    @defer.inlineCallbacks
     def test_follows_a_drained_routers_redirection(self):
         """A drained router answers ConnRqst, then redirects: elvin-notify
         goes with it and the notification reaches the other router (in
