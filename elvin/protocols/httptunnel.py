@@ -437,6 +437,16 @@ class SessionResource(resource.Resource):
         tunnel.attach(request, mode.decode("ascii"))
         return server.NOT_DONE_YET
 
+    def render_HEAD(self, request):
+        """Refused (405): twisted.web would answer HEAD with render_GET,
+        attaching it as the session's GET, so that the packets it carried
+        (in headers-only responses, nowhere) were lost."""
+        if self._tunnel(request) is None:
+            return b""
+        request.setResponseCode(http.NOT_ALLOWED)
+        request.setHeader(b"allow", b"GET, POST, DELETE")
+        return b""
+
     def render_DELETE(self, request):
         tunnel = self._tunnel(request)
         if tunnel is None:

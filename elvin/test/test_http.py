@@ -187,6 +187,25 @@ class HTTPWireTests(RouterFixture):
         self.assertEqual(response.code, 404)
 
     @defer.inlineCallbacks
+    def test_head_takes_no_packets(self):
+        """HEAD is refused; the ConnRply waiting in the session's queue is
+        still there for the next GET (twisted.web answered HEAD as a GET,
+        attaching it, and the packets it took went nowhere)."""
+        url = yield self.open_session()
+        connrqst = frame(elvin_packets.encode(elvin_packets.ConnRqst(1, 4, 0)))
+        response, _ = yield self.request(b"POST", url + b"?seq=1", connrqst)
+        self.assertEqual(response.code, 204)
+        for query in (b"?mode=poll", b""):
+            response, _ = yield self.request(b"HEAD", url + query)
+            self.assertEqual(response.code, 405)
+            self.assertEqual(response.headers.getRawHeaders(b"allow"),
+                             [b"GET, POST, DELETE"])
+        response, _ = yield self.request(b"HEAD", self.base + b"/nope")
+        self.assertEqual(response.code, 404)
+        response, data = yield self.request(b"GET", url + b"?mode=poll")
+        self.assertEqual([type(p) for p in unframe(data)], [elvin_packets.ConnRply])
+
+    @defer.inlineCallbacks
     def test_seq_resend_ignored_and_gap_refused(self):
         url = yield self.open_session()
         connrqst = frame(elvin_packets.encode(elvin_packets.ConnRqst(1, 4, 0)))
