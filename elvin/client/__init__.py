@@ -455,7 +455,8 @@ class Connection(LifecycleView, ClientState):
         self.protocol = None
         why = ""
         if hasattr(reason, "check") and not reason.check(error.ConnectionDone):
-            why = _loss_text(reason.value)  # e.g. a TLS verification failure
+            from elvin.protocols.tls import failure_text
+            why = failure_text(reason.value)  # e.g. a TLS verification failure
         if self.lifecycle.phase is Phase.IDLE:
             self.lost_detail = why
             self._finish()                # a bare channel (unotify)
@@ -854,30 +855,6 @@ def _cannot_connect(uri, error_value):
     else:
         kind = None
     return messages.cannot_connect(uri, error_value, kind)
-
-
-def _loss_text(value):
-    """Why a channel was lost, in words: pyOpenSSL's errors are lists of
-    (library, function, reason) tuples, service_identity's a list of
-    mismatches."""
-    from OpenSSL import SSL
-    if isinstance(value, SSL.Error) and not isinstance(value, SSL.SysCallError) \
-            and value.args and isinstance(value.args[0], list) and value.args[0]:
-        return "; ".join(str(entry[-1]) for entry in value.args[0])
-    mismatches = getattr(value, "errors", None)
-    if type(value).__name__ == "VerificationError" and mismatches:
-        names = ", ".join(repr(_mismatched_name(m)) for m in mismatches)
-        return f"certificate name mismatch: the certificate does not name {names}"
-    return str(value) or type(value).__name__
-
-
-def _mismatched_name(mismatch):
-    wanted = getattr(mismatch, "mismatched_id", None)
-    for field in ("hostname", "ip", "pattern"):
-        name = getattr(wanted, field, None)
-        if name is not None:
-            return name.decode("ascii", "replace") if isinstance(name, bytes) else str(name)
-    return str(wanted)
 
 
 def _handshake_lost(uri, connection, closed):

@@ -42,7 +42,7 @@ from elvin.configvalues import ConfigError
 
 __all__ = ["TLSConfigError", "MINIMUM_VERSION", "load_certificates",
            "load_private_certificate", "server_options", "server_options_from_config",
-           "client_options", "ServerTLSOptions"]
+           "client_options", "ServerTLSOptions", "failure_text", "looks_like_tls"]
 
 #: The lowest TLS version either side will negotiate.
 MINIMUM_VERSION = ssl.TLSVersion.TLSv1_2
@@ -189,8 +189,16 @@ def _openssl_error(e):
         return SSL.ZeroReturnError()
     if isinstance(e, stdssl.SSLEOFError):
         return SSL.SysCallError(-1, "Unexpected EOF")
-    reason = getattr(e, "verify_message", None) or e.reason or str(e)
-    return SSL.Error([(e.library or "SSL routines", "", str(reason).lower())])
+    return SSL.Error([(e.library or "SSL routines", "", _ssl_reason(e))])
+
+
+def _ssl_reason(e):
+    """An ``ssl.SSLError`` in words: "certificate verify failed: unable to
+    get local issuer certificate", not "[SSL: ...] ... (_ssl.c:1006)"."""
+    text = str(e.args[1]) if len(e.args) > 1 else str(e)
+    text = re.sub(r"^\[[A-Z0-9_: ]+\] ", "", text)
+    text = re.sub(r" \(_ssl\.c:\d+\)$", "", text)
+    return text or (e.reason or type(e).__name__).lower().replace("_", " ")
 
 
 class _ServerConnection:
@@ -320,3 +328,34 @@ def client_options(hostname, ca=None, certificate=None, key=None):
                 extra["extraCertChain"] = [c.original for c in chain]
     return ssl.optionsForClientTLS(hostname, _trust_root(ca), client_cert,
                                    extraCertificateOptions=extra)
+
+
+def failure_text(value):
+    """Why a TLS (or any) channel was lost, in words: pyOpenSSL's errors
+    are lists of (library, function, reason) tuples, service_identity's a
+    list of mismatches."""
+    if isinstance(value, SSL.Error) and not isinstance(value, SSL.SysCallError) \
+            and value.args and isinstance(value.args[0], list) and value.args[0]:
+        return "; ".join(str(entry[-1]) for entry in value.args[0])
+    mismatches = getattr(value, "errors", None)
+    if type(value).__name__ == "VerificationError" and mismatches:
+        names = ", ".join(repr(_mismatched_name(m)) for m in mismatches)
+        return f"certificate name mismatch: the certificate does not name {names}"
+    return str(value) or type(value).__name__
+
+
+def _mismatched_name(mismatch):
+    wanted = getattr(mismatch, "mismatched_id", None)
+    for field in ("hostname", "ip", "pattern"):
+        name = getattr(wanted, field, None)
+        if name is not None:
+            return name.decode("ascii", "replace") if isinstance(name, bytes) else str(name)
+    return str(wanted)
+
+
+def looks_like_tls(first_bytes):
+    """Do these first bytes of a stream begin a TLS record (a handshake or
+    an alert, TLS 1.x)? A TLS client on a plain Elvin port sends them; read
+    as an Elvin frame header they announce a length of hundreds of MB."""
+    return (len(first_bytes) >= 2 and first_bytes[0] in (0x15, 0x16)
+            and first_bytes[1] == 0x03)
