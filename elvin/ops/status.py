@@ -164,6 +164,8 @@ def _udp_totals(listeners: Iterable["UdpCounters"]) -> dict[str, int]:
     """Every UDP listener's datagram counters summed (docs/protocols.md)."""
     listeners = list(listeners)
     return {"accepted": sum(c["accepted"] for c in listeners),
+            "incompatible": sum(c["incompatible"] for c in listeners),
+            "rejected": sum(c["rejected"] for c in listeners),
             "oversize": sum(c["oversize"] for c in listeners),
             "malformed": sum(c["malformed"] for c in listeners),
             "unexpected": sum(c["unexpected"] for c in listeners)}
