@@ -23,8 +23,12 @@ __all__ = ["snapshot", "transport_of", "filter_text"]
 
 
 def transport_of(session: "ClientSession") -> str:
-    """Which transport a client session came by: tcp, tls, http or udp."""
+    """Which transport a client session came by: tcp, tls, http or udp
+    (an output may say so itself, as ``transport_kind``)."""
     output = session.output
+    said = getattr(output, "transport_kind", None)
+    if isinstance(said, str):
+        return said
     kind = type(output).__name__.lower()
     if "http" in kind:
         return "http"

@@ -304,6 +304,9 @@ class TunnelServerProtocol(ElvinServerProtocol):
     would. Paused by the attached GET's connection, it is not idle.
     """
 
+    #: What ``elvin.ops.status.transport_of`` reports for its session.
+    transport_kind = "http"
+
     def is_idle(self):
         return not self.queue and (not self.paused or self.transport.down is None)
 

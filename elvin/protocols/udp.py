@@ -53,6 +53,8 @@ MAX_UDP_PAYLOAD = 65507
 class _SilentOutput(SessionOutput):
     """The output of a datagram session: nothing ever goes back."""
 
+    transport_kind = "udp"
+
     def __init__(self, counters):
         self.counters = counters
 

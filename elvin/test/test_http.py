@@ -49,6 +49,16 @@ class HTTPStreamTests(HTTPFixture, PubSubScenarios):
         self.assertEqual(self.router.sessions, set())
 
     @defer.inlineCallbacks
+    def test_sessions_counted_as_http(self):
+        """status.json's connections_by_transport and /metrics'
+        elvin_connections count a tunnelled session as http, not tcp."""
+        from elvin.ops.status import snapshot, transport_of
+        yield self.open()
+        self.assertEqual([transport_of(s) for s in self.router.sessions], ["http"])
+        totals = snapshot(self.router, started=0)["totals"]
+        self.assertEqual(totals["connections_by_transport"], {"http": 1})
+
+    @defer.inlineCallbacks
     def test_abort_deletes_session(self):
         conn = yield self.open()
         conn.protocol.transport.abortConnection()
