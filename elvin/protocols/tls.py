@@ -76,7 +76,8 @@ def load_certificates(source, setting="tls-ca"):
     try:
         return [ssl.Certificate.loadPEM(block) for block in blocks]
     except (crypto.Error, ValueError) as e:
-        raise TLSConfigError(f"{setting}: bad certificate in {name}: {e}") from None
+        raise TLSConfigError(f"{setting}: bad certificate in {name}: "
+                             f"{failure_text(e)}") from None
 
 
 def load_private_certificate(certificate, key=None, cert_setting="tls-certificate",
@@ -85,7 +86,8 @@ def load_private_certificate(certificate, key=None, cert_setting="tls-certificat
 
     ``certificate`` holds the leaf certificate first, then any intermediate
     certificates; ``key`` holds its private key (unencrypted PEM) and
-    defaults to ``certificate`` (one file with both).
+    defaults to ``certificate`` (one file with both). An encrypted key is
+    refused, never prompted for.
     """
     certs = load_certificates(certificate, cert_setting)
     if key is None:
@@ -99,17 +101,36 @@ def load_private_certificate(certificate, key=None, cert_setting="tls-certificat
             key_setting = cert_setting
         raise TLSConfigError(f"{key_setting}: no unencrypted PEM private key in "
                              f"{key_name}{hint}")
+    block = match.group(0)
     try:
-        pair = ssl.KeyPair.load(match.group(0), crypto.FILETYPE_PEM)
+        if b"ENCRYPTED" in block.split(b"-----", 3)[1] or b"Proc-Type: 4,ENCRYPTED" in block:
+            raise _Encrypted()
+        # A passphrase callback that refuses: OpenSSL's own would prompt
+        # on a terminal.
+        pair = ssl.KeyPair(crypto.load_privatekey(crypto.FILETYPE_PEM, block,
+                                                  passphrase=_refuse_passphrase))
+    except _Encrypted:
+        raise TLSConfigError(f"{key_setting}: the private key in {key_name} is encrypted, "
+                             "and encrypted keys are not supported: give the router an "
+                             "unencrypted copy that only it can read (openssl pkey -in "
+                             "KEY -out PLAIN)") from None
     except (crypto.Error, ValueError, TypeError) as e:
         raise TLSConfigError(f"{key_setting}: cannot load the private key in "
-                             f"{key_name}: {e}") from None
+                             f"{key_name}: {failure_text(e)}") from None
     try:
         leaf = ssl.PrivateCertificate.fromCertificateAndKeyPair(certs[0], pair)
     except error.VerifyError:
         raise TLSConfigError(f"{key_setting}: the private key in {key_name} does not "
                              f"match the certificate in {cert_setting}") from None
     return leaf, certs[1:]
+
+
+class _Encrypted(Exception):
+    """A private key wants a passphrase."""
+
+
+def _refuse_passphrase(*args):
+    raise _Encrypted()
 
 
 def server_options(certificate, key=None, ca=None, require_authenticated=False):
@@ -334,7 +355,7 @@ def failure_text(value):
     """Why a TLS (or any) channel was lost, in words: pyOpenSSL's errors
     are lists of (library, function, reason) tuples, service_identity's a
     list of mismatches."""
-    if isinstance(value, SSL.Error) and not isinstance(value, SSL.SysCallError) \
+    if isinstance(value, (SSL.Error, crypto.Error)) and not isinstance(value, SSL.SysCallError) \
             and value.args and isinstance(value.args[0], list) and value.args[0]:
         return "; ".join(str(entry[-1]) for entry in value.args[0])
     mismatches = getattr(value, "errors", None)

@@ -277,6 +277,22 @@ class TLSConfigTests(unittest.TestCase):
         self.assertIn("tls-certificate", str(cm.exception))
         self.assertIn(".nope", str(cm.exception))
 
+    def test_encrypted_key_refused_without_a_prompt(self):
+        """Both PEM forms of an encrypted key: one line naming the setting
+        and the file, never OpenSSL's "Enter PEM pass phrase:"."""
+        from cryptography.hazmat.primitives import serialization
+        with open(self.certs.server_key, "rb") as f:
+            key = serialization.load_pem_private_key(f.read(), None)
+        for form in (serialization.PrivateFormat.PKCS8,
+                     serialization.PrivateFormat.TraditionalOpenSSL):
+            path = self.certs._write("encrypted.key", key.private_bytes(
+                serialization.Encoding.PEM, form,
+                serialization.BestAvailableEncryption(b"secret")))
+            with self.assertRaises(tls.TLSConfigError) as cm:
+                tls.server_options(self.certs.server_cert, path)
+            self.assertEqual(str(cm.exception).count("\n"), 0)
+            self.assertIn(f"tls-key: the private key in {path} is encrypted", str(cm.exception))
+
     def test_mismatched_key(self):
         other = Certificates(self.mktemp())
         with self.assertRaises(tls.TLSConfigError) as cm:
