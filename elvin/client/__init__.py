@@ -843,8 +843,8 @@ def _abort(connection, proto=None):
 
 def _cannot_connect(uri, error_value):
     """A sentence for a failed TCP/TLS connect to ``uri``."""
-    from elvin.protocols.httpclient import TunnelTimeout
-    if isinstance(error_value, TunnelTimeout):
+    from elvin.protocols.httpclient import TunnelRefused, TunnelTimeout
+    if isinstance(error_value, (TunnelTimeout, TunnelRefused)):
         return str(error_value)           # a whole sentence already
     if isinstance(error_value, (error.ConnectionRefusedError, ConnectionRefusedError)):
         kind = "refused"

@@ -9,7 +9,7 @@ from typing import Any, Optional
 from elvin.uri import ElvinURI
 
 __all__ = ["shown", "endpoint_text", "stack_hint", "cannot_connect", "handshake_lost",
-           "handshake_timeout", "tls_failed", "unotify_lost", "unotify_timeout", "no_http_response", "TLS_TRUST", "TOOLS_TLS_TRUST"]
+           "handshake_timeout", "tls_failed", "unotify_lost", "unotify_timeout", "no_http_response", "http_refused", "TLS_TRUST", "TOOLS_TLS_TRUST"]
 
 
 def handshake_timeout(uri: ElvinURI, timeout: float) -> str:
@@ -64,10 +64,21 @@ def cannot_connect(uri: ElvinURI, error_value: BaseException, kind: Optional[str
 
 def no_http_response(uri: ElvinURI, detail: str) -> str:
     """The HTTP server at ``uri`` did not answer (``detail``: how)."""
-    hint = (f" (if it is a plain listener, use elvin://{endpoint_text(uri)})"
-            if uri.protocol[0] == "http" else "")
     return (f"{shown(uri)}: no HTTP response ({detail}): is this an Elvin HTTP "
-            f"tunnel listener?{hint}")
+            f"tunnel listener?{_http_hint(uri)}")
+
+
+def http_refused(uri: ElvinURI, status: str, body: str) -> str:
+    """The HTTP server at ``uri`` answered the POST that opens a tunnel
+    session with ``status`` (code and phrase) and ``body`` (one line)."""
+    return (f"{shown(uri)}: the HTTP server refused to open a session ({status}"
+            f"{': ' + body if body else ''}): is this an Elvin HTTP tunnel "
+            f"listener?{_http_hint(uri)}")
+
+
+def _http_hint(uri: ElvinURI) -> str:
+    return (f" (if it is a plain listener, use elvin://{endpoint_text(uri)})"
+            if uri.protocol[0] == "http" else "")
 
 
 def http_proxy(uri: ElvinURI) -> Optional[str]:

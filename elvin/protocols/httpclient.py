@@ -29,6 +29,8 @@ responses), and ``proxy-host`` / ``proxy-port`` to go through an HTTP
 proxy (requests then carry absolute URLs, as proxies expect).
 """
 
+import re
+
 from twisted.internet import defer, endpoints, error
 from twisted.internet.address import HostnameAddress
 from twisted.internet.interfaces import IStreamClientEndpoint, ITransport
@@ -42,6 +44,7 @@ from zope.interface import implementer
 from elvin.protocols.httptunnel import CONTENT_TYPE, POLL, SESSION_PATH, STREAM
 
 __all__ = ["HTTPTunnelEndpoint", "HTTPTunnelTransport", "TunnelError", "TunnelTimeout",
+           "TunnelRefused",
            "POST_RETRIES"]
 
 #: Times a POST is resent after a network failure before giving up.
@@ -67,6 +70,14 @@ class TunnelTimeout(Exception):
     text is the whole sentence."""
 
 
+class TunnelRefused(TunnelError):
+    """The POST that opens a tunnelled session was answered with another
+    status than 201; its text is the whole sentence."""
+
+    def __str__(self):
+        return str(self.args[0])
+
+
 @implementer(IBodyProducer)
 class _Bytes:
     """An IBodyProducer for bytes already in memory."""
@@ -87,6 +98,15 @@ class _Bytes:
 
     def stopProducing(self):
         pass
+
+
+def _one_line(body, most=200):
+    """A response body for an error message: tags and line breaks out
+    (a server's HTML error page becomes its words), at most ``most``
+    characters."""
+    text = re.sub(r"<[^>]*>", " ", body[:4096].decode("latin-1"))
+    text = " ".join(text.split())
+    return text if len(text) <= most else text[:most - 3] + "..."
 
 
 def _url_host(host):
@@ -155,9 +175,10 @@ class HTTPTunnelEndpoint:
                                   onTimeoutCancel=self._no_answer)
             response, body = yield opened
             if response.code != http.CREATED:
-                raise TunnelError(f"{self.uri}: router refused the HTTP session "
-                                  f"({response.code} {response.phrase.decode('latin-1')}"
-                                  f": {body[:200].decode('latin-1').strip()})")
+                from elvin.clientcore.messages import http_refused
+                raise TunnelRefused(http_refused(
+                    self.uri, f"{response.code} {response.phrase.decode('latin-1')}",
+                    _one_line(body)))
             session_id = body.strip().decode("ascii")
         except BaseException:
             yield pool.closeCachedConnections()
@@ -299,7 +320,7 @@ class HTTPTunnelTransport:
                     self._gone = True
                     raise error.ConnectionDone("the router has ended the HTTP session")
                 raise TunnelError(f"POST to the HTTP tunnel failed: {response.code} "
-                                  f"{text[:200].decode('latin-1').strip()}")
+                                  f"{_one_line(text)}")
             return None
 
     def _posted(self, _):

@@ -311,6 +311,20 @@ class TunnelServerProtocol(ElvinServerProtocol):
         return not self.queue and (not self.paused or self.transport.down is None)
 
 
+def origin_form(target):
+    """A request target in origin form (``/path?query``): RFC 9112 3.2.2
+    says a server MUST accept the absolute-form (``http://host:port/path``),
+    which HTTP proxies forward as they received it; twisted.web would
+    look the whole URL up as a path (404)."""
+    scheme, sep, rest = target.partition(b"://")
+    if not sep or scheme.lower() not in (b"http", b"https"):
+        return target
+    cut = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i != -1),
+              default=len(rest))
+    path = rest[cut:]
+    return path if path.startswith(b"/") else b"/" + path
+
+
 class _LimitedRequest(server.Request):
     """A Request that stops storing a body past MAX_BODY bytes, and whose
     body, until it is complete, counts against the router's receive budget
@@ -346,7 +360,7 @@ class _LimitedRequest(server.Request):
 
     def requestReceived(self, command, path, version):
         self._release()      # the body is complete: it goes to its tunnel now
-        super().requestReceived(command, path, version)
+        super().requestReceived(command, origin_form(path), version)
 
     def connectionLost(self, reason):
         self._release()

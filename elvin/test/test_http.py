@@ -336,3 +336,42 @@ class HTTPProxyTests(RouterFixture):
         self.assertEqual([x["p"] for x in got], list(range(20)))
         yield consumer.close()
         yield producer.close()
+
+
+class AbsoluteFormTests(RouterFixture):
+    """RFC 9112 3.2.2: the listener accepts requests whose target is a
+    whole URL (as a pass-through HTTP proxy forwards them)."""
+
+    @defer.inlineCallbacks
+    def test_session_through_absolute_urls(self):
+        # proxy-host naming the router itself: every request the client
+        # sends carries the absolute-form, straight to the listener.
+        uri, _ = self.listen_http()
+        port = ElvinURI(uri).port
+        for mode in ("stream", "poll"):
+            self.uri = f"{uri};mode={mode};proxy-host=127.0.0.1;proxy-port={port}"
+            conn = yield self.connect()
+            got = []
+            yield conn.subscribe("require(a)", got.append)
+            conn.notify({"a": 1})
+            yield wait_until(lambda: got)
+            yield conn.close()
+
+
+class HTTPErrorTextTests(RouterFixture):
+
+    @defer.inlineCallbacks
+    def test_refusal_page_in_one_line(self):
+        """A web server that is not an Elvin tunnel answers with its HTML
+        404 page: the error says so in one line."""
+        from twisted.web import resource, server
+        port = reactor.listenTCP(0, server.Site(resource.Resource()), interface="127.0.0.1")
+        self.ports.append(port)
+        with self.assertRaises(client.ConnectFailed) as cm:
+            yield client.connect(f"elvin:/http,none,xdr/127.0.0.1:{port.getHost().port}",
+                                 timeout=5)
+        text = str(cm.exception)
+        self.assertNotIn("\n", text)
+        self.assertNotIn("<", text)
+        self.assertIn("the HTTP server refused to open a session (404 Not Found: 404 - No "
+                      "Such Resource", text)
