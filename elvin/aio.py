@@ -709,9 +709,14 @@ async def _open(uri: ElvinURI, loop: asyncio.AbstractEventLoop,
                 tls_ca: Union[str, bytes, None], tls_certificate: Optional[str],
                 tls_key: Optional[str], tls_hostname: Optional[str]) -> Any:
     if uri.transport not in ("tcp", "ssl", "tls"):
-        raise ConnectFailed(f"{uri}: elvin.aio speaks tcp and TLS stacks; "
-                            f"{','.join(uri.protocol)} is not supported here "
-                            f"(use elvin.client for HTTP)")
+        if uri.transport == "udp":
+            why = ("udp,none,xdr carries only UNotify datagrams and has no sessions "
+                   "(use unotify)")
+        else:
+            why = (f"{','.join(uri.protocol)} is not one of them (the HTTP tunnel is "
+                   "elvin.client's only)")
+        raise ConnectFailed(f"{uri}: the asyncio and blocking clients (elvin.aio, "
+                            f"elvin.sync) speak tcp and TLS stacks; {why}")
     kwargs: Dict[str, Any] = {}
     if uri.is_secure:
         kwargs["ssl"] = tls or _ssl_context(tls_ca, tls_certificate, tls_key)

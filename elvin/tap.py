@@ -161,8 +161,14 @@ def check_listeners(config):
         raise ConfigError(f"{where}{name} {value} needs TLS, but tls-certificate is not "
                           "set (the router's certificate; and tls-key unless the key is "
                           "in the same file)")
-    from elvin.protocols.tls import server_options_from_config
+    from elvin.protocols.tls import certificate_date_problem, server_options_from_config
     server_options_from_config(config)
+    problem = certificate_date_problem(config.tls_certificate)
+    if problem is not None:
+        _log.warn("{problem}", problem=problem)     # it starts: the dates may be wrong
+
+
+_log = Logger()
 
 
 def _origin(config, name, port=None):

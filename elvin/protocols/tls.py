@@ -42,7 +42,8 @@ from elvin.configvalues import ConfigError
 
 __all__ = ["TLSConfigError", "MINIMUM_VERSION", "load_certificates",
            "load_private_certificate", "server_options", "server_options_from_config",
-           "client_options", "ServerTLSOptions", "failure_text", "looks_like_tls"]
+           "client_options", "ServerTLSOptions", "failure_text", "looks_like_tls",
+           "certificate_date_problem"]
 
 #: The lowest TLS version either side will negotiate.
 MINIMUM_VERSION = ssl.TLSVersion.TLSv1_2
@@ -313,6 +314,25 @@ def server_options_from_config(config):
         return None
     return server_options(config.tls_certificate, config.tls_key, config.tls_ca,
                           config.require_authenticated)
+
+
+def certificate_date_problem(certificate, now=None):
+    """A sentence when the router's certificate (the first in
+    ``certificate``, a PEM path or bytes) has expired or is not valid yet
+    at ``now`` (an aware datetime, default now), else None: clients refuse
+    it, but it loads."""
+    import datetime
+    leaf = load_certificates(certificate, "tls-certificate")[0].original.to_cryptography()
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    name = certificate if isinstance(certificate, (str, os.PathLike)) else "<PEM data>"
+    if leaf.not_valid_after_utc < now:
+        when = f"expired on {leaf.not_valid_after_utc:%Y-%m-%d %H:%M:%S} UTC"
+    elif leaf.not_valid_before_utc > now:
+        when = f"is not valid until {leaf.not_valid_before_utc:%Y-%m-%d %H:%M:%S} UTC"
+    else:
+        return None
+    return (f"tls-certificate: the certificate in {os.fspath(name)} {when}: TLS clients "
+            "and federation peers will refuse it")
 
 
 def _trust_root(ca):

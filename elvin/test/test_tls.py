@@ -293,6 +293,25 @@ class TLSConfigTests(unittest.TestCase):
             self.assertEqual(str(cm.exception).count("\n"), 0)
             self.assertIn(f"tls-key: the private key in {path} is encrypted", str(cm.exception))
 
+    def test_expired_certificate_warned_at_start(self):
+        """It loads (the clock may be what is wrong), with a warning."""
+        import datetime
+        from twisted.logger import formatEvent, globalLogPublisher
+        from elvin.tap import check_listeners
+        ca = __import__("trustme").CA()
+        old = ca.issue_cert("router.test", not_after=datetime.datetime(2020, 1, 1))
+        path = self.certs._write("old.pem", old.private_key_and_cert_chain_pem.bytes())
+        self.assertIn(f"the certificate in {path} expired on 2020-01-01",
+                      tls.certificate_date_problem(path))
+        self.assertIsNone(tls.certificate_date_problem(self.certs.server_cert))
+        events = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        cfg = self.parse("listen = elvin:/secure/127.0.0.1:29170\n"
+                         "tls-certificate = old.pem\n")
+        check_listeners(cfg)
+        self.assertTrue(any("expired on 2020-01-01" in formatEvent(e) for e in events))
+
     def test_mismatched_key(self):
         other = Certificates(self.mktemp())
         with self.assertRaises(tls.TLSConfigError) as cm:
