@@ -140,6 +140,14 @@ def unotify_timeout(uri: ElvinURI, timeout: float) -> str:
 
 def tls_failed(uri: ElvinURI, detail: str) -> str:
     """The TLS handshake with ``uri`` failed (``detail``: how)."""
+    said = detail.lower()
+    if "alert certificate required" in said:
+        # The router refused us, not we it.
+        return (f"TLS with {shown(uri)} failed ({detail}): the router asks for a client "
+                f"certificate (tls_certificate)")
+    if "alert unknown ca" in said or "alert bad certificate" in said:
+        return (f"TLS with {shown(uri)} failed ({detail}): the router does not trust the "
+                f"client certificate: is it from a CA in the router's tls-ca?")
     return (f"TLS with {shown(uri)} failed ({detail}): is it a TLS listener, "
             f"{TLS_TRUST}, and does the certificate name "
             f"{uri.host!r}?{stack_hint(uri)}")
