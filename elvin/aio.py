@@ -40,7 +40,7 @@ from elvin.core.options import OPTIONS
 from elvin.keys import Keys, consumer_keys, dual_keys, producer_keys
 from elvin.protocols import packets
 from elvin.protocols.xdr import DecodeError
-from elvin.uri import ElvinURI
+from elvin.uri import ElvinURI, proxy_options_problem
 from elvin.values import normalise
 
 __all__ = ["connect", "unotify", "Connection", "Subscription", "Quench", "Reconnect",
@@ -717,6 +717,9 @@ async def _open(uri: ElvinURI, loop: asyncio.AbstractEventLoop,
                    "elvin.client's only)")
         raise ConnectFailed(f"{uri}: the asyncio and blocking clients (elvin.aio, "
                             f"elvin.sync) speak tcp and TLS stacks; {why}")
+    problem = proxy_options_problem(uri)
+    if problem is not None:
+        raise ConnectFailed(problem)
     kwargs: Dict[str, Any] = {}
     if uri.is_secure:
         kwargs["ssl"] = tls or _ssl_context(tls_ca, tls_certificate, tls_key)
