@@ -844,8 +844,10 @@ def _abort(connection, proto=None):
 def _cannot_connect(uri, error_value):
     """A sentence for a failed TCP/TLS connect to ``uri``."""
     from elvin.protocols.httpclient import TunnelRefused, TunnelTimeout
-    if isinstance(error_value, (TunnelTimeout, TunnelRefused)):
-        return str(error_value)           # a whole sentence already
+    if isinstance(error_value, TunnelTimeout):
+        return messages.no_http_response(uri, f"none within {error_value.timeout:g} s")
+    if isinstance(error_value, TunnelRefused):
+        return messages.http_refused(uri, error_value.status, error_value.body)
     if isinstance(error_value, (error.ConnectionRefusedError, ConnectionRefusedError)):
         kind = "refused"
     elif isinstance(error_value, (error.DNSLookupError,)):

@@ -66,16 +66,29 @@ class TunnelError(error.ConnectionLost):
 
 
 class TunnelTimeout(Exception):
-    """No answer to the POST that opens a tunnelled session in time; its
-    text is the whole sentence."""
+    """No answer to the POST that opens a tunnelled session within
+    ``timeout`` seconds."""
+
+    def __init__(self, timeout):
+        super().__init__(timeout)
+        self.timeout = timeout
+
+    def __str__(self):
+        return f"no HTTP response within {self.timeout:g} s"
 
 
 class TunnelRefused(TunnelError):
     """The POST that opens a tunnelled session was answered with another
-    status than 201; its text is the whole sentence."""
+    status than 201: ``status`` (code and phrase) and ``body`` (one line)."""
+
+    def __init__(self, status, body):
+        super().__init__(status, body)
+        self.status = status
+        self.body = body
 
     def __str__(self):
-        return str(self.args[0])
+        return (f"the HTTP server refused to open a session ({self.status}"
+                f"{': ' + self.body if self.body else ''})")
 
 
 @implementer(IBodyProducer)
@@ -159,9 +172,7 @@ class HTTPTunnelEndpoint:
         return response, body
 
     def _no_answer(self, result, timeout):
-        from elvin.clientcore.messages import no_http_response
-        return failure.Failure(TunnelTimeout(
-            no_http_response(self.uri, f"none within {timeout:g} s")))
+        return failure.Failure(TunnelTimeout(timeout))
 
     @defer.inlineCallbacks
     def connect(self, factory):
@@ -175,10 +186,8 @@ class HTTPTunnelEndpoint:
                                   onTimeoutCancel=self._no_answer)
             response, body = yield opened
             if response.code != http.CREATED:
-                from elvin.clientcore.messages import http_refused
-                raise TunnelRefused(http_refused(
-                    self.uri, f"{response.code} {response.phrase.decode('latin-1')}",
-                    _one_line(body)))
+                raise TunnelRefused(f"{response.code} {response.phrase.decode('latin-1')}",
+                                    _one_line(body))
             session_id = body.strip().decode("ascii")
         except BaseException:
             yield pool.closeCachedConnections()
