@@ -30,7 +30,7 @@ from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, DEFAULT_RECEIVE_QU
                                         CancelTimer, CloseChannel, ConnectFailedEffect,
                                         Connected, Dial, Effect, Ended, HandshakeTimeout,
                                         Lifecycle, LifecycleView, PauseReading, Phase,
-                                        ResumeReading, StartTimer)
+                                        ResumeReading, StartTimer, TLS_FIRST_PACKET_DELAY)
 from elvin.clientcore import messages
 from elvin.clientcore.state import (ClientState, ConnectFailed, ConnectionClosed, Deframer,
                                     NackError, Notification, PublishBufferFull,
@@ -40,7 +40,7 @@ from elvin.core.options import OPTIONS
 from elvin.keys import Keys, consumer_keys, dual_keys, producer_keys
 from elvin.protocols import packets
 from elvin.protocols.xdr import DecodeError
-from elvin.uri import ElvinURI
+from elvin.uri import ElvinURI, proxy_options_problem
 from elvin.values import normalise
 
 __all__ = ["connect", "unotify", "Connection", "Subscription", "Quench", "Reconnect",
@@ -89,7 +89,9 @@ def _uris(uri: URIs) -> List[ElvinURI]:
 
 class _Protocol(asyncio.Protocol):
     """Bytes to packets for one channel of a Connection. What is sent in
-    one loop iteration goes out in one ``transport.write``."""
+    one loop iteration goes out in one ``transport.write``; over TLS, the
+    first write waits ``TLS_FIRST_PACKET_DELAY`` seconds after the
+    handshake (asyncio calls ``connection_made`` once it has ended)."""
 
     def __init__(self, connection: "Connection", generation: int) -> None:
         self.connection = connection
@@ -99,9 +101,12 @@ class _Protocol(asyncio.Protocol):
         self.transport: Any = None
         self.done: "asyncio.Future[None]" = connection.loop.create_future()    # set when this channel ends
         self._out: List[bytes] = []
+        self._first_delay = 0.0
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
+        if transport.get_extra_info("ssl_object") is not None:
+            self._first_delay = TLS_FIRST_PACKET_DELAY
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             try:
@@ -136,7 +141,11 @@ class _Protocol(asyncio.Protocol):
         data = packets.encode(packet)
         out = self._out
         if not out:
-            self.loop.call_soon(self.flush)
+            if self._first_delay:
+                self.loop.call_later(self._first_delay, self.flush)
+                self._first_delay = 0.0
+            else:
+                self.loop.call_soon(self.flush)
         out.append(len(data).to_bytes(4, "big"))
         out.append(data)
 
@@ -702,9 +711,17 @@ async def _open(uri: ElvinURI, loop: asyncio.AbstractEventLoop,
                 tls_ca: Union[str, bytes, None], tls_certificate: Optional[str],
                 tls_key: Optional[str], tls_hostname: Optional[str]) -> Any:
     if uri.transport not in ("tcp", "ssl", "tls"):
-        raise ConnectFailed(f"{uri}: elvin.aio speaks tcp and TLS stacks; "
-                            f"{','.join(uri.protocol)} is not supported here "
-                            f"(use elvin.client for HTTP)")
+        if uri.transport == "udp":
+            why = ("udp,none,xdr carries only UNotify datagrams and has no sessions "
+                   "(use unotify)")
+        else:
+            why = (f"{','.join(uri.protocol)} is not one of them (the HTTP tunnel is "
+                   "elvin.client's only)")
+        raise ConnectFailed(f"{uri}: the asyncio and blocking clients (elvin.aio, "
+                            f"elvin.sync) speak tcp and TLS stacks; {why}")
+    problem = proxy_options_problem(uri)
+    if problem is not None:
+        raise ConnectFailed(problem)
     kwargs: Dict[str, Any] = {}
     if uri.is_secure:
         kwargs["ssl"] = tls or _ssl_context(tls_ca, tls_certificate, tls_key)
@@ -725,9 +742,20 @@ def _connect_error(connection: Connection, cause: BaseException,
         text = messages.handshake_lost(target, connection.problem, connection.first_bytes,
                                        cause)
         return ConnectFailed(text, cause.reason, cause.disconn_args)
+    return _dial_error(target, cause)
+
+
+def _dial_error(target: ElvinURI, cause: BaseException) -> BaseException:
+    """ConnectFailed, in ``connect``'s words, for a channel to ``target``
+    that could not be opened (``cause``: what ``_open`` raised)."""
+    if isinstance(cause, ConnectFailed):
+        return cause
     if isinstance(cause, ssl.SSLError):
         return ConnectFailed(messages.tls_failed(
             target, getattr(cause, "verify_message", None) or cause.reason or str(cause)))
+    if target.is_secure and isinstance(cause, (ConnectionResetError, ConnectionAbortedError)):
+        # The peer hung up on the ClientHello: e.g. a plain listener.
+        return ConnectFailed(messages.tls_failed(target, str(cause)))
     if isinstance(cause, ConnectionRefusedError):
         kind: Optional[str] = "refused"
     elif isinstance(cause, socket.gaierror):
@@ -908,12 +936,20 @@ async def _connect_discovered(scope: Optional[str], discoverer: Any, discovery_t
 
 
 class _Raw(asyncio.Protocol):
-    """A stream channel that only sends (``unotify``)."""
+    """A stream channel that only sends (``unotify``): what the peer sent
+    first, and why the channel ended, for the error if it ends first."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.done: "asyncio.Future[None]" = loop.create_future()
+        self.first_bytes: Optional[bytes] = None
+        self.lost = ""
+
+    def data_received(self, data: bytes) -> None:
+        if self.first_bytes is None:
+            self.first_bytes = bytes(data[:16])
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
+        self.lost = str(exc) if exc else ""
         _settle(self.done)
 
 
@@ -922,9 +958,15 @@ async def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
                   tls: Optional[ssl.SSLContext] = None,
                   tls_ca: Union[str, bytes, None] = None,
                   tls_certificate: Optional[str] = None, tls_key: Optional[str] = None,
-                  tls_hostname: Optional[str] = None) -> None:
+                  tls_hostname: Optional[str] = None,
+                  timeout: Optional[float] = DEFAULT_CONNECT_TIMEOUT) -> None:
     """Send one session-less notification (UNotify). Over
-    ``udp,none,xdr`` it is one datagram and nothing confirms it arrived."""
+    ``udp,none,xdr`` it is one datagram and nothing confirms it arrived.
+    Fails with ``ConnectFailed``, in ``connect``'s words, when the channel
+    cannot be opened (TLS handshake included), or the peer answers or
+    hangs up before the client does. ``timeout`` (seconds; 0 or None:
+    none) bounds the connect with its TLS handshake, and then the close
+    (a channel not closed in time is aborted)."""
     target = ElvinURI(uri) if not isinstance(uri, ElvinURI) else uri
     packet = packets.UNotify(4, 0, normalise(attributes), deliver_insecure, keys or packets.Keys.EMPTY)
     data = packets.encode(packet)
@@ -938,9 +980,28 @@ async def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
             transport.close()
         return
     raw = _Raw(loop)
-    transport, _ = await _open(target, loop, lambda: raw, tls, tls_ca, tls_certificate,
-                               tls_key, tls_hostname)
+    try:
+        transport, _ = await asyncio.wait_for(
+            _open(target, loop, lambda: raw, tls, tls_ca, tls_certificate, tls_key,
+                  tls_hostname), timeout or None)
+    except asyncio.TimeoutError as e:
+        raise ConnectFailed(messages.unotify_timeout(target, timeout or 0)
+                            if target.is_secure
+                            else messages.cannot_connect(target, e, "timeout")) from None
+    except OSError as e:                           # ssl.SSLError is an OSError
+        raise _dial_error(target, e) from e
+    if transport.get_extra_info("ssl_object") is not None:
+        await asyncio.sleep(TLS_FIRST_PACKET_DELAY)
     transport.write(len(data).to_bytes(4, "big") + data)
     await asyncio.sleep(UNOTIFY_LINGER)
+    if raw.done.done() or raw.first_bytes is not None:
+        # The peer answered or hung up first: no Elvin router does either.
+        transport.abort()
+        raise ConnectFailed(messages.unotify_lost(
+            target, "not_elvin" if raw.first_bytes else None, raw.first_bytes, raw.lost,
+            True))
     transport.close()
-    await raw.done
+    try:
+        await asyncio.wait_for(asyncio.shield(raw.done), timeout or None)
+    except asyncio.TimeoutError:
+        transport.abort()                 # the peer did not answer the close

@@ -657,8 +657,10 @@ def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
             deliver_insecure: bool = True, keys: Optional[Keys] = None, *,
             tls: Optional[ssl.SSLContext] = None, tls_ca: Union[str, bytes, None] = None,
             tls_certificate: Optional[str] = None, tls_key: Optional[str] = None,
-            tls_hostname: Optional[str] = None) -> None:
-    """Send one session-less notification (UNotify; over UDP unconfirmed)."""
+            tls_hostname: Optional[str] = None,
+            timeout: Optional[float] = aio.DEFAULT_CONNECT_TIMEOUT) -> None:
+    """Send one session-less notification (UNotify; over UDP unconfirmed);
+    ``elvin.aio.unotify``'s errors and ``timeout``."""
     _run(aio.unotify(uri, attributes, deliver_insecure, keys, tls=tls, tls_ca=tls_ca,
                      tls_certificate=tls_certificate, tls_key=tls_key,
-                     tls_hostname=tls_hostname))
+                     tls_hostname=tls_hostname, timeout=timeout))

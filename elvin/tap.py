@@ -161,12 +161,19 @@ def check_listeners(config):
         raise ConfigError(f"{where}{name} {value} needs TLS, but tls-certificate is not "
                           "set (the router's certificate; and tls-key unless the key is "
                           "in the same file)")
-    from elvin.protocols.tls import TLSConfigError, server_options_from_config
+    from elvin.protocols.tls import (TLSConfigError, certificate_date_problem,
+                                     server_options_from_config)
     try:
         server_options_from_config(config)
     except TLSConfigError as e:
         where = _origin(config, e.setting) if e.setting else ""
         raise TLSConfigError(f"{where}{e}", e.setting) from None
+    problem = certificate_date_problem(config.tls_certificate)
+    if problem is not None:
+        _log.warn("{problem}", problem=problem)     # it starts: the dates may be wrong
+
+
+_log = Logger()
 
 
 def check_trace_directory(config):

@@ -44,6 +44,7 @@ from typing import Mapping
 from urllib.parse import quote, unquote_to_bytes
 
 __all__ = [
+    "proxy_options_problem",
     "DEFAULT_PORT",
     "DEFAULT_PROTOCOL",
     "DEFAULT_VERSION",
@@ -467,3 +468,22 @@ def _unquote(raw: str, item: str, fail) -> str:
 def _quote(text: str) -> str:
     """Inverse of :func:`_unquote`: escape all but RFC 2396 unreserved."""
     return quote(text, safe=_OPTION_SAFE, encoding="utf-8", errors="strict")
+
+
+#: The URI options that send an http,none,xdr stack's requests through an
+#: HTTP proxy.
+_PROXY_OPTIONS = ("proxy-host", "proxy-port")
+
+
+def proxy_options_problem(uri: "ElvinURI") -> str | None:
+    """Why ``uri``'s proxy options cannot be honoured, or None: only the
+    HTTP tunnel goes through an HTTP proxy; the TCP and TLS stacks
+    connect directly (they do not speak HTTP CONNECT), so a proxy named
+    for them would be silently bypassed."""
+    named = [name for name in _PROXY_OPTIONS if name in uri.options]
+    if not named or uri.protocol[0] == "http":
+        return None
+    return (f"{uri}: {' and '.join(named)} apply to the http,none,xdr stack only "
+            f"(its requests go through the HTTP proxy); {','.join(uri.protocol)} connects "
+            "directly, without a proxy: remove the option, or use an "
+            "elvin:/http,none,xdr/... URI through the proxy")

@@ -17,13 +17,17 @@ from typing import (Any, Callable, Dict, Generator, Iterable, Mapping, Optional,
                     Union)
 
 from twisted.internet import defer, error, protocol, task
+from twisted.internet.interfaces import IHandshakeListener
 from twisted.logger import Logger
+from twisted.protocols.tls import TLSMemoryBIOProtocol
+from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, CancelTimer, CloseChannel,
                                         ConnectFailedEffect, Connected, Dial, Ended,
                                         HandshakeTimeout, Lifecycle, LifecycleView,
                                         PauseReading, Phase,
-                                        ResumeReading, StartTimer)
+                                        ResumeReading, StartTimer, TLS_FIRST_PACKET_DELAY)
 from elvin.clientcore import messages
 from elvin.clientcore.messages import (TLS_TRUST, TOOLS_TLS_TRUST, shown as _shown,
                                        stack_hint as _stack_hint)
@@ -174,14 +178,24 @@ class AutoQuench(AutoQuenchBase):
 
 
 
+@implementer(IHandshakeListener)
 class ElvinClientProtocol(FramedProtocol):
-    """Frames, decodes and dispatches packets for one channel of a Connection."""
+    """Frames, decodes and dispatches packets for one channel of a Connection.
+
+    Over TLS, packets sent before the handshake has ended are held, and
+    written ``TLS_FIRST_PACKET_DELAY`` seconds after it, in a write of their
+    own (not with the handshake's last message).
+    """
 
     log = Logger()
 
     #: The router limits what it accepts (Packet.Max-Length), not what it
     #: sends; accept any packet up to the largest it could be configured for.
     max_frame_length = OPTIONS["Packet.Max-Length"].high
+
+    #: Frames held until the TLS handshake has ended (None: not held).
+    _held_frames: Optional[list] = None
+    _release: Any = None
 
     def connectionMade(self):
         set_nodelay = getattr(self.transport, "setTcpNoDelay", None)
@@ -190,7 +204,33 @@ class ElvinClientProtocol(FramedProtocol):
                 set_nodelay(True)  # requests and notifications are small
             except OSError:
                 pass
+        self._waiters: list = []
+        if isinstance(self.transport, TLSMemoryBIOProtocol):
+            self._held_frames = []
         self.factory.connection._attached(self)
+
+    def handshakeCompleted(self):
+        if self._held_frames is not None and self._release is None:
+            self._release = self.factory.connection.reactor.callLater(
+                TLS_FIRST_PACKET_DELAY, self._send_held)
+
+    def _send_held(self):
+        held, self._held_frames = self._held_frames, None
+        for data in held or ():
+            self.sendFrame(data)
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
+
+    def written(self) -> "defer.Deferred[None]":
+        """Fires once what was sent has been written to the transport
+        (over TLS, after the handshake); fails with the reason the channel
+        was lost if it is lost first."""
+        if self._held_frames is None:
+            return defer.succeed(None)
+        waiter: defer.Deferred[None] = defer.Deferred()
+        self._waiters.append(waiter)
+        return waiter
 
     def dataReceived(self, data):
         if self.factory.connection.first_bytes is None:
@@ -220,10 +260,18 @@ class ElvinClientProtocol(FramedProtocol):
         super().badFrame(reason)
 
     def connectionLost(self, reason=None):
+        if self._release is not None and self._release.active():
+            self._release.cancel()
+        waiters, self._waiters = getattr(self, "_waiters", []), []
         super().connectionLost(reason)
         self.factory.connection._lost(reason, self)
+        for waiter in waiters:
+            waiter.errback(reason if reason is not None else error.ConnectionDone())
 
     def send(self, packet):
+        if self._held_frames is not None:
+            self._held_frames.append(packets.encode(packet))
+            return
         self.sendFrame(packets.encode(packet))
 
 
@@ -267,6 +315,8 @@ class Connection(LifecycleView, ClientState):
         #: for a message that says what the server at ``uri`` really is.
         self.first_bytes = None
         self.problem = None
+        #: Why a bare channel (``unotify``) ended, if not cleanly.
+        self.lost_detail = ""
         #: TLS arguments for the endpoint, kept to follow a redirection.
         self._tls_args = {}
         #: ``connect(..., failover=True)``: when our router is gone, ask
@@ -403,12 +453,14 @@ class Connection(LifecycleView, ClientState):
         if proto is not None and proto is not self.protocol:
             return                        # a channel already replaced
         self.protocol = None
-        if self.lifecycle.phase is Phase.IDLE:
-            self._finish()                # a bare channel (unotify)
-            return
         why = ""
         if hasattr(reason, "check") and not reason.check(error.ConnectionDone):
-            why = reason.getErrorMessage()  # e.g. a TLS verification failure
+            from elvin.protocols.tls import failure_text
+            why = failure_text(reason.value)  # e.g. a TLS verification failure
+        if self.lifecycle.phase is Phase.IDLE:
+            self.lost_detail = why
+            self._finish()                # a bare channel (unotify)
+            return
         self.lifecycle.channel_lost(why)
 
     # -- requests ------------------------------------------------------------
@@ -786,13 +838,19 @@ def connect(uri: Union[str, ElvinURI, Sequence[Union[str, ElvinURI]], None] = No
     return connection
 
 
-def _abort(connection):
-    if connection.protocol is not None and connection.protocol.transport:
-        connection.protocol.transport.abortConnection()
+def _abort(connection, proto=None):
+    proto = proto or connection.protocol
+    if proto is not None and proto.transport:
+        proto.transport.abortConnection()
 
 
 def _cannot_connect(uri, error_value):
     """A sentence for a failed TCP/TLS connect to ``uri``."""
+    from elvin.protocols.httpclient import TunnelRefused, TunnelTimeout
+    if isinstance(error_value, TunnelTimeout):
+        return messages.no_http_response(uri, f"none within {error_value.timeout:g} s")
+    if isinstance(error_value, TunnelRefused):
+        return messages.http_refused(uri, error_value.status, error_value.body)
     if isinstance(error_value, (error.ConnectionRefusedError, ConnectionRefusedError)):
         kind = "refused"
     elif isinstance(error_value, (error.DNSLookupError,)):
@@ -871,11 +929,18 @@ def connect_discovered(scope: Optional[str] = None, discoverer: Any = None,
 def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
             deliver_insecure: bool = True, keys: Optional[packets.Keys] = None, reactor: Any = None,
             *, tls: Any = None, tls_ca: Any = None, tls_certificate: Any = None,
-            tls_key: Any = None, tls_hostname: Optional[str] = None) -> Generator[Any, Any, None]:
+            tls_key: Any = None, tls_hostname: Optional[str] = None,
+            timeout: Optional[float] = DEFAULT_CONNECT_TIMEOUT) -> Generator[Any, Any, None]:
     """Send one session-less notification (UNotify) and close the channel.
 
     Over ``udp,none,xdr`` it is one datagram, and nothing confirms that
-    the router received it. TLS arguments as for ``connect``.
+    the router received it. TLS arguments as for ``connect``. Fails with
+    ``ConnectFailed``, in ``connect``'s words, when the channel cannot be
+    opened, its TLS handshake fails, or the peer answers or hangs up
+    before the client does (no Elvin router does either). ``timeout``
+    (seconds, default 10; 0 or None: none) bounds the connect, the TLS
+    handshake (or the HTTP session's opening) and, after that, the close:
+    a channel that does not close in time is aborted.
     """
     if reactor is None:
         from twisted.internet import reactor
@@ -889,12 +954,50 @@ def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
         yield send_unotify(reactor, check_supported(uri), packet)
         return
     connection = Connection(uri, reactor)
-    proto = yield _endpoint(reactor, uri, _tls_args(
-        tls, tls_ca, tls_certificate, tls_key, tls_hostname)).connect(
-        _ClientFactory(connection))
+    tls_args = _tls_args(tls, tls_ca, tls_certificate, tls_key, tls_hostname)
+    if timeout:
+        tls_args["timeout"] = timeout
+    endpoint = _endpoint(reactor, uri, tls_args)
+    deadline = reactor.seconds() + timeout if timeout else None
+
+    def bounded(d, text):
+        """``d``, cancelled at the deadline and then failing with ``text``."""
+        if deadline is not None:
+            d.addTimeout(max(0.0, deadline - reactor.seconds()), reactor,
+                         onTimeoutCancel=lambda result, t: Failure(ConnectFailed(text)))
+        return d
+    try:
+        # The endpoint bounds this itself (the TCP connect, the HTTP POST
+        # that opens a session).
+        proto = yield endpoint.connect(_ClientFactory(connection))
+    except Exception as e:
+        raise ConnectFailed(_cannot_connect(uri, e)) from e
+
+    def lost(sent):
+        return ConnectFailed(messages.unotify_lost(uri, connection.problem,
+                                                   connection.first_bytes,
+                                                   connection.lost_detail, sent))
     proto.send(packet)
+    try:
+        # Over TLS: after the handshake.
+        yield bounded(proto.written(), messages.unotify_timeout(uri, timeout or 0))
+    except ConnectFailed:
+        _abort(connection, proto)
+        if connection.disconnected.called:
+            raise lost(False) from None
+        raise
+    except Exception:
+        raise lost(False) from None
     # Linger before closing: a router may discard packets it has not yet
     # processed when it sees the channel close (Avis drops most UNotifys).
     yield task.deferLater(reactor, UNOTIFY_LINGER, lambda: None)
+    if connection.disconnected.called:
+        raise lost(True)               # the peer hung up, or answered, first
     proto.transport.loseConnection()
+    if timeout:
+        # A polite close waits for the peer (TLS close_notify, the HTTP
+        # DELETE): at most ``timeout`` seconds more.
+        closing = reactor.callLater(timeout, _abort, connection, proto)
+        connection.disconnected.addBoth(
+            lambda result: closing.cancel() if closing.active() else None)
     yield connection.disconnected

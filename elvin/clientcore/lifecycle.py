@@ -60,6 +60,7 @@ from elvin.uri import ElvinURI
 __all__ = ["Lifecycle", "Phase", "Dial", "StartTimer", "CancelTimer", "CloseChannel",
            "PauseReading", "ResumeReading", "Connected", "ConnectFailedEffect", "Ended",
            "HandshakeTimeout", "DEFAULT_PENDING_SIZE", "DEFAULT_RECEIVE_QUEUE",
+           "TLS_FIRST_PACKET_DELAY",
            "REDIRECT_POLICY", "LifecycleView"]
 
 _log = logging.getLogger("elvin.client")
@@ -74,6 +75,13 @@ DEFAULT_RECEIVE_QUEUE = 10_000
 CLOSE_TIMEOUT = 5.0
 #: The retries of a redirection followed without a reconnect policy.
 REDIRECT_POLICY = Reconnect(attempts=5)
+#: Seconds every client flavour waits after its TLS handshake before the
+#: first packet (ConnRqst, UNotify), which then goes in a write of its own.
+#: Avis's router (MINA's SSL filter) does not read a packet that reached it
+#: in the same read as the client's TLS Finished: it waits for more bytes,
+#: which never come (docs/interop.md). The pause makes that unlikely, not
+#: impossible: a router too busy to read for longer still sees both at once.
+TLS_FIRST_PACKET_DELAY = 0.02
 
 
 class Phase(enum.Enum):

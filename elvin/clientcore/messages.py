@@ -9,7 +9,7 @@ from typing import Any, Optional
 from elvin.uri import ElvinURI
 
 __all__ = ["shown", "endpoint_text", "stack_hint", "cannot_connect", "handshake_lost",
-           "handshake_timeout", "tls_failed", "TLS_TRUST", "TOOLS_TLS_TRUST"]
+           "handshake_timeout", "tls_failed", "unotify_lost", "unotify_timeout", "no_http_response", "http_refused", "TLS_TRUST", "TOOLS_TLS_TRUST"]
 
 
 def handshake_timeout(uri: ElvinURI, timeout: float) -> str:
@@ -58,11 +58,27 @@ def cannot_connect(uri: ElvinURI, error_value: BaseException, kind: Optional[str
         # text is their repr; say what they mean.
         detail = "; ".join(r.getErrorMessage() if hasattr(r, "getErrorMessage") else str(r)
                            for r in reasons)
-        hint = (f" (if it is a plain listener, use elvin://{endpoint_text(uri)})"
-                if uri.protocol[0] == "http" else "")
-        return (f"{shown(uri)}: no HTTP response ({detail}): is this an Elvin HTTP "
-                f"tunnel listener?{hint}")
+        return no_http_response(uri, detail)
     return f"{shown(uri)}: cannot connect: {error_value or type(error_value).__name__}"
+
+
+def no_http_response(uri: ElvinURI, detail: str) -> str:
+    """The HTTP server at ``uri`` did not answer (``detail``: how)."""
+    return (f"{shown(uri)}: no HTTP response ({detail}): is this an Elvin HTTP "
+            f"tunnel listener?{_http_hint(uri)}")
+
+
+def http_refused(uri: ElvinURI, status: str, body: str) -> str:
+    """The HTTP server at ``uri`` answered the POST that opens a tunnel
+    session with ``status`` (code and phrase) and ``body`` (one line)."""
+    return (f"{shown(uri)}: the HTTP server refused to open a session ({status}"
+            f"{': ' + body if body else ''}): is this an Elvin HTTP tunnel "
+            f"listener?{_http_hint(uri)}")
+
+
+def _http_hint(uri: ElvinURI) -> str:
+    return (f" (if it is a plain listener, use elvin://{endpoint_text(uri)})"
+            if uri.protocol[0] == "http" else "")
 
 
 def http_proxy(uri: ElvinURI) -> Optional[str]:
@@ -101,8 +117,37 @@ def handshake_lost(uri: ElvinURI, problem: Optional[str], first_bytes: Optional[
             f"Elvin router?{stack_hint(uri)}")
 
 
+def unotify_lost(uri: ElvinURI, problem: Optional[str], first_bytes: Optional[bytes],
+                 detail: str, sent: bool) -> str:
+    """A sentence for a UNotify channel that ended before the client hung
+    up (``sent``: after the UNotify was written): a failed TLS handshake,
+    or a peer that answered or closed, as no Elvin router does."""
+    if problem == "not_elvin":
+        return handshake_lost(uri, problem, first_bytes, None)
+    if uri.is_secure and detail:
+        return tls_failed(uri, detail)
+    when = "right after" if sent else "before"
+    return (f"{shown(uri)} closed the connection {when} the UNotify: is this an Elvin "
+            f"router?{stack_hint(uri)}")
+
+
+def unotify_timeout(uri: ElvinURI, timeout: float) -> str:
+    """A UNotify channel opened, but could not carry the UNotify within
+    ``timeout`` seconds (its TLS handshake did not end)."""
+    return (f"{shown(uri)} accepted the connection but did not finish the TLS handshake "
+            f"within {timeout:g} s: is this an Elvin TLS listener?{stack_hint(uri)}")
+
+
 def tls_failed(uri: ElvinURI, detail: str) -> str:
     """The TLS handshake with ``uri`` failed (``detail``: how)."""
+    said = detail.lower()
+    if "alert certificate required" in said:
+        # The router refused us, not we it.
+        return (f"TLS with {shown(uri)} failed ({detail}): the router asks for a client "
+                f"certificate (tls_certificate)")
+    if "alert unknown ca" in said or "alert bad certificate" in said:
+        return (f"TLS with {shown(uri)} failed ({detail}): the router does not trust the "
+                f"client certificate: is it from a CA in the router's tls-ca?")
     return (f"TLS with {shown(uri)} failed ({detail}): is it a TLS listener, "
             f"{TLS_TRUST}, and does the certificate name "
             f"{uri.host!r}?{stack_hint(uri)}")

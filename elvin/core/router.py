@@ -179,6 +179,8 @@ class UdpCounters(TypedDict):
     listeners by elvin.ops.status): declared for the same reason."""
     datagrams: int
     accepted: int
+    incompatible: int
+    rejected: int
     oversize: int
     malformed: int
     unexpected: int

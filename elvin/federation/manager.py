@@ -133,6 +133,9 @@ class FederationManager(RouterObserver):
         self._mesh_recompute = None
         self._mesh_computed_at = collections.deque()
         self._mesh_full_log = LogLimiter(lambda: self.clock.seconds())
+        #: Rate limits of "failed before the link came up" lines, by
+        #: (peer, outgoing, reason).
+        self._start_failure_logs: dict = {}
         #: Losses (LOSS_CAUSES) counted by links that have gone down.
         self.gone_losses: collections.Counter = collections.Counter()
         #: Pull filters are soft state: each link's is sent again in full
@@ -218,6 +221,23 @@ class FederationManager(RouterObserver):
             self.remote_filter_changed(link)
         link.send_filter(self.pull_filter_for(link))
         self._schedule_refresh(link)
+
+    def link_failed_to_start(self, peer, outgoing, why):
+        """A link's channel ended before the link came up (a failed TLS
+        handshake, a peer that hung up): one line saying why, at most one
+        per LOG_INTERVAL for a peer, direction and reason."""
+        key = (peer, outgoing, why)
+        limiter = self._start_failure_logs.get(key)
+        if limiter is None:
+            if len(self._start_failure_logs) >= 1024:     # a bound for scans
+                self._start_failure_logs.clear()
+            limiter = self._start_failure_logs[key] = LogLimiter(
+                lambda: self.clock.seconds())
+        skipped = limiter.allow()
+        if skipped is not None:
+            self.log.warn("federation: {direction} {peer} failed before the link came up: "
+                          "{why}{more}", direction="link to" if outgoing else "link from",
+                          peer=peer, why=why, more=limiter.more(skipped))
 
     def link_down(self, link, reason, was_up):
         if link in self.links:

@@ -16,9 +16,11 @@ import socket
 import struct
 
 from twisted.application.internet import ClientService
-from twisted.internet import protocol
+from twisted.internet import error, protocol
+from twisted.internet.interfaces import IHandshakeListener
 from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOProtocol
+from zope.interface import implementer
 
 from elvin.federation import packets as fed_packets
 from elvin.federation.dial import DialledPeer
@@ -56,10 +58,17 @@ def _tcp_socket(transport):
     return None
 
 
+@implementer(IHandshakeListener)
 class FederationProtocol(QueuedFramedProtocol):
     log = Logger()
     #: The configured link this connection was dialled for, if any.
     dial = None
+
+    #: The TLS handshake has ended (TLS links only).
+    _tls_done = False
+    #: The first bytes the peer sent, for saying what it is if the link
+    #: fails before it comes up.
+    _first_bytes = b""
 
     def __init__(self, manager, outgoing, fed_class=None, keepalive=DEFAULT_KEEPALIVE,
                  send_queue_bytes=8 * 1024 * 1024, clock=None,
@@ -171,7 +180,52 @@ class FederationProtocol(QueuedFramedProtocol):
             wake = interval - silent
         self._liveness = self.clock.callLater(wake, self._check_liveness)
 
+    def handshakeCompleted(self):
+        self._tls_done = True
+
+    def _failed_to_start(self, reason):
+        """The channel ended before the link came up: say why (the TLS
+        reason, or what the peer seems to be)."""
+        link = self.link
+        if self.outgoing:
+            backoff = getattr(getattr(self, "factory", None), "backoff", None)
+            peer = getattr(backoff, "name", None) or link.peer_host
+        else:
+            peer = link.peer_host
+        from elvin.protocols.tls import failure_text, looks_like_tls
+        from OpenSSL import SSL
+        clean = reason is None or reason.check(error.ConnectionDone)
+        detail = "" if clean else failure_text(reason.value)
+        tls_error = not clean and isinstance(reason.value, SSL.Error) \
+            and not isinstance(reason.value, SSL.SysCallError)
+        if self.is_tls() and (not self._tls_done or tls_error):
+            # A TLS 1.3 client ends its handshake before the router has
+            # checked the client's certificate: a refusal comes after.
+            why = f"TLS failed: {detail or 'the peer closed the connection'}"
+            if self.outgoing:
+                why += (" (is it a TLS listener? does our tls-ca trust its certificate, "
+                        "its certificate name the URI's host, and its tls-ca trust our "
+                        "tls-certificate?)")
+            else:
+                why += (" (does the peer dial an ewaf:/secure/ URI, trust our "
+                        "tls-certificate, and present a certificate our tls-ca trusts?)")
+        elif looks_like_tls(self._first_bytes):
+            why = ("the peer speaks TLS, but this link is plain: "
+                   + ("use an ewaf:/secure/ URI to reach it" if self.outgoing else
+                      "it dialled an ewaf:/secure/ URI; give it this listener's plain "
+                      "URI, or listen with TLS"))
+        elif self.outgoing and not self._first_bytes:
+            why = (f"the peer closed the connection before answering FedConnRqst"
+                   f"{': ' + detail if detail else ''} (if it is a TLS listener, "
+                   "use an ewaf:/secure/ URI)")
+        else:
+            why = f"the connection ended{': ' + detail if detail else ''}"
+        self.manager.link_failed_to_start(peer, self.outgoing, why)
+
     def connectionLost(self, reason=None):
+        link = self.link
+        if link is not None and link.state in (link.CONNECTING, link.AWAITING_REQUEST):
+            self._failed_to_start(reason)
         super().connectionLost(reason)
         if self._liveness is not None and self._liveness.active():
             self._liveness.cancel()
@@ -213,6 +267,8 @@ class FederationProtocol(QueuedFramedProtocol):
     _socket = None
 
     def dataReceived(self, data):
+        if len(self._first_bytes) < 2:
+            self._first_bytes += data[:2 - len(self._first_bytes)]
         sock = self._socket
         if sock is not None:
             # Acknowledge the segments just read now, not after the

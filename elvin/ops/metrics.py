@@ -98,7 +98,9 @@ class RouterCollector:
         yield from self._sockets(totals.get("sockets", {}))
         datagrams = CounterMetricFamily(
             "elvin_udp_datagrams", "UDP datagrams read, by outcome: accepted (UNotify "
-            "routed), oversize, malformed, unexpected (a packet other than UNotify).",
+            "routed), incompatible (UNotify of another major version, discarded), "
+            "rejected (UNotify ignored: attribute limits, keys), oversize, malformed, "
+            "unexpected (a packet other than UNotify).",
             labels=["outcome"])
         for outcome, count in totals.get("udp_datagrams", {}).items():
             datagrams.add_metric([outcome], count)

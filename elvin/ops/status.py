@@ -25,8 +25,12 @@ __all__ = ["snapshot", "transport_of", "filter_text"]
 
 
 def transport_of(session: "ClientSession") -> str:
-    """Which transport a client session came by: tcp, tls, http or udp."""
+    """Which transport a client session came by: tcp, tls, http or udp
+    (an output may say so itself, as ``transport_kind``)."""
     output = session.output
+    said = getattr(output, "transport_kind", None)
+    if isinstance(said, str):
+        return said
     kind = type(output).__name__.lower()
     if "http" in kind:
         return "http"
@@ -244,6 +248,8 @@ def _udp_totals(listeners: Iterable["UdpCounters"]) -> dict[str, int]:
     """Every UDP listener's datagram counters summed (docs/protocols.md)."""
     listeners = list(listeners)
     return {"accepted": sum(c["accepted"] for c in listeners),
+            "incompatible": sum(c["incompatible"] for c in listeners),
+            "rejected": sum(c["rejected"] for c in listeners),
             "oversize": sum(c["oversize"] for c in listeners),
             "malformed": sum(c["malformed"] for c in listeners),
             "unexpected": sum(c["unexpected"] for c in listeners)}

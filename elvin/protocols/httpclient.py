@@ -19,12 +19,17 @@ very same framed protocol over HTTP as over TCP::
 * ``loseConnection`` flushes pending POSTs, then DELETEs the session;
   ``abortConnection`` DELETEs at once. Either way every HTTP connection is
   closed before the protocol's ``connectionLost`` is called.
+* ``connect`` fails with :class:`TunnelTimeout` when the POST that opens
+  the session has no answer (status and body) within the endpoint's
+  ``timeout``: a server that accepts and stays silent.
 
 URI options of the http module: ``mode=stream`` (default) or ``mode=poll``
 (each GET ends after carrying some packets -- for proxies that buffer
 responses), and ``proxy-host`` / ``proxy-port`` to go through an HTTP
 proxy (requests then carry absolute URLs, as proxies expect).
 """
+
+import re
 
 from twisted.internet import defer, endpoints, error
 from twisted.internet.address import HostnameAddress
@@ -38,7 +43,9 @@ from zope.interface import implementer
 
 from elvin.protocols.httptunnel import CONTENT_TYPE, POLL, SESSION_PATH, STREAM
 
-__all__ = ["HTTPTunnelEndpoint", "HTTPTunnelTransport", "TunnelError", "POST_RETRIES"]
+__all__ = ["HTTPTunnelEndpoint", "HTTPTunnelTransport", "TunnelError", "TunnelTimeout",
+           "TunnelRefused",
+           "POST_RETRIES"]
 
 #: Times a POST is resent after a network failure before giving up.
 POST_RETRIES = 2
@@ -56,6 +63,32 @@ _RETRYABLE = (client.ResponseNeverReceived, client.RequestTransmissionFailed,
 
 class TunnelError(error.ConnectionLost):
     """The HTTP tunnel failed (unexpected status, network error)."""
+
+
+class TunnelTimeout(Exception):
+    """No answer to the POST that opens a tunnelled session within
+    ``timeout`` seconds."""
+
+    def __init__(self, timeout):
+        super().__init__(timeout)
+        self.timeout = timeout
+
+    def __str__(self):
+        return f"no HTTP response within {self.timeout:g} s"
+
+
+class TunnelRefused(TunnelError):
+    """The POST that opens a tunnelled session was answered with another
+    status than 201: ``status`` (code and phrase) and ``body`` (one line)."""
+
+    def __init__(self, status, body):
+        super().__init__(status, body)
+        self.status = status
+        self.body = body
+
+    def __str__(self):
+        return (f"the HTTP server refused to open a session ({self.status}"
+                f"{': ' + self.body if self.body else ''})")
 
 
 @implementer(IBodyProducer)
@@ -78,6 +111,15 @@ class _Bytes:
 
     def stopProducing(self):
         pass
+
+
+def _one_line(body, most=200):
+    """A response body for an error message: tags and line breaks out
+    (a server's HTML error page becomes its words), at most ``most``
+    characters."""
+    text = re.sub(r"<[^>]*>", " ", body[:4096].decode("latin-1"))
+    text = " ".join(text.split())
+    return text if len(text) <= most else text[:most - 3] + "..."
 
 
 def _url_host(host):
@@ -121,19 +163,31 @@ class HTTPTunnelEndpoint:
         return client.Agent(self.reactor, connectTimeout=self.timeout, pool=pool)
 
     @defer.inlineCallbacks
+    def _open_session(self, agent):
+        """The POST that opens a session: (response, body)."""
+        response = yield agent.request(
+            b"POST", self.base_url, Headers({b"content-type": [CONTENT_TYPE]}),
+            _Bytes(b""))
+        body = yield client.readBody(response)
+        return response, body
+
+    def _no_answer(self, result, timeout):
+        return failure.Failure(TunnelTimeout(timeout))
+
+    @defer.inlineCallbacks
     def connect(self, factory):
         pool = client.HTTPConnectionPool(self.reactor, persistent=True)
         pool.retryAutomatically = False
         agent = self._agent(pool)
         try:
-            response = yield agent.request(
-                b"POST", self.base_url, Headers({b"content-type": [CONTENT_TYPE]}),
-                _Bytes(b""))
-            body = yield client.readBody(response)
+            opened = self._open_session(agent)
+            if self.timeout:
+                opened.addTimeout(self.timeout, self.reactor,
+                                  onTimeoutCancel=self._no_answer)
+            response, body = yield opened
             if response.code != http.CREATED:
-                raise TunnelError(f"{self.uri}: router refused the HTTP session "
-                                  f"({response.code} {response.phrase.decode('latin-1')}"
-                                  f": {body[:200].decode('latin-1').strip()})")
+                raise TunnelRefused(f"{response.code} {response.phrase.decode('latin-1')}",
+                                    _one_line(body))
             session_id = body.strip().decode("ascii")
         except BaseException:
             yield pool.closeCachedConnections()
@@ -275,7 +329,7 @@ class HTTPTunnelTransport:
                     self._gone = True
                     raise error.ConnectionDone("the router has ended the HTTP session")
                 raise TunnelError(f"POST to the HTTP tunnel failed: {response.code} "
-                                  f"{text[:200].decode('latin-1').strip()}")
+                                  f"{_one_line(text)}")
             return None
 
     def _posted(self, _):

@@ -306,6 +306,9 @@ class TunnelServerProtocol(ElvinServerProtocol):
     would. Paused by the attached GET's connection, it is not idle.
     """
 
+    #: What ``elvin.ops.status.transport_of`` reports for its session.
+    transport_kind = "http"
+
     def is_idle(self):
         return not self.queue and (not self.paused or self.transport.down is None)
 
@@ -316,6 +319,20 @@ def tunnel_protocol(factory):
     that is also the factory's own protocol, as the proxy's is), else
     TunnelServerProtocol."""
     return getattr(factory, "tunnel_protocol", None) or TunnelServerProtocol
+
+
+def origin_form(target):
+    """A request target in origin form (``/path?query``): RFC 9112 3.2.2
+    says a server MUST accept the absolute-form (``http://host:port/path``),
+    which HTTP proxies forward as they received it; twisted.web would
+    look the whole URL up as a path (404)."""
+    scheme, sep, rest = target.partition(b"://")
+    if not sep or scheme.lower() not in (b"http", b"https"):
+        return target
+    cut = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i != -1),
+              default=len(rest))
+    path = rest[cut:]
+    return path if path.startswith(b"/") else b"/" + path
 
 
 class _LimitedRequest(server.Request):
@@ -353,7 +370,7 @@ class _LimitedRequest(server.Request):
 
     def requestReceived(self, command, path, version):
         self._release()      # the body is complete: it goes to its tunnel now
-        super().requestReceived(command, path, version)
+        super().requestReceived(command, origin_form(path), version)
 
     def connectionLost(self, reason):
         self._release()
@@ -446,6 +463,16 @@ class SessionResource(resource.Resource):
             return b"mode must be stream or poll\n"
         tunnel.attach(request, mode.decode("ascii"))
         return server.NOT_DONE_YET
+
+    def render_HEAD(self, request):
+        """Refused (405): twisted.web would answer HEAD with render_GET,
+        attaching it as the session's GET, so that the packets it carried
+        (in headers-only responses, nowhere) were lost."""
+        if self._tunnel(request) is None:
+            return b""
+        request.setResponseCode(http.NOT_ALLOWED)
+        request.setHeader(b"allow", b"GET, POST, DELETE")
+        return b""
 
     def render_DELETE(self, request):
         tunnel = self._tunnel(request)

@@ -45,6 +45,11 @@ _CONNECTED = SessionState.CONNECTED
 _NEW = SessionState.NEW
 
 
+
+#: The first four bytes of HTTP requests, read as a frame header.
+_HTTP_METHODS = frozenset((b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"CONN",
+                           b"PATC", b"TRAC"))
+
 class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
     log = Logger()
 
@@ -216,11 +221,24 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
         self.abort()
 
     def frameTooLong(self, length):
-        self.log.info("resetting channel from {peer}: a {length}-byte packet is over its "
-                      "limit of {limit} bytes{when}", peer=self.peer, length=length,
-                      limit=self.max_frame_length,
-                      when="" if self.session is None or self.session.state is _CONNECTED
-                      else " before ConnRqst")
+        before = self.session is not None and self.session.state is not _CONNECTED
+        first = self.session is None or before
+        header = length.to_bytes(4, "big") if 0 <= length < 1 << 32 else b""
+        from elvin.protocols.tls import looks_like_tls
+        if first and looks_like_tls(header):
+            self.log.info("resetting channel from {peer}: it began with a TLS record, not "
+                          "an Elvin packet: a TLS client on a plain listener (TLS clients "
+                          "use an elvin:/secure/ listener)", peer=self.peer)
+        elif first and header[:4] in _HTTP_METHODS:
+            self.log.info("resetting channel from {peer}: it began with an HTTP request "
+                          "({method}), not an Elvin packet: HTTP clients use an "
+                          "elvin:/http,none,xdr/ listener", peer=self.peer,
+                          method=header.decode("ascii").strip())
+        else:
+            self.log.info("resetting channel from {peer}: a {length}-byte packet is over "
+                          "its limit of {limit} bytes{when}", peer=self.peer, length=length,
+                          limit=self.max_frame_length,
+                          when=" before ConnRqst" if before else "")
         super().frameTooLong(length)
 
     def receiveBudgetExhausted(self, held):

@@ -21,7 +21,10 @@ Router side, :class:`UNotifyDatagramProtocol`:
   code path a TCP UNotify takes, so version checks (incompatible versions
   are silently discarded), attribute limits and routing are the same;
   the router counts it in ``stats["unotify"]`` as for TCP and counts the
-  ones its limits refuse in ``stats["rejected_notifications"]``;
+  ones its limits refuse in ``stats["rejected_notifications"]``; the
+  listener counts it as ``accepted`` (routed), ``incompatible`` (another
+  major version, discarded) or ``rejected`` (ignored: attribute limits,
+  unusable keys);
 * nothing is ever sent back (the spec forbids it, and replying to
   spoofable datagrams would make the router an amplifier).
 
@@ -49,6 +52,8 @@ MAX_UDP_PAYLOAD = 65507
 
 class _SilentOutput(SessionOutput):
     """The output of a datagram session: nothing ever goes back."""
+
+    transport_kind = "udp"
 
     def __init__(self, counters):
         self.counters = counters
@@ -85,8 +90,8 @@ class UNotifyDatagramProtocol(protocol.DatagramProtocol):
         self.max_datagram = min(max_datagram, MAX_UDP_PAYLOAD)
         #: bytes read per datagram: one more than accepted, to see truncation
         self.read_size = self.max_datagram + 1
-        self.counters = UdpCounters(datagrams=0, accepted=0, oversize=0, malformed=0,
-                                    unexpected=0, suppressed=0)
+        self.counters = UdpCounters(datagrams=0, accepted=0, incompatible=0, rejected=0,
+                                    oversize=0, malformed=0, unexpected=0, suppressed=0)
         # The router's status (elvin.ops) sums every UDP listener's counters.
         router.udp_counters.append(self.counters)
         self._output = _SilentOutput(self.counters)
@@ -125,10 +130,18 @@ class UNotifyDatagramProtocol(protocol.DatagramProtocol):
             self.log.debug("dropped {kind} datagram from {peer} (only UNotify is "
                            "accepted over UDP)", kind=type(packet).__name__, peer=peer)
             return
-        counters["accepted"] += 1
         session = self._unotify_session()
         session.peer = peer
+        stats = self.router.stats
+        routed, rejected = stats["unotify"], stats["rejected_notifications"]
         session.packet_received(packet)
+        # What the session did with it, as the router counted it.
+        if stats["unotify"] == routed:
+            counters["incompatible"] += 1      # another major version: discarded
+        elif stats["rejected_notifications"] != rejected:
+            counters["rejected"] += 1          # ignored: attribute limits, keys
+        else:
+            counters["accepted"] += 1
 
 
 def _resolve(reactor, host):

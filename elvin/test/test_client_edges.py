@@ -797,3 +797,23 @@ class ChangesWhileReconnectingBlocking(unittest.TestCase):
         on_loop(router.answer, packets.SubRply(remove.xid, 2))
         self.assertIsNone(removing.result(10))
         self.assertEqual(on_loop(lambda: dict(conn._inner.subscriptions)), {1: b._inner})
+
+
+class UnsupportedStacksAio(unittest.SynchronousTestCase):
+    """What the asyncio and blocking clients say of a stack they lack."""
+
+    def refused(self, uri):
+        from elvin import sync
+        with self.assertRaises(aio.ConnectFailed) as cm:
+            sync.connect(uri, timeout=2)
+        return str(cm.exception)
+
+    def test_udp_has_no_sessions(self):
+        text = self.refused("elvin:/udp,none,xdr/127.0.0.1:2917")
+        self.assertIn("(elvin.aio, elvin.sync) speak tcp and TLS stacks", text)
+        self.assertIn("udp,none,xdr carries only UNotify datagrams", text)
+        self.assertNotIn("HTTP", text)
+
+    def test_http_is_the_twisted_clients(self):
+        text = self.refused("elvin:/http,none,xdr/127.0.0.1:2917")
+        self.assertIn("the HTTP tunnel is elvin.client's only", text)

@@ -158,3 +158,51 @@ class SecurityDocExamples(RouterFixture):
         # the reactor, which serves the router meanwhile.
         yield threads.deferToThread(exec, compile(source, DOC, "exec"), namespace)
         self.assertEqual(printed, [("amber", True)])
+
+
+class SecurityDocErrorTexts(RouterFixture):
+    """The TLS failures docs/security.md prints are the ones a client says
+    (the document's host and port for this test's)."""
+
+    timeout = 60
+
+    def doc_lines(self):
+        with open(DOC, encoding="utf-8") as f:
+            text = f.read()
+        return [line for block in re.findall(r"^```text\n(.*?)^```", text, re.S | re.M)
+                for line in block.splitlines()]
+
+    def assertDocumented(self, message, port, host):
+        said = (message.replace(f"{host}:{port}", "router.example.com:29170")
+                .replace(repr(host), "'router.example.com'"))
+        lines = self.doc_lines()
+        self.assertTrue(any(line == said or (line.endswith("...") and
+                                             said.startswith(line[:-3]))
+                            for line in lines), f"not in docs/security.md:\n{said}")
+
+    @defer.inlineCallbacks
+    def failure(self, uri, **kwargs):
+        with self.assertRaises(client.ConnectFailed) as cm:
+            yield client.connect(uri, timeout=10, **kwargs)
+        return str(cm.exception)
+
+    @defer.inlineCallbacks
+    def test_client_tls_failures(self):
+        from elvin.test.transport_fixtures import Certificates
+        certs = Certificates(self.mktemp(), server_names=("127.0.0.1",))
+        plain = self.listen_tls(tls.server_options(certs.server_cert, certs.server_key))
+        port = plain.rsplit(":", 1)[1]
+        strict = self.listen_tls(tls.server_options(certs.server_cert, certs.server_key,
+                                                    ca=certs.ca_path,
+                                                    require_authenticated=True))
+        strict_port = strict.rsplit(":", 1)[1]
+        text = yield self.failure(plain, tls_ca=certs.other_ca_path)
+        self.assertDocumented(text, port, "127.0.0.1")
+        text = yield self.failure(plain.replace("127.0.0.1", "localhost"),
+                                  tls_ca=certs.ca_path)
+        self.assertDocumented(text, port, "localhost")
+        text = yield self.failure(strict, tls_ca=certs.ca_path)
+        self.assertDocumented(text, strict_port, "127.0.0.1")
+        text = yield self.failure(strict, tls_ca=certs.ca_path,
+                                  tls_certificate=certs.stranger_pem)
+        self.assertDocumented(text, strict_port, "127.0.0.1")

@@ -69,6 +69,23 @@ class StackTests(unittest.TestCase):
             self.failureResultOf(client.unotify(uri, {"a": 1}),
                                  endpoints.UnsupportedStackError)
 
+    def test_proxy_options_only_for_http(self):
+        """A proxy named on a TCP or TLS URI would be bypassed: refused."""
+        import asyncio
+        from elvin import aio
+        for uri in ("elvin://127.0.0.1:2917;proxy-host=proxy.test",
+                    "elvin:/secure/127.0.0.1:29170;proxy-host=proxy.test;proxy-port=3128"):
+            with self.assertRaises(endpoints.UnsupportedStackError) as cm:
+                endpoints.check_supported(uri)
+            self.assertIn("apply to the http,none,xdr stack only", str(cm.exception))
+            self.failureResultOf(client.connect(uri), endpoints.UnsupportedStackError)
+            async def opened(uri=uri):
+                return await aio.connect(uri, timeout=2)
+            with self.assertRaises(client.ConnectFailed) as cm:
+                asyncio.run(opened())
+            self.assertIn("connects directly, without a proxy", str(cm.exception))
+        endpoints.check_supported("elvin:/http,none,xdr/127.0.0.1:80;proxy-host=proxy.test")
+
     def test_tap_refuses_unknown_stack(self):
         from twisted.python import usage
         for uri in UNKNOWN:

@@ -81,8 +81,13 @@ class RequireAuthenticatedTests(unittest.TestCase):
         acceptor, port = self.acceptor()
         dialler = self.dialler(port, certificate=self.certs.stranger_pem)
         # The handshake itself fails (the certificate does not chain to
-        # tls-ca); the dialler keeps redialling and never links.
-        yield task.deferLater(reactor, 1.5, lambda: None)
+        # tls-ca); the dialler keeps redialling and never links. Each side
+        # logs why.
+        yield wait_until(lambda: self.logged(
+            "link from 127.0.0.1 failed before the link came up: TLS failed: certificate "
+            "verify failed") and self.logged(
+            f"link to ewaf:1.0/ssl,none,xdr/127.0.0.1:{port} failed before the link came "
+            "up: TLS failed: tlsv1 alert unknown ca"))
         self.assertEqual(acceptor.manager.links, [])
         self.assertEqual(dialler.manager.links, [])
 
@@ -101,9 +106,51 @@ class RequireAuthenticatedTests(unittest.TestCase):
         acceptor, port = self.acceptor(require="no")
         dialler = self.dialler(port, certificate=self.certs.client_pem,
                                ca=self.certs.other_ca_path, require="yes")
-        yield task.deferLater(reactor, 1.5, lambda: None)
+        yield wait_until(lambda: self.logged(
+            "link to ewaf:1.0/ssl,none,xdr/127.0.0.1:") and self.logged(
+            "TLS failed: certificate verify failed") and self.logged(
+            "link from 127.0.0.1 failed before the link came up: TLS failed: "))
         self.assertEqual(dialler.manager.links, [])
         self.assertEqual(acceptor.manager.links, [])
+
+    @defer.inlineCallbacks
+    def test_plain_dialler_to_tls_listener_logged(self):
+        acceptor, port = self.acceptor(require="no")
+        self.dialler(port, secure=False)
+        yield wait_until(lambda: self.logged(
+            "link from 127.0.0.1 failed before the link came up: TLS failed: wrong version "
+            "number") and self.logged(
+            "the peer closed the connection before answering FedConnRqst (if it is a TLS "
+            "listener, use an ewaf:/secure/ URI)"))
+        self.assertEqual(acceptor.manager.links, [])
+
+    @defer.inlineCallbacks
+    def test_tls_dialler_to_plain_listener_logged(self):
+        acceptor, port = self.acceptor(require="no", secure=False)
+        self.dialler(port)
+        yield wait_until(lambda: self.logged(
+            "link from 127.0.0.1 failed before the link came up: the peer speaks TLS, but "
+            "this link is plain") and self.logged(
+            f"link to ewaf:1.0/ssl,none,xdr/127.0.0.1:{port} failed before the link came "
+            "up: TLS failed:"))
+        self.assertEqual(acceptor.manager.links, [])
+
+    def test_failures_logged_at_most_once_per_interval(self):
+        from twisted.internet.task import Clock
+        from elvin.federation.manager import FederationManager
+        clock = Clock()
+        manager = FederationManager(Router(), "m.test", [], None, clock)
+        for _ in range(5):
+            manager.link_failed_to_start("192.0.2.1", False, "TLS failed: x")
+        manager.link_failed_to_start("192.0.2.1", False, "TLS failed: y")
+        clock.advance(10)
+        manager.link_failed_to_start("192.0.2.1", False, "TLS failed: x")
+        lines = [formatEvent(e) for e in self.events if "failed before" in formatEvent(e)]
+        self.assertEqual(lines, [
+            "federation: link from 192.0.2.1 failed before the link came up: TLS failed: x",
+            "federation: link from 192.0.2.1 failed before the link came up: TLS failed: y",
+            "federation: link from 192.0.2.1 failed before the link came up: TLS failed: x "
+            "(4 more in the last 10 s not logged)"])
 
     @defer.inlineCallbacks
     def test_dialled_plain_tcp_link_is_refused_before_sending(self):

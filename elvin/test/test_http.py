@@ -49,6 +49,16 @@ class HTTPStreamTests(HTTPFixture, PubSubScenarios):
         self.assertEqual(self.router.sessions, set())
 
     @defer.inlineCallbacks
+    def test_sessions_counted_as_http(self):
+        """status.json's connections_by_transport and /metrics'
+        elvin_connections count a tunnelled session as http, not tcp."""
+        from elvin.ops.status import snapshot, transport_of
+        yield self.open()
+        self.assertEqual([transport_of(s) for s in self.router.sessions], ["http"])
+        totals = snapshot(self.router, started=0)["totals"]
+        self.assertEqual(totals["connections_by_transport"], {"http": 1})
+
+    @defer.inlineCallbacks
     def test_abort_deletes_session(self):
         conn = yield self.open()
         conn.protocol.transport.abortConnection()
@@ -187,6 +197,25 @@ class HTTPWireTests(RouterFixture):
         self.assertEqual(response.code, 404)
 
     @defer.inlineCallbacks
+    def test_head_takes_no_packets(self):
+        """HEAD is refused; the ConnRply waiting in the session's queue is
+        still there for the next GET (twisted.web answered HEAD as a GET,
+        attaching it, and the packets it took went nowhere)."""
+        url = yield self.open_session()
+        connrqst = frame(elvin_packets.encode(elvin_packets.ConnRqst(1, 4, 0)))
+        response, _ = yield self.request(b"POST", url + b"?seq=1", connrqst)
+        self.assertEqual(response.code, 204)
+        for query in (b"?mode=poll", b""):
+            response, _ = yield self.request(b"HEAD", url + query)
+            self.assertEqual(response.code, 405)
+            self.assertEqual(response.headers.getRawHeaders(b"allow"),
+                             [b"GET, POST, DELETE"])
+        response, _ = yield self.request(b"HEAD", self.base + b"/nope")
+        self.assertEqual(response.code, 404)
+        response, data = yield self.request(b"GET", url + b"?mode=poll")
+        self.assertEqual([type(p) for p in unframe(data)], [elvin_packets.ConnRply])
+
+    @defer.inlineCallbacks
     def test_seq_resend_ignored_and_gap_refused(self):
         url = yield self.open_session()
         connrqst = frame(elvin_packets.encode(elvin_packets.ConnRqst(1, 4, 0)))
@@ -258,6 +287,30 @@ class HTTPWireTests(RouterFixture):
                           ElvinURI("elvin:/http,none,xdr/h:1;mode=sometimes"))
 
 
+class HTTPSilentServerTests(RouterFixture):
+    """A server that accepts and never answers: ``timeout`` bounds opening
+    the tunnel (docs/router.md, "Never hanging")."""
+
+    @defer.inlineCallbacks
+    def test_connect_times_out(self):
+        uri = f"elvin:/http,none,xdr/127.0.0.1:{self.listen_silent()}"
+        for mode in ("", ";mode=poll"):
+            started = reactor.seconds()
+            with self.assertRaises(client.ConnectFailed) as cm:
+                yield client.connect(uri + mode, timeout=0.5)
+            self.assertLess(reactor.seconds() - started, 5)
+            self.assertIn("no HTTP response (none within 0.5 s)", str(cm.exception))
+
+    @defer.inlineCallbacks
+    def test_unotify_times_out(self):
+        uri = f"elvin:/http,none,xdr/127.0.0.1:{self.listen_silent()}"
+        started = reactor.seconds()
+        with self.assertRaises(client.ConnectFailed) as cm:
+            yield client.unotify(uri, {"a": 1}, timeout=0.5)
+        self.assertLess(reactor.seconds() - started, 5)
+        self.assertIn("no HTTP response (none within 0.5 s)", str(cm.exception))
+
+
 class HTTPProxyTests(RouterFixture):
     """The client reaches the router through an HTTP proxy."""
 
@@ -283,3 +336,42 @@ class HTTPProxyTests(RouterFixture):
         self.assertEqual([x["p"] for x in got], list(range(20)))
         yield consumer.close()
         yield producer.close()
+
+
+class AbsoluteFormTests(RouterFixture):
+    """RFC 9112 3.2.2: the listener accepts requests whose target is a
+    whole URL (as a pass-through HTTP proxy forwards them)."""
+
+    @defer.inlineCallbacks
+    def test_session_through_absolute_urls(self):
+        # proxy-host naming the router itself: every request the client
+        # sends carries the absolute-form, straight to the listener.
+        uri, _ = self.listen_http()
+        port = ElvinURI(uri).port
+        for mode in ("stream", "poll"):
+            self.uri = f"{uri};mode={mode};proxy-host=127.0.0.1;proxy-port={port}"
+            conn = yield self.connect()
+            got = []
+            yield conn.subscribe("require(a)", got.append)
+            conn.notify({"a": 1})
+            yield wait_until(lambda: got)
+            yield conn.close()
+
+
+class HTTPErrorTextTests(RouterFixture):
+
+    @defer.inlineCallbacks
+    def test_refusal_page_in_one_line(self):
+        """A web server that is not an Elvin tunnel answers with its HTML
+        404 page: the error says so in one line."""
+        from twisted.web import resource, server
+        port = reactor.listenTCP(0, server.Site(resource.Resource()), interface="127.0.0.1")
+        self.ports.append(port)
+        with self.assertRaises(client.ConnectFailed) as cm:
+            yield client.connect(f"elvin:/http,none,xdr/127.0.0.1:{port.getHost().port}",
+                                 timeout=5)
+        text = str(cm.exception)
+        self.assertNotIn("\n", text)
+        self.assertNotIn("<", text)
+        self.assertIn("the HTTP server refused to open a session (404 Not Found: 404 - No "
+                      "Such Resource", text)

@@ -402,7 +402,8 @@ class DeclaredCountersTests(unittest.TestCase):
                           totals["deliveries"]), (2, 3, 3))
         self.assertGreaterEqual(totals["bytes_in"], len(sent))
         self.assertGreater(totals["bytes_out"], len(sub_t.value()) - 1)
-        self.assertEqual(totals["udp_datagrams"], {"accepted": 0, "oversize": 0,
+        self.assertEqual(totals["udp_datagrams"], {"accepted": 0, "incompatible": 0,
+                                                   "rejected": 0, "oversize": 0,
                                                    "malformed": 0, "unexpected": 0})
 
     def test_status_is_type_checked(self):

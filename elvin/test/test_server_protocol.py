@@ -173,6 +173,22 @@ class ServerProtocolTests(unittest.TestCase):
         proto.dataReceived(struct.pack(">I", 4096))
         self.assertTrue(transport.disconnecting)
 
+    def test_tls_or_http_on_a_plain_listener_said_so(self):
+        """A TLS ClientHello (0x16 0x03 ...) or an HTTP request read as a
+        frame header is a huge length: the log says what it looks like."""
+        from twisted.logger import formatEvent, globalLogPublisher
+        events = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        for first, words in ((b"\x16\x03\x01\x01\x00\x01\x00\x00\xfc\x03\x03",
+                              "it began with a TLS record, not an Elvin packet"),
+                             (b"GET / HTTP/1.1\r\n", "it began with an HTTP request (GET)")):
+            proto, transport = self.h.client()
+            proto.dataReceived(first)
+            self.assertTrue(transport.disconnecting)
+            self.assertTrue(any(words in formatEvent(e) for e in events), events)
+        self.assertFalse(any("byte packet is over" in formatEvent(e) for e in events))
+
     def test_silent_channel_closed_after_timeout(self):
         proto, transport = self.h.client()
         self.h.clock.advance(31)

@@ -280,7 +280,45 @@ class NotifyTests(ToolTestCase):
         out, err, code = yield self.tool("notify", "-e", uri, "-u", "A: 1")
         self.assertNotEqual(code, 0)
         self.assertIn(b"refused", err.lower())
+        self.assertIn(uri.encode(), err)
         self.assertNotIn(b"Traceback", err)
+
+    @defer.inlineCallbacks
+    def test_unreliable_tls_handshake_failure(self):
+        """-u to a TLS listener whose certificate is not trusted: one line,
+        exit 1, nothing delivered."""
+        from twisted.internet import endpoints
+        from elvin.protocols import tls
+        from elvin.test.transport_fixtures import Certificates
+        certs = Certificates(self.mktemp())
+        port = yield endpoints.wrapServerTLS(
+            tls.server_options(certs.server_cert, certs.server_key),
+            endpoints.TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1")).listen(
+            self.factory)
+        self.addCleanup(port.stopListening)
+        uri = f"elvin:/secure/127.0.0.1:{port.getHost().port}"
+        env = dict(os.environ, SSL_CERT_FILE=certs.other_ca_path)
+        out, err, code = yield getProcessOutputAndValue(
+            sys.executable, ["-m", "elvin.tools.notify", "-e", uri, "-u", "A: 1"],
+            env=env, path=REPO)
+        self.assertEqual(code, 1, err)
+        self.assertEqual(err.count(b"\n"), 1, err)
+        self.assertIn(b"elvin-notify: error: TLS with elvin:4.0/ssl,none,xdr/127.0.0.1:", err)
+        self.assertEqual(self.router.stats["unotify"], 0)
+
+    @defer.inlineCallbacks
+    def test_unreliable_timeout(self):
+        """-t bounds -u too: a server that accepts and never finishes the
+        TLS handshake ends the tool in about -t seconds."""
+        silent = reactor.listenTCP(0, protocol.Factory.forProtocol(protocol.Protocol),
+                                   interface="127.0.0.1")
+        self.addCleanup(silent.stopListening)
+        uri = f"elvin:/secure/127.0.0.1:{silent.getHost().port}"
+        started = reactor.seconds()
+        out, err, code = yield self.tool("notify", "-e", uri, "-u", "-t", "1", "A: 1")
+        self.assertEqual(code, 1, err)
+        self.assertIn(b"did not finish the TLS handshake within 1 s", err)
+        self.assertLess(reactor.seconds() - started, 8)
 
     @defer.inlineCallbacks
     def test_follows_a_drained_routers_redirection(self):

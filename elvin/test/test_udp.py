@@ -120,6 +120,8 @@ class UNotifyTests(UDPFixture):
         self.assertEqual([x["u"] for x in got], ["now"])
         self.assertEqual(self.router.stats["unotify"], 1)
         self.assertEqual(self.sender.received, [])
+        self.assertEqual((self.udp.counters["incompatible"], self.udp.counters["accepted"]),
+                         (1, 1))
 
     @defer.inlineCallbacks
     def test_router_limits_apply(self):
@@ -133,6 +135,8 @@ class UNotifyTests(UDPFixture):
         yield wait_until(lambda: self.udp.counters["datagrams"] == 2)
         self.assertEqual([x["u"] for x in got], ["small"])
         self.assertEqual(self.router.stats["rejected_notifications"], 1)
+        self.assertEqual((self.udp.counters["rejected"], self.udp.counters["accepted"]),
+                         (1, 1))
 
     @defer.inlineCallbacks
     def test_udp_session_not_registered_and_survives_shutdown(self):
@@ -197,8 +201,8 @@ class UNotifyDatagramUnitTests(unittest.TestCase):
         first.datagramReceived(b"\x00\x00\x00\x20junk", peer)
         second.datagramReceived(b"x" * (second.max_datagram + 1), peer)
         totals = snapshot(router, started=0)["totals"]["udp_datagrams"]
-        self.assertEqual(totals, {"accepted": 1, "oversize": 1, "malformed": 1,
-                                  "unexpected": 0})
+        self.assertEqual(totals, {"accepted": 1, "incompatible": 0, "rejected": 0,
+                                  "oversize": 1, "malformed": 1, "unexpected": 0})
         text = generate_latest(registry_for(lambda: snapshot(router, started=0))).decode()
         self.assertIn('elvin_udp_datagrams_total{outcome="oversize"} 1.0', text)
         self.assertIn('elvin_udp_datagrams_total{outcome="malformed"} 1.0', text)

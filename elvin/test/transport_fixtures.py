@@ -92,6 +92,25 @@ class RouterFixture(unittest.TestCase):
         self.ports.append(port)
         return f"elvin:/{stack}/{host}:{port.getHost().port}"
 
+    def listen_silent(self):
+        """A TCP listener that accepts and never answers: its port."""
+        from twisted.internet import protocol
+        accepted = []
+
+        class Silent(protocol.Protocol):
+            def connectionMade(self):
+                accepted.append(self)
+        port = reactor.listenTCP(0, protocol.Factory.forProtocol(Silent),
+                                 interface="127.0.0.1")
+        self.ports.append(port)
+
+        def hang_up():
+            for silent in accepted:
+                if silent.transport.connected:
+                    silent.transport.abortConnection()
+        self.addCleanup(hang_up)
+        return port.getHost().port
+
     def listen_http(self, **kwargs):
         site = ElvinHTTPSite(self.factory, **kwargs)
         self.sites.append(site)

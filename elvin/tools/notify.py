@@ -78,7 +78,7 @@ async def body(reactor, options):
         while (attrs := await notes.get()) is not None:
             if isinstance(attrs, Exception):
                 raise attrs
-            await client.unotify(uri, attrs, reactor=reactor)
+            await client.unotify(uri, attrs, reactor=reactor, timeout=options["timeout"])
         return
     conn = await client.connect(uri, reactor=reactor, timeout=options["timeout"])
     closing(reactor, conn)
