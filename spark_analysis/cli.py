@@ -169,7 +169,12 @@ def main(argv=None):
                                        driver_memory=conf.get("spark.driver.memory", "1g"),
                                        quick_jit=not args.watch
                                        and _small_run(args, files, since, until)))
-        os.makedirs(args.out, exist_ok=True)
+        try:
+            os.makedirs(args.out, exist_ok=True)
+        except OSError as e:
+            print(f"error: --out {args.out}: cannot make it: {e.strerror or e}",
+                  file=sys.stderr)
+            return 1
         jvm_log = os.path.join(os.path.abspath(args.out), "spark-jvm.log")
     if args.event_log:
         os.makedirs(args.event_log, exist_ok=True)

@@ -505,6 +505,23 @@ class CommandLineTests(unittest.SynchronousTestCase):
         self.assertEqual(status, 1)
         self.assertIn("no trace files (*.jsonl, *.jsonl.gz) under", err)
 
+    def test_out_that_cannot_be_made_is_one_line(self):
+        from spark_analysis.session import pyspark_available
+        if pyspark_available():
+            raise unittest.SkipTest(pyspark_available())
+        directory = _tempdir("badout")
+        self.addCleanup(shutil.rmtree, directory, True)
+        with open(os.path.join(directory, "a.jsonl"), "w") as f:
+            f.write("\n")
+        blocker = os.path.join(directory, "file")
+        with open(blocker, "w") as f:
+            f.write("x")
+        status, err = self.run_main(directory, "--out", os.path.join(blocker, "out"))
+        self.assertEqual(status, 1)
+        self.assertEqual(err.count("\n"), 1, err)
+        self.assertIn("--out", err)
+        self.assertNotIn("Traceback", err)
+
     def test_bad_arguments(self):
         status, err = self.run_main("/tmp", "--out", "/tmp/x", "--since", "whenever")
         self.assertEqual(status, 2)
