@@ -33,7 +33,7 @@ from elvin.subscription import Subscription
 from elvin.subscription.ast import Kind, int32, node
 from elvin.subscription.compiler import compile_tree
 from elvin.subscription.lexer import more_tokens_than
-from elvin.subscription.workbudget import SCANNING_KINDS, PatternBudget
+from elvin.subscription.workbudget import PatternBudget, scans_strings
 from elvin.values import OPAQUE, STRING, type_of
 
 __all__ = ["Router", "RouterObserver", "ClientSession", "SessionState", "SessionOutput",
@@ -506,7 +506,7 @@ class Router(SessionHost):
                                       _ALWAYS_TREE, frozenset())
                 else:
                     evaluate = compile_tree(tree).fn
-                    if any(n.kind in SCANNING_KINDS for n in tree.walk()):
+                    if scans_strings(tree):
                         evaluate = self._pull_budget(session).metered(
                             evaluate, refused_means_true=True)
                     entry = PullEntry(next(self._sub_ids), session, evaluate,

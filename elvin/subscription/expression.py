@@ -13,7 +13,7 @@ from elvin.errors import SubscriptionError
 from elvin.protocols.xdr import decode_ast, encode_ast
 from elvin.subscription import analysis, checker, compiler, shapes
 from elvin.subscription.ast import Node
-from elvin.subscription.workbudget import SCANNING_KINDS
+from elvin.subscription.workbudget import scans_strings
 from elvin.subscription.printer import to_text
 from elvin.values import normalise
 
@@ -41,7 +41,7 @@ class Subscription:
     # tree of an expression of a known shape; slots, not a tuple: this is
     # per subscription.
     __slots__ = ("expression", "_tree", "_packed", "names", "_fn", "_template", "_kinds",
-                 "_values", "_recipe", "__weakref__")
+                 "_values", "_recipe", "_scans", "__weakref__")
 
     def __init__(self, expression):
         # Parsed once per shape (elvin.subscription.shapes): same tree,
@@ -67,6 +67,7 @@ class Subscription:
                 values = None
             self._values = values
             self._recipe = recipe
+            self._scans = False         # a recipe's are comparisons only
             return
         self._setup(expression, checked.tree, checked.names)
         if checked.template is not None:
@@ -97,6 +98,7 @@ class Subscription:
         self._packed = None
         self._template = None
         self._recipe = None
+        self._scans = scans_strings(tree)
         self.names = names if names is not None else frozenset(
             sys.intern(n) for n in tree.names())
         self._fn = compiled.fn
@@ -159,11 +161,10 @@ class Subscription:
         """Does evaluation scan strings (``regex``, ``wildcard``,
         ``contains``), at a cost that grows with their length? Such
         subscriptions are evaluated under their client's PatternBudget
-        (``elvin.subscription.workbudget``). Needs no tree for a
-        subscription with a recipe: those are comparisons only."""
-        if self._recipe is not None:
-            return False
-        return any(n.kind in SCANNING_KINDS for n in self.ast.walk())
+        (``elvin.subscription.workbudget``). Found once, with the tree at
+        hand: a compacted subscription shared by several clients is asked
+        again at each placement."""
+        return self._scans
 
     @property
     def evaluator(self):

@@ -23,7 +23,7 @@ except ImportError:  # pragma: no cover - google-re2 is a dependency
     re2 = None
 
 __all__ = ["PatternError", "PatternTooComplex", "wildcard_to_regex",
-           "compile_wildcards", "compile_regexes", "weighed_wildcards", "weighed_regexes",
+           "weighed_wildcards", "weighed_regexes",
            "check_regex", "check_wildcard",
            "ENGINE", "MAX_PROGRAM_MEMORY"]
 
@@ -180,11 +180,3 @@ def weighed_regexes(patterns):
     return search, sum(_weight(c, p) for c, p in zip(compiled, patterns))
 
 
-def compile_wildcards(patterns):
-    """Return a ``fullmatch`` callable true for any of ``patterns``."""
-    return weighed_wildcards(patterns)[0]
-
-
-def compile_regexes(patterns):
-    """Return a ``search`` callable true for any of ``patterns`` (unanchored)."""
-    return weighed_regexes(patterns)[0]

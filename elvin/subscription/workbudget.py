@@ -22,10 +22,15 @@ Evaluation is single-threaded (the reactor's), as is ``CURRENT``.
 
 from elvin.subscription.ast import Kind
 
-__all__ = ["PatternBudget", "CURRENT", "metered_test", "SCANNING_KINDS"]
+__all__ = ["PatternBudget", "CURRENT", "metered_test", "SCANNING_KINDS", "scans_strings"]
 
 #: The predicates whose work grows with the string they read.
 SCANNING_KINDS = frozenset({Kind.FUNC_REGEX, Kind.FUNC_WILDCARD, Kind.FUNC_CONTAINS})
+
+
+def scans_strings(tree):
+    """Does evaluating ``tree`` run a test whose work grows with a string?"""
+    return any(n.kind in SCANNING_KINDS for n in tree.walk())
 
 
 class _Current:
@@ -50,7 +55,6 @@ def metered_test(test, weight):
         if budget is not None and not budget.spend(weight * len(value)):
             return None
         return test(value)
-    metered.weight = weight
     return metered
 
 
