@@ -525,6 +525,25 @@ def attack_sessions(router, bystander, count):
 
 # -- (c) idle sockets under an open-file limit ---------------------------------
 
+def open_stalled(port, count, junk, every=2):
+    """``count`` sockets to ``port``, every ``every``-th sending ``junk``
+    (an unfinished record or request) and nothing more: ``(sockets,
+    seconds taken)``."""
+    socks = []
+    start = time.perf_counter()
+    for i in range(count):
+        s = socket.socket()
+        s.settimeout(5)
+        try:
+            s.connect(("127.0.0.1", port))
+            if i % every == every - 1:
+                s.sendall(junk)
+        except OSError:
+            pass
+        socks.append(s)
+    return socks, time.perf_counter() - start
+
+
 def attack_idle(limit, idle, clients, sessions):
     print(f"-- (c) idle sockets, router under an open-file limit of {limit} --")
     router = Router(limit=limit)
@@ -546,19 +565,7 @@ def attack_idle(limit, idle, clients, sessions):
                 ("HTTP", router.http, body_head,
                  "every one the headers of a 200 KB POST, no body yet")):
             watch = Watch(router, bystander)
-            socks = []
-            start = time.perf_counter()
-            for i in range(idle):
-                s = socket.socket()
-                s.settimeout(5)
-                try:
-                    s.connect(("127.0.0.1", port))
-                    if i % 2 or len(junk) > 100:
-                        s.sendall(junk)
-                except OSError:
-                    pass
-                socks.append(s)
-            opened = time.perf_counter() - start
+            socks, opened = open_stalled(port, idle, junk, every=1 if len(junk) > 100 else 2)
             rounds = [new_client_round_trips(router) for _ in range(clients)]
             watch.stop()
             line, met = watch.line()
@@ -594,19 +601,7 @@ def attack_handshakes(count, clients, settings):
     try:
         bystander = router.bystander()
         watch = Watch(router, bystander)
-        socks = []
-        start = time.perf_counter()
-        for i in range(count):
-            s = socket.socket()
-            s.settimeout(5)
-            try:
-                s.connect(("127.0.0.1", router.tls))
-                if i % 2:
-                    s.sendall(b"\x16\x03\x01\x02\x00\x01")
-            except OSError:
-                pass
-            socks.append(s)
-        opened = time.perf_counter() - start
+        socks, opened = open_stalled(router.tls, count, b"\x16\x03\x01\x02\x00\x01")
         time.sleep(1.0)
         rounds = [new_client_round_trips(router) for _ in range(clients)]
         held = router.open_files()
