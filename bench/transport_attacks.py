@@ -28,6 +28,10 @@ times the ConfConn; the router's RSS and CPU are sampled. Attacks:
   (half send nothing, half an unfinished ClientHello record), then as many
   HTTP connections sending no request (half nothing, half an unfinished
   request line); after each, new TCP, TLS and HTTP clients are timed.
+* ``handshakes`` (only when named): ``--handshakes`` (4,000) TLS sockets
+  that never finish the handshake under a high open-file limit, against a
+  router with its defaults and then with the handshake bounds off
+  (``max-tls-handshakes = 0``, ``tls-handshake-timeout = 0``).
 * ``udp``: 5 s floods of datagrams: valid UNotify of the largest size,
   UNotify over the attribute limits, malformed (a decodable prefix,
   then garbage) and random bytes. Counted: datagrams sent, UNotify the
@@ -77,7 +81,7 @@ CONNRQST = elvin_packets.ConnRqst(1, 4, 0, {}, elvin_packets.Keys.EMPTY, elvin_p
 class Router:
     """A ``twistd -n elvin`` subprocess listening on every transport."""
 
-    def __init__(self, limit=None, workdir=None):
+    def __init__(self, limit=None, workdir=None, settings=""):
         self.workdir = workdir or tempfile.mkdtemp(prefix="elvin-transports-")
         import trustme
         ca = trustme.CA()
@@ -99,7 +103,8 @@ class Router:
                     f"listen = elvin:/udp,none,xdr/127.0.0.1:{self.udp}\n"
                     f"status-listen = http://127.0.0.1:{self.status}\n"
                     f"tls-certificate = {self.cert}\ntls-key = {self.key}\n"
-                    f"Packet.Max-Length.Ceiling = {HARD_CEILINGS['Packet.Max-Length']}\n")
+                    f"Packet.Max-Length.Ceiling = {HARD_CEILINGS['Packet.Max-Length']}\n"
+                    + settings)
         code = ("import sys; sys.argv = ['twistd', '-n', '--pidfile=', 'elvin', '-c', %r]; "
                 "from twisted.scripts.twistd import run; run()" % conf)
         self.log_path = os.path.join(self.workdir, "router.log")
@@ -520,6 +525,25 @@ def attack_sessions(router, bystander, count):
 
 # -- (c) idle sockets under an open-file limit ---------------------------------
 
+def open_stalled(port, count, junk, every=2):
+    """``count`` sockets to ``port``, every ``every``-th sending ``junk``
+    (an unfinished record or request) and nothing more: ``(sockets,
+    seconds taken)``."""
+    socks = []
+    start = time.perf_counter()
+    for i in range(count):
+        s = socket.socket()
+        s.settimeout(5)
+        try:
+            s.connect(("127.0.0.1", port))
+            if i % every == every - 1:
+                s.sendall(junk)
+        except OSError:
+            pass
+        socks.append(s)
+    return socks, time.perf_counter() - start
+
+
 def attack_idle(limit, idle, clients, sessions):
     print(f"-- (c) idle sockets, router under an open-file limit of {limit} --")
     router = Router(limit=limit)
@@ -541,19 +565,7 @@ def attack_idle(limit, idle, clients, sessions):
                 ("HTTP", router.http, body_head,
                  "every one the headers of a 200 KB POST, no body yet")):
             watch = Watch(router, bystander)
-            socks = []
-            start = time.perf_counter()
-            for i in range(idle):
-                s = socket.socket()
-                s.settimeout(5)
-                try:
-                    s.connect(("127.0.0.1", port))
-                    if i % 2 or len(junk) > 100:
-                        s.sendall(junk)
-                except OSError:
-                    pass
-                socks.append(s)
-            opened = time.perf_counter() - start
+            socks, opened = open_stalled(port, idle, junk, every=1 if len(junk) > 100 else 2)
             rounds = [new_client_round_trips(router) for _ in range(clients)]
             watch.stop()
             line, met = watch.line()
@@ -573,6 +585,36 @@ def attack_idle(limit, idle, clients, sessions):
         print("  router log: " + " | ".join(
             line.split("] ", 1)[-1][:160]
             for line in router.log_lines("at their cap", "refusing channel")[:4]))
+    finally:
+        router.stop()
+    return ok
+
+
+def attack_handshakes(count, clients, settings):
+    """``count`` TLS sockets that never finish their handshake (half send
+    nothing, half an unfinished ClientHello record, whose read buffer is
+    the larger), opened at once under a high open-file limit, against a
+    router with its defaults plus ``settings``."""
+    label = settings.strip().replace("\n", ", ") or "defaults"
+    print(f"-- (e) {count} stalled TLS handshakes, router with {label} --")
+    router = Router(settings=settings)
+    try:
+        bystander = router.bystander()
+        watch = Watch(router, bystander)
+        socks, opened = open_stalled(router.tls, count, b"\x16\x03\x01\x02\x00\x01")
+        time.sleep(1.0)
+        rounds = [new_client_round_trips(router) for _ in range(clients)]
+        held = router.open_files()
+        watch.stop()
+        line, met = watch.line()
+        closed = closed_count(socks)
+        sockets = router.totals().get("sockets", {}).get("client", {})
+        print(f"  opened in {opened:.1f} s; {closed} closed by the router by the end; "
+              f"router open files {held}; closed in handshake "
+              f"{sockets.get('closed_in_handshake')}; {line}")
+        ok = show_round_trips("with the stalled handshakes held", rounds) and met
+        for s in socks:
+            s.close()
     finally:
         router.stop()
     return ok
@@ -654,25 +696,28 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("attacks", nargs="*",
                         default=["subscription", "frames", "sessions", "idle", "udp"],
-                        help="subscription, frames, sessions, idle, udp (default: all)")
+                        help="subscription, frames, sessions, idle, udp, handshakes "
+                             "(default: all but handshakes)")
     parser.add_argument("--connections", type=int, default=200)
     parser.add_argument("--sessions", type=int, default=20)
     parser.add_argument("--tunnels", type=int, default=2000,
                         help="tunnel sessions without ConnRqst (sessions, idle)")
     parser.add_argument("--limit", type=int, default=1024)
     parser.add_argument("--idle", type=int, default=1030)
+    parser.add_argument("--handshakes", type=int, default=4000,
+                        help="stalled TLS handshakes (handshakes)")
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--senders", type=int, default=2)
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    needed = 2 * args.idle + args.connections + 200
+    needed = 2 * max(args.idle, args.handshakes) + args.connections + 200
     if soft < needed:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, needed * 2), hard))
     print(f"{platform.node()} {platform.platform()}, python {platform.python_version()}, "
           f"{os.cpu_count()} cpus, {time.strftime('%Y-%m-%d %H:%M %Z')}")
     ok = True
-    needs_router = [a for a in args.attacks if a != "idle"]
+    needs_router = [a for a in args.attacks if a not in ("idle", "handshakes")]
     if needs_router:
         router = Router()
         print(f"router pid {router.pid}: tcp {router.tcp}, tls {router.tls}, http "
@@ -693,6 +738,9 @@ def main():
             router.stop()
     if "idle" in args.attacks:
         ok = attack_idle(args.limit, args.idle, args.clients, args.tunnels) and ok
+    if "handshakes" in args.attacks:
+        for settings in ("", "max-tls-handshakes = 0\ntls-handshake-timeout = 0\n"):
+            ok = attack_handshakes(args.handshakes, args.clients, settings) and ok
     print(f"targets (bystander within {RTT_TARGET_S} s, RSS +{RSS_TARGET_MIB} MiB at most, "
           f"new clients served): {'met' if ok else 'MISSED'}")
     return 0 if ok else 1

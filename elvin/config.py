@@ -20,6 +20,7 @@ from elvin.federation.config import FederationConfig
 from elvin.protocols.framing import DEFAULT_MAX_RECEIVE_MEMORY
 from elvin.core.options import CEILING_SUFFIX, HARD_CEILINGS, OPTIONS
 from elvin.core.quench import DEFAULT_MAX_QUENCH_MEMORY
+from elvin.core.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_HANDSHAKES
 from elvin.core.router import (DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES, DEFAULT_MAX_PATTERN_WORK,
                                DEFAULT_MAX_EVALUATION_BYTES, DEFAULT_MAX_CLIENT_QUENCHES,
                                DEFAULT_MAX_SUBSCRIPTION_TOKENS, MAX_PROTOCOL_ERRORS,
@@ -147,6 +148,15 @@ ROUTER_SETTINGS = (
             "seconds, oldest first, instead of after `connect-timeout` or the HTTP idle "
             "timeout; at the cap the oldest idle one is closed to admit a new connection "
             "(docs/reliability.md). More than 0."),
+    Setting("max-tls-handshakes", at_least(0), DEFAULT_MAX_HANDSHAKES, "`1024`",
+            "Most connections in a TLS handshake at once, over every TLS listener "
+            "(clients, federation, an https status page); one more closes the oldest "
+            "still in its handshake. A connection costs 10-47 KB until its handshake "
+            "ends, so this bounds what stalled handshakes hold. `0`: no cap. See "
+            "docs/reliability.md."),
+    Setting("tls-handshake-timeout", duration(True), DEFAULT_HANDSHAKE_TIMEOUT, "`10`",
+            "Seconds a TLS connection has to finish its handshake; then it is closed. "
+            "`0`: only `connect-timeout` applies. Not negative."),
     Setting("max-protocol-errors", at_least(0), MAX_PROTOCOL_ERRORS, "`50`",
             "A client making this many protocol errors (requests Nacked with a 1xxx "
             "code) within `protocol-error-window` seconds is disconnected with Disconn "

@@ -602,6 +602,16 @@ def _memory_cap(setting, owner):
     return apply
 
 
+def _handshake_limit(attr, setting):
+    """Apply a TLS handshake bound ``setting`` to the connection budget."""
+    def apply(router, new):
+        admission = getattr(router, "admission", None)
+        if admission is not None:
+            setattr(admission.budget, attr, getattr(new, setting))
+            admission.watch()
+    return apply
+
+
 #: The router settings a reload applies, each with how (None: through
 #: ``fit_connections``, or read from the configuration when next needed);
 #: the reload line names every one that changed (``reloaded_changes``).
@@ -624,6 +634,8 @@ RELOADED = {
     "max-quench-memory": _memory_cap("max_quench_memory", lambda r: r.quench),
     "max-receive-memory": _memory_cap("max_receive_memory", receive_budget_of),
     "redirect-to": None,                     # read by the next drain
+    "max-tls-handshakes": _handshake_limit("max_handshakes", "max_tls_handshakes"),
+    "tls-handshake-timeout": _handshake_limit("handshake_timeout", "tls_handshake_timeout"),
 }
 
 #: Settings a reload does not apply (docs/operations.md): the status
@@ -704,7 +716,9 @@ def makeService(options, reactor=None):
                     max_evaluation_bytes=config.max_evaluation_bytes,
                     max_client_quenches=config.max_client_quenches)
     router.admission = Admission(connection_caps(config), reactor,
-                                 config.crowded_idle_timeout)
+                                 config.crowded_idle_timeout,
+                                 max_handshakes=config.max_tls_handshakes,
+                                 handshake_timeout=config.tls_handshake_timeout)
     receive_budget_of(router).max_bytes = config.max_receive_memory
     router.quench.max_bytes = config.max_quench_memory
     parent = getattr(options, "parent", None)

@@ -23,11 +23,22 @@ open-file limit. :class:`ConnectionBudget` then decides, at accept time:
 
 So idle sockets, however many, cannot keep a client that speaks at once
 from connecting and being served.
+
+A TLS connection costs the router far more than a plain one before its
+handshake ends (the TLS layer's buffers: 10-47 KB against about 4 KB),
+so connections in a TLS handshake are bounded across all pools as well:
+
+* at most ``max_handshakes`` at once (``max-tls-handshakes``): one more
+  closes the oldest still in its handshake (a real handshake takes a few
+  round trips, so the oldest is the likeliest to be stalled);
+* each has ``handshake_timeout`` seconds (``tls-handshake-timeout``) to
+  finish it, then is closed.
 """
 
 import time
 
 __all__ = ["ConnectionBudget", "Ticket", "Pool", "fit_caps", "CROWDED", "REAP_SLACK",
+           "DEFAULT_MAX_HANDSHAKES", "DEFAULT_HANDSHAKE_TIMEOUT",
            "CLIENT", "FEDERATION", "STATUS", "SETTING"]
 
 #: The pools, and the setting each one's cap comes from.
@@ -40,6 +51,11 @@ CROWDED = 0.9
 
 #: Connections closed to make room that may still hold their file.
 REAP_SLACK = 16
+
+#: Connections in a TLS handshake at once (``max-tls-handshakes``) and the
+#: seconds each has to finish it (``tls-handshake-timeout``).
+DEFAULT_MAX_HANDSHAKES = 1024
+DEFAULT_HANDSHAKE_TIMEOUT = 10.0
 
 
 def fit_caps(open_files, wanted, reserved):
@@ -72,7 +88,8 @@ class Ticket:
     being served), :meth:`idle` when it stops, and :meth:`release` when it
     is gone. ``close`` (given by the owner) closes it at once."""
 
-    __slots__ = ("pool", "close", "opened", "idle_since", "reaped", "released")
+    __slots__ = ("pool", "close", "opened", "idle_since", "reaped", "released",
+                 "handshake_since")
 
     def __init__(self, pool, close, now):
         self.pool = pool
@@ -81,6 +98,8 @@ class Ticket:
         self.idle_since = now
         self.reaped = False
         self.released = False
+        #: When its TLS handshake began, while it is in one; else None.
+        self.handshake_since = None
 
     @property
     def is_idle(self):
@@ -88,6 +107,12 @@ class Ticket:
 
     def busy(self):
         self.pool.idle.pop(self, None)
+
+    def handshake_done(self):
+        """Its TLS handshake finished: no longer bounded as one."""
+        if self.handshake_since is not None:
+            self.handshake_since = None
+            self.pool.handshakes.pop(self, None)
 
     def idle(self):
         if not (self.released or self.reaped):
@@ -101,6 +126,9 @@ class Ticket:
         self.released = True
         pool = self.pool
         pool.idle.pop(self, None)
+        if self.handshake_since is not None:
+            self.handshake_since = None
+            pool.handshakes.pop(self, None)
         pool.open -= 1
         if self.reaped:
             pool.closing -= 1
@@ -110,7 +138,7 @@ class Pool:
     """The connections of one kind: how many are open, which are idle
     (oldest first), and what was refused or closed."""
 
-    def __init__(self, name, cap, now):
+    def __init__(self, name, cap, now, handshakes=None):
         self.name = name
         self.cap = cap
         self.now = now
@@ -119,9 +147,14 @@ class Pool:
         self.idle = {}         # Ticket -> None, in the order they became idle
         self.refused = 0
         self.reaped = 0
+        #: Connections in a TLS handshake, of every pool (shared), oldest first.
+        self.handshakes = {} if handshakes is None else handshakes
+        #: Closed in their TLS handshake: for a newer one, or out of time.
+        self.handshakes_closed = 0
         self._last_report = None
         self._refused_reported = 0
         self._reaped_reported = 0
+        self._handshakes_reported = 0
 
     @property
     def crowded(self):
@@ -131,7 +164,8 @@ class Pool:
 
     def stats(self):
         return {"open": self.open, "cap": self.cap, "idle": len(self.idle),
-                "refused": self.refused, "closed_idle": self.reaped}
+                "refused": self.refused, "closed_idle": self.reaped,
+                "closed_in_handshake": self.handshakes_closed}
 
 
 class ConnectionBudget:
@@ -139,11 +173,19 @@ class ConnectionBudget:
     idle connections to close. ``now`` is the clock (seconds)."""
 
     def __init__(self, caps, crowded_timeout=2.0, now=time.monotonic,
-                 report_interval=10.0):
+                 report_interval=10.0, max_handshakes=DEFAULT_MAX_HANDSHAKES,
+                 handshake_timeout=DEFAULT_HANDSHAKE_TIMEOUT):
         self.now = now
         self.crowded_timeout = crowded_timeout
         self.report_interval = report_interval
-        self.pools = {name: Pool(name, cap, now) for name, cap in caps.items()}
+        #: Most connections in a TLS handshake at once (0: no cap), and the
+        #: seconds each may take (0: no limit beyond the connect timeout).
+        self.max_handshakes = max_handshakes
+        self.handshake_timeout = handshake_timeout
+        #: Connections in a TLS handshake (Ticket -> None), oldest first.
+        self.handshakes = {}
+        self.pools = {name: Pool(name, cap, now, self.handshakes)
+                      for name, cap in caps.items()}
 
     def set_cap(self, name, cap):
         self.pools[name].cap = cap
@@ -170,6 +212,28 @@ class ConnectionBudget:
         pool.idle[ticket] = None
         return ticket
 
+    def handshaking(self, ticket):
+        """``ticket``'s connection starts a TLS handshake: the Ticket of
+        the oldest other one in a handshake, which the caller must close
+        (``victim.close()``) when that makes more than ``max_handshakes``;
+        else None."""
+        ticket.handshake_since = self.now()
+        handshakes = self.handshakes
+        handshakes[ticket] = None
+        if not self.max_handshakes or len(handshakes) <= self.max_handshakes:
+            return None
+        victim = next(iter(handshakes))
+        self._end_handshake(victim)
+        return victim
+
+    def _end_handshake(self, ticket):
+        """``ticket`` is to be closed in its handshake (no longer a
+        candidate to close as idle either)."""
+        del self.handshakes[ticket]
+        ticket.handshake_since = None
+        ticket.pool.idle.pop(ticket, None)
+        ticket.pool.handshakes_closed += 1
+
     def _reap(self, ticket):
         pool = ticket.pool
         del pool.idle[ticket]
@@ -178,10 +242,20 @@ class ConnectionBudget:
         pool.reaped += 1
 
     def expired(self):
-        """Idle connections of crowded pools, idle for ``crowded_timeout``
-        seconds or more, oldest first: the caller closes each."""
-        deadline = self.now() - self.crowded_timeout
+        """Connections to close now, oldest first: the caller closes each.
+        Those out of time in their TLS handshake, then idle ones of
+        crowded pools idle for ``crowded_timeout`` seconds or more."""
         out = []
+        if self.handshake_timeout:
+            late = self.now() - self.handshake_timeout
+            handshakes = self.handshakes
+            while handshakes:
+                ticket = next(iter(handshakes))
+                if ticket.handshake_since > late:
+                    break
+                self._end_handshake(ticket)
+                out.append(ticket)
+        deadline = self.now() - self.crowded_timeout
         for pool in self.pools.values():
             while pool.idle and pool.crowded:
                 ticket = next(iter(pool.idle))
@@ -193,9 +267,13 @@ class ConnectionBudget:
 
     def next_expiry(self):
         """Seconds until :meth:`expired` has something, or None while no
-        pool is crowded or a crowded pool has nothing idle."""
+        connection is in a TLS handshake (with a timeout) and no crowded
+        pool has anything idle."""
         waits = [next(iter(pool.idle)).idle_since + self.crowded_timeout
                  for pool in self.pools.values() if pool.idle and pool.crowded]
+        if self.handshakes and self.handshake_timeout:
+            waits.append(next(iter(self.handshakes)).handshake_since
+                         + self.handshake_timeout)
         return max(0.0, min(waits) - self.now()) if waits else None
 
     def report(self, name):
@@ -208,16 +286,27 @@ class ConnectionBudget:
             return None
         refused = pool.refused - pool._refused_reported
         reaped = pool.reaped - pool._reaped_reported
-        if not (refused or reaped):
+        in_handshake = pool.handshakes_closed - pool._handshakes_reported
+        if not (refused or reaped or in_handshake):
             return None
         since = ("" if pool._last_report is None
                  else f" in the last {now - pool._last_report:.0f} s")
         pool._last_report = now
         pool._refused_reported, pool._reaped_reported = pool.refused, pool.reaped
-        return (f"{name} connections at their cap ({pool.open} open, {SETTING[name]} "
-                f"{pool.cap}){since}: {refused} refused when accepted, {reaped} idle "
-                f"one(s) closed to make room")
+        pool._handshakes_reported = pool.handshakes_closed
+        parts = []
+        if refused or reaped:
+            parts.append(f"{name} connections at their cap ({pool.open} open, "
+                         f"{SETTING[name]} {pool.cap}){since}: {refused} refused when "
+                         f"accepted, {reaped} idle one(s) closed to make room")
+        if in_handshake:
+            parts.append(f"{in_handshake} {name} connection(s) closed in their TLS "
+                         f"handshake{since if not parts else ''}: more than "
+                         f"max-tls-handshakes {self.max_handshakes} at once, or "
+                         f"longer than tls-handshake-timeout {self.handshake_timeout:g} s")
+        return "; ".join(parts)
 
     def stats(self):
-        """``{pool: {open, cap, idle, refused, closed_idle}}``."""
+        """``{pool: {open, cap, idle, refused, closed_idle,
+        closed_in_handshake}}``."""
         return {name: pool.stats() for name, pool in self.pools.items()}

@@ -139,11 +139,14 @@ class RouterCollector:
              "with nothing idle to close."),
             (CounterMetricFamily, "elvin_sockets_closed_idle", "closed_idle",
              "Idle connections (no ConnRqst yet; HTTP between requests) closed to "
-             "make room, or after crowded-idle-timeout in a crowded pool."))
+             "make room, or after crowded-idle-timeout in a crowded pool."),
+            (CounterMetricFamily, "elvin_sockets_closed_in_handshake", "closed_in_handshake",
+             "TLS connections closed before their handshake ended: beyond "
+             "max-tls-handshakes at once, or longer than tls-handshake-timeout."))
         for kind, name, key, text in families:
             family = kind(name, text, labels=["pool"])
             for pool, stats in pools.items():
-                family.add_metric([pool], stats[key])
+                family.add_metric([pool], stats.get(key, 0))
             yield family
 
     @staticmethod

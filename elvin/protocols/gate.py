@@ -13,17 +13,21 @@ time.
   ``admission`` (set on the outermost protocol and every
   ``wrappedProtocol`` under it) and mark it busy or idle;
   ``ElvinServerProtocol`` and :class:`AdmittedHTTPChannel` do.
-* A timer closes the idle connections of crowded pools (``expired``).
+* A timer closes the idle connections of crowded pools (``expired``),
+  and connections out of time in their TLS handshake; a TLS connection
+  beyond ``max-tls-handshakes`` closes the oldest still in a handshake.
 """
 
 import time
 
 from twisted.internet.interfaces import IStreamServerEndpoint
 from twisted.logger import Logger
+from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.web import http
 from zope.interface import implementer
 
-from elvin.core.admission import CLIENT, REAP_SLACK, SETTING, ConnectionBudget, fit_caps
+from elvin.core.admission import (CLIENT, DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_HANDSHAKES,
+                                  REAP_SLACK, SETTING, ConnectionBudget, fit_caps)
 
 __all__ = ["Admission", "GateFactory", "GatedEndpoint", "AdmittedHTTPChannel",
            "raise_open_file_limit", "open_file_limit"]
@@ -113,6 +117,12 @@ class GateFactory:
         while inner is not None:
             inner.admission = ticket
             inner = getattr(inner, "wrappedProtocol", None)
+        if isinstance(proto, TLSMemoryBIOProtocol):
+            # Bounded while in its handshake (ServerTLSOptions says when it ends).
+            stalled = admission.budget.handshaking(ticket)
+            if stalled is not None:
+                stalled.close()
+                admission.note(stalled.pool.name)
         lost = proto.connectionLost
 
         def connectionLost(*args, **kwargs):
@@ -150,10 +160,14 @@ class Admission:
 
     log = Logger()
 
-    def __init__(self, caps, clock, crowded_timeout=2.0):
+    def __init__(self, caps, clock, crowded_timeout=2.0,
+                 max_handshakes=DEFAULT_MAX_HANDSHAKES,
+                 handshake_timeout=DEFAULT_HANDSHAKE_TIMEOUT):
         self.clock = clock
         self.budget = ConnectionBudget(caps, crowded_timeout,
-                                       now=getattr(clock, "seconds", time.monotonic))
+                                       now=getattr(clock, "seconds", time.monotonic),
+                                       max_handshakes=max_handshakes,
+                                       handshake_timeout=handshake_timeout)
         self.configured = dict(caps)
         self._sweep = None
 

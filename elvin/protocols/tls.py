@@ -207,7 +207,9 @@ class ServerTLSOptions:
         self.context = context
 
     def serverConnectionForTLS(self, protocol):
-        return _ServerConnection(self.context)
+        # The connection's admission ticket (elvin.protocols.gate), if it
+        # has one, is told when the handshake ends.
+        return _ServerConnection(self.context, getattr(protocol, "admission", None))
 
 
 def _openssl_error(e):
@@ -235,7 +237,8 @@ def _ssl_reason(e):
 class _ServerConnection:
     """One server-side TLS connection on memory BIOs (see ServerTLSOptions)."""
 
-    def __init__(self, context):
+    def __init__(self, context, admission=None):
+        self._admission = admission
         self._incoming = stdssl.MemoryBIO()
         self._outgoing = stdssl.MemoryBIO()
         self._tls = context.wrap_bio(self._incoming, self._outgoing, server_side=True)
@@ -258,6 +261,9 @@ class _ServerConnection:
 
     def do_handshake(self):
         self._call(self._tls.do_handshake)
+        if self._admission is not None:
+            self._admission.handshake_done()
+            self._admission = None
 
     def recv(self, size):
         data = self._call(self._tls.read, size)

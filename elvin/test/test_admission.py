@@ -191,6 +191,51 @@ class BudgetTests(unittest.TestCase):
             ticket.release()
         self.assertIsNone(self.budget.next_expiry())
 
+    def test_handshakes_beyond_the_cap_close_the_oldest(self):
+        self.budget.max_handshakes = 3
+        tickets = []
+        for pool in (CLIENT, STATUS, CLIENT):
+            tickets.append(self.open(pool))
+            self.assertIsNone(self.budget.handshaking(tickets[-1]))
+            self.clock.advance(1)
+        tickets[1].handshake_done()          # finished: no longer counted
+        fourth = self.open()
+        self.assertIsNone(self.budget.handshaking(fourth))
+        fifth = self.open()
+        self.assertIs(self.budget.handshaking(fifth), tickets[0])    # over every pool
+        self.assertFalse(tickets[0].is_idle)   # not closed a second time as idle
+        self.assertEqual(self.budget.pools[CLIENT].handshakes_closed, 1)
+        self.assertEqual(self.budget.stats()[CLIENT]["closed_in_handshake"], 1)
+        tickets[0].release()
+        fourth.release()                      # gone in its handshake: not counted
+        self.assertEqual(list(self.budget.handshakes), [tickets[2], fifth])
+        self.assertIn("1 client connection(s) closed in their TLS handshake",
+                      self.budget.report(CLIENT))
+
+    def test_handshakes_out_of_time_are_closed(self):
+        self.budget.handshake_timeout = 5.0
+        slow, quick = self.open(), self.open()
+        self.budget.handshaking(slow)
+        self.assertEqual(self.budget.next_expiry(), 5.0)
+        self.clock.advance(3)
+        self.budget.handshaking(quick)
+        self.clock.advance(1)
+        quick.handshake_done()
+        self.assertEqual(self.budget.expired(), [])
+        self.clock.advance(1)
+        self.assertEqual(self.budget.expired(), [slow])
+        self.assertIsNone(self.budget.next_expiry())
+        self.assertEqual(self.budget.pools[CLIENT].handshakes_closed, 1)
+
+    def test_no_handshake_bounds_when_switched_off(self):
+        self.budget.max_handshakes = 0
+        self.budget.handshake_timeout = 0
+        for _ in range(5):
+            self.assertIsNone(self.budget.handshaking(self.open()))
+        self.clock.advance(3600)
+        self.assertEqual(self.budget.expired(), [])
+        self.assertIsNone(self.budget.next_expiry())
+
     def test_report_is_rate_limited(self):
         for _ in range(2):
             self.open(STATUS).busy()
@@ -252,7 +297,7 @@ class GateTests(unittest.TestCase):
         self.accept()
         sockets = snapshot(self.router)["totals"]["sockets"]
         self.assertEqual(sockets[CLIENT], {"open": 5, "cap": 5, "idle": 0, "refused": 1,
-                                           "closed_idle": 0})
+                                           "closed_idle": 0, "closed_in_handshake": 0})
         text = generate_latest(registry_for(lambda: snapshot(self.router)))
         self.assertIn(b'elvin_sockets_refused_total{pool="client"} 1.0', text)
         self.assertIn(b'elvin_sockets_open{pool="client"} 5.0', text)
@@ -327,6 +372,58 @@ class GateTests(unittest.TestCase):
         self.accept(gate)
         self.assertEqual(self.accept(gate)[0] is not None, True)   # made room
         self.assertTrue(transport.aborted)                  # the oldest idle one
+
+    def tls_gate(self):
+        """A TLS listener's outermost factory, and the client side's TLS
+        context (trusting the listener's certificate)."""
+        import ssl
+        import trustme
+        from twisted.protocols.tls import TLSMemoryBIOFactory
+        from elvin.protocols.tls import server_options
+        ca = trustme.CA()
+        pem = ca.issue_cert("localhost").private_key_and_cert_chain_pem.bytes()
+        tls = TLSMemoryBIOFactory(server_options(pem), False, self.factory, self.clock)
+        context = ssl.create_default_context()
+        ca.configure_trust(context)
+        return GateFactory(tls, self.admission, CLIENT), context
+
+    def handshake(self, proto, transport, context):
+        """Run a TLS client's handshake with ``proto`` in memory."""
+        import ssl
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        client = context.wrap_bio(incoming, outgoing, server_hostname="localhost")
+        for _ in range(10):
+            try:
+                client.do_handshake()
+            except ssl.SSLWantReadError:
+                pass
+            else:
+                proto.dataReceived(outgoing.read())     # the client's Finished
+                return client
+            proto.dataReceived(outgoing.read())
+            self.clock.advance(0)
+            incoming.write(transport.value())
+            transport.clear()
+        self.fail("no handshake")
+
+    def test_stalled_tls_handshakes_are_bounded(self):
+        gate, context = self.tls_gate()
+        self.admission.budget.max_handshakes = 2
+        self.admission.budget.handshake_timeout = 10.0
+        stalled = [self.accept(gate) for _ in range(2)]       # never say a word
+        with capturedLogs() as events:
+            third = self.accept(gate)
+        self.assertTrue(stalled[0][1].aborted)               # the oldest went
+        self.assertFalse(stalled[1][1].aborted)
+        self.assertIn("closed in their TLS handshake", events[0]["line"])
+        self.handshake(*third, context)                      # a real client gets in
+        self.assertEqual(list(self.admission.budget.handshakes),
+                         [stalled[1][0].admission])
+        self.clock.advance(10)
+        self.assertTrue(stalled[1][1].aborted)               # out of time
+        self.assertFalse(third[1].aborted)
+        self.assertEqual(self.admission.budget.pools[CLIENT].handshakes_closed, 2)
+        self.assertEqual(self.admission.budget.pools[CLIENT].open, 1)
 
     def test_every_stream_listener_is_gated_beneath_tls(self):
         from twisted.internet.ssl import CertificateOptions
