@@ -766,6 +766,32 @@ class ClientSession:
         """The transport could not unmarshal a packet: a protocol violation."""
         self.violation(f"undecodable packet: {reason}")
 
+    def bad_utf8(self, pkt_id, xid, offset, reason):
+        """A packet held a string that is not UTF-8 (at byte ``offset``).
+
+        The spec gives this its own protocol error, BAD_UTF8 (1006, whose
+        argument is the offset), so a request that may come now is Nacked
+        with it and the session goes on (7.3.3), as for any other bad
+        argument; a notification is ignored (7.3.3), counted like a
+        repeated attribute name. ``xid``: the request's, or None when the
+        packet was too short to hold one. Anything else (a request out of
+        turn, a packet without strings) is the violation it would be."""
+        if self.state in (self.CLOSING, self.CLOSED):
+            return
+        kind = _STRING_PACKETS.get(pkt_id)
+        state = self.state
+        if kind is packets.NotifyEmit and state == self.CONNECTED:
+            self.ignore_notification(reason, counts=True)
+        elif kind is packets.UNotify and state in (self.NEW, self.UNOTIFY):
+            self.state = self.UNOTIFY
+            self.ignore_notification(reason, counts=True)
+        elif xid is not None and (kind is packets.ConnRqst and state == self.NEW or
+                                  kind in _STRING_REQUESTS and state == self.CONNECTED):
+            self.protocol_error(xid, errors.BAD_UTF8, f"{kind.__name__}: {reason}",
+                                (offset,))
+        else:
+            self.decode_failed(reason)
+
     def notification_faulty(self, packet, problem):
         """A NotifyEmit or UNotify that decoded only by taking the last value
         of a repeated attribute name (``problem`` says which:
@@ -1543,5 +1569,11 @@ _HANDLERS = {
 
 #: pkt_ids a client may send; a transport refuses any other undecoded.
 CLIENT_PACKET_IDS = frozenset(cls.ID for cls in _HANDLERS)
+#: The requests a client sends that hold strings (ClientSession.bad_utf8).
+_STRING_REQUESTS = frozenset((packets.QosRqst, packets.SubAddRqst, packets.SubModRqst,
+                              packets.QnchAddRqst, packets.QnchModRqst))
+#: pkt_id -> class of every client packet that holds strings.
+_STRING_PACKETS = {cls.ID: cls for cls in _STRING_REQUESTS | {
+    packets.ConnRqst, packets.NotifyEmit, packets.UNotify}}
 #: A subclass (the proxy's ProxyClient) dispatches to its own handlers.
 ClientSession.HANDLERS = _HANDLERS
