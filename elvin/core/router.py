@@ -1177,7 +1177,10 @@ class ClientSession:
             self.protocol_error(packet.xid, errors.EMPTY_QUENCH,
                                 "a quench needs at least one attribute name")
             return
-        if self._quench_problem(packet.xid, packet.names, len(self.quenches) + 1):
+        # A quench is "a set of named attributes" (section 5.4.4): one named twice in a
+        # request is the same name, in QnchAddRqst as in QnchModRqst.
+        names = tuple(dict.fromkeys(packet.names))
+        if self._quench_problem(packet.xid, names, len(self.quenches) + 1):
             return
         keys = self._keys(packet.xid, packet.keys, PRODUCER, _SUBSCRIPTION_KEYS)
         if keys is None:
@@ -1189,7 +1192,7 @@ class ClientSession:
             self.protocol_error(packet.xid, errors.IMPL_LIMIT,
                                 "the router holds its maximum number of quenches")
             return
-        quench = QuenchEntry(next(router._quench_ids), self, packet.names,
+        quench = QuenchEntry(next(router._quench_ids), self, names,
                              packet.deliver_insecure, keys)
         if not router.quench.affordable(quench.cost):
             self._quench_memory_full(packet.xid)
@@ -1205,14 +1208,16 @@ class ClientSession:
                                 f"no such quench: {packet.quench_id}",
                                 (_id_arg(packet.quench_id),))
             return
+        # ATTR_EXISTS and NO_SUCH_ATTR are about the quench as it was: a
+        # name given twice in one list is given once (see _qnch_add).
         names = set(quench.names)
-        for name in packet.names_add:
+        for name in dict.fromkeys(packet.names_add):
             if name in names:
                 self.protocol_error(packet.xid, errors.ATTR_EXISTS,
                                     f"quench already has attribute {name!r}", (name,))
                 return
             names.add(name)
-        for name in packet.names_del:
+        for name in dict.fromkeys(packet.names_del):
             if name not in names:
                 self.protocol_error(packet.xid, errors.NO_SUCH_ATTR,
                                     f"quench has no attribute {name!r}", (name,))
