@@ -438,9 +438,9 @@ class RouterService(BindingService):
                                             follow_redirects=False)
                 await conn.close()
         except Exception as e:
-            self.log.warn("drain: {uri}, advertised by {name}, does not answer ({e}); "
+            self.log.warn("drain: {uri}, advertised by {name}, does not answer ({why}); "
                           "not sending clients there", uri=_short(uri), name=record.name,
-                          e=str(e) or type(e).__name__)
+                          why=str(e) or type(e).__name__)
             return False
         return True
 
