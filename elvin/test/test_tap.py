@@ -431,11 +431,8 @@ class ReloadMessageTests(unittest.TestCase):
 
     def log_events(self):
         """Every log event from now on, as a list."""
-        from twisted.logger import globalLogPublisher
-        events = []
-        globalLogPublisher.addObserver(events.append)
-        self.addCleanup(globalLogPublisher.removeObserver, events.append)
-        return events
+        from elvin.test.logjson import log_events
+        return log_events(self)
 
     def started(self, text):
         """A router made from a file holding ``text``: (file's path, router)."""
