@@ -248,7 +248,7 @@ class FederationManager(RouterObserver):
             self.links.remove(link)
         if link.dial is not None:
             link.dial.went_down(link, reason)
-        elif was_up:
+        elif was_up and not link.outgoing:
             self.incoming.went_down(link, reason)
         call = self._refresh_calls.pop(link, None)
         if call is not None and call.active():

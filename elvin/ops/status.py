@@ -186,11 +186,12 @@ def _links(federation: "FederationManager") -> list[dict[str, Any]]:
         else:
             rows.append(_dial_row(dial, now))
     incoming = federation.incoming
-    for link in up:
-        if link not in shown:
-            rows.append(_link_row(federation, link, now, past=incoming.past(link.peer_domain)))
+    others = [link for link in up if link not in shown]
+    for link in others:
+        past = incoming.past(link.peer_domain) if not link.outgoing else None
+        rows.append(_link_row(federation, link, now, past=past))
     rows.extend(_gone_row(peer, now) for peer in incoming.down(
-        link.peer_domain for link in up if link not in shown))
+        link.peer_domain for link in others if not link.outgoing))
     return rows
 
 
