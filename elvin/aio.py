@@ -40,7 +40,7 @@ from elvin.core.options import OPTIONS
 from elvin.keys import Keys, consumer_keys, dual_keys, producer_keys
 from elvin.protocols import packets
 from elvin.protocols.xdr import DecodeError
-from elvin.uri import ElvinURI, proxy_options_problem
+from elvin.uri import ElvinURI, options_problem
 from elvin.values import normalise
 
 __all__ = ["connect", "unotify", "Connection", "Subscription", "Quench", "Reconnect",
@@ -719,7 +719,7 @@ async def _open(uri: ElvinURI, loop: asyncio.AbstractEventLoop,
                    "elvin.client's only)")
         raise ConnectFailed(f"{uri}: the asyncio and blocking clients (elvin.aio, "
                             f"elvin.sync) speak tcp and TLS stacks; {why}")
-    problem = proxy_options_problem(uri)
+    problem = options_problem(uri)
     if problem is not None:
         raise ConnectFailed(problem)
     kwargs: Dict[str, Any] = {}

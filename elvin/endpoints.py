@@ -24,7 +24,7 @@ import ipaddress
 from twisted.application.internet import StreamServerEndpointService, UDPServer
 from twisted.internet import defer, endpoints
 
-from elvin.uri import ElvinURI, proxy_options_problem
+from elvin.uri import ElvinURI, options_problem
 
 __all__ = ["check_supported", "stack_kind", "server_endpoint", "client_endpoint",
            "listener_service", "StreamListenerService", "DatagramListenerService", "bind_new", "close_unused",
@@ -60,7 +60,7 @@ def check_supported(uri):
         raise UnsupportedStackError(
             f"{uri}: protocol stack {','.join(uri.protocol)} is not supported "
             f"(supported: {supported}; 'secure' means ssl,none,xdr)")
-    problem = proxy_options_problem(uri) if isinstance(uri, ElvinURI) else None
+    problem = options_problem(uri) if isinstance(uri, ElvinURI) else None
     if problem is not None:
         raise UnsupportedStackError(problem)
     return uri

@@ -152,6 +152,7 @@ def check_listeners(config):
     if status is not None and status[0] == "https":
         tls_users.append(("status-listen", f"https://{status[1]}:{status[2]}", None))
     if not tls_users:
+        _warn_unused_tls_settings(config, federation)
         return
     if not config.tls_certificate:
         name, value, port = tls_users[0]
@@ -174,6 +175,29 @@ def check_listeners(config):
 
 
 _log = Logger()
+
+
+def _warn_unused_tls_settings(config, federation):
+    """Log one line when ``tls-ca`` or ``require-authenticated`` is set but
+    nothing uses it (no listener is TLS), so a router an operator believes
+    to authenticate its clients does not start silently without."""
+    unused = []
+    if getattr(config, "require_authenticated", False):
+        unused.append("require-authenticated")
+    dials_tls = federation is not None and federation.enabled and (
+        federation.requires_authentication() or any(
+            stack_kind(uri) == TLS for c in federation.classes.values() for uri in c.connect))
+    if getattr(config, "tls_ca", None) is not None and not dials_tls:
+        unused.insert(0, "tls-ca")
+    if not unused:
+        return
+    def named(name):
+        where = _origin(config, name)[:-2]      # "file:line", without ": "
+        return f"{name} ({where})" if where else name
+    _log.warn("{settings} {verb} no effect: no listener uses TLS (listen, Federation.Listen, "
+              "status-listen https), so no client is asked for a certificate",
+              settings=" and ".join(named(name) for name in unused),
+              verb="has" if len(unused) == 1 else "have")
 
 
 def check_trace_directory(config):
@@ -414,9 +438,9 @@ class RouterService(BindingService):
                                             follow_redirects=False)
                 await conn.close()
         except Exception as e:
-            self.log.warn("drain: {uri}, advertised by {name}, does not answer ({e}); "
+            self.log.warn("drain: {uri}, advertised by {name}, does not answer ({why}); "
                           "not sending clients there", uri=_short(uri), name=record.name,
-                          e=str(e) or type(e).__name__)
+                          why=str(e) or type(e).__name__)
             return False
         return True
 

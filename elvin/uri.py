@@ -44,7 +44,7 @@ from typing import Mapping
 from urllib.parse import quote, unquote_to_bytes
 
 __all__ = [
-    "proxy_options_problem",
+    "proxy_options_problem", "options_problem",
     "DEFAULT_PORT",
     "DEFAULT_PROTOCOL",
     "DEFAULT_VERSION",
@@ -473,6 +473,31 @@ def _quote(text: str) -> str:
 #: The URI options that send an http,none,xdr stack's requests through an
 #: HTTP proxy.
 _PROXY_OPTIONS = ("proxy-host", "proxy-port")
+
+
+#: The URI options each transport module takes: the HTTP tunnel's client
+#: polling mode and HTTP proxy. The scheme leaves an option's meaning to a
+#: protocol module's specification, so any other option is one nothing
+#: here would read.
+_TRANSPORT_OPTIONS = {"http": ("mode",) + _PROXY_OPTIONS}
+
+
+def options_problem(uri: "ElvinURI") -> str | None:
+    """Why ``uri``'s options cannot be honoured, or None: a proxy named
+    for a stack that does not use one (``proxy_options_problem``), or an
+    option no module of its stack defines, which would otherwise be
+    silently ignored (a misspelt ``;mod=poll`` would quietly stream)."""
+    problem = proxy_options_problem(uri)
+    if problem is not None:
+        return problem
+    known = _TRANSPORT_OPTIONS.get(uri.protocol[0], ())
+    unknown = [name for name in uri.options if name not in known]
+    if not unknown:
+        return None
+    takes = f"takes only {', '.join(known)}" if known else "takes no options"
+    return (f"{uri}: unknown URI option{'s' if len(unknown) > 1 else ''} "
+            f"{' and '.join(repr(name) for name in unknown)} "
+            f"({','.join(uri.protocol)} {takes})")
 
 
 def proxy_options_problem(uri: "ElvinURI") -> str | None:

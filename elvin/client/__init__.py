@@ -244,7 +244,7 @@ class ElvinClientProtocol(FramedProtocol):
         try:
             packet = packets.decode(data)
         except DecodeError as e:
-            self.log.warn("undecodable packet from router: {e}", e=e)
+            self.log.warn("undecodable packet from router: {why}", why=str(e))
             connection.problem = "not_elvin"
             if self.transport is not None:
                 self.transport.abortConnection()
@@ -915,8 +915,8 @@ def connect_discovered(scope: Optional[str] = None, discoverer: Any = None,
                     conn = yield attempt
                 except Exception as e:
                     failures.append(f"{uri} ({e})")
-                    discoverer.log.info("discovery: {uri} of {router} failed: {e}",
-                                        uri=uri, router=record.name, e=e)
+                    discoverer.log.info("discovery: {uri} of {router} failed: {why}",
+                                        uri=uri, router=record.name, why=str(e))
                     continue
                 conn.router = record
                 return conn

@@ -77,7 +77,8 @@ class KeyRing:
         Private keys of the role are hashed; raises ElvinError with
         BAD_KEY_SCHEME for an unknown scheme and BAD_KEY_INDEX for a wrong
         number of key sets, whose Nack args are the scheme and the index
-        of the first bad key set (``_bad_index``).
+        of the first bad key set (``_bad_index``), and BAD_KEY for a key
+        of zero bytes (docs/security.md).
         """
         sets = {}
         for scheme, key_sets in keys.entries():
@@ -90,6 +91,11 @@ class KeyRing:
                                  f"key scheme {scheme} needs {expected} key set(s), "
                                  f"got {len(key_sets)}",
                                  (_id32(scheme), _bad_index(key_sets, expected)))
+            for key_set in key_sets:
+                if not all(key_set):
+                    raise ElvinError(errors.BAD_KEY, "a key of zero bytes: an empty "
+                                     "private key's public key is a constant anyone can "
+                                     "compute")
             producer, consumer = sets.get(scheme, (set(), set()))
             producer, consumer = set(producer), set(consumer)
             if scheme == SHA1_DUAL:

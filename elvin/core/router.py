@@ -766,6 +766,32 @@ class ClientSession:
         """The transport could not unmarshal a packet: a protocol violation."""
         self.violation(f"undecodable packet: {reason}")
 
+    def bad_utf8(self, pkt_id, xid, offset, reason):
+        """A packet held a string that is not UTF-8 (at byte ``offset``).
+
+        The spec gives this its own protocol error, BAD_UTF8 (1006, whose
+        argument is the offset), so a request that may come now is Nacked
+        with it and the session goes on (7.3.3), as for any other bad
+        argument; a notification is ignored (7.3.3), counted like a
+        repeated attribute name. ``xid``: the request's, or None when the
+        packet was too short to hold one. Anything else (a request out of
+        turn, a packet without strings) is the violation it would be."""
+        if self.state in (self.CLOSING, self.CLOSED):
+            return
+        kind = _STRING_PACKETS.get(pkt_id)
+        state = self.state
+        if kind is packets.NotifyEmit and state == self.CONNECTED:
+            self.ignore_notification(reason, counts=True)
+        elif kind is packets.UNotify and state in (self.NEW, self.UNOTIFY):
+            self.state = self.UNOTIFY
+            self.ignore_notification(reason, counts=True)
+        elif xid is not None and (kind is packets.ConnRqst and state == self.NEW or
+                                  kind in _STRING_REQUESTS and state == self.CONNECTED):
+            self.protocol_error(xid, errors.BAD_UTF8, f"{kind.__name__}: {reason}",
+                                (offset,))
+        else:
+            self.decode_failed(reason)
+
     def notification_faulty(self, packet, problem):
         """A NotifyEmit or UNotify that decoded only by taking the last value
         of a repeated attribute name (``problem`` says which:
@@ -1151,7 +1177,10 @@ class ClientSession:
             self.protocol_error(packet.xid, errors.EMPTY_QUENCH,
                                 "a quench needs at least one attribute name")
             return
-        if self._quench_problem(packet.xid, packet.names, len(self.quenches) + 1):
+        # A quench is "a set of named attributes" (section 5.4.4): one named twice in a
+        # request is the same name, in QnchAddRqst as in QnchModRqst.
+        names = tuple(dict.fromkeys(packet.names))
+        if self._quench_problem(packet.xid, names, len(self.quenches) + 1):
             return
         keys = self._keys(packet.xid, packet.keys, PRODUCER, _SUBSCRIPTION_KEYS)
         if keys is None:
@@ -1163,7 +1192,7 @@ class ClientSession:
             self.protocol_error(packet.xid, errors.IMPL_LIMIT,
                                 "the router holds its maximum number of quenches")
             return
-        quench = QuenchEntry(next(router._quench_ids), self, packet.names,
+        quench = QuenchEntry(next(router._quench_ids), self, names,
                              packet.deliver_insecure, keys)
         if not router.quench.affordable(quench.cost):
             self._quench_memory_full(packet.xid)
@@ -1179,14 +1208,16 @@ class ClientSession:
                                 f"no such quench: {packet.quench_id}",
                                 (_id_arg(packet.quench_id),))
             return
+        # ATTR_EXISTS and NO_SUCH_ATTR are about the quench as it was: a
+        # name given twice in one list is given once (see _qnch_add).
         names = set(quench.names)
-        for name in packet.names_add:
+        for name in dict.fromkeys(packet.names_add):
             if name in names:
                 self.protocol_error(packet.xid, errors.ATTR_EXISTS,
                                     f"quench already has attribute {name!r}", (name,))
                 return
             names.add(name)
-        for name in packet.names_del:
+        for name in dict.fromkeys(packet.names_del):
             if name not in names:
                 self.protocol_error(packet.xid, errors.NO_SUCH_ATTR,
                                     f"quench has no attribute {name!r}", (name,))
@@ -1543,5 +1574,11 @@ _HANDLERS = {
 
 #: pkt_ids a client may send; a transport refuses any other undecoded.
 CLIENT_PACKET_IDS = frozenset(cls.ID for cls in _HANDLERS)
+#: The requests a client sends that hold strings (ClientSession.bad_utf8).
+_STRING_REQUESTS = frozenset((packets.QosRqst, packets.SubAddRqst, packets.SubModRqst,
+                              packets.QnchAddRqst, packets.QnchModRqst))
+#: pkt_id -> class of every client packet that holds strings.
+_STRING_PACKETS = {cls.ID: cls for cls in _STRING_REQUESTS | {
+    packets.ConnRqst, packets.NotifyEmit, packets.UNotify}}
 #: A subclass (the proxy's ProxyClient) dispatches to its own handlers.
 ClientSession.HANDLERS = _HANDLERS

@@ -137,9 +137,9 @@ class MulticastChannel:
             self._sender.write(data, (self.group, self.port))
         except (OSError, socket.error) as e:
             self.send_errors += 1
-            self.log.warn("discovery: cannot send {kind} to {group}:{port}: {e}",
+            self.log.warn("discovery: cannot send {kind} to {group}:{port}: {why}",
                           kind=type(packet).__name__, group=self.group,
-                          port=self.port, e=e)
+                          port=self.port, why=str(e))
             return False
         self.sent += 1
         return True
@@ -158,8 +158,8 @@ class MulticastChannel:
             return
         except discovery_packets.DecodeError as e:
             self.malformed += 1
-            self.log.debug("discovery: malformed packet from {addr}: {e}",
-                           addr=addr[0], e=e)
+            self.log.debug("discovery: malformed packet from {addr}: {why}",
+                           addr=addr[0], why=str(e))
             return
         try:
             self.on_packet(packet, addr[0], self.is_own(addr))

@@ -121,14 +121,14 @@ class Discoverer:
                 self.erdp_running = True
             except DiscoveryUnavailable as e:
                 self.errors.append(str(e))
-                self.log.warn("discovery: ERDP multicast unavailable: {e}", e=e)
+                self.log.warn("discovery: ERDP multicast unavailable: {why}", why=str(e))
         if self.browser is not None:
             try:
                 yield self.browser.start()
                 self.dns_sd_running = True
             except Exception as e:
                 self.errors.append(f"DNS-SD: {e}")
-                self.log.warn("discovery: DNS-SD browsing unavailable: {e}", e=e)
+                self.log.warn("discovery: DNS-SD browsing unavailable: {why}", why=str(e))
         if not (self.erdp_running or self.dns_sd_running):
             self.running = False
             raise DiscoveryUnavailable("no discovery source could be started: "
@@ -151,7 +151,7 @@ class Discoverer:
             try:
                 yield self.browser.stop()
             except Exception as e:  # pragma: no cover - zeroconf internals
-                self.log.warn("discovery: closing DNS-SD failed: {e}", e=e)
+                self.log.warn("discovery: closing DNS-SD failed: {why}", why=str(e))
 
     # -- solicitation --------------------------------------------------------
 

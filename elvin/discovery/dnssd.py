@@ -317,7 +317,8 @@ class DnsSdBrowser:
             self.service_type, service_name, int(self.resolve_timeout * 1000))
         d.addCallback(self._resolved, service_name)
         d.addErrback(lambda f: self.log.debug(
-            "dns-sd: cannot resolve {name}: {e}", name=service_name, e=f.value))
+            "dns-sd: cannot resolve {name}: {why}", name=service_name,
+            why=f.getErrorMessage()))
         self._resolving.add(d)
         d.addBoth(lambda _: self._resolving.discard(d))
 

@@ -200,14 +200,15 @@ class DiscoveryService(service.Service):
     def _erdp_failed(self, failure):
         self.erdp_error = failure.value
         self.channel = None
-        self.log.error("discovery: ERDP multicast is off: {e}", e=failure.value)
+        self.log.error("discovery: ERDP multicast is off: {why}",
+                       why=failure.getErrorMessage())
 
     def _dns_sd_started(self, registered):
         self.log.info("discovery: registered DNS-SD service {name!r}", name=registered)
 
     def _dns_sd_failed(self, failure):
         self.dns_sd_error = failure.value
-        self.log.error("discovery: DNS-SD is off: {e}", e=failure.value)
+        self.log.error("discovery: DNS-SD is off: {why}", why=failure.getErrorMessage())
 
     def _send(self, packet, locality):
         if self.channel is not None:
@@ -232,7 +233,7 @@ class DiscoveryService(service.Service):
             self.channel = None
         if self.publisher is not None:
             steps.append(self.publisher.stop().addErrback(
-                lambda f: self.log.warn("discovery: DNS-SD unregister failed: {e}",
-                                        e=f.value)))
+                lambda f: self.log.warn("discovery: DNS-SD unregister failed: {why}",
+                                        why=f.getErrorMessage())))
             self.publisher = None
         return defer.DeferredList(steps).addCallback(lambda _: None)

@@ -26,7 +26,7 @@ from elvin.configvalues import ConfigError, Setting, at_least, did_you_mean, dur
 from elvin.errors import SubscriptionError
 from elvin.federation.filters import parse_filter
 from elvin.federation.identity import domain_problem
-from elvin.uri import InvalidURIError, parse_ewaf
+from elvin.uri import InvalidURIError, options_problem, parse_ewaf
 
 __all__ = ["FederationConfig", "ClassConfig", "FEDERATION_SETTINGS", "CLASS_SETTINGS",
            "reference_table"]
@@ -48,9 +48,14 @@ def _router_name(value, key, where, config):
 
 def _ewaf_uris(value, key, where, config):
     try:
-        return [parse_ewaf(item) for item in value.split()]
+        uris = [parse_ewaf(item) for item in value.split()]
     except InvalidURIError as e:
         raise ConfigError(f"{where}: bad federation URI: {e}") from None
+    for uri in uris:
+        problem = options_problem(uri)
+        if problem is not None:
+            raise ConfigError(f"{where}: {key}: {problem}")
+    return uris
 
 
 def _filter(value, key, where, config):

@@ -17,12 +17,20 @@ from typing import TYPE_CHECKING, Any, Optional
 if TYPE_CHECKING:
     from elvin.federation.link import FederationLink
 
-__all__ = ["DialledPeer", "DIAL_STATES"]
+__all__ = ["DialledPeer", "DIAL_STATES", "link_counts"]
 
 #: What a configured link is doing: a connect under way (TCP, and TLS
 #: for ewaf:/secure), connected with the handshake under way, up, or
 #: waiting to dial again.
 DIAL_STATES = ("dialling", "connecting", "up", "redialling")
+
+
+def link_counts(link: "FederationLink") -> dict[str, int]:
+    """A link's counters (``LinkStats``) and its bytes each way."""
+    counts: dict[str, int] = dict(link.stats)
+    counts["bytes_in"] = getattr(link.output, "bytes_in", 0)
+    counts["bytes_out"] = getattr(link.output, "bytes_out", 0)
+    return counts
 
 
 class DialledPeer:
@@ -96,7 +104,7 @@ class DialledPeer:
         """``link`` is closed: keep what it counted."""
         if link is not self.link:
             return
-        self.past.update(self._counts(link))
+        self.past.update(link_counts(link))
         self.link = None
         if link.last_heard is not None:
             self.last_heard = link.last_heard
@@ -111,19 +119,12 @@ class DialledPeer:
 
     # -- read by the status ------------------------------------------------------
 
-    @staticmethod
-    def _counts(link: "FederationLink") -> dict[str, int]:
-        counts: dict[str, int] = dict(link.stats)
-        counts["bytes_in"] = getattr(link.output, "bytes_in", 0)
-        counts["bytes_out"] = getattr(link.output, "bytes_out", 0)
-        return counts
-
     def totals(self) -> collections.Counter:
         """Every link's counts since the configured link was first dialled:
         the links gone down and the one open now."""
         totals = collections.Counter(self.past)
         if self.link is not None:
-            totals.update(self._counts(self.link))
+            totals.update(link_counts(self.link))
         return totals
 
     def heard(self) -> Optional[float]:

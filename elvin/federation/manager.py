@@ -28,6 +28,7 @@ from twisted.logger import Logger
 from elvin.federation import filters
 from elvin.federation import mesh as MESH
 from elvin.federation import packets as fed_packets
+from elvin.federation.gone import IncomingPeers
 from elvin.federation.identity import domain_problem
 from elvin.federation.link import LOSS_CAUSES
 from elvin.federation.trace import NullTrace
@@ -110,6 +111,9 @@ class FederationManager(RouterObserver):
         #: not, in the order dialled (``dial.DialledPeer``): each while its
         #: ClientService runs (``protocol.connector_service``).
         self.dialled = []
+        #: What links peers dialled to us counted, kept once they are down
+        #: (``gone.IncomingPeers``), so their counters go on.
+        self.incoming = IncomingPeers(self.clock)
         self._update_call = None
         #: Peers that must authenticate whatever their class (Avis's form).
         self.require_authenticated_hosts = tuple(require_authenticated_hosts)
@@ -244,6 +248,8 @@ class FederationManager(RouterObserver):
             self.links.remove(link)
         if link.dial is not None:
             link.dial.went_down(link, reason)
+        elif was_up and not link.outgoing:
+            self.incoming.went_down(link, reason)
         call = self._refresh_calls.pop(link, None)
         if call is not None and call.active():
             call.cancel()

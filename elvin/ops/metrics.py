@@ -153,7 +153,8 @@ class RouterCollector:
     def _links(links):
         up = GaugeMetricFamily("elvin_federation_link_up",
                                "1 for each federation link that is up; 0 for a "
-                               "configured one (Federation.Connect) that is not.",
+                               "configured one (Federation.Connect) that is not, and "
+                               "for a peer's link to us gone down (the last 256 kept).",
                                labels=["peer"])
         active = GaugeMetricFamily("elvin_federation_link_active",
                                    "1 if the link carries notifications (on the mesh's "

@@ -5,12 +5,14 @@
 already keep; nothing on the routing path counts anything for it.
 """
 
+import collections
 import heapq
 import time
 from typing import TYPE_CHECKING, Any, Iterable, Optional
 
 from elvin import __version__
 from elvin.errors import ERROR_NAMES
+from elvin.federation.dial import link_counts
 from elvin.federation.filters import FALSE, TRUE
 from elvin.subscription.printer import to_text
 
@@ -18,6 +20,7 @@ if TYPE_CHECKING:
     from elvin.core.router import ClientSession, Router, UdpCounters
     from elvin.discovery.service import DiscoveryService
     from elvin.federation.dial import DialledPeer
+    from elvin.federation.gone import GonePeer
     from elvin.federation.link import FederationLink
     from elvin.federation.manager import FederationManager
 
@@ -166,8 +169,10 @@ def snapshot(router: "Router", federation: Optional["FederationManager"] = None,
 
 def _links(federation: "FederationManager") -> list[dict[str, Any]]:
     """A row for every configured link (``Federation.Connect``), up or not,
-    in the order dialled, then one for every other link up (incoming).
-    A configured link's counters run across its reconnections."""
+    in the order dialled, then one for every other link up (incoming),
+    then one for each peer whose incoming link is down (as many as
+    ``federation.incoming`` keeps). Every link's counters run across its
+    reconnections."""
     now = federation.clock.seconds()
     up: list["FederationLink"] = list(federation.links)
     dialled: list["DialledPeer"] = list(federation.dialled)
@@ -180,9 +185,13 @@ def _links(federation: "FederationManager") -> list[dict[str, Any]]:
             shown.add(link)
         else:
             rows.append(_dial_row(dial, now))
-    for link in up:
-        if link not in shown:
-            rows.append(_link_row(federation, link, now))
+    incoming = federation.incoming
+    others = [link for link in up if link not in shown]
+    for link in others:
+        past = incoming.past(link.peer_domain) if not link.outgoing else None
+        rows.append(_link_row(federation, link, now, past=past))
+    rows.extend(_gone_row(peer, now) for peer in incoming.down(
+        link.peer_domain for link in others if not link.outgoing))
     return rows
 
 
@@ -211,12 +220,15 @@ def _dial_facts(dial: Optional["DialledPeer"], now: float) -> dict[str, Any]:
 
 
 def _link_row(federation: "FederationManager", link: "FederationLink", now: float,
-              dial: Optional["DialledPeer"] = None) -> dict[str, Any]:
+              dial: Optional["DialledPeer"] = None,
+              past: Optional[collections.Counter] = None) -> dict[str, Any]:
+    """A link up; ``past``: what the peer's incoming links gone counted."""
     if dial is not None:
         totals = dial.totals()
-        counts = _counts(totals, totals["bytes_in"], totals["bytes_out"])
     else:
-        counts = _counts(link.stats, link.output.bytes_in, link.output.bytes_out)
+        totals = collections.Counter(past or ())
+        totals.update(link_counts(link))
+    counts = _counts(totals, totals["bytes_in"], totals["bytes_out"])
     return {
         "domain": link.peer_domain, "host": link.peer_host,
         "class": link.fed_class.name if link.fed_class else None,
@@ -242,6 +254,19 @@ def _dial_row(dial: "DialledPeer", now: float) -> dict[str, Any]:
         "last_heard_s": _ago(now, dial.heard()),
         "filter_nodes": 0, "pull_filter": None, "our_filter": None,
         **_dial_facts(dial, now)}
+
+
+def _gone_row(peer: "GonePeer", now: float) -> dict[str, Any]:
+    """A peer whose link to us is down (``gone.IncomingPeers``)."""
+    counts = peer.counts
+    return {
+        "domain": peer.domain, "host": peer.host, "class": peer.class_name,
+        "outgoing": False, "state": "down", "mesh": None, "active": False,
+        **_counts(counts, counts["bytes_in"], counts["bytes_out"]),
+        "last_heard_s": _ago(now, peer.last_heard),
+        "filter_nodes": 0, "pull_filter": None, "our_filter": None,
+        **_dial_facts(None, now),
+        "last_error": peer.reason, "last_error_s": _ago(now, peer.down_at)}
 
 
 def _udp_totals(listeners: Iterable["UdpCounters"]) -> dict[str, int]:

@@ -16,7 +16,7 @@ from twisted.logger import Logger
 from elvin.protocols import packets
 from elvin.protocols.framing import peer_text
 from elvin.protocols.output import QueuedFramedProtocol
-from elvin.protocols.xdr import DecodeError
+from elvin.protocols.xdr import BadUTF8Error, DecodeError
 from elvin.core.router import (CLIENT_PACKET_IDS, QUEUE_MEMORY_FULL, SEND_QUEUE_FULL,
                                SessionOutput, SessionState)
 from elvin.core.sendqueue import SendQueue
@@ -152,9 +152,14 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
             ticket.busy()     # logged in: no longer an idle socket to close first
 
     def _undecodable(self, data, error):
-        """``data`` raised ``error``: a violation, unless the packet is a
+        """``data`` raised ``error``: a violation, unless it is a string
+        that is not UTF-8 (``ClientSession.bad_utf8``) or the packet is a
         notification wrong only in repeating an attribute name (a protocol
         error in it, which the session ignores: 7.3.3)."""
+        if isinstance(error, BadUTF8Error):
+            xid = _packet_id(data, 4)[0] if len(data) >= 8 else None
+            self.session.bad_utf8(_packet_id(data)[0], xid, error.offset, str(error))
+            return
         try:
             packet, problem = packets.notification_repeating(data, error)
         except DecodeError as e:

@@ -118,12 +118,13 @@ class UNotifyDatagramProtocol(protocol.DatagramProtocol):
             packet = packets.decode(data)
         except DecodeError as e:
             counters["malformed"] += 1
-            self.log.debug("dropped malformed datagram from {peer}: {e}", peer=peer, e=e)
+            self.log.debug("dropped malformed datagram from {peer}: {why}", peer=peer,
+                           why=str(e))
             return
         except Exception as e:  # a decoder bug must not let garbage through
             counters["malformed"] += 1
             self.log.warn("dropped malformed datagram from {peer}: decoder raised "
-                          "{e!r}", peer=peer, e=e)
+                          "{why}", peer=peer, why=repr(e))
             return
         if type(packet) is not packets.UNotify:
             counters["unexpected"] += 1

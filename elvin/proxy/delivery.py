@@ -49,7 +49,7 @@ class Keeping(CoreState):
                            "sessions without a client are not being kept (each is counted "
                            "as dropped, and the session's next client told by DropWarn) "
                            "until space is freed; joins and replays go on",
-                           db=self.store.path, why=error)
+                           db=self.store.path, why=str(error))
         self.store_down_until = self.clock() + 1.0
         if self._holding:
             self._abandon_turn()

@@ -55,7 +55,8 @@ class UpstreamRelay(Keeping):
                     self.log.warn("upstream refused subscription {id} of {session!r} "
                                   "({expr!r}): {why}{more}", id=sub.id,
                                   session=sub.session.name, expr=sub.expression,
-                                  why=failure.value, more=self._refusal_log.more(skipped))
+                                  why=failure.getErrorMessage(),
+                                  more=self._refusal_log.more(skipped))
             return failure
         return d.addCallbacks(added, failed)
 
@@ -100,7 +101,7 @@ class UpstreamRelay(Keeping):
     def _upstream_failed(self, failure, what, sub):
         if not failure.check(ConnectionClosed):
             self.log.warn("upstream failed {what} subscription {id}: {why}", what=what,
-                          id=sub.id, why=failure.value)
+                          id=sub.id, why=failure.getErrorMessage())
 
     def upstream_up(self) -> None:
         """A new upstream connection: make every subscription there again

@@ -149,7 +149,7 @@ class Upstream(service.Service):
             await discoverer.start()
         except Exception as e:
             self.log.warn("upstream: cannot hear router discovery ({why}); the router's "
-                          "return is noticed by probe and back-off only", why=e)
+                          "return is noticed by probe and back-off only", why=str(e))
             self.discoverer = None
             return
         discoverer.cache.listeners.append(self._heard)
@@ -174,7 +174,7 @@ class Upstream(service.Service):
                     return
                 delay = next(delays, self.reconnect.maximum)
                 self.log.warn("cannot connect upstream ({why}); trying again in "
-                              "{delay:.1f} s", why=e, delay=delay)
+                              "{delay:.1f} s", why=str(e), delay=delay)
                 self._start_probes()
                 try:
                     await self._nap(delay)
@@ -400,4 +400,4 @@ class Upstream(service.Service):
         except ValueError as e:
             # What the router would end the upstream session for (larger
             # than its Packet.Max-Length): not forwarded, the session kept.
-            self.log.warn("a client's notification not forwarded upstream: {e}", e=e)
+            self.log.warn("a client's notification not forwarded upstream: {why}", why=str(e))

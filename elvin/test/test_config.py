@@ -197,8 +197,8 @@ class ParseTests(unittest.TestCase):
 
     def test_value_with_equals(self):
         """Only the first '=' separates name from value (URI options use '=')."""
-        c = config.parse("listen = elvin://localhost:2917;opt=v\n")
-        self.assertEqual(c.listen[0].options, {"opt": "v"})
+        c = config.parse("listen = elvin:/http,none,xdr/localhost:8080;mode=poll\n")
+        self.assertEqual(c.listen[0].options, {"mode": "poll"})
 
     def test_parse_into_existing_config(self):
         c = RouterConfig()

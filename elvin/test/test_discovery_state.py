@@ -613,3 +613,19 @@ class StormSimulationTests(unittest.TestCase):
         run_clock(clock, clock.seconds() + 30)
         self.assertEqual(len(net.requests()), 1)
         self.check_suppression_rule(clients, heard)
+
+
+class JSONLogTests(unittest.TestCase):
+    def test_a_malformed_erdp_packet_is_logged_with_a_text_reason_json_keeps(self):
+        """--log-format json keeps only what JSON can hold: the reason is
+        text (``why``), not the DecodeError (which would be unpersistable)."""
+        import struct
+        from twisted.internet.testing import MemoryReactor
+        from elvin.discovery.channel import MulticastChannel
+        from elvin.test.logjson import kept_fields, log_events
+        events = log_events(self)
+        channel = MulticastChannel(MemoryReactor(), lambda *a: None, local=())
+        channel._datagram(struct.pack(">iii", 16, 4, 0), ("192.0.2.1", 9))     # no locality
+        self.assertEqual(channel.malformed, 1)
+        (event,) = [e for e in events if "malformed packet" in e.get("log_format", "")]
+        self.assertIn("locality", kept_fields(self, event)["why"])

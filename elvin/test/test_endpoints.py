@@ -86,6 +86,45 @@ class StackTests(unittest.TestCase):
             self.assertIn("connects directly, without a proxy", str(cm.exception))
         endpoints.check_supported("elvin:/http,none,xdr/127.0.0.1:80;proxy-host=proxy.test")
 
+    def test_unknown_uri_options_are_refused_by_name(self):
+        """The URI scheme leaves options to each protocol module; one no
+        module of the stack defines is refused, naming it, by clients,
+        tools, listeners and config files alike, not silently ignored."""
+        import asyncio
+        from elvin import aio
+        from elvin.config import parse
+        from elvin.discovery.cache import RouterRecord
+        from twisted.python import usage
+        uri = "elvin://127.0.0.1:2917;frobnicate=1"
+        with self.assertRaises(endpoints.UnsupportedStackError) as cm:
+            endpoints.check_supported(uri)
+        self.assertIn("unknown URI option 'frobnicate' (tcp,none,xdr takes no options)",
+                      str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            endpoints.check_supported("elvin:/http,none,xdr/h:80;mode=poll;mod=poll;x")
+        self.assertIn("options 'mod' and 'x' (http,none,xdr takes only mode, proxy-host, "
+                      "proxy-port)", str(cm.exception))
+        endpoints.check_supported("elvin:/http,none,xdr/h:80;mode=poll;proxy-host=p")
+        self.failureResultOf(client.connect(uri), endpoints.UnsupportedStackError)
+        async def opened():
+            return await aio.connect(uri, timeout=2)
+        with self.assertRaises(client.ConnectFailed) as cm:
+            asyncio.run(opened())
+        self.assertIn("'frobnicate'", str(cm.exception))
+        with self.assertRaises(usage.UsageError) as cm:
+            tap.Options().parseOptions(["-l", uri])
+        self.assertIn("'frobnicate'", str(cm.exception))
+        with self.assertRaises(ConfigError) as cm:
+            parse("# listeners\nlisten = " + uri, "r.conf")
+        self.assertTrue(str(cm.exception).startswith("r.conf:2: "), str(cm.exception))
+        self.assertIn("'frobnicate'", str(cm.exception))
+        with self.assertRaises(ConfigError) as cm:
+            parse("Federation.Connect[a] = ewaf://hub;x=1", "f.conf")
+        self.assertTrue(str(cm.exception).startswith("f.conf:1: "), str(cm.exception))
+        record = RouterRecord("r", "s", False, 1, (uri, "elvin://192.0.2.1:2917"))
+        self.assertEqual([str(u) for u in record.usable_uris()],
+                         ["elvin:4.0/tcp,none,xdr/192.0.2.1:2917"])
+
     def test_tap_refuses_unknown_stack(self):
         from twisted.python import usage
         for uri in UNKNOWN:

@@ -256,3 +256,48 @@ class SchemeArgumentTests(RouterTestCase):
                 make("")
         with self.assertRaises(ValueError):
             client_keys.dual_keys(b"p", b"")
+
+
+class EmptyKeyTests(RouterTestCase):
+    """A key of zero bytes is refused wherever a client sends keys: the
+    public key of an empty private key is SHA-1 of nothing, a constant
+    anyone can compute, so it secures nothing (Avis ends such sessions)."""
+
+    EMPTY_KEYS = [
+        packets.Keys({key_schemes.SHA1_PRODUCER: [[b"k", b""]]}),
+        packets.Keys({key_schemes.SHA1_CONSUMER: [[b""]]}),
+        packets.Keys({key_schemes.SHA1_DUAL: [[b"p"], [b""]]}),
+    ]
+
+    def test_requests_with_an_empty_key_are_nacked_bad_key(self):
+        for keys in self.EMPTY_KEYS:
+            session, out = self.connect()
+            for request in (packets.SubAddRqst(self.xid(), "require(a)", True, keys),
+                            packets.SecRqst(self.xid(), keys, packets.Keys.EMPTY,
+                                            packets.Keys.EMPTY, packets.Keys.EMPTY),
+                            packets.SecRqst(self.xid(), packets.Keys.EMPTY, packets.Keys.EMPTY,
+                                            keys, packets.Keys.EMPTY),
+                            packets.QnchAddRqst(self.xid(), ("a",), True, keys)):
+                session.packet_received(request)
+                (nack,) = out.take()
+                self.assertEqual((nack.xid, nack.error), (request.xid, errors.BAD_KEY),
+                                 request)
+            self.assertEqual(session.state, session.CONNECTED)
+            out = RecordingOutput()
+            fresh = self.router.open_session(out, "test")
+            fresh.packet_received(packets.ConnRqst(self.xid(), 4, 0, {}, keys,
+                                                   packets.Keys.EMPTY))
+            (nack,) = out.take()
+            self.assertEqual(nack.error, errors.BAD_KEY)
+            self.assertEqual(fresh.state, fresh.NEW)
+
+    def test_a_notification_with_an_empty_key_is_ignored(self):
+        sub, sub_out = self.connect()
+        self.subscribe(sub, sub_out, "require(a)")
+        pub, pub_out = self.connect()
+        for keys in self.EMPTY_KEYS:
+            pub.packet_received(packets.NotifyEmit({"a": 1}, True, keys))
+        self.assertEqual(sub_out.take(), [])
+        self.assertEqual(pub_out.take(), [])
+        self.assertEqual(self.router.stats["rejected_notifications"], 3)
+        self.assertEqual(pub.state, pub.CONNECTED)

@@ -612,6 +612,80 @@ class _Queued(RecordingOutput):
         return self.queued
 
 
+class IncomingLinkTests(unittest.TestCase):
+    """docs/operations.md, "Metrics": a link a peer dialled to us keeps a
+    row (state down) and its series while it is down, and its counters run
+    on when the peer dials again; at most gone.MAX_PEERS peers are kept."""
+
+    def setUp(self):
+        from elvin.test.fednet import Net
+        self.net = Net()
+        self.hub, self.leaf = self.net.routers_named("hub.test", "leaf.test")
+        self.watcher = self.hub.client()
+        self.watcher.subscribe("require(n)")
+        self.publisher = self.leaf.client()
+
+    def linked(self):
+        self.net.link(self.leaf, self.hub)          # the leaf dials: incoming at the hub
+        self.net.run(0.5)
+        self.assertEqual([l.peer_domain for l in self.hub.manager.links], ["leaf.test"])
+
+    def status(self):
+        return snapshot(self.hub.router, self.hub.manager, started=1, domain="hub.test")
+
+    def test_counters_run_on_across_the_peers_reconnection(self):
+        from elvin.tools.stat import format_status
+        peer = (("peer", "leaf.test"),)
+        notified_in = ("elvin_federation_notifications_total",
+                       (("direction", "in"), ("peer", "leaf.test")))
+        self.linked()
+        self.publisher.notify({"n": 1})
+        self.net.flush()
+        (row,) = self.status()["links"]
+        self.assertEqual((row["state"], row["outgoing"], row["in"]), ("up", False, 1))
+        bytes_in = row["bytes_in"]
+
+        self.hub.link("leaf.test").output.transport.loseConnection()
+        self.net.flush()
+        self.assertEqual(self.hub.manager.links, [])
+        (row,) = self.status()["links"]
+        self.assertEqual((row["state"], row["domain"], row["in"], row["bytes_in"]),
+                         ("down", "leaf.test", 1, bytes_in))
+        self.assertIsNotNone(row["last_error"])
+        scraped = samples(registry_for(self.status))
+        self.assertEqual(scraped[("elvin_federation_link_up", peer)], 0)
+        self.assertEqual(scraped[notified_in], 1)
+        self.assertIn("leaf.test", format_status(self.status()))
+
+        self.linked()
+        self.publisher.notify({"n": 2})
+        self.net.flush()
+        (row,) = self.status()["links"]
+        self.assertEqual((row["state"], row["in"]), ("up", 2))
+        self.assertGreater(row["bytes_in"], bytes_in)
+        scraped = samples(registry_for(self.status))
+        self.assertEqual(scraped[("elvin_federation_link_up", peer)], 1)
+        self.assertEqual(scraped[notified_in], 2)
+
+    def test_only_the_latest_peers_gone_are_kept(self):
+        from types import SimpleNamespace
+        from elvin.federation.gone import IncomingPeers
+        from elvin.federation.link import LinkStats
+        kept = IncomingPeers(self.net.clock, limit=2)
+        for n in range(5):
+            stats = LinkStats()
+            stats["in"] = n
+            kept.went_down(SimpleNamespace(peer_domain=f"p{n}.test", peer_host="h",
+                                           fed_class=None, last_heard=None, stats=stats,
+                                           output=SimpleNamespace(bytes_in=1, bytes_out=1)),
+                           "connection_lost")
+        kept.went_down(SimpleNamespace(peer_domain=None), "refused")   # never up: not kept
+        self.assertEqual((len(kept), kept.forgotten), (2, 3))
+        self.assertEqual([p.domain for p in kept.down(["p4.test"])], ["p3.test"])
+        self.assertEqual(kept.past("p4.test")["in"], 4)
+        self.assertEqual(kept.past("p0.test"), {})
+
+
 class _Refusing(_ScriptedEndpoint):
     """A ``_ScriptedEndpoint`` whose plan ``refused`` fails the TCP connect."""
 

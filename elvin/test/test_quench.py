@@ -203,6 +203,18 @@ class QuenchRouterTests(RouterTestCase):
         self.subscribe(sub_s, sub_out, "a > 1")
         self.assertEqual(q_out.take(), [])
 
+    def test_a_name_given_twice_in_one_request_counts_once(self):
+        """A quench is a set of names: a name twice in QnchAddRqst or in
+        either list of QnchModRqst is that name once, and ATTR_EXISTS /
+        NO_SUCH_ATTR are about the quench as it was before the request."""
+        q_s, q_out = self.connect({"Attribute.Max-Count": 64})
+        qid, _ = self.quench(q_s, q_out, ["a", "a"])
+        q_s.packet_received(elvin_packets.QnchModRqst(self.xid(), qid, ("b", "b", "c"), (), True))
+        self.assertEqual(q_out.take(), [elvin_packets.QnchRply(self._xid, qid)])
+        q_s.packet_received(elvin_packets.QnchModRqst(self.xid(), qid, (), ("c", "c"), True))
+        self.assertEqual(q_out.take(), [elvin_packets.QnchRply(self._xid, qid)])
+        self.assertEqual(sorted(q_s.quenches[qid].names), ["a", "b"])
+
     def test_quench_names_are_held_to_attribute_name_max_length(self):
         q_s, q_out = self.connect({"Attribute.Name.Max-Length": 64})
         q_s.packet_received(elvin_packets.QnchAddRqst(self.xid(), ("n" * 65,), True,

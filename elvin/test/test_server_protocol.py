@@ -127,6 +127,44 @@ class ServerProtocolTests(unittest.TestCase):
         self.assertTrue(pub_t.disconnecting)
         self.assertEqual(self.h.router.stats["rejected_notifications"], 0)
 
+    def test_a_string_that_is_not_utf8_is_nacked_with_its_offset(self):
+        """Client protocol 7.4.2 has BAD_UTF8 (1006, with the offset) for
+        a string that is not UTF-8: a request holding one (quench names,
+        a subscription, options) is Nacked with it and the session goes
+        on; a notification holding one is ignored (7.3.3)."""
+        pub, pub_t = self.connected()
+        requests = [
+            elvin_packets.QnchAddRqst(3, ("q\u00e9", "ok"), True),
+            elvin_packets.QnchModRqst(4, 1, ("q\u00e9",), (), True),
+            elvin_packets.SubAddRqst(5, "require(q\u00e9)", True),
+            elvin_packets.QosRqst(6, {"q\u00e9": 1}),
+        ]
+        for request in requests:
+            data = elvin_packets.encode(request).replace("\u00e9".encode(), b"\xff\xfe")
+            pub.dataReceived(struct.pack(">I", len(data)) + data)
+        data = elvin_packets.encode(elvin_packets.NotifyEmit({"q\u00e9": 1}, True))
+        data = data.replace("\u00e9".encode(), b"\xff\xfe")
+        pub.dataReceived(struct.pack(">I", len(data)) + data)
+        pub.dataReceived(frame(elvin_packets.TestConn()))
+        *nacks, confconn = unframe(pub_t.value())
+        self.assertEqual(confconn, elvin_packets.ConfConn())
+        self.assertFalse(pub_t.disconnecting)
+        self.assertEqual([(n.xid, n.error) for n in nacks],
+                         [(3, 1006), (4, 1006), (5, 1006), (6, 1006)])
+        # the offset of the bad byte, from the start of the packet
+        self.assertEqual([n.args for n in nacks], [(17,), (25,), (21,), (17,)])
+        self.assertIn("QnchAddRqst", nacks[0].message)
+        self.assertEqual(self.h.router.stats["rejected_notifications"], 1)
+        self.assertEqual(len(pub.session.protocol_errors), 5)
+
+    def test_a_string_that_is_not_utf8_out_of_turn_is_a_violation(self):
+        proto, transport = self.h.client()
+        data = elvin_packets.encode(elvin_packets.SubAddRqst(5, "require(q\u00e9)", True))
+        data = data.replace("\u00e9".encode(), b"\xff\xfe")
+        proto.dataReceived(struct.pack(">I", len(data)) + data)
+        self.assertEqual(unframe(transport.value()), [])
+        self.assertTrue(transport.disconnecting)
+
     def test_test_conn_before_connrqst_is_answered(self):
         """7.4.13: either side MAY send TestConn; one before ConnRqst gets
         ConfConn (as Avis answers), and does not keep a silent channel open.

@@ -431,11 +431,8 @@ class ReloadMessageTests(unittest.TestCase):
 
     def log_events(self):
         """Every log event from now on, as a list."""
-        from twisted.logger import globalLogPublisher
-        events = []
-        globalLogPublisher.addObserver(events.append)
-        self.addCleanup(globalLogPublisher.removeObserver, events.append)
-        return events
+        from elvin.test.logjson import log_events
+        return log_events(self)
 
     def started(self, text):
         """A router made from a file holding ``text``: (file's path, router)."""
@@ -455,6 +452,42 @@ class ReloadMessageTests(unittest.TestCase):
         self.assertTrue(applied)
         self.assertEqual(message, "reloaded: nothing changed; changed but applied only at "
                                   "restart: status-listen")
+
+    def test_tls_client_settings_without_a_tls_listener_are_warned_of(self):
+        """tls-ca / require-authenticated with no TLS listener would start
+        a router that authenticates nobody: one warning line names them,
+        where they were set and why, at start and at each reload."""
+        from twisted.logger import formatEvent
+        events = self.log_events()
+        import trustme
+        ca = os.path.abspath(self.mktemp())
+        with open(ca, "wb") as f:
+            f.write(trustme.CA().cert_pem.bytes())
+        text = f"listen = elvin://127.0.0.1:3000\ntls-ca = {ca}\nrequire-authenticated = yes\n"
+        path, top = self.started(text)
+
+        def warnings():
+            lines = [formatEvent(e) for e in events if "no effect" in e.get("log_format", "")]
+            del events[:]
+            return lines
+        expected = (f"tls-ca ({path}:2) and require-authenticated ({path}:3) have no "
+                    "effect: no listener uses TLS (listen, Federation.Listen, status-listen "
+                    "https), so no client is asked for a certificate")
+        self.assertEqual(warnings(), [expected])
+        self.assertTrue(self.successResultOf(top.reload())[0])
+        self.assertEqual(warnings(), [expected])
+        with open(path, "w") as f:
+            f.write(f"listen = elvin://127.0.0.1:3000\ntls-ca = {ca}\n"
+                    "Federation.Activated = yes\nFederation.Router-Name = r.test\n"
+                    "Federation.Subscribe[c] = TRUE\nFederation.Provide[c] = TRUE\n"
+                    "Federation.Connect[c] = ewaf:/secure/127.0.0.1:3005\n")
+        result = self.successResultOf(top.reload())
+        self.assertTrue(result[0], result)
+        self.assertEqual(warnings(), [])        # tls-ca checks the dialled peer's certificate
+        with open(path, "w") as f:
+            f.write("listen = elvin://127.0.0.1:3000\n")
+        self.successResultOf(top.reload())
+        self.assertEqual(warnings(), [])
 
     def test_every_router_setting_is_reloaded_or_restart_only(self):
         from elvin.config import ROUTER_SETTINGS

@@ -237,3 +237,15 @@ class UDPClientTests(unittest.TestCase):
         packet = packets.decode(got[0])
         self.assertIsInstance(packet, packets.UNotify)
         self.assertEqual(struct.unpack(">i", got[0][:4])[0], 32)  # no length header
+
+
+class JSONLogTests(unittest.TestCase):
+    def test_a_malformed_datagram_is_logged_with_a_text_reason_json_keeps(self):
+        """--log-format json keeps only what JSON can hold: the reason is
+        text (``why``), not the exception (which would be unpersistable)."""
+        from elvin.test.logjson import kept_fields, log_events
+        events = log_events(self)
+        proto = UNotifyDatagramProtocol(Router())
+        proto.datagramReceived(struct.pack(">II", packets.UNotify.ID, 4) + b"\xff", ("192.0.2.1", 9))
+        (event,) = [e for e in events if "malformed datagram" in e.get("log_format", "")]
+        self.assertIn("UNotify", kept_fields(self, event)["why"])
