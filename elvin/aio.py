@@ -40,7 +40,7 @@ from elvin.core.options import OPTIONS
 from elvin.keys import Keys, consumer_keys, dual_keys, producer_keys
 from elvin.protocols import packets
 from elvin.protocols.xdr import DecodeError
-from elvin.uri import ElvinURI, options_problem
+from elvin.uri import ElvinURI, options_problem, stack_problem
 from elvin.values import normalise
 
 __all__ = ["connect", "unotify", "Connection", "Subscription", "Quench", "Reconnect",
@@ -386,7 +386,17 @@ class _Pending(Generic[T]):
         self._coroutine.close()
 
     def __await__(self) -> Generator[Any, None, T]:
+        self._awaited = True
         return self._coroutine.__await__()
+
+    _awaited = False
+
+    def __del__(self) -> None:
+        # Cancelled before it ever ran (``asyncio.wait_for(..., 0)``):
+        # nothing was sent, and nothing is left to log.
+        if (not self._awaited
+                and inspect.getcoroutinestate(self._coroutine) == inspect.CORO_CREATED):
+            self._coroutine.close()
 
     async def __aenter__(self) -> T:
         self._made = await self._coroutine
@@ -710,6 +720,9 @@ async def _open(uri: ElvinURI, loop: asyncio.AbstractEventLoop,
                 protocol_factory: Callable[[], asyncio.Protocol], tls: Optional[ssl.SSLContext],
                 tls_ca: Union[str, bytes, None], tls_certificate: Optional[str],
                 tls_key: Optional[str], tls_hostname: Optional[str]) -> Any:
+    problem = stack_problem(uri)
+    if problem is not None:
+        raise ConnectFailed(problem)
     if uri.transport not in ("tcp", "ssl", "tls"):
         if uri.transport == "udp":
             why = ("udp,none,xdr carries only UNotify datagrams and has no sessions "
@@ -971,6 +984,9 @@ async def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
     packet = packets.UNotify(4, 0, normalise(attributes), deliver_insecure, keys or packets.Keys.EMPTY)
     data = packets.encode(packet)
     loop = asyncio.get_running_loop()
+    problem = stack_problem(target) or options_problem(target)
+    if problem is not None:
+        raise ConnectFailed(problem)
     if target.transport == "udp":
         transport, _ = await loop.create_datagram_endpoint(
             asyncio.DatagramProtocol, remote_addr=(target.host, target.port))

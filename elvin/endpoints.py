@@ -24,26 +24,18 @@ import ipaddress
 from twisted.application.internet import StreamServerEndpointService, UDPServer
 from twisted.internet import defer, endpoints
 
-from elvin.uri import ElvinURI, options_problem
+from elvin.protocols.hostnames import hostname_endpoint
+from elvin.uri import STACK_KINDS, ElvinURI, options_problem, stack_problem
 
 __all__ = ["check_supported", "stack_kind", "server_endpoint", "client_endpoint",
+           "hostname_endpoint",
            "listener_service", "StreamListenerService", "DatagramListenerService", "bind_new", "close_unused",
            "UnsupportedStackError", "SUPPORTED_STACKS",
            "STACK_KINDS", "TCP", "TLS", "UDP", "HTTP", "listen_host"]
 
 TCP, TLS, UDP, HTTP = "tcp", "tls", "udp", "http"
 
-#: Each supported protocol stack (transport, security, marshalling) and the
-#: kind of transport that carries it.
-STACK_KINDS = {
-    ("tcp", "none", "xdr"): TCP,
-    ("ssl", "none", "xdr"): TLS,   # also spelt "secure"
-    ("tcp", "ssl", "xdr"): TLS,
-    ("udp", "none", "xdr"): UDP,
-    ("http", "none", "xdr"): HTTP,
-}
-
-#: Protocol stacks this build speaks.
+#: Protocol stacks this build speaks (elvin.uri.STACK_KINDS).
 SUPPORTED_STACKS = frozenset(STACK_KINDS)
 
 
@@ -55,11 +47,9 @@ def check_supported(uri):
     """Return ``uri`` as an ElvinURI, or raise UnsupportedStackError."""
     if not isinstance(uri, ElvinURI):
         uri = ElvinURI(uri)
-    if uri.protocol not in STACK_KINDS:
-        supported = ", ".join(",".join(s) for s in sorted(SUPPORTED_STACKS))
-        raise UnsupportedStackError(
-            f"{uri}: protocol stack {','.join(uri.protocol)} is not supported "
-            f"(supported: {supported}; 'secure' means ssl,none,xdr)")
+    problem = stack_problem(uri)
+    if problem is not None:
+        raise UnsupportedStackError(problem)
     problem = options_problem(uri) if isinstance(uri, ElvinURI) else None
     if problem is not None:
         raise UnsupportedStackError(problem)
@@ -146,7 +136,7 @@ def client_endpoint(reactor, uri, timeout=30, tls=None, tls_ca=None,
     if kind == HTTP:
         from elvin.protocols.httpclient import HTTPTunnelEndpoint
         return HTTPTunnelEndpoint(reactor, uri, timeout=timeout)
-    endpoint = endpoints.HostnameEndpoint(reactor, uri.host, uri.port, timeout=timeout)
+    endpoint = hostname_endpoint(reactor, uri.host, uri.port, timeout=timeout)
     if kind == TLS:
         if tls is None:
             from elvin.protocols.tls import client_options

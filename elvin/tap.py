@@ -424,12 +424,13 @@ class RouterService(BindingService):
         closed)? A TLS URI is checked for a listener only: its certificate
         is for the clients to judge."""
         from elvin import client
-        from twisted.internet.endpoints import HostnameEndpoint, connectProtocol
+        from twisted.internet.endpoints import connectProtocol
         from twisted.internet.protocol import Protocol
+        from elvin.endpoints import hostname_endpoint
         try:
             if uri.is_secure:
-                endpoint = HostnameEndpoint(reactor, uri.host, uri.port,
-                                            timeout=DRAIN_PROBE_TIMEOUT)
+                endpoint = hostname_endpoint(reactor, uri.host, uri.port,
+                                             timeout=DRAIN_PROBE_TIMEOUT)
                 probe = await connectProtocol(endpoint, Protocol())
                 probe.transport.loseConnection()
             else:

@@ -44,7 +44,7 @@ from typing import Mapping
 from urllib.parse import quote, unquote_to_bytes
 
 __all__ = [
-    "proxy_options_problem", "options_problem",
+    "proxy_options_problem", "options_problem", "stack_problem", "STACK_KINDS",
     "DEFAULT_PORT",
     "DEFAULT_PROTOCOL",
     "DEFAULT_VERSION",
@@ -76,6 +76,16 @@ PROTOCOL_ALIASES: Mapping[str, tuple[str, str, str]] = {
 }
 
 #: Transport modules, and security modules, that encrypt the connection.
+#: Each protocol stack (transport, security, marshalling) this build
+#: speaks, and the kind of transport that carries it (elvin.endpoints).
+STACK_KINDS = {
+    ("tcp", "none", "xdr"): "tcp",
+    ("ssl", "none", "xdr"): "tls",   # also spelt "secure"
+    ("tcp", "ssl", "xdr"): "tls",
+    ("udp", "none", "xdr"): "udp",
+    ("http", "none", "xdr"): "http",
+}
+
 _SECURE_TRANSPORTS = frozenset({"ssl", "tls"})
 _SECURE_SECURITY = frozenset({"ssl", "tls"})
 
@@ -512,3 +522,14 @@ def proxy_options_problem(uri: "ElvinURI") -> str | None:
             f"(its requests go through the HTTP proxy); {','.join(uri.protocol)} connects "
             "directly, without a proxy: remove the option, or use an "
             "elvin:/http,none,xdr/... URI through the proxy")
+
+
+def stack_problem(uri: "ElvinURI") -> str | None:
+    """Why no client or listener can use ``uri``'s protocol stack (one
+    this build does not speak: a security or marshalling layer is not to
+    be skipped silently), or None."""
+    if uri.protocol in STACK_KINDS:
+        return None
+    supported = ", ".join(",".join(stack) for stack in sorted(STACK_KINDS))
+    return (f"{uri}: protocol stack {','.join(uri.protocol)} is not supported "
+            f"(supported: {supported}; 'secure' means ssl,none,xdr)")

@@ -662,6 +662,7 @@ def _holds(table: Dict[int, Any], item: Any) -> bool:
 
 class _ClientFactory(protocol.Factory):
     protocol = ElvinClientProtocol
+    noisy = False          # no "Starting factory <... at 0x...>" at each dial
 
     def __init__(self, connection, generation=None):
         self.connection = connection

@@ -613,6 +613,11 @@ class Lifecycle:
     def _attempt_failed(self, cause: BaseException) -> None:
         self._last = cause
         if not self.established and not self.retry_connect:
+            self._tried += 1
+            if self._tried < len(self.uris):   # the first connect tries each in turn
+                self.index = (self.index + 1) % len(self.uris)
+                self._dial()
+                return
             self.phase = Phase.CLOSED
             self.execute(CancelTimer())
             self.execute(ConnectFailedEffect(cause))

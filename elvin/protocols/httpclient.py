@@ -38,9 +38,10 @@ from twisted.logger import Logger
 from twisted.python import failure
 from twisted.web import client, http
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IBodyProducer
+from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
+from elvin.protocols.hostnames import hostname_endpoint
 from elvin.protocols.httptunnel import CONTENT_TYPE, POLL, SESSION_PATH, STREAM
 
 __all__ = ["HTTPTunnelEndpoint", "HTTPTunnelTransport", "TunnelError", "TunnelTimeout",
@@ -142,6 +143,20 @@ def _options(uri):
     return mode, proxy
 
 
+@implementer(IAgentEndpointFactory)
+class _TunnelEndpoints:
+    """The Agent's connections to the router: plain TCP (the tunnel is
+    ``http``), to any host name a resolver knows (``router_1`` too)."""
+
+    def __init__(self, reactor, timeout):
+        self.reactor = reactor
+        self.timeout = timeout
+
+    def endpointForURI(self, uri):
+        return hostname_endpoint(self.reactor, uri.host.decode("ascii"), uri.port,
+                                 timeout=self.timeout)
+
+
 @implementer(IStreamClientEndpoint)
 class HTTPTunnelEndpoint:
     """Connects protocols to an Elvin router through the HTTP tunnel."""
@@ -157,10 +172,10 @@ class HTTPTunnelEndpoint:
     def _agent(self, pool):
         if self.proxy is not None:
             host, port = self.proxy
-            proxy = endpoints.HostnameEndpoint(self.reactor, host, port,
-                                               timeout=self.timeout)
+            proxy = hostname_endpoint(self.reactor, host, port, timeout=self.timeout)
             return client.ProxyAgent(proxy, self.reactor, pool=pool)
-        return client.Agent(self.reactor, connectTimeout=self.timeout, pool=pool)
+        return client.Agent.usingEndpointFactory(
+            self.reactor, _TunnelEndpoints(self.reactor, self.timeout), pool=pool)
 
     @defer.inlineCallbacks
     def _open_session(self, agent):

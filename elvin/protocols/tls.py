@@ -382,8 +382,16 @@ def client_options(hostname, ca=None, certificate=None, key=None):
                 certificate, key, "tls_certificate", "tls_key")
             if chain:
                 extra["extraCertChain"] = [c.original for c in chain]
-    return ssl.optionsForClientTLS(hostname, _trust_root(ca), client_cert,
-                                   extraCertificateOptions=extra)
+    try:
+        return ssl.optionsForClientTLS(hostname, _trust_root(ca), client_cert,
+                                       extraCertificateOptions=extra)
+    except UnicodeError:
+        # Twisted checks names as IDNA 2008 does: ``router_1`` resolves,
+        # but no certificate can be checked against it.
+        raise ValueError(
+            f"TLS to {hostname!r}: a certificate cannot be checked against that "
+            "host name (not a valid internationalised domain name); give the name "
+            "the router's certificate holds as tls_hostname") from None
 
 
 def failure_text(value):

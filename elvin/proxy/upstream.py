@@ -26,13 +26,13 @@ its back-off would); a try that fails goes on with the back-off.
 from typing import Any, Callable, Optional
 
 from twisted.application import service
-from twisted.internet import defer, endpoints, protocol, task
+from twisted.internet import defer, protocol, task
 from twisted.logger import Logger
 
 from elvin.client import connect as client_connect
 from elvin.clientcore.state import ConnectionClosed, Reconnect
 from elvin.discovery.addresses import is_loopback
-from elvin.endpoints import UDP, stack_kind
+from elvin.endpoints import UDP, hostname_endpoint, stack_kind
 from elvin.proxy.config import DEFAULT_UPSTREAM_KEEPALIVE, DEFAULT_UPSTREAM_PROBE
 from elvin.uri import ElvinURI
 
@@ -45,7 +45,7 @@ def tcp_probe(reactor: Any, timeout: float = 2.0) -> Callable[[ElvinURI], Any]:
     else False."""
 
     def probe(uri: ElvinURI) -> Any:
-        endpoint = endpoints.HostnameEndpoint(reactor, uri.host, uri.port, timeout=timeout)
+        endpoint = hostname_endpoint(reactor, uri.host, uri.port, timeout=timeout)
         factory: Any = protocol.Factory.forProtocol(protocol.Protocol)
         d = endpoint.connect(factory)
 

@@ -176,6 +176,23 @@ class CancelledChangesAio(AioCase):
         self.turn()
         return task.result()
 
+    def test_subscribe_cancelled_before_it_ran_leaves_nothing_to_log(self):
+        import gc
+        import warnings
+        conn, router = self.open()
+
+        async def at_once():
+            try:
+                await asyncio.wait_for(conn.subscribe("require(a)"), 0)
+            except asyncio.TimeoutError:
+                pass
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            self.loop.run_until_complete(at_once())
+            gc.collect()
+        self.assertEqual([str(w.message) for w in caught], [])
+        self.assertEqual([p for p in router.sent if isinstance(p, packets.SubAddRqst)], [])
+
     def test_cancelled_remove_is_carried_out(self):
         conn, router = self.open()
         sub = self.subscribed(conn, router)
@@ -817,3 +834,15 @@ class UnsupportedStacksAio(unittest.SynchronousTestCase):
     def test_http_is_the_twisted_clients(self):
         text = self.refused("elvin:/http,none,xdr/127.0.0.1:2917")
         self.assertIn("the HTTP tunnel is elvin.client's only", text)
+
+    def test_layers_it_lacks_are_refused_not_skipped(self):
+        # A security or marshalling layer asked for is never dropped in
+        # silence: tcp,krb5,xdr would otherwise be plain XDR in clear.
+        # (Refused before dialling: nothing listens on the port.)
+        for stack in ("tcp,krb5,xdr", "tcp,none,xml", "udp,krb5,xdr"):
+            uri = f"elvin:/{stack}/127.0.0.1:9"
+            self.assertIn(f"protocol stack {stack} is not supported", self.refused(uri))
+            from elvin import sync
+            with self.assertRaises(aio.ConnectFailed) as cm:
+                sync.unotify(uri, {"a": 1}, timeout=2)
+            self.assertIn("is not supported", str(cm.exception))

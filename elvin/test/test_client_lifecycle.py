@@ -312,6 +312,23 @@ class LifecycleTests(unittest.SynchronousTestCase):
         h.machine.packet(packets.ConnRply(rqst.xid, {}))
         self.assertEqual(h.machine.uri, B)
 
+    def test_first_connect_tries_each_uri_once(self):
+        h = Harness(uris=(A, B))           # no retry_connect: one round, then fail
+        h.machine.start()
+        self.assertEqual(h.take(), [Dial(A)])
+        h.machine.dial_failed(ConnectionRefusedError())
+        self.assertEqual(h.take(), [Dial(B)])
+        last = ConnectionRefusedError("B too")
+        h.machine.dial_failed(last)
+        self.assertEqual(h.take(), [CancelTimer(), ConnectFailedEffect(last)])
+        self.assertIs(h.machine.phase, Phase.CLOSED)
+        h = Harness(uris=(A, B))
+        h.machine.start()
+        h.machine.dial_failed(ConnectionRefusedError())
+        rqst = h.open()
+        h.machine.packet(packets.ConnRply(rqst.xid, {}))
+        self.assertEqual((h.machine.uri, h.machine.phase), (B, Phase.UP))
+
     def test_reconnection_fails_over_and_says_so(self):
         h = Harness(uris=(A, B), reconnect=Reconnect(jitter=0))
         h.up()

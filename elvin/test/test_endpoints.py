@@ -190,6 +190,65 @@ class ClientEndpointTests(unittest.TestCase):
                           reactor, "elvin:/udp,none,xdr/localhost:2917")
 
 
+class _Hosts:
+    """A name resolver that knows one name (``router_1``) only."""
+
+    def resolveHostName(self, receiver, hostName, portNumber=0, addressTypes=None,
+                        transportSemantics="TCP"):
+        from twisted.internet.address import IPv4Address
+        receiver.resolutionBegan(None)
+        if hostName == "router_1":
+            receiver.addressResolved(IPv4Address("TCP", "127.0.0.1", portNumber))
+        receiver.resolutionComplete()
+
+
+class HostNameTests(unittest.TestCase):
+    """Every name a resolver knows is dialled, ``router_1`` included (Twisted's
+    HostnameEndpoint refuses names IDNA 2008 forbids before resolving)."""
+
+    def reactor(self):
+        from twisted.internet.interfaces import IReactorPluggableNameResolver
+        from twisted.internet.testing import MemoryReactorClock
+        from zope.interface import alsoProvides
+        memory = MemoryReactorClock()
+        memory.nameResolver = _Hosts()
+        alsoProvides(memory, IReactorPluggableNameResolver)
+        return memory
+
+    def dialled(self, endpoint, memory):
+        from twisted.internet.protocol import Factory, Protocol
+        endpoint.connect(Factory.forProtocol(Protocol))
+        memory.advance(0)
+        return [(host, port) for host, port, *_ in memory.tcpClients]
+
+    def test_underscore_names_are_resolved_and_dialled(self):
+        for uri in ("elvin://router_1:2917", "elvin:/secure/router_1:2916"):
+            memory = self.reactor()
+            ep = endpoints.client_endpoint(memory, uri, tls_hostname="router.test")
+            self.assertEqual(self.dialled(ep, memory), [("127.0.0.1", int(uri[-4:]))], uri)
+
+    def test_http_tunnel_dials_underscore_names(self):
+        memory = self.reactor()
+        tunnel = endpoints.client_endpoint(memory, "elvin:/http,none,xdr/router_1:8080")
+        factory = tunnel._agent(None)._endpointFactory
+        ep = factory.endpointForURI(__import__("twisted.web.client", fromlist=["URI"])
+                                    .URI.fromBytes(b"http://router_1:8080/elvin"))
+        self.assertEqual(self.dialled(ep, memory), [("127.0.0.1", 8080)])
+
+    def test_unknown_names_still_fail_as_unresolved(self):
+        from twisted.internet.error import DNSLookupError
+        memory = self.reactor()
+        ep = endpoints.hostname_endpoint(memory, "nowhere_1", 2917)
+        from twisted.internet.protocol import Factory, Protocol
+        d = ep.connect(Factory.forProtocol(Protocol))
+        self.failureResultOf(d, DNSLookupError)
+
+    def test_tls_to_a_name_no_certificate_can_hold_says_what_to_do(self):
+        with self.assertRaises(ValueError) as caught:
+            endpoints.client_endpoint(reactor, "elvin:/secure/router_1:2916")
+        self.assertIn("tls_hostname", str(caught.exception))
+
+
 class ListenerServiceTests(unittest.TestCase):
 
     def setUp(self):

@@ -105,9 +105,10 @@ def uri_hint(text):
 
 async def _answers(reactor, uri, timeout):
     """True when something accepts a TCP connection at ``uri`` in time."""
-    from twisted.internet.endpoints import HostnameEndpoint, connectProtocol
+    from twisted.internet.endpoints import connectProtocol
     from twisted.internet.protocol import Protocol
-    endpoint = HostnameEndpoint(reactor, uri.host, uri.port, timeout=timeout)
+    from elvin.endpoints import hostname_endpoint
+    endpoint = hostname_endpoint(reactor, uri.host, uri.port, timeout=timeout)
     try:
         proto = await connectProtocol(endpoint, Protocol())
     except Exception:
