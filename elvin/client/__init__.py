@@ -631,13 +631,21 @@ class Connection(LifecycleView, ClientState):
         change = self.sec_rqst(add_nfn_keys, del_nfn_keys, add_sub_keys, del_sub_keys)
         return self.call(change).addCallback(lambda _: self.keys_changed(change))
 
-    def test_connection(self) -> "defer.Deferred[bool]":
-        """Send TestConn; fires True when the router answers ConfConn."""
+    def test_connection(self, timeout: Optional[float] = None) -> "defer.Deferred[bool]":
+        """Send TestConn; fires True when the router answers ConfConn (or
+        anything else). With ``timeout`` (seconds), fails with TimeoutError
+        naming the router if no answer comes in time (as the asyncio and
+        blocking flavours' ``test_connection(timeout)``)."""
         d: defer.Deferred[Any] = defer.Deferred()
         try:
-            self.ping(d.callback, d.errback)
+            self.ping(lambda alive: None if d.called else d.callback(alive),
+                      lambda error: None if d.called else d.errback(error))
         except ConnectionClosed as e:
             return defer.fail(e)
+        if timeout:
+            uri = self.uri
+            d.addTimeout(timeout, self.reactor, onTimeoutCancel=lambda result, after: Failure(
+                TimeoutError(f"no answer to TestConn from {uri} within {after:g} s")))
         return d
 
     def close(self) -> "defer.Deferred[None]":
