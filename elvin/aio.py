@@ -33,7 +33,7 @@ from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, DEFAULT_RECEIVE_QU
                                         ResumeReading, StartTimer, TLS_FIRST_PACKET_DELAY)
 from elvin.clientcore import messages
 from elvin.clientcore.state import (ClientState, ConnectFailed, ConnectionClosed, Deframer,
-                                    NackError, Notification, PublishBufferFull,
+                                    EndHook, NackError, Notification, PublishBufferFull,
                                     QuenchHandlers, QuenchState, Reconnect, AutoQuenchBase,
                                     SessionArg, changed_keys, proxy_options)
 from elvin.core.options import OPTIONS
@@ -158,7 +158,7 @@ class _Protocol(asyncio.Protocol):
                 self.transport.write(data)
 
 
-class Subscription:
+class Subscription(EndHook):
     """A subscription registered with the router.
 
     Without a callback it is an async iterator of ``Notification``s
@@ -168,7 +168,10 @@ class Subscription:
     one) when the session is lost. With ``callback``, each notification is
     passed to it instead; a coroutine function (or a callback returning an
     awaitable) is run as a task, its errors logged. As an async context
-    manager it removes itself on exit.
+    manager it removes itself on exit. ``on_end(error)`` is called once,
+    on the loop, when it ends (None: removed or closed by the program;
+    else the error, as the iterator raises it): a callback subscription's
+    only sign that the session was lost.
     """
 
     def __init__(self, connection: "Connection", sub_id: int, expression: str,
@@ -183,8 +186,6 @@ class Subscription:
         self._queue: Optional["asyncio.Queue[Any]"] = asyncio.Queue() if callback is None else None
         self._held = 0            # queued notifications counted by the lifecycle
         self._ended: Any = None
-        #: Called (on the loop) with the error, or None, when it ends.
-        self.on_end: Optional[Callable[[Optional[Exception]], Any]] = None
 
     def _deliver_note(self, note: Notification) -> None:
         if self.callback is not None:
@@ -205,8 +206,7 @@ class Subscription:
                 self._held = 0
             if self._queue is not None:
                 self._queue.put_nowait(_END)
-            if self.on_end is not None:
-                self.on_end(error)
+            self._ended_with(error)       # on_end, called on the loop
 
     async def modify(self, expression: Optional[str] = None,
                      accept_insecure: Optional[bool] = None,

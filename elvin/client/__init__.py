@@ -31,7 +31,8 @@ from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, CancelTimer, Close
 from elvin.clientcore import messages
 from elvin.clientcore.messages import (TLS_TRUST, TOOLS_TLS_TRUST, shown as _shown,
                                        stack_hint as _stack_hint)
-from elvin.clientcore.state import (ClientState, ConnectFailed, ConnectionClosed, NackError,
+from elvin.clientcore.state import (ClientState, ConnectFailed, ConnectionClosed, EndHook,
+                                    NackError,
                                     Notification, PublishBufferFull, QuenchHandlers,
                                     QuenchState, Reconnect, AutoQuenchBase, JoinedSession,
                                     SessionArg, SessionSubscription, changed_keys, proxy_options,
@@ -62,8 +63,10 @@ UNOTIFY_LINGER = 0.1
 DEFAULT_CONNECT_TIMEOUT = 10.0
 
 
-class ClientSubscription:
-    """A subscription registered with the router."""
+class ClientSubscription(EndHook):
+    """A subscription registered with the router. ``on_end(error)`` is
+    called once when it ends: None when removed or the program closed the
+    connection, else the error (the session was lost)."""
 
     def __init__(self, connection, sub_id, expression, callback, accept_insecure):
         self.connection = connection
@@ -89,6 +92,9 @@ class ClientSubscription:
 
     def _deliver_note(self, note):
         coroutine_result_refused(self.callback(note), self)
+
+    def _end(self, error=None):
+        self._ended_with(error)
 
     def __repr__(self):
         return f"<ClientSubscription {self.id} {self.expression!r}>"
@@ -564,6 +570,7 @@ class Connection(LifecycleView, ClientState):
         def removed(reply):
             if _holds(self.subscriptions, sub):
                 del self.subscriptions[sub.id]
+                sub._end(None)
             return None
         return self.call(self.sub_del_rqst(sub), removed).addCallback(removed)
 

@@ -378,10 +378,14 @@ class Lifecycle:
                 self._policy = self.reconnect
                 self._tried = 0
                 self._last = error
+                _log.warning("%s; reconnecting", error)
                 self._wait_or_give_up()
                 self._call("on_connection_lost", error)
             else:
+                # Without reconnection too: a callback-only program has no
+                # other sign that its session is over.
                 self._end(error)
+                self._call("on_connection_lost", error)
         elif phase in (Phase.HANDSHAKING, Phase.REPLAYING):
             if self.established and self._redirecting():
                 return
@@ -667,6 +671,8 @@ class Lifecycle:
             # here, with the reason, whichever way the session ended.
             _log.warning("session with %s ended (%s): %d queued packets (%d bytes) not sent",
                          self.uri, error or "closed", len(self._buffer), self._buffered)
+        elif error is not None:
+            _log.warning("session with %s ended: %s", self.uri, error)
         self._buffer, self._buffered = [], 0
         self.session._liveness_waiters += self._moving_waiters
         self._moving_waiters = []

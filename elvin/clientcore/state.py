@@ -30,7 +30,7 @@ from elvin.values import Int64, normalise
 
 __all__ = ["ClientState", "NackError", "ConnectionClosed", "ConnectFailed",
            "PublishBufferFull", "Targeted", "describe_disconn", "refuse_coroutine",
-           "coroutine_result_refused",
+           "coroutine_result_refused", "EndHook",
            "Notification", "Deframer", "QuenchHandlers", "QuenchState", "Reconnect",
            "AutoQuenchBase", "SessionSubscription", "JoinedSession", "proxy_options"]
 
@@ -280,6 +280,47 @@ class Reconnect:
         for _ in tries:
             yield delay * (1 + self.jitter * (2 * rng() - 1))
             delay = min(delay * self.factor, self.maximum)
+
+
+class EndHook:
+    """A subscription's ``on_end(error)`` hook, the same in every flavour:
+    called once when the subscription ends, with None when it was removed
+    or the program closed the connection, else the error that ended it
+    (the ConnectionClosed of a lost session, the NackError of a router that
+    would not take it back after a reconnection). Set after the end, it is
+    called at once, so a callback-only subscriber cannot miss it. What the
+    hook raises is logged."""
+
+    _on_end: Optional[Callable[[Optional[BaseException]], Any]] = None
+    _end_told = False
+    _end_cause: Optional[BaseException] = None
+
+    @property
+    def on_end(self) -> Optional[Callable[[Optional[BaseException]], Any]]:
+        return self._on_end
+
+    @on_end.setter
+    def on_end(self, hook: Optional[Callable[[Optional[BaseException]], Any]]) -> None:
+        self._on_end = hook
+        if hook is not None and self._end_told:
+            self._tell_end(hook)
+
+    def _ended_with(self, error: Optional[BaseException]) -> bool:
+        """The subscription ended (``error`` or None): tell the hook; False
+        if it had ended already."""
+        if self._end_told:
+            return False
+        self._end_told = True
+        self._end_cause = error
+        if self._on_end is not None:
+            self._tell_end(self._on_end)
+        return True
+
+    def _tell_end(self, hook: Callable[[Optional[BaseException]], Any]) -> None:
+        try:
+            hook(self._end_cause)
+        except Exception:
+            _log.exception("on_end of %r raised", self)
 
 
 class QuenchHandlers:
