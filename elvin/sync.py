@@ -34,7 +34,8 @@ from typing import (Any, Awaitable, Callable, Dict, Iterable, Iterator, List, Ma
 from elvin import aio
 from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, DEFAULT_RECEIVE_QUEUE,
                                         Lifecycle, Phase)
-from elvin.clientcore.state import (ConnectFailed, ConnectionClosed, NackError, Notification,
+from elvin.clientcore.state import (CloseUnconfirmed, ConnectFailed, ConnectionClosed,
+                                    NackError, Notification,
                                     PublishBufferFull, Reconnect, SessionArg,
                                     refuse_coroutine)
 from elvin.keys import Keys, consumer_keys, dual_keys, producer_keys
@@ -43,7 +44,7 @@ from elvin.uri import ElvinURI
 __all__ = ["connect", "notify", "subscribe", "unotify", "Connection", "Subscription",
            "Quench", "AutoQuench", "Reconnect",
            "NackError", "ConnectionClosed", "ConnectFailed", "PublishBufferFull",
-           "Notification", "Keys", "producer_keys", "consumer_keys", "dual_keys"]
+           "CloseUnconfirmed", "Notification", "Keys", "producer_keys", "consumer_keys", "dual_keys"]
 
 _END = object()
 T = TypeVar("T")
@@ -89,6 +90,8 @@ def _close_all() -> None:
     for inner in list(_open):
         try:
             asyncio.run_coroutine_threadsafe(inner.close(), loop).result(EXIT_CLOSE_TIMEOUT)
+        except CloseUnconfirmed:
+            pass                          # logged as it happened, with what is at risk
         except Exception as e:
             _log.warning("closing %s at exit: %s", inner.uri, e)
 
@@ -608,14 +611,22 @@ class Connection:
         return _run(self._inner.test_connection(timeout))
 
     def close(self) -> None:
-        """Disconnect politely (waits for the router's DisconnRply)."""
+        """Disconnect politely: waits for the router's DisconnRply (at
+        most 5 s), which says everything notified before has reached it;
+        raises CloseUnconfirmed when it did not come and something sent is
+        unconfirmed (``elvin.aio.Connection.close``)."""
         _run(self._inner.close())
 
     def __enter__(self) -> "Connection":
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.close()
+        try:
+            self.close()
+        except CloseUnconfirmed:
+            if exc[0] is None:
+                raise
+            # The block's own error goes on; this one was logged.
 
 
 def connect(uri: aio.URIs = None, options: Optional[Mapping[str, Any]] = None,

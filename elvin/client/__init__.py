@@ -13,8 +13,8 @@ Every request returns a Deferred that fires with the reply, or fails with
 """
 
 
-from typing import (Any, Callable, Dict, Generator, Iterable, Mapping, Optional, Sequence,
-                    Union)
+from typing import (Any, Callable, Dict, Generator, Iterable, List, Mapping, Optional,
+                    Sequence, Union)
 
 from twisted.internet import defer, error, protocol, task
 from twisted.internet.interfaces import IHandshakeListener
@@ -31,7 +31,8 @@ from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, CancelTimer, Close
 from elvin.clientcore import messages
 from elvin.clientcore.messages import (TLS_TRUST, TOOLS_TLS_TRUST, shown as _shown,
                                        stack_hint as _stack_hint)
-from elvin.clientcore.state import (ClientState, ConnectFailed, ConnectionClosed, EndHook,
+from elvin.clientcore.state import (ClientState, CloseUnconfirmed, ConnectFailed,
+                                    ConnectionClosed, Deframer, EndHook,
                                     NackError,
                                     Notification, PublishBufferFull, QuenchHandlers,
                                     QuenchState, Reconnect, AutoQuenchBase, JoinedSession,
@@ -47,7 +48,8 @@ from elvin.values import normalise
 
 __all__ = ["connect", "connect_discovered", "unotify", "Connection", "ClientSubscription", "ConnectFailed",
            "DEFAULT_CONNECT_TIMEOUT", "ClientQuench", "QuenchState", "AutoQuench", "NackError",
-           "ConnectionClosed", "PublishBufferFull", "Notification", "Reconnect",
+           "ConnectionClosed", "PublishBufferFull", "CloseUnconfirmed", "Notification",
+           "Reconnect",
            "SessionSubscription",
            "JoinedSession",
            "Keys", "producer_keys", "consumer_keys", "dual_keys"]
@@ -275,10 +277,13 @@ class ElvinClientProtocol(FramedProtocol):
             waiter.errback(reason if reason is not None else error.ConnectionDone())
 
     def send(self, packet):
+        """Write ``packet``; the bytes it takes (with its header)."""
+        data = packets.encode(packet)
         if self._held_frames is not None:
-            self._held_frames.append(packets.encode(packet))
-            return
-        self.sendFrame(packets.encode(packet))
+            self._held_frames.append(data)
+        else:
+            self.sendFrame(data)
+        return len(data) + 4
 
 
 class Connection(LifecycleView, ClientState):
@@ -467,7 +472,7 @@ class Connection(LifecycleView, ClientState):
             self.lost_detail = why
             self._finish()                # a bare channel (unotify)
             return
-        self.lifecycle.channel_lost(why)
+        self.lifecycle.channel_lost(why, _unsent_notifications(proto))
 
     # -- requests ------------------------------------------------------------
 
@@ -656,18 +661,50 @@ class Connection(LifecycleView, ClientState):
         return d
 
     def close(self) -> "defer.Deferred[None]":
-        """Disconnect politely (DisconnRqst, wait for DisconnRply): fires
-        once the session has ended."""
+        """Disconnect politely (DisconnRqst, then the router's DisconnRply,
+        which says everything sent before has reached it): fires once the
+        session has ended. Fails with CloseUnconfirmed (also
+        ``close_reason``, and logged) if the router did not confirm within
+        5 s (or the channel ended first) while something sent was
+        unconfirmed, or if notifications waiting to be sent while
+        reconnecting were dropped: they may not have reached it."""
+        already = self.lifecycle.phase is Phase.CLOSED
         self.lifecycle.close()
         if self.disconnected.called:
-            return defer.succeed(None)
+            return self._closed_outcome(already)
         d: defer.Deferred[None] = defer.Deferred()
 
         def ended(result: Any) -> Any:
-            d.callback(None)
+            self._closed_outcome(already).chainDeferred(d)
             return result
         self.disconnected.addBoth(ended)
         return d
+
+    def _closed_outcome(self, already: bool) -> "defer.Deferred[None]":
+        error = self.close_reason
+        if not already and isinstance(error, CloseUnconfirmed):
+            return defer.fail(error)
+        return defer.succeed(None)
+
+
+def _unsent_notifications(proto: Any) -> List[Any]:
+    """The notifications a failed channel took and never sent (the HTTP
+    tunnel keeps them: ``HTTPTunnelTransport.unsent``), in order, to go
+    back to the reconnection buffer. Requests among them are not: they
+    fail with the loss, as over TCP."""
+    unsent = getattr(getattr(proto, "transport", None), "unsent", None)
+    data = unsent() if unsent is not None else b""
+    if not data:
+        return []
+    found = []
+    for frame in Deframer(ElvinClientProtocol.max_frame_length).feed(data):
+        try:
+            packet = packets.decode(frame)
+        except DecodeError:
+            break
+        if type(packet) is packets.NotifyEmit:
+            found.append(packet)
+    return found
 
 
 def _holds(table: Dict[int, Any], item: Any) -> bool:

@@ -28,7 +28,7 @@ from elvin.errors import NO_SUCH_QUENCH, NO_SUCH_SUB, ElvinError
 from elvin.protocols import packets
 from elvin.values import Int64, normalise
 
-__all__ = ["ClientState", "NackError", "ConnectionClosed", "ConnectFailed",
+__all__ = ["ClientState", "NackError", "ConnectionClosed", "ConnectFailed", "CloseUnconfirmed",
            "PublishBufferFull", "Targeted", "describe_disconn", "refuse_coroutine",
            "coroutine_result_refused", "EndHook",
            "Notification", "Deframer", "QuenchHandlers", "QuenchState", "Reconnect",
@@ -76,6 +76,24 @@ class ConnectionClosed(ElvinError):
         super().__init__(0, message)
         self.reason = reason
         self.disconn_args = args
+
+
+class CloseUnconfirmed(ConnectionClosed):
+    """The program closed the connection, but the router did not confirm
+    what was sent (no DisconnRply within the close timeout, or the channel
+    ended first), or notifications waiting to be sent while reconnecting
+    were dropped: those may not have reached the router. ``unconfirmed``
+    and ``unconfirmed_bytes`` count what was written since the router last
+    confirmed receipt (by answering a request sent after it); ``unsent`` and
+    ``unsent_bytes`` what the reconnection buffer held."""
+
+    def __init__(self, message: str, unconfirmed: int = 0, unconfirmed_bytes: int = 0,
+                 unsent: int = 0, unsent_bytes: int = 0) -> None:
+        super().__init__(message)
+        self.unconfirmed = unconfirmed
+        self.unconfirmed_bytes = unconfirmed_bytes
+        self.unsent = unsent
+        self.unsent_bytes = unsent_bytes
 
 
 class PublishBufferFull(ConnectionClosed):
@@ -548,8 +566,9 @@ class ClientState:
     optional hooks.
     """
 
-    def __init__(self, send: Optional[Callable[[Any], None]] = None) -> None:
-        #: Writes a packet to the current channel (set by the lifecycle).
+    def __init__(self, send: Optional[Callable[[Any], Optional[int]]] = None) -> None:
+        #: Writes a packet to the current channel (set by the lifecycle);
+        #: returns the bytes written (frame and header), if the driver knows.
         self.send = send
         #: Where the program's packets go: ``post(packet, xid, target=None)``
         #: sends, buffers or raises ConnectionClosed (the lifecycle sets it;
