@@ -158,10 +158,7 @@ def _three_flavours(test):
     reactor = MemoryReactorClock()
 
     def open_twisted():
-        conn = tx.Connection(URI, reactor)
-        router = CountingRouter(conn)
-        router.open()
-        return conn, router
+        return _opened(tx.Connection(URI, reactor))
 
     def close_twisted(conn):
         d = conn.close()
@@ -175,10 +172,7 @@ def _three_flavours(test):
     test.addCleanup(loop.close)
 
     def open_aio():
-        conn = aio.Connection(URI, loop)
-        router = CountingRouter(conn)
-        router.open()
-        return conn, router
+        return _opened(aio.Connection(URI, loop))
 
     def close_aio(conn):
         async def closing():
@@ -193,12 +187,7 @@ def _three_flavours(test):
         return sync._run(_call(function, *args))
 
     def open_sync():
-        def opened():
-            inner = aio.Connection(URI, sync._private_loop())
-            router = CountingRouter(inner)
-            router.open()
-            return inner, router
-        inner, router = on_loop(opened)
+        inner, router = on_loop(lambda: _opened(aio.Connection(URI, sync._private_loop())))
         return sync.Connection(inner), router
 
     def close_sync(conn):
@@ -212,6 +201,13 @@ def _three_flavours(test):
 
 async def _call(function, *args):
     return function(*args)
+
+
+def _opened(conn):
+    """``conn`` with its session open over a CountingRouter: (conn, router)."""
+    router = CountingRouter(conn)
+    router.open()
+    return conn, router
 
 
 class CloseUnconfirmedTests(unittest.TestCase):
