@@ -32,8 +32,8 @@ from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, DEFAULT_RECEIVE_QU
                                         Lifecycle, LifecycleView, PauseReading, Phase,
                                         ResumeReading, StartTimer, TLS_FIRST_PACKET_DELAY)
 from elvin.clientcore import messages
-from elvin.clientcore.state import (ClientState, ConnectFailed, ConnectionClosed, Deframer,
-                                    NackError, Notification, PublishBufferFull,
+from elvin.clientcore.state import (ClientState, CloseUnconfirmed, ConnectFailed,
+                                    ConnectionClosed, Deframer, EndHook, NackError, Notification, PublishBufferFull,
                                     QuenchHandlers, QuenchState, Reconnect, AutoQuenchBase,
                                     SessionArg, changed_keys, proxy_options)
 from elvin.core.options import OPTIONS
@@ -46,8 +46,8 @@ from elvin.values import normalise
 __all__ = ["connect", "unotify", "Connection", "Subscription", "Quench", "Reconnect",
            "AutoQuench",
            "NackError",
-           "ConnectionClosed", "ConnectFailed", "PublishBufferFull", "Notification",
-           "DEFAULT_URI", "DEFAULT_CONNECT_TIMEOUT",
+           "ConnectionClosed", "ConnectFailed", "PublishBufferFull", "CloseUnconfirmed",
+           "Notification", "DEFAULT_URI", "DEFAULT_CONNECT_TIMEOUT",
            "Keys", "producer_keys", "consumer_keys", "dual_keys"]
 
 DEFAULT_URI = "elvin://localhost:2917"
@@ -137,7 +137,8 @@ class _Protocol(asyncio.Protocol):
         self._out.clear()
         self.connection._lost(self, exc)
 
-    def send(self, packet: Any) -> None:
+    def send(self, packet: Any) -> int:
+        """Queue ``packet`` for this iteration's write; the bytes it takes."""
         data = packets.encode(packet)
         out = self._out
         if not out:
@@ -148,6 +149,7 @@ class _Protocol(asyncio.Protocol):
                 self.loop.call_soon(self.flush)
         out.append(len(data).to_bytes(4, "big"))
         out.append(data)
+        return len(data) + 4
 
     def flush(self) -> None:
         out = self._out
@@ -158,7 +160,7 @@ class _Protocol(asyncio.Protocol):
                 self.transport.write(data)
 
 
-class Subscription:
+class Subscription(EndHook):
     """A subscription registered with the router.
 
     Without a callback it is an async iterator of ``Notification``s
@@ -168,7 +170,10 @@ class Subscription:
     one) when the session is lost. With ``callback``, each notification is
     passed to it instead; a coroutine function (or a callback returning an
     awaitable) is run as a task, its errors logged. As an async context
-    manager it removes itself on exit.
+    manager it removes itself on exit. ``on_end(error)`` is called once,
+    on the loop, when it ends (None: removed or closed by the program;
+    else the error, as the iterator raises it): a callback subscription's
+    only sign that the session was lost.
     """
 
     def __init__(self, connection: "Connection", sub_id: int, expression: str,
@@ -183,8 +188,6 @@ class Subscription:
         self._queue: Optional["asyncio.Queue[Any]"] = asyncio.Queue() if callback is None else None
         self._held = 0            # queued notifications counted by the lifecycle
         self._ended: Any = None
-        #: Called (on the loop) with the error, or None, when it ends.
-        self.on_end: Optional[Callable[[Optional[Exception]], Any]] = None
 
     def _deliver_note(self, note: Notification) -> None:
         if self.callback is not None:
@@ -205,8 +208,7 @@ class Subscription:
                 self._held = 0
             if self._queue is not None:
                 self._queue.put_nowait(_END)
-            if self.on_end is not None:
-                self.on_end(error)
+            self._ended_with(error)       # on_end, called on the loop
 
     async def modify(self, expression: Optional[str] = None,
                      accept_insecure: Optional[bool] = None,
@@ -693,17 +695,31 @@ class Connection(LifecycleView, ClientState):
         return await asyncio.wait_for(future, timeout)
 
     async def close(self) -> None:
-        """Disconnect politely (DisconnRqst, wait for DisconnRply; whatever
-        was sent before has reached the router). Iterators then end
-        normally."""
+        """Disconnect politely: DisconnRqst, then the router's DisconnRply,
+        which says everything sent before has reached it. Iterators then
+        end normally. If the router does not confirm (no DisconnRply
+        within 5 s, or the channel ends first) while something sent is
+        unconfirmed, or notifications waiting to be sent while
+        reconnecting are dropped, the connection is closed all the same
+        and CloseUnconfirmed is raised (also ``close_reason``, and logged),
+        naming how many packets and bytes may not have reached it."""
+        already = self.lifecycle.phase is Phase.CLOSED
         self.lifecycle.close()
         await asyncio.shield(self.closed)
+        error = self.close_reason
+        if not already and isinstance(error, CloseUnconfirmed):
+            raise error
 
     async def __aenter__(self) -> "Connection":
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
-        await self.close()
+        try:
+            await self.close()
+        except CloseUnconfirmed:
+            if exc[0] is None:
+                raise
+            # The block's own error goes on; this one was logged.
 
 
 def _ssl_context(tls_ca: Union[str, bytes, None],

@@ -34,7 +34,8 @@ from typing import (Any, Awaitable, Callable, Dict, Iterable, Iterator, List, Ma
 from elvin import aio
 from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, DEFAULT_RECEIVE_QUEUE,
                                         Lifecycle, Phase)
-from elvin.clientcore.state import (ConnectFailed, ConnectionClosed, NackError, Notification,
+from elvin.clientcore.state import (CloseUnconfirmed, ConnectFailed, ConnectionClosed,
+                                    NackError, Notification,
                                     PublishBufferFull, Reconnect, SessionArg,
                                     refuse_coroutine)
 from elvin.keys import Keys, consumer_keys, dual_keys, producer_keys
@@ -43,7 +44,7 @@ from elvin.uri import ElvinURI
 __all__ = ["connect", "notify", "subscribe", "unotify", "Connection", "Subscription",
            "Quench", "AutoQuench", "Reconnect",
            "NackError", "ConnectionClosed", "ConnectFailed", "PublishBufferFull",
-           "Notification", "Keys", "producer_keys", "consumer_keys", "dual_keys"]
+           "CloseUnconfirmed", "Notification", "Keys", "producer_keys", "consumer_keys", "dual_keys"]
 
 _END = object()
 T = TypeVar("T")
@@ -89,12 +90,19 @@ def _close_all() -> None:
     for inner in list(_open):
         try:
             asyncio.run_coroutine_threadsafe(inner.close(), loop).result(EXIT_CLOSE_TIMEOUT)
+        except CloseUnconfirmed:
+            pass                          # logged as it happened, with what is at risk
         except Exception as e:
             _log.warning("closing %s at exit: %s", inner.uri, e)
 
 
 async def _awaited(awaitable: Awaitable[T]) -> T:
     return await awaitable
+
+
+async def _call(function: Callable[..., T], *args: Any) -> T:
+    """``function(*args)`` on the private loop (through ``_run``)."""
+    return function(*args)
 
 
 def _run(awaitable: Awaitable[T], timeout: Optional[float] = None) -> T:
@@ -141,7 +149,25 @@ class _Inbox:
         self.lifecycle.held(1)
         self.connection.ack_hold(note)  # handled once the program takes it
 
-    def end(self, error: Optional[Exception]) -> None:
+    #: The program's ``Subscription.on_end`` (called after the iterator's end).
+    on_end: Optional[Callable[[Optional[BaseException]], Any]] = None
+
+    def watch(self, inner: aio.Subscription) -> None:
+        """On the loop: end with ``inner`` (at once if it has ended)."""
+        def ended(error: Optional[BaseException]) -> None:
+            self.end(error)
+            if self.on_end is not None:
+                inner._tell_end(self.on_end)
+        inner.on_end = ended
+
+    def set_on_end(self, inner: aio.Subscription,
+                   hook: Optional[Callable[[Optional[BaseException]], Any]]) -> None:
+        """On the loop: the program's hook, called at once if ``inner`` ended."""
+        self.on_end = hook
+        if hook is not None and inner._end_told:
+            inner._tell_end(hook)
+
+    def end(self, error: Optional[BaseException]) -> None:
         self.ended = True
         if self.held:
             self.lifecycle.held(-self.held)
@@ -244,6 +270,30 @@ class Subscription:
     def remove(self) -> None:
         """Delete the subscription (iteration then ends)."""
         _run(self._inner.remove())       # ends the iteration (see subscribe)
+
+    @property
+    def on_end(self) -> Optional[Callable[[Optional[BaseException]], Any]]:
+        """Called once, on the client's thread, when the subscription ends:
+        None when removed or the connection closed by the program, else
+        the error that ended it (the session lost: a callback
+        subscription's only sign of it). Set after the end, it is called
+        at once."""
+        inbox = self._inbox
+        return inbox.on_end if inbox is not None else self._inner.on_end
+
+    @on_end.setter
+    def on_end(self, hook: Optional[Callable[[Optional[BaseException]], Any]]) -> None:
+        inbox = self._inbox
+
+        def install() -> None:
+            if inbox is not None:
+                inbox.set_on_end(self._inner, hook)
+            else:
+                self._inner.on_end = hook
+        if threading.current_thread().name == "elvin.sync":
+            install()                     # in a callback: on the loop already
+        else:
+            _run(_call(install))
 
     def __enter__(self) -> "Subscription":
         return self
@@ -483,12 +533,9 @@ class Connection:
                                           max_count=max_count))
         sub = Subscription(self, inner, timeout, inbox)
         if inbox is not None:
-            async def watch() -> None:    # on the loop: no delivery can slip between
-                inner.on_end = inbox.end
-                if inner._ended is not None:       # it ended before on_end was set
-                    ended = inner._ended
-                    inbox.end(ended if isinstance(ended, Exception) else None)
-            _run(watch())
+            # On the loop: no delivery can slip between; set after the end
+            # (the session lost meanwhile), it is called at once.
+            _run(_call(inbox.watch, inner))
         return sub
 
     def quench(self, names: Iterable[str],
@@ -564,14 +611,22 @@ class Connection:
         return _run(self._inner.test_connection(timeout))
 
     def close(self) -> None:
-        """Disconnect politely (waits for the router's DisconnRply)."""
+        """Disconnect politely: waits for the router's DisconnRply (at
+        most 5 s), which says everything notified before has reached it;
+        raises CloseUnconfirmed when it did not come and something sent is
+        unconfirmed (``elvin.aio.Connection.close``)."""
         _run(self._inner.close())
 
     def __enter__(self) -> "Connection":
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.close()
+        try:
+            self.close()
+        except CloseUnconfirmed:
+            if exc[0] is None:
+                raise
+            # The block's own error goes on; this one was logged.
 
 
 def connect(uri: aio.URIs = None, options: Optional[Mapping[str, Any]] = None,

@@ -13,8 +13,8 @@ Every request returns a Deferred that fires with the reply, or fails with
 """
 
 
-from typing import (Any, Callable, Dict, Generator, Iterable, Mapping, Optional, Sequence,
-                    Union)
+from typing import (Any, Callable, Dict, Generator, Iterable, List, Mapping, Optional,
+                    Sequence, Union)
 
 from twisted.internet import defer, error, protocol, task
 from twisted.internet.interfaces import IHandshakeListener
@@ -31,7 +31,9 @@ from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, CancelTimer, Close
 from elvin.clientcore import messages
 from elvin.clientcore.messages import (TLS_TRUST, TOOLS_TLS_TRUST, shown as _shown,
                                        stack_hint as _stack_hint)
-from elvin.clientcore.state import (ClientState, ConnectFailed, ConnectionClosed, NackError,
+from elvin.clientcore.state import (ClientState, CloseUnconfirmed, ConnectFailed,
+                                    ConnectionClosed, Deframer, EndHook,
+                                    NackError,
                                     Notification, PublishBufferFull, QuenchHandlers,
                                     QuenchState, Reconnect, AutoQuenchBase, JoinedSession,
                                     SessionArg, SessionSubscription, changed_keys, proxy_options,
@@ -46,7 +48,8 @@ from elvin.values import normalise
 
 __all__ = ["connect", "connect_discovered", "unotify", "Connection", "ClientSubscription", "ConnectFailed",
            "DEFAULT_CONNECT_TIMEOUT", "ClientQuench", "QuenchState", "AutoQuench", "NackError",
-           "ConnectionClosed", "PublishBufferFull", "Notification", "Reconnect",
+           "ConnectionClosed", "PublishBufferFull", "CloseUnconfirmed", "Notification",
+           "Reconnect",
            "SessionSubscription",
            "JoinedSession",
            "Keys", "producer_keys", "consumer_keys", "dual_keys"]
@@ -62,8 +65,10 @@ UNOTIFY_LINGER = 0.1
 DEFAULT_CONNECT_TIMEOUT = 10.0
 
 
-class ClientSubscription:
-    """A subscription registered with the router."""
+class ClientSubscription(EndHook):
+    """A subscription registered with the router. ``on_end(error)`` is
+    called once when it ends: None when removed or the program closed the
+    connection, else the error (the session was lost)."""
 
     def __init__(self, connection, sub_id, expression, callback, accept_insecure):
         self.connection = connection
@@ -89,6 +94,9 @@ class ClientSubscription:
 
     def _deliver_note(self, note):
         coroutine_result_refused(self.callback(note), self)
+
+    def _end(self, error=None):
+        self._ended_with(error)
 
     def __repr__(self):
         return f"<ClientSubscription {self.id} {self.expression!r}>"
@@ -269,10 +277,13 @@ class ElvinClientProtocol(FramedProtocol):
             waiter.errback(reason if reason is not None else error.ConnectionDone())
 
     def send(self, packet):
+        """Write ``packet``; the bytes it takes (with its header)."""
+        data = packets.encode(packet)
         if self._held_frames is not None:
-            self._held_frames.append(packets.encode(packet))
-            return
-        self.sendFrame(packets.encode(packet))
+            self._held_frames.append(data)
+        else:
+            self.sendFrame(data)
+        return len(data) + 4
 
 
 class Connection(LifecycleView, ClientState):
@@ -461,7 +472,7 @@ class Connection(LifecycleView, ClientState):
             self.lost_detail = why
             self._finish()                # a bare channel (unotify)
             return
-        self.lifecycle.channel_lost(why)
+        self.lifecycle.channel_lost(why, _unsent_notifications(proto))
 
     # -- requests ------------------------------------------------------------
 
@@ -564,6 +575,7 @@ class Connection(LifecycleView, ClientState):
         def removed(reply):
             if _holds(self.subscriptions, sub):
                 del self.subscriptions[sub.id]
+                sub._end(None)
             return None
         return self.call(self.sub_del_rqst(sub), removed).addCallback(removed)
 
@@ -631,28 +643,68 @@ class Connection(LifecycleView, ClientState):
         change = self.sec_rqst(add_nfn_keys, del_nfn_keys, add_sub_keys, del_sub_keys)
         return self.call(change).addCallback(lambda _: self.keys_changed(change))
 
-    def test_connection(self) -> "defer.Deferred[bool]":
-        """Send TestConn; fires True when the router answers ConfConn."""
+    def test_connection(self, timeout: Optional[float] = None) -> "defer.Deferred[bool]":
+        """Send TestConn; fires True when the router answers ConfConn (or
+        anything else). With ``timeout`` (seconds), fails with TimeoutError
+        naming the router if no answer comes in time (as the asyncio and
+        blocking flavours' ``test_connection(timeout)``)."""
         d: defer.Deferred[Any] = defer.Deferred()
         try:
-            self.ping(d.callback, d.errback)
+            self.ping(lambda alive: None if d.called else d.callback(alive),
+                      lambda error: None if d.called else d.errback(error))
         except ConnectionClosed as e:
             return defer.fail(e)
+        if timeout:
+            uri = self.uri
+            d.addTimeout(timeout, self.reactor, onTimeoutCancel=lambda result, after: Failure(
+                TimeoutError(f"no answer to TestConn from {uri} within {after:g} s")))
         return d
 
     def close(self) -> "defer.Deferred[None]":
-        """Disconnect politely (DisconnRqst, wait for DisconnRply): fires
-        once the session has ended."""
+        """Disconnect politely (DisconnRqst, then the router's DisconnRply,
+        which says everything sent before has reached it): fires once the
+        session has ended. Fails with CloseUnconfirmed (also
+        ``close_reason``, and logged) if the router did not confirm within
+        5 s (or the channel ended first) while something sent was
+        unconfirmed, or if notifications waiting to be sent while
+        reconnecting were dropped: they may not have reached it."""
+        already = self.lifecycle.phase is Phase.CLOSED
         self.lifecycle.close()
         if self.disconnected.called:
-            return defer.succeed(None)
+            return self._closed_outcome(already)
         d: defer.Deferred[None] = defer.Deferred()
 
         def ended(result: Any) -> Any:
-            d.callback(None)
+            self._closed_outcome(already).chainDeferred(d)
             return result
         self.disconnected.addBoth(ended)
         return d
+
+    def _closed_outcome(self, already: bool) -> "defer.Deferred[None]":
+        error = self.close_reason
+        if not already and isinstance(error, CloseUnconfirmed):
+            return defer.fail(error)
+        return defer.succeed(None)
+
+
+def _unsent_notifications(proto: Any) -> List[Any]:
+    """The notifications a failed channel took and never sent (the HTTP
+    tunnel keeps them: ``HTTPTunnelTransport.unsent``), in order, to go
+    back to the reconnection buffer. Requests among them are not: they
+    fail with the loss, as over TCP."""
+    unsent = getattr(getattr(proto, "transport", None), "unsent", None)
+    data = unsent() if unsent is not None else b""
+    if not data:
+        return []
+    found = []
+    for frame in Deframer(ElvinClientProtocol.max_frame_length).feed(data):
+        try:
+            packet = packets.decode(frame)
+        except DecodeError:
+            break
+        if type(packet) is packets.NotifyEmit:
+            found.append(packet)
+    return found
 
 
 def _holds(table: Dict[int, Any], item: Any) -> bool:

@@ -52,7 +52,7 @@ import enum
 import logging
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from elvin.clientcore.state import (ClientState, ConnectionClosed, NackError,
+from elvin.clientcore.state import (ClientState, CloseUnconfirmed, ConnectionClosed, NackError,
                                     PublishBufferFull, Reconnect, Targeted, describe_disconn)
 from elvin.protocols import packets
 from elvin.uri import ElvinURI
@@ -217,6 +217,20 @@ class Lifecycle:
         self._replays = 0
         self.held_count = 0
         self._paused = False
+        #: Packets and bytes the program's sends wrote, in all; those the
+        #: router has confirmed (it answered a request written after them);
+        #: what was written up to each request still unanswered (by xid,
+        #: and TestConns in order). A close without DisconnRply names what
+        #: is unconfirmed.
+        self._written = [0, 0]
+        self._confirmed = (0, 0)
+        self._marks: Dict[int, Tuple[int, int]] = {}
+        self._ping_marks: List[Tuple[int, int]] = []
+        self._close_confirmed = False
+        #: Notifications a failed channel gave back to the buffer, and
+        #: those refused for want of room in it (``channel_lost(unsent=)``).
+        self.requeued = 0
+        self.requeue_refused = 0
         session.post = self._post
 
     # -- what the program sees --------------------------------------------------
@@ -245,8 +259,18 @@ class Lifecycle:
             send = self.session.send
             if send is None:              # never: the phase changes with the channel
                 raise ConnectionClosed(f"connection to the router at {self.uri} was lost")
-            send(packet)
-            if xid is not None and xid != -1:
+            written = self._written
+            written[0] += 1
+            written[1] += send(packet) or 0
+            if xid is not None:
+                if xid == -1:
+                    # A router with packets queued for us may skip ConfConn:
+                    # marks left unanswered pile up, so keep the oldest 64 (a
+                    # ConfConn then confirms less than it could, never more).
+                    if len(self._ping_marks) < 64:
+                        self._ping_marks.append((written[0], written[1]))
+                    return
+                self._marks[xid] = (written[0], written[1])
                 inflight = self._inflight
                 if len(inflight) > 64:    # forget those answered
                     pending = self.session._pending
@@ -271,7 +295,8 @@ class Lifecycle:
         """What a request meets once the session is over: the cause that
         ended it (a router's Disconn with its reason), or "connection is
         closed" when the program closed it."""
-        if self.phase is Phase.CLOSED and self._end_error is not None:
+        if self.phase is Phase.CLOSED and self._end_error is not None and \
+                not isinstance(self._end_error, CloseUnconfirmed):
             return ConnectionClosed(str(self._end_error), self._end_error.reason,
                                     self._end_error.disconn_args)
         return ConnectionClosed("connection is closed" if self.established or
@@ -282,8 +307,21 @@ class Lifecycle:
     @property
     def close_reason(self) -> Optional[ConnectionClosed]:
         """Why the session ended: None while it lasts or when the program
-        closed it, else the ConnectionClosed its iterators raised."""
+        closed it, else the ConnectionClosed its iterators raised, or the
+        CloseUnconfirmed of a close the router did not confirm."""
         return self._end_error
+
+    @property
+    def unconfirmed(self) -> Tuple[int, int]:
+        """(packets, bytes) the program wrote on this channel that the
+        router has not confirmed yet (no answer to a request written after
+        them)."""
+        return (self._written[0] - self._confirmed[0],
+                self._written[1] - self._confirmed[1])
+
+    def _confirm(self, mark: Tuple[int, int]) -> None:
+        if mark[0] > self._confirmed[0]:
+            self._confirmed = mark
 
     def unsend(self, xid: int) -> bool:
         """Take request ``xid`` back out of the reconnection buffer (its
@@ -304,7 +342,7 @@ class Lifecycle:
         self.connect_args = (options, nfn_keys, sub_keys)
         self._dial()
 
-    def attached(self, send: Callable[[Any], None], options: Any = None,
+    def attached(self, send: Callable[[Any], Optional[int]], options: Any = None,
                  nfn_keys: Any = None, sub_keys: Any = None) -> None:
         """A channel the driver opened itself (no Dial): handshake on it."""
         assert self.phase is Phase.IDLE
@@ -312,12 +350,16 @@ class Lifecycle:
         self.phase = Phase.DIALLING
         self.dialled(send)
 
-    def dialled(self, send: Callable[[Any], None]) -> None:
+    def dialled(self, send: Callable[[Any], Optional[int]]) -> None:
         if self.phase is not Phase.DIALLING:
             return
         self._channel = True
         self._disconn = None
         self.session.send = send
+        # What a lost channel left unconfirmed is not this one's to answer for.
+        self._confirmed = (self._written[0], self._written[1])
+        self._marks.clear()
+        self._ping_marks.clear()
         self.phase = Phase.HANDSHAKING
         if self.timeout:
             self.execute(StartTimer(self.timeout))
@@ -330,13 +372,24 @@ class Lifecycle:
 
     def packet(self, packet: Any) -> None:
         """A packet read from the current channel."""
-        if type(packet) is packets.Disconn:
+        kind = type(packet)
+        if kind is packets.Disconn:
             self._disconnected(packet.reason, packet.args)
             return
+        if kind is packets.ConfConn:
+            if self._ping_marks:
+                self._confirm(self._ping_marks.pop(0))
+        elif self._marks and kind is not packets.NotifyDeliver:
+            xid = getattr(packet, "xid", None)
+            mark = self._marks.pop(xid, None) if xid is not None else None
+            if mark is not None:
+                self._confirm(mark)
         self.session.packet_received(packet)
 
-    def channel_lost(self, detail: str = "") -> None:
-        """The current channel ended (``detail``: why, if known)."""
+    def channel_lost(self, detail: str = "", unsent: Sequence[Any] = ()) -> None:
+        """The current channel ended (``detail``: why, if known).
+        ``unsent``: notifications the channel took but never sent (the
+        HTTP tunnel's queue), in order: they go back to the buffer."""
         if not self._channel:
             return
         self._channel = False
@@ -344,6 +397,8 @@ class Lifecycle:
         self.session.acks.stop()
         phase = self.phase
         error = self._loss(detail)
+        if unsent and phase is Phase.UP:
+            self._requeue(unsent)
         if phase is Phase.UP and self._disconn is not None and self._disconn[0] == 2 \
                 and self._disconn[1] and self.session.follow_redirects:
             # Followed: what the old router left unanswered goes to the new one,
@@ -366,10 +421,36 @@ class Lifecycle:
             for on_error in failed:
                 on_error(error)
 
+    def _requeue(self, unsent: Sequence[Any]) -> None:
+        """Put what the channel never sent at the front of the buffer, in
+        order, within ``pending_size`` (sent once the session is back, or
+        counted as not sent when it ends); what does not fit is counted
+        and logged."""
+        kept: List[Tuple[Any, int, Optional[int], Optional[Targeted]]] = []
+        room = self.pending_size - self._buffered
+        size_kept = refused = refused_bytes = 0
+        for packet in unsent:
+            size = len(packets.encode(packet))
+            if refused or size_kept + size > room:
+                refused += 1
+                refused_bytes += size
+                continue
+            kept.append((packet, size, None, None))
+            size_kept += size
+        self._buffer[:0] = kept
+        self._buffered += size_kept
+        self.requeued += len(kept)
+        if refused:
+            self.requeue_refused += refused
+            _log.warning("%d notifications (%d bytes) written for %s but never sent are "
+                         "lost: the reconnection buffer of %d bytes is full", refused,
+                         refused_bytes, self.uri, self.pending_size)
+
     def _channel_ended(self, phase: Phase, error: ConnectionClosed) -> None:
         """``channel_lost``'s transition out of ``phase``."""
         if phase is Phase.CLOSING:
-            self._end(None)
+            self._end(self._close_outcome("the channel ended before the router's "
+                                          "DisconnRply"))
         elif phase is Phase.UP:
             if self._redirecting():
                 return
@@ -378,10 +459,14 @@ class Lifecycle:
                 self._policy = self.reconnect
                 self._tried = 0
                 self._last = error
+                _log.warning("%s; reconnecting", error)
                 self._wait_or_give_up()
                 self._call("on_connection_lost", error)
             else:
+                # Without reconnection too: a callback-only program has no
+                # other sign that its session is over.
                 self._end(error)
+                self._call("on_connection_lost", error)
         elif phase in (Phase.HANDSHAKING, Phase.REPLAYING):
             if self.established and self._redirecting():
                 return
@@ -397,7 +482,8 @@ class Lifecycle:
                 f"no Elvin ConnRply from {self.uri} within {self.timeout:g} s"))
         elif phase is Phase.CLOSING:
             self._drop_channel()
-            self._end(None)
+            self._end(self._close_outcome(f"no DisconnRply from {self.uri} within "
+                                          f"{CLOSE_TIMEOUT:g} s"))
 
     def close(self) -> None:
         """The program closes the connection: politely when up (the router
@@ -411,6 +497,7 @@ class Lifecycle:
             waiting = self.session._take_pending()
             self._inflight.clear()
             self.session.stop_acks()      # what the program handled, before DisconnRqst
+            self._close_confirmed = False
             self.phase = Phase.CLOSING
             self.execute(StartTimer(CLOSE_TIMEOUT))
             self.session.send_request(self.session.disconn_rqst(),
@@ -427,7 +514,13 @@ class Lifecycle:
             self.phase = Phase.CLOSED
             self.execute(ConnectFailedEffect(ConnectionClosed("closed before connecting")))
             return
-        self._end(None)
+        unsent = None
+        if self._buffer:
+            unsent = CloseUnconfirmed(
+                f"closed while reconnecting to {self.uri}: {_count(len(self._buffer))} "
+                f"queued ({self._buffered} bytes) not sent",
+                unsent=len(self._buffer), unsent_bytes=self._buffered)
+        self._end(unsent)
 
     def held(self, delta: int) -> None:
         """The program holds ``delta`` more (or fewer) delivered
@@ -534,7 +627,8 @@ class Lifecycle:
                     gone.append((xid, target))
                     continue
                 packet = target(xid)      # the id the replay gave
-            send(packet)
+            self._written[0] += 1
+            self._written[1] += send(packet) or 0
         for xid, target in gone:          # after the sends: what they do goes after them
             waiting = self.session._pending.pop(xid, None)
             if waiting is not None:
@@ -562,7 +656,23 @@ class Lifecycle:
 
     def _closing_answered(self) -> None:
         if self.phase is Phase.CLOSING and self._channel:
+            self._close_confirmed = True  # everything written before has reached it
             self.execute(CloseChannel(abort=False))
+
+    def _close_outcome(self, why: str) -> Optional[CloseUnconfirmed]:
+        """How a close the router did not answer ended: None if the router
+        had confirmed everything written (or DisconnRply came), else the
+        CloseUnconfirmed naming what it had not."""
+        if self._close_confirmed:
+            return None
+        packets_, bytes_ = self.unconfirmed
+        if not packets_:
+            _log.info("%s; everything sent had been confirmed", why)
+            return None
+        return CloseUnconfirmed(
+            f"closed without the router's confirmation ({why}): {_count(packets_)} "
+            f"({bytes_} bytes) sent since it last confirmed receipt may not have "
+            f"reached it", unconfirmed=packets_, unconfirmed_bytes=bytes_)
 
     def _disconnected(self, reason: int, args: str) -> None:
         self._disconn = (reason, args)
@@ -667,20 +777,27 @@ class Lifecycle:
         self.phase = Phase.CLOSED
         self._end_error = error
         self.execute(CancelTimer())
-        if self._buffer:
+        if isinstance(error, CloseUnconfirmed):
+            _log.warning("session with %s: %s", self.uri, error)
+        elif self._buffer:
             # Queued while the connection was away and never sent: said
             # here, with the reason, whichever way the session ended.
             _log.warning("session with %s ended (%s): %d queued packets (%d bytes) not sent",
                          self.uri, error or "closed", len(self._buffer), self._buffered)
+        elif error is not None:
+            _log.warning("session with %s ended: %s", self.uri, error)
         self._buffer, self._buffered = [], 0
         self.session._liveness_waiters += self._moving_waiters
         self._moving_waiters = []
-        closed = error or ConnectionClosed("connection is closed")
+        # The program closed it: iterators end normally even if the router
+        # did not confirm the close (that is the close's to say).
+        ending = None if isinstance(error, CloseUnconfirmed) else error
+        closed = ending or ConnectionClosed("connection is closed")
         self.session._fail_pending(closed)
         for sub in list(self.session.subscriptions.values()):
             end = getattr(sub, "_end", None)
             if end is not None:
-                end(error)
+                end(ending)
         self.execute(Ended(error))
 
     def _call(self, hook: str, argument: Any) -> None:
@@ -691,6 +808,10 @@ class Lifecycle:
             callback(argument)
         except Exception:
             self.session._callback_failed(hook)
+
+
+def _count(packets_: int) -> str:
+    return f"{packets_} packet" if packets_ == 1 else f"{packets_} packets"
 
 
 class LifecycleView:

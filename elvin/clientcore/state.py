@@ -28,9 +28,9 @@ from elvin.errors import NO_SUCH_QUENCH, NO_SUCH_SUB, ElvinError
 from elvin.protocols import packets
 from elvin.values import Int64, normalise
 
-__all__ = ["ClientState", "NackError", "ConnectionClosed", "ConnectFailed",
+__all__ = ["ClientState", "NackError", "ConnectionClosed", "ConnectFailed", "CloseUnconfirmed",
            "PublishBufferFull", "Targeted", "describe_disconn", "refuse_coroutine",
-           "coroutine_result_refused",
+           "coroutine_result_refused", "EndHook",
            "Notification", "Deframer", "QuenchHandlers", "QuenchState", "Reconnect",
            "AutoQuenchBase", "SessionSubscription", "JoinedSession", "proxy_options"]
 
@@ -76,6 +76,24 @@ class ConnectionClosed(ElvinError):
         super().__init__(0, message)
         self.reason = reason
         self.disconn_args = args
+
+
+class CloseUnconfirmed(ConnectionClosed):
+    """The program closed the connection, but the router did not confirm
+    what was sent (no DisconnRply within the close timeout, or the channel
+    ended first), or notifications waiting to be sent while reconnecting
+    were dropped: those may not have reached the router. ``unconfirmed``
+    and ``unconfirmed_bytes`` count what was written since the router last
+    confirmed receipt (by answering a request sent after it); ``unsent`` and
+    ``unsent_bytes`` what the reconnection buffer held."""
+
+    def __init__(self, message: str, unconfirmed: int = 0, unconfirmed_bytes: int = 0,
+                 unsent: int = 0, unsent_bytes: int = 0) -> None:
+        super().__init__(message)
+        self.unconfirmed = unconfirmed
+        self.unconfirmed_bytes = unconfirmed_bytes
+        self.unsent = unsent
+        self.unsent_bytes = unsent_bytes
 
 
 class PublishBufferFull(ConnectionClosed):
@@ -280,6 +298,47 @@ class Reconnect:
         for _ in tries:
             yield delay * (1 + self.jitter * (2 * rng() - 1))
             delay = min(delay * self.factor, self.maximum)
+
+
+class EndHook:
+    """A subscription's ``on_end(error)`` hook, the same in every flavour:
+    called once when the subscription ends, with None when it was removed
+    or the program closed the connection, else the error that ended it
+    (the ConnectionClosed of a lost session, the NackError of a router that
+    would not take it back after a reconnection). Set after the end, it is
+    called at once, so a callback-only subscriber cannot miss it. What the
+    hook raises is logged."""
+
+    _on_end: Optional[Callable[[Optional[BaseException]], Any]] = None
+    _end_told = False
+    _end_cause: Optional[BaseException] = None
+
+    @property
+    def on_end(self) -> Optional[Callable[[Optional[BaseException]], Any]]:
+        return self._on_end
+
+    @on_end.setter
+    def on_end(self, hook: Optional[Callable[[Optional[BaseException]], Any]]) -> None:
+        self._on_end = hook
+        if hook is not None and self._end_told:
+            self._tell_end(hook)
+
+    def _ended_with(self, error: Optional[BaseException]) -> bool:
+        """The subscription ended (``error`` or None): tell the hook; False
+        if it had ended already."""
+        if self._end_told:
+            return False
+        self._end_told = True
+        self._end_cause = error
+        if self._on_end is not None:
+            self._tell_end(self._on_end)
+        return True
+
+    def _tell_end(self, hook: Callable[[Optional[BaseException]], Any]) -> None:
+        try:
+            hook(self._end_cause)
+        except Exception:
+            _log.exception("on_end of %r raised", self)
 
 
 class QuenchHandlers:
@@ -507,8 +566,9 @@ class ClientState:
     optional hooks.
     """
 
-    def __init__(self, send: Optional[Callable[[Any], None]] = None) -> None:
-        #: Writes a packet to the current channel (set by the lifecycle).
+    def __init__(self, send: Optional[Callable[[Any], Optional[int]]] = None) -> None:
+        #: Writes a packet to the current channel (set by the lifecycle);
+        #: returns the bytes written (frame and header), if the driver knows.
         self.send = send
         #: Where the program's packets go: ``post(packet, xid, target=None)``
         #: sends, buffers or raises ConnectionClosed (the lifecycle sets it;

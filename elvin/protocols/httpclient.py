@@ -19,6 +19,12 @@ very same framed protocol over HTTP as over TCP::
 * ``loseConnection`` flushes pending POSTs, then DELETEs the session;
   ``abortConnection`` DELETEs at once. Either way every HTTP connection is
   closed before the protocol's ``connectionLost`` is called.
+* When the tunnel fails (the router died, a POST or the GET failed), what
+  the protocol wrote and no POST delivered -- the body of the POST in
+  flight, the queue behind it, and what it writes until it is told -- is
+  kept: ``unsent()`` returns it, so the client can send it again on its
+  next session instead of losing it (a TCP socket has no such queue in
+  user space).
 * ``connect`` fails with :class:`TunnelTimeout` when the POST that opens
   the session has no answer (status and body) within the endpoint's
   ``timeout``: a server that accepts and stays silent.
@@ -264,6 +270,8 @@ class HTTPTunnelTransport:
         self._outgoing_size = 0
         self._seq = 0
         self._post = None            # Deferred of the POST in flight
+        self._post_body = None       # its body, until the router took it
+        self._aborted = False        # abortConnection: nothing to keep
         self._get = None             # Deferred: the current GET is over
         self._get_request = None     # Deferred of the GET's response headers
         self._body_transport = None
@@ -274,6 +282,9 @@ class HTTPTunnelTransport:
     # -- ITransport -------------------------------------------------------------
 
     def write(self, data):
+        if self.closed and not self._aborted and not self.disconnecting and data:
+            self._outgoing.append(data)  # failing: kept for unsent()
+            return
         if self.closed or self.disconnecting or not data:
             return
         self._outgoing.append(data)
@@ -292,10 +303,20 @@ class HTTPTunnelTransport:
             self._close(None, delete=True)
 
     def abortConnection(self):
+        self._aborted = True
+        self._outgoing = []
+        self._post_body = None
         if self.closed:
             return
-        self._outgoing = []
         self._close(None, delete=True)
+
+    def unsent(self):
+        """The bytes written that no POST delivered (the POST in flight,
+        if it failed, then the queue), once the tunnel has failed; b""
+        after our own close or abort."""
+        if self._aborted or self.disconnecting:
+            return b""
+        return (self._post_body or b"") + b"".join(self._outgoing)
 
     def getPeer(self):
         return self.peer
@@ -324,7 +345,8 @@ class HTTPTunnelTransport:
             size += len(chunk)
         self._outgoing_size -= size
         self._seq += 1
-        self._post = self._send_post(b"".join(chunks), self._seq)
+        self._post_body = b"".join(chunks)
+        self._post = self._send_post(self._post_body, self._seq)
         self._post.addCallbacks(self._posted, self._post_failed)
 
     @defer.inlineCallbacks
@@ -349,6 +371,7 @@ class HTTPTunnelTransport:
 
     def _posted(self, _):
         self._post = None
+        self._post_body = None
         if self.closed:
             return
         if self._outgoing:

@@ -182,7 +182,7 @@ class Upstream(service.Service):
                     return
                 continue
             if self._stopping:
-                connection.close()
+                connection.close().addErrback(lambda f: None)   # nothing was sent
                 return
             self.connection = connection
             connection.on_notification = self._notification

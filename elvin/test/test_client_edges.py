@@ -98,7 +98,8 @@ class TwistedEdges(TwistedCase):
             else:
                 self.assertEqual(met[1], "notified")
                 self.assertIs(conn.lifecycle.phase, Phase.WAITING)
-                conn.close()
+                # The notification buffered was not sent: close says so.
+                self.failureResultOf(conn.close(), tx.CloseUnconfirmed)
                 self.assertIsInstance(met[2], ConnectionClosed)
 
 

@@ -11,7 +11,7 @@ from twisted.trial import unittest
 from elvin.clientcore.lifecycle import (CancelTimer, CloseChannel, ConnectFailedEffect,
                                         Connected, Dial, Ended, HandshakeTimeout, Lifecycle,
                                         PauseReading, Phase, ResumeReading, StartTimer)
-from elvin.clientcore.state import (ClientState, ConnectionClosed, NackError,
+from elvin.clientcore.state import (ClientState, CloseUnconfirmed, ConnectionClosed, NackError,
                                     PublishBufferFull, Reconnect)
 from elvin.protocols import packets
 from elvin.test.places import REPO
@@ -220,7 +220,10 @@ class LifecycleTests(unittest.SynchronousTestCase):
         with self.assertRaises(PublishBufferFull):
             h.session.emit({"a": "x" * 100})
         h.machine.close()
-        self.assertEqual(h.take()[-1], Ended(None))
+        ended = h.take()[-1]
+        self.assertIsInstance(ended, Ended)
+        self.assertIsInstance(ended.error, CloseUnconfirmed)  # what the buffer held
+        self.assertEqual(ended.error.unsent, 1)
 
     def test_no_buffer_refuses_at_once(self):
         h = Harness(reconnect=Reconnect(), pending_size=0)
@@ -264,7 +267,7 @@ class LifecycleTests(unittest.SynchronousTestCase):
         with self.assertLogs("elvin.client", "WARNING") as logged:
             h.machine.close()
         (line,) = logged.output
-        self.assertIn("1 queued packets", line)
+        self.assertIn("1 packet queued (", line)
 
     def test_backoff_is_short_and_capped(self):
         delays = list(Reconnect(attempts=12).delays(rng=lambda: 1.0))

@@ -8,6 +8,8 @@ import sys
 from twisted.internet import defer, protocol, reactor, task
 from twisted.trial import unittest
 
+from elvin.protocols import packets
+from elvin.protocols.framing import FramedProtocol
 from elvin.test.places import free_port
 from elvin.test.polling import wait_until
 from elvin.test.test_tools import REPO, ToolTestCase
@@ -15,6 +17,33 @@ from elvin.test.test_tools import REPO, ToolTestCase
 
 class _Silent(protocol.Protocol):
     """Accepts and says nothing (a listener that is not an Elvin router)."""
+
+
+class _Hangs(FramedProtocol):
+    """An Elvin router that answers ConnRqst and the first ``answered``
+    packets after it, then hangs (as a router stopped with SIGSTOP)."""
+
+    answered = 1
+
+    def connectionMade(self):
+        self.seen = 0
+
+    def frameReceived(self, data):
+        packet = packets.decode(data)
+        if type(packet) is packets.ConnRqst:
+            self.sendFrame(packets.encode(packets.ConnRply(packet.xid, {})))
+            return
+        self.seen += 1
+        if self.seen > self.answered:
+            return
+        if type(packet) is packets.TestConn:
+            self.sendFrame(packets.encode(packets.ConfConn()))
+        elif type(packet) is packets.SubAddRqst:
+            self.sendFrame(packets.encode(packets.SubRply(packet.xid, 1)))
+
+
+class _HangsAtOnce(_Hangs):
+    answered = 0
 
 
 class _HTTPish(protocol.Protocol):
@@ -82,6 +111,33 @@ class HangTests(CLITestCase):
             self.assertIn(f"no Elvin ConnRply from {uri} within 0.5 s: is this an Elvin "
                           "router?".encode(), err)
             self.assertNotIn(b"Traceback", err)
+
+    @defer.inlineCallbacks
+    def test_router_hanging_before_the_last_round_trip(self):
+        # Connected, then the router hangs: the TestConn that confirms what
+        # was sent gets no answer. The tool ends within --timeout, saying
+        # what may be lost, instead of waiting for ever.
+        uri = self.listen(_Hangs)
+        started = reactor.seconds()
+        out, err, code = yield self.tool("notify", "-e", uri, "--timeout", "0.5", "a: 1")
+        self.assertEqual(code, 1, err)
+        self.assertLess(reactor.seconds() - started, 8)
+        self.assertEqual(err.count(b"\n"), 1, err)
+        self.assertIn(f"elvin-notify: error: the router at {uri} did not answer within "
+                      "0.5 s (the TestConn that confirms the notifications sent: they may "
+                      "not have reached it)".encode(), err)
+
+    @defer.inlineCallbacks
+    def test_router_hanging_after_connrply(self):
+        # Every request of every tool is bounded by --timeout, not just ConnRqst.
+        uri = self.listen(_HangsAtOnce)
+        for tool, args, what in (("notify", ["a: 1"], b"TestConn after connecting"),
+                                 ("subscribe", ["require(a)"], b"SubAddRqst"),
+                                 ("quench", ["a"], b"QnchAddRqst")):
+            out, err, code = yield self.tool(tool, "-e", uri, "--timeout", "0.5", *args)
+            self.assertEqual(code, 1, err)
+            self.assertEqual(err.count(b"\n"), 1, err)
+            self.assertIn(b"did not answer within 0.5 s (" + what, err)
 
     @defer.inlineCallbacks
     def test_http_server_is_named(self):

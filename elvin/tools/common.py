@@ -1,12 +1,13 @@
 """What the command-line tools share: options, finding the router, running
 a reactor, and ending well (Ctrl-C, a closed pipe, errors in one line)."""
 
+import logging
 import os
 import signal
 import sys
 
 from twisted.internet import defer, task
-from twisted.python import usage
+from twisted.python import failure, usage
 
 from elvin import __version__
 from elvin.client import DEFAULT_CONNECT_TIMEOUT
@@ -70,7 +71,9 @@ class ToolOptions(BaseOptions):
         ["discovery-time", None, 1.5, "Without -e: seconds to look for a router.",
          float],
         ["timeout", "t", DEFAULT_CONNECT_TIMEOUT,
-         "Seconds to wait for the router to accept and answer ConnRqst.", float],
+         "Seconds to wait for the router to accept and answer ConnRqst, and "
+         "then for its answer to each request (a subscription, a quench, "
+         "the round trip that confirms what was sent).", float],
     ]
 
     def postOptions(self):
@@ -171,6 +174,45 @@ def closing(reactor, conn):
     reactor.addSystemEventTrigger("before", "shutdown", close)
 
 
+class RouterSilent(Exception):
+    """The router accepted the session but then did not answer a request
+    within --timeout (it hangs: stopped, overloaded, or a network path that
+    drops everything)."""
+
+
+async def answered(reactor, options, d, what):
+    """The result of request ``d`` (a Deferred), or RouterSilent naming the
+    router and ``what`` was asked if no answer comes within --timeout: no
+    wait of a tool is unbounded."""
+    from elvin.clientcore.messages import shown
+    uri, timeout = shown(options["uri"]), options["timeout"]
+
+    def silent(result, after):
+        return failure.Failure(RouterSilent(
+            f"the router at {uri} did not answer within {after:g} s ({what})"))
+    d.addTimeout(timeout, reactor, onTimeoutCancel=silent)
+    return await d
+
+
+def abort(conn):
+    """Drop ``conn``'s channel at once: after an error a polite close to a
+    router that may hang would only add its own wait."""
+    protocol = conn.protocol
+    if protocol is not None and protocol.transport is not None:
+        protocol.transport.abortConnection()
+
+
+def quiet_library_warnings(name):
+    """The tools report what went wrong themselves, in one line: the
+    client library's warnings (a lost session, notifications not
+    confirmed) would repeat it on stderr. Errors of the library (a
+    callback that raised) are still printed."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.ERROR)
+    handler.setFormatter(logging.Formatter(f"{name}: %(message)s"))
+    logging.getLogger("elvin").addHandler(handler)
+
+
 class StdoutClosed(Exception):
     """Whoever reads our output went away (``| head``): end quietly."""
 
@@ -233,6 +275,7 @@ def run(options_class, body, argv=None):
     0 on success, on Ctrl-C and when stdout is closed; 1 with one line on
     stderr on any error; 2 for usage errors."""
     options = parse_options(options_class, argv)
+    quiet_library_warnings(options.name)
     status = {"code": 0}
 
     def main(reactor):

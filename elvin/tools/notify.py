@@ -15,7 +15,7 @@ from twisted.internet import defer
 
 from elvin import client
 from elvin.textformat import FormatError, parse_line, read_notifications
-from elvin.tools.common import ToolOptions, closing, run
+from elvin.tools.common import RouterSilent, ToolOptions, abort, answered, closing, run
 
 
 class Options(ToolOptions):
@@ -85,16 +85,23 @@ async def body(reactor, options):
     try:
         # A drained router answers ConnRqst, then redirects (Disconn 2): a
         # round trip first makes sure we emit to the router we end up with.
-        await conn.test_connection()
+        await answered(reactor, options, conn.test_connection(), "TestConn after connecting")
         while (attrs := await notes.get()) is not None:
             if isinstance(attrs, Exception):
                 raise attrs
             conn.notify(attrs)
         # A round trip makes sure everything emitted reached the router.
-        await conn.test_connection()
-    finally:
+        await answered(reactor, options, conn.test_connection(),
+                       "the TestConn that confirms the notifications sent: they may "
+                       "not have reached it")
+    except RouterSilent:
+        abort(conn)           # a polite close would wait for it again
+        raise
+    except BaseException:
         if not conn._closed:
             await conn.close()
+        raise
+    await conn.close()
 
 
 def main(argv=None):

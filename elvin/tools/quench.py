@@ -11,7 +11,8 @@ from twisted.internet import defer
 
 from elvin import client
 from elvin.subscription.printer import to_text
-from elvin.tools.common import StdoutClosed, ToolOptions, closing, ended_error, run, write
+from elvin.tools.common import (RouterSilent, StdoutClosed, ToolOptions, abort, answered, closing,
+                                ended_error, run, write)
 
 
 class Options(ToolOptions):
@@ -50,8 +51,14 @@ async def body(reactor, options):
                     done.errback(e)
         return handler
 
-    await conn.quench(options["names"], on_add=show("add"), on_modify=show("modify"),
-                      on_delete=show("delete"))
+    try:
+        await answered(reactor, options,
+                       conn.quench(options["names"], on_add=show("add"),
+                                   on_modify=show("modify"), on_delete=show("delete")),
+                       "QnchAddRqst")
+    except RouterSilent:
+        abort(conn)           # a polite close would wait for it again
+        raise
     conn.disconnected.addBoth(lambda _: done.called or done.errback(
         ended_error(conn, options["uri"])))
     try:

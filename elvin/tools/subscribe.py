@@ -21,7 +21,8 @@ from elvin.errors import SubscriptionError
 from elvin.subscription.analysis import names_compared
 from elvin.subscription.parser import parse
 from elvin.textformat import format_notification
-from elvin.tools.common import StdoutClosed, ToolOptions, closing, run, write
+from elvin.tools.common import (RouterSilent, StdoutClosed, ToolOptions, abort, answered, closing,
+                                run, write)
 
 
 class Options(ToolOptions):
@@ -202,11 +203,17 @@ async def body(reactor, options):
 
     conn.on_disconnect = router_closed
     expression = options["expression"]
-    if not session:
-        await conn.subscribe(expression, show)
-    elif expression is not None and not any(
-            sub.expression == expression for sub in conn.session_subscriptions.values()):
-        await conn.subscribe(expression, lambda notification: None)
+    try:
+        if not session:
+            await answered(reactor, options, conn.subscribe(expression, show),
+                           "SubAddRqst")
+        elif expression is not None and not any(
+                sub.expression == expression for sub in conn.session_subscriptions.values()):
+            await answered(reactor, options,
+                           conn.subscribe(expression, lambda notification: None), "SubAddRqst")
+    except RouterSilent:
+        abort(conn)           # a polite close would wait for it again
+        raise
     if options["ready"]:
         sys.stderr.write("ready\n")
         sys.stderr.flush()
