@@ -474,7 +474,7 @@ class ReloadMessageTests(unittest.TestCase):
                    "max-protocol-errors": "9", "protocol-error-window": "3.5",
                    "verbose": "yes", "max-queue-memory": "1000000",
                    "max-quench-memory": "2000000", "max-receive-memory": "3000000",
-                   "redirect-to": "elvin://127.0.0.1:3999"}
+                   "max-turn-time": "12", "redirect-to": "elvin://127.0.0.1:3999"}
         self.assertEqual(set(changed), set(tap.RELOADED))
         with open(path, "w") as f:
             f.write("listen = elvin://127.0.0.1:3000\n"
@@ -499,6 +499,7 @@ class ReloadMessageTests(unittest.TestCase):
                           router.max_pattern_work, router.max_evaluation_bytes,
                           router.max_client_quenches),
                          (7, 99, 12345, 9, 3.5, True, 1000000, 2000000, 4096, 8192, 17))
+        self.assertEqual(router.turn_slice.seconds, 0.012)
         self.assertEqual(router.new_options()["Send-Queue.Max-Length"], 4096)
         applied, message = self.successResultOf(top.reload())
         self.assertEqual(message, "reloaded: nothing changed")
