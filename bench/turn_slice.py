@@ -1,0 +1,171 @@
+"""How long does a client sending costly requests make a bystander wait?
+
+    python bench/turn_slice.py                      # max-turn-time 0, then 5
+    python bench/turn_slice.py --turn-times 0 5 10 --seconds 10
+
+For each ``max-turn-time`` given, starts a router (``twistd -n elvin`` on
+127.0.0.1, this working tree's code, its defaults otherwise) and, from raw
+sockets:
+
+* an attacker that adds one subscription, then sends SubModRqsts for it
+  alternating between two expressions of 300 terms (3.5 KB each: longer
+  than the 2,048 characters the shape cache keeps, so each is parsed
+  anew), 64 KiB of them per write, as fast as the router reads them (a
+  thread reads its replies);
+* a bystander that sends TestConn every 10 ms and times each Confirm.
+
+Prints the bystander's round trips (p50, p99, max), the attacker's
+requests answered per second and the turns the router cut
+(``turns_sliced`` in /status.json). ``max-turn-time 0`` is the router
+without slices: a reading turn handles all 64 KiB of a read.
+"""
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, ".."), HERE]
+
+from connections import frame, read_packet  # noqa: E402  (bench/connections.py)
+from elvin.protocols import packets  # noqa: E402
+from elvin.test.places import free_port, start_twistd  # noqa: E402
+
+TERMS = 300
+CHUNK = 64 << 10
+
+
+def expression(name):
+    """300 comparisons of attributes ``name0``..``name39``, about 3.5 KB."""
+    return " || ".join(f"{name}{i % 40} > {i}" for i in range(TERMS))
+
+
+def connect(port):
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.sendall(frame(packets.ConnRqst(1, 4, 0, {}, packets.Keys.EMPTY, packets.Keys.EMPTY)))
+    reply = read_packet(sock)
+    assert isinstance(reply, packets.ConnRply), reply
+    return sock
+
+
+class Attacker:
+    """SubModRqsts, 64 KiB a write, alternating two expressions."""
+
+    def __init__(self, port):
+        self.sock = connect(port)
+        self.sock.sendall(frame(packets.SubAddRqst(2, expression("a"), True,
+                                                   packets.Keys.EMPTY)))
+        reply = read_packet(self.sock)
+        assert isinstance(reply, packets.SubRply), reply
+        self.sub_id = reply.subscription_id
+        texts = [expression("a"), expression("b")]
+        one = [frame(packets.SubModRqst(10 + i, self.sub_id, texts[i % 2], True,
+                                        packets.Keys.EMPTY, packets.Keys.EMPTY))
+               for i in range(2)]
+        per = max(2, CHUNK // len(one[0]) // 2 * 2)
+        self.chunk = b"".join(one[i % 2] for i in range(per))
+        self.size = len(one[0])
+        self.running = True
+        self.answered = 0
+        self.nacked = 0
+        self.sent = 0
+
+    def send(self):
+        while self.running:
+            try:
+                self.sock.sendall(self.chunk)
+            except OSError:
+                return
+            self.sent += 1
+
+    def read(self):
+        while self.running:
+            try:
+                reply = read_packet(self.sock)
+            except (OSError, ConnectionError, EOFError, AssertionError):
+                return
+            if isinstance(reply, packets.SubRply):
+                self.answered += 1
+            else:
+                self.nacked += 1
+
+    def start(self):
+        for target in (self.send, self.read):
+            threading.Thread(target=target, daemon=True).start()
+
+
+def bystander(port, seconds):
+    """Round trips (s) of a TestConn every 10 ms for ``seconds``."""
+    sock = connect(port)
+    times = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        start = time.perf_counter()
+        sock.sendall(frame(packets.TestConn()))
+        reply = read_packet(sock)
+        assert isinstance(reply, packets.ConfConn), reply
+        times.append(time.perf_counter() - start)
+        time.sleep(0.01)
+    sock.close()
+    return times
+
+
+def status(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/status.json", timeout=10) as f:
+        return json.load(f)["totals"]
+
+
+def run(turn_time, seconds):
+    status_port = free_port()
+    with tempfile.NamedTemporaryFile("w", suffix=".conf", delete=False) as conf:
+        conf.write(f"max-turn-time = {turn_time}\nstatus-listen = {status_port}\n")
+    try:
+        port, proc = start_twistd("elvin", lambda p: ["-c", conf.name,
+                                                      "-l", f"elvin://127.0.0.1:{p}"])
+        try:
+            quiet = bystander(port, 1.0)
+            attacker = Attacker(port)
+            attacker.start()
+            time.sleep(0.5)
+            answered = attacker.answered
+            started = time.perf_counter()
+            times = bystander(port, seconds)
+            nacked = attacker.nacked
+            rate = (attacker.answered - answered) / (time.perf_counter() - started)
+            attacker.running = False
+            cut = status(status_port)["turns_sliced"]
+        finally:
+            proc.terminate()
+            proc.wait()
+    finally:
+        os.unlink(conf.name)
+    ms = sorted(t * 1000 for t in times)
+    p99 = ms[min(len(ms) - 1, int(len(ms) * 0.99))]
+    print(f"max-turn-time {turn_time:>3} ms: bystander p50 {statistics.median(ms):6.1f} ms, "
+          f"p99 {p99:6.1f} ms, max {ms[-1]:6.1f} ms ({len(ms)} round trips; "
+          f"{statistics.median(quiet) * 1000:.2f} ms p50 alone); attacker "
+          f"{rate:5.0f} SubModRqst/s ({attacker.size} B each, {nacked} refused); "
+          f"turns cut {cut}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--turn-times", type=int, nargs="+", default=[0, 5],
+                        help="max-turn-time values to run, in ms (0: no slice)")
+    parser.add_argument("--seconds", type=float, default=8.0,
+                        help="how long the bystander measures, per value")
+    args = parser.parse_args()
+    for turn_time in args.turn_times:
+        run(turn_time, args.seconds)
+
+
+if __name__ == "__main__":
+    main()
