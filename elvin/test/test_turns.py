@@ -26,6 +26,7 @@ from elvin.protocols.framing import SLICED, FramedProtocol, ReceiveBudget, frame
 from elvin.protocols.output import QueuedFramedProtocol
 from elvin.protocols.server import ElvinServerFactory
 from elvin.protocols.turns import TurnSlice
+from elvin.test.test_receive_budget import _decode_frames
 
 #: The slice the tests use (seconds), and what each packet costs.
 SLICE = 0.005
@@ -326,16 +327,6 @@ class PauseReasonsTests(Harness):
         self.assertEqual((transport.producerState, proto.read_paused), ("producing", {SLICED}))
         self.run_turns()
         self.assertEqual(len(proto.frames), 10)
-
-
-def _decode_frames(data):
-    found = []
-    pos = 0
-    while pos < len(data):
-        length = struct.unpack_from(">I", data, pos)[0]
-        found.append(packets.decode(data[pos + 4:pos + 4 + length]))
-        pos += 4 + length
-    return found
 
 
 class RouterTests(unittest.TestCase):
