@@ -382,7 +382,7 @@ class FramedProtocol(protocol.Protocol):
                 data = waiting.popleft()
                 self._waiting_bytes -= len(data)
                 self._take(data, deadline)
-        except BaseException:
+        except Exception:
             # As Twisted does when dataReceived raises: log, and close.
             _log.failure("resetting connection from {peer}: handling its input raised",
                          peer=peer_text(self.transport))
