@@ -2,6 +2,7 @@
 
     python bench/turn_slice.py                      # max-turn-time 0, then 5
     python bench/turn_slice.py --turn-times 0 5 10 --seconds 10
+    python bench/turn_slice.py --tls                # over TLS (elvin:/ssl,none,xdr/)
 
 For each ``max-turn-time`` given, starts a router (``twistd -n elvin`` on
 127.0.0.1, this working tree's code, its defaults otherwise) and, from raw
@@ -23,7 +24,9 @@ without slices: a reading turn handles all 64 KiB of a read.
 import argparse
 import json
 import os
+import shutil
 import socket
+import ssl
 import statistics
 import sys
 import tempfile
@@ -47,9 +50,15 @@ def expression(name):
     return " || ".join(f"{name}{i % 40} > {i}" for i in range(TERMS))
 
 
+#: The client side's TLS context under ``--tls`` (None: plain TCP).
+TLS = None
+
+
 def connect(port):
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if TLS is not None:
+        sock = TLS.wrap_socket(sock, server_hostname="127.0.0.1")
     sock.sendall(frame(packets.ConnRqst(1, 4, 0, {}, packets.Keys.EMPTY, packets.Keys.EMPTY)))
     reply = read_packet(sock)
     assert isinstance(reply, packets.ConnRply), reply
@@ -128,13 +137,17 @@ def status(port):
         return json.load(f)["totals"]
 
 
-def run(turn_time, seconds):
+def run(turn_time, seconds, certificates=None):
     status_port = free_port()
+    stack = "ssl,none,xdr" if certificates else "tcp,none,xdr"
     with tempfile.NamedTemporaryFile("w", suffix=".conf", delete=False) as conf:
         conf.write(f"max-turn-time = {turn_time}\nstatus-listen = {status_port}\n")
+        if certificates:
+            conf.write(f"tls-certificate = {certificates.server_cert}\n"
+                       f"tls-key = {certificates.server_key}\n")
     try:
         port, proc = start_twistd("elvin", lambda p: ["-c", conf.name,
-                                                      "-l", f"elvin://127.0.0.1:{p}"])
+                                                      "-l", f"elvin:/{stack}/127.0.0.1:{p}"])
         try:
             quiet = sorted(t * 1000 for t in bystander(port, 2.0))
             attacker = Attacker(port)
@@ -153,7 +166,7 @@ def run(turn_time, seconds):
     finally:
         os.unlink(conf.name)
     ms = sorted(t * 1000 for t in times)
-    print(f"max-turn-time {turn_time:>3} ms: bystander p50 {statistics.median(ms):6.1f} ms, "
+    print(f"{'TLS' if certificates else 'TCP'} max-turn-time {turn_time:>3} ms: bystander p50 {statistics.median(ms):6.1f} ms, "
           f"p99 {p99(ms):6.1f} ms, max {ms[-1]:6.1f} ms ({len(ms)} round trips; alone: "
           f"p50 {statistics.median(quiet):.2f} ms, p99 {p99(quiet):.2f} ms, max "
           f"{quiet[-1]:.2f} ms); attacker "
@@ -167,9 +180,21 @@ def main():
                         help="max-turn-time values to run, in ms (0: no slice)")
     parser.add_argument("--seconds", type=float, default=8.0,
                         help="how long the bystander measures, per value")
+    parser.add_argument("--tls", action="store_true",
+                        help="over TLS (a throwaway CA and certificate, made with trustme)")
     args = parser.parse_args()
-    for turn_time in args.turn_times:
-        run(turn_time, args.seconds)
+    certificates = None
+    if args.tls:
+        global TLS
+        from elvin.test.transport_fixtures import Certificates
+        certificates = Certificates(tempfile.mkdtemp(prefix="turn-slice-"))
+        TLS = ssl.create_default_context(cafile=certificates.ca_path)
+    try:
+        for turn_time in args.turn_times:
+            run(turn_time, args.seconds, certificates)
+    finally:
+        if certificates is not None:
+            shutil.rmtree(certificates.directory, ignore_errors=True)
 
 
 if __name__ == "__main__":
