@@ -3,6 +3,8 @@
     python bench/turn_slice.py                      # max-turn-time 0, then 5
     python bench/turn_slice.py --turn-times 0 5 10 --seconds 10
     python bench/turn_slice.py --tls                # over TLS (elvin:/ssl,none,xdr/)
+    python bench/turn_slice.py --federation         # a federation peer, 45 filters/s
+    python bench/turn_slice.py --federation --rate 0   # ... as fast as it is read
 
 For each ``max-turn-time`` given, starts a router (``twistd -n elvin`` on
 127.0.0.1, this working tree's code, its defaults otherwise) and, from raw
@@ -14,6 +16,12 @@ sockets:
   anew), 64 KiB of them per write, as fast as the router reads them (a
   thread reads its replies);
 * a bystander that sends TestConn every 10 ms and times each Confirm.
+
+With ``--federation`` the attacker is a federation peer instead (on the
+router's ``Federation.Listen``): after its handshake it replaces its pull
+filter with FedSubReplace, alternating between two 600-term filters,
+``--rate`` times a second (0: 64 KiB writes of them, as fast as the router
+reads them), acknowledging what the router sends it.
 
 Prints the bystander's round trips (p50, p99, max), the attacker's
 requests answered per second and the turns the router cut
@@ -28,6 +36,7 @@ import shutil
 import socket
 import ssl
 import statistics
+import struct
 import sys
 import tempfile
 import threading
@@ -38,7 +47,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, ".."), HERE]
 
 from connections import frame, read_packet  # noqa: E402  (bench/connections.py)
+from elvin.federation import packets as fed_packets  # noqa: E402
 from elvin.protocols import packets  # noqa: E402
+from elvin.subscription import parse  # noqa: E402
 from elvin.test.places import free_port, start_twistd  # noqa: E402
 
 TERMS = 300
@@ -111,6 +122,82 @@ class Attacker:
             threading.Thread(target=target, daemon=True).start()
 
 
+def read_fed(sock):
+    """One federation packet from a blocking socket."""
+    def exactly(n):
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                raise ConnectionError("router closed the link")
+            data += chunk
+        return data
+    (length,) = struct.unpack(">I", exactly(4))
+    return fed_packets.decode(exactly(length))
+
+
+class FederationPeer:
+    """A raw federation peer replacing its pull filter, ``rate`` times a
+    second (0: 64 KiB writes of FedSubReplace, as fast as they are read)."""
+
+    def __init__(self, port, rate):
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock
+        self.rate = rate
+        self.lock = threading.Lock()
+        self._send(fed_packets.FedConnRqst(1, 1, 0, "attacker.test"))
+        while not isinstance(read_fed(sock), fed_packets.FedConnRply):
+            pass
+        trees = [parse(" || ".join(f"{name}{i % 40} > {i}" for i in range(600)))
+                 for name in "ab"]
+        self.filters = [frame(fed_packets.FedSubReplace(0, tree)) for tree in trees]
+        self.size = len(self.filters[0])
+        self.chunk = b"".join(self.filters[i % 2]
+                              for i in range(max(2, CHUNK // self.size // 2 * 2)))
+        self.running = True
+        self.answered = 0
+        self.nacked = 0
+
+    def _send(self, packet):
+        with self.lock:
+            self.sock.sendall(frame(packet))
+
+    def send(self):
+        # (every FedSubReplace has xid 0: the Acks are only counted)
+        step, i = (1.0 / self.rate if self.rate else 0.0), 0
+        next_at = time.perf_counter()
+        while self.running:
+            try:
+                with self.lock:
+                    self.sock.sendall(self.chunk if not step else self.filters[i % 2])
+            except OSError:
+                return
+            i += 1
+            if step:
+                next_at += step
+                time.sleep(max(0.0, next_at - time.perf_counter()))
+
+    def read(self):
+        while self.running:
+            try:
+                packet = read_fed(self.sock)
+            except (OSError, ConnectionError, EOFError, AssertionError):
+                return
+            if isinstance(packet, fed_packets.Ack):
+                self.answered += 1
+            elif isinstance(packet, packets.Nack):
+                self.nacked += 1
+            elif isinstance(packet, fed_packets.FedSubReplace):
+                self._send(fed_packets.Ack(packet.xid))
+            elif isinstance(packet, packets.TestConn):
+                self._send(packets.ConfConn())
+
+    def start(self):
+        for target in (self.send, self.read):
+            threading.Thread(target=target, daemon=True).start()
+
+
 def bystander(port, seconds):
     """Round trips (s) of a TestConn every 10 ms for ``seconds``."""
     sock = connect(port)
@@ -137,27 +224,33 @@ def status(port):
         return json.load(f)["totals"]
 
 
-def run(turn_time, seconds, certificates=None):
+def run(turn_time, seconds, certificates=None, rate=None):
+    """``rate`` not None: the attacker is a federation peer (FederationPeer)."""
     status_port = free_port()
+    fed_port = free_port()
     stack = "ssl,none,xdr" if certificates else "tcp,none,xdr"
     with tempfile.NamedTemporaryFile("w", suffix=".conf", delete=False) as conf:
         conf.write(f"max-turn-time = {turn_time}\nstatus-listen = {status_port}\n")
         if certificates:
             conf.write(f"tls-certificate = {certificates.server_cert}\n"
                        f"tls-key = {certificates.server_key}\n")
+        if rate is not None:
+            conf.write("Federation.Activated = yes\nFederation.Router-Name = bench.test\n"
+                       f"Federation.Listen = ewaf://127.0.0.1:{fed_port}\n"
+                       "Federation.Apply-Class[Peers] = 127.0.0.1\n")
     try:
         port, proc = start_twistd("elvin", lambda p: ["-c", conf.name,
                                                       "-l", f"elvin:/{stack}/127.0.0.1:{p}"])
         try:
             quiet = sorted(t * 1000 for t in bystander(port, 2.0))
-            attacker = Attacker(port)
+            attacker = Attacker(port) if rate is None else FederationPeer(fed_port, rate)
             attacker.start()
             time.sleep(0.5)
             answered = attacker.answered
             started = time.perf_counter()
             times = bystander(port, seconds)
             nacked = attacker.nacked
-            rate = (attacker.answered - answered) / (time.perf_counter() - started)
+            answered = (attacker.answered - answered) / (time.perf_counter() - started)
             attacker.running = False
             cut = status(status_port)["turns_sliced"]
         finally:
@@ -166,11 +259,14 @@ def run(turn_time, seconds, certificates=None):
     finally:
         os.unlink(conf.name)
     ms = sorted(t * 1000 for t in times)
-    print(f"{'TLS' if certificates else 'TCP'} max-turn-time {turn_time:>3} ms: bystander p50 {statistics.median(ms):6.1f} ms, "
+    what = "TLS" if certificates else "TCP"
+    if rate is not None:
+        what = f"federation peer, {rate or 'flooding'} filters/s,"
+    print(f"{what} max-turn-time {turn_time:>3} ms: bystander p50 {statistics.median(ms):6.1f} ms, "
           f"p99 {p99(ms):6.1f} ms, max {ms[-1]:6.1f} ms ({len(ms)} round trips; alone: "
           f"p50 {statistics.median(quiet):.2f} ms, p99 {p99(quiet):.2f} ms, max "
           f"{quiet[-1]:.2f} ms); attacker "
-          f"{rate:5.0f} SubModRqst/s ({attacker.size} B each, {nacked} refused); "
+          f"{answered:5.0f} answered/s ({attacker.size} B each, {nacked} refused); "
           f"turns cut {cut}")
 
 
@@ -182,6 +278,10 @@ def main():
                         help="how long the bystander measures, per value")
     parser.add_argument("--tls", action="store_true",
                         help="over TLS (a throwaway CA and certificate, made with trustme)")
+    parser.add_argument("--federation", action="store_true",
+                        help="the attacker is a federation peer replacing its filter")
+    parser.add_argument("--rate", type=float, default=45.0,
+                        help="--federation: filters a second (0: as fast as read)")
     args = parser.parse_args()
     certificates = None
     if args.tls:
@@ -191,7 +291,8 @@ def main():
         TLS = ssl.create_default_context(cafile=certificates.ca_path)
     try:
         for turn_time in args.turn_times:
-            run(turn_time, args.seconds, certificates)
+            run(turn_time, args.seconds, certificates,
+                args.rate if args.federation else None)
     finally:
         if certificates is not None:
             shutil.rmtree(certificates.directory, ignore_errors=True)
