@@ -134,9 +134,9 @@ ROUTER_SETTINGS = (
             "link's) may take in one reading turn. Past it the rest of what was read "
             "waits, reading from that connection pauses, and the router serves other "
             "connections and timers before going on with it, so a client sending "
-            "costly requests delays others by about this much, not by up to 64 KiB of "
-            "requests; counted in `elvin_turns_sliced_total`. `0`: turns are never "
-            "cut. See docs/reliability.md."),
+            "costly requests delays others by this and one packet's cost, not by a "
+            "whole 64 KiB read of requests; counted in `elvin_turns_sliced_total`. "
+            "`0`: turns are never cut. See docs/reliability.md."),
     Setting("connect-timeout", duration(True), 30.0, "`30`",
             "Seconds a new channel may stay silent before sending ConnRqst or UNotify; "
             "then it is closed. `0` disables. Not negative."),
