@@ -174,7 +174,9 @@ class FramedProtocol(protocol.Protocol):
     _stopped = False
     #: Bytes of the unfinished frame held: header and payload so far.
     _held = 0
-    #: What a cut turn left and what arrived after it, and their bytes.
+    #: What a cut turn left and what arrived after it (a deque while
+    #: anything waits: 760 bytes a connection otherwise), and their bytes.
+    _waiting: "collections.deque | tuple" = ()
     _waiting_bytes = 0
     #: The delayed call going on with the waiting input, while it waits.
     _resume_call = None
@@ -183,7 +185,6 @@ class FramedProtocol(protocol.Protocol):
 
     def __init__(self):
         self._stopped = False
-        self._waiting = collections.deque()
         self._clear()
 
     def _clear(self):
@@ -354,6 +355,8 @@ class FramedProtocol(protocol.Protocol):
         """The turn is over its slice: ``rest``, the input after the packet
         just handled, waits (before anything already waiting) for a later
         reactor turn, and reading pauses until nothing waits."""
+        if not self._waiting:
+            self._waiting = collections.deque()
         self._waiting.appendleft(rest)
         self._waiting_bytes += len(rest)
         self._account(self._held)
@@ -365,6 +368,8 @@ class FramedProtocol(protocol.Protocol):
 
     def _wait(self, data):
         """Input read while a cut turn's rest waits: it waits after it."""
+        if not self._waiting:
+            self._waiting = collections.deque()
         self._waiting.append(data)
         self._waiting_bytes += len(data)
         self._account(self._held)
@@ -376,10 +381,9 @@ class FramedProtocol(protocol.Protocol):
         if self._stopped:
             return
         deadline = self.turn_slice.deadline()
-        waiting = self._waiting
         try:
-            while waiting and self._resume_call is None and not self._stopped:
-                data = waiting.popleft()
+            while self._waiting and self._resume_call is None and not self._stopped:
+                data = self._waiting.popleft()
                 self._waiting_bytes -= len(data)
                 self._take(data, deadline)
         except Exception:
@@ -393,6 +397,7 @@ class FramedProtocol(protocol.Protocol):
             return
         self._account(self._held)
         if self._resume_call is None and not self._stopped:
+            self._waiting = ()
             self.resume_reading(SLICED)
 
     def _drop_waiting(self):
@@ -400,7 +405,7 @@ class FramedProtocol(protocol.Protocol):
         call, self._resume_call = self._resume_call, None
         if call is not None and call.active():
             call.cancel()
-        self._waiting.clear()
+        self._waiting = ()
         self._waiting_bytes = 0
 
     def pause_reading(self, reason):
