@@ -36,7 +36,6 @@ import shutil
 import socket
 import ssl
 import statistics
-import struct
 import sys
 import tempfile
 import threading
@@ -76,85 +75,19 @@ def connect(port):
     return sock
 
 
-class Attacker:
-    """SubModRqsts, 64 KiB a write, alternating two expressions."""
+class _Sender:
+    """A connection sending ``chunk`` (or, ``rate`` times a second, one of
+    ``one``) on a thread while another reads and counts the answers."""
 
-    def __init__(self, port):
-        self.sock = connect(port)
-        self.sock.sendall(frame(packets.SubAddRqst(2, expression("a"), True,
-                                                   packets.Keys.EMPTY)))
-        reply = read_packet(self.sock)
-        assert isinstance(reply, packets.SubRply), reply
-        self.sub_id = reply.subscription_id
-        texts = [expression("a"), expression("b")]
-        one = [frame(packets.SubModRqst(10 + i, self.sub_id, texts[i % 2], True,
-                                        packets.Keys.EMPTY, packets.Keys.EMPTY))
-               for i in range(2)]
-        per = max(2, CHUNK // len(one[0]) // 2 * 2)
-        self.chunk = b"".join(one[i % 2] for i in range(per))
-        self.size = len(one[0])
-        self.running = True
-        self.answered = 0
-        self.nacked = 0
-        self.sent = 0
+    decode = None     # read_packet's default: a client's packets
+    rate = 0.0
 
-    def send(self):
-        while self.running:
-            try:
-                self.sock.sendall(self.chunk)
-            except OSError:
-                return
-            self.sent += 1
-
-    def read(self):
-        while self.running:
-            try:
-                reply = read_packet(self.sock)
-            except (OSError, ConnectionError, EOFError, AssertionError):
-                return
-            if isinstance(reply, packets.SubRply):
-                self.answered += 1
-            else:
-                self.nacked += 1
-
-    def start(self):
-        for target in (self.send, self.read):
-            threading.Thread(target=target, daemon=True).start()
-
-
-def read_fed(sock):
-    """One federation packet from a blocking socket."""
-    def exactly(n):
-        data = b""
-        while len(data) < n:
-            chunk = sock.recv(n - len(data))
-            if not chunk:
-                raise ConnectionError("router closed the link")
-            data += chunk
-        return data
-    (length,) = struct.unpack(">I", exactly(4))
-    return fed_packets.decode(exactly(length))
-
-
-class FederationPeer:
-    """A raw federation peer replacing its pull filter, ``rate`` times a
-    second (0: 64 KiB writes of FedSubReplace, as fast as they are read)."""
-
-    def __init__(self, port, rate):
-        sock = socket.create_connection(("127.0.0.1", port))
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def __init__(self, sock, one):
         self.sock = sock
-        self.rate = rate
         self.lock = threading.Lock()
-        self._send(fed_packets.FedConnRqst(1, 1, 0, "attacker.test"))
-        while not isinstance(read_fed(sock), fed_packets.FedConnRply):
-            pass
-        trees = [parse(" || ".join(f"{name}{i % 40} > {i}" for i in range(600)))
-                 for name in "ab"]
-        self.filters = [frame(fed_packets.FedSubReplace(0, tree)) for tree in trees]
-        self.size = len(self.filters[0])
-        self.chunk = b"".join(self.filters[i % 2]
-                              for i in range(max(2, CHUNK // self.size // 2 * 2)))
+        self.one = one
+        self.size = len(one[0])
+        self.chunk = b"".join(one[i % 2] for i in range(max(2, CHUNK // self.size // 2 * 2)))
         self.running = True
         self.answered = 0
         self.nacked = 0
@@ -164,13 +97,12 @@ class FederationPeer:
             self.sock.sendall(frame(packet))
 
     def send(self):
-        # (every FedSubReplace has xid 0: the Acks are only counted)
         step, i = (1.0 / self.rate if self.rate else 0.0), 0
         next_at = time.perf_counter()
         while self.running:
             try:
                 with self.lock:
-                    self.sock.sendall(self.chunk if not step else self.filters[i % 2])
+                    self.sock.sendall(self.chunk if not step else self.one[i % 2])
             except OSError:
                 return
             i += 1
@@ -181,21 +113,64 @@ class FederationPeer:
     def read(self):
         while self.running:
             try:
-                packet = read_fed(self.sock)
+                packet = read_packet(self.sock, self.decode)
             except (OSError, ConnectionError, EOFError, AssertionError):
                 return
-            if isinstance(packet, fed_packets.Ack):
-                self.answered += 1
-            elif isinstance(packet, packets.Nack):
-                self.nacked += 1
-            elif isinstance(packet, fed_packets.FedSubReplace):
-                self._send(fed_packets.Ack(packet.xid))
-            elif isinstance(packet, packets.TestConn):
-                self._send(packets.ConfConn())
+            self.answer(packet)
+
+    def answer(self, packet):
+        """Count (or answer) ``packet``, read from the router."""
 
     def start(self):
         for target in (self.send, self.read):
             threading.Thread(target=target, daemon=True).start()
+
+
+class Attacker(_Sender):
+    """SubModRqsts, 64 KiB a write, alternating two expressions."""
+
+    def __init__(self, port):
+        sock = connect(port)
+        sock.sendall(frame(packets.SubAddRqst(2, expression("a"), True, packets.Keys.EMPTY)))
+        reply = read_packet(sock)
+        assert isinstance(reply, packets.SubRply), reply
+        super().__init__(sock, [frame(packets.SubModRqst(
+            10 + i, reply.subscription_id, expression("ab"[i]), True, packets.Keys.EMPTY,
+            packets.Keys.EMPTY)) for i in range(2)])
+
+    def answer(self, packet):
+        if isinstance(packet, packets.SubRply):
+            self.answered += 1
+        else:
+            self.nacked += 1
+
+
+class FederationPeer(_Sender):
+    """A raw federation peer replacing its pull filter, ``rate`` times a
+    second (0: 64 KiB writes of FedSubReplace, as fast as they are read);
+    every FedSubReplace has xid 0: the Acks are only counted."""
+
+    decode = staticmethod(fed_packets.decode)
+
+    def __init__(self, port, rate):
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(frame(fed_packets.FedConnRqst(1, 1, 0, "attacker.test")))
+        while not isinstance(read_packet(sock, self.decode), fed_packets.FedConnRply):
+            pass
+        super().__init__(sock, [frame(fed_packets.FedSubReplace(0, parse(
+            " || ".join(f"{name}{i % 40} > {i}" for i in range(600))))) for name in "ab"])
+        self.rate = rate
+
+    def answer(self, packet):
+        if isinstance(packet, fed_packets.Ack):
+            self.answered += 1
+        elif isinstance(packet, packets.Nack):
+            self.nacked += 1
+        elif isinstance(packet, fed_packets.FedSubReplace):
+            self._send(fed_packets.Ack(packet.xid))
+        elif isinstance(packet, packets.TestConn):
+            self._send(packets.ConfConn())
 
 
 def bystander(port, seconds):
