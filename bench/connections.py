@@ -46,8 +46,9 @@ def rss_kib(pid):
     return 0
 
 
-def read_packet(sock):
-    """One whole packet from a blocking socket."""
+def read_packet(sock, decode=None):
+    """One whole packet from a blocking socket (``decode``: a federation
+    link's, say; default a client's)."""
     def exactly(n):
         data = b""
         while len(data) < n:
@@ -57,7 +58,7 @@ def read_packet(sock):
             data += chunk
         return data
     (length,) = struct.unpack(">I", exactly(4))
-    return packets.decode(exactly(length))
+    return (decode or packets.decode)(exactly(length))
 
 
 def raise_fd_limit(needed):

@@ -18,6 +18,7 @@ from elvin.discovery import settings as _discovery_settings
 from elvin.endpoints import UnsupportedStackError, check_supported
 from elvin.federation.config import FederationConfig
 from elvin.protocols.framing import DEFAULT_MAX_RECEIVE_MEMORY
+from elvin.protocols.turns import DEFAULT_MAX_TURN_TIME
 from elvin.core.options import CEILING_SUFFIX, HARD_CEILINGS, OPTIONS
 from elvin.core.quench import DEFAULT_MAX_QUENCH_MEMORY
 from elvin.core.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_HANDSHAKES
@@ -129,6 +130,14 @@ ROUTER_SETTINGS = (
             "holding the most are reset until the total is a tenth under it. Keep it "
             "above the largest `Packet.Max-Length` clients may negotiate. `0` switches "
             "the cap off. See docs/reliability.md."),
+    Setting("max-turn-time", at_least(0), DEFAULT_MAX_TURN_TIME, "`5`",
+            "Milliseconds one connection's packets (a client's or a federation "
+            "link's) may take in one reading turn. Past it the rest of what was read "
+            "waits, reading from that connection pauses, and the router serves other "
+            "connections and timers before going on with it, so a client sending "
+            "costly requests delays others by this and one packet's cost, not by a "
+            "whole 64 KiB read of requests; counted in `elvin_turns_sliced_total`. "
+            "`0`: turns are never cut. See docs/reliability.md."),
     Setting("connect-timeout", duration(True), 30.0, "`30`",
             "Seconds a new channel may stay silent before sending ConnRqst or UNotify; "
             "then it is closed. `0` disables. Not negative."),

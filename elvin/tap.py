@@ -19,6 +19,7 @@ from elvin.endpoints import (TLS, StreamListenerService, UnsupportedStackError, 
 from elvin.core.admission import CLIENT, FEDERATION, STATUS
 from elvin.protocols.gate import Admission
 from elvin.protocols.framing import receive_budget_of
+from elvin.protocols.turns import TurnSlice
 from elvin.protocols.server import ElvinServerFactory
 from elvin.core.options import CEILING_SUFFIX
 from elvin.core.router import Router
@@ -620,6 +621,11 @@ def _router_attribute(attr):
     return apply
 
 
+def _set_turn_time(router, milliseconds):
+    """Apply ``max-turn-time``: each reading turn from now on."""
+    router.turn_slice.seconds = milliseconds / 1000
+
+
 def _memory_cap(setting, owner):
     """Apply a memory cap ``setting`` to ``owner(router).max_bytes``."""
     def apply(router, new):
@@ -658,6 +664,7 @@ RELOADED = {
     "max-queue-memory": _memory_cap("max_queue_memory", lambda r: r.queue_budget),
     "max-quench-memory": _memory_cap("max_quench_memory", lambda r: r.quench),
     "max-receive-memory": _memory_cap("max_receive_memory", receive_budget_of),
+    "max-turn-time": lambda router, new: _set_turn_time(router, new.max_turn_time),
     "redirect-to": None,                     # read by the next drain
     "max-tls-handshakes": _handshake_limit("max_handshakes", "max_tls_handshakes"),
     "tls-handshake-timeout": _handshake_limit("handshake_timeout", "tls_handshake_timeout"),
@@ -745,6 +752,7 @@ def makeService(options, reactor=None):
                                  max_handshakes=config.max_tls_handshakes,
                                  handshake_timeout=config.tls_handshake_timeout)
     receive_budget_of(router).max_bytes = config.max_receive_memory
+    router.turn_slice = TurnSlice(config.max_turn_time / 1000, reactor)
     router.quench.max_bytes = config.max_quench_memory
     parent = getattr(options, "parent", None)
     top = RouterService(router, config, options.get("log-format", "text") if hasattr(

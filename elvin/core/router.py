@@ -325,10 +325,12 @@ class Router(SessionHost):
                                    "pattern_work_refusals": 0, "evaluation_refusals": 0,
                                    "bytes_in": 0, "bytes_out": 0}
         #: Set by the layers that own them (the receive budget by
-        #: elvin.protocols.framing, the open-file admission by elvin.tap,
+        #: elvin.protocols.framing, the reading turns' slice
+        #: (elvin.protocols.turns) and the open-file admission by elvin.tap,
         #: each UDP listener's datagram counters by elvin.protocols.udp);
         #: declared here so that operations read them by name.
         self.receive_budget = None
+        self.turn_slice = None
         self.admission = None
         #: Every UDP listener's counters (elvin.protocols.udp adds its own).
         self.udp_counters: list[UdpCounters] = []

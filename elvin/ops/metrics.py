@@ -73,6 +73,9 @@ class RouterCollector:
                 ("elvin_receive_budget_closes", "receive_budget_closes",
                  "Connections reset because the bytes held in unfinished packets "
                  "passed max-receive-memory."),
+                ("elvin_turns_sliced", "turns_sliced",
+                 "Reading turns cut because one connection's packets took more than "
+                 "max-turn-time: the rest of its input was handled in later turns."),
                 ("elvin_received_bytes", "bytes_in", "Bytes read from clients."),
                 ("elvin_sent_bytes", "bytes_out", "Bytes written to clients."),
                 ("elvin_discovery_packets_sent", "discovery_packets_sent",

@@ -134,6 +134,8 @@ def snapshot(router: "Router", federation: Optional["FederationManager"] = None,
             # connections reset because the budget ran out.
             "receive_buffered_bytes": receive.total if receive is not None else 0,
             "receive_budget_closes": receive.closes if receive is not None else 0,
+            # Reading turns cut at max-turn-time (the rest handled later).
+            "turns_sliced": router.turn_slice.cuts if router.turn_slice is not None else 0,
             "nacks": {str(code): n for code, n in sorted(router.nacks.items())},
             "bytes_in": bytes_in, "bytes_out": bytes_out,
             "discovery_packets_sent": discovery.sent if discovery is not None else 0,

@@ -37,8 +37,20 @@ to ``frameReceived``. Decisions:
   channels holding the most are reset until the total is a tenth under
   it; each is told by ``receiveBudgetExhausted(held)``, logged once and
   counted in the budget's ``closes``.
+* A reading turn is cut when the channel's packets have taken more than
+  its ``turn_slice`` (a ``TurnSlice``: the router's ``max-turn-time``,
+  found when the connection is made; None: never cut). The check follows
+  a packet with input after it in the same read: the rest of the input
+  waits, in order, reading from the transport is paused (the pause reason
+  ``SLICED``: see ``pause_reading``), and a later reactor turn goes on
+  with it, slice by slice, resuming reading once nothing waits. Input
+  arriving meanwhile (TLS decrypts a whole read; an HTTP tunnel's POSTs)
+  waits after it. What waits counts against the receive budget; it is a
+  view of the chunk it came in (never copied), which stays in memory until
+  its last packet is handled. A connection lost meanwhile drops it.
 """
 
+import collections
 import struct
 from operator import itemgetter
 
@@ -46,7 +58,8 @@ from twisted.internet import protocol
 from twisted.logger import Logger
 
 __all__ = ["FramedProtocol", "ReceiveBudget", "DEFAULT_MAX_FRAME_LENGTH",
-           "DEFAULT_MAX_RECEIVE_MEMORY", "frame", "peer_text", "receive_budget_of"]
+           "DEFAULT_MAX_RECEIVE_MEMORY", "SLICED", "frame", "peer_text",
+           "receive_budget_of"]
 
 DEFAULT_MAX_FRAME_LENGTH = 1 << 20
 
@@ -56,6 +69,9 @@ DEFAULT_MAX_RECEIVE_MEMORY = 64 << 20
 #: Reads shorter than this are coalesced while a frame is unfinished, so
 #: a peer trickling bytes cannot make the router keep an object per byte.
 _PIECE = 16 << 10
+
+#: The reason reading is paused while a cut turn's input waits.
+SLICED = "sliced"
 
 _header = struct.Struct(">I")
 _unpack_header = _header.unpack_from
@@ -149,10 +165,23 @@ class FramedProtocol(protocol.Protocol):
     require_alignment = True
     #: The ReceiveBudget unfinished frames count against (None: none).
     receive_budget = None
+    #: The TurnSlice that cuts long reading turns (None: never cut).
+    turn_slice = None
+    #: Whether the transport's ``pauseProducing`` stops it reading (TCP,
+    #: TLS); an HTTP tunnel's pauses our writing instead, so is not called.
+    reading_pausable = True
 
     _stopped = False
     #: Bytes of the unfinished frame held: header and payload so far.
     _held = 0
+    #: What a cut turn left and what arrived after it (a deque while
+    #: anything waits: 760 bytes a connection otherwise), and their bytes.
+    _waiting: "collections.deque | tuple" = ()
+    _waiting_bytes = 0
+    #: The delayed call going on with the waiting input, while it waits.
+    _resume_call = None
+    #: Why reading from the transport is paused (``pause_reading``).
+    _read_pauses: "frozenset | set" = frozenset()
 
     def __init__(self):
         self._stopped = False
@@ -173,21 +202,39 @@ class FramedProtocol(protocol.Protocol):
         """Bytes held for the unfinished frame."""
         return self._held
 
+    @property
+    def waiting(self):
+        """Bytes of input waiting for a later turn (a cut turn's rest)."""
+        return self._waiting_bytes
+
     def makeConnection(self, transport):
         if self.receive_budget is None:
             self.receive_budget = self.find_receive_budget()
+        if self.turn_slice is None:
+            self.turn_slice = self.find_turn_slice()
         super().makeConnection(transport)
 
-    def find_receive_budget(self):
-        """The ReceiveBudget to count against, asked when the connection is
-        made: by default the one of the router this channel serves, its
-        factory's ``router`` (client channels) or its ``manager``'s
-        (federation links); None when it serves none (clients)."""
+    def served_router(self):
+        """The router this channel serves: its factory's ``router`` (client
+        channels) or its ``manager``'s (federation links); None when it
+        serves none (clients)."""
         for owner in (getattr(self, "factory", None), getattr(self, "manager", None)):
             router = getattr(owner, "router", None)
             if router is not None:
-                return receive_budget_of(router)
+                return router
         return None
+
+    def find_receive_budget(self):
+        """The ReceiveBudget to count against, asked when the connection is
+        made: by default the one of the router this channel serves."""
+        router = self.served_router()
+        return receive_budget_of(router) if router is not None else None
+
+    def find_turn_slice(self):
+        """The TurnSlice to cut turns by, asked when the connection is made:
+        that of the router this channel serves (its ``turn_slice``, set by
+        the router's service), if any."""
+        return getattr(self.served_router(), "turn_slice", None)
 
     # -- receiving ---------------------------------------------------------
 
@@ -199,13 +246,21 @@ class FramedProtocol(protocol.Protocol):
         if self._stopped:
             return
         self.bytes_in += len(data)
+        if self._resume_call is not None or self._waiting_bytes:
+            self._wait(data)     # after what a cut turn left, in order
+            return
+        turns = self.turn_slice
+        self._take(data, turns.deadline() if turns is not None else None)
+
+    def _take(self, data, deadline):
+        """Handle ``data``, the next input, in a turn ending at ``deadline``."""
         if self._held:
-            data = self._continue_frame(data)
+            data = self._continue_frame(data, deadline)
             if data is None:
                 return
-        self._frames(data)
+        self._frames(data, deadline)
 
-    def _continue_frame(self, data):
+    def _continue_frame(self, data, deadline=None):
         """Add ``data`` to the unfinished frame: what follows the frame once
         it is complete (and delivered), else None."""
         missing = self._missing
@@ -241,6 +296,9 @@ class FramedProtocol(protocol.Protocol):
             raise
         if self._stopped:
             return None
+        if rest is not None and deadline is not None and self.turn_slice.now() > deadline:
+            self._cut(rest)
+            return None
         return rest
 
     def _add(self, data):
@@ -256,11 +314,13 @@ class FramedProtocol(protocol.Protocol):
                 self._pieces.append(bytes(small))
                 self._small = bytearray()
 
-    def _frames(self, data):
-        """Deliver the whole frames in ``data`` and keep what is left."""
+    def _frames(self, data, deadline=None):
+        """Deliver the whole frames in ``data`` and keep what is left; past
+        ``deadline`` (when not None) the rest waits for a later turn."""
         total = len(data)
         pos = 0
         complete = False
+        now = self.turn_slice.now if deadline is not None else None
         try:
             while total - pos >= 4:
                 length = _unpack_header(data, pos)[0]
@@ -276,6 +336,10 @@ class FramedProtocol(protocol.Protocol):
                 self.frameReceived(packet)
                 if self._stopped:
                     return
+                if now is not None and total - pos >= 4 and now() > deadline:
+                    self._cut(memoryview(data)[pos:])
+                    pos = total
+                    return
             complete = True
         finally:
             # keep only unconsumed input, even if frameReceived raised
@@ -284,6 +348,96 @@ class FramedProtocol(protocol.Protocol):
                     self._keep_frame(data, pos)
                 else:
                     self._keep_raw(memoryview(data)[pos:])
+
+    # -- cut turns -----------------------------------------------------------
+
+    def _cut(self, rest):
+        """The turn is over its slice: ``rest``, the input after the packet
+        just handled, waits (before anything already waiting) for a later
+        reactor turn, and reading pauses until nothing waits."""
+        if not self._waiting:
+            self._waiting = collections.deque()
+        self._waiting.appendleft(rest)
+        self._waiting_bytes += len(rest)
+        self._account(self._held)
+        if self._stopped:
+            return          # the receive budget closed us
+        if self._resume_call is None:
+            self._resume_call = self.turn_slice.later(self._go_on)
+        self.pause_reading(SLICED)
+
+    def _wait(self, data):
+        """Input read while a cut turn's rest waits: it waits after it."""
+        if not self._waiting:
+            self._waiting = collections.deque()
+        self._waiting.append(data)
+        self._waiting_bytes += len(data)
+        self._account(self._held)
+
+    def _go_on(self):
+        """A later turn: handle waiting input for another slice; resume
+        reading once nothing waits."""
+        self._resume_call = None
+        if self._stopped:
+            return
+        deadline = self.turn_slice.deadline()
+        try:
+            while self._waiting and self._resume_call is None and not self._stopped:
+                data = self._waiting.popleft()
+                self._waiting_bytes -= len(data)
+                self._take(data, deadline)
+        except Exception:
+            # As Twisted does when dataReceived raises: log, and close.
+            _log.failure("resetting connection from {peer}: handling its input raised",
+                         peer=peer_text(self.transport))
+            self._drop_waiting()
+            self._stopped = True
+            if self.transport is not None:
+                self.transport.abortConnection()
+            return
+        self._account(self._held)
+        if self._resume_call is None and not self._stopped:
+            self._waiting = ()
+            self.resume_reading(SLICED)
+
+    def _drop_waiting(self):
+        """Forget waiting input and its continuation (the channel ends)."""
+        call, self._resume_call = self._resume_call, None
+        if call is not None and call.active():
+            call.cancel()
+        self._waiting = ()
+        self._waiting_bytes = 0
+
+    def pause_reading(self, reason):
+        """Stop reading from the transport for ``reason`` (hashable) until
+        ``resume_reading(reason)``: it reads again once no reason is left,
+        so a resume for one reason never undoes a pause for another. (The
+        transport pausing *us*, ``pauseProducing``, is about our writing,
+        and is not one of these.)"""
+        pauses = self._read_pauses
+        if reason in pauses:
+            return
+        if not pauses:
+            self._read_pauses = pauses = set()
+        pauses.add(reason)
+        if len(pauses) == 1 and self.reading_pausable and self.transport is not None:
+            self.transport.pauseProducing()
+
+    def resume_reading(self, reason):
+        """Undo ``pause_reading(reason)``."""
+        pauses = self._read_pauses
+        if reason not in pauses:
+            return
+        pauses.discard(reason)
+        transport = self.transport
+        if not pauses and self.reading_pausable and transport is not None \
+                and not getattr(transport, "disconnecting", False):
+            transport.resumeProducing()
+
+    @property
+    def read_paused(self):
+        """The reasons reading from the transport is paused now."""
+        return frozenset(self._read_pauses)
 
     def _keep_frame(self, data, pos):
         """``data[pos:]`` is the start of a frame (its header, if whole,
@@ -310,7 +464,7 @@ class FramedProtocol(protocol.Protocol):
         self._held = held
         budget = self.receive_budget
         if budget is not None:
-            budget.hold(self, held)
+            budget.hold(self, held + self._waiting_bytes)
 
     def receive_budget_peer(self):
         return peer_text(self.transport)
@@ -320,6 +474,7 @@ class FramedProtocol(protocol.Protocol):
         it): drop the unfinished frame and reset the connection."""
         self._stopped = True
         self._clear()
+        self._drop_waiting()
         self.receiveBudgetExhausted(held)
 
     def _length_ok(self, length):
@@ -360,6 +515,9 @@ class FramedProtocol(protocol.Protocol):
         buffered = self._held
         stopped = self._stopped
         self._stopped = True
+        if self._waiting_bytes or self._resume_call is not None:
+            self._drop_waiting()      # lost with the connection, as unread input is
+            self._account(buffered)
         if buffered:
             self._clear()
             self._account(0)

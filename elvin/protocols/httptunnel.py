@@ -308,6 +308,9 @@ class TunnelServerProtocol(ElvinServerProtocol):
 
     #: What ``elvin.ops.status.transport_of`` reports for its session.
     transport_kind = "http"
+    #: The tunnel's pauseProducing pauses our writing (its GET), not its
+    #: POSTs: a cut turn's input just waits, and POSTs meanwhile after it.
+    reading_pausable = False
 
     def is_idle(self):
         return not self.queue and (not self.paused or self.transport.down is None)

@@ -507,8 +507,8 @@ class ReloadMessageTests(unittest.TestCase):
                    "max-protocol-errors": "9", "protocol-error-window": "3.5",
                    "verbose": "yes", "max-queue-memory": "1000000",
                    "max-quench-memory": "2000000", "max-receive-memory": "3000000",
-                   "redirect-to": "elvin://127.0.0.1:3999", "max-tls-handshakes": "33",
-                   "tls-handshake-timeout": "4.5"}
+                   "max-turn-time": "12", "redirect-to": "elvin://127.0.0.1:3999",
+                   "max-tls-handshakes": "33", "tls-handshake-timeout": "4.5"}
         self.assertEqual(set(changed), set(tap.RELOADED))
         with open(path, "w") as f:
             f.write("listen = elvin://127.0.0.1:3000\n"
@@ -533,6 +533,7 @@ class ReloadMessageTests(unittest.TestCase):
                           router.max_pattern_work, router.max_evaluation_bytes,
                           router.max_client_quenches),
                          (7, 99, 12345, 9, 3.5, True, 1000000, 2000000, 4096, 8192, 17))
+        self.assertEqual(router.turn_slice.seconds, 0.012)
         self.assertEqual(router.new_options()["Send-Queue.Max-Length"], 4096)
         self.assertEqual((router.admission.budget.max_handshakes,
                           router.admission.budget.handshake_timeout), (33, 4.5))
