@@ -193,7 +193,8 @@ class CoreState(SessionHost):
         if sub.session.persistent:
             self.store.put_subscription(sub.session.name, sub.id, sub.expression,
                                         sub.accept_insecure, sub.ttl, sub.max_count,
-                                        keys_to_bytes(KeyRing.EMPTY, sub.keys))
+                                        keys_to_bytes(KeyRing.EMPTY, sub.keys),
+                                        now=self.clock())
 
     def announce(self, session: Session, event: Dict[str, Any], but=None) -> None:
         """Tell the session's connected clients (except ``but``) of a change."""

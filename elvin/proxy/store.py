@@ -48,6 +48,7 @@ import operator
 import hmac
 import os
 import sqlite3
+import time
 from contextlib import contextmanager
 from typing import (Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set,
                     Tuple)
@@ -730,12 +731,14 @@ class Store:
     def put_subscription(self, session: str, sub_id: int, expression: str,
                          accept_insecure: bool = True, ttl: Optional[float] = None,
                          max_count: Optional[int] = None,
-                         keys: Optional[bytes] = None) -> None:
+                         keys: Optional[bytes] = None, now: Optional[float] = None) -> None:
         """Add or replace a session's subscription (``ttl`` seconds and
         ``max_count`` notifications kept at most; None: no limit; ``keys``:
         its own security keys, encoded by the caller). Changed limits apply
         to what is kept already: expiry times are moved, and the oldest
-        beyond a lowered count go."""
+        beyond a lowered count go. What has expired by ``now`` (default:
+        the time of day) stays expired, swept or not: a longer TTL never
+        brings back what a client was already told was gone."""
         before = self._limits(session, sub_id)
         self._limit_cache.pop((session, sub_id), None)
         had_several = before is not None or self._has_several(session)
@@ -760,7 +763,8 @@ class Store:
                 self.db.execute(
                     "UPDATE pending SET expires = (SELECT arrived FROM notifications n "
                     "WHERE n.id = pending.notification) + ? WHERE session = ? "
-                    "AND subscription = ?", (ttl, session, sub_id))
+                    "AND subscription = ? AND (expires IS NULL OR expires > ?)",
+                    (ttl, session, sub_id, time.time() if now is None else now))
             if (before[1] is None) != (max_count is None):
                 self.db.execute("UPDATE pending SET capped = ? WHERE session = ? "
                                 "AND subscription = ?", (int(max_count is not None), session,
