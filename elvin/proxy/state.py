@@ -108,6 +108,12 @@ class CoreState(SessionHost):
         self._client_numbers = itertools.count(1)
         self._holding = False
         self._held: List[tuple] = []
+        #: The newest stored notification's id: where a gap reported now
+        #: falls in the stream of a client fed from the store.
+        self.newest_note = store.newest_notification()
+        #: Notifications the caps dropped: one line per 10 s at most.
+        self._cap_log = LogLimiter(clock)
+        store.in_flight = self.in_flight
         self._load()
         self._ids = itertools.count(store.largest_subscription_id() + 1)
 
@@ -129,6 +135,11 @@ class CoreState(SessionHost):
                 session.subscriptions[sub_id] = sub
                 self.subscriptions[sub_id] = sub
             self.named[name] = session
+
+    def in_flight(self, name: Optional[str]) -> List[Tuple[int, int]]:
+        """What the store's caps must leave (``Store.in_flight``): none here;
+        elvin.proxy.delivery knows."""
+        return []
 
     def channel_count(self) -> int:
         return len(self.sessions)
@@ -237,6 +248,11 @@ class ClientState(ClientSession):
         self._acked = 0
         self._reserved = 0
         self._inflight: Deque[Tuple[int, Optional[int]]] = collections.deque()
+        #: The stored ids of the live notifications on their way (reserved).
+        self._reserved_notes: Deque[Optional[int]] = collections.deque()
+        #: DropWarns owed, each before the first stored notification whose
+        #: id is above it (sorted): gaps in what this client is being fed.
+        self._gaps: List[int] = []
 
     def address(self) -> Any:
         """The peer's host address without its port (``self.peer`` is log
