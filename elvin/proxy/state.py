@@ -239,6 +239,10 @@ class ClientState(ClientSession):
         self._replayed_to = 0
         #: Packets received while ConnRqst's passwords are being checked.
         self._admitting: Optional[List[Any]] = None
+        #: Packets received while a request waits for upstream's answer
+        #: (elvin.proxy.requests): handled after it, so that replies keep
+        #: the order of the requests, as a router's do.
+        self._awaiting: Optional[List[Any]] = None
         #: An acknowledging client's window (Proxy.Ack-Window; 0: it does
         #: not acknowledge), how many notifications were written to it and
         #: acknowledged, how many live ones are on their way, and those
