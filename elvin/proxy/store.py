@@ -1085,9 +1085,14 @@ class Store:
         assert self.max_total_bytes is not None
         self._catch_up()
         spans = _merged(self.in_flight(None))
+        held = 0                    # bytes in flight: outside the cap
+        for first, last in spans:
+            (size,) = self.db.execute("SELECT total(length(body)) FROM notifications "
+                                      "WHERE id BETWEEN ? AND ?", (first, last)).fetchone()
+            held += int(size)
         walked = 0
-        while self.total_bytes() > self.max_total_bytes:
-            excess = self.total_bytes() - self.max_total_bytes
+        while self.total_bytes() - held > self.max_total_bytes:
+            excess = self.total_bytes() - held - self.max_total_bytes
             oldest: List[int] = []
             seen = 0
             for note, size in self.db.execute(

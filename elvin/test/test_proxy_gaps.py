@@ -139,6 +139,7 @@ class TotalCapGapTest(GapCase):
         got += self.drain(phone, out)
         received = [n for n in got if n != DW]
         self.assertEqual(len(received) + dropped, 50)
+        self.assertGreaterEqual(len(received), 8 + 9)   # the window, and the cap's worth
         self.assertEqual(got.count(DW), 1)
         self.assertEqual(got[8], DW)                     # after the window, at the gap
         self.flushLoggedErrors()
