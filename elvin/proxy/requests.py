@@ -234,6 +234,7 @@ class Requests(Receiving):
         changed: Set[ProxySubscription] = set()
         for what, target, value in changes:
             if what == DELETE_SESSION:
+                reply[DELETE_SESSION] = target.name
                 continue
             if what == ACK:
                 reply[ACK] = Int64(value)
