@@ -78,9 +78,13 @@ class ProxyCore(PasswordChecks, UpstreamRelay):
             return
         self.sessions.discard(client)
         self.counters.client_queue_dropped += client.dropped
+        untold = client.untold_gaps()
         left = []
         for session in client.joined:
             session.clients.discard(client)
+            if untold and session.persistent and session.name in self.named:
+                # Gaps it left before reaching: its session's next client is told.
+                self.write(self.store.add_dropped, session.name, untold)
             if not session.persistent:
                 for sub in list(session.subscriptions.values()):
                     self.remove_subscription(sub)

@@ -208,15 +208,23 @@ class Keeping(CoreState):
                     client.owe_drop_warn(min(later) - 1)
 
     def _not_kept(self, keep) -> None:
+        """Not stored for the sessions in ``keep``: counted as dropped, and
+        their connected clients fed from the store told where."""
         self.counters.not_stored += 1
+        self.store.take_cap_dropped()       # rolled back with the rest
         for name in keep:
             self.unsaved_drops[name] += 1
+            session = self.named.get(name)
+            for client in session.clients if session is not None else ():
+                if not client.live:
+                    client.owe_drop_warn(self.newest_note)
 
     def _abandon_turn(self) -> None:
         """The turn's transaction failed: what it stored is gone (counted as
         dropped), and its live deliveries go out as not stored."""
         self.store.abandon()
         self._holding = False
+        self.newest_note = self.store.newest_notification()   # its ids are free again
         for earlier in self._turn:
             self._not_kept(earlier)
         self._turn = []
@@ -317,7 +325,7 @@ class Receiving(ClientState):
             return
         core = self.core
         if not self.live:
-            self.owe_drop_warn(core.newest_note)
+            self.owe_drop_warn(core.newest_note, counted=False)
         elif core._holding or core._held:
             core._held.append((self, None, None))
         else:
@@ -330,10 +338,16 @@ class Receiving(ClientState):
     #: Most DropWarns owed at once (more are merged into the last).
     MAX_GAPS = 256
 
-    def owe_drop_warn(self, after):
+    def owe_drop_warn(self, after, counted=True):
         """A DropWarn is owed before the first stored notification with an
-        id above ``after`` (or when the replay ends, if none comes)."""
+        id above ``after`` (or when the replay ends, if none comes).
+        ``counted``: the session's drop count has it already; if not (an
+        upstream gap, told to connected clients only) and this client
+        leaves before it is told, the session counts it for its next
+        client (``untold_gaps``)."""
         gaps = self._gaps
+        if not counted:
+            self._uncounted_gaps.add(after)
         if after in gaps:
             return
         if len(gaps) >= self.MAX_GAPS:
@@ -341,12 +355,20 @@ class Receiving(ClientState):
             return
         bisect.insort(gaps, after)
 
+    def untold_gaps(self):
+        """Gaps not counted by the session that this client was never told
+        of (it left first)."""
+        if not self._gaps:
+            return 0
+        return len(self._uncounted_gaps)
+
     def _warn_gaps(self, note):
         """Before writing stored notification ``note``: the DropWarn for
         every gap before it, as one."""
         gaps = self._gaps
         if gaps and note > gaps[0]:
             del gaps[:bisect.bisect_left(gaps, note)]
+            self._uncounted_gaps = {g for g in self._uncounted_gaps if g >= note}
             self.write_drop_warn()
 
     def acknowledged(self, count):
@@ -413,6 +435,7 @@ class Receiving(ClientState):
         if not page:
             if self._gaps:                # gaps after the last it was sent
                 self._gaps = []
+                self._uncounted_gaps = set()
                 self.write_drop_warn()
             self.live = True
             return

@@ -13,7 +13,8 @@ from __future__ import annotations
 import collections
 import itertools
 import time
-from typing import TYPE_CHECKING, Any, ClassVar, Callable, Deque, Dict, List, Optional, Tuple
+from typing import (TYPE_CHECKING, Any, ClassVar, Callable, Deque, Dict, List, Optional,
+                    Set, Tuple)
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -257,6 +258,8 @@ class ClientState(ClientSession):
         #: DropWarns owed, each before the first stored notification whose
         #: id is above it (sorted): gaps in what this client is being fed.
         self._gaps: List[int] = []
+        #: Those of them the session's drop count does not have.
+        self._uncounted_gaps: Set[int] = set()
 
     def address(self) -> Any:
         """The peer's host address without its port (``self.peer`` is log

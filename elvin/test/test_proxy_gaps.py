@@ -185,3 +185,43 @@ class UpstreamDropPlaceTest(GapCase):
         self.assertEqual(stream(out.take()), [0, 1, 2, DW])
         self.assertEqual(stream(plain_out.take()), [0, 1, 2, DW])
         self.flushLoggedErrors()
+
+
+class OtherGapsTest(GapCase):
+
+    def test_a_device_leaving_before_it_reached_an_upstream_gap_leaves_it_counted(self):
+        phone, out = self.device(4)
+        for n in range(10):
+            self.publish({"n": n})
+        self.core.upstream_dropwarn()
+        self.assertNotIn(DW, stream(out.take()))
+        phone.connection_lost()
+        self.assertEqual(self.joined_dropped(), 1)        # told to the next client
+        self.flushLoggedErrors()
+
+    def test_a_device_told_of_an_upstream_gap_leaves_nothing_counted(self):
+        phone, out = self.device(4)
+        for n in range(6):
+            self.publish({"n": n})
+        self.core.upstream_dropwarn()
+        self.assertIn(DW, self.drain(phone, out))
+        phone.connection_lost()
+        self.assertEqual(self.joined_dropped(), 0)
+        self.flushLoggedErrors()
+
+    def test_a_notification_the_store_could_not_keep_is_told_where_it_was(self):
+        from elvin.proxy.store import StoreFailed
+        phone, out = self.device(2)
+        for n in range(4):
+            self.publish({"n": n})
+        real = self.store.store
+
+        def full(*args):
+            raise StoreFailed("database or disk is full")
+        self.store.store = full
+        self.publish({"n": 4})
+        self.store.store = real
+        self.clock.now += 2                               # writable again
+        self.publish({"n": 5})
+        self.assertEqual(self.drain(phone, out), [0, 1, 2, 3, DW, 5])
+        self.flushLoggedErrors()
