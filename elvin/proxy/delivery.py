@@ -170,11 +170,11 @@ class Keeping(CoreState):
     def in_flight(self, name):
         """``Store.in_flight``: the ranges of stored ids in flight to the
         connected acknowledging clients of session ``name`` (None: of all)."""
+        session = self.named.get(name) if name is not None else None
         if name is None:
             clients = self.sessions
         else:
-            session = self.named.get(name)
-            clients = session.clients if session is not None else ()
+            clients = session.clients if session is not None else set()
         spans = []
         for client in clients:
             if client.ack_window:
