@@ -77,6 +77,7 @@ class ProxyCore(PasswordChecks, UpstreamRelay):
         if client not in self.sessions:
             return
         self.sessions.discard(client)
+        self.acking.discard(client)
         self.counters.client_queue_dropped += client.dropped
         untold = client.untold_gaps()
         left = []

@@ -172,7 +172,7 @@ class Keeping(CoreState):
         connected acknowledging clients of session ``name`` (None: of all)."""
         session = self.named.get(name) if name is not None else None
         if name is None:
-            clients = self.sessions
+            clients = self.acking
         else:
             clients = session.clients if session is not None else set()
         spans = []

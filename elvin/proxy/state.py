@@ -75,8 +75,10 @@ class CoreState(SessionHost):
         self.session_expiry = session_expiry
         #: Most expired rows one sweep step deletes (the rest in later turns).
         self.sweep_step = sweep_step
-        #: The open channels (ElvinServerProtocol counts them).
+        #: The open channels (ElvinServerProtocol counts them), and those
+        #: of clients that acknowledge (what may be in flight: in_flight).
         self.sessions: set = set()
+        self.acking: set = set()
         self.named: Dict[str, Session] = {}
         self.subscriptions: Dict[int, ProxySubscription] = {}
         self.by_upstream: Dict[int, ProxySubscription] = {}
