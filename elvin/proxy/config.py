@@ -101,7 +101,9 @@ PROXY_SETTINGS = (
             "Most subscriptions in one session; one more is refused (Nack 2006)."),
     Setting("max-stored", at_least(1), 100_000, "`100000`",
             "Most notifications kept for one session; beyond it the oldest go first, "
-            "and the session's next client is sent DropWarn."),
+            "counted in `Proxy.Dropped` for its next client, logged, and told to its "
+            "connected clients by DropWarn where the gap is. What is written to an "
+            "acknowledging client and not yet acknowledged is kept outside the cap."),
     Setting("max-stored-bytes", at_least(0), 0, "`0`",
             "Most bytes of notifications (their encoded attributes) kept for one "
             "session; beyond it the oldest go first, with DropWarn as for `max-stored`. "
@@ -112,7 +114,8 @@ PROXY_SETTINGS = (
     Setting("max-total-stored-bytes", at_least(0), 0, "`0`",
             "Most bytes of notifications kept for all sessions together; beyond it the "
             "oldest go first, counted as dropped by each session they were kept for "
-            "(DropWarn to its next client). `0`: no cap."),
+            "(DropWarn as for `max-stored`; what is in flight to an acknowledging "
+            "client is kept). `0`: no cap."),
     Setting("max-inflight", at_least(1), 1024, "`1024`",
             "Most notifications an acknowledging client (`Proxy.Ack-Window`) may have "
             "unacknowledged; it may ask for fewer."),

@@ -77,10 +77,15 @@ class ProxyCore(PasswordChecks, UpstreamRelay):
         if client not in self.sessions:
             return
         self.sessions.discard(client)
+        self.acking.discard(client)
         self.counters.client_queue_dropped += client.dropped
+        untold = client.untold_gaps()
         left = []
         for session in client.joined:
             session.clients.discard(client)
+            if untold and session.persistent and session.name in self.named:
+                # Gaps it left before reaching: its session's next client is told.
+                self.write(self.store.add_dropped, session.name, untold)
             if not session.persistent:
                 for sub in list(session.subscriptions.values()):
                     self.remove_subscription(sub)
@@ -177,13 +182,26 @@ class ProxyClient(Joining):
             connection_keys = self._nfn_keys()
         self._emit_upstream(attributes, deliver_insecure, wire_keys, connection_keys, size)
 
+    #: Most packets held while a request waits for upstream (beyond it the
+    #: client is cut off as a protocol violation: nothing a client needs).
+    MAX_AWAITING = 4096
+
     def packet_received(self, packet):
         if self._admitting is not None:
             self._admitting.append(packet)    # handled once admitted
             return
+        if self._awaiting is not None and self.state == self.CONNECTED:
+            if len(self._awaiting) >= self.MAX_AWAITING:
+                self._awaiting = None
+                self.violation(f"more than {self.MAX_AWAITING} requests sent while one "
+                               "waited for the upstream router")
+                return
+            self._awaiting.append(packet)     # after the request upstream answers
+            return
         super().packet_received(packet)
 
     def connection_lost(self, why="connection lost"):
+        self._awaiting = None
         if self._replay_call is not None and self._replay_call.active():
             self._replay_call.cancel()
         super().connection_lost(why)

@@ -38,7 +38,8 @@ class ProxyCounters:
         self.delivered = 0
         #: clients' notifications sent upstream
         self.forwarded = 0
-        #: stored notifications acknowledged by acknowledging clients
+        #: stored notifications acknowledged, once per client acknowledging
+        #: each (as ``replayed`` counts once per client written to)
         self.acknowledged = 0
         #: DropWarns from the upstream router (gaps: it says no count)
         self.upstream_dropwarns = 0
@@ -139,7 +140,8 @@ class ProxyCollector:
                  "Live deliveries written to connected clients."),
                 ("elvin_proxy_forwarded", "forwarded", "Clients' notifications sent upstream."),
                 ("elvin_proxy_acknowledged", "acknowledged",
-                 "Stored notifications acknowledged by clients (Proxy.Ack)."),
+                 "Stored notifications acknowledged by clients (Proxy.Ack), "
+                 "once per client acknowledging each."),
                 ("elvin_proxy_upstream_dropwarns", "upstream_dropwarns",
                  "DropWarns from the upstream router: gaps of unknown size, each "
                  "counted once in every session's drops."),

@@ -17,6 +17,7 @@ read best side by side.
 
 from __future__ import annotations
 
+import bisect
 import collections
 from typing import Dict, List, Tuple
 
@@ -124,7 +125,7 @@ class Keeping(CoreState):
             note = self._keep(body, keep, marks)
         for client, (secure, insecure) in deliveries.items():
             data = packets.encode_notify_deliver_from(body, secure, insecure)
-            client.reserve()
+            client.reserve(note)
             if self._holding or self._held:
                 # Delivered once this turn's transaction has committed: no
                 # client has a notification the store could still lose.
@@ -157,25 +158,78 @@ class Keeping(CoreState):
             self._not_kept(keep)
             return None
         if note is not None:
+            self.newest_note = note
             self.counters.stored += 1
             if self._holding:
                 self._turn.append(keep)
+        dropped = store.take_cap_dropped()
+        if dropped:
+            self._cap_gaps(dropped)
         return note
 
+    def in_flight(self, name):
+        """``Store.in_flight``: the ranges of stored ids in flight to the
+        connected acknowledging clients of session ``name`` (None: of all)."""
+        session = self.named.get(name) if name is not None else None
+        if name is None:
+            clients = self.acking
+        else:
+            clients = session.clients if session is not None else set()
+        spans = []
+        for client in clients:
+            if client.ack_window:
+                span = client.in_flight_span()
+                if span is not None:
+                    spans.append(span)
+        return spans
+
+    def _cap_gaps(self, dropped) -> None:
+        """The caps dropped these (``{session: [ids]}``): logged, and each
+        connected client still to be fed any of them is owed a DropWarn
+        where they were (the session's count tells its next client)."""
+        skipped = self._cap_log.allow()
+        if skipped is not None:
+            self.log.warn("dropped the oldest notifications kept for {sessions} to stay under "
+                          "max-stored, max-stored-bytes or max-total-stored-bytes "
+                          "(counted in each session's Proxy.Dropped; connected clients told "
+                          "by DropWarn at the gap){more}",
+                          sessions=", ".join(f"{name!r}: {len(ids)}" for name, ids in
+                                             sorted(dropped.items())[:5]),
+                          more=self._cap_log.more(skipped))
+        for name, ids in dropped.items():
+            session = self.named.get(name)
+            if session is None:
+                continue
+            for client in session.clients:
+                if client.live:
+                    continue            # it had every one of them already
+                later = [i for i in ids if i > client._replayed_to]
+                if later:
+                    client.owe_drop_warn(min(later) - 1)
+
     def _not_kept(self, keep) -> None:
+        """Not stored for the sessions in ``keep``: counted as dropped, and
+        their connected clients fed from the store told where."""
         self.counters.not_stored += 1
+        self.store.take_cap_dropped()       # rolled back with the rest
         for name in keep:
             self.unsaved_drops[name] += 1
+            session = self.named.get(name)
+            for client in session.clients if session is not None else ():
+                if not client.live:
+                    client.owe_drop_warn(self.newest_note)
 
     def _abandon_turn(self) -> None:
         """The turn's transaction failed: what it stored is gone (counted as
         dropped), and its live deliveries go out as not stored."""
         self.store.abandon()
         self._holding = False
+        self.newest_note = self.store.newest_notification()   # its ids are free again
         for earlier in self._turn:
             self._not_kept(earlier)
         self._turn = []
         self._held = [(client, data, None) for client, data, _ in self._held]
+        # (a DropWarn held among them, data None, stays in its place)
 
     def _release(self) -> None:
         if self._holding:
@@ -187,7 +241,10 @@ class Keeping(CoreState):
             self._turn = []
         held, self._held = self._held, []
         for client, data, note in held:
-            client.deliver(data, note)
+            if data is None:
+                client.write_drop_warn()
+            else:
+                client.deliver(data, note)
 
 
 class Receiving(ClientState):
@@ -200,20 +257,51 @@ class Receiving(ClientState):
             self._replay_waiting = False
             self._schedule_replay()
 
-    def reserve(self):
-        """A live notification is on its way to this client (held until the
-        turn commits, or written at once): an acknowledging client whose
-        window it fills stops being live, so what follows is kept for it
-        and replayed as it acknowledges."""
+    def reserve(self, note=None):
+        """A live notification (``note``: its stored id, if stored) is on its
+        way to this client (held until the turn commits, or written at
+        once): an acknowledging client whose window it fills stops being
+        live, so what follows is kept for it and replayed as it
+        acknowledges."""
         if self.ack_window:
             self._reserved += 1
+            self._reserved_notes.append(note)
             if self._sent + self._reserved - self._acked >= self.ack_window:
                 self.live = False
+
+    def in_flight_span(self):
+        """``(first, last)`` stored ids written or on their way to this
+        acknowledging client and not acknowledged (None: none): every row of
+        its sessions between them is in flight to it, since it is fed each
+        session's rows in order."""
+        first = last = None
+        for _, note in self._inflight:
+            if note is not None:
+                first = note
+                break
+        if first is None:
+            for note in self._reserved_notes:
+                if note is not None:
+                    first = note
+                    break
+        if first is None:
+            return None
+        for note in reversed(self._reserved_notes):
+            if note is not None:
+                last = note
+                break
+        if last is None:
+            last = self._replayed_to
+        return first, max(first, last)
 
     def deliver(self, data, note=None):
         """Write a live notification (``note``: its stored id, if stored)."""
         if self.ack_window:
             self._reserved = max(0, self._reserved - 1)
+            if self._reserved_notes:
+                self._reserved_notes.popleft()
+        if note is not None and self._gaps:
+            self._warn_gaps(note)
         if self.state == self.CONNECTED:
             # Never droppable for an acknowledging client: its count of
             # what it handled must match what was written (a full queue
@@ -229,9 +317,59 @@ class Receiving(ClientState):
             self._replayed_to = note
 
     def drop_warn(self):
-        """Tell the client notifications were lost (DropWarn)."""
+        """Notifications were lost upstream, now: tell the client by a
+        DropWarn at that place in its stream. One fed from the store (not
+        live) gets it after what is stored now; a live one after this
+        turn's deliveries (held until the turn commits)."""
+        if self.state != self.CONNECTED:
+            return
+        core = self.core
+        if not self.live:
+            self.owe_drop_warn(core.newest_note, counted=False)
+        elif core._holding or core._held:
+            core._held.append((self, None, None))
+        else:
+            self.write_drop_warn()
+
+    def write_drop_warn(self):
         if self.state == self.CONNECTED:
             self.output.send(packets.DropWarn())
+
+    #: Most DropWarns owed at once (more are merged into the last).
+    MAX_GAPS = 256
+
+    def owe_drop_warn(self, after, counted=True):
+        """A DropWarn is owed before the first stored notification with an
+        id above ``after`` (or when the replay ends, if none comes).
+        ``counted``: the session's drop count has it already; if not (an
+        upstream gap, told to connected clients only) and this client
+        leaves before it is told, the session counts it for its next
+        client (``untold_gaps``)."""
+        gaps = self._gaps
+        if not counted:
+            self._uncounted_gaps.add(after)
+        if after in gaps:
+            return
+        if len(gaps) >= self.MAX_GAPS:
+            gaps[-1] = max(gaps[-1], after)     # told once, at the later gap
+            return
+        bisect.insort(gaps, after)
+
+    def untold_gaps(self):
+        """Gaps not counted by the session that this client was never told
+        of (it left first)."""
+        if not self._gaps:
+            return 0
+        return len(self._uncounted_gaps)
+
+    def _warn_gaps(self, note):
+        """Before writing stored notification ``note``: the DropWarn for
+        every gap before it, as one."""
+        gaps = self._gaps
+        if gaps and note > gaps[0]:
+            del gaps[:bisect.bisect_left(gaps, note)]
+            self._uncounted_gaps = {g for g in self._uncounted_gaps if g >= note}
+            self.write_drop_warn()
 
     def acknowledged(self, count):
         """The client's application has handled ``count`` notifications
@@ -295,16 +433,24 @@ class Receiving(ClientState):
         page = core.store.pending_many(names, self.name, core.clock(), limit,
                                        self._replayed_to)
         if not page:
+            if self._gaps:                # gaps after the last it was sent
+                self._gaps = []
+                self._uncounted_gaps = set()
+                self.write_drop_warn()
             self.live = True
             return
         encode = packets.encode_notify_deliver_from
         send = self.output.send_encoded
         if self.ack_window:
             for note in page:
+                if self._gaps:
+                    self._warn_gaps(note.id)
                 send(encode(note.body, note.secure, note.insecure), False)
                 self._sent_one(note.id)
         else:
             for note in page:
+                if self._gaps:
+                    self._warn_gaps(note.id)
                 send(encode(note.body, note.secure, note.insecure), False)
             self._replayed_to = page[-1].id
             core.write(core.store.acknowledge_many, names, self.name,

@@ -208,6 +208,8 @@ class Joining(Requests):
         self.name = client or core.client_name()
         self.ttl, self.max_count = limits.get(TTL), limits.get(MAX_COUNT)
         self.ack_window = limits[ACK_WINDOW]
+        if self.ack_window:
+            core.acking.add(self)
         for session in sessions:
             session.clients.add(self)
         if primary.persistent:

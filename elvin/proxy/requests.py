@@ -73,6 +73,23 @@ class Requests(Receiving):
             return False
         return True
 
+    def _wait_for_upstream(self, d):
+        """The request being handled is answered when ``d`` (upstream's
+        answer) fires: what the client sends meanwhile waits (``_awaiting``,
+        handled by ``packet_received``), so replies keep request order and
+        a DisconnRqst is answered after every request before it. The wait
+        is bounded by upstream's keepalive: an upstream that stops answering
+        is disconnected, and the request is then answered without it."""
+        if self._awaiting is None:
+            self._awaiting = []
+        d.addBoth(self._upstream_answered)
+
+    def _upstream_answered(self, result):
+        waiting, self._awaiting = self._awaiting, None
+        for packet in waiting or ():
+            self.packet_received(packet)       # held again behind a new wait
+        return result
+
     def _relay_nack(self, failure, xid):
         """An upstream refusal, to the client (same code, message, args)."""
         error = failure.value
@@ -114,6 +131,7 @@ class Requests(Receiving):
             else:
                 added()       # upstream went away: made again when it is back
         d.addCallbacks(added, failed)
+        self._wait_for_upstream(d)
 
     def _sub_mod(self, packet):
         xid = packet.xid
@@ -152,6 +170,7 @@ class Requests(Receiving):
             else:
                 apply()
         d.addCallbacks(apply, failed)
+        self._wait_for_upstream(d)
 
     def _sub_del(self, packet):
         xid = packet.xid
@@ -215,6 +234,7 @@ class Requests(Receiving):
         changed: Set[ProxySubscription] = set()
         for what, target, value in changes:
             if what == DELETE_SESSION:
+                reply[DELETE_SESSION] = target.name
                 continue
             if what == ACK:
                 reply[ACK] = Int64(value)

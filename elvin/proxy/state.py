@@ -13,7 +13,8 @@ from __future__ import annotations
 import collections
 import itertools
 import time
-from typing import TYPE_CHECKING, Any, ClassVar, Callable, Deque, Dict, List, Optional, Tuple
+from typing import (TYPE_CHECKING, Any, ClassVar, Callable, Deque, Dict, List, Optional,
+                    Set, Tuple)
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -74,8 +75,10 @@ class CoreState(SessionHost):
         self.session_expiry = session_expiry
         #: Most expired rows one sweep step deletes (the rest in later turns).
         self.sweep_step = sweep_step
-        #: The open channels (ElvinServerProtocol counts them).
+        #: The open channels (ElvinServerProtocol counts them), and those
+        #: of clients that acknowledge (what may be in flight: in_flight).
         self.sessions: set = set()
+        self.acking: set = set()
         self.named: Dict[str, Session] = {}
         self.subscriptions: Dict[int, ProxySubscription] = {}
         self.by_upstream: Dict[int, ProxySubscription] = {}
@@ -108,6 +111,12 @@ class CoreState(SessionHost):
         self._client_numbers = itertools.count(1)
         self._holding = False
         self._held: List[tuple] = []
+        #: The newest stored notification's id: where a gap reported now
+        #: falls in the stream of a client fed from the store.
+        self.newest_note = store.newest_notification()
+        #: Notifications the caps dropped: one line per 10 s at most.
+        self._cap_log = LogLimiter(clock)
+        store.in_flight = self.in_flight
         self._load()
         self._ids = itertools.count(store.largest_subscription_id() + 1)
 
@@ -129,6 +138,11 @@ class CoreState(SessionHost):
                 session.subscriptions[sub_id] = sub
                 self.subscriptions[sub_id] = sub
             self.named[name] = session
+
+    def in_flight(self, name: Optional[str]) -> List[Tuple[int, int]]:
+        """What the store's caps must leave (``Store.in_flight``): none here;
+        elvin.proxy.delivery knows."""
+        return []
 
     def channel_count(self) -> int:
         return len(self.sessions)
@@ -193,7 +207,8 @@ class CoreState(SessionHost):
         if sub.session.persistent:
             self.store.put_subscription(sub.session.name, sub.id, sub.expression,
                                         sub.accept_insecure, sub.ttl, sub.max_count,
-                                        keys_to_bytes(KeyRing.EMPTY, sub.keys))
+                                        keys_to_bytes(KeyRing.EMPTY, sub.keys),
+                                        now=self.clock())
 
     def announce(self, session: Session, event: Dict[str, Any], but=None) -> None:
         """Tell the session's connected clients (except ``but``) of a change."""
@@ -227,6 +242,10 @@ class ClientState(ClientSession):
         self._replayed_to = 0
         #: Packets received while ConnRqst's passwords are being checked.
         self._admitting: Optional[List[Any]] = None
+        #: Packets received while a request waits for upstream's answer
+        #: (elvin.proxy.requests): handled after it, so that replies keep
+        #: the order of the requests, as a router's do.
+        self._awaiting: Optional[List[Any]] = None
         #: An acknowledging client's window (Proxy.Ack-Window; 0: it does
         #: not acknowledge), how many notifications were written to it and
         #: acknowledged, how many live ones are on their way, and those
@@ -236,6 +255,13 @@ class ClientState(ClientSession):
         self._acked = 0
         self._reserved = 0
         self._inflight: Deque[Tuple[int, Optional[int]]] = collections.deque()
+        #: The stored ids of the live notifications on their way (reserved).
+        self._reserved_notes: Deque[Optional[int]] = collections.deque()
+        #: DropWarns owed, each before the first stored notification whose
+        #: id is above it (sorted): gaps in what this client is being fed.
+        self._gaps: List[int] = []
+        #: Those of them the session's drop count does not have.
+        self._uncounted_gaps: Set[int] = set()
 
     def address(self) -> Any:
         """The peer's host address without its port (``self.peer`` is log

@@ -48,8 +48,9 @@ import operator
 import hmac
 import os
 import sqlite3
+import time
 from contextlib import contextmanager
-from typing import (Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set,
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set,
                     Tuple)
 
 from elvin.protocols import packets
@@ -216,6 +217,22 @@ def _chunks(ids: Sequence[Any], size: int = 500) -> Iterator[Tuple[Sequence[Any]
         yield chunk, ",".join("?" * len(chunk))
 
 
+def _merged(spans: Iterable[Tuple[int, int]]) -> List[Tuple[int, int]]:
+    """Ranges ``(first, last)`` sorted, overlapping ones joined."""
+    merged: List[Tuple[int, int]] = []
+    for first, last in sorted(spans):
+        if merged and first <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(last, merged[-1][1]))
+        else:
+            merged.append((first, last))
+    return merged
+
+
+def _within(spans: Sequence[Tuple[int, int]], note: int) -> bool:
+    """Is ``note`` in one of these (few, merged) ranges?"""
+    return any(first <= note <= last for first, last in spans)
+
+
 def _ids(text: Any) -> Tuple[int, ...]:
     if text is None:
         return ()
@@ -325,6 +342,17 @@ class Store:
         #: Sessions whose capped subscriptions were checked since the store
         #: opened (a previous run may have left some beyond their cap).
         self._checked: Set[str] = set()
+        #: What is in flight to connected clients: ``in_flight(session)``
+        #: (None: all sessions) gives ranges ``(first, last)`` of notification
+        #: ids written (or being written) to a client and not yet
+        #: acknowledged. The caps neither count nor drop those rows: the
+        #: client has them, and they go when acknowledged (or are sent again
+        #: at its next join), so what a cap drops is exactly what no client
+        #: of the session was given. Set by the proxy's core.
+        self.in_flight: Callable[[Optional[str]], List[Tuple[int, int]]] = lambda _: []
+        #: Notification ids dropped by the caps since ``take_cap_dropped``,
+        #: by session (the core tells connected clients where the gap is).
+        self._cap_dropped: Dict[str, List[int]] = {}
 
     def _a_sealed_value(self) -> Optional[Tuple[bytes, bytes]]:
         """One sealed value the database holds and its context, or None:
@@ -730,12 +758,14 @@ class Store:
     def put_subscription(self, session: str, sub_id: int, expression: str,
                          accept_insecure: bool = True, ttl: Optional[float] = None,
                          max_count: Optional[int] = None,
-                         keys: Optional[bytes] = None) -> None:
+                         keys: Optional[bytes] = None, now: Optional[float] = None) -> None:
         """Add or replace a session's subscription (``ttl`` seconds and
         ``max_count`` notifications kept at most; None: no limit; ``keys``:
         its own security keys, encoded by the caller). Changed limits apply
         to what is kept already: expiry times are moved, and the oldest
-        beyond a lowered count go."""
+        beyond a lowered count go. What has expired by ``now`` (default:
+        the time of day) stays expired, swept or not: a longer TTL never
+        brings back what a client was already told was gone."""
         before = self._limits(session, sub_id)
         self._limit_cache.pop((session, sub_id), None)
         had_several = before is not None or self._has_several(session)
@@ -760,7 +790,8 @@ class Store:
                 self.db.execute(
                     "UPDATE pending SET expires = (SELECT arrived FROM notifications n "
                     "WHERE n.id = pending.notification) + ? WHERE session = ? "
-                    "AND subscription = ?", (ttl, session, sub_id))
+                    "AND subscription = ? AND (expires IS NULL OR expires > ?)",
+                    (ttl, session, sub_id, time.time() if now is None else now))
             if (before[1] is None) != (max_count is None):
                 self.db.execute("UPDATE pending SET capped = ? WHERE session = ? "
                                 "AND subscription = ?", (int(max_count is not None), session,
@@ -806,6 +837,10 @@ class Store:
         return {sub_id: self._open_keys(f"{session}/{sub_id}", keys) for sub_id, keys in
                 self.db.execute("SELECT id, keys FROM subscriptions WHERE session = ?",
                                 (session,))}
+
+    def newest_notification(self) -> int:
+        """The id of the newest stored notification (0: none)."""
+        return self.db.execute("SELECT coalesce(max(id), 0) FROM notifications").fetchone()[0]
 
     def largest_subscription_id(self) -> int:
         """The largest subscription id in use (0: none), to number new ones."""
@@ -982,13 +1017,25 @@ class Store:
 
     def _trim_session(self, session: str) -> None:
         """Drop the session's oldest notifications until it is within
-        ``max_stored`` and ``max_stored_bytes``."""
+        ``max_stored`` and ``max_stored_bytes``, not counting (nor dropping)
+        those in flight to its connected clients (``in_flight``)."""
         self._catch_up([session])
-        owed = self._owed_of(session)
-        count, size = owed
+        count, size = self._owed_of(session)
+        spans = _merged(self.in_flight(session))
+        for first, last in spans:
+            held, held_size = self.db.execute(
+                "SELECT count(*), total(length(body)) FROM notifications WHERE id IN "
+                "(SELECT DISTINCT notification FROM pending WHERE session = ? "
+                "AND notification BETWEEN ? AND ?)", (session, first, last)).fetchone()
+            count -= held
+            size -= int(held_size)
+
+        def over_cap():
+            return ((self.max_stored is not None and count > self.max_stored)
+                    or (self.max_stored_bytes is not None and size > self.max_stored_bytes))
         over: List[int] = []
-        while ((self.max_stored is not None and count > self.max_stored)
-               or (self.max_stored_bytes is not None and size > self.max_stored_bytes)):
+        walked = 0
+        while over_cap():
             batch = 64
             if self.max_stored is not None and count > self.max_stored:
                 batch = max(batch, count - self.max_stored)
@@ -996,13 +1043,14 @@ class Store:
                 "SELECT p.notification, length(n.body) FROM pending p "
                 "JOIN notifications n ON n.id = p.notification WHERE p.session = ? "
                 "AND p.notification > ? GROUP BY p.notification ORDER BY p.notification "
-                "LIMIT ?", (session, over[-1] if over else 0, batch)).fetchall()
+                "LIMIT ?", (session, walked, batch)).fetchall()
             if not oldest:
                 break
             for note, note_size in oldest:
-                if not ((self.max_stored is not None and count > self.max_stored)
-                        or (self.max_stored_bytes is not None
-                            and size > self.max_stored_bytes)):
+                walked = note
+                if _within(spans, note):
+                    continue
+                if not over_cap():
                     break
                 over.append(note)
                 count -= 1
@@ -1021,24 +1069,49 @@ class Store:
         self._remove_rows(rows, whole=True)
         self.db.execute("UPDATE sessions SET dropped = dropped + ? WHERE name = ?",
                         (len(notes), session))
+        self._cap_dropped.setdefault(session, []).extend(notes)
+
+    def take_cap_dropped(self) -> Dict[str, List[int]]:
+        """The ids the caps dropped since this was last asked, by session
+        (then forgotten)."""
+        dropped, self._cap_dropped = self._cap_dropped, {}
+        return dropped
 
     def _trim_total(self) -> None:
         """Drop the oldest notifications of all until within ``max_total_bytes``,
-        each counted as dropped by every session that was owed it."""
+        each counted as dropped by every session that was owed it; those in
+        flight to a connected client (``in_flight``) are kept, and the rest
+        must make room."""
         assert self.max_total_bytes is not None
         self._catch_up()
-        while self.total_bytes() > self.max_total_bytes:
-            excess = self.total_bytes() - self.max_total_bytes
+        spans = _merged(self.in_flight(None))
+        held = 0                    # bytes in flight: outside the cap
+        for first, last in spans:
+            (size,) = self.db.execute("SELECT total(length(body)) FROM notifications "
+                                      "WHERE id BETWEEN ? AND ?", (first, last)).fetchone()
+            held += int(size)
+        walked = 0
+        while self.total_bytes() - held > self.max_total_bytes:
+            excess = self.total_bytes() - held - self.max_total_bytes
             oldest: List[int] = []
+            seen = 0
             for note, size in self.db.execute(
-                    "SELECT id, length(body) FROM notifications ORDER BY id LIMIT 256"):
+                    "SELECT id, length(body) FROM notifications WHERE id > ? ORDER BY id "
+                    "LIMIT 256", (walked,)):
+                seen += 1
+                walked = note
+                if _within(spans, note):
+                    continue
                 oldest.append(note)
                 excess -= size
                 if excess <= 0:
                     break
-            if not oldest:
-                self._total = None
+            if not seen:
+                if not spans:
+                    self._total = None      # counted wrong: count again next time
                 return
+            if not oldest:
+                continue
             by_session: Dict[str, List[int]] = {}
             marks = ",".join("?" * len(oldest))
             for session, note in self.db.execute(

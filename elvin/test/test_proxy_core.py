@@ -454,7 +454,9 @@ class ProxyCoreTest(ProxyCoreCase):
         b, b_out = self.join("s", Admin_Password="boss")
         b_out.take()
         self.request(a, elvin_packets.QosRqst(11, {"Proxy.Delete-Session": "s"}))
-        self.assertIsInstance(a_out.take()[0], elvin_packets.QosRply)
+        reply = a_out.take()[0]
+        self.assertIsInstance(reply, elvin_packets.QosRply)
+        self.assertEqual(reply.options["Proxy.Delete-Session"], "s")      # echoed
         self.assertEqual([e[EVENT] for e in self.events(b_out.take())], ["session-deleted"])
         self.assertIsNone(self.store.session("s"))
         self.assertEqual(self.upstream.router.subscriptions, {})

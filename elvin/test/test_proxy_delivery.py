@@ -444,6 +444,24 @@ class SweepAndExpiryTest(ProxyCoreCase):
         reactor.advance(0)
         self.assertEqual(self.store.counts()["pending"], 0)
 
+    def test_a_longer_ttl_does_not_bring_back_what_expired(self):
+        phone, out = self.join("phone", TTL=2)
+        sub_id = self.subscribe(phone, out, "require(n)")
+        phone.connection_lost()
+        for n in range(5):
+            self.publish({"n": n})
+        self.clock.now += 3.5                       # expired, not swept
+        admin, admin_out = self.join("phone")
+        admin_out.take()
+        self.request(admin, elvin_packets.QosRqst(next(self.xids),
+                                                  {f"Proxy.TTL.{sub_id}": 3600}))
+        admin.connection_lost()
+        phone, out = self.join("phone")
+        packets = out.take()
+        (joined,) = [e for e in self.events(packets) if e[EVENT] == "joined"]
+        self.assertEqual(joined["Proxy.Stored"], 0)
+        self.assertEqual(values(packets), [])
+
     def test_idle_sessions_expire_and_leave_upstream(self):
         self.core.session_expiry = 3600
         phone, out = self.join("phone")

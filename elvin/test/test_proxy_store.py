@@ -60,6 +60,20 @@ class StoreTests(unittest.TestCase):
         self.assertEqual(s.sweep(now=161), (1, False))
         self.assertEqual(s.counts()["notifications"], 0)
 
+    def test_a_longer_ttl_does_not_bring_back_what_expired(self):
+        s = self.store
+        s.put_subscription("phone", 1, "require(n)", ttl=2)
+        for n in range(3):
+            s.store({"n": n}, {"phone": [1]}, now=n)
+        # At 3.5 the first two have expired (not swept); raising the TTL,
+        # or removing it, keeps them expired and extends only the third.
+        s.put_subscription("phone", 1, "require(n)", ttl=3600, now=3.5)
+        self.assertEqual([n.attributes["n"] for n in s.pending("phone", "dev", now=10)], [2])
+        self.assertEqual(s.unexpired_count("phone", 10), 1)
+        s.put_subscription("phone", 1, "require(n)", ttl=None, now=11)
+        self.assertEqual([n.attributes["n"] for n in s.pending("phone", "dev", now=10**6)],
+                         [2])
+
     def test_expiry_is_per_subscription(self):
         s = self.store
         s.put_subscription("phone", 1, "require(x)", ttl=10)
