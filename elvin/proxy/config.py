@@ -88,7 +88,11 @@ PROXY_SETTINGS = (
             "in the database (created, owner-only, if missing and the database holds "
             "nothing sealed). Keep it out of the database's backups."),
     Setting("max-connections", at_least(1), 10_000, "`10000`",
-            "Most clients connected at once."),
+            "Most client connections at once, logged in or not. As on the router "
+            "(docs/reliability.md, \"Open files\"), it is lowered at start to fit the "
+            "open-file limit, a connection beyond it closes the oldest idle one (no "
+            "ConnRqst yet) or is refused as it is accepted, and idle ones are closed "
+            "after 2 s once 90% of it is in use; the status listener holds at most 32."),
     Setting("max-sessions", at_least(1), 10_000, "`10000`",
             "Most sessions the proxy keeps; a ConnRqst creating one more is refused "
             "(Nack 2006, IMPL_LIMIT)."),

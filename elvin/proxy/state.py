@@ -59,6 +59,9 @@ class CoreState(SessionHost):
         self._refusal_log = LogLimiter(clock)
         self.call_later = call_later
         self.max_connections = max_connections
+        #: The open-file budget's Twisted side (elvin.protocols.gate), set by
+        #: ``twistd elvin-proxy``; its listeners' connections pass its gate.
+        self.admission: Any = None
         self.max_sessions = max_sessions
         #: Most sessions kept that the clients of one host created (0: no cap).
         self.max_sessions_per_host = max_sessions_per_host

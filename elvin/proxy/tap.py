@@ -18,6 +18,7 @@ from twisted.python import usage
 from twisted.python.threadpool import ThreadPool
 
 from elvin.configvalues import ConfigError
+from elvin.core.admission import CLIENT, STATUS
 from elvin.endpoints import UnsupportedStackError, listener_service
 from elvin.tap import BindingService, _origin, check_listeners
 from elvin.proxy.config import DEFAULT_LISTEN, ProxyConfig, load_proxy_config
@@ -25,6 +26,7 @@ from elvin.core.options import HARD_CEILINGS
 from elvin.proxy.core import ProxyCore
 from elvin.proxy.counters import NO_RELOAD
 from elvin.proxy.guard import PasswordGate
+from elvin.protocols.gate import Admission
 from elvin.proxy.protocol import ProxyServerFactory
 from elvin.proxy.store import Store, StoreError
 from elvin.proxy.upstream import Upstream
@@ -113,6 +115,10 @@ class ProxyService(BindingService):
     def startService(self):
         if self.password_pool is not None:
             self.password_pool.start()
+        admission = getattr(self.core, "admission", None)
+        if admission is not None:
+            caps = admission.fit(_connection_caps(self.config), RESERVED_FILES)
+            self.core.max_connections = caps[CLIENT]
         super().startService()
         self.log.info("Elvin proxy listening on {uris}; upstream {upstream}; "
                       "{n} sessions in {db}",
@@ -143,6 +149,9 @@ class ProxyService(BindingService):
             signal.signal(signal.SIGHUP, self._hangup_before)
             self._hangup_before = None
         self.core.shutdown()
+        admission = getattr(self.core, "admission", None)
+        if admission is not None:
+            admission.stop()
         d = super().stopService()
 
         def closed(result):
@@ -192,6 +201,17 @@ def check_status_http(config):
                           "http only (on a loopback address, or behind a TLS front end)")
 
 
+#: Most connections to the status listener at once (as the router's
+#: ``status-max-connections`` default), and the open files kept for the
+#: database, its journal, the key file, logs and outgoing connections.
+STATUS_MAX_CONNECTIONS = 32
+RESERVED_FILES = 64
+
+
+def _connection_caps(config):
+    return {CLIENT: config.max_connections, STATUS: STATUS_MAX_CONNECTIONS}
+
+
 def status_service(reactor, config, core):
     """The operations listener (``status-listen``): the proxy's counters as
     ``/status.json`` and Prometheus ``/metrics``."""
@@ -205,8 +225,11 @@ def status_service(reactor, config, core):
         f"discover (scope {config.upstream_scope})" if config.upstream_scope else "discover")
     site = StatusSite(status_root(core, config.status_token, config.listen, upstream),
                       reactor=reactor)
-    listener = StreamServerEndpointService(
-        endpoints.TCP4ServerEndpoint(reactor, port, interface=host), site)
+    endpoint = endpoints.TCP4ServerEndpoint(reactor, port, interface=host)
+    admission = getattr(core, "admission", None)
+    if admission is not None:
+        endpoint = admission.endpoint(endpoint, STATUS)
+    listener = StreamServerEndpointService(endpoint, site)
     listener._raiseSynchronously = True
     return listener
 
@@ -251,6 +274,9 @@ def makeService(options, reactor=None):
             "{path}: sealed {count} secure-only notifications an earlier version kept "
             "in clear", path=config.database, count=store.sealed_at_open)
     upstream.core = core
+    # The router's open-file budget (elvin.protocols.gate): idle sockets
+    # cannot lock devices out, nor fill the open-file limit.
+    core.admission = Admission(_connection_caps(config), reactor)
     top = ProxyService(core, config, store, pool)
     factory = ProxyServerFactory(core, reactor, config.connect_timeout)
     for uri in config.listen:

@@ -115,6 +115,28 @@ class ProxyOptionsTest(unittest.TestCase):
                          r"https://127\.0\.0\.1:9916: the proxy serves its counters over "
                          "http only")
 
+    def test_listeners_are_gated_by_the_open_file_budget(self):
+        """Idle sockets cannot lock devices out or fill the open-file limit:
+        every listener's connections pass the router's gate (admitted,
+        refused, or the oldest idle closed to make room)."""
+        from twisted.internet.testing import MemoryReactorClock
+        from elvin.core.admission import CLIENT, STATUS
+        from elvin.protocols.gate import GateFactory
+        options = self.with_config("status-listen = 9916\n", "-l", "elvin://127.0.0.1:3000",
+                                   "-l", "elvin:/http,none,xdr/127.0.0.1:3001")
+        options.parent = {"logfile": None}
+        reactor_ = MemoryReactorClock()
+        top = tap.makeService(options, reactor_)
+        self.addCleanup(top.store.close)
+        pools = {port: factory.pool for port, factory, *_ in reactor_.tcpServers
+                 if isinstance(factory, GateFactory)}
+        self.assertEqual(pools, {3000: CLIENT, 3001: CLIENT, 9916: STATUS})
+        top.startService()
+        self.addCleanup(top.stopService)
+        self.assertLessEqual(top.core.max_connections, 10_000)
+        self.assertEqual(top.core.admission.budget.pools[CLIENT].cap,
+                         top.core.max_connections)
+
     def test_upstream_by_discovery(self):
         config = parse_proxy_config("upstream = discover\nupstream-scope = lab\n"
                                     "upstream-tls-ca = ca.pem\n", "/etc/p.conf")
