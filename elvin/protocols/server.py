@@ -15,22 +15,23 @@ from twisted.logger import Logger
 
 from elvin.protocols import packets
 from elvin.protocols.framing import peer_text
-from elvin.protocols.output import QueuedFramedProtocol
+from elvin.protocols.output import QueuedFramedProtocol, unsent_bytes, unsent_frames
 from elvin.protocols.xdr import DecodeError
 from elvin.core.router import (CLIENT_PACKET_IDS, QUEUE_MEMORY_FULL, SEND_QUEUE_FULL,
                                SessionOutput, SessionState)
 from elvin.core.sendqueue import SendQueue
 
 __all__ = ["ElvinServerProtocol", "ElvinServerFactory", "CONNECT_TIMEOUT", "VIOLATION_LINGER",
-           "PRE_CONNECT_MAX_PACKET"]
+           "CLOSE_LINGER", "PRE_CONNECT_MAX_PACKET"]
 
 #: Seconds a new channel may stay silent before it must send ConnRqst/UNotify.
 CONNECT_TIMEOUT = 30.0
 
-#: Seconds a channel dropped for a protocol violation has to read what was
-#: written before (its Disconn last) before it is reset: a peer that does
-#: not read cannot hold the channel open.
-VIOLATION_LINGER = 5.0
+#: Seconds a channel the router closes (a protocol violation, a client
+#: that does not read) has to read what was written before (its Disconn
+#: last) before it is reset: a peer that does not read cannot hold the
+#: channel open.
+CLOSE_LINGER = VIOLATION_LINGER = 5.0
 
 #: The longest packet a channel may send before its session is connected
 #: (ConnRqst, or UNotify on a session-less channel, as a UDP datagram): a
@@ -62,6 +63,9 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
         self.session = None
         self._timeout = None
         self._linger = None
+        #: Bytes of our own frames written last (DropWarn, Disconn) when
+        #: the router closed the channel: not deliveries, if left unsent.
+        self._tail = 0
 
     # -- channel lifecycle -------------------------------------------------
 
@@ -110,6 +114,7 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
         if self._linger is not None and self._linger.active():
             self._linger.cancel()
         self._linger = None
+        self.releaseKeptSocket()
         if self.queue is not None:
             self.discardQueue()      # counted before the session's end is logged
             if self.queue.budget is not None:
@@ -174,26 +179,56 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
         """A protocol violation (``SessionOutput.drop``): nothing more is
         read (not even the rest of this read: each further frame would log
         another violation), what was written goes out, the Disconn last,
-        and the channel closes gracefully; reset after VIOLATION_LINGER
+        and the channel closes gracefully; reset after CLOSE_LINGER
         seconds if the peer has not read it all by then."""
         self._stopped = True
         self.close()
-        if self.transport is not None and self._linger is None:
-            self._linger = self.factory.clock.callLater(VIOLATION_LINGER, self._linger_over)
+        self._linger_for("a protocol violation")
 
-    def _linger_over(self):
+    def shed(self, packet):
+        """The client does not read (``SessionOutput.shed``): its queue is
+        dropped and counted, a DropWarn (when deliveries were among it) and
+        ``packet`` are written behind what the transport holds, and the
+        channel closes gracefully, reset after CLOSE_LINGER seconds if the
+        client has not read it all by then."""
+        def last(dropped):
+            frames = [] if packet is None else [packets.encode(packet)]
+            if dropped and frames:
+                frames.insert(0, _DROPWARN)
+            self._tail = sum(len(f) + 4 for f in frames)
+            return frames
+        self.shutOut(last)
+        self._linger_for("being disconnected for not reading")
+
+    def _linger_for(self, why):
+        if self.transport is not None and self._linger is None:
+            self._linger = self.factory.clock.callLater(CLOSE_LINGER, self._linger_over, why)
+
+    def _linger_over(self, why):
+        """The close took too long: what the transport still holds is
+        counted as lost deliveries (``unsent_frames``: its bytes over the
+        mean size of the frames queued when the client was shut out, or
+        else of all written to it) and the channel is closed at once (for plain TCP without a
+        reset: what the kernel holds still reaches a client that reads
+        later)."""
         self._linger = None
-        if self.transport is not None:
-            self.log.info("resetting channel from {peer}: it did not read what it was "
-                          "sent within {s:g} s of a protocol violation", peer=self.peer,
-                          s=VIOLATION_LINGER)
-            self.abort()
+        if self.transport is None:
+            return
+        unsent = unsent_bytes(self.transport)
+        lost = unsent_frames(unsent, self._tail, self.meanFrame())
+        if lost:
+            self.framesDiscarded(lost)
+        self.log.info("closing channel from {peer} at once: it did not read what it was "
+                      "sent within {s:g} s of {why}{unsent}", peer=self.peer,
+                      s=CLOSE_LINGER, why=why,
+                      unsent="" if not unsent else
+                      f"; {unsent} bytes left unwritten, counted as {lost} dropped deliveries")
+        self.resetKeepingSent()
 
     def queueOverflowed(self, error):
         self.log.warn("disconnecting slow client {peer}: {reason}",
                       peer=self.peer, reason=str(error))
         self.session.slow_client(str(error))
-        self.abort()
 
     def framesDropped(self, count):
         self.session.deliveries_dropped(count, SEND_QUEUE_FULL)
@@ -218,7 +253,6 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
                       "memory (max-queue-memory) exhausted", peer=self.peer)
         self.session.slow_client("router-wide send queue memory (max-queue-memory) "
                                  "exhausted")
-        self.abort()
 
     def frameTooLong(self, length):
         before = self.session is not None and self.session.state is not _CONNECTED
