@@ -201,11 +201,8 @@ class QueuedFramedProtocol(FramedProtocol):
         from the queue; the caller bounds how long the close may take
         (``resetKeepingSent``)."""
         self._stopped = True
-        queue = self.queue
-        if queue:
-            # What the deliveries were like just now, for ``meanFrame``.
-            self._queued_mean = (queue.size + 4 * len(queue)) / len(queue)
-        lost = queue.clear() if queue is not None else 0
+        self.noteQueueMean()
+        lost = self.queue.clear() if self.queue is not None else 0
         if lost:
             self.framesDiscarded(lost)
         self.closing = True
@@ -226,6 +223,13 @@ class QueuedFramedProtocol(FramedProtocol):
 
     _kept_socket = None
     _queued_mean = 0.0
+
+    def noteQueueMean(self):
+        """Remember the mean size of the frames queued now (before they are
+        dropped), for ``meanFrame``."""
+        queue = self.queue
+        if queue:
+            self._queued_mean = (queue.size + 4 * len(queue)) / len(queue)
 
     def meanFrame(self):
         """The mean size of a frame (header included) of this channel: of

@@ -10,7 +10,7 @@ own queue and never stalls anybody else.
 
 import struct
 
-from twisted.internet import error, protocol
+from twisted.internet import defer, error, protocol
 from twisted.logger import Logger
 
 from elvin.protocols import packets
@@ -66,6 +66,8 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
         #: Bytes of our own frames written last (DropWarn, Disconn) when
         #: the router closed the channel: not deliveries, if left unsent.
         self._tail = 0
+        self._gone = False
+        self._waiting = []
 
     # -- channel lifecycle -------------------------------------------------
 
@@ -121,6 +123,10 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
                 self.queue.budget.leave(self.queue)
         if self.session is not None:
             self.session.connection_lost(_why(reason))
+        self._gone = True
+        waiting, self._waiting = self._waiting, []
+        for d in waiting:
+            d.callback(None)
 
     # -- input -------------------------------------------------------------
 
@@ -170,7 +176,33 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
     # -- SessionOutput -----------------------------------------------------
 
     def send(self, packet):
-        self.send_encoded(packets.encode(packet), False)
+        data = packets.encode(packet)
+        if type(packet) is packets.Disconn:
+            self._tail = len(data) + 4        # ours, written last
+        self.send_encoded(data, False)
+
+    def whenClosed(self):
+        """A Deferred fired once the channel is gone (at once if it is)."""
+        if self._gone or self.transport is None:
+            return defer.succeed(None)
+        d = defer.Deferred()
+        self._waiting.append(d)
+        return d
+
+    def cutOff(self):
+        """Close at once (the router is stopping and the client's grace is
+        over): the deliveries still queued, and those the transport still
+        holds (``unsent_frames``), are counted as dropped. Returns False
+        when the channel was gone already."""
+        if self._gone or self.transport is None:
+            return False
+        self.noteQueueMean()
+        tail = 0 if self.queue else self._tail    # a queued Disconn is not yet written
+        lost = unsent_frames(unsent_bytes(self.transport), tail, self.meanFrame())
+        if lost:
+            self.framesDiscarded(lost)
+        self.resetKeepingSent()                    # counts what is queued
+        return True
 
     #: Deliveries go straight through (the hot path: no extra call).
     send_encoded = QueuedFramedProtocol.writeOrQueue
