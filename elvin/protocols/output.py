@@ -245,6 +245,10 @@ class QueuedFramedProtocol(FramedProtocol):
         if kept is not None:
             _release(kept)
 
+    def connectionLost(self, reason=None):
+        super().connectionLost(reason)
+        self.releaseKeptSocket()       # Twisted has closed its own descriptor
+
     def receiveBudgetExhausted(self, held):
         """Out of the router-wide receive budget: close at once."""
         self.abort()

@@ -116,7 +116,6 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
         if self._linger is not None and self._linger.active():
             self._linger.cancel()
         self._linger = None
-        self.releaseKeptSocket()
         if self.queue is not None:
             self.discardQueue()      # counted before the session's end is logged
             if self.queue.budget is not None:

@@ -662,3 +662,59 @@ class LossAccountingTests(unittest.TestCase):
         written = sum(type(p) is elvin_packets.SubAddNotify
                       for p in unframe(quencher_t.value()))
         self.assertEqual(totals["deliveries"] - totals["dropped_deliveries"], written)
+
+
+class ResetKeepingSentTests(unittest.TestCase):
+    """``resetKeepingSent`` over real TCP (127.0.0.1): what the kernel
+    already holds still reaches a client that reads late, then an orderly
+    end of stream, where ``abortConnection`` resets and the client's
+    kernel throws away what it had received but not read."""
+
+    def serve(self, close):
+        from twisted.internet import reactor
+        from twisted.internet.protocol import Factory
+        from elvin.protocols.output import QueuedFramedProtocol
+
+        class Writer(QueuedFramedProtocol):
+            def connectionMade(self):
+                for _ in range(20):
+                    self.sendFrame(b"\0" * 4092)
+                reactor.callLater(0.2, close, self)
+
+        port = reactor.listenTCP(0, Factory.forProtocol(Writer), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        return port.getHost().port
+
+    def read_late(self, port):
+        import socket
+        from twisted.internet import threads
+
+        def run():
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.settimeout(5)
+            try:
+                import time
+                time.sleep(0.6)                 # the server has closed by now
+                got = 0
+                while True:
+                    data = sock.recv(65536)
+                    if not data:
+                        return got, "eof"
+                    got += len(data)
+            except ConnectionResetError:
+                return got, "reset"
+            finally:
+                sock.close()
+        return threads.deferToThread(run)
+
+    def test_kernel_data_still_delivered(self):
+        port = self.serve(lambda proto: proto.resetKeepingSent())
+        d = self.read_late(port)
+        d.addCallback(self.assertEqual, (20 * 4096, "eof"))
+        return d
+
+    def test_abort_loses_it(self):
+        port = self.serve(lambda proto: proto.transport.abortConnection())
+        d = self.read_late(port)
+        d.addCallback(lambda result: self.assertEqual(result[1], "reset"))
+        return d
