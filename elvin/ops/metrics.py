@@ -83,7 +83,11 @@ class RouterCollector:
                  "SubRplys held until the linked peers answered a pull filter covering "
                  "the subscription."),
                 ("elvin_federation_replies_timed_out", "federation_replies_timed_out",
-                 "SubRplys sent after Federation.Filter.Wait without the peers' answer.")):
+                 "SubRplys sent after Federation.Filter.Wait without the peers' answer."),
+                ("elvin_federation_loss_dropwarns", "federation_loss_dropwarns",
+                 "DropWarns sent to local subscribers because a federation link may have "
+                 "lost notifications for them (it went down without a closing handshake, "
+                 "or its peer sent DropWarn).")):
             yield CounterMetricFamily(name, text, value=totals[key])
         yield GaugeMetricFamily("elvin_subscriptions", "Subscriptions registered.",
                                 value=totals["subscriptions"])

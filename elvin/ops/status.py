@@ -149,6 +149,11 @@ def snapshot(router: "Router", federation: Optional["FederationManager"] = None,
             # Notifications lost on federation links by cause, the links
             # gone down included (the per-link figures go with the link).
             "federation_losses": dict(federation.losses()) if federation is not None else {},
+            # DropWarns sent to local subscribers for what a link may have
+            # lost (it went down without a closing handshake, or its peer
+            # sent DropWarn).
+            "federation_loss_dropwarns":
+                federation.loss_dropwarns if federation is not None else 0,
             # Accepted sockets by pool (client, federation, status): open,
             # cap, idle, refused when accepted, idle ones closed (admission).
             "sockets": admission.budget.stats() if admission is not None else {},
