@@ -18,6 +18,7 @@ from elvin.endpoints import (TLS, StreamListenerService, UnsupportedStackError, 
                              check_supported, close_unused, listener_service, stack_kind)
 from elvin.core.admission import CLIENT, FEDERATION, STATUS
 from elvin.protocols.gate import Admission
+from elvin.ops.logerrors import WRITE_ERRORS
 from elvin.protocols.framing import receive_budget_of
 from elvin.protocols.server import ElvinServerFactory
 from elvin.core.options import CEILING_SUFFIX
@@ -332,6 +333,7 @@ class RouterService(BindingService):
 
     def startService(self):
         self.fit_connections(self.config)
+        WRITE_ERRORS.install()          # counts log lines lost to failing writes
         super().startService()
         listening = ", ".join(str(u) for u in self.config.listen)
         self.log.info("Elvin router listening on {uris}", uris=listening)
@@ -591,7 +593,12 @@ class RouterService(BindingService):
         done = self._let_clients_finish(outputs)
         done.addCallback(self._log_stopped, len(outputs), before)
         done.addCallback(lambda _: super(RouterService, self).stopService())
+        done.addBoth(self._stopped)
         return done
+
+    def _stopped(self, result):
+        WRITE_ERRORS.uninstall()
+        return result
 
     def _let_clients_finish(self, outputs):
         """Wait until every client channel has closed (each had its queue
