@@ -196,10 +196,9 @@ class QueuedFramedProtocol(FramedProtocol):
         (told to ``framesDiscarded``), ``frames(dropped)`` (the encoded
         packets to write last, knowing how many deliveries the queue held:
         a DropWarn and a Disconn, say) go straight behind what the
-        transport holds, and the
-        channel closes gracefully. Returns how many deliveries were dropped
-        from the queue; the caller bounds how long the close may take
-        (``resetKeepingSent``)."""
+        transport holds, and the channel closes gracefully. Returns how
+        many deliveries were dropped from the queue; the caller bounds how
+        long the close may take (``resetKeepingSent``)."""
         self._stopped = True
         self.noteQueueMean()
         lost = self.queue.clear() if self.queue is not None else 0

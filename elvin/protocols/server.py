@@ -190,18 +190,28 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
 
     def cutOff(self):
         """Close at once (the router is stopping and the client's grace is
-        over): the deliveries still queued, and those the transport still
-        holds (``unsent_frames``), are counted as dropped. Returns False
-        when the channel was gone already."""
+        over), counting what it did not get (``_count_unsent``). Returns
+        False when the channel was gone already."""
         if self._gone or self.transport is None:
             return False
-        self.noteQueueMean()
-        tail = 0 if self.queue else self._tail    # a queued Disconn is not yet written
-        lost = unsent_frames(unsent_bytes(self.transport), tail, self.meanFrame())
-        if lost:
-            self.framesDiscarded(lost)
+        self._count_unsent()
         self.resetKeepingSent()                    # counts what is queued
         return True
+
+    def _count_unsent(self):
+        """Count as dropped the deliveries the transport still holds: its
+        unwritten bytes, less our own DropWarn and Disconn when they were
+        written last, over the mean size of the frames queued when the
+        client was shut out (else of all written to it), rounded up
+        (``unsent_frames``). Returns (unwritten bytes, deliveries counted);
+        what is still queued is counted when the channel is aborted."""
+        self.noteQueueMean()
+        tail = 0 if self.queue else self._tail     # a queued Disconn is not yet written
+        unsent = unsent_bytes(self.transport)
+        lost = unsent_frames(unsent, tail, self.meanFrame())
+        if lost:
+            self.framesDiscarded(lost)
+        return unsent, lost
 
     #: Deliveries go straight through (the hot path: no extra call).
     send_encoded = QueuedFramedProtocol.writeOrQueue
@@ -237,18 +247,13 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
 
     def _linger_over(self, why):
         """The close took too long: what the transport still holds is
-        counted as lost deliveries (``unsent_frames``: its bytes over the
-        mean size of the frames queued when the client was shut out, or
-        else of all written to it) and the channel is closed at once (for plain TCP without a
-        reset: what the kernel holds still reaches a client that reads
-        later)."""
+        counted (``_count_unsent``) and the channel closed at once (over
+        plain TCP without a reset, so what the kernel holds still reaches
+        a client that reads later)."""
         self._linger = None
         if self.transport is None:
             return
-        unsent = unsent_bytes(self.transport)
-        lost = unsent_frames(unsent, self._tail, self.meanFrame())
-        if lost:
-            self.framesDiscarded(lost)
+        unsent, lost = self._count_unsent()
         self.log.info("closing channel from {peer} at once: it did not read what it was "
                       "sent within {s:g} s of {why}{unsent}", peer=self.peer,
                       s=CLOSE_LINGER, why=why,
