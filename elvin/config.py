@@ -141,6 +141,12 @@ ROUTER_SETTINGS = (
     Setting("connect-timeout", duration(True), 30.0, "`30`",
             "Seconds a new channel may stay silent before sending ConnRqst or UNotify; "
             "then it is closed. `0` disables. Not negative."),
+    Setting("shutdown-grace", duration(True), 10.0, "`10`",
+            "Seconds a stopping router (SIGTERM) gives its clients to read what is "
+            "queued for them and its Disconn 1 (`stopService` waits for them); a "
+            "client still open then is closed at once, what it did not get counted in "
+            "`dropped_deliveries` and the exit's summary line. `0`: close at once. Not "
+            "negative. See docs/reliability.md, \"Shutdown\"."),
     Setting("max-federation-connections", at_least(1), 64, "`64`",
             "Most incoming federation connections at once (≥ 1); more are closed as "
             "they are accepted."),

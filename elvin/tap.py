@@ -18,6 +18,7 @@ from elvin.endpoints import (TLS, StreamListenerService, UnsupportedStackError, 
                              check_supported, close_unused, listener_service, stack_kind)
 from elvin.core.admission import CLIENT, FEDERATION, STATUS
 from elvin.protocols.gate import Admission
+from elvin.ops.logerrors import WRITE_ERRORS
 from elvin.protocols.framing import receive_budget_of
 from elvin.protocols.turns import TurnSlice
 from elvin.protocols.server import ElvinServerFactory
@@ -357,6 +358,7 @@ class RouterService(BindingService):
 
     def startService(self):
         self.fit_connections(self.config)
+        WRITE_ERRORS.install()          # counts log lines lost to failing writes
         super().startService()
         listening = ", ".join(str(u) for u in self.config.listen)
         self.log.info("Elvin router listening on {uris}", uris=listening)
@@ -607,12 +609,60 @@ class RouterService(BindingService):
         return self._leave_federation().addCallback(lambda _: self._stop())
 
     def _stop(self):
-        self.router.shutdown()
-        admission = getattr(self.router, "admission", None)
+        router = self.router
+        outputs = [s.output for s in router.sessions if hasattr(s.output, "whenClosed")]
+        before = router.stats["dropped_deliveries"]
+        router.shutdown()
+        admission = getattr(router, "admission", None)
         if admission is not None:
             admission.stop()
-        return super().stopService()
+        done = self._let_clients_finish(outputs)
+        done.addCallback(self._log_stopped, len(outputs), before)
+        done.addCallback(lambda _: super(RouterService, self).stopService())
+        done.addBoth(self._stopped)
+        return done
 
+    def _stopped(self, result):
+        WRITE_ERRORS.uninstall()
+        return result
+
+    def _let_clients_finish(self, outputs):
+        """Wait until every client channel has closed (each had its queue
+        flushed and Disconn 1 written last), or ``shutdown-grace`` seconds:
+        then close those still open at once, counting what they did not
+        get. Fires with how many were closed so."""
+        if self.reactor is None:
+            from twisted.internet import reactor as clock
+        else:
+            clock = self.reactor
+        grace = getattr(self.config, "shutdown_grace", 10.0)
+        cut = []
+
+        def over():
+            cut.extend(output for output in outputs if output.cutOff())
+
+        timer = clock.callLater(grace, over)
+
+        def finished(_):
+            if timer.active():
+                timer.cancel()
+            return len(cut)
+
+        done = defer.DeferredList([output.whenClosed() for output in outputs])
+        return done.addCallback(finished)
+
+    def _log_stopped(self, cut, clients, before):
+        """One line with the totals, since metrics die with the process."""
+        stats = self.router.stats
+        grace = getattr(self.config, "shutdown_grace", 10.0)
+        self.log.info("router stopping: {clients} client channels closed ({cut} of them "
+                      "at once, still open after shutdown-grace {grace:g} s); {lost} "
+                      "deliveries dropped while stopping; since start {deliveries} "
+                      "deliveries, {dropped} dropped (dropped_deliveries), {slow} slow "
+                      "clients disconnected", clients=clients, cut=cut, grace=grace,
+                      lost=stats["dropped_deliveries"] - before,
+                      deliveries=stats["deliveries"], dropped=stats["dropped_deliveries"],
+                      slow=stats["slow_client_disconnections"])
 
 def _router_attribute(attr):
     """Apply a setting by setting the router's ``attr`` to its new value."""
@@ -666,6 +716,7 @@ RELOADED = {
     "max-receive-memory": _memory_cap("max_receive_memory", receive_budget_of),
     "max-turn-time": lambda router, new: _set_turn_time(router, new.max_turn_time),
     "redirect-to": None,                     # read by the next drain
+    "shutdown-grace": None,                  # read when the router stops
     "max-tls-handshakes": _handshake_limit("max_handshakes", "max_tls_handshakes"),
     "tls-handshake-timeout": _handshake_limit("handshake_timeout", "tls_handshake_timeout"),
 }

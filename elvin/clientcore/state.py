@@ -103,8 +103,9 @@ class PublishBufferFull(ConnectionClosed):
 
 
 #: What Disconn's reason codes (client protocol 7.4.4) mean, for messages.
-DISCONN_REASONS = {1: "is shutting down", 2: "redirected us", 4: "disconnected us for "
-                   "too many protocol errors"}
+#: Reason 4 ends one connection for what the client did; the router's text
+#: says what (protocol errors, a violation, not reading what it was sent).
+DISCONN_REASONS = {1: "is shutting down", 2: "redirected us", 4: "closed our connection"}
 
 
 def describe_disconn(uri: Any, reason: int, args: str) -> str:

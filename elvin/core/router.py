@@ -137,6 +137,18 @@ class SessionOutput(abc.ABC):
         ``abort``."""
         self.abort()
 
+    def shed(self, packet):
+        """The client does not read what it is sent: drop what is queued
+        (counted), then write ``packet`` (a Disconn, or None) behind what
+        was written, after a DropWarn if deliveries were dropped, and close
+        so that what was written still reaches the client; one that does
+        not read it within a short time is cut off, what is left unwritten
+        then counted. By default, ``packet`` is sent and the channel
+        aborted."""
+        if packet is not None:
+            self.send(packet)
+        self.abort()
+
     #: Bytes read from and written to the channel (operations' counters).
     bytes_in = 0
     bytes_out = 0
@@ -917,19 +929,32 @@ class ClientSession:
                           total=self.unevaluated, more=limiter.more(skipped))
 
     def slow_client(self, cause):
-        """The output is resetting the channel because the client does not
-        read what it is sent (``cause`` says how it showed): counted once,
-        and the session's end line gives the cause."""
+        """The client does not read what it is sent (``cause`` says how it
+        showed): counted once, and the session's end line gives the cause.
+        The session ends: a connected client is told why with Disconn 4
+        (the one reason of 7.4.7 for the router ending a session because of
+        the client's behaviour; its text says what), and its channel closes
+        keeping what was already written (``SessionOutput.shed``)."""
         self.ending(f"slow client: {cause}")
         if not self._slow:
             self._slow = True
             self.router.slow_client_disconnected()
+        packet = None
+        if self.state == self.CONNECTED:
+            packet = packets.Disconn(DISCONN_PROTOCOL_ERRORS, f"slow client: {cause}")
+        if self.state not in (self.CLOSING, self.CLOSED):
+            self.state = self.CLOSING
+            self.router.session_closed(self)
+        self.output.shed(packet)
 
     # -- output ---------------------------------------------------------------
 
     def deliver(self, data):
         if self.state == self.CONNECTED:
             self.output.send_encoded(data, True)
+        elif self.state == self.CLOSING:
+            # Matched before the session closed, in the same routing.
+            self.deliveries_discarded(1)
 
     def send(self, packet):
         self.output.send(packet)

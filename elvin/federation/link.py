@@ -86,6 +86,7 @@ class FederationLink:
                                  "refreshed": 0, "adverts_ignored": 0}
         #: Rate limit of this link's overload lines (made when first needed).
         self.overload_log = None
+        self.dropwarn_log = None
         #: When ignored adverts were last logged, and how many had been then.
         self._adverts_logged_at = None
         self._adverts_logged = 0
@@ -487,7 +488,8 @@ class FederationLink:
         self.output.close()
 
     def _drop_warn(self, packet):
-        self.log.warn("federation peer {peer} dropped packets", peer=self.peer_domain)
+        if self.state == self.UP:
+            self.manager.peer_dropped(self)
 
 
 def _larger_than(tree, limit):

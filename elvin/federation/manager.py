@@ -36,6 +36,11 @@ from elvin.protocols import packets
 from elvin.core.lograte import LogLimiter
 from elvin.core.router import RouterObserver
 
+#: Why a link goes down after a closing handshake (our Disconn or the
+#: peer's, each written after what was queued): nothing was in flight, so
+#: no subscriber is warned of a loss.
+POLITE_ENDS = frozenset(("shutdown", "federation class removed", "disconnected by peer"))
+
 __all__ = ["FederationClass", "FederationManager", "host_matches"]
 
 #: Computations of the mesh tree for other routers' adverts in one second
@@ -159,6 +164,9 @@ class FederationManager(RouterObserver):
             self.subscriptions_changed(entry)
         #: How many replies waited, and how many of them gave up waiting.
         self.wait_stats = {"waited": 0, "timed_out": 0}
+        #: DropWarns sent to local clients for notifications a link may
+        #: have lost (``warn_subscribers``).
+        self.loss_dropwarns = 0
         if mesh:
             lifetime = 3 * mesh_interval if mesh_interval else float("inf")
             self.mesh = MESH.MeshState(domain, int(time.time() * 1000), lifetime)
@@ -263,11 +271,16 @@ class FederationManager(RouterObserver):
                 self._mesh_changed()
         lost = {cause: link.stats[key] for cause, key in LOSS_CAUSES if link.stats[key]}
         self.gone_losses.update(lost)
+        warned = 0
+        if was_up and reason not in POLITE_ENDS:
+            warned = self.warn_subscribers(link)
         if was_up:
-            self.log.info("federation link down: {domain}: {reason}{losses}",
+            self.log.info("federation link down: {domain}: {reason}{losses}{warned}",
                           domain=link.peer_domain, reason=reason,
                           losses="; notifications lost: " + ", ".join(
-                              f"{cause} {n}" for cause, n in lost.items()) if lost else "")
+                              f"{cause} {n}" for cause, n in lost.items()) if lost else "",
+                          warned=f"; DropWarn sent to {warned} local subscribers"
+                          if warned else "")
         self.trace.link(link, "link_down", reason=reason, unsent=link.stats["unsent"])
         self._parts_cache.pop(link, None)
         if self._waiters:
@@ -276,6 +289,45 @@ class FederationManager(RouterObserver):
             self.schedule_update()
         if self._departure is not None and not self._closing:
             self._check_departed()
+
+    def warn_subscribers(self, link):
+        """Notifications ``link`` was carrying to us may be lost: it went
+        down other than by a closing handshake (the socket buffers held
+        what neither side counts), or its peer sent DropWarn (its send
+        queue to us overflowed). Each connected local client with a
+        subscription gets a DropWarn (client protocol 5.4.6: notifications
+        were dropped at this place in its stream), when the pull filter we
+        sent the peer asked for anything: that filter is the union of
+        every local subscription (widened, never narrowed), so each one
+        could have been served by the link. Returns how many were told;
+        counted in ``loss_dropwarns``."""
+        tree = link.sent_filter
+        if tree is None:
+            return 0
+        if self.mesh is not None:
+            tree, _ = filters.strip_marker(tree, self.mesh_marker)
+        if tree is filters.FALSE:
+            return 0
+        told = 0
+        for session in list(self.router.sessions):
+            if session.state == session.CONNECTED and session.subscriptions:
+                session.send(packets.DropWarn())
+                told += 1
+        self.loss_dropwarns += told
+        return told
+
+    def peer_dropped(self, link):
+        """``link``'s peer sent DropWarn: tell our subscribers (logged at
+        most once per LOG_INTERVAL a link)."""
+        told = self.warn_subscribers(link)
+        limiter = link.dropwarn_log
+        if limiter is None:
+            limiter = link.dropwarn_log = LogLimiter(lambda: self.clock.seconds())
+        skipped = limiter.allow()
+        if skipped is not None:
+            self.log.warn("federation peer {peer} dropped notifications for us (DropWarn); "
+                          "DropWarn sent to {told} local subscribers{more}",
+                          peer=link.peer_domain, told=told, more=limiter.more(skipped))
 
     def _overloaded(self, link, size):
         """A notification for ``link`` was dropped: its send queue is full

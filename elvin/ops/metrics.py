@@ -86,7 +86,14 @@ class RouterCollector:
                  "SubRplys held until the linked peers answered a pull filter covering "
                  "the subscription."),
                 ("elvin_federation_replies_timed_out", "federation_replies_timed_out",
-                 "SubRplys sent after Federation.Filter.Wait without the peers' answer.")):
+                 "SubRplys sent after Federation.Filter.Wait without the peers' answer."),
+                ("elvin_log_write_errors", "log_write_errors",
+                 "Log lines lost because writing them failed (a full disk, a file-size "
+                 "limit)."),
+                ("elvin_federation_loss_dropwarns", "federation_loss_dropwarns",
+                 "DropWarns sent to local subscribers because a federation link may have "
+                 "lost notifications for them (it went down without a closing handshake, "
+                 "or its peer sent DropWarn).")):
             yield CounterMetricFamily(name, text, value=totals[key])
         yield GaugeMetricFamily("elvin_subscriptions", "Subscriptions registered.",
                                 value=totals["subscriptions"])

@@ -14,6 +14,7 @@ from elvin import __version__
 from elvin.errors import ERROR_NAMES
 from elvin.federation.dial import link_counts
 from elvin.federation.filters import FALSE, TRUE
+from elvin.ops.logerrors import WRITE_ERRORS
 from elvin.subscription.printer import to_text
 
 if TYPE_CHECKING:
@@ -154,6 +155,14 @@ def snapshot(router: "Router", federation: Optional["FederationManager"] = None,
             # Notifications lost on federation links by cause, the links
             # gone down included (the per-link figures go with the link).
             "federation_losses": dict(federation.losses()) if federation is not None else {},
+            # Log lines an observer failed to write (a full disk, a
+            # file-size limit): lost from the log file.
+            "log_write_errors": WRITE_ERRORS.count,
+            # DropWarns sent to local subscribers for what a link may have
+            # lost (it went down without a closing handshake, or its peer
+            # sent DropWarn).
+            "federation_loss_dropwarns":
+                federation.loss_dropwarns if federation is not None else 0,
             # Accepted sockets by pool (client, federation, status): open,
             # cap, idle, refused when accepted, idle ones closed (admission).
             "sockets": admission.budget.stats() if admission is not None else {},

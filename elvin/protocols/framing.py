@@ -241,6 +241,8 @@ class FramedProtocol(protocol.Protocol):
     #: Bytes read and written on this channel (for metrics: elvin.ops).
     bytes_in = 0
     bytes_out = 0
+    #: Frames written (with ``bytes_out``, their mean size).
+    frames_out = 0
 
     def dataReceived(self, data):
         if self._stopped:
@@ -529,4 +531,5 @@ class FramedProtocol(protocol.Protocol):
     def sendFrame(self, data):
         """Send one packet behind its length header (no copy of ``data``)."""
         self.bytes_out += len(data) + 4
+        self.frames_out += 1
         self.transport.writeSequence((_pack_header(len(data)), data))

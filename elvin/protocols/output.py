@@ -10,13 +10,69 @@ producer is unregistered before the transport is closed, which TLS needs
 to finish its close.
 """
 
+import math
+import socket
+import struct
+
+from twisted.internet import tcp
 from twisted.internet.interfaces import IPushProducer
 from zope.interface import implementer
 
 from elvin.protocols.framing import FramedProtocol
 from elvin.core.sendqueue import QueueOverflow
 
-__all__ = ["QueuedFramedProtocol"]
+__all__ = ["QueuedFramedProtocol", "unsent_bytes", "unsent_frames"]
+
+
+def unsent_bytes(transport):
+    """Bytes written to ``transport`` that it still holds, not yet handed
+    to the kernel (Twisted's write buffer of a socket); None when the
+    transport does not show them (TLS, the HTTP tunnel)."""
+    buffer = getattr(transport, "dataBuffer", None)
+    if not isinstance(buffer, bytes):
+        return None
+    return (len(buffer) - getattr(transport, "offset", 0)
+            + getattr(transport, "_tempDataLen", 0))
+
+
+def unsent_frames(unsent, tail, mean):
+    """How many frames ``unsent`` bytes left in a transport stand for,
+    not counting the last ``tail`` bytes (frames of our own, such as the
+    Disconn): those bytes over ``mean``, the mean size of a frame,
+    rounded up. Twisted keeps bytes, not frames, so this is an estimate
+    (a frame begun but not finished counts whole)."""
+    if not unsent or unsent <= tail or not mean:
+        return 0
+    return math.ceil((unsent - tail) / mean)
+
+
+def _keep_socket(transport):
+    """A duplicate of a plain TCP transport's socket (None for any other):
+    held while Twisted resets the channel, it keeps the socket from
+    being reset, so that closing it afterwards (``_release``) lets the
+    kernel deliver what it holds. A TLS stream cut mid-record is
+    unreadable, so TLS channels are reset as they are."""
+    if not isinstance(transport, tcp.Connection):
+        return None
+    try:
+        return transport.getHandle().dup()
+    except (AttributeError, OSError):
+        return None
+
+
+def _release(sock):
+    """Close a socket kept by ``_keep_socket`` in order: read what the peer
+    sent (unread input makes the kernel reset), drop the linger-0 Twisted
+    set for its reset, close (FIN after what the kernel holds)."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 0, 0))
+        sock.setblocking(False)
+        for _ in range(64):          # at most 4 MiB read and discarded
+            if not sock.recv(65536):
+                break
+    except OSError:
+        pass
+    sock.close()
 
 
 @implementer(IPushProducer)
@@ -133,6 +189,64 @@ class QueuedFramedProtocol(FramedProtocol):
         self._unregister()
         if self.transport is not None:
             self.transport.abortConnection()
+
+    def shutOut(self, frames):
+        """Close a channel whose peer does not read, keeping what it was
+        written: nothing more is read or queued, the send queue is dropped
+        (told to ``framesDiscarded``), ``frames(dropped)`` (the encoded
+        packets to write last, knowing how many deliveries the queue held:
+        a DropWarn and a Disconn, say) go straight behind what the
+        transport holds, and the channel closes gracefully. Returns how
+        many deliveries were dropped from the queue; the caller bounds how
+        long the close may take (``resetKeepingSent``)."""
+        self._stopped = True
+        self.noteQueueMean()
+        lost = self.queue.clear() if self.queue is not None else 0
+        if lost:
+            self.framesDiscarded(lost)
+        self.closing = True
+        if self.transport is not None:
+            for data in frames(lost):
+                self.sendFrame(data)
+            self._hang_up()
+        return lost
+
+    def resetKeepingSent(self):
+        """Close at once, dropping what is queued and what the transport
+        still holds, but for plain TCP without a reset: what the kernel
+        holds is still delivered (see ``_keep_socket``)."""
+        kept = _keep_socket(self.transport)
+        if kept is not None:
+            self._kept_socket = kept
+        self.abort()
+
+    _kept_socket = None
+    _queued_mean = 0.0
+
+    def noteQueueMean(self):
+        """Remember the mean size of the frames queued now (before they are
+        dropped), for ``meanFrame``."""
+        queue = self.queue
+        if queue:
+            self._queued_mean = (queue.size + 4 * len(queue)) / len(queue)
+
+    def meanFrame(self):
+        """The mean size of a frame (header included) of this channel: of
+        those its queue held when it was shut out, else of all it wrote."""
+        if self._queued_mean:
+            return self._queued_mean
+        return self.bytes_out / self.frames_out if self.frames_out else 0.0
+
+    def releaseKeptSocket(self):
+        """After the transport is gone: close the socket ``resetKeepingSent``
+        kept."""
+        kept, self._kept_socket = self._kept_socket, None
+        if kept is not None:
+            _release(kept)
+
+    def connectionLost(self, reason=None):
+        super().connectionLost(reason)
+        self.releaseKeptSocket()       # Twisted has closed its own descriptor
 
     def receiveBudgetExhausted(self, held):
         """Out of the router-wide receive budget: close at once."""

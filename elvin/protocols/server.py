@@ -10,27 +10,28 @@ own queue and never stalls anybody else.
 
 import struct
 
-from twisted.internet import error, protocol
+from twisted.internet import defer, error, protocol
 from twisted.logger import Logger
 
 from elvin.protocols import packets
 from elvin.protocols.framing import peer_text
-from elvin.protocols.output import QueuedFramedProtocol
+from elvin.protocols.output import QueuedFramedProtocol, unsent_bytes, unsent_frames
 from elvin.protocols.xdr import BadUTF8Error, DecodeError
 from elvin.core.router import (CLIENT_PACKET_IDS, QUEUE_MEMORY_FULL, SEND_QUEUE_FULL,
                                SessionOutput, SessionState)
 from elvin.core.sendqueue import SendQueue
 
 __all__ = ["ElvinServerProtocol", "ElvinServerFactory", "CONNECT_TIMEOUT", "VIOLATION_LINGER",
-           "PRE_CONNECT_MAX_PACKET"]
+           "CLOSE_LINGER", "PRE_CONNECT_MAX_PACKET"]
 
 #: Seconds a new channel may stay silent before it must send ConnRqst/UNotify.
 CONNECT_TIMEOUT = 30.0
 
-#: Seconds a channel dropped for a protocol violation has to read what was
-#: written before (its Disconn last) before it is reset: a peer that does
-#: not read cannot hold the channel open.
-VIOLATION_LINGER = 5.0
+#: Seconds a channel the router closes (a protocol violation, a client
+#: that does not read) has to read what was written before (its Disconn
+#: last) before it is reset: a peer that does not read cannot hold the
+#: channel open.
+CLOSE_LINGER = VIOLATION_LINGER = 5.0
 
 #: The longest packet a channel may send before its session is connected
 #: (ConnRqst, or UNotify on a session-less channel, as a UDP datagram): a
@@ -62,6 +63,11 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
         self.session = None
         self._timeout = None
         self._linger = None
+        #: Bytes of our own frames written last (DropWarn, Disconn) when
+        #: the router closed the channel: not deliveries, if left unsent.
+        self._tail = 0
+        self._gone = False
+        self._waiting = []
 
     # -- channel lifecycle -------------------------------------------------
 
@@ -116,6 +122,10 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
                 self.queue.budget.leave(self.queue)
         if self.session is not None:
             self.session.connection_lost(_why(reason))
+        self._gone = True
+        waiting, self._waiting = self._waiting, []
+        for d in waiting:
+            d.callback(None)
 
     # -- input -------------------------------------------------------------
 
@@ -170,7 +180,43 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
     # -- SessionOutput -----------------------------------------------------
 
     def send(self, packet):
-        self.send_encoded(packets.encode(packet), False)
+        data = packets.encode(packet)
+        if type(packet) is packets.Disconn:
+            self._tail = len(data) + 4        # ours, written last
+        self.send_encoded(data, False)
+
+    def whenClosed(self):
+        """A Deferred fired once the channel is gone (at once if it is)."""
+        if self._gone or self.transport is None:
+            return defer.succeed(None)
+        d = defer.Deferred()
+        self._waiting.append(d)
+        return d
+
+    def cutOff(self):
+        """Close at once (the router is stopping and the client's grace is
+        over), counting what it did not get (``_count_unsent``). Returns
+        False when the channel was gone already."""
+        if self._gone or self.transport is None:
+            return False
+        self._count_unsent()
+        self.resetKeepingSent()                    # counts what is queued
+        return True
+
+    def _count_unsent(self):
+        """Count as dropped the deliveries the transport still holds: its
+        unwritten bytes, less our own DropWarn and Disconn when they were
+        written last, over the mean size of the frames queued when the
+        client was shut out (else of all written to it), rounded up
+        (``unsent_frames``). Returns (unwritten bytes, deliveries counted);
+        what is still queued is counted when the channel is aborted."""
+        self.noteQueueMean()
+        tail = 0 if self.queue else self._tail     # a queued Disconn is not yet written
+        unsent = unsent_bytes(self.transport)
+        lost = unsent_frames(unsent, tail, self.meanFrame())
+        if lost:
+            self.framesDiscarded(lost)
+        return unsent, lost
 
     #: Deliveries go straight through (the hot path: no extra call).
     send_encoded = QueuedFramedProtocol.writeOrQueue
@@ -179,26 +225,51 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
         """A protocol violation (``SessionOutput.drop``): nothing more is
         read (not even the rest of this read: each further frame would log
         another violation), what was written goes out, the Disconn last,
-        and the channel closes gracefully; reset after VIOLATION_LINGER
+        and the channel closes gracefully; reset after CLOSE_LINGER
         seconds if the peer has not read it all by then."""
         self._stopped = True
         self.close()
-        if self.transport is not None and self._linger is None:
-            self._linger = self.factory.clock.callLater(VIOLATION_LINGER, self._linger_over)
+        self._linger_for("a protocol violation")
 
-    def _linger_over(self):
+    def shed(self, packet):
+        """The client does not read (``SessionOutput.shed``): its queue is
+        dropped and counted, a DropWarn (when deliveries were among it) and
+        ``packet`` are written behind what the transport holds, and the
+        channel closes gracefully, reset after CLOSE_LINGER seconds if the
+        client has not read it all by then."""
+        def last(dropped):
+            frames = [] if packet is None else [packets.encode(packet)]
+            if dropped and frames:
+                frames.insert(0, _DROPWARN)
+            self._tail = sum(len(f) + 4 for f in frames)
+            return frames
+        self.shutOut(last)
+        self._linger_for("being disconnected for not reading")
+
+    def _linger_for(self, why):
+        if self.transport is not None and self._linger is None:
+            self._linger = self.factory.clock.callLater(CLOSE_LINGER, self._linger_over, why)
+
+    def _linger_over(self, why):
+        """The close took too long: what the transport still holds is
+        counted (``_count_unsent``) and the channel closed at once (over
+        plain TCP without a reset, so what the kernel holds still reaches
+        a client that reads later)."""
         self._linger = None
-        if self.transport is not None:
-            self.log.info("resetting channel from {peer}: it did not read what it was "
-                          "sent within {s:g} s of a protocol violation", peer=self.peer,
-                          s=VIOLATION_LINGER)
-            self.abort()
+        if self.transport is None:
+            return
+        unsent, lost = self._count_unsent()
+        self.log.info("closing channel from {peer} at once: it did not read what it was "
+                      "sent within {s:g} s of {why}{unsent}", peer=self.peer,
+                      s=CLOSE_LINGER, why=why,
+                      unsent="" if not unsent else
+                      f"; {unsent} bytes left unwritten, counted as {lost} dropped deliveries")
+        self.resetKeepingSent()
 
     def queueOverflowed(self, error):
         self.log.warn("disconnecting slow client {peer}: {reason}",
                       peer=self.peer, reason=str(error))
         self.session.slow_client(str(error))
-        self.abort()
 
     def framesDropped(self, count):
         self.session.deliveries_dropped(count, SEND_QUEUE_FULL)
@@ -223,7 +294,6 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
                       "memory (max-queue-memory) exhausted", peer=self.peer)
         self.session.slow_client("router-wide send queue memory (max-queue-memory) "
                                  "exhausted")
-        self.abort()
 
     def frameTooLong(self, length):
         before = self.session is not None and self.session.state is not _CONNECTED

@@ -1195,3 +1195,72 @@ class MeshAdvertOnPlainLinkTests(unittest.TestCase):
         link.packet_received(self.advert())
         self.assertEqual((out.sent, link.stats["adverts_ignored"]), ([], 1))
         self.assertEqual(link.state, link.UP)
+
+
+class LinkLossDropWarnTests(unittest.TestCase):
+    """docs/federation.md, "Losses": a link that goes down without a
+    closing handshake, or whose peer sends DropWarn, may have lost
+    notifications for our subscribers; each connected local client with a
+    subscription gets a DropWarn, counted and logged."""
+
+    def setUp(self):
+        from twisted.internet.testing import StringTransport
+        self.router = Router()
+        self.clock = Clock()
+        self.fed_class = FederationClass("Peer", hosts=["*"])
+        self.manager = FederationManager(self.router, "ours.test", [self.fed_class], None,
+                                         self.clock, debounce=0, mesh=False)
+        self.log = _Logged(self)
+        factory = ElvinServerFactory(self.router, self.clock)
+        self.transports = {}
+        for name, subscribe in (("subscriber", True), ("idle", False)):
+            proto = factory.buildProtocol(None)
+            transport = self.transports[name] = StringTransport()
+            proto.makeConnection(transport)
+            data = packets.encode(packets.ConnRqst(1, 4, 0))
+            proto.dataReceived(struct.pack(">I", len(data)) + data)
+            if subscribe:
+                data = packets.encode(packets.SubAddRqst(2, "require(x)", True,
+                                                         packets.Keys.EMPTY))
+                proto.dataReceived(struct.pack(">I", len(data)) + data)
+        self.out = _LinkOutput()
+        self.link = FederationLink(self.manager, self.out, False, self.fed_class, "10.0.0.7")
+        self.link.start()
+        self.link.packet_received(fed_packets.FedConnRqst(1, 1, 0, "peer.test"))
+        self.manager.update_filters()
+        self.assertIsNotNone(self.link.sent_filter)
+        for transport in self.transports.values():
+            transport.clear()
+
+    def dropwarns(self, name):
+        data = self.transports[name].value()
+        found = []
+        while data:
+            (length,) = struct.unpack(">I", data[:4])
+            found.append(packets.decode(data[4:4 + length]))
+            data = data[4 + length:]
+        return sum(type(p) is packets.DropWarn for p in found)
+
+    def test_a_link_lost_warns_the_subscribers(self):
+        self.link.connection_lost("connection_lost")
+        self.assertEqual((self.dropwarns("subscriber"), self.dropwarns("idle")), (1, 0))
+        self.assertEqual(self.manager.loss_dropwarns, 1)
+        (down,) = self.log.having("federation link down")
+        self.assertIn("DropWarn sent to 1 local subscribers", down)
+
+    def test_a_closing_handshake_warns_nobody(self):
+        self.link.packet_received(packets.Disconn(1, "shutdown"))
+        self.assertEqual(self.dropwarns("subscriber"), 0)
+        self.assertEqual(self.manager.loss_dropwarns, 0)
+
+    def test_the_peers_dropwarn_is_passed_on(self):
+        self.link.packet_received(packets.DropWarn())
+        self.link.packet_received(packets.DropWarn())
+        self.assertEqual((self.dropwarns("subscriber"), self.dropwarns("idle")), (2, 0))
+        self.assertEqual(self.manager.loss_dropwarns, 2)
+        self.assertEqual(len(self.log.having("dropped notifications for us")), 1)
+
+    def test_a_link_asked_for_nothing_warns_nobody(self):
+        self.link.sent_filter = filters.FALSE
+        self.link.connection_lost("liveness")
+        self.assertEqual(self.dropwarns("subscriber"), 0)

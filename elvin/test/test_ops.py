@@ -736,3 +736,38 @@ class HttpsTests(unittest.TestCase):
                 return json.loads(response.read())
         status = yield threads.deferToThread(fetch)
         self.assertEqual(status["totals"]["connections_open"], 0)
+
+
+class LogWriteErrorTests(unittest.TestCase):
+    """docs/operations.md, "A full disk": a log observer whose writes fail
+    (ENOSPC, EFBIG) is counted in elvin_log_write_errors_total, read from
+    the status listener, which needs no disk."""
+
+    def test_failed_writes_are_counted_and_exported(self):
+        import errno
+        from twisted.logger import LogPublisher, Logger
+        from elvin.ops import logerrors
+        from elvin.ops.metrics import registry_for
+        from elvin.ops.status import snapshot
+        from prometheus_client import generate_latest
+
+        def full_disk(event):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        publisher = LogPublisher(full_disk)
+        counter = logerrors.LogWriteErrors()
+        counter.install(publisher)
+        counter.install(publisher)
+        log = Logger(observer=publisher)
+        for n in range(3):
+            log.info("line {n}", n=n)
+        self.assertEqual(counter.count, 3)
+        counter.uninstall(publisher)
+        log.info("still watched")
+        self.assertEqual(counter.count, 4)
+        counter.uninstall(publisher)
+        log.info("not watched")
+        self.assertEqual(counter.count, 4)
+        self.patch(logerrors.WRITE_ERRORS, "count", 4)
+        from elvin.core.router import Router
+        text = generate_latest(registry_for(lambda: snapshot(Router()))).decode()
+        self.assertIn("elvin_log_write_errors_total 4.0", text)

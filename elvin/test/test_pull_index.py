@@ -125,6 +125,7 @@ class _FakeLink:
     peer_host = "127.0.0.1"
     mesh = False
     dial = None          # not a configured link's (elvin.federation.dial)
+    sent_filter = None   # asked the peer for nothing
 
     def __init__(self, domain):
         self.peer_domain = domain

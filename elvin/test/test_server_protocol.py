@@ -572,31 +572,79 @@ class LossAccountingTests(unittest.TestCase):
         self.assertTrue(end.endswith(f"; {slow.session.dropped} deliveries dropped"), end)
         self.assert_books_balance()
 
-    def test_policy_none_reset_counts_what_was_queued_and_the_disconnection(self):
+    def test_policy_none_closes_gracefully_counting_what_was_queued(self):
+        """A client over its queue under policy none is not reset: what
+        was written stays ahead of a DropWarn (its queue was dropped) and
+        Disconn 4 saying why, and the channel is closed gracefully
+        (loseConnection), so the client can read up to the gap."""
         from elvin.ops.metrics import registry_for
         from elvin.ops.status import snapshot
         from prometheus_client import generate_latest
         slow, slow_t = self.connected({"Send-Queue.Max-Length": 4096,
                                        "Send-Queue.Drop-Policy": "none"})
         bystander, bystander_t = self.connected()
+        written_before = len(unframe(slow_t.value()))
         slow.pauseProducing()
         self.publish(200)
-        self.assertTrue(slow_t.disconnecting)           # reset at once, by design
+        self.assertTrue(slow_t.disconnecting)
+        self.assertFalse(slow_t.disconnected)             # closed, not reset
         self.assertEqual(len(unframe(bystander_t.value())), 200)
-        self.assertEqual((slow.session.dropped, slow.session.discarded), (200, 200))
+        queued = slow.session.discarded
+        self.assertGreater(queued, 0)
+        self.assertEqual(slow.session.dropped, queued)
+        *delivered, dropwarn, disconn = unframe(slow_t.value())
+        self.assertEqual(len(delivered), written_before)
+        self.assertIsInstance(dropwarn, elvin_packets.DropWarn)
+        self.assertEqual(disconn.reason, 4)
+        self.assertIn("slow client: send queue over Send-Queue.Max-Length (4096 bytes) "
+                      "with drop policy none", disconn.args)
         totals = self.totals()
         self.assertEqual((totals["dropped_deliveries"], totals["slow_client_disconnections"]),
-                         (200, 1))
+                         (queued, 1))
         self.assert_books_balance()
+        self.publish(10, 200)                            # no longer a subscriber
+        self.assertEqual(self.totals()["dropped_deliveries"], queued)
         slow.connectionLost(None)
         (end,) = [line for line in self.lines("disconnected:") if slow.peer in line]
-        self.assertIn("slow client: send queue over Send-Queue.Max-Length (4096 bytes) "
-                      "with drop policy none; 200 deliveries dropped (200 of them lost with the "
-                      "channel)", end)
+        self.assertIn(f"slow client: send queue over Send-Queue.Max-Length (4096 bytes) "
+                      f"with drop policy none; {queued} deliveries dropped ({queued} of them "
+                      f"lost with the channel)", end)
         text = generate_latest(registry_for(lambda: snapshot(self.h.router))).decode()
-        self.assertIn("elvin_dropped_deliveries_total 200.0", text)
+        self.assertIn(f"elvin_dropped_deliveries_total {queued}.0", text)
         self.assertIn("elvin_slow_client_disconnections_total 1.0", text)
         self.assert_books_balance()
+
+    def test_slow_client_not_reading_within_the_linger_is_closed_and_counted(self):
+        """A client that reads nothing within CLOSE_LINGER of being closed
+        is closed at once; the deliveries the transport still held are
+        counted as dropped (from its unwritten bytes)."""
+        from elvin.protocols.server import CLOSE_LINGER
+        slow, slow_t = self.connected({"Send-Queue.Max-Length": 4096,
+                                       "Send-Queue.Drop-Policy": "none"})
+        self.publish(5)                                   # written, then unread
+        slow.pauseProducing()
+        self.publish(200, 5)
+        queued = slow.session.discarded
+        unread = unframe(slow_t.value())
+        self.assertEqual(len(unread), 7)                  # 5 deliveries, DropWarn, Disconn
+        slow_t.dataBuffer, slow_t.offset = slow_t.value(), 0   # all still in Twisted's buffer
+        self.clock.advance(CLOSE_LINGER - 0.1)
+        self.assertFalse(slow_t.disconnected)
+        self.clock.advance(0.1)
+        self.assertTrue(slow_t.disconnected)
+        self.assertEqual(slow.session.discarded, queued + 5)
+        self.assertEqual(self.totals()["dropped_deliveries"], queued + 5)
+        (line,) = self.lines("at once")
+        self.assertIn("counted as 5 dropped deliveries", line)
+
+    def test_slow_client_that_reads_is_not_reset(self):
+        slow, slow_t = self.connected({"Send-Queue.Max-Length": 4096,
+                                       "Send-Queue.Drop-Policy": "none"})
+        slow.pauseProducing()
+        self.publish(200)
+        slow.connectionLost(None)                         # it read everything: closed
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assertFalse(slow_t.disconnected)
 
     def test_unread_replies_disconnection_is_counted(self):
         proto, transport = self.connected({"Send-Queue.Max-Length": 1024}, subscribe=False)
@@ -624,10 +672,16 @@ class LossAccountingTests(unittest.TestCase):
         hog.pauseProducing()
         self.publish(300)
         self.assertTrue(hog_t.disconnecting)
+        self.assertFalse(hog_t.disconnected)              # closed, not reset
+        *_, dropwarn, disconn = unframe(hog_t.value())
+        self.assertIsInstance(dropwarn, elvin_packets.DropWarn)
+        self.assertEqual(disconn.reason, 4)
+        self.assertIn("max-queue-memory", disconn.args)
         self.assertEqual(len(unframe(bystander_t.value())), 300)
         totals = self.totals()
         self.assertEqual(totals["slow_client_disconnections"], 1)
-        self.assertEqual(totals["dropped_deliveries"], 300)
+        self.assertEqual(totals["dropped_deliveries"], hog.session.discarded)
+        self.assertGreater(hog.session.discarded, 0)
         self.assert_books_balance()
 
     def test_quench_notifications_are_deliveries_and_their_drops_count(self):
@@ -646,3 +700,59 @@ class LossAccountingTests(unittest.TestCase):
         written = sum(type(p) is elvin_packets.SubAddNotify
                       for p in unframe(quencher_t.value()))
         self.assertEqual(totals["deliveries"] - totals["dropped_deliveries"], written)
+
+
+class ResetKeepingSentTests(unittest.TestCase):
+    """``resetKeepingSent`` over real TCP (127.0.0.1): what the kernel
+    already holds still reaches a client that reads late, then an orderly
+    end of stream, where ``abortConnection`` resets and the client's
+    kernel throws away what it had received but not read."""
+
+    def serve(self, close):
+        from twisted.internet import reactor
+        from twisted.internet.protocol import Factory
+        from elvin.protocols.output import QueuedFramedProtocol
+
+        class Writer(QueuedFramedProtocol):
+            def connectionMade(self):
+                for _ in range(20):
+                    self.sendFrame(b"\0" * 4092)
+                reactor.callLater(0.2, close, self)
+
+        port = reactor.listenTCP(0, Factory.forProtocol(Writer), interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        return port.getHost().port
+
+    def read_late(self, port):
+        import socket
+        from twisted.internet import threads
+
+        def run():
+            sock = socket.create_connection(("127.0.0.1", port))
+            sock.settimeout(5)
+            try:
+                import time
+                time.sleep(0.6)                 # the server has closed by now
+                got = 0
+                while True:
+                    data = sock.recv(65536)
+                    if not data:
+                        return got, "eof"
+                    got += len(data)
+            except ConnectionResetError:
+                return got, "reset"
+            finally:
+                sock.close()
+        return threads.deferToThread(run)
+
+    def test_kernel_data_still_delivered(self):
+        port = self.serve(lambda proto: proto.resetKeepingSent())
+        d = self.read_late(port)
+        d.addCallback(self.assertEqual, (20 * 4096, "eof"))
+        return d
+
+    def test_abort_loses_it(self):
+        port = self.serve(lambda proto: proto.transport.abortConnection())
+        d = self.read_late(port)
+        d.addCallback(lambda result: self.assertEqual(result[1], "reset"))
+        return d

@@ -278,14 +278,82 @@ class MakeServiceTests(unittest.TestCase):
         self.assertFalse(top.router.closing)
         d = top.stopService()
         self.assertTrue(top.router.closing)
-        self.assertFalse(top.running)
         packets = frames(transport.value())
         self.assertEqual(len(packets), 1)
         self.assertIsInstance(packets[0], elvin_packets.Disconn)
         self.assertEqual(packets[0].reason, DISCONN_SHUTDOWN)
         self.assertTrue(transport.disconnecting)
         self.assertEqual(top.router.sessions, set())
-        return d
+        self.assertNoResult(d)                  # until the client's channel closes
+        proto.connectionLost(None)
+        self.successResultOf(d)
+        self.assertFalse(top.running)
+
+    def stopping_with_a_client_behind(self, grace):
+        """A started router with a connected subscriber whose transport
+        paused with deliveries queued; then stopService."""
+        from twisted.logger import globalLogPublisher
+        events = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        top = self.make("-l", "elvin://localhost:3000")
+        top.config.shutdown_grace = grace
+        top.startService()
+        factory = self.reactor.tcpServers[0][1]
+        clients = []
+        for _ in range(2):
+            proto = factory.buildProtocol(None)
+            transport = StringTransport()
+            proto.makeConnection(transport)
+            proto.dataReceived(frame(elvin_packets.encode(elvin_packets.ConnRqst(1, 4, 0)))
+                               + frame(elvin_packets.encode(elvin_packets.SubAddRqst(
+                                   2, "require(n)", True, elvin_packets.Keys.EMPTY))))
+            transport.clear()
+            clients.append((proto, transport))
+        (proto, transport), (publisher, _) = clients
+        proto.pauseProducing()
+        for n in range(5):
+            publisher.dataReceived(frame(elvin_packets.encode(elvin_packets.NotifyEmit(
+                {"n": n}, True, elvin_packets.Keys.EMPTY))))
+        self.assertEqual(len(proto.queue), 5)
+        d = top.stopService()
+        publisher.connectionLost(None)
+        return top, proto, transport, d, events
+
+    def test_stop_flushes_a_client_behind_then_disconn_1(self):
+        """The queue of a client that is behind is written before Disconn 1
+        (which is last, 7.4.7), and the router waits for it."""
+        top, proto, transport, d, events = self.stopping_with_a_client_behind(10)
+        self.assertEqual(transport.value(), b"")
+        self.assertNoResult(d)
+        self.reactor.advance(9)
+        proto.resumeProducing()                       # the client reads again
+        *delivered, last = frames(transport.value())
+        self.assertEqual([p.attributes["n"] for p in delivered], list(range(5)))
+        self.assertEqual(last.reason, DISCONN_SHUTDOWN)
+        self.assertTrue(transport.disconnecting)
+        self.assertFalse(transport.disconnected)
+        proto.connectionLost(None)
+        self.successResultOf(d)
+        self.assertEqual(top.router.stats["dropped_deliveries"], 0)
+        (line,) = [e for e in events if "router stopping" in e.get("log_format", "")]
+        self.assertEqual((line["clients"], line["cut"], line["lost"]), (2, 0, 0))
+
+    def test_stop_closes_a_client_that_does_not_read_after_the_grace(self):
+        """After shutdown-grace a client still open is closed at once and
+        what it did not get is counted, in the metric and the exit line."""
+        top, proto, transport, d, events = self.stopping_with_a_client_behind(3)
+        self.reactor.advance(2.9)
+        self.assertFalse(transport.disconnected)
+        self.reactor.advance(0.1)
+        self.assertTrue(transport.disconnected)
+        proto.connectionLost(None)
+        self.successResultOf(d)
+        self.assertFalse(top.running)
+        self.assertEqual(top.router.stats["dropped_deliveries"], 5)
+        (line,) = [e for e in events if "router stopping" in e.get("log_format", "")]
+        self.assertEqual((line["clients"], line["cut"], line["lost"], line["dropped"]),
+                         (2, 1, 5, 5))
 
     def test_new_connection_refused_while_closing(self):
         top = self.make("-l", "elvin://localhost:3000")
@@ -508,7 +576,8 @@ class ReloadMessageTests(unittest.TestCase):
                    "verbose": "yes", "max-queue-memory": "1000000",
                    "max-quench-memory": "2000000", "max-receive-memory": "3000000",
                    "max-turn-time": "12", "redirect-to": "elvin://127.0.0.1:3999",
-                   "max-tls-handshakes": "33", "tls-handshake-timeout": "4.5"}
+                   "max-tls-handshakes": "33", "tls-handshake-timeout": "4.5",
+                   "shutdown-grace": "4"}
         self.assertEqual(set(changed), set(tap.RELOADED))
         with open(path, "w") as f:
             f.write("listen = elvin://127.0.0.1:3000\n"
