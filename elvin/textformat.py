@@ -26,7 +26,7 @@ from elvin.values import (INT32, INT64, INT64_MAX, INT64_MIN, REAL64, STRING,
                           Int64, type_of)
 
 __all__ = ["FormatError", "format_value", "format_notification", "parse_value",
-           "parse_line", "read_notifications"]
+           "parse_line", "read_notifications", "numbered_notifications"]
 
 SEPARATOR = "---"
 
@@ -207,18 +207,29 @@ def _json_hint(line):
 
 def read_notifications(lines, where="<stdin>"):
     """Yield attribute dicts from an iterable of lines; errors name the line."""
+    for _, attributes in numbered_notifications(lines, where):
+        yield attributes
+
+
+def numbered_notifications(lines, where="<stdin>"):
+    """Yield ``(line number of its first attribute, attribute dict)``
+    from an iterable of lines, so that what is wrong with a whole
+    notification can name where it is; errors name the line."""
     current = {}
+    first = 0
     for number, raw in enumerate(lines, 1):
         line = raw.rstrip("\r\n")
         if line.strip() in ("", SEPARATOR):
             if current:
-                yield current
+                yield first, current
                 current = {}
             continue
         try:
             name, value = parse_line(line)
         except FormatError as e:
             raise FormatError(f"{where}:{number}: {e}") from None
+        if not current:
+            first = number
         current[name] = value
     if current:
-        yield current
+        yield first, current

@@ -31,7 +31,7 @@ from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, CancelTimer, Close
 from elvin.clientcore import messages
 from elvin.clientcore.messages import (TLS_TRUST, TOOLS_TLS_TRUST, shown as _shown,
                                        stack_hint as _stack_hint)
-from elvin.clientcore.state import (ClientState, ConnectFailed, ConnectionClosed, NackError,
+from elvin.clientcore.state import (ASK_LIMITS, ClientState, ConnectFailed, ConnectionClosed, NackError,
                                     Notification, PublishBufferFull, QuenchHandlers,
                                     QuenchState, Reconnect, AutoQuenchBase, JoinedSession,
                                     SessionArg, SessionSubscription, changed_keys, proxy_options,
@@ -44,7 +44,7 @@ from elvin.protocols.xdr import DecodeError
 from elvin.uri import ElvinURI
 from elvin.values import normalise
 
-__all__ = ["connect", "connect_discovered", "unotify", "Connection", "ClientSubscription", "ConnectFailed",
+__all__ = ["ASK_LIMITS", "connect", "connect_discovered", "unotify", "Connection", "ClientSubscription", "ConnectFailed",
            "DEFAULT_CONNECT_TIMEOUT", "ClientQuench", "QuenchState", "AutoQuench", "NackError",
            "ConnectionClosed", "PublishBufferFull", "Notification", "Reconnect",
            "SessionSubscription",
