@@ -579,6 +579,27 @@ class ReloadMessageTests(unittest.TestCase):
         self.assertEqual(refusal["problem"], message[len("refused: "):])
         self.assertTrue(refusal["problem"].startswith(f"{path}:2: max-subscriptions"))
 
+    def test_command_line_overrides_survive_a_reload(self):
+        """--verbose, --discovery and -l win over the file at each reload,
+        as at start: a reload for another change keeps them (it turned
+        --verbose off, and reported discovery as needing a restart)."""
+        path = os.path.abspath(self.mktemp())
+        for text in ("", "verbose = no\ndiscovery = no\n"):
+            with open(path, "w") as f:
+                f.write("listen = elvin://127.0.0.1:3000\n" + text)
+            top = tap.makeService(parse("-c", path, "--verbose", "--discovery",
+                                        "-l", "elvin://127.0.0.1:3005"),
+                                  reactor=MemoryReactorClock())
+            self.assertTrue(top.router.verbose)
+            with open(path, "a") as f:
+                f.write("max-subscriptions = 7\n")
+            applied, message = self.successResultOf(top.reload())
+            self.assertEqual((applied, message), (True, "reloaded: max-subscriptions 7"))
+            self.assertTrue(top.router.verbose)
+            self.assertTrue(top.config.discovery)
+            self.assertEqual([str(u) for u in top.config.listen],
+                             ["elvin:4.0/tcp,none,xdr/127.0.0.1:3005"])
+
     def test_no_configuration_file_is_logged(self):
         events = self.log_events()
         top = tap.makeService(parse("-l", "elvin://127.0.0.1:3000"),
