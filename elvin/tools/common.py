@@ -10,6 +10,8 @@ from twisted.python import usage
 
 from elvin import __version__
 from elvin.client import DEFAULT_CONNECT_TIMEOUT
+from elvin.tools.output import (StdoutClosed, StdoutError, StdoutFailed,  # noqa: F401
+                                print_and_exit, write)
 from elvin.uri import ElvinURI, InvalidURIError
 
 DEFAULT_URI = "elvin://localhost:2917"
@@ -33,26 +35,11 @@ class BaseOptions(usage.Options):
 
     def opt_version(self):
         """Print the version and exit."""
-        _print_and_exit(f"{self.name} (elvin) {__version__}")
+        print_and_exit(f"{self.name} (elvin) {__version__}", self.name)
 
     def opt_help(self):
         """Display this help and exit."""
-        _print_and_exit(str(self))
-
-
-def _print_and_exit(text):
-    """Print ``text`` and exit 0, quietly when stdout is closed early
-    (``--help | head``)."""
-    try:
-        print(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # Python flushes stdout again at exit: point it at nothing first.
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
-    sys.exit(0)
+        print_and_exit(str(self), self.name)
 
 
 class ToolOptions(BaseOptions):
@@ -171,22 +158,6 @@ def closing(reactor, conn):
     reactor.addSystemEventTrigger("before", "shutdown", close)
 
 
-class StdoutClosed(Exception):
-    """Whoever reads our output went away (``| head``): end quietly."""
-
-
-def write(text):
-    """Write to stdout; a closed pipe raises StdoutClosed."""
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # Later flushes (at exit) must not complain either.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        raise StdoutClosed() from None
-
-
 async def _with_uri(reactor, options, body):
     """Run ``body`` once the router's URI is known."""
     if isinstance(options, ToolOptions) and options.get("uri") is None:
@@ -231,7 +202,8 @@ def parse_options(options_class, argv=None):
 def run(options_class, body, argv=None):
     """Parse options, run ``body(reactor, options)`` (a coroutine) and exit:
     0 on success, on Ctrl-C and when stdout is closed; 1 with one line on
-    stderr on any error; 2 for usage errors."""
+    stderr on any error (stdout failing too: a full disk); 2 for usage
+    errors."""
     options = parse_options(options_class, argv)
     status = {"code": 0}
 

@@ -9,6 +9,8 @@ package so that ``pip install .`` has it too.
 import sys
 from importlib import resources
 
+from elvin.tools.output import StdoutClosed, StdoutFailed, print_and_exit, write
+
 
 def example_text():
     """The example configuration file, as text."""
@@ -18,21 +20,21 @@ def example_text():
 def main(argv=None):
     args = sys.argv[1:] if argv is None else argv
     if args in (["--help"], ["-h"]):
-        print(__doc__.strip())
-        return
+        print_and_exit(__doc__.strip(), "elvin-config-example")
     if args == ["--version"]:
         from elvin import __version__
-        print(f"elvin-config-example (elvin) {__version__}")
-        return
+        print_and_exit(f"elvin-config-example (elvin) {__version__}", "elvin-config-example")
     if args:
         sys.stderr.write(f"elvin-config-example: error: takes no arguments but --help or "
                          f"--version, not {args[0]!r}\n")
         sys.exit(2)
     try:
-        sys.stdout.write(example_text())
-        sys.stdout.flush()
-    except BrokenPipeError:
+        write(example_text())
+    except StdoutClosed:
         pass
+    except StdoutFailed as e:
+        sys.stderr.write(f"elvin-config-example: error: {e}\n")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ import urllib.request
 
 from twisted.python import usage
 
-from elvin.tools.common import BaseOptions, StdoutClosed, parse_options, write
+from elvin.tools.common import (BaseOptions, StdoutClosed, StdoutFailed, parse_options,
+                                write)
 
 DEFAULT_STATUS = "http://127.0.0.1:9917"
 
@@ -222,6 +223,16 @@ def format_proxy_status(status, previous=None):
 
 def main(argv=None):
     options = parse_options(Options, argv)
+    try:
+        _run(options)
+    except StdoutClosed:
+        return
+    except StdoutFailed as e:
+        sys.stderr.write(f"elvin-stat: error: {e}\n")
+        sys.exit(1)
+
+
+def _run(options):
     if options["reload"]:
         sys.exit(reload(options["status"], options["token"]))
     previous = None
@@ -260,8 +271,6 @@ def main(argv=None):
                 return
             time.sleep(options["interval"])
     except KeyboardInterrupt:
-        return
-    except StdoutClosed:
         return
 
 

@@ -21,7 +21,7 @@ from elvin.errors import SubscriptionError
 from elvin.subscription.analysis import names_compared
 from elvin.subscription.parser import parse
 from elvin.textformat import format_notification
-from elvin.tools.common import StdoutClosed, ToolOptions, closing, run, write
+from elvin.tools.common import StdoutError, ToolOptions, closing, run, write
 
 
 class Options(ToolOptions):
@@ -153,7 +153,7 @@ async def body(reactor, options):
             return
         try:
             write(format_notification(notification))
-        except StdoutClosed as e:
+        except StdoutError as e:
             conn.ack_hold(notification)
             done.errback(e)
             return
