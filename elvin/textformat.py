@@ -219,6 +219,13 @@ def numbered_notifications(lines, where="<stdin>"):
     first = 0
     for number, raw in enumerate(lines, 1):
         line = raw.rstrip("\r\n")
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError as e:    # bytes read with surrogateescape
+            bad = ord(line[e.start])
+            byte = f"byte 0x{bad - 0xdc00:02x}" if 0xdc80 <= bad <= 0xdcff else "a surrogate"
+            raise FormatError(f"{where}:{number}: not UTF-8 text ({byte} at column "
+                              f"{e.start + 1})") from None
         if line.strip() in ("", SEPARATOR):
             if current:
                 yield first, current

@@ -286,6 +286,13 @@ class NotifyTests(ToolTestCase):
         self.assertEqual(received, [{"T": 1}] * 4)
 
     @defer.inlineCallbacks
+    def test_stdin_not_utf8_names_the_line(self):
+        out, err, code = yield self.tool_with_stdin(
+            "notify", b'A: 1\n---\nB: "caf\xe9"\n', "-e", self.uri)
+        self.assertEqual((code, err), (1, b"elvin-notify: error: <stdin>:3: not UTF-8 text "
+                                          b"(byte 0xe9 at column 8)\n"))
+
+    @defer.inlineCallbacks
     def test_over_the_limits_as_arguments(self):
         out, err, code = yield self.tool(
             "notify", "-e", self.uri, *[f"a{i}: 1" for i in range(300)])

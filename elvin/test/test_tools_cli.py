@@ -283,6 +283,28 @@ class UsageTests(CLITestCase):
         self.assertIn(b"add -u (--unreliable)", err)
         self.assertNotIn(b"elvin.client", err)
 
+    def test_usage_errors_name_what_is_wrong(self):
+        """A bad number names its option; elvin-stat's --count is at
+        least 1; session options need --session; every tool but
+        elvin-notify -u refuses a UDP URI as usage (exit 2)."""
+        udp = "elvin:/udp,none,xdr/127.0.0.1:9"
+        for (tool, *args), words in (
+                (("subscribe", "-n", "x", "r"), "--count must be a whole number, not 'x'"),
+                (("subscribe", "-t", "x", "r"), "--timeout must be a number, not 'x'"),
+                (("notify", "--discovery-time=x", "a: 1"),
+                 "--discovery-time must be a number, not 'x'"),
+                (("stat", "-i", "x"), "--interval must be a number, not 'x'"),
+                (("stat", "-n", "0"), "--count must be at least 1, not 0"),
+                (("stat", "-n", "-1"), "--count must be at least 1, not -1"),
+                (("subscribe", "--client=c", "--password=p", "r"),
+                 "--password and --client only go with --session"),
+                (("subscribe", "-e", udp, "r"), "elvin-subscribe needs a session"),
+                (("quench", "-e", udp, "n"), "elvin-quench needs a session")):
+            err, code = self.usage_error(tool, *args)
+            self.assertEqual(code, 2, (tool, args))
+            self.assertTrue(err.startswith(f"elvin-{tool}: error: ".encode()), err)
+            self.assertIn(words.encode(), err)
+
     @defer.inlineCallbacks
     def test_integer_out_of_range(self):
         out, err, code = yield self.tool("notify", "-e", self.uri,

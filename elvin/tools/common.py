@@ -25,10 +25,32 @@ def default_uri():
     return os.environ.get(URI_VARIABLE) or DEFAULT_URI
 
 
+class _NamedCoerce(usage.CoerceParameter):
+    """A number option's bad value names the option (Twisted says only
+    "Parameter type enforcement failed: invalid literal for int()")."""
+
+    def dispatch(self, parameterName, value):
+        if value is not None:
+            try:
+                self.coerce(value)
+            except ValueError:
+                kind = "a whole number" if self.coerce is int else "a number"
+                raise usage.UsageError(f"--{parameterName} must be {kind}, "
+                                       f"not {value!r}") from None
+        super().dispatch(parameterName, value)
+
+
 class BaseOptions(usage.Options):
-    """Help that names the program, and --version that is elvin's."""
+    """Help that names the program, --version that is elvin's, and number
+    options whose bad values name them."""
 
     name = "elvin-tool"
+
+    def __init__(self):
+        super().__init__()
+        for name, handler in self._dispatch.items():
+            if isinstance(handler, usage.CoerceParameter):
+                self._dispatch[name] = _NamedCoerce(self, handler.coerce)
 
     def getSynopsis(self):
         return f"Usage: {self.name} [options] {self.synopsis}".rstrip()
@@ -44,6 +66,9 @@ class BaseOptions(usage.Options):
 
 class ToolOptions(BaseOptions):
     """Options every tool that talks to a router takes."""
+
+    #: Whether the tool can use a udp,none,xdr URI (elvin-notify -u only).
+    takes_udp = False
 
     optFlags = [
         ["discover", None, "Without -e: find a router by discovery first, before "
@@ -75,6 +100,12 @@ class ToolOptions(BaseOptions):
                 check_supported(self["uri"])   # a usage error, like any bad URI
         except UnsupportedStackError as e:
             raise usage.UsageError(f"-e/--elvin: {e}") from None
+        uri = self["uri"]
+        if uri is not None and uri.transport == "udp" and not self.takes_udp:
+            raise usage.UsageError(
+                f"{self['elvin']} is a UDP URI, which carries only session-less "
+                f"notifications (elvin-notify -u); {self.name} needs a session: "
+                "give a tcp, ssl or http URI")
 
 
 def uri_hint(text):

@@ -27,6 +27,7 @@ class Options(ToolOptions):
                 "each sent as soon as it is complete.")
     optFlags = [["unreliable", "u", "Send UNotify (session-less) instead of NotifyEmit; "
                                     "needed for udp,none,xdr URIs."]]
+    takes_udp = True
 
     def parseArgs(self, *attributes):
         self["attributes"] = attributes
@@ -57,6 +58,8 @@ def _read_stdin(reactor, queue):
     it is complete, with its first line's number; then None (end of input)
     or the FormatError."""
     try:
+        # Bytes that are not UTF-8 reach the parser, which names their line.
+        sys.stdin.reconfigure(errors="surrogateescape")
         for numbered in numbered_notifications(sys.stdin):
             reactor.callFromThread(queue.put, numbered)
     except Exception as e:  # FormatError, or a read error

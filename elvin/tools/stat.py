@@ -50,6 +50,8 @@ class Options(BaseOptions):
     def postOptions(self):
         if self["interval"] is not None and not self["interval"] > 0:
             raise usage.UsageError("--interval must be more than 0 seconds")
+        if self["count"] is not None and self["count"] < 1:
+            raise usage.UsageError(f"--count must be at least 1, not {self['count']}")
         self["status"] = status_url(self["status"])
 
 

@@ -56,6 +56,12 @@ class Options(ToolOptions):
         super().postOptions()
         if self["count"] is not None and self["count"] < 1:
             raise usage.UsageError(f"--count must be at least 1, not {self['count']}")
+        if self["session"] is None:
+            alone = [f"--{o}" for o in ("password", "admin-password", "client")
+                     if self[o] is not None]
+            if alone:
+                raise usage.UsageError(f"{' and '.join(alone)} only go with --session "
+                                       "(a session of an Elvin proxy)")
         if self["expression"] is None and self["session"] is None:
             raise usage.UsageError("an EXPRESSION is needed (or --session)")
         if self["receipt"] not in ("destructive", "non-destructive"):
