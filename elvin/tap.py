@@ -243,6 +243,24 @@ def check_startable(config):
     at start-up and at each reload."""
     check_listeners(config)
     check_trace_directory(config)
+    check_reserved_files(config)
+
+
+def check_reserved_files(config, getrlimit=None):
+    """Refuse a ``reserved-files`` that leaves no room for connections
+    under the most open files the router can have: it would start with
+    every connection cap lowered to 1, which is no working router."""
+    from elvin.protocols.gate import REAP_SLACK, reachable_open_files
+    limit = reachable_open_files(getrlimit)
+    if limit is None:
+        return
+    others = reserved_files(config) - config.reserved_files + REAP_SLACK
+    pools = 3                    # clients, federation, status: one each at least
+    if config.reserved_files + others + pools > limit:
+        raise ConfigError(
+            f"{_origin(config, 'reserved-files')}reserved-files {config.reserved_files} "
+            f"leaves no room for connections under the open-file limit the router can "
+            f"reach ({limit}, its hard limit): at most {max(0, limit - others - pools)}")
 
 
 def _origin(config, name, port=None):

@@ -147,6 +147,24 @@ class OptionsTests(unittest.TestCase):
         config = parse("-c", path).router_config
         self.assertEqual(config.listen, [ElvinURI(tap.DEFAULT_LISTEN)])
 
+    def test_impossible_reserved_files_is_refused_naming_its_line(self):
+        """reserved-files that leaves no room under the open-file limit the
+        router can reach is refused at start (and so at reload) with file
+        and line; it started with every connection cap lowered to 1."""
+        path = self.write_config("verbose = no\nreserved-files = 2000000000\n")
+        with self.assertRaises(usage.UsageError) as cm:
+            parse("-c", path)
+        self.assertTrue(str(cm.exception).startswith(f"{path}:2: reserved-files 2000000000 "
+                                                     "leaves no room"), str(cm.exception))
+        config = parse("-c", self.write_config("reserved-files = 4090\n")).router_config
+        hard = lambda which: (1024, 4096)     # noqa: E731
+        from elvin.config import ConfigError
+        with self.assertRaises(ConfigError) as cm:
+            tap.check_reserved_files(config, getrlimit=hard)
+        self.assertIn("(4096, its hard limit): at most ", str(cm.exception))
+        config.reserved_files = 4000
+        tap.check_reserved_files(config, getrlimit=hard)
+
     def test_verbose_flag_overrides_config(self):
         path = self.write_config("verbose = no\n")
         self.assertTrue(parse("-c", path, "--verbose").router_config.verbose)
