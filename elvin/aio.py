@@ -32,7 +32,8 @@ from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, DEFAULT_RECEIVE_QU
                                         Lifecycle, LifecycleView, PauseReading, Phase,
                                         ResumeReading, StartTimer, TLS_FIRST_PACKET_DELAY)
 from elvin.clientcore import messages
-from elvin.clientcore.state import (ASK_LIMITS, ClientState, ConnectFailed, ConnectionClosed, Deframer,
+from elvin.clientcore.state import ASK_LIMITS
+from elvin.clientcore.state import (ClientState, ConnectFailed, ConnectionClosed, Deframer,
                                     NackError, Notification, PublishBufferFull,
                                     QuenchHandlers, QuenchState, Reconnect, AutoQuenchBase,
                                     SessionArg, changed_keys, proxy_options)
@@ -43,12 +44,12 @@ from elvin.protocols.xdr import DecodeError
 from elvin.uri import ElvinURI, options_problem, stack_problem
 from elvin.values import normalise
 
-__all__ = ["ASK_LIMITS", "connect", "unotify", "Connection", "Subscription", "Quench", "Reconnect",
+__all__ = ["connect", "unotify", "Connection", "Subscription", "Quench", "Reconnect",
            "AutoQuench",
            "NackError",
            "ConnectionClosed", "ConnectFailed", "PublishBufferFull", "Notification",
            "DEFAULT_URI", "DEFAULT_CONNECT_TIMEOUT",
-           "Keys", "producer_keys", "consumer_keys", "dual_keys"]
+           "Keys", "producer_keys", "consumer_keys", "dual_keys", "ASK_LIMITS"]
 
 DEFAULT_URI = "elvin://localhost:2917"
 #: Seconds ``connect`` waits for the channel and for the router's ConnRply.

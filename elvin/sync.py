@@ -34,16 +34,17 @@ from typing import (Any, Awaitable, Callable, Dict, Iterable, Iterator, List, Ma
 from elvin import aio
 from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, DEFAULT_RECEIVE_QUEUE,
                                         Lifecycle, Phase)
-from elvin.clientcore.state import (ASK_LIMITS, ConnectFailed, ConnectionClosed, NackError, Notification,
+from elvin.clientcore.state import ASK_LIMITS
+from elvin.clientcore.state import (ConnectFailed, ConnectionClosed, NackError, Notification,
                                     PublishBufferFull, Reconnect, SessionArg,
                                     refuse_coroutine)
 from elvin.keys import Keys, consumer_keys, dual_keys, producer_keys
 from elvin.uri import ElvinURI
 
-__all__ = ["ASK_LIMITS", "connect", "notify", "subscribe", "unotify", "Connection", "Subscription",
+__all__ = ["connect", "notify", "subscribe", "unotify", "Connection", "Subscription",
            "Quench", "AutoQuench", "Reconnect",
            "NackError", "ConnectionClosed", "ConnectFailed", "PublishBufferFull",
-           "Notification", "Keys", "producer_keys", "consumer_keys", "dual_keys"]
+           "Notification", "Keys", "producer_keys", "consumer_keys", "dual_keys", "ASK_LIMITS"]
 
 _END = object()
 T = TypeVar("T")

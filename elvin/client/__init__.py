@@ -31,7 +31,8 @@ from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, CancelTimer, Close
 from elvin.clientcore import messages
 from elvin.clientcore.messages import (TLS_TRUST, TOOLS_TLS_TRUST, shown as _shown,
                                        stack_hint as _stack_hint)
-from elvin.clientcore.state import (ASK_LIMITS, ClientState, ConnectFailed, ConnectionClosed, NackError,
+from elvin.clientcore.state import ASK_LIMITS
+from elvin.clientcore.state import (ClientState, ConnectFailed, ConnectionClosed, NackError,
                                     Notification, PublishBufferFull, QuenchHandlers,
                                     QuenchState, Reconnect, AutoQuenchBase, JoinedSession,
                                     SessionArg, SessionSubscription, changed_keys, proxy_options,
@@ -44,12 +45,12 @@ from elvin.protocols.xdr import DecodeError
 from elvin.uri import ElvinURI
 from elvin.values import normalise
 
-__all__ = ["ASK_LIMITS", "connect", "connect_discovered", "unotify", "Connection", "ClientSubscription", "ConnectFailed",
+__all__ = ["connect", "connect_discovered", "unotify", "Connection", "ClientSubscription", "ConnectFailed",
            "DEFAULT_CONNECT_TIMEOUT", "ClientQuench", "QuenchState", "AutoQuench", "NackError",
            "ConnectionClosed", "PublishBufferFull", "Notification", "Reconnect",
            "SessionSubscription",
            "JoinedSession",
-           "Keys", "producer_keys", "consumer_keys", "dual_keys"]
+           "Keys", "producer_keys", "consumer_keys", "dual_keys", "ASK_LIMITS"]
 
 DEFAULT_URI = "elvin://localhost:2917"
 
