@@ -9,7 +9,7 @@ package so that ``pip install .`` has it too.
 import sys
 from importlib import resources
 
-from elvin.tools.output import StdoutClosed, StdoutFailed, print_and_exit, write
+from elvin.tools.output import StdoutClosed, StdoutFailed, write
 
 
 def example_text():
@@ -20,16 +20,22 @@ def example_text():
 def main(argv=None):
     args = sys.argv[1:] if argv is None else argv
     if args in (["--help"], ["-h"]):
-        print_and_exit(__doc__.strip(), "elvin-config-example")
+        return _show(__doc__.strip() + "\n")
     if args == ["--version"]:
         from elvin import __version__
-        print_and_exit(f"elvin-config-example (elvin) {__version__}", "elvin-config-example")
+        return _show(f"elvin-config-example (elvin) {__version__}\n")
     if args:
         sys.stderr.write(f"elvin-config-example: error: takes no arguments but --help or "
                          f"--version, not {args[0]!r}\n")
         sys.exit(2)
+    return _show(example_text())
+
+
+def _show(text):
+    """Print ``text``; a closed stdout is no error, a failing one (a full
+    disk) is one line and exit 1."""
     try:
-        write(example_text())
+        write(text)
     except StdoutClosed:
         pass
     except StdoutFailed as e:
