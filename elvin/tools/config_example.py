@@ -9,7 +9,7 @@ package so that ``pip install .`` has it too.
 import sys
 from importlib import resources
 
-from elvin.tools.output import StdoutClosed, StdoutFailed, write
+from elvin.tools.output import output_guard, write
 
 
 def example_text():
@@ -34,13 +34,8 @@ def main(argv=None):
 def _show(text):
     """Print ``text``; a closed stdout is no error, a failing one (a full
     disk) is one line and exit 1."""
-    try:
+    with output_guard("elvin-config-example"):
         write(text)
-    except StdoutClosed:
-        pass
-    except StdoutFailed as e:
-        sys.stderr.write(f"elvin-config-example: error: {e}\n")
-        sys.exit(1)
 
 
 if __name__ == "__main__":

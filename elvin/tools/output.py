@@ -2,10 +2,12 @@
 quietly, any other failure (a full disk) with one error line, never a
 traceback or a tool that keeps running with its output lost."""
 
+import contextlib
 import os
 import sys
 
-__all__ = ["StdoutError", "StdoutClosed", "StdoutFailed", "write", "print_and_exit"]
+__all__ = ["StdoutError", "StdoutClosed", "StdoutFailed", "write", "print_and_exit",
+           "output_guard"]
 
 
 class StdoutError(Exception):
@@ -48,14 +50,22 @@ def write(text, out=None):
         raise StdoutFailed(f"cannot write to stdout: {e.strerror or e}") from None
 
 
-def print_and_exit(text, name="elvin"):
-    """Print ``text`` and exit 0, quietly when stdout is closed early
-    (``--help | head``); 1 with one line when it cannot be written."""
+@contextlib.contextmanager
+def output_guard(name):
+    """Within it, a closed stdout ends quietly and a failing one (a full
+    disk) with one line, ``NAME: error: ...``, and exit 1."""
     try:
-        write(text + "\n")
+        yield
     except StdoutClosed:
         pass
     except StdoutFailed as e:
         sys.stderr.write(f"{name}: error: {e}\n")
         sys.exit(1)
+
+
+def print_and_exit(text, name="elvin"):
+    """Print ``text`` and exit 0, quietly when stdout is closed early
+    (``--help | head``); 1 with one line when it cannot be written."""
+    with output_guard(name):
+        write(text + "\n")
     sys.exit(0)

@@ -21,8 +21,8 @@ import urllib.request
 
 from twisted.python import usage
 
-from elvin.tools.common import (BaseOptions, StdoutClosed, StdoutFailed, parse_options,
-                                write)
+from elvin.tools.common import BaseOptions, parse_options
+from elvin.tools.output import output_guard, write
 
 DEFAULT_STATUS = "http://127.0.0.1:9917"
 
@@ -225,13 +225,8 @@ def format_proxy_status(status, previous=None):
 
 def main(argv=None):
     options = parse_options(Options, argv)
-    try:
+    with output_guard("elvin-stat"):
         _run(options)
-    except StdoutClosed:
-        return
-    except StdoutFailed as e:
-        sys.stderr.write(f"elvin-stat: error: {e}\n")
-        sys.exit(1)
 
 
 def _run(options):
