@@ -32,6 +32,7 @@ from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, DEFAULT_RECEIVE_QU
                                         Lifecycle, LifecycleView, PauseReading, Phase,
                                         ResumeReading, StartTimer, TLS_FIRST_PACKET_DELAY)
 from elvin.clientcore import messages
+from elvin.clientcore.state import ASK_LIMITS
 from elvin.clientcore.state import (ClientState, CloseUnconfirmed, ConnectFailed,
                                     ConnectionClosed, Deframer, EndHook, NackError, Notification, PublishBufferFull,
                                     QuenchHandlers, QuenchState, Reconnect, AutoQuenchBase,
@@ -48,7 +49,7 @@ __all__ = ["connect", "unotify", "Connection", "Subscription", "Quench", "Reconn
            "NackError",
            "ConnectionClosed", "ConnectFailed", "PublishBufferFull", "CloseUnconfirmed",
            "Notification", "DEFAULT_URI", "DEFAULT_CONNECT_TIMEOUT",
-           "Keys", "producer_keys", "consumer_keys", "dual_keys"]
+           "Keys", "producer_keys", "consumer_keys", "dual_keys", "ASK_LIMITS"]
 
 DEFAULT_URI = "elvin://localhost:2917"
 #: Seconds ``connect`` waits for the channel and for the router's ConnRply.

@@ -156,7 +156,9 @@ ROUTER_SETTINGS = (
             "open-file limit to the hard limit, then lowers `max-connections` (and if "
             "need be `max-federation-connections`, `status-max-connections`), with a "
             "log line, until they, this, 16 more and one file per listener and "
-            "outgoing federation link fit the limit."),
+            "outgoing federation link fit the limit. A value that leaves no room for "
+            "one connection of each kind under the hard limit is refused, with its "
+            "line."),
     Setting("crowded-idle-timeout", duration(False), 2.0, "`2`",
             "Once a listener's connections reach 90% of their cap, its idle ones (no "
             "ConnRqst yet; HTTP with no request in progress) are closed after this many "
@@ -367,9 +369,10 @@ def parse(text, filename="<config>", config=None):
 
 
 def load(path, config=None):
-    """Read and apply the configuration file at ``path``."""
+    """Read and apply the configuration file at ``path`` (UTF-8; a byte
+    order mark at its start, which Notepad writes, is no setting's name)."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:
             text = f.read()
     except OSError as e:
         raise ConfigError(f"{path}: cannot read configuration: {e.strerror}") from None

@@ -34,6 +34,7 @@ from typing import (Any, Awaitable, Callable, Dict, Iterable, Iterator, List, Ma
 from elvin import aio
 from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, DEFAULT_RECEIVE_QUEUE,
                                         Lifecycle, Phase)
+from elvin.clientcore.state import ASK_LIMITS
 from elvin.clientcore.state import (CloseUnconfirmed, ConnectFailed, ConnectionClosed,
                                     NackError, Notification,
                                     PublishBufferFull, Reconnect, SessionArg,
@@ -44,7 +45,7 @@ from elvin.uri import ElvinURI
 __all__ = ["connect", "notify", "subscribe", "unotify", "Connection", "Subscription",
            "Quench", "AutoQuench", "Reconnect",
            "NackError", "ConnectionClosed", "ConnectFailed", "PublishBufferFull",
-           "CloseUnconfirmed", "Notification", "Keys", "producer_keys", "consumer_keys", "dual_keys"]
+           "CloseUnconfirmed", "Notification", "Keys", "producer_keys", "consumer_keys", "dual_keys", "ASK_LIMITS"]
 
 _END = object()
 T = TypeVar("T")

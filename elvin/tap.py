@@ -120,20 +120,39 @@ class Options(usage.Options):
                 load(self["config"], config)
             except ConfigError as e:
                 self._refuse(str(e))
-        if self["listen"]:
-            config.listen = list(self["listen"])
-            config.origins["listen"] = [("-l", str(uri)) for uri in config.listen]
-        if not config.listen:
-            config.listen = [ElvinURI(DEFAULT_LISTEN)]
-        if self["verbose"]:
-            config.verbose = True
-        if self["discovery"]:
-            config.discovery = True
+        apply_overrides(config, command_line_overrides(self))
         try:
             check_startable(config)
         except (ConfigError, UnsupportedStackError) as e:
             self._refuse(str(e))
         self.router_config = config
+
+
+def command_line_overrides(options):
+    """What the command line sets over the file (``-l``, ``--verbose``,
+    ``--discovery``), as ``apply_overrides`` takes it: kept by the running
+    router so that every reload applies it again (the file does not say
+    it, so reading the file alone would turn it off)."""
+    overrides = {}
+    if options.get("listen"):
+        overrides["listen"] = list(options["listen"])
+    for flag in ("verbose", "discovery"):
+        if options.get(flag):
+            overrides[flag] = True
+    return overrides
+
+
+def apply_overrides(config, overrides):
+    """Set ``config`` (just read from the file) as the command line says,
+    at start and at each reload; no listen at all is DEFAULT_LISTEN."""
+    if overrides.get("listen"):
+        config.listen = list(overrides["listen"])
+        config.origins["listen"] = [("-l", str(uri)) for uri in config.listen]
+    if not config.listen:
+        config.listen = [ElvinURI(DEFAULT_LISTEN)]
+    for flag in ("verbose", "discovery"):
+        if overrides.get(flag):
+            setattr(config, flag, True)
 
 
 def check_listeners(config):
@@ -226,6 +245,24 @@ def check_startable(config):
     at start-up and at each reload."""
     check_listeners(config)
     check_trace_directory(config)
+    check_reserved_files(config)
+
+
+def check_reserved_files(config, getrlimit=None):
+    """Refuse a ``reserved-files`` that leaves no room for connections
+    under the most open files the router can have: it would start with
+    every connection cap lowered to 1, which is no working router."""
+    from elvin.protocols.gate import REAP_SLACK, reachable_open_files
+    limit = reachable_open_files(getrlimit)
+    if limit is None:
+        return
+    others = reserved_files(config) - config.reserved_files + REAP_SLACK
+    pools = 3                    # clients, federation, status: one each at least
+    if config.reserved_files + others + pools > limit:
+        raise ConfigError(
+            f"{_origin(config, 'reserved-files')}reserved-files {config.reserved_files} "
+            f"leaves no room for connections under the open-file limit the router can "
+            f"reach ({limit}, its hard limit): at most {max(0, limit - others - pools)}")
 
 
 def _origin(config, name, port=None):
@@ -486,10 +523,7 @@ class RouterService(BindingService):
             return False, message
         try:
             new = load(self.config_path, RouterConfig())
-            if self.overrides.get("listen"):
-                new.listen = list(self.overrides["listen"])
-            if not new.listen:
-                new.listen = [ElvinURI(DEFAULT_LISTEN)]
+            apply_overrides(new, self.overrides)
             check_startable(new)
         except (ConfigError, UnsupportedStackError) as e:
             return self._refuse_reload(str(e))
@@ -822,8 +856,7 @@ def makeService(options, reactor=None):
         top.listeners[str(uri)] = listener
     top.reactor, top.factory = reactor, factory
     top.config_path = options.get("config") if hasattr(options, "get") else None
-    top.overrides = {"listen": list(options.get("listen") or [])} if hasattr(
-        options, "get") else {}
+    top.overrides = command_line_overrides(options) if hasattr(options, "get") else {}
     federation = getattr(config, "federation", None)
     if federation is not None and federation.enabled:
         from elvin.federation.service import FederationService

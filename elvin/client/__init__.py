@@ -31,6 +31,7 @@ from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, CancelTimer, Close
 from elvin.clientcore import messages
 from elvin.clientcore.messages import (TLS_TRUST, TOOLS_TLS_TRUST, shown as _shown,
                                        stack_hint as _stack_hint)
+from elvin.clientcore.state import ASK_LIMITS
 from elvin.clientcore.state import (ClientState, CloseUnconfirmed, ConnectFailed,
                                     ConnectionClosed, Deframer, EndHook,
                                     NackError,
@@ -52,7 +53,7 @@ __all__ = ["connect", "connect_discovered", "unotify", "Connection", "ClientSubs
            "Reconnect",
            "SessionSubscription",
            "JoinedSession",
-           "Keys", "producer_keys", "consumer_keys", "dual_keys"]
+           "Keys", "producer_keys", "consumer_keys", "dual_keys", "ASK_LIMITS"]
 
 DEFAULT_URI = "elvin://localhost:2917"
 

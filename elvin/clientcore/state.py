@@ -59,6 +59,13 @@ _LEGACY_NAMES = {
     "Attribute.String.Max-Length": "router.attribute.string.max-length",
     "Attribute.Opaque.Max-Length": "router.attribute.opaque.max-length",
 }
+#: Connection options that ask the router to report, without changing
+#: them, the limits ``notify`` checks: an integer option asked for with a
+#: value of the wrong type is answered with the router's default (ours and
+#: Avis's). Pass as ``connect(options=ASK_LIMITS)``: a router may ignore a
+#: notification over its attribute limits without a word (7.3.3), and
+#: ``notify`` can refuse only what it knows the limits of.
+ASK_LIMITS: Mapping[str, Any] = {name: "" for name in _LEGACY_NAMES}
 
 
 class NackError(ElvinError):

@@ -71,6 +71,19 @@ def raise_open_file_limit(getrlimit=None, setrlimit=None):
     return soft, hard
 
 
+def reachable_open_files(getrlimit=None):
+    """The most open files the router can have once it has raised its soft
+    limit (``raise_open_file_limit``), or None where there is no limit."""
+    import resource
+    limits = open_file_limit(getrlimit)
+    if limits is None:
+        return None
+    soft, hard = limits
+    if hard == resource.RLIM_INFINITY:
+        return _nr_open() or 1 << 20
+    return max(soft, hard) if soft != resource.RLIM_INFINITY else hard
+
+
 def _nr_open():
     try:
         with open("/proc/sys/fs/nr_open") as f:

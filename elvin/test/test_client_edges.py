@@ -445,6 +445,21 @@ class OversizedNotifications(unittest.TestCase):
         self.refused({"Attribute.Name.Max-Length": 64}, {"n" * 65: 1},
                      "Attribute.Name.Max-Length (64)")
 
+    def test_ask_limits_reports_them_unchanged(self):
+        """ASK_LIMITS (what elvin-notify asks in ConnRqst): the router
+        reports each limit notify checks, and changes none of them."""
+        from elvin import aio, client, sync
+        from elvin.core.options import ConnectionOptions
+        self.assertIs(aio.ASK_LIMITS, client.ASK_LIMITS)
+        self.assertIs(sync.ASK_LIMITS, client.ASK_LIMITS)
+        options = ConnectionOptions()
+        before = dict(options.values)
+        reply = options.negotiate(client.ASK_LIMITS)
+        self.assertEqual(options.values, before)
+        self.assertEqual({name: reply[name] for name in client.ASK_LIMITS},
+                         {name: before[name] for name in client.ASK_LIMITS})
+        self.refused(reply, {f"a{n}": n for n in range(257)}, "Attribute.Max-Count (256)")
+
     def test_a_bool_is_refused(self):
         for name, notify, sent in self.flavours():
             before = len(sent)

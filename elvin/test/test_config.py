@@ -420,6 +420,15 @@ class LoadTests(unittest.TestCase):
         path = self.write("# réglages du routeur — ok\nmax-connections = 2\n")
         self.assertEqual(config.load(path).max_connections, 2)
 
+    def test_byte_order_mark_is_accepted(self):
+        """A UTF-8 byte order mark (Notepad writes one) is not part of the
+        first setting's name, for the router and the proxy alike."""
+        from elvin.proxy.config import load_proxy_config
+        path = self.write("\ufeffmax-connections = 2\n".encode("utf-8"), mode="wb")
+        self.assertEqual(config.load(path).max_connections, 2)
+        path = self.write("\ufeffmax-sessions = 3\n".encode("utf-8"), mode="wb")
+        self.assertEqual(load_proxy_config(path).max_sessions, 3)
+
     def test_load_into_config(self):
         c = RouterConfig()
         path = self.write("max-subscriptions = 10\n")

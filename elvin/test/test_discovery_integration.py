@@ -516,6 +516,26 @@ class ToolTests(LoopbackCase):
         self.assertTrue(text.endswith(f"withdrawn {svc.router_name}\n"), text)
 
     @defer.inlineCallbacks
+    def test_elvin_discover_ends_when_its_output_fails(self):
+        """A full disk (ENOSPC) ends the listing with StdoutFailed (the
+        tool's one error line), not a traceback per router."""
+        import errno
+        from elvin.tools.output import StdoutFailed
+
+        class Full(io.StringIO):
+            def write(self, text):
+                raise OSError(errno.ENOSPC, "No space left on device")
+        scope = unique("full")
+        yield self.start_router(scope, default=True)
+        options = discover.Options()
+        options.parseOptions(["--time", "5", "--interface", LOOPBACK, "--no-dns-sd",
+                              "--group", f"224.4.0.1:{self.group_port}",
+                              "--locality", "0", "--scope", scope])
+        with self.assertRaises(StdoutFailed) as caught:
+            yield defer.ensureDeferred(discover.body(reactor, options, Full()))
+        self.assertEqual(str(caught.exception), "cannot write to stdout: No space left on device")
+
+    @defer.inlineCallbacks
     def test_elvin_discover_fails_when_nothing_seen(self):
         options = discover.Options()
         options.parseOptions(["--time", "0.2", "--interface", LOOPBACK, "--no-dns-sd",

@@ -246,7 +246,7 @@ LAYERS = {
     8: {"clients": ["elvin.client.*", "elvin.aio", "elvin.sync"],
         "configuration": ["elvin.config"],
         "operations": ["elvin.ops.*"]},
-    9: {"router service": ["elvin.tap", "elvin.tools.config_example"]},
+    9: {"router service": ["elvin.tap", "elvin.tools.config_example", "elvin.tools.output"]},
     10: {"proxy": ["elvin.proxy.*"]},
     11: {"tools": ["elvin.tools.*"]},
 }

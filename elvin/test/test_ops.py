@@ -201,6 +201,20 @@ class StatusListenerTests(unittest.TestCase):
         self.assertIn("give --token", stderr)
 
 
+    @defer.inlineCallbacks
+    def test_elvin_stat_to_a_full_disk(self):
+        """A stdout error other than a closed pipe: one line, exit 1."""
+        def run():
+            with open("/dev/full", "wb") as full:
+                return subprocess.run(
+                    [sys.executable, "-m", "elvin.tools.stat", "-e", self.base, "-t", "s3cret"],
+                    stdout=full, stderr=subprocess.PIPE, timeout=30, cwd=REPO)
+        done = yield threads.deferToThread(run)
+        self.assertEqual((done.returncode, done.stderr),
+                         (1, b"elvin-stat: error: cannot write to stdout: "
+                             b"No space left on device\n"))
+
+
 class TapTests(unittest.TestCase):
 
     def test_status_listen_adds_the_listener(self):

@@ -147,6 +147,24 @@ class OptionsTests(unittest.TestCase):
         config = parse("-c", path).router_config
         self.assertEqual(config.listen, [ElvinURI(tap.DEFAULT_LISTEN)])
 
+    def test_impossible_reserved_files_is_refused_naming_its_line(self):
+        """reserved-files that leaves no room under the open-file limit the
+        router can reach is refused at start (and so at reload) with file
+        and line; it started with every connection cap lowered to 1."""
+        path = self.write_config("verbose = no\nreserved-files = 2000000000\n")
+        with self.assertRaises(usage.UsageError) as cm:
+            parse("-c", path)
+        self.assertTrue(str(cm.exception).startswith(f"{path}:2: reserved-files 2000000000 "
+                                                     "leaves no room"), str(cm.exception))
+        config = parse("-c", self.write_config("reserved-files = 4090\n")).router_config
+        hard = lambda which: (1024, 4096)     # noqa: E731
+        from elvin.config import ConfigError
+        with self.assertRaises(ConfigError) as cm:
+            tap.check_reserved_files(config, getrlimit=hard)
+        self.assertIn("(4096, its hard limit): at most ", str(cm.exception))
+        config.reserved_files = 4000
+        tap.check_reserved_files(config, getrlimit=hard)
+
     def test_verbose_flag_overrides_config(self):
         path = self.write_config("verbose = no\n")
         self.assertTrue(parse("-c", path, "--verbose").router_config.verbose)
@@ -648,6 +666,27 @@ class ReloadMessageTests(unittest.TestCase):
         self.assertNotIn({"unpersistable": True}, list(fields.values()))
         self.assertEqual(refusal["problem"], message[len("refused: "):])
         self.assertTrue(refusal["problem"].startswith(f"{path}:2: max-subscriptions"))
+
+    def test_command_line_overrides_survive_a_reload(self):
+        """--verbose, --discovery and -l win over the file at each reload,
+        as at start: a reload for another change keeps them (it turned
+        --verbose off, and reported discovery as needing a restart)."""
+        path = os.path.abspath(self.mktemp())
+        for text in ("", "verbose = no\ndiscovery = no\n"):
+            with open(path, "w") as f:
+                f.write("listen = elvin://127.0.0.1:3000\n" + text)
+            top = tap.makeService(parse("-c", path, "--verbose", "--discovery",
+                                        "-l", "elvin://127.0.0.1:3005"),
+                                  reactor=MemoryReactorClock())
+            self.assertTrue(top.router.verbose)
+            with open(path, "a") as f:
+                f.write("max-subscriptions = 7\n")
+            applied, message = self.successResultOf(top.reload())
+            self.assertEqual((applied, message), (True, "reloaded: max-subscriptions 7"))
+            self.assertTrue(top.router.verbose)
+            self.assertTrue(top.config.discovery)
+            self.assertEqual([str(u) for u in top.config.listen],
+                             ["elvin:4.0/tcp,none,xdr/127.0.0.1:3005"])
 
     def test_no_configuration_file_is_logged(self):
         events = self.log_events()

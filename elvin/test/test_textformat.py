@@ -2,7 +2,9 @@
 
 import io
 import math
+import unicodedata
 
+from hypothesis import given, strategies as st
 from twisted.trial import unittest
 
 from elvin import textformat as tf
@@ -266,8 +268,8 @@ class ParseLineTests(unittest.TestCase):
         self.assertEqual(parse_line("my name: 1"), ("my name", 1))
 
     def test_errors(self):
-        for line in ("no colon here", ": 5", ":5", "", "Name:", "Name: ",
-                     "Name: bare"):
+        for line in ("no colon here", "", "Name:", "Name: ", "Name: bare",
+                     "Name\\", "a\\: 1"):
             self.assertRaises(FormatError, parse_line, line)
 
     def test_error_message(self):
@@ -275,6 +277,91 @@ class ParseLineTests(unittest.TestCase):
             parse_line("Num 42")
         self.assertIn("Name: value", str(cm.exception))
         self.assertIn("Num 42", str(cm.exception))
+
+
+class NameEscapeTests(unittest.TestCase):
+    """Names are printed so that any name reads back as itself and none
+    can end its line: as Avis's ec prints them (a backslash before a
+    space or a colon), and with backslashes and control characters
+    escaped too."""
+
+    def test_as_avis_prints_them(self):
+        """Byte for byte what Avis's ec writes for names with spaces and
+        colons."""
+        text = format_notification({"Key with space": 1, "urn:x:id": 2, "a: b": 3})
+        self.assertEqual(text, "Key\\ with\\ space: 1\nurn\\:x\\:id: 2\na\\:\\ b: 3\n---\n")
+
+    def test_forged_lines_stay_in_their_name(self):
+        """A name holding a line break, ': ' and '---' is one attribute of
+        one notification when read back, not forged attributes."""
+        name = 'Tag: "x"\nRelayed: 1\nAdmin: "forged"\n---\nRelayed: 2\nZ'
+        text = format_notification({"Src": 1, name: 0})
+        self.assertEqual(text.count("\n"), 3)
+        self.assertEqual(list(read_notifications(io.StringIO(text))),
+                         [{"Src": 1, name: 0}])
+
+    def test_awkward_names(self):
+        for name in ("", " ", " lead", "trail ", "tab\there", "back\\slash", "\\",
+                     "\\:", "---", "{json", "[x", "nul\0", "\x1b[2J", "\x85\u2028",
+                     "caf\u00e9 \u2603", "a:", ":", "x\\ny"):
+            note = {name: 5}
+            text = format_notification(note)
+            self.assertEqual(text.count("\n"), 2, repr(text))
+            self.assertEqual(list(read_notifications(io.StringIO(text))), [note], repr(text))
+
+    def test_avis_escapes_read(self):
+        """What Avis's ec writes reads back as Avis means it."""
+        self.assertEqual(parse_line("Key\\ with\\ space: 1"), ("Key with space", 1))
+        self.assertEqual(parse_line("urn\\:x\\:id: 7"), ("urn:x:id", 7))
+
+    def test_empty_name(self):
+        """Avis reads ': 5' as the empty name, and prints it so."""
+        self.assertEqual(parse_line(": 5"), ("", 5))
+        self.assertEqual(format_notification({"": 5}), ": 5\n---\n")
+
+
+class ControlCharacterTests(unittest.TestCase):
+    """No control character reaches the reader's terminal raw."""
+
+    def test_escape_sequences_in_strings(self):
+        text = format_value("a\x1b[2Jb\x07\x7f\x9b")
+        self.assertEqual(text, '"a\\x1b[2Jb\\x07\\x7f\\x9b"')
+        self.assertEqual(parse_value(text), "a\x1b[2Jb\x07\x7f\x9b")
+
+    def test_no_control_character_printed(self):
+        every = "".join(chr(c) for c in range(0xa0))
+        text = format_notification({every: every})
+        self.assertFalse([c for c in text[:-1] if unicodedata.category(c) == "Cc"
+                          and c != "\n"])
+        self.assertEqual(list(read_notifications(io.StringIO(text))), [{every: every}])
+
+    def test_hex_escape_errors(self):
+        for text in ('"\\x1"', '"\\xg0"', '"\\x"'):
+            self.assertRaises(FormatError, parse_value, text)
+
+
+#: Any Elvin value: int32, int64, real64 (not nan: it equals nothing),
+#: string (no lone surrogates: not UTF-8), opaque.
+_TEXT = st.text(st.characters(blacklist_categories=("Cs",)))
+_VALUES = st.one_of(
+    st.integers(-2**31, 2**31 - 1),
+    st.integers(-2**63, 2**63 - 1).map(Int64),
+    st.floats(allow_nan=False),
+    _TEXT,
+    st.binary())
+
+
+class PropertyTests(unittest.TestCase):
+
+    @given(st.dictionaries(_TEXT, _VALUES, min_size=1, max_size=8))
+    def test_any_notification_round_trips(self, note):
+        """Any notification, printed then read, is itself, typed alike."""
+        text = format_notification(note)
+        (back,) = list(read_notifications(io.StringIO(text)))
+        self.assertEqual(back, note)
+        self.assertEqual({k: type_of(v) for k, v in back.items()},
+                         {k: type_of(v) for k, v in note.items()})
+        self.assertEqual(text.count("\n"), len(note) + 1)
 
 
 class ReadNotificationsTests(unittest.TestCase):

@@ -266,6 +266,41 @@ class NotifyTests(ToolTestCase):
         self.assertEqual(received, [{"A": 1}])
 
     @defer.inlineCallbacks
+    def test_over_the_routers_limits(self):
+        """A notification the router would ignore without a word (over an
+        attribute limit it reports) is refused naming its first line, exit
+        1; those before it were sent."""
+        received = yield self.collect("require(T)")
+        too_many = "".join(f"a{i}: {i}\n" for i in range(300))   # Attribute.Max-Count 256
+        cases = [("T: 2\n" + too_many, b"Attribute.Max-Count (256)"),
+                 ('T: 2\nN' + "n" * 3000 + ": 1\n", b"Attribute.Name.Max-Length (2048)"),
+                 ('T: 2\nS: "' + "x" * 1_100_000 + '"\n', b"Attribute.String.Max-Length"),
+                 ("T: 2\nO: [" + "ab" * 1_100_000 + "]\n", b"Attribute.Opaque.Max-Length")]
+        for body, named in cases:
+            out, err, code = yield self.tool_with_stdin(
+                "notify", ("T: 1\n---\n" + body + "---\nT: 3\n").encode(), "-e", self.uri)
+            self.assertEqual(code, 1, err[:300])
+            self.assertTrue(err.startswith(b"elvin-notify: error: <stdin>:3: "), err[:300])
+            self.assertIn(named, err)
+        yield wait_until(lambda: len(received) >= 4)
+        self.assertEqual(received, [{"T": 1}] * 4)
+
+    @defer.inlineCallbacks
+    def test_stdin_not_utf8_names_the_line(self):
+        out, err, code = yield self.tool_with_stdin(
+            "notify", b'A: 1\n---\nB: "caf\xe9"\n', "-e", self.uri)
+        self.assertEqual((code, err), (1, b"elvin-notify: error: <stdin>:3: not UTF-8 text "
+                                          b"(byte 0xe9 at column 8)\n"))
+
+    @defer.inlineCallbacks
+    def test_over_the_limits_as_arguments(self):
+        out, err, code = yield self.tool(
+            "notify", "-e", self.uri, *[f"a{i}: 1" for i in range(300)])
+        self.assertEqual(code, 1)
+        self.assertIn(b"error: the arguments: 300 attributes", err)
+        self.assertEqual(self.router.stats["notifications"], 0)
+
+    @defer.inlineCallbacks
     def test_unreachable_router(self):
         uri = yield self.unused_uri()
         out, err, code = yield self.tool("notify", "-e", uri, "A: 1")
@@ -395,7 +430,9 @@ class SubscribeTests(ToolTestCase):
     def test_output_feeds_notify(self):
         """What elvin-subscribe prints, elvin-notify reads back unchanged."""
         first = {"Topic": "relay", "I": 1, "L": Int64(-2), "F": 2.25,
-                 "S": "tab\there 'q' \"dq\" back\\slash", "O": b"\x00\x10"}
+                 "S": "tab\there 'q' \"dq\" back\\slash \x1b[2J", "O": b"\x00\x10",
+                 # Names that would forge lines, or stop the relay, unescaped.
+                 'Tag: "x"\nAdmin: "forged"\n---\nZ': 0, "a: b": 2, "": 3}
         second = {"Topic": "relay", "I": 2}
         running = self.start_subscriber("-n", "2", 'Topic == "relay"')
         yield self.wait_for_subscriptions(1)

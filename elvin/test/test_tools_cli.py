@@ -73,12 +73,15 @@ class _Tool(protocol.ProcessProtocol):
 
 class CLITestCase(ToolTestCase):
 
-    def spawn(self, name, *args, env=None):
+    def spawn(self, name, *args, env=None, stdout=None):
+        """Run tool ``name``; ``stdout``, a file, takes its output instead
+        of a pipe."""
         proc = _Tool()
         environment = dict(os.environ if env is None else env)
+        fds = None if stdout is None else {0: "w", 1: stdout.fileno(), 2: "r"}
         reactor.spawnProcess(proc, sys.executable,
                              [sys.executable, "-m", f"elvin.tools.{name}"] + list(args),
-                             env=environment, path=REPO)
+                             env=environment, path=REPO, childFDs=fds)
 
         def stop():
             if proc.code is None:
@@ -195,6 +198,50 @@ class PipeTests(CLITestCase):
         self.assertNotIn(b"BrokenPipe", err)
 
 
+class FullDiskTests(CLITestCase):
+    """An error writing stdout other than a closed pipe (a full disk:
+    /dev/full) ends every tool with one error line, exit 1: no traceback,
+    no tool left running with its output lost."""
+
+    FULL = b": error: cannot write to stdout: No space left on device\n"
+
+    def full(self):
+        full = open("/dev/full", "wb")
+        self.addCleanup(full.close)
+        return full
+
+    @defer.inlineCallbacks
+    def test_subscribe(self):
+        proc = self.spawn("subscribe", "-e", self.uri, "-n", "2", "--ready", "require(n)",
+                          stdout=self.full())
+        yield wait_until(lambda: b"ready" in proc.err, timeout=15)
+        conn = yield self.connect()
+        conn.notify({"n": 1})
+        out, err, code = yield self.wait_ended(proc)
+        self.assertEqual((code, err), (1, b"ready\nelvin-subscribe" + self.FULL))
+
+    @defer.inlineCallbacks
+    def test_quench(self):
+        proc = self.spawn("quench", "-e", self.uri, "price", stdout=self.full())
+        conn = yield self.connect()
+        for _ in range(100):      # each adds a subscription, once the quench is in place
+            if proc.code is not None:
+                break
+            yield conn.subscribe("price > 1", lambda n: None)
+            yield task.deferLater(reactor, 0.1, lambda: None)
+        out, err, code = yield self.wait_ended(proc)
+        self.assertEqual((code, err), (1, b"elvin-quench" + self.FULL))
+
+    @defer.inlineCallbacks
+    def test_help_version_and_the_example_configuration(self):
+        for name, args in (("notify", ["--help"]), ("stat", ["--version"]),
+                           ("config_example", []), ("config_example", ["--help"])):
+            proc = self.spawn(name, *args, stdout=self.full())
+            out, err, code = yield self.wait_ended(proc)
+            tool = b"elvin-" + name.replace("_", "-").encode()
+            self.assertEqual((code, err), (1, tool + self.FULL), name)
+
+
 class InterruptTests(CLITestCase):
     """Item 4: Ctrl-C disconnects politely and exits 0; twice, no traceback."""
 
@@ -291,6 +338,28 @@ class UsageTests(CLITestCase):
         self.assertEqual(code, 2)
         self.assertIn(b"add -u (--unreliable)", err)
         self.assertNotIn(b"elvin.client", err)
+
+    def test_usage_errors_name_what_is_wrong(self):
+        """A bad number names its option; elvin-stat's --count is at
+        least 1; session options need --session; every tool but
+        elvin-notify -u refuses a UDP URI as usage (exit 2)."""
+        udp = "elvin:/udp,none,xdr/127.0.0.1:9"
+        for (tool, *args), words in (
+                (("subscribe", "-n", "x", "r"), "--count must be a whole number, not 'x'"),
+                (("subscribe", "-t", "x", "r"), "--timeout must be a number, not 'x'"),
+                (("notify", "--discovery-time=x", "a: 1"),
+                 "--discovery-time must be a number, not 'x'"),
+                (("stat", "-i", "x"), "--interval must be a number, not 'x'"),
+                (("stat", "-n", "0"), "--count must be at least 1, not 0"),
+                (("stat", "-n", "-1"), "--count must be at least 1, not -1"),
+                (("subscribe", "--client=c", "--password=p", "r"),
+                 "--password and --client only go with --session"),
+                (("subscribe", "-e", udp, "r"), "elvin-subscribe needs a session"),
+                (("quench", "-e", udp, "n"), "elvin-quench needs a session")):
+            err, code = self.usage_error(tool, *args)
+            self.assertEqual(code, 2, (tool, args))
+            self.assertTrue(err.startswith(f"elvin-{tool}: error: ".encode()), err)
+            self.assertIn(words.encode(), err)
 
     @defer.inlineCallbacks
     def test_integer_out_of_range(self):

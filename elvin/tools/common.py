@@ -11,6 +11,8 @@ from twisted.python import failure, usage
 
 from elvin import __version__
 from elvin.client import DEFAULT_CONNECT_TIMEOUT
+from elvin.tools.output import (StdoutClosed, StdoutError, StdoutFailed,  # noqa: F401
+                                print_and_exit, write)
 from elvin.uri import ElvinURI, InvalidURIError
 
 DEFAULT_URI = "elvin://localhost:2917"
@@ -24,40 +26,50 @@ def default_uri():
     return os.environ.get(URI_VARIABLE) or DEFAULT_URI
 
 
+class _NamedCoerce(usage.CoerceParameter):
+    """A number option's bad value names the option (Twisted says only
+    "Parameter type enforcement failed: invalid literal for int()")."""
+
+    def dispatch(self, parameterName, value):
+        if value is not None:
+            try:
+                self.coerce(value)
+            except ValueError:
+                kind = "a whole number" if self.coerce is int else "a number"
+                raise usage.UsageError(f"--{parameterName} must be {kind}, "
+                                       f"not {value!r}") from None
+        super().dispatch(parameterName, value)
+
+
 class BaseOptions(usage.Options):
-    """Help that names the program, and --version that is elvin's."""
+    """Help that names the program, --version that is elvin's, and number
+    options whose bad values name them."""
 
     name = "elvin-tool"
+
+    def __init__(self):
+        super().__init__()
+        for name, handler in self._dispatch.items():
+            if isinstance(handler, usage.CoerceParameter):
+                self._dispatch[name] = _NamedCoerce(self, handler.coerce)
 
     def getSynopsis(self):
         return f"Usage: {self.name} [options] {self.synopsis}".rstrip()
 
     def opt_version(self):
         """Print the version and exit."""
-        _print_and_exit(f"{self.name} (elvin) {__version__}")
+        print_and_exit(f"{self.name} (elvin) {__version__}", self.name)
 
     def opt_help(self):
         """Display this help and exit."""
-        _print_and_exit(str(self))
-
-
-def _print_and_exit(text):
-    """Print ``text`` and exit 0, quietly when stdout is closed early
-    (``--help | head``)."""
-    try:
-        print(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # Python flushes stdout again at exit: point it at nothing first.
-        try:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
-    sys.exit(0)
+        print_and_exit(str(self), self.name)
 
 
 class ToolOptions(BaseOptions):
     """Options every tool that talks to a router takes."""
+
+    #: Whether the tool can use a udp,none,xdr URI (elvin-notify -u only).
+    takes_udp = False
 
     optFlags = [
         ["discover", None, "Without -e: find a router by discovery first, before "
@@ -91,6 +103,12 @@ class ToolOptions(BaseOptions):
                 check_supported(self["uri"])   # a usage error, like any bad URI
         except UnsupportedStackError as e:
             raise usage.UsageError(f"-e/--elvin: {e}") from None
+        uri = self["uri"]
+        if uri is not None and uri.transport == "udp" and not self.takes_udp:
+            raise usage.UsageError(
+                f"{self['elvin']} is a UDP URI, which carries only session-less "
+                f"notifications (elvin-notify -u); {self.name} needs a session: "
+                "give a tcp, ssl or http URI")
 
 
 def uri_hint(text):
@@ -213,22 +231,6 @@ def quiet_library_warnings(name):
     logging.getLogger("elvin").addHandler(handler)
 
 
-class StdoutClosed(Exception):
-    """Whoever reads our output went away (``| head``): end quietly."""
-
-
-def write(text):
-    """Write to stdout; a closed pipe raises StdoutClosed."""
-    try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # Later flushes (at exit) must not complain either.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        raise StdoutClosed() from None
-
-
 async def _with_uri(reactor, options, body):
     """Run ``body`` once the router's URI is known."""
     if isinstance(options, ToolOptions) and options.get("uri") is None:
@@ -273,7 +275,8 @@ def parse_options(options_class, argv=None):
 def run(options_class, body, argv=None):
     """Parse options, run ``body(reactor, options)`` (a coroutine) and exit:
     0 on success, on Ctrl-C and when stdout is closed; 1 with one line on
-    stderr on any error; 2 for usage errors."""
+    stderr on any error (stdout failing too: a full disk); 2 for usage
+    errors."""
     options = parse_options(options_class, argv)
     quiet_library_warnings(options.name)
     status = {"code": 0}

@@ -25,7 +25,7 @@ from twisted.python import usage
 from elvin.discovery.packets import GROUP, MAX_LOCALITY, PORT, check_scope
 from elvin.discovery.discoverer import DEFAULT_MAX_LOCALITY, Discoverer, NoRouterFound
 from elvin.discovery.settings import parse_group
-from elvin.tools.common import BaseOptions, run
+from elvin.tools.common import BaseOptions, StdoutError, run, write
 
 
 class Options(BaseOptions):
@@ -95,17 +95,20 @@ async def body(reactor, options, out=None):
                             erdp=not options["no-erdp"])
     scope = options["scope"]
     seen = set()
+    done = defer.Deferred()
 
     def show(event, record):
         if scope is not None and record.scope != scope:
             return
         seen.add(record.name)
-        out.write(format_record(event, record, options["json"]))
-        out.flush()
+        try:
+            write(format_record(event, record, options["json"]), out)
+        except StdoutError as e:
+            if not done.called:
+                done.errback(e)
 
     discoverer.cache.listeners.append(show)
     await discoverer.start()
-    done = defer.Deferred()
     interrupted = []
 
     def shutting_down():

@@ -14,7 +14,7 @@ import threading
 from twisted.internet import defer
 
 from elvin import client
-from elvin.textformat import FormatError, parse_line, read_notifications
+from elvin.textformat import FormatError, numbered_notifications, parse_line
 from elvin.tools.common import RouterSilent, ToolOptions, abort, answered, closing, run
 
 
@@ -27,6 +27,7 @@ class Options(ToolOptions):
                 "each sent as soon as it is complete.")
     optFlags = [["unreliable", "u", "Send UNotify (session-less) instead of NotifyEmit; "
                                     "needed for udp,none,xdr URIs."]]
+    takes_udp = True
 
     def parseArgs(self, *attributes):
         self["attributes"] = attributes
@@ -54,42 +55,57 @@ def _from_arguments(arguments):
 
 def _read_stdin(reactor, queue):
     """In a daemon thread: hand each notification to the reactor as soon as
-    it is complete; then None (end of input) or the FormatError."""
+    it is complete, with its first line's number; then None (end of input)
+    or the FormatError."""
     try:
-        for attrs in read_notifications(sys.stdin):
-            reactor.callFromThread(queue.put, attrs)
+        # Bytes that are not UTF-8 reach the parser, which names their line.
+        sys.stdin.reconfigure(errors="surrogateescape")
+        for numbered in numbered_notifications(sys.stdin):
+            reactor.callFromThread(queue.put, numbered)
     except Exception as e:  # FormatError, or a read error
         reactor.callFromThread(queue.put, e)
         return
     reactor.callFromThread(queue.put, None)
 
 
+def _emit(conn, where, attrs):
+    """Send one notification; one the router would not take (over a limit
+    it reported: ConnRqst asks for them, since a router may ignore such a
+    notification without a word) is an error naming its first line."""
+    try:
+        conn.notify(attrs)
+    except ValueError as e:
+        where = f"<stdin>:{where}" if isinstance(where, int) else where
+        raise FormatError(f"{where}: {e}") from None
+
+
 async def body(reactor, options):
     uri = options["uri"]
     if options["attributes"]:
         notes = defer.DeferredQueue()
-        notes.put(_from_arguments(options["attributes"]))
+        notes.put(("the arguments", _from_arguments(options["attributes"])))
         notes.put(None)
     else:
         notes = defer.DeferredQueue()
         threading.Thread(target=_read_stdin, args=(reactor, notes), daemon=True,
                          name="elvin-notify stdin").start()
     if options["unreliable"]:
-        while (attrs := await notes.get()) is not None:
-            if isinstance(attrs, Exception):
-                raise attrs
-            await client.unotify(uri, attrs, reactor=reactor, timeout=options["timeout"])
+        while (item := await notes.get()) is not None:
+            if isinstance(item, Exception):
+                raise item
+            await client.unotify(uri, item[1], reactor=reactor, timeout=options["timeout"])
         return
-    conn = await client.connect(uri, reactor=reactor, timeout=options["timeout"])
+    conn = await client.connect(uri, reactor=reactor, timeout=options["timeout"],
+                                options=client.ASK_LIMITS)
     closing(reactor, conn)
     try:
         # A drained router answers ConnRqst, then redirects (Disconn 2): a
         # round trip first makes sure we emit to the router we end up with.
         await answered(reactor, options, conn.test_connection(), "TestConn after connecting")
-        while (attrs := await notes.get()) is not None:
-            if isinstance(attrs, Exception):
-                raise attrs
-            conn.notify(attrs)
+        while (item := await notes.get()) is not None:
+            if isinstance(item, Exception):
+                raise item
+            _emit(conn, *item)
         # A round trip makes sure everything emitted reached the router.
         await answered(reactor, options, conn.test_connection(),
                        "the TestConn that confirms the notifications sent: they may "

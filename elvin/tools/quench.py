@@ -11,7 +11,7 @@ from twisted.internet import defer
 
 from elvin import client
 from elvin.subscription.printer import to_text
-from elvin.tools.common import (RouterSilent, StdoutClosed, ToolOptions, abort, answered, closing,
+from elvin.tools.common import (RouterSilent, StdoutError, ToolOptions, abort, answered, closing,
                                 ended_error, run, write)
 
 
@@ -46,7 +46,7 @@ async def body(reactor, options):
         def handler(term_id, tree=None, secure=False):
             try:
                 write(_line(kind, term_id, tree, secure))
-            except StdoutClosed as e:
+            except StdoutError as e:
                 if not done.called:
                     done.errback(e)
         return handler

@@ -21,7 +21,8 @@ import urllib.request
 
 from twisted.python import usage
 
-from elvin.tools.common import BaseOptions, StdoutClosed, parse_options, write
+from elvin.tools.common import BaseOptions, parse_options
+from elvin.tools.output import output_guard, write
 
 DEFAULT_STATUS = "http://127.0.0.1:9917"
 
@@ -49,6 +50,8 @@ class Options(BaseOptions):
     def postOptions(self):
         if self["interval"] is not None and not self["interval"] > 0:
             raise usage.UsageError("--interval must be more than 0 seconds")
+        if self["count"] is not None and self["count"] < 1:
+            raise usage.UsageError(f"--count must be at least 1, not {self['count']}")
         self["status"] = status_url(self["status"])
 
 
@@ -222,6 +225,11 @@ def format_proxy_status(status, previous=None):
 
 def main(argv=None):
     options = parse_options(Options, argv)
+    with output_guard("elvin-stat"):
+        _run(options)
+
+
+def _run(options):
     if options["reload"]:
         sys.exit(reload(options["status"], options["token"]))
     previous = None
@@ -260,8 +268,6 @@ def main(argv=None):
                 return
             time.sleep(options["interval"])
     except KeyboardInterrupt:
-        return
-    except StdoutClosed:
         return
 
 

@@ -21,7 +21,7 @@ from elvin.errors import SubscriptionError
 from elvin.subscription.analysis import names_compared
 from elvin.subscription.parser import parse
 from elvin.textformat import format_notification
-from elvin.tools.common import (RouterSilent, StdoutClosed, ToolOptions, abort, answered, closing,
+from elvin.tools.common import (RouterSilent, StdoutError, ToolOptions, abort, answered, closing,
                                 run, write)
 
 
@@ -57,6 +57,12 @@ class Options(ToolOptions):
         super().postOptions()
         if self["count"] is not None and self["count"] < 1:
             raise usage.UsageError(f"--count must be at least 1, not {self['count']}")
+        if self["session"] is None:
+            alone = [f"--{o}" for o in ("password", "admin-password", "client")
+                     if self[o] is not None]
+            if alone:
+                raise usage.UsageError(f"{' and '.join(alone)} only go with --session "
+                                       "(a session of an Elvin proxy)")
         if self["expression"] is None and self["session"] is None:
             raise usage.UsageError("an EXPRESSION is needed (or --session)")
         if self["receipt"] not in ("destructive", "non-destructive"):
@@ -154,7 +160,7 @@ async def body(reactor, options):
             return
         try:
             write(format_notification(notification))
-        except StdoutClosed as e:
+        except StdoutError as e:
             conn.ack_hold(notification)
             done.errback(e)
             return
