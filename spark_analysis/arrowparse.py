@@ -37,13 +37,13 @@ _LIST = pa.list_(_S)
 JSON_SCHEMA = pa.schema([
     ("v", _L), ("ts_us", _L), ("router", _S), ("peer", _S), ("event", _S),
     ("direction", _S), ("routing", _LIST), ("size", _L), ("attrs", _LIST), ("digest", _S),
-    ("filter_nodes", _L), ("filter_bytes", _L), ("reason", _S)])
+    ("filter_nodes", _L), ("filter_bytes", _L), ("reason", _S), ("unsent", _L)])
 
 # The events table's columns, in ingest.events_schema()'s order.
 EVENTS_SCHEMA = pa.schema([
     ("ts_us", _L), ("peer", _S), ("event", _S), ("direction", _S), ("routing", _LIST),
     ("size", _L), ("attrs", _LIST), ("digest", _S), ("filter_nodes", _L),
-    ("filter_bytes", _L), ("reason", _S), ("origin", _S), ("hops", pa.int32()),
+    ("filter_bytes", _L), ("reason", _S), ("unsent", _L), ("origin", _S), ("hops", pa.int32()),
     ("dkey", _L), ("akey", _L), ("file", _S), ("bad_reason", _S), ("raw", _S),
     ("status", _S), ("day", pa.date32()), ("router", _S)])
 
@@ -152,6 +152,8 @@ def _fast(data):
         unless(subreplace, pc.and_(pc.greater_equal(col("filter_nodes"), 0),
                                    pc.greater_equal(col("filter_bytes"), 0))),
         unless(pc.equal(event, "link_down"), pc.is_valid(col("reason"))),
+        unless(pc.and_(pc.equal(event, "link_down"), pc.is_valid(col("unsent"))),
+               pc.greater_equal(col("unsent"), 1)),
     ]
     for rule in rules:
         if not pc.all(pc.fill_null(rule, False)).as_py():
@@ -227,7 +229,7 @@ def _events(table, file, sets=None):
     return pa.table([
         col("ts_us"), col("peer"), col("event"), col("direction"), routing, col("size"),
         attrs, col("digest"), col("filter_nodes"), col("filter_bytes"), col("reason"),
-        origin, pc.cast(length, pa.int32()), _dkey(col("digest")), akey,
+        col("unsent"), origin, pc.cast(length, pa.int32()), _dkey(col("digest")), akey,
         _repeat(file, n), pa.nulls(n, _S), pa.nulls(n, _S), _repeat("ok", n), day,
         col("router")], schema=EVENTS_SCHEMA)
 

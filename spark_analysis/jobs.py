@@ -439,10 +439,11 @@ def drops(events, per_minute=None):
     """Loop, duplicate, import and overload drops per link over time.
 
     Tables: ``drops_minute`` (router, peer, direction, event, minute_us,
-    minute, drops, bytes) and ``drops`` (totals, first and last, and
+    minute, drops, bytes), ``drops`` (totals, first and last, and
     ``router_listed``: of a link's loop and duplicate drops, how many
     records carry the receiving router in their routing list -- a loop is
-    only that; null for the other kinds).
+    only that; null for the other kinds) and ``unsent`` (the link_down
+    records of links that went down with notifications still queued).
     """
     F = _F()
     if per_minute is None:
@@ -453,7 +454,8 @@ def drops(events, per_minute=None):
                              F.timestamp_micros("minute_us").alias("minute"))
     totals = shared(events.sparkSession, sharedsql.drops(), events=events,
                     per_minute=per_minute)
-    return {"drops_minute": minutes, "drops": totals}
+    return {"drops_minute": minutes, "drops": totals,
+            "unsent": shared(events.sparkSession, sharedsql.unsent(), events=events)}
 
 
 # ---------------------------------------------------------------------------

@@ -35,6 +35,7 @@ CSV_TABLES = {
     "filter_effect": (["considered"], True, None),
     "flood": (["flood_bytes"], True, None),
     "drops": (["drops"], True, None),
+    "unsent": (["router", "peer", "ts_us"], False, None),
     "hops": (["hops"], False, None),
     "routes": (["deliveries"], True, 5000),
     "hop_latency": (["sender", "receiver"], False, None),
@@ -802,6 +803,7 @@ def _drops_stage(c):
     tables = jobs.drops(c["events"], c["per_minute"])
     _save(spark, analysis, "drops_minute", tables["drops_minute"])
     _save(spark, analysis, "drops", tables["drops"])
+    _save(spark, analysis, "unsent", tables["unsent"])
     fine = analysis.series["fine_us"] = jobs.fine_bucket_us(c["start"], c["end"])
     analysis.series["drops"] = _rows(jobs.drop_times(c["events"], fine))
     return f"{sum(r['drops'] for r in analysis.tables['drops']):,} drops"

@@ -360,6 +360,8 @@ def wire_traffic(a):
     receiver's (docs/traces.md: both describe the same wire traffic), and
     ``side``, which of the two they are. Every figure is a row of
     csv/links.csv: (sender, receiver, out) and (receiver, sender, in).
+    ``unsent``: notifications lost still queued at the sender when the link
+    went down, from its link_down records (``unsent_records``, csv/unsent.csv).
     """
     traced = {r["router"] for r in a.tables.get("overview", [])}
     out = {}
@@ -373,7 +375,15 @@ def wire_traffic(a):
             row["sent"], row["sent_bytes"] = r["notifications"] or 0, r["bytes"] or 0
         else:
             row["received"], row["received_bytes"] = r["notifications"] or 0, r["bytes"] or 0
+    for r in a.tables.get("unsent", []):
+        row = out.setdefault((r["router"], r["peer"]), {
+            "sender": r["router"], "receiver": r["peer"], "sent": None, "sent_bytes": None,
+            "received": None, "received_bytes": None})
+        row["unsent"] = row.get("unsent", 0) + r["unsent"]
+        row.setdefault("unsent_records", []).append(r)
     for (sender, receiver), row in out.items():
+        row.setdefault("unsent", 0)
+        row.setdefault("unsent_records", [])
         if row["sent"] is None and sender in traced:
             row["sent"], row["sent_bytes"] = 0, 0
         if row["received"] is None and receiver in traced:
@@ -386,24 +396,53 @@ def wire_traffic(a):
                                                r["sender"], r["receiver"]))
 
 
+def _unsent_records(rows, limit=3):
+    """The link_down records that count unsent notifications, named."""
+    named = [f"link_down at {tf.format_time(r['ts_us'])} ({r['reason']}): {_n(r['unsent'])}"
+             for r in rows[:limit]]
+    more = len(rows) - len(named)
+    return "; ".join(named) + (f"; {more} more" if more > 0 else "")
+
+
+def unsent_reading(figs):
+    """Per directed link: notifications lost with it, still queued at the
+    sender when the link went down (the sender's link_down ``unsent``)."""
+    rows = [r for r in wire_traffic(figs.a) if r["unsent"]]
+    if not rows:
+        return ""
+    parts = [f"{figs.s(r['sender'])} \u2192 {figs.s(r['receiver'])}: {_n(r['unsent'])} "
+             f"({_unsent_records(r['unsent_records'])})" for r in rows]
+    return (f"Lost with their link: {_n(sum(r['unsent'] for r in rows))} notifications "
+            f"were traced notify_forwarded but still queued when the link went down, so "
+            f"they were never written: " + "; ".join(parts)
+            + " (the sender's link_down records, csv/unsent.csv).")
+
+
 def unreceived_reading(figs):
     """Per link traced at both ends: notifications the sender forwarded
-    that the receiver has no record of (sends with no receipt)."""
+    that the receiver has no record of (sends with no receipt), and of
+    those, how many the sender's link_down records count as never written."""
     a = figs.a
     parts = []
     for r in wire_traffic(a):
         if r["sent"] is None or r["received"] is None or r["sent"] <= r["received"]:
             continue
+        missing = r["sent"] - r["received"]
+        lost = min(r["unsent"], missing)
+        why = (f"; {_n(lost)} of them were still queued at {figs.s(r['sender'])} when the "
+               f"link went down ({_unsent_records(r['unsent_records'])}), "
+               f"{_n(missing - lost)} are not accounted for by the traces"
+               if lost else "; no link_down record of the sender counts any as unsent")
         parts.append(f"{figs.s(r['sender'])} \u2192 {figs.s(r['receiver'])}: "
-                     f"{_n(r['sent'] - r['received'])} of the {_n(r['sent'])} notifications "
+                     f"{_n(missing)} of the {_n(r['sent'])} notifications "
                      f"{figs.s(r['sender'])} forwarded (notify_forwarded) have no record at "
-                     f"{figs.s(r['receiver'])}, which recorded {_n(r['received'])} from it")
+                     f"{figs.s(r['receiver'])}, which recorded {_n(r['received'])} from it"
+                     + why)
     if not parts:
         return ""
     return ("Sent but not received, on links traced at both ends: " + "; ".join(parts)
-            + " (csv/links.csv: the sender's out row and the receiver's in row). "
-            "Notifications still queued when a link went down are lost with it; the "
-            "sender's link_down records count them (unsent).")
+            + " (csv/links.csv: the sender's out row and the receiver's in row; "
+            "csv/unsent.csv: the link_down records).")
 
 
 def fig_link_traffic(figs):
@@ -732,6 +771,13 @@ def fig_drops(figs):
             top = max(rows, key=lambda r: r["drops"])
             parts.append(f"{_n(sum(r['drops'] for r in rows))} {words} (most at "
                          f"{figs.s(top['router'])}, on the link with {figs.s(top['peer'])})")
+    unsent = a.tables.get("unsent", [])
+    if unsent:
+        top = max(unsent, key=lambda r: r["unsent"])
+        parts.append(f"{_n(sum(r['unsent'] for r in unsent))} notifications lost still "
+                     f"queued when a link went down (most at {figs.s(top['router'])}, on the "
+                     f"link with {figs.s(top['peer'])}: link_down at "
+                     f"{tf.format_time(top['ts_us'])}, unsent {_n(top['unsent'])})")
     reading = ("There were " + "; ".join(parts) + ".") if parts else "No notification was dropped."
     if bottom:
         peak = max(bottom, key=lambda t: bottom[t])
@@ -1129,6 +1175,9 @@ def summary(a):
     for r in a.tables.get("drops", []):
         kind = r["event"].replace("notify_dropped_", "")
         drops[kind] = drops.get(kind, 0) + r["drops"]
+    unsent = sum(r["unsent"] for r in a.tables.get("unsent", []))
+    if unsent:
+        drops["unsent"] = unsent
     return {"version": 1, "start_us": a.start_us, "end_us": a.end_us, "records": a.records,
             "bad_lines": a.bad_lines, "links": links, "drops": drops,
             "written": tf.format_time(a.end_us)}
@@ -1580,7 +1629,12 @@ def write_report(analysis):
                               ("router", "router", "s"), ("peer", "peer", "s"),
                               ("direction", "dir", "s"), ("event", "event", "s"),
                               ("drops", "drops", "n"), ("bytes", "bytes", "b")],
-                              figs, 20, "drops")))
+                              figs, 20, "drops")
+                          + _reading(unsent_reading(figs))
+                          + _table(a.tables.get("unsent", []), [
+                              ("router", "router", "s"), ("peer", "peer", "s"),
+                              ("ts_us", "link_down at", "t"), ("reason", "reason", "s"),
+                              ("unsent", "unsent", "n")], figs, 20, "unsent")))
     parts.append(_section("Paths: how far and how fast", "paths",
                           _img(figs, "hops") + _reading(readings["hops"])
                           + _img(figs, "routes") + _reading(readings["routes"])

@@ -193,6 +193,15 @@ def drops():
             AND l.direction = t.direction AND l.event = t.event""")
 
 
+def unsent():
+    """One row per ``link_down`` whose ``unsent`` says notifications were
+    still queued on the link (traced ``notify_forwarded``, never written):
+    lost with the link. router, peer, direction, ts_us, reason, unsent."""
+    return Query("""
+        SELECT router, peer, direction, ts_us, reason, CAST(unsent AS BIGINT) AS unsent
+        FROM {events} WHERE event = 'link_down' AND unsent > 0""")
+
+
 def drop_times(bucket_us):
     """Drops counted per kind, direction and ``bucket_us``: event, direction,
     t_us, drops (in time order)."""

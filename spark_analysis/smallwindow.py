@@ -46,7 +46,7 @@ LOADED_RECORDS = 3_000_000
 
 # every column of the events table the jobs read
 _COLUMNS = ("ts_us", "router", "peer", "event", "direction", "routing", "size", "attrs",
-            "filter_nodes", "filter_bytes", "reason", "origin", "hops", "dkey",
+            "filter_nodes", "filter_bytes", "reason", "unsent", "origin", "hops", "dkey",
             "akey")
 
 
@@ -399,6 +399,7 @@ def drops_stage(w, save, fine_us):
         FROM per_minute WHERE event IN ({events})"""), "minute")
     save("drops_minute", minutes)
     save("drops", shared(w, sharedsql.drops()))
+    save("unsent", shared(w, sharedsql.unsent()))
     return shared(w, sharedsql.drop_times(fine_us)).to_pylist()
 
 

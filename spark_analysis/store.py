@@ -76,7 +76,8 @@ __all__ = ["TraceStore", "BatchResult", "HEAD_BYTES", "MANIFEST_VERSION", "MINUT
 
 HEAD_BYTES = 4096          # bytes hashed to recognise a file
 MINUTES_TABLE = "event_minutes"   # per-minute counts made at ingest (``minutes``)
-MANIFEST_VERSION = 3          # 2: events carry dkey and akey; 3: keys made by arrowparse
+MANIFEST_VERSION = 4          # 2: events carry dkey and akey; 3: keys made by arrowparse;
+                              # 4: events carry link_down's unsent
 _COPY_CHUNK = 1 << 20
 
 

@@ -5,7 +5,8 @@ identical contents repeat (two copies a second, 3 ms apart, each taking
 2.5 ms: the nearest copy in time is the wrong one); a mesh sends 59
 duplicates to c within 0.8 s (``notify_dropped_duplicate``, c not in
 their routing lists) and c sends two real loops back to a; a - b is down
-for 34 s; every router stops at the end; and one record of a's file is
+for 34 s, two notifications a forwarded still queued when it went down
+(``unsent``); every router stops at the end; and one record of a's file is
 dated 2100. Each engine's answers are checked against those numbers, and
 the two engines against each other (one small Spark run).
 """
@@ -21,6 +22,7 @@ from spark_analysis import traceformat as tf
 HB = {"Heartbeat": 1, "Service": "ops"}
 DUP = {"Group": "mesh", "n": 7}
 LOOP = {"Group": "loop", "n": 9}
+LOST = {"Group": "lost", "n": 0}
 A_FILE = "a-20240501T120000Z-000001.jsonl"
 FUTURE_US = 4102444800 * 10**6          # 2100-01-01T00:00:00Z
 OUTAGE = (200, 234)
@@ -44,7 +46,11 @@ def truth_records():
             n = {"Group": "back", "n": s}
             note("b", T(s), "a", "notify_forwarded", "out", n, ["b"])
             note("a", T(s, 2000), "b", "notify_received", "in", n, ["b"])
-    rec("a", T(OUTAGE[0]), "b", "link_down", "out", reason="liveness")
+    # two notifications still queued at a when a - b went down: never written
+    for i in range(2):
+        note("a", T(OUTAGE[0] - 1, 500 + i), "b", "notify_forwarded", "out",
+             dict(LOST, n=i), ["a"])
+    rec("a", T(OUTAGE[0]), "b", "link_down", "out", reason="liveness", unsent=2)
     rec("b", T(OUTAGE[0], 400), "a", "link_down", "in", reason="connection lost")
     rec("a", T(OUTAGE[1]), "b", "link_up", "out")
     rec("b", T(OUTAGE[1]), "a", "link_up", "in")
@@ -209,6 +215,28 @@ class DropWordingTests(unittest.SynchronousTestCase):
         plain = _plain(truth_run("legacy", legacy=True)[1])
         self.assertIn("59 loop drop records do not have the receiving router in their "
                       "routing list, so they are not loops", plain)
+
+
+class UnsentTests(unittest.SynchronousTestCase):
+    """Notifications queued on a link when it went down are lost on that link, named."""
+
+    def test_the_link_down_record_is_a_row(self):
+        a, _, _, _ = truth_run()
+        self.assertEqual([(r["router"], r["peer"], r["ts_us"], r["reason"], r["unsent"])
+                          for r in a.tables["unsent"]],
+                         [("a", "b", T(OUTAGE[0]), "liveness", 2)])
+
+    def test_the_report_counts_them_lost_on_that_link(self):
+        from spark_analysis import report
+        a, text, _, _ = truth_run()
+        plain = _plain(text)
+        self.assertIn("Lost with their link: 2 notifications", plain)
+        self.assertIn("a \u2192 b: 2 (link_down at 2024-05-01T12:03:20Z (liveness): 2)", plain)
+        self.assertIn("2 of the 1,132 notifications a forwarded (notify_forwarded) have no "
+                      "record at b, which recorded 1,130 from it; 2 of them were still queued "
+                      "at a when the link went down", plain)
+        self.assertIn("2 notifications lost still queued when a link went down", plain)
+        self.assertEqual(report.summary(a)["drops"]["unsent"], 2)
 
 
 class EventTests(unittest.SynchronousTestCase):
