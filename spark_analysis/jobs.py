@@ -383,7 +383,7 @@ def local_frame(spark, rows, schema):
     return base.select(F.inline(F.array(*structs)))
 
 
-def filters(events, spark, per_minute=None, considered=None):
+def filters(events, spark, per_minute=None, considered=None, publications=None):
     """Filter effectiveness per link, and the flood a federation without filters sends.
 
     Tables: ``filter_effect`` (router, peer: considered / forwarded /
@@ -398,6 +398,8 @@ def filters(events, spark, per_minute=None, considered=None):
         considered = considered_counts(events)
     if per_minute is None:
         per_minute = activity(events)
+    if publications is None:
+        publications = shared(spark, sharedsql.publications(), events=events)
     effect = shared(spark, sharedsql.filter_effect(), per_minute=per_minute)
 
     # (from the per-minute counts when given: a few thousand rows, not the table)
@@ -412,7 +414,7 @@ def filters(events, spark, per_minute=None, considered=None):
         T.StructField("extra_bytes", T.LongType())])
     model = local_frame(spark, flood_model(edges, traced), model_schema)
     table = shared(spark, sharedsql.flood(traced), considered=considered,
-                   flood_model=F.broadcast(model))
+                   publications=publications, flood_model=F.broadcast(model))
     return {"filter_effect": effect, "flood": table}
 
 
@@ -791,7 +793,7 @@ def paths(events, sample_1_in=1):
 # ---------------------------------------------------------------------------
 # interest
 
-def interest(events, start_us, end_us, control=None, considered=None):
+def interest(events, start_us, end_us, control=None, considered=None, publications=None):
     """Attribute-name sets and pull-filter churn.
 
     Tables: ``attr_sets`` (per set of attribute names: publications at
@@ -810,12 +812,10 @@ def interest(events, start_us, end_us, control=None, considered=None):
     # sets are keyed by ``akey``, a 64-bit hash of the (sorted) names made at
     # ingest; the names themselves are looked up once per set
     akey = F.col("akey")
-    # every publication at a traced router gives one out record per candidate
-    # link there, so the busiest link of the origin counts its publications
-    published = (considered.where(F.col("at_origin"))
-                 .groupBy(akey, "origin", "peer").agg(F.sum("n").alias("n"))
-                 .groupBy("akey", "origin").agg(F.max("n").alias("n"))
-                 .groupBy("akey").agg(F.sum("n").alias("published")))
+    # each notification counted once at its origin (``sharedsql.publications``)
+    if publications is None:
+        publications = shared(events.sparkSession, sharedsql.publications(), events=events)
+    published = publications.groupBy(akey).agg(F.sum("n").alias("published"))
     # the out records' outcomes are sums over the (small) considered counts
     counted = ["crossings", "crossing_bytes", "considered", "suppressed_filter",
                "suppressed_export"]

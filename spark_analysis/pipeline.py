@@ -21,7 +21,7 @@ import sys
 import time
 from typing import IO, Optional
 
-from spark_analysis import ingest, jobs, smallwindow
+from spark_analysis import ingest, jobs, sharedsql, smallwindow
 from spark_analysis.store import TraceStore
 from spark_analysis import traceformat as tf
 
@@ -482,11 +482,14 @@ class _Run:
         # each link) per origin and attribute set: the flood model's, the
         # forwarded totals' and the attribute sets' counts are sums over it
         considered = jobs.considered_counts(events).cache()
+        # and the notifications published at traced routers, once each
+        publications = jobs.shared(spark, sharedsql.publications(), events=events).cache()
         bucket = _bucket_us(start, end)
         analysis.series["bucket_us"] = bucket
         context = {"spark": spark, "analysis": analysis, "events": events, "start": start,
                    "end": end, "per_minute": per_minute, "control": control,
-                   "considered": considered, "bucket": bucket,
+                   "considered": considered, "publications": publications,
+                   "bucket": bucket,
                    "latency_sample": self.request.latency_sample}
         try:
             _run_side_by_side(spark, steps, context, [
@@ -502,6 +505,7 @@ class _Run:
             per_minute.unpersist()
             control.unpersist()
             considered.unpersist()
+            publications.unpersist()
             for df in analysis.cached:
                 df.unpersist()
             analysis.cached = []
@@ -792,7 +796,7 @@ def _links_stage(c):
 def _filters_stage(c):
     spark, analysis = c["spark"], c["analysis"]
     for name, df in jobs.filters(c["events"], spark, c["per_minute"],
-                                  c["considered"]).items():
+                                  c["considered"], c["publications"]).items():
         _save(spark, analysis, name, df)
     _save(spark, analysis, "filter_health", jobs.filter_health(c["per_minute"], c["end"]))
     return ""
@@ -828,7 +832,7 @@ def _interest_stage(c):
     from pyspark.sql import functions as F
     spark, analysis = c["spark"], c["analysis"]
     tables = jobs.interest(c["events"], c["start"], c["end"], c["control"],
-                           c["considered"])
+                           c["considered"], c["publications"])
     _save(spark, analysis, "attr_sets", tables["attr_sets"])
     changes = _save(spark, analysis, "filter_changes", tables["filter_changes"])
     _save(spark, analysis, "filter_churn", tables["filter_churn"])

@@ -202,6 +202,8 @@ def open_window(tables_dir, since_us=None, until_us=None, threads=None, temp_dir
                (hops = 1 AND router = origin) AS at_origin,
                count(*)::BIGINT AS n, sum(size)::BIGINT AS bytes
         FROM w WHERE direction = 'out' AND event IN ({considered}) GROUP BY ALL""")
+    con.execute("CREATE TEMP TABLE publications AS "
+                + sharedsql.publications().sql.format(events="w"))
     return Window(con, start, end, n)
 
 
@@ -235,7 +237,8 @@ def _timestamps(table, *names):
 def shared(w, query, **relations):
     """A ``sharedsql.Query`` run by DuckDB over the window's relations
     (``events`` is the window's table ``w``), rounded as Spark rounds."""
-    names = {"per_minute": "per_minute", "considered": "considered", "events": "w"}
+    names = {"per_minute": "per_minute", "considered": "considered", "events": "w",
+             "publications": "publications"}
     names.update(relations)
     return _rounded(w.arrow(query.sql.format(**names)), query.rounding)
 
@@ -582,10 +585,7 @@ def interest(w):
     subreplace = _sql_list(tf.SUBREPLACE_EVENTS)
     attr_sets = w.arrow(f"""
         WITH published AS (
-            SELECT akey, sum(n)::BIGINT AS published FROM (
-                SELECT akey, origin, max(n) AS n FROM (
-                    SELECT akey, origin, peer, sum(n) AS n FROM considered WHERE at_origin
-                    GROUP BY ALL) GROUP BY ALL) GROUP BY ALL),
+            SELECT akey, sum(n)::BIGINT AS published FROM publications GROUP BY akey),
         outcomes AS (
             SELECT akey,
                    sum(CASE WHEN event = 'notify_forwarded' THEN n ELSE 0 END)::BIGINT

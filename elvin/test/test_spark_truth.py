@@ -6,7 +6,8 @@ identical contents repeat (two copies a second, 3 ms apart, each taking
 duplicates to c within 0.8 s (``notify_dropped_duplicate``, c not in
 their routing lists) and c sends two real loops back to a; a - b is down
 for 34 s, two notifications a forwarded still queued when it went down
-(``unsent``); every router stops at the end; and one record of a's file is
+(``unsent``); the links a's publications are considered for change (a
+mesh's tree); every router stops at the end; and one record of a's file is
 dated 2100. Each engine's answers are checked against those numbers, and
 the two engines against each other (one small Spark run).
 """
@@ -23,6 +24,7 @@ HB = {"Heartbeat": 1, "Service": "ops"}
 DUP = {"Group": "mesh", "n": 7}
 LOOP = {"Group": "loop", "n": 9}
 LOST = {"Group": "lost", "n": 0}
+PUB = {"Group": "tree", "n": 0}
 A_FILE = "a-20240501T120000Z-000001.jsonl"
 FUTURE_US = 4102444800 * 10**6          # 2100-01-01T00:00:00Z
 OUTAGE = (200, 234)
@@ -65,6 +67,11 @@ def truth_records():
         d = dict(LOOP, n=i)
         note("c", T(400 + i), "a", "notify_forwarded", "out", d, ["a", "b", "c"])
         note("a", T(400 + i, 1000), "c", "notify_dropped_loop", "in", d, ["a", "b", "c"])
+    # a's mesh tree changes: ten notifications published at a, the first six
+    # considered for the link to b only, the other four for the link to c only
+    for i in range(10):
+        note("a", T(450, 100000 + i * 1000), "b" if i < 6 else "c",
+             "notify_suppressed_filter", "out", dict(PUB, n=i), ["a"])
     # everyone stops at the end
     for x, y in (("a", "b"), ("c", "b"), ("c", "a")):
         rec(x, T(599.9), y, "link_down", "out", reason="shutdown")
@@ -237,6 +244,24 @@ class UnsentTests(unittest.SynchronousTestCase):
                       "at a when the link went down", plain)
         self.assertIn("2 notifications lost still queued when a link went down", plain)
         self.assertEqual(report.summary(a)["drops"]["unsent"], 2)
+
+
+class PublishedTests(unittest.SynchronousTestCase):
+    """Each notification counted once at its origin, whichever links it was considered for."""
+
+    def test_published_counts_each_notification_once(self):
+        a, _, _, _ = truth_run()
+        sets = {r["attribute_names"]: r for r in a.tables["attr_sets"]}
+        # at a: 10 whose links changed, 2 lost with a - b; at b: 57 sent back
+        self.assertEqual(sets["Group,n"]["published"], 10 + 2 + 57)
+        self.assertEqual(sets["Heartbeat,Service"]["published"], 2 * (599 - 34))
+
+    def test_the_flood_sends_every_publication_on_every_tree_link(self):
+        a, _, _, _ = truth_run()
+        flood = {(r["router"], r["peer"]): r["flood_notifications"] for r in a.tables["flood"]}
+        at_a = 2 * (599 - 34) + 2 + 10
+        self.assertEqual((flood[("a", "b")], flood[("a", "c")]), (at_a, at_a))
+        self.assertEqual((flood[("b", "a")], flood[("b", "c")]), (57, 57))
 
 
 class EventTests(unittest.SynchronousTestCase):
