@@ -192,13 +192,22 @@ def _wire(events):
                         | ((F.col("direction") == "in") & F.col("event").isin(*IN_WIRE)))
 
 
+# a router whose records stop this long before the window's end, with a
+# link still up, stopped without writing link_down (killed)
+TRACE_END_GRACE_US = 60 * SECOND_US
+
+
 def link_uptime(events, start_us, end_us, per_minute=None):
     """Per link (router, peer): seconds up in the window, ups, downs, last reason.
 
     Sessions run from link_up to the next link event of the link (normally
     its link_down) or the window's end; a link whose first event in the
     window is a link_down was up from the window's start; a link with
-    records but no link event was up all the window.
+    records but no link event was up all the window. A session still open
+    at the router's last record, when that is more than
+    ``TRACE_END_GRACE_US`` before the window's end, ends there: the
+    router's traces stop without a link_down, as a killed router's do
+    (``traced_until_us``: that last record; null for other links).
     """
     F = _F()
     from pyspark.sql import Window
@@ -209,17 +218,26 @@ def link_uptime(events, start_us, end_us, per_minute=None):
     marked = (link_events
               .withColumn("next_ts", F.lead("ts_us").over(w))
               .withColumn("prev_event", F.lag("event").over(w)))
+    last = (per_minute.groupBy("router").agg(F.max("last_us").alias("last_us"))
+            if per_minute is not None else
+            events.groupBy("router").agg(F.max("ts_us").alias("last_us")))
+    stopped = F.col("next_ts").isNull() & (F.col("last_us") < end_us - TRACE_END_GRACE_US)
     up_sessions = (marked.where(F.col("event") == "link_up")
+                   .join(last, ["router"], "left")
                    .select("router", "peer", F.col("ts_us").alias("s"),
-                           F.coalesce("next_ts", F.lit(end_us)).alias("e")))
+                           F.when(stopped, F.col("last_us"))
+                           .otherwise(F.coalesce("next_ts", F.lit(end_us))).alias("e"),
+                           F.when(stopped, F.col("last_us")).alias("traced_until_us")))
     open_at_start = (marked.where((F.col("event") == "link_down") & F.col("prev_event").isNull())
                      .select("router", "peer", F.lit(start_us).cast("long").alias("s"),
-                             F.col("ts_us").alias("e")))
+                             F.col("ts_us").alias("e"),
+                             F.lit(None).cast("long").alias("traced_until_us")))
     sessions = up_sessions.unionByName(open_at_start).select(
-        "router", "peer",
+        "router", "peer", "traced_until_us",
         F.greatest(F.least("e", F.lit(end_us)) - F.greatest("s", F.lit(start_us)),
                    F.lit(0)).alias("up_us"))
-    up = sessions.groupBy("router", "peer").agg(F.sum("up_us").alias("up_us"))
+    up = sessions.groupBy("router", "peer").agg(F.sum("up_us").alias("up_us"),
+                                                F.max("traced_until_us").alias("traced_until_us"))
     counts = link_events.groupBy("router", "peer").agg(
         _count_if(F.col("event") == "link_up").alias("ups"),
         _count_if(F.col("event") == "link_down").alias("downs"),
@@ -234,7 +252,7 @@ def link_uptime(events, start_us, end_us, per_minute=None):
                                 F.lit(0)) / 1e6).alias("uptime_s"),
                     F.coalesce("ups", F.lit(0)).alias("ups"),
                     F.coalesce("downs", F.lit(0)).alias("downs"),
-                    "last_down_reason")
+                    "last_down_reason", "traced_until_us")
             .withColumn("uptime_pct", F.round(F.col("uptime_s") * 1e8 / length, 2)))
 
 

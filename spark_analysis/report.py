@@ -541,6 +541,28 @@ def fig_link_traffic(figs):
     return "link_traffic", reading
 
 
+def stopped_reading(figs):
+    """Routers whose traces stop, well before the period ends, with links
+    up and no link_down (as a killed router's do): their links' uptime
+    ends at their last record (``link_uptime.traced_until_us``)."""
+    a = figs.a
+    by_router = {}
+    for r in a.tables.get("link_uptime", []):
+        if r.get("traced_until_us") is not None:
+            by_router.setdefault((r["router"], r["traced_until_us"]), []).append(r["peer"])
+    parts = []
+    for (router, last), peers in sorted(by_router.items()):
+        parts.append(f"{figs.s(router)}'s records end at {tf.format_time(last)}, "
+                     f"{_duration(a.end_us - last)} before the period ends, with its "
+                     f"link{'s' if len(peers) > 1 else ''} to "
+                     f"{', '.join(figs.s(p) for p in sorted(peers))} up and no link_down")
+    if not parts:
+        return ""
+    return ("; ".join(parts) + ". A router that is killed writes no link_down, so the "
+            "uptime of these links is counted only to the last record of the router "
+            "that traced them (csv/link_uptime.csv, traced_until_us).")
+
+
 def fig_uptime(figs):
     a = figs.a
     rows = a.tables.get("link_uptime", [])
@@ -549,17 +571,20 @@ def fig_uptime(figs):
     flaky = [r for r in rows if (r["router"], r["peer"]) in down]
     if not rows:
         return None, ""
+    stopped = stopped_reading(figs)
     if not flaky:
         return None, ("No link went down in the period, other than as a router's traces "
-                      "ended." if any(r["downs"] for r in rows) else
-                      "Every link stayed up for the whole period.")
+                      "ended." if any(r["downs"] for r in rows) or stopped else
+                      "Every link stayed up for the whole period.") + (
+                          " " + stopped if stopped else "")
     worst = min(flaky, key=lambda r: r["uptime_pct"] if r["uptime_pct"] is not None else 100)
     reasons = sorted({r.get("reason") for r in outages if r.get("reason")})
     return None, (f"{len(flaky)} of {len(rows)} link ends saw the link go down "
                   f"({len(outages)} times in all, not counting routers stopping; reasons: "
                   f"{', '.join(reasons) or 'not given'}). Lowest uptime: "
                   f"{figs.s(worst['router'])} \u2013 {figs.s(worst['peer'])}, "
-                  f"{worst['uptime_pct'] or 0:.1f}% of the period.")
+                  f"{worst['uptime_pct'] or 0:.1f}% of the period."
+                  + (" " + stopped if stopped else ""))
 
 
 def fig_filter_effect(figs):

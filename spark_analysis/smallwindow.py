@@ -260,15 +260,24 @@ def link_uptime(w):
         marked AS (
             SELECT *, lead(ts_us) OVER o AS next_ts, lag(event) OVER o AS prev_event
             FROM le WINDOW o AS (PARTITION BY router, peer ORDER BY ts_us, event)),
+        last AS (SELECT router, max(last_us) AS last_us FROM per_minute GROUP BY router),
+        stopped AS (
+            SELECT m.*, l.last_us,
+                   (m.next_ts IS NULL AND l.last_us < {e - jobs.TRACE_END_GRACE_US})
+                       AS stopped
+            FROM marked m LEFT JOIN last l USING (router)),
         sessions AS (
-            SELECT router, peer, ts_us AS s, coalesce(next_ts, {e}) AS e
-            FROM marked WHERE event = 'link_up'
+            SELECT router, peer, ts_us AS s,
+                   CASE WHEN stopped THEN last_us ELSE coalesce(next_ts, {e}) END AS e,
+                   CASE WHEN stopped THEN last_us END AS traced_until_us
+            FROM stopped WHERE event = 'link_up'
             UNION ALL
-            SELECT router, peer, {s}::BIGINT, ts_us
+            SELECT router, peer, {s}::BIGINT, ts_us, NULL::BIGINT
             FROM marked WHERE event = 'link_down' AND prev_event IS NULL),
         up AS (
             SELECT router, peer,
-                   sum(greatest(least(e, {e}) - greatest(s, {s}), 0))::BIGINT AS up_us
+                   sum(greatest(least(e, {e}) - greatest(s, {s}), 0))::BIGINT AS up_us,
+                   max(traced_until_us) AS traced_until_us
             FROM sessions GROUP BY ALL),
         counts AS (
             SELECT router, peer,
@@ -283,7 +292,7 @@ def link_uptime(w):
                coalesce(up.up_us, CASE WHEN c.ups IS NULL THEN {length} END, 0) / 1e6
                    AS uptime_s,
                coalesce(c.ups, 0)::BIGINT AS ups, coalesce(c.downs, 0)::BIGINT AS downs,
-               c.last_down_reason,
+               c.last_down_reason, up.traced_until_us,
                coalesce(up.up_us, CASE WHEN c.ups IS NULL THEN {length} END, 0) / 1e6
                    * 1e8 / {length} AS uptime_pct
         FROM pairs p LEFT JOIN up USING (router, peer) LEFT JOIN counts c USING (router, peer)

@@ -7,7 +7,8 @@ duplicates to c within 0.8 s (``notify_dropped_duplicate``, c not in
 their routing lists) and c sends two real loops back to a; a - b is down
 for 34 s, two notifications a forwarded still queued when it went down
 (``unsent``); the links a's publications are considered for change (a
-mesh's tree); every router stops at the end; and one record of a's file is
+mesh's tree); d, linked to c, is killed at 300 s (its trace stops
+without link_down); every other router stops at the end; and one record of a's file is
 dated 2100. Each engine's answers are checked against those numbers, and
 the two engines against each other (one small Spark run).
 """
@@ -25,6 +26,8 @@ DUP = {"Group": "mesh", "n": 7}
 LOOP = {"Group": "loop", "n": 9}
 LOST = {"Group": "lost", "n": 0}
 PUB = {"Group": "tree", "n": 0}
+FROM_D = {"From": "d"}
+KILLED = 300
 A_FILE = "a-20240501T120000Z-000001.jsonl"
 FUTURE_US = 4102444800 * 10**6          # 2100-01-01T00:00:00Z
 OUTAGE = (200, 234)
@@ -32,8 +35,14 @@ OUTAGE = (200, 234)
 
 def truth_records():
     """{router: [(ts_us, line)]} of the scenario (see the module's text)."""
-    out = {"a": [], "b": [], "c": []}
+    out = {"a": [], "b": [], "c": [], "d": []}
     rec, note = recorder(out)
+    # d is killed at 300 s: its trace stops without link_down; c notices at 302 s
+    rec("d", T(0), "c", "link_up", "out")
+    rec("c", T(0), "d", "link_up", "in")
+    note("d", T(KILLED), "c", "notify_forwarded", "out", FROM_D, ["d"])
+    note("c", T(KILLED, 1500), "d", "notify_received", "in", FROM_D, ["d"])
+    rec("c", T(KILLED + 2), "d", "link_down", "in", reason="connection_lost")
 
     for x, y in (("a", "b"), ("c", "b"), ("c", "a")):
         rec(x, T(0), y, "link_up", "out")
@@ -144,7 +153,8 @@ class TimeSanityTests(unittest.SynchronousTestCase):
         a, _, _, _ = truth_run()
         self.assertEqual((a.start_us, a.end_us), (T(0), T(599.9, 300)))
         for row in a.tables["link_uptime"]:
-            self.assertGreater(row["uptime_pct"], 90, row)
+            if "d" not in (row["router"], row["peer"]):
+                self.assertGreater(row["uptime_pct"], 90, row)
 
     def test_files_csv_counts_and_names_it(self):
         import csv
@@ -264,6 +274,26 @@ class PublishedTests(unittest.SynchronousTestCase):
         self.assertEqual((flood[("b", "a")], flood[("b", "c")]), (57, 57))
 
 
+class KilledRouterTests(unittest.SynchronousTestCase):
+    """A router whose trace stops without link_down: its links' uptime ends there, said."""
+
+    def test_the_uptime_ends_at_its_last_record(self):
+        a, _, _, _ = truth_run()
+        rows = {(r["router"], r["peer"]): r for r in a.tables["link_uptime"]}
+        self.assertEqual((rows[("d", "c")]["uptime_s"], rows[("d", "c")]["traced_until_us"]),
+                         (KILLED, T(KILLED)))
+        self.assertEqual((rows[("c", "d")]["uptime_s"], rows[("c", "d")]["traced_until_us"]),
+                         (KILLED + 2, None))
+        self.assertIsNone(rows[("a", "b")]["traced_until_us"])
+
+    def test_the_report_says_so(self):
+        plain = _plain(truth_run()[1])
+        self.assertIn("d's records end at 2024-05-01T12:05:00Z, 5.0 minutes before the period "
+                      "ends, with its link to c up and no link_down. A router that is killed "
+                      "writes no link_down, so the uptime of these links is counted only to "
+                      "the last record of the router that traced them", plain)
+
+
 class EventTests(unittest.SynchronousTestCase):
     """Outages at their real times; routers stopping are not outages."""
 
@@ -273,10 +303,10 @@ class EventTests(unittest.SynchronousTestCase):
         outages, ends = report.split_outages(a)
         self.assertEqual(sorted((r["router"], r["seconds"]) for r in outages),
                          [("a", 34.0), ("b", 34.0)])
-        self.assertEqual(len(ends), 6)
+        self.assertEqual(len(ends), 7)
         plain = _plain(text)
         self.assertIn("Links went down 2 time(s)", plain)
-        self.assertIn("6 link end(s) closed within 60 s of the end of a router's traces", plain)
+        self.assertIn("7 link end(s) closed within 60 s of the end of a router's traces", plain)
         self.assertNotIn("still down at the end", plain)
 
     def test_the_drops_are_drawn_per_second(self):
