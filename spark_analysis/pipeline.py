@@ -56,6 +56,7 @@ class Analysis:
         self.series = {}          # chart data -> [dict]
         self.files = []           # [(path, size)] read
         self.unreadable = []      # [(path, reason)] skipped: not readable gzip
+        self.copies = []          # [(path, kept path, how)] skipped: a copy of another file
         self.file_stats = {}      # path -> (ok, bad)
         self.bad_examples = []    # [(file, line, reason, text)]
         self.aside = 0            # valid records set aside: dated far from their file's
@@ -352,6 +353,13 @@ class _Run:
         analysis.files = [(path, size) for path, size in analysis.files if path not in gone]
         for path, reason in batch.unreadable:
             _warn(request.progress, f"{_display(path)}: {reason}; skipped")
+        # The same traces collected twice are read once (TraceStore: _copies).
+        analysis.copies = batch.copies
+        gone = {path for path, _, _ in batch.copies}
+        analysis.files = [(path, size) for path, size in analysis.files if path not in gone]
+        for path, kept, how in batch.copies:
+            _warn(request.progress, f"{_display(path)}: {how} of {_display(kept)}; "
+                                    f"not read")
 
     def account_for_files(self):
         """Every file listed with its records, bad lines and records set aside
@@ -401,6 +409,7 @@ class _Run:
         # Every file read is listed (an empty one with 0 records), and every
         # file skipped as unreadable, with why.
         unreadable = {path for path, _ in batch.unreadable}
+        unreadable |= {path for path, _, _ in batch.copies}
         named = {}
         for path, line, ts in analysis.aside_examples:
             named.setdefault(path, []).append(
@@ -412,6 +421,9 @@ class _Run:
         rows += [{"file": path, "records": 0, "bad_lines": 0, "set_aside": 0,
                   "set_aside_first": "", "skipped": reason}
                  for path, reason in batch.unreadable]
+        rows += [{"file": path, "records": 0, "bad_lines": 0, "set_aside": 0,
+                  "set_aside_first": "", "skipped": f"{how} of {kept}"}
+                 for path, kept, how in batch.copies]
         out_dir = request.out_dir
         _write_csv(os.path.join(out_dir, "csv", "files.csv"),
                    sorted(rows, key=lambda r: r["file"]),

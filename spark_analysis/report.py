@@ -1586,6 +1586,14 @@ def write_report(analysis):
                         for f, r in unreadable)
         parts.append(f'<div class="warn"><b>{len(unreadable)} trace files could not be read '
                      f'and were skipped.</b><ul>{items}</ul></div>')
+    copies = getattr(a, "copies", [])
+    if copies:
+        items = "".join(f"<li>{html.escape(_display(f))}: {html.escape(how)} of "
+                        f"{html.escape(_display(kept))}</li>" for f, kept, how in copies[:20])
+        parts.append(f'<div class="warn"><b>{len(copies)} trace files were copies of others '
+                     f'(the same traces collected twice) and were not read, so no record is '
+                     f'counted twice.</b><ul>{items}</ul>All: '
+                     f'<a href="csv/files.csv">csv/files.csv</a></div>')
     if a.bad_lines:
         items = "".join(f"<li>{html.escape(_display(f))} line {n}: {html.escape(r)}</li>"
                         for f, n, r, _ in a.bad_examples[:20])

@@ -96,6 +96,7 @@ class BatchResult:
         self.bad_examples = []      # [(path, line, reason, text)]
         self.aside = 0              # valid records set aside: dated far from their file's
         self.aside_examples = []    # [(path, line or None, ts_us)]
+        self.copies = []            # [(path, kept path, how)]: copies not read (_copies)
 
 
 def _now_iso():
@@ -583,6 +584,10 @@ class TraceStore:
     def _update(self, files):
         self.recover()
         result = BatchResult()
+        known = {e["path"] for e in self.manifest()["files"].values()}
+        result.copies = _copies(files, known)
+        copied = {path for path, _, _ in result.copies}
+        files = [(path, size) for path, size in files if path not in copied]
         parts, entries, result.unchanged, result.warnings = self.plan(files)
         if not parts:
             return result
@@ -819,6 +824,81 @@ def _newest_plain_per_domain(files):
         if key not in newest or (info[1], info[2]) > newest[key][0]:
             newest[key] = ((info[1], info[2]), path)
     return {path for _, path in newest.values()}
+
+
+def _copies(files, known=()):
+    """[(path, kept, how)]: files of ``files`` ([(path, size)]) that hold
+    nothing another one does not, so are not read: the same content
+    (``how`` "same content") or its first part (``how`` "first N bytes"),
+    as when one host's traces are collected twice, or once while still
+    being written. Files are grouped by their first HEAD_BYTES
+    (uncompressed) and compared whole within a group. A file already read
+    (in ``known``) is kept over its copies, then the longest, then the
+    one nearest the top, then by path. Local files only; remote ones are
+    told by name and size."""
+    copies, groups, seen = [], {}, {}
+    for path, size in files:
+        if not ingest._is_local(path):
+            key = (_stem(path), size)
+            if key in seen:
+                copies.append((path, seen[key], "same name and size"))
+            else:
+                seen[key] = path
+            continue
+        try:
+            with _open_uncompressed(ingest._local(path)) as f:
+                head = f.read(HEAD_BYTES)
+        except (OSError, EOFError, zlib.error):
+            continue
+        if head:
+            groups.setdefault(hashlib.sha1(head).hexdigest(), []).append((path, size))
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        members.sort(key=lambda m: (m[0] not in known, -m[1], m[0].count("/"), m[0]))
+        kept = []
+        for path, _ in members:
+            for i, other in enumerate(kept):
+                relation = _relation(path, other)
+                if relation is None:
+                    continue
+                if relation[0] == "other":      # the other is this one's first part
+                    if other in known and _stem(other) != _stem(path):
+                        continue    # (read already: this one is matched to it by name only)
+                    copies.append((other, path, relation[1]))
+                    kept[i] = path
+                else:
+                    copies.append((path, other, relation[1]))
+                break
+            else:
+                kept.append(path)
+    return copies
+
+
+def _relation(a, b):
+    """How local file ``a``'s uncompressed content relates to ``b``'s:
+    ("this", how) if ``a`` holds nothing more than ``b`` (the same, or its
+    first part), ("other", how) if ``b`` is ``a``'s first part, None if they
+    differ (or either cannot be read)."""
+    try:
+        with _open_uncompressed(ingest._local(a)) as fa, \
+                _open_uncompressed(ingest._local(b)) as fb:
+            length = 0
+            while True:
+                # (buffered and gzip reads return the size asked for until the end)
+                x, y = fa.read(_COPY_CHUNK), fb.read(_COPY_CHUNK)
+                n = min(len(x), len(y))
+                if x[:n] != y[:n]:
+                    return None
+                length += n
+                if len(x) > len(y):
+                    return ("other", f"first {length:,} bytes")
+                if len(x) < len(y):
+                    return ("this", f"first {length:,} bytes")
+                if not x:
+                    return ("this", "same content")
+    except (OSError, EOFError, zlib.error):
+        return None
 
 
 def _ends_with_newline(path, size):

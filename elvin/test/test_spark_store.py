@@ -717,3 +717,53 @@ class OneWriterTests(unittest.SynchronousTestCase):
         with store._one_writer(said.append):
             pass
         self.assertEqual(len(said), 1)
+
+
+class CopiesTests(unittest.SynchronousTestCase):
+    """The same traces collected twice are recognised by content (no Spark)."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="elvin-copies-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+
+    def write(self, rel, lines, gz=False):
+        path = os.path.join(self.dir, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        data = "".join(line + "\n" for line in lines).encode()
+        with open(path, "wb") as f:
+            f.write(gzip.compress(data) if gz else data)
+        return path, os.path.getsize(path)
+
+    def test_same_content_first_part_and_different(self):
+        from spark_analysis.store import _copies
+        name = tf.trace_file_name("a", T(0), 1)
+        lines = [_line("a", i, i) for i in range(200)]
+        whole = self.write(name, lines)
+        again = self.write(os.path.join("h2", name + ".gz"), lines, gz=True)
+        early = self.write(os.path.join("h3", name), lines[:50])
+        other = self.write(tf.trace_file_name("b", T(0), 1), [_line("b", i, i) for i in range(9)])
+        renamed_differs = self.write(os.path.join("h4", name), lines[:199] + [_line("a", 1, 7)])
+        found = _copies([whole, again, early, other, renamed_differs])
+        self.assertEqual(sorted((os.path.relpath(p, self.dir), os.path.relpath(k, self.dir), how)
+                                for p, k, how in found),
+                         [(os.path.join("h2", name + ".gz"), name, "same content"),
+                          (os.path.join("h3", name), name,
+                           f"first {early[1]:,} bytes")])
+
+    def test_a_longer_copy_of_a_file_read_before_takes_over(self):
+        from spark_analysis.store import _copies
+        name = tf.trace_file_name("a", T(0), 1)
+        lines = [_line("a", i, i) for i in range(100)]
+        short = self.write(name, lines[:60])
+        longer = self.write(os.path.join("h2", name), lines)
+        # the longer copy of the same name takes over (the store reads its tail)
+        self.assertEqual([(os.path.relpath(p, self.dir), how) for p, _, how in
+                          _copies([short, longer], known={short[0]})],
+                         [(name, f"first {short[1]:,} bytes")])
+
+    def test_remote_files_by_name_and_size(self):
+        from spark_analysis.store import _copies
+        name = tf.trace_file_name("a", T(0), 1)
+        self.assertEqual(_copies([(f"hdfs://x/1/{name}", 10), (f"hdfs://x/2/{name}", 10),
+                                  (f"hdfs://x/3/{name}", 11)]),
+                         [(f"hdfs://x/2/{name}", f"hdfs://x/1/{name}", "same name and size")])

@@ -6,7 +6,8 @@ identical contents repeat (two copies a second, 3 ms apart, each taking
 duplicates to c within 0.8 s (``notify_dropped_duplicate``, c not in
 their routing lists) and c sends two real loops back to a; a - b is down
 for 34 s, two notifications a forwarded still queued when it went down
-(``unsent``); the links a's publications are considered for change (a
+(``unsent``); c's file is collected twice and b's once more half-way;
+the links a's publications are considered for change (a
 mesh's tree); d, linked to c, is killed at 300 s (its trace stops
 without link_down); every other router stops at the end; and one record of a's file is
 dated 2100. Each engine's answers are checked against those numbers, and
@@ -105,6 +106,13 @@ def write_truth(directory, legacy=False):
     for router, body in records.items():
         name = A_FILE if router == "a" else f"{router}-20240501T120000Z-000001.jsonl"
         with open(os.path.join(directory, name), "w") as f:
+            f.write("\n".join(body) + "\n")
+    # collected twice: c's file again from another host, b's as it was half-way
+    for host, router, keep in (("again", "c", None), ("early", "b", 0.5)):
+        os.makedirs(os.path.join(directory, host))
+        body = records[router][:int(len(records[router]) * keep)] if keep else records[router]
+        with open(os.path.join(directory, host, f"{router}-20240501T120000Z-000001.jsonl"),
+                  "w") as f:
             f.write("\n".join(body) + "\n")
     return at + 1
 
@@ -232,6 +240,29 @@ class DropWordingTests(unittest.SynchronousTestCase):
         plain = _plain(truth_run("legacy", legacy=True)[1])
         self.assertIn("59 loop drop records do not have the receiving router in their "
                       "routing list, so they are not loops", plain)
+
+
+class CopiesTests(unittest.SynchronousTestCase):
+    """c's file collected twice, b's once more half-way: read once, said (every
+    count above is of one copy)."""
+
+    def test_the_copies_are_named_and_not_read(self):
+        import csv
+        a, text, _, traces = truth_run()
+        c, b = "c-20240501T120000Z-000001.jsonl", "b-20240501T120000Z-000001.jsonl"
+        self.assertEqual(sorted((os.path.relpath(p, traces), os.path.relpath(k, traces), how)
+                                for p, k, how in a.copies),
+                         [(os.path.join("again", c), c, "same content"),
+                          (os.path.join("early", b), b,
+                           f"first {os.path.getsize(os.path.join(traces, 'early', b)):,} "
+                           f"bytes")])
+        with open(os.path.join(a.out_dir, "csv", "files.csv")) as f:
+            rows = {os.path.relpath(r["file"], traces): r for r in csv.DictReader(f)}
+        self.assertEqual((rows[os.path.join("again", c)]["records"],
+                          rows[os.path.join("again", c)]["skipped"]),
+                         ("0", f"same content of {os.path.join(traces, c)}"))
+        self.assertNotEqual(rows[c]["records"], "0")
+        self.assertIn("2 trace files were copies of others", _plain(text))
 
 
 class UnsentTests(unittest.SynchronousTestCase):
