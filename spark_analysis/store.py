@@ -399,8 +399,15 @@ class TraceStore:
                     break
             if match is not None:
                 key, entry = match
-                if (entry["path"] == path and entry["size"] == stat.st_size
-                        and entry["mtime_ns"] == stat.st_mtime_ns):
+                same = (entry["path"] == path and entry["size"] == stat.st_size
+                        and entry["mtime_ns"] == stat.st_mtime_ns)
+                if same and not entry["gz"] and entry["offset"] < stat.st_size:
+                    # a partial last line that has not grown since the last run:
+                    # the writer stopped (killed); it is read, and judged, now
+                    entries[key] = dict(entry, read_at=_now_iso(), finished=True)
+                    parts.append((path, path, "tail", entry["offset"]))
+                    continue
+                if same:
                     unchanged += 1
                     continue
                 if entry.get("complete") and path.endswith(".gz") == entry["gz"]:
@@ -413,6 +420,9 @@ class TraceStore:
                                     f"{entry['offset']} already read; left as it was")
                     continue
                 new["complete"] = new["gz"]
+                # a newer file of the router exists: this one is closed, its
+                # partial last line (if any) is read and judged
+                new["finished"] = new["gz"] or path not in newest
                 entries[key] = new
                 parts.append((path, path, "tail", entry["offset"]))
                 continue
@@ -431,8 +441,9 @@ class TraceStore:
                      "read_at": _now_iso(), "examples": []}
             key = f"{stem}#{uuid.uuid4().hex[:12]}"
             entries[key] = entry
-            if entry["gz"] or (path not in newest and _ends_with_newline(fpath, stat.st_size)):
-                parts.append((path, path, "whole", 0))      # closed: Spark reads it as it is
+            if entry["gz"] or path not in newest:
+                # closed: read as it is (a partial last line is judged: a bad line)
+                parts.append((path, path, "whole", 0))
             else:
                 parts.append((path, path, "prefix", 0))     # may be growing: copy what is whole
         return parts, entries, unchanged, warnings
@@ -615,14 +626,21 @@ class TraceStore:
             os.makedirs(staging_local, exist_ok=True)
             target = os.path.join(staging_local, f"{len(spark_inputs):06d}-{_stem(path)}")
             try:
-                end, head = _copy_complete_lines(fpath, first, target, entry)
+                end, head = _copy_complete_lines(fpath, first, target, entry,
+                                                 entry.get("finished", False))
             except (OSError, EOFError, zlib.error) as e:
                 result.unreadable.append((path, f"not readable ({e or type(e).__name__})"))
                 entries.pop(key, None)
                 continue
             entry["offset"] = end
+            entry.pop("finished", None)
             if head is not None:
                 entry["head"], entry["head_len"] = head
+            if end < entry["size"] and not entry["gz"]:
+                result.warnings.append(
+                    f"{path}: last line incomplete ({entry['size'] - end} bytes, no newline): "
+                    f"not read yet, as the file may still be written; if it has not grown "
+                    f"by the next run it is read then (a bad line if it is not a record)")
             if end > first:
                 spark_inputs.append(target)
                 file_of[ingest._file_uri(target)] = path
@@ -837,7 +855,11 @@ def _copies(files, known=()):
     one nearest the top, then by path. Local files only; remote ones are
     told by name and size."""
     copies, groups, seen = [], {}, {}
+    # (a .gz beside its plain file is being compressed: ``plan`` reads the plain one)
+    plain = {(os.path.dirname(p), _stem(p)) for p, _ in files if not p.endswith(".gz")}
     for path, size in files:
+        if path.endswith(".gz") and (os.path.dirname(path), _stem(path)) in plain:
+            continue
         if not ingest._is_local(path):
             key = (_stem(path), size)
             if key in seen:
@@ -901,14 +923,6 @@ def _relation(a, b):
         return None
 
 
-def _ends_with_newline(path, size):
-    if size == 0:
-        return True
-    with open(path, "rb") as f:
-        f.seek(size - 1)
-        return f.read(1) == b"\n"
-
-
 def _finish_whole(path, entry):
     """For a file Spark reads whole: its uncompressed length is unknown
     for .gz (read to the end: complete), else its size; and its head hash."""
@@ -919,9 +933,11 @@ def _finish_whole(path, entry):
     return entry["size"] if not entry["gz"] else -1
 
 
-def _copy_complete_lines(path, first, target, entry):
+def _copy_complete_lines(path, first, target, entry, finished=False):
     """Copy the uncompressed bytes from ``first`` up to the last newline into
-    ``target``. Returns (end offset, (head hash, head length) or None)."""
+    ``target`` (to the end, a partial last line included, if the file is
+    ``finished`` or gzipped: no more is written to it). Returns (end offset,
+    (head hash, head length) or None)."""
     end = first
     head = None
     with _open_uncompressed(path) as src, open(target, "wb") as dst:
@@ -952,9 +968,10 @@ def _copy_complete_lines(path, first, target, entry):
             dst.write(data[:cut + 1])
             end += cut + 1
             carry = data[cut + 1:]
-        if carry and entry.get("gz"):
-            # a closed, compressed file ends with an unterminated line: it is whole
-            dst.write(carry + b"\n")
+        if carry and (entry.get("gz") or finished):
+            # a closed file ends with an unterminated line: it is all there
+            # will be of it (``arrowparse.parse_file`` judges it)
+            dst.write(carry)
             end += len(carry)
     if entry.get("head") is None:
         head = (hashlib.sha1(head_data).hexdigest(), len(head_data))

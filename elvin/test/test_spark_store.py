@@ -767,3 +767,56 @@ class CopiesTests(unittest.SynchronousTestCase):
         self.assertEqual(_copies([(f"hdfs://x/1/{name}", 10), (f"hdfs://x/2/{name}", 10),
                                   (f"hdfs://x/3/{name}", 11)]),
                          [(f"hdfs://x/2/{name}", f"hdfs://x/1/{name}", "same name and size")])
+
+
+class CutShortTests(unittest.SynchronousTestCase):
+    """A finished file's partial last line is a bad line, with why (read here, no Spark)."""
+
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="elvin-cut-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.traces = os.path.join(self.dir, "traces")
+        os.makedirs(self.traces)
+
+    def update(self):
+        from spark_analysis import ingest
+        from spark_analysis.store import TraceStore
+        return TraceStore(None, os.path.join(self.dir, "tables")).update(
+            ingest.list_trace_files(self.traces))
+
+    def write(self, name, data, gz=False):
+        path = os.path.join(self.traces, name)
+        with open(path, "wb") as f:
+            f.write(gzip.compress(data.encode()) if gz else data.encode())
+        return path
+
+    def test_closed_rotated_and_stopped_files(self):
+        from spark_analysis.arrowparse import CUT_SHORT
+        whole = "".join(_line("a", i, i) + "\n" for i in range(3))
+        closed = self.write(tf.trace_file_name("a", T(0), 1), whole + _line("a", 3, 3)[:25])
+        rotated = self.write(tf.trace_file_name("b", T(0), 1) + ".gz",
+                             whole.replace('"a"', '"b"') + _line("b", 3, 3)[:40], gz=True)
+        current = self.write(tf.trace_file_name("a", T(10), 2),
+                             _line("a", 10, 10) + "\n" + _line("a", 11, 11)[:30])
+        first = self.update()
+        self.assertEqual(first.records, 3 + 3 + 1)
+        self.assertEqual({os.path.basename(p): (line, reason.startswith(CUT_SHORT + ": not JSON"))
+                          for p, line, reason, _ in first.bad_examples},
+                         {os.path.basename(closed): (4, True),
+                          os.path.basename(rotated): (4, True)})
+        # the current file may still be written: its partial line waits, said
+        self.assertEqual(first.file_stats[current], (1, 0))
+        self.assertTrue(any(w.startswith(f"{current}: last line incomplete (")
+                            for w in first.warnings), first.warnings)
+        # not grown by the next run: the writer stopped, the line is judged
+        second = self.update()
+        self.assertEqual(second.file_stats[current], (0, 1))
+        self.assertEqual([(line, reason.split(":")[0]) for _, line, reason, _ in
+                          second.bad_examples], [(2, CUT_SHORT.split(":")[0])])
+        self.assertEqual(self.update().parts, [])
+
+    def test_a_last_line_without_newline_that_is_whole_is_a_record(self):
+        self.write(tf.trace_file_name("a", T(0), 1), _line("a", 0, 0))
+        self.write(tf.trace_file_name("a", T(10), 2), _line("a", 10, 10) + "\n")
+        result = self.update()
+        self.assertEqual((result.records, result.bad), (2, 0))
