@@ -395,17 +395,21 @@ class _Run:
                             f"set aside (not analysed; see csv/files.csv)")
         analysis.bad_lines = sum(bad for _, bad in stats.values())
         bad_files = sorted(f for f, (_, bad) in stats.items() if bad)
-        listed_bad = set(bad_files[:request.max_bad_files])
-        analysis.bad_examples = [e for e in examples if e[0] in listed_bad]
+        # every bad line named (up to store.BAD_LINES_LISTED a file) goes to
+        # csv/bad_lines.csv; the progress output names five a file, of the
+        # first max_bad_files files with new ones
+        analysis.bad_examples = examples
         bad_now = {f for f, (_, bad) in batch.file_stats.items() if bad}
+        warned = set(sorted(f for f in bad_files if f in bad_now)[:request.max_bad_files])
+        shown = {}
         for file, line, reason, text in analysis.bad_examples:
-            if file in bad_now:
+            if file in warned and shown.get(file, 0) < 5:
+                shown[file] = shown.get(file, 0) + 1
                 _warn(progress, f"{_display(file)} line {line}: {reason}; skipped")
         if analysis.bad_lines and progress:
-            more = len(bad_files) - min(len(bad_files), request.max_bad_files)
             _warn(progress, f"{analysis.bad_lines} bad lines in {len(bad_files)} files "
-                            f"counted and skipped"
-                            + (f" ({more} files not itemised)" if more else ""))
+                            f"counted and skipped ({len(analysis.bad_examples)} named in "
+                            f"csv/bad_lines.csv)")
         # Every file read is listed (an empty one with 0 records), and every
         # file skipped as unreadable, with why.
         unreadable = {path for path, _ in batch.unreadable}
@@ -429,9 +433,10 @@ class _Run:
                    sorted(rows, key=lambda r: r["file"]),
                    ["file", "records", "bad_lines", "set_aside", "set_aside_first", "skipped"])
         _write_csv(os.path.join(out_dir, "csv", "bad_lines.csv"),
-                   [{"file": f, "line": n, "reason": r, "text": t}
+                   [{"file": f, "file_bad_lines": stats.get(f, (0, 0))[1], "line": n,
+                     "reason": r, "text": t}
                     for f, n, r, t in analysis.bad_examples],
-                   ["file", "line", "reason", "text"])
+                   ["file", "file_bad_lines", "line", "reason", "text"])
 
     def check_has_events(self):
         """A table with no valid record: say why (unreadable, bad or empty files)."""

@@ -1597,9 +1597,14 @@ def write_report(analysis):
     if a.bad_lines:
         items = "".join(f"<li>{html.escape(_display(f))} line {n}: {html.escape(r)}</li>"
                         for f, n, r, _ in a.bad_examples[:20])
+        from spark_analysis.store import BAD_LINES_LISTED
+        named = len(a.bad_examples)
         parts.append(f'<div class="warn"><b>{_n(a.bad_lines)} bad trace lines were skipped.</b>'
-                     f'<ul>{items}</ul>All: <a href="csv/bad_lines.csv">csv/bad_lines.csv</a>, '
-                     f'per file: <a href="csv/files.csv">csv/files.csv</a></div>')
+                     f'<ul>{items}</ul>'
+                     + ("All" if named == a.bad_lines else
+                        f"{_n(named)} named (up to {_n(BAD_LINES_LISTED)} a file)")
+                     + f': <a href="csv/bad_lines.csv">csv/bad_lines.csv</a>; '
+                     f'each file\'s total: <a href="csv/files.csv">csv/files.csv</a></div>')
     changes = changes_since(a)
     if changes:
         parts.append(_section("Since the previous report", "changes", changes))

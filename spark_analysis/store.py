@@ -71,10 +71,15 @@ import zlib
 from spark_analysis import compaction, ingest
 from spark_analysis import traceformat as tf
 
-__all__ = ["TraceStore", "BatchResult", "HEAD_BYTES", "MANIFEST_VERSION", "MINUTES_TABLE",
+__all__ = ["TraceStore", "BatchResult", "HEAD_BYTES", "BAD_LINES_LISTED", "BAD_FILES_LISTED", "MANIFEST_VERSION", "MINUTES_TABLE",
            "expected_records"]
 
 HEAD_BYTES = 4096          # bytes hashed to recognise a file
+# bad lines named (line, reason, text) per file, in the manifest and
+# csv/bad_lines.csv, and files whose bad lines are named, per batch: the
+# rest are counted (csv/files.csv), not named
+BAD_LINES_LISTED = 1000
+BAD_FILES_LISTED = 100
 MINUTES_TABLE = "event_minutes"   # per-minute counts made at ingest (``minutes``)
 MANIFEST_VERSION = 4          # 2: events carry dkey and akey; 3: keys made by arrowparse;
                               # 4: events carry link_down's unsent
@@ -672,13 +677,17 @@ class TraceStore:
         result.records = sum(ok for ok, _ in stats.values())
         result.bad = sum(bad for _, bad in stats.values())
         # the bad lines' numbers, for the first files that have some
-        for path in sorted(p for p, (_, bad) in stats.items() if bad)[:10]:
+        for path in sorted(p for p, (_, bad) in stats.items() if bad)[:BAD_FILES_LISTED]:
             key, entry = by_path.get(path, (None, None))
             start = line_base.get(path, 0)
-            found = ingest.locate_bad_lines(self.spark, path, start_byte=start)
+            had = len(entry.get("examples", [])) if entry is not None else 0
+            if had >= BAD_LINES_LISTED:
+                continue
+            found = ingest.locate_bad_lines(self.spark, path, limit=BAD_LINES_LISTED - had,
+                                            start_byte=start)
             result.bad_examples += [(path, n, r, t) for n, r, t in found]
             if entry is not None:
-                entry["examples"] = (entry.get("examples", []) + [[n, r, t] for n, r, t in found])[:5]
+                entry["examples"] = entry.get("examples", []) + [[n, r, t] for n, r, t in found]
         pending = {"batch": batch, "entries": entries, "parts": written,
                    "minute_parts": minute_parts}
         pending_path = self.fs.join("_ingest", f"pending-{batch}.json")

@@ -820,3 +820,43 @@ class CutShortTests(unittest.SynchronousTestCase):
         self.write(tf.trace_file_name("a", T(10), 2), _line("a", 10, 10) + "\n")
         result = self.update()
         self.assertEqual((result.records, result.bad), (2, 0))
+
+
+class BadLinesListTests(unittest.SynchronousTestCase):
+    """csv/bad_lines.csv names every bad line up to the cap, with each file's total."""
+
+    def run_with_bad_lines(self, bad):
+        import csv
+        from elvin.test.test_spark_smallwindow import _skip_without_duckdb
+        from spark_analysis import pipeline
+        _skip_without_duckdb()
+        base = tempfile.mkdtemp(prefix="elvin-badlines-")
+        self.addCleanup(shutil.rmtree, base, True)
+        traces, out = os.path.join(base, "traces"), os.path.join(base, "out")
+        os.makedirs(traces)
+        lines = [_line("a", i, i) for i in range(3)] + [f"bad {i}" for i in range(bad)]
+        with open(os.path.join(traces, tf.trace_file_name("a", T(0), 1)), "w") as f:
+            f.write("".join(line + "\n" for line in lines))
+
+        def no_spark():
+            raise AssertionError("a small local window must not start Spark")
+        analysis = pipeline.run(no_spark, traces, out, progress=None, engine="duckdb")
+        with open(os.path.join(out, "csv", "bad_lines.csv")) as f:
+            rows = list(csv.DictReader(f))
+        with open(os.path.join(out, "report.html"), encoding="utf-8") as f:
+            return analysis, rows, f.read()
+
+    def test_every_bad_line_is_listed(self):
+        a, rows, _ = self.run_with_bad_lines(7)
+        self.assertEqual(a.bad_lines, 7)
+        self.assertEqual([(r["line"], r["file_bad_lines"]) for r in rows],
+                         [(str(n), "7") for n in range(4, 11)])
+
+    def test_past_the_cap_the_total_is_stated(self):
+        from spark_analysis import store
+        self.patch(store, "BAD_LINES_LISTED", 3)
+        a, rows, text = self.run_with_bad_lines(7)
+        self.assertEqual([(r["line"], r["file_bad_lines"]) for r in rows],
+                         [("4", "7"), ("5", "7"), ("6", "7")])
+        self.assertIn("7 bad trace lines were skipped.</b>", text)
+        self.assertIn("3 named (up to 3 a file)", text)
