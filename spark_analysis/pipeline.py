@@ -21,7 +21,7 @@ import sys
 import time
 from typing import IO, Optional
 
-from spark_analysis import ingest, jobs, sharedsql, smallwindow
+from spark_analysis import ingest, jobs, sharedsql, skew, smallwindow
 from spark_analysis.store import TraceStore
 from spark_analysis import traceformat as tf
 
@@ -57,6 +57,7 @@ class Analysis:
         self.files = []           # [(path, size)] read
         self.unreadable = []      # [(path, reason)] skipped: not readable gzip
         self.copies = []          # [(path, kept path, how)] skipped: a copy of another file
+        self.skewed = []          # [skew.Skewed]: routers far off, records left out
         self.file_stats = {}      # path -> (ok, bad)
         self.bad_examples = []    # [(file, line, reason, text)]
         self.aside = 0            # valid records set aside: dated far from their file's
@@ -472,10 +473,45 @@ class _Run:
             self.until_us = newest + 1
             self.since_us = self.until_us - request.last_us
             analysis.since_us, analysis.until_us = self.since_us, self.until_us
+        if self.since_us is None and self.until_us is None:
+            self.leave_out_skewed_routers(small)
         if small and request.engine == "auto":
             small = (smallwindow.count(local_tables, self.since_us, self.until_us)
                      <= smallwindow.SMALL_WINDOW_RECORDS)
         return small
+
+    def leave_out_skewed_routers(self, small):
+        """Without a window asked for, the period is that of the routers whose
+        clocks agree (``skew``): the records of a router far off, outside it,
+        are left out and named."""
+        analysis = self.analysis
+        if small:
+            import pyarrow.dataset as ds
+            path = os.path.join(ingest._local(analysis.tables_dir), "event_minutes")
+            if not os.path.isdir(path):
+                return
+            table = ds.dataset(path, format="parquet", partitioning="hive",
+                               exclude_invalid_files=True).to_table(
+                columns=["router", "minute_us", "n", "first_us", "last_us"])
+            grouped = table.group_by(["router", "minute_us"]).aggregate(
+                [("n", "sum"), ("first_us", "min"), ("last_us", "max")])
+            rows = zip(*(grouped.column(c).to_pylist() for c in
+                         ("router", "minute_us", "n_sum", "first_us_min", "last_us_max")))
+        else:
+            from pyspark.sql import functions as F
+            self.store.spark = self.lazy.get()
+            rows = [tuple(r) for r in self.store.per_minute().groupBy("router", "minute_us").agg(
+                F.sum("n"), F.min("first_us"), F.max("last_us")).collect()]
+        period, analysis.skewed = skew.judge(rows)
+        if period is None:
+            return
+        self.since_us, self.until_us = period[0], period[1] + 1
+        for r in analysis.skewed:
+            _warn(self.request.progress,
+                  f"router {r.router}: its records lie far from the other routers' (its bulk "
+                  f"{tf.format_time(r.bulk_first_us)} .. {tf.format_time(r.bulk_last_us)}, a "
+                  f"clock set wrong?); {r.outside:,} of them, {tf.format_time(r.first_us)} .. "
+                  f"{tf.format_time(r.last_us)}, are outside the period and left out")
 
     def analyse_in_spark(self):
         """Stages 3-7 side by side in Spark, then the report."""

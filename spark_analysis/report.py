@@ -1586,6 +1586,19 @@ def write_report(analysis):
                         for f, r in unreadable)
         parts.append(f'<div class="warn"><b>{len(unreadable)} trace files could not be read '
                      f'and were skipped.</b><ul>{items}</ul></div>')
+    skewed = getattr(a, "skewed", [])
+    if skewed:
+        items = "".join(
+            f"<li>{html.escape(r.router)}: its records' bulk "
+            f"{html.escape(tf.format_time(r.bulk_first_us))} to "
+            f"{html.escape(tf.format_time(r.bulk_last_us))}; {_n(r.outside)} records from "
+            f"{html.escape(tf.format_time(r.first_us))} to "
+            f"{html.escape(tf.format_time(r.last_us))} left out</li>" for r in skewed)
+        parts.append(f'<div class="warn"><b>{len(skewed)} routers\' records lie far from '
+                     f'the other routers\' (more than an hour apart, or the others\' span '
+                     f'if longer), as from a clock set wrong: the period above is that of '
+                     f'the other routers, and their records outside it are not '
+                     f'analysed.</b><ul>{items}</ul></div>')
     copies = getattr(a, "copies", [])
     if copies:
         items = "".join(f"<li>{html.escape(_display(f))}: {html.escape(how)} of "

@@ -9,7 +9,7 @@ for 34 s, two notifications a forwarded still queued when it went down
 (``unsent``); c's file is collected twice and b's once more half-way;
 the links a's publications are considered for change (a
 mesh's tree); d, linked to c, is killed at 300 s (its trace stops
-without link_down); every other router stops at the end; and one record of a's file is
+without link_down); e's clock is two hours ahead; every other router stops at the end; and one record of a's file is
 dated 2100. Each engine's answers are checked against those numbers, and
 the two engines against each other (one small Spark run).
 """
@@ -28,6 +28,7 @@ LOOP = {"Group": "loop", "n": 9}
 LOST = {"Group": "lost", "n": 0}
 PUB = {"Group": "tree", "n": 0}
 FROM_D = {"From": "d"}
+SKEW = 7200
 KILLED = 300
 A_FILE = "a-20240501T120000Z-000001.jsonl"
 FUTURE_US = 4102444800 * 10**6          # 2100-01-01T00:00:00Z
@@ -36,8 +37,13 @@ OUTAGE = (200, 234)
 
 def truth_records():
     """{router: [(ts_us, line)]} of the scenario (see the module's text)."""
-    out = {"a": [], "b": [], "c": [], "d": []}
+    out = {"a": [], "b": [], "c": [], "d": [], "e": []}
     rec, note = recorder(out)
+    # e's clock is two hours ahead (b traced nothing of its link)
+    rec("e", T(SKEW), "b", "link_up", "out")
+    for s in range(1, 300):
+        note("e", T(SKEW + s), "b", "notify_forwarded", "out", dict(FROM_D, n=s), ["e"])
+    rec("e", T(SKEW + 300), "b", "link_down", "out", reason="shutdown")
     # d is killed at 300 s: its trace stops without link_down; c notices at 302 s
     rec("d", T(0), "c", "link_up", "out")
     rec("c", T(0), "d", "link_up", "in")
@@ -159,7 +165,8 @@ class TimeSanityTests(unittest.SynchronousTestCase):
 
     def test_the_window_is_that_of_the_records_kept(self):
         a, _, _, _ = truth_run()
-        self.assertEqual((a.start_us, a.end_us), (T(0), T(599.9, 300)))
+        # (the period [first, last] kept, as a window [since, until))
+        self.assertEqual((a.start_us, a.end_us), (T(0), T(599.9, 300) + 1))
         for row in a.tables["link_uptime"]:
             if "d" not in (row["router"], row["peer"]):
                 self.assertGreater(row["uptime_pct"], 90, row)
@@ -263,6 +270,19 @@ class CopiesTests(unittest.SynchronousTestCase):
                          ("0", f"same content of {os.path.join(traces, c)}"))
         self.assertNotEqual(rows[c]["records"], "0")
         self.assertIn("2 trace files were copies of others", _plain(text))
+
+
+class SkewedClockTests(unittest.SynchronousTestCase):
+    """A router two hours ahead: the period is the other routers', its records named."""
+
+    def test_its_records_are_left_out_and_named(self):
+        a, text, _, _ = truth_run()
+        self.assertEqual([(r.router, r.outside, r.first_us, r.last_us) for r in a.skewed],
+                         [("e", 301, T(SKEW), T(SKEW + 300))])
+        self.assertNotIn("e", {r["router"] for r in a.tables["overview"]})
+        self.assertIn("e: its records' bulk 2024-05-01T14:00:00Z to 2024-05-01T14:04:59Z; "
+                      "301 records from 2024-05-01T14:00:00Z to 2024-05-01T14:05:00Z left out",
+                      _plain(text))
 
 
 class UnsentTests(unittest.SynchronousTestCase):
