@@ -462,8 +462,9 @@ def drops(events, per_minute=None):
     minute, drops, bytes), ``drops`` (totals, first and last, and
     ``router_listed``: of a link's loop and duplicate drops, how many
     records carry the receiving router in their routing list -- a loop is
-    only that; null for the other kinds) and ``unsent`` (the link_down
-    records of links that went down with notifications still queued).
+    only that; null for the other kinds), ``unsent`` (the link_down
+    records of links that went down with notifications still queued) and
+    ``duplicate_deliveries`` (notifications received by more than one route).
     """
     F = _F()
     if per_minute is None:
@@ -475,7 +476,12 @@ def drops(events, per_minute=None):
     totals = shared(events.sparkSession, sharedsql.drops(), events=events,
                     per_minute=per_minute)
     return {"drops_minute": minutes, "drops": totals,
-            "unsent": shared(events.sparkSession, sharedsql.unsent(), events=events)}
+            "unsent": shared(events.sparkSession, sharedsql.unsent(), events=events),
+            "duplicate_deliveries": shared(events.sparkSession,
+                                           sharedsql.duplicate_deliveries(), events=events),
+            "duplicate_delivery_totals": shared(events.sparkSession,
+                                                sharedsql.duplicate_delivery_totals(),
+                                                events=events)}
 
 
 # ---------------------------------------------------------------------------

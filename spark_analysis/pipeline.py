@@ -36,6 +36,8 @@ CSV_TABLES = {
     "flood": (["flood_bytes"], True, None),
     "drops": (["drops"], True, None),
     "unsent": (["router", "peer", "ts_us"], False, None),
+    "duplicate_deliveries": (["router", "first_us", "dkey"], False, 5000),
+    "duplicate_delivery_totals": (["router"], False, None),
     "hops": (["hops"], False, None),
     "routes": (["deliveries"], True, 5000),
     "hop_latency": (["sender", "receiver"], False, None),
@@ -861,6 +863,8 @@ def _drops_stage(c):
     _save(spark, analysis, "drops_minute", tables["drops_minute"])
     _save(spark, analysis, "drops", tables["drops"])
     _save(spark, analysis, "unsent", tables["unsent"])
+    _save(spark, analysis, "duplicate_deliveries", tables["duplicate_deliveries"])
+    _save(spark, analysis, "duplicate_delivery_totals", tables["duplicate_delivery_totals"])
     fine = analysis.series["fine_us"] = jobs.fine_bucket_us(c["start"], c["end"])
     analysis.series["drops"] = _rows(jobs.drop_times(c["events"], fine))
     return f"{sum(r['drops'] for r in analysis.tables['drops']):,} drops"

@@ -1015,6 +1015,39 @@ def latency_sample_reading(a):
             f"Run with --latency-sample 1 to time every notification.")
 
 
+def duplicate_delivery_reading(figs):
+    """Notifications a router received by more than one route, with an
+    example per receiver (``duplicate_deliveries``)."""
+    a = figs.a
+    totals = a.tables.get("duplicate_delivery_totals", [])
+    if not totals:
+        return ""
+    rows = a.tables.get("duplicate_deliveries", [])
+    parts = []
+    for t in sorted(totals, key=lambda r: (-r["extra"], r["router"])):
+        example = next((r for r in rows if r["router"] == t["router"]), None)
+        text = (f"at {figs.s(t['router'])}, {_n(t['notifications'])} "
+                f"({_n(t['extra'])} extra)")
+        if example is not None:
+            digest = format(example["dkey"] & (2**64 - 1), "016x")
+            text += (f", e.g. digest {digest}\u2026 from {figs.s(example['origin'])}, received "
+                     f"by way of {example['route_a']} and of {example['route_b']} from "
+                     f"{tf.format_time(example['first_us'], 'milliseconds')}")
+        parts.append(text)
+    n = sum(t["notifications"] for t in totals)
+    extra = sum(t["extra"] for t in totals)
+    return (f"Duplicate deliveries: {_n(n)} time(s) a router received one notification "
+            f"(the same origin and digest) by more than one route, {_n(extra)} receipt(s) "
+            f"more than one route would give: " + "; ".join(parts)
+            + ". Each was received (notify_received), "
+            "so delivered to the router's clients again. The routing list stops a "
+            "notification only at a router already on it, so on a cycle of links it can "
+            "arrive once per way round; routers in mesh mode drop such copies "
+            "(notify_dropped_duplicate). Every such notification is in "
+            "csv/duplicate_deliveries.csv (up to 5,000), the totals per router in "
+            "csv/duplicate_delivery_totals.csv.")
+
+
 def pairing_reading(figs):
     """How the sends and receipts were paired, and how many could not be, and why."""
     rows = figs.a.tables.get("hop_latency", [])
@@ -1693,6 +1726,7 @@ def write_report(analysis):
                           + _img(figs, "latency") + _reading(readings["latency"])
                           + _reading(readings["hop_latency"])
                           + _reading(pairing_reading(figs))
+                          + _reading(duplicate_delivery_reading(figs))
                           + _table(a.tables["hop_latency"], [
                               ("sender", "from", "s"), ("receiver", "to", "s"),
                               ("matched", "matched", "n"), ("delay_p50_us", "p50 ms", "ms"),

@@ -240,6 +240,38 @@ def unsent():
         FROM {events} WHERE event = 'link_down' AND unsent > 0""")
 
 
+def duplicate_deliveries():
+    """Notifications a router received (``notify_received``) by more than
+    one route: one row per receiver, origin and digest (``dkey``) that
+    arrived with two or more routing lists, as in a ring of routers that
+    are not in mesh mode (the routing list stops a notification only at a
+    router already on it). receipts: all of its receipts there; extra:
+    those beyond the most frequent route's; routes: how many; first_us,
+    last_us; route_a, route_b: the least and greatest routing list, as
+    ``a > b``."""
+    return Query("""
+        WITH per_route AS (
+            SELECT router, origin, dkey, concat_ws(' > ', routing) AS route, count(*) AS n,
+                   min(ts_us) AS first_us, max(ts_us) AS last_us
+            FROM {events} WHERE event = 'notify_received'
+            GROUP BY router, origin, dkey, concat_ws(' > ', routing))
+        SELECT router, origin, dkey, CAST(sum(n) AS BIGINT) AS receipts,
+               CAST(sum(n) - max(n) AS BIGINT) AS extra, CAST(count(*) AS BIGINT) AS routes,
+               min(first_us) AS first_us, max(last_us) AS last_us,
+               min(route) AS route_a, max(route) AS route_b
+        FROM per_route GROUP BY router, origin, dkey HAVING count(*) > 1""")
+
+
+def duplicate_delivery_totals():
+    """``duplicate_deliveries`` per receiving router: notifications, receipts,
+    extra, first_us, last_us."""
+    return Query(f"""
+        SELECT router, CAST(count(*) AS BIGINT) AS notifications,
+               CAST(sum(receipts) AS BIGINT) AS receipts, CAST(sum(extra) AS BIGINT) AS extra,
+               min(first_us) AS first_us, max(last_us) AS last_us
+        FROM ({duplicate_deliveries().sql}) d GROUP BY router""")
+
+
 def drop_times(bucket_us):
     """Drops counted per kind, direction and ``bucket_us``: event, direction,
     t_us, drops (in time order)."""

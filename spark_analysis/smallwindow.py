@@ -412,6 +412,8 @@ def drops_stage(w, save, fine_us):
     save("drops_minute", minutes)
     save("drops", shared(w, sharedsql.drops()))
     save("unsent", shared(w, sharedsql.unsent()))
+    save("duplicate_deliveries", shared(w, sharedsql.duplicate_deliveries()))
+    save("duplicate_delivery_totals", shared(w, sharedsql.duplicate_delivery_totals()))
     return shared(w, sharedsql.drop_times(fine_us)).to_pylist()
 
 

@@ -9,7 +9,8 @@ for 34 s, two notifications a forwarded still queued when it went down
 (``unsent``); c's file is collected twice and b's once more half-way;
 the links a's publications are considered for change (a
 mesh's tree); d, linked to c, is killed at 300 s (its trace stops
-without link_down); e's clock is two hours ahead; every other router stops at the end; and one record of a's file is
+without link_down); e's clock is two hours ahead; a ring delivery reaches c twice; every
+other router stops at the end; and one record of a's file is
 dated 2100. Each engine's answers are checked against those numbers, and
 the two engines against each other (one small Spark run).
 """
@@ -29,6 +30,7 @@ LOST = {"Group": "lost", "n": 0}
 PUB = {"Group": "tree", "n": 0}
 FROM_D = {"From": "d"}
 SKEW = 7200
+RING = {"Ring": 1}
 KILLED = 300
 A_FILE = "a-20240501T120000Z-000001.jsonl"
 FUTURE_US = 4102444800 * 10**6          # 2100-01-01T00:00:00Z
@@ -88,6 +90,13 @@ def truth_records():
     for i in range(10):
         note("a", T(450, 100000 + i * 1000), "b" if i < 6 else "c",
              "notify_suppressed_filter", "out", dict(PUB, n=i), ["a"])
+    # the ring without mesh mode: published at b, c receives it from b and by way of a
+    note("b", T(500), "a", "notify_forwarded", "out", RING, ["b"])
+    note("b", T(500, 10), "c", "notify_forwarded", "out", RING, ["b"])
+    note("a", T(500, 2000), "b", "notify_received", "in", RING, ["b"])
+    note("c", T(500, 1010), "b", "notify_received", "in", RING, ["b"])
+    note("a", T(500, 2100), "c", "notify_forwarded", "out", RING, ["b", "a"])
+    note("c", T(500, 3100), "a", "notify_received", "in", RING, ["b", "a"])
     # everyone stops at the end
     for x, y in (("a", "b"), ("c", "b"), ("c", "a")):
         rec(x, T(599.9), y, "link_down", "out", reason="shutdown")
@@ -285,6 +294,29 @@ class SkewedClockTests(unittest.SynchronousTestCase):
                       _plain(text))
 
 
+class DuplicateDeliveryTests(unittest.SynchronousTestCase):
+    """A plain ring (no mesh): c receives b's notification both ways round, stated."""
+
+    def test_the_receipts_are_named(self):
+        a, _, _, _ = truth_run()
+        self.assertEqual([(r["router"], r["origin"], r["receipts"], r["extra"], r["routes"],
+                           r["first_us"], r["route_a"], r["route_b"])
+                          for r in a.tables["duplicate_deliveries"]],
+                         [("c", "b", 2, 1, 2, T(500, 1010), "b", "b > a")])
+        self.assertEqual([(r["router"], r["notifications"], r["extra"])
+                          for r in a.tables["duplicate_delivery_totals"]], [("c", 1, 1)])
+
+    def test_the_report_states_them(self):
+        from spark_analysis import traceformat as tf
+        digest = tf.notification_digest(RING)[:16]
+        plain = _plain(truth_run()[1])
+        self.assertIn("Duplicate deliveries: 1 time(s) a router received one notification "
+                      "(the same origin and digest) by more than one route, 1 receipt(s) more "
+                      "than one route would give: at c, 1 (1 extra), e.g. "
+                      f"digest {digest}\u2026 from b, received by way of b and of b > a from "
+                      "2024-05-01T12:08:20.001Z", plain)
+
+
 class UnsentTests(unittest.SynchronousTestCase):
     """Notifications queued on a link when it went down are lost on that link, named."""
 
@@ -322,7 +354,7 @@ class PublishedTests(unittest.SynchronousTestCase):
         flood = {(r["router"], r["peer"]): r["flood_notifications"] for r in a.tables["flood"]}
         at_a = 2 * (599 - 34) + 2 + 10
         self.assertEqual((flood[("a", "b")], flood[("a", "c")]), (at_a, at_a))
-        self.assertEqual((flood[("b", "a")], flood[("b", "c")]), (57, 57))
+        self.assertEqual((flood[("b", "a")], flood[("b", "c")]), (57 + 1, 57 + 1))
 
 
 class KilledRouterTests(unittest.SynchronousTestCase):
