@@ -1394,6 +1394,12 @@ nav a{margin-right:1em}code{background:#f1f3f5;padding:0 .2em}
 """
 
 
+def _warn_box(headline, items, tail=""):
+    """A warning box: a headline (HTML), a list of items (HTML), more after."""
+    lis = "".join(f"<li>{item}</li>" for item in items)
+    return f'<div class="warn"><b>{headline}</b><ul>{lis}</ul>{tail}</div>'
+
+
 def _img(figs, name):
     path = figs.a.charts.get(name)
     if not path:
@@ -1615,31 +1621,29 @@ def write_report(analysis):
                      f'<a href="csv/files.csv">csv/files.csv</a></div>')
     unreadable = getattr(a, "unreadable", [])
     if unreadable:
-        items = "".join(f"<li>{html.escape(_display(f))}: {html.escape(r)}</li>"
-                        for f, r in unreadable)
-        parts.append(f'<div class="warn"><b>{len(unreadable)} trace files could not be read '
-                     f'and were skipped.</b><ul>{items}</ul></div>')
+        parts.append(_warn_box(f"{len(unreadable)} trace files could not be read and were "
+                               f"skipped.", [f"{html.escape(_display(f))}: {html.escape(r)}"
+                                             for f, r in unreadable]))
     skewed = getattr(a, "skewed", [])
     if skewed:
-        items = "".join(
-            f"<li>{html.escape(r.router)}: its records' bulk "
-            f"{html.escape(tf.format_time(r.bulk_first_us))} to "
-            f"{html.escape(tf.format_time(r.bulk_last_us))}; {_n(r.outside)} records from "
-            f"{html.escape(tf.format_time(r.first_us))} to "
-            f"{html.escape(tf.format_time(r.last_us))} left out</li>" for r in skewed)
-        parts.append(f'<div class="warn"><b>{len(skewed)} routers\' records lie far from '
-                     f'the other routers\' (more than an hour apart, or the others\' span '
-                     f'if longer), as from a clock set wrong: the period above is that of '
-                     f'the other routers, and their records outside it are not '
-                     f'analysed.</b><ul>{items}</ul></div>')
+        parts.append(_warn_box(
+            f"{len(skewed)} routers' records lie far from the other routers' (more than an "
+            f"hour apart, or the others' span if longer), as from a clock set wrong: the "
+            f"period above is that of the other routers, and their records outside it are "
+            f"not analysed.",
+            [f"{html.escape(r.router)}: its records' bulk "
+             f"{html.escape(tf.format_time(r.bulk_first_us))} to "
+             f"{html.escape(tf.format_time(r.bulk_last_us))}; {_n(r.outside)} records from "
+             f"{html.escape(tf.format_time(r.first_us))} to "
+             f"{html.escape(tf.format_time(r.last_us))} left out" for r in skewed]))
     copies = getattr(a, "copies", [])
     if copies:
-        items = "".join(f"<li>{html.escape(_display(f))}: {html.escape(how)} of "
-                        f"{html.escape(_display(kept))}</li>" for f, kept, how in copies[:20])
-        parts.append(f'<div class="warn"><b>{len(copies)} trace files were copies of others '
-                     f'(the same traces collected twice) and were not read, so no record is '
-                     f'counted twice.</b><ul>{items}</ul>All: '
-                     f'<a href="csv/files.csv">csv/files.csv</a></div>')
+        parts.append(_warn_box(
+            f"{len(copies)} trace files were copies of others (the same traces collected "
+            f"twice) and were not read, so no record is counted twice.",
+            [f"{html.escape(_display(f))}: {html.escape(how)} of {html.escape(_display(kept))}"
+             for f, kept, how in copies[:20]],
+            'All: <a href="csv/files.csv">csv/files.csv</a>'))
     if a.bad_lines:
         items = "".join(f"<li>{html.escape(_display(f))} line {n}: {html.escape(r)}</li>"
                         for f, n, r, _ in a.bad_examples[:20])
