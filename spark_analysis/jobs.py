@@ -475,13 +475,13 @@ def drops(events, per_minute=None):
                              F.timestamp_micros("minute_us").alias("minute"))
     totals = shared(events.sparkSession, sharedsql.drops(), events=events,
                     per_minute=per_minute)
+    spark = events.sparkSession
+    duplicates = shared(spark, sharedsql.duplicate_deliveries(), events=events)
     return {"drops_minute": minutes, "drops": totals,
-            "unsent": shared(events.sparkSession, sharedsql.unsent(), events=events),
-            "duplicate_deliveries": shared(events.sparkSession,
-                                           sharedsql.duplicate_deliveries(), events=events),
-            "duplicate_delivery_totals": shared(events.sparkSession,
-                                                sharedsql.duplicate_delivery_totals(),
-                                                events=events)}
+            "unsent": shared(spark, sharedsql.unsent(), events=events),
+            "duplicate_deliveries": duplicates,
+            "duplicate_delivery_totals": shared(spark, sharedsql.duplicate_delivery_totals(),
+                                                duplicate_deliveries=duplicates)}
 
 
 # ---------------------------------------------------------------------------

@@ -249,12 +249,19 @@ def duplicate_deliveries():
     those beyond the most frequent route's; routes: how many; first_us,
     last_us; route_a, route_b: the least and greatest routing list, as
     ``a > b``."""
+    # (the routing lists compared as lists first: only the few notifications
+    # with two of them have their receipts counted per route, by name)
     return Query("""
-        WITH per_route AS (
-            SELECT router, origin, dkey, concat_ws(' > ', routing) AS route, count(*) AS n,
-                   min(ts_us) AS first_us, max(ts_us) AS last_us
-            FROM {events} WHERE event = 'notify_received'
-            GROUP BY router, origin, dkey, concat_ws(' > ', routing))
+        WITH apart AS (
+            SELECT router, origin, dkey FROM {events} WHERE event = 'notify_received'
+            GROUP BY router, origin, dkey HAVING min(routing) <> max(routing)),
+        per_route AS (
+            SELECT e.router, e.origin, e.dkey, concat_ws(' > ', e.routing) AS route,
+                   count(*) AS n, min(e.ts_us) AS first_us, max(e.ts_us) AS last_us
+            FROM {events} e JOIN apart a
+                ON e.router = a.router AND e.origin = a.origin AND e.dkey = a.dkey
+            WHERE e.event = 'notify_received'
+            GROUP BY e.router, e.origin, e.dkey, concat_ws(' > ', e.routing))
         SELECT router, origin, dkey, CAST(sum(n) AS BIGINT) AS receipts,
                CAST(sum(n) - max(n) AS BIGINT) AS extra, CAST(count(*) AS BIGINT) AS routes,
                min(first_us) AS first_us, max(last_us) AS last_us,
@@ -263,13 +270,13 @@ def duplicate_deliveries():
 
 
 def duplicate_delivery_totals():
-    """``duplicate_deliveries`` per receiving router: notifications, receipts,
-    extra, first_us, last_us."""
+    """``duplicate_deliveries`` (the relation of that name) per receiving
+    router: notifications, receipts, extra, first_us, last_us."""
     return Query(f"""
         SELECT router, CAST(count(*) AS BIGINT) AS notifications,
                CAST(sum(receipts) AS BIGINT) AS receipts, CAST(sum(extra) AS BIGINT) AS extra,
                min(first_us) AS first_us, max(last_us) AS last_us
-        FROM ({duplicate_deliveries().sql}) d GROUP BY router""")
+        FROM {{duplicate_deliveries}} GROUP BY router""")
 
 
 def drop_times(bucket_us):

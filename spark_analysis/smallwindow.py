@@ -412,8 +412,15 @@ def drops_stage(w, save, fine_us):
     save("drops_minute", minutes)
     save("drops", shared(w, sharedsql.drops()))
     save("unsent", shared(w, sharedsql.unsent()))
-    save("duplicate_deliveries", shared(w, sharedsql.duplicate_deliveries()))
-    save("duplicate_delivery_totals", shared(w, sharedsql.duplicate_delivery_totals()))
+    duplicates = shared(w, sharedsql.duplicate_deliveries())
+    save("duplicate_deliveries", duplicates)
+    w.con.register("duplicate_deliveries", duplicates)
+    try:
+        save("duplicate_delivery_totals",
+             shared(w, sharedsql.duplicate_delivery_totals(),
+                    duplicate_deliveries="duplicate_deliveries"))
+    finally:
+        w.con.unregister("duplicate_deliveries")
     return shared(w, sharedsql.drop_times(fine_us)).to_pylist()
 
 
