@@ -205,9 +205,10 @@ def link_uptime(events, start_us, end_us, per_minute=None):
     window is a link_down was up from the window's start; a link with
     records but no link event was up all the window. A session still open
     at the router's last record, when that is more than
-    ``TRACE_END_GRACE_US`` before the window's end, ends there: the
-    router's traces stop without a link_down, as a killed router's do
-    (``traced_until_us``: that last record; null for other links).
+    ``TRACE_END_GRACE_US`` before the window's last record (any router's),
+    ends there: the router's traces stop without a link_down, as a killed
+    router's do (``traced_until_us``: that last record; null for other
+    links).
     """
     F = _F()
     from pyspark.sql import Window
@@ -221,7 +222,10 @@ def link_uptime(events, start_us, end_us, per_minute=None):
     last = (per_minute.groupBy("router").agg(F.max("last_us").alias("last_us"))
             if per_minute is not None else
             events.groupBy("router").agg(F.max("ts_us").alias("last_us")))
-    stopped = F.col("next_ts").isNull() & (F.col("last_us") < end_us - TRACE_END_GRACE_US)
+    # (against the window's last record, not its end: --until may lie past the data)
+    last = last.crossJoin(last.agg(F.max("last_us").alias("data_end_us")))
+    stopped = F.col("next_ts").isNull() & (F.col("last_us")
+                                           < F.col("data_end_us") - TRACE_END_GRACE_US)
     up_sessions = (marked.where(F.col("event") == "link_up")
                    .join(last, ["router"], "left")
                    .select("router", "peer", F.col("ts_us").alias("s"),

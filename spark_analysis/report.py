@@ -546,6 +546,7 @@ def stopped_reading(figs):
     up and no link_down (as a killed router's do): their links' uptime
     ends at their last record (``link_uptime.traced_until_us``)."""
     a = figs.a
+    data_end = max((r["last_us"] for r in a.tables.get("overview", [])), default=a.end_us)
     by_router = {}
     for r in a.tables.get("link_uptime", []):
         if r.get("traced_until_us") is not None:
@@ -553,7 +554,8 @@ def stopped_reading(figs):
     parts = []
     for (router, last), peers in sorted(by_router.items()):
         parts.append(f"{figs.s(router)}'s records end at {tf.format_time(last)}, "
-                     f"{_duration(a.end_us - last)} before the period ends, with its "
+                     f"{_duration(data_end - last)} before the last record of the period, "
+                     f"with its "
                      f"link{'s' if len(peers) > 1 else ''} to "
                      f"{', '.join(figs.s(p) for p in sorted(peers))} up and no link_down")
     if not parts:

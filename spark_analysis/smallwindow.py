@@ -263,7 +263,8 @@ def link_uptime(w):
         last AS (SELECT router, max(last_us) AS last_us FROM per_minute GROUP BY router),
         stopped AS (
             SELECT m.*, l.last_us,
-                   (m.next_ts IS NULL AND l.last_us < {e - jobs.TRACE_END_GRACE_US})
+                   (m.next_ts IS NULL AND l.last_us
+                        < (SELECT max(last_us) FROM last) - {jobs.TRACE_END_GRACE_US})
                        AS stopped
             FROM marked m LEFT JOIN last l USING (router)),
         sessions AS (

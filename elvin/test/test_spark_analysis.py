@@ -267,20 +267,16 @@ GOOD = [
     {"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "link_up", "direction": "out"},
     {"v": 1, "ts_us": T0, "router": "a", "peer": None, "event": "link_down", "direction": "out",
      "reason": "connect_failed"},
-    {"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "link_down", "direction": "out",
-     "reason": "liveness", "unsent": 3},
     {"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "subreplace_sent",
      "direction": "out", "filter_nodes": 0, "filter_bytes": 4},
     {"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "notify_dropped_overload",
      "direction": "in", "routing": ["b"], "size": 60, "attrs": ["A", "b"], "digest": "0" * 40},
     {"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "link_up", "direction": "in",
      "future_field": [1, 2]},
+    {"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "link_down", "direction": "out",
+     "reason": "liveness", "unsent": 3},
 ]
 BAD = [
-    ({"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "link_down", "direction": "out",
-      "reason": "liveness", "unsent": 0}, "'unsent' must be at least 1"),
-    ({"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "link_down", "direction": "out",
-      "reason": "liveness", "unsent": "2"}, "field 'unsent' has the wrong type"),
     ({"v": 2, "ts_us": T0, "router": "a", "peer": "b", "event": "link_up", "direction": "out"},
      "unsupported format version"),
     ({"v": 1, "ts_us": T0 // 10**6, "router": "a", "peer": "b", "event": "link_up",
@@ -306,6 +302,10 @@ BAD = [
       "direction": "out"}, "wrong type"),
     ({"v": 1, "ts_us": T0, "router": "a", "event": "link_up", "direction": "out"},
      "missing field 'peer'"),
+    ({"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "link_down", "direction": "out",
+      "reason": "liveness", "unsent": 0}, "'unsent' must be at least 1"),
+    ({"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "link_down", "direction": "out",
+      "reason": "liveness", "unsent": "2"}, "field 'unsent' has the wrong type"),
 ]
 
 

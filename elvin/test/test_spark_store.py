@@ -407,7 +407,8 @@ class CompactionTests(unittest.SynchronousTestCase):
         for engine in engines:
             pipeline.run(self.spark, self.traces, os.path.join(self.dir, "out"),
                          tables_dir=self.tables, progress=None, report=False, engine=engine)
-        self.assertEqual(held, [True] * len(engines))
+        # (Spark reads the per-minute counts twice: skewed clocks, then the window)
+        self.assertEqual(held, [True] * (len(engines) + 1))
         with self.store()._no_readers() as free:
             self.assertTrue(free)
 

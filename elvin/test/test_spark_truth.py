@@ -371,8 +371,8 @@ class KilledRouterTests(unittest.SynchronousTestCase):
 
     def test_the_report_says_so(self):
         plain = _plain(truth_run()[1])
-        self.assertIn("d's records end at 2024-05-01T12:05:00Z, 5.0 minutes before the period "
-                      "ends, with its link to c up and no link_down. A router that is killed "
+        self.assertIn("d's records end at 2024-05-01T12:05:00Z, 5.0 minutes before the last "
+                      "record of the period, with its link to c up and no link_down. A router that is killed "
                       "writes no link_down, so the uptime of these links is counted only to "
                       "the last record of the router that traced them", plain)
 
