@@ -71,8 +71,8 @@ import zlib
 from spark_analysis import compaction, ingest
 from spark_analysis import traceformat as tf
 
-__all__ = ["TraceStore", "BatchResult", "HEAD_BYTES", "BAD_LINES_LISTED", "BAD_FILES_LISTED", "MANIFEST_VERSION", "MINUTES_TABLE",
-           "expected_records"]
+__all__ = ["TraceStore", "BatchResult", "HEAD_BYTES", "BAD_LINES_LISTED", "BAD_FILES_LISTED",
+           "MANIFEST_VERSION", "MINUTES_TABLE", "expected_records"]
 
 HEAD_BYTES = 4096          # bytes hashed to recognise a file
 # bad lines named (line, reason, text) per file, in the manifest and

@@ -372,9 +372,9 @@ class KilledRouterTests(unittest.SynchronousTestCase):
     def test_the_report_says_so(self):
         plain = _plain(truth_run()[1])
         self.assertIn("d's records end at 2024-05-01T12:05:00Z, 5.0 minutes before the last "
-                      "record of the period, with its link to c up and no link_down. A router that is killed "
-                      "writes no link_down, so the uptime of these links is counted only to "
-                      "the last record of the router that traced them", plain)
+                      "record of the period, with its link to c up and no link_down. A router "
+                      "that is killed writes no link_down, so the uptime of these links is "
+                      "counted only to the last record of the router that traced them", plain)
 
 
 class EventTests(unittest.SynchronousTestCase):
