@@ -28,7 +28,7 @@ from spark_analysis import traceformat as tf
 
 __all__ = ["JSON_SCHEMA", "EVENTS_SCHEMA", "CHUNK_BYTES", "parse_chunk", "line_reason",
            "read_chunks", "parse_file", "bad_lines", "set_aside", "lines_at_times",
-           "ASIDE_EXAMPLES"]
+           "ASIDE_EXAMPLES", "CUT_SHORT"]
 
 CHUNK_BYTES = 4 << 20      # uncompressed bytes parsed at once (whole lines)
 _S, _L = pa.string(), pa.int64()
@@ -37,13 +37,13 @@ _LIST = pa.list_(_S)
 JSON_SCHEMA = pa.schema([
     ("v", _L), ("ts_us", _L), ("router", _S), ("peer", _S), ("event", _S),
     ("direction", _S), ("routing", _LIST), ("size", _L), ("attrs", _LIST), ("digest", _S),
-    ("filter_nodes", _L), ("filter_bytes", _L), ("reason", _S)])
+    ("filter_nodes", _L), ("filter_bytes", _L), ("reason", _S), ("unsent", _L)])
 
 # The events table's columns, in ingest.events_schema()'s order.
 EVENTS_SCHEMA = pa.schema([
     ("ts_us", _L), ("peer", _S), ("event", _S), ("direction", _S), ("routing", _LIST),
     ("size", _L), ("attrs", _LIST), ("digest", _S), ("filter_nodes", _L),
-    ("filter_bytes", _L), ("reason", _S), ("origin", _S), ("hops", pa.int32()),
+    ("filter_bytes", _L), ("reason", _S), ("unsent", _L), ("origin", _S), ("hops", pa.int32()),
     ("dkey", _L), ("akey", _L), ("file", _S), ("bad_reason", _S), ("raw", _S),
     ("status", _S), ("day", pa.date32()), ("router", _S)])
 
@@ -152,6 +152,8 @@ def _fast(data):
         unless(subreplace, pc.and_(pc.greater_equal(col("filter_nodes"), 0),
                                    pc.greater_equal(col("filter_bytes"), 0))),
         unless(pc.equal(event, "link_down"), pc.is_valid(col("reason"))),
+        unless(pc.and_(pc.equal(event, "link_down"), pc.is_valid(col("unsent"))),
+               pc.greater_equal(col("unsent"), 1)),
     ]
     for rule in rules:
         if not pc.all(pc.fill_null(rule, False)).as_py():
@@ -227,7 +229,7 @@ def _events(table, file, sets=None):
     return pa.table([
         col("ts_us"), col("peer"), col("event"), col("direction"), routing, col("size"),
         attrs, col("digest"), col("filter_nodes"), col("filter_bytes"), col("reason"),
-        origin, pc.cast(length, pa.int32()), _dkey(col("digest")), akey,
+        col("unsent"), origin, pc.cast(length, pa.int32()), _dkey(col("digest")), akey,
         _repeat(file, n), pa.nulls(n, _S), pa.nulls(n, _S), _repeat("ok", n), day,
         col("router")], schema=EVENTS_SCHEMA)
 
@@ -242,8 +244,7 @@ def _slow(data, file):
     for raw in data.split(b"\n"):
         reason, obj = _judge(raw)
         if reason is not None:
-            bad.append((reason, raw[:4 * RAW_CHARS].decode("utf-8", "replace")
-                        .strip()[:RAW_CHARS]))
+            bad.append((reason, _raw_text(raw)))
         elif obj is not None:
             good.append(obj)
     parts = []
@@ -253,15 +254,29 @@ def _slow(data, file):
         keys = [None if names is None else _set_key(names) for names in lists]
         parts.append(_events(table, file, (pa.array(lists, _LIST), pa.array(keys, _L))))
     if bad:
-        n = len(bad)
-        columns = [pa.nulls(n, f.type) for f in EVENTS_SCHEMA]
-        names = EVENTS_SCHEMA.names
-        columns[names.index("file")] = _repeat(file, n)
-        columns[names.index("bad_reason")] = pa.array([r for r, _ in bad], _S)
-        columns[names.index("raw")] = pa.array([t for _, t in bad], _S)
-        columns[names.index("status")] = _repeat("bad", n)
-        parts.append(pa.table(columns, schema=EVENTS_SCHEMA))
+        parts.append(_bad_rows(file, bad))
     return parts
+
+
+def _bad_rows(file, bad):
+    """A table of EVENTS_SCHEMA of bad lines: [(reason, text)]."""
+    n = len(bad)
+    columns = [pa.nulls(n, f.type) for f in EVENTS_SCHEMA]
+    names = EVENTS_SCHEMA.names
+    columns[names.index("file")] = _repeat(file, n)
+    columns[names.index("bad_reason")] = pa.array([r for r, _ in bad], _S)
+    columns[names.index("raw")] = pa.array([t for _, t in bad], _S)
+    columns[names.index("status")] = _repeat("bad", n)
+    return pa.table(columns, schema=EVENTS_SCHEMA)
+
+
+def _raw_text(raw):
+    return raw[:4 * RAW_CHARS].decode("utf-8", "replace").strip()[:RAW_CHARS]
+
+
+# the reason of a bad last line without its newline: in a closed file the
+# writer was cut off mid-line (docs/traces.md: a killed router's last line)
+CUT_SHORT = "last line cut short (no newline at the end of the file)"
 
 
 def parse_chunk(data, file):
@@ -381,10 +396,24 @@ def open_trace(path_or_bytes, gz):
 
 
 def parse_file(source, file, gz, chunk=CHUNK_BYTES):
-    """Yield pa.Tables of EVENTS_SCHEMA for a whole trace file (path or bytes)."""
+    """Yield pa.Tables of EVENTS_SCHEMA for a whole trace file (path or bytes).
+
+    The file is read as finished: a last line without its newline is a
+    record if it is one, else a bad line whose reason says it was cut short
+    (``CUT_SHORT``)."""
     with open_trace(source, gz) as stream:
         for data in read_chunks(stream, chunk):
-            yield from parse_chunk(data, file)
+            if data.endswith(b"\n"):
+                yield from parse_chunk(data, file)
+                continue
+            cut = data.rfind(b"\n") + 1
+            yield from parse_chunk(data[:cut], file)
+            last = data[cut:]
+            reason = line_reason(last)
+            if reason is None:
+                yield from parse_chunk(last, file)
+            else:
+                yield _bad_rows(file, [(f"{CUT_SHORT}: {reason}", _raw_text(last))])
 
 
 def bad_lines(source, gz, limit=5, start_byte=0):
@@ -399,6 +428,8 @@ def bad_lines(source, gz, limit=5, start_byte=0):
                 continue
             reason = line_reason(raw.rstrip(b"\r\n"))
             if reason is not None:
+                if not raw.endswith(b"\n"):
+                    reason = f"{CUT_SHORT}: {reason}"
                 text = raw[:480].decode("utf-8", "replace").rstrip("\r\n")[:120]
                 found.append((number, reason, text))
                 if len(found) >= limit:

@@ -35,7 +35,7 @@ def _schema():
         T.StructField("routing", T.ArrayType(S)), T.StructField("size", L),
         T.StructField("attrs", T.ArrayType(S)), T.StructField("digest", S),
         T.StructField("filter_nodes", L), T.StructField("filter_bytes", L),
-        T.StructField("reason", S), T.StructField("_corrupt", S),
+        T.StructField("reason", S), T.StructField("unsent", L), T.StructField("_corrupt", S),
     ])
 
 
@@ -381,7 +381,8 @@ def events_schema():
         T.StructField("size", L), T.StructField("attrs", T.ArrayType(S)),
         T.StructField("digest", S), T.StructField("filter_nodes", L),
         T.StructField("filter_bytes", L), T.StructField("reason", S),
-        T.StructField("origin", S), T.StructField("hops", T.IntegerType()),
+        T.StructField("unsent", L), T.StructField("origin", S),
+        T.StructField("hops", T.IntegerType()),
         T.StructField("dkey", L), T.StructField("akey", L),
         T.StructField("file", S), T.StructField("bad_reason", S), T.StructField("raw", S),
         T.StructField("status", S), T.StructField("day", T.DateType()),

@@ -192,13 +192,23 @@ def _wire(events):
                         | ((F.col("direction") == "in") & F.col("event").isin(*IN_WIRE)))
 
 
+# a router whose records stop this long before the window's end, with a
+# link still up, stopped without writing link_down (killed)
+TRACE_END_GRACE_US = 60 * SECOND_US
+
+
 def link_uptime(events, start_us, end_us, per_minute=None):
     """Per link (router, peer): seconds up in the window, ups, downs, last reason.
 
     Sessions run from link_up to the next link event of the link (normally
     its link_down) or the window's end; a link whose first event in the
     window is a link_down was up from the window's start; a link with
-    records but no link event was up all the window.
+    records but no link event was up all the window. A session still open
+    at the router's last record, when that is more than
+    ``TRACE_END_GRACE_US`` before the window's last record (any router's),
+    ends there: the router's traces stop without a link_down, as a killed
+    router's do (``traced_until_us``: that last record; null for other
+    links).
     """
     F = _F()
     from pyspark.sql import Window
@@ -209,17 +219,29 @@ def link_uptime(events, start_us, end_us, per_minute=None):
     marked = (link_events
               .withColumn("next_ts", F.lead("ts_us").over(w))
               .withColumn("prev_event", F.lag("event").over(w)))
+    last = (per_minute.groupBy("router").agg(F.max("last_us").alias("last_us"))
+            if per_minute is not None else
+            events.groupBy("router").agg(F.max("ts_us").alias("last_us")))
+    # (against the window's last record, not its end: --until may lie past the data)
+    last = last.crossJoin(last.agg(F.max("last_us").alias("data_end_us")))
+    stopped = F.col("next_ts").isNull() & (F.col("last_us")
+                                           < F.col("data_end_us") - TRACE_END_GRACE_US)
     up_sessions = (marked.where(F.col("event") == "link_up")
+                   .join(last, ["router"], "left")
                    .select("router", "peer", F.col("ts_us").alias("s"),
-                           F.coalesce("next_ts", F.lit(end_us)).alias("e")))
+                           F.when(stopped, F.col("last_us"))
+                           .otherwise(F.coalesce("next_ts", F.lit(end_us))).alias("e"),
+                           F.when(stopped, F.col("last_us")).alias("traced_until_us")))
     open_at_start = (marked.where((F.col("event") == "link_down") & F.col("prev_event").isNull())
                      .select("router", "peer", F.lit(start_us).cast("long").alias("s"),
-                             F.col("ts_us").alias("e")))
+                             F.col("ts_us").alias("e"),
+                             F.lit(None).cast("long").alias("traced_until_us")))
     sessions = up_sessions.unionByName(open_at_start).select(
-        "router", "peer",
+        "router", "peer", "traced_until_us",
         F.greatest(F.least("e", F.lit(end_us)) - F.greatest("s", F.lit(start_us)),
                    F.lit(0)).alias("up_us"))
-    up = sessions.groupBy("router", "peer").agg(F.sum("up_us").alias("up_us"))
+    up = sessions.groupBy("router", "peer").agg(F.sum("up_us").alias("up_us"),
+                                                F.max("traced_until_us").alias("traced_until_us"))
     counts = link_events.groupBy("router", "peer").agg(
         _count_if(F.col("event") == "link_up").alias("ups"),
         _count_if(F.col("event") == "link_down").alias("downs"),
@@ -234,7 +256,7 @@ def link_uptime(events, start_us, end_us, per_minute=None):
                                 F.lit(0)) / 1e6).alias("uptime_s"),
                     F.coalesce("ups", F.lit(0)).alias("ups"),
                     F.coalesce("downs", F.lit(0)).alias("downs"),
-                    "last_down_reason")
+                    "last_down_reason", "traced_until_us")
             .withColumn("uptime_pct", F.round(F.col("uptime_s") * 1e8 / length, 2)))
 
 
@@ -383,7 +405,7 @@ def local_frame(spark, rows, schema):
     return base.select(F.inline(F.array(*structs)))
 
 
-def filters(events, spark, per_minute=None, considered=None):
+def filters(events, spark, per_minute=None, considered=None, publications=None):
     """Filter effectiveness per link, and the flood a federation without filters sends.
 
     Tables: ``filter_effect`` (router, peer: considered / forwarded /
@@ -398,6 +420,8 @@ def filters(events, spark, per_minute=None, considered=None):
         considered = considered_counts(events)
     if per_minute is None:
         per_minute = activity(events)
+    if publications is None:
+        publications = shared(spark, sharedsql.publications(), events=events)
     effect = shared(spark, sharedsql.filter_effect(), per_minute=per_minute)
 
     # (from the per-minute counts when given: a few thousand rows, not the table)
@@ -412,7 +436,7 @@ def filters(events, spark, per_minute=None, considered=None):
         T.StructField("extra_bytes", T.LongType())])
     model = local_frame(spark, flood_model(edges, traced), model_schema)
     table = shared(spark, sharedsql.flood(traced), considered=considered,
-                   flood_model=F.broadcast(model))
+                   publications=publications, flood_model=F.broadcast(model))
     return {"filter_effect": effect, "flood": table}
 
 
@@ -439,10 +463,12 @@ def drops(events, per_minute=None):
     """Loop, duplicate, import and overload drops per link over time.
 
     Tables: ``drops_minute`` (router, peer, direction, event, minute_us,
-    minute, drops, bytes) and ``drops`` (totals, first and last, and
+    minute, drops, bytes), ``drops`` (totals, first and last, and
     ``router_listed``: of a link's loop and duplicate drops, how many
     records carry the receiving router in their routing list -- a loop is
-    only that; null for the other kinds).
+    only that; null for the other kinds), ``unsent`` (the link_down
+    records of links that went down with notifications still queued) and
+    ``duplicate_deliveries`` (notifications received by more than one route).
     """
     F = _F()
     if per_minute is None:
@@ -453,7 +479,13 @@ def drops(events, per_minute=None):
                              F.timestamp_micros("minute_us").alias("minute"))
     totals = shared(events.sparkSession, sharedsql.drops(), events=events,
                     per_minute=per_minute)
-    return {"drops_minute": minutes, "drops": totals}
+    spark = events.sparkSession
+    duplicates = shared(spark, sharedsql.duplicate_deliveries(), events=events)
+    return {"drops_minute": minutes, "drops": totals,
+            "unsent": shared(spark, sharedsql.unsent(), events=events),
+            "duplicate_deliveries": duplicates,
+            "duplicate_delivery_totals": shared(spark, sharedsql.duplicate_delivery_totals(),
+                                                duplicate_deliveries=duplicates)}
 
 
 # ---------------------------------------------------------------------------
@@ -789,7 +821,7 @@ def paths(events, sample_1_in=1):
 # ---------------------------------------------------------------------------
 # interest
 
-def interest(events, start_us, end_us, control=None, considered=None):
+def interest(events, start_us, end_us, control=None, considered=None, publications=None):
     """Attribute-name sets and pull-filter churn.
 
     Tables: ``attr_sets`` (per set of attribute names: publications at
@@ -808,12 +840,10 @@ def interest(events, start_us, end_us, control=None, considered=None):
     # sets are keyed by ``akey``, a 64-bit hash of the (sorted) names made at
     # ingest; the names themselves are looked up once per set
     akey = F.col("akey")
-    # every publication at a traced router gives one out record per candidate
-    # link there, so the busiest link of the origin counts its publications
-    published = (considered.where(F.col("at_origin"))
-                 .groupBy(akey, "origin", "peer").agg(F.sum("n").alias("n"))
-                 .groupBy("akey", "origin").agg(F.max("n").alias("n"))
-                 .groupBy("akey").agg(F.sum("n").alias("published")))
+    # each notification counted once at its origin (``sharedsql.publications``)
+    if publications is None:
+        publications = shared(events.sparkSession, sharedsql.publications(), events=events)
+    published = publications.groupBy(akey).agg(F.sum("n").alias("published"))
     # the out records' outcomes are sums over the (small) considered counts
     counted = ["crossings", "crossing_bytes", "considered", "suppressed_filter",
                "suppressed_export"]

@@ -21,7 +21,7 @@ import sys
 import time
 from typing import IO, Optional
 
-from spark_analysis import ingest, jobs, smallwindow
+from spark_analysis import ingest, jobs, sharedsql, skew, smallwindow
 from spark_analysis.store import TraceStore
 from spark_analysis import traceformat as tf
 
@@ -35,6 +35,9 @@ CSV_TABLES = {
     "filter_effect": (["considered"], True, None),
     "flood": (["flood_bytes"], True, None),
     "drops": (["drops"], True, None),
+    "unsent": (["router", "peer", "ts_us"], False, None),
+    "duplicate_deliveries": (["router", "first_us", "dkey"], False, 5000),
+    "duplicate_delivery_totals": (["router"], False, None),
     "hops": (["hops"], False, None),
     "routes": (["deliveries"], True, 5000),
     "hop_latency": (["sender", "receiver"], False, None),
@@ -55,6 +58,8 @@ class Analysis:
         self.series = {}          # chart data -> [dict]
         self.files = []           # [(path, size)] read
         self.unreadable = []      # [(path, reason)] skipped: not readable gzip
+        self.copies = []          # [(path, kept path, how)] skipped: a copy of another file
+        self.skewed = []          # [skew.Skewed]: routers far off, records left out
         self.file_stats = {}      # path -> (ok, bad)
         self.bad_examples = []    # [(file, line, reason, text)]
         self.aside = 0            # valid records set aside: dated far from their file's
@@ -351,6 +356,13 @@ class _Run:
         analysis.files = [(path, size) for path, size in analysis.files if path not in gone]
         for path, reason in batch.unreadable:
             _warn(request.progress, f"{_display(path)}: {reason}; skipped")
+        # The same traces collected twice are read once (TraceStore: _copies).
+        analysis.copies = batch.copies
+        gone = {path for path, _, _ in batch.copies}
+        analysis.files = [(path, size) for path, size in analysis.files if path not in gone]
+        for path, kept, how in batch.copies:
+            _warn(request.progress, f"{_display(path)}: {how} of {_display(kept)}; "
+                                    f"not read")
 
     def account_for_files(self):
         """Every file listed with its records, bad lines and records set aside
@@ -386,20 +398,25 @@ class _Run:
                             f"set aside (not analysed; see csv/files.csv)")
         analysis.bad_lines = sum(bad for _, bad in stats.values())
         bad_files = sorted(f for f, (_, bad) in stats.items() if bad)
-        listed_bad = set(bad_files[:request.max_bad_files])
-        analysis.bad_examples = [e for e in examples if e[0] in listed_bad]
+        # every bad line named (up to store.BAD_LINES_LISTED a file) goes to
+        # csv/bad_lines.csv; the progress output names five a file, of the
+        # first max_bad_files files with new ones
+        analysis.bad_examples = examples
         bad_now = {f for f, (_, bad) in batch.file_stats.items() if bad}
+        warned = set(sorted(f for f in bad_files if f in bad_now)[:request.max_bad_files])
+        shown = {}
         for file, line, reason, text in analysis.bad_examples:
-            if file in bad_now:
+            if file in warned and shown.get(file, 0) < 5:
+                shown[file] = shown.get(file, 0) + 1
                 _warn(progress, f"{_display(file)} line {line}: {reason}; skipped")
         if analysis.bad_lines and progress:
-            more = len(bad_files) - min(len(bad_files), request.max_bad_files)
             _warn(progress, f"{analysis.bad_lines} bad lines in {len(bad_files)} files "
-                            f"counted and skipped"
-                            + (f" ({more} files not itemised)" if more else ""))
+                            f"counted and skipped ({len(analysis.bad_examples)} named in "
+                            f"csv/bad_lines.csv)")
         # Every file read is listed (an empty one with 0 records), and every
         # file skipped as unreadable, with why.
         unreadable = {path for path, _ in batch.unreadable}
+        unreadable |= {path for path, _, _ in batch.copies}
         named = {}
         for path, line, ts in analysis.aside_examples:
             named.setdefault(path, []).append(
@@ -411,14 +428,18 @@ class _Run:
         rows += [{"file": path, "records": 0, "bad_lines": 0, "set_aside": 0,
                   "set_aside_first": "", "skipped": reason}
                  for path, reason in batch.unreadable]
+        rows += [{"file": path, "records": 0, "bad_lines": 0, "set_aside": 0,
+                  "set_aside_first": "", "skipped": f"{how} of {kept}"}
+                 for path, kept, how in batch.copies]
         out_dir = request.out_dir
         _write_csv(os.path.join(out_dir, "csv", "files.csv"),
                    sorted(rows, key=lambda r: r["file"]),
                    ["file", "records", "bad_lines", "set_aside", "set_aside_first", "skipped"])
         _write_csv(os.path.join(out_dir, "csv", "bad_lines.csv"),
-                   [{"file": f, "line": n, "reason": r, "text": t}
+                   [{"file": f, "file_bad_lines": stats.get(f, (0, 0))[1], "line": n,
+                     "reason": r, "text": t}
                     for f, n, r, t in analysis.bad_examples],
-                   ["file", "line", "reason", "text"])
+                   ["file", "file_bad_lines", "line", "reason", "text"])
 
     def check_has_events(self):
         """A table with no valid record: say why (unreadable, bad or empty files)."""
@@ -454,10 +475,45 @@ class _Run:
             self.until_us = newest + 1
             self.since_us = self.until_us - request.last_us
             analysis.since_us, analysis.until_us = self.since_us, self.until_us
+        if self.since_us is None and self.until_us is None:
+            self.leave_out_skewed_routers(small)
         if small and request.engine == "auto":
             small = (smallwindow.count(local_tables, self.since_us, self.until_us)
                      <= smallwindow.SMALL_WINDOW_RECORDS)
         return small
+
+    def leave_out_skewed_routers(self, small):
+        """Without a window asked for, the period is that of the routers whose
+        clocks agree (``skew``): the records of a router far off, outside it,
+        are left out and named."""
+        analysis = self.analysis
+        if small:
+            import pyarrow.dataset as ds
+            path = os.path.join(ingest._local(analysis.tables_dir), "event_minutes")
+            if not os.path.isdir(path):
+                return
+            table = ds.dataset(path, format="parquet", partitioning="hive",
+                               exclude_invalid_files=True).to_table(
+                columns=["router", "minute_us", "n", "first_us", "last_us"])
+            grouped = table.group_by(["router", "minute_us"]).aggregate(
+                [("n", "sum"), ("first_us", "min"), ("last_us", "max")])
+            rows = zip(*(grouped.column(c).to_pylist() for c in
+                         ("router", "minute_us", "n_sum", "first_us_min", "last_us_max")))
+        else:
+            from pyspark.sql import functions as F
+            self.store.spark = self.lazy.get()
+            rows = [tuple(r) for r in self.store.per_minute().groupBy("router", "minute_us").agg(
+                F.sum("n"), F.min("first_us"), F.max("last_us")).collect()]
+        period, analysis.skewed = skew.judge(rows)
+        if period is None:
+            return
+        self.since_us, self.until_us = period[0], period[1] + 1
+        for r in analysis.skewed:
+            _warn(self.request.progress,
+                  f"router {r.router}: its records lie far from the other routers' (its bulk "
+                  f"{tf.format_time(r.bulk_first_us)} .. {tf.format_time(r.bulk_last_us)}, a "
+                  f"clock set wrong?); {r.outside:,} of them, {tf.format_time(r.first_us)} .. "
+                  f"{tf.format_time(r.last_us)}, are outside the period and left out")
 
     def analyse_in_spark(self):
         """Stages 3-7 side by side in Spark, then the report."""
@@ -481,11 +537,14 @@ class _Run:
         # each link) per origin and attribute set: the flood model's, the
         # forwarded totals' and the attribute sets' counts are sums over it
         considered = jobs.considered_counts(events).cache()
+        # and the notifications published at traced routers, once each
+        publications = jobs.shared(spark, sharedsql.publications(), events=events).cache()
         bucket = _bucket_us(start, end)
         analysis.series["bucket_us"] = bucket
         context = {"spark": spark, "analysis": analysis, "events": events, "start": start,
                    "end": end, "per_minute": per_minute, "control": control,
-                   "considered": considered, "bucket": bucket,
+                   "considered": considered, "publications": publications,
+                   "bucket": bucket,
                    "latency_sample": self.request.latency_sample}
         try:
             _run_side_by_side(spark, steps, context, [
@@ -501,6 +560,7 @@ class _Run:
             per_minute.unpersist()
             control.unpersist()
             considered.unpersist()
+            publications.unpersist()
             for df in analysis.cached:
                 df.unpersist()
             analysis.cached = []
@@ -791,7 +851,7 @@ def _links_stage(c):
 def _filters_stage(c):
     spark, analysis = c["spark"], c["analysis"]
     for name, df in jobs.filters(c["events"], spark, c["per_minute"],
-                                  c["considered"]).items():
+                                  c["considered"], c["publications"]).items():
         _save(spark, analysis, name, df)
     _save(spark, analysis, "filter_health", jobs.filter_health(c["per_minute"], c["end"]))
     return ""
@@ -802,6 +862,9 @@ def _drops_stage(c):
     tables = jobs.drops(c["events"], c["per_minute"])
     _save(spark, analysis, "drops_minute", tables["drops_minute"])
     _save(spark, analysis, "drops", tables["drops"])
+    _save(spark, analysis, "unsent", tables["unsent"])
+    _save(spark, analysis, "duplicate_deliveries", tables["duplicate_deliveries"])
+    _save(spark, analysis, "duplicate_delivery_totals", tables["duplicate_delivery_totals"])
     fine = analysis.series["fine_us"] = jobs.fine_bucket_us(c["start"], c["end"])
     analysis.series["drops"] = _rows(jobs.drop_times(c["events"], fine))
     return f"{sum(r['drops'] for r in analysis.tables['drops']):,} drops"
@@ -826,7 +889,7 @@ def _interest_stage(c):
     from pyspark.sql import functions as F
     spark, analysis = c["spark"], c["analysis"]
     tables = jobs.interest(c["events"], c["start"], c["end"], c["control"],
-                           c["considered"])
+                           c["considered"], c["publications"])
     _save(spark, analysis, "attr_sets", tables["attr_sets"])
     changes = _save(spark, analysis, "filter_changes", tables["filter_changes"])
     _save(spark, analysis, "filter_churn", tables["filter_churn"])

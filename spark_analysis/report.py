@@ -360,6 +360,8 @@ def wire_traffic(a):
     receiver's (docs/traces.md: both describe the same wire traffic), and
     ``side``, which of the two they are. Every figure is a row of
     csv/links.csv: (sender, receiver, out) and (receiver, sender, in).
+    ``unsent``: notifications lost still queued at the sender when the link
+    went down, from its link_down records (``unsent_records``, csv/unsent.csv).
     """
     traced = {r["router"] for r in a.tables.get("overview", [])}
     out = {}
@@ -373,7 +375,15 @@ def wire_traffic(a):
             row["sent"], row["sent_bytes"] = r["notifications"] or 0, r["bytes"] or 0
         else:
             row["received"], row["received_bytes"] = r["notifications"] or 0, r["bytes"] or 0
+    for r in a.tables.get("unsent", []):
+        row = out.setdefault((r["router"], r["peer"]), {
+            "sender": r["router"], "receiver": r["peer"], "sent": None, "sent_bytes": None,
+            "received": None, "received_bytes": None})
+        row["unsent"] = row.get("unsent", 0) + r["unsent"]
+        row.setdefault("unsent_records", []).append(r)
     for (sender, receiver), row in out.items():
+        row.setdefault("unsent", 0)
+        row.setdefault("unsent_records", [])
         if row["sent"] is None and sender in traced:
             row["sent"], row["sent_bytes"] = 0, 0
         if row["received"] is None and receiver in traced:
@@ -386,24 +396,53 @@ def wire_traffic(a):
                                                r["sender"], r["receiver"]))
 
 
+def _unsent_records(rows, limit=3):
+    """The link_down records that count unsent notifications, named."""
+    named = [f"link_down at {tf.format_time(r['ts_us'])} ({r['reason']}): {_n(r['unsent'])}"
+             for r in rows[:limit]]
+    more = len(rows) - len(named)
+    return "; ".join(named) + (f"; {more} more" if more > 0 else "")
+
+
+def unsent_reading(figs):
+    """Per directed link: notifications lost with it, still queued at the
+    sender when the link went down (the sender's link_down ``unsent``)."""
+    rows = [r for r in wire_traffic(figs.a) if r["unsent"]]
+    if not rows:
+        return ""
+    parts = [f"{figs.s(r['sender'])} \u2192 {figs.s(r['receiver'])}: {_n(r['unsent'])} "
+             f"({_unsent_records(r['unsent_records'])})" for r in rows]
+    return (f"Lost with their link: {_n(sum(r['unsent'] for r in rows))} notifications "
+            f"were traced notify_forwarded but still queued when the link went down, so "
+            f"they were never written: " + "; ".join(parts)
+            + " (the sender's link_down records, csv/unsent.csv).")
+
+
 def unreceived_reading(figs):
     """Per link traced at both ends: notifications the sender forwarded
-    that the receiver has no record of (sends with no receipt)."""
+    that the receiver has no record of (sends with no receipt), and of
+    those, how many the sender's link_down records count as never written."""
     a = figs.a
     parts = []
     for r in wire_traffic(a):
         if r["sent"] is None or r["received"] is None or r["sent"] <= r["received"]:
             continue
+        missing = r["sent"] - r["received"]
+        lost = min(r["unsent"], missing)
+        why = (f"; {_n(lost)} of them were still queued at {figs.s(r['sender'])} when the "
+               f"link went down ({_unsent_records(r['unsent_records'])}), "
+               f"{_n(missing - lost)} are not accounted for by the traces"
+               if lost else "; no link_down record of the sender counts any as unsent")
         parts.append(f"{figs.s(r['sender'])} \u2192 {figs.s(r['receiver'])}: "
-                     f"{_n(r['sent'] - r['received'])} of the {_n(r['sent'])} notifications "
+                     f"{_n(missing)} of the {_n(r['sent'])} notifications "
                      f"{figs.s(r['sender'])} forwarded (notify_forwarded) have no record at "
-                     f"{figs.s(r['receiver'])}, which recorded {_n(r['received'])} from it")
+                     f"{figs.s(r['receiver'])}, which recorded {_n(r['received'])} from it"
+                     + why)
     if not parts:
         return ""
     return ("Sent but not received, on links traced at both ends: " + "; ".join(parts)
-            + " (csv/links.csv: the sender's out row and the receiver's in row). "
-            "Notifications still queued when a link went down are lost with it; the "
-            "sender's link_down records count them (unsent).")
+            + " (csv/links.csv: the sender's out row and the receiver's in row; "
+            "csv/unsent.csv: the link_down records).")
 
 
 def fig_link_traffic(figs):
@@ -502,6 +541,30 @@ def fig_link_traffic(figs):
     return "link_traffic", reading
 
 
+def stopped_reading(figs):
+    """Routers whose traces stop, well before the period ends, with links
+    up and no link_down (as a killed router's do): their links' uptime
+    ends at their last record (``link_uptime.traced_until_us``)."""
+    a = figs.a
+    data_end = max((r["last_us"] for r in a.tables.get("overview", [])), default=a.end_us)
+    by_router = {}
+    for r in a.tables.get("link_uptime", []):
+        if r.get("traced_until_us") is not None:
+            by_router.setdefault((r["router"], r["traced_until_us"]), []).append(r["peer"])
+    parts = []
+    for (router, last), peers in sorted(by_router.items()):
+        parts.append(f"{figs.s(router)}'s records end at {tf.format_time(last)}, "
+                     f"{_duration(data_end - last)} before the last record of the period, "
+                     f"with its "
+                     f"link{'s' if len(peers) > 1 else ''} to "
+                     f"{', '.join(figs.s(p) for p in sorted(peers))} up and no link_down")
+    if not parts:
+        return ""
+    return ("; ".join(parts) + ". A router that is killed writes no link_down, so the "
+            "uptime of these links is counted only to the last record of the router "
+            "that traced them (csv/link_uptime.csv, traced_until_us).")
+
+
 def fig_uptime(figs):
     a = figs.a
     rows = a.tables.get("link_uptime", [])
@@ -510,17 +573,20 @@ def fig_uptime(figs):
     flaky = [r for r in rows if (r["router"], r["peer"]) in down]
     if not rows:
         return None, ""
+    stopped = stopped_reading(figs)
     if not flaky:
         return None, ("No link went down in the period, other than as a router's traces "
-                      "ended." if any(r["downs"] for r in rows) else
-                      "Every link stayed up for the whole period.")
+                      "ended." if any(r["downs"] for r in rows) or stopped else
+                      "Every link stayed up for the whole period.") + (
+                          " " + stopped if stopped else "")
     worst = min(flaky, key=lambda r: r["uptime_pct"] if r["uptime_pct"] is not None else 100)
     reasons = sorted({r.get("reason") for r in outages if r.get("reason")})
     return None, (f"{len(flaky)} of {len(rows)} link ends saw the link go down "
                   f"({len(outages)} times in all, not counting routers stopping; reasons: "
                   f"{', '.join(reasons) or 'not given'}). Lowest uptime: "
                   f"{figs.s(worst['router'])} \u2013 {figs.s(worst['peer'])}, "
-                  f"{worst['uptime_pct'] or 0:.1f}% of the period.")
+                  f"{worst['uptime_pct'] or 0:.1f}% of the period."
+                  + (" " + stopped if stopped else ""))
 
 
 def fig_filter_effect(figs):
@@ -732,6 +798,13 @@ def fig_drops(figs):
             top = max(rows, key=lambda r: r["drops"])
             parts.append(f"{_n(sum(r['drops'] for r in rows))} {words} (most at "
                          f"{figs.s(top['router'])}, on the link with {figs.s(top['peer'])})")
+    unsent = a.tables.get("unsent", [])
+    if unsent:
+        top = max(unsent, key=lambda r: r["unsent"])
+        parts.append(f"{_n(sum(r['unsent'] for r in unsent))} notifications lost still "
+                     f"queued when a link went down (most at {figs.s(top['router'])}, on the "
+                     f"link with {figs.s(top['peer'])}: link_down at "
+                     f"{tf.format_time(top['ts_us'])}, unsent {_n(top['unsent'])})")
     reading = ("There were " + "; ".join(parts) + ".") if parts else "No notification was dropped."
     if bottom:
         peak = max(bottom, key=lambda t: bottom[t])
@@ -944,6 +1017,39 @@ def latency_sample_reading(a):
             f"Run with --latency-sample 1 to time every notification.")
 
 
+def duplicate_delivery_reading(figs):
+    """Notifications a router received by more than one route, with an
+    example per receiver (``duplicate_deliveries``)."""
+    a = figs.a
+    totals = a.tables.get("duplicate_delivery_totals", [])
+    if not totals:
+        return ""
+    rows = a.tables.get("duplicate_deliveries", [])
+    parts = []
+    for t in sorted(totals, key=lambda r: (-r["extra"], r["router"])):
+        example = next((r for r in rows if r["router"] == t["router"]), None)
+        text = (f"at {figs.s(t['router'])}, {_n(t['notifications'])} "
+                f"({_n(t['extra'])} extra)")
+        if example is not None:
+            digest = format(example["dkey"] & (2**64 - 1), "016x")
+            text += (f", e.g. digest {digest}\u2026 from {figs.s(example['origin'])}, received "
+                     f"by way of {example['route_a']} and of {example['route_b']} from "
+                     f"{tf.format_time(example['first_us'], 'milliseconds')}")
+        parts.append(text)
+    n = sum(t["notifications"] for t in totals)
+    extra = sum(t["extra"] for t in totals)
+    return (f"Duplicate deliveries: {_n(n)} time(s) a router received one notification "
+            f"(the same origin and digest) by more than one route, {_n(extra)} receipt(s) "
+            f"more than one route would give: " + "; ".join(parts)
+            + ". Each was received (notify_received), "
+            "so delivered to the router's clients again. The routing list stops a "
+            "notification only at a router already on it, so on a cycle of links it can "
+            "arrive once per way round; routers in mesh mode drop such copies "
+            "(notify_dropped_duplicate). Every such notification is in "
+            "csv/duplicate_deliveries.csv (up to 5,000), the totals per router in "
+            "csv/duplicate_delivery_totals.csv.")
+
+
 def pairing_reading(figs):
     """How the sends and receipts were paired, and how many could not be, and why."""
     rows = figs.a.tables.get("hop_latency", [])
@@ -1129,6 +1235,9 @@ def summary(a):
     for r in a.tables.get("drops", []):
         kind = r["event"].replace("notify_dropped_", "")
         drops[kind] = drops.get(kind, 0) + r["drops"]
+    unsent = sum(r["unsent"] for r in a.tables.get("unsent", []))
+    if unsent:
+        drops["unsent"] = unsent
     return {"version": 1, "start_us": a.start_us, "end_us": a.end_us, "records": a.records,
             "bad_lines": a.bad_lines, "links": links, "drops": drops,
             "written": tf.format_time(a.end_us)}
@@ -1285,6 +1394,12 @@ th,td{border:1px solid #dee2e6;padding:.25em .5em;text-align:right}th{background
 td.l,th.l{text-align:left}.warn{background:#fff3bf;border-left:4px solid #f59f00;padding:.6em 1em}
 nav a{margin-right:1em}code{background:#f1f3f5;padding:0 .2em}
 """
+
+
+def _warn_box(headline, items, tail=""):
+    """A warning box: a headline (HTML), a list of items (HTML), more after."""
+    lis = "".join(f"<li>{item}</li>" for item in items)
+    return f'<div class="warn"><b>{headline}</b><ul>{lis}</ul>{tail}</div>'
 
 
 def _img(figs, name):
@@ -1508,16 +1623,40 @@ def write_report(analysis):
                      f'<a href="csv/files.csv">csv/files.csv</a></div>')
     unreadable = getattr(a, "unreadable", [])
     if unreadable:
-        items = "".join(f"<li>{html.escape(_display(f))}: {html.escape(r)}</li>"
-                        for f, r in unreadable)
-        parts.append(f'<div class="warn"><b>{len(unreadable)} trace files could not be read '
-                     f'and were skipped.</b><ul>{items}</ul></div>')
+        parts.append(_warn_box(f"{len(unreadable)} trace files could not be read and were "
+                               f"skipped.", [f"{html.escape(_display(f))}: {html.escape(r)}"
+                                             for f, r in unreadable]))
+    skewed = getattr(a, "skewed", [])
+    if skewed:
+        parts.append(_warn_box(
+            f"{len(skewed)} routers' records lie far from the other routers' (more than an "
+            f"hour apart, or the others' span if longer), as from a clock set wrong: the "
+            f"period above is that of the other routers, and their records outside it are "
+            f"not analysed.",
+            [f"{html.escape(r.router)}: its records' bulk "
+             f"{html.escape(tf.format_time(r.bulk_first_us))} to "
+             f"{html.escape(tf.format_time(r.bulk_last_us))}; {_n(r.outside)} records from "
+             f"{html.escape(tf.format_time(r.first_us))} to "
+             f"{html.escape(tf.format_time(r.last_us))} left out" for r in skewed]))
+    copies = getattr(a, "copies", [])
+    if copies:
+        parts.append(_warn_box(
+            f"{len(copies)} trace files were copies of others (the same traces collected "
+            f"twice) and were not read, so no record is counted twice.",
+            [f"{html.escape(_display(f))}: {html.escape(how)} of {html.escape(_display(kept))}"
+             for f, kept, how in copies[:20]],
+            'All: <a href="csv/files.csv">csv/files.csv</a>'))
     if a.bad_lines:
         items = "".join(f"<li>{html.escape(_display(f))} line {n}: {html.escape(r)}</li>"
                         for f, n, r, _ in a.bad_examples[:20])
+        from spark_analysis.store import BAD_LINES_LISTED
+        named = len(a.bad_examples)
         parts.append(f'<div class="warn"><b>{_n(a.bad_lines)} bad trace lines were skipped.</b>'
-                     f'<ul>{items}</ul>All: <a href="csv/bad_lines.csv">csv/bad_lines.csv</a>, '
-                     f'per file: <a href="csv/files.csv">csv/files.csv</a></div>')
+                     f'<ul>{items}</ul>'
+                     + ("All" if named == a.bad_lines else
+                        f"{_n(named)} named (up to {_n(BAD_LINES_LISTED)} a file)")
+                     + f': <a href="csv/bad_lines.csv">csv/bad_lines.csv</a>; '
+                     f'each file\'s total: <a href="csv/files.csv">csv/files.csv</a></div>')
     changes = changes_since(a)
     if changes:
         parts.append(_section("Since the previous report", "changes", changes))
@@ -1580,7 +1719,12 @@ def write_report(analysis):
                               ("router", "router", "s"), ("peer", "peer", "s"),
                               ("direction", "dir", "s"), ("event", "event", "s"),
                               ("drops", "drops", "n"), ("bytes", "bytes", "b")],
-                              figs, 20, "drops")))
+                              figs, 20, "drops")
+                          + _reading(unsent_reading(figs))
+                          + _table(a.tables.get("unsent", []), [
+                              ("router", "router", "s"), ("peer", "peer", "s"),
+                              ("ts_us", "link_down at", "t"), ("reason", "reason", "s"),
+                              ("unsent", "unsent", "n")], figs, 20, "unsent")))
     parts.append(_section("Paths: how far and how fast", "paths",
                           _img(figs, "hops") + _reading(readings["hops"])
                           + _img(figs, "routes") + _reading(readings["routes"])
@@ -1588,6 +1732,7 @@ def write_report(analysis):
                           + _img(figs, "latency") + _reading(readings["latency"])
                           + _reading(readings["hop_latency"])
                           + _reading(pairing_reading(figs))
+                          + _reading(duplicate_delivery_reading(figs))
                           + _table(a.tables["hop_latency"], [
                               ("sender", "from", "s"), ("receiver", "to", "s"),
                               ("matched", "matched", "n"), ("delay_p50_us", "p50 ms", "ms"),

@@ -5,7 +5,7 @@ column for column. A table whose definition is plain SQL over the run's
 small per-minute counts (or the window's records) is written here, once:
 ``jobs.shared`` runs it with ``spark.sql`` and ``smallwindow.shared`` with
 DuckDB. Each ``Query`` names the relations it reads as ``{per_minute}``,
-``{considered}``, ``{events}`` or ``{flood_model}`` (each engine puts its
+``{considered}``, ``{events}``, ``{publications}`` or ``{flood_model}`` (each engine puts its
 own relation there) and the columns to round: the engines round
 differently (Spark half up on the decimal form), so each applies Spark's
 rounding itself after the query.
@@ -22,7 +22,9 @@ columns, and ``/`` on a ``DOUBLE`` numerator. Relations (see
   (out notify records);
 - ``events``: the window's records;
 - ``flood_model``: origin, first_hop, router, peer, extra_bytes
-  (``jobs.flood_model``).
+  (``jobs.flood_model``);
+- ``publications``: origin, akey, n, bytes (``publications``, made once
+  per run from the events).
 
 A new question that is SQL over these goes here, with its case in
 ``test_spark_smallwindow`` (both engines, every table compared).
@@ -86,21 +88,57 @@ def filter_effect():
                  {f"{label}_pct": 2 for _, label in OUTCOMES})
 
 
+def publications():
+    """Notifications published at each traced router, counted once each at
+    their origin, per origin and attribute set: origin, akey, n, bytes.
+
+    A notification published by a local client gets one out record per
+    candidate link at its origin (routing = [origin]), written one after
+    another (docs/traces.md). So the origin's out records, in time order,
+    fall into runs of one digest, and a run holds as many notifications as
+    its most frequent link has records in it (identical contents published
+    in a row share a run). Counting per link instead undercounts wherever
+    the links a notification is considered for change: in a mesh, whose
+    tree changes, or with a link down part of the time. ``bytes``: the
+    notifications' size as they left the origin (each run's link with the
+    most bytes)."""
+    return Query(f"""
+        WITH at_origin AS (
+            SELECT router AS origin, akey, dkey, peer, ts_us, size,
+                   CASE WHEN dkey = lag(dkey) OVER (PARTITION BY router
+                            ORDER BY ts_us, dkey, peer) THEN 0 ELSE 1 END AS starts
+            FROM {{events}}
+            WHERE direction = 'out' AND event IN ({sql_list(CONSIDERED)})
+                AND hops = 1 AND router = origin),
+        runs AS (
+            SELECT origin, akey, dkey, peer, size,
+                   sum(starts) OVER (PARTITION BY origin ORDER BY ts_us, dkey, peer
+                       ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS run
+            FROM at_origin),
+        per_link AS (
+            SELECT origin, akey, run, peer, count(*) AS n, sum(size) AS bytes
+            FROM runs GROUP BY origin, akey, run, peer),
+        per_run AS (
+            SELECT origin, akey, run, max(n) AS n, max(bytes) AS bytes
+            FROM per_link GROUP BY origin, akey, run)
+        SELECT origin, akey, CAST(sum(n) AS BIGINT) AS n, CAST(sum(bytes) AS BIGINT) AS bytes
+        FROM per_run GROUP BY origin, akey""")
+
+
 def flood(traced):
     """Per out link of the flood model: what a flood without filters sends
-    (notifications published at the ``traced`` routers) against what was
-    forwarded, and the saving."""
+    (every notification published at the ``traced`` routers, counted once
+    at its origin by ``publications``, crosses every link of its origin's
+    tree) against what was forwarded, and the saving."""
     traced_cond = f"origin IN ({sql_list(traced)})" if traced else "false"
     return Query(f"""
         WITH at_origin AS (
-            SELECT origin, peer AS first_hop, CAST(sum(n) AS BIGINT) AS n,
-                   CAST(sum(bytes) AS BIGINT) AS bytes
-            FROM {{considered}} WHERE at_origin GROUP BY origin, peer),
+            SELECT origin, CAST(sum(n) AS BIGINT) AS n, CAST(sum(bytes) AS BIGINT) AS bytes
+            FROM {{publications}} GROUP BY origin),
         flood AS (
             SELECT m.router, m.peer, CAST(sum(a.n) AS BIGINT) AS flood_notifications,
                    CAST(sum(a.bytes + a.n * m.extra_bytes) AS BIGINT) AS flood_bytes
-            FROM at_origin a JOIN {{flood_model}} m
-                ON a.origin = m.origin AND a.first_hop = m.first_hop
+            FROM at_origin a JOIN {{flood_model}} m ON a.origin = m.origin
             GROUP BY m.router, m.peer),
         actual AS (
             SELECT router, peer, CAST(sum(n) AS BIGINT) AS forwarded,
@@ -191,6 +229,54 @@ def drops():
         FROM totals t LEFT JOIN listed l
             ON l.router = t.router AND l.peer = t.peer
             AND l.direction = t.direction AND l.event = t.event""")
+
+
+def unsent():
+    """One row per ``link_down`` whose ``unsent`` says notifications were
+    still queued on the link (traced ``notify_forwarded``, never written):
+    lost with the link. router, peer, direction, ts_us, reason, unsent."""
+    return Query("""
+        SELECT router, peer, direction, ts_us, reason, CAST(unsent AS BIGINT) AS unsent
+        FROM {events} WHERE event = 'link_down' AND unsent > 0""")
+
+
+def duplicate_deliveries():
+    """Notifications a router received (``notify_received``) by more than
+    one route: one row per receiver, origin and digest (``dkey``) that
+    arrived with two or more routing lists, as in a ring of routers that
+    are not in mesh mode (the routing list stops a notification only at a
+    router already on it). receipts: all of its receipts there; extra:
+    those beyond the most frequent route's; routes: how many; first_us,
+    last_us; route_a, route_b: the least and greatest routing list, as
+    ``a > b``."""
+    # (the routing lists compared as lists first: only the few notifications
+    # with two of them have their receipts counted per route, by name)
+    return Query("""
+        WITH apart AS (
+            SELECT router, origin, dkey FROM {events} WHERE event = 'notify_received'
+            GROUP BY router, origin, dkey HAVING min(routing) <> max(routing)),
+        per_route AS (
+            SELECT e.router, e.origin, e.dkey, concat_ws(' > ', e.routing) AS route,
+                   count(*) AS n, min(e.ts_us) AS first_us, max(e.ts_us) AS last_us
+            FROM {events} e JOIN apart a
+                ON e.router = a.router AND e.origin = a.origin AND e.dkey = a.dkey
+            WHERE e.event = 'notify_received'
+            GROUP BY e.router, e.origin, e.dkey, concat_ws(' > ', e.routing))
+        SELECT router, origin, dkey, CAST(sum(n) AS BIGINT) AS receipts,
+               CAST(sum(n) - max(n) AS BIGINT) AS extra, CAST(count(*) AS BIGINT) AS routes,
+               min(first_us) AS first_us, max(last_us) AS last_us,
+               min(route) AS route_a, max(route) AS route_b
+        FROM per_route GROUP BY router, origin, dkey HAVING count(*) > 1""")
+
+
+def duplicate_delivery_totals():
+    """``duplicate_deliveries`` (the relation of that name) per receiving
+    router: notifications, receipts, extra, first_us, last_us."""
+    return Query(f"""
+        SELECT router, CAST(count(*) AS BIGINT) AS notifications,
+               CAST(sum(receipts) AS BIGINT) AS receipts, CAST(sum(extra) AS BIGINT) AS extra,
+               min(first_us) AS first_us, max(last_us) AS last_us
+        FROM {{duplicate_deliveries}} GROUP BY router""")
 
 
 def drop_times(bucket_us):

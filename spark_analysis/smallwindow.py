@@ -46,7 +46,7 @@ LOADED_RECORDS = 3_000_000
 
 # every column of the events table the jobs read
 _COLUMNS = ("ts_us", "router", "peer", "event", "direction", "routing", "size", "attrs",
-            "filter_nodes", "filter_bytes", "reason", "origin", "hops", "dkey",
+            "filter_nodes", "filter_bytes", "reason", "unsent", "origin", "hops", "dkey",
             "akey")
 
 
@@ -202,6 +202,8 @@ def open_window(tables_dir, since_us=None, until_us=None, threads=None, temp_dir
                (hops = 1 AND router = origin) AS at_origin,
                count(*)::BIGINT AS n, sum(size)::BIGINT AS bytes
         FROM w WHERE direction = 'out' AND event IN ({considered}) GROUP BY ALL""")
+    con.execute("CREATE TEMP TABLE publications AS "
+                + sharedsql.publications().sql.format(events="w"))
     return Window(con, start, end, n)
 
 
@@ -235,7 +237,8 @@ def _timestamps(table, *names):
 def shared(w, query, **relations):
     """A ``sharedsql.Query`` run by DuckDB over the window's relations
     (``events`` is the window's table ``w``), rounded as Spark rounds."""
-    names = {"per_minute": "per_minute", "considered": "considered", "events": "w"}
+    names = {"per_minute": "per_minute", "considered": "considered", "events": "w",
+             "publications": "publications"}
     names.update(relations)
     return _rounded(w.arrow(query.sql.format(**names)), query.rounding)
 
@@ -257,15 +260,25 @@ def link_uptime(w):
         marked AS (
             SELECT *, lead(ts_us) OVER o AS next_ts, lag(event) OVER o AS prev_event
             FROM le WINDOW o AS (PARTITION BY router, peer ORDER BY ts_us, event)),
+        last AS (SELECT router, max(last_us) AS last_us FROM per_minute GROUP BY router),
+        stopped AS (
+            SELECT m.*, l.last_us,
+                   (m.next_ts IS NULL AND l.last_us
+                        < (SELECT max(last_us) FROM last) - {jobs.TRACE_END_GRACE_US})
+                       AS stopped
+            FROM marked m LEFT JOIN last l USING (router)),
         sessions AS (
-            SELECT router, peer, ts_us AS s, coalesce(next_ts, {e}) AS e
-            FROM marked WHERE event = 'link_up'
+            SELECT router, peer, ts_us AS s,
+                   CASE WHEN stopped THEN last_us ELSE coalesce(next_ts, {e}) END AS e,
+                   CASE WHEN stopped THEN last_us END AS traced_until_us
+            FROM stopped WHERE event = 'link_up'
             UNION ALL
-            SELECT router, peer, {s}::BIGINT, ts_us
+            SELECT router, peer, {s}::BIGINT, ts_us, NULL::BIGINT
             FROM marked WHERE event = 'link_down' AND prev_event IS NULL),
         up AS (
             SELECT router, peer,
-                   sum(greatest(least(e, {e}) - greatest(s, {s}), 0))::BIGINT AS up_us
+                   sum(greatest(least(e, {e}) - greatest(s, {s}), 0))::BIGINT AS up_us,
+                   max(traced_until_us) AS traced_until_us
             FROM sessions GROUP BY ALL),
         counts AS (
             SELECT router, peer,
@@ -280,7 +293,7 @@ def link_uptime(w):
                coalesce(up.up_us, CASE WHEN c.ups IS NULL THEN {length} END, 0) / 1e6
                    AS uptime_s,
                coalesce(c.ups, 0)::BIGINT AS ups, coalesce(c.downs, 0)::BIGINT AS downs,
-               c.last_down_reason,
+               c.last_down_reason, up.traced_until_us,
                coalesce(up.up_us, CASE WHEN c.ups IS NULL THEN {length} END, 0) / 1e6
                    * 1e8 / {length} AS uptime_pct
         FROM pairs p LEFT JOIN up USING (router, peer) LEFT JOIN counts c USING (router, peer)
@@ -399,6 +412,16 @@ def drops_stage(w, save, fine_us):
         FROM per_minute WHERE event IN ({events})"""), "minute")
     save("drops_minute", minutes)
     save("drops", shared(w, sharedsql.drops()))
+    save("unsent", shared(w, sharedsql.unsent()))
+    duplicates = shared(w, sharedsql.duplicate_deliveries())
+    save("duplicate_deliveries", duplicates)
+    w.con.register("duplicate_deliveries", duplicates)
+    try:
+        save("duplicate_delivery_totals",
+             shared(w, sharedsql.duplicate_delivery_totals(),
+                    duplicate_deliveries="duplicate_deliveries"))
+    finally:
+        w.con.unregister("duplicate_deliveries")
     return shared(w, sharedsql.drop_times(fine_us)).to_pylist()
 
 
@@ -581,10 +604,7 @@ def interest(w):
     subreplace = _sql_list(tf.SUBREPLACE_EVENTS)
     attr_sets = w.arrow(f"""
         WITH published AS (
-            SELECT akey, sum(n)::BIGINT AS published FROM (
-                SELECT akey, origin, max(n) AS n FROM (
-                    SELECT akey, origin, peer, sum(n) AS n FROM considered WHERE at_origin
-                    GROUP BY ALL) GROUP BY ALL) GROUP BY ALL),
+            SELECT akey, sum(n)::BIGINT AS published FROM publications GROUP BY akey),
         outcomes AS (
             SELECT akey,
                    sum(CASE WHEN event = 'notify_forwarded' THEN n ELSE 0 END)::BIGINT

@@ -71,12 +71,18 @@ import zlib
 from spark_analysis import compaction, ingest
 from spark_analysis import traceformat as tf
 
-__all__ = ["TraceStore", "BatchResult", "HEAD_BYTES", "MANIFEST_VERSION", "MINUTES_TABLE",
-           "expected_records"]
+__all__ = ["TraceStore", "BatchResult", "HEAD_BYTES", "BAD_LINES_LISTED", "BAD_FILES_LISTED",
+           "MANIFEST_VERSION", "MINUTES_TABLE", "expected_records"]
 
 HEAD_BYTES = 4096          # bytes hashed to recognise a file
+# bad lines named (line, reason, text) per file, in the manifest and
+# csv/bad_lines.csv, and files whose bad lines are named, per batch: the
+# rest are counted (csv/files.csv), not named
+BAD_LINES_LISTED = 1000
+BAD_FILES_LISTED = 100
 MINUTES_TABLE = "event_minutes"   # per-minute counts made at ingest (``minutes``)
-MANIFEST_VERSION = 3          # 2: events carry dkey and akey; 3: keys made by arrowparse
+MANIFEST_VERSION = 4          # 2: events carry dkey and akey; 3: keys made by arrowparse;
+                              # 4: events carry link_down's unsent
 _COPY_CHUNK = 1 << 20
 
 
@@ -95,6 +101,7 @@ class BatchResult:
         self.bad_examples = []      # [(path, line, reason, text)]
         self.aside = 0              # valid records set aside: dated far from their file's
         self.aside_examples = []    # [(path, line or None, ts_us)]
+        self.copies = []            # [(path, kept path, how)]: copies not read (_copies)
 
 
 def _now_iso():
@@ -397,8 +404,15 @@ class TraceStore:
                     break
             if match is not None:
                 key, entry = match
-                if (entry["path"] == path and entry["size"] == stat.st_size
-                        and entry["mtime_ns"] == stat.st_mtime_ns):
+                same = (entry["path"] == path and entry["size"] == stat.st_size
+                        and entry["mtime_ns"] == stat.st_mtime_ns)
+                if same and not entry["gz"] and entry["offset"] < stat.st_size:
+                    # a partial last line that has not grown since the last run:
+                    # the writer stopped (killed); it is read, and judged, now
+                    entries[key] = dict(entry, read_at=_now_iso(), finished=True)
+                    parts.append((path, path, "tail", entry["offset"]))
+                    continue
+                if same:
                     unchanged += 1
                     continue
                 if entry.get("complete") and path.endswith(".gz") == entry["gz"]:
@@ -411,6 +425,9 @@ class TraceStore:
                                     f"{entry['offset']} already read; left as it was")
                     continue
                 new["complete"] = new["gz"]
+                # a newer file of the router exists: this one is closed, its
+                # partial last line (if any) is read and judged
+                new["finished"] = new["gz"] or path not in newest
                 entries[key] = new
                 parts.append((path, path, "tail", entry["offset"]))
                 continue
@@ -429,8 +446,9 @@ class TraceStore:
                      "read_at": _now_iso(), "examples": []}
             key = f"{stem}#{uuid.uuid4().hex[:12]}"
             entries[key] = entry
-            if entry["gz"] or (path not in newest and _ends_with_newline(fpath, stat.st_size)):
-                parts.append((path, path, "whole", 0))      # closed: Spark reads it as it is
+            if entry["gz"] or path not in newest:
+                # closed: read as it is (a partial last line is judged: a bad line)
+                parts.append((path, path, "whole", 0))
             else:
                 parts.append((path, path, "prefix", 0))     # may be growing: copy what is whole
         return parts, entries, unchanged, warnings
@@ -582,6 +600,10 @@ class TraceStore:
     def _update(self, files):
         self.recover()
         result = BatchResult()
+        known = {e["path"] for e in self.manifest()["files"].values()}
+        result.copies = _copies(files, known)
+        copied = {path for path, _, _ in result.copies}
+        files = [(path, size) for path, size in files if path not in copied]
         parts, entries, result.unchanged, result.warnings = self.plan(files)
         if not parts:
             return result
@@ -609,14 +631,21 @@ class TraceStore:
             os.makedirs(staging_local, exist_ok=True)
             target = os.path.join(staging_local, f"{len(spark_inputs):06d}-{_stem(path)}")
             try:
-                end, head = _copy_complete_lines(fpath, first, target, entry)
+                end, head = _copy_complete_lines(fpath, first, target, entry,
+                                                 entry.get("finished", False))
             except (OSError, EOFError, zlib.error) as e:
                 result.unreadable.append((path, f"not readable ({e or type(e).__name__})"))
                 entries.pop(key, None)
                 continue
             entry["offset"] = end
+            entry.pop("finished", None)
             if head is not None:
                 entry["head"], entry["head_len"] = head
+            if end < entry["size"] and not entry["gz"]:
+                result.warnings.append(
+                    f"{path}: last line incomplete ({entry['size'] - end} bytes, no newline): "
+                    f"not read yet, as the file may still be written; if it has not grown "
+                    f"by the next run it is read then (a bad line if it is not a record)")
             if end > first:
                 spark_inputs.append(target)
                 file_of[ingest._file_uri(target)] = path
@@ -648,13 +677,17 @@ class TraceStore:
         result.records = sum(ok for ok, _ in stats.values())
         result.bad = sum(bad for _, bad in stats.values())
         # the bad lines' numbers, for the first files that have some
-        for path in sorted(p for p, (_, bad) in stats.items() if bad)[:10]:
+        for path in sorted(p for p, (_, bad) in stats.items() if bad)[:BAD_FILES_LISTED]:
             key, entry = by_path.get(path, (None, None))
             start = line_base.get(path, 0)
-            found = ingest.locate_bad_lines(self.spark, path, start_byte=start)
+            had = len(entry.get("examples", [])) if entry is not None else 0
+            if had >= BAD_LINES_LISTED:
+                continue
+            found = ingest.locate_bad_lines(self.spark, path, limit=BAD_LINES_LISTED - had,
+                                            start_byte=start)
             result.bad_examples += [(path, n, r, t) for n, r, t in found]
             if entry is not None:
-                entry["examples"] = (entry.get("examples", []) + [[n, r, t] for n, r, t in found])[:5]
+                entry["examples"] = entry.get("examples", []) + [[n, r, t] for n, r, t in found]
         pending = {"batch": batch, "entries": entries, "parts": written,
                    "minute_parts": minute_parts}
         pending_path = self.fs.join("_ingest", f"pending-{batch}.json")
@@ -820,12 +853,83 @@ def _newest_plain_per_domain(files):
     return {path for _, path in newest.values()}
 
 
-def _ends_with_newline(path, size):
-    if size == 0:
-        return True
-    with open(path, "rb") as f:
-        f.seek(size - 1)
-        return f.read(1) == b"\n"
+def _copies(files, known=()):
+    """[(path, kept, how)]: files of ``files`` ([(path, size)]) that hold
+    nothing another one does not, so are not read: the same content
+    (``how`` "same content") or its first part (``how`` "first N bytes"),
+    as when one host's traces are collected twice, or once while still
+    being written. Files are grouped by their first HEAD_BYTES
+    (uncompressed) and compared whole within a group. A file already read
+    (in ``known``) is kept over its copies, then the longest, then the
+    one nearest the top, then by path. Local files only; remote ones are
+    told by name and size."""
+    copies, groups, seen = [], {}, {}
+    # (a .gz beside its plain file is being compressed: ``plan`` reads the plain one)
+    plain = {(os.path.dirname(p), _stem(p)) for p, _ in files if not p.endswith(".gz")}
+    for path, size in files:
+        if path.endswith(".gz") and (os.path.dirname(path), _stem(path)) in plain:
+            continue
+        if not ingest._is_local(path):
+            key = (_stem(path), size)
+            if key in seen:
+                copies.append((path, seen[key], "same name and size"))
+            else:
+                seen[key] = path
+            continue
+        try:
+            with _open_uncompressed(ingest._local(path)) as f:
+                head = f.read(HEAD_BYTES)
+        except (OSError, EOFError, zlib.error):
+            continue
+        if head:
+            groups.setdefault(hashlib.sha1(head).hexdigest(), []).append((path, size))
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        members.sort(key=lambda m: (m[0] not in known, -m[1], m[0].count("/"), m[0]))
+        kept = []
+        for path, _ in members:
+            for i, other in enumerate(kept):
+                relation = _relation(path, other)
+                if relation is None:
+                    continue
+                if relation[0] == "other":      # the other is this one's first part
+                    if other in known and _stem(other) != _stem(path):
+                        continue    # (read already: this one is matched to it by name only)
+                    copies.append((other, path, relation[1]))
+                    kept[i] = path
+                else:
+                    copies.append((path, other, relation[1]))
+                break
+            else:
+                kept.append(path)
+    return copies
+
+
+def _relation(a, b):
+    """How local file ``a``'s uncompressed content relates to ``b``'s:
+    ("this", how) if ``a`` holds nothing more than ``b`` (the same, or its
+    first part), ("other", how) if ``b`` is ``a``'s first part, None if they
+    differ (or either cannot be read)."""
+    try:
+        with _open_uncompressed(ingest._local(a)) as fa, \
+                _open_uncompressed(ingest._local(b)) as fb:
+            length = 0
+            while True:
+                # (buffered and gzip reads return the size asked for until the end)
+                x, y = fa.read(_COPY_CHUNK), fb.read(_COPY_CHUNK)
+                n = min(len(x), len(y))
+                if x[:n] != y[:n]:
+                    return None
+                length += n
+                if len(x) > len(y):
+                    return ("other", f"first {length:,} bytes")
+                if len(x) < len(y):
+                    return ("this", f"first {length:,} bytes")
+                if not x:
+                    return ("this", "same content")
+    except (OSError, EOFError, zlib.error):
+        return None
 
 
 def _finish_whole(path, entry):
@@ -838,9 +942,11 @@ def _finish_whole(path, entry):
     return entry["size"] if not entry["gz"] else -1
 
 
-def _copy_complete_lines(path, first, target, entry):
+def _copy_complete_lines(path, first, target, entry, finished=False):
     """Copy the uncompressed bytes from ``first`` up to the last newline into
-    ``target``. Returns (end offset, (head hash, head length) or None)."""
+    ``target`` (to the end, a partial last line included, if the file is
+    ``finished`` or gzipped: no more is written to it). Returns (end offset,
+    (head hash, head length) or None)."""
     end = first
     head = None
     with _open_uncompressed(path) as src, open(target, "wb") as dst:
@@ -871,9 +977,10 @@ def _copy_complete_lines(path, first, target, entry):
             dst.write(data[:cut + 1])
             end += cut + 1
             carry = data[cut + 1:]
-        if carry and entry.get("gz"):
-            # a closed, compressed file ends with an unterminated line: it is whole
-            dst.write(carry + b"\n")
+        if carry and (entry.get("gz") or finished):
+            # a closed file ends with an unterminated line: it is all there
+            # will be of it (``arrowparse.parse_file`` judges it)
+            dst.write(carry)
             end += len(carry)
     if entry.get("head") is None:
         head = (hashlib.sha1(head_data).hexdigest(), len(head_data))

@@ -76,6 +76,7 @@ FIELDS = {
     "filter_nodes": ("integer",),
     "filter_bytes": ("integer",),
     "reason": ("string",),
+    "unsent": ("integer",),
 }
 
 COMMON = ("v", "ts_us", "router", "peer", "event", "direction")
@@ -261,6 +262,8 @@ def check_record(obj):
             return "'digest' must be 40 lowercase hex digits"
     if event in SUBREPLACE_EVENTS and (obj["filter_nodes"] < 0 or obj["filter_bytes"] < 0):
         return "negative filter size"
+    if event == "link_down" and "unsent" in obj and obj["unsent"] < 1:
+        return "'unsent' must be at least 1 (it is left out when none)"
     return None
 
 

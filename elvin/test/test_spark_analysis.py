@@ -273,6 +273,8 @@ GOOD = [
      "direction": "in", "routing": ["b"], "size": 60, "attrs": ["A", "b"], "digest": "0" * 40},
     {"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "link_up", "direction": "in",
      "future_field": [1, 2]},
+    {"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "link_down", "direction": "out",
+     "reason": "liveness", "unsent": 3},
 ]
 BAD = [
     ({"v": 2, "ts_us": T0, "router": "a", "peer": "b", "event": "link_up", "direction": "out"},
@@ -300,6 +302,10 @@ BAD = [
       "direction": "out"}, "wrong type"),
     ({"v": 1, "ts_us": T0, "router": "a", "event": "link_up", "direction": "out"},
      "missing field 'peer'"),
+    ({"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "link_down", "direction": "out",
+      "reason": "liveness", "unsent": 0}, "'unsent' must be at least 1"),
+    ({"v": 1, "ts_us": T0, "router": "a", "peer": "b", "event": "link_down", "direction": "out",
+      "reason": "liveness", "unsent": "2"}, "field 'unsent' has the wrong type"),
 ]
 
 
@@ -1304,3 +1310,32 @@ def _is_wire(record):
 
 def _rows_of(df):
     return [row.asDict(recursive=True) for row in df.collect()]
+
+
+class SkewTests(unittest.SynchronousTestCase):
+    """skew.judge: a router apart from the majority's bulk is skewed; no claim without one."""
+
+    def rows(self, router, start_s, minutes, per_minute=10):
+        return [(router, T(start_s + 60 * m), per_minute, T(start_s + 60 * m),
+                 T(start_s + 60 * m + 59)) for m in range(minutes)]
+
+    def test_two_hours_ahead_among_three(self):
+        from spark_analysis import skew
+        rows = (self.rows("a", 0, 10) + self.rows("b", 0, 10) + self.rows("c", 30, 10)
+                + self.rows("d", 7200, 10))
+        period, skewed = skew.judge(rows)
+        self.assertEqual(period, (T(0), T(30 + 540 + 59)))
+        self.assertEqual([(r.router, r.outside, r.first_us, r.last_us) for r in skewed],
+                         [("d", 100, T(7200), T(7200 + 540 + 59))])
+
+    def test_no_claim_without_a_majority_or_when_they_overlap(self):
+        from spark_analysis import skew
+        self.assertEqual(skew.judge(self.rows("a", 0, 10) + self.rows("d", 7200, 10)),
+                         (None, []))
+        self.assertEqual(skew.judge(self.rows("a", 0, 10) + self.rows("b", 0, 10)
+                                    + self.rows("c", 7200, 10) + self.rows("d", 7200, 10)),
+                         (None, []))
+        # traced for longer than the others, or a few minutes off: kept
+        self.assertEqual(skew.judge(self.rows("a", 0, 10) + self.rows("b", 0, 10)
+                                    + self.rows("c", 0, 200) + self.rows("d", 300, 10)),
+                         (None, []))

@@ -24,6 +24,8 @@ def _skip_without_duckdb():
         raise unittest.SkipTest("DuckDB is not installed")
 
 
+# tables of what is rare (the truth traces have rows in each): empty is no warning
+RARE = {"unsent", "duplicate_deliveries", "duplicate_delivery_totals"}
 _traces = {}           # name -> the traces ``make`` wrote
 _runs = {}             # (name, engine) -> its Analysis
 _spark_starts = {}     # name -> times the Spark run of run_one called its start
@@ -132,7 +134,7 @@ class _Agreement:
             if name == "events":
                 continue
             rows_a, rows_b = _rows(a.parquet(name)), _rows(b.parquet(name))
-            if not rows_a:
+            if not rows_a and name not in RARE:
                 empty.append(name)
             self.assertEqual(rows_a, rows_b, name)
         # (a window may hold no drops, say; not many empty tables)

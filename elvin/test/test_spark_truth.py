@@ -5,7 +5,12 @@ identical contents repeat (two copies a second, 3 ms apart, each taking
 2.5 ms: the nearest copy in time is the wrong one); a mesh sends 59
 duplicates to c within 0.8 s (``notify_dropped_duplicate``, c not in
 their routing lists) and c sends two real loops back to a; a - b is down
-for 34 s; every router stops at the end; and one record of a's file is
+for 34 s, two notifications a forwarded still queued when it went down
+(``unsent``); c's file is collected twice and b's once more half-way;
+the links a's publications are considered for change (a
+mesh's tree); d, linked to c, is killed at 300 s (its trace stops
+without link_down); e's clock is two hours ahead; a ring delivery reaches c twice; every
+other router stops at the end; and one record of a's file is
 dated 2100. Each engine's answers are checked against those numbers, and
 the two engines against each other (one small Spark run).
 """
@@ -21,6 +26,12 @@ from spark_analysis import traceformat as tf
 HB = {"Heartbeat": 1, "Service": "ops"}
 DUP = {"Group": "mesh", "n": 7}
 LOOP = {"Group": "loop", "n": 9}
+LOST = {"Group": "lost", "n": 0}
+PUB = {"Group": "tree", "n": 0}
+FROM_D = {"From": "d"}
+SKEW = 7200
+RING = {"Ring": 1}
+KILLED = 300
 A_FILE = "a-20240501T120000Z-000001.jsonl"
 FUTURE_US = 4102444800 * 10**6          # 2100-01-01T00:00:00Z
 OUTAGE = (200, 234)
@@ -28,8 +39,19 @@ OUTAGE = (200, 234)
 
 def truth_records():
     """{router: [(ts_us, line)]} of the scenario (see the module's text)."""
-    out = {"a": [], "b": [], "c": []}
+    out = {"a": [], "b": [], "c": [], "d": [], "e": []}
     rec, note = recorder(out)
+    # e's clock is two hours ahead (b traced nothing of its link)
+    rec("e", T(SKEW), "b", "link_up", "out")
+    for s in range(1, 300):
+        note("e", T(SKEW + s), "b", "notify_forwarded", "out", dict(FROM_D, n=s), ["e"])
+    rec("e", T(SKEW + 300), "b", "link_down", "out", reason="shutdown")
+    # d is killed at 300 s: its trace stops without link_down; c notices at 302 s
+    rec("d", T(0), "c", "link_up", "out")
+    rec("c", T(0), "d", "link_up", "in")
+    note("d", T(KILLED), "c", "notify_forwarded", "out", FROM_D, ["d"])
+    note("c", T(KILLED, 1500), "d", "notify_received", "in", FROM_D, ["d"])
+    rec("c", T(KILLED + 2), "d", "link_down", "in", reason="connection_lost")
 
     for x, y in (("a", "b"), ("c", "b"), ("c", "a")):
         rec(x, T(0), y, "link_up", "out")
@@ -44,7 +66,11 @@ def truth_records():
             n = {"Group": "back", "n": s}
             note("b", T(s), "a", "notify_forwarded", "out", n, ["b"])
             note("a", T(s, 2000), "b", "notify_received", "in", n, ["b"])
-    rec("a", T(OUTAGE[0]), "b", "link_down", "out", reason="liveness")
+    # two notifications still queued at a when a - b went down: never written
+    for i in range(2):
+        note("a", T(OUTAGE[0] - 1, 500 + i), "b", "notify_forwarded", "out",
+             dict(LOST, n=i), ["a"])
+    rec("a", T(OUTAGE[0]), "b", "link_down", "out", reason="liveness", unsent=2)
     rec("b", T(OUTAGE[0], 400), "a", "link_down", "in", reason="connection lost")
     rec("a", T(OUTAGE[1]), "b", "link_up", "out")
     rec("b", T(OUTAGE[1]), "a", "link_up", "in")
@@ -59,6 +85,18 @@ def truth_records():
         d = dict(LOOP, n=i)
         note("c", T(400 + i), "a", "notify_forwarded", "out", d, ["a", "b", "c"])
         note("a", T(400 + i, 1000), "c", "notify_dropped_loop", "in", d, ["a", "b", "c"])
+    # a's mesh tree changes: ten notifications published at a, the first six
+    # considered for the link to b only, the other four for the link to c only
+    for i in range(10):
+        note("a", T(450, 100000 + i * 1000), "b" if i < 6 else "c",
+             "notify_suppressed_filter", "out", dict(PUB, n=i), ["a"])
+    # the ring without mesh mode: published at b, c receives it from b and by way of a
+    note("b", T(500), "a", "notify_forwarded", "out", RING, ["b"])
+    note("b", T(500, 10), "c", "notify_forwarded", "out", RING, ["b"])
+    note("a", T(500, 2000), "b", "notify_received", "in", RING, ["b"])
+    note("c", T(500, 1010), "b", "notify_received", "in", RING, ["b"])
+    note("a", T(500, 2100), "c", "notify_forwarded", "out", RING, ["b", "a"])
+    note("c", T(500, 3100), "a", "notify_received", "in", RING, ["b", "a"])
     # everyone stops at the end
     for x, y in (("a", "b"), ("c", "b"), ("c", "a")):
         rec(x, T(599.9), y, "link_down", "out", reason="shutdown")
@@ -83,6 +121,13 @@ def write_truth(directory, legacy=False):
     for router, body in records.items():
         name = A_FILE if router == "a" else f"{router}-20240501T120000Z-000001.jsonl"
         with open(os.path.join(directory, name), "w") as f:
+            f.write("\n".join(body) + "\n")
+    # collected twice: c's file again from another host, b's as it was half-way
+    for host, router, keep in (("again", "c", None), ("early", "b", 0.5)):
+        os.makedirs(os.path.join(directory, host))
+        body = records[router][:int(len(records[router]) * keep)] if keep else records[router]
+        with open(os.path.join(directory, host, f"{router}-20240501T120000Z-000001.jsonl"),
+                  "w") as f:
             f.write("\n".join(body) + "\n")
     return at + 1
 
@@ -129,9 +174,11 @@ class TimeSanityTests(unittest.SynchronousTestCase):
 
     def test_the_window_is_that_of_the_records_kept(self):
         a, _, _, _ = truth_run()
-        self.assertEqual((a.start_us, a.end_us), (T(0), T(599.9, 300)))
+        # (the period [first, last] kept, as a window [since, until))
+        self.assertEqual((a.start_us, a.end_us), (T(0), T(599.9, 300) + 1))
         for row in a.tables["link_uptime"]:
-            self.assertGreater(row["uptime_pct"], 90, row)
+            if "d" not in (row["router"], row["peer"]):
+                self.assertGreater(row["uptime_pct"], 90, row)
 
     def test_files_csv_counts_and_names_it(self):
         import csv
@@ -211,6 +258,125 @@ class DropWordingTests(unittest.SynchronousTestCase):
                       "routing list, so they are not loops", plain)
 
 
+class CopiesTests(unittest.SynchronousTestCase):
+    """c's file collected twice, b's once more half-way: read once, said (every
+    count above is of one copy)."""
+
+    def test_the_copies_are_named_and_not_read(self):
+        import csv
+        a, text, _, traces = truth_run()
+        c, b = "c-20240501T120000Z-000001.jsonl", "b-20240501T120000Z-000001.jsonl"
+        self.assertEqual(sorted((os.path.relpath(p, traces), os.path.relpath(k, traces), how)
+                                for p, k, how in a.copies),
+                         [(os.path.join("again", c), c, "same content"),
+                          (os.path.join("early", b), b,
+                           f"first {os.path.getsize(os.path.join(traces, 'early', b)):,} "
+                           f"bytes")])
+        with open(os.path.join(a.out_dir, "csv", "files.csv")) as f:
+            rows = {os.path.relpath(r["file"], traces): r for r in csv.DictReader(f)}
+        self.assertEqual((rows[os.path.join("again", c)]["records"],
+                          rows[os.path.join("again", c)]["skipped"]),
+                         ("0", f"same content of {os.path.join(traces, c)}"))
+        self.assertNotEqual(rows[c]["records"], "0")
+        self.assertIn("2 trace files were copies of others", _plain(text))
+
+
+class SkewedClockTests(unittest.SynchronousTestCase):
+    """A router two hours ahead: the period is the other routers', its records named."""
+
+    def test_its_records_are_left_out_and_named(self):
+        a, text, _, _ = truth_run()
+        self.assertEqual([(r.router, r.outside, r.first_us, r.last_us) for r in a.skewed],
+                         [("e", 301, T(SKEW), T(SKEW + 300))])
+        self.assertNotIn("e", {r["router"] for r in a.tables["overview"]})
+        self.assertIn("e: its records' bulk 2024-05-01T14:00:00Z to 2024-05-01T14:04:59Z; "
+                      "301 records from 2024-05-01T14:00:00Z to 2024-05-01T14:05:00Z left out",
+                      _plain(text))
+
+
+class DuplicateDeliveryTests(unittest.SynchronousTestCase):
+    """A plain ring (no mesh): c receives b's notification both ways round, stated."""
+
+    def test_the_receipts_are_named(self):
+        a, _, _, _ = truth_run()
+        self.assertEqual([(r["router"], r["origin"], r["receipts"], r["extra"], r["routes"],
+                           r["first_us"], r["route_a"], r["route_b"])
+                          for r in a.tables["duplicate_deliveries"]],
+                         [("c", "b", 2, 1, 2, T(500, 1010), "b", "b > a")])
+        self.assertEqual([(r["router"], r["notifications"], r["extra"])
+                          for r in a.tables["duplicate_delivery_totals"]], [("c", 1, 1)])
+
+    def test_the_report_states_them(self):
+        from spark_analysis import traceformat as tf
+        digest = tf.notification_digest(RING)[:16]
+        plain = _plain(truth_run()[1])
+        self.assertIn("Duplicate deliveries: 1 time(s) a router received one notification "
+                      "(the same origin and digest) by more than one route, 1 receipt(s) more "
+                      "than one route would give: at c, 1 (1 extra), e.g. "
+                      f"digest {digest}\u2026 from b, received by way of b and of b > a from "
+                      "2024-05-01T12:08:20.001Z", plain)
+
+
+class UnsentTests(unittest.SynchronousTestCase):
+    """Notifications queued on a link when it went down are lost on that link, named."""
+
+    def test_the_link_down_record_is_a_row(self):
+        a, _, _, _ = truth_run()
+        self.assertEqual([(r["router"], r["peer"], r["ts_us"], r["reason"], r["unsent"])
+                          for r in a.tables["unsent"]],
+                         [("a", "b", T(OUTAGE[0]), "liveness", 2)])
+
+    def test_the_report_counts_them_lost_on_that_link(self):
+        from spark_analysis import report
+        a, text, _, _ = truth_run()
+        plain = _plain(text)
+        self.assertIn("Lost with their link: 2 notifications", plain)
+        self.assertIn("a \u2192 b: 2 (link_down at 2024-05-01T12:03:20Z (liveness): 2)", plain)
+        self.assertIn("2 of the 1,132 notifications a forwarded (notify_forwarded) have no "
+                      "record at b, which recorded 1,130 from it; 2 of them were still queued "
+                      "at a when the link went down", plain)
+        self.assertIn("2 notifications lost still queued when a link went down", plain)
+        self.assertEqual(report.summary(a)["drops"]["unsent"], 2)
+
+
+class PublishedTests(unittest.SynchronousTestCase):
+    """Each notification counted once at its origin, whichever links it was considered for."""
+
+    def test_published_counts_each_notification_once(self):
+        a, _, _, _ = truth_run()
+        sets = {r["attribute_names"]: r for r in a.tables["attr_sets"]}
+        # at a: 10 whose links changed, 2 lost with a - b; at b: 57 sent back
+        self.assertEqual(sets["Group,n"]["published"], 10 + 2 + 57)
+        self.assertEqual(sets["Heartbeat,Service"]["published"], 2 * (599 - 34))
+
+    def test_the_flood_sends_every_publication_on_every_tree_link(self):
+        a, _, _, _ = truth_run()
+        flood = {(r["router"], r["peer"]): r["flood_notifications"] for r in a.tables["flood"]}
+        at_a = 2 * (599 - 34) + 2 + 10
+        self.assertEqual((flood[("a", "b")], flood[("a", "c")]), (at_a, at_a))
+        self.assertEqual((flood[("b", "a")], flood[("b", "c")]), (57 + 1, 57 + 1))
+
+
+class KilledRouterTests(unittest.SynchronousTestCase):
+    """A router whose trace stops without link_down: its links' uptime ends there, said."""
+
+    def test_the_uptime_ends_at_its_last_record(self):
+        a, _, _, _ = truth_run()
+        rows = {(r["router"], r["peer"]): r for r in a.tables["link_uptime"]}
+        self.assertEqual((rows[("d", "c")]["uptime_s"], rows[("d", "c")]["traced_until_us"]),
+                         (KILLED, T(KILLED)))
+        self.assertEqual((rows[("c", "d")]["uptime_s"], rows[("c", "d")]["traced_until_us"]),
+                         (KILLED + 2, None))
+        self.assertIsNone(rows[("a", "b")]["traced_until_us"])
+
+    def test_the_report_says_so(self):
+        plain = _plain(truth_run()[1])
+        self.assertIn("d's records end at 2024-05-01T12:05:00Z, 5.0 minutes before the last "
+                      "record of the period, with its link to c up and no link_down. A router "
+                      "that is killed writes no link_down, so the uptime of these links is "
+                      "counted only to the last record of the router that traced them", plain)
+
+
 class EventTests(unittest.SynchronousTestCase):
     """Outages at their real times; routers stopping are not outages."""
 
@@ -220,10 +386,10 @@ class EventTests(unittest.SynchronousTestCase):
         outages, ends = report.split_outages(a)
         self.assertEqual(sorted((r["router"], r["seconds"]) for r in outages),
                          [("a", 34.0), ("b", 34.0)])
-        self.assertEqual(len(ends), 6)
+        self.assertEqual(len(ends), 7)
         plain = _plain(text)
         self.assertIn("Links went down 2 time(s)", plain)
-        self.assertIn("6 link end(s) closed within 60 s of the end of a router's traces", plain)
+        self.assertIn("7 link end(s) closed within 60 s of the end of a router's traces", plain)
         self.assertNotIn("still down at the end", plain)
 
     def test_the_drops_are_drawn_per_second(self):
