@@ -241,6 +241,15 @@ class _HadoopFS:
         return path
 
 
+def unreadable_named(text, named):
+    """The ``unreadable trace file NAME: WHY`` match in a Spark error's
+    ``text`` whose NAME is one of ``named``, or None. The Python worker's
+    traceback quotes the raising line first, with its ``{row['name']}``
+    placeholder: only a match naming one of ours counts."""
+    return next((m for m in re.finditer(r"unreadable trace file (\S+?): ([^\n]*)", text)
+                 if m.group(1) in named), None)
+
+
 class TraceStore:
     """The events table under ``tables_dir`` and the record of what is in it."""
 
@@ -719,8 +728,8 @@ class TraceStore:
                     self.spark, files, out, file_of, minutes_out=minutes_out)
                 break
             except Exception as e:  # noqa: BLE001 - Py4J wraps the worker's error
-                found = re.search(r"unreadable trace file (\S+?): ([^\n]*)", str(e))
-                if found is None or found.group(1) not in named:
+                found = unreadable_named(str(e), named)
+                if found is None:
                     raise
                 self.fs.delete(out)
                 self.fs.delete(minutes_out)

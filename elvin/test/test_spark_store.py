@@ -861,3 +861,20 @@ class BadLinesListTests(unittest.SynchronousTestCase):
                          [("4", "7"), ("5", "7"), ("6", "7")])
         self.assertIn("7 bad trace lines were skipped.</b>", text)
         self.assertIn("3 named (up to 3 a file)", text)
+
+
+class UnreadableNamedTests(unittest.TestCase):
+    """A truncated .gz read by Spark's workers is named and skipped: the
+    error's text quotes the raising source line before the message."""
+
+    def test_the_message_not_the_quoted_source_line(self):
+        from spark_analysis.store import unreadable_named
+        name = "file:/t/broken.jsonl.gz"
+        text = ("PythonException: An exception was thrown from the Python worker:\n"
+                "  File \"ingest.py\", line 176, in _tables_of\n"
+                "    raise OSError(f\"unreadable trace file {row['name']}: \"\n"
+                f"OSError: unreadable trace file {name}: EOFError: Compressed file ended\n")
+        found = unreadable_named(text, {name: "/t/broken.jsonl.gz"})
+        self.assertEqual((found.group(1), found.group(2)),
+                         (name, "EOFError: Compressed file ended"))
+        self.assertIsNone(unreadable_named(text, {"file:/t/other.gz": "/t/other.gz"}))
