@@ -67,7 +67,7 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
         #: the router closed the channel: not deliveries, if left unsent.
         self._tail = 0
         self._gone = False
-        self._waiting = []
+        self._closed_waiters = []
 
     # -- channel lifecycle -------------------------------------------------
 
@@ -123,7 +123,7 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
         if self.session is not None:
             self.session.connection_lost(_why(reason))
         self._gone = True
-        waiting, self._waiting = self._waiting, []
+        waiting, self._closed_waiters = self._closed_waiters, []
         for d in waiting:
             d.callback(None)
 
@@ -190,7 +190,7 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
         if self._gone or self.transport is None:
             return defer.succeed(None)
         d = defer.Deferred()
-        self._waiting.append(d)
+        self._closed_waiters.append(d)
         return d
 
     def cutOff(self):
