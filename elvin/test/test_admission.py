@@ -29,6 +29,7 @@ from elvin.protocols.gate import Admission, GateFactory, raise_open_file_limit
 from elvin.protocols.server import ElvinServerFactory
 from elvin.test.places import REPO, free_port, wait_listening
 from elvin.test.test_server_protocol import frame, unframe
+from elvin.test.transport_fixtures import memory_handshake
 
 NOFILE = resource.RLIMIT_NOFILE
 
@@ -387,25 +388,6 @@ class GateTests(unittest.TestCase):
         ca.configure_trust(context)
         return GateFactory(tls, self.admission, CLIENT), context
 
-    def handshake(self, proto, transport, context):
-        """Run a TLS client's handshake with ``proto`` in memory."""
-        import ssl
-        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
-        client = context.wrap_bio(incoming, outgoing, server_hostname="localhost")
-        for _ in range(10):
-            try:
-                client.do_handshake()
-            except ssl.SSLWantReadError:
-                pass
-            else:
-                proto.dataReceived(outgoing.read())     # the client's Finished
-                return client
-            proto.dataReceived(outgoing.read())
-            self.clock.advance(0)
-            incoming.write(transport.value())
-            transport.clear()
-        self.fail("no handshake")
-
     def test_stalled_tls_handshakes_are_bounded(self):
         gate, context = self.tls_gate()
         self.admission.budget.max_handshakes = 2
@@ -416,7 +398,8 @@ class GateTests(unittest.TestCase):
         self.assertTrue(stalled[0][1].aborted)               # the oldest went
         self.assertFalse(stalled[1][1].aborted)
         self.assertIn("closed in their TLS handshake", events[0]["line"])
-        self.handshake(*third, context)                      # a real client gets in
+        memory_handshake(third[0], third[1], context, "localhost",
+                         lambda: self.clock.advance(0))     # a real client gets in
         self.assertEqual(list(self.admission.budget.handshakes),
                          [stalled[1][0].admission])
         self.clock.advance(10)

@@ -8,7 +8,8 @@ from elvin import client, config
 from elvin.protocols import tls
 from elvin.uri import ElvinURI
 
-from elvin.test.transport_fixtures import Certificates, PubSubScenarios, RouterFixture, wait_until
+from elvin.test.transport_fixtures import (Certificates, PubSubScenarios, RouterFixture,
+                                          memory_handshake, wait_until)
 
 
 class TLSFixture(RouterFixture):
@@ -365,17 +366,7 @@ class SessionTicketTests(unittest.TestCase):
         server = factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 1))
         wire = StringTransport()
         server.makeConnection(wire)
-        incoming, outgoing = stdssl.MemoryBIO(), stdssl.MemoryBIO()
-        peer = client_context.wrap_bio(incoming, outgoing, server_hostname="router.test")
-        for _ in range(5):
-            try:
-                peer.do_handshake()
-            except stdssl.SSLWantReadError:
-                pass
-            if outgoing.pending:
-                server.dataReceived(outgoing.read())
-            incoming.write(wire.value())
-            wire.clear()
+        peer = memory_handshake(server, wire, client_context, "router.test")
         try:
             peer.read(1)          # takes in what followed the handshake
         except stdssl.SSLWantReadError:

@@ -241,3 +241,33 @@ class PubSubScenarios:
         self.router.shutdown()
         yield conn.disconnected
         self.assertEqual(reasons, [1])
+
+
+def memory_handshake(server, wire, context, hostname, settle=None, rounds=10):
+    """Run a TLS client (an ``ssl`` module SSLObject of ``context`` for
+    ``hostname``) against ``server``, a listener's TLS protocol writing to
+    the StringTransport ``wire``, in memory; returns the client once its
+    handshake is done and the server has its Finished (and the client what
+    the server sent after it). ``settle()``, if given, runs after each of
+    the server's reads (a Clock's ``advance(0)`` for delayed writes)."""
+    import ssl
+
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    client_ = context.wrap_bio(incoming, outgoing, server_hostname=hostname)
+
+    def exchange():
+        if outgoing.pending:
+            server.dataReceived(outgoing.read())
+            if settle is not None:
+                settle()
+        incoming.write(wire.value())
+        wire.clear()
+    for _ in range(rounds):
+        try:
+            client_.do_handshake()
+        except ssl.SSLWantReadError:
+            exchange()
+            continue
+        exchange()                        # the client's Finished, and what follows
+        return client_
+    raise AssertionError(f"no TLS handshake in {rounds} rounds")
