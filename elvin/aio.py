@@ -28,7 +28,8 @@ from typing import (Any, Awaitable, Callable, Coroutine, Dict, Generator, Generi
 
 from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, DEFAULT_RECEIVE_QUEUE,
                                         CancelTimer, CloseChannel, ConnectFailedEffect,
-                                        Connected, Dial, Effect, Ended, HandshakeTimeout,
+                                        Connected, DEFAULT_LIVENESS, Dial, Effect, Ended,
+                                        HandshakeTimeout,
                                         Lifecycle, LifecycleView, PauseReading, Phase,
                                         ResumeReading, StartTimer, TLS_FIRST_PACKET_DELAY)
 from elvin.clientcore import messages
@@ -817,7 +818,8 @@ def connect(uri: URIs = None,
             receipt: Optional[str] = None, client: Optional[str] = None,
             ttl: Optional[int] = None, max_count: Optional[int] = None,
             on_notification: Optional[NoteCallback] = None,
-            ack_window: Optional[int] = None) -> "_Pending[Connection]":
+            ack_window: Optional[int] = None,
+            liveness: Optional[float] = DEFAULT_LIVENESS) -> "_Pending[Connection]":
     """Connect to the router at ``uri`` (default elvin://localhost:2917; a
     list of URIs: the first that answers, failing over between them).
 
@@ -841,6 +843,11 @@ def connect(uri: URIs = None,
     connection stops reading (docs/client.md). ``follow_redirects``,
     ``on_disconnect(reason, text)`` and ``on_dropwarn()`` set the
     connection's attributes of those names before the handshake.
+    ``liveness`` (seconds, default 60; 0 or None: off): after that long
+    without a packet from the router the connection sends TestConn, and
+    when nothing answers within ``timeout`` (or ``liveness`` without one)
+    the channel is lost, as if the socket had closed (docs/client.md,
+    "Liveness").
 
     Without a ``uri``, ``discover=True``, a ``scope`` or a started
     ``elvin.discovery.aio.AsyncioDiscoverer`` finds a router by ERDP
@@ -869,7 +876,7 @@ def connect(uri: URIs = None,
         tls_hostname=tls_hostname, reconnect=reconnect, retry_connect=retry_connect,
         pending_size=pending_size, receive_queue=receive_queue,
         follow_redirects=follow_redirects, on_disconnect=on_disconnect,
-        on_dropwarn=on_dropwarn)
+        on_dropwarn=on_dropwarn, liveness=liveness)
 
     async def opened() -> Connection:
         if uri is None and (discover or scope is not None or discoverer is not None):
@@ -886,6 +893,7 @@ def connect(uri: URIs = None,
         connection.follow_redirects = follow_redirects
         connection.on_disconnect = on_disconnect
         connection.on_dropwarn = on_dropwarn
+        connection.liveness = liveness
         joined: "asyncio.Future[None]" = loop.create_future()
         if session_names:
             connection.expect_joins(session_names, lambda: _settle(joined))

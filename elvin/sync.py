@@ -422,6 +422,18 @@ class Connection:
         return self._inner.close_reason
 
     @property
+    def liveness(self) -> Optional[float]:
+        """Seconds of silence from the router before a TestConn checks it
+        is alive (None: no check); see ``elvin.aio.connect``."""
+        return self._inner.liveness
+
+    @liveness.setter
+    def liveness(self, seconds: Optional[float]) -> None:
+        if seconds is not None and seconds < 0:
+            raise ValueError(f"liveness must be 0 (off) or more seconds, not {seconds!r}")
+        _run(_call(setattr, self._inner, "liveness", seconds))
+
+    @property
     def reconnects(self) -> int:
         return self._inner.reconnects
 
@@ -649,12 +661,13 @@ def connect(uri: aio.URIs = None, options: Optional[Mapping[str, Any]] = None,
             client: Optional[str] = None, ttl: Optional[int] = None,
             max_count: Optional[int] = None,
             on_notification: Optional[Callable[[Notification], Any]] = None,
-            ack_window: Optional[int] = None) -> Connection:
+            ack_window: Optional[int] = None,
+            liveness: Optional[float] = aio.DEFAULT_LIVENESS) -> Connection:
     """Connect to the router at ``uri`` (default elvin://localhost:2917, or
     a list of URIs to fail over between); the arguments are
     ``elvin.aio.connect``'s (TLS, ``timeout``, ``reconnect``,
     ``retry_connect``, ``pending_size``, ``receive_queue``, discovery,
-    proxy sessions, ``ack_window``). Hooks are called on the client's
+    proxy sessions, ``ack_window``, ``liveness``). Hooks are called on the client's
     thread. Through a proxy session a notification is handled, and
     acknowledged, once its callback has returned or the program has taken
     it from an iterator (``get``). Raises ConnectFailed or NackError."""
@@ -668,7 +681,7 @@ def connect(uri: aio.URIs = None, options: Optional[Mapping[str, Any]] = None,
         discovery_timeout=discovery_timeout, discovery_interface=discovery_interface,
         session=session, password=password, admin_password=admin_password,
         receipt=receipt, client=client, ttl=ttl, max_count=max_count,
-        on_notification=on_notification, ack_window=ack_window)))
+        on_notification=on_notification, ack_window=ack_window, liveness=liveness)))
 
 
 def notify(uri: aio.URIs, attributes: Mapping[str, Any], deliver_insecure: bool = True,

@@ -23,7 +23,8 @@ from twisted.protocols.tls import TLSMemoryBIOProtocol
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, CancelTimer, CloseChannel,
+from elvin.clientcore.lifecycle import (DEFAULT_LIVENESS, DEFAULT_PENDING_SIZE, CancelTimer,
+                                        CloseChannel,
                                         ConnectFailedEffect, Connected, Dial, Ended,
                                         HandshakeTimeout, Lifecycle, LifecycleView,
                                         PauseReading, Phase,
@@ -750,7 +751,8 @@ def connect(uri: Union[str, ElvinURI, Sequence[Union[str, ElvinURI]], None] = No
             pending_size: int = DEFAULT_PENDING_SIZE, follow_redirects: bool = True,
             on_disconnect: Optional[Callable[[int, str], Any]] = None,
             on_dropwarn: Optional[Callable[[], Any]] = None,
-            ack_window: Optional[int] = None) -> Generator[Any, Any, "Connection"]:
+            ack_window: Optional[int] = None,
+            liveness: Optional[float] = DEFAULT_LIVENESS) -> Generator[Any, Any, "Connection"]:
     """Connect to the router at ``uri``; fires with a Connection.
 
     ``options`` is a dict of connection options to request (section 7.5);
@@ -789,7 +791,11 @@ def connect(uri: Union[str, ElvinURI, Sequence[Union[str, ElvinURI]], None] = No
     wait in a buffer of ``pending_size`` bytes (0: refuse them with
     ConnectionClosed). ``follow_redirects``, ``on_disconnect(reason,
     text)`` and ``on_dropwarn()`` set the connection's attributes of those
-    names before the handshake. With
+    names before the handshake. ``liveness`` (seconds, default 60; 0 or
+    None: off): after that long without a packet from the router the
+    connection sends TestConn, and when nothing answers within ``timeout``
+    (or ``liveness`` without one) the channel is lost, as if the socket had
+    closed (docs/client.md, "Liveness"). With
     ``failover=True`` too (opt-in), a reconnection that cannot reach the
     router tries the routers router discovery finds (in ``scope``, with
     ``discoverer`` if given) and moves the session to the first that takes
@@ -827,7 +833,7 @@ def connect(uri: Union[str, ElvinURI, Sequence[Union[str, ElvinURI]], None] = No
             tls_certificate=tls_certificate, tls_key=tls_key,
             tls_hostname=tls_hostname, reconnect=reconnect, pending_size=pending_size,
             follow_redirects=follow_redirects, on_disconnect=on_disconnect,
-            on_dropwarn=on_dropwarn, on_notification=on_notification)
+            on_dropwarn=on_dropwarn, on_notification=on_notification, liveness=liveness)
         if failover:
             connection.reconnect = connection.reconnect or Reconnect()
             connection.failover = True
@@ -851,6 +857,7 @@ def connect(uri: Union[str, ElvinURI, Sequence[Union[str, ElvinURI]], None] = No
     connection.follow_redirects = follow_redirects
     connection.on_disconnect = on_disconnect
     connection.on_dropwarn = on_dropwarn
+    connection.liveness = liveness
     if failover:
         if connection.reconnect is None:
             connection.reconnect = Reconnect()

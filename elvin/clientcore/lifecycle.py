@@ -12,6 +12,8 @@ they arise:
 ``Dial(uri)``      open a channel to ``uri``; then ``dialled(send)`` or
                    ``dial_failed(cause)``
 ``StartTimer(d)``  (re)start the connection's one timer; ``timer_fired()``
+                   (handshake and close timeouts, reconnection back-off, and
+                   while UP the liveness check)
 ``CancelTimer()``  stop it
 ``CloseChannel``   close the current channel (``abort``: at once, and forget
                    it: no more events from it; else politely, then
@@ -60,7 +62,7 @@ from elvin.uri import ElvinURI
 __all__ = ["Lifecycle", "Phase", "Dial", "StartTimer", "CancelTimer", "CloseChannel",
            "PauseReading", "ResumeReading", "Connected", "ConnectFailedEffect", "Ended",
            "HandshakeTimeout", "DEFAULT_PENDING_SIZE", "DEFAULT_RECEIVE_QUEUE",
-           "TLS_FIRST_PACKET_DELAY",
+           "TLS_FIRST_PACKET_DELAY", "DEFAULT_LIVENESS",
            "REDIRECT_POLICY", "LifecycleView"]
 
 _log = logging.getLogger("elvin.client")
@@ -73,6 +75,12 @@ DEFAULT_PENDING_SIZE = 2 * 1024 * 1024
 DEFAULT_RECEIVE_QUEUE = 10_000
 #: Seconds a polite close waits for the router's DisconnRply.
 CLOSE_TIMEOUT = 5.0
+#: Seconds of silence from the router after which every client flavour's
+#: ``connect`` sends TestConn, ending the channel as lost when nothing
+#: answers (as the Avis client's liveness check, whose default this is): a
+#: router that died without closing the socket (a cut cable, a host gone,
+#: a half-open connection) is noticed, and a reconnect policy takes over.
+DEFAULT_LIVENESS = 60.0
 #: The retries of a redirection followed without a reconnect policy.
 REDIRECT_POLICY = Reconnect(attempts=5)
 #: Seconds every client flavour waits after its TLS handshake before the
@@ -181,7 +189,8 @@ class Lifecycle:
                  reconnect: Optional[Reconnect] = None, retry_connect: bool = False,
                  timeout: Optional[float] = None,
                  pending_size: int = DEFAULT_PENDING_SIZE,
-                 receive_queue: int = DEFAULT_RECEIVE_QUEUE, owner: Any = None) -> None:
+                 receive_queue: int = DEFAULT_RECEIVE_QUEUE, owner: Any = None,
+                 liveness: Optional[float] = None) -> None:
         self.session = session
         self.uris: List[ElvinURI] = [uris] if isinstance(uris, ElvinURI) else list(uris)
         if not self.uris:
@@ -195,6 +204,12 @@ class Lifecycle:
         self.pending_size = pending_size
         self.receive_queue = receive_queue
         self.owner = owner if owner is not None else session
+        #: Seconds of silence before a TestConn (None or 0: never);
+        #: ``liveness_wait()`` for the answer. ``_heard``: a packet came
+        #: since the last check; ``_probing``: a check's TestConn is out.
+        self._liveness = liveness or None
+        self._heard = False
+        self._probing = False
         self.phase = Phase.IDLE
         #: a session was up once (failures since are reconnection's)
         self.established = False
@@ -372,6 +387,7 @@ class Lifecycle:
 
     def packet(self, packet: Any) -> None:
         """A packet read from the current channel."""
+        self._heard = True
         kind = type(packet)
         if kind is packets.Disconn:
             self._disconnected(packet.reason, packet.args)
@@ -397,6 +413,8 @@ class Lifecycle:
         self.session.acks.stop()
         phase = self.phase
         error = self._loss(detail)
+        if phase is Phase.UP and self._liveness:
+            self.execute(CancelTimer())   # the liveness check's
         if unsent and phase is Phase.UP:
             self._requeue(unsent)
         if phase is Phase.UP and self._disconn is not None and self._disconn[0] == 2 \
@@ -484,6 +502,53 @@ class Lifecycle:
             self._drop_channel()
             self._end(self._close_outcome(f"no DisconnRply from {self.uri} within "
                                           f"{CLOSE_TIMEOUT:g} s"))
+        elif phase is Phase.UP and self._liveness:
+            self._check_liveness()
+
+    # -- the liveness check -------------------------------------------------------
+
+    @property
+    def liveness(self) -> Optional[float]:
+        """Seconds of silence from the router after which TestConn is sent
+        (None: no check). Set while up, the check starts over."""
+        return self._liveness
+
+    @liveness.setter
+    def liveness(self, seconds: Optional[float]) -> None:
+        if seconds is not None and seconds < 0:
+            raise ValueError(f"liveness must be 0 (off) or more seconds, not {seconds!r}")
+        self._liveness = seconds or None
+        if self.phase is Phase.UP:
+            self._heard, self._probing = True, False
+            self.execute(StartTimer(self._liveness) if self._liveness else CancelTimer())
+
+    def liveness_wait(self) -> float:
+        """Seconds the check waits for the router's answer: the
+        connection's timeout, or the liveness interval without one."""
+        return self.timeout or self._liveness or 0.0
+
+    def _check_liveness(self) -> None:
+        """The UP timer: a packet heard since the last tick (or reading
+        paused by us, which silences the router) starts the interval over;
+        silence sends TestConn; silence after it ends the channel as lost.
+        A router with packets queued for us may answer with them instead
+        of ConfConn: any packet counts."""
+        liveness = self._liveness
+        assert liveness is not None
+        if self._heard or self._paused:
+            self._heard = self._probing = False
+            self.execute(StartTimer(liveness))
+            return
+        if not self._probing:
+            self._probing = True
+            self._post(packets.TestConn(), -1)
+            self.execute(StartTimer(self.liveness_wait()))
+            return
+        self._probing = False
+        detail = (f"no answer to TestConn within {self.liveness_wait():g} s after "
+                  f"{liveness:g} s without a packet from the router")
+        self.execute(CloseChannel(abort=True))  # forgotten: no channel_lost from it
+        self.channel_lost(detail)
 
     def close(self) -> None:
         """The program closes the connection: politely when up (the router
@@ -645,7 +710,10 @@ class Lifecycle:
         self.phase = Phase.UP
         self._announced = self.uri
         self._policy = None
-        if self.timeout:
+        if self._liveness:
+            self._heard, self._probing = True, False
+            self.execute(StartTimer(self._liveness))
+        elif self.timeout:
             self.execute(CancelTimer())
 
     def _refused(self, error: Exception) -> None:
@@ -854,3 +922,15 @@ class LifecycleView:
     @reconnect.setter
     def reconnect(self, policy: Optional[Reconnect]) -> None:
         self.lifecycle.reconnect = policy
+
+    @property
+    def liveness(self) -> Optional[float]:
+        """Seconds of silence from the router after which the connection
+        sends TestConn, ending the channel as lost (``on_connection_lost``,
+        then the reconnect policy) when nothing answers within its timeout;
+        None: no check. Settable at any time."""
+        return self.lifecycle.liveness
+
+    @liveness.setter
+    def liveness(self, seconds: Optional[float]) -> None:
+        self.lifecycle.liveness = seconds

@@ -32,6 +32,63 @@ class TwistedLiveness(unittest.TestCase):
         reactor.advance(5)
 
 
+class SilentRouter(unittest.TestCase):
+    """A router that goes silent without closing the socket (a cut cable,
+    a host gone: the kernel keeps the connection) is found out by the
+    liveness check, in every flavour: TestConn after ``liveness`` seconds
+    without a packet, the channel lost ``timeout`` seconds later."""
+
+    def test_twisted(self):
+        reactor = MemoryReactorClock()
+        conn = tx.Connection(URI, reactor, timeout=10)
+        conn.liveness = 60
+        router = FakeRouter(conn)
+        router.open()
+        lost = []
+        conn.on_connection_lost = lost.append
+        reactor.advance(60)                        # the handshake was heard
+        router.answer(packets.DropWarn())
+        reactor.advance(60)
+        self.assertEqual([p for p in router.sent if isinstance(p, packets.TestConn)], [])
+        reactor.advance(60)                        # 60 s without a packet
+        self.assertIsInstance(router.sent[-1], packets.TestConn)
+        reactor.advance(9.9)
+        self.assertEqual(lost, [])
+        with self.assertLogs("elvin.client", "WARNING"):
+            reactor.advance(0.2)
+        (error,) = lost
+        self.assertIn("no answer to TestConn within 10 s after 60 s", str(error))
+        self.assertTrue(conn.is_closed)
+        self.assertEqual(reactor.getDelayedCalls(), [])
+
+    def test_asyncio_and_blocking(self):
+        import asyncio
+        from elvin import aio, sync
+        loop = asyncio.new_event_loop()
+        self.addCleanup(loop.close)
+        conn = aio.Connection(URI, loop, timeout=0.02)
+        conn.liveness = 0.02
+        router = FakeRouter(conn)
+        router.open()
+        ended = loop.create_future()
+        conn.on_connection_lost = ended.set_result
+        with self.assertLogs("elvin.client", "WARNING"):
+            error = loop.run_until_complete(asyncio.wait_for(ended, 5))
+        self.assertIn("no answer to TestConn", str(error))
+        self.assertTrue(any(isinstance(p, packets.TestConn) for p in router.sent))
+        wrapped = sync.Connection.__new__(sync.Connection)
+        wrapped._inner = conn
+        self.assertEqual(wrapped.liveness, 0.02)
+        with self.assertRaises(ValueError):
+            wrapped.liveness = -1
+
+    def test_on_by_default_in_every_connect(self):
+        import inspect
+        from elvin import aio, sync
+        for connect in (tx.connect, aio.connect, sync.connect):
+            self.assertEqual(inspect.signature(connect).parameters["liveness"].default, 60.0)
+
+
 def _flavours():
     """(name, connection, router, subscribe(callback) -> subscription,
     on_loop(f, *args)) for each flavour, without reconnection."""

@@ -605,6 +605,116 @@ class LifecycleTests(unittest.SynchronousTestCase):
         self.assertEqual(h.take(), [CancelTimer(), CancelTimer(), Ended(None)])
 
 
+class LivenessTests(unittest.SynchronousTestCase):
+    """A router silent for ``liveness`` seconds is sent TestConn; silence
+    after it ends the channel as lost (a half-open TCP connection, a
+    router host gone, otherwise never noticed by a subscriber)."""
+
+    def test_off_by_default_in_the_machine(self):
+        h = Harness()
+        h.up()
+        h.machine.timer_fired()
+        self.assertEqual((h.take(), h.sent), ([], []))
+        self.assertIs(h.machine.phase, Phase.UP)
+
+    def test_silence_then_testconn_then_lost(self):
+        h = Harness(liveness=60.0)
+        h.machine.start()
+        rqst = h.open()
+        h.take()
+        h.machine.packet(packets.ConnRply(rqst.xid, {}))
+        self.assertEqual(h.take(), [StartTimer(60.0), Connected()])
+        sub = Sub(1)
+        h.session.subscriptions[1] = sub
+        h.sent.clear()
+        h.machine.timer_fired()                    # the first tick: the handshake was heard
+        self.assertEqual((h.take(), h.sent), ([StartTimer(60.0)], []))
+        h.machine.timer_fired()                    # 60 s of silence
+        self.assertEqual(h.sent_kinds(), ["TestConn"])
+        self.assertEqual(h.take(), [StartTimer(10.0)])
+        h.machine.timer_fired()                    # no answer in the timeout
+        effects = h.take()
+        self.assertEqual(effects[0], CloseChannel(abort=True))
+        self.assertIsInstance(effects[-1], Ended)
+        (error,) = sub.ended
+        self.assertIn("no answer to TestConn within 10 s after 60 s without a packet",
+                      str(error))
+        self.assertIs(h.machine.phase, Phase.CLOSED)
+        self.assertEqual(h.machine.close_reason, error)
+
+    def test_any_packet_answers(self):
+        h = Harness(liveness=30.0)
+        h.up()
+        h.machine.timer_fired()
+        h.machine.timer_fired()
+        self.assertEqual(h.sent_kinds(), ["TestConn"])
+        h.machine.packet(packets.DropWarn())      # queued packets instead of ConfConn
+        h.take()
+        h.machine.timer_fired()
+        self.assertEqual((h.take(), h.sent), ([StartTimer(30.0)], []))
+        self.assertIs(h.machine.phase, Phase.UP)
+
+    def test_traffic_means_no_probe(self):
+        h = Harness(liveness=30.0)
+        h.up()
+        for _ in range(5):
+            h.machine.packet(packets.ConfConn())
+            h.machine.timer_fired()
+        self.assertEqual(h.sent, [])
+        self.assertEqual(h.take(), [StartTimer(30.0)] * 5)
+
+    def test_reading_paused_by_the_program_is_not_silence(self):
+        h = Harness(liveness=30.0, receive_queue=1)
+        h.up()
+        h.machine.held(1)
+        h.take()
+        for _ in range(3):
+            h.machine.timer_fired()
+        self.assertEqual(h.sent, [])
+
+    def test_lost_by_silence_reconnects_under_a_policy(self):
+        h = Harness(liveness=30.0, reconnect=Reconnect(initial=0.1, jitter=0))
+        h.up()
+        lost = []
+        h.session.on_connection_lost = lost.append
+        h.machine.timer_fired()
+        h.machine.timer_fired()
+        h.machine.timer_fired()
+        self.assertIs(h.machine.phase, Phase.WAITING)
+        self.assertEqual(len(lost), 1)
+        self.assertIn("no answer to TestConn", str(lost[0]))
+        self.assertEqual(h.take()[-1], StartTimer(0.1))
+        h.machine.timer_fired()
+        self.assertEqual(h.take(), [Dial(A)])
+        rqst = h.open()
+        h.machine.packet(packets.ConnRply(rqst.xid, {}))
+        self.assertIn(StartTimer(30.0), h.take())  # checked again on the new channel
+
+    def test_no_timeout_waits_the_liveness_interval(self):
+        h = Harness(liveness=20.0, timeout=None)
+        h.up()
+        h.machine.timer_fired()
+        h.machine.timer_fired()
+        self.assertEqual(h.take(), [StartTimer(20.0), StartTimer(20.0)])
+
+    def test_set_while_up_restarts_or_stops_the_check(self):
+        h = Harness()
+        h.up()
+        h.machine.liveness = 5
+        self.assertEqual(h.take(), [StartTimer(5)])
+        h.machine.liveness = 0
+        self.assertEqual(h.take(), [CancelTimer()])
+        self.assertIsNone(h.machine.liveness)
+        with self.assertRaises(ValueError):
+            h.machine.liveness = -1
+
+    def test_leaving_up_cancels_the_check(self):
+        h = Harness(liveness=30.0)
+        h.up()
+        h.machine.channel_lost("reset")
+        self.assertEqual(h.take()[0], CancelTimer())
+
+
 class NoTwistedTests(unittest.SynchronousTestCase):
 
     def test_asyncio_and_blocking_clients_import_no_twisted(self):
