@@ -141,6 +141,14 @@ ROUTER_SETTINGS = (
     Setting("connect-timeout", duration(True), 30.0, "`30`",
             "Seconds a new channel may stay silent before sending ConnRqst or UNotify; "
             "then it is closed. `0` disables. Not negative."),
+    Setting("client-keepalive", duration(True), 120.0, "`120`",
+            "Seconds a client's TCP or TLS connection may carry nothing either way "
+            "before the router's kernel probes the client's host (TCP keepalive: 3 "
+            "probes a quarter of this apart); a host that does not answer (gone, "
+            "powered off, its network cut) has its connection closed and its session "
+            "ended, as any lost client's, instead of holding its subscriptions and a "
+            "`max-connections` slot for ever. A live client answers from its kernel: "
+            "nothing is asked of it. `0`: off. Not negative. See docs/reliability.md."),
     Setting("shutdown-grace", duration(True), 10.0, "`10`",
             "Seconds a stopping router (SIGTERM) gives its clients to read what is "
             "queued for them and its Disconn 1 (`stopService` waits for them); a "

@@ -760,7 +760,8 @@ RELOADED = {
 #: channels were made with (timeouts), starting drained, discovery.
 RESTART_ONLY = ("status-listen", "status-token", "status-max-connections",
                 "status-idle-timeout", "tls-certificate", "tls-key", "tls-ca",
-                "require-authenticated", "connect-timeout", "crowded-idle-timeout",
+                "require-authenticated", "connect-timeout", "client-keepalive",
+                "crowded-idle-timeout",
                 "http-session-timeout", "http-poll-timeout", "drain")
 
 
@@ -842,7 +843,8 @@ def makeService(options, reactor=None):
     parent = getattr(options, "parent", None)
     top = RouterService(router, config, options.get("log-format", "text") if hasattr(
         options, "get") else "text", parent.get("logfile") if parent is not None else None)
-    factory = ElvinServerFactory(router, reactor, config.connect_timeout)
+    factory = ElvinServerFactory(router, reactor, config.connect_timeout,
+                                 config.client_keepalive)
     for uri in config.listen:
         # The URI's stack picks the service: TCP, TLS, UDP or HTTP (a TLS
         # listener without tls-certificate raises a ConfigError naming it).

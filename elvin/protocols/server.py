@@ -15,6 +15,7 @@ from twisted.logger import Logger
 
 from elvin.protocols import packets
 from elvin.protocols.framing import peer_text
+from elvin.protocols.keepalive import set_keepalive
 from elvin.protocols.output import QueuedFramedProtocol, unsent_bytes, unsent_frames
 from elvin.protocols.xdr import BadUTF8Error, DecodeError
 from elvin.core.router import (CLIENT_PACKET_IDS, QUEUE_MEMORY_FULL, SEND_QUEUE_FULL,
@@ -26,6 +27,9 @@ __all__ = ["ElvinServerProtocol", "ElvinServerFactory", "CONNECT_TIMEOUT", "VIOL
 
 #: Seconds a new channel may stay silent before it must send ConnRqst/UNotify.
 CONNECT_TIMEOUT = 30.0
+#: Seconds a client connection may be idle before TCP keepalive probes its
+#: host (``client-keepalive``; elvin.protocols.keepalive).
+CLIENT_KEEPALIVE = 120.0
 
 #: Seconds a channel the router closes (a protocol violation, a client
 #: that does not read) has to read what was written before (its Disconn
@@ -94,6 +98,7 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
         if budget is not None:
             budget.join(self.queue, self._evicted, self._shed)
         self._apply_nodelay(options)
+        set_keepalive(self.transport, factory.client_keepalive)
         self.registerAsProducer()
         if factory.connect_timeout:
             self._timeout = factory.clock.callLater(factory.connect_timeout,
@@ -345,12 +350,15 @@ class ElvinServerFactory(protocol.Factory):
     protocol = ElvinServerProtocol
     noisy = False          # the router logs the URIs it listens on instead
 
-    def __init__(self, router, clock=None, connect_timeout=CONNECT_TIMEOUT):
+    def __init__(self, router, clock=None, connect_timeout=CONNECT_TIMEOUT,
+                 client_keepalive=CLIENT_KEEPALIVE):
         if clock is None:
             from twisted.internet import reactor as clock
         self.router = router
         self.clock = clock
         self.connect_timeout = connect_timeout
+        #: ``client-keepalive``: seconds idle before the kernel probes a client
+        self.client_keepalive = client_keepalive
 
 
 def _why(reason):

@@ -138,6 +138,7 @@ PROXY_SETTINGS = (
             "A token the status listener requires (`Authorization: Bearer TOKEN`, or "
             "`?token=TOKEN`)."),
     _ROUTER["connect-timeout"],
+    _ROUTER["client-keepalive"],
     _ROUTER["tls-certificate"],
     _ROUTER["tls-key"],
     _ROUTER["tls-ca"],
@@ -180,6 +181,7 @@ class ProxyConfig(SettingsConfig):
     status_listen: Optional[Tuple[str, str, int]]    # (scheme, host, port)
     status_token: Optional[str]
     connect_timeout: float
+    client_keepalive: float
     tls_certificate: Optional[str]
     tls_key: Optional[str]
     tls_ca: Optional[str]

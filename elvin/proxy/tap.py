@@ -278,7 +278,8 @@ def makeService(options, reactor=None):
     # cannot lock devices out, nor fill the open-file limit.
     core.admission = Admission(_connection_caps(config), reactor)
     top = ProxyService(core, config, store, pool)
-    factory = ProxyServerFactory(core, reactor, config.connect_timeout)
+    factory = ProxyServerFactory(core, reactor, config.connect_timeout,
+                                 config.client_keepalive)
     for uri in config.listen:
         try:
             listener = listener_service(reactor, uri, core, factory, config)
