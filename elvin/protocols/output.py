@@ -26,13 +26,30 @@ __all__ = ["QueuedFramedProtocol", "unsent_bytes", "unsent_frames"]
 
 def unsent_bytes(transport):
     """Bytes written to ``transport`` that it still holds, not yet handed
-    to the kernel (Twisted's write buffer of a socket); None when the
-    transport does not show them (TLS, the HTTP tunnel)."""
+    to the kernel (Twisted's write buffer of a socket; for TLS, the
+    plaintext it has not encrypted yet and the records under it not yet
+    written, a record's framing counted as data: an estimate, as the
+    count made from it is); None when the transport does not show them
+    (the HTTP tunnel)."""
     buffer = getattr(transport, "dataBuffer", None)
-    if not isinstance(buffer, bytes):
+    if isinstance(buffer, bytes):
+        return (len(buffer) - getattr(transport, "offset", 0)
+                + getattr(transport, "_tempDataLen", 0))
+    tcp_under = _tls_over_tcp(transport)
+    if tcp_under is None:
         return None
-    return (len(buffer) - getattr(transport, "offset", 0)
-            + getattr(transport, "_tempDataLen", 0))
+    plaintext = sum(len(data) for data in getattr(transport, "_appSendBuffer", None) or ())
+    return plaintext + (unsent_bytes(tcp_under) or 0)
+
+
+def _tls_over_tcp(transport):
+    """The TCP transport under a TLS one (Twisted's TLSMemoryBIOProtocol),
+    or None."""
+    under = getattr(transport, "transport", None)
+    if getattr(transport, "_tlsConnection", None) is None or not isinstance(
+            under, tcp.Connection):
+        return None
+    return under
 
 
 def unsent_frames(unsent, tail, mean):
@@ -47,12 +64,16 @@ def unsent_frames(unsent, tail, mean):
 
 
 def _keep_socket(transport):
-    """A duplicate of a plain TCP transport's socket (None for any other):
-    held while Twisted resets the channel, it keeps the socket from
-    being reset, so that closing it afterwards (``_release``) lets the
-    kernel deliver what it holds. A TLS stream cut mid-record is
-    unreadable, so TLS channels are reset as they are."""
+    """A duplicate of a TCP transport's socket, or of the one under a TLS
+    transport (None for any other): held while Twisted resets the
+    channel, it keeps the socket from being reset, so that closing it
+    afterwards (``_release``) lets the kernel deliver what it holds. Over
+    TLS that is whole records and at most part of one: the client reads
+    the whole ones, then fails on the cut one as on any connection that
+    ends without close_notify."""
     if not isinstance(transport, tcp.Connection):
+        transport = _tls_over_tcp(transport)
+    if transport is None:
         return None
     try:
         return transport.getHandle().dup()
@@ -213,7 +234,7 @@ class QueuedFramedProtocol(FramedProtocol):
 
     def resetKeepingSent(self):
         """Close at once, dropping what is queued and what the transport
-        still holds, but for plain TCP without a reset: what the kernel
+        still holds, but over TCP and TLS without a reset: what the kernel
         holds is still delivered (see ``_keep_socket``)."""
         kept = _keep_socket(self.transport)
         if kept is not None:

@@ -258,7 +258,7 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
     def _linger_over(self, why):
         """The close took too long: what the transport still holds is
         counted (``_count_unsent``) and the channel closed at once (over
-        plain TCP without a reset, so what the kernel holds still reaches
+        TCP and TLS without a reset, so what the kernel holds still reaches
         a client that reads later)."""
         self._linger = None
         if self.transport is None:

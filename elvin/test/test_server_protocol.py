@@ -702,7 +702,7 @@ class LossAccountingTests(unittest.TestCase):
         self.assertEqual(totals["deliveries"] - totals["dropped_deliveries"], written)
 
 
-class ResetKeepingSentTests(unittest.TestCase):
+class _ResetKeepingSent:
     """``resetKeepingSent`` over real TCP (127.0.0.1): what the kernel
     already holds still reaches a client that reads late, then an orderly
     end of stream, where ``abortConnection`` resets and the client's
@@ -728,12 +728,13 @@ class ResetKeepingSentTests(unittest.TestCase):
         from twisted.internet import threads
 
         def run():
-            sock = socket.create_connection(("127.0.0.1", port))
-            sock.settimeout(5)
+            raw = socket.create_connection(("127.0.0.1", port))
+            raw.settimeout(5)
+            sock = self.wrap(raw)
+            got = 0
             try:
                 import time
                 time.sleep(0.6)                 # the server has closed by now
-                got = 0
                 while True:
                     data = sock.recv(65536)
                     if not data:
@@ -741,9 +742,16 @@ class ResetKeepingSentTests(unittest.TestCase):
                     got += len(data)
             except ConnectionResetError:
                 return got, "reset"
+            except self.cut_error:
+                return got, "eof"               # TLS: the cut record, no close_notify
             finally:
                 sock.close()
         return threads.deferToThread(run)
+
+    cut_error: type = ()
+
+    def wrap(self, sock):
+        return sock
 
     def test_kernel_data_still_delivered(self):
         port = self.serve(lambda proto: proto.resetKeepingSent())
@@ -751,8 +759,88 @@ class ResetKeepingSentTests(unittest.TestCase):
         d.addCallback(self.assertEqual, (20 * 4096, "eof"))
         return d
 
+
+class ResetKeepingSentTests(_ResetKeepingSent, unittest.TestCase):
+
     def test_abort_loses_it(self):
         port = self.serve(lambda proto: proto.transport.abortConnection())
         d = self.read_late(port)
         d.addCallback(lambda result: self.assertEqual(result[1], "reset"))
         return d
+
+
+class ResetKeepingSentOverTLSTests(_ResetKeepingSent, unittest.TestCase):
+    """The same over TLS: the client reads every whole record the kernel
+    held, then meets the cut (an end without close_notify), not a reset.
+    What Twisted's TLS layer still holds is counted as unsent."""
+
+    def serve(self, close):
+        from twisted.protocols.tls import TLSMemoryBIOFactory
+        from elvin.protocols.tls import server_options
+        from elvin.test.transport_fixtures import Certificates
+        certificates = Certificates(self.mktemp())
+        self.ca = certificates.ca_path
+        inner = super().serve   # (_ResetKeepingSent's)
+
+        def wrapped(reactor_listen):
+            return reactor_listen
+        from twisted.internet import reactor
+        real_listen = reactor.listenTCP
+
+        def listen(port, factory, **kw):
+            return real_listen(port, TLSMemoryBIOFactory(
+                server_options(certificates.server_cert, certificates.server_key), False,
+                factory), **kw)
+        self.patch(reactor, "listenTCP", listen)
+        try:
+            return inner(close)
+        finally:
+            self.patch(reactor, "listenTCP", real_listen)
+
+    @property
+    def cut_error(self):
+        import ssl
+        return ssl.SSLError
+
+    def wrap(self, sock):
+        import ssl
+        context = ssl.create_default_context(cafile=self.ca)
+        return context.wrap_socket(sock, server_hostname="router.test")
+
+    def test_the_socket_under_tls_is_kept(self):
+        import socket
+        from twisted.internet import tcp
+        from elvin.protocols.output import _keep_socket
+        sock = socket.socket()
+        self.addCleanup(sock.close)
+
+        class TCP(tcp.Connection):
+            def __init__(self):
+                self.socket = sock
+
+            def getHandle(self):
+                return self.socket
+
+        class TLS:
+            _tlsConnection = object()
+            transport = TCP()
+        kept = _keep_socket(TLS())
+        self.addCleanup(kept.close)
+        self.assertNotEqual(kept.fileno(), sock.fileno())
+        self.assertIsNone(_keep_socket(object()))
+
+    def test_unsent_bytes_of_a_tls_transport(self):
+        from twisted.internet import tcp
+        from elvin.protocols.output import unsent_bytes
+
+        class TCP(tcp.Connection):
+            def __init__(self):
+                self.dataBuffer, self.offset, self._tempDataLen = b"x" * 100, 10, 5
+
+        class TLS:
+            _tlsConnection = object()
+            _appSendBuffer = [b"y" * 7, b"z" * 3]
+            transport = TCP()
+        self.assertEqual(unsent_bytes(TLS()), 10 + 95)
+        TLS._tlsConnection = None
+        self.assertIsNone(unsent_bytes(TLS()))
