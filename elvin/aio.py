@@ -42,7 +42,7 @@ from elvin.core.options import OPTIONS
 from elvin.keys import Keys, consumer_keys, dual_keys, producer_keys
 from elvin.protocols import packets
 from elvin.protocols.xdr import DecodeError
-from elvin.uri import ElvinURI, options_problem, stack_problem
+from elvin.uri import ElvinURI, options_problem, stack_problem, version_problem
 from elvin.values import normalise
 
 __all__ = ["connect", "unotify", "Connection", "Subscription", "Quench", "Reconnect",
@@ -738,7 +738,7 @@ async def _open(uri: ElvinURI, loop: asyncio.AbstractEventLoop,
                 protocol_factory: Callable[[], asyncio.Protocol], tls: Optional[ssl.SSLContext],
                 tls_ca: Union[str, bytes, None], tls_certificate: Optional[str],
                 tls_key: Optional[str], tls_hostname: Optional[str]) -> Any:
-    problem = stack_problem(uri)
+    problem = version_problem(uri) or stack_problem(uri)
     if problem is not None:
         raise ConnectFailed(problem)
     if uri.transport not in ("tcp", "ssl", "tls"):
@@ -1009,7 +1009,7 @@ async def unotify(uri: Union[str, ElvinURI], attributes: Mapping[str, Any],
     packet = packets.UNotify(4, 0, normalise(attributes), deliver_insecure, keys or packets.Keys.EMPTY)
     data = packets.encode(packet)
     loop = asyncio.get_running_loop()
-    problem = stack_problem(target) or options_problem(target)
+    problem = version_problem(target) or stack_problem(target) or options_problem(target)
     if problem is not None:
         raise ConnectFailed(problem)
     if target.transport == "udp":

@@ -16,6 +16,7 @@ from elvin.configvalues import ConfigError, Setting, at_least, did_you_mean, dur
 from elvin.configvalues import parse_integer as _integer
 from elvin.discovery import settings as _discovery_settings
 from elvin.endpoints import UnsupportedStackError, check_supported
+from elvin.errors import echoed
 from elvin.federation.config import FederationConfig
 from elvin.protocols.framing import DEFAULT_MAX_RECEIVE_MEMORY
 from elvin.protocols.turns import DEFAULT_MAX_TURN_TIME
@@ -33,13 +34,15 @@ __all__ = ["ConfigError", "RouterConfig", "SettingsConfig", "load", "parse", "li
 
 
 def listen_uri(value, key, where, config):
-    """A ``listen`` setting: an ``elvin:`` URI whose stack is supported."""
+    """A ``listen`` setting (or another ``elvin:`` URI: ``redirect-to``,
+    the proxy's ``upstream``): a URI whose version and stack are
+    supported (as a listener's, for ``listen``)."""
     try:
         uri = ElvinURI(value)
     except InvalidURIError as e:
         raise ConfigError(f"{where}: bad {key} URI: {e}") from None
     try:
-        check_supported(uri)
+        check_supported(uri, listening=key.lower() == "listen")
     except UnsupportedStackError as e:
         raise ConfigError(f"{where}: {e}") from None
     return uri
@@ -59,7 +62,7 @@ def status_uri(value, key, where, config=None):
     if parts.scheme not in ("http", "https") or not parts.hostname or port is None \
             or parts.path not in ("", "/"):
         raise ConfigError(f"{where}: {key} must be http://HOST:PORT or https://HOST:PORT, "
-                          f"not {value!r}")
+                          f"not {echoed(value)}")
     return (parts.scheme, parts.hostname, port)
 
 
@@ -323,12 +326,12 @@ class RouterConfig(SettingsConfig):
             else:
                 if value not in spec.choices:
                     raise ConfigError(f"{where}: {key} must be one of "
-                                      f"{', '.join(spec.choices)}, not {value!r}")
+                                      f"{', '.join(spec.choices)}, not {echoed(value)}")
                 self.option_specs[key] = spec.with_default(value)
         else:
             known = ([setting.name for setting in ROUTER_SETTINGS]
                      + _discovery_settings.SETTINGS + sorted(OPTIONS))
-            raise ConfigError(f"{where}: unknown setting {key!r}{did_you_mean(key, known)} "
+            raise ConfigError(f"{where}: unknown setting {echoed(key)}{did_you_mean(key, known)} "
                               f"(known: {', '.join(known)})")
 
     def check(self, filename):
@@ -365,12 +368,12 @@ def parse(text, filename="<config>", config=None):
             continue
         where = f"{filename}:{number}"
         if "=" not in line:
-            raise ConfigError(f"{where}: expected 'name = value', got {raw.strip()!r}")
+            raise ConfigError(f"{where}: expected 'name = value', got {echoed(raw.strip())}")
         name, value = line.split("=", 1)
         if not name.strip():
             raise ConfigError(f"{where}: missing setting name before '='")
         if not value.strip():
-            raise ConfigError(f"{where}: missing value for {name.strip()!r}")
+            raise ConfigError(f"{where}: missing value for {echoed(name.strip())}")
         config.set(name, value, where)
     config.check(filename)
     return config

@@ -7,6 +7,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+from elvin.errors import echoed
+
 __all__ = ["ConfigError", "Setting", "did_you_mean", "parse_boolean", "parse_integer", "parse_seconds",
            "flag", "text", "at_least", "duration"]
 
@@ -22,6 +24,8 @@ def did_you_mean(name, known):
     """`` (did you mean 'listen'?)`` for the known name closest to a
     misspelt ``name`` (case aside), or "" when none is close."""
     by_lower = {k.lower(): k for k in known}
+    if len(name) > 2 * max(map(len, by_lower), default=0):
+        return ""                    # (and difflib is slow on a very long name)
     close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.75)
     return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
 
@@ -30,16 +34,17 @@ def parse_boolean(value, key, where):
     try:
         return _BOOLEANS[value.lower()]
     except KeyError:
-        raise ConfigError(f"{where}: {key} must be yes or no, not {value!r}") from None
+        raise ConfigError(f"{where}: {key} must be yes or no, not {echoed(value)}") from None
 
 
 def parse_integer(value, key, where, minimum):
     try:
         number = int(value, 0)
     except ValueError:
-        raise ConfigError(f"{where}: {key} must be an integer, not {value!r}") from None
+        raise ConfigError(f"{where}: {key} must be an integer, not {echoed(value)}") from None
     if number < minimum:
-        raise ConfigError(f"{where}: {key} must be at least {minimum}, not {number}")
+        raise ConfigError(f"{where}: {key} must be at least {minimum}, "
+                          f"not {echoed(str(number), quote=False)}")
     return number
 
 
@@ -49,13 +54,13 @@ def parse_seconds(value, key, where, allow_zero):
         seconds = float(value)
     except ValueError:
         raise ConfigError(f"{where}: {key} must be a number of seconds, "
-                          f"not {value!r}") from None
+                          f"not {echoed(value)}") from None
     if allow_zero and not (math.isfinite(seconds) and seconds >= 0):
         raise ConfigError(f"{where}: {key} must be a finite, non-negative number "
-                          f"of seconds, not {value!r}")
+                          f"of seconds, not {echoed(value)}")
     if not allow_zero and not (math.isfinite(seconds) and seconds > 0):
         raise ConfigError(f"{where}: {key} must be more than 0 (and finite), "
-                          f"not {value!r}")
+                          f"not {echoed(value)}")
     return seconds
 
 

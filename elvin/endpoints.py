@@ -25,7 +25,7 @@ from twisted.application.internet import StreamServerEndpointService, UDPServer
 from twisted.internet import defer, endpoints
 
 from elvin.protocols.hostnames import hostname_endpoint
-from elvin.uri import STACK_KINDS, ElvinURI, options_problem, stack_problem
+from elvin.uri import STACK_KINDS, ElvinURI, options_problem, stack_problem, version_problem
 
 __all__ = ["check_supported", "stack_kind", "server_endpoint", "client_endpoint",
            "hostname_endpoint",
@@ -40,14 +40,16 @@ SUPPORTED_STACKS = frozenset(STACK_KINDS)
 
 
 class UnsupportedStackError(ValueError):
-    """The URI names a protocol stack this router or client cannot speak."""
+    """The URI names a protocol version or stack this router or client
+    cannot speak, or options its stack does not take."""
 
 
-def check_supported(uri):
-    """Return ``uri`` as an ElvinURI, or raise UnsupportedStackError."""
+def check_supported(uri, listening=False):
+    """Return ``uri`` as an ElvinURI, or raise UnsupportedStackError;
+    ``listening``: ``uri`` is a listener's (``version_problem``)."""
     if not isinstance(uri, ElvinURI):
         uri = ElvinURI(uri)
-    problem = stack_problem(uri)
+    problem = version_problem(uri, listening) or stack_problem(uri)
     if problem is not None:
         raise UnsupportedStackError(problem)
     problem = options_problem(uri) if isinstance(uri, ElvinURI) else None
@@ -95,7 +97,7 @@ def server_endpoint(reactor, uri, backlog=128, tls=None, gate=None):
     e.g. ``Admission.endpoint`` of ``elvin.protocols.gate``) wraps the TCP
     endpoint beneath TLS, so connections are admitted before any TLS.
     """
-    uri = check_supported(uri)
+    uri = check_supported(uri, listening=True)
     kind = STACK_KINDS[uri.protocol]
     if kind == UDP:
         raise UnsupportedStackError(
@@ -188,7 +190,7 @@ def bind_new(uris, held, make):
     bound = {}
     try:
         for uri in uris:
-            text = str(check_supported(uri))
+            text = str(check_supported(uri, listening=True))
             if text in held or text in bound:
                 continue
             listener = make(uri)
@@ -209,7 +211,7 @@ def listener_service(reactor, uri, router, factory, config, tls=None):
     A stream listener's connections count against ``router.admission``
     (``elvin.protocols.gate``), when the router has one.
     """
-    uri = check_supported(uri)
+    uri = check_supported(uri, listening=True)
     kind = STACK_KINDS[uri.protocol]
     if kind == UDP:
         from elvin.protocols.udp import UNotifyDatagramProtocol

@@ -12,7 +12,7 @@ __all__ = [
     "UNKNOWN_FUNC", "OVERFLOW", "TYPE_MISMATCH", "TOO_FEW_ARGS",
     "TOO_MANY_ARGS", "INVALID_REGEXP", "EXP_IS_TRIVIAL", "REGEXP_TOO_COMPLEX",
     "NESTING_TOO_DEEP", "EMPTY_QUENCH", "ATTR_EXISTS", "NO_SUCH_ATTR",
-    "ERROR_NAMES", "ElvinError", "SubscriptionError",
+    "ERROR_NAMES", "ElvinError", "SubscriptionError", "ECHO_CHARACTERS", "echoed",
 ]
 
 PROT_INCOMPAT = 1
@@ -49,6 +49,22 @@ NO_SUCH_ATTR = 2203
 
 ERROR_NAMES = {value: key for key, value in list(globals().items())
                if key.isupper() and isinstance(value, int)}
+
+#: Characters of a value an error message echoes: a longer one is cut.
+ECHO_CHARACTERS = 80
+
+
+def echoed(value: "str | bytes", quote: bool = True, limit: int = ECHO_CHARACTERS) -> str:
+    """``value`` (a string or bytes someone gave) as an error message
+    echoes it: its ``repr`` (``quote`` False: the text itself), cut after
+    ``limit`` characters and followed by its whole size, so that a
+    megabyte-long value makes a readable line:
+    ``'xxxx...'... (1048576 bytes)``."""
+    if len(value) <= limit:
+        return repr(value) if quote else str(value)
+    head = value[:limit]
+    size = len(value.encode("utf-8", "surrogatepass") if isinstance(value, str) else value)
+    return f"{repr(head) if quote else head}... ({size} bytes)"
 
 
 class ElvinError(Exception):

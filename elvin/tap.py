@@ -14,8 +14,10 @@ from twisted.python import usage
 
 from elvin.config import ConfigError, RouterConfig, load
 from elvin.configvalues import did_you_mean
-from elvin.endpoints import (TLS, StreamListenerService, UnsupportedStackError, bind_new,
-                             check_supported, close_unused, listener_service, stack_kind)
+from elvin.endpoints import (TLS, UDP, StreamListenerService, UnsupportedStackError, bind_new,
+                             check_supported, close_unused, listen_host, listener_service,
+                             stack_kind)
+from elvin.errors import echoed
 from elvin.core.admission import CLIENT, FEDERATION, STATUS
 from elvin.protocols.gate import Admission
 from elvin.ops.logerrors import WRITE_ERRORS
@@ -26,7 +28,7 @@ from elvin.core.options import CEILING_SUFFIX
 from elvin.core.router import Router
 from elvin.uri import ElvinURI, InvalidURIError
 
-__all__ = ["Options", "makeService", "RouterService", "DEFAULT_LISTEN"]
+__all__ = ["Options", "ServiceOptions", "makeService", "RouterService", "DEFAULT_LISTEN"]
 
 DEFAULT_LISTEN = "elvin://localhost:2917"
 #: Seconds a drain without redirect-to looks for another router by
@@ -35,7 +37,53 @@ DRAIN_SEARCH_TIME = 5.0
 DRAIN_PROBE_TIMEOUT = 2.0
 
 
-class Options(usage.Options):
+class ServiceOptions(usage.Options):
+    """Options of a twistd plugin (``program``) whose usage errors and
+    configuration problems are one line, naming what is wrong, where it
+    was given and where to look (``see``), rather than twistd's page of
+    usage."""
+
+    program = "twistd elvin"
+    see = ""
+
+    def parseOptions(self, options=None):
+        """As usage.Options; under twistd a bad option or value is one line
+        naming it (``_refuse``) rather than twistd's page of usage."""
+        try:
+            super().parseOptions(options)
+        except usage.UsageError as e:
+            if getattr(self, "parent", None) is None:
+                raise
+            self._refuse(self._unknown_option(str(e)))
+
+    def _unknown_option(self, message):
+        """getopt's "option --listn not recognized", with the option it
+        was probably meant to be."""
+        import re
+        match = re.fullmatch(r"option (-{1,2})([\w-]+) not recognized", message)
+        if match is None:
+            return message
+        dashes, name = match.groups()
+        known = [o.rstrip("=") for o in self.longOpt]
+        hint = did_you_mean(name, known) if dashes == "--" else ""
+        hint = hint.replace(" (did you mean '", " (did you mean --").replace("'?)", "?)")
+        return f"unknown option {dashes}{name}{hint}"
+
+    def _refuse(self, message):
+        """A configuration problem: under twistd, one line (file and line,
+        and where to look) and exit 1, without twistd's page of usage;
+        otherwise (called from code) a UsageError."""
+        if getattr(self, "parent", None) is not None:
+            see = f"; {self.see}" if self.see else ""
+            raise SystemExit(f"{self.program}: {message}\n"
+                             f"(see '{self.program} --help'{see})")
+        raise usage.UsageError(message)
+
+
+class Options(ServiceOptions):
+    program = "twistd elvin"
+    see = "'twistd elvin --print-config' prints a commented example"
+
     synopsis = "[-l URI ...] [-c FILE] [--verbose]"
     longdesc = ("Run an Elvin 4.0 content-based message router. With no "
                 f"--listen it listens on {DEFAULT_LISTEN}.")
@@ -76,44 +124,11 @@ class Options(usage.Options):
         except InvalidURIError as e:
             raise usage.UsageError(f"-l/--listen: {e}") from None
 
-    def parseOptions(self, options=None):
-        """As usage.Options; under twistd a bad option or value is one line
-        naming it (``_refuse``) rather than twistd's page of usage."""
-        try:
-            super().parseOptions(options)
-        except usage.UsageError as e:
-            if getattr(self, "parent", None) is None:
-                raise
-            self._refuse(self._unknown_option(str(e)))
-
-    def _unknown_option(self, message):
-        """getopt's "option --listn not recognized", with the option it
-        was probably meant to be."""
-        import re
-        match = re.fullmatch(r"option (-{1,2})([\w-]+) not recognized", message)
-        if match is None:
-            return message
-        dashes, name = match.groups()
-        known = [o.rstrip("=") for o in self.longOpt]
-        hint = did_you_mean(name, known) if dashes == "--" else ""
-        hint = hint.replace(" (did you mean '", " (did you mean --").replace("'?)", "?)")
-        return f"unknown option {dashes}{name}{hint}"
-
     opt_l = opt_listen
-
-    def _refuse(self, message):
-        """A configuration problem: under twistd, one line (file and line,
-        and where to look) and exit 1, without twistd's page of usage;
-        otherwise (called from code) a UsageError."""
-        if getattr(self, "parent", None) is not None:
-            raise SystemExit(f"twistd elvin: {message}\n"
-                             "(see 'twistd elvin --help'; 'twistd elvin --print-config' "
-                             "prints a commented example)")
-        raise usage.UsageError(message)
 
     def postOptions(self):
         if self["log-format"] not in ("text", "json"):
-            self._refuse(f"--log-format must be text or json, not {self['log-format']!r}")
+            self._refuse(f"--log-format must be text or json, not {echoed(self['log-format'])}")
         config = RouterConfig()
         if self["config"]:
             try:
@@ -162,10 +177,11 @@ def check_listeners(config):
     -- found before starting (or before a reload changes anything), to be
     reported in one line naming the setting and where it was given."""
     for uri in config.listen:
-        check_supported(uri)
+        check_supported(uri, listening=True)
     federation = getattr(config, "federation", None)
     fed_listen = list(federation.listen) if federation is not None and federation.enabled \
         else []
+    check_one_listener_per_address(config, fed_listen)
     tls_users = [("listen", str(u), u.port) for u in config.listen if stack_kind(u) == TLS]
     tls_users += [("Federation.Listen", str(u), u.port) for u in fed_listen
                   if stack_kind(u) == TLS]
@@ -193,6 +209,53 @@ def check_listeners(config):
     problem = certificate_date_problem(config.tls_certificate)
     if problem is not None:
         _log.warn("{problem}", problem=problem)     # it starts: the dates may be wrong
+
+
+def check_one_listener_per_address(config, fed_listen=()):
+    """Refuse (ConfigError) two listeners on one address (host as bound,
+    port, and TCP or UDP): the same URI given twice, or two URIs that
+    bind alike (``elvin://h:2917`` and ``elvin:/secure/h:2917``; client
+    and federation listeners). The second could only fail to bind, with
+    a message that blames another program; this one names both, and
+    where each was given."""
+    listeners = [("listen", uri, where) for uri, where
+                 in zip(config.listen, _places(config, "listen", config.listen))]
+    listeners += [("Federation.Listen", uri, where) for uri, where
+                  in zip(fed_listen, _places(config, "Federation.Listen", fed_listen))]
+    seen = {}
+    for setting, uri, where in listeners:
+        kind = "UDP" if stack_kind(uri) == UDP else "TCP"
+        address = (listen_host(uri.host), uri.port, kind)
+        if address not in seen:
+            seen[address] = (setting, uri, where)
+            continue
+        first_setting, first, first_where = seen[address]
+        prefix = f"{where}: " if where and not where.startswith("-") else ""
+        also = (f" ({first_where})" if first_where and first_where != where
+                and not first_where.startswith("-") else "")
+        if (first_setting, first) == (setting, uri):
+            also = also.replace(" (", " (first at ")
+            raise ConfigError(f"{prefix}{_named(setting, uri, where)} is given twice{also}: "
+                              "remove one (one listener per address)")
+        raise ConfigError(f"{prefix}{_named(setting, uri, where)} and "
+                          f"{_named(first_setting, first, first_where)}{also} both listen on "
+                          f"{address[0] or '*'}:{uri.port} ({kind}): give one of them another "
+                          "port (one listener per address)")
+
+
+def _named(setting, uri, where):
+    """A listener as the line names it: by its option if the command
+    line gave it (``-l``), else by its setting."""
+    return f"{where if where.startswith('-') else setting} {_short(uri)}"
+
+
+def _places(config, setting, uris):
+    """Where each of ``uris`` (the values of ``setting``, in order) was
+    given: 'file:line', an option ('-l'), or "" when not known."""
+    origins = [where for where, _ in getattr(config, "origins", {}).get(setting.lower(), [])]
+    if len(origins) == len(uris):
+        return origins
+    return [_origin(config, setting, uri.port)[:-2] for uri in uris]
 
 
 _log = Logger()

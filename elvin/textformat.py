@@ -22,11 +22,12 @@ producer cannot drive the reader's terminal.
 import math
 import re
 
+from elvin.errors import echoed
 from elvin.values import (INT32, INT64, INT64_MAX, INT64_MIN, REAL64, STRING,
                           Int64, type_of)
 
 __all__ = ["FormatError", "format_value", "format_notification", "parse_value",
-           "parse_line", "read_notifications", "numbered_notifications"]
+           "parse_line", "read_notifications", "numbered_notifications", "repeated"]
 
 SEPARATOR = "---"
 
@@ -83,7 +84,7 @@ def format_notification(attributes):
 def _unquote(text):
     quote = text[0]
     if len(text) < 2 or text[-1] != quote:
-        raise FormatError(f"unterminated string {text!r}")
+        raise FormatError(f"unterminated string {echoed(text)}")
     body = text[1:-1]
     out = []
     i = 0
@@ -91,14 +92,14 @@ def _unquote(text):
         c = body[i]
         if c == "\\":
             if i + 1 >= len(body):
-                raise FormatError(f"string ends with a lone backslash: {text!r}")
+                raise FormatError(f"string ends with a lone backslash: {echoed(text)}")
             nxt = body[i + 1]
             escaped = _ESCAPES.get(nxt)
             if nxt == "x":
                 escaped = _hex_escape(body[i + 2:i + 4])
                 i += 2
             if escaped is None:
-                raise FormatError(f"unknown escape \\{nxt} in {text!r} (the escapes are "
+                raise FormatError(f"unknown escape \\{nxt} in {echoed(text)} (the escapes are "
                                   f"\\n \\t \\r \\\\ \\\" \\' \\0 \\xHH; write "
                                   f"other characters as themselves)")
             out.append(escaped)
@@ -126,7 +127,7 @@ def _unescape_name(raw):
     def one(match):
         escaped = match.group(1)
         if escaped is None:
-            raise FormatError(f"name ends with a lone backslash: {raw!r}")
+            raise FormatError(f"name ends with a lone backslash: {echoed(raw)}")
         if len(escaped) == 3:
             return chr(int(escaped[1:], 16))
         return {"n": "\n", "t": "\t", "r": "\r", "0": "\0"}.get(escaped, escaped)
@@ -142,12 +143,13 @@ def parse_value(text):
         return _unquote(text)
     if text[0] == "[":
         if text[-1] != "]":
-            raise FormatError(f"opaque value must end with ']': {text!r}")
+            raise FormatError(f"opaque value must end with ']': {echoed(text)}")
         digits = "".join(text[1:-1].split())
         try:
             return bytes.fromhex(digits)
         except ValueError:
-            raise FormatError(f"opaque value must be hex bytes like [de ad]: {text!r}") from None
+            raise FormatError(f"opaque value must be hex bytes like [de ad]: "
+                              f"{echoed(text)}") from None
     lowered = text.lower()
     try:
         value = int(lowered[:-1] if lowered.endswith("l") else lowered, 0)
@@ -156,9 +158,9 @@ def parse_value(text):
     if value is not None:
         if not INT64_MIN <= value <= INT64_MAX:
             raise FormatError(
-                f"integer {text} is out of range: Elvin integers are int32 or int64 "
-                f"({INT64_MIN} to {INT64_MAX}); write a real like {value}.0 for a "
-                "larger number")
+                f"integer {echoed(text, quote=False)} is out of range: Elvin integers are "
+                f"int32 or int64 ({INT64_MIN} to {INT64_MAX}); write a real like "
+                f"{echoed(f'{value}.0', quote=False)} for a larger number")
     try:
         if lowered.endswith("l"):
             return Int64(int(text[:-1], 0))
@@ -174,7 +176,7 @@ def parse_value(text):
         return value
     except (ValueError, OverflowError):
         raise FormatError(
-            f"not a value: {text!r} (write strings in quotes, e.g. \"text\"; "
+            f"not a value: {echoed(text)} (write strings in quotes, e.g. \"text\"; "
             "integers 42, 12L; reals 3.25; opaque [de ad])") from None
 
 
@@ -191,7 +193,7 @@ def parse_line(line):
             sep, width = match.start(), 1
     if sep is None:
         _json_hint(line)
-        raise FormatError(f"expected 'Name: value', got {line!r}")
+        raise FormatError(f"expected 'Name: value', got {echoed(line)}")
     try:
         return _unescape_name(line[:sep]), parse_value(line[sep + width:])
     except FormatError:
@@ -202,7 +204,17 @@ def parse_line(line):
 def _json_hint(line):
     if line.lstrip()[:1] in ("{", "["):
         raise FormatError(f"this looks like JSON, which is not the format: give one "
-                          f"'Name: value' per line (e.g. Group: \"chat\"), got {line!r}")
+                          f"'Name: value' per line (e.g. Group: \"chat\"), got {echoed(line)}")
+
+
+def repeated(name, first=None):
+    """What is wrong with a notification that gives attribute ``name``
+    twice (the first time on line ``first``): a notification holds each
+    name once, and keeping one of the values would lose the other
+    without a word."""
+    at = "" if first is None else f" (first at line {first})"
+    return (f"attribute {echoed(format_name(name), quote=False)} is given twice in one "
+            f"notification{at}: a notification holds each name once")
 
 
 def read_notifications(lines, where="<stdin>"):
@@ -216,6 +228,7 @@ def numbered_notifications(lines, where="<stdin>"):
     from an iterable of lines, so that what is wrong with a whole
     notification can name where it is; errors name the line."""
     current = {}
+    lines_of = {}                  # each attribute's line, to name a repeat
     first = 0
     for number, raw in enumerate(lines, 1):
         line = raw.rstrip("\r\n")
@@ -230,13 +243,17 @@ def numbered_notifications(lines, where="<stdin>"):
             if current:
                 yield first, current
                 current = {}
+                lines_of = {}
             continue
         try:
             name, value = parse_line(line)
         except FormatError as e:
             raise FormatError(f"{where}:{number}: {e}") from None
+        if name in current:
+            raise FormatError(f"{where}:{number}: {repeated(name, lines_of[name])}")
         if not current:
             first = number
         current[name] = value
+        lines_of[name] = number
     if current:
         yield first, current

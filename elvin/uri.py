@@ -43,8 +43,11 @@ import re
 from typing import Mapping
 from urllib.parse import quote, unquote_to_bytes
 
+from elvin.errors import echoed
+
 __all__ = [
-    "proxy_options_problem", "options_problem", "stack_problem", "STACK_KINDS",
+    "proxy_options_problem", "options_problem", "stack_problem", "version_problem",
+    "STACK_KINDS",
     "DEFAULT_PORT",
     "DEFAULT_PROTOCOL",
     "DEFAULT_VERSION",
@@ -60,7 +63,8 @@ __all__ = [
 #: The IANA-style well-known port for Elvin routers (used when a URI omits it).
 DEFAULT_PORT = 2917
 
-#: Protocol version of the URI syntax implemented here (used when omitted).
+#: Protocol version of the URI syntax implemented here (used when omitted),
+#: which is also the client protocol version this library speaks.
 DEFAULT_VERSION = (4, 0)
 
 #: The stack meant by the empty protocol alias, e.g. ``elvin://host``.
@@ -127,7 +131,8 @@ class InvalidURIError(ValueError):
     def __init__(self, uri: object, reason: str) -> None:
         self.uri = uri
         self.reason = reason
-        super().__init__(f"invalid Elvin URI {uri!r}: {reason}")
+        shown = echoed(uri) if isinstance(uri, (str, bytes)) else repr(uri)
+        super().__init__(f"invalid Elvin URI {shown}: {reason}")
 
 
 def default_port() -> int:
@@ -286,6 +291,7 @@ class EwafURI(ElvinURI):
     __slots__ = ()
 
     SCHEME = "ewaf"
+    #: Also the federation protocol version this library speaks.
     DEFAULT_VERSION = (1, 0)
     DEFAULT_PORT = 2916
 
@@ -311,7 +317,7 @@ def _parse(text: str, expected_scheme: str, default_version: tuple[int, int],
     if not colon:
         raise fail(f"missing '{expected_scheme}:' scheme")
     if not scheme.isascii() or scheme.lower() != expected_scheme:
-        raise fail(f"wrong scheme {scheme!r}, expected '{expected_scheme}'")
+        raise fail(f"wrong scheme {echoed(scheme)}, expected '{expected_scheme}'")
 
     # [ version ] "/" protocol "/" endpoint options
     version_text, slash, rest = rest.partition("/")
@@ -339,14 +345,15 @@ def _parse_version(text: str, fail) -> tuple[int, int]:
         return DEFAULT_VERSION
     match = _VERSION_RE.match(text)
     if match is None:
-        raise fail(f"bad version {text!r}, expected major[.minor] digits")
+        raise fail(f"bad version {echoed(text)}, expected major[.minor] digits")
     major, minor = match.groups()
     parts = []
     for which, digits in (("major", major), ("minor", minor or "0")):
         number = _bounded(digits, 0, _MAX_VERSION_PART)
         if number is None:
-            raise fail(f"bad version {text!r}: the {which} number {digits} does not fit "
-                       f"a protocol version (0-{_MAX_VERSION_PART})")
+            raise fail(f"bad version {echoed(text)}: the {which} number "
+                       f"{echoed(digits, quote=False)} does not fit a protocol version "
+                       f"(0-{_MAX_VERSION_PART})")
         parts.append(number)
     return parts[0], parts[1]
 
@@ -369,18 +376,18 @@ def _parse_protocol(text: str, fail) -> tuple[str, str, str]:
             return PROTOCOL_ALIASES[lowered]
         except KeyError:
             raise fail(
-                f"unknown protocol stack alias {text!r} (expected 'secure', "
+                f"unknown protocol stack alias {echoed(text)} (expected 'secure', "
                 "empty, or transport,security,marshalling)") from None
     names = lowered.split(",")
     for name in names:
         if not name:
-            raise fail(f"malformed protocol stack {text!r}: "
+            raise fail(f"malformed protocol stack {echoed(text)}: "
                        "empty module name")
         if _PROTOCOL_NAME_RE.match(name) is None:
-            raise fail(f"malformed protocol stack {text!r}: bad module name "
-                       f"{name!r}")
+            raise fail(f"malformed protocol stack {echoed(text)}: bad module name "
+                       f"{echoed(name)}")
     if len(names) != 3:
-        raise fail(f"malformed protocol stack {text!r}: expected exactly 3 "
+        raise fail(f"malformed protocol stack {echoed(text)}: expected exactly 3 "
                    f"modules (transport,security,marshalling), got "
                    f"{len(names)}")
     return names[0], names[1], names[2]
@@ -398,27 +405,27 @@ def _parse_endpoint(text: str, fail) -> tuple[str, int | None]:
         if not host:
             raise fail("missing host (empty IPv6 literal '[]')")
         if not _is_ipv6(host):
-            raise fail(f"invalid IPv6 literal {host!r}")
+            raise fail(f"invalid IPv6 literal {echoed(host)}")
         if not after:
             return host, None
         if not after.startswith(":"):
-            raise fail(f"unexpected {after!r} after IPv6 literal "
+            raise fail(f"unexpected {echoed(after)} after IPv6 literal "
                        "(expected ':port')")
         return host, _parse_port(after[1:], fail)
 
     if "/" in text:
-        raise fail(f"unexpected '/' in endpoint {text!r} (Elvin URIs have "
+        raise fail(f"unexpected '/' in endpoint {echoed(text)} (Elvin URIs have "
                    "no path)")
     if text.count(":") > 1:
-        raise fail(f"IPv6 literal {text!r} must be enclosed in brackets: "
+        raise fail(f"IPv6 literal {echoed(text)} must be enclosed in brackets: "
                    "'[...]'")
     host, colon, port_text = text.partition(":")
     if not host:
         raise fail("missing host")
     if "]" in text or "[" in text:
-        raise fail(f"invalid host {host!r} (stray '[' or ']')")
+        raise fail(f"invalid host {echoed(host)} (stray '[' or ']')")
     if _HOSTNAME_RE.match(host) is None:
-        raise fail(f"invalid host {host!r}")
+        raise fail(f"invalid host {echoed(host)}")
     return host, _parse_port(port_text, fail) if colon else None
 
 
@@ -437,10 +444,10 @@ def _parse_port(text: str, fail) -> int:
     if not text:
         raise fail("bad port: empty after ':'")
     if _PORT_RE.match(text) is None:
-        raise fail(f"bad port {text!r}: not a number")
+        raise fail(f"bad port {echoed(text)}: not a number")
     port = _bounded(text, 1, _MAX_PORT)
     if port is None:
-        raise fail(f"bad port {text!r}: must be 1-{_MAX_PORT}")
+        raise fail(f"bad port {echoed(text)}: must be 1-{_MAX_PORT}")
     return port
 
 
@@ -451,14 +458,14 @@ def _parse_options(text: str, fail) -> tuple[tuple[str, str | None], ...]:
     for item in text.split(";"):
         raw_name, equals, raw_value = item.partition("=")
         if not raw_name:
-            raise fail(f"malformed option {item!r}: missing name")
+            raise fail(f"malformed option {echoed(item)}: missing name")
         if _OPTION_NAME_START_RE.match(raw_name) is None:
-            raise fail(f"malformed option {item!r}: name must start with a "
+            raise fail(f"malformed option {echoed(item)}: name must start with a "
                        "letter")
         name = _unquote(raw_name, item, fail)
         value = _unquote(raw_value, item, fail) if equals else None
         if name in options:
-            raise fail(f"duplicate option {name!r}")
+            raise fail(f"duplicate option {echoed(name)}")
         options[name] = value
     return tuple(options.items())
 
@@ -466,18 +473,23 @@ def _parse_options(text: str, fail) -> tuple[tuple[str, str | None], ...]:
 def _unquote(raw: str, item: str, fail) -> str:
     """Decode RFC 2396 ``*( unreserved | escaped )`` text as UTF-8."""
     if _ESCAPED_TEXT_RE.match(raw) is None:
-        raise fail(f"malformed option {item!r}: characters other than "
+        raise fail(f"malformed option {echoed(item)}: characters other than "
                    "letters, digits, -_.!~*'() and %XX escapes")
     try:
         return unquote_to_bytes(raw).decode("utf-8")
     except UnicodeDecodeError:
-        raise fail(f"malformed option {item!r}: escapes are not "
+        raise fail(f"malformed option {echoed(item)}: escapes are not "
                    "valid UTF-8") from None
 
 
 def _quote(text: str) -> str:
     """Inverse of :func:`_unquote`: escape all but RFC 2396 unreserved."""
     return quote(text, safe=_OPTION_SAFE, encoding="utf-8", errors="strict")
+
+
+def _named(uri: "ElvinURI") -> str:
+    """``uri`` as a problem's message names it (cut when very long)."""
+    return echoed(str(uri), quote=False)
 
 
 #: The URI options that send an http,none,xdr stack's requests through an
@@ -505,8 +517,8 @@ def options_problem(uri: "ElvinURI") -> str | None:
     if not unknown:
         return None
     takes = f"takes only {', '.join(known)}" if known else "takes no options"
-    return (f"{uri}: unknown URI option{'s' if len(unknown) > 1 else ''} "
-            f"{' and '.join(repr(name) for name in unknown)} "
+    return (f"{_named(uri)}: unknown URI option{'s' if len(unknown) > 1 else ''} "
+            f"{' and '.join(echoed(name) for name in unknown)} "
             f"({','.join(uri.protocol)} {takes})")
 
 
@@ -518,7 +530,7 @@ def proxy_options_problem(uri: "ElvinURI") -> str | None:
     named = [name for name in _PROXY_OPTIONS if name in uri.options]
     if not named or uri.protocol[0] == "http":
         return None
-    return (f"{uri}: {' and '.join(named)} apply to the http,none,xdr stack only "
+    return (f"{_named(uri)}: {' and '.join(named)} apply to the http,none,xdr stack only "
             f"(its requests go through the HTTP proxy); {','.join(uri.protocol)} connects "
             "directly, without a proxy: remove the option, or use an "
             "elvin:/http,none,xdr/... URI through the proxy")
@@ -531,5 +543,33 @@ def stack_problem(uri: "ElvinURI") -> str | None:
     if uri.protocol in STACK_KINDS:
         return None
     supported = ", ".join(",".join(stack) for stack in sorted(STACK_KINDS))
-    return (f"{uri}: protocol stack {','.join(uri.protocol)} is not supported "
+    return (f"{_named(uri)}: protocol stack {','.join(uri.protocol)} is not supported "
             f"(supported: {supported}; 'secure' means ssl,none,xdr)")
+
+
+def version_problem(uri: "ElvinURI", listening: bool = False) -> str | None:
+    """Why ``uri``'s protocol version cannot be used, or None.
+
+    A URI's version names the protocol the router at its endpoint
+    implements (the URI scheme, "Version"). A client, or a router dialling
+    a federation peer, can speak to one of its own major version: a later
+    minor version is a compatible revision, and the version is negotiated
+    on connecting. Another major version is a protocol this library does
+    not speak, refused rather than ignored. A listener's URI (``listening``)
+    is what the router advertises, so it must name the version the router
+    speaks, exactly (``DEFAULT_VERSION``: 4.0 for ``elvin:``, 1.0 for
+    ``ewaf:``)."""
+    major, minor = uri.version
+    ours = type(uri).DEFAULT_VERSION
+    spoken = f"{ours[0]}.{ours[1]}"
+    protocol = "federation" if isinstance(uri, EwafURI) else "client"
+    fix = (f"write {uri.SCHEME}:{spoken}/... or leave the version out "
+           f"({uri.SCHEME}://host:port)")
+    if major != ours[0]:
+        return (f"{_named(uri)}: protocol version {major}.{minor} is not supported "
+                f"(this implementation speaks the Elvin {protocol} protocol {spoken}, "
+                f"and other major versions are incompatible): {fix}")
+    if listening and (major, minor) != ours:
+        return (f"{_named(uri)}: a listener's URI names the protocol version spoken "
+                f"there, and is advertised so: {spoken}, not {major}.{minor}: {fix}")
+    return None

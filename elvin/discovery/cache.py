@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from elvin.discovery.addresses import is_loopback, is_unspecified
-from elvin.uri import ElvinURI, InvalidURIError, options_problem
+from elvin.uri import ElvinURI, InvalidURIError, options_problem, version_problem
 
 __all__ = ["RouterRecord", "RouterCache", "ERDP", "DNS_SD", "session_stacks",
            "MAX_ROUTERS", "MAX_URIS"]
@@ -84,7 +84,7 @@ class RouterRecord:
                 uri = ElvinURI(text)
             except InvalidURIError:
                 continue
-            if uri.version[0] != 4 or uri.protocol not in stacks:
+            if version_problem(uri) is not None or uri.protocol not in stacks:
                 continue
             if options_problem(uri) is not None:
                 continue     # an option we do not know: connecting would refuse it

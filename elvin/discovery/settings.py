@@ -19,6 +19,7 @@ from __future__ import annotations
 import ipaddress
 
 from elvin.configvalues import ConfigError, Setting, did_you_mean, flag
+from elvin.errors import echoed
 from elvin.discovery.packets import GROUP, MAX_LOCALITY, PORT, check_scope
 from elvin.uri import ElvinURI, InvalidURIError
 
@@ -49,7 +50,7 @@ def _interface(value, key, where, config):
         return str(ipaddress.IPv4Address(value))
     except ValueError:
         raise ConfigError(f"{where}: {key} must be an IPv4 address (the interface's), "
-                          f"not {value!r}") from None
+                          f"not {echoed(value)}") from None
 
 
 def _ttl(value, key, where, config):
@@ -57,7 +58,7 @@ def _ttl(value, key, where, config):
         ttl = int(value, 10)
     except ValueError:
         raise ConfigError(f"{where}: {key} must be an integer 0-{MAX_LOCALITY}, "
-                          f"not {value!r}") from None
+                          f"not {echoed(value)}") from None
     if not 0 <= ttl <= MAX_LOCALITY:
         raise ConfigError(f"{where}: {key} must be 0-{MAX_LOCALITY}, not {ttl}")
     return ttl
@@ -110,13 +111,13 @@ def parse_group(value, name="discovery-group"):
         address = ipaddress.IPv4Address(host)
     except ValueError:
         raise ValueError(f"{name} must be an IPv4 multicast address[:port], "
-                         f"not {value!r}") from None
+                         f"not {echoed(value)}") from None
     if not address.is_multicast:
-        raise ValueError(f"{name}: {host} is not a multicast address")
+        raise ValueError(f"{name}: {echoed(host, quote=False)} is not a multicast address")
     port = PORT
     if colon:
         if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
-            raise ValueError(f"{name}: bad port {port_text!r} (1-65535)")
+            raise ValueError(f"{name}: bad port {echoed(port_text)} (1-65535)")
         port = int(port_text)
     return str(address), port
 
@@ -126,7 +127,7 @@ def apply_setting(config, name, value, where="<config>"):
     a bad value raises ConfigError (a ValueError) naming ``where``."""
     setting = _BY_NAME.get(name)
     if setting is None:
-        raise ConfigError(f"{where}: unknown setting {name!r}{did_you_mean(name, SETTINGS)} "
+        raise ConfigError(f"{where}: unknown setting {echoed(name)}{did_you_mean(name, SETTINGS)} "
                           f"(discovery settings: "
                           f"{', '.join(SETTINGS)})")
     parsed = setting.parse(value, name, where, config)

@@ -24,9 +24,11 @@ import socket
 
 from elvin.configvalues import ConfigError, Setting, at_least, did_you_mean, duration, flag, text
 from elvin.errors import SubscriptionError
+from elvin.errors import echoed
 from elvin.federation.filters import parse_filter
 from elvin.federation.identity import domain_problem
-from elvin.uri import InvalidURIError, options_problem, parse_ewaf
+from elvin.uri import (InvalidURIError, options_problem, parse_ewaf, stack_problem,
+                       version_problem)
 
 __all__ = ["FederationConfig", "ClassConfig", "FEDERATION_SETTINGS", "CLASS_SETTINGS",
            "reference_table"]
@@ -51,8 +53,10 @@ def _ewaf_uris(value, key, where, config):
         uris = [parse_ewaf(item) for item in value.split()]
     except InvalidURIError as e:
         raise ConfigError(f"{where}: bad federation URI: {e}") from None
+    listening = key.lower() == "federation.listen"
     for uri in uris:
-        problem = options_problem(uri)
+        problem = (version_problem(uri, listening) or stack_problem(uri)
+                   or options_problem(uri))
         if problem is not None:
             raise ConfigError(f"{where}: {key}: {problem}")
     return uris
@@ -205,15 +209,16 @@ class FederationConfig:
             if setting is None:
                 hint = did_you_mean(f"Federation.{match.group(1)}",
                                     [s.name for s in CLASS_SETTINGS])
-                hint = hint.replace("'?)", f"[{match.group(2)}]'?)") if hint else ""
-                raise ConfigError(f"{where}: unknown federation setting {key!r}{hint} (known "
-                                  f"for a class C: {_known(CLASS_SETTINGS, '[C]')})")
+                named = echoed(match.group(2), quote=False)
+                hint = hint.replace("'?)", f"[{named}]'?)") if hint else ""
+                raise ConfigError(f"{where}: unknown federation setting {echoed(key)}{hint} "
+                                  f"(known for a class C: {_known(CLASS_SETTINGS, '[C]')})")
             _apply(self._class(match.group(2).strip(), where), setting, value, key, where)
             return
         setting = _GLOBAL.get(key.lower())
         if setting is None:
             hint = did_you_mean(key, [s.name for s in FEDERATION_SETTINGS])
-            raise ConfigError(f"{where}: unknown federation setting {key!r}{hint} (known: "
+            raise ConfigError(f"{where}: unknown federation setting {echoed(key)}{hint} (known: "
                               f"{_known(FEDERATION_SETTINGS)}, "
                               f"{_known(CLASS_SETTINGS, '[C]')})")
         _apply(self, setting, value, key, where)
@@ -235,7 +240,7 @@ class FederationConfig:
                               "must chain to")
         if self.default_class is not None and self.default_class not in self.classes:
             raise ConfigError(f"{where('Federation.Default-Class')}: Federation.Default-Class "
-                              f"names unknown class {self.default_class!r}")
+                              f"names unknown class {echoed(self.default_class)}")
 
 
 def _known(settings, suffix=""):

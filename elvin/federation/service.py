@@ -51,7 +51,7 @@ class FederationService(service.MultiService):
 
     def _listener(self, uri):
         """A listener for links on ``uri``, not yet bound."""
-        uri = check_supported(uri)
+        uri = check_supported(uri, listening=True)
         tls = None
         if STACK_KINDS[uri.protocol] == TLS:
             if self._tls is None:

@@ -14,6 +14,7 @@ from elvin.config import (ROUTER_SETTINGS, SettingsConfig, config_file, listen_u
 from elvin.configvalues import (ConfigError, Setting, at_least, did_you_mean, duration, flag,
                                 text)
 from elvin.endpoints import UDP, stack_kind
+from elvin.errors import echoed
 from elvin.uri import ElvinURI
 
 __all__ = ["ProxyConfig", "PROXY_SETTINGS", "DEFAULT_LISTEN", "DEFAULT_UPSTREAM",
@@ -194,7 +195,7 @@ class ProxyConfig(SettingsConfig):
         setting = _BY_NAME.get(key.lower())
         if setting is None:
             names = [s.name for s in PROXY_SETTINGS]
-            raise ConfigError(f"{where}: unknown setting {key!r}{did_you_mean(key, names)} "
+            raise ConfigError(f"{where}: unknown setting {echoed(key)}{did_you_mean(key, names)} "
                               f"(known: {', '.join(names)})")
         self.origins.setdefault(setting.name, []).append((where, value.strip()))
         parsed = setting.parse(value.strip(), key, where, self)

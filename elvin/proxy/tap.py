@@ -14,14 +14,14 @@ from typing import Any, Dict
 from twisted.application import internet
 from twisted.internet import threads
 from twisted.logger import Logger
-from twisted.python import usage
 from twisted.python.threadpool import ThreadPool
 
 from elvin.configvalues import ConfigError
 from elvin.core.admission import CLIENT, STATUS
 from elvin.endpoints import UnsupportedStackError, listener_service
-from elvin.tap import BindingService, _origin, check_listeners
-from elvin.proxy.config import DEFAULT_LISTEN, ProxyConfig, load_proxy_config
+from elvin.tap import BindingService, ServiceOptions, _origin, check_listeners
+from elvin.proxy.config import (DEFAULT_LISTEN, DEFAULT_UPSTREAM, ProxyConfig,
+                                load_proxy_config)
 from elvin.core.options import HARD_CEILINGS
 from elvin.proxy.core import ProxyCore
 from elvin.proxy.counters import NO_RELOAD
@@ -34,8 +34,13 @@ from elvin.uri import ElvinURI
 
 __all__ = ["Options", "makeService", "ProxyService"]
 
+_DEFAULT_DATABASE = ProxyConfig().database
 
-class Options(usage.Options):
+
+class Options(ServiceOptions):
+    program = "twistd elvin-proxy"
+    see = "settings: docs/proxy.md"
+
     synopsis = "[-l URI ...] [-u URI] [-d FILE] [-c FILE]"
     longdesc = ("Run an Elvin proxy: it stays subscribed to an upstream router for "
                 "its clients' sessions and keeps what matched while they were away. "
@@ -43,8 +48,12 @@ class Options(usage.Options):
 
     optParameters = [
         ["config", "c", None, "Configuration file (settings: docs/proxy.md)."],
-        ["upstream", "u", None, "The upstream router's elvin: URI, or 'discover'."],
-        ["database", "d", None, "The SQLite file for sessions and stored notifications."],
+        ["upstream", "u", None, "The upstream router's elvin: URI, or 'discover' "
+                                "[default: the configuration's upstream, else "
+                                f"{DEFAULT_UPSTREAM}]"],
+        ["database", "d", None, "The SQLite file for sessions and stored notifications "
+                                "[default: the configuration's database, else "
+                                f"{_DEFAULT_DATABASE}]"],
     ]
 
     def __init__(self):
@@ -62,12 +71,6 @@ class Options(usage.Options):
         from elvin import __version__
         print(f"twistd elvin-proxy (elvin) {__version__}")
         sys.exit(0)
-
-    def _refuse(self, message):
-        if getattr(self, "parent", None) is not None:
-            raise SystemExit(f"twistd elvin-proxy: {message}\n"
-                             "(see 'twistd elvin-proxy --help' and docs/proxy.md)")
-        raise usage.UsageError(message)
 
     def postOptions(self):
         config = ProxyConfig()

@@ -9,7 +9,7 @@ notification arrives, so only literals can mismatch statically.
 """
 
 from elvin import errors
-from elvin.errors import SubscriptionError
+from elvin.errors import SubscriptionError, echoed
 from elvin.subscription import patterns
 from elvin.subscription.ast import Kind, LITERAL_KINDS
 from elvin.subscription.grammar import FUNCTIONS, MAX_DEPTH
@@ -174,7 +174,7 @@ class _Checker:
         """A name like ``x==1`` is almost always missing spaces: say so."""
         if node.kind == Kind.NAME and any(op in node.value for op in _GLUE):
             self.fail(errors.PARSE_ERROR, node,
-                      f"{node.value!r} is read as one attribute name, because names "
+                      f"{echoed(node.value)} is read as one attribute name, because names "
                       "may contain operator characters: put spaces around operators, "
                       "e.g. 'x == 1'", node.value)
 

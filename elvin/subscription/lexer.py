@@ -11,7 +11,7 @@ import sys
 import ply.lex as lex
 
 from elvin import errors
-from elvin.errors import SubscriptionError
+from elvin.errors import SubscriptionError, echoed
 
 __all__ = ["tokens", "tokenize", "make_lexer", "ID_FIRST", "ID_CHARS", "unescape"]
 
@@ -126,7 +126,7 @@ class _Rules:
                 stop += 1
             bad = text[t.lexpos:stop]
             raise SubscriptionError(errors.INVALID_TOKEN, t.lexpos,
-                                    f"invalid number {bad!r} at offset {t.lexpos}", bad)
+                                    f"invalid number {echoed(bad)} at offset {t.lexpos}", bad)
 
     def t_error(self, t):
         c = t.value[0]

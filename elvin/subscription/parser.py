@@ -19,7 +19,7 @@ the literal (``-2147483648`` is a valid int32), as section 6.1.4 says.
 import ply.yacc as yacc
 
 from elvin import errors
-from elvin.errors import SubscriptionError
+from elvin.errors import SubscriptionError, echoed
 from elvin.subscription import lexer as _lexer
 from elvin.subscription.ast import Kind, Node
 from elvin.subscription.grammar import FUNCTIONS, MAX_DEPTH
@@ -190,7 +190,7 @@ class _Grammar:
         spec = FUNCTIONS.get(function)
         if spec is None:
             raise SubscriptionError(errors.UNKNOWN_FUNC, offset,
-                                    f"unknown function {raw!r} at offset {offset}", raw)
+                                    f"unknown function {echoed(raw)} at offset {offset}", raw)
         kind, low, high = spec
         if len(args) < low:
             raise SubscriptionError(
@@ -321,27 +321,27 @@ def _integer(text, offset):
         body = body[:-1]
     negative = body.startswith("-")
     digits = body[1:] if negative else body
-    if digits[:2] in ("0x", "0X"):
-        value = int(digits[2:], 16)
-    elif len(digits) > 1 and digits[0] == "0":
-        if any(c in "89" for c in digits):
-            raise SubscriptionError(errors.INVALID_TOKEN, offset,
-                                    f"invalid octal literal {text!r} at offset {offset}", text)
-        value = int(digits, 8)
+    hexadecimal = digits[:2] in ("0x", "0X")
+    octal = not hexadecimal and len(digits) > 1 and digits[0] == "0"
+    if octal and any(c in "89" for c in digits):
+        raise SubscriptionError(errors.INVALID_TOKEN, offset, f"invalid octal literal "
+                                f"{echoed(text)} at offset {offset}", text)
+    if len((digits[2:] if hexadecimal else digits).lstrip("0")) > 32:
+        value = 2**64        # out of range in any base (and past int()'s digit limit)
     else:
-        value = int(digits, 10)
+        value = int(digits[2:] if hexadecimal else digits, 16 if hexadecimal else 8 if octal
+                    else 10)
     if negative:
         value = -value
     if wide:
         if not INT64_MIN <= value <= INT64_MAX:
-            raise SubscriptionError(errors.OVERFLOW, offset,
-                                    f"int64 literal {text!r} at offset {offset} is out of range",
-                                    text)
+            raise SubscriptionError(errors.OVERFLOW, offset, f"int64 literal {echoed(text)} "
+                                    f"at offset {offset} is out of range", text)
         return _node(Kind.INT64, value, ())
     if not INT32_MIN <= value <= INT32_MAX:
         raise SubscriptionError(
             errors.OVERFLOW, offset,
-            f"int32 literal {text!r} at offset {offset} is out of range "
+            f"int32 literal {echoed(text)} at offset {offset} is out of range "
             "(add an L suffix for int64)", text)
     return _node(Kind.INT32, value, ())
 
@@ -349,9 +349,8 @@ def _integer(text, offset):
 def _real(text, offset):
     value = float(text)
     if value in (float("inf"), float("-inf")):
-        raise SubscriptionError(errors.OVERFLOW, offset,
-                                f"real64 literal {text!r} at offset {offset} is out of range",
-                                text)
+        raise SubscriptionError(errors.OVERFLOW, offset, f"real64 literal {echoed(text)} "
+                                f"at offset {offset} is out of range", text)
     return _node(Kind.REAL64, value, ())
 
 

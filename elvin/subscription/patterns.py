@@ -17,6 +17,8 @@ Without the package, Python's ``re`` is used.
 
 import re
 
+from elvin.errors import echoed
+
 try:
     import re2
 except ImportError:  # pragma: no cover - google-re2 is a dependency
@@ -53,22 +55,23 @@ def _compile(source, what):
         try:
             return re.compile(source, re.DOTALL)
         except (re.error, OverflowError, RecursionError) as e:
-            raise PatternError(f"invalid {what}: {e}") from None
+            raise PatternError(f"invalid {what}: {echoed(str(e), quote=False)}") from None
     try:
         return re2.compile(source, _options())
     except re2.error as e:
         reason = e.args[0].decode("utf-8", "replace") if e.args and isinstance(
             e.args[0], bytes) else str(e)
     except (TypeError, ValueError) as e:  # e.g. NUL bytes
-        raise PatternError(f"invalid {what}: {e}") from None
+        raise PatternError(f"invalid {what}: {echoed(str(e), quote=False)}") from None
     reversed_repeat = _REVERSED_REPEAT.search(reason)
     if _TOO_COMPLEX.search(reason) and not (
             reversed_repeat and int(reversed_repeat[1]) > int(reversed_repeat[2])):
         raise PatternTooComplex(f"{what} cannot be matched in linear time "
-                                f"(backreferences, lookaround or too large): {reason}")
+                                f"(backreferences, lookaround or too large): "
+                                f"{echoed(reason, quote=False)}")
     # Anything else is syntax outside RE2's dialect (e.g. \Z, \u00e9,
     # possessive or atomic groups, [[:foo:]]), not a costly pattern.
-    raise PatternError(f"invalid {what}: {reason}")
+    raise PatternError(f"invalid {what}: {echoed(reason, quote=False)}")
 
 
 #: RE2's refusals of what it cannot match in linear time or within its
@@ -112,7 +115,7 @@ def wildcard_to_regex(pattern):
             while j < n and pattern[j] != "]":
                 j += 1
             if j >= n:
-                raise PatternError(f"unterminated character class in wildcard {pattern!r}")
+                raise PatternError(f"unterminated character class in wildcard {echoed(pattern)}")
             body = pattern[i:j]
             i = j + 1
             negate = body[:1] in ("!", "^")
@@ -129,12 +132,12 @@ def wildcard_to_regex(pattern):
 
 def check_wildcard(pattern):
     """Raise PatternError if ``pattern`` is not a valid wildcard."""
-    _compile(wildcard_to_regex(pattern), f"wildcard {pattern!r}")
+    _compile(wildcard_to_regex(pattern), f"wildcard {echoed(pattern)}")
 
 
 def check_regex(pattern):
     """Raise PatternError (or PatternTooComplex) unless ``pattern`` compiles."""
-    _compile(pattern, f"regular expression {pattern!r}")
+    _compile(pattern, f"regular expression {echoed(pattern)}")
 
 
 def _weight(compiled, source):

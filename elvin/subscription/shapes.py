@@ -222,9 +222,10 @@ def _literals(parts, merged):
                 value = -value
             kinds.append(_REAL64)
             values.append(_share_float(value, value) if value else value)
-        elif number[0] != "0" and number[-1] not in "lL":
+        elif number[0] != "0" and number[-1] not in "lL" and len(number) <= 10:
             # Decimal int32, the usual number: int() without the parser's
-            # octal, hex and int64 cases.
+            # octal, hex and int64 cases (nor its check of a number too
+            # long for int()).
             value = int(number)
             if minus:
                 value = -value

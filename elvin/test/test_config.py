@@ -277,6 +277,23 @@ class ErrorTests(unittest.TestCase):
             self.assertIn(fragment, message)
         return message
 
+    def test_long_values_are_cut(self):
+        """A bad value, name or line is echoed cut to 80 characters and
+        its size: a megabyte pasted by mistake makes one readable line."""
+        big = "x" * 2**20
+        for text in (f"max-connections = {big}", f"verbose = {big}",
+                     f"max-turn-time = {big}", f"listen = {big}", f"redirect-to = {big}",
+                     f"{big} = 1", f"Federation.{big} = 1", f"Federation.X[{big}] = 1",
+                     f"discovery-{big} = 1", f"discovery-group = {big}", f"status-listen = {big}",
+                     f"Federation.Listen = ewaf://{big}:1:2", big,
+                     f"max-connections = -{'9' * 5000}"):
+            with self.assertRaises(ConfigError) as cm:
+                config.parse(text, "router.conf")
+            message = str(cm.exception)
+            self.assertTrue(message.startswith("router.conf:1: "), message[:200])
+            self.assertLess(len(message), 3000, message[:300])   # lists of names aside
+            self.assertIn(" bytes)", message)
+
     def test_is_value_error(self):
         self.assertTrue(issubclass(ConfigError, ValueError))
 

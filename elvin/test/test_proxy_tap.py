@@ -76,6 +76,34 @@ class ProxyOptionsTest(unittest.TestCase):
                          ["elvin:4.0/tcp,none,xdr/localhost:2916"])
         self.assertEqual(DEFAULT_LISTEN, "elvin://localhost:2916")
 
+    def test_help_gives_every_option_a_line_and_its_default(self):
+        """As ``twistd elvin --help``: each option with its help, and the
+        defaults of those the configuration file may also set."""
+        from elvin.proxy.config import DEFAULT_UPSTREAM
+        text = " ".join(str(tap.Options()).split())
+        for option in ("-c, --config=", "-d, --database=", "-l, --listen=",
+                       "-u, --upstream=", "--help", "--version"):
+            self.assertIn(option, text)
+        self.assertIn("[default: the configuration's database, else elvin-proxy.db]", text)
+        self.assertIn(f"[default: the configuration's upstream, else {DEFAULT_UPSTREAM}]",
+                      text)
+        self.assertIn(f"With no --listen it listens on {DEFAULT_LISTEN}", text)
+
+    def test_a_bad_option_under_twistd_is_one_line(self):
+        for args, expected in (
+                (["--upstrem", "x"], "twistd elvin-proxy: unknown option --upstrem (did you "
+                                     "mean --upstream?)"),
+                (["-l", "elvin://127.0.0.1:4001", "-l", "elvin://127.0.0.1:4001"],
+                 "twistd elvin-proxy: --listen elvin://127.0.0.1:4001 is given twice")):
+            options = tap.Options()
+            options.parent = {}
+            with self.assertRaises(SystemExit) as raised:
+                options.parseOptions(args)
+            message = str(raised.exception.code)
+            self.assertTrue(message.startswith(expected), message)
+            self.assertTrue(message.endswith("\n(see 'twistd elvin-proxy --help'; settings: "
+                                             "docs/proxy.md)"), message)
+
     def test_bad_listen_is_a_usage_error(self):
         with self.assertRaises(usage.UsageError):
             tap.Options().parseOptions(["-l", "elvin://127.0.0.1:99999"])

@@ -746,3 +746,34 @@ class FromAstRejectTests(_Base):
 
     def test_begins_with_without_pattern(self):
         self.reject_any(Node(Kind.FUNC_BEGINS_WITH, None, (Node(Kind.NAME, "x"),)))
+
+
+class LongValueTests(_Base):
+    """What an error echoes of the expression (a name, a literal, a
+    pattern) is cut to 80 characters and its size, so that a long
+    expression makes a readable Nack and log line; and a number too long
+    for Python's int() is out of range, not an unexpected ValueError."""
+
+    def test_echoed_parts_are_cut(self):
+        from elvin import errors
+        long = "x" * 3000
+        for text, code in ((f"f{long}(a)", errors.UNKNOWN_FUNC),
+                           (f"a == 0{'7' * 400}9", errors.INVALID_TOKEN),
+                           (f"a == 1{'1' * 3000}", errors.OVERFLOW),
+                           (f"a == 1{'1' * 3000}L", errors.OVERFLOW),
+                           (f"a == 1{'1' * 400}.0", errors.OVERFLOW),
+                           (f"{long}==1", errors.PARSE_ERROR),
+                           (f"regex(a, \"{'(' * 3000}\")", errors.INVALID_REGEXP),
+                           (f"wildcard(a, \"[{long}\")", errors.INVALID_REGEXP)):
+            err = self.assertRejected(text, code)
+            self.assertLess(len(str(err)), 400, str(err)[:300])
+            self.assertIn(" bytes)", str(err))
+
+    def test_a_number_past_int_digit_limit_is_out_of_range(self):
+        from elvin import errors
+        Subscription("a == 1")       # its shape is known: the shortcut reads the literal
+        self.assertRejected("a == " + "1" * 5000, errors.OVERFLOW, 5)
+        self.assertRejected("a == -" + "1" * 5000 + "L", errors.OVERFLOW)
+        self.assertRejected("a == 0x" + "f" * 5000, errors.OVERFLOW)
+        # Leading zeros are no size: this is 7.
+        self.assertTrue(Subscription("a == 0" + "0" * 5000 + "7").matches({"a": 7}))

@@ -512,6 +512,86 @@ class StartUpProblemTests(unittest.TestCase):
                          "cannot make it: Not a directory")
 
 
+class ListenerURITests(unittest.TestCase):
+    """A listener named twice, or two on one address, is refused naming
+    both and where each was given, rather than failing to bind; and a
+    listener's URI names the protocol version the router speaks (in
+    process)."""
+
+    def write(self, text):
+        path = os.path.abspath(self.mktemp())
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def refused(self, *args, text=None):
+        """(path, the line ``parse`` refuses ``args``, and ``text`` as
+        the configuration file, with)."""
+        path = None
+        if text is not None:
+            path = self.write(text)
+            args += ("-c", path)
+        with self.assertRaises(usage.UsageError) as raised:
+            parse(*args)
+        return path, str(raised.exception)
+
+    def test_the_same_listener_twice(self):
+        _, message = self.refused("-l", "elvin://127.0.0.1:3000", "-l",
+                                  "elvin:4.0/tcp,none,xdr/127.0.0.1:3000")
+        path, in_file = self.refused(text="listen = elvin://127.0.0.1:3000\n"
+                                          "verbose = no\nlisten = elvin://127.0.0.1:3000\n")
+        self.assertEqual([message, in_file], [
+            "-l elvin://127.0.0.1:3000 is given twice: remove one (one listener per address)",
+            f"{path}:3: listen elvin://127.0.0.1:3000 is given twice (first at {path}:1): "
+            "remove one (one listener per address)"])
+
+    def test_two_listeners_on_one_address(self):
+        path, message = self.refused(text="listen = elvin://127.0.0.1:3000\n"
+                                          "listen = elvin:/http,none,xdr/localhost:3000\n")
+        self.assertEqual(message, f"{path}:2: listen elvin:4.0/http,none,xdr/localhost:3000 "
+                                  f"and listen elvin://127.0.0.1:3000 ({path}:1) both listen "
+                                  "on 127.0.0.1:3000 (TCP): give one of them another port "
+                                  "(one listener per address)")
+        path, message = self.refused(text="listen = elvin://127.0.0.1:3000\n"
+                                          "Federation.Listen = ewaf://127.0.0.1:3000\n")
+        self.assertTrue(message.startswith(
+            f"{path}:2: Federation.Listen ewaf:1.0/tcp,none,xdr/127.0.0.1:3000 and listen "
+            f"elvin://127.0.0.1:3000 ({path}:1) both listen on 127.0.0.1:3000 (TCP)"), message)
+
+    def test_other_addresses_and_udp_beside_tcp_are_accepted(self):
+        config = parse("-l", "elvin://127.0.0.1:3000", "-l", "elvin://127.0.0.2:3000",
+                       "-l", "elvin:/udp,none,xdr/127.0.0.1:3000",
+                       "-l", "elvin://127.0.0.1:3001").router_config
+        self.assertEqual(len(config.listen), 4)
+
+    def test_a_listener_of_another_protocol_version(self):
+        for uri, words in (("elvin:5.0//127.0.0.1:3000", "protocol version 5.0 is not "
+                            "supported (this implementation speaks the Elvin client "
+                            "protocol 4.0"),
+                           ("elvin:4.1//127.0.0.1:3000", "a listener's URI names the "
+                            "protocol version spoken there, and is advertised so: 4.0, "
+                            "not 4.1")):
+            _, message = self.refused("-l", uri)
+            self.assertIn(words, message)
+            path, message = self.refused(text=f"listen = {uri}\n")
+            self.assertTrue(message.startswith(f"{path}:1: "), message)
+            self.assertIn(words, message)
+        # A client's URI (redirect-to) may name a later minor version.
+        self.assertEqual(parse("-c", self.write("redirect-to = elvin:4.1//h\n"))
+                         .router_config.redirect_to.version, (4, 1))
+        for text, words in (("Federation.Listen = ewaf:2.0//127.0.0.1:3002\n",
+                             "Federation.Listen: ewaf:2.0/tcp,none,xdr/127.0.0.1:3002: "
+                             "protocol version 2.0 is not supported"),
+                            ("Federation.Listen = ewaf:1.1//127.0.0.1:3002\n",
+                             "Federation.Listen: ewaf:1.1/tcp,none,xdr/127.0.0.1:3002: a "
+                             "listener's URI names"),
+                            ("Federation.Connect[A] = ewaf:2.0//127.0.0.1:3002\n",
+                             "Federation.Connect[A]: ewaf:2.0/tcp,none,xdr/127.0.0.1:3002: "
+                             "protocol version 2.0 is not supported")):
+            path, message = self.refused(text=text)
+            self.assertTrue(message.startswith(f"{path}:1: {words}"), message)
+
+
 class ReloadMessageTests(unittest.TestCase):
     """What a reload says about settings it does not apply (in process)."""
 
@@ -750,6 +830,11 @@ class ReloadRefusalTests(unittest.TestCase):
                                      "listen = elvin://127.0.0.1:3009\n", 7,
                                      "listen elvin://127.0.0.1:3009: address already in use")
         self.assertIn("change listen to another port", message)
+
+    def test_a_listener_named_twice(self):
+        self.assertRefused("listen = elvin://127.0.0.1:3000\n", 6,
+                           "listen elvin://127.0.0.1:3000 is given twice (first at "
+                           f"{self.path}:1)")
 
     def test_tls_client_listener_without_certificate(self):
         self.assertRefused("listen = elvin:/secure/127.0.0.1:3001\n", 6,

@@ -399,8 +399,33 @@ class ReadNotificationsTests(unittest.TestCase):
         self.assertEqual(list(read_notifications(["A: 1\n", "---\n", "B: [00]"])),
                          [{"A": 1}, {"B": b"\x00"}])
 
-    def test_repeated_name_last_wins(self):
-        self.assertEqual(self.read("A: 1\nA: 2\n"), [{"A": 2}])
+    def test_repeated_name_is_refused(self):
+        """A notification holds each name once: a second value for a name
+        is an error naming its line and the first's, not a silent loss
+        of one of them (names compare as read: ``A\\ b`` is ``A b``)."""
+        for text, line, first, name in (("A: 1\nA: 2\n", 2, 1, "A"),
+                                         ("X: 1\n---\nB: 2\nA: 1\nB: 3\n", 5, 3, "B"),
+                                         ('A\\ b: 1\nA b: "x"\n', 2, 1, "A\\ b")):
+            with self.assertRaises(FormatError) as cm:
+                self.read(text)
+            self.assertEqual(str(cm.exception),
+                             f"<stdin>:{line}: attribute {name} is given twice in one "
+                             f"notification (first at line {first}): a notification "
+                             "holds each name once")
+        # The same name in two notifications is two notifications.
+        self.assertEqual(self.read("A: 1\n---\nA: 2\n"), [{"A": 1}, {"A": 2}])
+
+    def test_long_bad_values_are_cut(self):
+        """A bad line or value is echoed cut to 80 characters and its size."""
+        big = "x" * 2**20
+        for line in (big, "A: " + big, 'A: "' + big, "A: [" + big, "A: [" + big + "]",
+                     "A: 1" + big, 'A: "\\q' + big + '"', "\\x" * 2**19,
+                     "A: " + "9" * 4000, "{" + big):
+            with self.assertRaises(FormatError) as cm:
+                self.read(line + "\n")
+            message = str(cm.exception)
+            self.assertTrue(message.startswith("<stdin>:1: "), message[:200])
+            self.assertLess(len(message), 600, message[:300])
 
     def test_error_names_stdin_and_line(self):
         with self.assertRaises(FormatError) as cm:

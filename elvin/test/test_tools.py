@@ -252,6 +252,28 @@ class NotifyTests(ToolTestCase):
         self.assertEqual(self.router.stats["notifications"], 0)
 
     @defer.inlineCallbacks
+    def test_an_attribute_given_twice(self):
+        """A notification holds each name once: a name given twice is
+        refused naming it and its lines (Avis's ep keeps the last value
+        without a word), exit 1; those read before it were sent."""
+        received = yield self.collect("require(A)")
+        out, err, code = yield self.tool_with_stdin(
+            "notify", b"A: 1\n---\nA: 2\nB: 1\nA: 3\n---\nA: 4\n", "-e", self.uri)
+        self.assertEqual((code, err), (1, b"elvin-notify: error: <stdin>:5: attribute A is "
+                                          b"given twice in one notification (first at line "
+                                          b"3): a notification holds each name once\n"))
+        yield wait_until(lambda: received)
+        self.assertEqual(received, [{"A": 1}])
+
+    def test_an_attribute_given_twice_as_arguments(self):
+        from elvin.textformat import FormatError
+        from elvin.tools.notify import _from_arguments
+        with self.assertRaises(FormatError) as raised:
+            _from_arguments(["A: 1", "B: 2", 'A: "x"'])
+        self.assertEqual(str(raised.exception), "argument 'A: \"x\"': attribute A is given "
+                         "twice in one notification: a notification holds each name once")
+
+    @defer.inlineCallbacks
     def test_bad_stdin_line(self):
         """A bad line stops elvin-notify with the line number; notifications
         read before it have been emitted (stdin is streamed, not slurped)."""

@@ -2,6 +2,7 @@
 well on Ctrl-C and closed pipes, and say what to do. Each test runs the tool
 as a subprocess against servers on loopback, with bounded waits."""
 
+import importlib
 import os
 import sys
 
@@ -360,6 +361,70 @@ class UsageTests(CLITestCase):
             self.assertEqual(code, 2, (tool, args))
             self.assertTrue(err.startswith(f"elvin-{tool}: error: ".encode()), err)
             self.assertIn(words.encode(), err)
+
+    def test_a_bad_elvin_uri_variable_is_named(self):
+        """$ELVIN_URI, used without -e, is checked as -e is, and a bad
+        one is a usage error naming the variable; -e and --scope do not
+        use it, so it is not checked then."""
+        for value, words in (("localhost:2917", "invalid Elvin URI 'localhost:2917': "
+                              "wrong scheme 'localhost', expected 'elvin' (did you mean "
+                              "elvin://localhost:2917?)"),
+                             ("elvin:5.0//h", "elvin:5.0/tcp,none,xdr/h:2917: protocol "
+                              "version 5.0 is not supported"),
+                             ("elvin:/tcp,krb5,xdr/h", "elvin:4.0/tcp,krb5,xdr/h:2917: "
+                              "protocol stack tcp,krb5,xdr is not supported"),
+                             ("elvin:/udp,none,xdr/h", "elvin:/udp,none,xdr/h is a UDP "
+                              "URI")):
+            self.patch(os, "environ", dict(os.environ, ELVIN_URI=value))
+            err, code = self.usage_error("subscribe", "r")
+            self.assertEqual(code, 2)
+            self.assertTrue(err.decode().startswith(
+                f"elvin-subscribe: error: $ELVIN_URI (in the environment): {words}"), err)
+        self.patch(os, "environ", dict(os.environ, ELVIN_URI="nonsense"))
+        from elvin.tools import subscribe
+        from elvin.tools.common import parse_options
+        for args in (["-e", "elvin://h", "r"], ["--scope", "s", "r"]):
+            self.assertIsNotNone(parse_options(subscribe.Options, args))
+        self.patch(os, "environ", dict(os.environ, ELVIN_URI="elvin:/udp,none,xdr/h"))
+        self.assertIsNotNone(parse_options(importlib.import_module("elvin.tools.notify")
+                                           .Options, ["-u", "a: 1"]))
+
+    def test_another_protocol_version_is_a_usage_error(self):
+        for tool, args in (("notify", ["a: 1"]), ("subscribe", ["r"]), ("quench", ["n"])):
+            err, code = self.usage_error(tool, "-e", "elvin:5.0//127.0.0.1:9", *args)
+            self.assertEqual(code, 2)
+            self.assertIn(b"-e/--elvin: elvin:5.0/tcp,none,xdr/127.0.0.1:9: protocol version "
+                          b"5.0 is not supported (this implementation speaks the Elvin "
+                          b"client protocol 4.0", err)
+        self.assertIsNotNone(self.parsed("notify", "-e", "elvin:4.1//127.0.0.1:9", "a: 1"))
+
+    def test_long_bad_values_are_cut_in_messages(self):
+        """A bad value is echoed cut to 80 characters and its size: a
+        megabyte pasted by mistake makes one readable line."""
+        big = "x" * 2**20
+        for tool, args, words in (
+                ("subscribe", ["-n", big, "r"], "--count must be a whole number, not "),
+                ("subscribe", ["-t", big, "r"], "--timeout must be a number, not "),
+                ("subscribe", ["-e", big, "r"], "-e/--elvin: invalid Elvin URI "),
+                ("subscribe", ["-e", big + ":1", "r"], "(did you mean elvin://xxx"),
+                ("stat", ["-i", big], "--interval must be a number, not ")):
+            err, code = self.usage_error(tool, *args)
+            self.assertEqual(code, 2)
+            self.assertIn(words.encode(), err)
+            self.assertIn(f"... ({len(big)} bytes)".encode(), err)
+            self.assertLess(len(err), 600, err[:200])
+        from elvin.textformat import FormatError
+        from elvin.tools.notify import _from_arguments
+        for arg in (big, "A: " + big, "A: 1" + big, 'A: "' + big, "A: [" + big,
+                    "A: " + "9" * 5000):
+            with self.assertRaises(FormatError) as raised:
+                _from_arguments([arg])
+            self.assertLess(len(str(raised.exception)), 600, str(raised.exception)[:200])
+
+    def parsed(self, tool, *args):
+        from elvin.tools.common import parse_options
+        return parse_options(importlib.import_module(f"elvin.tools.{tool}").Options,
+                             list(args))
 
     @defer.inlineCallbacks
     def test_integer_out_of_range(self):

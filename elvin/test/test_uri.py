@@ -6,6 +6,7 @@ import pickle
 
 from twisted.trial import unittest
 
+from elvin.errors import echoed
 from elvin import uri as urimod
 from elvin.uri import (
     DEFAULT_PORT,
@@ -337,7 +338,8 @@ class RejectionTests(unittest.TestCase):
         e = self.assertRaises(InvalidURIError, ElvinURI, text)
         self.assertIsInstance(e, ValueError)
         self.assertEqual(e.uri, text)
-        self.assertIn(repr(text), str(e))
+        self.assertIn(echoed(text), str(e))          # whole, or cut when long
+        self.assertLess(len(str(e)), 600)
         for fragment in fragments:
             self.assertIn(fragment, str(e))
         return e
@@ -477,6 +479,84 @@ class RejectionTests(unittest.TestCase):
     def test_duplicate_option(self):
         self.assertRejected("elvin://h;a=1;a=2", "duplicate", "'a'")
         self.assertRejected("elvin://h;ab=1;a%62=2", "duplicate", "'ab'")
+
+
+class VersionTests(unittest.TestCase):
+    """A URI's version names the protocol the router at its endpoint
+    speaks: any version parses, but another major version is refused
+    where a URI is used, and a listener's must be the one spoken."""
+
+    def test_the_versions_spoken_are_the_protocols(self):
+        from elvin.core.router import PROTOCOL_MAJOR, PROTOCOL_MINOR
+        from elvin.federation import packets as fed
+        self.assertEqual(ElvinURI.DEFAULT_VERSION, (PROTOCOL_MAJOR, PROTOCOL_MINOR))
+        self.assertEqual(EwafURI.DEFAULT_VERSION, (fed.PROTOCOL_MAJOR, fed.PROTOCOL_MINOR))
+
+    def test_another_major_version_is_refused(self):
+        for text, spoken in (("elvin:5.0//h:2917", "client protocol 4.0"),
+                             ("elvin:3.9//h:2917", "client protocol 4.0"),
+                             ("ewaf:2.0//h", "federation protocol 1.0")):
+            for listening in (False, True):
+                problem = urimod.version_problem(urimod.parse_ewaf(text) if text[0] == "e"
+                                                 and text.startswith("ewaf") else
+                                                 ElvinURI(text), listening)
+                self.assertIn(f"protocol version {text.split(':')[1][:3]} is not "
+                              f"supported (this implementation speaks the Elvin {spoken}",
+                              problem)
+        self.assertTrue(urimod.version_problem(ElvinURI("elvin:5.0//h")).startswith(
+            "elvin:5.0/tcp,none,xdr/h:2917: "))      # it names the URI
+
+    def test_a_later_minor_version_is_spoken_to_but_not_listened_on(self):
+        for text in ("elvin:4.1//h", "ewaf:1.3//h"):
+            uri = urimod.parse_ewaf(text) if text.startswith("ewaf") else ElvinURI(text)
+            self.assertIsNone(urimod.version_problem(uri))
+            self.assertIn("a listener's URI names the protocol version spoken there",
+                          urimod.version_problem(uri, listening=True))
+        for text in ("elvin://h", "elvin:4.0//h", "elvin:4//h", "ewaf://h", "ewaf:1.0//h"):
+            uri = urimod.parse_ewaf(text) if text.startswith("ewaf") else ElvinURI(text)
+            self.assertIsNone(urimod.version_problem(uri, listening=True))
+
+    def test_every_user_of_a_uri_refuses_another_major_version(self):
+        from elvin.endpoints import UnsupportedStackError, check_supported
+        with self.assertRaisesRegex(UnsupportedStackError, "protocol version 5.0"):
+            check_supported("elvin:5.0//h")
+        with self.assertRaisesRegex(UnsupportedStackError, "a listener's URI"):
+            check_supported("elvin:4.1//h", listening=True)
+        self.assertEqual(check_supported("elvin:4.1//h").version, (4, 1))
+        from elvin import aio, sync
+        from elvin.clientcore.state import ConnectFailed
+        with self.assertRaisesRegex(ConnectFailed, "elvin:5.0/tcp,none,xdr/127.0.0.1:9: "
+                                                   "protocol version 5.0"):
+            sync.notify("elvin:5.0//127.0.0.1:9", {"a": 1})
+        with self.assertRaisesRegex(ConnectFailed, "protocol version 5.0"):
+            import asyncio
+            asyncio.run(aio.unotify("elvin:5.0/udp,none,xdr/127.0.0.1:9", {"a": 1}))
+
+
+class EchoedTests(unittest.TestCase):
+    """A bad value an error message echoes is cut to a readable length,
+    with its whole size."""
+
+    def test_short_values_are_echoed_whole(self):
+        self.assertEqual(echoed("abc"), "'abc'")
+        self.assertEqual(echoed("abc", quote=False), "abc")
+        self.assertEqual(echoed("x" * 80), repr("x" * 80))
+
+    def test_long_values_are_cut(self):
+        self.assertEqual(echoed("x" * 81), repr("x" * 80) + "... (81 bytes)")
+        self.assertEqual(echoed("é" * 100, quote=False), "é" * 80 + "... (200 bytes)")
+        self.assertEqual(echoed(b"\0" * 1000), repr(b"\0" * 80) + "... (1000 bytes)")
+
+    def test_a_megabyte_uri_makes_a_short_message(self):
+        for text in ("elvin://" + "h" * 2**20 + ":1:2", "elvin:/" + "x" * 2**20 + "/h",
+                     "elvin://h;o=" + "%" * 2**20, "elvin://h:" + "9" * 2**20,
+                     "x" * 2**20):
+            e = self.assertRaises(InvalidURIError, ElvinURI, text)
+            self.assertLess(len(str(e)), 400, str(e)[:200])
+            self.assertIn(f"... ({len(text)} bytes)", str(e))
+        from elvin.uri import options_problem
+        problem = options_problem(ElvinURI("elvin://h;frob=" + "v" * 2**20))
+        self.assertLess(len(problem), 400)
 
 
 if given is not None:

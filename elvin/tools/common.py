@@ -13,6 +13,7 @@ from elvin import __version__
 from elvin.client import DEFAULT_CONNECT_TIMEOUT
 from elvin.tools.output import (StdoutClosed, StdoutError, StdoutFailed,  # noqa: F401
                                 print_and_exit, write)
+from elvin.errors import echoed
 from elvin.uri import ElvinURI, InvalidURIError
 
 DEFAULT_URI = "elvin://localhost:2917"
@@ -37,7 +38,7 @@ class _NamedCoerce(usage.CoerceParameter):
             except ValueError:
                 kind = "a whole number" if self.coerce is int else "a number"
                 raise usage.UsageError(f"--{parameterName} must be {kind}, "
-                                       f"not {value!r}") from None
+                                       f"not {echoed(value)}") from None
         super().dispatch(parameterName, value)
 
 
@@ -92,23 +93,39 @@ class ToolOptions(BaseOptions):
         if not self["timeout"] > 0:
             raise usage.UsageError(f"--timeout must be more than 0 seconds, "
                                    f"not {self['timeout']:g}")
+        # None: found when the tool runs (see _with_uri)
+        self["uri"] = None
+        if self["elvin"] is not None:
+            self["uri"] = self.checked_uri(self["elvin"], "-e/--elvin")
+        elif self["scope"] is None and os.environ.get(URI_VARIABLE):
+            # Tried first when it runs: a bad one is told now, by its name.
+            self.checked_uri(os.environ[URI_VARIABLE], f"${URI_VARIABLE} (in the environment)")
+
+    def checked_uri(self, text, source):
+        """The ElvinURI ``text`` names, given by ``source`` (the option or
+        the environment variable), or a usage error saying what is wrong
+        with it and where it came from."""
         from elvin.endpoints import UnsupportedStackError, check_supported
         try:
-            # None: found when the tool runs (see _with_uri)
-            self["uri"] = None if self["elvin"] is None else ElvinURI(self["elvin"])
+            uri = ElvinURI(text)
         except InvalidURIError as e:
-            raise usage.UsageError(f"-e/--elvin: {e}{uri_hint(self['elvin'])}") from None
+            raise usage.UsageError(f"{source}: {e}{uri_hint(text)}") from None
         try:
-            if self["uri"] is not None:
-                check_supported(self["uri"])   # a usage error, like any bad URI
+            check_supported(uri)   # a usage error, like any bad URI
         except UnsupportedStackError as e:
-            raise usage.UsageError(f"-e/--elvin: {e}") from None
-        uri = self["uri"]
-        if uri is not None and uri.transport == "udp" and not self.takes_udp:
-            raise usage.UsageError(
-                f"{self['elvin']} is a UDP URI, which carries only session-less "
-                f"notifications (elvin-notify -u); {self.name} needs a session: "
-                "give a tcp, ssl or http URI")
+            raise usage.UsageError(f"{source}: {e}") from None
+        problem = self.uri_problem(uri)
+        if problem is not None:
+            raise usage.UsageError(f"{source}: {echoed(text, quote=False)} is a UDP URI, "
+                                   f"which carries only session-less notifications{problem}")
+        return uri
+
+    def uri_problem(self, uri):
+        """The end of the message for a URI this tool cannot use, or None."""
+        if uri.transport == "udp" and not self.takes_udp:
+            return (f" (elvin-notify -u); {self.name} needs a session: give a tcp, ssl "
+                    "or http URI")
+        return None
 
 
 def uri_hint(text):
@@ -117,10 +134,10 @@ def uri_hint(text):
     if "://" in text or text.startswith("elvin:"):
         return ""
     if text.isdigit():
-        return f" (did you mean elvin://localhost:{text}?)"
+        return f" (did you mean elvin://localhost:{echoed(text, quote=False)}?)"
     host, _, port = text.rpartition(":")
     if host and port.isdigit():
-        return f" (did you mean elvin://{text}?)"
+        return f" (did you mean elvin://{echoed(text, quote=False)}?)"
     return ""
 
 
@@ -145,10 +162,10 @@ async def find_router(reactor, options):
     router found by discovery, else that default again (so the error names
     it). --discover tries discovery first."""
     from elvin.discovery.discoverer import resolve_uri
-    fallback = ElvinURI(default_uri())
     if options["scope"] is not None:
         return await resolve_uri(reactor, scope=options["scope"],
                                  timeout=options["discovery-time"])
+    fallback = ElvinURI(default_uri())     # checked by ToolOptions.postOptions
     if not options["discover"] and await _answers(reactor, fallback, 1.0):
         return fallback
     return await resolve_uri(reactor, timeout=options["discovery-time"],

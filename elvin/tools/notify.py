@@ -14,7 +14,8 @@ import threading
 from twisted.internet import defer
 
 from elvin import client
-from elvin.textformat import FormatError, numbered_notifications, parse_line
+from elvin.errors import echoed
+from elvin.textformat import FormatError, numbered_notifications, parse_line, repeated
 from elvin.tools.common import RouterSilent, ToolOptions, abort, answered, closing, run
 
 
@@ -32,14 +33,10 @@ class Options(ToolOptions):
     def parseArgs(self, *attributes):
         self["attributes"] = attributes
 
-    def postOptions(self):
-        super().postOptions()
-        uri = self["uri"]
-        if uri is not None and uri.transport == "udp" and not self["unreliable"]:
-            from twisted.python import usage
-            raise usage.UsageError(
-                f"{self['elvin']} is a UDP URI, which carries only session-less "
-                "notifications: add -u (--unreliable)")
+    def uri_problem(self, uri):
+        if uri.transport == "udp" and not self["unreliable"]:
+            return ": add -u (--unreliable)"
+        return None
 
 
 def _from_arguments(arguments):
@@ -48,7 +45,9 @@ def _from_arguments(arguments):
         try:
             name, value = parse_line(arg)
         except FormatError as e:
-            raise FormatError(f"argument {arg!r}: {e}") from None
+            raise FormatError(f"argument {echoed(arg)}: {e}") from None
+        if name in attrs:
+            raise FormatError(f"argument {echoed(arg)}: {repeated(name)}")
         attrs[name] = value
     return attrs
 
