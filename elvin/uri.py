@@ -100,6 +100,10 @@ _SCHEME = "elvin"
 _VERSION_RE = re.compile(r"([0-9]+)(?:\.([0-9]+))?\Z")
 # official_name = alpha *( alphanum ); experimental_name = "x-" official_name
 _PROTOCOL_NAME_RE = re.compile(r"(?:x-)?[A-Za-z][A-Za-z0-9]*\Z", re.IGNORECASE)
+#: The longest host name a resolver can look up (RFC 1035: 255 bytes on
+#: the wire, 253 characters written).
+MAX_HOST_NAME = 253
+
 # RFC 2396 hostname with the RFC 1123 relaxation (labels may start with a
 # digit), which also covers RFC 2396 IPv4address; optional trailing dot.
 # Labels may also hold '_' anywhere: container runtimes and internal DNS
@@ -426,6 +430,9 @@ def _parse_endpoint(text: str, fail) -> tuple[str, int | None]:
         raise fail(f"invalid host {echoed(host)} (stray '[' or ']')")
     if _HOSTNAME_RE.match(host) is None:
         raise fail(f"invalid host {echoed(host)}")
+    if len(host) > MAX_HOST_NAME:
+        raise fail(f"invalid host {echoed(host)}: a host name is at most "
+                   f"{MAX_HOST_NAME} characters (RFC 1035)")
     return host, _parse_port(port_text, fail) if colon else None
 
 

@@ -558,6 +558,12 @@ class EchoedTests(unittest.TestCase):
         problem = options_problem(ElvinURI("elvin://h;frob=" + "v" * 2**20))
         self.assertLess(len(problem), 400)
 
+    def test_a_host_name_past_what_a_resolver_takes(self):
+        self.assertEqual(ElvinURI("elvin://" + "a" * 253).host, "a" * 253)
+        e = self.assertRaises(InvalidURIError, ElvinURI, "elvin://" + "a" * 254 + ":2917")
+        self.assertIn("a host name is at most 253 characters", str(e))
+        self.assertEqual(ElvinURI("elvin://[::1]").host, "::1")
+
 
 if given is not None:
 
