@@ -16,7 +16,16 @@ evaluators, encoding. What it leaves out is the kernel and the reactor
 
 To compare two versions, run it from each checkout in turn, alternating
 (``PYTHONPATH=/other/checkout python bench/hot_path.py``): single runs
-move by 10% or more on a shared machine.
+move by 10% or more on a shared machine. Counts that do not move with
+the machine's load: ``--feed R`` builds the router, feeds every
+notification once and then R times more and prints nothing, with no time
+slice (under valgrind everything is so slow that a slice would cut every
+turn); run it under cachegrind with R = 0 and R = 5 and divide the
+difference by 5 x 2,000 notifications::
+
+    PYTHONHASHSEED=0 valgrind --tool=cachegrind --cache-sim=yes \
+        --LL=4194304,16,64 --cachegrind-out-file=/dev/null \
+        python3.11 bench/hot_path.py --subs 10000 --feed 5
 """
 
 import argparse
@@ -52,12 +61,12 @@ def _frame(packet):
 class HotPath:
     """A router with ``subs`` subscriptions and the frames to feed it."""
 
-    def __init__(self, subs, seed=4):
+    def __init__(self, subs, seed=4, slice_ms=DEFAULT_MAX_TURN_TIME):
         rng = random.Random(seed)
         self.router = Router(max_subscriptions=subs + 10)
         self.clock = Clock()
         # As the router service makes it; its time is the reactor's (time.time).
-        self.router.turn_slice = TurnSlice(DEFAULT_MAX_TURN_TIME / 1000, self.clock, time.time)
+        self.router.turn_slice = TurnSlice(slice_ms / 1000, self.clock, time.time)
         self.factory = ElvinServerFactory(self.router, self.clock, connect_timeout=30)
         self.subscribers = [self._client() for _ in range(min(50, subs))]
         for i in range(subs):
@@ -119,8 +128,15 @@ def main(argv=None):
     parser.add_argument("--subs", type=int, nargs="+", default=[10, 1000, 10000])
     parser.add_argument("--profile", action="store_true",
                         help="print cProfile's top functions instead of timing")
+    parser.add_argument("--feed", type=int, metavar="R",
+                        help="feed the notifications 1 + R times, untimed, with no "
+                             "time slice, and print nothing (for cachegrind)")
     args = parser.parse_args(argv)
     for subs in args.subs:
+        if args.feed is not None:
+            path = HotPath(subs, slice_ms=1e12)
+            path.run(1 + args.feed)
+            continue
         if args.profile:
             path = HotPath(subs)
             path.run(2)

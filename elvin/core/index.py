@@ -93,8 +93,10 @@ class _Grid:
     once per key, so a notification may get more candidates, never fewer
     or doubled. ``rows`` (two attributes only) holds, by cell on ``name``,
     the entries bound on it but not on ``name2`` (or over more cells of
-    it than ``MAX_GRID_CELLS`` allows). Nothing per entry is kept besides
-    the lists: removal works out its cells again from its ranges."""
+    it than ``MAX_GRID_CELLS`` allows). ``rows`` and ``loose`` are None
+    while empty: a look-up then reads no object of theirs. Nothing per
+    entry is kept besides the lists: removal works out its cells again
+    from its ranges."""
 
     __slots__ = ("name", "width", "name2", "width2", "cells", "rows", "loose")
 
@@ -104,8 +106,8 @@ class _Grid:
         self.name2 = name2
         self.width2 = width2
         self.cells = {}
-        self.rows = {}
-        self.loose = {}
+        self.rows = None
+        self.loose = None
 
     def _place(self, ranges):
         """Where an entry with ``ranges`` is filed: None (loose), or the
@@ -135,9 +137,13 @@ class _Grid:
     def add(self, entry, ranges):
         placed = self._place(ranges)
         if placed is None:
+            if self.loose is None:
+                self.loose = {}
             self.loose[entry.id] = entry
         else:
             keys, table = placed
+            if table is None:
+                table = self.rows = {}
             for key in keys:
                 cell = table.get(key)
                 if cell is None:
@@ -146,43 +152,52 @@ class _Grid:
                     cell.append(entry)
 
     def remove(self, entry, ranges):
-        if self.loose.pop(entry.id, None) is not None:
+        loose = self.loose
+        if loose is not None and loose.pop(entry.id, None) is not None:
+            if not loose:
+                self.loose = None
             return
         placed = self._place(ranges)
-        if placed is not None and _drop(entry, *placed):
-            return
-        # Not where its ranges file it (ranges other than when it was
-        # added): look in every cell.
-        _drop(entry, list(self.cells), self.cells)
-        _drop(entry, list(self.rows), self.rows)
+        if placed is None or placed[1] is None or not _drop(entry, *placed):
+            # Not where its ranges file it (ranges other than when it was
+            # added): look in every cell.
+            _drop(entry, list(self.cells), self.cells)
+            if self.rows is not None:
+                _drop(entry, list(self.rows), self.rows)
+        if not self.rows:
+            self.rows = None
 
     def entries(self):
         """Every entry filed (each once), by id."""
-        seen = dict(self.loose)
-        for table in self.cells, self.rows:
+        seen = dict(self.loose or ())
+        for table in self.cells, self.rows or {}:
             for cell in table.values():
                 for entry in cell:
                     seen[entry.id] = entry
         return seen
 
     def select(self, attributes, found):
-        if self.loose:
-            found.extend(self.loose.values())
+        loose = self.loose
+        if loose is not None:
+            found.extend(loose.values())
         value = attributes.get(self.name)
-        # Only a finite number can satisfy a bound (NaN fails -inf < value).
-        if value.__class__ not in _NUMBERS or not -_INF < value < _INF:
+        # Only a finite number can satisfy a bound; for ±inf and NaN,
+        # value - value is NaN (one subtraction: comparing an int with
+        # ±inf twice costs three times as much).
+        if value.__class__ not in _NUMBERS or value - value != 0:
             return
         x = _floor(value / self.width)
         name2 = self.name2
         if name2 is None:
             cell = self.cells.get(x)
         else:
-            if self.rows:
-                cell = self.rows.get(x)
+            rows = self.rows
+            if rows is not None:
+                cell = rows.get(x)
                 if cell:
                     found.extend(cell)
             value = attributes.get(name2)
-            if value.__class__ not in _NUMBERS or not -_INF < value < _INF:
+            if value.__class__ not in _NUMBERS or value - value != 0:
                 return
             cell = self.cells.get(x * _STRIDE + _floor(value / self.width2))
         if cell:
@@ -305,6 +320,22 @@ class _Bucket:
             found.extend(self.entries.values())
         else:
             grid.select(attributes, found)
+
+
+def _key(signature, attributes):
+    """The key of the bucket of ``signature`` that ``attributes`` select,
+    or None when they lack one of its names or have a value no key holds."""
+    key = []
+    for name in signature:
+        value = attributes.get(name)
+        if value.__class__ is not str:      # a string is its own key
+            if value is None:
+                return None
+            value = index_key(value)
+            if value is None:
+                return None
+        key.append(value)
+    return tuple(key)
 
 
 class SubscriptionIndex:
@@ -481,20 +512,28 @@ class SubscriptionIndex:
                     if bucket is not None:
                         bucket.select(attributes, found)
         for signature, table in self._by_values.items():
-            key = []
-            for name in signature:
-                value = attributes.get(name)
-                if value.__class__ is not str:      # a string is its own key
-                    if value is None:
-                        break
-                    value = index_key(value)
-                    if value is None:
-                        break
-                key.append(value)
+            # A string is its own key (``_key`` for the others and for
+            # more names).
+            size = len(signature)
+            if size == 2:
+                value = attributes.get(signature[0])
+                value2 = attributes.get(signature[1])
+                key = ((value, value2) if value.__class__ is str and value2.__class__ is str
+                       else _key(signature, attributes))
+            elif size == 1:
+                value = attributes.get(signature[0])
+                key = (value,) if value.__class__ is str else _key(signature, attributes)
             else:
-                bucket = table.get(tuple(key))
+                key = _key(signature, attributes)
+            if key is not None:
+                bucket = table.get(key)
                 if bucket is not None:
-                    bucket.select(attributes, found)
+                    # (``_Bucket.select``, inline: every notification comes here)
+                    grid = bucket.grid
+                    if grid is None:
+                        found.extend(bucket.entries.values())
+                    else:
+                        grid.select(attributes, found)
         if self._spread and len(found) > 1:
             return list(dict.fromkeys(found))
         return found

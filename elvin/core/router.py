@@ -595,7 +595,7 @@ class Router(SessionHost):
             for observer in self.observers:
                 observer.notification_routed(attributes, deliver_insecure, forward_keys,
                                              routing, source, pulled)
-        matches = {}
+        matches = None      # made at the first match: most notifications have none
         keyed = ((keys is not _NO_KEYS and bool(keys))
                  or (connection_keys is not _NO_KEYS and bool(connection_keys)))
         candidates = self.index.candidates(attributes)
@@ -610,11 +610,13 @@ class Router(SessionHost):
                 slot = 1
             else:
                 continue
+            if matches is None:
+                matches = {}
             found = matches.get(entry.session)
             if found is None:
                 matches[entry.session] = found = ([], [])
             found[slot].append(entry.id)
-        if not matches:
+        if matches is None:
             return 0
         body = (emit_packet[4:attributes_end] if attributes_end
                 else packets.encode_attributes(attributes))
@@ -1342,7 +1344,12 @@ class ClientSession:
         if connection_keys is None:
             connection_keys = self.nfn_keys
             connection_raw_keys = self.nfn_raw_keys
-        problem = notification_problem(self.options, attributes, size)
+        # notification_problem's first test, inline: it passes almost always
+        max_count, smallest = self.options.attribute_limits
+        if size is not None and size <= smallest and 0 < len(attributes) <= max_count:
+            problem = None
+        else:
+            problem = notification_problem(self.options, attributes, size)
         keys = KeyRing.EMPTY
         keyed = wire_keys is not _NO_WIRE_KEYS and bool(wire_keys)
         if problem is None and keyed:
@@ -1365,9 +1372,8 @@ class ClientSession:
         forward_keys = connection_raw_keys
         if keyed:
             forward_keys = forward_keys.union(_raw(wire_keys))
-        self.router.route(attributes, deliver_insecure, keys, connection_keys,
-                          forward_keys=forward_keys, emit_packet=emit_packet,
-                          attributes_end=attributes_end)
+        self.router.route(attributes, deliver_insecure, keys, connection_keys, (), None,
+                          forward_keys, emit_packet, attributes_end)
 
     # -- subscriptions ----------------------------------------------------------
 

@@ -146,8 +146,9 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
             except DecodeError as e:
                 self._undecodable(data, e)
                 return
+            # (positional: a call with keywords is not specialised)
             self.session.notify_emit(attributes, deliver_insecure, keys, len(data),
-                                     emit_packet=data, attributes_end=end)
+                                     None, None, data, end)
             return
         if pkt_id not in CLIENT_PACKET_IDS:
             # Not a packet a client may send (7.3.2): refuse it undecoded,

@@ -880,10 +880,14 @@ def _atom(node, simple, consts, index, same):
         consts[f"c{index}"] = literal.value
         return ("string", kind)
     real = float(literal.value)
-    consts[f"r{index}"] = real
+    # An int32 is exactly its real64, so a real value is compared with the
+    # int itself; an int64 keeps a real64 copy (past 2**53 it differs).
+    exact = literal.kind == Kind.INT32
     if literal.kind != Kind.REAL64:
         consts[f"i{index}"] = literal.value
-    return ("number", kind, literal.kind == Kind.REAL64, real == 0.0, same)
+    if not exact:
+        consts[f"r{index}"] = real
+    return ("number", kind, literal.kind == Kind.REAL64, real == 0.0, same, exact)
 
 
 def _atom_lines(key, index, stop):
@@ -905,14 +909,21 @@ def _atom_lines(key, index, stop):
                 f"        return {stop}",
                 "else:",
                 "    r = None"]
-    _, _, is_real, is_zero, same = key
-    cmp_real = f"(_rc(v, r{index}) {op} 0)"
+    _, _, is_real, is_zero, same, exact = key
+    # The literal against a real value: an int32 is compared as it is
+    # (Python compares a float with an int exactly) and made a real64
+    # only for ``_rc``, which NaN and zeros take; ``_atom`` keeps no copy.
+    if exact:
+        real, as_real = f"i{index}", f"float(i{index})"
+    else:
+        real = as_real = f"r{index}"
+    cmp_real = f"(_rc(v, {as_real}) {op} 0)"
     if is_real:
         int_case = f"_rc(float(v), r{index}) {op} 0" if is_zero else f"float(v) {op} r{index}"
     else:
         int_case = f"v {op} i{index}"
     fast_real = cmp_real if is_zero else (
-        f"(v {op} r{index}) if (v == v and v != 0.0) else {cmp_real}")
+        f"(v {op} {real}) if (v == v and v != 0.0) else {cmp_real}")
     read = [] if same else [f"v = a.get(n{index})", "t = v.__class__"]
     return read + [
         "if t is int or t is _I64:",
@@ -1039,7 +1050,7 @@ def generated_plan(root, position):
     literal_of = {index: position(_simple_comparison(operand)[2])
                   for index, operand in enumerate(operands)}
     make, literal_names = _maker(shape, consts)
-    # c<i>: operand i's string; i<i>: its integer; r<i>: it as a real64
+    # c<i>: operand i's string; i<i>: its integer; r<i>: it as a real64 (a real or int64)
     sources = tuple([(literal_of[int(name[1:])], name[0] == "r") for name in literal_names])
     zeros = tuple(sorted({(literal_of[i], key[3]) for i, key in enumerate(keys)
                           if key[0] == "number"}))
@@ -1096,7 +1107,7 @@ class Plan:
 
 #: Numbers held once for every subscription holding an equal one (type
 #: for type): the literals of placed subscriptions and the real64 copies
-#: of their integer literals. With 100,000 subscriptions of a few hundred
+#: of their int64 literals. With 100,000 subscriptions of a few hundred
 #: distinct bounds each would otherwise hold its own (24-28 bytes each).
 #: Zeros are never shared (0.0 and -0.0 are equal but not the same literal).
 _SHARED_INTS: dict = {}

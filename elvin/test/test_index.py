@@ -377,6 +377,30 @@ class TwoAttributeGridTests(unittest.TestCase):
         self.assertEqual([c.id for c in index.candidates({"s": "a", "m": near_m, "n": 0})],
                          [101])
 
+    def test_empty_rows_and_loose_are_none(self):
+        # A look-up reads a grid's rows and loose entries only when there
+        # are some: while empty they are None, not empty dicts.
+        index = SubscriptionIndex()
+        entries = [Entry(i + 1, f's == "a" && n >= {10 * i} && n <= {10 * i + 5} && '
+                                f'm >= {10 * i} && m <= {10 * i + 5}') for i in range(8)]
+        for entry in entries:
+            index.add(entry)
+        grid = self.grid_of(index, "a")
+        self.assertEqual((grid.rows, grid.loose), (None, None))
+        row = Entry(20, 's == "a" && m >= 0 && m <= 5')
+        loose = Entry(21, 's == "a" && m >= 0')
+        for entry in row, loose:
+            index.add(entry)
+        self.assertEqual((list(grid.rows.values()), list(grid.loose.values())),
+                         ([[row]], [loose]))
+        self.assertEqual({e.id for e in index.candidates({"s": "a", "m": 1, "n": 1})},
+                         {1, 20, 21})
+        for entry in row, loose:
+            index.remove(entry)
+        self.assertEqual((grid.rows, grid.loose), (None, None))
+        self.assertEqual([e.id for e in index.candidates({"s": "a", "m": 1, "n": 1})], [1])
+        self.assertEqual(len(index.all_entries()), 8)
+
     def test_removal_finds_an_entry_its_ranges_no_longer_place(self):
         index = SubscriptionIndex()
         # entries 1-40 in cells of m and n, 41-45 in the rows of m
