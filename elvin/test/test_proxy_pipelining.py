@@ -66,15 +66,24 @@ class PipeliningTest(ProxyCoreCase):
         client, out = self.join("phone")
         out.take()
         client.packet_received(elvin_packets.SubAddRqst(2, "require(n)", True))
-        client.packet_received(elvin_packets.TestConn())
         client.packet_received(elvin_packets.QosRqst(3, {}))
         client.packet_received(elvin_packets.SubAddRqst(5, "require(m)", True))
         client.packet_received(elvin_packets.SubDelRqst(6, 999))
         self.upstream.answer()
-        self.assertEqual(kinds(out.take()), [("SubRply", 2), ("ConfConn", None),
-                                             ("QosRply", 3)])
+        self.assertEqual(kinds(out.take()), [("SubRply", 2), ("QosRply", 3)])
         self.upstream.answer()                   # the second waited for the first
         self.assertEqual(kinds(out.take()), [("SubRply", 5), ("Nack", 6)])
+
+    def test_testconn_is_answered_at_once(self):
+        """A client's liveness check is not held behind a request waiting
+        for upstream (up to twice upstream-keepalive): the proxy is alive."""
+        client, out = self.join("phone")
+        out.take()
+        client.packet_received(elvin_packets.SubAddRqst(2, "require(n)", True))
+        client.packet_received(elvin_packets.TestConn())
+        self.assertEqual(kinds(out.take()), [("ConfConn", None)])
+        self.upstream.answer()
+        self.assertEqual(kinds(out.take()), [("SubRply", 2)])
 
     def test_a_modification_waits_too(self):
         client, out = self.connect()
