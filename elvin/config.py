@@ -12,12 +12,14 @@ import copy
 import os
 from typing import Tuple
 
-from elvin.configvalues import ConfigError, Setting, at_least, did_you_mean, duration, flag, text
+from elvin.configvalues import (ConfigError, Setting, at_least, did_you_mean, duration,
+                                duration_up_to, flag, text)
 from elvin.configvalues import parse_integer as _integer
 from elvin.discovery import settings as _discovery_settings
 from elvin.endpoints import UnsupportedStackError, check_supported
 from elvin.errors import echoed
 from elvin.federation.config import FederationConfig
+from elvin.protocols.keepalive import MAX_KEEPALIVE
 from elvin.protocols.framing import DEFAULT_MAX_RECEIVE_MEMORY
 from elvin.protocols.turns import DEFAULT_MAX_TURN_TIME
 from elvin.core.options import CEILING_SUFFIX, HARD_CEILINGS, OPTIONS
@@ -144,14 +146,15 @@ ROUTER_SETTINGS = (
     Setting("connect-timeout", duration(True), 30.0, "`30`",
             "Seconds a new channel may stay silent before sending ConnRqst or UNotify; "
             "then it is closed. `0` disables. Not negative."),
-    Setting("client-keepalive", duration(True), 120.0, "`120`",
+    Setting("client-keepalive", duration_up_to(MAX_KEEPALIVE), 120.0, "`120`",
             "Seconds a client's TCP or TLS connection may carry nothing either way "
             "before the router's kernel probes the client's host (TCP keepalive: 3 "
-            "probes a quarter of this apart); a host that does not answer (gone, "
+            "probes a quarter of this apart, at least 1 s); a host that does not answer (gone, "
             "powered off, its network cut) has its connection closed and its session "
             "ended, as any lost client's, instead of holding its subscriptions and a "
             "`max-connections` slot for ever. A live client answers from its kernel: "
-            "nothing is asked of it. `0`: off. Not negative. See docs/reliability.md."),
+            "nothing is asked of it. `0`: off. At most 32767 (the kernel's limit). See "
+            "docs/reliability.md."),
     Setting("shutdown-grace", duration(True), 10.0, "`10`",
             "Seconds a stopping router (SIGTERM) gives its clients to read what is "
             "queued for them and its Disconn 1 (`stopService` waits for them); a "

@@ -86,6 +86,17 @@ def duration(allow_zero):
     return lambda value, key, where, config: parse_seconds(value, key, where, allow_zero)
 
 
+def duration_up_to(maximum):
+    """A number of seconds from 0 to ``maximum`` (a limit the kernel sets)."""
+    def parse(value, key, where, config):
+        seconds = parse_seconds(value, key, where, True)
+        if seconds > maximum:
+            raise ConfigError(f"{where}: {key} must be at most {maximum:g} seconds, "
+                              f"not {echoed(value)}")
+        return seconds
+    return parse
+
+
 @dataclass(frozen=True)
 class Setting:
     """One router setting: its name in the file, where it goes, how its

@@ -33,7 +33,7 @@ from typing import (Any, Awaitable, Callable, Dict, Iterable, Iterator, List, Ma
 
 from elvin import aio
 from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, DEFAULT_RECEIVE_QUEUE,
-                                        Lifecycle, Phase)
+                                        Lifecycle, Phase, liveness_seconds)
 from elvin.clientcore.state import ASK_LIMITS
 from elvin.clientcore.state import (CloseUnconfirmed, ConnectFailed, ConnectionClosed,
                                     NackError, Notification,
@@ -429,8 +429,7 @@ class Connection:
 
     @liveness.setter
     def liveness(self, seconds: Optional[float]) -> None:
-        if seconds is not None and seconds < 0:
-            raise ValueError(f"liveness must be 0 (off) or more seconds, not {seconds!r}")
+        liveness_seconds(seconds)             # a bad value raises here, on this thread
         _run(_call(setattr, self._inner, "liveness", seconds))
 
     @property

@@ -52,6 +52,7 @@ item again, a remove succeeds and a modify fails, neither sent.
 
 import enum
 import logging
+import math
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from elvin.clientcore.state import (ClientState, CloseUnconfirmed, ConnectionClosed, NackError,
@@ -62,7 +63,7 @@ from elvin.uri import ElvinURI
 __all__ = ["Lifecycle", "Phase", "Dial", "StartTimer", "CancelTimer", "CloseChannel",
            "PauseReading", "ResumeReading", "Connected", "ConnectFailedEffect", "Ended",
            "HandshakeTimeout", "DEFAULT_PENDING_SIZE", "DEFAULT_RECEIVE_QUEUE",
-           "TLS_FIRST_PACKET_DELAY", "DEFAULT_LIVENESS",
+           "TLS_FIRST_PACKET_DELAY", "DEFAULT_LIVENESS", "liveness_seconds",
            "REDIRECT_POLICY", "LifecycleView"]
 
 _log = logging.getLogger("elvin.client")
@@ -90,6 +91,22 @@ REDIRECT_POLICY = Reconnect(attempts=5)
 #: which never come (docs/interop.md). The pause makes that unlikely, not
 #: impossible: a router too busy to read for longer still sees both at once.
 TLS_FIRST_PACKET_DELAY = 0.02
+
+
+def liveness_seconds(seconds: Any) -> Optional[float]:
+    """``seconds`` as a liveness interval: None for no check (None, 0 or
+    infinity); TypeError for what is not a number, ValueError for a
+    negative number or NaN."""
+    if seconds is None:
+        return None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise TypeError(f"liveness must be a number of seconds (0 or None: off), "
+                        f"not {seconds!r}")
+    if math.isnan(seconds) or seconds < 0:
+        raise ValueError(f"liveness must be 0 (off) or more seconds, not {seconds!r}")
+    if seconds == 0 or math.isinf(seconds):
+        return None
+    return float(seconds)
 
 
 class Phase(enum.Enum):
@@ -207,7 +224,7 @@ class Lifecycle:
         #: Seconds of silence before a TestConn (None or 0: never);
         #: ``liveness_wait()`` for the answer. ``_heard``: a packet came
         #: since the last check; ``_probing``: a check's TestConn is out.
-        self._liveness = liveness or None
+        self._liveness = liveness_seconds(liveness)
         self._heard = False
         self._probing = False
         self.phase = Phase.IDLE
@@ -515,9 +532,7 @@ class Lifecycle:
 
     @liveness.setter
     def liveness(self, seconds: Optional[float]) -> None:
-        if seconds is not None and seconds < 0:
-            raise ValueError(f"liveness must be 0 (off) or more seconds, not {seconds!r}")
-        self._liveness = seconds or None
+        self._liveness = liveness_seconds(seconds)
         if self.phase is Phase.UP:
             self._heard, self._probing = True, False
             self.execute(StartTimer(self._liveness) if self._liveness else CancelTimer())

@@ -15,10 +15,13 @@ connection is reset, ending the session as any lost client's.
 
 import socket
 
-__all__ = ["PROBES", "keepalive_socket", "set_keepalive"]
+__all__ = ["MAX_KEEPALIVE", "PROBES", "keepalive_socket", "set_keepalive"]
 
 #: Unanswered probes before the kernel gives up on the peer.
 PROBES = 3
+#: The longest idle time Linux takes (TCP_KEEPIDLE); a longer one is
+#: refused by the socket, which would keep the system's 2 hours.
+MAX_KEEPALIVE = 32767
 
 
 def keepalive_socket(transport):

@@ -19,6 +19,7 @@ from twisted.python.threadpool import ThreadPool
 from elvin.configvalues import ConfigError
 from elvin.core.admission import CLIENT, STATUS
 from elvin.endpoints import UnsupportedStackError, listener_service
+from elvin.ops.stdlog import bridge_client_logging
 from elvin.tap import BindingService, ServiceOptions, _origin, check_listeners
 from elvin.proxy.config import (DEFAULT_LISTEN, DEFAULT_UPSTREAM, ProxyConfig,
                                 load_proxy_config)
@@ -245,6 +246,7 @@ def makeService(options, reactor=None):
     if config is None:
         options.postOptions()
         config = options.proxy_config
+    bridge_client_logging()          # the upstream connection's lines, in our log
     upstream = Upstream(reactor, connect_args=_upstream_args(config),
                         keepalive=config.upstream_keepalive,
                         probe_interval=config.upstream_probe,

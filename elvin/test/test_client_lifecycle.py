@@ -708,6 +708,21 @@ class LivenessTests(unittest.SynchronousTestCase):
         with self.assertRaises(ValueError):
             h.machine.liveness = -1
 
+    def test_values(self):
+        h = Harness()
+        for off in (None, 0, 0.0, float("inf")):
+            h.machine.liveness = off
+            self.assertIsNone(h.machine.liveness, off)
+        h.machine.liveness = 2
+        self.assertEqual(h.machine.liveness, 2.0)
+        for bad, error in ((float("nan"), ValueError), (-0.5, ValueError), ("5", TypeError),
+                           (True, TypeError), ([1], TypeError)):
+            with self.assertRaises(error, msg=repr(bad)):
+                h.machine.liveness = bad
+            with self.assertRaises(error, msg=repr(bad)):
+                Harness(liveness=bad)
+        self.assertEqual(h.machine.liveness, 2.0)     # unchanged by the refusals
+
     def test_leaving_up_cancels_the_check(self):
         h = Harness(liveness=30.0)
         h.up()

@@ -103,8 +103,10 @@ class SettingTests(unittest.SynchronousTestCase):
         cfg = config.parse("client-keepalive = 300\n")
         self.assertEqual(cfg.client_keepalive, 300)
         self.assertEqual(config.parse("").client_keepalive, 120)
-        with self.assertRaises(config.ConfigError):
-            config.parse("client-keepalive = -1\n")
+        for bad in ("-1", "nan", "32768", "1e9"):
+            with self.assertRaises(config.ConfigError):
+                config.parse(f"client-keepalive = {bad}\n")
+        self.assertEqual(config.parse("client-keepalive = 32767\n").client_keepalive, 32767)
         options = tap.Options()
         options.router_config = cfg
         top = tap.makeService(options, reactor=MemoryReactor())
