@@ -187,18 +187,18 @@ class ProxyClient(Joining):
     MAX_AWAITING = 4096
 
     def packet_received(self, packet):
-        if type(packet) is packets.TestConn and (
-                self._admitting is not None or self._awaiting is not None):
-            # Answered at once, not behind the request waiting for upstream
-            # (up to twice upstream-keepalive): it asks whether the proxy is
-            # alive, which it is, holding everything sent before it. A
-            # client's liveness check would otherwise call it dead.
-            self.send(packets.ConfConn())
-            return
         if self._admitting is not None:
             self._admitting.append(packet)    # handled once admitted
             return
         if self._awaiting is not None and self.state == self.CONNECTED:
+            if type(packet) is packets.TestConn:
+                # Answered at once, not behind the request waiting for
+                # upstream (up to twice upstream-keepalive): it asks whether
+                # the proxy is alive, which it is, holding everything sent
+                # before it; a client's liveness check would otherwise call
+                # it dead. (Before ConnRply it waits: ConnRply comes first.)
+                self.send(packets.ConfConn())
+                return
             if len(self._awaiting) >= self.MAX_AWAITING:
                 self._awaiting = None
                 self.violation(f"more than {self.MAX_AWAITING} requests sent while one "
