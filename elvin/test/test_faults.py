@@ -191,12 +191,16 @@ class StallTests(FaultTestCase):
     def test_stalled_peer_is_closed_by_keepalive_and_redialled(self):
         a = FedRouter(self, "a.test")
         b = FedRouter(self, "b.test")
-        self.dial(a, b, keepalive=0.1)
+        # (0.5 s: a period short enough to keep the test quick, long enough
+        # that a loaded machine does not close the link before it stalls)
+        keepalive = 0.5
+        self.dial(a, b, keepalive=keepalive)
         yield wait_until(lambda: self.linked(a, b))
         consumer = yield self.connect(b)
         got = []
         yield consumer.subscribe("require(n)", got.append)
         yield self.settle(a, b)
+        yield wait_until(lambda: bool(a.manager.links) and self.linked(a, b))
         link = a.manager.links[0]
         reasons = []
         silences = []
@@ -215,7 +219,7 @@ class StallTests(FaultTestCase):
         yield wait_until(lambda: link.state == link.CLOSED, timeout=5)
         # Closed by the liveness rule: silent for two keepalive periods.
         self.assertEqual(reasons[0], "liveness")
-        self.assertGreaterEqual(silences[0], 2 * 0.1)
+        self.assertGreaterEqual(silences[0], 2 * keepalive)
         self.assertNotIn(link, a.manager.links)
         self.assertTrue(all(l.peer_domain != "b.test" or l is not link
                             for l in a.manager.links))
