@@ -15,6 +15,8 @@ connection is reset, ending the session as any lost client's.
 
 import socket
 
+from elvin.protocols.output import tcp_transport
+
 __all__ = ["MAX_KEEPALIVE", "PROBES", "keepalive_socket", "set_keepalive"]
 
 #: Unanswered probes before the kernel gives up on the peer.
@@ -26,14 +28,8 @@ MAX_KEEPALIVE = 32767
 
 def keepalive_socket(transport):
     """The TCP socket under ``transport`` (a TLS layer's included), or None."""
-    for _ in range(4):                      # TLS over TCP is two levels
-        handle = getattr(transport, "socket", None)
-        if isinstance(handle, socket.socket):
-            return handle
-        transport = getattr(transport, "transport", None)
-        if transport is None:
-            return None
-    return None
+    connection = tcp_transport(transport)
+    return None if connection is None else connection.getHandle()
 
 
 def set_keepalive(transport, idle):

@@ -21,7 +21,7 @@ from zope.interface import implementer
 from elvin.protocols.framing import FramedProtocol
 from elvin.core.sendqueue import QueueOverflow
 
-__all__ = ["QueuedFramedProtocol", "unsent_bytes", "unsent_frames"]
+__all__ = ["QueuedFramedProtocol", "tcp_transport", "unsent_bytes", "unsent_frames"]
 
 
 def unsent_bytes(transport):
@@ -35,16 +35,18 @@ def unsent_bytes(transport):
     if isinstance(buffer, bytes):
         return (len(buffer) - getattr(transport, "offset", 0)
                 + getattr(transport, "_tempDataLen", 0))
-    tcp_under = _tls_over_tcp(transport)
+    tcp_under = tcp_transport(transport)
     if tcp_under is None:
         return None
     plaintext = sum(len(data) for data in getattr(transport, "_appSendBuffer", None) or ())
     return plaintext + (unsent_bytes(tcp_under) or 0)
 
 
-def _tls_over_tcp(transport):
-    """The TCP transport under a TLS one (Twisted's TLSMemoryBIOProtocol),
-    or None."""
+def tcp_transport(transport):
+    """The TCP connection carrying ``transport``: itself, or the one under
+    a TLS layer (Twisted's TLSMemoryBIOProtocol); None for any other."""
+    if isinstance(transport, tcp.Connection):
+        return transport
     under = getattr(transport, "transport", None)
     if getattr(transport, "_tlsConnection", None) is None or not isinstance(
             under, tcp.Connection):
@@ -71,8 +73,7 @@ def _keep_socket(transport):
     TLS that is whole records and at most part of one: the client reads
     the whole ones, then fails on the cut one as on any connection that
     ends without close_notify."""
-    if not isinstance(transport, tcp.Connection):
-        transport = _tls_over_tcp(transport)
+    transport = tcp_transport(transport)
     if transport is None:
         return None
     try:

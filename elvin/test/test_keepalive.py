@@ -4,7 +4,7 @@ out without anything asked of the client."""
 
 import socket
 
-from twisted.internet import defer, protocol, reactor
+from twisted.internet import defer, protocol, reactor, tcp
 from twisted.trial import unittest
 
 from elvin import config, tap
@@ -16,13 +16,20 @@ from elvin.protocols.server import ElvinServerFactory
 class _Chain:
     """A transport wrapping another, as TLSMemoryBIOProtocol does."""
 
+    _tlsConnection = object()
+
     def __init__(self, inner):
         self.transport = inner
 
 
-class _Plain:
+class _Plain(tcp.Connection):
+    """A TCP transport over ``sock`` (only what keepalive reads)."""
+
     def __init__(self, sock):
         self.socket = sock
+
+    def getHandle(self):
+        return self.socket
 
 
 class KeepaliveSocketTests(unittest.SynchronousTestCase):
@@ -55,7 +62,7 @@ class AcceptedConnectionTests(unittest.TestCase):
     """The router's listener turns it on for each client it accepts."""
 
     @defer.inlineCallbacks
-    def accepted(self, keepalive):
+    def accepted(self, keepalive, tls=False):
         factory = ElvinServerFactory(Router(), reactor, client_keepalive=keepalive)
         made = []
         build = factory.buildProtocol
@@ -65,7 +72,16 @@ class AcceptedConnectionTests(unittest.TestCase):
             made.append(proto)
             return proto
         factory.buildProtocol = keep
-        port = reactor.listenTCP(0, factory, interface="127.0.0.1")
+        listening = factory
+        if tls:
+            from twisted.protocols.tls import TLSMemoryBIOFactory
+            from elvin.protocols.tls import server_options
+            from elvin.test.transport_fixtures import Certificates
+            certificates = Certificates(self.mktemp())
+            listening = TLSMemoryBIOFactory(server_options(certificates.server_cert,
+                                                           certificates.server_key),
+                                            False, factory)
+        port = reactor.listenTCP(0, listening, interface="127.0.0.1")
         self.addCleanup(port.stopListening)
         client = yield protocol.ClientCreator(reactor, protocol.Protocol).connectTCP(
             "127.0.0.1", port.getHost().port)
@@ -75,7 +91,7 @@ class AcceptedConnectionTests(unittest.TestCase):
             yield _turn()
         self.addCleanup(client.transport.loseConnection)
         self.addCleanup(lambda: made[0].transport.loseConnection())
-        return made[0].transport.socket
+        return keepalive_socket(made[0].transport)
 
     @defer.inlineCallbacks
     def test_on_by_setting(self):
@@ -83,6 +99,11 @@ class AcceptedConnectionTests(unittest.TestCase):
         self.assertEqual(sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE), 1)
         if hasattr(socket, "TCP_KEEPIDLE"):
             self.assertEqual(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE), 45)
+
+    @defer.inlineCallbacks
+    def test_on_under_tls(self):
+        sock = yield self.accepted(45, tls=True)
+        self.assertEqual(sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE), 1)
 
     @defer.inlineCallbacks
     def test_off(self):
