@@ -30,7 +30,7 @@ setup(
     # `pip install .` has built it. optional=True: without a C compiler the
     # install still succeeds and the pure-Python codec is used.
     ext_modules=[Extension("_elvin_xdr", ["elvin/protocols/_elvin_xdr.c"], optional=True)],
-    package_data={"twisted": ["plugins/elvin_plugin.py", "plugins/elvin_proxy_plugin.py"], "elvin.data": ["elvind.conf"],
+    package_data={"twisted": ["plugins/elvin_plugin.py", "plugins/elvin_proxy_plugin.py"], "elvin.data": ["elvind.conf", "elvin-proxy.conf"],
                   "elvin.federation": ["trace_schema.json"],
                   "spark_analysis": ["log4j2-quiet.properties"],
                   "elvin": ["py.typed"]},

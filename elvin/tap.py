@@ -4,7 +4,7 @@ import errno
 import os
 import sys
 import threading
-from typing import Any
+from typing import Any, Optional
 
 from twisted.application import service
 from twisted.internet import defer
@@ -45,6 +45,15 @@ class ServiceOptions(usage.Options):
 
     program = "twistd elvin"
     see = ""
+
+    optParameters = [
+        ["log-format", None, "text", "text (twistd's lines) or json (one JSON object "
+                                     "per event, with its fields, for log shippers)."],
+    ]
+
+    def check_log_format(self):
+        if self["log-format"] not in ("text", "json"):
+            self._refuse(f"--log-format must be text or json, not {echoed(self['log-format'])}")
 
     def parseOptions(self, options=None):
         """As usage.Options; under twistd a bad option or value is one line
@@ -96,8 +105,6 @@ class Options(ServiceOptions):
     optParameters = [
         ["config", "c", None, "Configuration file (print a commented example with "
                               "--print-config or elvin-config-example)."],
-        ["log-format", None, "text", "text (twistd's lines) or json (one JSON object "
-                                     "per event, with its fields, for log shippers)."],
     ]
 
     def opt_version(self):
@@ -127,8 +134,7 @@ class Options(ServiceOptions):
     opt_l = opt_listen
 
     def postOptions(self):
-        if self["log-format"] not in ("text", "json"):
-            self._refuse(f"--log-format must be text or json, not {echoed(self['log-format'])}")
+        self.check_log_format()
         config = RouterConfig()
         if self["config"]:
             try:
@@ -359,6 +365,19 @@ class BindingService(service.MultiService):
     #: The status listener (``status-listen``), if any, named so in that line.
     status_listener: Any = None
     _bound = False
+    #: ``--log-format`` and twistd's ``--logfile``: with "json", the
+    #: application's log observer writes one JSON object per event there.
+    log_format = "text"
+    log_file: Optional[str] = None
+
+    def setServiceParent(self, parent):
+        super().setServiceParent(parent)
+        if self.log_format == "json" and hasattr(parent, "setComponent"):
+            # twistd's AppLogger uses an ILogObserver set on the application.
+            from twisted.logger import ILogObserver, jsonFileLogObserver
+            out = (sys.stdout if self.log_file in (None, "-")
+                   else open(self.log_file, "a", encoding="utf-8"))
+            parent.setComponent(ILogObserver, jsonFileLogObserver(out, recordSeparator=""))
 
     def privilegedStartService(self):
         if self._bound:
@@ -430,15 +449,6 @@ class RouterService(BindingService):
         #: The configuration the router started with: what reload does not
         #: apply (``_needing_restart``) is compared with it.
         self.started_config = config
-
-    def setServiceParent(self, parent):
-        super().setServiceParent(parent)
-        if self.log_format == "json" and hasattr(parent, "setComponent"):
-            # twistd's AppLogger uses an ILogObserver set on the application.
-            from twisted.logger import ILogObserver, jsonFileLogObserver
-            out = (sys.stdout if self.log_file in (None, "-")
-                   else open(self.log_file, "a", encoding="utf-8"))
-            parent.setComponent(ILogObserver, jsonFileLogObserver(out, recordSeparator=""))
 
     def _listener_setting(self, child, config):
         if child == "Federation.Listen" or (child is not None

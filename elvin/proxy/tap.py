@@ -9,6 +9,7 @@ import sqlite3
 import sys
 import threading
 import time
+from importlib import resources
 from typing import Any, Dict
 
 from twisted.application import internet
@@ -38,6 +39,12 @@ __all__ = ["Options", "makeService", "ProxyService"]
 _DEFAULT_DATABASE = ProxyConfig().database
 
 
+def example_text():
+    """The commented example configuration (conf/elvin-proxy.conf, shipped
+    in the package so that ``pip install .`` has it too)."""
+    return resources.files("elvin.data").joinpath("elvin-proxy.conf").read_text("utf-8")
+
+
 class Options(ServiceOptions):
     program = "twistd elvin-proxy"
     see = "settings: docs/proxy.md"
@@ -48,11 +55,12 @@ class Options(ServiceOptions):
                 f"With no --listen it listens on {DEFAULT_LISTEN}.")
 
     optParameters = [
-        ["config", "c", None, "Configuration file (settings: docs/proxy.md)."],
+        ["config", "c", None, "Configuration file (print a commented example with "
+                              "--print-config; settings: docs/proxy.md)."],
         ["upstream", "u", None, "The upstream router's elvin: URI, or 'discover' "
                                 "[default: the configuration's upstream, else "
                                 f"{DEFAULT_UPSTREAM}]"],
-        ["database", "d", None, "The SQLite file for sessions and stored notifications "
+        ["database", "d", None, "The SQLite file of sessions and what they stored "
                                 "[default: the configuration's database, else "
                                 f"{_DEFAULT_DATABASE}]"],
     ]
@@ -73,7 +81,13 @@ class Options(ServiceOptions):
         print(f"twistd elvin-proxy (elvin) {__version__}")
         sys.exit(0)
 
+    def opt_print_config(self):
+        """Print the commented example configuration file and exit."""
+        sys.stdout.write(example_text())
+        sys.exit(0)
+
     def postOptions(self):
+        self.check_log_format()
         config = ProxyConfig()
         try:
             if self["config"]:
@@ -283,6 +297,11 @@ def makeService(options, reactor=None):
     # cannot lock devices out, nor fill the open-file limit.
     core.admission = Admission(_connection_caps(config), reactor)
     top = ProxyService(core, config, store, pool)
+    parent = getattr(options, "parent", None)
+    if hasattr(options, "get"):
+        top.log_format = options.get("log-format", "text")
+    if parent is not None:
+        top.log_file = parent.get("logfile")
     factory = ProxyServerFactory(core, reactor, config.connect_timeout,
                                  config.client_keepalive)
     for uri in config.listen:

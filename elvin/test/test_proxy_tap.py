@@ -4,6 +4,7 @@ import os
 import tempfile
 
 from twisted.internet.task import Clock
+from twisted.internet.testing import MemoryReactorClock
 from twisted.python import usage
 from twisted.trial import unittest
 
@@ -208,6 +209,106 @@ class ProxyOptionsTest(unittest.TestCase):
         with open(os.path.join(REPO, "docs", "proxy.md"), encoding="utf-8") as f:
             self.assertIn(reference_table() + "\n", f.read(),
                           "regenerate docs/proxy.md's table: python -m elvin.proxy.config")
+
+
+class ExampleConfigTest(unittest.TestCase):
+    """conf/elvin-proxy.conf, the commented example, ships in the package
+    (``twistd elvin-proxy --print-config``), names every setting, and
+    behaves as no file at all."""
+
+    def example(self):
+        from elvin.test.places import REPO
+        path = os.path.join(REPO, "conf", "elvin-proxy.conf")
+        with open(path, encoding="utf-8") as f:
+            return path, f.read()
+
+    def commented_settings(self, text):
+        """(line number, ``name = value``) of the commented-out settings."""
+        found = []
+        for number, line in enumerate(text.splitlines(), 1):
+            body = line.strip().lstrip("#").strip()
+            name = body.split("=", 1)[0].strip()
+            if line.lstrip().startswith("#") and "=" in body and name and " " not in name:
+                found.append((number, body))
+        return found
+
+    def test_packaged_copy_is_the_documented_one(self):
+        self.assertEqual(tap.example_text(), self.example()[1])
+
+    def test_loads_as_no_file_at_all(self):
+        from elvin.proxy.config import PROXY_SETTINGS, ProxyConfig
+        path, _ = self.example()
+        loaded, default = load_proxy_config(path), ProxyConfig()
+        self.assertEqual([str(u) for u in loaded.listen], ["elvin:4.0/tcp,none,xdr/localhost:2916"])
+        for setting in PROXY_SETTINGS:
+            if setting.attr != "listen":
+                self.assertEqual(getattr(loaded, setting.attr), getattr(default, setting.attr),
+                                 setting.name)
+
+    def test_names_every_setting(self):
+        from elvin.proxy.config import PROXY_SETTINGS
+        _, text = self.example()
+        named = {body.split("=", 1)[0].strip() for _, body in self.commented_settings(text)}
+        for setting in PROXY_SETTINGS:
+            self.assertTrue(setting.name in named or f"\n{setting.name} = " in text,
+                            f"{setting.name} is not in conf/elvin-proxy.conf")
+
+    def test_every_commented_line_is_valid(self):
+        """Uncommenting a line gives a working file: the values shown are
+        real ones (``upstream-scope`` goes with ``upstream = discover``)."""
+        _, text = self.example()
+        for number, body in self.commented_settings(text):
+            before = "upstream = discover\n" if body.startswith("upstream-scope") else ""
+            try:
+                parse_proxy_config(before + body, f"elvin-proxy.conf:{number}")
+            except ConfigError as e:
+                self.fail(f"line {number} {body!r}: {e}")
+
+    def test_print_config(self):
+        from io import StringIO
+        import sys
+        out = StringIO()
+        self.patch(sys, "stdout", out)
+        with self.assertRaises(SystemExit) as cm:
+            tap.Options().parseOptions(["--print-config"])
+        self.assertEqual(cm.exception.code, 0)
+        self.assertEqual(out.getvalue(), self.example()[1])
+
+
+class JsonLogTest(unittest.TestCase):
+    """``--log-format json``, as the router's: the application's log
+    observer writes one JSON object per event to twistd's --logfile."""
+
+    def test_json_observer_on_the_application(self):
+        import json
+        from twisted.application import service
+        from twisted.logger import ILogObserver
+        log = self.mktemp()
+        options = tap.Options()
+        options.parent = {"logfile": log}
+        options.parseOptions(["-d", ":memory:", "--log-format", "json",
+                              "-l", "elvin://127.0.0.1:4004"])
+        top = tap.makeService(options, MemoryReactorClock())
+        self.addCleanup(top.store.close)
+        application = service.Application("elvin-proxy")
+        top.setServiceParent(application)
+        observer = application.getComponent(ILogObserver)
+        observer({"log_format": "session {name} joined", "name": "phone", "log_time": 0.0,
+                  "log_namespace": "elvin.proxy", "log_level": None})
+        with open(log, encoding="utf-8") as f:
+            (event,) = [json.loads(line) for line in f if line.strip()]
+        self.assertEqual((event["log_format"], event["name"]), ("session {name} joined", "phone"))
+
+    def test_text_is_the_default_and_other_formats_are_refused(self):
+        options = tap.Options()
+        options.parseOptions(["-d", ":memory:"])
+        self.assertEqual(options["log-format"], "text")
+        options = tap.Options()
+        options.parent = {}
+        with self.assertRaises(SystemExit) as raised:
+            options.parseOptions(["-d", ":memory:", "--log-format", "xml"])
+        self.assertIn("twistd elvin-proxy: --log-format must be text or json, not 'xml'",
+                      str(raised.exception.code))
 
 
 class StartUpProblemTest(unittest.TestCase):
