@@ -13,9 +13,11 @@ deliveries) and ``Lifecycle`` (connecting, losing, reconnecting,
 redirection, closing), the same machine the Twisted client and the
 proxy's upstream run; this module only carries out its effects with
 asyncio transports, timers and futures. Errors are the same classes:
-``NackError`` when the router refuses a request, ``ConnectionClosed``
-when the session ends under a request (``reason``/``disconn_args`` carry
-the router's Disconn), ``ConnectFailed`` when ``connect`` cannot open one.
+``NackError`` when the router refuses a request, ``RequestTimeout`` when
+it does not answer one within the connection's ``timeout``,
+``ConnectionClosed`` when the session ends under a request
+(``reason``/``disconn_args`` carry the router's Disconn), ``ConnectFailed``
+when ``connect`` cannot open one.
 """
 
 import asyncio
@@ -36,7 +38,8 @@ from elvin.clientcore import messages
 from elvin.clientcore.state import ASK_LIMITS
 from elvin.clientcore.state import (ClientState, CloseUnconfirmed, ConnectFailed,
                                     ConnectionClosed, Deframer, EndHook, NackError, Notification, PublishBufferFull,
-                                    QuenchHandlers, QuenchState, Reconnect, AutoQuenchBase,
+                                    QuenchHandlers, QuenchState, Reconnect, RequestTimeout,
+                                    AutoQuenchBase,
                                     SessionArg, changed_keys, proxy_options)
 from elvin.core.options import OPTIONS
 from elvin.keys import Keys, consumer_keys, dual_keys, producer_keys
@@ -49,7 +52,7 @@ __all__ = ["connect", "unotify", "Connection", "Subscription", "Quench", "Reconn
            "AutoQuench",
            "NackError",
            "ConnectionClosed", "ConnectFailed", "PublishBufferFull", "CloseUnconfirmed",
-           "Notification", "DEFAULT_URI", "DEFAULT_CONNECT_TIMEOUT",
+           "RequestTimeout", "Notification", "DEFAULT_URI", "DEFAULT_CONNECT_TIMEOUT",
            "Keys", "producer_keys", "consumer_keys", "dual_keys", "ASK_LIMITS"]
 
 DEFAULT_URI = "elvin://localhost:2917"
@@ -556,8 +559,10 @@ class Connection(LifecycleView, ClientState):
                     late: Optional[Callable[[Any], Any]] = None,
                     at_reply: Optional[Callable[[Any], Any]] = None,
                     apply_late: bool = False) -> Any:
-        """Send a request and wait for its reply. If the caller is
-        cancelled first, ``late(reply)`` takes the reply when it comes.
+        """Send a request and wait for its reply (RequestTimeout when none
+        comes within the connection's ``timeout``). If the caller is
+        cancelled first, or the request timed out, ``late(reply)`` takes
+        the reply when it comes.
         ``at_reply(reply)``, when given, runs as the reply is read, before
         any packet read after it, and its result is what the caller gets:
         a subscription or quench must be known before the NotifyDeliver or
@@ -578,7 +583,8 @@ class Connection(LifecycleView, ClientState):
                     return
             _settle(future, reply)
 
-        xid = self.request(make_packet, replied, lambda error: _settle(future, error=error))
+        xid = self.request(make_packet, replied, lambda error: _settle(future, error=error),
+                           at_reply if apply_late else late)
         try:
             return await future
         except asyncio.CancelledError:

@@ -37,7 +37,7 @@ from elvin.clientcore.lifecycle import (DEFAULT_PENDING_SIZE, DEFAULT_RECEIVE_QU
 from elvin.clientcore.state import ASK_LIMITS
 from elvin.clientcore.state import (CloseUnconfirmed, ConnectFailed, ConnectionClosed,
                                     NackError, Notification,
-                                    PublishBufferFull, Reconnect, SessionArg,
+                                    PublishBufferFull, Reconnect, RequestTimeout, SessionArg,
                                     refuse_coroutine)
 from elvin.keys import Keys, consumer_keys, dual_keys, producer_keys
 from elvin.uri import ElvinURI
@@ -45,7 +45,7 @@ from elvin.uri import ElvinURI
 __all__ = ["connect", "notify", "subscribe", "unotify", "Connection", "Subscription",
            "Quench", "AutoQuench", "Reconnect",
            "NackError", "ConnectionClosed", "ConnectFailed", "PublishBufferFull",
-           "CloseUnconfirmed", "Notification", "Keys", "producer_keys", "consumer_keys", "dual_keys", "ASK_LIMITS"]
+           "CloseUnconfirmed", "RequestTimeout", "Notification", "Keys", "producer_keys", "consumer_keys", "dual_keys", "ASK_LIMITS"]
 
 _END = object()
 T = TypeVar("T")
@@ -431,6 +431,18 @@ class Connection:
     def liveness(self, seconds: Optional[float]) -> None:
         liveness_seconds(seconds)             # a bad value raises here, on this thread
         _run(_call(setattr, self._inner, "liveness", seconds))
+
+    @property
+    def timeout(self) -> Optional[float]:
+        """Seconds each request waits for the router's reply (then it
+        raises RequestTimeout; the connection stays open); see
+        ``elvin.aio.Connection.timeout``."""
+        return self._inner.timeout
+
+    @timeout.setter
+    def timeout(self, seconds: Optional[float]) -> None:
+        liveness_seconds(seconds, "timeout")  # a bad value raises here, on this thread
+        _run(_call(setattr, self._inner, "timeout", seconds))
 
     @property
     def reconnects(self) -> int:

@@ -37,7 +37,8 @@ from elvin.clientcore.state import (ClientState, CloseUnconfirmed, ConnectFailed
                                     ConnectionClosed, Deframer, EndHook,
                                     NackError,
                                     Notification, PublishBufferFull, QuenchHandlers,
-                                    QuenchState, Reconnect, AutoQuenchBase, JoinedSession,
+                                    QuenchState, Reconnect, RequestTimeout, AutoQuenchBase,
+                                    JoinedSession,
                                     SessionArg, SessionSubscription, changed_keys, proxy_options,
                                     refuse_coroutine, coroutine_result_refused)
 from elvin.core.options import OPTIONS
@@ -50,8 +51,8 @@ from elvin.values import normalise
 
 __all__ = ["connect", "connect_discovered", "unotify", "Connection", "ClientSubscription", "ConnectFailed",
            "DEFAULT_CONNECT_TIMEOUT", "ClientQuench", "QuenchState", "AutoQuench", "NackError",
-           "ConnectionClosed", "PublishBufferFull", "CloseUnconfirmed", "Notification",
-           "Reconnect",
+           "ConnectionClosed", "PublishBufferFull", "CloseUnconfirmed", "RequestTimeout",
+           "Notification", "Reconnect",
            "SessionSubscription",
            "JoinedSession",
            "Keys", "producer_keys", "consumer_keys", "dual_keys", "ASK_LIMITS"]
@@ -481,9 +482,10 @@ class Connection(LifecycleView, ClientState):
     def call(self, make_packet: Callable[[int], Any],
              late: Optional[Callable[[Any], Any]] = None) -> "defer.Deferred[Any]":
         """Send ``make_packet(xid)`` (one of ClientState's packet builders);
-        the Deferred fires with the reply packet or fails with NackError or
-        ConnectionClosed. Cancelled, it stops waiting; ``late(reply)``
-        takes the reply if one still comes."""
+        the Deferred fires with the reply packet or fails with NackError,
+        ConnectionClosed or RequestTimeout (no reply within the
+        connection's ``timeout``). Cancelled or timed out, it stops
+        waiting; ``late(reply)`` takes the reply if one still comes."""
         xid = [0]
 
         def cancel(d):
@@ -491,7 +493,7 @@ class Connection(LifecycleView, ClientState):
                 self.abandon(xid[0], late)
         d: defer.Deferred[Any] = defer.Deferred(cancel)
         try:
-            xid[0] = self.request(make_packet, d.callback, d.errback)
+            xid[0] = self.request(make_packet, d.callback, d.errback, late)
         except ConnectionClosed as e:
             return defer.fail(e)
         return d

@@ -6,6 +6,7 @@ from elvin.clientcore.state import (  # noqa: F401
     DISCONN_REASONS, PROXY_EVENT, AutoQuenchBase, ClientState, ConnectFailed,
     ConnectionClosed, Deframer, JoinedSession, MakePacket, NackError, Notification,
     PublishBufferFull, QuenchCallback, QuenchHandlers, QuenchState, Reconnect, ReplayStep,
+    RequestTimeout, describe_request,
     SessionArg, SessionSubscription, coroutine_result_refused, describe_disconn,
     proxy_options, refuse_coroutine)
 from elvin.clientcore.state import __all__  # noqa: F401

@@ -13,7 +13,7 @@ they arise:
                    ``dial_failed(cause)``
 ``StartTimer(d)``  (re)start the connection's one timer; ``timer_fired()``
                    (handshake and close timeouts, reconnection back-off, and
-                   while UP the liveness check)
+                   while UP the liveness check and the requests' timeouts)
 ``CancelTimer()``  stop it
 ``CloseChannel``   close the current channel (``abort``: at once, and forget
                    it: no more events from it; else politely, then
@@ -56,7 +56,8 @@ import math
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from elvin.clientcore.state import (ClientState, CloseUnconfirmed, ConnectionClosed, NackError,
-                                    PublishBufferFull, Reconnect, Targeted, describe_disconn)
+                                    PublishBufferFull, Reconnect, RequestTimeout, Targeted,
+                                    describe_disconn, describe_request)
 from elvin.protocols import packets
 from elvin.uri import ElvinURI
 
@@ -93,17 +94,17 @@ REDIRECT_POLICY = Reconnect(attempts=5)
 TLS_FIRST_PACKET_DELAY = 0.02
 
 
-def liveness_seconds(seconds: Any) -> Optional[float]:
-    """``seconds`` as a liveness interval: None for no check (None, 0 or
-    infinity); TypeError for what is not a number, ValueError for a
-    negative number or NaN."""
+def liveness_seconds(seconds: Any, name: str = "liveness") -> Optional[float]:
+    """``seconds`` as a liveness interval (or another setting ``name``):
+    None for no check (None, 0 or infinity); TypeError for what is not a
+    number, ValueError for a negative number or NaN."""
     if seconds is None:
         return None
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        raise TypeError(f"liveness must be a number of seconds (0 or None: off), "
+        raise TypeError(f"{name} must be a number of seconds (0 or None: off), "
                         f"not {seconds!r}")
     if math.isnan(seconds) or seconds < 0:
-        raise ValueError(f"liveness must be 0 (off) or more seconds, not {seconds!r}")
+        raise ValueError(f"{name} must be 0 (off) or more seconds, not {seconds!r}")
     if seconds == 0 or math.isinf(seconds):
         return None
     return float(seconds)
@@ -227,6 +228,17 @@ class Lifecycle:
         self._liveness = liveness_seconds(liveness)
         self._heard = False
         self._probing = False
+        #: While UP, the timer serves the liveness check (its next tick at
+        #: ``_liveness_at``) and the requests' timeouts (``_deadlines``:
+        #: xid -> (when, the request, its seconds)); ``_armed``: when it is
+        #: set to fire. Each request the program sends while UP waits at
+        #: most ``timeout`` seconds for its reply (``request_timeouts``:
+        #: the proxy's upstream waits for ever, as its requests stall its
+        #: clients' until upstream answers or is lost).
+        self.request_timeouts = True
+        self._liveness_at: Optional[float] = None
+        self._deadlines: Dict[int, Tuple[float, Any, float]] = {}
+        self._armed: Optional[float] = None
         self.phase = Phase.IDLE
         #: a session was up once (failures since are reconnection's)
         self.established = False
@@ -303,6 +315,8 @@ class Lifecycle:
                         self._ping_marks.append((written[0], written[1]))
                     return
                 self._marks[xid] = (written[0], written[1])
+                if self.timeout and self.request_timeouts:
+                    self._bound(xid, packet)
                 inflight = self._inflight
                 if len(inflight) > 64:    # forget those answered
                     pending = self.session._pending
@@ -392,6 +406,7 @@ class Lifecycle:
         self._confirmed = (self._written[0], self._written[1])
         self._marks.clear()
         self._ping_marks.clear()
+        self.session.channel_changed()
         self.phase = Phase.HANDSHAKING
         if self.timeout:
             self.execute(StartTimer(self.timeout))
@@ -412,11 +427,13 @@ class Lifecycle:
         if kind is packets.ConfConn:
             if self._ping_marks:
                 self._confirm(self._ping_marks.pop(0))
-        elif self._marks and kind is not packets.NotifyDeliver:
+        elif kind is not packets.NotifyDeliver and (self._marks or self._deadlines):
             xid = getattr(packet, "xid", None)
-            mark = self._marks.pop(xid, None) if xid is not None else None
-            if mark is not None:
-                self._confirm(mark)
+            if xid is not None:
+                self._deadlines.pop(xid, None)
+                mark = self._marks.pop(xid, None)
+                if mark is not None:
+                    self._confirm(mark)
         self.session.packet_received(packet)
 
     def channel_lost(self, detail: str = "", unsent: Sequence[Any] = ()) -> None:
@@ -428,10 +445,12 @@ class Lifecycle:
         self._channel = False
         self.session.send = None
         self.session.acks.stop()
+        self._deadlines.clear()
         phase = self.phase
         error = self._loss(detail)
-        if phase is Phase.UP and self._liveness:
-            self.execute(CancelTimer())   # the liveness check's
+        if phase is Phase.UP and self._armed is not None:
+            self._armed = None
+            self.execute(CancelTimer())   # the liveness check's, the requests' timeouts
         if unsent and phase is Phase.UP:
             self._requeue(unsent)
         if phase is Phase.UP and self._disconn is not None and self._disconn[0] == 2 \
@@ -519,8 +538,65 @@ class Lifecycle:
             self._drop_channel()
             self._end(self._close_outcome(f"no DisconnRply from {self.uri} within "
                                           f"{CLOSE_TIMEOUT:g} s"))
-        elif phase is Phase.UP and self._liveness:
-            self._check_liveness()
+        elif phase is Phase.UP:
+            self._up_timer()
+
+    # -- the requests' timeouts ---------------------------------------------------
+
+    def _bound(self, xid: int, packet: Any) -> None:
+        """Request ``xid`` went out while UP: it waits ``timeout`` seconds."""
+        seconds = self.timeout or 0.0
+        deadline = self.clock() + seconds
+        self._deadlines[xid] = (deadline, packet, seconds)
+        if self._armed is None or deadline < self._armed:
+            self._arm(deadline)
+
+    def _arm(self, at: float) -> None:
+        self._armed = at
+        self.execute(StartTimer(max(0.0, at - self.clock())))
+
+    def _rearm(self, cancel: bool = False) -> None:
+        """Set the UP timer for the next liveness tick or request deadline
+        (``cancel``: stop it if there is none)."""
+        times = [deadline for deadline, _, _ in self._deadlines.values()]
+        if self._liveness_at is not None:
+            times.append(self._liveness_at)
+        if times:
+            self._arm(min(times))
+        elif cancel:
+            self._armed = None
+            self.execute(CancelTimer())
+
+    def _up_timer(self) -> None:
+        """The UP timer fired: fail the requests whose time is up, tick the
+        liveness check if due, and set the timer for what comes next."""
+        at, self._armed = self._armed, None
+        now = self.clock()
+        due = now if at is None else max(now, at)   # a loop may fire a little early
+        if self._deadlines:
+            self._expire(due)
+        if self.phase is Phase.UP and self._liveness_at is not None \
+                and self._liveness_at <= due:
+            self._check_liveness(now)
+        if self.phase is Phase.UP:
+            self._rearm()
+
+    def _expire(self, due: float) -> None:
+        """Fail the requests not answered by ``due`` with RequestTimeout;
+        the connection stays up (a dead router is the liveness check's)."""
+        expired = [(xid, packet, seconds)
+                   for xid, (deadline, packet, seconds) in self._deadlines.items()
+                   if deadline <= due]
+        for xid, _, _ in expired:
+            del self._deadlines[xid]
+            self._marks.pop(xid, None)    # a late reply confirms nothing it was counted for
+        for xid, packet, seconds in expired:
+            error = RequestTimeout(f"the router at {self.uri} did not answer "
+                                   f"{describe_request(packet)} within {seconds:g} s",
+                                   type(packet).__name__, seconds)
+            # Not if answered, failed (a closing errback) or abandoned meanwhile.
+            if self.session.time_out(xid, packet, error):
+                _log.warning("%s; the connection stays open", error)
 
     # -- the liveness check -------------------------------------------------------
 
@@ -535,14 +611,15 @@ class Lifecycle:
         self._liveness = liveness_seconds(seconds)
         if self.phase is Phase.UP:
             self._heard, self._probing = True, False
-            self.execute(StartTimer(self._liveness) if self._liveness else CancelTimer())
+            self._liveness_at = self.clock() + self._liveness if self._liveness else None
+            self._rearm(cancel=True)
 
     def liveness_wait(self) -> float:
         """Seconds the check waits for the router's answer: the
         connection's timeout, or the liveness interval without one."""
         return self.timeout or self._liveness or 0.0
 
-    def _check_liveness(self) -> None:
+    def _check_liveness(self, now: float) -> None:
         """The UP timer: a packet heard since the last tick (or reading
         paused by us, which silences the router) starts the interval over;
         silence sends TestConn; silence after it ends the channel as lost.
@@ -552,14 +629,15 @@ class Lifecycle:
         assert liveness is not None
         if self._heard or self._paused:
             self._heard = self._probing = False
-            self.execute(StartTimer(liveness))
+            self._liveness_at = now + liveness
             return
         if not self._probing:
             self._probing = True
             self._post(packets.TestConn(), -1)
-            self.execute(StartTimer(self.liveness_wait()))
+            self._liveness_at = now + self.liveness_wait()
             return
         self._probing = False
+        self._liveness_at = None
         detail = (f"no answer to TestConn within {self.liveness_wait():g} s after "
                   f"{liveness:g} s without a packet from the router")
         self.execute(CloseChannel(abort=True))  # forgotten: no channel_lost from it
@@ -576,6 +654,7 @@ class Lifecycle:
             # channel ends (up to CLOSE_TIMEOUT later).
             waiting = self.session._take_pending()
             self._inflight.clear()
+            self._deadlines.clear()
             self.session.stop_acks()      # what the program handled, before DisconnRqst
             self._close_confirmed = False
             self.phase = Phase.CLOSING
@@ -709,6 +788,8 @@ class Lifecycle:
                 packet = target(xid)      # the id the replay gave
             self._written[0] += 1
             self._written[1] += send(packet) or 0
+            if xid is not None and self.timeout and self.request_timeouts:
+                self._bound(xid, packet)
         for xid, target in gone:          # after the sends: what they do goes after them
             waiting = self.session._pending.pop(xid, None)
             if waiting is not None:
@@ -725,11 +806,16 @@ class Lifecycle:
         self.phase = Phase.UP
         self._announced = self.uri
         self._policy = None
+        self._deadlines.clear()
+        self._armed = None
         if self._liveness:
             self._heard, self._probing = True, False
-            self.execute(StartTimer(self._liveness))
-        elif self.timeout:
-            self.execute(CancelTimer())
+            self._liveness_at = self.clock() + self._liveness
+            self._arm(self._liveness_at)
+        else:
+            self._liveness_at = None
+            if self.timeout:
+                self.execute(CancelTimer())
 
     def _refused(self, error: Exception) -> None:
         if self.phase is not Phase.HANDSHAKING or not isinstance(error, NackError):
@@ -949,3 +1035,16 @@ class LifecycleView:
     @liveness.setter
     def liveness(self, seconds: Optional[float]) -> None:
         self.lifecycle.liveness = seconds
+
+    @property
+    def timeout(self) -> Optional[float]:
+        """Seconds each request waits for the router's reply (then it
+        fails with RequestTimeout; the connection stays open), the liveness
+        check for its answer, and a reconnection for ConnRply: ``connect``'s
+        ``timeout``. None: no bound. Settable at any time (for what is sent
+        from then on)."""
+        return self.lifecycle.timeout
+
+    @timeout.setter
+    def timeout(self, seconds: Optional[float]) -> None:
+        self.lifecycle.timeout = liveness_seconds(seconds, "timeout")

@@ -24,12 +24,12 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Opti
                     Sequence, Tuple, Union)
 
 from elvin.clientcore.acks import ACK, ACK_INTERVAL, ACK_WINDOW, DEFAULT_ACK_WINDOW, AckTracker
-from elvin.errors import NO_SUCH_QUENCH, NO_SUCH_SUB, ElvinError
+from elvin.errors import NO_SUCH_QUENCH, NO_SUCH_SUB, ElvinError, echoed
 from elvin.protocols import packets
 from elvin.values import Int64, normalise
 
 __all__ = ["ClientState", "NackError", "ConnectionClosed", "ConnectFailed", "CloseUnconfirmed",
-           "PublishBufferFull", "Targeted", "describe_disconn", "refuse_coroutine",
+           "PublishBufferFull", "RequestTimeout", "describe_request", "Targeted", "describe_disconn", "refuse_coroutine",
            "coroutine_result_refused", "EndHook",
            "Notification", "Deframer", "QuenchHandlers", "QuenchState", "Reconnect",
            "AutoQuenchBase", "SessionSubscription", "JoinedSession", "proxy_options"]
@@ -107,6 +107,36 @@ class PublishBufferFull(ConnectionClosed):
     """While reconnecting, what the program sends waits in a buffer of
     ``pending_size`` bytes; this is raised when it would overflow (the
     notification is not sent)."""
+
+
+class RequestTimeout(ElvinError, TimeoutError):
+    """The router did not answer a request within the connection's
+    ``timeout``: the request (``request``, its packet's name, e.g.
+    ``"SubAddRqst"``) gave up after ``seconds``. The connection stays open
+    (a router that stopped answering altogether is the liveness check's
+    to find). Also a ``TimeoutError``."""
+
+    def __init__(self, message: str, request: str = "", seconds: float = 0.0) -> None:
+        super().__init__(0, message)
+        self.request = request
+        self.seconds = seconds
+
+
+def describe_request(packet: Any) -> str:
+    """``packet`` (a request) for people: its name and what it asks, e.g.
+    ``SubAddRqst (subscribe 'x == 1')``."""
+    kind = type(packet).__name__
+    what = {
+        "SubAddRqst": lambda: f"subscribe {echoed(packet.expression)}",
+        "SubModRqst": lambda: f"modify subscription {packet.subscription_id}",
+        "SubDelRqst": lambda: f"remove subscription {packet.subscription_id}",
+        "QnchAddRqst": lambda: f"quench {echoed(', '.join(packet.names), quote=False)}",
+        "QnchModRqst": lambda: f"modify quench {packet.quench_id}",
+        "QnchDelRqst": lambda: f"remove quench {packet.quench_id}",
+        "SecRqst": lambda: "set_keys",
+        "QosRqst": lambda: f"set_options {echoed(', '.join(sorted(packet.options)), quote=False)}",
+    }.get(kind)
+    return f"{kind} ({what()})" if what is not None else kind
 
 
 #: What Disconn's reason codes (client protocol 7.4.4) mean, for messages.
@@ -591,6 +621,12 @@ class ClientState:
         self._liveness_waiters: List[Tuple[Callable[[bool], Any],
                                            Callable[[Exception], Any]]] = []
         self._xids = itertools.count(1)
+        #: What takes a request's reply if it comes after the program
+        #: stopped waiting (``request(on_late=)``), by xid.
+        self._late: Dict[int, Callable[[Any], Any]] = {}
+        #: Requests that timed out on this channel (``time_out``), by xid:
+        #: (the request, its on_late); their replies are no one's.
+        self._timed_out: Dict[int, Tuple[Any, Optional[Callable[[Any], Any]]]] = {}
         self.on_disconnect: Optional[Callable[[int, str], Any]] = None
         self.on_dropwarn: Optional[Callable[[], Any]] = None
         #: Called once per delivered notification, however many of this
@@ -636,18 +672,25 @@ class ClientState:
     # -- what the program asks ------------------------------------------------
 
     def request(self, make_packet: MakePacket, on_reply: Callable[[Any], Any],
-                on_error: Callable[[Exception], Any]) -> int:
+                on_error: Callable[[Exception], Any],
+                on_late: Optional[Callable[[Any], Any]] = None) -> int:
         """Send ``make_packet(xid)``; ``on_reply(packet)`` or
         ``on_error(exception)`` follows. Raises ConnectionClosed at once
         when the session is over (and PublishBufferFull when it is
-        reconnecting with a full buffer)."""
+        reconnecting with a full buffer). If the request times out
+        (``time_out``: on_error gets a RequestTimeout) and its reply comes
+        after all, ``on_late(reply)`` takes it (without one, a late SubRply
+        or QnchRply to an add is undone at the router: nobody holds it)."""
         xid = next(self._xids)
         self._pending[xid] = (on_reply, on_error)
+        if on_late is not None:
+            self._late[xid] = on_late
         try:
             self.post(make_packet(xid), xid,
                       make_packet if isinstance(make_packet, Targeted) else None)
         except BaseException:
             del self._pending[xid]
+            self._late.pop(xid, None)
             raise
         return xid
 
@@ -669,6 +712,56 @@ class ClientState:
             return False
         self._pending[xid] = (on_late_reply or _ignore, _ignore)
         return True
+
+    def time_out(self, xid: int, request: Any, error: Exception) -> bool:
+        """Request ``xid`` (the packet ``request``) was not answered in
+        time: fail it with ``error`` (a RequestTimeout) and take a reply
+        that still comes as a late one (``_late_reply``). False if nobody
+        waits for it any more (answered, failed, or abandoned by a
+        cancelled caller, whose late handler then stays)."""
+        waiting = self._pending.get(xid)
+        if waiting is None or waiting[1] is _ignore:
+            return False
+        del self._pending[xid]
+        timed_out = self._timed_out
+        if len(timed_out) >= _TIMED_OUT_KEPT:     # a router that never answers: bounded
+            del timed_out[next(iter(timed_out))]
+        timed_out[xid] = (request, self._late.pop(xid, None))
+        waiting[1](error)
+        return True
+
+    def channel_changed(self) -> None:
+        """A new channel: replies to what timed out on the old one never come."""
+        self._timed_out.clear()
+
+    def _late_reply(self, xid: int, packet: Any) -> None:
+        """``packet`` answers request ``xid``, which timed out: the late
+        handler takes it, else an add nobody holds is undone at the router;
+        a Nack is dropped. Logged."""
+        request, late = self._timed_out.pop(xid)
+        what = describe_request(request) if request is not None else f"request {xid}"
+        if type(packet) is packets.Nack:
+            _log.info("dropped the router's late Nack to %s (it had timed out): %s",
+                      what, NackError(packet.error, packet.message, packet.args))
+            return
+        try:
+            if late is not None:
+                _log.info("the router answered %s after it had timed out", what)
+                late(packet)
+            elif type(request) is packets.SubAddRqst and type(packet) is packets.SubRply:
+                _log.info("the router answered %s after it had timed out: removing "
+                          "subscription %d", what, packet.subscription_id)
+                self.request(self.sub_del_rqst(packet.subscription_id), _ignore, _ignore)
+            elif type(request) is packets.QnchAddRqst and type(packet) is packets.QnchRply:
+                _log.info("the router answered %s after it had timed out: removing "
+                          "quench %d", what, packet.quench_id)
+                self.request(self.qnch_del_rqst(packet.quench_id), _ignore, _ignore)
+            else:
+                _log.info("the router answered %s after it had timed out: ignored", what)
+        except ConnectionClosed:
+            pass                          # the session is gone, and what it held
+        except Exception:
+            self._callback_failed(f"the late answer to {what}")
 
     def ping(self, on_alive: Callable[[bool], Any], on_error: Callable[[Exception], Any]) -> None:
         """TestConn: ``on_alive(True)`` when the router shows it is alive.
@@ -1009,9 +1102,14 @@ class ClientState:
         if kind is packets.NotifyDeliver:
             self._deliver(packet)
         elif kind is packets.Nack:
-            waiting = self._pending.pop(packet.xid, None)
+            xid = packet.xid
+            waiting = self._pending.pop(xid, None)
             if waiting is not None:
+                if self._late:
+                    self._late.pop(xid, None)
                 waiting[1](NackError(packet.error, packet.message, packet.args))
+            elif xid in self._timed_out:
+                self._late_reply(xid, packet)
         elif kind is packets.Disconn:
             pass  # the lifecycle's (Lifecycle.packet): it ends or moves the session
         elif kind is packets.SubAddNotify or kind is packets.SubModNotify:
@@ -1035,9 +1133,15 @@ class ClientState:
             pass  # answered ping above, like any other packet
         else:
             xid = getattr(packet, "xid", None)
-            answered = self._pending.pop(xid, None) if xid is not None else None
+            if xid is None:
+                return
+            answered = self._pending.pop(xid, None)
             if answered is not None:
+                if self._late:
+                    self._late.pop(xid, None)
                 answered[0](packet)
+            elif xid in self._timed_out:
+                self._late_reply(xid, packet)
 
     # -- internals ------------------------------------------------------------
 
@@ -1133,9 +1237,15 @@ class ClientState:
         for xid in keep:
             if xid in pending:
                 self._pending[xid] = pending.pop(xid)
+        if self._late:
+            self._late = {xid: late for xid, late in self._late.items() if xid in self._pending}
         waiters, self._liveness_waiters = self._liveness_waiters, []
         return [on_error for _, on_error in list(pending.values()) + waiters]
 
 
 def _ignore(_: Any) -> None:
     pass
+
+
+#: Timed-out requests remembered per channel for their late replies.
+_TIMED_OUT_KEPT = 1024

@@ -430,3 +430,107 @@ class HTTPTunnelGivesBack(unittest.TestCase):
         conn.notify({"n": 1})
         transport.abortConnection()
         self.assertEqual(transport.unsent(), b"")
+
+
+class DeafToRequests(FakeRouter):
+    """A router that answers TestConn (``later(f)``: soon after) and never
+    a request, as Avis does not answer a subscription whose literal
+    overflows: only a request timeout ends the wait."""
+
+    def __init__(self, connection, later):
+        super().__init__(connection)
+        self.later = later
+
+    def send(self, packet):
+        super().send(packet)
+        if isinstance(packet, packets.TestConn):
+            self.later(lambda: self.answer(packets.ConfConn()))
+
+
+OVERFLOWING = "x == 2147483648"
+UNANSWERED = "did not answer SubAddRqst (subscribe 'x == 2147483648') within"
+
+
+class UnansweredRequests(unittest.TestCase):
+    """Every flavour fails a request the router does not answer within the
+    connection's ``timeout`` with RequestTimeout, and keeps the connection
+    (the liveness check is answered all along); the subscription the
+    router makes after all is removed there."""
+
+    def test_twisted(self):
+        reactor = MemoryReactorClock()
+        conn = tx.Connection(URI, reactor, timeout=10)
+        conn.liveness = 2
+        router = DeafToRequests(conn, lambda f: reactor.callLater(0.1, f))
+        router.open()
+        d = conn.subscribe(OVERFLOWING, print)
+        reactor.pump([0.5] * 19)
+        self.assertNoResult(d)
+        with self.assertLogs("elvin.client", "WARNING") as logged:
+            reactor.advance(0.5)
+        failure = self.failureResultOf(d, tx.RequestTimeout)
+        self.assertIn(UNANSWERED + " 10 s", str(failure.value))
+        self.assertIn(UNANSWERED, logged.output[0])
+        self.assertFalse(conn.is_closed)
+        self.assertTrue(any(isinstance(p, packets.TestConn) for p in router.sent))
+        late = router.last(packets.SubAddRqst).xid
+        d = conn.subscribe("require(y)", print)
+        router.answer(packets.SubRply(router.last(packets.SubAddRqst).xid, 8))
+        self.assertEqual(self.successResultOf(d).id, 8)
+        router.answer(packets.SubRply(late, 9))      # late: removed at the router
+        self.assertEqual(router.last(packets.SubDelRqst).subscription_id, 9)
+        self.assertEqual(list(conn.subscriptions), [8])
+        conn.timeout = 2
+        d = conn.set_keys()
+        reactor.advance(2)
+        self.failureResultOf(d, tx.RequestTimeout)
+        self.assertEqual(conn.timeout, 2)
+        with self.assertRaises(ValueError):
+            conn.timeout = -1
+
+    def test_asyncio(self):
+        import asyncio
+        from elvin import aio
+        loop = asyncio.new_event_loop()
+        self.addCleanup(loop.close)
+        conn = aio.Connection(URI, loop, timeout=0.05)
+        conn.liveness = 0.01
+        router = DeafToRequests(conn, loop.call_soon)
+        router.open()
+        with self.assertLogs("elvin.client", "WARNING"):
+            with self.assertRaises(aio.RequestTimeout) as raised:
+                loop.run_until_complete(asyncio.wait_for(_awaited(conn.subscribe(OVERFLOWING)), 5))
+        self.assertIn(UNANSWERED + " 0.05 s", str(raised.exception))
+        self.assertFalse(conn.is_closed)
+        self.assertTrue(any(isinstance(p, packets.TestConn) for p in router.sent))
+        router.answer(packets.SubRply(router.last(packets.SubAddRqst).xid, 9))
+        self.assertEqual(router.last(packets.SubDelRqst).subscription_id, 9)
+        self.assertEqual(conn.subscriptions, {})
+        _closed_politely(router)
+
+    def test_blocking(self):
+        from elvin import aio, sync
+        from elvin.test.test_client_edges import blocking
+        conn, router, on_loop = blocking(timeout=0.05)
+        inner = conn._inner
+        deaf = on_loop(lambda: DeafToRequests(inner, sync._private_loop().call_soon))
+        inner.lifecycle.session.send = deaf.send
+        conn.liveness = 0.01
+        with self.assertLogs("elvin.client", "WARNING"):
+            with self.assertRaises(sync.RequestTimeout) as raised:
+                conn.subscribe(OVERFLOWING)
+        self.assertIn(UNANSWERED + " 0.05 s", str(raised.exception))
+        self.assertFalse(conn.is_closed)
+        self.assertEqual(conn.timeout, 0.05)
+        conn.timeout = 0.1
+        self.assertEqual(inner.lifecycle.timeout, 0.1)
+        with self.assertRaises(TypeError):
+            conn.timeout = "5"
+        self.assertIs(sync.RequestTimeout, aio.RequestTimeout)
+        on_loop(_closed_politely, deaf)
+
+
+def _closed_politely(router):
+    router.connection.lifecycle.close()
+    router.answer(packets.DisconnRply(router.last(packets.DisconnRqst).xid))
+    router.lost("")

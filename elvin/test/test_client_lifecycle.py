@@ -12,7 +12,7 @@ from elvin.clientcore.lifecycle import (CancelTimer, CloseChannel, ConnectFailed
                                         Connected, Dial, Ended, HandshakeTimeout, Lifecycle,
                                         PauseReading, Phase, ResumeReading, StartTimer)
 from elvin.clientcore.state import (ClientState, CloseUnconfirmed, ConnectionClosed, NackError,
-                                    PublishBufferFull, Reconnect)
+                                    PublishBufferFull, Reconnect, RequestTimeout)
 from elvin.protocols import packets
 from elvin.test.places import REPO
 from elvin.uri import ElvinURI
@@ -421,7 +421,7 @@ class LifecycleTests(unittest.SynchronousTestCase):
         h.machine.channel_lost()
         self.assertIs(h.machine.phase, Phase.CLOSED)
         effects = h.take()
-        self.assertEqual(effects[0], Dial(B))
+        self.assertEqual(effects[:2], [CancelTimer(), Dial(B)])  # the request's timeout
         self.assertIn(CloseChannel(abort=True), effects)
         self.assertEqual(effects[-1], Ended(None))
         self.assertEqual(h.sent, [])
@@ -728,6 +728,214 @@ class LivenessTests(unittest.SynchronousTestCase):
         h.up()
         h.machine.channel_lost("reset")
         self.assertEqual(h.take()[0], CancelTimer())
+
+
+class RequestTimeoutTests(unittest.SynchronousTestCase):
+    """Each request the program sends waits at most ``timeout`` seconds for
+    its reply: then it fails with RequestTimeout and the connection stays
+    up (a router that answers TestConn but not a request, as Avis does not
+    answer a subscription it cannot parse)."""
+
+    def subscribe(self, h, expression="x == 2147483648", late=None):
+        outcome = []
+        xid = h.session.request(h.session.sub_add_rqst(expression, True, None),
+                                outcome.append, outcome.append, late)
+        return xid, outcome
+
+    def test_unanswered_fails_the_request_not_the_connection(self):
+        h = Harness()
+        h.up()
+        xid, outcome = self.subscribe(h)
+        self.assertEqual(h.take(), [StartTimer(10.0)])
+        h.now = 9.0
+        other, answered = self.subscribe(h, "require(y)")
+        self.assertEqual(h.take(), [])            # the timer is set for the first already
+        h.now = 10.0
+        with self.assertLogs("elvin.client", "WARNING") as logged:
+            h.machine.timer_fired()
+        (error,) = outcome
+        self.assertIsInstance(error, RequestTimeout)
+        self.assertIsInstance(error, TimeoutError)
+        self.assertEqual(str(error), "the router at elvin:4.0/tcp,none,xdr/a.test:2917 did not "
+                         "answer SubAddRqst (subscribe 'x == 2147483648') within 10 s")
+        self.assertEqual((error.request, error.seconds), ("SubAddRqst", 10.0))
+        self.assertEqual(len(logged.output), 1)
+        self.assertIn("the connection stays open", logged.output[0])
+        self.assertEqual(h.take(), [StartTimer(9.0)])  # for the second, sent at 9 s
+        self.assertIs(h.machine.phase, Phase.UP)
+        self.assertEqual(answered, [])
+        # Its reply comes late: no one's, not the other request's; what it
+        # made at the router is removed there.
+        with self.assertLogs("elvin.client", "INFO") as logged:
+            h.machine.packet(packets.SubRply(xid, 5))
+        self.assertEqual(answered, [])
+        (undo,) = h.sent[-1:]
+        self.assertEqual((type(undo), undo.subscription_id), (packets.SubDelRqst, 5))
+        self.assertIn("after it had timed out: removing subscription 5", logged.output[0])
+        h.machine.packet(packets.SubRply(undo.xid, 5))
+        h.machine.packet(packets.SubRply(other, 6))
+        self.assertEqual([r.subscription_id for r in answered], [6])
+        h.now = 19.0
+        h.machine.timer_fired()                   # answered in time: nothing fails
+        self.assertEqual(h.take(), [])
+        self.assertEqual(h.session._pending, {})
+
+    def test_a_late_nack_is_dropped_and_logged(self):
+        h = Harness()
+        h.up()
+        xid, outcome = self.subscribe(h)
+        h.now = 10.0
+        with self.assertLogs("elvin.client", "WARNING"):
+            h.machine.timer_fired()
+        h.sent.clear()
+        with self.assertLogs("elvin.client", "INFO") as logged:
+            h.machine.packet(packets.Nack(xid, 2101, "parse error", ()))
+        self.assertEqual(len(outcome), 1)
+        self.assertEqual(h.sent, [])
+        self.assertIn("dropped the router's late Nack to SubAddRqst", logged.output[0])
+        h.machine.packet(packets.Nack(xid, 2101, "again", ()))   # unknown now: ignored
+        h.machine.packet(packets.SubRply(xid, 3))
+        self.assertEqual(h.sent, [])
+
+    def test_a_late_reply_goes_to_the_late_handler(self):
+        h = Harness()
+        h.up()
+        late = []
+        xid, outcome = self.subscribe(h, late=late.append)
+        h.now = 10.0
+        with self.assertLogs("elvin.client", "WARNING"):
+            h.machine.timer_fired()
+        h.sent.clear()
+        h.machine.packet(packets.SubRply(xid, 5))
+        self.assertEqual([r.subscription_id for r in late], [5])
+        self.assertEqual(h.sent, [])              # the handler decides (the flavours undo)
+
+    def test_a_late_quench_is_removed(self):
+        h = Harness()
+        h.up()
+        xid = h.session.request(h.session.qnch_add_rqst(["x"], True, None),
+                                self.fail, lambda error: None)
+        h.now = 10.0
+        with self.assertLogs("elvin.client", "WARNING"):
+            h.machine.timer_fired()
+        h.machine.packet(packets.QnchRply(xid, 4))
+        self.assertEqual((type(h.sent[-1]), h.sent[-1].quench_id), (packets.QnchDelRqst, 4))
+
+    def test_shares_the_timer_with_the_liveness_check(self):
+        h = Harness(liveness=60.0)
+        h.up()
+        self.subscribe(h)
+        self.assertEqual(h.take(), [StartTimer(10.0)])
+        h.now = 10.0
+        with self.assertLogs("elvin.client", "WARNING"):
+            h.machine.timer_fired()
+        self.assertEqual(h.take(), [StartTimer(50.0)])  # the liveness tick, as before
+        h.now = 60.0
+        h.machine.timer_fired()
+        self.assertEqual(h.take(), [StartTimer(60.0)])  # a packet was heard: no TestConn
+        self.assertEqual(h.sent_kinds(), ["SubAddRqst"])
+
+    def test_a_cancelled_request_keeps_its_late_handler(self):
+        h = Harness()
+        h.up()
+        late = []
+        xid, outcome = self.subscribe(h)
+        h.session.abandon(xid, late.append)
+        h.now = 10.0
+        h.machine.timer_fired()
+        h.machine.packet(packets.SubRply(xid, 5))
+        self.assertEqual((outcome, [r.subscription_id for r in late]), ([], [5]))
+
+    def test_off(self):
+        for kw in ({"timeout": None}, {"timeout": 0}):
+            h = Harness(**kw)
+            h.up()
+            self.subscribe(h)
+            self.assertEqual(h.take(), [])
+        h = Harness()
+        h.machine.request_timeouts = False        # the proxy's upstream
+        h.up()
+        self.subscribe(h)
+        self.assertEqual(h.take(), [])
+
+    def test_a_buffered_request_waits_from_when_it_is_sent(self):
+        h = Harness(reconnect=Reconnect(initial=0.1, jitter=0))
+        h.up()
+        h.machine.channel_lost()
+        xid, outcome = self.subscribe(h)
+        h.machine.timer_fired()
+        h.now = 30.0
+        rqst = h.open()
+        h.take()
+        h.machine.packet(packets.ConnRply(rqst.xid, {}))
+        self.assertEqual(h.take(), [CancelTimer(), StartTimer(10.0)])
+        h.now = 40.0
+        with self.assertLogs("elvin.client", "WARNING"):
+            h.machine.timer_fired()
+        self.assertIsInstance(outcome[0], RequestTimeout)
+
+    def test_lost_as_before(self):
+        """A request in flight when the channel goes fails with the loss,
+        and its timer stops."""
+        h = Harness(reconnect=Reconnect(initial=0.1, jitter=0))
+        h.up()
+        xid, outcome = self.subscribe(h)
+        h.take()
+        h.machine.channel_lost("reset")
+        self.assertEqual(h.take(), [CancelTimer(), StartTimer(0.1)])
+        self.assertIsInstance(outcome[0], ConnectionClosed)
+        # Timed out on a channel since lost: its reply cannot come on the next.
+        h.machine.timer_fired()
+        h.now = 10.0
+        rqst = h.open()
+        h.machine.packet(packets.ConnRply(rqst.xid, {}))
+        h.sent.clear()
+        h.machine.packet(packets.SubRply(xid, 5))
+        self.assertEqual((len(outcome), h.sent), (1, []))
+
+    def test_timed_out_on_an_old_channel(self):
+        h = Harness(reconnect=Reconnect(initial=0.1, jitter=0))
+        h.up()
+        xid, outcome = self.subscribe(h)
+        h.now = 10.0
+        with self.assertLogs("elvin.client", "WARNING"):
+            h.machine.timer_fired()
+        h.machine.channel_lost("reset")
+        h.machine.timer_fired()
+        rqst = h.open()
+        h.machine.packet(packets.ConnRply(rqst.xid, {}))
+        h.sent.clear()
+        h.machine.packet(packets.SubRply(xid, 5))  # not this channel's: nothing undone
+        self.assertEqual(h.sent, [])
+
+    def test_close_from_the_errback(self):
+        h = Harness()
+        h.up()
+        errors = []
+        for _ in range(2):
+            h.session.request(h.session.sub_add_rqst("x == 1", True, None), self.fail,
+                              lambda error: (errors.append(error), h.machine.close()))
+        h.now = 10.0
+        with self.assertLogs("elvin.client", "WARNING"):
+            h.machine.timer_fired()
+        self.assertEqual([type(e) for e in errors], [RequestTimeout, ConnectionClosed])
+        self.assertIs(h.machine.phase, Phase.CLOSING)
+        self.assertEqual(h.take()[-1], StartTimer(5.0))
+
+    def test_described(self):
+        from elvin.clientcore.state import describe_request
+        s = ClientState()
+        for make, text in (
+                (s.sub_mod_rqst(3, "x == 1", True, None, None), "SubModRqst (modify subscription 3)"),
+                (s.sub_del_rqst(3), "SubDelRqst (remove subscription 3)"),
+                (s.qnch_add_rqst(["a", "b"], True, None), "QnchAddRqst (quench a, b)"),
+                (s.qnch_mod_rqst(4, ["c"], [], True, None, None), "QnchModRqst (modify quench 4)"),
+                (s.qnch_del_rqst(4), "QnchDelRqst (remove quench 4)"),
+                (s.sec_rqst(None, None, None, None), "SecRqst (set_keys)"),
+                (s.qos_rqst({"b": 1, "a": 2}), "QosRqst (set_options a, b)"),
+                (s.sub_add_rqst("x" * 100, True, None),
+                 f"SubAddRqst (subscribe {'x' * 80!r}... (100 bytes))")):
+            self.assertEqual(describe_request(make(1)), text)
 
 
 class NoTwistedTests(unittest.SynchronousTestCase):
