@@ -10,7 +10,7 @@ from twisted.internet import defer, task
 from twisted.python import failure, usage
 
 from elvin import __version__
-from elvin.client import DEFAULT_CONNECT_TIMEOUT
+from elvin.client import DEFAULT_CONNECT_TIMEOUT, RequestTimeout
 from elvin.tools.output import (StdoutClosed, StdoutError, StdoutFailed,  # noqa: F401
                                 print_and_exit, write)
 from elvin.errors import echoed
@@ -226,7 +226,11 @@ async def answered(reactor, options, d, what):
         return failure.Failure(RouterSilent(
             f"the router at {uri} did not answer within {after:g} s ({what})"))
     d.addTimeout(timeout, reactor, onTimeoutCancel=silent)
-    return await d
+    try:
+        return await d
+    except RequestTimeout as e:   # the connection's own bound, the same --timeout
+        raise RouterSilent(f"the router at {uri} did not answer within {e.seconds:g} s "
+                           f"({what})") from None
 
 
 def abort(conn):
