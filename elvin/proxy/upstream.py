@@ -185,6 +185,9 @@ class Upstream(service.Service):
                 connection.close().addErrback(lambda f: None)   # nothing was sent
                 return
             self.connection = connection
+            # A request to upstream waits for its answer (or the connection's
+            # loss): the relay has no answer for its client without it.
+            connection.lifecycle.request_timeouts = False
             connection.on_notification = self._notification
             connection.on_connection_lost = lambda error: self._down(f"lost ({error})")
             connection.on_redirect = lambda uri: self._down(f"redirected to {uri}")
