@@ -171,6 +171,20 @@ class UpstreamReturnTests(unittest.TestCase):
         self.net.restart()
         return self.run_until_up()
 
+    def test_requests_wait_for_upstream(self):
+        # A relayed request waits for upstream's answer or its loss: the
+        # client libraries' reply timeout is off on the upstream connection.
+        upstream = self.upstream()
+        self.assertTrue(upstream.is_up)
+        lifecycle = upstream.connection.lifecycle
+        self.assertFalse(lifecycle.request_timeouts)
+        lifecycle.timeout = 1.0
+        d = upstream.subscribe("require(x)", True, None)
+        self.clock.advance(5)                 # the bytes not moved: no answer yet
+        self.assertNoResult(d)
+        self.net.flush()
+        self.assertIsInstance(self.successResultOf(d), int)
+
     def test_back_off_alone_takes_longer(self):
         # The back-off's 1 s cap alone: 2.9 s of outage leaves the next try
         # 0.65 s after the restart (tries at 0.1, 0.3, 0.7, 1.5, 2.5, 3.5 s).
