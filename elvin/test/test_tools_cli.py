@@ -288,11 +288,10 @@ class InterruptTests(CLITestCase):
 class UsageTests(CLITestCase):
     """Items 8, 9 and 12: usage errors, messages, help and versions."""
 
-    @defer.inlineCallbacks
     def test_count_must_be_positive(self):
         for count in ("0", "-1"):
-            out, err, code = yield self.tool("subscribe", "-e", self.uri, "-n", count,
-                                             "require(a)")
+            err, code = self.usage_error("subscribe", "-e", self.uri, "-n", count,
+                                         "require(a)")
             self.assertEqual(code, 2)
             self.assertIn(f"--count must be at least 1, not {count}".encode(), err)
 
@@ -332,10 +331,8 @@ class UsageTests(CLITestCase):
         self.assertEqual((code, out.decode().strip()),
                          (0, f"elvin-quench (elvin) {elvin.__version__}"))
 
-    @defer.inlineCallbacks
     def test_udp_uri_without_u(self):
-        out, err, code = yield self.tool("notify", "-e", "elvin:/udp,none,xdr/127.0.0.1:9",
-                                         "a: 1")
+        err, code = self.usage_error("notify", "-e", "elvin:/udp,none,xdr/127.0.0.1:9", "a: 1")
         self.assertEqual(code, 2)
         self.assertIn(b"add -u (--unreliable)", err)
         self.assertNotIn(b"elvin.client", err)
