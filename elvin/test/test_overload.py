@@ -230,8 +230,9 @@ class LiveFixture(RouterFixture):
         conn.protocol.transport.pauseProducing()
 
     def short_linger(self):
-        """A client closed for not reading is closed at once after 0.2 s,
-        not CLOSE_LINGER: these clients read nothing until told to."""
+        """The router resets a client it closed for not reading after
+        0.2 s instead of CLOSE_LINGER: these clients read nothing until the
+        test resumes them, so the linger would only make the test wait."""
         self.patch(server_module, "CLOSE_LINGER", 0.2)
 
     def server_side(self, conn):
