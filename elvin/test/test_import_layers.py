@@ -14,6 +14,7 @@ test too, so the list stays true).
 """
 
 import ast
+import functools
 import os
 import subprocess
 import sys
@@ -55,26 +56,42 @@ def _target(node, module):
 
 
 def import_graph():
-    """({module: {imported}} at module level, [(module, imported)] local)."""
+    """({module: {imported}} at module level, [(module, imported)] local):
+    read once per process, a fresh copy each call."""
+    top, local = _read_import_graph()
+    return {m: set(targets) for m, targets in top.items()}, list(local)
+
+
+@functools.lru_cache(maxsize=None)
+def _read_import_graph():
     modules = dict(_modules())
     top, local = {}, []
     for module, path in modules.items():
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read(), path)
         top[module] = set()
-        body_nodes = set()
         for node in tree.body:
-            for sub in ast.walk(node):
-                body_nodes.add(id(sub))
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 top[module].update(_known(_target(node, module), modules))
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                for sub in ast.walk(node):
-                    if isinstance(sub, (ast.Import, ast.ImportFrom)):
-                        for target in _known(_target(sub, module), modules):
-                            local.append((module, target))
+        # Imports are statements: only statement lists are walked, not
+        # expressions (most of a tree).
+        todo = [(node, False) for node in tree.body]
+        while todo:
+            node, in_function = todo.pop()
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                if in_function:
+                    local.extend((module, target)
+                                 for target in _known(_target(node, module), modules))
+                continue
+            inside = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for field in _STATEMENT_LISTS:
+                todo.extend((child, inside) for child in getattr(node, field, None) or ())
     return top, local
+
+
+#: The fields of a node that hold statements (or except handlers and match
+#: cases, which hold statements in their ``body``).
+_STATEMENT_LISTS = ("body", "orelse", "finalbody", "handlers", "cases")
 
 
 def _known(names, modules):

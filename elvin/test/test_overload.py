@@ -32,6 +32,7 @@ from elvin.core import keys as core_keys
 from elvin.core.options import DropPolicy, OPTIONS
 from elvin.protocols import packets
 from elvin.protocols.framing import frame
+from elvin.protocols import server as server_module
 from elvin.protocols.server import ElvinServerFactory, ElvinServerProtocol
 from elvin.protocols.udp import UNotifyDatagramProtocol
 from elvin.core.router import Router
@@ -146,14 +147,14 @@ class SendQueueTests(unittest.TestCase):
         self.assertEqual(len(budget), 0)
 
     def test_dropping_costs_the_same_however_long_the_queue(self):
-        """A victim is found in O(log n): a 16 MiB queue of small packets
-        (about 200,000 of them) examines no more entries per push than a
+        """A victim is found in O(log n): a 4 MiB queue of small packets
+        (about 50,000 of them) examines no more entries per push than a
         short one. Counted, not timed: the entries taken from the victim
         index (the deque, or the heap for ``largest``) and the entries a
         rebuild of the index walks."""
         work = {}
         for policy in (DropPolicy.OLDEST, DropPolicy.NEWEST, DropPolicy.LARGEST):
-            for limit in (64 * 1024, 16 * 1024 * 1024):
+            for limit in (64 * 1024, 4 * 1024 * 1024):
                 q = SendQueue(limit, policy, WARN)
                 while q.size + 80 <= limit:
                     q.push(b"x" * 80, True)
@@ -174,9 +175,9 @@ class SendQueueTests(unittest.TestCase):
                 taken = before + 2000 - indexed()
                 work[policy, limit] = (taken, q.dropped - dropped)
         for policy in (DropPolicy.OLDEST, DropPolicy.NEWEST, DropPolicy.LARGEST):
-            short, long = work[policy, 64 * 1024], work[policy, 16 * 1024 * 1024]
+            short, long = work[policy, 64 * 1024], work[policy, 4 * 1024 * 1024]
             # Each drop takes one live entry, plus at most the stale ones
-            # earlier drops left: never a scan of the 200,000 queued.
+            # earlier drops left: never a scan of the 50,000 queued.
             for taken, drops in (short, long):
                 self.assertGreater(drops, 0, work)
                 self.assertLessEqual(taken, 2 * drops + 2000, work)
@@ -219,13 +220,20 @@ class LiveFixture(RouterFixture):
         self.uri = self.listen_tcp()
 
     def stop_reading(self, conn):
-        """Make ``conn`` stop reading its socket, with small kernel buffers
-        on both ends so the router's own queue is reached quickly."""
-        conn.protocol.transport.getHandle().setsockopt(socket.SOL_SOCKET,
-                                                       socket.SO_RCVBUF, 4096)
+        """Make ``conn`` stop reading its socket, with a small kernel send
+        buffer on the router's end so its own queue is reached quickly.
+        The client's receive buffer keeps its size: a small one would have
+        the kernel trickle the backlog out at 200 ms window probes once the
+        client reads again."""
         self.server_side(conn).transport.getHandle().setsockopt(socket.SOL_SOCKET,
                                                                 socket.SO_SNDBUF, 4096)
         conn.protocol.transport.pauseProducing()
+
+    def short_linger(self):
+        """The router resets a client it closed for not reading after
+        0.2 s instead of CLOSE_LINGER: these clients read nothing until the
+        test resumes them, so the linger would only make the test wait."""
+        self.patch(server_module, "CLOSE_LINGER", 0.2)
 
     def server_side(self, conn):
         """The router's protocol for client connection ``conn``."""
@@ -303,6 +311,7 @@ class SlowConsumerTests(LiveFixture):
 
     @defer.inlineCallbacks
     def test_none_disconnects_only_the_slow_client(self):
+        self.short_linger()
         slow, fast, server, slow_got, fast_got = yield self.flood_past_slow_consumer("none")
         yield wait_until(lambda: server.session.state == server.session.CLOSED)
         self.assertEqual([x["n"] for x in fast_got], list(range(self.TOTAL)))
@@ -492,6 +501,7 @@ class QueueMemoryTests(LiveFixture):
         """Two paused clients each allowed 64 KiB, the router only 48 KiB
         for all queues: the one that may drop (oldest) sheds, the one that
         may not (none) is disconnected once it is the largest."""
+        self.short_linger()
         options = {"Send-Queue.Max-Length": 65536}
         shedder = yield self.connect(dict(options, **{"Send-Queue.Drop-Policy": "oldest"}))
         strict = yield self.connect(dict(options, **{"Send-Queue.Drop-Policy": "none"}))

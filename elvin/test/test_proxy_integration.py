@@ -15,7 +15,7 @@ from twisted.trial import unittest
 from elvin import client
 from elvin.test.places import REPO, free_port, start_twistd, wait_listening
 from elvin.client import CloseUnconfirmed
-from elvin.test.test_client_flavours import start_router, stop_router
+from elvin.test.test_client_flavours import shared_router, start_router, stop_router
 
 
 def start_proxy(upstream, database, port=None, extra=()):
@@ -58,14 +58,30 @@ async def upstream_ready(proxy_uri, router_uri):
         raise AssertionError("the proxy never connected upstream")
 
 
+def router_for(test):
+    """The router ``test`` publishes to and its proxy connects to: this
+    module's shared router process, or one of the test's own (stopped
+    when it ends) if the test stops or restarts it (``own_router``)."""
+    if not getattr(getattr(test, test._testMethodName), "own_router", False):
+        return shared_router(), None
+    # (free ports chosen by the starters: they choose again if another
+    # test's process takes one first; restarts reuse them)
+    uri, proc = start_router()
+    test.addCleanup(lambda: stop_router(test.router))
+    return uri, proc
+
+
+def own_router(method):
+    """Mark a test that stops or restarts its router."""
+    method.own_router = True
+    return method
+
+
 class ProxyIntegrationTest(unittest.TestCase):
 
     def setUp(self):
-        # (free ports chosen by the starters: they choose again if another
-        # test's process takes one first; restarts reuse them)
-        self.router_uri, self.router = start_router()
+        self.router_uri, self.router = router_for(self)
         self.router_port = int(self.router_uri.rsplit(":", 1)[1])
-        self.addCleanup(lambda: stop_router(self.router))
         self.tmp = tempfile.mkdtemp()
         self.db = os.path.join(self.tmp, "proxy.db")
         self.proxy_uri, self.proxy = start_proxy(self.router_uri, self.db)
@@ -187,6 +203,7 @@ class ProxyIntegrationTest(unittest.TestCase):
             self.assertEqual(values, list(range(len(values))))  # and none lost before the kill
         return defer.ensureDeferred(run())
 
+    @own_router
     def test_upstream_router_restart(self):
         async def run():
             got = []
@@ -377,8 +394,7 @@ class ProxyFlavoursTest(unittest.TestCase):
     """The asyncio and blocking clients join sessions too."""
 
     def setUp(self):
-        self.router_uri, self.router = start_router()
-        self.addCleanup(lambda: stop_router(self.router))
+        self.router_uri, self.router = router_for(self)
         self.tmp = tempfile.mkdtemp()
         self.proxy_uri, self.proxy = start_proxy(self.router_uri,
                                                  os.path.join(self.tmp, "p.db"))
