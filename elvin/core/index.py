@@ -61,7 +61,7 @@ GRID_FROM = 4
 MAX_GRID_CELLS = 8
 #: A grid's cells are this many times as wide as its entries' median
 #: interval: on one attribute, and on each of two (fewer, larger cells:
-#: a cell's list and key cost more than the candidates they would save).
+#: a cell and its key cost more than the candidates they would save).
 CELL_WIDTH = 1.0
 CELL_WIDTH_2D = 1.5
 #: Two cell numbers x, y make the key x * _STRIDE + y.
