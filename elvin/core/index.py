@@ -61,7 +61,7 @@ GRID_FROM = 4
 MAX_GRID_CELLS = 8
 #: A grid's cells are this many times as wide as its entries' median
 #: interval: on one attribute, and on each of two (fewer, larger cells:
-#: a cell's list and key cost more than the candidates they would save).
+#: a cell and its key cost more than the candidates they would save).
 CELL_WIDTH = 1.0
 CELL_WIDTH_2D = 1.5
 #: Two cell numbers x, y make the key x * _STRIDE + y.
@@ -83,92 +83,153 @@ def _span(bounds, width):
     return None
 
 
-class _Grid:
-    """A bucket's entries by cell of one or two attributes' values (see above).
-
-    ``cells`` maps a cell's key to the list of entries filed in it: the
-    cell number on ``name`` for a grid of one attribute; for two, that
-    number times ``_STRIDE`` plus the cell number on ``name2``. Two cells
-    may share a key (numbers past ``_STRIDE``): an entry is still filed
-    once per key, so a notification may get more candidates, never fewer
-    or doubled. ``rows`` (two attributes only) holds, by cell on ``name``,
-    the entries bound on it but not on ``name2`` (or over more cells of
-    it than ``MAX_GRID_CELLS`` allows). ``rows`` and ``loose`` are None
-    while empty: a look-up then reads no object of theirs. Nothing per
-    entry is kept besides the lists: removal works out its cells again
-    from its ranges."""
-
-    __slots__ = ("name", "width", "name2", "width2", "cells", "rows", "loose")
-
-    def __init__(self, name, width, name2=None, width2=1.0):
-        self.name = name
-        self.width = width
-        self.name2 = name2
-        self.width2 = width2
-        self.cells = {}
-        self.rows = None
-        self.loose = None
-
-    def _place(self, ranges):
-        """Where an entry with ``ranges`` is filed: None (loose), or the
-        keys of its cells (each once) and the table they are in."""
-        if not ranges:
-            return None
-        span = _span(ranges.get(self.name), self.width)
-        if span is None:
-            return None
-        first, last = span
-        name2 = self.name2
-        if name2 is None:
-            return (range(first, last + 1), self.cells) if last - first < MAX_GRID_CELLS \
-                else None
-        span2 = _span(ranges.get(name2), self.width2)
-        if span2 is not None and (last - first + 1) * (span2[1] - span2[0] + 1) \
-                <= MAX_GRID_CELLS:
-            first2, last2 = span2
-            if first == last and first2 == last2:
-                return (first * _STRIDE + first2,), self.cells
-            return {x * _STRIDE + y for x in range(first, last + 1)
-                    for y in range(first2, last2 + 1)}, self.cells
-        if last - first < MAX_GRID_CELLS:
-            return range(first, last + 1), self.rows
+def _plan(ranges):
+    """The grid for entries with these ``ranges`` (dicts), as ``(name,
+    width, name2, width2)``, or None: on the attribute most of them bound
+    on both sides, and with it the one most of those also bound, if that
+    is at least half of them; cells ``CELL_WIDTH`` (``CELL_WIDTH_2D``)
+    times as wide as their median interval."""
+    counts: dict[str, int] = {}
+    for bounds in ranges:
+        for name, (lo, hi) in bounds.items():
+            if -_INF < lo <= hi < _INF:
+                counts[name] = counts.get(name, 0) + 1
+    if not counts:
         return None
+    name = max(sorted(counts), key=counts.__getitem__)
+    if counts[name] * 2 < len(ranges):
+        return None
+    pairs: dict[str, int] = {}
+    for bounds in ranges:
+        if _span(bounds.get(name), 1.0) is not None:
+            for other, (lo, hi) in bounds.items():
+                if other != name and -_INF < lo <= hi < _INF:
+                    pairs[other] = pairs.get(other, 0) + 1
+    name2 = max(sorted(pairs), key=pairs.__getitem__) if pairs else None
+    if name2 is not None and pairs[name2] * 2 < len(ranges):
+        name2 = None
+    if name2 is None:
+        return name, _median_width(ranges, name, CELL_WIDTH), None, 1.0
+    return (name, _median_width(ranges, name, CELL_WIDTH_2D),
+            name2, _median_width(ranges, name2, CELL_WIDTH_2D))
+
+
+def _drop(entry, keys, table):
+    """Take ``entry`` out of the cells ``keys`` of ``table``; whether it was in any."""
+    dropped = False
+    for key in keys:
+        cell = table.get(key)
+        if cell is None or entry not in cell:
+            continue
+        dropped = True
+        if len(cell) == 1:
+            del table[key]
+        elif cell.__class__ is tuple:
+            table[key] = tuple([filed for filed in cell if filed is not entry])
+        else:
+            for i, filed in enumerate(cell):
+                if filed is entry:
+                    del cell[i]
+                    break
+    return dropped
+
+
+def _median_width(ranges, name, factor):
+    """``factor`` times the median width of the bounded intervals on ``name``
+    (for an even count, the mean of the middle two, as statistics.median),
+    held once for every grid of an equal width."""
+    widths = sorted(hi - lo for lo, hi in (b[name] for b in ranges if name in b)
+                    if -_INF < lo <= hi < _INF)
+    middle = len(widths) // 2
+    width = widths[middle] if len(widths) % 2 else (widths[middle - 1] + widths[middle]) / 2
+    width = float(width * factor) if width > 0 else 1.0
+    if len(_WIDTHS) >= MAX_SHARED_WIDTHS:
+        _WIDTHS.clear()
+    return _WIDTHS.setdefault(width, width)
+
+
+#: Cell widths, each held once (see ``_Bucket``).
+_WIDTHS: dict = {}
+MAX_SHARED_WIDTHS = 4096
+
+
+class _Bucket:
+    """The entries filed under one key: by id until GRID_FROM of them,
+    with their ranges to plan a grid with; once a grid fits, only in the
+    grid (and a count).
+
+    The grid is the bucket's own (one object fewer for a look-up to
+    reach: ``grid`` is the bucket itself, or None while it has none).
+    ``cells`` maps a cell's key to the entries filed in it, a tuple (one
+    object, its items inline): the cell number on ``name`` for a grid of
+    one attribute; for two, that number times ``_STRIDE`` plus the cell
+    number on ``name2``. Two cells may share a key (numbers past
+    ``_STRIDE``): an entry is still filed once per key, so a notification
+    may get more candidates, never fewer or doubled. ``rows`` (two
+    attributes only) holds, by cell on ``name``, lists of the entries
+    bound on it but not on ``name2`` (or over more cells of it than
+    ``MAX_GRID_CELLS`` allows). ``rows`` and ``loose`` are None while
+    empty: a look-up then reads no object of theirs. Nothing per entry is
+    kept besides the cells: removal works out its cells again from its
+    ranges. Cell widths are shared between grids of equal widths, and the
+    slots a look-up reads come first (the fewest cache lines)."""
+
+    __slots__ = ("cells", "loose", "name", "width", "name2", "rows", "width2",
+                 "key", "signature", "entries", "ranges", "count", "next_plan")
+
+    def __init__(self, key=None, signature=None):
+        self.cells = None       # None while there is no grid
+        self.loose = None
+        self.rows = None
+        self.key = key          # its key in the index's table
+        # which table: a names tuple (by values), True (by name), None (always)
+        self.signature = signature
+        self.entries: dict = {}     # id -> entry (emptied once there is a grid)
+        self.ranges: dict = {}      # id -> range_constraints (likewise)
+        self.count = 0
+        self.next_plan = GRID_FROM
+
+    def __len__(self):
+        return self.count
+
+    @property
+    def grid(self):
+        """The bucket itself once it has a grid, else None."""
+        return None if self.cells is None else self
 
     def add(self, entry, ranges):
-        placed = self._place(ranges)
-        if placed is None:
-            if self.loose is None:
-                self.loose = {}
-            self.loose[entry.id] = entry
-        else:
-            keys, table = placed
-            if table is None:
-                table = self.rows = {}
-            for key in keys:
-                cell = table.get(key)
-                if cell is None:
-                    table[key] = [entry]
-                else:
-                    cell.append(entry)
+        self.count += 1
+        if self.cells is not None:
+            self._file(entry, ranges)
+            return
+        self.entries[entry.id] = entry
+        if ranges:
+            self.ranges[entry.id] = ranges
+        if self.count >= self.next_plan:
+            self.next_plan *= 2     # no grid fits yet: try again at twice the size
+            plan = _plan([self.ranges.get(i, {}) for i in self.entries])
+            if plan is not None:
+                self.name, self.width, self.name2, self.width2 = plan
+                self.cells = {}
+                for known in self.entries.values():
+                    self._file(known, self.ranges.get(known.id))
+                self.entries = {}   # the grid holds them now
+                self.ranges = {}
 
     def remove(self, entry, ranges):
-        loose = self.loose
-        if loose is not None and loose.pop(entry.id, None) is not None:
-            if not loose:
-                self.loose = None
-            return
-        placed = self._place(ranges)
-        if placed is None or placed[1] is None or not _drop(entry, *placed):
-            # Not where its ranges file it (ranges other than when it was
-            # added): look in every cell.
-            _drop(entry, list(self.cells), self.cells)
-            if self.rows is not None:
-                _drop(entry, list(self.rows), self.rows)
-        if not self.rows:
-            self.rows = None
+        """Take out ``entry`` (filed here); ``ranges`` are its range
+        constraints, needed only when the bucket has a grid."""
+        if self.cells is not None:
+            self._unfile(entry, ranges)
+            self.count -= 1
+        elif self.entries.pop(entry.id, None) is not None:
+            self.ranges.pop(entry.id, None)
+            self.count -= 1
 
-    def entries(self):
+    def all_entries(self):
         """Every entry filed (each once), by id."""
+        if self.cells is None:
+            return self.entries
         seen = dict(self.loose or ())
         for table in self.cells, self.rows or {}:
             for cell in table.values():
@@ -177,6 +238,10 @@ class _Grid:
         return seen
 
     def select(self, attributes, found):
+        """Add the entries ``attributes`` may match to ``found``."""
+        if self.cells is None:
+            found.extend(self.entries.values())
+            return
         loose = self.loose
         if loose is not None:
             found.extend(loose.values())
@@ -203,123 +268,72 @@ class _Grid:
         if cell:
             found.extend(cell)
 
-    @classmethod
-    def plan(cls, ranges):
-        """A grid for entries with these ``ranges`` (dicts), or None: on the
-        attribute most of them bound on both sides, and with it the one
-        most of those also bound, if that is at least half of them; cells
-        ``CELL_WIDTH`` (``CELL_WIDTH_2D``) times as wide as their median
-        interval."""
-        counts: dict[str, int] = {}
-        for bounds in ranges:
-            for name, (lo, hi) in bounds.items():
-                if -_INF < lo <= hi < _INF:
-                    counts[name] = counts.get(name, 0) + 1
-        if not counts:
+    # -- the grid ---------------------------------------------------------------
+
+    def _place(self, ranges):
+        """Where an entry with ``ranges`` is filed: None (loose), or the
+        keys of its cells (each once) and whether in ``rows``."""
+        if not ranges:
             return None
-        name = max(sorted(counts), key=counts.__getitem__)
-        if counts[name] * 2 < len(ranges):
+        span = _span(ranges.get(self.name), self.width)
+        if span is None:
             return None
-        pairs: dict[str, int] = {}
-        for bounds in ranges:
-            if _span(bounds.get(name), 1.0) is not None:
-                for other, (lo, hi) in bounds.items():
-                    if other != name and -_INF < lo <= hi < _INF:
-                        pairs[other] = pairs.get(other, 0) + 1
-        name2 = max(sorted(pairs), key=pairs.__getitem__) if pairs else None
-        if name2 is not None and pairs[name2] * 2 < len(ranges):
-            name2 = None
+        first, last = span
+        name2 = self.name2
         if name2 is None:
-            return cls(name, _median_width(ranges, name, CELL_WIDTH))
-        return cls(name, _median_width(ranges, name, CELL_WIDTH_2D),
-                   name2, _median_width(ranges, name2, CELL_WIDTH_2D))
+            return (range(first, last + 1), False) if last - first < MAX_GRID_CELLS \
+                else None
+        span2 = _span(ranges.get(name2), self.width2)
+        if span2 is not None and (last - first + 1) * (span2[1] - span2[0] + 1) \
+                <= MAX_GRID_CELLS:
+            first2, last2 = span2
+            if first == last and first2 == last2:
+                return (first * _STRIDE + first2,), False
+            return {x * _STRIDE + y for x in range(first, last + 1)
+                    for y in range(first2, last2 + 1)}, False
+        if last - first < MAX_GRID_CELLS:
+            return range(first, last + 1), True
+        return None
 
-
-def _drop(entry, keys, table):
-    """Take ``entry`` out of the cells ``keys`` of ``table``; whether it was in any."""
-    dropped = False
-    for key in keys:
-        cell = table.get(key)
-        if cell is None:
-            continue
-        for i, filed in enumerate(cell):
-            if filed is entry:
-                del cell[i]
-                dropped = True
-                if not cell:
-                    del table[key]
-                break
-    return dropped
-
-
-def _median_width(ranges, name, factor):
-    """``factor`` times the median width of the bounded intervals on ``name``
-    (for an even count, the mean of the middle two, as statistics.median)."""
-    widths = sorted(hi - lo for lo, hi in (b[name] for b in ranges if name in b)
-                    if -_INF < lo <= hi < _INF)
-    middle = len(widths) // 2
-    width = widths[middle] if len(widths) % 2 else (widths[middle - 1] + widths[middle]) / 2
-    return width * factor if width > 0 else 1.0
-
-
-class _Bucket:
-    """The entries filed under one key: by id until GRID_FROM of them,
-    with their ranges to plan a grid with; once a grid fits, only in the
-    grid (and a count)."""
-
-    __slots__ = ("key", "signature", "entries", "ranges", "grid", "count", "next_plan")
-
-    def __init__(self, key=None, signature=None):
-        self.key = key          # its key in the index's table
-        # which table: a names tuple (by values), True (by name), None (always)
-        self.signature = signature
-        self.entries: dict = {}     # id -> entry (emptied once there is a grid)
-        self.ranges: dict = {}      # id -> range_constraints (likewise)
-        self.grid = None
-        self.count = 0
-        self.next_plan = GRID_FROM
-
-    def __len__(self):
-        return self.count
-
-    def add(self, entry, ranges):
-        self.count += 1
-        grid = self.grid
-        if grid is not None:
-            grid.add(entry, ranges)
+    def _file(self, entry, ranges):
+        placed = self._place(ranges)
+        if placed is None:
+            if self.loose is None:
+                self.loose = {}
+            self.loose[entry.id] = entry
             return
-        self.entries[entry.id] = entry
-        if ranges:
-            self.ranges[entry.id] = ranges
-        if self.count >= self.next_plan:
-            self.next_plan *= 2     # no grid fits yet: try again at twice the size
-            grid = _Grid.plan([self.ranges.get(i, {}) for i in self.entries])
-            if grid is not None:
-                for known in self.entries.values():
-                    grid.add(known, self.ranges.get(known.id))
-                self.grid = grid
-                self.entries = {}   # the grid holds them now
-                self.ranges = {}
-
-    def remove(self, entry, ranges):
-        """Take out ``entry`` (filed here); ``ranges`` are its range
-        constraints, needed only when the bucket has a grid."""
-        if self.grid is not None:
-            self.grid.remove(entry, ranges)
-            self.count -= 1
-        elif self.entries.pop(entry.id, None) is not None:
-            self.ranges.pop(entry.id, None)
-            self.count -= 1
-
-    def all_entries(self):
-        return self.entries if self.grid is None else self.grid.entries()
-
-    def select(self, attributes, found):
-        grid = self.grid
-        if grid is None:
-            found.extend(self.entries.values())
+        keys, in_rows = placed
+        if in_rows:
+            rows = self.rows
+            if rows is None:
+                rows = self.rows = {}
+            for key in keys:
+                cell = rows.get(key)
+                if cell is None:
+                    rows[key] = [entry]
+                else:
+                    cell.append(entry)
         else:
-            grid.select(attributes, found)
+            cells = self.cells
+            for key in keys:
+                cells[key] = cells.get(key, ()) + (entry,)
+
+    def _unfile(self, entry, ranges):
+        loose = self.loose
+        if loose is not None and loose.pop(entry.id, None) is not None:
+            if not loose:
+                self.loose = None
+            return
+        placed = self._place(ranges)
+        table = None if placed is None else self.rows if placed[1] else self.cells
+        if table is None or not _drop(entry, placed[0], table):
+            # Not where its ranges file it (ranges other than when it was
+            # added): look in every cell.
+            _drop(entry, list(self.cells), self.cells)
+            if self.rows is not None:
+                _drop(entry, list(self.rows), self.rows)
+        if not self.rows:
+            self.rows = None
 
 
 def _key(signature, attributes):
@@ -476,7 +490,7 @@ class SubscriptionIndex:
             self._spread.discard(entry.id)
             ranges = {}                    # filed loose wherever there is a grid
         for bucket in buckets:
-            if ranges is None and bucket.grid is not None:
+            if ranges is None and bucket.cells is not None:
                 ranges = entry.subscription.index_facts()[2]
             bucket.remove(entry, ranges)
             if not bucket:
@@ -528,12 +542,12 @@ class SubscriptionIndex:
             if key is not None:
                 bucket = table.get(key)
                 if bucket is not None:
-                    # (``_Bucket.select``, inline: every notification comes here)
-                    grid = bucket.grid
-                    if grid is None:
+                    # (``_Bucket.select``'s first test, inline: every
+                    # notification comes here)
+                    if bucket.cells is None:
                         found.extend(bucket.entries.values())
                     else:
-                        grid.select(attributes, found)
+                        bucket.select(attributes, found)
         if self._spread and len(found) > 1:
             return list(dict.fromkeys(found))
         return found

@@ -401,6 +401,31 @@ class TwoAttributeGridTests(unittest.TestCase):
         self.assertEqual([e.id for e in index.candidates({"s": "a", "m": 1, "n": 1})], [1])
         self.assertEqual(len(index.all_entries()), 8)
 
+    def test_a_look_up_reaches_few_objects(self):
+        # The grid is its bucket's own (no second object to reach), a
+        # cell is one tuple, and grids of equal cell widths share the
+        # width objects; filing and removal keep the tuples exact.
+        index = SubscriptionIndex()
+        entries = {key: [Entry(i + 1 + (key == "b") * 100,
+                               f's == "{key}" && n >= {7 * i} && n <= {7 * i + 219} && '
+                               f'm >= {5 * i} && m <= {5 * i + 219}') for i in range(12)]
+                   for key in ("a", "b")}
+        for entry in entries["a"] + entries["b"]:
+            index.add(entry)
+        grids = [self.grid_of(index, key) for key in ("a", "b")]
+        self.assertIs(grids[0], index._by_values[("s",)][("a",)])
+        self.assertIs(grids[0].width, grids[1].width)
+        self.assertIs(grids[0].width2, grids[1].width2)
+        for entry in entries["a"][::3]:
+            index.remove(entry)
+        cells = list(grids[0].cells.values())
+        self.assertTrue(cells)
+        self.assertTrue(all(cell.__class__ is tuple and cell for cell in cells))
+        kept = {e.id for e in entries["a"]} - {e.id for e in entries["a"][::3]}
+        self.assertEqual({e.id for cell in cells for e in cell}, kept)
+        self.assertEqual(sum(len(cell) for cell in cells),
+                         sum(len(set(cell)) for cell in cells))
+
     def test_removal_finds_an_entry_its_ranges_no_longer_place(self):
         index = SubscriptionIndex()
         # entries 1-40 in cells of m and n, 41-45 in the rows of m
