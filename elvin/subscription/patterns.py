@@ -12,7 +12,9 @@ linear time — backreferences, lookaround — is refused with
 REGEXP_TOO_COMPLEX, as is a pattern whose program would need more than
 ``MAX_PROGRAM_MEMORY`` or a repetition over RE2's 1,000; other syntax RE2
 does not have (``\Z``, possessive or atomic groups) is INVALID_REGEXP.
-Without the package, Python's ``re`` is used.
+A regex's POSIX bracket classes (``[[:alpha:]]``) are given their Unicode
+meaning before RE2 sees them (``unicode_classes``). Without the package,
+Python's ``re`` is used, and the pattern as it is.
 """
 
 import re

@@ -12,9 +12,12 @@ not the binary properties Alphabetic, Uppercase and Lowercase, so each is
 written as the categories it is made of plus the code points PropList.txt
 adds (Other_Alphabetic, Other_Uppercase, Other_Lowercase), listed below.
 Those lists are generated (``python -m elvin.subscription.posixclasses``,
-which needs the ``regex`` package) and hold only characters RE2's own
-tables know (Unicode 15.1 in google-re2 1.1), so every class is one
-Unicode version. ``punct`` is Annex C's POSIX-compatible variant
+which needs the ``regex`` package; made with regex 2026.5.9, whose
+Unicode data is newer than RE2's) and hold only characters RE2's own
+tables know (Unicode 15.1 in google-re2 1.1), so no class names a
+character RE2 cannot place; a property the newer data gives an older
+character does come with them (U+0363-U+036F, combining Latin small
+letters, are Other_Alphabetic there). ``punct`` is Annex C's POSIX-compatible variant
 (punctuation and symbols, so that ``$+<=>^`|~`` stay in it), without
 subtracting the 130 circled and squared letters (Ⓐ, 🄰) that are symbols
 and alphabetic both; everything else is as Annex C defines it.
@@ -89,24 +92,24 @@ OTHER_LOWERCASE = (
 )
 # -- end of generated text ------------------------------------------------------
 
-_ALPHA = "\\p{L}\\p{Nl}" + OTHER_ALPHABETIC
-_GRAPH = "\\p{L}\\p{M}\\p{N}\\p{P}\\p{S}\\p{Cf}\\p{Co}"
+_ALPHA = r"\p{L}\p{Nl}" + OTHER_ALPHABETIC
+_GRAPH = r"\p{L}\p{M}\p{N}\p{P}\p{S}\p{Cf}\p{Co}"
 
 #: class name -> the inside of an RE2 bracket expression
 CLASSES = {
-    "alpha": _ALPHA,                                   # Alphabetic
-    "upper": "\\p{Lu}" + OTHER_UPPERCASE,              # Uppercase
-    "lower": "\\p{Ll}" + OTHER_LOWERCASE,              # Lowercase
-    "digit": "\\p{Nd}",                                # Decimal_Number
-    "alnum": _ALPHA + "\\p{Nd}",                       # alpha, digit
-    "xdigit": "0-9A-Fa-f",                             # POSIX-compatible: ASCII
-    "space": "\\t-\\r\\x{85}\\p{Z}",                   # White_Space
-    "blank": "\\t\\p{Zs}",                             # Space_Separator, tab
-    "cntrl": "\\p{Cc}",                                # Control
-    "punct": "\\p{P}\\p{S}",                           # POSIX-compatible
-    "graph": _GRAPH,                                   # not space, Cc, Cs, Cn
-    "print": _GRAPH + "\\p{Zs}",                       # graph, blank, not cntrl
-    "word": _ALPHA + "\\p{M}\\p{Nd}\\p{Pc}\\x{200C}\\x{200D}",  # alpha, M, digit, Pc, Join_Control
+    "alpha": _ALPHA,                               # Alphabetic
+    "upper": r"\p{Lu}" + OTHER_UPPERCASE,          # Uppercase
+    "lower": r"\p{Ll}" + OTHER_LOWERCASE,          # Lowercase
+    "digit": r"\p{Nd}",                            # Decimal_Number
+    "alnum": _ALPHA + r"\p{Nd}",                   # alpha, digit
+    "xdigit": "0-9A-Fa-f",                         # POSIX-compatible: ASCII
+    "space": r"\t-\r\x{85}\p{Z}",                  # White_Space
+    "blank": r"\t\p{Zs}",                          # Space_Separator, tab
+    "cntrl": r"\p{Cc}",                            # Control
+    "punct": r"\p{P}\p{S}",                        # POSIX-compatible
+    "graph": _GRAPH,                               # not space, Cc, Cs, Cn
+    "print": _GRAPH + r"\p{Zs}",                   # graph, blank, not cntrl
+    "word": _ALPHA + r"\p{M}\p{Nd}\p{Pc}\x{200C}\x{200D}",  # alpha, M, digit, Pc, Join_Control
 }
 
 
