@@ -778,9 +778,11 @@ class ClientState:
                     keys: Optional[packets.Keys] = None) -> Any:
         """The NotifyEmit for ``attributes``, checked as the router would
         check it: TypeError for a value of no Elvin type, ValueError for no
-        attribute or for what the router would refuse by ending the
-        session (larger than its Packet.Max-Length, or past the attribute
-        limits it reported)."""
+        attribute, for a name or string holding a NUL (an EncodeError
+        naming the attribute: a string has no NUL bytes, 6.1.4, and a
+        router ignores such a notification) or for what the router would
+        refuse by ending the session (larger than its Packet.Max-Length, or
+        past the attribute limits it reported)."""
         attributes = normalise(attributes)
         if not attributes:
             raise ValueError("a notification needs at least one attribute")
@@ -809,8 +811,12 @@ class ClientState:
             kind = type(value)
             if kind is str:
                 bound += 4 * len(value)
+                if "\0" in value:
+                    packets.encode_attributes({name: value})  # the EncodeError naming it
             elif kind is bytes:
                 bound += len(value)
+            if "\0" in name:
+                packets.encode_attributes({name: value})
         if keys or bound > limit:
             size = len(packets.encode(packet))
             if size > limit:

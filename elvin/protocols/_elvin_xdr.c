@@ -5,8 +5,8 @@
  * its pure-Python path otherwise.
  *
  * It only decodes what is well formed: on anything else (truncation, a
- * negative or impossible count, bad UTF-8, a repeated name, an unknown
- * typecode) it returns None and the pure-Python path decodes the same
+ * negative or impossible count, bad UTF-8 or a NUL byte in a string, a
+ * repeated name, an unknown typecode) it returns None and the pure-Python path decodes the same
  * bytes again, raising the DecodeError with its exact message and offset.
  * So errors stay defined in one place, and the two paths cannot disagree
  * on a well-formed packet: the codec tests and a property test run both.
@@ -16,7 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define ABI_VERSION 2
+#define ABI_VERSION 3
 
 enum { T_INT32 = 1, T_INT64 = 2, T_REAL64 = 3, T_STRING = 4, T_OPAQUE = 5 };
 
@@ -61,6 +61,20 @@ take_block(Py_ssize_t *pos, Py_ssize_t end, const unsigned char *buf,
     return 1;
 }
 
+/* A string's bytes as a str, or NULL: not UTF-8, or holding a NUL byte,
+ * which a string may not (client protocol 6.1.4); for those two no Python
+ * error is left set. */
+static PyObject *
+decode_string(const unsigned char *buf, Py_ssize_t start, Py_ssize_t len)
+{
+    if (memchr(buf + start, 0, (size_t)len) != NULL)
+        return NULL;
+    PyObject *text = PyUnicode_DecodeUTF8((const char *)buf + start, len, NULL);
+    if (text == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+        PyErr_Clear();
+    return text;
+}
+
 /* name_values(data, pos, end, int64_type) -> (dict, new_pos) or None */
 static PyObject *
 name_values(PyObject *self, PyObject *args)
@@ -92,11 +106,10 @@ name_values(PyObject *self, PyObject *args)
         Py_ssize_t start, len;
         if (!take_block(&pos, end, buf, &start, &len))
             goto fallback;
-        PyObject *name = PyUnicode_DecodeUTF8((const char *)buf + start, len, NULL);
+        PyObject *name = decode_string(buf, start, len);
         if (name == NULL) {
-            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+            if (PyErr_Occurred())
                 goto error;
-            PyErr_Clear();
             goto fallback;
         }
         int present = PyDict_Contains(dict, name);
@@ -161,14 +174,7 @@ name_values(PyObject *self, PyObject *args)
         case T_STRING:
             if (!take_block(&pos, end, buf, &start, &len))
                 break;
-            value = PyUnicode_DecodeUTF8((const char *)buf + start, len, NULL);
-            if (value == NULL) {
-                Py_DECREF(name);
-                if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
-                    goto error;
-                PyErr_Clear();
-                goto fallback;
-            }
+            value = decode_string(buf, start, len);
             break;
         case T_OPAQUE:
             if (!take_block(&pos, end, buf, &start, &len))

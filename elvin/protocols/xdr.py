@@ -15,11 +15,13 @@ or vague; cross-checked against the Avis router's XdrCoding):
   anything else is a DecodeError.
 * int64 and id64 are XDR hyper (8 bytes, MSB first); real64 is XDR double.
 * string is a 4-byte byte count, UTF-8 bytes, zero padding to a multiple of
-  4. Strict UTF-8 (no surrogates, no overlongs); failure raises
-  ``BadUTF8Error`` carrying the offset of the first bad byte. The contents
+  4. Strict UTF-8 (no surrogates, no overlongs) with no NUL (0x00) bytes,
+  as section 6.1.4 defines a string ("A UTF-8 encoded Unicode string of
+  known length, with no NUL (0x00) bytes"); either fault raises
+  ``BadUTF8Error`` carrying the offset of the first bad byte, and a string
+  holding a NUL (U+0000) cannot be written (``EncodeError``). The contents
   of padding bytes are not checked on input (be liberal), and are always
-  written as zeros. Embedded NULs are accepted; the codec is not the place
-  to enforce the Value comment "no NUL bytes".
+  written as zeros.
 * Arrays: an int32 count, then the items. A negative count, or one larger
   than the remaining bytes could hold at the item's minimum encoded size,
   is rejected before anything is allocated.
@@ -80,7 +82,8 @@ class DecodeError(ValueError):
 
 
 class BadUTF8Error(DecodeError):
-    """A string was not valid UTF-8; ``offset`` is the first bad byte.
+    """A string was not valid UTF-8 or held a NUL byte, which section 6.1.4
+    rules out of a string; ``offset`` is the first bad byte.
 
     A router answers this with Nack BAD_UTF8 (1006) and the offset.
     """
@@ -138,9 +141,9 @@ if not os.environ.get("ELVIN_PURE_PYTHON"):
     except ImportError:
         pass
     else:
-        # ABI 2: an array it decodes has zero padding (``packets.notify_emit_fields``
-        # relies on it); an older build is not used.
-        if getattr(_elvin_xdr, "ABI", None) == 2:
+        # ABI 3: an array it decodes has zero padding (``packets.notify_emit_fields``
+        # relies on it) and no NUL byte in a string; an older build is not used.
+        if getattr(_elvin_xdr, "ABI", None) == 3:
             _accelerated_name_values = _elvin_xdr.name_values
 _type_of = _values.type_of
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
@@ -211,6 +214,11 @@ _NAME_CACHE = {}
 _NAME_CACHE_MAX = 4096
 
 
+def _nul_error(what, text):
+    return EncodeError(f"{what} holds a NUL (U+0000) at character {text.index(chr(0))}, "
+                       f"which an Elvin string cannot (section 6.1.4)")
+
+
 def _encode_name(name):
     if type(name) is not str:
         if not isinstance(name, str):
@@ -219,8 +227,10 @@ def _encode_name(name):
     try:
         data = name.encode()
     except UnicodeEncodeError as e:
-        raise EncodeError(f"attribute name is not encodable as UTF-8: "
+        raise EncodeError(f"name is not encodable as UTF-8: "
                           f"{e.reason} at character {e.start}") from None
+    if 0 in data:
+        raise _nul_error("name", name)
     n = len(data)
     encoded = _pack_I(n) + data + _PAD[n & 3]
     if len(_NAME_CACHE) < _NAME_CACHE_MAX and n <= 256:
@@ -286,6 +296,8 @@ class Writer:
         except UnicodeEncodeError as e:
             raise EncodeError(f"string is not encodable as UTF-8: {e.reason} "
                               f"at character {e.start}") from None
+        if 0 in data:
+            raise _nul_error("string", value)
         n = len(data)
         buf = self._buf
         buf += _pack_I(n)
@@ -350,27 +362,33 @@ class Writer:
         buf += _pack_I(len(mapping))
         value = self.value
         names = _NAME_CACHE
-        for name, item in mapping.items():
-            encoded = names.get(name) if type(name) is str else None
-            if encoded is None:
-                encoded = _encode_name(name)
-            buf += encoded
-            kind = type(item)
-            if kind is int and _I32_MIN <= item <= _I32_MAX:
-                buf += _pack_ii(_INT32, item)
-            elif kind is float:
-                buf += _id.pack(_REAL64, item)
-            elif kind is str:
-                try:
-                    data = item.encode()
-                except UnicodeEncodeError:
-                    value(item)  # raises the EncodeError
-                n = len(data)
-                buf += _pack_ii(_STRING, n)
-                buf += data
-                buf += _PAD[n & 3]
-            else:
-                value(item)
+        name = None
+        try:
+            for name, item in mapping.items():
+                encoded = names.get(name) if type(name) is str else None
+                if encoded is None:
+                    encoded = _encode_name(name)
+                buf += encoded
+                kind = type(item)
+                if kind is int and _I32_MIN <= item <= _I32_MAX:
+                    buf += _pack_ii(_INT32, item)
+                elif kind is float:
+                    buf += _id.pack(_REAL64, item)
+                elif kind is str:
+                    try:
+                        data = item.encode()
+                    except UnicodeEncodeError:
+                        value(item)  # raises the EncodeError
+                    if 0 in data:
+                        value(item)  # raises the EncodeError
+                    n = len(data)
+                    buf += _pack_ii(_STRING, n)
+                    buf += data
+                    buf += _PAD[n & 3]
+                else:
+                    value(item)
+        except EncodeError as e:
+            raise EncodeError(f"attribute {name!r}: {e}") from None
         return self
 
     def strings(self, items):
@@ -428,6 +446,16 @@ class Writer:
                 buf += _iii.pack(code, 0, len(children))
                 push(reversed(children))
         return self
+
+
+def _bad_string(data, start, what, error=None):
+    """The BadUTF8Error for string bytes ``data`` (at ``start`` in the
+    packet), which failed to decode (``error``) or hold a NUL: the first
+    of the two faults is the one reported."""
+    nul = data.find(0, 0, len(data) if error is None else error.start)
+    if nul >= 0:
+        return BadUTF8Error(f"NUL byte in {what}", start + nul)
+    return BadUTF8Error(f"invalid UTF-8 in {what} ({error.reason})", start + error.start)
 
 
 class Reader:
@@ -532,11 +560,14 @@ class Reader:
 
     def string(self, what="string"):
         start, stop = self._length(what)
+        data = self._buf[start:stop]
         try:
-            return self._buf[start:stop].decode()
+            text = data.decode()
         except UnicodeDecodeError as e:
-            raise BadUTF8Error(f"invalid UTF-8 in {what} ({e.reason})",
-                               start + e.start) from None
+            raise _bad_string(data, start, what, e) from None
+        if "\0" in text:
+            raise _bad_string(data, start, what)
+        return text
 
     def opaque(self, what="opaque"):
         start, stop = self._length(what)
@@ -575,7 +606,7 @@ class Reader:
 
         The hot path of every notification: names and int32/string values
         are read inline; anything unusual (other value types, truncation,
-        bad UTF-8) goes through the checked methods, which also produce
+        bad UTF-8, a NUL) goes through the checked methods, which also produce
         the error messages.
         """
         if _accelerated_name_values is not None:
@@ -616,8 +647,8 @@ class Reader:
                     try:
                         name = buf[start:stop].decode()
                     except UnicodeDecodeError:
-                        pass
-                    else:
+                        name = "\0"     # the checked path names the error
+                    if "\0" not in name:
                         if name in result:
                             self._repeated(name, item, what)
                         code, word = _unpack_ii(buf, pos)
@@ -630,10 +661,11 @@ class Reader:
                             stop = start + word
                             if stop + (-word & 3) <= end:
                                 try:
-                                    result[name] = buf[start:stop].decode()
+                                    text = buf[start:stop].decode()
                                 except UnicodeDecodeError:
-                                    pass
-                                else:
+                                    text = "\0"     # the checked path names the error
+                                if "\0" not in text:
+                                    result[name] = text
                                     pos = stop + (-word & 3)
                                     continue
                         self.pos = pos

@@ -12,19 +12,22 @@ linear time — backreferences, lookaround — is refused with
 REGEXP_TOO_COMPLEX, as is a pattern whose program would need more than
 ``MAX_PROGRAM_MEMORY`` or a repetition over RE2's 1,000; other syntax RE2
 does not have (``\Z``, possessive or atomic groups) is INVALID_REGEXP.
-Without the package, Python's ``re`` is used.
+A regex's POSIX bracket classes (``[[:alpha:]]``) are given their Unicode
+meaning before RE2 sees them (``unicode_classes``). Without the package,
+Python's ``re`` is used, and the pattern as it is.
 """
 
 import re
 
 from elvin.errors import echoed
+from elvin.subscription.posixclasses import CLASSES
 
 try:
     import re2
 except ImportError:  # pragma: no cover - google-re2 is a dependency
     re2 = None
 
-__all__ = ["PatternError", "PatternTooComplex", "wildcard_to_regex",
+__all__ = ["PatternError", "PatternTooComplex", "wildcard_to_regex", "unicode_classes",
            "weighed_wildcards", "weighed_regexes",
            "check_regex", "check_wildcard",
            "ENGINE", "MAX_PROGRAM_MEMORY"]
@@ -130,14 +133,88 @@ def wildcard_to_regex(pattern):
     return "".join(out)
 
 
+def unicode_classes(pattern):
+    """``pattern`` with each POSIX class in a bracket expression given its
+    Unicode meaning (UTR #18 Annex C; ``elvin.subscription.posixclasses``):
+    ``[[:alpha:]0-9_]`` becomes ``[\\p{L}\\p{Nl}...0-9_]``, ``[^[:space:]]``
+    ``[^\\t-\\r\\x{85}\\p{Z}]``. A negated class (RE2's ``[:^alpha:]``)
+    must be alone in its brackets (``[[:^alpha:]]``, ``[^[:^alpha:]]``),
+    since RE2 cannot take a complement inside a set. Escapes (``\\[``,
+    ``\\Q...\\E``) and unknown names are left as they are, for RE2."""
+    out = []
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            if pattern.startswith("Q", i + 1):
+                stop = pattern.find("\\E", i + 2)
+                stop = n if stop < 0 else stop + 2
+            else:
+                stop = i + 2
+            out.append(pattern[i:stop])
+            i = stop
+        elif c == "[":
+            i = _bracket(pattern, i, out)
+        else:
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+#: a POSIX class inside a bracket expression: [:alpha:], or RE2's [:^alpha:]
+_CLASS = re.compile(r"\[:(\^?)([a-z]+):\]")
+
+
+def _bracket(pattern, start, out):
+    """Translate the bracket expression at ``start`` onto ``out``; returns
+    the index after it (its text is copied as it is if it is not closed)."""
+    n = len(pattern)
+    i = start + 1
+    negated = pattern.startswith("^", i)
+    if negated:
+        i += 1
+    items, classes = [], []
+    first = True
+    while i < n and (pattern[i] != "]" or first):
+        first = False
+        if pattern[i] == "\\":
+            items.append(pattern[i:i + 2])
+            i += 2
+        elif (named := _CLASS.match(pattern, i)) and named[2] in CLASSES:
+            meaning = CLASSES[named[2]]
+            classes.append((bool(named[1]), meaning))
+            items.append(meaning)
+            i = named.end()
+        else:
+            items.append(pattern[i])
+            i += 1
+    if i >= n:
+        out.append(pattern[start:])
+        return n
+    complemented = [meaning for inverse, meaning in classes if inverse]
+    if complemented:
+        if len(items) != 1:
+            raise PatternError(f"invalid regular expression {echoed(pattern)}: a negated "
+                               f"class such as [:^alpha:] must be alone in its brackets")
+        negated = not negated
+    out.append("[" + ("^" if negated else "") + "".join(items) + "]")
+    return i + 1
+
+
 def check_wildcard(pattern):
     """Raise PatternError if ``pattern`` is not a valid wildcard."""
     _compile(wildcard_to_regex(pattern), f"wildcard {echoed(pattern)}")
 
 
+def _regex_source(pattern):
+    """What RE2 runs for regular expression ``pattern``: its POSIX classes
+    in their Unicode meaning (with Python's re, as it is)."""
+    return pattern if re2 is None else unicode_classes(pattern)
+
+
 def check_regex(pattern):
     """Raise PatternError (or PatternTooComplex) unless ``pattern`` compiles."""
-    _compile(pattern, f"regular expression {echoed(pattern)}")
+    _compile(_regex_source(pattern), f"regular expression {echoed(pattern)}")
 
 
 def _weight(compiled, source):
@@ -162,6 +239,7 @@ def weighed_regexes(patterns):
     calls); each is compiled alone first, so an error names it, and if the
     alternation does not compile (RE2's size limit) they are searched one
     by one."""
+    patterns = [_regex_source(p) for p in patterns]
     compiled = [_compile(p, "regular expression") for p in patterns]
     if len(compiled) == 1:
         return compiled[0].search, _weight(compiled[0], patterns[0])

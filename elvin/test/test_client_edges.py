@@ -460,6 +460,14 @@ class OversizedNotifications(unittest.TestCase):
                          {name: before[name] for name in client.ASK_LIMITS})
         self.refused(reply, {f"a{n}": n for n in range(257)}, "Attribute.Max-Count (256)")
 
+    def test_a_nul_in_a_name_or_string_is_refused(self):
+        """A string has no NUL bytes (client protocol 6.1.4); a router
+        ignores a notification holding one, so notify refuses it, naming
+        the attribute."""
+        self.refused(None, {"ok": 1, "v": "a\0b"},
+                     "attribute 'v': string holds a NUL (U+0000) at character 1")
+        self.refused(None, {"v\0": 1}, "attribute 'v\\x00': name holds a NUL")
+
     def test_a_bool_is_refused(self):
         for name, notify, sent in self.flavours():
             before = len(sent)

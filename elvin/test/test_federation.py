@@ -390,6 +390,21 @@ class LoopTests(FederationTestCase):
         link.output.frameReceived(good[:4] + b"\0\0\0\x01" + good[4:])   # garbage
         self.assertEqual(link.state, link.CLOSED)
 
+    @defer.inlineCallbacks
+    def test_fednotify_holding_nul_is_a_violation_as_bad_utf8_is(self):
+        """A string holding a NUL is not a string (client protocol 6.1.4):
+        a FedNotify with one ends the link, as one with a string that is
+        not UTF-8 does, and nothing of it is delivered."""
+        from elvin.federation import packets as fed_packets
+        from elvin.protocols import packets
+        link, consumer, got = yield self.linked_consumer()
+        data = packets.encode(fed_packets.FedNotify({"x": 1, "s": "a@b"}, True,
+                                                    packets.Keys.EMPTY, ("a.test",)))
+        link.output.frameReceived(data.replace(b"@", b"\0"))
+        self.assertEqual(link.state, link.CLOSED)
+        yield consumer.test_connection()
+        self.assertEqual(got, [])
+
 
 class RefusalTests(FederationTestCase):
     @defer.inlineCallbacks

@@ -60,8 +60,9 @@ NAMES = list(OPTIONS) + ["router.packet.max-length", "Made.Up", "", "x", "a", "s
 INTERESTING_WORDS = [0, 1, 2, 3, 4, 5, 0x7F, 0x80, 0xFF, 0x100, 0xFFFF, 0x10000,
                      0x7FFFFFFF, 0x80000000, 0xFFFFFFFF, 0xFFFFFFFE, 0x40000000,
                      0x00FFFFFF, 1 << 24, 1 << 20]
+#: what a string may not hold: bytes that are not UTF-8, and NUL (6.1.4)
 BAD_UTF8 = [b"\xff\xfe\xfd", b"\xed\xa0\x80", b"\xc0\x80", b"\x80\x80\x80",
-            b"\xf4\x90\x80\x80", b"\xe2\x82"]
+            b"\xf4\x90\x80\x80", b"\xe2\x82", b"a\0"]
 
 
 def _string(rng):

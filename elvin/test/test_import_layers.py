@@ -252,7 +252,7 @@ LAYERS = {
                  "elvin.uri", "elvin.lazy", "elvin.textformat", "elvin.data"]},
     2: {"language": ["elvin.subscription"] + [_S + m for m in (
         "kinds", "grammar", "lexer", "ast", "printer", "parser", "checker", "compiler",
-        "analysis", "partial", "patterns", "workbudget", "shapes", "parsetab")]},
+        "analysis", "partial", "patterns", "posixclasses", "workbudget", "shapes", "parsetab")]},
     3: {"codec": ["elvin.protocols", "elvin.protocols.xdr", "elvin.protocols.packets"]},
     4: {"subscription": [_S + "expression"]},
     5: {"core": ["elvin.keys", "elvin.core.*"]},

@@ -236,9 +236,12 @@ class ProxyCoreTest(ProxyCoreCase):
         self.assertEqual(list(note.secure_matches), [subscriber.subscriptions and
                                                      next(iter(subscriber.subscriptions))])
 
-    def test_a_notify_emit_over_the_wire_goes_upstream(self):
-        # Through the proxy's stream protocol, as a client's bytes arrive:
-        # the transports' fast path, not the packet dispatch.
+    def over_the_wire(self, mangle=bytes):
+        """An upstream subscriber to ``require(x)``, and a client connected
+        through the proxy's stream protocol, as a client's bytes arrive
+        (the transports' fast path, not the packet dispatch): (the
+        subscriber, ``send(packet)`` framing ``mangle(encoded packet)``,
+        the client's transport)."""
         import struct
         from twisted.internet.task import Clock as ReactorClock
         from twisted.internet.testing import StringTransport
@@ -253,14 +256,34 @@ class ProxyCoreTest(ProxyCoreCase):
         protocol.makeConnection(transport)
 
         def send(packet):
-            data = elvin_packets.encode(packet)
+            data = mangle(elvin_packets.encode(packet))
             protocol.dataReceived(struct.pack(">I", len(data)) + data)
         send(elvin_packets.ConnRqst(1, 4, 0, {}, elvin_packets.Keys.EMPTY,
                                     elvin_packets.Keys.EMPTY))
+        return subscriber, send, transport
+
+    def test_a_notify_emit_over_the_wire_goes_upstream(self):
+        subscriber, send, transport = self.over_the_wire()
         send(elvin_packets.NotifyEmit({"x": 1, "s": "é"}, True, elvin_packets.Keys.EMPTY))
         self.assertFalse(transport.disconnecting)
         (note,) = [p for p in subscriber.output.take() if isinstance(p, elvin_packets.NotifyDeliver)]
         self.assertEqual(note.attributes, {"x": 1, "s": "é"})
+
+    def test_a_string_holding_nul_is_refused_as_the_router_refuses_it(self):
+        # 6.1.4: a string has no NUL bytes. Over the wire, a NotifyEmit
+        # holding one is ignored (not passed upstream) and a request
+        # holding one is Nacked 1006 with the NUL's offset.
+        import struct
+        subscriber, send, transport = self.over_the_wire(lambda data: data.replace(b"@", b"\0"))
+        transport.clear()
+        send(elvin_packets.NotifyEmit({"x": 1, "s": "a@"}, True, elvin_packets.Keys.EMPTY))
+        send(elvin_packets.SubAddRqst(7, 's == "@"', True, elvin_packets.Keys.EMPTY))
+        self.assertFalse(transport.disconnecting)
+        self.assertEqual([p for p in subscriber.output.take()
+                          if isinstance(p, elvin_packets.NotifyDeliver)], [])
+        data = transport.value()
+        nack = elvin_packets.decode(data[4:4 + struct.unpack(">I", data[:4])[0]])
+        self.assertEqual((nack.xid, nack.error, nack.args), (7, 1006, (18,)))
 
     def test_quench_is_refused_as_not_implemented(self):
         client, out = self.connect()

@@ -14,6 +14,8 @@ from elvin.core.router import Router
 from elvin.core.sendqueue import QueueOverflow, SendQueue
 from elvin.values import Int64
 
+from elvin.test.test_xdr import elvin_characters
+
 
 def frame(packet):
     data = elvin_packets.encode(packet)
@@ -156,6 +158,41 @@ class ServerProtocolTests(unittest.TestCase):
         self.assertIn("QnchAddRqst", nacks[0].message)
         self.assertEqual(self.h.router.stats["rejected_notifications"], 1)
         self.assertEqual(len(pub.session.protocol_errors), 5)
+
+    def test_a_string_holding_nul_is_treated_as_bad_utf8(self):
+        """Section 6.1.4: a string has "no NUL (0x00) bytes". A NUL in any
+        string takes BAD_UTF8's path, with the NUL's offset: a request is
+        Nacked 1006 and the session goes on; a notification, whether the NUL
+        is in a value or in a name, is ignored, counted and not delivered."""
+        sub, sub_t = self.connected()
+        sub.dataReceived(frame(elvin_packets.SubAddRqst(1, "require(v) || require(w)", True)))
+        self.assertEqual(len(unframe(sub_t.value())), 1)
+        sub_t.clear()
+        pub, pub_t = self.connected()
+        requests = [
+            elvin_packets.QnchAddRqst(3, ("q@", "ok"), True),
+            elvin_packets.SubAddRqst(5, 'v == "@"', True),
+            elvin_packets.QosRqst(6, {"q@": 1}),
+        ]
+        for request in requests:
+            data = elvin_packets.encode(request).replace(b"@", b"\0")
+            pub.dataReceived(struct.pack(">I", len(data)) + data)
+        for attributes in ({"v": "a@b"}, {"w@": 1}):
+            data = elvin_packets.encode(elvin_packets.NotifyEmit(attributes, True))
+            data = data.replace(b"@", b"\0")
+            pub.dataReceived(struct.pack(">I", len(data)) + data)
+        pub.dataReceived(frame(elvin_packets.NotifyEmit({"v": "ab"}, True)))
+        pub.dataReceived(frame(elvin_packets.TestConn()))
+        *nacks, confconn = unframe(pub_t.value())
+        self.assertEqual(confconn, elvin_packets.ConfConn())
+        self.assertFalse(pub_t.disconnecting)
+        self.assertEqual([(n.xid, n.error, n.args) for n in nacks],
+                         [(3, 1006, (17,)), (5, 1006, (18,)), (6, 1006, (17,))])
+        self.assertIn("NUL byte", nacks[0].message)
+        self.assertEqual(self.h.router.stats["rejected_notifications"], 2)
+        self.assertEqual(len(pub.session.protocol_errors), 5)
+        [delivered] = unframe(sub_t.value())
+        self.assertEqual(delivered.attributes, {"v": "ab"})
 
     def test_a_string_that_is_not_utf8_out_of_turn_is_a_violation(self):
         proto, transport = self.h.client()
@@ -433,10 +470,11 @@ class NotifyEmitFastPathTests(unittest.TestCase):
             transport.clear()
 
     @settings(max_examples=150, deadline=None)
-    @given(st.dictionaries(st.text(min_size=1, max_size=8),
+    @given(st.dictionaries(st.text(elvin_characters, min_size=1, max_size=8),
                            st.one_of(st.integers(-(1 << 31), (1 << 31) - 1),
                                      st.integers(-(1 << 63), (1 << 63) - 1).map(Int64),
-                                     st.floats(), st.text(max_size=9), st.binary(max_size=9)),
+                                     st.floats(), st.text(elvin_characters, max_size=9),
+                                     st.binary(max_size=9)),
                            max_size=6),
            st.lists(st.integers(0, 1 << 16), max_size=3))
     def test_any_notification_is_delivered_canonically(self, attrs, dirt):

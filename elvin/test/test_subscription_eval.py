@@ -1080,3 +1080,87 @@ class NaNArithmeticTests(_Base):
 
     def test_nan_function_after_arithmetic_not_allowed_so_compare(self):
         self.check("x / y > 1.0", {"x": 0.0, "y": 0.0}, T)
+
+
+class UnicodeRegexClassTests(_Base):
+    """``regex`` is POSIX with UTR #18 Level 1 extensions: a POSIX bracket
+    class has its Unicode meaning (Annex C), not RE2's ASCII one; ``\\d``,
+    ``\\w`` and ``\\s`` stay ASCII (docs/subscription-language.md)."""
+
+    def classes(self, rows):
+        self.check_rows([(f'regex(s, "{pattern}")', {"s": subject}, T if hit else F)
+                         for pattern, subject, hit in rows])
+
+    def test_each_class_on_ascii_and_beyond(self):
+        self.classes([
+            ("^[[:alpha:]]+$", "abc", True), ("^[[:alpha:]]+$", "\u00e9", True),
+            ("^[[:alpha:]]+$", "\u03a3\u0391\u03a3", True), ("^[[:alpha:]]+$", "\u0416", True),
+            ("^[[:alpha:]]+$", "\u0e2a\u0e27\u0e31\u0e2a\u0e14\u0e35", True),  # Thai, vowel marks
+            ("^[[:alpha:]]+$", "\u216b", True),          # Roman numeral (Nl)
+            ("^[[:alpha:]]+$", "a1", False), ("^[[:alpha:]]+$", "\u0663", False),
+            ("^[[:upper:]]+$", "\u03a3\u0391\u03a3", True), ("^[[:upper:]]+$", "\u0416\u00c9", True),
+            ("^[[:upper:]]+$", "\u24b6", True),          # circled A: Other_Uppercase
+            ("^[[:upper:]]+$", "\u0436", False), ("^[[:upper:]]+$", "A\u01c5", False),  # Lt
+            ("^[[:lower:]]+$", "\u0436\u00e9", True), ("^[[:lower:]]+$", "\u02b0\u00aa", True),
+            ("^[[:lower:]]+$", "\u0416", False),
+            ("^[[:digit:]]+$", "123", True), ("^[[:digit:]]+$", "\u0663\u0967", True),
+            ("^[[:digit:]]+$", "\u00bd", False), ("^[[:digit:]]+$", "\u2160", False),
+            ("^[[:alnum:]]+$", "\u00e9\u0663x9", True), ("^[[:alnum:]]+$", "a-1", False),
+            ("^[[:xdigit:]]+$", "09afAF", True), ("^[[:xdigit:]]+$", "\u0663", False),
+            ("^[[:xdigit:]]+$", "\uff21", False),        # fullwidth A stays out
+            ("^[[:space:]]+$", " \t\n\r\x0b\x0c", True),
+            ("^[[:space:]]+$", "\u00a0\u2003\u3000\u2028\x85", True),
+            ("^[[:space:]]+$", "\u200b", False),        # zero width space: Cf
+            ("^[[:blank:]]+$", " \t\u3000", True), ("^[[:blank:]]+$", "\n", False),
+            ("^[[:cntrl:]]+$", "\x01\x7f\x9f", True), ("^[[:cntrl:]]+$", "\u200b", False),
+            ("^[[:punct:]]+$", "!$+<=>^`|~", True), ("^[[:punct:]]+$", "\u00bf\u00ab\u20ac", True),
+            ("^[[:punct:]]+$", "a", False),
+            ("^[[:graph:]]+$", "a\u00e9\u20ac\u200b", True), ("^[[:graph:]]+$", "a b", False),
+            ("^[[:print:]]+$", "a \u3000\u00e9", True), ("^[[:print:]]+$", "a\tb", False),
+            ("^[[:word:]]+$", "a_\u00e9e\u0301\u0663", True), ("^[[:word:]]+$", "a-b", False),
+        ])
+
+    def test_negated_and_mixed_with_ranges(self):
+        self.classes([
+            ("^[^[:alpha:]]+$", "12 !", True), ("^[^[:alpha:]]+$", "1\u00e9", False),
+            ("^[^[:alpha:]]+$", "\u0416", False),
+            ("^[[:^alpha:]]+$", "12 !", True), ("^[[:^alpha:]]+$", "\u00e9", False),
+            ("^[^[:^digit:]]+$", "\u0663", True), ("^[^[:^digit:]]+$", "a", False),
+            ("^[[:alpha:]0-9_]+$", "\u00e9_09", True), ("^[[:alpha:]0-9_]+$", "\u00e9-0", False),
+            ("^[[:alpha:]0-9_]+$", "\u0663", False),
+            ("^[^[:space:][:digit:]]+$", "ab", True), ("^[^[:space:][:digit:]]+$", "a\u3000", False),
+            ("^[^[:space:][:digit:]]+$", "a\u0663", False),
+            ("^[]x[:digit:]]+$", "]x\u0663", True),
+            ("(?i)^[[:upper:]]+$", "\u0436", True),
+        ])
+
+    def test_perl_classes_stay_ascii(self):
+        self.classes([
+            (r"^\\d+$", "123", True), (r"^\\d+$", "\u0663", False),
+            (r"^\\w+$", "a_1", True), (r"^\\w+$", "\u00e9", False),
+            (r"^\\s+$", " \t", True), (r"^\\s+$", "\u3000", False),
+            (r"^\\pL+$", "\u00e9\u0416", True),
+        ])
+
+    def test_escaped_and_quoted_brackets_are_left_alone(self):
+        self.classes([
+            # a literal [, then the set of ':', 'a', 'l', 'p', 'h', then ]
+            (r"^\\[[:alpha:]]$", "[\u00e9]", False), (r"^\\[[:alpha:]]$", "[:]", True),
+            (r"^\\Q[[:alpha:]]\\E$", "[[:alpha:]]", True),
+        ])
+
+    def test_refused_forms(self):
+        from elvin import errors
+        for pattern in ("[[:^alpha:]x]", "[[:foo:]]", "[[:alpha:]"):
+            with self.assertRaises(SubscriptionError) as cm:
+                Subscription(f'regex(s, "{pattern}")')
+            self.assertEqual(cm.exception.code, errors.INVALID_REGEXP, pattern)
+            self.assertEqual(cm.exception.offset, 9, pattern)
+
+    def test_a_class_weighs_about_1400_instructions(self):
+        # max-pattern-work charges a test its weight times the string's
+        # length: a Unicode class is a large RE2 program.
+        from elvin.subscription import patterns
+        for pattern, most in (("[[:alpha:]]", 1400), ("[[:word:]]", 1500), ("[[:digit:]]", 100),
+                              ("[[:space:]]", 30), ("[[:xdigit:]]", 10)):
+            self.assertLess(patterns.weighed_regexes([pattern])[1], most, pattern)

@@ -196,6 +196,30 @@ class PrimitiveTests(unittest.TestCase):
             self.assertRaises(BadUTF8Error, Reader(data).string)
 
 
+    def test_nul_byte_is_refused_at_its_offset(self):
+        # Section 6.1.4: a string is UTF-8 "with no NUL (0x00) bytes".
+        for data, offset in ((h("00000003 61006200"), 5),     # "a\0b"
+                             (h("00000001 00000000"), 4),     # "\0"
+                             (h("00000002 0080 0000"), 4),    # NUL, then bad UTF-8
+                             (h("00000002 8000 0000"), 4)):   # bad UTF-8, then NUL
+            with self.assertRaises(BadUTF8Error) as cm:
+                Reader(data).string("s")
+            self.assertEqual(cm.exception.offset, offset)
+        with self.assertRaises(BadUTF8Error) as cm:
+            Reader(h("00000003 61006200")).string("s")
+        self.assertEqual(str(cm.exception), "NUL byte in s at offset 5")
+        self.assertEqual(Reader(h("00000003 61c3a9 00")).string(), "a\u00e9")
+
+    def test_nul_is_not_written(self):
+        for write in (Writer().string, Writer().value, encode_value):
+            with self.assertRaises(EncodeError) as cm:
+                write("a\0b")
+            self.assertIn("NUL (U+0000) at character 1", str(cm.exception))
+        self.assertRaises(EncodeError, encode_ast, ast.string("\0"))
+        self.assertRaises(EncodeError, encode_ast, ast.name("x\0"))
+        self.assertRaises(EncodeError, Writer().strings, ["ok", "\0"])
+
+
 class NameValueTests(unittest.TestCase):
 
     def test_vector(self):
@@ -251,6 +275,35 @@ class NameValueTests(unittest.TestCase):
 
     def test_name_must_be_str(self):
         self.assertRaises(TypeError, encode_name_values, {1: 1})
+
+    def test_nul_in_a_name_or_value_is_refused(self):
+        # both the accelerated and the pure-Python path (the test runs
+        # under each)
+        good = encode_name_values({"v": "a", "w": 1})
+        for old, new, offset in ((b"v\0\0\0", b"\0\0\0\0", 8),
+                                 (b"\0\0\0\x01a\0\0\0", b"\0\0\0\x01\0\0\0\0", 20)):
+            data = good.replace(old, new, 1)
+            self.assertNotEqual(data, good)
+            with self.assertRaises(BadUTF8Error) as cm:
+                decode_name_values(data)
+            self.assertEqual(cm.exception.offset, offset)
+            self.assertIn("NUL byte in attribute", str(cm.exception))
+
+    def test_nul_in_a_name_or_value_is_not_written_and_names_the_attribute(self):
+        with self.assertRaises(EncodeError) as cm:
+            encode_name_values({"ok": 1, "v": "a\0b"})
+        self.assertEqual(str(cm.exception), "attribute 'v': string holds a NUL (U+0000) at "
+                                            "character 1, which an Elvin string cannot "
+                                            "(section 6.1.4)")
+        with self.assertRaises(EncodeError) as cm:
+            encode_name_values({"v\0": 1})
+        self.assertIn("attribute 'v\\x00': name holds a NUL", str(cm.exception))
+
+        class Text(str):
+            pass
+        with self.assertRaises(EncodeError) as cm:
+            encode_name_values({"t": Text("\0")})
+        self.assertIn("attribute 't': string holds a NUL", str(cm.exception))
 
     def test_huge_count(self):
         with self.assertRaises(DecodeError):
@@ -342,7 +395,9 @@ class ASTVectorTests(unittest.TestCase):
 
 int32s = st.integers(-(1 << 31), (1 << 31) - 1)
 int64s = st.integers(-(1 << 63), (1 << 63) - 1)
-texts = st.text(max_size=20)
+#: strings as section 6.1.4 defines them: any Unicode text but NUL
+elvin_characters = st.characters(codec="utf-8", exclude_characters="\0")
+texts = st.text(elvin_characters, max_size=20)
 values = st.one_of(int32s, int64s.map(Int64), st.floats(allow_nan=False),
                    texts, st.binary(max_size=20))
 attributes = st.dictionaries(texts, values, max_size=8)

@@ -17,17 +17,19 @@ from elvin.protocols import xdr
 from elvin.protocols.xdr import DecodeError, Reader, Writer
 from elvin.values import Int64
 
+from elvin.test.test_xdr import elvin_characters
+
 try:
     import _elvin_xdr
 except ImportError:
     _elvin_xdr = None
 
-_names = st.text(min_size=1, max_size=12)
+_names = st.text(elvin_characters, min_size=1, max_size=12)
 _values = st.one_of(
     st.integers(-(1 << 31), (1 << 31) - 1),
     st.integers(-(1 << 63), (1 << 63) - 1).map(Int64),
     st.floats(allow_nan=False),
-    st.text(max_size=40),
+    st.text(elvin_characters, max_size=40),
     st.binary(max_size=40))
 _attributes = st.dictionaries(_names, _values, max_size=12)
 
@@ -111,6 +113,9 @@ class AcceleratorTests(unittest.TestCase):
             "unknown typecode": array(string(b"a") + struct.pack(">ii", 9, 0)),
             "truncated value": array(string(b"a") + struct.pack(">i", 2) + b"\0\0\0"),
             "string overruns": array(string(b"a") + struct.pack(">iI", 4, 1 << 31)),
+            "NUL in a name": array(string(b"a\0") + int32),
+            "NUL in a value": array(string(b"a") + struct.pack(">i", 4) + string(b"b\0c")),
+            "NUL as a value": array(string(b"a") + struct.pack(">i", 4) + string(b"\0")),
         }
         for what, data in cases.items():
             self.assertEqual(_python(data), "error", what)
