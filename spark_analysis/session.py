@@ -7,7 +7,7 @@ import tempfile
 
 __all__ = ["get_session", "pyspark_available", "local_test_session", "is_local_master",
            "local_settings", "common_settings", "quiet_jvm_options", "jvm_stderr_to",
-           "QUICK_JIT_RECORDS"]
+           "QUICK_JIT_RECORDS", "ClassArchive", "test_jvm_options"]
 
 
 def pyspark_available():
@@ -147,15 +147,8 @@ def jvm_stderr_to(path):
     return _stderr_to(path)
 
 
-def local_test_session(partitions=1):
-    """A small local session for tests: local[2], no UI, one shuffle partition.
-
-    Code generation and adaptive execution are off: on inputs of a few
-    hundred records they cost far more (JIT, compiling) than they save.
-    """
-    import sys
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+def test_jvm_options():
+    """The JVM options of ``local_test_session`` (without the class archive's)."""
     # the quick JIT tier only, and the simplest GC; quiet logs. With the quick
     # tier alone the JVM reserves 48 MB for compiled code, which the suite's
     # Spark tests fill within a minute of one process's work ("CodeCache is
@@ -165,11 +158,154 @@ def local_test_session(partitions=1):
     quiet = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2-quiet.properties")
     if os.path.exists(quiet):
         java += f" -Dlog4j2.configurationFile={quiet}"
+    return java
+
+
+def local_test_session(partitions=1):
+    """A small local session for tests: local[2], no UI, one shuffle partition.
+
+    Code generation and adaptive execution are off: on inputs of a few
+    hundred records they cost far more (JIT, compiling) than they save.
+    """
+    import sys
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    java = test_jvm_options()
+    archive = ClassArchive(java)
+    java = f"{java} {archive.java_options()}".strip()
     # The JVM writes straight to the inherited stderr (its launcher's
     # "WARNING: Using incubator modules", Spark's log4j notices), which
     # would land in the middle of the test output: give it a log file.
     with _stderr_to(os.path.join(tempfile.gettempdir(), "elvin-spark-jvm.log")):
-        return _test_session(partitions, java)
+        spark = _test_session(partitions, java)
+    archive.started(spark)
+    return spark
+
+
+class ClassArchive:
+    """A class-data-sharing archive of the classes a test JVM loads (JDK 13+).
+
+    A new JVM spends seconds of CPU reading, parsing and verifying Spark's
+    classes from its jars before the first query runs (a session and one
+    small query: 9 s of the JVM's CPU, 4 s with the archive; the first run
+    of the pipeline after it about 5 s less again). The first test session
+    on a machine runs with ``-XX:ArchiveClassesAtExit``: when the process
+    ends, its JVM is stopped and waited for (bounded) while it writes every
+    class it loaded to a file, which is then renamed into place under the
+    cache directory (``ELVIN_SPARK_CDS_DIR``, else ``$XDG_CACHE_HOME`` or
+    ``~/.cache``, then ``elvin/spark-cds``); later sessions map it
+    (``-XX:SharedArchiveFile``). The file's name is a digest of the Java
+    runtime, the pyspark version and jars, and the JVM options, so another
+    of any of them makes a new one (and removes the old). Nothing here can
+    fail a run: a directory that cannot be written means no archive, and a
+    JVM that cannot use a file (another JDK build, a file cut short) starts
+    without it. ``ELVIN_SPARK_CDS=0`` turns it off.
+    """
+
+    EXIT_WAIT = 120        # seconds the process waits, at its end, for the dump
+
+    def __init__(self, java_options):
+        self.path = self.writing = None
+        if os.environ.get("ELVIN_SPARK_CDS", "1") == "0":
+            return
+        try:
+            directory = self.directory()
+            os.makedirs(directory, exist_ok=True)
+            if not os.access(directory, os.W_OK):
+                return
+            self.path = os.path.join(directory, f"spark-{self.key(java_options)}.jsa")
+        except (OSError, ValueError, ImportError):
+            self.path = None
+
+    @staticmethod
+    def directory():
+        where = os.environ.get("ELVIN_SPARK_CDS_DIR")
+        if where:
+            return where
+        cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                                   ".cache")
+        return os.path.join(cache, "elvin", "spark-cds")
+
+    @staticmethod
+    def key(java_options):
+        """A digest of what the archive depends on."""
+        import hashlib
+        import shutil
+        import pyspark
+        java_home = os.environ.get("JAVA_HOME")
+        java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+        if not java:
+            raise ValueError("no java")
+        java = os.path.realpath(java)
+        jars = os.path.join(os.path.dirname(os.path.abspath(pyspark.__file__)), "jars")
+        parts = [java, str(os.stat(java).st_mtime_ns), pyspark.__version__, jars,
+                 java_options]
+        parts += sorted(f"{name}:{os.stat(os.path.join(jars, name)).st_size}"
+                        for name in os.listdir(jars))
+        return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+    # (warnings about classes it cannot archive, or an archive it cannot
+    # map, would go to the JVM's standard output: the test output)
+    QUIET = "-Xlog:cds=off -Xlog:cds+dynamic=off"
+
+    def map_options(self):
+        """JVM options mapping the archive, if there is one ("" if not)."""
+        if self.path is None or not os.path.exists(self.path):
+            return ""
+        return f"-XX:SharedArchiveFile={self.path} {self.QUIET}"
+
+    def java_options(self):
+        """The options for the JVM about to start: map the archive, or write one."""
+        if self.path is None:
+            return ""
+        mapped = self.map_options()
+        if mapped:
+            return mapped
+        self.writing = f"{self.path}.{os.getpid()}.tmp"
+        return f"-XX:ArchiveClassesAtExit={self.writing} {self.QUIET}"
+
+    def started(self, spark):
+        """Once the JVM runs: if it is to write the archive, stop it at exit."""
+        proc = getattr(spark.sparkContext._gateway, "proc", None)
+        if self.writing is None or proc is None:
+            return
+        import atexit
+        atexit.register(self._finish, spark, proc)
+
+    def _finish(self, spark, proc):
+        import contextlib
+        import subprocess
+        try:
+            spark.stop()
+        except Exception:
+            pass
+        try:
+            proc.stdin.close()          # the JVM exits on the end of its input
+            proc.wait(timeout=self.EXIT_WAIT)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            pass
+        try:
+            if proc.returncode == 0 and os.path.getsize(self.writing) > 0:
+                os.replace(self.writing, self.path)
+                self._remove_others()
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            os.unlink(self.writing)
+
+    def _remove_others(self):
+        """Archives of other keys, and unfinished ones a day old."""
+        import time
+        directory, keep = os.path.dirname(self.path), os.path.basename(self.path)
+        for name in os.listdir(directory):
+            path = os.path.join(directory, name)
+            if not name.startswith("spark-") or name == keep:
+                continue
+            try:
+                if name.endswith(".jsa") or time.time() - os.stat(path).st_mtime > 86400:
+                    os.unlink(path)
+            except OSError:
+                pass
 
 
 @contextlib.contextmanager

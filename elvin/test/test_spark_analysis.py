@@ -837,9 +837,19 @@ class ClockOffsetTests(unittest.SynchronousTestCase):
 class SyntheticReportTests(unittest.SynchronousTestCase):
     """A simulated federation of nine routers with a cycle and clock skew:
     every clock bound holds the generator's true offset, and no chart
-    draws a label over another."""
+    draws a label over another.
+
+    One test makes every check (a failure's traceback names it): the run
+    is the expensive part, and under ``trial -j`` the tests of one class
+    go to different processes, each of which would run it again."""
 
     timeout = 600
+
+    def test_synthetic_report(self):
+        self.check_clock_bounds_hold_the_truth()
+        self.check_flood_with_a_cycle()
+        self.check_peak_per_second()
+        self.check_no_label_overlaps()
 
     @classmethod
     def analysis(cls):
@@ -853,7 +863,7 @@ class SyntheticReportTests(unittest.SynchronousTestCase):
             _runs["synthetic"] = (traces, pipeline.run(spark, traces, out, progress=None))
         return _runs["synthetic"]
 
-    def test_clock_bounds_hold_the_truth(self):
+    def check_clock_bounds_hold_the_truth(self):
         traces, a = self.analysis()
         with open(os.path.join(traces, "topology.json")) as f:
             truth = {r["domain"]: r["clock_offset_us"] for r in json.load(f)["routers"]}
@@ -867,7 +877,7 @@ class SyntheticReportTests(unittest.SynchronousTestCase):
                 self.assertLessEqual(abs(r["clock_offset_est_us"] - theta),
                                      r["clock_offset_pm_us"] + 1)
 
-    def test_flood_with_a_cycle(self):
+    def check_flood_with_a_cycle(self):
         """Issue 22, item 5: no negative "saving" when a cycle carries traffic."""
         _, a = self.analysis()
         with open(os.path.join(a.out_dir, "report.html"), encoding="utf-8") as f:
@@ -883,7 +893,7 @@ class SyntheticReportTests(unittest.SynchronousTestCase):
         if over:
             self.assertIn("is real, not an error", page)
 
-    def test_peak_per_second(self):
+    def check_peak_per_second(self):
         """Each link direction's busiest second, counted here in Python."""
         traces, a = self.analysis()
         per_second = {}
@@ -907,7 +917,7 @@ class SyntheticReportTests(unittest.SynchronousTestCase):
         self.assertEqual(got, peaks)
         self.assertGreater(max(peaks.values()), 1)
 
-    def test_no_label_overlaps(self):
+    def check_no_label_overlaps(self):
         _, a = self.analysis()
         self.assertIn("topology", a.chart_overlaps)
         self.assertEqual({name: pairs for name, pairs in a.chart_overlaps.items() if pairs}, {})

@@ -27,14 +27,32 @@ from elvin.test.places import REPO
 
 BENCH = os.path.join(REPO, "bench", "spark_cluster.py")
 
-#: Tiny inputs on the cluster: a few shuffle partitions, and the JVMs' quick
-#: JIT tier only (as the shared local session has).
+#: Tiny inputs on the cluster: the shared local session's settings
+#: (session.local_test_session: one shuffle partition, no code generation,
+#: no adaptive execution, no broadcast joins), and the JVMs' quick JIT tier
+#: only.
 FAST = {
-    "spark.sql.shuffle.partitions": "2",
-    "spark.default.parallelism": "2",
+    "spark.sql.shuffle.partitions": "1",
+    "spark.default.parallelism": "1",
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+    "spark.sql.adaptive.enabled": "false",
+    "spark.sql.autoBroadcastJoinThreshold": "-1",
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
     "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
 }
+
+
+def fast_conf():
+    """FAST, the driver mapping the test sessions' class archive when there
+    is one (session.ClassArchive: the driver is started as they are, by
+    spark-submit, and loads the same classes)."""
+    from spark_analysis.session import ClassArchive, test_jvm_options
+    conf = dict(FAST)
+    mapped = ClassArchive(test_jvm_options()).map_options()
+    if mapped:
+        conf["spark.driver.extraJavaOptions"] += f" {mapped}"
+    return conf
 
 
 def load_bench():
@@ -103,7 +121,7 @@ class StandaloneClusterTests(unittest.TestCase):
         cluster_dir = os.path.join(work, "cluster")
         log = io.StringIO()
         d = threads.deferToThread(
-            bench.run_cluster_check, traces=traces, workdir=cluster_dir, port=0, conf=FAST,
+            bench.run_cluster_check, traces=traces, workdir=cluster_dir, port=0, conf=fast_conf(),
             start_timeout=90, run_timeout=240, deadline=self.timeout - 90, log=log,
             analysis_args=["--latency-sample", "2"], only=("local", "module"), workers=1,
             reference=reference)

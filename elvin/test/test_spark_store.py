@@ -659,6 +659,105 @@ class QuickJitTests(unittest.SynchronousTestCase):
         self.assertFalse(_small_run(args, big, None, None))
 
 
+class ClassArchiveTests(unittest.SynchronousTestCase):
+    """The test sessions' class-data-sharing archive (session.ClassArchive):
+    written by the first JVM at its end, renamed into place once that JVM
+    has exited well, mapped by later ones; never in the way."""
+
+    def setUp(self):
+        from spark_analysis.session import pyspark_available
+        reason = pyspark_available()
+        if reason:
+            raise unittest.SkipTest(reason)
+        self.dir = tempfile.mkdtemp(prefix="elvin-cds-")
+        self.addCleanup(shutil.rmtree, self.dir, True)
+        self.environ("ELVIN_SPARK_CDS_DIR", os.path.join(self.dir, "cache"))
+        self.environ("ELVIN_SPARK_CDS", None)
+
+    def environ(self, name, value):
+        old = os.environ.get(name)
+        self.addCleanup(lambda: os.environ.__setitem__(name, old) if old is not None
+                        else os.environ.pop(name, None))
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+    def test_written_first_then_mapped(self):
+        from spark_analysis.session import ClassArchive
+        archive = ClassArchive("-XX:+UseSerialGC")
+        self.assertTrue(archive.path.startswith(os.path.join(self.dir, "cache", "spark-")))
+        self.assertEqual(archive.map_options(), "")
+        self.assertEqual(archive.java_options(),
+                         f"-XX:ArchiveClassesAtExit={archive.path}.{os.getpid()}.tmp "
+                         "-Xlog:cds=off -Xlog:cds+dynamic=off")
+        open(archive.path, "wb").close()
+        again = ClassArchive("-XX:+UseSerialGC")
+        self.assertEqual(again.java_options(), f"-XX:SharedArchiveFile={archive.path} "
+                                               "-Xlog:cds=off -Xlog:cds+dynamic=off")
+        self.assertIsNone(again.writing)
+        # other JVM options, another archive
+        self.assertNotEqual(ClassArchive("-XX:+UseParallelGC").path, archive.path)
+
+    def test_off_or_nowhere_to_write_is_no_archive(self):
+        from spark_analysis.session import ClassArchive
+        self.environ("ELVIN_SPARK_CDS", "0")
+        self.assertEqual(ClassArchive("").java_options(), "")
+        self.environ("ELVIN_SPARK_CDS", None)
+        blocker = os.path.join(self.dir, "a-file")
+        open(blocker, "w").close()
+        self.environ("ELVIN_SPARK_CDS_DIR", os.path.join(blocker, "cache"))
+        self.assertEqual(ClassArchive("").java_options(), "")
+
+    def jvm(self, status):
+        """A stand-in for the JVM's process: at the end of its input it
+        writes the archive it was told to (as -XX:ArchiveClassesAtExit does)
+        and exits with ``status``."""
+        import subprocess
+        import sys
+        from spark_analysis.session import ClassArchive
+        archive = ClassArchive("")
+        archive.java_options()
+        code = ("import sys; sys.stdin.read(); "
+                f"open({archive.writing!r}, 'wb').write(b'archive'); sys.exit({status})")
+        proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE)
+        self.addCleanup(proc.wait)
+        stopped = []
+        spark = type("Spark", (), {"stop": lambda self: stopped.append(1)})()
+        return archive, spark, proc, stopped
+
+    def test_renamed_into_place_once_the_jvm_has_written_it(self):
+        archive, spark, proc, stopped = self.jvm(0)
+        old = os.path.join(os.path.dirname(archive.path), "spark-0123456789abcdef.jsa")
+        open(old, "wb").close()
+        archive._finish(spark, proc)
+        self.assertEqual(stopped, [1])
+        with open(archive.path, "rb") as f:
+            self.assertEqual(f.read(), b"archive")
+        self.assertFalse(os.path.exists(archive.writing))
+        self.assertFalse(os.path.exists(old))          # another key's: removed
+
+    def test_a_jvm_that_failed_leaves_no_archive(self):
+        archive, spark, proc, _ = self.jvm(1)
+        archive._finish(spark, proc)
+        self.assertFalse(os.path.exists(archive.path))
+        self.assertFalse(os.path.exists(archive.writing))
+
+    def test_only_a_writing_session_is_stopped_at_exit(self):
+        import atexit
+        from spark_analysis.session import ClassArchive
+        registered = []
+        self.patch(atexit, "register", lambda *a: registered.append(a))
+        gateway = type("Gateway", (), {"proc": object()})()
+        spark = type("Spark", (), {"sparkContext": type("SC", (), {"_gateway": gateway})()})()
+        archive = ClassArchive("")
+        archive.started(spark)
+        self.assertEqual(registered, [])               # not asked for options yet
+        archive.java_options()
+        archive.started(spark)
+        self.assertEqual(registered, [(archive._finish, spark, gateway.proc)])
+
+
 class ManifestVersionTests(unittest.SynchronousTestCase):
     """A table written before dkey/akey existed is refused, saying what to do
     (reading it would give null keys and wrong counts)."""
