@@ -199,14 +199,15 @@ class ClassArchive:
     of any of them makes a new one (and removes the old). Nothing here can
     fail a run: a directory that cannot be written means no archive, and a
     JVM that cannot use a file (another JDK build, a file cut short) starts
-    without it. ``ELVIN_SPARK_CDS=0`` turns it off.
+    without it. Only with ``ELVIN_SPARK_CDS=1``: a single run on a fresh
+    machine (CI) would pay for writing it and map it nowhere.
     """
 
     EXIT_WAIT = 120        # seconds the process waits, at its end, for the dump
 
     def __init__(self, java_options):
         self.path = self.writing = None
-        if os.environ.get("ELVIN_SPARK_CDS", "1") == "0":
+        if os.environ.get("ELVIN_SPARK_CDS", "0") != "1":
             return
         try:
             directory = self.directory()

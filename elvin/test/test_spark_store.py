@@ -672,7 +672,7 @@ class ClassArchiveTests(unittest.SynchronousTestCase):
         self.dir = tempfile.mkdtemp(prefix="elvin-cds-")
         self.addCleanup(shutil.rmtree, self.dir, True)
         self.environ("ELVIN_SPARK_CDS_DIR", os.path.join(self.dir, "cache"))
-        self.environ("ELVIN_SPARK_CDS", None)
+        self.environ("ELVIN_SPARK_CDS", "1")
 
     def environ(self, name, value):
         old = os.environ.get(name)
@@ -701,9 +701,10 @@ class ClassArchiveTests(unittest.SynchronousTestCase):
 
     def test_off_or_nowhere_to_write_is_no_archive(self):
         from spark_analysis.session import ClassArchive
-        self.environ("ELVIN_SPARK_CDS", "0")
-        self.assertEqual(ClassArchive("").java_options(), "")
-        self.environ("ELVIN_SPARK_CDS", None)
+        for setting in ("0", None):           # off unless asked for
+            self.environ("ELVIN_SPARK_CDS", setting)
+            self.assertEqual(ClassArchive("").java_options(), "")
+        self.environ("ELVIN_SPARK_CDS", "1")
         blocker = os.path.join(self.dir, "a-file")
         open(blocker, "w").close()
         self.environ("ELVIN_SPARK_CDS_DIR", os.path.join(blocker, "cache"))
