@@ -23,10 +23,12 @@ A bucket that grows to ``GRID_FROM`` entries also files them on a *grid*
 and over a second one too when at least half of them bound both
 (``i1`` and ``i2`` in a cell of both). Cells are as wide as the median
 interval (1.5 times that with two attributes); each entry is listed in the
-cells its intervals cover (at most ``MAX_GRID_CELLS``); one bound only
-on the first attribute (or too wide on the second) in the cells of that
-attribute alone, its *rows*; any other in the bucket's "loose" list. A notification then takes from the bucket only
-its values' cell and row, plus the loose entries; one without a number
+cells its intervals cover (at most ``MAX_GRID_CELLS``), its bounds on the
+grid's attributes beside it; one bound only on the first attribute (or
+too wide on the second) in the cells of that attribute alone, its
+*rows*; any other in the bucket's "loose" list. A notification then
+takes from the bucket only the entries of its values' cell whose bounds
+hold its values, its row and the loose entries; one without a number
 there takes only the loose ones. Every subscription is in exactly one
 bucket a notification can select and there in one list it can take, so
 no candidate is produced twice (an OR filed under several keys is the
@@ -114,23 +116,26 @@ def _plan(ranges):
             name2, _median_width(ranges, name2, CELL_WIDTH_2D))
 
 
-def _drop(entry, keys, table):
-    """Take ``entry`` out of the cells ``keys`` of ``table``; whether it was in any."""
+def _drop(entry, keys, table, stride):
+    """Take ``entry`` and its bounds (``stride`` items in all) out of the
+    cells ``keys`` of ``table``; whether it was in any."""
     dropped = False
     for key in keys:
         cell = table.get(key)
-        if cell is None or entry not in cell:
+        if cell is None:
+            continue
+        for i in range(0, len(cell), stride):
+            if cell[i] is entry:
+                break
+        else:
             continue
         dropped = True
-        if len(cell) == 1:
+        if len(cell) == stride:
             del table[key]
         elif cell.__class__ is tuple:
-            table[key] = tuple([filed for filed in cell if filed is not entry])
+            table[key] = cell[:i] + cell[i + stride:]
         else:
-            for i, filed in enumerate(cell):
-                if filed is entry:
-                    del cell[i]
-                    break
+            del cell[i:i + stride]
     return dropped
 
 
@@ -161,11 +166,13 @@ class _Bucket:
     The grid is the bucket's own (one object fewer for a look-up to
     reach: ``grid`` is the bucket itself, or None while it has none).
     ``cells`` maps a cell's key to the entries filed in it, a tuple (one
-    object, its items inline): the cell number on ``name`` for a grid of
-    one attribute; for two, that number times ``_STRIDE`` plus the cell
+    object, its items inline), each entry followed by its bounds in cells
+    (``_place``) on ``name`` and, in a grid of two attributes, on
+    ``name2``: the key is the cell number on ``name`` for a grid of one
+    attribute; for two, that number times ``_STRIDE`` plus the cell
     number on ``name2``. Two cells may share a key (numbers past
-    ``_STRIDE``): an entry is still filed once per key, so a notification
-    may get more candidates, never fewer or doubled. ``rows`` (two
+    ``_STRIDE``): an entry is still filed once per key, and its bounds
+    keep it from the other cell's look-ups. ``rows`` (two
     attributes only) holds, by cell on ``name``, lists of the entries
     bound on it but not on ``name2`` (or over more cells of it than
     ``MAX_GRID_CELLS`` allows). ``rows`` and ``loose`` are None while
@@ -231,9 +238,10 @@ class _Bucket:
         if self.cells is None:
             return self.entries
         seen = dict(self.loose or ())
-        for table in self.cells, self.rows or {}:
+        for table, stride in ((self.cells, 3 if self.name2 is None else 5),
+                              (self.rows or {}, 1)):
             for cell in table.values():
-                for entry in cell:
+                for entry in cell[::stride]:
                     seen[entry.id] = entry
         return seen
 
@@ -251,48 +259,78 @@ class _Bucket:
         # ±inf twice costs three times as much).
         if value.__class__ not in _NUMBERS or value - value != 0:
             return
-        x = _floor(value / self.width)
+        # The value in cells (float), compared with bounds in cells: see
+        # ``_place``.
+        v = value / self.width
+        x = _floor(v)
         name2 = self.name2
         if name2 is None:
             cell = self.cells.get(x)
-        else:
-            rows = self.rows
-            if rows is not None:
-                cell = rows.get(x)
-                if cell:
-                    found.extend(cell)
-            value = attributes.get(name2)
-            if value.__class__ not in _NUMBERS or value - value != 0:
-                return
-            cell = self.cells.get(x * _STRIDE + _floor(value / self.width2))
+            if cell:
+                i = 0
+                n = len(cell)
+                while i < n:
+                    if cell[i + 1] <= v and v <= cell[i + 2]:
+                        found.append(cell[i])
+                    i += 3
+            return
+        rows = self.rows
+        if rows is not None:
+            cell = rows.get(x)
+            if cell:
+                found.extend(cell)
+        value = attributes.get(name2)
+        if value.__class__ not in _NUMBERS or value - value != 0:
+            return
+        v2 = value / self.width2
+        cell = self.cells.get(x * _STRIDE + _floor(v2))
         if cell:
-            found.extend(cell)
+            i = 0
+            n = len(cell)
+            while i < n:
+                if cell[i + 1] <= v and v <= cell[i + 2] and cell[i + 3] <= v2 \
+                        and v2 <= cell[i + 4]:
+                    found.append(cell[i])
+                i += 5
 
     # -- the grid ---------------------------------------------------------------
 
     def _place(self, ranges):
         """Where an entry with ``ranges`` is filed: None (loose), or the
-        keys of its cells (each once) and whether in ``rows``."""
+        keys of its cells (each once), whether in ``rows``, and its bounds
+        there, in cells: ``lo / width, hi / width`` on ``name`` (and on
+        ``name2`` in ``cells`` of two attributes). A look-up compares a
+        value's ``value / width`` with them: dividing by a positive width
+        and rounding to a float never reverses an order, so a value an
+        evaluator finds within [lo, hi] (exactly, as an int64, or as a
+        real64, the bounds being the literals' real64 values) is within
+        them too."""
         if not ranges:
             return None
-        span = _span(ranges.get(self.name), self.width)
+        bounds = ranges.get(self.name)
+        span = _span(bounds, self.width)
         if span is None:
             return None
         first, last = span
+        width = self.width
+        scaled = (_shared(bounds[0] / width), _shared(bounds[1] / width))
         name2 = self.name2
         if name2 is None:
-            return (range(first, last + 1), False) if last - first < MAX_GRID_CELLS \
-                else None
-        span2 = _span(ranges.get(name2), self.width2)
+            return (range(first, last + 1), False, scaled) \
+                if last - first < MAX_GRID_CELLS else None
+        bounds2 = ranges.get(name2)
+        span2 = _span(bounds2, self.width2)
         if span2 is not None and (last - first + 1) * (span2[1] - span2[0] + 1) \
                 <= MAX_GRID_CELLS:
             first2, last2 = span2
+            width2 = self.width2
+            scaled += (_shared(bounds2[0] / width2), _shared(bounds2[1] / width2))
             if first == last and first2 == last2:
-                return (first * _STRIDE + first2,), False
+                return (first * _STRIDE + first2,), False, scaled
             return {x * _STRIDE + y for x in range(first, last + 1)
-                    for y in range(first2, last2 + 1)}, False
+                    for y in range(first2, last2 + 1)}, False, scaled
         if last - first < MAX_GRID_CELLS:
-            return range(first, last + 1), True
+            return range(first, last + 1), True, None
         return None
 
     def _file(self, entry, ranges):
@@ -302,7 +340,7 @@ class _Bucket:
                 self.loose = {}
             self.loose[entry.id] = entry
             return
-        keys, in_rows = placed
+        keys, in_rows, scaled = placed
         if in_rows:
             rows = self.rows
             if rows is None:
@@ -314,9 +352,10 @@ class _Bucket:
                 else:
                     cell.append(entry)
         else:
+            item = (entry,) + scaled
             cells = self.cells
             for key in keys:
-                cells[key] = cells.get(key, ()) + (entry,)
+                cells[key] = cells.get(key, ()) + item
 
     def _unfile(self, entry, ranges):
         loose = self.loose
@@ -325,15 +364,33 @@ class _Bucket:
                 self.loose = None
             return
         placed = self._place(ranges)
-        table = None if placed is None else self.rows if placed[1] else self.cells
-        if table is None or not _drop(entry, placed[0], table):
+        cell_stride = 3 if self.name2 is None else 5
+        if placed is None:
+            dropped = False
+        elif placed[1]:
+            dropped = _drop(entry, placed[0], self.rows or {}, 1)
+        else:
+            dropped = _drop(entry, placed[0], self.cells, cell_stride)
+        if not dropped:
             # Not where its ranges file it (ranges other than when it was
             # added): look in every cell.
-            _drop(entry, list(self.cells), self.cells)
+            _drop(entry, list(self.cells), self.cells, cell_stride)
             if self.rows is not None:
-                _drop(entry, list(self.rows), self.rows)
+                _drop(entry, list(self.rows), self.rows, 1)
         if not self.rows:
             self.rows = None
+
+
+def _shared(bound):
+    """``bound``, held once for every cell and grid that holds an equal one."""
+    if len(_BOUNDS) >= MAX_SHARED_BOUNDS:
+        _BOUNDS.clear()
+    return _BOUNDS.setdefault(bound, bound)
+
+
+#: Bounds in cells, each held once (see ``_Bucket._place``).
+_BOUNDS: dict = {}
+MAX_SHARED_BOUNDS = 65536
 
 
 def _key(signature, attributes):

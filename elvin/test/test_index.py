@@ -350,9 +350,9 @@ class TwoAttributeGridTests(unittest.TestCase):
         self.assertEqual(index.candidates({"s": "a", "i1": 5}), [])
         self.assertEqual(index.candidates({"s": "a", "i1": 5, "i2": float("nan")}), [])
 
-    def test_cells_sharing_a_key_over_select(self):
-        # Cells (0, 2**32) and (1, 0) share a key: each entry is given
-        # for both, once, and only evaluation tells them apart.
+    def test_cells_sharing_a_key_select_by_bounds(self):
+        # Cells (0, 2**32) and (1, 0) share a key: each entry is filed in
+        # it once, and its bounds there tell them apart.
         index = SubscriptionIndex()
         filler = [Entry(i + 1, f's == "a" && m >= {10 + 4 * i} && m <= {11 + 4 * i} && '
                                'n >= 0 && n <= 1') for i in range(20)]
@@ -369,10 +369,8 @@ class TwoAttributeGridTests(unittest.TestCase):
         index.add(near)
         for note, match in (({"s": "a", "m": near_m, "n": 0}, near),
                             ({"s": "a", "m": 0, "n": far_n}, far)):
-            ids = [c.id for c in index.candidates(note)]
-            self.assertEqual(sorted(ids), [100, 101])
-            self.assertEqual([c.id for c in index.candidates(note)
-                              if c.evaluate(normalise(note)) is True], [match.id])
+            self.assertEqual([c.id for c in index.candidates(note)], [match.id])
+            self.assertIs(match.evaluate(normalise(note)), True)
         index.remove(far)
         self.assertEqual([c.id for c in index.candidates({"s": "a", "m": near_m, "n": 0})],
                          [101])
@@ -422,9 +420,12 @@ class TwoAttributeGridTests(unittest.TestCase):
         self.assertTrue(cells)
         self.assertTrue(all(cell.__class__ is tuple and cell for cell in cells))
         kept = {e.id for e in entries["a"]} - {e.id for e in entries["a"][::3]}
-        self.assertEqual({e.id for cell in cells for e in cell}, kept)
-        self.assertEqual(sum(len(cell) for cell in cells),
-                         sum(len(set(cell)) for cell in cells))
+        # each entry followed by its bounds on the two attributes
+        self.assertTrue(all(bound.__class__ is float for cell in cells
+                            for i, bound in enumerate(cell) if i % 5))
+        self.assertEqual({e.id for cell in cells for e in cell[::5]}, kept)
+        self.assertEqual(sum(len(cell[::5]) for cell in cells),
+                         sum(len(set(cell[::5])) for cell in cells))
 
     def test_removal_finds_an_entry_its_ranges_no_longer_place(self):
         index = SubscriptionIndex()
@@ -447,3 +448,40 @@ class TwoAttributeGridTests(unittest.TestCase):
             self.assertNotIn(moved, index.candidates(note))
             self.assertNotIn(moved, list(index.all_entries()))
         self.assertEqual(len(index), 43)
+
+    def test_bounds_in_cells_lose_no_match_at_their_edges(self):
+        # A cell's bounds are the literals' real64 values over the cell
+        # width: an int64 past 2**53, a value of the other numeric type,
+        # -0.0 against 0.0, a value on a bound or a cell's edge still
+        # gives every match, and a value past an entry's bounds in its
+        # cell does not give that entry.
+        big = 2 ** 53 + 1
+        texts = [f"n >= {lo} && n <= {lo + 3} && m >= {lo} && m <= {lo + 3}"
+                 for lo in range(0, 40, 4)]
+        texts += [f"n >= {big}L && n <= {big}L && m >= 0 && m <= 1",
+                  f"n > {big - 2}L && n < {big + 2}L && m >= -0.0 && m <= 0.0",
+                  f"n >= {big + 1}L && n <= {big + 3}L && m > 0 && m < 1",
+                  "n >= 0.1 && n <= 0.30000000000000004 && m >= -0.0 && m <= -0.0",
+                  "n > 2.5 && n < 3 && m >= 1L && m <= 2L",
+                  "n == 7 && m == 7.0"]
+        entries = [Entry(i + 1, f's == "a" && {text}') for i, text in enumerate(texts)]
+        index = SubscriptionIndex()
+        for entry in entries:
+            index.add(entry)
+        grid = self.grid_of(index, "a")
+        self.assertEqual({grid.name, grid.name2}, {"n", "m"})
+        edges = [k * w for w in (grid.width, grid.width2) for k in range(-1, 12)]
+        values = [0, -0.0, 0.0, 1, 1.0, 2.5, 3, 3.0, 7, Int64(7), 0.1 + 0.2, 0.3,
+                  big, Int64(big), Int64(big - 1), Int64(big + 1), Int64(big + 2),
+                  float(big), float(big + 3), 2.0 ** 53, *edges]
+        tight = 0
+        for n in values:
+            for m in values[:12] + edges:
+                note = {"s": "a", "n": n, "m": m}
+                ids = [c.id for c in index.candidates(note)]
+                matches = [e.id for e in entries if e.evaluate(normalise(note)) is True]
+                self.assertLessEqual(set(matches), set(ids), note)
+                tight += len(ids) == len(matches)
+        self.assertEqual(index.candidates({"s": "a", "n": 1, "m": 3.5}), [])
+        self.assertEqual([c.id for c in index.candidates({"s": "a", "n": 1, "m": 3})], [1])
+        self.assertGreater(tight, 0)
