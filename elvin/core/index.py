@@ -28,8 +28,9 @@ grid's attributes beside it; one bound only on the first attribute (or
 too wide on the second) in the cells of that attribute alone, its
 *rows*; any other in the bucket's "loose" list. A notification then
 takes from the bucket only the entries of its values' cell whose bounds
-hold its values, its row and the loose entries; one without a number
-there takes only the loose ones. Every subscription is in exactly one
+hold its values (``_cell_select``: compiled when ``_elvin_xdr`` is
+built, else ``_select_in_cell``), its row and the loose entries; one
+without a number there takes only the loose ones. Every subscription is in exactly one
 bucket a notification can select and there in one list it can take, so
 no candidate is produced twice (an OR filed under several keys is the
 exception: ``candidates`` removes its repeats). The index never changes what matches: it
@@ -38,6 +39,8 @@ only skips subscriptions that cannot be true.
 
 import itertools
 import math
+import os
+import struct
 
 from elvin.subscription.analysis import (equality_constraints, index_key, or_parts,
                                          range_constraints, required_names)
@@ -72,6 +75,46 @@ _STRIDE = 1 << 32
 _INF = math.inf
 _floor = math.floor
 _NUMBERS = (int, float, Int64)
+#: An entry's bounds in a cell: native doubles, (lo, hi) on one attribute,
+#: (lo, hi, lo2, hi2) on two (``_Bucket._file``).
+_pack_bounds = struct.Struct("2d").pack
+_pack_bounds2 = struct.Struct("4d").pack
+
+
+def _select_in_cell(cells, key, found, v, v2=None):
+    """Append to ``found`` the entries of the cell ``cells[key]`` whose
+    bounds hold ``v`` (and ``v2``): the pure-Python ``_cell_select``, held
+    equal to the compiled one (``_elvin_xdr.cell_select``) by test_index.
+    A cell is a tuple: its entries' bounds as one bytes object of native
+    doubles, then the entries."""
+    cell = cells.get(key)
+    if cell is None:
+        return
+    bounds = memoryview(cell[0]).cast("d")
+    if v2 is None:
+        for i in range(1, len(cell)):
+            j = 2 * i - 2
+            if bounds[j] <= v and v <= bounds[j + 1]:
+                found.append(cell[i])
+        return
+    for i in range(1, len(cell)):
+        j = 4 * i - 4
+        if bounds[j] <= v and v <= bounds[j + 1] and bounds[j + 2] <= v2 \
+                and v2 <= bounds[j + 3]:
+            found.append(cell[i])
+
+
+#: The cell filter a look-up calls: compiled (elvin/protocols/_elvin_xdr.c,
+#: ABI 4) when built and ELVIN_PURE_PYTHON is not set, else in Python.
+_cell_select = _select_in_cell
+if not os.environ.get("ELVIN_PURE_PYTHON"):
+    try:
+        import _elvin_xdr
+    except ImportError:
+        pass
+    else:
+        if getattr(_elvin_xdr, "ABI", None) == 4:
+            _cell_select = _elvin_xdr.cell_select
 
 
 def _span(bounds, width):
@@ -116,26 +159,30 @@ def _plan(ranges):
             name2, _median_width(ranges, name2, CELL_WIDTH_2D))
 
 
-def _drop(entry, keys, table, stride):
-    """Take ``entry`` and its bounds (``stride`` items in all) out of the
-    cells ``keys`` of ``table``; whether it was in any."""
+def _drop(entry, keys, table, size):
+    """Take ``entry`` out of the cells ``keys`` of ``table``: lists (rows),
+    or cells (``_Bucket._file``) with ``size`` bytes of bounds an entry;
+    whether it was in any."""
     dropped = False
     for key in keys:
         cell = table.get(key)
         if cell is None:
             continue
-        for i in range(0, len(cell), stride):
+        first = 0 if cell.__class__ is list else 1
+        for i in range(first, len(cell)):
             if cell[i] is entry:
                 break
         else:
             continue
         dropped = True
-        if len(cell) == stride:
+        if len(cell) == first + 1:
             del table[key]
-        elif cell.__class__ is tuple:
-            table[key] = cell[:i] + cell[i + stride:]
+        elif first:
+            bounds = cell[0]
+            at = (i - 1) * size
+            table[key] = (bounds[:at] + bounds[at + size:],) + cell[1:i] + cell[i + 1:]
         else:
-            del cell[i:i + stride]
+            del cell[i]
     return dropped
 
 
@@ -165,11 +212,12 @@ class _Bucket:
 
     The grid is the bucket's own (one object fewer for a look-up to
     reach: ``grid`` is the bucket itself, or None while it has none).
-    ``cells`` maps a cell's key to the entries filed in it, a tuple (one
-    object, its items inline), each entry followed by its bounds in cells
-    (``_place``) on ``name`` and, in a grid of two attributes, on
-    ``name2``: the key is the cell number on ``name`` for a grid of one
-    attribute; for two, that number times ``_STRIDE`` plus the cell
+    ``cells`` maps a cell's key to the entries filed in it, a tuple: the
+    entries' bounds in cells (``_place``) on ``name`` and, in a grid of
+    two attributes, on ``name2``, packed as native doubles in one bytes
+    object (a look-up reads them in a cache line or two, not a float
+    object each), then the entries in the same order. The key is the
+    cell number on ``name`` for a grid of one attribute; for two, that number times ``_STRIDE`` plus the cell
     number on ``name2``. Two cells may share a key (numbers past
     ``_STRIDE``): an entry is still filed once per key, and its bounds
     keep it from the other cell's look-ups. ``rows`` (two
@@ -238,10 +286,9 @@ class _Bucket:
         if self.cells is None:
             return self.entries
         seen = dict(self.loose or ())
-        for table, stride in ((self.cells, 3 if self.name2 is None else 5),
-                              (self.rows or {}, 1)):
+        for table, first in ((self.cells, 1), (self.rows or {}, 0)):
             for cell in table.values():
-                for entry in cell[::stride]:
+                for entry in cell[first:]:
                     seen[entry.id] = entry
         return seen
 
@@ -265,14 +312,7 @@ class _Bucket:
         x = _floor(v)
         name2 = self.name2
         if name2 is None:
-            cell = self.cells.get(x)
-            if cell:
-                i = 0
-                n = len(cell)
-                while i < n:
-                    if cell[i + 1] <= v and v <= cell[i + 2]:
-                        found.append(cell[i])
-                    i += 3
+            _cell_select(self.cells, x, found, v)
             return
         rows = self.rows
         if rows is not None:
@@ -283,15 +323,7 @@ class _Bucket:
         if value.__class__ not in _NUMBERS or value - value != 0:
             return
         v2 = value / self.width2
-        cell = self.cells.get(x * _STRIDE + _floor(v2))
-        if cell:
-            i = 0
-            n = len(cell)
-            while i < n:
-                if cell[i + 1] <= v and v <= cell[i + 2] and cell[i + 3] <= v2 \
-                        and v2 <= cell[i + 4]:
-                    found.append(cell[i])
-                i += 5
+        _cell_select(self.cells, x * _STRIDE + _floor(v2), found, v, v2)
 
     # -- the grid ---------------------------------------------------------------
 
@@ -313,10 +345,10 @@ class _Bucket:
             return None
         first, last = span
         width = self.width
-        scaled = (_shared(bounds[0] / width), _shared(bounds[1] / width))
         name2 = self.name2
         if name2 is None:
-            return (range(first, last + 1), False, scaled) \
+            return (range(first, last + 1), False,
+                    _pack_bounds(bounds[0] / width, bounds[1] / width)) \
                 if last - first < MAX_GRID_CELLS else None
         bounds2 = ranges.get(name2)
         span2 = _span(bounds2, self.width2)
@@ -324,7 +356,8 @@ class _Bucket:
                 <= MAX_GRID_CELLS:
             first2, last2 = span2
             width2 = self.width2
-            scaled += (_shared(bounds2[0] / width2), _shared(bounds2[1] / width2))
+            scaled = _pack_bounds2(bounds[0] / width, bounds[1] / width,
+                                   bounds2[0] / width2, bounds2[1] / width2)
             if first == last and first2 == last2:
                 return (first * _STRIDE + first2,), False, scaled
             return {x * _STRIDE + y for x in range(first, last + 1)
@@ -352,10 +385,11 @@ class _Bucket:
                 else:
                     cell.append(entry)
         else:
-            item = (entry,) + scaled
             cells = self.cells
             for key in keys:
-                cells[key] = cells.get(key, ()) + item
+                cell = cells.get(key)
+                cells[key] = ((scaled, entry) if cell is None
+                              else (cell[0] + scaled,) + cell[1:] + (entry,))
 
     def _unfile(self, entry, ranges):
         loose = self.loose
@@ -364,33 +398,21 @@ class _Bucket:
                 self.loose = None
             return
         placed = self._place(ranges)
-        cell_stride = 3 if self.name2 is None else 5
+        size = 16 if self.name2 is None else 32     # bytes of bounds an entry
         if placed is None:
             dropped = False
         elif placed[1]:
-            dropped = _drop(entry, placed[0], self.rows or {}, 1)
+            dropped = _drop(entry, placed[0], self.rows or {}, size)
         else:
-            dropped = _drop(entry, placed[0], self.cells, cell_stride)
+            dropped = _drop(entry, placed[0], self.cells, size)
         if not dropped:
             # Not where its ranges file it (ranges other than when it was
             # added): look in every cell.
-            _drop(entry, list(self.cells), self.cells, cell_stride)
+            _drop(entry, list(self.cells), self.cells, size)
             if self.rows is not None:
-                _drop(entry, list(self.rows), self.rows, 1)
+                _drop(entry, list(self.rows), self.rows, size)
         if not self.rows:
             self.rows = None
-
-
-def _shared(bound):
-    """``bound``, held once for every cell and grid that holds an equal one."""
-    if len(_BOUNDS) >= MAX_SHARED_BOUNDS:
-        _BOUNDS.clear()
-    return _BOUNDS.setdefault(bound, bound)
-
-
-#: Bounds in cells, each held once (see ``_Bucket._place``).
-_BOUNDS: dict = {}
-MAX_SHARED_BOUNDS = 65536
 
 
 def _key(signature, attributes):

@@ -2,7 +2,9 @@
  * _elvin_xdr: the optional compiled decoder for an XDR NameValue array,
  * the hot path of every notification. elvin/protocols/xdr.py's
  * Reader.name_values uses it when it was built (pip install .) and keeps
- * its pure-Python path otherwise.
+ * its pure-Python path otherwise. Beside it, the subscription index's
+ * grid-cell filter (cell_select, elvin/core/index.py, which keeps a
+ * pure-Python one too).
  *
  * It only decodes what is well formed: on anything else (truncation, a
  * negative or impossible count, bad UTF-8 or a NUL byte in a string, a
@@ -16,7 +18,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define ABI_VERSION 3
+#define ABI_VERSION 4
 
 enum { T_INT32 = 1, T_INT64 = 2, T_REAL64 = 3, T_STRING = 4, T_OPAQUE = 5 };
 
@@ -211,7 +213,67 @@ error:
     return NULL;
 }
 
+/* cell_select(cells, key, found, v[, v2]): the entries of the grid cell
+ * cells[key] whose bounds hold v (and v2), appended to the list found.
+ * A cell is a tuple: a bytes object of native doubles, (lo, hi) per entry
+ * on one attribute or (lo, hi, lo2, hi2) on two, then the entries in that
+ * order (elvin/core/index.py, _Bucket._file). The bounds sit in one
+ * object, a cache line or two, not one float object each. Compares as
+ * Python compares two floats (v and v2 are floats: a value over the cell
+ * width). Anything else is a TypeError; the index never passes it. */
+static PyObject *
+cell_select(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 && nargs != 5) {
+        PyErr_SetString(PyExc_TypeError, "cell_select takes 4 or 5 arguments");
+        return NULL;
+    }
+    PyObject *cells = args[0], *found = args[2];
+    if (!PyDict_Check(cells) || !PyList_Check(found)) {
+        PyErr_SetString(PyExc_TypeError, "cell_select(dict, key, list, float[, float])");
+        return NULL;
+    }
+    double v = PyFloat_AsDouble(args[3]);
+    if (v == -1.0 && PyErr_Occurred())
+        return NULL;
+    double v2 = 0.0;
+    if (nargs == 5) {
+        v2 = PyFloat_AsDouble(args[4]);
+        if (v2 == -1.0 && PyErr_Occurred())
+            return NULL;
+    }
+    PyObject *cell = PyDict_GetItemWithError(cells, args[1]);   /* borrowed */
+    if (cell == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t per = nargs == 4 ? 2 : 4;
+    PyObject *bounds;
+    if (!PyTuple_CheckExact(cell) || PyTuple_GET_SIZE(cell) < 1
+            || !PyBytes_CheckExact(bounds = PyTuple_GET_ITEM(cell, 0))
+            || PyBytes_GET_SIZE(bounds)
+               != (Py_ssize_t)sizeof(double) * per * (PyTuple_GET_SIZE(cell) - 1)) {
+        PyErr_SetString(PyExc_TypeError, "cell_select: not a grid cell");
+        return NULL;
+    }
+    const char *b = PyBytes_AS_STRING(bounds);
+    Py_ssize_t n = PyTuple_GET_SIZE(cell) - 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double d[4];
+        memcpy(d, b + i * per * (Py_ssize_t)sizeof(double), (size_t)per * sizeof(double));
+        if (d[0] <= v && v <= d[1] && (per == 2 || (d[2] <= v2 && v2 <= d[3]))) {
+            if (PyList_Append(found, PyTuple_GET_ITEM(cell, i + 1)) < 0)
+                return NULL;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"cell_select", (PyCFunction)(void (*)(void))cell_select, METH_FASTCALL,
+     "cell_select(cells, key, found, v[, v2]): append to found the entries of "
+     "the grid cell cells[key] whose bounds hold v (and v2) (elvin/core/index.py)."},
     {"name_values", name_values, METH_VARARGS,
      "name_values(data, pos, end, int64_type) -> (dict, new_pos), or None when "
      "the bytes are not a well-formed NameValue array (the caller then decodes "

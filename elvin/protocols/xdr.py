@@ -143,7 +143,8 @@ if not os.environ.get("ELVIN_PURE_PYTHON"):
     else:
         # ABI 3: an array it decodes has zero padding (``packets.notify_emit_fields``
         # relies on it) and no NUL byte in a string; an older build is not used.
-        if getattr(_elvin_xdr, "ABI", None) == 3:
+        # (4 decodes as 3 and adds the index's cell filter, elvin/core/index.py.)
+        if getattr(_elvin_xdr, "ABI", None) in (3, 4):
             _accelerated_name_values = _elvin_xdr.name_values
 _type_of = _values.type_of
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1

@@ -1,4 +1,5 @@
-"""The compiled NameValue decoder and the pure-Python one agree.
+"""The compiled NameValue decoder and the pure-Python one agree, and so
+do the index's compiled grid-cell filter and its pure-Python one.
 
 ``_elvin_xdr`` is built by ``pip install .`` (setup.py, optional=True). It
 returns None for anything not well formed, so the Python path raises the
@@ -13,6 +14,7 @@ import struct
 from hypothesis import given, settings, strategies as st
 from twisted.trial import unittest
 
+from elvin.core import index
 from elvin.protocols import xdr
 from elvin.protocols.xdr import DecodeError, Reader, Writer
 from elvin.values import Int64
@@ -32,6 +34,12 @@ _values = st.one_of(
     st.text(elvin_characters, max_size=40),
     st.binary(max_size=40))
 _attributes = st.dictionaries(_names, _values, max_size=12)
+#: Bounds and values in cells (a number over a cell width): edges,
+#: signed zeros, infinities, NaN, past 2**53.
+_cell_numbers = st.one_of(
+    st.floats(-3, 3), st.floats(), st.integers(-4, 4).map(float),
+    st.sampled_from([-0.0, 0.0, math.inf, -math.inf, math.nan, 2.0 ** 53, 2.0 ** 53 + 2,
+                     float(2 ** 63), 0.1 + 0.2, 0.3, 5e-324]))
 
 
 def _python(data, pos=0):
@@ -69,6 +77,50 @@ class AcceleratorTests(unittest.TestCase):
             self.assertIsNone(xdr._accelerated_name_values)
         else:
             self.assertIs(xdr._accelerated_name_values, _elvin_xdr.name_values)
+
+    def test_the_index_uses_its_cell_filter(self):
+        if os.environ.get("ELVIN_PURE_PYTHON"):
+            self.assertIs(index._cell_select, index._select_in_cell)
+        else:
+            self.assertIs(index._cell_select, _elvin_xdr.cell_select)
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.lists(st.tuples(_cell_numbers, _cell_numbers, _cell_numbers, _cell_numbers),
+                    max_size=6),
+           _cell_numbers, _cell_numbers, st.booleans())
+    def test_the_cell_filters_agree(self, bounds, v, v2, two):
+        # A cell is its entries' bounds as native doubles (2 or 4 an
+        # entry) in one bytes object, then the entries; both filters
+        # append the same entries, in order, compared as floats compare.
+        per = 4 if two else 2
+        entries = [object() for _ in bounds]
+        packed = b"".join(struct.pack(f"{per}d", *b[:per]) for b in bounds)
+        cells = {7: (packed, *entries)} if entries else {}
+        args = (v, v2) if two else (v,)
+        expected = []
+        for entry, b in zip(entries, bounds):
+            if all(b[2 * k] <= args[k] <= b[2 * k + 1] for k in range(per // 2)):
+                expected.append(entry)
+        for select in index._select_in_cell, _elvin_xdr.cell_select:
+            found = ["before"]
+            self.assertIsNone(select(cells, 7, found, *args))
+            self.assertEqual(found[1:], expected, select)
+            self.assertTrue(all(a is b for a, b in zip(found[1:], expected)))
+            found = []
+            select(cells, 8, found, *args)
+            self.assertEqual(found, [])
+
+    def test_the_compiled_cell_filter_refuses_what_is_not_a_cell(self):
+        cells = {1: (b"\0" * 16, "a", "b"), 2: ("bounds", "a"), 3: [b"\0" * 16, "a"]}
+        for key in 1, 2, 3:
+            with self.assertRaises(TypeError):
+                _elvin_xdr.cell_select(cells, key, [], 0.5)
+        for args in ((cells, 1, []), ([], 1, [], 0.5), (cells, 1, (), 0.5),
+                     (cells, 1, [], "0.5")):
+            with self.assertRaises(TypeError):
+                _elvin_xdr.cell_select(*args)
+        with self.assertRaises(TypeError):
+            _elvin_xdr.cell_select({[]: 1}, [], [], 0.5)     # an unhashable key
 
     @settings(max_examples=300, deadline=None)
     @given(_attributes, st.binary(max_size=8).map(lambda b: b[: len(b) & ~3]))
