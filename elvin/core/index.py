@@ -75,32 +75,76 @@ _STRIDE = 1 << 32
 _INF = math.inf
 _floor = math.floor
 _NUMBERS = (int, float, Int64)
-#: An entry's bounds in a cell: native doubles, (lo, hi) on one attribute,
-#: (lo, hi, lo2, hi2) on two (``_Bucket._file``).
-_pack_bounds = struct.Struct("2d").pack
-_pack_bounds2 = struct.Struct("4d").pack
+_NAN = math.nan
+_UNBOUNDED = (-_INF, _INF)
 
 
-def _select_in_cell(cells, key, found, v, v2=None):
+_F32_MAX = 3.4028234663852886e38
+_f32 = struct.Struct("f")
+_f32_bits = struct.Struct("<I")
+
+
+def _f32_step(f, up):
+    """The float32 next to the finite float32 ``f``, up or down."""
+    bits = _f32_bits.unpack(_f32.pack(f))[0]
+    if f == 0:
+        bits = 1 if up else 0x80000001
+    elif (f > 0) == up:
+        bits += 1
+    else:
+        bits -= 1
+    return _f32.unpack(_f32_bits.pack(bits))[0]
+
+
+def _outward(lo, hi):
+    """``lo`` and ``hi`` (floats, not NaN) rounded outward to float32s
+    (as floats): [lo, hi] within them."""
+    if lo < -_F32_MAX:
+        lo = -_INF
+    elif lo > _F32_MAX:
+        lo = _F32_MAX if lo < _INF else _INF
+    else:
+        rounded = _f32.unpack(_f32.pack(lo))[0]
+        lo = rounded if rounded <= lo else _f32_step(rounded, False)
+    if hi > _F32_MAX:
+        hi = _INF
+    elif hi < -_F32_MAX:
+        hi = -_F32_MAX if hi > -_INF else -_INF
+    else:
+        rounded = _f32.unpack(_f32.pack(hi))[0]
+        hi = rounded if rounded >= hi else _f32_step(rounded, True)
+    return lo, hi
+
+
+def _pack_bounds(*bounds):
+    """An entry's bounds in a cell, ``(lo, hi)`` on each attribute
+    (``_Bucket._place``), as native float32s rounded outward: half the
+    bytes of doubles, and a value within a bound is within it rounded so."""
+    rounded = []
+    for i in range(0, len(bounds), 2):
+        rounded.extend(_outward(bounds[i], bounds[i + 1]))
+    return struct.pack(f"{len(rounded)}f", *rounded)
+
+
+def _select_in_cell(cells, key, found, *values):
     """Append to ``found`` the entries of the cell ``cells[key]`` whose
-    bounds hold ``v`` (and ``v2``): the pure-Python ``_cell_select``, held
-    equal to the compiled one (``_elvin_xdr.cell_select``) by test_index.
-    A cell is a tuple: its entries' bounds as one bytes object of native
-    doubles, then the entries."""
+    bounds do not exclude ``values`` (one to three: a NaN is excluded by
+    none): the pure-Python ``_cell_select``, held equal to the compiled
+    one (``_elvin_xdr.cell_select``) by test_xdr_accelerator. A cell is a
+    tuple: its entries' bounds, (lo, hi) for each value, as one bytes
+    object of native float32s, then the entries."""
     cell = cells.get(key)
     if cell is None:
         return
-    bounds = memoryview(cell[0]).cast("d")
-    if v2 is None:
-        for i in range(1, len(cell)):
-            j = 2 * i - 2
-            if bounds[j] <= v and v <= bounds[j + 1]:
-                found.append(cell[i])
-        return
+    bounds = memoryview(cell[0]).cast("f")
+    per = 2 * len(values)
     for i in range(1, len(cell)):
-        j = 4 * i - 4
-        if bounds[j] <= v and v <= bounds[j + 1] and bounds[j + 2] <= v2 \
-                and v2 <= bounds[j + 3]:
+        j = per * (i - 1)
+        for v in values:
+            if v < bounds[j] or v > bounds[j + 1]:
+                break
+            j += 2
+        else:
             found.append(cell[i])
 
 
@@ -130,10 +174,12 @@ def _span(bounds, width):
 
 def _plan(ranges):
     """The grid for entries with these ``ranges`` (dicts), as ``(name,
-    width, name2, width2)``, or None: on the attribute most of them bound
+    width, name2, width2, name3)``, or None: on the attribute most of them bound
     on both sides, and with it the one most of those also bound, if that
     is at least half of them; cells ``CELL_WIDTH`` (``CELL_WIDTH_2D``)
-    times as wide as their median interval."""
+    times as wide as their median interval. ``name3``: another attribute
+    at least half of them bound (on one side or both), whose bounds the
+    cells keep too, or None."""
     counts: dict[str, int] = {}
     for bounds in ranges:
         for name, (lo, hi) in bounds.items():
@@ -153,10 +199,18 @@ def _plan(ranges):
     name2 = max(sorted(pairs), key=pairs.__getitem__) if pairs else None
     if name2 is not None and pairs[name2] * 2 < len(ranges):
         name2 = None
+    others: dict[str, int] = {}
+    for bounds in ranges:
+        for other in bounds:
+            if other != name and other != name2:
+                others[other] = others.get(other, 0) + 1
+    name3 = max(sorted(others), key=others.__getitem__) if others else None
+    if name3 is not None and others[name3] * 2 < len(ranges):
+        name3 = None
     if name2 is None:
-        return name, _median_width(ranges, name, CELL_WIDTH), None, 1.0
+        return name, _median_width(ranges, name, CELL_WIDTH), None, 1.0, name3
     return (name, _median_width(ranges, name, CELL_WIDTH_2D),
-            name2, _median_width(ranges, name2, CELL_WIDTH_2D))
+            name2, _median_width(ranges, name2, CELL_WIDTH_2D), name3)
 
 
 def _drop(entry, keys, table, size):
@@ -214,9 +268,9 @@ class _Bucket:
     reach: ``grid`` is the bucket itself, or None while it has none).
     ``cells`` maps a cell's key to the entries filed in it, a tuple: the
     entries' bounds in cells (``_place``) on ``name`` and, in a grid of
-    two attributes, on ``name2``, packed as native doubles in one bytes
-    object (a look-up reads them in a cache line or two, not a float
-    object each), then the entries in the same order. The key is the
+    two attributes, on ``name2``, and on ``name3`` as they are, packed as
+    float32s in one bytes object (a look-up reads them in a cache line or
+    two, not a float object each), then the entries in the same order. The key is the
     cell number on ``name`` for a grid of one attribute; for two, that number times ``_STRIDE`` plus the cell
     number on ``name2``. Two cells may share a key (numbers past
     ``_STRIDE``): an entry is still filed once per key, and its bounds
@@ -229,7 +283,7 @@ class _Bucket:
     ranges. Cell widths are shared between grids of equal widths, and the
     slots a look-up reads come first (the fewest cache lines)."""
 
-    __slots__ = ("cells", "loose", "name", "width", "name2", "rows", "width2",
+    __slots__ = ("cells", "loose", "name", "width", "name2", "rows", "width2", "name3",
                  "key", "signature", "entries", "ranges", "count", "next_plan")
 
     def __init__(self, key=None, signature=None):
@@ -264,7 +318,7 @@ class _Bucket:
             self.next_plan *= 2     # no grid fits yet: try again at twice the size
             plan = _plan([self.ranges.get(i, {}) for i in self.entries])
             if plan is not None:
-                self.name, self.width, self.name2, self.width2 = plan
+                self.name, self.width, self.name2, self.width2, self.name3 = plan
                 self.cells = {}
                 for known in self.entries.values():
                     self._file(known, self.ranges.get(known.id))
@@ -311,8 +365,18 @@ class _Bucket:
         v = value / self.width
         x = _floor(v)
         name2 = self.name2
+        name3 = self.name3
+        if name3 is not None:
+            # A real64 (rounding never reverses an order), compared with
+            # the literals' real64 values; NaN for anything else, which
+            # no bound excludes.
+            value = attributes.get(name3)
+            v3 = value / 1.0 if value.__class__ in _NUMBERS else _NAN
         if name2 is None:
-            _cell_select(self.cells, x, found, v)
+            if name3 is None:
+                _cell_select(self.cells, x, found, v)
+            else:
+                _cell_select(self.cells, x, found, v, v3)
             return
         rows = self.rows
         if rows is not None:
@@ -323,7 +387,10 @@ class _Bucket:
         if value.__class__ not in _NUMBERS or value - value != 0:
             return
         v2 = value / self.width2
-        _cell_select(self.cells, x * _STRIDE + _floor(v2), found, v, v2)
+        if name3 is None:
+            _cell_select(self.cells, x * _STRIDE + _floor(v2), found, v, v2)
+        else:
+            _cell_select(self.cells, x * _STRIDE + _floor(v2), found, v, v2, v3)
 
     # -- the grid ---------------------------------------------------------------
 
@@ -336,7 +403,8 @@ class _Bucket:
         and rounding to a float never reverses an order, so a value an
         evaluator finds within [lo, hi] (exactly, as an int64, or as a
         real64, the bounds being the literals' real64 values) is within
-        them too."""
+        them too. Then, with a ``name3``, its bounds as they are (-inf,
+        inf when it has none there)."""
         if not ranges:
             return None
         bounds = ranges.get(self.name)
@@ -346,9 +414,10 @@ class _Bucket:
         first, last = span
         width = self.width
         name2 = self.name2
+        third = () if self.name3 is None else ranges.get(self.name3, _UNBOUNDED)
         if name2 is None:
             return (range(first, last + 1), False,
-                    _pack_bounds(bounds[0] / width, bounds[1] / width)) \
+                    _pack_bounds(bounds[0] / width, bounds[1] / width, *third)) \
                 if last - first < MAX_GRID_CELLS else None
         bounds2 = ranges.get(name2)
         span2 = _span(bounds2, self.width2)
@@ -356,8 +425,8 @@ class _Bucket:
                 <= MAX_GRID_CELLS:
             first2, last2 = span2
             width2 = self.width2
-            scaled = _pack_bounds2(bounds[0] / width, bounds[1] / width,
-                                   bounds2[0] / width2, bounds2[1] / width2)
+            scaled = _pack_bounds(bounds[0] / width, bounds[1] / width,
+                                  bounds2[0] / width2, bounds2[1] / width2, *third)
             if first == last and first2 == last2:
                 return (first * _STRIDE + first2,), False, scaled
             return {x * _STRIDE + y for x in range(first, last + 1)
@@ -398,7 +467,8 @@ class _Bucket:
                 self.loose = None
             return
         placed = self._place(ranges)
-        size = 16 if self.name2 is None else 32     # bytes of bounds an entry
+        # bytes of bounds an entry
+        size = 8 * (1 + (self.name2 is not None) + (self.name3 is not None))
         if placed is None:
             dropped = False
         elif placed[1]:

@@ -213,33 +213,31 @@ error:
     return NULL;
 }
 
-/* cell_select(cells, key, found, v[, v2]): the entries of the grid cell
- * cells[key] whose bounds hold v (and v2), appended to the list found.
- * A cell is a tuple: a bytes object of native doubles, (lo, hi) per entry
- * on one attribute or (lo, hi, lo2, hi2) on two, then the entries in that
- * order (elvin/core/index.py, _Bucket._file). The bounds sit in one
- * object, a cache line or two, not one float object each. Compares as
- * Python compares two floats (v and v2 are floats: a value over the cell
- * width). Anything else is a TypeError; the index never passes it. */
+/* cell_select(cells, key, found, v[, v2[, v3]]): append to the list found
+ * the entries of the grid cell cells[key] whose bounds do not exclude the
+ * values (v < lo or v > hi excludes; so a NaN is excluded by none). A cell
+ * is a tuple: a bytes object of native float32s, (lo, hi) per value for
+ * each entry, then the entries in that order (elvin/core/index.py,
+ * _Bucket._file). The bounds sit in one object, a cache line or two, not
+ * one float object each. Compares as Python compares a float with a
+ * float32 made a float (the values are floats). Anything else is a TypeError; the index never passes it. */
 static PyObject *
 cell_select(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4 && nargs != 5) {
-        PyErr_SetString(PyExc_TypeError, "cell_select takes 4 or 5 arguments");
+    if (nargs < 4 || nargs > 6) {
+        PyErr_SetString(PyExc_TypeError, "cell_select takes 4 to 6 arguments");
         return NULL;
     }
     PyObject *cells = args[0], *found = args[2];
     if (!PyDict_Check(cells) || !PyList_Check(found)) {
-        PyErr_SetString(PyExc_TypeError, "cell_select(dict, key, list, float[, float])");
+        PyErr_SetString(PyExc_TypeError, "cell_select(dict, key, list, float, ...)");
         return NULL;
     }
-    double v = PyFloat_AsDouble(args[3]);
-    if (v == -1.0 && PyErr_Occurred())
-        return NULL;
-    double v2 = 0.0;
-    if (nargs == 5) {
-        v2 = PyFloat_AsDouble(args[4]);
-        if (v2 == -1.0 && PyErr_Occurred())
+    Py_ssize_t dims = nargs - 3;
+    double v[3];
+    for (Py_ssize_t k = 0; k < dims; k++) {
+        v[k] = PyFloat_AsDouble(args[3 + k]);
+        if (v[k] == -1.0 && PyErr_Occurred())
             return NULL;
     }
     PyObject *cell = PyDict_GetItemWithError(cells, args[1]);   /* borrowed */
@@ -248,32 +246,34 @@ cell_select(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
             return NULL;
         Py_RETURN_NONE;
     }
-    Py_ssize_t per = nargs == 4 ? 2 : 4;
+    Py_ssize_t per = 2 * dims;
     PyObject *bounds;
     if (!PyTuple_CheckExact(cell) || PyTuple_GET_SIZE(cell) < 1
             || !PyBytes_CheckExact(bounds = PyTuple_GET_ITEM(cell, 0))
             || PyBytes_GET_SIZE(bounds)
-               != (Py_ssize_t)sizeof(double) * per * (PyTuple_GET_SIZE(cell) - 1)) {
+               != (Py_ssize_t)sizeof(float) * per * (PyTuple_GET_SIZE(cell) - 1)) {
         PyErr_SetString(PyExc_TypeError, "cell_select: not a grid cell");
         return NULL;
     }
     const char *b = PyBytes_AS_STRING(bounds);
     Py_ssize_t n = PyTuple_GET_SIZE(cell) - 1;
     for (Py_ssize_t i = 0; i < n; i++) {
-        double d[4];
-        memcpy(d, b + i * per * (Py_ssize_t)sizeof(double), (size_t)per * sizeof(double));
-        if (d[0] <= v && v <= d[1] && (per == 2 || (d[2] <= v2 && v2 <= d[3]))) {
-            if (PyList_Append(found, PyTuple_GET_ITEM(cell, i + 1)) < 0)
-                return NULL;
-        }
+        float d[6];
+        memcpy(d, b + i * per * (Py_ssize_t)sizeof(float), (size_t)per * sizeof(float));
+        Py_ssize_t k = 0;
+        while (k < dims && !(v[k] < (double)d[2 * k] || v[k] > (double)d[2 * k + 1]))
+            k++;
+        if (k == dims && PyList_Append(found, PyTuple_GET_ITEM(cell, i + 1)) < 0)
+            return NULL;
     }
     Py_RETURN_NONE;
 }
 
 static PyMethodDef methods[] = {
     {"cell_select", (PyCFunction)(void (*)(void))cell_select, METH_FASTCALL,
-     "cell_select(cells, key, found, v[, v2]): append to found the entries of "
-     "the grid cell cells[key] whose bounds hold v (and v2) (elvin/core/index.py)."},
+     "cell_select(cells, key, found, v[, v2[, v3]]): append to found the entries "
+     "of the grid cell cells[key] whose bounds do not exclude the values "
+     "(elvin/core/index.py)."},
     {"name_values", name_values, METH_VARARGS,
      "name_values(data, pos, end, int64_type) -> (dict, new_pos), or None when "
      "the bytes are not a well-formed NameValue array (the caller then decodes "

@@ -14,6 +14,26 @@ from elvin.subscription.analysis import equality_constraints, range_constraints,
 from elvin.values import Int64, normalise
 
 
+_EDGES = st.sampled_from([-0.0, 0.0, 2.0 ** 53 + 2, 3.4028234663852886e38,
+                          3.4028235677973366e38, -3.4028235677973366e38, 1e39, -1e39,
+                          5e-324, -5e-324, 1e-46, -1e-46, 0.1, float("inf"), float("-inf")])
+
+
+def _check_outward(test, lo, hi):
+    f32 = struct.Struct("f")
+    low, high = struct.unpack("2f", index_module._pack_bounds(lo, hi))
+    test.assertLessEqual(low, lo)
+    test.assertGreaterEqual(high, hi)
+    for got, wanted, inward in ((low, lo, True), (high, hi, False)):
+        if math.isinf(got):
+            # only past the largest float32 on its own side (or inf)
+            test.assertTrue(math.isinf(wanted) or abs(wanted) > 3.4028234663852886e38)
+        elif got != wanted:
+            step = index_module._f32_step(got, inward)     # the next float32 inward
+            test.assertEqual(step, f32.unpack(f32.pack(step))[0])
+            test.assertTrue(step > wanted if inward else step < wanted, (got, wanted, step))
+
+
 class Entry:
     def __init__(self, sub_id, expression):
         self.id = sub_id
@@ -29,6 +49,22 @@ class TreeEntry:
         self.id = sub_id
         self.tree = Subscription(expression).ast
         self.evaluate = Subscription(expression).evaluator
+
+
+class BoundsTests(unittest.TestCase):
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.one_of(st.floats(allow_nan=False), st.floats(-3, 3), _EDGES), st.floats(allow_nan=False))
+    def test_bounds_are_rounded_outward_to_the_nearest_float32s(self, lo, hi):
+        # A cell keeps its entries' bounds as float32s: each the nearest
+        # one at or past the bound, outward, so a value within a bound is
+        # within it rounded so.
+        _check_outward(self, lo, hi)
+
+    def test_rounding_outward_at_the_edges(self):
+        for lo in _EDGES.elements:
+            for hi in _EDGES.elements:
+                _check_outward(self, lo, hi)
 
 
 class AnalysisTests(unittest.TestCase):
@@ -295,6 +331,12 @@ def _two_range_expression(draw):
             parts.append(f"{name} >= {low} && {name} <= {low + draw(st.integers(0, 150))}")
         elif kind == 6:
             parts.append(_bound_text(draw(_OPS), name, draw(_LITERALS), draw(st.booleans())))
+    kind = draw(st.integers(0, 4))     # a third attribute, k: its bounds kept in the cells
+    if kind <= 1:
+        low = draw(_LITERALS)
+        parts.append(f"k >= {low} && k < {draw(_LITERALS)}")
+    elif kind <= 3:
+        parts.append(_bound_text(draw(_OPS), "k", draw(_LITERALS), draw(st.booleans())))
     if draw(st.integers(0, 7)) == 0:
         parts.append(draw(st.sampled_from(["n > 5 && n < 1", "require(x)", "m != 5",
                                            "n >= 9223372036854775000L"])))
@@ -313,7 +355,7 @@ class TwoAttributeGridTests(unittest.TestCase):
     @given(st.lists(_two_range_expression(), min_size=20, max_size=90),
            st.lists(st.fixed_dictionaries({"s": st.just("a")},
                                           optional={"n": _NUMBER_VALUES, "m": _NUMBER_VALUES,
-                                                    "x": st.just(1)}),
+                                                    "k": _NUMBER_VALUES, "x": st.just(1)}),
                     min_size=1, max_size=8),
            st.randoms(use_true_random=False))
     def test_never_loses_a_match(self, expressions, notifications, rng):
@@ -423,21 +465,22 @@ class TwoAttributeGridTests(unittest.TestCase):
         self.assertTrue(all(cell.__class__ is tuple and len(cell) > 1 for cell in cells))
         kept = {e.id for e in entries["a"]} - {e.id for e in entries["a"][::3]}
         # the entries' bounds on the two attributes in one bytes object (4
-        # doubles an entry), then the entries
-        self.assertTrue(all(cell[0].__class__ is bytes and len(cell[0]) == 32 * (len(cell) - 1)
+        # float32s an entry), then the entries
+        self.assertTrue(all(cell[0].__class__ is bytes and len(cell[0]) == 16 * (len(cell) - 1)
                             for cell in cells))
         self.assertEqual({e.id for cell in cells for e in cell[1:]}, kept)
         self.assertEqual(sum(len(cell[1:]) for cell in cells),
                          sum(len(set(cell[1:])) for cell in cells))
         grid = grids[0]
         for cell in cells:
-            bounds = struct.unpack(f"{4 * (len(cell) - 1)}d", cell[0])
+            bounds = struct.unpack(f"{4 * (len(cell) - 1)}f", cell[0])
             for i, entry in enumerate(cell[1:]):
                 ranges = range_constraints(entry.subscription.ast)
                 lo, hi = ranges[grid.name]
                 lo2, hi2 = ranges[grid.name2]
-                self.assertEqual(bounds[4 * i:4 * i + 4], (lo / grid.width, hi / grid.width,
-                                                           lo2 / grid.width2, hi2 / grid.width2))
+                self.assertEqual(bounds[4 * i:4 * i + 4],
+                                 (*index_module._outward(lo / grid.width, hi / grid.width),
+                                  *index_module._outward(lo2 / grid.width2, hi2 / grid.width2)))
 
     def test_removal_finds_an_entry_its_ranges_no_longer_place(self):
         index = SubscriptionIndex()
@@ -460,6 +503,42 @@ class TwoAttributeGridTests(unittest.TestCase):
             self.assertNotIn(moved, index.candidates(note))
             self.assertNotIn(moved, list(index.all_entries()))
         self.assertEqual(len(index), 43)
+
+    def test_a_third_attribute_is_filtered_by_its_bounds(self):
+        # Most entries bound k besides the grid's n and m: a cell keeps
+        # their bounds on k (as they are) and gives only the entries whose
+        # bounds hold the notification's k, and those with none on k; a
+        # k that is not a number, NaN or missing excludes none.
+        big = 2 ** 53 + 1
+        # (planned at the first four: n and m bound by all, k by half)
+        ks = ["", "", "k >= 0.5", "k < -0.0"]
+        ks += [f"k >= {lo} && k < {lo + 10}" for lo in range(0, 100, 10)]
+        ks += [f"k > {big - 2}L && k <= {big}L"]
+        entries = [Entry(i + 1, f's == "a" && n >= 0 && n <= 3 && m >= 0 && m <= 3'
+                                + (f" && {k}" if k else "")) for i, k in enumerate(ks)]
+        index = SubscriptionIndex()
+        for entry in entries:
+            index.add(entry)
+        grid = self.grid_of(index, "a")
+        self.assertEqual(({grid.name, grid.name2}, grid.name3), ({"n", "m"}, "k"))
+        unbounded = {1, 2}
+        # (bounds are closed: k == 20 is a candidate of k < 20, not a match)
+        for k, matches, more in ((15, {3, 6}, ()), (20, {3, 7}, {6}), (19.99, {3, 6}, ()),
+                                 (0.5, {3, 5}, ()), (-0.0, set(), {4, 5}), (0, {5}, {4}),
+                                 (-1, {4}, ()), (Int64(big), {3, 15}, ()),
+                                 (Int64(big + 1), {3}, ()), (float(big), {3, 15}, ()),
+                                 (float("inf"), {3}, ()), (float("-inf"), {4}, ())):
+            note = {"s": "a", "n": 1, "m": 2, "k": k}
+            ids = {c.id for c in index.candidates(note)}
+            self.assertEqual(ids, matches | unbounded | set(more), k)
+            self.assertEqual({e.id for e in entries if e.evaluate(normalise(note)) is True},
+                             matches | unbounded, k)
+        for k in (float("nan"), "15", None):
+            note = {"s": "a", "n": 1, "m": 2, **({} if k is None else {"k": k})}
+            self.assertEqual(len(index.candidates(note)), len(entries), k)
+        index.remove(entries[6])
+        self.assertEqual({c.id for c in index.candidates({"s": "a", "n": 1, "m": 2, "k": 20})},
+                         {3, 6} | unbounded)
 
     def test_bounds_in_cells_lose_no_match_at_their_edges(self):
         # A cell's bounds are the literals' real64 values over the cell
