@@ -116,10 +116,12 @@ def _outward(lo, hi):
     return lo, hi
 
 
-def _pack_bounds(*bounds):
+def _pack_bounds_in_python(*bounds):
     """An entry's bounds in a cell, ``(lo, hi)`` on each attribute
     (``_Bucket._place``), as native float32s rounded outward: half the
-    bytes of doubles, and a value within a bound is within it rounded so."""
+    bytes of doubles, and a value within a bound is within it rounded so.
+    The pure-Python ``_pack_bounds``, held equal to the compiled one
+    (``_elvin_xdr.pack_bounds``) by test_xdr_accelerator."""
     rounded = []
     for i in range(0, len(bounds), 2):
         rounded.extend(_outward(bounds[i], bounds[i + 1]))
@@ -148,9 +150,11 @@ def _select_in_cell(cells, key, found, *values):
             found.append(cell[i])
 
 
-#: The cell filter a look-up calls: compiled (elvin/protocols/_elvin_xdr.c,
-#: ABI 4) when built and ELVIN_PURE_PYTHON is not set, else in Python.
+#: The cell filter a look-up calls and the packing of an entry's bounds:
+#: compiled (elvin/protocols/_elvin_xdr.c, ABI 4) when built and
+#: ELVIN_PURE_PYTHON is not set, else in Python.
 _cell_select = _select_in_cell
+_pack_bounds = _pack_bounds_in_python
 if not os.environ.get("ELVIN_PURE_PYTHON"):
     try:
         import _elvin_xdr
@@ -159,6 +163,7 @@ if not os.environ.get("ELVIN_PURE_PYTHON"):
     else:
         if getattr(_elvin_xdr, "ABI", None) == 4:
             _cell_select = _elvin_xdr.cell_select
+            _pack_bounds = _elvin_xdr.pack_bounds
 
 
 def _span(bounds, width):

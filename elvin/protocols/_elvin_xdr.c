@@ -3,8 +3,8 @@
  * the hot path of every notification. elvin/protocols/xdr.py's
  * Reader.name_values uses it when it was built (pip install .) and keeps
  * its pure-Python path otherwise. Beside it, the subscription index's
- * grid-cell filter (cell_select, elvin/core/index.py, which keeps a
- * pure-Python one too).
+ * grid-cell filter and the packing of its bounds (cell_select,
+ * pack_bounds: elvin/core/index.py, which keeps pure-Python ones too).
  *
  * It only decodes what is well formed: on anything else (truncation, a
  * negative or impossible count, bad UTF-8 or a NUL byte in a string, a
@@ -15,6 +15,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <float.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -269,7 +271,58 @@ cell_select(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* A double rounded to the nearest float32 at or below it (down) or at or
+ * above it (up); past the float32 range, the largest float32 or an
+ * infinity. elvin/core/index.py's _outward does the same in Python. */
+static float
+outward(double x, int up)
+{
+    if (up) {
+        if (x > FLT_MAX)
+            return INFINITY;
+        if (x < -FLT_MAX)
+            return x == -INFINITY ? -INFINITY : -FLT_MAX;
+    }
+    else {
+        if (x < -FLT_MAX)
+            return -INFINITY;
+        if (x > FLT_MAX)
+            return x == INFINITY ? INFINITY : FLT_MAX;
+    }
+    float f = (float)x;
+    if (up ? (double)f < x : (double)f > x)
+        f = nextafterf(f, up ? INFINITY : -INFINITY);
+    return f;
+}
+
+/* pack_bounds(lo, hi, ...): an entry's bounds in a grid cell (pairs of
+ * floats, not NaN), as native float32s rounded outward, in bytes
+ * (elvin/core/index.py, _pack_bounds). */
+static PyObject *
+pack_bounds(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs % 2 || nargs > 16) {
+        PyErr_SetString(PyExc_TypeError, "pack_bounds takes pairs of bounds (at most 8)");
+        return NULL;
+    }
+    float out[16];
+    for (Py_ssize_t i = 0; i < nargs; i++) {
+        double x = PyFloat_AsDouble(args[i]);
+        if (x == -1.0 && PyErr_Occurred())
+            return NULL;
+        if (isnan(x)) {
+            PyErr_SetString(PyExc_ValueError, "pack_bounds: a bound is NaN");
+            return NULL;
+        }
+        out[i] = outward(x, (int)(i % 2));
+    }
+    return PyBytes_FromStringAndSize((const char *)out, (Py_ssize_t)(nargs * sizeof(float)));
+}
+
 static PyMethodDef methods[] = {
+    {"pack_bounds", (PyCFunction)(void (*)(void))pack_bounds, METH_FASTCALL,
+     "pack_bounds(lo, hi, ...): the bounds as native float32s rounded outward, "
+     "in bytes (elvin/core/index.py)."},
     {"cell_select", (PyCFunction)(void (*)(void))cell_select, METH_FASTCALL,
      "cell_select(cells, key, found, v[, v2[, v3]]): append to found the entries "
      "of the grid cell cells[key] whose bounds do not exclude the values "

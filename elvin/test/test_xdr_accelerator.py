@@ -1,5 +1,6 @@
 """The compiled NameValue decoder and the pure-Python one agree, and so
-do the index's compiled grid-cell filter and its pure-Python one.
+do the index's compiled grid-cell filter and packing of bounds and their
+pure-Python twins.
 
 ``_elvin_xdr`` is built by ``pip install .`` (setup.py, optional=True). It
 returns None for anything not well formed, so the Python path raises the
@@ -80,11 +81,20 @@ class AcceleratorTests(unittest.TestCase):
         else:
             self.assertIs(xdr._accelerated_name_values, _elvin_xdr.name_values)
 
-    def test_the_index_uses_its_cell_filter(self):
+    def test_the_index_uses_its_cell_filter_and_packing(self):
         if os.environ.get("ELVIN_PURE_PYTHON"):
             self.assertIs(index._cell_select, index._select_in_cell)
+            self.assertIs(index._pack_bounds, index._pack_bounds_in_python)
         else:
             self.assertIs(index._cell_select, _elvin_xdr.cell_select)
+            self.assertIs(index._pack_bounds, _elvin_xdr.pack_bounds)
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.lists(st.tuples(_cell_bounds, _cell_bounds), min_size=1, max_size=3))
+    def test_the_bounds_are_packed_the_same(self, pairs):
+        # as float32s, each rounded outward (test_index checks how)
+        bounds = [x for pair in pairs for x in pair]
+        self.assertEqual(_elvin_xdr.pack_bounds(*bounds), index._pack_bounds_in_python(*bounds))
 
     @settings(max_examples=400, deadline=None)
     @given(st.lists(st.lists(_cell_bounds, min_size=6, max_size=6), max_size=6),
@@ -110,7 +120,7 @@ class AcceleratorTests(unittest.TestCase):
             select(cells, 8, found, *values)
             self.assertEqual(found, [])
 
-    def test_the_compiled_cell_filter_refuses_what_is_not_a_cell(self):
+    def test_the_compiled_cell_functions_refuse_what_they_are_not_made_for(self):
         cells = {1: (b"\0" * 8, "a", "b"), 2: ("bounds", "a"), 3: [b"\0" * 8, "a"]}
         for key in 1, 2, 3:
             with self.assertRaises(TypeError):
@@ -121,6 +131,11 @@ class AcceleratorTests(unittest.TestCase):
                 _elvin_xdr.cell_select(*args)
         with self.assertRaises(TypeError):
             _elvin_xdr.cell_select({[]: 1}, [], [], 0.5)     # an unhashable key
+        for args in ((0.5,), ("0", 1.0), (0.0,) * 18):
+            with self.assertRaises(TypeError):
+                _elvin_xdr.pack_bounds(*args)
+        with self.assertRaises(ValueError):
+            _elvin_xdr.pack_bounds(0.0, math.nan)
 
     @settings(max_examples=300, deadline=None)
     @given(_attributes, st.binary(max_size=8).map(lambda b: b[: len(b) & ~3]))
