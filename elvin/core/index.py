@@ -39,9 +39,9 @@ only skips subscriptions that cannot be true.
 
 import itertools
 import math
-import os
 import struct
 
+from elvin.protocols import xdr as _xdr
 from elvin.subscription.analysis import (equality_constraints, index_key, or_parts,
                                          range_constraints, required_names)
 from elvin.subscription.ast import Kind
@@ -152,18 +152,12 @@ def _select_in_cell(cells, key, found, *values):
 
 #: The cell filter a look-up calls and the packing of an entry's bounds:
 #: compiled (elvin/protocols/_elvin_xdr.c, ABI 4) when built and
-#: ELVIN_PURE_PYTHON is not set, else in Python.
+#: ELVIN_PURE_PYTHON is not set (``xdr.accelerator``), else in Python.
 _cell_select = _select_in_cell
 _pack_bounds = _pack_bounds_in_python
-if not os.environ.get("ELVIN_PURE_PYTHON"):
-    try:
-        import _elvin_xdr
-    except ImportError:
-        pass
-    else:
-        if getattr(_elvin_xdr, "ABI", None) == 4:
-            _cell_select = _elvin_xdr.cell_select
-            _pack_bounds = _elvin_xdr.pack_bounds
+if getattr(_xdr.accelerator, "ABI", None) == 4:
+    _cell_select = _xdr.accelerator.cell_select
+    _pack_bounds = _xdr.accelerator.pack_bounds
 
 
 def _span(bounds, width):
@@ -275,9 +269,10 @@ class _Bucket:
     entries' bounds in cells (``_place``) on ``name`` and, in a grid of
     two attributes, on ``name2``, and on ``name3`` as they are, packed as
     float32s in one bytes object (a look-up reads them in a cache line or
-    two, not a float object each), then the entries in the same order. The key is the
-    cell number on ``name`` for a grid of one attribute; for two, that number times ``_STRIDE`` plus the cell
-    number on ``name2``. Two cells may share a key (numbers past
+    two, not a float object each), then the entries in the same order.
+    The key is the cell number on ``name`` for a grid of one attribute;
+    for two, that number times ``_STRIDE`` plus the cell number on
+    ``name2``. Two cells may share a key (numbers past
     ``_STRIDE``): an entry is still filed once per key, and its bounds
     keep it from the other cell's look-ups. ``rows`` (two
     attributes only) holds, by cell on ``name``, lists of the entries

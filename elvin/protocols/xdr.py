@@ -135,15 +135,21 @@ _Int64 = _values.Int64
 #: ELVIN_PURE_PYTHON is set (to compare the two). It returns None for
 #: anything not well formed, and the Python path then names the error.
 _accelerated_name_values = None
+#: The ``_elvin_xdr`` module itself when it may be used (built, and
+#: ELVIN_PURE_PYTHON not set), else None: elvin/core/index.py takes its
+#: grid-cell functions from it (ABI 4), a sans-IO module that reads no
+#: environment of its own.
+accelerator = None
 if not os.environ.get("ELVIN_PURE_PYTHON"):
     try:
         import _elvin_xdr
     except ImportError:
         pass
     else:
+        accelerator = _elvin_xdr
         # ABI 3: an array it decodes has zero padding (``packets.notify_emit_fields``
         # relies on it) and no NUL byte in a string; an older build is not used.
-        # (4 decodes as 3 and adds the index's cell filter, elvin/core/index.py.)
+        # (4 decodes as 3 and adds the index's cell functions.)
         if getattr(_elvin_xdr, "ABI", None) in (3, 4):
             _accelerated_name_values = _elvin_xdr.name_values
 _type_of = _values.type_of

@@ -54,7 +54,8 @@ class TreeEntry:
 class BoundsTests(unittest.TestCase):
 
     @settings(max_examples=400, deadline=None)
-    @given(st.one_of(st.floats(allow_nan=False), st.floats(-3, 3), _EDGES), st.floats(allow_nan=False))
+    @given(st.one_of(st.floats(allow_nan=False), st.floats(-3, 3), _EDGES),
+           st.floats(allow_nan=False))
     def test_bounds_are_rounded_outward_to_the_nearest_float32s(self, lo, hi):
         # A cell keeps its entries' bounds as float32s: each the nearest
         # one at or past the bound, outward, so a value within a bound is
@@ -266,7 +267,7 @@ def _file_remove_and_check(test, entries, notifications, rng):
 class GridTests(unittest.TestCase):
     """Buckets past GRID_FROM entries select by a numeric attribute's cell."""
 
-    @settings(max_examples=120)
+    @settings(max_examples=120, deadline=None)
     @given(st.lists(_ranged_expression(), min_size=20, max_size=80),
            st.lists(st.fixed_dictionaries({"s": st.sampled_from(["a", "b"])},
                                           optional={"n": _NUMBER_VALUES, "m": _NUMBER_VALUES,
@@ -351,7 +352,7 @@ class TwoAttributeGridTests(unittest.TestCase):
         bucket = index._by_values[("s",)][(key,)]
         return bucket.grid
 
-    @settings(max_examples=150)
+    @settings(max_examples=150, deadline=None)
     @given(st.lists(_two_range_expression(), min_size=20, max_size=90),
            st.lists(st.fixed_dictionaries({"s": st.just("a")},
                                           optional={"n": _NUMBER_VALUES, "m": _NUMBER_VALUES,
