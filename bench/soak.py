@@ -46,7 +46,7 @@ from twisted.internet import defer, error, protocol, reactor, task  # noqa: E402
 
 from elvin import client  # noqa: E402
 from elvin.protocols import packets  # noqa: E402
-from test.test_fuzz import FrameFuzzer, framed  # noqa: E402
+from elvin.test.test_fuzz import FrameFuzzer, framed  # noqa: E402
 
 
 def free_port():

@@ -700,7 +700,13 @@ class Connection(LifecycleView, ClientState):
         future: "asyncio.Future[bool]" = self.loop.create_future()
         self.ping(lambda alive: _settle(future, alive),
                   lambda error: _settle(future, error=error))
-        return await asyncio.wait_for(future, timeout)
+        uri = self.uri
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except asyncio.TimeoutError:
+            # Named as the Twisted flavour names it (wait_for's has no text).
+            raise TimeoutError(f"no answer to TestConn from {uri} within {timeout:g} s") \
+                from None
 
     async def close(self) -> None:
         """Disconnect politely: DisconnRqst, then the router's DisconnRply,

@@ -335,7 +335,9 @@ class RouterConfig(SettingsConfig):
             known = ([setting.name for setting in ROUTER_SETTINGS]
                      + _discovery_settings.SETTINGS + sorted(OPTIONS))
             raise ConfigError(f"{where}: unknown setting {echoed(key)}{did_you_mean(key, known)} "
-                              f"(known: {', '.join(known)})")
+                              f"(known: {', '.join(known)}; also Federation.* settings, "
+                              "docs/federation.md, and OPTION.Ceiling for a connection "
+                              "option above)")
 
     def check(self, filename):
         """Checks across settings, once the whole file is read; an error

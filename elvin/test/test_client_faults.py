@@ -32,6 +32,23 @@ class TwistedLiveness(unittest.TestCase):
         reactor.advance(5)
 
 
+class TestConnectionTimeoutWording(unittest.TestCase):
+    """A timed-out ``test_connection`` names the router and the wait in the
+    asyncio flavour (which the blocking one runs) as in the Twisted one."""
+
+    def test_asyncio(self):
+        import asyncio
+        from elvin import aio
+        loop = asyncio.new_event_loop()
+        self.addCleanup(loop.close)
+        conn = aio.Connection(URI, loop, timeout=30)
+        FakeRouter(conn).open()
+        with self.assertRaises(TimeoutError) as caught:
+            loop.run_until_complete(conn.test_connection(0.01))
+        self.assertIn("no answer to TestConn from", str(caught.exception))
+        self.assertIn("within 0.01 s", str(caught.exception))
+
+
 class SilentRouter(unittest.TestCase):
     """A router that goes silent without closing the socket (a cut cable,
     a host gone: the kernel keeps the connection) is found out by the

@@ -815,6 +815,22 @@ class ClientDocsTests(unittest.SynchronousTestCase):
         self.assertEqual(ran, 2)
 
 
+class DocumentedStateModuleTests(unittest.SynchronousTestCase):
+    """``elvin.client.state`` is the documented name of the client's state
+    classes (docs/client.md): every public name of ``elvin.clientcore.state``
+    is there, the same object."""
+
+    def test_every_public_name_is_there(self):
+        import elvin.client.state as documented
+        import elvin.clientcore.state as core
+        namespace = {}
+        exec("from elvin.client.state import *", namespace)
+        for name in core.__all__ + ["ASK_LIMITS", "CloseUnconfirmed", "RequestTimeout"]:
+            self.assertIs(getattr(documented, name, None), getattr(core, name), name)
+        for name in core.__all__:
+            self.assertIs(namespace[name], getattr(core, name), name)
+
+
 class AsyncioDiscoveryTests(unittest.SynchronousTestCase):
     """``elvin.aio.connect(scope=...)`` and ``elvin.sync.connect(scope=...)``
     find a router process by ERDP on loopback multicast (TTL 0)."""

@@ -19,7 +19,7 @@ def known_settings():
     try:
         config.parse("no-such-setting = 1")
     except ConfigError as e:
-        listed = str(e).split("(known: ", 1)[1].rstrip(")")
+        listed = str(e).split("(known: ", 1)[1].split("; also ", 1)[0]
         return [name.strip() for name in listed.split(",")]
     raise AssertionError("an unknown setting was accepted")
 

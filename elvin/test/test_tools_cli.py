@@ -355,6 +355,9 @@ class UsageTests(CLITestCase):
                 (("stat", "-n", "-1"), "--count must be at least 1, not -1"),
                 (("subscribe", "--client=c", "--password=p", "r"),
                  "--password and --client only go with --session"),
+                (("subscribe", "--password=p", "r"), "--password only goes with --session"),
+                (("subscribe", "--receipt=non-destructive", "r"),
+                 "--receipt non-destructive only goes with --session"),
                 (("subscribe", "-e", udp, "r"), "elvin-subscribe needs a session"),
                 (("quench", "-e", udp, "n"), "elvin-quench needs a session")):
             err, code = self.usage_error(tool, *args)

@@ -61,12 +61,16 @@ class Options(ToolOptions):
             alone = [f"--{o}" for o in ("password", "admin-password", "client")
                      if self[o] is not None]
             if alone:
-                raise usage.UsageError(f"{' and '.join(alone)} only go with --session "
+                verb = "goes" if len(alone) == 1 else "go"
+                raise usage.UsageError(f"{' and '.join(alone)} only {verb} with --session "
                                        "(a session of an Elvin proxy)")
         if self["expression"] is None and self["session"] is None:
             raise usage.UsageError("an EXPRESSION is needed (or --session)")
         if self["receipt"] not in ("destructive", "non-destructive"):
             raise usage.UsageError("--receipt must be destructive or non-destructive")
+        if self["receipt"] == "non-destructive" and self["session"] is None:
+            raise usage.UsageError("--receipt non-destructive only goes with --session "
+                                   "(and --client NAME)")
         if self["receipt"] == "non-destructive" and not self["client"]:
             raise usage.UsageError("--receipt non-destructive needs --client NAME")
         if self["expression"] is not None:
