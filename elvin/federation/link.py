@@ -108,6 +108,7 @@ class FederationLink:
         specs = getattr(manager.router, "option_specs", None) or {}
         self._limits = {name: spec.default for name, spec in specs.items()}
         self._dropped_log = LogLimiter(lambda: manager.clock.seconds())
+        self._widened_log = LogLimiter(lambda: manager.clock.seconds())
 
     def __repr__(self):
         return (f"<FederationLink {self.peer_domain or self.peer_host} "
@@ -301,8 +302,8 @@ class FederationLink:
         xid = next(self._xids)
         self._pending[xid] = ("filter", tree, self.sent_seq)
         numbering = subast.SPEC if self.mesh else self.ast_numbering
-        packet = fed_packets.FedSubReplace(xid, subast.wire_filter(filters.to_wire(tree),
-                                                                   numbering))
+        packet = fed_packets.FedSubReplace(xid, subast.wire_filter(
+            filters.to_wire(tree), numbering, ours=bool(self.mesh)))
         self.output.send(packet)
         self.manager.trace.subreplace(self, "out", tree)
         return True
@@ -347,10 +348,19 @@ class FederationLink:
         if not self.manager.remote_filter_changed(self, answer):
             answer()
 
+    def _foreign_pattern_widened(self):
+        skipped = self._widened_log.allow()
+        if skipped is not None:
+            self.log.info("federation peer {peer} sent a pull filter with a pattern this "
+                          "router cannot compile (another dialect's): that part is read "
+                          "as its required names, so the peer gets more, never less{more}",
+                          peer=shown(self.peer_domain), more=self._widened_log.more(skipped))
+
     def _read_filter(self, wire):
         """The peer's pull filter as it meant it (elvin.federation.subast)."""
         known = self.ast_numbering
-        tree, self.ast_numbering, both = subast.read_filter(wire, known)
+        tree, self.ast_numbering, both = subast.read_filter(wire, known,
+                                                            self._foreign_pattern_widened)
         if self.ast_numbering != known:
             self.log.info("federation peer {peer} numbers SubAST operators as {numbering} "
                           "does: filters to it are sent so", peer=shown(self.peer_domain),

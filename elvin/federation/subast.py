@@ -26,11 +26,11 @@ from elvin.errors import SubscriptionError
 from elvin.federation import filters
 from elvin.protocols.xdr import (AVIS_AST_TYPECODES, SPEC_AST_TYPECODES, DecodeError,
                                  RawSubAST, decode_ast, encode_ast)
-from elvin.subscription import checker
+from elvin.subscription import checker, patterns
 from elvin.subscription.ast import Kind, Node
 
-__all__ = ["SPEC", "AVIS", "AMBIGUOUS_KINDS", "uses_ambiguous", "portable", "read_filter",
-           "wire_filter"]
+__all__ = ["SPEC", "AVIS", "AMBIGUOUS_KINDS", "DIALECT_KINDS", "uses_ambiguous", "portable", "read_filter",
+           "wire_filter", "tolerated"]
 
 SPEC = "spec"
 AVIS = "avis"
@@ -40,6 +40,18 @@ _TABLES = {SPEC: SPEC_AST_TYPECODES, AVIS: AVIS_AST_TYPECODES}
 AMBIGUOUS_KINDS = frozenset(kind for kind in Kind
                             if SPEC_AST_TYPECODES[kind] != AVIS_AST_TYPECODES[kind])
 
+#: Kinds another router may read otherwise whatever its numbering, so
+#: widened in a filter to any peer not known to be ours: patterns (RE2
+#: syntax such as ``(?P<n>x)``, which the Avis router cannot compile and
+#: then keeps its old filter; POSIX classes with their Unicode meaning;
+#: wildcard syntax), and string predicates and functions (the Avis
+#: router fails a whole filter when one meets a number or an opaque,
+#: where the spec makes only that part bottom: ``begins-with(s, "x") ||
+#: t == 1`` would stop ``{s: 1, t: 1}``).
+DIALECT_KINDS = frozenset({Kind.FUNC_BEGINS_WITH, Kind.FUNC_CONTAINS, Kind.FUNC_ENDS_WITH,
+                           Kind.FUNC_WILDCARD, Kind.FUNC_REGEX, Kind.FUNC_FOLD_CASE,
+                           Kind.FUNC_DECOMPOSE, Kind.FUNC_DECOMPOSE_COMPAT})
+
 #: Codes that only one numbering has: seeing one says which a peer uses.
 _ONLY = {name: frozenset(table.values()) - frozenset(_TABLES[other].values())
          for name, table, other in ((SPEC, SPEC_AST_TYPECODES, AVIS),
@@ -48,25 +60,53 @@ _ONLY = {name: frozenset(table.values()) - frozenset(_TABLES[other].values())
 
 def uses_ambiguous(tree):
     """Does filter ``tree`` use an operator the numberings disagree on?"""
+    return _uses(tree, AMBIGUOUS_KINDS)
+
+
+def _uses(tree, marked):
+    """Does ``tree`` hold a node of ``marked`` (a set of kinds, or a test
+    of a node)?"""
     if tree is filters.TRUE or tree is filters.FALSE:
         return False
-    return any(node.kind in AMBIGUOUS_KINDS for node in tree.walk())
+    if not callable(marked):
+        kinds = marked
+        return any(node.kind in kinds for node in tree.walk())
+    return any(marked(node) for node in tree.walk())
 
 
-def portable(tree):
+def _foreign_pattern(node):
+    """A regex or wildcard test with a pattern we cannot compile, which its
+    sender's dialect may (a Java lookahead ``(?=a)``, a backreference)."""
+    if node.kind == Kind.FUNC_REGEX:
+        check = patterns.check_regex
+    elif node.kind == Kind.FUNC_WILDCARD:
+        check = patterns.check_wildcard
+    else:
+        return False
+    for child in node.children[1:]:
+        if child.kind == Kind.STRING:
+            try:
+                check(child.value)
+            except patterns.PatternError:
+                return True
+    return False
+
+
+def portable(tree, kinds=AMBIGUOUS_KINDS):
     """``tree`` (a filter, TRUE or FALSE) with each part that uses an
-    operator of ``AMBIGUOUS_KINDS`` widened to the names it requires.
+    operator of ``kinds`` (or a node ``kinds`` is true of) widened to the
+    names it requires.
     ANDs and ORs are widened part by part (a part true for a notification
     stays true once widened, so they do too); anything else holding such
     an operator, a NOT included, becomes its required names as a whole."""
-    if not uses_ambiguous(tree):
+    if not _uses(tree, kinds):
         return tree
     if tree.kind == Kind.OR:
-        return filters.union([portable(child) for child in tree.children])
+        return filters.union([portable(child, kinds) for child in tree.children])
     if tree.kind == Kind.AND:
         parts = []
         for child in tree.children:
-            part = portable(child)
+            part = portable(child, kinds)
             if part is filters.FALSE:
                 return filters.FALSE
             if part is not filters.TRUE and part not in parts:
@@ -77,9 +117,14 @@ def portable(tree):
     return filters.requirement(tree)
 
 
-def wire_filter(tree, numbering):
+def wire_filter(tree, numbering, ours=False):
     """What to send for filter ``tree`` (after ``filters.to_wire``) to a
-    peer using ``numbering`` (SPEC, AVIS, or None: not known)."""
+    peer using ``numbering`` (SPEC, AVIS, or None: not known); ``ours``: a
+    peer known to be this router (a mesh router), which reads every part
+    as we do. Any other peer gets ``DIALECT_KINDS`` widened first."""
+    if ours:
+        return tree
+    tree = portable(tree, DIALECT_KINDS)
     if numbering == SPEC or not uses_ambiguous(tree):
         return tree
     if numbering == AVIS:
@@ -87,21 +132,43 @@ def wire_filter(tree, numbering):
     return portable(tree)
 
 
-def read_filter(raw, numbering=None):
+def tolerated(tree):
+    """``(tree, widened)``: a received filter with each part holding a
+    pattern we cannot compile widened to the names it requires (a filter
+    may be more general than asked, EFP 6.2.3: the peer filters what it
+    gets again), and whether any was. Refusing the filter instead would
+    leave the peer's old one in force, and its new subscribers without
+    what they asked for."""
+    if not _uses(tree, _foreign_pattern):
+        return tree, False
+    return portable(tree, _foreign_pattern), True
+
+
+def read_filter(raw, numbering=None, widened=None):
     """``(tree, numbering, both)`` for a received pull filter: ``raw`` as
     the peer's numbering reads it (a ``Node`` from ``Reader.peer_ast`` is
     returned as it is), the numbering the link is now known to use
     (``numbering`` as given, or settled by this filter), and whether
-    ``tree`` is the OR of two readings. Raises SubscriptionError when no
-    numbering gives a valid filter."""
+    ``tree`` is the OR of two readings. Patterns we cannot compile are
+    widened first (``tolerated``; ``widened()`` is called if any was).
+    Raises SubscriptionError when no numbering gives a valid filter."""
+
+    def tolerate(tree):
+        if tree.kind == Kind.EMPTY:
+            return tree
+        tree, changed = tolerated(tree)
+        if changed and widened is not None:
+            widened()
+        return tree
     if not isinstance(raw, RawSubAST):
-        return raw, numbering, False
+        return tolerate(raw), numbering, False
     readings = {}
     problems = []
     for name in (numbering,) if numbering else (SPEC, AVIS):
         try:
             tree = decode_ast(raw.data, _TABLES[name])
             if tree.kind != Kind.EMPTY:
+                tree = tolerate(tree)
                 checker.check(tree)
         except DecodeError as e:
             problems.append(_refusal(e, name))

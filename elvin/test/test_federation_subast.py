@@ -13,7 +13,7 @@ from elvin.protocols.packets import encode
 from elvin.protocols.xdr import (AVIS_AST_TYPECODES, MAX_AST_DEPTH, SPEC_AST_TYPECODES,
                                  DecodeError, RawSubAST, Reader, encode_ast)
 from elvin.subscription import parse
-from elvin.subscription.ast import Kind, Node, int32, name, node
+from elvin.subscription.ast import Kind, Node, int32, name, node, string
 from elvin.test.test_federation_in_force import _Linked
 from elvin.values import Int64
 
@@ -69,6 +69,46 @@ class PortableTests(unittest.TestCase):
         sent = subast.wire_filter(tree, subast.AVIS)
         self.assertEqual(sent.data, encode_ast(tree, AVIS_AST_TYPECODES))
         self.assertEqual(subast.wire_filter(tree, None), parse("require(x)"))
+
+
+class DialectTests(unittest.TestCase):
+    """Patterns and string predicates go widened to a peer not known to be
+    ours: the Avis router cannot compile some of our patterns (and then
+    keeps its old filter: nothing more reaches us), reads others otherwise
+    (POSIX classes, wildcards), and fails a whole filter when a string
+    predicate meets a number."""
+
+    def test_patterns_and_string_predicates_are_widened_part_by_part(self):
+        for text, sent in (
+                ('regex(tag, "(?P<n>x)") || t == 1', "require(tag) || t == 1"),
+                ('wildcard(tag, "*[Hh]ello*")', "require(tag)"),
+                ('s1 == "a" && begins-with(s2, "x")', 's1 == "a" && require(s2)'),
+                ('!begins-with(s, "x") || require(t)', "require(s) || require(t)"),
+                ('fold-case(s) == "x" && i > 2', "require(s) && i > 2"),
+                ("x == 4 && y > 2", "x == 4 && y > 2")):
+            for numbering in (None, subast.SPEC):
+                self.assertEqual(subast.wire_filter(parse(text), numbering), parse(sent),
+                                 (text, numbering))
+        sent = subast.wire_filter(parse('x - 1 == 3 && regex(s, "a")'), subast.AVIS)
+        self.assertEqual(sent.data, encode_ast(parse("x - 1 == 3 && require(s)"),
+                                               AVIS_AST_TYPECODES))
+
+    def test_our_own_routers_get_the_exact_filter(self):
+        tree = parse('regex(tag, "(?P<n>x)") || begins-with(s, "x") || x - 1 == 3')
+        self.assertIs(subast.wire_filter(tree, subast.SPEC, ours=True), tree)
+
+    def test_widening_never_loses_a_notification(self):
+        notes = NOTES + [{"tag": "Zürich"}, {"tag": 5, "t": 1}, {"s": 1, "t": 1},
+                         {"s2": "xy", "s1": "a"}, {"s": "X"}]
+        for text in ('regex(tag, "^[[:alpha:]]+$") || t == 1',
+                     '!begins-with(s, "x") || require(t)',
+                     's1 == "a" && begins-with(s2, "x")', 'fold-case(s) == "x"'):
+            tree = parse(text)
+            wide = subast.wire_filter(tree, None)
+            self.assertFalse(any(n.kind in subast.DIALECT_KINDS for n in wide.walk()), text)
+            for note in notes:
+                if _matches(tree, note):
+                    self.assertTrue(_matches(wide, note), f"{text} lost {note}")
 
 
 class PeerAstTests(unittest.TestCase):
@@ -186,11 +226,37 @@ class LinkTests(_Linked, unittest.TestCase):
 
     def test_a_local_subscription_a_plain_peer_could_misread_is_sent_widened(self):
         consumer, out = self.client()
-        self.subscribe(consumer, 5, "x - 1 == 3")
-        self.clock.advance(0)
-        (replace,) = self.replaces()
-        self.assertEqual(replace.pull_filter, parse("require(x)"))
-        self.answer()
+        for sub_id, expression, sent in ((5, "x - 1 == 3", "require(x)"),
+                                         (6, 'regex(tag, "(?P<n>x)")',
+                                          "require(x) || require(tag)")):
+            self.subscribe(consumer, sub_id, expression)
+            self.clock.advance(0)
+            (replace,) = self.replaces()
+            self.assertEqual(replace.pull_filter, parse(sent))
+            self.answer()
+
+    def test_a_pattern_we_cannot_compile_is_widened_not_nacked(self):
+        # Java reads a lookahead and a backreference; RE2 does not. Refusing
+        # the filter would leave the peer's old one in force.
+        lookahead = node(Kind.FUNC_REGEX, name("s"), string("(?=a)b"))
+        backreference = node(Kind.FUNC_REGEX, name("s"), string("(a)\\1"))
+        from twisted.logger import formatEvent, globalLogPublisher
+        events = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        (ack,) = self.peer_sends(3, node(Kind.OR, lookahead, parse("t == 1")))
+        self.assertIsInstance(ack, fed_packets.Ack)
+        self.assertIn("cannot compile", "".join(formatEvent(e) for e in events))
+        self.assertTrue(self.link.remote_filter.matches({"s": "zzz"}))
+        (ack,) = self.peer_sends(4, _raw(node(Kind.AND, parse("u == 2"), backreference),
+                                         AVIS_AST_TYPECODES))
+        self.assertIsInstance(ack, fed_packets.Ack)
+        self.assertTrue(self.link.remote_filter.matches({"s": "zzz", "u": 2}))
+        self.assertFalse(self.link.remote_filter.matches({"s": "zzz", "u": 3}))
+        self.assertFalse(self.link.remote_filter.matches({"t": 1}))
+        (nack,) = self.peer_sends(5, node(Kind.FUNC_REGEX, name("s"), int32(1)))
+        self.assertIsInstance(nack, packets.Nack)       # malformed in any dialect
+        self.assertFalse(self.peer.closed)
 
     def test_once_the_peer_shows_avis_numbering_the_filter_goes_exactly_in_it(self):
         consumer, out = self.client()
