@@ -109,6 +109,7 @@ class FederationLink:
         self._limits = {name: spec.default for name, spec in specs.items()}
         self._dropped_log = LogLimiter(lambda: manager.clock.seconds())
         self._widened_log = LogLimiter(lambda: manager.clock.seconds())
+        self._routing_log = LogLimiter(lambda: manager.clock.seconds())
 
     def __repr__(self):
         return (f"<FederationLink {self.peer_domain or self.peer_host} "
@@ -190,6 +191,9 @@ class FederationLink:
                 self.connection_lost(f"refused: {message}")
                 self.output.close()
             elif kind is packets.Disconn:
+                self.log.warn("federation peer {host} disconnected before the link was "
+                              "up: reason {code}{text}", host=self.peer_host,
+                              code=packet.reason, text=_disconn_text(packet))
                 self.connection_lost("disconnected by peer")
                 self.output.close()
             else:
@@ -398,23 +402,35 @@ class FederationLink:
     def _fed_notify(self, packet):
         self.stats["in"] += 1
         manager = self.manager
-        if manager.domain in packet.routing:
+        routing = packet.routing
+        if self.peer_domain not in routing:
+            # EFP 6.2.4 has the sender add its domain; one that did not
+            # would hide where the notification has been from the routers
+            # after us (their loop and duplicate checks). Added here, as
+            # the sender should have (Avis ends the link instead).
+            routing = (*routing, self.peer_domain)
+            skipped = self._routing_log.allow()
+            if skipped is not None:
+                self.log.info("federation peer {peer} sent a FedNotify whose routing list "
+                              "lacks its own domain: added{more}", peer=self.peer_domain,
+                              more=self._routing_log.more(skipped))
+        if manager.domain in routing:
             self.stats["loops"] += 1
             manager.trace.notify(self, "notify_dropped_loop", "in", packet.attributes,
-                                 packet.routing, self._encoded_size(packet))
+                                 routing, self._encoded_size(packet))
             return
-        if manager.is_duplicate(packet.routing):
+        if manager.is_duplicate(routing):
             # Seen already by another path (the mesh's tree was changing).
             self.stats["duplicates"] += 1
             manager.trace.notify(self, "notify_dropped_duplicate", "in", packet.attributes,
-                                 packet.routing, self._encoded_size(packet))
+                                 routing, self._encoded_size(packet))
             return
         attributes = packet.attributes
         problem = notification_problem(self._limits, attributes) if self._limits else None
         if problem is not None or not self.fed_class.import_filter.matches(attributes):
             self._drop_import(packet, problem)
             return
-        manager.trace.notify(self, "notify_received", "in", attributes, packet.routing,
+        manager.trace.notify(self, "notify_received", "in", attributes, routing,
                              self._encoded_size(packet))
         # A FedNotify carries the producer's keys as the producer gave them
         # (what Avis sends): prepared here as a NotifyEmit's would be, and
@@ -425,7 +441,7 @@ class FederationLink:
         except errors.ElvinError:
             keys = forward_keys = KeyRing.EMPTY
         manager.router.route(attributes, packet.deliver_insecure, keys, KeyRing.EMPTY,
-                             routing=tuple(packet.routing), source=self,
+                             routing=tuple(routing), source=self,
                              forward_keys=forward_keys)
 
     def _drop_import(self, packet, problem=None):
@@ -492,14 +508,21 @@ class FederationLink:
         pass
 
     def _disconn(self, packet):
-        self.log.info("federation peer {peer} disconnected (reason {reason})",
-                      peer=self.peer_domain, reason=packet.reason)
+        self.log.info("federation peer {peer} disconnected (reason {reason}{text})",
+                      peer=self.peer_domain, reason=packet.reason,
+                      text=_disconn_text(packet))
         self.connection_lost("disconnected by peer")
         self.output.close()
 
     def _drop_warn(self, packet):
         if self.state == self.UP:
             self.manager.peer_dropped(self)
+
+
+def _disconn_text(packet):
+    """A Disconn's text (a redirection's URI, or the peer's reason: Avis
+    says why it ends a link there), ready to follow its code."""
+    return f": {shown(packet.args)}" if packet.args else ""
 
 
 def _larger_than(tree, limit):

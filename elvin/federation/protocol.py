@@ -218,9 +218,21 @@ class FederationProtocol(QueuedFramedProtocol):
             why = (f"the peer closed the connection before answering FedConnRqst"
                    f"{': ' + detail if detail else ''} (if it is a TLS listener, "
                    "use an ewaf:/secure/ URI)")
+        elif self._too_long is not None:
+            length, limit = self._too_long
+            why = (f"a frame of {length} bytes, over the {limit} bytes allowed "
+                   "before the link is up: reset unread")
         else:
             why = f"the connection ended{': ' + detail if detail else ''}"
         self.manager.link_failed_to_start(peer, self.outgoing, why)
+
+    #: A frame over ``max_frame_length`` ended the channel: its announced
+    #: length and the limit then, for the line saying why it failed.
+    _too_long = None
+
+    def frameTooLong(self, length):
+        self._too_long = (length, self.max_frame_length)
+        super().frameTooLong(length)
 
     def connectionLost(self, reason=None):
         link = self.link

@@ -615,6 +615,20 @@ class FederationKeyTests(unittest.TestCase):
         self.assertEqual((tuple(delivery.secure_matches), tuple(delivery.insecure_matches)),
                          ((entry.id,), ()))
 
+    def test_a_routing_list_without_the_senders_domain_gets_it(self):
+        # EFP 6.2.4 has the sender add its domain; a peer that did not is
+        # served, and the routers after us still see where it has been.
+        routed = []
+        self.manager.router.route = lambda *args, **kw: routed.append(kw["routing"])
+        for routing in ((), ("other.test",), ("other.test", "avis.test")):
+            self.link.packet_received(self.FP.FedNotify({"x": 1}, False, self.P.Keys.EMPTY,
+                                                        routing))
+        self.assertEqual(routed, [("avis.test",), ("other.test", "avis.test"),
+                                  ("other.test", "avis.test")])
+        self.link.packet_received(self.FP.FedNotify({"x": 1}, False, self.P.Keys.EMPTY,
+                                                    ("ours.test",)))
+        self.assertEqual((len(routed), self.link.stats["loops"]), (3, 1))
+
     def test_outgoing_fednotify_carries_the_producers_keys(self):
         from elvin.core import keys as key_schemes
         nfn_keys, _ = key_schemes.producer_keys(b"secret")
@@ -976,6 +990,20 @@ class HandshakeLivenessTests(unittest.TestCase):
         link.packet_received(fed_packets.FedConnRply(request.xid, "peer.test"))
         self.assertEqual(link.state, link.UP)
 
+    def test_a_disconn_before_fedconnrply_is_logged_with_its_reason(self):
+        from twisted.logger import formatEvent, globalLogPublisher
+        events = []
+        globalLogPublisher.addObserver(events.append)
+        self.addCleanup(globalLogPublisher.removeObserver, events.append)
+        out = _LinkOutput()
+        link = FederationLink(self.manager, out, True, self.fed_class, "10.0.0.9")
+        link.start()
+        link.packet_received(packets.Disconn(4, "Unexpected FedConnRqst"))
+        self.assertTrue(out.closed)
+        logged = "\n".join(formatEvent(e) for e in events)
+        self.assertIn("federation peer 10.0.0.9 disconnected before the link was up: "
+                      "reason 4: Unexpected FedConnRqst", logged)
+
     def accepted(self, peer, keepalive=5.0):
         """``peer`` connected to our federation listener (iosim, our clock)."""
         ours = AcceptorFactory(self.manager, keepalive).buildProtocol(None)
@@ -1002,6 +1030,15 @@ class HandshakeLivenessTests(unittest.TestCase):
         self.play(pump, 0.3)                  # silent for 2 keepalives: closed
         self.assertTrue(pump.serverIO.disconnected)
         self.assertEqual(len(self.log.having("is silent; closing")), 1)
+
+    def test_a_frame_too_long_before_the_handshake_is_named(self):
+        peer = Protocol()
+        ours, pump = self.accepted(peer)
+        peer.transport.write(struct.pack(">I", 70_000))      # a 70,000-byte FedConnRqst
+        self.play(pump, 0.2)
+        self.assertTrue(pump.serverIO.disconnected)
+        self.assertEqual(len(self.log.having(
+            "a frame of 70000 bytes, over the 65536 bytes allowed before the link is up")), 1)
 
     def test_probes_do_not_stand_in_for_the_handshake(self):
         """A peer that answers and sends probes but no FedConnRqst is closed
