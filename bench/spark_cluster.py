@@ -260,8 +260,9 @@ class Cluster:
     processes that were still there afterwards (should be none).
     """
 
-    def __init__(self, workdir, port=7077, workers=2, cores=1, memory="1g"):
+    def __init__(self, workdir, port=7077, workers=2, cores=1, memory="1g", daemon_java_options=""):
         self.workdir = workdir
+        self.daemon_java_options = daemon_java_options
         self.port = port
         self.workers = workers
         self.cores = cores
@@ -277,6 +278,8 @@ class Cluster:
         env = dict(os.environ)
         env.update(SPARK_HOME=self.home, SPARK_LOCAL_IP="127.0.0.1",
                    PYSPARK_PYTHON=sys.executable)
+        if self.daemon_java_options:        # the master's and workers' own JVMs
+            env["SPARK_DAEMON_JAVA_OPTS"] = self.daemon_java_options
         return env
 
     def _spawn(self, name, argv):
@@ -550,7 +553,8 @@ class _Background:
 
 def run_cluster_check(traces=None, workdir=None, port=7077, keep=False, synth=None, conf=None,
                       start_timeout=60.0, run_timeout=900.0, deadline=None, log=None,
-                      analysis_args=(), only=RUNS, workers=2, reference=None):
+                      analysis_args=(), only=RUNS, workers=2, reference=None,
+                      daemon_java_options=""):
     """Start the cluster, run the analysis three ways (or the ``only`` of
     them named: "local" and at least one cluster run), compare, stop.
 
@@ -568,7 +572,9 @@ def run_cluster_check(traces=None, workdir=None, port=7077, keep=False, synth=No
     the local tables in this process (a Spark session already running
     here) instead of the "local" run's ``python -m spark_analysis
     --master local[2]`` with a driver of its own; ``analysis_args`` and
-    ``conf`` are then the caller's to apply.
+    ``conf`` are then the caller's to apply. ``daemon_java_options``: JVM
+    options of the master and the workers (``SPARK_DAEMON_JAVA_OPTS``; the
+    executors' are ``spark.executor.extraJavaOptions`` in ``conf``).
 
     Returns {"ok", "errors", "seconds" {"synth", "start", "local", "submit",
     "module", "stop"}, "comparison" (compare_outputs), "leftover" (processes
@@ -589,7 +595,8 @@ def run_cluster_check(traces=None, workdir=None, port=7077, keep=False, synth=No
     env = dict(os.environ)
     env.update(SPARK_HOME=spark_home(), SPARK_LOCAL_IP="127.0.0.1",
                PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-    cluster = Cluster(workdir, port=port, workers=workers)
+    cluster = Cluster(workdir, port=port, workers=workers,
+                      daemon_java_options=daemon_java_options)
     run_groups = set()                                 # of the analysis runs, checked at the end
     local_run = None                                   # the local run, in its own thread
     finished = False                                   # False: an exception is on its way out

@@ -5,9 +5,10 @@ A master and one worker (one core, 1 GiB) on 127.0.0.1, on free ports,
 started with the pyspark package's ``spark-class``; small synthetic traces
 analysed in this process by the small-window engine (DuckDB, no JVM: the
 engine-agreement tests hold it equal to local Spark, table for table) and
-with ``python -m spark_analysis --master spark://...`` on the cluster must
-give the same CSV tables, and no process of the cluster may be left
-afterwards.
+with ``python -m spark_analysis --master spark://... --no-report`` on the
+cluster must give the same CSV tables (the charts and HTML are drawn in the
+driver from those tables, nothing of the cluster's), and no process of the
+cluster may be left afterwards.
 (The bench script runs two workers and a local driver of its own.) The
 check runs in a thread (so trial's timeout can fire) and every wait in it is
 bounded by a deadline shorter than the timeout. The JVMs' output goes to
@@ -41,6 +42,12 @@ FAST = {
     "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
     "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
 }
+
+#: The master's and the worker's JVMs: the quick JIT tier only and the
+#: simplest GC (they schedule one application; the optimising tier's and the
+#: parallel GC's threads would compete for the two cores with the driver and
+#: the executor).
+DAEMON_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def fast_conf():
@@ -123,8 +130,8 @@ class StandaloneClusterTests(unittest.TestCase):
         d = threads.deferToThread(
             bench.run_cluster_check, traces=traces, workdir=cluster_dir, port=0, conf=fast_conf(),
             start_timeout=90, run_timeout=240, deadline=self.timeout - 90, log=log,
-            analysis_args=["--latency-sample", "2"], only=("local", "module"), workers=1,
-            reference=reference)
+            analysis_args=["--latency-sample", "2", "--no-report"], only=("local", "module"),
+            workers=1, reference=reference, daemon_java_options=DAEMON_JAVA_OPTIONS)
 
         def check(result):
             report = "\n".join(bench.summary(result)) + "\n--- progress:\n" + log.getvalue()
@@ -151,3 +158,20 @@ class StandaloneClusterTests(unittest.TestCase):
             self.assertEqual(processes_naming(result["master_url"][len("spark://"):],
                                               cluster_dir), [], report)
         return d.addCallback(check)
+
+
+class DaemonOptionsTests(unittest.SynchronousTestCase):
+    """The master's and workers' JVM options reach them through the
+    environment spark-class reads (nothing is started here)."""
+
+    def test_daemon_java_options_are_in_the_daemons_environment(self):
+        if importlib.util.find_spec("pyspark") is None:
+            raise unittest.SkipTest("pyspark is not installed")
+        bench = load_bench()
+        work = self.mktemp()
+        env = bench.Cluster(work, port=0, daemon_java_options=DAEMON_JAVA_OPTIONS).env()
+        self.assertEqual(env["SPARK_DAEMON_JAVA_OPTS"], DAEMON_JAVA_OPTIONS)
+        self.assertIn("-XX:TieredStopAtLevel=1", env["SPARK_DAEMON_JAVA_OPTS"])
+        # none given: whatever the caller's environment says
+        self.assertEqual(bench.Cluster(work, port=0).env().get("SPARK_DAEMON_JAVA_OPTS"),
+                         os.environ.get("SPARK_DAEMON_JAVA_OPTS"))
