@@ -319,6 +319,8 @@ class FederationLink:
             # so that no router passes a peer's mark on as its own.
             tree = self._read_filter(packet.pull_filter)
             tree, marked = filters.strip_marker(tree, self.manager.mesh_marker)
+            # Patterns as another dialect means them (elvin.federation.subast).
+            tree = subast.received(tree, ours=marked)
             if self.manager.mesh is not None:
                 if marked and not self.mesh:
                     self.mesh = True

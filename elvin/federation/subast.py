@@ -20,6 +20,14 @@ each direction is made safe on its own:
   one numbering has settles the peer's numbering for the rest of the
   link; while two readings remain, the filter is their OR, so the peer
   gets what it meant, and perhaps more, never less.
+
+Patterns and string functions are read otherwise by other routers
+whatever their numbering (RE2 against Java's regular expressions, POSIX
+classes, wildcard syntax, Unicode versions), so they are widened both
+ways too for a peer not known to be ours: in what is sent
+(``wire_filter``, ``DIALECT_KINDS``) and in what is received
+(``received``, ``FOREIGN_KINDS``; a pattern we cannot compile is widened
+before the filter is checked, ``tolerated``).
 """
 
 from elvin.errors import SubscriptionError
@@ -29,8 +37,8 @@ from elvin.protocols.xdr import (AVIS_AST_TYPECODES, SPEC_AST_TYPECODES, DecodeE
 from elvin.subscription import checker, patterns
 from elvin.subscription.ast import Kind, Node
 
-__all__ = ["SPEC", "AVIS", "AMBIGUOUS_KINDS", "DIALECT_KINDS", "uses_ambiguous", "portable", "read_filter",
-           "wire_filter", "tolerated"]
+__all__ = ["SPEC", "AVIS", "AMBIGUOUS_KINDS", "DIALECT_KINDS", "FOREIGN_KINDS", "uses_ambiguous",
+           "portable", "read_filter", "received", "wire_filter", "tolerated"]
 
 SPEC = "spec"
 AVIS = "avis"
@@ -51,6 +59,17 @@ AMBIGUOUS_KINDS = frozenset(kind for kind in Kind
 DIALECT_KINDS = frozenset({Kind.FUNC_BEGINS_WITH, Kind.FUNC_CONTAINS, Kind.FUNC_ENDS_WITH,
                            Kind.FUNC_WILDCARD, Kind.FUNC_REGEX, Kind.FUNC_FOLD_CASE,
                            Kind.FUNC_DECOMPOSE, Kind.FUNC_DECOMPOSE_COMPAT})
+
+#: Kinds a peer not known to be ours may mean more widely than we read
+#: them, so widened in a filter received from one: patterns (Java reads
+#: ``[[:alpha:]]`` as the set of ``:alph`` and matches ``":::"``; Avis's
+#: wildcards have no classes, so ``*[Hh]ello*`` matches ``"[Hh]ello"``
+#: there) and the Unicode functions (their tables' versions differ). The
+#: other string predicates stay exact: another router's reading of them
+#: is never wider than ours (Avis fails a whole filter where one meets a
+#: number; we make only that predicate bottom).
+FOREIGN_KINDS = DIALECT_KINDS - {Kind.FUNC_BEGINS_WITH, Kind.FUNC_CONTAINS,
+                                 Kind.FUNC_ENDS_WITH}
 
 #: Codes that only one numbering has: seeing one says which a peer uses.
 _ONLY = {name: frozenset(table.values()) - frozenset(_TABLES[other].values())
@@ -132,6 +151,18 @@ def wire_filter(tree, numbering, ours=False):
     return portable(tree)
 
 
+def received(tree, ours=False):
+    """A received filter (after ``read_filter``; TRUE or FALSE too) as it
+    is served: exactly from a peer known to be ours (``ours``: its filter
+    carried the mesh marker), otherwise with each part holding one of
+    ``FOREIGN_KINDS`` widened to the names it requires. The peer filters
+    what it gets again, so it gets what its dialect meant, and perhaps
+    more, never less."""
+    if ours or tree is filters.TRUE or tree is filters.FALSE or tree.kind == Kind.EMPTY:
+        return tree
+    return portable(tree, FOREIGN_KINDS)
+
+
 def tolerated(tree):
     """``(tree, widened)``: a received filter with each part holding a
     pattern we cannot compile widened to the names it requires (a filter
@@ -161,7 +192,10 @@ def read_filter(raw, numbering=None, widened=None):
             widened()
         return tree
     if not isinstance(raw, RawSubAST):
-        return tolerate(raw), numbering, False
+        if raw.kind != Kind.EMPTY:
+            raw = tolerate(raw)
+            checker.check(raw)      # before ``received`` widens a malformed part away
+        return raw, numbering, False
     readings = {}
     problems = []
     for name in (numbering,) if numbering else (SPEC, AVIS):

@@ -1004,6 +1004,19 @@ class HandshakeLivenessTests(unittest.TestCase):
         self.assertIn("federation peer 10.0.0.9 disconnected before the link was up: "
                       "reason 4: Unexpected FedConnRqst", logged)
 
+    def test_a_disconn_on_an_established_link_is_logged_with_its_text(self):
+        out = _LinkOutput()
+        link = FederationLink(self.manager, out, False, self.fed_class, "10.0.0.7")
+        link.start()
+        link.packet_received(fed_packets.FedConnRqst(1, 1, 0, "peer.test"))
+        self.assertEqual(link.state, link.UP)
+        link.packet_received(packets.Disconn(4, "Remote server domain was not in "
+                                                "FedNotify routing list"))
+        self.assertTrue(out.closed)
+        self.assertEqual(len(self.log.having(
+            "federation peer peer.test disconnected (reason 4: Remote server domain was "
+            "not in FedNotify routing list)")), 1)
+
     def accepted(self, peer, keepalive=5.0):
         """``peer`` connected to our federation listener (iosim, our clock)."""
         ours = AcceptorFactory(self.manager, keepalive).buildProtocol(None)

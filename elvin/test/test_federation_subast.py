@@ -111,6 +111,30 @@ class DialectTests(unittest.TestCase):
                     self.assertTrue(_matches(wide, note), f"{text} lost {note}")
 
 
+class ReceivedDialectTests(unittest.TestCase):
+    """A filter from a peer not known to be ours is served with its
+    patterns and Unicode functions widened: the peer's dialect may mean
+    them more widely than we read them (Java's ``[[:alpha:]]`` is the set
+    of ``:alph``; Avis's wildcards have no classes)."""
+
+    def test_patterns_and_unicode_functions_are_widened_part_by_part(self):
+        for text, served in (
+                ('wildcard(tag, "*[Hh]ello*")', "require(tag)"),
+                ('regex(tag, "^[[:alpha:]]+$") && x == 1', "require(tag) && x == 1"),
+                ('fold-case(s) == "x" || decompose-compat(t) == "y" || u == 2',
+                 "require(s) || require(t) || u == 2"),
+                ('begins-with(s, "x") && ends-with(s, "y") || contains(t, "z")',
+                 'begins-with(s, "x") && ends-with(s, "y") || contains(t, "z")')):
+            self.assertEqual(subast.received(parse(text)), parse(served),
+                             text)
+
+    def test_our_own_routers_filters_are_served_exactly(self):
+        tree = parse('wildcard(tag, "*[Hh]ello*") || fold-case(s) == "x"')
+        self.assertIs(subast.received(tree, ours=True), tree)
+        for constant in (filters.TRUE, filters.FALSE):
+            self.assertIs(subast.received(constant), constant)
+
+
 class PeerAstTests(unittest.TestCase):
     """``Reader.peer_ast``: framing checked, meaning left to the link."""
 
@@ -257,6 +281,27 @@ class LinkTests(_Linked, unittest.TestCase):
         (nack,) = self.peer_sends(5, node(Kind.FUNC_REGEX, name("s"), int32(1)))
         self.assertIsInstance(nack, packets.Nack)       # malformed in any dialect
         self.assertFalse(self.peer.closed)
+
+    def test_a_plain_peers_patterns_are_served_as_its_dialect_may_mean_them(self):
+        (ack,) = self.peer_sends(3, parse('wildcard(tag, "*[Hh]ello*") || '
+                                          '(regex(tag, "^[[:alpha:]]+$") && x == 1) || '
+                                          'begins-with(s, "x")'))
+        self.assertIsInstance(ack, fed_packets.Ack)
+        served = self.link.remote_filter
+        # What Avis delivers for these: a literal "[Hh]ello", and ":::" (a
+        # character of Java's set [:alph]); we read neither so.
+        self.assertTrue(served.matches({"tag": "[Hh]ello"}))
+        self.assertTrue(served.matches({"tag": ":::", "x": 1}))
+        self.assertFalse(served.matches({"x": 1}))
+        self.assertFalse(served.matches({"s": "y"}))         # begins-with stays exact
+        self.assertTrue(served.matches({"s": "xy"}))
+
+    def test_a_mesh_routers_patterns_are_served_exactly(self):
+        tree = parse('wildcard(tag, "*[Hh]ello*")')
+        (ack,) = self.peer_sends(3, filters.with_marker(tree, self.manager.mesh_marker))
+        self.assertIsInstance(ack, fed_packets.Ack)
+        self.assertFalse(self.link.remote_filter.matches({"tag": "[Hh]ello"}))
+        self.assertTrue(self.link.remote_filter.matches({"tag": "say hello"}))
 
     def test_once_the_peer_shows_avis_numbering_the_filter_goes_exactly_in_it(self):
         consumer, out = self.client()
