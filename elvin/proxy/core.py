@@ -57,10 +57,12 @@ class ProxyCore(PasswordChecks, UpstreamRelay):
     sessions, their host (``SessionHost``), as the router is to its own.
 
     ``upstream`` is what the proxy's upstream connection offers: ``is_up``,
-    ``subscribe(expression, accept_insecure, keys) -> Deferred[id]``,
-    ``modify(id, expression, accept_insecure, add_keys, del_keys) ->
+    ``subscribe(expression, accept_insecure, keys, late) -> Deferred[id]``,
+    ``modify(id, expression, accept_insecure, add_keys, del_keys, late) ->
     Deferred[id]``, ``unsubscribe(id)`` and ``notify(attributes,
-    deliver_insecure, keys)``. It calls back ``upstream_up``,
+    deliver_insecure, keys)``; a request not answered within
+    upstream-timeout fails with RequestTimeout, and ``late(reply)`` takes
+    the answer if it comes after all. It calls back ``upstream_up``,
     ``upstream_down`` and ``upstream_notification``.
     """
 
@@ -114,7 +116,7 @@ class ProxyCore(PasswordChecks, UpstreamRelay):
             self.store.remove_subscription(sub.session.name, sub.id)
         if sub.upstream_id is not None:
             self.by_upstream.pop(sub.upstream_id, None)
-            self._unsubscribe(sub.upstream_id)
+            self._unsubscribe(sub.upstream_id, sub)
             sub.upstream_id = None
 
     def sweep(self) -> int:
