@@ -195,7 +195,7 @@ class ProxyClient(Joining):
         if self._awaiting is not None and self.state == self.CONNECTED:
             if type(packet) is packets.TestConn:
                 # Answered at once, not behind the request waiting for
-                # upstream (up to twice upstream-keepalive): it asks whether
+                # upstream (up to upstream-timeout): it asks whether
                 # the proxy is alive, which it is, holding everything sent
                 # before it; a client's liveness check would otherwise call
                 # it dead. (Before ConnRply it waits: ConnRply comes first.)

@@ -102,10 +102,9 @@ class Requests(Receiving):
         Nack 2006 (IMPL_LIMIT: the proxy's bound on the time it waits for
         upstream was reached; nothing of the request was done)."""
         self.core.upstream_timed_out(failure, request, sub, "refused to the client (Nack 2006)")
-        self.protocol_error(xid, errors.IMPL_LIMIT,
-                            f"the upstream router did not answer within "
-                            f"{failure.value.seconds:g} s (the proxy's upstream-timeout): "
-                            "nothing was changed")
+        self.nack(xid, errors.IMPL_LIMIT,           # (logged once, above: not protocol_error)
+                  f"the upstream router did not answer within {failure.value.seconds:g} s "
+                  "(the proxy's upstream-timeout): nothing was changed")
 
     def _sub_add(self, packet):
         xid = packet.xid

@@ -116,8 +116,10 @@ class UpstreamTimeoutTest(unittest.TestCase):
                       for entry in self.router.subscriptions.values())
 
     def warnings(self):
-        return [event["log_format"].format(**event) for event in self.logged
-                if "upstream-timeout" in event.get("log_format", "")]
+        """The lines logged that speak of upstream-timeout."""
+        lines = [event["log_format"].format(**event) for event in self.logged
+                 if "log_format" in event]
+        return [line for line in lines if "upstream-timeout" in line]
 
     def test_unanswered_subscription_is_refused_others_served_late_reply_undone(self):
         self.start()
