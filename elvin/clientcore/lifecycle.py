@@ -232,10 +232,13 @@ class Lifecycle:
         #: ``_liveness_at``) and the requests' timeouts (``_deadlines``:
         #: xid -> (when, the request, its seconds)); ``_armed``: when it is
         #: set to fire. Each request the program sends while UP waits at
-        #: most ``timeout`` seconds for its reply (``request_timeouts``:
-        #: the proxy's upstream waits for ever, as its requests stall its
-        #: clients' until upstream answers or is lost).
-        self.request_timeouts = True
+        #: most ``request_timeout`` seconds for its reply: None, the
+        #: connection's ``timeout``; 0, no bound (the proxy's upstream sets
+        #: its own, ``upstream-timeout``). ``log_timeouts``: each request
+        #: given up is logged as a warning (the proxy logs its own line,
+        #: naming its client's session).
+        self.request_timeout: Optional[float] = None
+        self.log_timeouts = True
         self._liveness_at: Optional[float] = None
         self._deadlines: Dict[int, Tuple[float, Any, float]] = {}
         self._armed: Optional[float] = None
@@ -315,7 +318,7 @@ class Lifecycle:
                         self._ping_marks.append((written[0], written[1]))
                     return
                 self._marks[xid] = (written[0], written[1])
-                if self.timeout and self.request_timeouts:
+                if self._request_seconds():
                     self._bound(xid, packet)
                 inflight = self._inflight
                 if len(inflight) > 64:    # forget those answered
@@ -543,9 +546,14 @@ class Lifecycle:
 
     # -- the requests' timeouts ---------------------------------------------------
 
+    def _request_seconds(self) -> float:
+        """Seconds a request sent now waits for its reply (0: no bound)."""
+        seconds = self.timeout if self.request_timeout is None else self.request_timeout
+        return seconds or 0.0
+
     def _bound(self, xid: int, packet: Any) -> None:
-        """Request ``xid`` went out while UP: it waits ``timeout`` seconds."""
-        seconds = self.timeout or 0.0
+        """Request ``xid`` went out while UP: it waits ``_request_seconds()``."""
+        seconds = self._request_seconds()
         deadline = self.clock() + seconds
         self._deadlines[xid] = (deadline, packet, seconds)
         if self._armed is None or deadline < self._armed:
@@ -595,7 +603,7 @@ class Lifecycle:
                                    f"{describe_request(packet)} within {seconds:g} s",
                                    type(packet).__name__, seconds)
             # Not if answered, failed (a closing errback) or abandoned meanwhile.
-            if self.session.time_out(xid, packet, error):
+            if self.session.time_out(xid, packet, error) and self.log_timeouts:
                 _log.warning("%s; the connection stays open", error)
 
     # -- the liveness check -------------------------------------------------------
@@ -788,7 +796,7 @@ class Lifecycle:
                 packet = target(xid)      # the id the replay gave
             self._written[0] += 1
             self._written[1] += send(packet) or 0
-            if xid is not None and self.timeout and self.request_timeouts:
+            if xid is not None and self._request_seconds():
                 self._bound(xid, packet)
         for xid, target in gone:          # after the sends: what they do goes after them
             waiting = self.session._pending.pop(xid, None)

@@ -18,7 +18,8 @@ from elvin.errors import echoed
 from elvin.uri import ElvinURI
 
 __all__ = ["ProxyConfig", "PROXY_SETTINGS", "DEFAULT_LISTEN", "DEFAULT_UPSTREAM",
-           "DEFAULT_UPSTREAM_PROBE", "DEFAULT_UPSTREAM_KEEPALIVE", "load_proxy_config",
+           "DEFAULT_UPSTREAM_PROBE", "DEFAULT_UPSTREAM_KEEPALIVE", "DEFAULT_UPSTREAM_TIMEOUT",
+           "load_proxy_config",
            "parse_proxy_config", "ConfigError"]
 
 DEFAULT_LISTEN = "elvin://localhost:2916"
@@ -27,6 +28,10 @@ DEFAULT_UPSTREAM = "elvin://localhost:2917"
 #: TestConn checks of a present one (also ``Upstream``'s own defaults).
 DEFAULT_UPSTREAM_PROBE = 0.2
 DEFAULT_UPSTREAM_KEEPALIVE = 30.0
+#: Seconds a request to the upstream router waits for its answer: below
+#: the client libraries' 10 s reply timeout, so that the proxy's Nack
+#: reaches a client of ours before that client gives up by itself.
+DEFAULT_UPSTREAM_TIMEOUT = 5.0
 
 
 def _not_udp(uri, where, problem):
@@ -81,6 +86,14 @@ PROXY_SETTINGS = (
     Setting("upstream-keepalive", duration(True), DEFAULT_UPSTREAM_KEEPALIVE, "`30`",
             "Seconds between TestConn checks of the upstream connection; one unanswered "
             "for as long again drops and remakes it. `0`: no checks."),
+    Setting("upstream-timeout", duration(True), DEFAULT_UPSTREAM_TIMEOUT, "`5`",
+            "Seconds the proxy waits for the upstream router's answer to each request it "
+            "sends (SubAddRqst, SubModRqst, SubDelRqst); then it gives up, the "
+            "connection staying open: a client's request is refused (Nack 2006, "
+            "IMPL_LIMIT) and nothing of it is kept, and a late answer is undone upstream "
+            "(docs/proxy.md, \"An upstream that does not answer\"). Below the client "
+            "libraries' 10 s, so that the Nack reaches their clients first. `0`: wait "
+            "for ever."),
     Setting("database", config_file, "elvin-proxy.db", "`elvin-proxy.db`",
             "The SQLite file holding sessions and stored notifications (relative to "
             "the configuration file's folder; created if missing)."),
@@ -166,6 +179,7 @@ class ProxyConfig(SettingsConfig):
     upstream_discovery: bool
     upstream_tls_ca: Optional[str]
     upstream_keepalive: float
+    upstream_timeout: float
     database: str
     database_key: Optional[str]
     max_connections: int

@@ -57,10 +57,12 @@ class ProxyCore(PasswordChecks, UpstreamRelay):
     sessions, their host (``SessionHost``), as the router is to its own.
 
     ``upstream`` is what the proxy's upstream connection offers: ``is_up``,
-    ``subscribe(expression, accept_insecure, keys) -> Deferred[id]``,
-    ``modify(id, expression, accept_insecure, add_keys, del_keys) ->
+    ``subscribe(expression, accept_insecure, keys, late) -> Deferred[id]``,
+    ``modify(id, expression, accept_insecure, add_keys, del_keys, late) ->
     Deferred[id]``, ``unsubscribe(id)`` and ``notify(attributes,
-    deliver_insecure, keys)``. It calls back ``upstream_up``,
+    deliver_insecure, keys)``; a request not answered within
+    upstream-timeout fails with RequestTimeout, and ``late(reply)`` takes
+    the answer if it comes after all. It calls back ``upstream_up``,
     ``upstream_down`` and ``upstream_notification``.
     """
 
@@ -114,7 +116,7 @@ class ProxyCore(PasswordChecks, UpstreamRelay):
             self.store.remove_subscription(sub.session.name, sub.id)
         if sub.upstream_id is not None:
             self.by_upstream.pop(sub.upstream_id, None)
-            self._unsubscribe(sub.upstream_id)
+            self._unsubscribe(sub.upstream_id, sub)
             sub.upstream_id = None
 
     def sweep(self) -> int:
@@ -193,7 +195,7 @@ class ProxyClient(Joining):
         if self._awaiting is not None and self.state == self.CONNECTED:
             if type(packet) is packets.TestConn:
                 # Answered at once, not behind the request waiting for
-                # upstream (up to twice upstream-keepalive): it asks whether
+                # upstream (up to upstream-timeout): it asks whether
                 # the proxy is alive, which it is, holding everything sent
                 # before it; a client's liveness check would otherwise call
                 # it dead. (Before ConnRply it waits: ConnRply comes first.)

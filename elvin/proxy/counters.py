@@ -27,7 +27,7 @@ class ProxyCounters:
     __slots__ = ("stored", "replayed", "delivered", "forwarded", "acknowledged",
                  "upstream_dropwarns", "not_stored", "backlog_dropped",
                  "client_queue_dropped", "store_failed", "sessions_expired",
-                 "upstream_gaps", "restart_gaps")
+                 "upstream_gaps", "restart_gaps", "upstream_timeouts")
 
     def __init__(self) -> None:
         #: notifications stored (one copy, however many sessions keep it)
@@ -59,6 +59,8 @@ class ProxyCounters:
         #: each start of the proxy on a store holding it
         self.upstream_gaps = 0
         self.restart_gaps = 0
+        #: requests to the upstream router given up after upstream-timeout
+        self.upstream_timeouts = 0
 
 
 class GateCounters:
@@ -106,6 +108,7 @@ def snapshot(core: Any, listeners: Iterable[Any] = (), upstream_uri: Optional[st
             "restart": counters.restart_gaps,
         },
         "upstream_dropwarns": counters.upstream_dropwarns,
+        "upstream_timeouts": counters.upstream_timeouts,
         "store_failed": counters.store_failed,
         "sessions_expired": counters.sessions_expired,
         "password_checks": {"checked": gate.checks, "failed": gate.failures,
@@ -145,6 +148,9 @@ class ProxyCollector:
                 ("elvin_proxy_upstream_dropwarns", "upstream_dropwarns",
                  "DropWarns from the upstream router: gaps of unknown size, each "
                  "counted once in every session's drops."),
+                ("elvin_proxy_upstream_timeouts", "upstream_timeouts",
+                 "Requests to the upstream router given up unanswered after "
+                 "upstream-timeout."),
                 ("elvin_proxy_store_failures", "store_failed",
                  "Writes the database refused (disk full)."),
                 ("elvin_proxy_sessions_expired", "sessions_expired",

@@ -10,13 +10,21 @@ Apart from the rest because it is the only part that talks to
 ``elvin.proxy.upstream`` (``is_up``, ``subscribe``, ``modify``,
 ``unsubscribe``, ``notify``, described on ``ProxyCore``), and the only one
 whose state (upstream subscription ids) is lost with a connection.
+
+Every request it sends upstream is bounded (``upstream-timeout``, on the
+upstream connection's own timer): one not answered in time fails with
+RequestTimeout, is counted (``upstream_timeouts``) and logged naming the
+request and the session (``upstream_timed_out``), and its late answer, if
+one comes, is taken back into step: a subscription still wanted and not
+yet placed takes it, any other is removed upstream (SubDelRqst); a
+modification the client was refused is reversed (SubModRqst).
 """
 
 from __future__ import annotations
 
 from typing import Tuple
 
-from elvin.client.state import ConnectionClosed, NackError
+from elvin.client.state import ConnectionClosed, NackError, RequestTimeout
 from elvin.core.keys import KeyRing
 from elvin.protocols import packets
 from elvin.proxy.model import ProxySubscription
@@ -31,17 +39,21 @@ class UpstreamRelay(Keeping):
 
     def subscribe_upstream(self, sub: ProxySubscription):
         """Make ``sub`` upstream; returns the Deferred of the request, or None
-        when upstream is down (it is made when upstream comes back)."""
+        when upstream is down (it is made when upstream comes back). Not
+        answered within upstream-timeout, it fails with RequestTimeout; the
+        caller says what follows (``upstream_timed_out``), and a late
+        answer is ``_late_subscription``'s."""
         if not self.upstream.is_up or sub.in_flight:
             return None
         sub.in_flight = True
         d = self.upstream.subscribe(sub.expression, sub.accept_insecure,
-                                    sub.upstream_keys().to_wire())
+                                    sub.upstream_keys().to_wire(),
+                                    lambda reply: self._late_subscription(sub, reply))
 
         def added(upstream_id):
             sub.in_flight = False
             if self.subscriptions.get(sub.id) is not sub:
-                self._unsubscribe(upstream_id)      # removed while we waited
+                self._unsubscribe(upstream_id, sub)      # removed while we waited
                 return upstream_id
             sub.upstream_id = upstream_id
             self.by_upstream[upstream_id] = sub
@@ -63,13 +75,14 @@ class UpstreamRelay(Keeping):
     def modify_upstream(self, sub: ProxySubscription, expression, accept_insecure,
                         keys: KeyRing):
         """Change ``sub`` upstream to these; Deferred, or None when it is not
-        there (the new state is made when upstream comes back)."""
+        there (the new state is made when upstream comes back). The caller
+        applies the change here once it succeeds; one that times out is not
+        applied, and is reversed upstream if its answer comes late."""
         if sub.upstream_id is None or not self.upstream.is_up:
             return None
         old = sub.upstream_keys()
         new = keys.union(sub.session.sub_keys)
-        d = self.upstream.modify(sub.upstream_id, expression, accept_insecure,
-                                 new.difference(old).to_wire(), old.difference(new).to_wire())
+        added, removed = new.difference(old), old.difference(new)
         previous = sub.upstream_id
 
         def modified(upstream_id):
@@ -78,7 +91,67 @@ class UpstreamRelay(Keeping):
                 sub.upstream_id = upstream_id
                 self.by_upstream[upstream_id] = sub
             return upstream_id
+
+        def late(reply):
+            """Upstream made the change after all, which the client was
+            refused: put back what the proxy holds (its expression, and the
+            keys the change added and removed, the other way round)."""
+            if type(reply) is not packets.SubRply or self.by_upstream.get(previous) is not sub:
+                return                              # refused, or gone (and removed)
+            upstream_id = modified(reply.subscription_id)
+            self.log.info("upstream answered the change to subscription {id} of {session} "
+                          "late: changed back upstream", id=sub.id,
+                          session=session_label(sub.session))
+            d = self.upstream.modify(upstream_id, sub.expression, sub.accept_insecure,
+                                     removed.to_wire(), added.to_wire())
+            d.addCallback(modified)
+            d.addErrback(self.upstream_timed_out, "SubModRqst (changing back)", sub,
+                         "it may keep the refused change upstream until the next upstream "
+                         "connection")
+        d = self.upstream.modify(sub.upstream_id, expression, accept_insecure,
+                                 added.to_wire(), removed.to_wire(), late)
         return d.addCallback(modified)
+
+    def _late_subscription(self, sub: ProxySubscription, reply) -> None:
+        """Upstream answered ``sub``'s SubAddRqst after it had timed out: the
+        subscription is placed if it is still wanted and not placed (nor
+        being placed) since; else what upstream made is removed there (a
+        client's subscription refused on the timeout is gone)."""
+        if type(reply) is not packets.SubRply:
+            return                                  # a late Nack: nothing was made
+        upstream_id = reply.subscription_id
+        if (self.subscriptions.get(sub.id) is sub and sub.upstream_id is None
+                and not sub.in_flight and self.upstream.is_up):
+            sub.upstream_id = upstream_id
+            self.by_upstream[upstream_id] = sub
+            self.log.info("upstream answered subscription {id} of {session} late: placed",
+                          id=sub.id, session=session_label(sub.session))
+            return
+        self.log.info("upstream answered subscription {id} of {session} late, after it "
+                      "was given up: removed upstream", id=sub.id,
+                      session=session_label(sub.session))
+        self._unsubscribe(upstream_id, sub)
+
+    def upstream_timed_out(self, failure, request, sub, then):
+        """An errback: a RequestTimeout (``request`` for ``sub`` not answered
+        within upstream-timeout) is counted and logged with what follows
+        (``then``), at most one line per 10 s; ConnectionClosed is
+        ignored (what a new connection makes again); anything else is
+        passed on."""
+        if failure.check(ConnectionClosed):
+            return None
+        if not failure.check(RequestTimeout):
+            return failure
+        self.counters.upstream_timeouts += 1
+        skipped = self._timeout_log.allow()
+        if skipped is not None:
+            self.log.warn("upstream did not answer {request} for subscription {id} of "
+                          "{session} ({expr!r}) within {seconds:g} s (upstream-timeout): "
+                          "{then}{more}", request=request, id=sub.id,
+                          session=session_label(sub.session), expr=sub.expression,
+                          seconds=failure.value.seconds, then=then,
+                          more=self._timeout_log.more(skipped))
+        return None
 
     def session_keys_changed(self, session, old_sub_keys: KeyRing) -> None:
         """The session's subscription keys changed: change them upstream."""
@@ -90,13 +163,18 @@ class UpstreamRelay(Keeping):
             d = self.upstream.modify(sub.upstream_id, sub.expression, sub.accept_insecure,
                                      new.difference(old).to_wire(),
                                      old.difference(new).to_wire())
+            d.addErrback(self.upstream_timed_out, "SubModRqst (the session's keys)", sub,
+                         "it may keep its old keys upstream until the next upstream "
+                         "connection")
             d.addErrback(self._upstream_failed, "changing the keys of", sub)
 
-    def _unsubscribe(self, upstream_id):
+    def _unsubscribe(self, upstream_id, sub: ProxySubscription):
         if self.upstream.is_up:
             d = self.upstream.unsubscribe(upstream_id)
             if d is not None:
-                d.addErrback(lambda f: None)   # gone with the connection: fine
+                d.addErrback(self.upstream_timed_out, "SubDelRqst", sub,
+                             "upstream may keep it; what it delivers for it is ignored")
+                d.addErrback(lambda f: None)   # refused: it is gone already
 
     def _upstream_failed(self, failure, what, sub):
         if not failure.check(ConnectionClosed):
@@ -118,13 +196,24 @@ class UpstreamRelay(Keeping):
                           "{clients} clients by DropWarn now and {later} sessions' next "
                           "clients", sessions=sessions, clients=clients, later=later)
         for sub in list(self.subscriptions.values()):
-            if sub.upstream_id is None:
-                d = self.subscribe_upstream(sub)
-                if d is not None:
-                    d.addErrback(lambda f: None)   # logged in subscribe_upstream
+            self.place(sub)
         backlog, self.backlog = self.backlog, []
         for attributes, deliver_insecure, keys in backlog:
             self.upstream.notify(attributes, deliver_insecure, keys)
+
+    def place(self, sub: ProxySubscription) -> None:
+        """The proxy's own request: make ``sub`` upstream if it is not there
+        (a refusal is logged by ``subscribe_upstream``). Given up on after
+        upstream-timeout, it stays in its session, unplaced until upstream
+        answers late (``_late_subscription``), a client changes it, or the
+        next upstream connection."""
+        if sub.upstream_id is None:
+            d = self.subscribe_upstream(sub)
+            if d is not None:
+                d.addErrback(self.upstream_timed_out, "SubAddRqst (made again)", sub,
+                             "kept in its session, not placed upstream until a late "
+                             "answer, a change or the next upstream connection")
+                d.addErrback(lambda f: None)   # a refusal: logged in subscribe_upstream
 
     def upstream_down(self) -> None:
         """The upstream connection is gone: its subscription ids with it."""
@@ -209,3 +298,12 @@ class UpstreamRelay(Keeping):
         for name in unsaved:
             self.unsaved_drops[name] += 1
         return sessions, len(told), len(unseen)
+
+
+def session_label(session) -> str:
+    """A session for the log: its name quoted, or its client's for an
+    anonymous one (a client that named no session)."""
+    if session.name is not None:
+        return f"session {session.name!r}"
+    peers = [str(client.peer) for client in session.clients]
+    return f"the anonymous session of {', '.join(peers) or 'a client gone'}"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional, Set, Tuple
 
 from elvin import errors
-from elvin.client.state import NackError
+from elvin.client.state import NackError, RequestTimeout
 from elvin.core.keys import CONSUMER, PRODUCER, KeyRing
 from elvin.core.router import PROTOCOL_MAJOR, compile_expression, notification_problem, \
     subscription_nack_args
@@ -78,8 +78,9 @@ class Requests(Receiving):
         answer) fires: what the client sends meanwhile waits (``_awaiting``,
         handled by ``packet_received``), so replies keep request order and
         a DisconnRqst is answered after every request before it. The wait
-        is bounded by upstream's keepalive: an upstream that stops answering
-        is disconnected, and the request is then answered without it."""
+        is bounded by upstream-timeout (``_upstream_timed_out``), and by the
+        upstream connection's loss, after which the request is answered
+        without it."""
         if self._awaiting is None:
             self._awaiting = []
         d.addBoth(self._upstream_answered)
@@ -94,6 +95,16 @@ class Requests(Receiving):
         """An upstream refusal, to the client (same code, message, args)."""
         error = failure.value
         self.protocol_error(xid, error.code, error.router_message or str(error), error.nack_args)
+
+    def _upstream_timed_out(self, failure, xid, request, sub):
+        """Upstream did not answer the client's ``request`` for ``sub`` within
+        upstream-timeout: counted and logged, and the client refused with
+        Nack 2006 (IMPL_LIMIT: the proxy's bound on the time it waits for
+        upstream was reached; nothing of the request was done)."""
+        self.core.upstream_timed_out(failure, request, sub, "refused to the client (Nack 2006)")
+        self.nack(xid, errors.IMPL_LIMIT,           # (logged once, above: not protocol_error)
+                  f"the upstream router did not answer within {failure.value.seconds:g} s "
+                  "(the proxy's upstream-timeout): nothing was changed")
 
     def _sub_add(self, packet):
         xid = packet.xid
@@ -128,6 +139,9 @@ class Requests(Receiving):
             if failure.check(NackError):
                 core.remove_subscription(sub)
                 self._relay_nack(failure, xid)
+            elif failure.check(RequestTimeout):
+                core.remove_subscription(sub)     # a late SubRply is undone upstream
+                self._upstream_timed_out(failure, xid, "SubAddRqst", sub)
             else:
                 added()       # upstream went away: made again when it is back
         d.addCallbacks(added, failed)
@@ -152,10 +166,8 @@ class Requests(Receiving):
             sub.expression, sub.accept_insecure, sub.keys = (
                 expression, packet.accept_insecure, keys)
             core.save(sub)
-            if sub.upstream_id is None and sub.id in core.subscriptions:
-                d = core.subscribe_upstream(sub)
-                if d is not None:
-                    d.addErrback(lambda f: None)
+            if sub.id in core.subscriptions:
+                core.place(sub)
             self.send(packets.SubRply(xid, sub.id))
             core.announce(sub.session, sub.event(), but=self)
 
@@ -167,6 +179,8 @@ class Requests(Receiving):
         def failed(failure):
             if failure.check(NackError):
                 self._relay_nack(failure, xid)
+            elif failure.check(RequestTimeout):
+                self._upstream_timed_out(failure, xid, "SubModRqst", sub)  # a late SubRply: reversed
             else:
                 apply()
         d.addCallbacks(apply, failed)

@@ -57,6 +57,8 @@ class CoreState(SessionHost):
         self.clock = clock
         #: Upstream's refusals of subscriptions: one line per 10 s at most.
         self._refusal_log = LogLimiter(clock)
+        #: Requests upstream did not answer within upstream-timeout: likewise.
+        self._timeout_log = LogLimiter(clock)
         self.call_later = call_later
         self.max_connections = max_connections
         #: The open-file budget's Twisted side (elvin.protocols.gate), set by

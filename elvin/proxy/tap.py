@@ -263,6 +263,7 @@ def makeService(options, reactor=None):
     bridge_client_logging()          # the upstream connection's lines, in our log
     upstream = Upstream(reactor, connect_args=_upstream_args(config),
                         keepalive=config.upstream_keepalive,
+                        request_timeout=config.upstream_timeout,
                         probe_interval=config.upstream_probe,
                         discoverer=_upstream_discoverer(reactor, config))
     pool = ThreadPool(0, 2, "elvin-proxy-passwords")

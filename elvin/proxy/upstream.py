@@ -10,6 +10,13 @@ connection or a redirection is followed with the client's backoff, for
 ever; a first connect that fails is tried again the same way; a
 connection that stops answering TestConn is dropped and made again.
 
+Each request sent upstream waits at most ``request_timeout`` seconds
+(``upstream-timeout``) for its answer, on the client's own timer
+(``Lifecycle.request_timeout``): then its Deferred fails with
+RequestTimeout and the connection stays open; what the core does then is
+``elvin.proxy.relay``'s, and a late answer goes to the ``late`` handler
+given with the request.
+
 The back-off tries at most a second apart; two signs that the router is
 back cut the wait short (``retry_now``). While upstream is down, the
 router's port is probed every ``probe_interval`` seconds with a bare TCP
@@ -33,7 +40,8 @@ from elvin.client import connect as client_connect
 from elvin.clientcore.state import ConnectionClosed, Reconnect
 from elvin.discovery.addresses import is_loopback
 from elvin.endpoints import UDP, hostname_endpoint, stack_kind
-from elvin.proxy.config import DEFAULT_UPSTREAM_KEEPALIVE, DEFAULT_UPSTREAM_PROBE
+from elvin.proxy.config import (DEFAULT_UPSTREAM_KEEPALIVE, DEFAULT_UPSTREAM_PROBE,
+                                DEFAULT_UPSTREAM_TIMEOUT)
 from elvin.uri import ElvinURI
 
 __all__ = ["Upstream", "tcp_probe", "announces"]
@@ -85,7 +93,8 @@ class Upstream(service.Service):
 
     ``connect_args``: keyword arguments for ``elvin.client.connect`` (the
     URI, or discovery's scope; TLS settings). ``keepalive``: seconds
-    between liveness checks (0: none). ``probe_interval``: seconds between
+    between liveness checks (0: none). ``request_timeout``: seconds each
+    request waits for its answer (0: for ever). ``probe_interval``: seconds between
     probes of the router's port while it is away (0: none); ``probe(uri)``
     gives a Deferred firing True if the port accepts (default
     ``tcp_probe``). ``discoverer``: an unstarted
@@ -99,6 +108,7 @@ class Upstream(service.Service):
     def __init__(self, reactor: Any, core: Any = None, connect_args: Any = None,
                  reconnect: Optional[Reconnect] = None,
                  keepalive: float = DEFAULT_UPSTREAM_KEEPALIVE,
+                 request_timeout: float = DEFAULT_UPSTREAM_TIMEOUT,
                  probe_interval: float = DEFAULT_UPSTREAM_PROBE, probe: Any = None,
                  discoverer: Any = None, connect: Any = None) -> None:
         self.reactor = reactor
@@ -108,6 +118,7 @@ class Upstream(service.Service):
         # router's return, for one connection attempt a second while it is away.
         self.reconnect = reconnect or Reconnect(maximum=1.0)
         self.keepalive = keepalive
+        self.request_timeout = request_timeout
         self.probe_interval = probe_interval
         self.probe = probe or tcp_probe(reactor)
         self.discoverer = discoverer
@@ -185,9 +196,10 @@ class Upstream(service.Service):
                 connection.close().addErrback(lambda f: None)   # nothing was sent
                 return
             self.connection = connection
-            # A request to upstream waits for its answer (or the connection's
-            # loss): the relay has no answer for its client without it.
-            connection.lifecycle.request_timeouts = False
+            # A request to upstream waits request_timeout for its answer; the
+            # core logs each one given up, naming the session.
+            connection.lifecycle.request_timeout = self.request_timeout
+            connection.lifecycle.log_timeouts = False
             connection.on_notification = self._notification
             connection.on_connection_lost = lambda error: self._down(f"lost ({error})")
             connection.on_redirect = lambda uri: self._down(f"redirected to {uri}")
@@ -372,22 +384,27 @@ class Upstream(service.Service):
 
     # -- what the core asks of upstream ----------------------------------------
 
-    def _request(self, make_packet: Any) -> Any:
+    def _request(self, make_packet: Any, late: Any = None) -> Any:
+        """Send a request; its Deferred fires with the reply, or fails with
+        NackError, ConnectionClosed or RequestTimeout (then ``late(reply)``
+        takes a reply that still comes; without it a late SubRply to a
+        SubAddRqst is undone by the client core)."""
         if self.connection is None or not self.is_up:
             return defer.fail(ConnectionClosed("upstream is not connected"))
-        return self.connection.call(make_packet)
+        return self.connection.call(make_packet, late)
 
-    def subscribe(self, expression: str, accept_insecure: bool, keys: Any) -> Any:
+    def subscribe(self, expression: str, accept_insecure: bool, keys: Any,
+                  late: Any = None) -> Any:
         connection = self.connection
         make = connection.sub_add_rqst(expression, accept_insecure, keys) if connection else None
-        return self._request(make).addCallback(lambda reply: reply.subscription_id)
+        return self._request(make, late).addCallback(lambda reply: reply.subscription_id)
 
     def modify(self, upstream_id: int, expression: str, accept_insecure: bool, add_keys: Any,
-               del_keys: Any) -> Any:
+               del_keys: Any, late: Any = None) -> Any:
         connection = self.connection
         make = (connection.sub_mod_rqst(upstream_id, expression, accept_insecure,
                                         add_keys, del_keys) if connection else None)
-        return self._request(make).addCallback(lambda reply: reply.subscription_id)
+        return self._request(make, late).addCallback(lambda reply: reply.subscription_id)
 
     def unsubscribe(self, upstream_id: int) -> Any:
         connection = self.connection

@@ -853,10 +853,27 @@ class RequestTimeoutTests(unittest.SynchronousTestCase):
             self.subscribe(h)
             self.assertEqual(h.take(), [])
         h = Harness()
-        h.machine.request_timeouts = False        # the proxy's upstream
+        h.machine.request_timeout = 0             # no bound, whatever the timeout
         h.up()
         self.subscribe(h)
         self.assertEqual(h.take(), [])
+
+    def test_a_request_timeout_of_its_own(self):
+        """``request_timeout`` bounds requests apart from ``timeout`` (the
+        proxy's upstream-timeout); ``log_timeouts`` False: no warning (the
+        proxy logs its own line)."""
+        for timeout in (10.0, None):
+            h = Harness(timeout=timeout)
+            h.machine.request_timeout = 4.0
+            h.machine.log_timeouts = False
+            h.up()
+            xid, outcome = self.subscribe(h)
+            self.assertEqual(h.take()[-1], StartTimer(4.0))
+            h.now = 4.0
+            with self.assertNoLogs("elvin.client", "WARNING"):
+                h.machine.timer_fired()
+            self.assertIsInstance(outcome[0], RequestTimeout)
+            self.assertEqual(outcome[0].seconds, 4.0)
 
     def test_a_buffered_request_waits_from_when_it_is_sent(self):
         h = Harness(reconnect=Reconnect(initial=0.1, jitter=0))

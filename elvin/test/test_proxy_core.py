@@ -73,11 +73,11 @@ class InProcessUpstream:
         self.session.packet_received(packet)
         return d
 
-    def subscribe(self, expression, accept_insecure, keys):
+    def subscribe(self, expression, accept_insecure, keys, late=None):
         return self._request(lambda x: elvin_packets.SubAddRqst(x, expression, accept_insecure, keys)
                              ).addCallback(lambda r: r.subscription_id)
 
-    def modify(self, upstream_id, expression, accept_insecure, add_keys, del_keys):
+    def modify(self, upstream_id, expression, accept_insecure, add_keys, del_keys, late=None):
         return self._request(lambda x: elvin_packets.SubModRqst(x, upstream_id, expression,
                                                     accept_insecure, add_keys, del_keys)
                              ).addCallback(lambda r: r.subscription_id)

@@ -29,6 +29,7 @@ class CountersTest(ProxyCoreCase):
         phone.packet_received(packets.QosRqst(next(self.xids), {ACK: Int64(3)}))
         self.core.upstream_dropwarn()
         self.core.upstream.early_retries = 2      # as Upstream counts them
+        self.core.counters.upstream_timeouts = 4  # as the relay counts them
         status = snapshot(self.core)
         self.assertEqual(status["stored"], 5)
         self.assertEqual(status["replayed"], 5)
@@ -38,6 +39,7 @@ class CountersTest(ProxyCoreCase):
         self.assertEqual(status["clients"], 1)
         self.assertEqual(status["upstream_up"], 1)
         self.assertEqual(status["upstream_early_retries"], 2)
+        self.assertEqual(status["upstream_timeouts"], 4)
         self.assertEqual(status["dropped"], {"session_cap": 0, "total_cap": 0,
                                              "not_stored": 0, "client_queue": 0,
                                              "backlog": 0, "upstream_gap": 0,
@@ -47,6 +49,7 @@ class CountersTest(ProxyCoreCase):
         self.assertIn("elvin_proxy_acknowledged_total 3.0", text)
         self.assertIn("elvin_proxy_upstream_dropwarns_total 1.0", text)
         self.assertIn("elvin_proxy_upstream_early_retries_total 2.0", text)
+        self.assertIn("elvin_proxy_upstream_timeouts_total 4.0", text)
         self.assertIn('elvin_proxy_dropped_total{cause="session_cap"} 0.0', text)
         self.assertIn("elvin_proxy_sessions 1.0", text)
 

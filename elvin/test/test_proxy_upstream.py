@@ -16,7 +16,7 @@ from twisted.test.iosim import connect as pump_between, makeFakeClient, makeFake
 from twisted.trial import unittest
 
 from elvin.client import Connection
-from elvin.clientcore.state import Reconnect
+from elvin.clientcore.state import Reconnect, RequestTimeout
 from elvin.core.router import Router
 from elvin.discovery.cache import RouterCache
 from elvin.protocols.server import ElvinServerFactory
@@ -92,6 +92,38 @@ class Core:
         self.events.append("notification")
 
 
+def start_upstream(test, net, clock, core, **kw):
+    """An ``Upstream`` for ``core`` dialling through ``net`` (the real
+    client connection and lifecycle, on ``clock``), started, and stopped
+    when ``test`` ends. ``kw``: Upstream's arguments."""
+
+    def connect(uri=None, reactor=None, reconnect=None, failover=False, pending_size=0,
+                discover=False, scope=None, discoverer=None, options=None):
+        target = uri or URI
+        conn = Connection([target], clock, net, reconnect, timeout=None,
+                          pending_size=pending_size)
+        conn.lifecycle.start(options, None, None)
+        net.flush()
+        return conn._opened
+    kw.setdefault("connect_args", {"uri": URI})
+    kw.setdefault("reconnect", Reconnect(maximum=1.0, jitter=0))
+    kw.setdefault("keepalive", 0)
+    kw.setdefault("probe", net.probe)
+    upstream = Upstream(clock, core, connect=connect, **kw)
+    upstream.startService()
+    test.addCleanup(stop_upstream, test, net, clock, upstream)
+    net.flush()
+    return upstream
+
+
+def stop_upstream(test, net, clock, upstream):
+    d = upstream.stopService()
+    net.flush()
+    clock.advance(5)
+    if d is not None:
+        test.successResultOf(d)
+
+
 class Discoverer:
     """A started discoverer as the Upstream uses one: a cache it listens to."""
 
@@ -116,32 +148,7 @@ class UpstreamReturnTests(unittest.TestCase):
         self.core = Core()
 
     def upstream(self, **kw):
-        net, clock = self.net, self.clock
-
-        def connect(uri=None, reactor=None, reconnect=None, failover=False, pending_size=0,
-                    discover=False, scope=None, discoverer=None, options=None):
-            target = uri or URI
-            conn = Connection([target], clock, net, reconnect, timeout=None,
-                              pending_size=pending_size)
-            conn.lifecycle.start(options, None, None)
-            net.flush()
-            return conn._opened
-        kw.setdefault("connect_args", {"uri": URI})
-        kw.setdefault("reconnect", Reconnect(maximum=1.0, jitter=0))
-        kw.setdefault("keepalive", 0)
-        kw.setdefault("probe", net.probe)
-        upstream = Upstream(clock, self.core, connect=connect, **kw)
-        upstream.startService()
-        self.addCleanup(self.stop, upstream)
-        net.flush()
-        return upstream
-
-    def stop(self, upstream):
-        d = upstream.stopService()
-        self.net.flush()
-        self.clock.advance(5)
-        if d is not None:
-            self.successResultOf(d)
+        return start_upstream(self, self.net, self.clock, self.core, **kw)
 
     def wait(self, seconds):
         """``seconds`` of fake time, in steps (calls made meanwhile get
@@ -171,16 +178,25 @@ class UpstreamReturnTests(unittest.TestCase):
         self.net.restart()
         return self.run_until_up()
 
-    def test_requests_wait_for_upstream(self):
-        # A relayed request waits for upstream's answer or its loss: the
-        # client libraries' reply timeout is off on the upstream connection.
-        upstream = self.upstream()
+    def test_requests_are_bounded_by_upstream_timeout(self):
+        # A request upstream waits request_timeout (upstream-timeout) on the
+        # client's own timer, whatever the connection's timeout, then fails
+        # with RequestTimeout, the connection kept.
+        upstream = self.upstream(request_timeout=2.0)
         self.assertTrue(upstream.is_up)
-        lifecycle = upstream.connection.lifecycle
-        self.assertFalse(lifecycle.request_timeouts)
-        lifecycle.timeout = 1.0
+        upstream.connection.timeout = 30.0
         d = upstream.subscribe("require(x)", True, None)
-        self.clock.advance(5)                 # the bytes not moved: no answer yet
+        self.clock.advance(1.9)               # the bytes not moved: no answer yet
+        self.assertNoResult(d)
+        self.clock.advance(0.1)
+        self.assertEqual(self.failureResultOf(d, RequestTimeout).value.seconds, 2.0)
+        self.assertTrue(upstream.is_up)
+
+    def test_an_upstream_timeout_of_0_waits_for_ever(self):
+        upstream = self.upstream(request_timeout=0)
+        upstream.connection.timeout = 1.0
+        d = upstream.subscribe("require(x)", True, None)
+        self.clock.advance(60)
         self.assertNoResult(d)
         self.net.flush()
         self.assertIsInstance(self.successResultOf(d), int)
@@ -272,7 +288,7 @@ class UpstreamReturnTests(unittest.TestCase):
         discoverer = Discoverer(self.clock)
         upstream = self.upstream(discoverer=discoverer)
         self.assertIn(upstream._heard, discoverer.cache.listeners)
-        self.stop(upstream)
+        stop_upstream(self, self.net, self.clock, upstream)
         self.assertFalse(discoverer.running)
         self.assertNotIn(upstream._heard, discoverer.cache.listeners)
 

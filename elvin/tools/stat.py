@@ -212,7 +212,8 @@ def format_proxy_status(status, previous=None):
         + (f", up {up:.0f} s" if up is not None else "") + f", listening on {listening}",
         f"upstream {upstream} {'up' if status['upstream_up'] else 'DOWN'}  connects "
         f"{status['upstream_connects']:,}  early retries {status['upstream_early_retries']:,}"
-        f"  dropwarns {status['upstream_dropwarns']:,}",
+        f"  dropwarns {status['upstream_dropwarns']:,}"
+        f"  timeouts {status.get('upstream_timeouts', 0):,}",
         f"sessions {status['sessions']:,}  clients {status['clients']:,}  kept "
         f"{status['stored_bytes']:,} bytes  sessions expired {status['sessions_expired']:,}",
         f"stored {status['stored']:,}{rate('stored')}  replayed {status['replayed']:,}"
