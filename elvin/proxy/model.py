@@ -80,7 +80,7 @@ class ProxySubscription:
     answered)."""
 
     __slots__ = ("id", "session", "expression", "accept_insecure", "keys", "ttl",
-                 "max_count", "upstream_id", "in_flight")
+                 "max_count", "upstream_id", "in_flight", "placing_failed")
 
     def __init__(self, sub_id, session, expression, accept_insecure, keys=KeyRing.EMPTY,
                  ttl=None, max_count=None):
@@ -93,6 +93,9 @@ class ProxySubscription:
         self.max_count = max_count
         self.upstream_id = None
         self.in_flight = False
+        #: A request making it again upstream went unanswered: its session
+        #: is told of the gap once it is placed.
+        self.placing_failed = False
 
     def upstream_keys(self) -> KeyRing:
         return self.keys.union(self.session.sub_keys)

@@ -31,11 +31,20 @@ from elvin.proxy.model import ProxySubscription
 from elvin.proxy.delivery import Keeping
 from elvin.proxy.store import StoreFailed
 
-__all__ = ["UpstreamRelay"]
+__all__ = ["UpstreamRelay", "MAX_PLACE_RETRY"]
+
+#: The longest wait, in seconds, between requests making a subscription
+#: again upstream when they go unanswered (the first wait is
+#: upstream-timeout, doubled at each try).
+MAX_PLACE_RETRY = 60.0
 
 
 class UpstreamRelay(Keeping):
     """The ``ProxyCore``'s dealings with upstream."""
+
+    #: Counts upstream connections: a retry is for the connection it was
+    #: scheduled on (a new one makes every subscription again).
+    upstream_epoch = 0
 
     def subscribe_upstream(self, sub: ProxySubscription):
         """Make ``sub`` upstream; returns the Deferred of the request, or None
@@ -57,6 +66,8 @@ class UpstreamRelay(Keeping):
                 return upstream_id
             sub.upstream_id = upstream_id
             self.by_upstream[upstream_id] = sub
+            if sub.placing_failed:
+                self._placed_late(sub)
             return upstream_id
 
         def failed(failure):
@@ -126,6 +137,8 @@ class UpstreamRelay(Keeping):
             self.by_upstream[upstream_id] = sub
             self.log.info("upstream answered subscription {id} of {session} late: placed",
                           id=sub.id, session=session_label(sub.session))
+            if sub.placing_failed:
+                self._placed_late(sub)
             return
         self.log.info("upstream answered subscription {id} of {session} late, after it "
                       "was given up: removed upstream", id=sub.id,
@@ -186,6 +199,7 @@ class UpstreamRelay(Keeping):
         and send what clients emitted while it was down."""
         self.log.info("upstream connected: subscribing {n} subscriptions",
                       n=len(self.subscriptions))
+        self.upstream_epoch += 1
         if self.upstream_lost:
             self.upstream_lost = False
             sessions, clients, later = self.announce_gap()
@@ -201,19 +215,57 @@ class UpstreamRelay(Keeping):
         for attributes, deliver_insecure, keys in backlog:
             self.upstream.notify(attributes, deliver_insecure, keys)
 
-    def place(self, sub: ProxySubscription) -> None:
+    def place(self, sub: ProxySubscription, tries: int = 0) -> None:
         """The proxy's own request: make ``sub`` upstream if it is not there
         (a refusal is logged by ``subscribe_upstream``). Given up on after
-        upstream-timeout, it stays in its session, unplaced until upstream
-        answers late (``_late_subscription``), a client changes it, or the
-        next upstream connection."""
+        upstream-timeout, it stays in its session and is asked for again
+        (``_place_given_up``) until upstream answers one of the requests."""
         if sub.upstream_id is None:
             d = self.subscribe_upstream(sub)
             if d is not None:
-                d.addErrback(self.upstream_timed_out, "SubAddRqst (made again)", sub,
-                             "kept in its session, not placed upstream until a late "
-                             "answer, a change or the next upstream connection")
+                d.addErrback(self._place_given_up, sub, tries)
                 d.addErrback(lambda f: None)   # a refusal: logged in subscribe_upstream
+
+    def _place_given_up(self, failure, sub: ProxySubscription, tries: int):
+        """An errback: the SubAddRqst making ``sub`` again went unanswered.
+        It is asked for again after upstream-timeout, doubled at each try
+        up to ``MAX_PLACE_RETRY`` s, on the same upstream connection (a new
+        one makes every subscription again); whichever answer comes first
+        places it, and a later one is removed upstream
+        (``_late_subscription``). Its session is told of the gap when it
+        is placed (``_placed_late``)."""
+        if not failure.check(RequestTimeout) or self.call_later is None:
+            return self.upstream_timed_out(failure, "SubAddRqst (made again)", sub,
+                                           "kept in its session, not placed upstream until "
+                                           "a late answer or the next upstream connection")
+        delay = min(failure.value.seconds * 2 ** tries, MAX_PLACE_RETRY)
+        sub.placing_failed = True
+        self.upstream_timed_out(failure, "SubAddRqst (made again)", sub,
+                                f"kept in its session, unplaced upstream (its session "
+                                f"misses what is published meanwhile, told by DropWarn "
+                                f"once placed); asked again in {delay:g} s")
+        epoch = self.upstream_epoch
+        self.call_later(delay, self._place_again, sub, tries + 1, epoch)
+        return None
+
+    def _place_again(self, sub: ProxySubscription, tries: int, epoch: int) -> None:
+        if (self.subscriptions.get(sub.id) is sub and self.upstream_epoch == epoch
+                and self.upstream.is_up):
+            self.place(sub, tries)
+
+    def _placed_late(self, sub: ProxySubscription) -> None:
+        """``sub`` is placed after a request making it again went
+        unanswered: what was published meanwhile is lost to its session,
+        how much nobody knows; counted as one gap (``upstream_gap``) and
+        told as for an outage (``announce_gap``)."""
+        sub.placing_failed = False
+        sessions, clients, later = self.announce_gap([sub.session])
+        self.counters.upstream_gaps += sessions
+        self.log.warn("subscription {id} of {session} placed upstream late: what was "
+                      "published before is lost to its session; one gap (cause "
+                      "upstream_gap), told {clients} clients by DropWarn now and {later} "
+                      "sessions' next clients", id=sub.id, session=session_label(sub.session),
+                      clients=clients, later=later)
 
     def upstream_down(self) -> None:
         """The upstream connection is gone: its subscription ids with it."""
@@ -224,6 +276,7 @@ class UpstreamRelay(Keeping):
         for sub in self.subscriptions.values():
             sub.upstream_id = None
             sub.in_flight = False
+            sub.placing_failed = False      # the outage's gap covers it
 
     def forward(self, attributes, deliver_insecure, keys: packets.Keys) -> None:
         """A client's notification, to upstream (or kept until it is back)."""
@@ -261,17 +314,18 @@ class UpstreamRelay(Keeping):
                       "send queue to the proxy overflowed); told {clients} clients, and "
                       "{sessions} sessions' next clients", clients=clients, sessions=later)
 
-    def announce_gap(self) -> Tuple[int, int, int]:
+    def announce_gap(self, only=None) -> Tuple[int, int, int]:
         """Notifications may have been lost to every session with
-        subscriptions, how many nobody knows: its connected clients are told
-        by a DropWarn now, and a session without any by one drop more in
-        ``Proxy.Dropped`` and a DropWarn to its next client. Returns the
-        sessions concerned, the clients told now and the sessions whose
-        next client will be."""
-        told = set()
+        subscriptions (or to those of ``only``), how many nobody knows: its
+        connected clients are told by a DropWarn now, and a session without
+        any by one drop more in ``Proxy.Dropped`` and a DropWarn to its next
+        client. Returns the sessions concerned, the clients told now and
+        the sessions whose next client will be."""
+        told: set = set()
         unseen = []
         sessions = 0
-        for session in self.named.values():
+        named = self.named.values() if only is None else [s for s in only if s.persistent]
+        for session in named:
             if not session.subscriptions:
                 continue
             sessions += 1
@@ -281,7 +335,8 @@ class UpstreamRelay(Keeping):
                 unseen.append(session.name)
         for client in list(self.sessions):
             if client.joined and not client.primary.persistent \
-                    and client.primary.subscriptions:
+                    and client.primary.subscriptions \
+                    and (only is None or client.primary in only):
                 sessions += 1                  # its anonymous session
                 told.add(client)
             if client in told:

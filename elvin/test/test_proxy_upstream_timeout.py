@@ -34,13 +34,14 @@ class DeafRouter(Router):
     def __init__(self):
         super().__init__()
         self.held = []
+        self.deaf = True        # False: answers DEAF too, from now on
 
     def open_session(self, output, peer=None):
         session = super().open_session(output, peer)
         handle = session.packet_received
 
         def received(packet):
-            if getattr(packet, "expression", None) == DEAF:
+            if self.deaf and getattr(packet, "expression", None) == DEAF:
                 self.held.append((handle, packet))
             else:
                 handle(packet)
@@ -197,13 +198,44 @@ class UpstreamTimeoutTest(unittest.TestCase):
         (line,) = self.warnings()
         self.assertIn("SubAddRqst (made again)", line)
         sub = self.core.subscriptions[sub_id]
+        self.assertIn("asked again in 5 s", line)
         self.assertIsNone(sub.upstream_id)
+        phone_out.take()
         self.router.answer_late()
         self.net.flush()
         self.assertIsNotNone(sub.upstream_id)
-        phone_out.take()
+        # What was published while it was unplaced is lost to the phone: told.
+        self.assertEqual([type(p) for p in phone_out.take()], [packets.DropWarn])
+        self.assertEqual(self.core.counters.upstream_gaps, 1)
         self.publish({"x": Int64(2147483648)})
         self.assertEqual(self.delivered(phone_out), [{"x": 2147483648}])
+        # The retry then scheduled finds it placed: nothing more upstream.
+        self.wait(TIMEOUT)
+        self.assertEqual(self.upstream_expressions(), [DEAF])
+
+    def test_a_subscription_made_again_is_asked_for_again_until_placed(self):
+        phone, phone_out, sub_id = self.made_again_unanswered()
+        sub = self.core.subscriptions[sub_id]
+        phone_out.take()
+        # Unanswered again and again: asked at growing intervals (5, 10,
+        # 20 s after each timeout), each try counted.
+        self.wait(55)
+        self.assertEqual(len(self.router.held), 4)
+        self.assertEqual(self.core.counters.upstream_timeouts, 4)
+        self.assertIsNone(sub.upstream_id)
+        self.assertEqual(phone_out.take(), [])
+        # Upstream answers again: the next try places it, the phone is told
+        # of the gap, and the late answers to the earlier tries are removed.
+        self.router.deaf = False
+        self.wait(40)
+        self.assertIsNotNone(sub.upstream_id)
+        self.assertEqual([type(p) for p in phone_out.take()], [packets.DropWarn])
+        self.router.answer_late()
+        self.net.flush()
+        self.assertEqual(self.upstream_expressions(), [DEAF])
+        self.publish({"x": Int64(2147483648)})
+        self.assertEqual(self.delivered(phone_out), [{"x": 2147483648}])
+        self.assertEqual(self.core.counters.upstream_timeouts, 4)
 
     def test_a_subscription_removed_while_unanswered_is_removed_upstream_when_answered(self):
         phone, _, sub_id = self.made_again_unanswered()
