@@ -116,9 +116,7 @@ class UpstreamRelay(Keeping):
             d = self.upstream.modify(upstream_id, sub.expression, sub.accept_insecure,
                                      removed.to_wire(), added.to_wire())
             d.addCallback(modified)
-            d.addErrback(self.upstream_timed_out, "SubModRqst (changing back)", sub,
-                         "it may keep the refused change upstream until the next upstream "
-                         "connection")
+            d.addErrback(self._remake, "SubModRqst (changing back)", sub, upstream_id)
         d = self.upstream.modify(sub.upstream_id, expression, accept_insecure,
                                  added.to_wire(), removed.to_wire(), late)
         return d.addCallback(modified)
@@ -176,10 +174,35 @@ class UpstreamRelay(Keeping):
             d = self.upstream.modify(sub.upstream_id, sub.expression, sub.accept_insecure,
                                      new.difference(old).to_wire(),
                                      old.difference(new).to_wire())
-            d.addErrback(self.upstream_timed_out, "SubModRqst (the session's keys)", sub,
-                         "it may keep its old keys upstream until the next upstream "
-                         "connection")
-            d.addErrback(self._upstream_failed, "changing the keys of", sub)
+            d.addErrback(self._remake, "SubModRqst (the session's keys)", sub, sub.upstream_id)
+
+    def _remake(self, failure, request, sub: ProxySubscription, previous):
+        """An errback: ``request``, changing ``sub`` upstream (there
+        ``previous``), went unanswered or was refused, so what upstream
+        holds for it may differ from what the proxy holds (old keys: a key
+        the session removed still letting notifications through; a change
+        a client was refused). It is removed upstream and made afresh
+        (``place``), its session told of the gap once it is placed.
+        Nothing to do if it was removed or made again meanwhile, or the
+        connection is gone (a new one makes every subscription again)."""
+        if failure.check(ConnectionClosed) or self.by_upstream.get(previous) is not sub:
+            return None
+        then = "removed upstream and made again from what the proxy holds"
+        if failure.check(RequestTimeout):
+            self.upstream_timed_out(failure, request, sub, then)
+        elif failure.check(NackError):
+            self.log.warn("upstream refused {request} for subscription {id} of {session}: "
+                          "{why}; {then}", request=request, id=sub.id,
+                          session=session_label(sub.session), why=failure.getErrorMessage(),
+                          then=then)
+        else:
+            return failure
+        del self.by_upstream[previous]
+        sub.upstream_id = None
+        sub.placing_failed = True
+        self._unsubscribe(previous, sub)
+        self.place(sub)
+        return None
 
     def _unsubscribe(self, upstream_id, sub: ProxySubscription):
         if self.upstream.is_up:
@@ -188,11 +211,6 @@ class UpstreamRelay(Keeping):
                 d.addErrback(self.upstream_timed_out, "SubDelRqst", sub,
                              "upstream may keep it; what it delivers for it is ignored")
                 d.addErrback(lambda f: None)   # refused: it is gone already
-
-    def _upstream_failed(self, failure, what, sub):
-        if not failure.check(ConnectionClosed):
-            self.log.warn("upstream failed {what} subscription {id}: {why}", what=what,
-                          id=sub.id, why=failure.getErrorMessage())
 
     def upstream_up(self) -> None:
         """A new upstream connection: make every subscription there again

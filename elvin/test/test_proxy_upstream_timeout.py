@@ -16,6 +16,7 @@ from twisted.trial import unittest
 
 from elvin import errors
 from elvin.core.router import Router
+from elvin.keys import producer_keys
 from elvin.protocols import packets
 from elvin.proxy.core import EVENT, ProxyCore
 from elvin.proxy.store import Store
@@ -35,13 +36,14 @@ class DeafRouter(Router):
         super().__init__()
         self.held = []
         self.deaf = True        # False: answers DEAF too, from now on
+        self.holds = lambda packet: getattr(packet, "expression", None) == DEAF
 
     def open_session(self, output, peer=None):
         session = super().open_session(output, peer)
         handle = session.packet_received
 
         def received(packet):
-            if self.deaf and getattr(packet, "expression", None) == DEAF:
+            if self.deaf and self.holds(packet):
                 self.held.append((handle, packet))
             else:
                 handle(packet)
@@ -100,10 +102,10 @@ class UpstreamTimeoutTest(unittest.TestCase):
         self.assertIsInstance(reply, packets.SubRply)
         return reply.subscription_id
 
-    def publish(self, attributes):
+    def publish(self, attributes, keys=packets.Keys.EMPTY, deliver_insecure=True):
         publisher = self.router.open_session(RecordingOutput(), "publisher")
         publisher.packet_received(packets.ConnRqst(1, 4, 0, {}))
-        publisher.packet_received(packets.NotifyEmit(attributes, True, packets.Keys.EMPTY))
+        publisher.packet_received(packets.NotifyEmit(attributes, deliver_insecure, keys))
         publisher.connection_lost("done")
         self.net.flush()
 
@@ -176,6 +178,34 @@ class UpstreamTimeoutTest(unittest.TestCase):
         self.assertEqual(self.upstream_expressions(), ["require(a)"])
         self.publish({"a": 1})
         self.assertEqual(self.delivered(phone_out), [{"a": 1}])
+
+    def test_an_unanswered_change_of_the_sessions_keys_makes_it_again(self):
+        # A key the session removes must stop letting notifications
+        # through, answered or not: the subscription is made afresh.
+        nfn, sub_keys = producer_keys(b"k")
+        self.start()
+        phone, phone_out = self.join("phone")
+        self.ask(phone, packets.SecRqst(next(self.xids), add_sub_keys=sub_keys))
+        self.subscribe(phone, phone_out, "require(n)")
+        self.publish({"n": 0}, keys=nfn, deliver_insecure=False)
+        self.assertEqual(len(self.delivered(phone_out)), 1)
+        self.router.holds = lambda packet: isinstance(packet, packets.SubModRqst)
+        self.ask(phone, packets.SecRqst(next(self.xids), del_sub_keys=sub_keys))
+        self.assertEqual([type(p) for p in phone_out.take()], [packets.SecRply])
+        self.wait(TIMEOUT)
+        self.assertEqual(self.core.counters.upstream_timeouts, 1)
+        (line,) = self.warnings()
+        self.assertIn("removed upstream and made again", line)
+        self.assertEqual([type(p) for p in phone_out.take()], [packets.DropWarn])
+        self.publish({"n": 1}, keys=nfn, deliver_insecure=False)
+        self.publish({"n": 2})
+        self.assertEqual([n["n"] for n in self.delivered(phone_out)], [2])
+        # The change answered at last, on what upstream no longer has.
+        self.router.answer_late()
+        self.net.flush()
+        self.assertEqual(self.upstream_expressions(), ["require(n)"])
+        self.publish({"n": 3}, keys=nfn, deliver_insecure=False)
+        self.assertEqual(self.delivered(phone_out), [])
 
     def made_again_unanswered(self):
         """A DEAF subscription made while upstream is down (accepted, made
