@@ -262,11 +262,12 @@ class UpstreamRelay(Keeping):
                                 f"kept in its session, unplaced upstream (its session "
                                 f"misses what is published meanwhile, told by DropWarn "
                                 f"once placed); asked again in {delay:g} s")
-        epoch = self.upstream_epoch
-        self.call_later(delay, self._place_again, sub, tries + 1, epoch)
+        self._place_retries[sub] = self.call_later(delay, self._place_again, sub,
+                                                   tries + 1, self.upstream_epoch)
         return None
 
     def _place_again(self, sub: ProxySubscription, tries: int, epoch: int) -> None:
+        self._place_retries.pop(sub, None)
         if (self.subscriptions.get(sub.id) is sub and self.upstream_epoch == epoch
                 and self.upstream.is_up):
             self.place(sub, tries)
@@ -291,6 +292,10 @@ class UpstreamRelay(Keeping):
                       "re-subscribed when it returns")
         self.upstream_lost = True
         self.by_upstream.clear()
+        for retry in self._place_retries.values():     # a new connection places all
+            if retry.active():
+                retry.cancel()
+        self._place_retries = {}
         for sub in self.subscriptions.values():
             sub.upstream_id = None
             sub.in_flight = False

@@ -107,6 +107,9 @@ class CoreState(SessionHost):
         #: Whether the upstream connection has been lost since it was last made
         #: (its next one announces the gap: elvin.proxy.relay).
         self.upstream_lost = False
+        #: Subscriptions to ask upstream for again, and each one's timer
+        #: (elvin.proxy.relay: a request making one went unanswered).
+        self._place_retries: Dict[Any, Any] = {}
         self._sweeping = False
         #: What this turn's transaction stored (``keep`` of each), until it commits.
         self._turn: List[Dict[str, Any]] = []

@@ -267,6 +267,17 @@ class UpstreamTimeoutTest(unittest.TestCase):
         self.assertEqual(self.delivered(phone_out), [{"x": 2147483648}])
         self.assertEqual(self.core.counters.upstream_timeouts, 4)
 
+    def test_a_lost_upstream_connection_cancels_the_tries(self):
+        # A new connection makes every subscription again: no timer is
+        # left for the old one's tries.
+        self.made_again_unanswered()
+        retries = lambda: [c for c in self.clock.getDelayedCalls()
+                           if getattr(c.func, "__name__", "") == "_place_again"]
+        self.assertEqual(len(retries()), 1)
+        self.net.kill()
+        self.assertFalse(self.upstream.is_up)
+        self.assertEqual(retries(), [])
+
     def test_a_subscription_removed_while_unanswered_is_removed_upstream_when_answered(self):
         phone, _, sub_id = self.made_again_unanswered()
         self.ask(phone, packets.SubDelRqst(next(self.xids), sub_id))
