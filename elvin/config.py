@@ -27,6 +27,7 @@ from elvin.core.quench import DEFAULT_MAX_QUENCH_MEMORY
 from elvin.core.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_HANDSHAKES
 from elvin.core.router import (DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES, DEFAULT_MAX_PATTERN_WORK,
                                DEFAULT_MAX_EVALUATION_BYTES, DEFAULT_MAX_CLIENT_QUENCHES,
+                               DEFAULT_MAX_HEAVY_EVALUATION_BYTES,
                                DEFAULT_MAX_SUBSCRIPTION_TOKENS, MAX_PROTOCOL_ERRORS,
                                PROTOCOL_ERROR_WINDOW)
 from elvin.uri import ElvinURI, InvalidURIError
@@ -115,6 +116,17 @@ ROUTER_SETTINGS = (
             "16 candidates. Past it that client's other candidates are skipped and it "
             "gets a DropWarn; counted in `elvin_evaluation_refusals_total`. `0`: no "
             "limit."),
+    Setting("max-heavy-evaluation-bytes", at_least(0), DEFAULT_MAX_HEAVY_EVALUATION_BYTES,
+            "`131072`",
+            "Most of the heavy clients' subscriptions one notification may have evaluated, "
+            "all of them together (counted as for `max-evaluation-bytes`). A client "
+            "is heavy once a notification's candidates of its own came to more than "
+            "`max-evaluation-bytes`: its subscriptions are then looked at after "
+            "everyone else's, each heavy client within its own budget and, in turn, "
+            "all within this one, so several heavy clients cannot add up to a delay "
+            "for the others. A heavy client left out gets a DropWarn; counted in "
+            "`elvin_evaluation_refusals_total`. `0`: no limit (each heavy client within "
+            "its own budget)."),
     Setting("max-client-quenches", at_least(0), DEFAULT_MAX_CLIENT_QUENCHES, "`256`",
             "Most quenches one client may hold; past it QnchAddRqst is refused with Nack "
             "2006 (`IMPL_LIMIT`). Each subscription added, changed or removed costs a "

@@ -814,6 +814,7 @@ RELOADED = {
     "max-client-subscription-bytes": _router_attribute("max_client_subscription_bytes"),
     "max-pattern-work": _router_attribute("max_pattern_work"),
     "max-evaluation-bytes": _router_attribute("max_evaluation_bytes"),
+    "max-heavy-evaluation-bytes": _router_attribute("max_heavy_evaluation_bytes"),
     "max-client-quenches": _router_attribute("max_client_quenches"),
     "max-protocol-errors": _router_attribute("max_protocol_errors"),
     "protocol-error-window": _router_attribute("protocol_error_window"),
@@ -905,7 +906,8 @@ def makeService(options, reactor=None):
                     max_client_subscription_bytes=config.max_client_subscription_bytes,
                     max_pattern_work=config.max_pattern_work,
                     max_evaluation_bytes=config.max_evaluation_bytes,
-                    max_client_quenches=config.max_client_quenches)
+                    max_client_quenches=config.max_client_quenches,
+                    max_heavy_evaluation_bytes=config.max_heavy_evaluation_bytes)
     router.admission = Admission(connection_caps(config), reactor,
                                  config.crowded_idle_timeout,
                                  max_handshakes=config.max_tls_handshakes,

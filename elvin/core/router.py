@@ -43,7 +43,7 @@ __all__ = ["Router", "RouterObserver", "ClientSession", "SessionState", "Session
            "SEND_QUEUE_FULL", "QUEUE_MEMORY_FULL",
            "DEFAULT_MAX_SUBSCRIPTION_TOKENS", "DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES",
            "DEFAULT_MAX_PATTERN_WORK", "DEFAULT_MAX_EVALUATION_BYTES",
-           "DEFAULT_MAX_CLIENT_QUENCHES"]
+           "DEFAULT_MAX_HEAVY_EVALUATION_BYTES", "DEFAULT_MAX_CLIENT_QUENCHES"]
 
 DISCONN_SHUTDOWN = 1
 DISCONN_REDIRECT = 2
@@ -84,6 +84,13 @@ DEFAULT_MAX_PATTERN_WORK = 32 * 1024 * 1024
 #: notification: evaluation costs up to about 30 ns an expression byte
 #: (arithmetic in a long OR), so about 2 ms.
 DEFAULT_MAX_EVALUATION_BYTES = 64 * 1024
+#: Expression bytes of the heavy clients' subscriptions (those past
+#: ``max_evaluation_bytes`` once) evaluated for one notification, all of
+#: them together: two clients' budgets, about 4 ms at worst and about 1 ms
+#: usually, whatever their number.
+DEFAULT_MAX_HEAVY_EVALUATION_BYTES = 2 * DEFAULT_MAX_EVALUATION_BYTES
+#: What looking in one heavy client's own index costs the heavy budget.
+HEAVY_LOOKUP_BYTES = 256
 #: Quenches one client may hold: a subscription added, changed or removed
 #: costs the router a visibility check per quench on its names, so one
 #: client's 10,000 quenches on a name took every subscription change on it
@@ -286,7 +293,8 @@ class Router(SessionHost):
                  max_client_subscription_bytes=DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES,
                  wall_clock=time.time, max_pattern_work=DEFAULT_MAX_PATTERN_WORK,
                  max_evaluation_bytes=DEFAULT_MAX_EVALUATION_BYTES,
-                 max_client_quenches=DEFAULT_MAX_CLIENT_QUENCHES):
+                 max_client_quenches=DEFAULT_MAX_CLIENT_QUENCHES,
+                 max_heavy_evaluation_bytes=DEFAULT_MAX_HEAVY_EVALUATION_BYTES):
         self.option_specs = dict(OPTIONS if option_specs is None else option_specs)
         #: Most tokens in one subscription expression (0: no limit).
         self.max_subscription_tokens = max_subscription_tokens
@@ -298,6 +306,10 @@ class Router(SessionHost):
         #: Most expression bytes of one client's subscriptions evaluated for
         #: one notification (0: no limit; ``_within_budgets``).
         self.max_evaluation_bytes = max_evaluation_bytes
+        #: Most expression bytes of the heavy clients' subscriptions, all
+        #: together, evaluated for one notification (0: no limit;
+        #: ``_heavy_candidates``).
+        self.max_heavy_evaluation_bytes = max_heavy_evaluation_bytes
         #: Most quenches one client may hold (0: no limit beyond
         #: Subscription.Max-Count).
         self.max_client_quenches = max_client_quenches
@@ -317,6 +329,11 @@ class Router(SessionHost):
         self.sessions = set()
         self.subscriptions = {}
         self.index = SubscriptionIndex()
+        #: The heavy clients (one of their notifications' candidates came
+        #: to more than ``max_evaluation_bytes``): each one's subscriptions
+        #: in an index of its own, out of ``index`` (``_set_apart``).
+        self._heavy: dict = {}
+        self._heavy_turn = 0
         #: Filters of pulling sessions (federation links), by disjunct.
         self.pull_index = SubscriptionIndex()
         self._pulls = {}
@@ -389,6 +406,7 @@ class Router(SessionHost):
         for entry in list(session.subscriptions.values()):
             self._remove_entry(entry)
         session.subscriptions.clear()
+        self._heavy.pop(session, None)
 
     def new_options(self):
         return ConnectionOptions(self.option_specs, self.key_schemes())
@@ -432,7 +450,7 @@ class Router(SessionHost):
                                   accept_insecure, keys)
         self._meter(entry)
         self.subscriptions[entry.id] = entry
-        self.index.add(entry)
+        self._heavy.get(session, self.index).add(entry)
         self.quench.subscription_added(entry)
         subscription.compact()
         self._subscriptions_changed(entry)
@@ -464,11 +482,12 @@ class Router(SessionHost):
             return
         token = self.quench.subscription_changing(entry)
         if subscription is not None:
-            self.index.remove(entry)
+            index = self._heavy.get(entry.session, self.index)
+            index.remove(entry)
             entry.subscription = subscription
             entry.evaluate = subscription.evaluator
             self._meter(entry)
-            self.index.add(entry)
+            index.add(entry)
             subscription.compact()
         entry.keys = keys
         entry.accept_insecure = accept_insecure
@@ -479,7 +498,7 @@ class Router(SessionHost):
     def _remove_entry(self, entry):
         if self.subscriptions.pop(entry.id, None) is None:
             return
-        self.index.remove(entry)
+        self._heavy.get(entry.session, self.index).remove(entry)
         self.quench.subscription_removed(entry)
         self._subscriptions_changed(entry)
 
@@ -599,8 +618,14 @@ class Router(SessionHost):
         keyed = ((keys is not _NO_KEYS and bool(keys))
                  or (connection_keys is not _NO_KEYS and bool(connection_keys)))
         candidates = self.index.candidates(attributes)
+        over = None
         if len(candidates) > COUNT_EVALUATIONS_FROM and self.max_evaluation_bytes:
-            candidates = self._within_budgets(candidates)
+            candidates, over = self._within_budgets(candidates)
+        if self._heavy:
+            candidates.extend(self._heavy_candidates(attributes))
+        if over:
+            for session in over:
+                self._set_apart(session)     # from the next notification on
         for entry in candidates:
             if entry.evaluate(attributes) is not True:
                 continue
@@ -632,7 +657,8 @@ class Router(SessionHost):
         order). A client left some out is told (``evaluation_refused``):
         one client's many subscriptions that only a name selects (``BY + 1
         == 2``) cost every notification carrying that name this much at
-        most, not their number times their evaluation."""
+        most, not their number times their evaluation. Returns them, and
+        those clients (set apart as heavy after this notification)."""
         limit = self.max_evaluation_bytes
         spent: dict = {}
         over: dict = {}
@@ -654,6 +680,74 @@ class Router(SessionHost):
             session.not_fully_evaluated("max-evaluation-bytes", limit,
                                         "its subscriptions to evaluate came to more than",
                                         "the rest were skipped")
+        return kept, over
+
+    def _set_apart(self, session):
+        """``session`` is heavy: its candidates for one notification came
+        to more than its budget. Its subscriptions move to an index of its
+        own, looked in after everyone else's (``_heavy_candidates``), so
+        that a notification lists only as many of them as the heavy budget
+        lets it evaluate, instead of every one for the other clients to
+        wait on. It stays heavy until it closes."""
+        if session in self._heavy or session.state == session.CLOSED:
+            return
+        own = SubscriptionIndex()
+        for entry in session.subscriptions.values():
+            if self.subscriptions.get(entry.id) is entry:
+                self.index.remove(entry)
+                own.add(entry)
+        self._heavy[session] = own
+        self.log.info("client {peer}: its subscriptions set apart as heavy ({n}: more than "
+                      "max-evaluation-bytes for one notification); with the other heavy "
+                      "clients', at most max-heavy-evaluation-bytes ({limit}) of them "
+                      "evaluated a notification", peer=session.peer,
+                      n=len(session.subscriptions), limit=self.max_heavy_evaluation_bytes)
+
+    def _heavy_candidates(self, attributes):
+        """The heavy clients' candidates (``_set_apart``) that this
+        notification may evaluate: in turn, a different client first each
+        notification, each one's within ``max_evaluation_bytes`` and all
+        together within ``max_heavy_evaluation_bytes`` (looking in a
+        client's index costs ``HEAVY_LOOKUP_BYTES`` of it). A client with
+        candidates left out, or not looked at once the budget is spent, is
+        told as for its own budget (a DropWarn, ``evaluation_refusals``)."""
+        heavy = list(self._heavy.items())
+        count = len(heavy)
+        first = self._heavy_turn % count
+        self._heavy_turn += 1
+        total = self.max_heavy_evaluation_bytes
+        left = total if total else float("inf")
+        limit = self.max_evaluation_bytes or float("inf")
+        kept: list = []
+        keep = kept.append
+        cut = []
+        for turn in range(first, first + count):
+            session, own = heavy[turn % count]
+            if left <= 0:
+                cut.append((session, False))
+                continue
+            left -= HEAVY_LOOKUP_BYTES
+            allowance = min(limit, left)
+            spent = 0
+            for entry in own.candidates(attributes):
+                cost = _OVERHEAD + len(entry.subscription.expression)
+                if spent + cost > allowance:
+                    cut.append((session, allowance == limit))
+                    break
+                spent += cost
+                keep(entry)
+            left -= spent
+        for session, own_limit in cut:
+            self.stats["evaluation_refusals"] += 1
+            if own_limit:
+                session.not_fully_evaluated("max-evaluation-bytes", limit,
+                                            "its subscriptions to evaluate came to more than",
+                                            "the rest were skipped")
+            else:
+                session.not_fully_evaluated("max-heavy-evaluation-bytes", total,
+                                            "the heavy clients' subscriptions to evaluate "
+                                            "came to more than", "its candidates past it "
+                                            "were skipped")
         return kept
 
 

@@ -67,7 +67,8 @@ class RouterCollector:
                  "DropWarn), or a federation link's (passed on unfiltered)."),
                 ("elvin_evaluation_refusals", "evaluation_refusals",
                  "Notifications for which some of a client's subscriptions were not "
-                 "evaluated, past max-evaluation-bytes (the client got a DropWarn)."),
+                 "evaluated, past max-evaluation-bytes or max-heavy-evaluation-bytes (the "
+                 "client got a DropWarn)."),
                 ("elvin_queue_evictions", "queue_evictions",
                  "Clients disconnected because the router-wide queue memory ran out."),
                 ("elvin_receive_budget_closes", "receive_budget_closes",

@@ -917,3 +917,115 @@ class EvaluationBudgetTests(RouterTestCase):
         self.router.max_evaluation_bytes = 100
         self.emit(client, {"BY": 1})
         self.assertIsInstance(out.take()[0], elvin_packets.DropWarn)
+
+
+class HeavyClientTests(RouterTestCase):
+    """A client past ``max-evaluation-bytes`` once is heavy: its
+    subscriptions move to an index of its own, and for each notification
+    the heavy clients together are evaluated within
+    ``max-heavy-evaluation-bytes``, in turn, so that several clients each
+    within their own budget cannot add up to everyone's delay; the
+    others are evaluated in full and first."""
+
+    def setUp(self):
+        super().setUp()
+        from elvin.core import router as router_module
+        self.overhead = router_module.EVALUATION_OVERHEAD_BYTES
+        self.evaluated = []
+
+    def heavy_client(self, count):
+        client, out = self.connect({"Subscription.Max-Count": 1000})
+        for i in range(count):
+            self.subscribe(client, out, f"BY + {i} == {i + 1}")     # BY == 1 matches all
+        return client, out
+
+    def count_evaluations(self):
+        for entry in self.router.subscriptions.values():
+            original = entry.evaluate
+            entry.evaluate = (lambda f, e: lambda a: self.evaluated.append(e) or f(a))(
+                original, entry)
+
+    def spent(self, session=None):
+        return sum(len(e.subscription.expression) + self.overhead
+                   for e in self.evaluated if session is None or e.session is session)
+
+    def test_clients_past_their_budget_share_one_budget(self):
+        heavies = [self.heavy_client(100) for _ in range(5)]
+        bystander, bystander_out = self.connect()
+        self.subscribe(bystander, bystander_out, "BY + 1 == 2")
+        per = len("BY + 50 == 51") + self.overhead
+        self.router.max_evaluation_bytes = per * 60
+        self.router.max_heavy_evaluation_bytes = per * 90
+        self.emit(bystander, {"BY": 1})          # each past its own budget: set apart
+        self.assertEqual(len(self.router._heavy), 5)
+        self.assertEqual(len(self.router.index), 1)        # the bystander's alone
+        for _, out in heavies:
+            out.take()
+        bystander_out.take()
+        self.count_evaluations()
+        firsts = set()
+        for _ in range(5):
+            self.evaluated.clear()
+            self.emit(bystander, {"BY": 1})
+            (mine,) = bystander_out.take()
+            self.assertEqual(len(mine.insecure_matches), 1)
+            self.assertIs(self.evaluated[0].session, bystander)      # first, in full
+            firsts.add(self.evaluated[1].session)
+            self.assertLessEqual(self.spent(), per * (90 + 1))
+            for client, out in heavies:
+                self.assertLessEqual(self.spent(client), self.router.max_evaluation_bytes)
+                # Every heavy client is told it may have missed this one.
+                self.assertIn(elvin_packets.DropWarn, [type(p) for p in out.take()])
+        self.assertEqual(firsts, {client for client, _ in heavies})     # in turn
+        self.assertEqual(self.router.stats["evaluation_refusals"], 5 + 5 * 5)
+
+    def test_a_heavy_client_keeps_its_matches_within_its_budget(self):
+        heavy, out = self.heavy_client(100)
+        per = len("BY + 50 == 51") + self.overhead
+        self.router.max_evaluation_bytes = per * 60
+        self.emit(heavy, {"BY": 1})
+        self.assertIn(heavy, self.router._heavy)
+        out.take()
+        self.emit(heavy, {"BY": 1})
+        warned, delivered = out.take()
+        self.assertIsInstance(warned, elvin_packets.DropWarn)
+        self.assertGreater(len(delivered.insecure_matches), 50)
+        self.assertLess(len(delivered.insecure_matches), 100)
+        # Its subscriptions are still its own to change and remove (each
+        # notification evaluating them all now: no limits).
+        self.router.max_evaluation_bytes = self.router.max_heavy_evaluation_bytes = 0
+        sub_id = delivered.insecure_matches[0]
+        heavy.packet_received(elvin_packets.SubModRqst(self.xid(), sub_id, "BY == 7", True))
+        self.assertIsInstance(out.take()[-1], elvin_packets.SubRply)
+        def matched():
+            return [i for p in out.take() if isinstance(p, elvin_packets.NotifyDeliver)
+                    for i in p.insecure_matches]
+        self.emit(heavy, {"BY": 7})
+        self.assertIn(sub_id, matched())
+        heavy.packet_received(elvin_packets.SubDelRqst(self.xid(), sub_id))
+        out.take()
+        self.emit(heavy, {"BY": 7})
+        self.assertNotIn(sub_id, matched())
+        heavy.connection_lost()
+        self.assertEqual(self.router._heavy, {})
+        self.assertEqual(len(self.router.subscriptions), 0)
+
+    def test_a_light_client_is_not_set_apart(self):
+        client, out = self.heavy_client(20)
+        self.emit(client, {"BY": 1})
+        (delivered,) = out.take()
+        self.assertEqual(len(delivered.insecure_matches), 20)
+        self.assertEqual(self.router._heavy, {})
+
+    def test_zero_is_no_shared_limit(self):
+        heavies = [self.heavy_client(40) for _ in range(3)]
+        per = len("BY + 20 == 21") + self.overhead
+        self.router.max_evaluation_bytes = per * 30
+        self.router.max_heavy_evaluation_bytes = 0
+        bystander, _ = self.connect()
+        self.emit(bystander, {"BY": 1})
+        self.assertEqual(len(self.router._heavy), 3)
+        self.count_evaluations()
+        self.emit(bystander, {"BY": 1})
+        for client, _ in heavies:
+            self.assertGreater(self.spent(client), per * 25)     # its own budget only

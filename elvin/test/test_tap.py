@@ -669,7 +669,7 @@ class ReloadMessageTests(unittest.TestCase):
                    "reserved-files": "32", "max-subscriptions": "7",
                    "max-subscription-tokens": "99", "max-client-subscription-bytes": "12345",
                    "max-pattern-work": "4096", "max-evaluation-bytes": "8192",
-                   "max-client-quenches": "17",
+                   "max-heavy-evaluation-bytes": "16384", "max-client-quenches": "17",
                    "max-protocol-errors": "9", "protocol-error-window": "3.5",
                    "verbose": "yes", "max-queue-memory": "1000000",
                    "max-quench-memory": "2000000", "max-receive-memory": "3000000",
@@ -698,8 +698,9 @@ class ReloadMessageTests(unittest.TestCase):
                           router.protocol_error_window, router.verbose,
                           router.queue_budget.max_bytes, router.quench.max_bytes,
                           router.max_pattern_work, router.max_evaluation_bytes,
-                          router.max_client_quenches),
-                         (7, 99, 12345, 9, 3.5, True, 1000000, 2000000, 4096, 8192, 17))
+                          router.max_client_quenches, router.max_heavy_evaluation_bytes),
+                         (7, 99, 12345, 9, 3.5, True, 1000000, 2000000, 4096, 8192, 17,
+                          16384))
         self.assertEqual(router.turn_slice.seconds, 0.012)
         self.assertEqual(router.new_options()["Send-Queue.Max-Length"], 4096)
         self.assertEqual((router.admission.budget.max_handshakes,
