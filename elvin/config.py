@@ -126,9 +126,11 @@ ROUTER_SETTINGS = (
             "QnchModRqst past it is refused with Nack 2006 (`IMPL_LIMIT`). `0`: no limit. "
             "See docs/quench.md."),
     Setting("max-queue-memory", at_least(0), 512 * 1024 * 1024, "`536870912`",
-            "Bytes waiting in all clients' send queues together; over it, the largest "
-            "queue sheds deliveries by its own drop policy (or is disconnected if it "
-            "can shed nothing). `0` switches the cap off. See docs/reliability.md."),
+            "Memory of all clients' send queues together: each queued packet's bytes "
+            "plus 192 bytes of bookkeeping (288 under drop policy `largest`); over it, "
+            "the largest queue sheds deliveries by its own drop policy (or is "
+            "disconnected if it can shed nothing). `0` switches the cap off. See "
+            "docs/reliability.md."),
     Setting("max-receive-memory", at_least(0), DEFAULT_MAX_RECEIVE_MEMORY, "`67108864`",
             "Bytes held in unfinished packets by all connections together (clients, "
             "HTTP tunnel request bodies, federation links); over it, the connections "
