@@ -28,6 +28,8 @@ from elvin.core.admission import DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_HANDSHAK
 from elvin.core.router import (DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES, DEFAULT_MAX_PATTERN_WORK,
                                DEFAULT_MAX_EVALUATION_BYTES, DEFAULT_MAX_CLIENT_QUENCHES,
                                DEFAULT_MAX_HEAVY_EVALUATION_BYTES,
+                               DEFAULT_MAX_SUBSCRIPTION_MEMORY,
+                               DEFAULT_MAX_CLIENT_SUBSCRIPTION_MEMORY,
                                DEFAULT_MAX_SUBSCRIPTION_TOKENS, MAX_PROTOCOL_ERRORS,
                                PROTOCOL_ERROR_WINDOW)
 from elvin.uri import ElvinURI, InvalidURIError
@@ -100,8 +102,21 @@ ROUTER_SETTINGS = (
             DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES, "`2097152`",
             "Most UTF-8 bytes of subscription expressions one client may hold at once "
             "(its subscriptions' texts together); past it SubAddRqst and a longer "
-            "SubModRqst are refused with Nack 2006 (`IMPL_LIMIT`). A compiled "
-            "subscription costs about 30 times its text. `0`: no limit."),
+            "SubModRqst are refused with Nack 2006 (`IMPL_LIMIT`). What they cost in "
+            "memory is `max-client-subscription-memory`'s matter. `0`: no limit."),
+    Setting("max-client-subscription-memory", at_least(0),
+            DEFAULT_MAX_CLIENT_SUBSCRIPTION_MEMORY, "`167772160`",
+            "Most memory one client's subscriptions may hold at once, estimated per "
+            "subscription: 2,700 bytes, plus 150 for each attribute name it refers to "
+            "and 30 for each byte of its text (it errs high: a placed subscription costs "
+            "1.9-3 KB when tiny, about 30 times its text when long). Past it SubAddRqst "
+            "and a costlier SubModRqst are refused with Nack 2006 (`IMPL_LIMIT`). 10,000 "
+            "subscriptions of 200 bytes fit. `0`: no limit. See docs/reliability.md."),
+    Setting("max-subscription-memory", at_least(0), DEFAULT_MAX_SUBSCRIPTION_MEMORY,
+            "`1073741824`",
+            "Most memory all clients' subscriptions together may hold, estimated as for "
+            "`max-client-subscription-memory`; past it SubAddRqst and a costlier "
+            "SubModRqst are refused with Nack 2006 (`IMPL_LIMIT`). `0`: no limit."),
     Setting("max-pattern-work", at_least(0), DEFAULT_MAX_PATTERN_WORK, "`33554432`",
             "Most string-matching work one client's subscriptions may do for one "
             "notification: for each `regex`/`wildcard` test run, its RE2 program's "
@@ -138,9 +153,11 @@ ROUTER_SETTINGS = (
             "QnchModRqst past it is refused with Nack 2006 (`IMPL_LIMIT`). `0`: no limit. "
             "See docs/quench.md."),
     Setting("max-queue-memory", at_least(0), 512 * 1024 * 1024, "`536870912`",
-            "Bytes waiting in all clients' send queues together; over it, the largest "
-            "queue sheds deliveries by its own drop policy (or is disconnected if it "
-            "can shed nothing). `0` switches the cap off. See docs/reliability.md."),
+            "Memory of all clients' send queues together: each queued packet's bytes "
+            "plus 192 bytes of bookkeeping (288 under drop policy `largest`); over it, "
+            "the largest queue sheds deliveries by its own drop policy (or is "
+            "disconnected if it can shed nothing). `0` switches the cap off. See "
+            "docs/reliability.md."),
     Setting("max-receive-memory", at_least(0), DEFAULT_MAX_RECEIVE_MEMORY, "`67108864`",
             "Bytes held in unfinished packets by all connections together (clients, "
             "HTTP tunnel request bodies, federation links); over it, the connections "

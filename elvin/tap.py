@@ -812,6 +812,8 @@ RELOADED = {
     "max-subscriptions": _router_attribute("max_subscriptions"),
     "max-subscription-tokens": _router_attribute("max_subscription_tokens"),
     "max-client-subscription-bytes": _router_attribute("max_client_subscription_bytes"),
+    "max-client-subscription-memory": _router_attribute("max_client_subscription_memory"),
+    "max-subscription-memory": _router_attribute("max_subscription_memory"),
     "max-pattern-work": _router_attribute("max_pattern_work"),
     "max-evaluation-bytes": _router_attribute("max_evaluation_bytes"),
     "max-heavy-evaluation-bytes": _router_attribute("max_heavy_evaluation_bytes"),
@@ -907,7 +909,9 @@ def makeService(options, reactor=None):
                     max_pattern_work=config.max_pattern_work,
                     max_evaluation_bytes=config.max_evaluation_bytes,
                     max_client_quenches=config.max_client_quenches,
-                    max_heavy_evaluation_bytes=config.max_heavy_evaluation_bytes)
+                    max_heavy_evaluation_bytes=config.max_heavy_evaluation_bytes,
+                    max_subscription_memory=config.max_subscription_memory,
+                    max_client_subscription_memory=config.max_client_subscription_memory)
     router.admission = Admission(connection_caps(config), reactor,
                                  config.crowded_idle_timeout,
                                  max_handshakes=config.max_tls_handshakes,

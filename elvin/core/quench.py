@@ -124,7 +124,8 @@ class QuenchRegistry:
         #: Subscriptions (and pull terms) grouped by their set of names,
         #: and name -> the name sets holding it: a subscription is in one
         #: set, where filing it under each of its names cost a set slot
-        #: per name (some 200 bytes a subscription of the benchmark's).
+        #: per name (some 200 bytes a subscription of the benchmark's). A
+        #: group of one is the entry itself, a name in one set that set.
         self._subs_by_names = {}
         self._name_sets = {}
         #: Federation terms that name no attribute (a pull of everything).
@@ -167,26 +168,58 @@ class QuenchRegistry:
 
     def _file(self, entry, names):
         names = frozenset(names)
-        group = self._subs_by_names.get(names)
+        by_names = self._subs_by_names
+        group = by_names.get(names)
         if group is None:
-            self._subs_by_names[names] = group = set()
+            # One subscription on a set of names is held as itself, and a
+            # name in one set as that set (no set object of one each: most
+            # subscriptions on names of their own would pay some 430 bytes).
+            by_names[names] = entry
+            name_sets = self._name_sets
             for name in names:
-                self._name_sets.setdefault(name, set()).add(names)
-        group.add(entry)
+                held = name_sets.get(name)
+                if held is None:
+                    name_sets[name] = names
+                elif held.__class__ is set:
+                    held.add(names)
+                else:
+                    name_sets[name] = {held, names}
+        elif group.__class__ is set:
+            group.add(entry)
+        elif group is not entry:
+            by_names[names] = {group, entry}
 
     def _unfile(self, entry, names):
         names = frozenset(names)
-        group = self._subs_by_names.get(names)
+        by_names = self._subs_by_names
+        group = by_names.get(names)
         if group is None:
             return
-        group.discard(entry)
-        if not group:
-            del self._subs_by_names[names]
-            for name in names:
-                sets = self._name_sets[name]
-                sets.discard(names)
-                if not sets:
-                    del self._name_sets[name]
+        if group.__class__ is set:
+            group.discard(entry)
+            if len(group) == 1:
+                by_names[names] = next(iter(group))
+            if group:
+                return
+        elif group is not entry:
+            return
+        del by_names[names]
+        name_sets = self._name_sets
+        for name in names:
+            held = name_sets[name]
+            if held.__class__ is set:
+                held.discard(names)
+                if len(held) == 1:
+                    name_sets[name] = next(iter(held))
+            else:
+                del name_sets[name]
+
+    def _groups(self, name):
+        """The name sets holding ``name``."""
+        held = self._name_sets.get(name)
+        if held is None:
+            return ()
+        return held if held.__class__ is set else (held,)
 
     # -- federation terms: what the far side of a link wants ---------------
 
@@ -262,9 +295,10 @@ class QuenchRegistry:
         found = dict(self._pulls_everything)
         groups = set()
         for name in names:
-            groups.update(self._name_sets.get(name, ()))
+            groups.update(self._groups(name))
         for group in groups:
-            for entry in self._subs_by_names[group]:
+            held = self._subs_by_names[group]
+            for entry in held if held.__class__ is set else (held,):
                 found[entry.id] = entry
         return found.values()
 

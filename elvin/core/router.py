@@ -43,7 +43,9 @@ __all__ = ["Router", "RouterObserver", "ClientSession", "SessionState", "Session
            "SEND_QUEUE_FULL", "QUEUE_MEMORY_FULL",
            "DEFAULT_MAX_SUBSCRIPTION_TOKENS", "DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES",
            "DEFAULT_MAX_PATTERN_WORK", "DEFAULT_MAX_EVALUATION_BYTES",
-           "DEFAULT_MAX_HEAVY_EVALUATION_BYTES", "DEFAULT_MAX_CLIENT_QUENCHES"]
+           "DEFAULT_MAX_HEAVY_EVALUATION_BYTES", "DEFAULT_MAX_CLIENT_QUENCHES",
+           "DEFAULT_MAX_SUBSCRIPTION_MEMORY",
+           "DEFAULT_MAX_CLIENT_SUBSCRIPTION_MEMORY", "subscription_cost"]
 
 DISCONN_SHUTDOWN = 1
 DISCONN_REDIRECT = 2
@@ -70,11 +72,28 @@ QUEUE_MEMORY_FULL = "router-wide queue memory full"
 #: Default router-wide cap on the bytes in all client send queues.
 DEFAULT_MAX_QUEUE_MEMORY = 512 * 1024 * 1024
 
-#: Most UTF-8 bytes of subscription expressions one client may hold at once.
-#: A compiled subscription costs about 30 times its text (docs/reliability.md),
-#: so this keeps one client to about 64 MiB, while 10,000 subscriptions of
-#: 200 bytes still fit.
+#: Most UTF-8 bytes of subscription expressions one client may hold at once;
+#: 10,000 subscriptions of 200 bytes fit. (Their memory is the next caps'.)
 DEFAULT_MAX_CLIENT_SUBSCRIPTION_BYTES = 2 * 1024 * 1024
+#: What a placed subscription costs the router, estimated
+#: (``subscription_cost``): a part for every subscription (its objects, its
+#: place in the index, the router's and its client's tables, and for an
+#: expression of a shape of its own the tree and evaluator that shape
+#: needs), a part per attribute name it refers to, and a part per byte of
+#: its text (its compiled form). Measured with tracemalloc
+#: (test_router ``SubscriptionMemoryTests``, docs/reliability.md): 1.9 KB for
+#: ``Flood == 7``, 3.0 KB for ``N17 == 1`` (a name no other subscription
+#: has), 5.3 KB for a 180-byte expression of nine names, about 30 times the
+#: text for a 4 KB one; the estimate errs high, at most about 2.5 times.
+SUBSCRIPTION_BASE_COST = 2700
+SUBSCRIPTION_NAME_COST = 150
+SUBSCRIPTION_TEXT_COST = 30
+#: Most memory, estimated, of one client's subscriptions together: 10,000
+#: subscriptions of 200 bytes fit (at most 13.7 KB each estimated, with 33
+#: one-letter names).
+DEFAULT_MAX_CLIENT_SUBSCRIPTION_MEMORY = 160 * 1024 * 1024
+#: Most memory, estimated, of all the router's subscriptions together.
+DEFAULT_MAX_SUBSCRIPTION_MEMORY = 1024 * 1024 * 1024
 #: String-matching work one client's subscriptions may do for one
 #: notification (``elvin.subscription.workbudget``): pattern instructions
 #: (or needles) times string bytes; about 50 ms at RE2's NFA rate, where
@@ -294,12 +313,19 @@ class Router(SessionHost):
                  wall_clock=time.time, max_pattern_work=DEFAULT_MAX_PATTERN_WORK,
                  max_evaluation_bytes=DEFAULT_MAX_EVALUATION_BYTES,
                  max_client_quenches=DEFAULT_MAX_CLIENT_QUENCHES,
-                 max_heavy_evaluation_bytes=DEFAULT_MAX_HEAVY_EVALUATION_BYTES):
+                 max_heavy_evaluation_bytes=DEFAULT_MAX_HEAVY_EVALUATION_BYTES,
+                 max_subscription_memory=DEFAULT_MAX_SUBSCRIPTION_MEMORY,
+                 max_client_subscription_memory=DEFAULT_MAX_CLIENT_SUBSCRIPTION_MEMORY):
         self.option_specs = dict(OPTIONS if option_specs is None else option_specs)
         #: Most tokens in one subscription expression (0: no limit).
         self.max_subscription_tokens = max_subscription_tokens
         #: Most bytes of expressions one client's subscriptions hold (0: no limit).
         self.max_client_subscription_bytes = max_client_subscription_bytes
+        #: Most memory (``subscription_cost``) of all subscriptions, and of
+        #: one client's (0: no limit); what they hold now.
+        self.max_subscription_memory = max_subscription_memory
+        self.max_client_subscription_memory = max_client_subscription_memory
+        self.subscription_memory = 0
         #: Most string-matching work of one client's subscriptions on one
         #: notification (0: no limit; elvin.subscription.workbudget).
         self.max_pattern_work = max_pattern_work
@@ -450,6 +476,7 @@ class Router(SessionHost):
                                   accept_insecure, keys)
         self._meter(entry)
         self.subscriptions[entry.id] = entry
+        self.subscription_memory += subscription_cost(subscription)
         self._heavy.get(session, self.index).add(entry)
         self.quench.subscription_added(entry)
         subscription.compact()
@@ -484,6 +511,8 @@ class Router(SessionHost):
         if subscription is not None:
             index = self._heavy.get(entry.session, self.index)
             index.remove(entry)
+            self.subscription_memory += (subscription_cost(subscription)
+                                         - subscription_cost(entry.subscription))
             entry.subscription = subscription
             entry.evaluate = subscription.evaluator
             self._meter(entry)
@@ -498,6 +527,7 @@ class Router(SessionHost):
     def _remove_entry(self, entry):
         if self.subscriptions.pop(entry.id, None) is None:
             return
+        self.subscription_memory -= subscription_cost(entry.subscription)
         self._heavy.get(entry.session, self.index).remove(entry)
         self.quench.subscription_removed(entry)
         self._subscriptions_changed(entry)
@@ -818,6 +848,9 @@ class ClientSession:
         #: UTF-8 bytes of the expressions of ``subscriptions`` together,
         #: held to the router's ``max_client_subscription_bytes``.
         self.subscription_bytes = 0
+        #: Their memory, estimated (``subscription_cost``), held to the
+        #: router's ``max_client_subscription_memory``.
+        self.subscription_memory = 0
         #: Times of recent protocol errors (at most max_protocol_errors kept).
         self.protocol_errors = collections.deque(maxlen=router.max_protocol_errors or 1)
         self.dropped = 0
@@ -1515,6 +1548,9 @@ class ClientSession:
         subscription = self._compile(packet.xid, packet.expression)
         if subscription is None:
             return
+        cost = subscription_cost(subscription)
+        if self._memory_problem(packet.xid, cost):
+            return
         try:
             entry = self.router.add_subscription(self, subscription,
                                                  packet.accept_insecure, keys)
@@ -1523,7 +1559,25 @@ class ClientSession:
             return
         self.subscriptions[entry.id] = entry
         self.subscription_bytes += _utf8_length(subscription.expression)
+        self.subscription_memory += cost
         self._reply_in_force(packet.xid, entry)
+
+    def _memory_problem(self, xid, cost, replacing=0):
+        """Nack a subscription of ``cost`` (replacing one of ``replacing``)
+        that would take this client's or the router's subscriptions past
+        their memory caps (True if so)."""
+        router = self.router
+        for most, held, whose, setting in (
+                (router.max_client_subscription_memory, self.subscription_memory,
+                 "this client's subscriptions", "max-client-subscription-memory"),
+                (router.max_subscription_memory, router.subscription_memory,
+                 "the router's subscriptions", "max-subscription-memory")):
+            if most and held - replacing + cost > most:
+                self.protocol_error(xid, errors.IMPL_LIMIT,
+                                    f"{whose} would hold more than {most} bytes of "
+                                    f"memory, estimated (the router's {setting})")
+                return True
+        return False
 
     def _sub_mod(self, packet):
         entry = self.subscriptions.get(packet.subscription_id)
@@ -1546,7 +1600,11 @@ class ClientSession:
             subscription = self._compile(packet.xid, packet.expression, old_size)
             if subscription is None:
                 return
+            cost, old_cost = subscription_cost(subscription), subscription_cost(entry.subscription)
+            if self._memory_problem(packet.xid, cost, old_cost):
+                return
             self.subscription_bytes += _utf8_length(subscription.expression) - old_size
+            self.subscription_memory += cost - old_cost
         self.router.modify_subscription(entry, subscription, keys, packet.accept_insecure)
         if subscription is None:
             self.send(packets.SubRply(packet.xid, entry.id))
@@ -1583,6 +1641,7 @@ class ClientSession:
                                 (_id_arg(packet.subscription_id),))
             return
         self.subscription_bytes -= _utf8_length(entry.subscription.expression)
+        self.subscription_memory -= subscription_cost(entry.subscription)
         self.router.remove_subscription(entry)
         self.send(packets.SubRply(packet.xid, entry.id))
 
@@ -1597,6 +1656,14 @@ def _deliveries(count):
 
 def _utf8_length(text):
     return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+def subscription_cost(subscription):
+    """What ``subscription`` placed costs the router, estimated in bytes
+    (see ``SUBSCRIPTION_BASE_COST``): held to ``max-subscription-memory``
+    and ``max-client-subscription-memory``."""
+    return (SUBSCRIPTION_BASE_COST + SUBSCRIPTION_NAME_COST * len(subscription.names)
+            + SUBSCRIPTION_TEXT_COST * _utf8_length(subscription.expression))
 
 
 def notification_problem(options, attributes, size=None):

@@ -14,8 +14,11 @@ marks a gap and does not count against the limit (at most one stands
 between two surviving packets), so the newest packet always fits under
 policy ``oldest``.
 
-``QueueBudget`` caps the bytes waiting in all the queues that join it (a
-router's ``max-queue-memory``); see its docstring.
+``QueueBudget`` caps the memory of all the queues that join it (a
+router's ``max-queue-memory``); see its docstring. That memory is
+``SendQueue.memory``: the packets' bytes plus what Python spends on each
+queued packet besides (``ENTRY_OVERHEAD``), which for small deliveries is
+most of it.
 """
 
 import collections
@@ -23,10 +26,20 @@ import heapq
 
 from elvin.core.options import DropPolicy
 
-__all__ = ["SendQueue", "QueueOverflow", "QueueBudget", "REPLY_SLACK"]
+__all__ = ["SendQueue", "QueueOverflow", "QueueBudget", "REPLY_SLACK", "ENTRY_OVERHEAD"]
 
 #: Replies (never dropped) may fill a queue up to this many times its limit.
 REPLY_SLACK = 2
+
+#: Bytes a queued packet (or DropWarn) costs besides its data, by drop
+#: policy: the bytes object's header (33), its ``_Entry`` (80 with the
+#: garbage collector's header), the victim index's reference (a deque
+#: slot; for ``largest`` a heap tuple of three and its list slot), stale
+#: references the index keeps until it is rebuilt, and the allocator's
+#: rounding. tracemalloc counts 153 bytes (249 for ``largest``: test_overload
+#: ``PacketCostTests``); a router's RSS grew by about 190 a packet.
+ENTRY_OVERHEAD = {DropPolicy.OLDEST: 192, DropPolicy.NEWEST: 192, DropPolicy.NONE: 192,
+                  DropPolicy.LARGEST: 288}
 
 
 class QueueOverflow(Exception):
@@ -67,6 +80,7 @@ class SendQueue:
     def __init__(self, max_bytes, policy, dropwarn_bytes):
         self.max_bytes = max_bytes
         self.policy = DropPolicy(policy)
+        self._overhead = ENTRY_OVERHEAD[self.policy]
         self._dropwarn = dropwarn_bytes
         self._head = _Entry(b"", False)   # sentinel: head.next is the oldest
         self._head.prev = self._head.next = self._head
@@ -74,6 +88,8 @@ class SendQueue:
         self._seq = 0
         self._victims = collections.deque()   # oldest/newest: droppables in order
         self._heap = []                       # largest: (-size, seq, entry)
+        #: bytes of the queued packets (DropWarns not counted), held to
+        #: ``max_bytes``
         self.size = 0
         self.dropped = 0
         #: the QueueBudget this queue counts against, if any
@@ -82,6 +98,13 @@ class SendQueue:
     def __len__(self):
         return self._count
 
+    @property
+    def memory(self):
+        """What the queue holds in memory, estimated: its packets' bytes and
+        ``ENTRY_OVERHEAD`` for each entry (DropWarns too). What a
+        QueueBudget counts."""
+        return self.size + self._count * self._overhead
+
     def __bool__(self):
         return self._count > 0
 
@@ -89,8 +112,12 @@ class SendQueue:
         self.max_bytes = max_bytes
         policy = DropPolicy(policy)
         if policy != self.policy:
+            before = self.memory
             self.policy = policy
+            self._overhead = ENTRY_OVERHEAD[policy]
             self._reindex()
+            if self.budget is not None:
+                self.budget.changed(0, self.memory - before)
 
     # -- the list ----------------------------------------------------------
 
@@ -161,7 +188,7 @@ class SendQueue:
                 self._victims.append(entry)
         self.size += len(data)
         if self.budget is not None:
-            self.budget.total += len(data)
+            self.budget.changed(len(data), len(data) + self._overhead)
         return self.dropped - before
 
     def _make_room(self, needed):
@@ -170,23 +197,24 @@ class SendQueue:
         self._drop_until(self.max_bytes - needed)
 
     def shed(self, nbytes):
-        """Drop deliveries, as the policy says, until ``nbytes`` are freed
-        (or nothing droppable is left); returns the bytes freed. Policy
-        ``none`` drops nothing."""
+        """Drop deliveries, as the policy says, until ``nbytes`` of
+        ``memory`` are freed (or nothing droppable is left); returns the
+        memory freed. Policy ``none`` drops nothing."""
         if self.policy == DropPolicy.NONE:
             return 0
-        before = self.size
-        self._drop_until(self.size - nbytes)
-        return before - self.size
+        before = self.memory
+        self._drop_until(before - nbytes, by_memory=True)
+        return before - self.memory
 
-    def _drop_until(self, target):
-        while self.size > target:
+    def _drop_until(self, target, by_memory=False):
+        """Drop until ``size`` (``memory``, if ``by_memory``) is at most
+        ``target``, or nothing droppable is left."""
+        size, count = self.size, self._count
+        while (self.memory if by_memory else self.size) > target:
             entry = self._choose_victim()
             if entry is None:
-                return
+                break
             self.size -= len(entry.data)
-            if self.budget is not None:
-                self.budget.total -= len(entry.data)
             self.dropped += 1
             entry.droppable = False
             # A DropWarn takes its place, unless one is already next to it
@@ -199,6 +227,9 @@ class SendQueue:
             else:
                 entry.data = self._dropwarn
                 entry.dropwarn = True
+        if self.budget is not None:
+            self.budget.changed(self.size - size,
+                                self.size - size + (self._count - count) * self._overhead)
 
     def _choose_victim(self):
         """The next droppable entry the policy gives up, or None."""
@@ -220,6 +251,8 @@ class SendQueue:
     def _warn_at_tail(self):
         if not self._head.prev.dropwarn:
             self._append(_Entry(self._dropwarn, False, True))
+            if self.budget is not None:
+                self.budget.changed(0, self._overhead)
 
     # -- sending -----------------------------------------------------------
 
@@ -232,7 +265,9 @@ class SendQueue:
         if not entry.dropwarn:
             self.size -= len(entry.data)
             if self.budget is not None:
-                self.budget.total -= len(entry.data)
+                self.budget.changed(-len(entry.data), -len(entry.data) - self._overhead)
+        elif self.budget is not None:
+            self.budget.changed(0, -self._overhead)
         entry.droppable = False
         if not self._count:
             self._victims.clear()
@@ -246,6 +281,7 @@ class SendQueue:
         quench notifications) it held: never written, so the owner can
         count them as lost."""
         lost = 0
+        memory = self.memory
         entry = self._head.next
         while entry is not self._head:  # let the victim indexes see them gone
             lost += entry.droppable
@@ -256,45 +292,56 @@ class SendQueue:
         self._victims.clear()
         self._heap = []
         if self.budget is not None:
-            self.budget.total -= self.size
+            self.budget.changed(-self.size, -memory)
         self.size = 0
         return lost
 
 
 class QueueBudget:
-    """A cap on the bytes waiting in a set of SendQueues (router-wide).
+    """A cap on the memory of a set of SendQueues (router-wide).
 
     Each queue joins with ``join(queue, evict, shed=None)`` and keeps
-    ``total`` up to date itself. When ``total`` is over ``max_bytes``,
-    ``enforce()`` takes the largest queue: it sheds deliveries by its own
-    drop policy (with DropWarn, as if its own limit had been reached;
-    ``shed(count)`` is then told how many it dropped). A largest queue that
-    can shed nothing (policy ``none``, or only replies left) is evicted:
-    it leaves the budget, ``evict(queue)`` is called and must end that
-    client (the router disconnects it, counting what the queue held), and
-    the queue is emptied. This repeats until the total is a tenth under the cap,
-    so that under sustained pressure the O(queues) search for the largest
+    ``total`` (the queues' ``memory`` together: packet bytes and each
+    packet's overhead) and ``bytes`` (their packets' bytes) up to date
+    itself. When ``total`` is over ``max_bytes``, ``enforce()`` takes the
+    queue holding most memory: it sheds deliveries by its own drop policy
+    (with DropWarn, as if its own limit had been reached; ``shed(count)``
+    is then told how many it dropped). A largest queue that can shed
+    nothing (policy ``none``, or only replies left) is evicted: it leaves
+    the budget, ``evict(queue)`` is called and must end that client (the
+    router disconnects it, counting what the queue held), and the queue is
+    emptied. This repeats until the total is a tenth under the cap, so
+    that under sustained pressure the O(queues) search for the largest
     runs once per tenth of the cap queued, not once per packet.
     ``max_bytes`` of 0 means no cap.
     """
 
     def __init__(self, max_bytes):
         self.max_bytes = max_bytes
+        #: estimated memory of the queues (what ``max_bytes`` caps)
         self.total = 0
+        #: bytes of the packets waiting in them
+        self.bytes = 0
         self.evictions = 0
         self._queues = {}
 
     def __len__(self):
         return len(self._queues)
 
+    def changed(self, nbytes, memory):
+        """A member queue's packet bytes changed by ``nbytes``, its memory
+        by ``memory``."""
+        self.bytes += nbytes
+        self.total += memory
+
     def join(self, queue, evict, shed=None):
         queue.budget = self
-        self.total += queue.size
+        self.changed(queue.size, queue.memory)
         self._queues[queue] = (evict, shed)
 
     def leave(self, queue):
         if self._queues.pop(queue, None) is not None:
-            self.total -= queue.size
+            self.changed(-queue.size, -queue.memory)
             queue.budget = None
 
     def over(self):
@@ -307,7 +354,7 @@ class QueueBudget:
             return evicted
         target = self.max_bytes - self.max_bytes // 10
         while self.total > target and self._queues:
-            queue = max(self._queues, key=lambda q: q.size)
+            queue = max(self._queues, key=lambda q: q.memory)
             if queue.size == 0:
                 break
             evict, on_shed = self._queues[queue]

@@ -130,7 +130,7 @@ def snapshot(router: "Router", federation: Optional["FederationManager"] = None,
             "pattern_work_refusals": stats["pattern_work_refusals"],
             "evaluation_refusals": stats["evaluation_refusals"],
             "queue_evictions": budget.evictions,
-            "send_queue_bytes": budget.total or queue_bytes,
+            "send_queue_bytes": budget.bytes or queue_bytes,
             # Unfinished packets (max-receive-memory): bytes held now, and
             # connections reset because the budget ran out.
             "receive_buffered_bytes": receive.total if receive is not None else 0,

@@ -412,7 +412,7 @@ class DeclaredCountersTests(unittest.TestCase):
         (client_row,) = [c for c in status["clients"] if c["subscriptions"]]
         self.assertGreater(client_row["queue_bytes"], 0)
         self.assertEqual(client_row["queue_bytes"], sub.queue.size)
-        self.assertEqual(totals["send_queue_bytes"], router.queue_budget.total)
+        self.assertEqual(totals["send_queue_bytes"], router.queue_budget.bytes)
         self.assertGreater(totals["send_queue_bytes"], 0)
         self.assertEqual((totals["connections_total"], totals["notifications_received"],
                           totals["deliveries"]), (2, 3, 3))

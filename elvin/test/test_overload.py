@@ -18,9 +18,11 @@ A real router on 127.0.0.1 (port 0) with real clients:
   has -- TCP, TLS, HTTP, UDP and federation.
 """
 
+import gc
 import random
 import socket
 import struct
+import tracemalloc
 
 from twisted.internet import defer, endpoints, protocol, reactor, task
 from twisted.trial import unittest
@@ -139,12 +141,61 @@ class SendQueueTests(unittest.TestCase):
         self.assertEqual(evicted, [queues["b"]])       # could not shed: evicted
         self.assertEqual(queues["b"].size, 0)
         self.assertTrue(shed and {name for name, _ in shed} <= {"a", "c"}, shed)
-        self.assertEqual(budget.total, queues["a"].size + queues["c"].size)
+        self.assertEqual(budget.total, queues["a"].memory + queues["c"].memory)
+        self.assertEqual(budget.bytes, queues["a"].size + queues["c"].size)
         self.assertEqual(budget.evictions, 1)
         for q in queues.values():
             budget.leave(q)
-        self.assertEqual(budget.total, 0)
+        self.assertEqual((budget.total, budget.bytes), (0, 0))
         self.assertEqual(len(budget), 0)
+
+    def test_budget_keeps_the_books_of_its_queues_memory(self):
+        """Whatever happens to its queues (pushes, drops, DropWarns, pops,
+        sheds, policy changes, clears), the budget's total is their
+        ``memory`` together and its bytes their ``size``."""
+        rng = random.Random(11)
+        budget = QueueBudget(0)
+        queues = [SendQueue(1500, policy, WARN) for policy in DropPolicy]
+        for q in queues:
+            budget.join(q, lambda q: None)
+        for step in range(4000):
+            q = rng.choice(queues)
+            op = rng.random()
+            if op < 0.6:
+                try:
+                    q.push(b"x" * rng.randrange(1, 120), rng.random() < 0.9)
+                except QueueOverflow:
+                    pass
+            elif op < 0.85 and q:
+                q.pop()
+            elif op < 0.93:
+                q.shed(rng.randrange(1, 800))
+            elif op < 0.98:
+                q.configure(rng.choice([500, 1500]), rng.choice(list(DropPolicy)))
+            else:
+                q.clear()
+            self.assertEqual(budget.total, sum(q.memory for q in queues))
+            self.assertEqual(budget.bytes, sum(q.size for q in queues))
+        for q in queues:
+            budget.leave(q)
+        self.assertEqual((budget.total, budget.bytes), (0, 0))
+
+    def test_budget_counts_what_small_packets_cost(self):
+        """With small deliveries, what a queue holds is mostly Python's
+        bookkeeping, not packet bytes: the budget caps the memory, so 5,000
+        deliveries of 44 bytes (220,000 bytes of packets) do not fit under a
+        cap of 500,000."""
+        budget = QueueBudget(500_000)
+        shed = []
+        q = SendQueue(1 << 30, DropPolicy.OLDEST, WARN)
+        budget.join(q, lambda q: None, shed.append)
+        for i in range(5000):
+            q.push(b"d" * 44, True)
+            budget.enforce()
+            self.assertLessEqual(budget.total, 500_000)
+        self.assertTrue(shed)
+        self.assertLess(budget.bytes, 500_000 * 44 // (44 + 150))
+
 
     def test_dropping_costs_the_same_however_long_the_queue(self):
         """A victim is found in O(log n): a 4 MiB queue of small packets
@@ -182,6 +233,35 @@ class SendQueueTests(unittest.TestCase):
                 self.assertGreater(drops, 0, work)
                 self.assertLessEqual(taken, 2 * drops + 2000, work)
             self.assertLessEqual(long[0], short[0] + 200, work)
+
+
+class PacketCostTests(unittest.TestCase):
+    """What ``SendQueue.memory`` counts against what the queue holds
+    (tracemalloc), for small and larger packets and every policy."""
+
+    def measure(self, policy, size, count=2_000):
+        data = [bytearray(b"p" * size) for _ in range(count)]
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            q = SendQueue(1 << 40, policy, WARN)
+            for d in data:
+                q.push(bytes(d), True)
+            gc.collect()
+            held = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        return q.memory, held
+
+    def test_memory_counts_what_the_queue_holds(self):
+        for policy in DropPolicy:
+            for size in (44, 1000):
+                counted, held = self.measure(policy, size)
+                # At least what tracemalloc sees, at most 1.4 times it (the
+                # estimate rounds up to what RSS grows by).
+                self.assertGreaterEqual(counted, held, (policy, size))
+                self.assertLessEqual(counted, 1.4 * held, (policy, size))
 
 
 # -- live routers ------------------------------------------------------------------

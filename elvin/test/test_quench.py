@@ -1,13 +1,14 @@
 """Quench at the router: SubAddNotify / SubModNotify / SubDelNotify."""
 
 import gc
+import random
 import sys
 import tracemalloc
 
 
 from elvin import errors
 from elvin.core import keys as key_schemes
-from elvin.core.quench import NAME_COST, quench_cost
+from elvin.core.quench import NAME_COST, QuenchRegistry, quench_cost
 from elvin.protocols import packets as elvin_packets
 from elvin.subscription import parse
 from elvin.test.test_router import RouterTestCase
@@ -254,6 +255,55 @@ class QuenchRouterTests(RouterTestCase):
 def _names(prefix, count):
     """``count`` distinct names, each a new string object (as decoded)."""
     return tuple("".join((prefix, ".", str(i))) for i in range(count))
+
+
+class _Entry:
+    """What the registry files a subscription by."""
+
+    def __init__(self, entry_id, names):
+        self.id = entry_id
+        self.names = frozenset(names)
+
+
+class SubscriptionFilingTests(RouterTestCase):
+    """The registry's subscriptions by name set: what they cost, and that
+    every subscription on a name is found, however the groups change."""
+
+    def test_subscriptions_on_names_of_their_own_cost_little(self):
+        registry = QuenchRegistry()
+        entries = [_Entry(i, (f"name{i}",)) for i in range(3000)]
+        gc.collect()
+        tracemalloc.start()
+        try:
+            start = tracemalloc.get_traced_memory()[0]
+            for entry in entries:
+                registry._file(entry, entry.names)
+            held = tracemalloc.get_traced_memory()[0] - start
+        finally:
+            tracemalloc.stop()
+        # Two dict slots each (their tables grow by doubling): no set of
+        # one per subscription and name (some 430 bytes).
+        self.assertLess(held / len(entries), 150)
+
+    def test_random_filing_finds_every_subscription_on_a_name(self):
+        rng = random.Random(5)
+        registry = QuenchRegistry()
+        names = [f"n{i}" for i in range(6)]
+        filed = {}
+        for step in range(3000):
+            if filed and rng.random() < 0.45:
+                entry = filed.pop(rng.choice(sorted(filed)))
+                registry._unfile(entry, entry.names)
+            else:
+                entry = _Entry(step, rng.sample(names, rng.randint(1, 3)))
+                filed[entry.id] = entry
+                registry._file(entry, entry.names)
+            asked = rng.sample(names, rng.randint(1, 3))
+            found = {e.id for e in registry._subscriptions_on(asked)}
+            self.assertEqual(found, {i for i, e in filed.items() if e.names & set(asked)})
+        for entry in list(filed.values()):
+            registry._unfile(entry, entry.names)
+        self.assertEqual((registry._subs_by_names, registry._name_sets), ({}, {}))
 
 
 class QuenchMemoryTests(RouterTestCase):

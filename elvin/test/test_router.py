@@ -5,7 +5,7 @@ from twisted.trial import unittest
 
 from elvin import errors
 from elvin.protocols import packets as elvin_packets
-from elvin.core.router import Router, SessionOutput
+from elvin.core.router import Router, SessionOutput, subscription_cost
 from elvin.values import Int64
 
 
@@ -1029,3 +1029,113 @@ class HeavyClientTests(RouterTestCase):
         self.emit(bystander, {"BY": 1})
         for client, _ in heavies:
             self.assertGreater(self.spent(client), per * 25)     # its own budget only
+
+
+class SubscriptionMemoryTests(RouterTestCase):
+    """What subscriptions cost is estimated (``subscription_cost``) and
+    held to a cap per client and one for the router."""
+
+    many = {"Subscription.Max-Count": 100_000}
+
+    def held_by(self, texts):
+        """Bytes the router holds for ``texts`` subscribed by one client
+        (tracemalloc), and what it counts for them."""
+        import gc
+        import tracemalloc
+        from elvin.subscription import compiler, shapes
+        # The caches of shapes are bounded (4,096 each): make them small and
+        # full, so that what is measured is what each subscription adds.
+        self.patch(shapes, "MAX_SHAPES", 32)
+        self.patch(compiler, "_MAX_FACTORIES", 32)
+        warm, warm_out = self.connect(self.many)
+        for text in texts[:100]:
+            self.subscribe(warm, warm_out, text + " || warm == 1")
+        texts = texts[100:]
+        session, out = self.connect(self.many)
+        packets = [elvin_packets.SubAddRqst(self.xid(), text, True, elvin_packets.Keys.EMPTY)
+                   for text in texts]
+        gc.collect()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            counted = self.router.subscription_memory
+            for packet in packets:
+                session.packet_received(packet)
+            gc.collect()
+            held = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        self.assertEqual(len(session.subscriptions), len(texts))
+        self.assertEqual(session.subscription_memory, self.router.subscription_memory - counted)
+        return held, session.subscription_memory
+
+    def test_the_estimate_errs_high_by_at_most_two_and_a_half_times(self):
+        tag = id(self)
+        shapes = {
+            "one name": [f"Flood{tag} == {i}" for i in range(600)],
+            "a name each": [f"N{tag}x{i} == 1" for i in range(600)],
+            "180 bytes, nine names": [
+                f'Group == "g{i % 50}" && Name == "n{i}" && price > {i} && price < {i + 100}'
+                f' && region == "r{i % 9}" && begins-with(Title, "Q{i % 31}") && qty >= '
+                f'{i % 1000} && flags & 4 == 4 && size(Body) < {i % 500 + 100} || Urgent == 1'
+                for i in range(600)],
+        }
+        for shape, texts in shapes.items():
+            held, counted = self.held_by(texts)
+            self.assertGreaterEqual(counted, held, shape)
+            self.assertLessEqual(counted, 2.5 * held, shape)
+
+    def test_a_client_past_its_memory_is_refused_and_others_are_served(self):
+        from elvin.core.router import compile_expression
+        self.router.max_client_subscription_memory = 3 * subscription_cost(
+            compile_expression("x0 == 1"))
+        session, out = self.connect()
+        ids = [self.subscribe(session, out, f"x{i} == 1").subscription_id for i in range(3)]
+        reply = self.subscribe(session, out, "x3 == 1")
+        self.assertEqual(reply.error, errors.IMPL_LIMIT)
+        self.assertIn("max-client-subscription-memory", reply.message)
+        # A bystander has its own allowance and is still served.
+        other, other_out = self.connect()
+        self.assertIsInstance(self.subscribe(other, other_out, "x3 == 1"), elvin_packets.SubRply)
+        self.emit(other, {"x0": 1})
+        (delivered,) = out.take()
+        self.assertIsInstance(delivered, elvin_packets.NotifyDeliver)
+        # A costlier change is refused; deleting one frees its share.
+        session.packet_received(elvin_packets.SubModRqst(
+            self.xid(), ids[0], "x0 == 1 && y > 2", True, elvin_packets.Keys.EMPTY,
+            elvin_packets.Keys.EMPTY))
+        self.assertEqual(out.take()[0].error, errors.IMPL_LIMIT)
+        session.packet_received(elvin_packets.SubDelRqst(self.xid(), ids[0]))
+        self.assertIsInstance(out.take()[0], elvin_packets.SubRply)
+        self.assertIsInstance(self.subscribe(session, out, "x3 == 1"), elvin_packets.SubRply)
+
+    def test_the_router_past_its_memory_refuses_everyone_until_some_go(self):
+        from elvin.core.router import compile_expression
+        self.router.max_subscription_memory = 4 * subscription_cost(
+            compile_expression("x0 == 1"))
+        hog, hog_out = self.connect()
+        for i in range(4):
+            self.assertIsInstance(self.subscribe(hog, hog_out, f"x{i} == 1"),
+                                  elvin_packets.SubRply)
+        reply = self.subscribe(hog, hog_out, "x4 == 1")
+        self.assertEqual(reply.error, errors.IMPL_LIMIT)
+        self.assertIn("max-subscription-memory", reply.message)
+        other, other_out = self.connect()
+        self.assertEqual(self.subscribe(other, other_out, "x4 == 1").error, errors.IMPL_LIMIT)
+        hog.connection_lost()
+        self.assertEqual(self.router.subscription_memory, 0)
+        self.assertIsInstance(self.subscribe(other, other_out, "x4 == 1"), elvin_packets.SubRply)
+
+    def test_the_default_caps_take_10000_subscriptions_of_200_bytes(self):
+        from elvin.core.router import (DEFAULT_MAX_CLIENT_SUBSCRIPTION_MEMORY,
+                                       DEFAULT_MAX_SUBSCRIPTION_MEMORY, Subscription)
+        # The most names 200 bytes can refer to, and a usual mix.
+        crowded = " && ".join(f"{chr(97 + i)} == 1" for i in range(20))
+        usual = ('Group == "chat" && Name == "someone" && price > 10 && price < 1000 && '
+                 'region == "north" && begins-with(Title, "Q") && qty >= 5 && '
+                 'flags & 4 == 4 && size(Body) < 140 || Urgent == 1 || Rare == 2.5')
+        for text in (crowded, usual):
+            self.assertLessEqual(len(text), 200)
+            cost = subscription_cost(Subscription(text))
+            self.assertLessEqual(10_000 * cost, DEFAULT_MAX_CLIENT_SUBSCRIPTION_MEMORY, text)
+            self.assertLessEqual(10_000 * cost, DEFAULT_MAX_SUBSCRIPTION_MEMORY, text)

@@ -670,6 +670,8 @@ class ReloadMessageTests(unittest.TestCase):
                    "max-subscription-tokens": "99", "max-client-subscription-bytes": "12345",
                    "max-pattern-work": "4096", "max-evaluation-bytes": "8192",
                    "max-heavy-evaluation-bytes": "16384", "max-client-quenches": "17",
+                   "max-client-subscription-memory": "222222",
+                   "max-subscription-memory": "3333333",
                    "max-protocol-errors": "9", "protocol-error-window": "3.5",
                    "verbose": "yes", "max-queue-memory": "1000000",
                    "max-quench-memory": "2000000", "max-receive-memory": "3000000",
@@ -698,9 +700,11 @@ class ReloadMessageTests(unittest.TestCase):
                           router.protocol_error_window, router.verbose,
                           router.queue_budget.max_bytes, router.quench.max_bytes,
                           router.max_pattern_work, router.max_evaluation_bytes,
-                          router.max_client_quenches, router.max_heavy_evaluation_bytes),
+                          router.max_client_quenches, router.max_heavy_evaluation_bytes,
+                          router.max_client_subscription_memory,
+                          router.max_subscription_memory),
                          (7, 99, 12345, 9, 3.5, True, 1000000, 2000000, 4096, 8192, 17,
-                          16384))
+                          16384, 222222, 3333333))
         self.assertEqual(router.turn_slice.seconds, 0.012)
         self.assertEqual(router.new_options()["Send-Queue.Max-Length"], 4096)
         self.assertEqual((router.admission.budget.max_handshakes,
