@@ -113,10 +113,11 @@ ROUTER_SETTINGS = (
             "and a costlier SubModRqst are refused with Nack 2006 (`IMPL_LIMIT`). 10,000 "
             "subscriptions of 200 bytes fit. `0`: no limit. See docs/reliability.md."),
     Setting("max-subscription-memory", at_least(0), DEFAULT_MAX_SUBSCRIPTION_MEMORY,
-            "`1073741824`",
+            "`4294967296`",
             "Most memory all clients' subscriptions together may hold, estimated as for "
             "`max-client-subscription-memory`; past it SubAddRqst and a costlier "
-            "SubModRqst are refused with Nack 2006 (`IMPL_LIMIT`). `0`: no limit."),
+            "SubModRqst are refused with Nack 2006 (`IMPL_LIMIT`). `max-subscriptions` "
+            "(1,000,000) of the Java load generator's shape fit. `0`: no limit."),
     Setting("max-pattern-work", at_least(0), DEFAULT_MAX_PATTERN_WORK, "`33554432`",
             "Most string-matching work one client's subscriptions may do for one "
             "notification: for each `regex`/`wildcard` test run, its RE2 program's "

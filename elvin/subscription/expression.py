@@ -157,6 +157,12 @@ class Subscription:
             self._tree = None
         return self
 
+    @property
+    def shares_shape(self):
+        """Placed from its shape's recipe: the shape's tree and evaluator
+        are shared with every subscription of that shape."""
+        return self._recipe is not None
+
     def reads_strings(self):
         """Does evaluation scan strings (``regex``, ``wildcard``,
         ``contains``), at a cost that grows with their length? Such

@@ -1079,6 +1079,11 @@ class SubscriptionMemoryTests(RouterTestCase):
                 f' && region == "r{i % 9}" && begins-with(Title, "Q{i % 31}") && qty >= '
                 f'{i % 1000} && flags & 4 == 4 && size(Body) < {i % 500 + 100} || Urgent == 1'
                 for i in range(600)],
+            # The Java load generator's: a shape seen before (its recipe).
+            "111 bytes, shared shape": [
+                f's1{tag} == "sym-{i % 100:03d}" && s2 == "ex-{i % 10}" && i1 >= {i % 900} && '
+                f'i1 < {i % 900 + 50} && i2 >= {i % 800} && i2 < {i % 800 + 60} && '
+                f'r1 >= {i % 700}.25 && r1 < {i % 700 + 40}.75' for i in range(600)],
         }
         for shape, texts in shapes.items():
             held, counted = self.held_by(texts)
