@@ -175,7 +175,10 @@ ROUTER_SETTINGS = (
             "`0`: turns are never cut. See docs/reliability.md."),
     Setting("connect-timeout", duration(True), 30.0, "`30`",
             "Seconds a new channel may stay silent before sending ConnRqst or UNotify; "
-            "then it is closed. `0` disables. Not negative."),
+            "then it is closed. On an HTTP tunnel listener, the seconds a connection has "
+            "for the headers of its first request (then 408 and closed; any request "
+            "must be whole within 60 s, plus 1 s per KiB of it: docs/reliability.md). "
+            "`0` disables. Not negative."),
     Setting("client-keepalive", duration_up_to(MAX_KEEPALIVE), 120.0, "`120`",
             "Seconds a client's TCP or TLS connection may carry nothing either way "
             "before the router's kernel probes the client's host (TCP keepalive: 3 "
@@ -207,7 +210,7 @@ ROUTER_SETTINGS = (
             "Once a listener's connections reach 90% of their cap, its idle ones (no "
             "ConnRqst yet; HTTP with no request in progress) are closed after this many "
             "seconds, oldest first, instead of after `connect-timeout` or the HTTP idle "
-            "timeout; at the cap the oldest idle one is closed to admit a new connection "
+            "timeout (60 s between requests); at the cap the oldest idle one is closed to admit a new connection "
             "(docs/reliability.md). More than 0."),
     Setting("max-tls-handshakes", at_least(0), DEFAULT_MAX_HANDSHAKES, "`1024`",
             "Most connections in a TLS handshake at once, over every TLS listener "

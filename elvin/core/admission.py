@@ -151,6 +151,8 @@ class Pool:
         self.handshakes = {} if handshakes is None else handshakes
         #: Closed in their TLS handshake: for a newer one, or out of time.
         self.handshakes_closed = 0
+        #: HTTP connections closed with a request out of time.
+        self.requests_timed_out = 0
         self._last_report = None
         self._refused_reported = 0
         self._reaped_reported = 0
@@ -165,7 +167,8 @@ class Pool:
     def stats(self):
         return {"open": self.open, "cap": self.cap, "idle": len(self.idle),
                 "refused": self.refused, "closed_idle": self.reaped,
-                "closed_in_handshake": self.handshakes_closed}
+                "closed_in_handshake": self.handshakes_closed,
+                "closed_in_request": self.requests_timed_out}
 
 
 class ConnectionBudget:
@@ -308,5 +311,5 @@ class ConnectionBudget:
 
     def stats(self):
         """``{pool: {open, cap, idle, refused, closed_idle,
-        closed_in_handshake}}``."""
+        closed_in_handshake, closed_in_request}}``."""
         return {name: pool.stats() for name, pool in self.pools.items()}

@@ -894,6 +894,14 @@ class ClientSession:
             if type(packet) is packets.TestConn:
                 self._test_conn(packet)
             return
+        if getattr(packet, "xid", None) == 0:
+            # 7.4: "the value zero is reserved, and MUST NOT be used": a
+            # value that is incorrect, so a protocol error (7.3.3), Nacked
+            # (with the xid it came with) and counted; the session goes on.
+            self.protocol_error(0, errors.PROT_ERROR,
+                                f"{type(packet).__name__} with xid 0, which is reserved "
+                                "(client protocol 7.4)")
+            return
         if self.state == self.NEW:
             if type(packet) is packets.ConnRqst:
                 self._connect(packet)

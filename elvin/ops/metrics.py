@@ -153,7 +153,11 @@ class RouterCollector:
              "make room, or after crowded-idle-timeout in a crowded pool."),
             (CounterMetricFamily, "elvin_sockets_closed_in_handshake", "closed_in_handshake",
              "TLS connections closed before their handshake ended: beyond "
-             "max-tls-handshakes at once, or longer than tls-handshake-timeout."))
+             "max-tls-handshakes at once, or longer than tls-handshake-timeout."),
+            (CounterMetricFamily, "elvin_sockets_closed_in_request", "closed_in_request",
+             "HTTP connections closed with a request not complete in time (the first "
+             "request's headers within connect-timeout; any request within 60 s, "
+             "plus 1 s per KiB of it)."))
         for kind, name, key, text in families:
             family = kind(name, text, labels=["pool"])
             for pool, stats in pools.items():

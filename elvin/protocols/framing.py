@@ -246,6 +246,7 @@ class FramedProtocol(protocol.Protocol):
 
     def dataReceived(self, data):
         if self._stopped:
+            self.inputDiscarded(len(data))
             return
         self.bytes_in += len(data)
         if self._resume_call is not None or self._waiting_bytes:
@@ -436,6 +437,20 @@ class FramedProtocol(protocol.Protocol):
                 and not getattr(transport, "disconnecting", False):
             transport.resumeProducing()
 
+    def discard_input(self):
+        """From now on read what the peer sends and throw it away (a closing
+        channel): the unfinished frame and waiting input are dropped, and
+        reading resumes whatever paused it."""
+        self._stopped = True
+        self._drop_waiting()
+        self._clear()
+        self._account(0)
+        if self._read_pauses:
+            self._read_pauses = frozenset()
+            transport = self.transport
+            if self.reading_pausable and transport is not None:
+                transport.resumeProducing()
+
     @property
     def read_paused(self):
         """The reasons reading from the transport is paused now."""
@@ -508,6 +523,10 @@ class FramedProtocol(protocol.Protocol):
         bytes of an unfinished frame, is among those holding the most (its
         frame is dropped and the event logged already): reset."""
         self.transport.abortConnection()
+
+    def inputDiscarded(self, size):
+        """``size`` bytes were read after input stopped being handled (a
+        violation, a closing channel) and thrown away (override)."""
 
     def frameIncomplete(self, buffered):
         """The connection closed with ``buffered`` bytes of an unfinished

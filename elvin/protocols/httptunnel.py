@@ -70,7 +70,8 @@ from elvin.protocols.gate import AdmittedHTTPChannel
 from elvin.protocols.framing import peer_text, receive_budget_of
 from elvin.protocols.server import ElvinServerProtocol
 
-__all__ = ["ElvinHTTPSite", "TunnelTransport", "TunnelServerProtocol", "tunnel_protocol",
+__all__ = ["ElvinHTTPSite", "TunnelTransport", "TunnelServerProtocol", "TunnelHTTPChannel",
+           "tunnel_protocol", "REQUEST_TIMEOUT", "REQUEST_MIN_RATE",
            "SESSION_PATH", "STREAM", "POLL",
            "DEFAULT_SESSION_TIMEOUT", "DEFAULT_POLL_TIMEOUT"]
 
@@ -388,6 +389,110 @@ class _LimitedRequest(server.Request):
         self.channel.transport.abortConnection()
 
 
+#: Seconds an HTTP request has to arrive whole (headers and body), from its
+#: first byte (the first request's: from the accept), plus one for every
+#: REQUEST_MIN_RATE bytes of it received: a slow link sending a big POST
+#: is not cut off, a client trickling bytes to hold a connection is (as
+#: Apache's mod_reqtimeout does; twisted.web's idle timer restarts on
+#: every byte). The first request's headers have ``connect-timeout``.
+REQUEST_TIMEOUT = 60.0
+REQUEST_MIN_RATE = 1024
+
+
+class TunnelHTTPChannel(AdmittedHTTPChannel):
+    """The HTTP connection of a tunnel listener, with a deadline for every
+    request (``REQUEST_TIMEOUT``) and for the first request's headers (the
+    router's ``connect-timeout``, the time a TCP channel has to send
+    ConnRqst). A request out of time gets 408 and the connection closes;
+    logged and counted (``closed_in_request`` of its admission pool)."""
+
+    #: When the request being received began (the clock's seconds), and
+    #: its bytes so far; None between requests.
+    _began = None
+    _request_bytes = 0
+    _headers_done = False
+    _first = True
+    _deadline = None
+
+    def connectionMade(self):
+        super().connectionMade()
+        self._begin()
+
+    def _begin(self):
+        self._began = self.site.clock.seconds()
+        self._request_bytes = 0
+        self._headers_done = False
+        self._arm(self._next_check(0.0))
+
+    def _arm(self, delay):
+        self._deadline = self.site.clock.callLater(delay, self._check)
+
+    def _headers_limit(self):
+        """Seconds the first request's headers have (0: no such limit)."""
+        return self.site.elvin_factory.connect_timeout if self._first else 0
+
+    def _next_check(self, elapsed):
+        """Seconds from now until a limit may be reached."""
+        limit = REQUEST_TIMEOUT + self._request_bytes / REQUEST_MIN_RATE
+        headers = self._headers_limit()
+        if headers and not self._headers_done:
+            limit = min(limit, headers)
+        return max(limit - elapsed, 0.0)
+
+    def _check(self):
+        self._deadline = None
+        if self._began is None or self.transport is None:
+            return
+        elapsed = self.site.clock.seconds() - self._began
+        wait = self._next_check(elapsed)
+        if wait > 0:
+            self._arm(wait)
+            return
+        headers = self._headers_limit()
+        if headers and not self._headers_done:
+            why = (f"its first request's headers were not complete within connect-timeout "
+                   f"({headers:g} s)")
+        else:
+            why = (f"a request was not complete after {elapsed:.0f} s ({self._request_bytes} "
+                   f"bytes so far; it had {REQUEST_TIMEOUT:g} s, and 1 s more for every "
+                   f"{REQUEST_MIN_RATE} bytes)")
+        TunnelTransport.log.info("closing HTTP connection from {peer}: {why}",
+                                 peer=peer_text(self.transport), why=why)
+        ticket = self.admission
+        if ticket is not None:
+            ticket.pool.requests_timed_out += 1
+        self._began = None
+        self.transport.write(b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n"
+                             b"Content-Length: 0\r\n\r\n")
+        self.transport.loseConnection()
+
+    def _stop(self):
+        self._began = None
+        call, self._deadline = self._deadline, None
+        if call is not None and call.active():
+            call.cancel()
+
+    def dataReceived(self, data):
+        if self._began is None and not self._handlingRequest:
+            self._begin()          # a request's first byte
+        if self._began is not None:
+            self._request_bytes += len(data)
+        super().dataReceived(data)
+
+    def allHeadersReceived(self):
+        self._headers_done = True
+        super().allHeadersReceived()
+
+    def allContentReceived(self):
+        self._stop()
+        self._first = False
+        super().allContentReceived()
+
+    def connectionLost(self, reason):
+        self._stop()
+        super().connectionLost(reason)
+
+
 class SessionResource(resource.Resource):
     """``/elvin/session`` and ``/elvin/session/<id>``."""
 
@@ -500,8 +605,9 @@ class ElvinHTTPSite(server.Site):
     displayTracebacks = False
     noisy = False
     requestFactory = _LimitedRequest
-    #: Tells the connection budget which connections serve a request.
-    protocol = AdmittedHTTPChannel
+    #: Tells the connection budget which connections serve a request, and
+    #: gives each request a deadline.
+    protocol = TunnelHTTPChannel
 
     def __init__(self, factory, session_timeout=DEFAULT_SESSION_TIMEOUT,
                  poll_timeout=DEFAULT_POLL_TIMEOUT, clock=None, max_sessions=None,

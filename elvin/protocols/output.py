@@ -8,6 +8,16 @@ paused, and frames wait in a bounded ``SendQueue`` (whose drop policy
 applies) until it is resumed. A close waits for the queue to empty; the
 producer is unregistered before the transport is closed, which TLS needs
 to finish its close.
+
+A graceful close over plain TCP lingers, as servers close: the channel
+keeps reading what the peer sends and throws it away (never acting on
+it), shuts down its sending side once everything is written (the peer
+reads to the end, then sees end of file), and closes when the peer
+closes, or when its owner's linger runs out. Closing a socket with
+unread input makes the kernel send a reset, and the peer's kernel then
+throws away what it had received and the peer not yet read. (TLS
+already waits for the peer's close_notify; the HTTP tunnel has its own
+transport.)
 """
 
 import math
@@ -15,13 +25,18 @@ import socket
 import struct
 
 from twisted.internet import tcp
-from twisted.internet.interfaces import IPushProducer
-from zope.interface import implementer
+from twisted.internet.interfaces import IHalfCloseableProtocol, IPushProducer
+from zope.interface import alsoProvides, implementer
 
 from elvin.protocols.framing import FramedProtocol
 from elvin.core.sendqueue import QueueOverflow
 
-__all__ = ["QueuedFramedProtocol", "tcp_transport", "unsent_bytes", "unsent_frames"]
+__all__ = ["QueuedFramedProtocol", "tcp_transport", "unsent_bytes", "unsent_frames",
+           "CLOSING_MAX_DISCARD"]
+
+#: Most bytes a closing channel reads and throws away before it is closed
+#: at once (``discardedTooMuch``), and the most ``_release`` reads.
+CLOSING_MAX_DISCARD = 4 << 20
 
 
 def unsent_bytes(transport):
@@ -89,7 +104,7 @@ def _release(sock):
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 0, 0))
         sock.setblocking(False)
-        for _ in range(64):          # at most 4 MiB read and discarded
+        for _ in range(CLOSING_MAX_DISCARD >> 16):    # read and discarded
             if not sock.recv(65536):
                 break
     except OSError:
@@ -281,9 +296,61 @@ class QueuedFramedProtocol(FramedProtocol):
             self._registered = False
             self.transport.unregisterProducer()
 
+    #: Whether a graceful close over plain TCP lingers (see the module's
+    #: docstring); the owner bounds the linger (``lingerWritten``).
+    lingering_close = False
+    #: True once a lingering close has begun.
+    lingering = False
+
     def _hang_up(self):
         self._unregister()
-        self.transport.loseConnection()
+        transport = self.transport
+        if self.lingering_close and isinstance(transport, tcp.Connection) \
+                and not transport.disconnecting:
+            self._linger_close(transport)
+        else:
+            transport.loseConnection()
+
+    def _linger_close(self, transport):
+        """Shut our sending side once what the transport holds is written,
+        reading (and discarding) the peer's input until it closes."""
+        self.lingering = True
+        self.discard_input()
+        # Told when our side is shut and when the peer's is (Twisted asks
+        # the protocol, not its class: only a lingering channel is told).
+        alsoProvides(self, IHalfCloseableProtocol)
+        transport.loseWriteConnection()
+
+    def writeConnectionLost(self):
+        """(IHalfCloseableProtocol, lingering) Everything was written and
+        our side shut down: the peer reads to the end, then sees end of file."""
+        self.lingerWritten()
+
+    def readConnectionLost(self):
+        """(IHalfCloseableProtocol, lingering) The peer closed its side:
+        close (at once if ours is shut; else once written)."""
+        if self.transport is not None:
+            self.transport.loseConnection()
+
+    def lingerWritten(self):
+        """A lingering close wrote everything and shut our side; the peer
+        has not closed yet (override, to bound how long it may take)."""
+
+    _discarded = 0
+
+    def inputDiscarded(self, size):
+        """A closing channel throws away what it reads, up to
+        CLOSING_MAX_DISCARD bytes: then ``discardedTooMuch``, once."""
+        if not self.closing or self._discarded > CLOSING_MAX_DISCARD:
+            return
+        self._discarded += size
+        if self._discarded > CLOSING_MAX_DISCARD:
+            self.discardedTooMuch()
+
+    def discardedTooMuch(self):
+        """The peer sent over CLOSING_MAX_DISCARD bytes while the channel
+        closed: close at once, keeping what was sent (override)."""
+        self.resetKeepingSent()
 
     # -- IPushProducer -------------------------------------------------------
 

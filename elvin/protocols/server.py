@@ -16,7 +16,8 @@ from twisted.logger import Logger
 from elvin.protocols import packets
 from elvin.protocols.framing import peer_text
 from elvin.protocols.keepalive import set_keepalive
-from elvin.protocols.output import QueuedFramedProtocol, unsent_bytes, unsent_frames
+from elvin.protocols.output import (CLOSING_MAX_DISCARD, QueuedFramedProtocol, unsent_bytes,
+                                    unsent_frames)
 from elvin.protocols.xdr import BadUTF8Error, DecodeError
 from elvin.core.router import (CLIENT_PACKET_IDS, QUEUE_MEMORY_FULL, SEND_QUEUE_FULL,
                                SessionOutput, SessionState)
@@ -57,6 +58,11 @@ _HTTP_METHODS = frozenset((b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI",
 
 class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
     log = Logger()
+
+    #: A graceful close over plain TCP reads and discards the client's
+    #: input until it closes, CLOSE_LINGER seconds at most after everything
+    #: was written (``lingerWritten``), so that closing never resets it.
+    lingering_close = True
 
     #: The connection's ticket in the router's connection budget, when a
     #: listener's gate admitted it (elvin.protocols.gate); None in a tunnel.
@@ -108,7 +114,9 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
         self._timeout = None
         if self.session.state == self.session.NEW:
             self.log.info("closing silent channel from {peer}", peer=self.peer)
-            self.transport.loseConnection()
+            self._stopped = True
+            self.close()
+            self._linger_for("being closed for silence")
 
     def _cancel_timeout(self):
         if self._timeout is not None and self._timeout.active():
@@ -252,25 +260,44 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
         self.shutOut(last)
         self._linger_for("being disconnected for not reading")
 
+    def lingerWritten(self):
+        """A graceful close wrote everything and sent end of file: the client
+        has CLOSE_LINGER seconds to close its end (unless a linger runs
+        already), its input read and discarded meanwhile."""
+        self._linger_for("being closed")
+
     def _linger_for(self, why):
         if self.transport is not None and self._linger is None:
             self._linger = self.factory.clock.callLater(CLOSE_LINGER, self._linger_over, why)
 
-    def _linger_over(self, why):
-        """The close took too long: what the transport still holds is
-        counted (``_count_unsent``) and the channel closed at once (over
-        TCP and TLS without a reset, so what the kernel holds still reaches
-        a client that reads later)."""
+    def _linger_over(self, why, cause=None):
+        """The close took too long (or ``cause``): what the transport still
+        holds is counted (``_count_unsent``) and the channel closed at once
+        (over TCP and TLS without a reset, so what the kernel holds still
+        reaches a client that reads later)."""
+        if self._linger is not None and self._linger.active():
+            self._linger.cancel()
         self._linger = None
         if self.transport is None:
             return
+        if cause is None:
+            # All written and our side shut: the client read it, or the
+            # kernel holds it for the client; only its close is missing.
+            undone = ("close its end" if self.lingering and not unsent_bytes(self.transport)
+                      else "read what it was sent")
+            cause = f"it did not {undone} within {CLOSE_LINGER:g} s of {why}"
         unsent, lost = self._count_unsent()
-        self.log.info("closing channel from {peer} at once: it did not read what it was "
-                      "sent within {s:g} s of {why}{unsent}", peer=self.peer,
-                      s=CLOSE_LINGER, why=why,
+        self.log.info("closing channel from {peer} at once: {cause}{unsent}", peer=self.peer,
+                      cause=cause, why=why,
                       unsent="" if not unsent else
                       f"; {unsent} bytes left unwritten, counted as {lost} dropped deliveries")
         self.resetKeepingSent()
+
+    def discardedTooMuch(self):
+        """The client sent over CLOSING_MAX_DISCARD bytes while its channel
+        closed: closed at once, as when the linger runs out."""
+        self._linger_over("being closed", f"it sent over {CLOSING_MAX_DISCARD} bytes "
+                                          "while being closed")
 
     def queueOverflowed(self, error):
         self.log.warn("disconnecting slow client {peer}: {reason}",

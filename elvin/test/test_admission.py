@@ -298,7 +298,8 @@ class GateTests(unittest.TestCase):
         self.accept()
         sockets = snapshot(self.router)["totals"]["sockets"]
         self.assertEqual(sockets[CLIENT], {"open": 5, "cap": 5, "idle": 0, "refused": 1,
-                                           "closed_idle": 0, "closed_in_handshake": 0})
+                                           "closed_idle": 0, "closed_in_handshake": 0,
+                                           "closed_in_request": 0})
         text = generate_latest(registry_for(lambda: snapshot(self.router)))
         self.assertIn(b'elvin_sockets_refused_total{pool="client"} 1.0', text)
         self.assertIn(b'elvin_sockets_open{pool="client"} 5.0', text)

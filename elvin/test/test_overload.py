@@ -24,7 +24,7 @@ import socket
 import struct
 import tracemalloc
 
-from twisted.internet import defer, endpoints, protocol, reactor, task
+from twisted.internet import defer, endpoints, error, protocol, reactor, task
 from twisted.trial import unittest
 
 from elvin import client, errors
@@ -427,6 +427,74 @@ class SlowConsumerTests(LiveFixture):
         (server,) = self.factory.max_queue
         self.assertLessEqual(self.factory.max_queue[server], REPLY_SLACK * 1024)
         yield done
+
+    @defer.inlineCallbacks
+    def test_disconnected_client_still_sending_reads_to_the_end(self):
+        """A slow client disconnected under policy none that keeps sending
+        is not reset: the router reads and discards its input while it
+        closes, so the client reads every delivery written, the DropWarn
+        and the Disconn, then end of file; read and counted make all."""
+        self.patch(server_module, "CLOSE_LINGER", 2.0)
+        raw = _RawClient({"Send-Queue.Max-Length": self.LIMIT,
+                          "Send-Queue.Drop-Policy": DropPolicy.NONE.value})
+        yield endpoints.TCP4ClientEndpoint(reactor, "127.0.0.1", self.ports[0].getHost().port
+                                           ).connect(protocol.Factory.forProtocol(lambda: raw))
+        yield wait_until(lambda: len(raw.got) == 2)
+        (server,) = [s.output for s in self.router.sessions]
+        raw.transport.pauseProducing()
+        producer = yield self.connect()
+        for n in range(1000):
+            producer.notify({"n": n, "pad": "x" * 1000})
+        yield producer.test_connection()
+        self.assertIn(server.session.state, (server.session.CLOSING, server.session.CLOSED))
+        # The client goes on sending after the router closed it: input
+        # the router never reads would make closing the socket a reset.
+        emit = frame(packets.encode(packets.NotifyEmit({"chat": "y" * 500}, True)))
+        raw.transport.write(emit * 40)
+        yield task.deferLater(reactor, 0.1, lambda: None)
+        raw.transport.resumeProducing()
+        reason = yield raw.ended
+        self.assertIsInstance(reason, error.ConnectionDone)
+        self.assertIsInstance(raw.got[-1], packets.Disconn)
+        self.assertEqual(raw.got[-1].reason, 4)
+        self.assertEqual(raw.kinds(packets.DropWarn), 1)
+        made = self.router.stats["deliveries"]     # to it, until it was shed
+        self.assertGreater(server.session.dropped, 0)
+        self.assertEqual(raw.kinds(packets.NotifyDeliver) + server.session.dropped, made)
+
+
+class _RawClient(protocol.Protocol):
+    """A client speaking raw frames: logs in with ``options``, subscribes to
+    ``require(n)``, and collects every packet it reads; ``ended`` fires
+    with how the connection ended (its exception)."""
+
+    def __init__(self, options):
+        self.options = options
+        self.buffer = b""
+        self.got = []
+        self.ended = defer.Deferred()
+
+    def connectionMade(self):
+        self.transport.getHandle().setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        options = {name: spec.default for name, spec in OPTIONS.items()}
+        options.update(self.options)
+        self.transport.write(frame(packets.encode(packets.ConnRqst(1, 4, 0, options)))
+                             + frame(packets.encode(packets.SubAddRqst(2, "require(n)", True))))
+
+    def dataReceived(self, data):
+        self.buffer += data
+        while len(self.buffer) >= 4:
+            length = struct.unpack_from(">I", self.buffer)[0]
+            if len(self.buffer) < 4 + length:
+                break
+            self.got.append(packets.decode(self.buffer[4:4 + length]))
+            self.buffer = self.buffer[4 + length:]
+
+    def kinds(self, kind):
+        return sum(isinstance(p, kind) for p in self.got)
+
+    def connectionLost(self, reason):
+        self.ended.callback(reason.value)
 
 
 class _Flooder(protocol.Protocol):

@@ -222,6 +222,16 @@ class ProxyCoreTest(ProxyCoreCase):
         self.assertEqual(caught.exception.code, errors.PARSE_ERROR)
         self.assertEqual(self.core.subscriptions, {})
 
+    def test_xid_zero_is_nacked_as_the_router_nacks_it(self):
+        client, out = self.connect()
+        out.take()
+        self.request(client, elvin_packets.SubAddRqst(0, "require(a)", True,
+                                                      elvin_packets.Keys.EMPTY))
+        (nack,) = out.take()
+        self.assertEqual((type(nack), nack.xid, nack.error),
+                         (elvin_packets.Nack, 0, errors.PROT_ERROR))
+        self.assertEqual(self.core.subscriptions, {})
+
     def test_notifications_go_upstream_with_connection_keys(self):
         secret = b"producer secret"
         subscriber = self.upstream.router.open_session(RecordingOutput(), "s")

@@ -396,6 +396,29 @@ class SubscriptionTests(RouterTestCase):
         self.assertEqual(packets[-1].reason, 4)
         self.assertTrue(out.closed)
 
+    def test_xid_zero_is_a_protocol_error(self):
+        """Zero is a reserved xid (7.4): a request using it, before ConnRqst
+        or after, is Nacked 1001 (PROT_ERROR, answering xid 0) and not
+        carried out; it counts toward max-protocol-errors."""
+        out = RecordingOutput()
+        session = self.router.open_session(out, "test")
+        session.packet_received(elvin_packets.ConnRqst(0, 4, 0, {}, elvin_packets.Keys.EMPTY,
+                                                       elvin_packets.Keys.EMPTY))
+        (nack,) = out.take()
+        self.assertEqual((type(nack), nack.xid, nack.error),
+                         (elvin_packets.Nack, 0, errors.PROT_ERROR))
+        self.assertIn("xid 0", nack.message)
+        self.assertEqual(session.state, session.NEW)
+        session, out = self.connect()
+        session.packet_received(elvin_packets.SubAddRqst(0, "require(a)", True,
+                                                         elvin_packets.Keys.EMPTY))
+        (nack,) = out.take()
+        self.assertEqual((type(nack), nack.xid, nack.error),
+                         (elvin_packets.Nack, 0, errors.PROT_ERROR))
+        self.assertEqual(session.subscriptions, {})
+        self.assertEqual(len(session.protocol_errors), 1)
+        self.assertIsInstance(self.subscribe(session, out, "require(a)"), elvin_packets.SubRply)
+
     def test_refused_requests_never_disconnect(self):
         """A long-lived client relaying user-typed subscriptions collects
         2xxx Nacks without end and keeps its session."""

@@ -7,6 +7,7 @@ not count). bench/transport_attacks.py measures the same on a real router.
 """
 
 import struct
+from types import SimpleNamespace
 
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
@@ -96,3 +97,79 @@ class TunnelAdmissionTests(unittest.TestCase):
         code, _ = self.post(CONNRQST + bytes(1 << 20))
         self.assertEqual(opened, [])
         self.assertEqual(code, http.CREATED)
+
+
+class RequestDeadlineTests(unittest.TestCase):
+    """Every HTTP request must arrive whole in time: the first request's
+    headers within connect-timeout of the accept, any request within
+    REQUEST_TIMEOUT of its first byte plus 1 s per REQUEST_MIN_RATE bytes
+    of it (twisted.web's idle timer restarts on every byte)."""
+
+    def setUp(self):
+        self.clock = Clock()
+        self.router = Router()
+        self.site = ElvinHTTPSite(ElvinServerFactory(self.router, self.clock,
+                                                     connect_timeout=30), clock=self.clock)
+        self.site.timeOut = None
+        self.addCleanup(self.site.close_all)
+        self.channel = self.site.buildProtocol(None)
+        self.pool = SimpleNamespace(requests_timed_out=0)
+        self.channel.admission = SimpleNamespace(pool=self.pool, busy=lambda: None,
+                                                 idle=lambda: None)
+        self.transport = StringTransport()
+        self.channel.makeConnection(self.transport)
+
+    def trickle(self, data, seconds_per_byte=1.0):
+        for i in range(len(data)):
+            self.channel.dataReceived(data[i:i + 1])
+            self.clock.advance(seconds_per_byte)
+
+    def assertTimedOut(self):
+        self.assertTrue(self.transport.value().startswith(b"HTTP/1.1 408 "))
+        self.assertTrue(self.transport.disconnecting)
+        self.assertEqual(self.pool.requests_timed_out, 1)
+
+    def assertOpen(self):
+        self.assertFalse(self.transport.disconnecting)
+        self.assertEqual(self.pool.requests_timed_out, 0)
+
+    def test_first_request_headers_trickled_are_cut_at_connect_timeout(self):
+        self.trickle(b"POST /elvin/session HTTP/1.1\r\n"[:29])
+        self.assertOpen()                       # 29 s
+        self.trickle(b"H")
+        self.assertTimedOut()                   # 30 s
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_body_trickled_is_cut_after_the_request_timeout(self):
+        self.channel.dataReceived(b"POST /elvin/session HTTP/1.1\r\nHost: x\r\n"
+                                  b"Content-Length: 1000\r\n\r\n")
+        self.trickle(b"x" * 59)
+        self.assertOpen()
+        self.clock.advance(1)                  # 60 s, and 100 bytes buy 0.1 s more
+        self.assertOpen()
+        self.clock.advance(0.2)
+        self.assertTimedOut()
+
+    def test_a_slow_link_sending_a_big_body_is_not_cut(self):
+        body = CONNRQST + b"\0" * (200 << 10)
+        self.channel.dataReceived(b"POST /elvin/session HTTP/1.1\r\nHost: x\r\n"
+                                  b"Content-Length: %d\r\n\r\n" % len(body))
+        for n in range(0, len(body), 20 << 10):    # 20 KiB every 10 s: 2 KiB/s
+            self.channel.dataReceived(body[n:n + (20 << 10)])
+            self.clock.advance(10)
+        self.assertOpen()
+        self.assertIn(b" 201 ", self.transport.value().split(b"\r\n")[0] + b" ")
+        # Between requests no deadline runs.
+        self.clock.advance(3600)
+        self.assertOpen()
+
+    def test_later_requests_have_the_request_timeout_only(self):
+        self.channel.dataReceived(b"POST /elvin/session HTTP/1.1\r\nHost: x\r\n"
+                                  b"Content-Length: 0\r\n\r\n")
+        self.clock.advance(100)
+        self.transport.clear()
+        request = b"GET /elvin/session/x HTTP/1.1\r\nHost: x\r\nUser-Agent: slow\r\n" * 2
+        self.trickle(request[:59])
+        self.assertOpen()                       # past connect-timeout
+        self.clock.advance(2)
+        self.assertTimedOut()
