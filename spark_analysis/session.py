@@ -7,7 +7,8 @@ import tempfile
 
 __all__ = ["get_session", "pyspark_available", "local_test_session", "is_local_master",
            "local_settings", "common_settings", "quiet_jvm_options", "jvm_stderr_to",
-           "QUICK_JIT_RECORDS", "ClassArchive", "test_jvm_options"]
+           "QUICK_JIT_RECORDS", "ClassArchive", "test_jvm_options", "NO_VERIFY_OPTIONS",
+           "java_path", "java_accepts", "no_verify_options"]
 
 
 def pyspark_available():
@@ -147,14 +148,59 @@ def jvm_stderr_to(path):
     return _stderr_to(path)
 
 
+# Verifying the bytecode of every class a new JVM loads from Spark's jars
+# is a good part of its start and of its first queries: a test JVM's
+# session and first pipeline run (the hand-made traces, Spark's engine)
+# took 31.0-32.1 s of the JVM's CPU with verification off and 36.7-38.6 s
+# with it on (alternating runs, load 4-10). The tests' JVMs run only the
+# jars pyspark installed; the option is HotSpot's, and diagnostic, so it
+# is only given to a JVM that starts with it (``no_verify_options``).
+NO_VERIFY_OPTIONS = "-XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote"
+
+
+def java_path():
+    """The ``java`` a Spark started here runs: ``$JAVA_HOME/bin/java``, else
+    the PATH's (None if there is neither)."""
+    import shutil
+    java_home = os.environ.get("JAVA_HOME")
+    return os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+
+
+_accepted = {}
+
+
+def java_accepts(options):
+    """True if ``java_path()`` starts with ``options`` (``-version``; asked
+    once a process for each java and options)."""
+    import subprocess
+    java = java_path()
+    key = (java, options)
+    if key not in _accepted:
+        try:
+            done = subprocess.run([java, *options.split(), "-version"], stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                  timeout=60)
+            _accepted[key] = done.returncode == 0
+        except (OSError, TypeError, subprocess.TimeoutExpired):
+            _accepted[key] = False
+    return _accepted[key]
+
+
+def no_verify_options():
+    """NO_VERIFY_OPTIONS where the JVM takes them, else "" (for the tests' JVMs)."""
+    return NO_VERIFY_OPTIONS if java_accepts(NO_VERIFY_OPTIONS) else ""
+
+
 def test_jvm_options():
     """The JVM options of ``local_test_session`` (without the class archive's)."""
-    # the quick JIT tier only, and the simplest GC; quiet logs. With the quick
+    # the quick JIT tier only, and the simplest GC; quiet logs; no bytecode
+    # verification (NO_VERIFY_OPTIONS). With the quick
     # tier alone the JVM reserves 48 MB for compiled code, which the suite's
     # Spark tests fill within a minute of one process's work ("CodeCache is
     # full. Compiler has been disabled"): every later query then runs
     # interpreted, for nearly twice the CPU. 240 MB is the tiered JVM's default.
     java = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=240m"
+    java = f"{java} {no_verify_options()}".strip()
     quiet = os.path.join(os.path.dirname(os.path.abspath(__file__)), "log4j2-quiet.properties")
     if os.path.exists(quiet):
         java += f" -Dlog4j2.configurationFile={quiet}"
@@ -231,10 +277,8 @@ class ClassArchive:
     def key(java_options):
         """A digest of what the archive depends on."""
         import hashlib
-        import shutil
         import pyspark
-        java_home = os.environ.get("JAVA_HOME")
-        java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
+        java = java_path()
         if not java:
             raise ValueError("no java")
         java = os.path.realpath(java)

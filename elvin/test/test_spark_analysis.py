@@ -1101,6 +1101,39 @@ class ByteUnitTests(unittest.SynchronousTestCase):
         self.assertEqual(_byte_unit(12_000_000), ("MB", 1_000_000))
 
 
+class TightBoxTests(unittest.SynchronousTestCase):
+    """A chart is saved with the box "tight" would find, taken from the draw
+    already made (report._tight_box): the same PNG, byte for byte."""
+
+    def figure(self, **kwargs):
+        from spark_analysis import report
+        plt = report._plt()
+        fig, ax = plt.subplots(figsize=(6, 2.5), **kwargs)
+        self.addCleanup(plt.close, fig)
+        ax.plot([1, 2, 3], [10, 30000, 20])
+        ax.set_title("a title that reaches past the axes on the right side")
+        ax.set_ylabel("notifications/s")
+        fig.canvas.draw()
+        return fig
+
+    def png(self, fig, box):
+        out = io.BytesIO()
+        fig.savefig(out, dpi=100, bbox_inches=box, format="png")
+        return out.getvalue()
+
+    def test_the_same_png_as_tight(self):
+        from spark_analysis import report
+        fig = self.figure()
+        box = report._tight_box(fig, 100)
+        self.assertNotEqual(box, "tight")
+        self.assertEqual(self.png(fig, box), self.png(fig, "tight"))
+
+    def test_tight_where_the_draw_would_differ(self):
+        from spark_analysis import report
+        self.assertEqual(report._tight_box(self.figure(dpi=72), 100), "tight")
+        self.assertEqual(report._tight_box(self.figure(layout="constrained"), 100), "tight")
+
+
 class ChartWorkerTests(unittest.SynchronousTestCase):
     """Some charts are drawn by a second process meanwhile: the report is
     the same, byte for byte, as one whose charts are all drawn in the

@@ -51,15 +51,24 @@ DAEMON_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def fast_conf():
-    """FAST, the driver mapping the test sessions' class archive when there
-    is one (session.ClassArchive: the driver is started as they are, by
-    spark-submit, and loads the same classes)."""
-    from spark_analysis.session import ClassArchive, test_jvm_options
+    """FAST, every JVM without bytecode verification where it takes that
+    (session.no_verify_options), the driver mapping the test sessions'
+    class archive when there is one (session.ClassArchive: the driver is
+    started as they are, by spark-submit, and loads the same classes)."""
+    from spark_analysis.session import ClassArchive, no_verify_options, test_jvm_options
     conf = dict(FAST)
+    for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+        conf[key] = f"{conf[key]} {no_verify_options()}".strip()
     mapped = ClassArchive(test_jvm_options()).map_options()
     if mapped:
         conf["spark.driver.extraJavaOptions"] += f" {mapped}"
     return conf
+
+
+def daemon_java_options():
+    """DAEMON_JAVA_OPTIONS, without bytecode verification where the JVM takes that."""
+    from spark_analysis.session import no_verify_options
+    return f"{DAEMON_JAVA_OPTIONS} {no_verify_options()}".strip()
 
 
 def load_bench():
@@ -131,7 +140,7 @@ class StandaloneClusterTests(unittest.TestCase):
             bench.run_cluster_check, traces=traces, workdir=cluster_dir, port=0, conf=fast_conf(),
             start_timeout=90, run_timeout=240, deadline=self.timeout - 90, log=log,
             analysis_args=["--latency-sample", "2", "--no-report"], only=("local", "module"),
-            workers=1, reference=reference, daemon_java_options=DAEMON_JAVA_OPTIONS)
+            workers=1, reference=reference, daemon_java_options=daemon_java_options())
 
         def check(result):
             report = "\n".join(bench.summary(result)) + "\n--- progress:\n" + log.getvalue()
@@ -175,3 +184,19 @@ class DaemonOptionsTests(unittest.SynchronousTestCase):
         # none given: whatever the caller's environment says
         self.assertEqual(bench.Cluster(work, port=0).env().get("SPARK_DAEMON_JAVA_OPTS"),
                          os.environ.get("SPARK_DAEMON_JAVA_OPTS"))
+
+    def test_no_bytecode_verification_where_the_jvm_takes_it(self):
+        """Every JVM of the cluster test (master, worker, driver, executor)
+        is started as the test sessions' are (session.no_verify_options)."""
+        from spark_analysis import session
+        self.patch(session, "java_accepts", lambda options: True)
+        conf = fast_conf()
+        for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+            self.assertIn(session.NO_VERIFY_OPTIONS, conf[key])
+            self.assertIn("-XX:TieredStopAtLevel=1", conf[key])
+        self.assertEqual(daemon_java_options(),
+                         f"{DAEMON_JAVA_OPTIONS} {session.NO_VERIFY_OPTIONS}")
+        self.patch(session, "java_accepts", lambda options: False)
+        self.assertEqual(daemon_java_options(), DAEMON_JAVA_OPTIONS)
+        self.assertEqual(fast_conf()["spark.executor.extraJavaOptions"],
+                         FAST["spark.executor.extraJavaOptions"])

@@ -659,6 +659,64 @@ class QuickJitTests(unittest.SynchronousTestCase):
         self.assertFalse(_small_run(args, big, None, None))
 
 
+class NoVerifyTests(unittest.SynchronousTestCase):
+    """The tests' JVMs skip bytecode verification where the JVM takes the
+    option (session.no_verify_options), and start without it where not."""
+
+    def fake_java(self, refuses):
+        """A JAVA_HOME whose java exits 1 when given ``refuses``, else 0,
+        writing each call's arguments to a file (returned)."""
+        home = tempfile.mkdtemp(prefix="elvin-fake-java-")
+        self.addCleanup(shutil.rmtree, home, True)
+        os.makedirs(os.path.join(home, "bin"))
+        calls = os.path.join(home, "calls")
+        java = os.path.join(home, "bin", "java")
+        with open(java, "w") as f:
+            f.write(f'#!/bin/sh\necho "$*" >> {calls}\n'
+                    f'case " $* " in *" {refuses} "*) exit 1;; esac\nexit 0\n')
+        os.chmod(java, 0o755)
+        from spark_analysis import session
+        self.patch(os, "environ", dict(os.environ, JAVA_HOME=home))
+        self.patch(session, "_accepted", {})
+        return calls
+
+    def test_asked_once_of_the_jvm(self):
+        from spark_analysis import session
+        calls = self.fake_java("-XX:-BytecodeVerificationRemote")
+        self.assertFalse(session.java_accepts(session.NO_VERIFY_OPTIONS))
+        self.assertFalse(session.java_accepts(session.NO_VERIFY_OPTIONS))
+        self.assertTrue(session.java_accepts("-XX:+UseSerialGC"))
+        with open(calls) as f:
+            self.assertEqual(f.read().splitlines(),
+                             [f"{session.NO_VERIFY_OPTIONS} -version", "-XX:+UseSerialGC -version"])
+        self.assertEqual(session.no_verify_options(), "")
+        self.assertNotIn("Verification", session.test_jvm_options())
+
+    def test_given_where_the_jvm_takes_it(self):
+        from spark_analysis import session
+        self.fake_java("-XX:-NoSuchOption")
+        self.assertEqual(session.no_verify_options(), session.NO_VERIFY_OPTIONS)
+        self.assertIn(session.NO_VERIFY_OPTIONS, session.test_jvm_options())
+
+    def test_no_java(self):
+        from spark_analysis import session
+        empty = tempfile.mkdtemp(prefix="elvin-no-java-")
+        self.addCleanup(shutil.rmtree, empty, True)
+        self.patch(os, "environ", {**{k: v for k, v in os.environ.items() if k != "JAVA_HOME"},
+                                   "PATH": empty})
+        self.patch(session, "_accepted", {})
+        self.assertFalse(session.java_accepts(session.NO_VERIFY_OPTIONS))
+
+    def test_the_test_session_runs_without(self):
+        from spark_analysis import session
+        spark = spark_session()
+        if not session.java_accepts(session.NO_VERIFY_OPTIONS):
+            raise unittest.SkipTest("this JVM does not take " + session.NO_VERIFY_OPTIONS)
+        arguments = list(spark._jvm.java.lang.management.ManagementFactory
+                         .getRuntimeMXBean().getInputArguments())
+        self.assertIn("-XX:-BytecodeVerificationRemote", arguments)
+
+
 class ClassArchiveTests(unittest.SynchronousTestCase):
     """The test sessions' class-data-sharing archive (session.ClassArchive):
     written by the first JVM at its end, renamed into place once that JVM
