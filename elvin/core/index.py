@@ -28,9 +28,12 @@ grid's attributes beside it; one bound only on the first attribute (or
 too wide on the second) in the cells of that attribute alone, its
 *rows*; any other in the bucket's "loose" list. A notification then
 takes from the bucket only the entries of its values' cell whose bounds
-hold its values (``_cell_select``: compiled when ``_elvin_xdr`` is
-built, else ``_select_in_cell``), its row and the loose entries; one
-without a number there takes only the loose ones. Every subscription is in exactly one
+hold its values, its row and the loose entries; one without a number
+there (or one past every cell number) takes only the loose ones. The
+look-up from the buckets by values down to the cells is compiled when
+``_elvin_xdr`` is built (``_select_by_values``, ``_select_bucket``,
+``_cell_select``), else in Python (their ``..._in_python`` twins).
+Every subscription is in exactly one
 bucket a notification can select and there in one list it can take, so
 no candidate is produced twice (an OR filed under several keys is the
 exception: ``candidates`` removes its repeats). The index never changes what matches: it
@@ -275,7 +278,9 @@ class _Bucket:
     empty: a look-up then reads no object of theirs. Nothing per entry is
     kept besides the cells: removal works out its cells again from its
     ranges. Cell widths are shared between grids of equal widths, and the
-    slots a look-up reads come first (the fewest cache lines)."""
+    slots a look-up reads come first (the fewest cache lines): ``look``,
+    all the compiled look-up reads (``_relook``), then those of the
+    pure-Python one."""
 
     __slots__ = ("look", "cells", "loose", "name", "width", "name2", "rows", "width2", "name3",
                  "key", "signature", "entries", "ranges", "count", "next_plan")
