@@ -28,9 +28,12 @@ grid's attributes beside it; one bound only on the first attribute (or
 too wide on the second) in the cells of that attribute alone, its
 *rows*; any other in the bucket's "loose" list. A notification then
 takes from the bucket only the entries of its values' cell whose bounds
-hold its values (``_cell_select``: compiled when ``_elvin_xdr`` is
-built, else ``_select_in_cell``), its row and the loose entries; one
-without a number there takes only the loose ones. Every subscription is in exactly one
+hold its values, its row and the loose entries; one without a number
+there (or one past every cell number) takes only the loose ones. The
+look-up from the buckets by values down to the cells is compiled when
+``_elvin_xdr`` is built (``_select_by_values``, ``_select_bucket``,
+``_cell_select``), else in Python (their ``..._in_python`` twins).
+Every subscription is in exactly one
 bucket a notification can select and there in one list it can take, so
 no candidate is produced twice (an OR filed under several keys is the
 exception: ``candidates`` removes its repeats). The index never changes what matches: it
@@ -150,24 +153,18 @@ def _select_in_cell(cells, key, found, *values):
             found.append(cell[i])
 
 
-#: The cell filter a look-up calls and the packing of an entry's bounds:
-#: compiled (elvin/protocols/_elvin_xdr.c, ABI 4) when built and
-#: ELVIN_PURE_PYTHON is not set (``xdr.accelerator``), else in Python.
-_cell_select = _select_in_cell
-_pack_bounds = _pack_bounds_in_python
-if getattr(_xdr.accelerator, "ABI", None) == 4:
-    _cell_select = _xdr.accelerator.cell_select
-    _pack_bounds = _xdr.accelerator.pack_bounds
-
-
 def _span(bounds, width):
     """The first and last cell of ``width`` an interval ``bounds`` covers,
-    or None for an unbounded side or an empty interval."""
+    or None for an unbounded side, an empty interval or one past the
+    cell numbers (a bound over the width not finite)."""
     if bounds is None:
         return None
     lo, hi = bounds
     if -_INF < lo <= hi < _INF:
-        return _floor(lo / width), _floor(hi / width)
+        lo /= width
+        hi /= width
+        if -_INF < lo and hi < _INF:
+            return _floor(lo), _floor(hi)
     return None
 
 
@@ -281,9 +278,11 @@ class _Bucket:
     empty: a look-up then reads no object of theirs. Nothing per entry is
     kept besides the cells: removal works out its cells again from its
     ranges. Cell widths are shared between grids of equal widths, and the
-    slots a look-up reads come first (the fewest cache lines)."""
+    slots a look-up reads come first (the fewest cache lines): ``look``,
+    all the compiled look-up reads (``_relook``), then those of the
+    pure-Python one."""
 
-    __slots__ = ("cells", "loose", "name", "width", "name2", "rows", "width2", "name3",
+    __slots__ = ("look", "cells", "loose", "name", "width", "name2", "rows", "width2", "name3",
                  "key", "signature", "entries", "ranges", "count", "next_plan")
 
     def __init__(self, key=None, signature=None):
@@ -297,6 +296,18 @@ class _Bucket:
         self.ranges: dict = {}      # id -> range_constraints (likewise)
         self.count = 0
         self.next_plan = GRID_FROM
+        # What the compiled look-up reads (``_relook``).
+        self.look = self.entries
+
+    def _relook(self):
+        """Keep ``look``, the fields of a look-up in one tuple for the
+        compiled one (``_elvin_xdr.bucket_select``): ``entries`` while
+        there is no grid, else ``(cells, loose, rows, name, width, name2,
+        width2, name3)``; made again when the grid is planned and when
+        ``loose`` or ``rows`` comes or goes."""
+        self.look = (self.entries if self.cells is None else
+                     (self.cells, self.loose, self.rows, self.name, self.width,
+                      self.name2, self.width2, self.name3))
 
     def __len__(self):
         return self.count
@@ -324,6 +335,7 @@ class _Bucket:
                     self._file(known, self.ranges.get(known.id))
                 self.entries = {}   # the grid holds them now
                 self.ranges = {}
+                self._relook()
 
     def remove(self, entry, ranges):
         """Take out ``entry`` (filed here); ``ranges`` are its range
@@ -345,52 +357,6 @@ class _Bucket:
                 for entry in cell[first:]:
                     seen[entry.id] = entry
         return seen
-
-    def select(self, attributes, found):
-        """Add the entries ``attributes`` may match to ``found``."""
-        if self.cells is None:
-            found.extend(self.entries.values())
-            return
-        loose = self.loose
-        if loose is not None:
-            found.extend(loose.values())
-        value = attributes.get(self.name)
-        # Only a finite number can satisfy a bound; for ±inf and NaN,
-        # value - value is NaN (one subtraction: comparing an int with
-        # ±inf twice costs three times as much).
-        if value.__class__ not in _NUMBERS or value - value != 0:
-            return
-        # The value in cells (float), compared with bounds in cells: see
-        # ``_place``.
-        v = value / self.width
-        x = _floor(v)
-        name2 = self.name2
-        name3 = self.name3
-        if name3 is not None:
-            # A real64 (rounding never reverses an order), compared with
-            # the literals' real64 values; NaN for anything else, which
-            # no bound excludes.
-            value = attributes.get(name3)
-            v3 = value / 1.0 if value.__class__ in _NUMBERS else _NAN
-        if name2 is None:
-            if name3 is None:
-                _cell_select(self.cells, x, found, v)
-            else:
-                _cell_select(self.cells, x, found, v, v3)
-            return
-        rows = self.rows
-        if rows is not None:
-            cell = rows.get(x)
-            if cell:
-                found.extend(cell)
-        value = attributes.get(name2)
-        if value.__class__ not in _NUMBERS or value - value != 0:
-            return
-        v2 = value / self.width2
-        if name3 is None:
-            _cell_select(self.cells, x * _STRIDE + _floor(v2), found, v, v2)
-        else:
-            _cell_select(self.cells, x * _STRIDE + _floor(v2), found, v, v2, v3)
 
     # -- the grid ---------------------------------------------------------------
 
@@ -440,6 +406,7 @@ class _Bucket:
         if placed is None:
             if self.loose is None:
                 self.loose = {}
+                self._relook()
             self.loose[entry.id] = entry
             return
         keys, in_rows, scaled = placed
@@ -447,6 +414,7 @@ class _Bucket:
             rows = self.rows
             if rows is None:
                 rows = self.rows = {}
+                self._relook()
             for key in keys:
                 cell = rows.get(key)
                 if cell is None:
@@ -465,6 +433,7 @@ class _Bucket:
         if loose is not None and loose.pop(entry.id, None) is not None:
             if not loose:
                 self.loose = None
+                self._relook()
             return
         placed = self._place(ranges)
         # bytes of bounds an entry
@@ -481,8 +450,9 @@ class _Bucket:
             _drop(entry, list(self.cells), self.cells, size)
             if self.rows is not None:
                 _drop(entry, list(self.rows), self.rows, size)
-        if not self.rows:
+        if not self.rows and self.rows is not None:
             self.rows = None
+            self._relook()
 
 
 def _key(signature, attributes):
@@ -499,6 +469,112 @@ def _key(signature, attributes):
                 return None
         key.append(value)
     return tuple(key)
+
+
+def _select_bucket_in_python(bucket, attributes, found, numbers):
+    """Add the entries of ``bucket`` that ``attributes`` may match to
+    ``found``; ``numbers`` are the classes of a number (``_NUMBERS``). The
+    pure-Python ``_select_bucket``, held equal to the compiled one
+    (``_elvin_xdr.bucket_select``, which reads the bucket's ``look``) by
+    test_xdr_accelerator."""
+    if bucket.cells is None:
+        found.extend(bucket.entries.values())
+        return
+    loose = bucket.loose
+    if loose is not None:
+        found.extend(loose.values())
+    value = attributes.get(bucket.name)
+    # Only a finite number can satisfy a bound; for ±inf and NaN,
+    # value - value is NaN (one subtraction: comparing an int with
+    # ±inf twice costs three times as much).
+    if value.__class__ not in numbers or value - value != 0:
+        return
+    # The value in cells (float), compared with bounds in cells: see
+    # ``_Bucket._place``. One too large for a cell number (the division
+    # not finite: OverflowError) has no cell, nor any entry there
+    # (``_span``).
+    v = value / bucket.width
+    try:
+        x = _floor(v)
+    except OverflowError:
+        return
+    name2 = bucket.name2
+    name3 = bucket.name3
+    if name3 is not None:
+        # A real64 (rounding never reverses an order), compared with
+        # the literals' real64 values; NaN for anything else, which
+        # no bound excludes.
+        value = attributes.get(name3)
+        v3 = value / 1.0 if value.__class__ in numbers else _NAN
+    if name2 is None:
+        if name3 is None:
+            _cell_select(bucket.cells, x, found, v)
+        else:
+            _cell_select(bucket.cells, x, found, v, v3)
+        return
+    rows = bucket.rows
+    if rows is not None:
+        cell = rows.get(x)
+        if cell:
+            found.extend(cell)
+    value = attributes.get(name2)
+    if value.__class__ not in numbers or value - value != 0:
+        return
+    v2 = value / bucket.width2
+    try:
+        key = x * _STRIDE + _floor(v2)
+    except OverflowError:
+        return
+    if name3 is None:
+        _cell_select(bucket.cells, key, found, v, v2)
+    else:
+        _cell_select(bucket.cells, key, found, v, v2, v3)
+
+
+def _select_by_values_in_python(by_values, attributes, found, numbers, key_of):
+    """Add to ``found`` the entries ``attributes`` may match of the buckets
+    they select in ``by_values`` (``SubscriptionIndex._by_values``), a
+    bucket's key made by ``key_of`` (``_key``). The pure-Python
+    ``_select_by_values``, held equal to the compiled one
+    (``_elvin_xdr.values_select``) by test_xdr_accelerator."""
+    for signature, table in by_values.items():
+        # A string is its own key (``_key`` for the others and for
+        # more names).
+        size = len(signature)
+        if size == 2:
+            value = attributes.get(signature[0])
+            value2 = attributes.get(signature[1])
+            key = ((value, value2) if value.__class__ is str and value2.__class__ is str
+                   else key_of(signature, attributes))
+        elif size == 1:
+            value = attributes.get(signature[0])
+            key = (value,) if value.__class__ is str else key_of(signature, attributes)
+        else:
+            key = key_of(signature, attributes)
+        if key is not None:
+            bucket = table.get(key)
+            if bucket is not None:
+                # (the bucket's first test, inline: every notification
+                # comes here)
+                if bucket.cells is None:
+                    found.extend(bucket.entries.values())
+                else:
+                    _select_bucket_in_python(bucket, attributes, found, numbers)
+
+
+#: A look-up's compiled functions (elvin/protocols/_elvin_xdr.c, ABI 5)
+#: when built and ELVIN_PURE_PYTHON is not set (``xdr.accelerator``), else
+#: their twins in Python: the bucket's look-up, the look-up of the buckets
+#: by values, the cell filter, and the packing of an entry's bounds.
+_select_bucket = _select_bucket_in_python
+_select_by_values = _select_by_values_in_python
+_cell_select = _select_in_cell
+_pack_bounds = _pack_bounds_in_python
+if getattr(_xdr.accelerator, "ABI", None) == 5:
+    _select_bucket = _xdr.accelerator.bucket_select
+    _select_by_values = _xdr.accelerator.values_select
+    _cell_select = _xdr.accelerator.cell_select
+    _pack_bounds = _xdr.accelerator.pack_bounds
 
 
 class SubscriptionIndex:
@@ -659,44 +735,24 @@ class SubscriptionIndex:
     # -- lookup -----------------------------------------------------------------
 
     def candidates(self, attributes):
-        """Entries that may match ``attributes`` (a normalised dict)."""
+        """Entries that may match ``attributes`` (a normalised dict: the
+        compiled look-up takes no other mapping)."""
         found: list = []
         if self._always.count:
-            self._always.select(attributes, found)
+            _select_bucket(self._always, attributes, found, _NUMBERS)
         by_name = self._by_name
         if by_name:
             if len(by_name) < len(attributes):
                 for name, bucket in by_name.items():
                     if name in attributes:
-                        bucket.select(attributes, found)
+                        _select_bucket(bucket, attributes, found, _NUMBERS)
             else:
                 for name in attributes:
                     bucket = by_name.get(name)
                     if bucket is not None:
-                        bucket.select(attributes, found)
-        for signature, table in self._by_values.items():
-            # A string is its own key (``_key`` for the others and for
-            # more names).
-            size = len(signature)
-            if size == 2:
-                value = attributes.get(signature[0])
-                value2 = attributes.get(signature[1])
-                key = ((value, value2) if value.__class__ is str and value2.__class__ is str
-                       else _key(signature, attributes))
-            elif size == 1:
-                value = attributes.get(signature[0])
-                key = (value,) if value.__class__ is str else _key(signature, attributes)
-            else:
-                key = _key(signature, attributes)
-            if key is not None:
-                bucket = table.get(key)
-                if bucket is not None:
-                    # (``_Bucket.select``'s first test, inline: every
-                    # notification comes here)
-                    if bucket.cells is None:
-                        found.extend(bucket.entries.values())
-                    else:
-                        bucket.select(attributes, found)
+                        _select_bucket(bucket, attributes, found, _NUMBERS)
+        if self._by_values:
+            _select_by_values(self._by_values, attributes, found, _NUMBERS, _key)
         if self._spread and len(found) > 1:
             return list(dict.fromkeys(found))
         return found

@@ -137,7 +137,7 @@ _Int64 = _values.Int64
 _accelerated_name_values = None
 #: The ``_elvin_xdr`` module itself when it may be used (built, and
 #: ELVIN_PURE_PYTHON not set), else None: elvin/core/index.py takes its
-#: grid-cell functions from it (ABI 4), a sans-IO module that reads no
+#: look-up functions from it (ABI 5), a sans-IO module that reads no
 #: environment of its own.
 accelerator = None
 if not os.environ.get("ELVIN_PURE_PYTHON"):
@@ -149,8 +149,9 @@ if not os.environ.get("ELVIN_PURE_PYTHON"):
         accelerator = _elvin_xdr
         # ABI 3: an array it decodes has zero padding (``packets.notify_emit_fields``
         # relies on it) and no NUL byte in a string; an older build is not used.
-        # (4 decodes as 3 and adds the index's cell functions.)
-        if getattr(_elvin_xdr, "ABI", None) in (3, 4):
+        # (4 decodes as 3 and adds the index's cell functions, 5 its
+        # buckets' look-up.)
+        if getattr(_elvin_xdr, "ABI", None) in (3, 4, 5):
             _accelerated_name_values = _elvin_xdr.name_values
 _type_of = _values.type_of
 _I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1

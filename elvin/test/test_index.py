@@ -344,6 +344,18 @@ def _two_range_expression(draw):
     return _conjunction(draw, parts, "m < 10", "x == 1")
 
 
+def _real(x):
+    """A real64 literal for ``x`` (the language has no exponents)."""
+    return f"{x:.1f}"
+
+
+def _in_python(test):
+    """Have the index look up in pure Python for the rest of ``test``."""
+    test.patch(index_module, "_select_bucket", index_module._select_bucket_in_python)
+    test.patch(index_module, "_select_by_values", index_module._select_by_values_in_python)
+    test.patch(index_module, "_cell_select", index_module._select_in_cell)
+
+
 class TwoAttributeGridTests(unittest.TestCase):
     """A bucket whose entries bound two numeric attributes gets a grid
     over both; those bound on only the first are filed by it alone."""
@@ -430,17 +442,22 @@ class TwoAttributeGridTests(unittest.TestCase):
             index.add(entry)
         grid = self.grid_of(index, "a")
         self.assertEqual((grid.rows, grid.loose), (None, None))
+        # (and so is the look-up's tuple of them)
+        self.assertEqual(grid.look, (grid.cells, None, None, grid.name, grid.width,
+                                     grid.name2, grid.width2, grid.name3))
         row = Entry(20, 's == "a" && m >= 0 && m <= 5')
         loose = Entry(21, 's == "a" && m >= 0')
         for entry in row, loose:
             index.add(entry)
         self.assertEqual((list(grid.rows.values()), list(grid.loose.values())),
                          ([[row]], [loose]))
+        self.assertEqual(grid.look[:3], (grid.cells, grid.loose, grid.rows))
         self.assertEqual({e.id for e in index.candidates({"s": "a", "m": 1, "n": 1})},
                          {1, 20, 21})
         for entry in row, loose:
             index.remove(entry)
         self.assertEqual((grid.rows, grid.loose), (None, None))
+        self.assertEqual(grid.look[:3], (grid.cells, None, None))
         self.assertEqual([e.id for e in index.candidates({"s": "a", "m": 1, "n": 1})], [1])
         self.assertEqual(len(index.all_entries()), 8)
 
@@ -546,11 +563,50 @@ class TwoAttributeGridTests(unittest.TestCase):
         # width: an int64 past 2**53, a value of the other numeric type,
         # -0.0 against 0.0, a value on a bound or a cell's edge still
         # gives every match, and a value past an entry's bounds in its
-        # cell does not give that entry; with the compiled cell filter
+        # cell does not give that entry; with the compiled look-up
         # (when built) and the pure-Python one.
         self.check_bounds_at_their_edges()
-        self.patch(index_module, "_cell_select", index_module._select_in_cell)
+        _in_python(self)
         self.check_bounds_at_their_edges()
+
+    def test_a_value_past_every_cell_number(self):
+        # Cells a thousandth wide: a value whose number of cells is not a
+        # finite real64 (1e306 / 0.0015) lies in no cell and takes only
+        # the loose entries, and an entry bound so far is filed loose,
+        # with the compiled look-up (when built) and the pure-Python one.
+        self.check_a_value_past_every_cell_number()
+        _in_python(self)
+        self.check_a_value_past_every_cell_number()
+
+    def check_a_value_past_every_cell_number(self):
+        # (m before n: the grid's first attribute, then its second)
+        texts = [f"m >= {i / 1000} && m <= {(i + 1) / 1000} && n >= 0 && n <= 0.001"
+                 for i in range(8)]
+        far, farther = _real(1e306), _real(1.1e306)
+        texts += [f"m >= {far} && m <= {far} && n >= 0 && n <= 0.001",
+                  f"m >= {far} && m <= {far}", "m >= 0 && m <= 0.001 && n >= 0",
+                  f"m >= 0 && m <= 0.001 && n >= {far} && n <= {farther}"]
+        entries = [Entry(i + 1, f's == "a" && {text}') for i, text in enumerate(texts)]
+        index = SubscriptionIndex()
+        for entry in entries:
+            index.add(entry)
+        grid = self.grid_of(index, "a")
+        self.assertEqual((grid.name, grid.name2), ("m", "n"))
+        # 9 and 10 loose, 11 and 12 in the rows of m
+        self.assertEqual(set(grid.loose), {9, 10})
+        self.assertEqual({e.id for row in grid.rows.values() for e in row}, {11, 12})
+        for m, n, ids in ((1e306, 0.0005, {9, 10}), (0.0005, 1e306, {9, 10, 11, 12}),
+                          (0.0005, 1.05e306, {9, 10, 11, 12}), (-1e306, 0.0, {9, 10}),
+                          (1.7e308, 1.7e308, {9, 10}), (0.0005, 0.0005, None)):
+            note = {"s": "a", "m": m, "n": n}
+            found = {c.id for c in index.candidates(note)}
+            matches = {e.id for e in entries if e.evaluate(normalise(note)) is True}
+            self.assertLessEqual(matches, found, note)
+            if ids is not None:
+                self.assertEqual(found, ids, note)
+        for entry in entries:
+            index.remove(entry)
+        self.assertEqual(len(index), 0)
 
     def check_bounds_at_their_edges(self):
         big = 2 ** 53 + 1

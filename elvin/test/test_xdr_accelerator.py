@@ -1,6 +1,6 @@
 """The compiled NameValue decoder and the pure-Python one agree, and so
-do the index's compiled grid-cell filter and packing of bounds and their
-pure-Python twins.
+do the index's compiled look-up (its buckets', their grid cells') and
+packing of bounds and their pure-Python twins.
 
 ``_elvin_xdr`` is built by ``pip install .`` (setup.py, optional=True). It
 returns None for anything not well formed, so the Python path raises the
@@ -20,6 +20,8 @@ from elvin.protocols import xdr
 from elvin.protocols.xdr import DecodeError, Reader, Writer
 from elvin.values import Int64
 
+from elvin.test.test_index import (_NUMBER_VALUES, Entry, TreeEntry, _entries,
+                                   _ranged_expression, _real, _two_range_expression)
 from elvin.test.test_xdr import elvin_characters
 
 try:
@@ -43,6 +45,30 @@ _cell_numbers = st.one_of(
                      float(2 ** 63), 0.1 + 0.2, 0.3, 5e-324, 3.4028234663852886e38,
                      3.4028235677973366e38, -1e39]))
 _cell_bounds = _cell_numbers.filter(lambda x: not math.isnan(x))
+
+
+@st.composite
+def _look_up_expression(draw):
+    """Subscriptions filed by strings (one to three names), numbers, a
+    name or nothing, with ranges on n, m and k, some in cells narrow
+    enough that a large value is past every cell number."""
+    filed = draw(st.sampled_from(['s == "a" && '] * 6 + ['s == "a" && t == "b" && ',
+                                  't == "b" && s == "a" && u == "c" && ', 'x == 1 && ',
+                                  's == "b" && ', '']))
+    ranges = draw(st.one_of(_two_range_expression(), _ranged_expression(), st.sampled_from(
+        ["n >= 0.001 && n <= 0.0015 && m >= 0 && m <= 0.001",
+         f"n >= {_real(1e300)} && n <= {_real(1e301)}",
+         "n >= 0.5 && n <= 0.5 && m >= 0.25 && m <= 0.5 && k > 0.125",
+         f"n >= -0.001 && n <= 0 && m >= {_real(1e290)} && m <= {_real(2e290)}"])))
+    return filed + ranges
+
+
+_LOOK_UP_VALUES = st.one_of(_NUMBER_VALUES, st.sampled_from(
+    [1e308, -1e308, 1.7e308, 5e-324, True, False, Int64(-(1 << 63)), 2 ** 53 + 1, "a", "b"]))
+
+
+def _same_entries(a, b):
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 def _python(data, pos=0):
@@ -81,13 +107,69 @@ class AcceleratorTests(unittest.TestCase):
         else:
             self.assertIs(xdr._accelerated_name_values, _elvin_xdr.name_values)
 
-    def test_the_index_uses_its_cell_filter_and_packing(self):
+    def test_the_index_uses_its_look_up_and_packing(self):
         if os.environ.get("ELVIN_PURE_PYTHON"):
+            self.assertIs(index._select_bucket, index._select_bucket_in_python)
+            self.assertIs(index._select_by_values, index._select_by_values_in_python)
             self.assertIs(index._cell_select, index._select_in_cell)
             self.assertIs(index._pack_bounds, index._pack_bounds_in_python)
         else:
+            self.assertIs(index._select_bucket, _elvin_xdr.bucket_select)
+            self.assertIs(index._select_by_values, _elvin_xdr.values_select)
             self.assertIs(index._cell_select, _elvin_xdr.cell_select)
             self.assertIs(index._pack_bounds, _elvin_xdr.pack_bounds)
+
+    @settings(max_examples=60, deadline=None)
+    @given(st.lists(_look_up_expression(), min_size=12, max_size=40),
+           st.lists(st.dictionaries(st.sampled_from("stunmkx"), _LOOK_UP_VALUES, max_size=7),
+                    min_size=1, max_size=8),
+           st.randoms(use_true_random=False))
+    def test_the_bucket_look_ups_agree(self, expressions, notifications, rng):
+        # The compiled look-up (from a bucket's look, of the buckets by
+        # values) gives the entries the pure-Python one gives, in the same
+        # order, for any bucket (grid or none, rows, loose, cells sharing
+        # a key) and any notification: NaN, infinities, -0.0, bools, int64
+        # extremes and past 2**53, a value past every cell number, one
+        # missing or not a number, keys of strings or of numbers (made by
+        # the key function), after removals (its look kept up to date).
+        def make(i, text):
+            return (TreeEntry if rng.random() < 0.2 else Entry)(i, text)
+        entries = _entries(expressions, make)
+        subscriptions = index.SubscriptionIndex()
+        for entry in entries:
+            subscriptions.add(entry, getattr(entry, "tree", None))
+        for entry in rng.sample(entries, len(entries) // 3):
+            subscriptions.remove(entry)
+        buckets = [subscriptions._always, *subscriptions._by_name.values(),
+                   *(b for table in subscriptions._by_values.values() for b in table.values())]
+        numbers = index._NUMBERS
+        for note in notifications:
+            expected, found = [], []
+            index._select_by_values_in_python(subscriptions._by_values, note, expected,
+                                              numbers, index._key)
+            _elvin_xdr.values_select(subscriptions._by_values, note, found, numbers, index._key)
+            self.assertTrue(_same_entries(found, expected), (note, found, expected))
+            for bucket in buckets:
+                expected, found = ["before"], ["before"]
+                index._select_bucket_in_python(bucket, note, expected, numbers)
+                self.assertIsNone(_elvin_xdr.bucket_select(bucket, note, found, numbers))
+                self.assertTrue(_same_entries(found, expected), (note, found, expected))
+
+    def test_the_compiled_look_up_refuses_what_it_is_not_made_for(self):
+        bucket = index._Bucket()
+        numbers = index._NUMBERS
+        for args in ((bucket, [], [], numbers), (bucket, {}, (), numbers),
+                     (bucket, {}, [], [int]), (bucket, {}, []), (object(), {}, [], numbers)):
+            with self.assertRaises((TypeError, AttributeError)):
+                _elvin_xdr.bucket_select(*args)
+        bucket.look = ({}, None, None, "n", 1, None, 1.0, None)     # a width not a float
+        with self.assertRaises(TypeError):
+            _elvin_xdr.bucket_select(bucket, {"n": 1}, [], numbers)
+        for by_values in ([], {("s",): []}, {"s": {}}):
+            with self.assertRaises(TypeError):
+                _elvin_xdr.values_select(by_values, {"s": "a"}, [], numbers, index._key)
+        with self.assertRaises(ZeroDivisionError):      # the key function's error
+            _elvin_xdr.values_select({("s",): {}}, {"s": 1}, [], numbers, lambda *a: 1 / 0)
 
     @settings(max_examples=400, deadline=None)
     @given(st.lists(st.tuples(_cell_bounds, _cell_bounds), min_size=1, max_size=3))
