@@ -721,6 +721,36 @@ class SubscriptionIndex:
             if not bucket:
                 self._forget(bucket)
 
+    def move_to(self, entry, other):
+        """Take ``entry`` out of this index and file it in ``other`` (a
+        SubscriptionIndex) where it was filed here. When it sits in one
+        bucket with no grid, that bucket's key and the range constraints
+        it keeps say where, so nothing is worked out again from its
+        expression (a subscription of a shape of its own would rebuild its
+        tree: about 30 µs, against 2); else as ``remove`` then ``add``."""
+        placed = self._where.get(entry.id)
+        if (placed.__class__ is not _Bucket or placed.cells is not None
+                or entry.id in self._spread or entry.id in self._tree_ranges):
+            self.remove(entry)
+            other.add(entry)
+            return
+        ranges = placed.ranges.get(entry.id)
+        signature, key = placed.signature, placed.key
+        self.remove(entry)
+        if signature is None:
+            bucket = other._always
+        elif signature is True:
+            bucket = other._by_name.get(key)
+            if bucket is None:
+                other._by_name[key] = bucket = _Bucket(key, True)
+        else:
+            table = other._by_values.setdefault(signature, {})
+            bucket = table.get(key)
+            if bucket is None:
+                table[key] = bucket = _Bucket(key, signature)
+        bucket.add(entry, ranges)
+        other._where[entry.id] = bucket
+
     def _forget(self, bucket):
         """Take an emptied bucket out of its table (the "always" one stays)."""
         signature = bucket.signature

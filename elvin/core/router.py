@@ -733,8 +733,7 @@ class Router(SessionHost):
         own = SubscriptionIndex()
         for entry in session.subscriptions.values():
             if self.subscriptions.get(entry.id) is entry:
-                self.index.remove(entry)
-                own.add(entry)
+                self.index.move_to(entry, own)
         self._heavy[session] = own
         self.log.info("client {peer}: its subscriptions set apart as heavy ({n}: more than "
                       "max-evaluation-bytes for one notification); with the other heavy "

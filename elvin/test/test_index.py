@@ -147,6 +147,39 @@ class IndexCompletenessTests(unittest.TestCase):
         self.assertEqual(list(index.all_entries()), [])
         self.assertEqual(index.candidates({"s": "a", "n": 1, "x": "a"}), [])
 
+    @settings(max_examples=200)
+    @given(st.lists(st.sampled_from(EXPRESSIONS), min_size=1, max_size=40),
+           st.lists(st.booleans(), min_size=40, max_size=40),
+           st.lists(st.dictionaries(st.sampled_from(["s", "n", "x"]),
+                                    st.sampled_from(VALUES), min_size=1),
+                    min_size=1, max_size=6))
+    def test_entries_moved_to_another_index_are_filed_there_as_here(self, expressions,
+                                                                   moving, notifications):
+        # What the router does with a heavy client's subscriptions: each
+        # index then gives the candidates an index of its entries alone
+        # would, and together they lose no match.
+        here, there = SubscriptionIndex(), SubscriptionIndex()
+        entries = [Entry(i + 1, e) for i, e in enumerate(expressions)]
+        for entry in entries:
+            here.add(entry)
+        moved = [e for e, m in zip(entries, moving) if m]
+        for entry in moved:
+            here.move_to(entry, there)
+        stayed = [e for e, m in zip(entries, moving) if not m]
+        self.assertEqual((len(here), len(there)), (len(stayed), len(moved)))
+        for held, index in ((stayed, here), (moved, there)):
+            fresh = SubscriptionIndex()
+            for entry in held:
+                fresh.add(entry)
+            for note in notifications:
+                attrs = normalise(note)
+                self.assertEqual(sorted(c.id for c in index.candidates(attrs)),
+                                 sorted(c.id for c in fresh.candidates(attrs)), note)
+        for entry in moved:
+            there.remove(entry)
+        self.assertEqual(len(there), 0)
+        self.assertEqual(list(there.all_entries()), [])
+
     def test_an_or_of_different_names_is_a_candidate_only_where_a_disjunct_may_hold(self):
         """``M == 1 || N == "s"`` has no access key as a whole; filed under
         each disjunct's, a notification naming neither does not reach it."""
