@@ -687,15 +687,7 @@ class SubscriptionIndex:
             return False                   # no disjunct can be true: "always" as before
         buckets = []
         for where, key in accesses:
-            if where is True:
-                bucket = self._by_name.get(key)
-                if bucket is None:
-                    self._by_name[key] = bucket = _Bucket(key, True)
-            else:
-                table = self._by_values.setdefault(where, {})
-                bucket = table.get(key)
-                if bucket is None:
-                    table[key] = bucket = _Bucket(key, where)
+            bucket = self._bucket(where, key)
             if bucket not in buckets:
                 bucket.add(entry, None)    # no ranges: loose in a grid
                 buckets.append(bucket)
@@ -737,19 +729,23 @@ class SubscriptionIndex:
         ranges = placed.ranges.get(entry.id)
         signature, key = placed.signature, placed.key
         self.remove(entry)
-        if signature is None:
-            bucket = other._always
-        elif signature is True:
-            bucket = other._by_name.get(key)
+        bucket = other._always if signature is None else other._bucket(signature, key)
+        bucket.add(entry, ranges)
+        other._where[entry.id] = bucket
+
+    def _bucket(self, signature, key):
+        """The bucket of ``key`` by name (``signature`` True) or by the
+        values of the names ``signature``, made if there is none."""
+        if signature is True:
+            bucket = self._by_name.get(key)
             if bucket is None:
-                other._by_name[key] = bucket = _Bucket(key, True)
+                self._by_name[key] = bucket = _Bucket(key, True)
         else:
-            table = other._by_values.setdefault(signature, {})
+            table = self._by_values.setdefault(signature, {})
             bucket = table.get(key)
             if bucket is None:
                 table[key] = bucket = _Bucket(key, signature)
-        bucket.add(entry, ranges)
-        other._where[entry.id] = bucket
+        return bucket
 
     def _forget(self, bucket):
         """Take an emptied bucket out of its table (the "always" one stays)."""
