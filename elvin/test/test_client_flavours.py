@@ -319,6 +319,18 @@ async def _sleep_via(driver, seconds):
         await asyncio.sleep(seconds)
 
 
+async def _stop_router_via(driver, proc):
+    """``stop_router`` without blocking the client's loop: the router
+    lingers on a connection until its client closes (up to 5 s), which a
+    client blocked by the test's own wait could not do."""
+    proc.terminate()
+    for _ in range(200):                 # 10 s at most, as stop_router
+        if proc.poll() is not None:
+            return
+        await _sleep_via(driver, 0.05)
+    stop_router(proc)
+
+
 # -- the scenarios -------------------------------------------------------------
 
 
@@ -467,7 +479,7 @@ class Scenarios:
             keyed = await d.subscribe(conn, "require(secret)", accept_insecure=False,
                                       keys=sub_keys)
             await d.modify(keyed, del_keys=sub_keys)
-            stop_router(router)
+            await _stop_router_via(d, router)
             for _ in range(200):
                 if events:
                     break
@@ -521,7 +533,7 @@ class Scenarios:
             reasons = []
             conn.on_disconnect = lambda reason, text: reasons.append(reason)
             sub = await d.subscribe(conn, "require(never)")
-            stop_router(router)
+            await _stop_router_via(d, router)
             error = await d.ended(conn, sub)
         finally:
             stop_router(router)

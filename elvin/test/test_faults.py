@@ -432,6 +432,7 @@ class ShutdownTests(FaultTestCase):
         time.sleep(0.2)
         proc.send_signal(signal.SIGTERM)
         client_packets = read_all(cli)
+        cli.close()                # at its end of file, as a client does
         peer_data = read_all(peer)
         proc.wait(20)
         self.assertIn(elvin_packets.Disconn(1, "router is shutting down"), client_packets)

@@ -210,6 +210,14 @@ class ProxyIntegrationTest(unittest.TestCase):
             phone = await self.connect(self.proxy_uri, session="phone")
             phone.on_notification = got.append
             await phone.subscribe("require(n)", lambda n: None)
+            # Stopped without blocking the reactor: the router lingers on a
+            # connection until its client (the proxy, this process's own)
+            # closes it, up to 5 s.
+            self.router.terminate()
+            for _ in range(200):
+                if self.router.poll() is not None:
+                    break
+                await sleep(0.05)
             stop_router(self.router)
             _, self.router = start_router(self.router_port)
             pub = await self.publisher()
