@@ -288,7 +288,7 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
             cause = f"it did not {undone} within {CLOSE_LINGER:g} s of {why}"
         unsent, lost = self._count_unsent()
         self.log.info("closing channel from {peer} at once: {cause}{unsent}", peer=self.peer,
-                      cause=cause, why=why,
+                      cause=cause,
                       unsent="" if not unsent else
                       f"; {unsent} bytes left unwritten, counted as {lost} dropped deliveries")
         self.resetKeepingSent()

@@ -42,10 +42,6 @@ MAX_PLACE_RETRY = 60.0
 class UpstreamRelay(Keeping):
     """The ``ProxyCore``'s dealings with upstream."""
 
-    #: Counts upstream connections: a retry is for the connection it was
-    #: scheduled on (a new one makes every subscription again).
-    upstream_epoch = 0
-
     def subscribe_upstream(self, sub: ProxySubscription):
         """Make ``sub`` upstream; returns the Deferred of the request, or None
         when upstream is down (it is made when upstream comes back). Not
@@ -217,7 +213,6 @@ class UpstreamRelay(Keeping):
         and send what clients emitted while it was down."""
         self.log.info("upstream connected: subscribing {n} subscriptions",
                       n=len(self.subscriptions))
-        self.upstream_epoch += 1
         if self.upstream_lost:
             self.upstream_lost = False
             sessions, clients, later = self.announce_gap()
@@ -262,14 +257,14 @@ class UpstreamRelay(Keeping):
                                 f"kept in its session, unplaced upstream (its session "
                                 f"misses what is published meanwhile, told by DropWarn "
                                 f"once placed); asked again in {delay:g} s")
-        self._place_retries[sub] = self.call_later(delay, self._place_again, sub,
-                                                   tries + 1, self.upstream_epoch)
+        self._place_retries[sub] = self.call_later(delay, self._place_again, sub, tries + 1)
         return None
 
-    def _place_again(self, sub: ProxySubscription, tries: int, epoch: int) -> None:
+    def _place_again(self, sub: ProxySubscription, tries: int) -> None:
+        """A retry's timer: cancelled when the connection goes
+        (``upstream_down``; a new one makes every subscription again)."""
         self._place_retries.pop(sub, None)
-        if (self.subscriptions.get(sub.id) is sub and self.upstream_epoch == epoch
-                and self.upstream.is_up):
+        if self.subscriptions.get(sub.id) is sub and self.upstream.is_up:
             self.place(sub, tries)
 
     def _placed_late(self, sub: ProxySubscription) -> None:
