@@ -141,8 +141,10 @@ ROUTER_SETTINGS = (
             "everyone else's, each heavy client within its own budget and, in turn, "
             "all within this one, so several heavy clients cannot add up to a delay "
             "for the others. A heavy client left out gets a DropWarn; counted in "
-            "`elvin_evaluation_refusals_total`. `0`: no limit (each heavy client within "
-            "its own budget)."),
+            "`elvin_evaluation_refusals_total`. It is light again once its subscriptions "
+            "together fit its budget, or after 10,000 notifications in a row within it "
+            "(doubled each time it is heavy again). `0`: no limit (each heavy client "
+            "within its own budget)."),
     Setting("max-client-quenches", at_least(0), DEFAULT_MAX_CLIENT_QUENCHES, "`256`",
             "Most quenches one client may hold; past it QnchAddRqst is refused with Nack "
             "2006 (`IMPL_LIMIT`). Each subscription added, changed or removed costs a "

@@ -119,6 +119,13 @@ DEFAULT_MAX_EVALUATION_BYTES = 64 * 1024
 DEFAULT_MAX_HEAVY_EVALUATION_BYTES = 2 * DEFAULT_MAX_EVALUATION_BYTES
 #: What looking in one heavy client's own index costs the heavy budget.
 HEAVY_LOOKUP_BYTES = 256
+#: Notifications in a row whose candidates of a heavy client, looked at in
+#: full, fit its own ``max_evaluation_bytes`` before its subscriptions go
+#: back among everyone's; doubled each time it is set apart again, up to
+#: MAX_HEAVY_PROBATION, so a client whose costly notifications are rare
+#: moves seldom (a move costs about 2 µs a subscription).
+HEAVY_PROBATION = 10_000
+MAX_HEAVY_PROBATION = 1_000_000
 #: Quenches one client may hold: a subscription added, changed or removed
 #: costs the router a visibility check per quench on its names, so one
 #: client's 10,000 quenches on a name took every subscription change on it
@@ -369,6 +376,9 @@ class Router(SessionHost):
         #: in an index of its own, out of ``index`` (``_set_apart``).
         self._heavy: dict = {}
         self._heavy_turn = 0
+        #: Each heavy client's notifications in a row within its own budget
+        #: (``_heavy_candidates``; at its probation it is light again).
+        self._heavy_quiet: dict = {}
         #: Filters of pulling sessions (federation links), by disjunct.
         self.pull_index = SubscriptionIndex()
         self._pulls = {}
@@ -442,6 +452,7 @@ class Router(SessionHost):
             self._remove_entry(entry)
         session.subscriptions.clear()
         self._heavy.pop(session, None)
+        self._heavy_quiet.pop(session, None)
 
     def new_options(self):
         return ConnectionOptions(self.option_specs, self.key_schemes())
@@ -727,7 +738,9 @@ class Router(SessionHost):
         own, looked in after everyone else's (``_heavy_candidates``), so
         that a notification lists only as many of them as the heavy budget
         lets it evaluate, instead of every one for the other clients to
-        wait on. It stays heavy until it closes."""
+        wait on. It is light again (``_set_light``) once its subscriptions
+        together fit its budget, or after its probation: that many
+        notifications in a row within its budget."""
         if session in self._heavy or session.state == session.CLOSED:
             return
         own = SubscriptionIndex()
@@ -735,11 +748,26 @@ class Router(SessionHost):
             if self.subscriptions.get(entry.id) is entry:
                 self.index.move_to(entry, own)
         self._heavy[session] = own
+        self._heavy_quiet[session] = 0
+        session.heavy_probation = min(MAX_HEAVY_PROBATION,
+                                      2 * session.heavy_probation if session.heavy_probation
+                                      else HEAVY_PROBATION)
         self.log.info("client {peer}: its subscriptions set apart as heavy ({n}: more than "
                       "max-evaluation-bytes for one notification); with the other heavy "
                       "clients', at most max-heavy-evaluation-bytes ({limit}) of them "
                       "evaluated a notification", peer=session.peer,
                       n=len(session.subscriptions), limit=self.max_heavy_evaluation_bytes)
+
+    def _set_light(self, session, why):
+        """``session``'s subscriptions go back among everyone's
+        (``_set_apart`` undone)."""
+        own = self._heavy.pop(session)
+        self._heavy_quiet.pop(session, None)
+        for entry in session.subscriptions.values():
+            if self.subscriptions.get(entry.id) is entry:
+                own.move_to(entry, self.index)
+        self.log.info("client {peer}: its subscriptions ({n}) back among everyone's: {why}",
+                      peer=session.peer, n=len(session.subscriptions), why=why)
 
     def _heavy_candidates(self, attributes):
         """The heavy clients' candidates (``_set_apart``) that this
@@ -748,7 +776,10 @@ class Router(SessionHost):
         together within ``max_heavy_evaluation_bytes`` (looking in a
         client's index costs ``HEAVY_LOOKUP_BYTES`` of it). A client with
         candidates left out, or not looked at once the budget is spent, is
-        told as for its own budget (a DropWarn, ``evaluation_refusals``)."""
+        told as for its own budget (a DropWarn, ``evaluation_refusals``).
+        A client looked at in full within its own budget counts towards its
+        probation; one whose subscriptions all fit that budget is light at
+        once."""
         heavy = list(self._heavy.items())
         count = len(heavy)
         first = self._heavy_turn % count
@@ -759,8 +790,13 @@ class Router(SessionHost):
         kept: list = []
         keep = kept.append
         cut = []
+        light = []
+        quiet = self._heavy_quiet
         for turn in range(first, first + count):
             session, own = heavy[turn % count]
+            if (session.subscription_bytes
+                    + _OVERHEAD * (len(session.subscriptions) + 1) <= limit):
+                light.append((session, "together they fit max-evaluation-bytes"))
             if left <= 0:
                 cut.append((session, False))
                 continue
@@ -771,9 +807,17 @@ class Router(SessionHost):
                 cost = _OVERHEAD + len(entry.subscription.expression)
                 if spent + cost > allowance:
                     cut.append((session, allowance == limit))
+                    if allowance == limit:
+                        quiet[session] = 0
                     break
                 spent += cost
                 keep(entry)
+            else:
+                if allowance == limit:
+                    done = quiet[session] = quiet[session] + 1
+                    if done >= session.heavy_probation:
+                        light.append((session, f"{done} notifications in a row within "
+                                               "max-evaluation-bytes"))
             left -= spent
         for session, own_limit in cut:
             self.stats["evaluation_refusals"] += 1
@@ -786,6 +830,9 @@ class Router(SessionHost):
                                             "the heavy clients' subscriptions to evaluate "
                                             "came to more than", "its candidates past it "
                                             "were skipped")
+        for session, why in light:
+            if session in self._heavy:
+                self._set_light(session, why)
         return kept
 
 
@@ -838,6 +885,9 @@ class ClientSession:
     _drops_unlogged = 0
     _drop_logged_at: Optional[float] = None
     _slow = False
+    #: Notifications in a row within its evaluation budget that make a
+    #: heavy client light again (``Router._set_apart``); 0: never heavy.
+    heavy_probation = 0
     #: Notifications not fully evaluated for this client (its PatternBudget,
     #: ``max-evaluation-bytes``), and that budget (made when first needed).
     unevaluated = 0

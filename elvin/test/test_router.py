@@ -962,6 +962,16 @@ class HeavyClientTests(RouterTestCase):
             self.subscribe(client, out, f"BY + {i} == {i + 1}")     # BY == 1 matches all
         return client, out
 
+    def set_apart_client(self):
+        """A client of 100 subscriptions that one notification set apart
+        (its budget: 60 of them)."""
+        heavy, out = self.heavy_client(100)
+        per = len("BY + 50 == 51") + self.overhead
+        self.router.max_evaluation_bytes = per * 60
+        self.emit(heavy, {"BY": 1})
+        self.assertIn(heavy, self.router._heavy)
+        return heavy, out
+
     def count_evaluations(self):
         for entry in self.router.subscriptions.values():
             original = entry.evaluate
@@ -1003,11 +1013,7 @@ class HeavyClientTests(RouterTestCase):
         self.assertEqual(self.router.stats["evaluation_refusals"], 5 + 5 * 5)
 
     def test_a_heavy_client_keeps_its_matches_within_its_budget(self):
-        heavy, out = self.heavy_client(100)
-        per = len("BY + 50 == 51") + self.overhead
-        self.router.max_evaluation_bytes = per * 60
-        self.emit(heavy, {"BY": 1})
-        self.assertIn(heavy, self.router._heavy)
+        heavy, out = self.set_apart_client()
         out.take()
         self.emit(heavy, {"BY": 1})
         warned, delivered = out.take()
@@ -1052,6 +1058,67 @@ class HeavyClientTests(RouterTestCase):
         self.emit(bystander, {"BY": 1})
         for client, _ in heavies:
             self.assertGreater(self.spent(client), per * 25)     # its own budget only
+
+    def test_a_heavy_client_whose_subscriptions_fit_its_budget_is_light_again(self):
+        heavy, out = self.set_apart_client()
+        for sub_id in list(heavy.subscriptions)[:38]:
+            heavy.packet_received(elvin_packets.SubDelRqst(self.xid(), sub_id))
+        self.emit(heavy, {"BY": 1})          # 62 left: still past it
+        self.assertIn(heavy, self.router._heavy)
+        for sub_id in list(heavy.subscriptions)[:5]:
+            heavy.packet_received(elvin_packets.SubDelRqst(self.xid(), sub_id))
+        out.take()
+        self.emit(heavy, {"BY": 1})          # 57 fit: back, and all of them match
+        self.assertEqual(self.router._heavy, {})
+        self.assertEqual(len(self.router.index), 57)
+        (delivered,) = [p for p in out.take() if isinstance(p, elvin_packets.NotifyDeliver)]
+        self.assertEqual(len(delivered.insecure_matches), 57)
+        self.emit(heavy, {"BY": 1})
+        (delivered,) = out.take()            # in full, no DropWarn
+        self.assertEqual(len(delivered.insecure_matches), 57)
+
+    def test_a_heavy_client_within_its_budget_for_its_probation_is_light_again(self):
+        from elvin.core import router as router_module
+        self.patch(router_module, "HEAVY_PROBATION", 3)
+        heavy, out = self.heavy_client(100)
+        bystander, _ = self.connect()
+        per = len("BY + 50 == 51") + self.overhead
+        self.router.max_evaluation_bytes = per * 60
+        self.emit(bystander, {"BY": 1})
+        self.assertIn(heavy, self.router._heavy)
+        self.assertEqual(heavy.heavy_probation, 3)
+        self.emit(bystander, {"Other": 1})
+        self.emit(bystander, {"Other": 1})
+        self.emit(bystander, {"BY": 1})      # past its own budget: the count starts again
+        self.emit(bystander, {"Other": 1})
+        self.emit(bystander, {"Other": 1})
+        self.assertIn(heavy, self.router._heavy)
+        self.emit(bystander, {"Other": 1})   # three in a row within it
+        self.assertEqual(self.router._heavy, {})
+        self.assertEqual(len(self.router.index), 100)
+        out.take()
+        self.emit(bystander, {"BY": 1})      # heavy again: a longer probation
+        self.assertIn(heavy, self.router._heavy)
+        self.assertEqual(heavy.heavy_probation, 6)
+        warned, delivered = out.take()
+        self.assertIsInstance(warned, elvin_packets.DropWarn)
+        self.assertLess(len(delivered.insecure_matches), 100)
+
+    def test_a_heavy_client_cut_by_the_shared_budget_stays_heavy(self):
+        from elvin.core import router as router_module
+        self.patch(router_module, "HEAVY_PROBATION", 2)
+        heavies = [self.heavy_client(100) for _ in range(2)]
+        bystander, _ = self.connect()
+        per = len("BY + 50 == 51") + self.overhead
+        self.router.max_evaluation_bytes = per * 60
+        self.router.max_heavy_evaluation_bytes = per * 30
+        self.emit(bystander, {"BY": 1})
+        for _ in range(10):
+            # Neither is ever looked at in full within its own budget (the
+            # shared one runs out first), so neither is known to be light.
+            self.emit(bystander, {"BY": 2})
+        self.assertEqual(set(self.router._heavy), {client for client, _ in heavies})
+
 
 
 class SubscriptionMemoryTests(RouterTestCase):
