@@ -32,7 +32,13 @@ from elvin.protocols.framing import FramedProtocol
 from elvin.core.sendqueue import QueueOverflow
 
 __all__ = ["QueuedFramedProtocol", "tcp_transport", "unsent_bytes", "unsent_frames",
-           "CLOSING_MAX_DISCARD"]
+           "CLOSING_MAX_DISCARD", "CLOSE_LINGER"]
+
+#: Seconds a closing channel may go without anything more of what it was
+#: sent being written (the peer does not read), and that a lingering close
+#: waits for the peer to close its end once everything was written: then
+#: it is closed at once (``boundClose``).
+CLOSE_LINGER = 5.0
 
 #: Most bytes a closing channel reads and throws away before it is closed
 #: at once (``discardedTooMuch``), and the most ``_release`` reads.
@@ -283,7 +289,67 @@ class QueuedFramedProtocol(FramedProtocol):
 
     def connectionLost(self, reason=None):
         super().connectionLost(reason)
+        self.cancelCloseBound()
         self.releaseKeptSocket()       # Twisted has closed its own descriptor
+
+    # -- bounding a close ----------------------------------------------------
+
+    #: The pending call that ends a close taking too long (``boundClose``).
+    _close_bound = None
+    #: ``written()`` at the last look, for a close bounded by progress
+    #: (None: bounded by a deadline).
+    _close_mark = None
+
+    def closeClock(self):
+        """The clock timing a close (override)."""
+        raise NotImplementedError
+
+    def written(self):
+        """Bytes the transport has passed on (to the kernel): all written
+        to it less what it still holds, where it shows that."""
+        return self.bytes_out - (unsent_bytes(self.transport) or 0)
+
+    def boundClose(self, seconds, why, progress=False):
+        """Bound the close begun: ``closeTookTooLong(why, progress)`` in
+        ``seconds``, or, with ``progress``, once ``seconds`` pass in which
+        nothing more was written (looked at every ``seconds``: cut 1 to 2
+        times ``seconds`` after the peer last took anything). A deadline
+        replaces a progress bound; otherwise the bound set first stays."""
+        current = self._close_bound
+        if current is not None:
+            if progress or self._close_mark is None:
+                return
+            self.cancelCloseBound()
+        if self.transport is None:
+            return
+        self._close_mark = self.written() if progress else None
+        self._close_bound = self.closeClock().callLater(seconds, self._close_due, seconds,
+                                                        why)
+
+    def _close_due(self, seconds, why):
+        self._close_bound = None
+        if self.transport is None:
+            return
+        mark = self._close_mark
+        if mark is not None:
+            now = self.written()
+            if now > mark:               # it read some: another period
+                self._close_mark = now
+                self._close_bound = self.closeClock().callLater(seconds, self._close_due,
+                                                                seconds, why)
+                return
+        self.closeTookTooLong(why, mark is not None)
+
+    def cancelCloseBound(self):
+        bound, self._close_bound = self._close_bound, None
+        if bound is not None and bound.active():
+            bound.cancel()
+
+    def closeTookTooLong(self, why, progress):
+        """A close bounded by ``boundClose`` took too long (``progress``:
+        nothing was written for its period): close at once, keeping what
+        was sent (override, to count and log it)."""
+        self.resetKeepingSent()
 
     def receiveBudgetExhausted(self, held):
         """Out of the router-wide receive budget: close at once."""
@@ -317,7 +383,8 @@ class QueuedFramedProtocol(FramedProtocol):
         self.lingering = True
         self.discard_input()
         # Told when our side is shut and when the peer's is (Twisted asks
-        # the protocol, not its class: only a lingering channel is told).
+        # the protocol, not its class: only a lingering channel is told;
+        # a ClientService's wrapper forwards the question and the calls).
         alsoProvides(self, IHalfCloseableProtocol)
         transport.loseWriteConnection()
 

@@ -16,8 +16,8 @@ from twisted.logger import Logger
 from elvin.protocols import packets
 from elvin.protocols.framing import peer_text
 from elvin.protocols.keepalive import set_keepalive
-from elvin.protocols.output import (CLOSING_MAX_DISCARD, QueuedFramedProtocol, unsent_bytes,
-                                    unsent_frames)
+from elvin.protocols.output import (CLOSE_LINGER, CLOSING_MAX_DISCARD, QueuedFramedProtocol,
+                                    unsent_bytes, unsent_frames)
 from elvin.protocols.xdr import BadUTF8Error, DecodeError
 from elvin.core.router import (CLIENT_PACKET_IDS, QUEUE_MEMORY_FULL, SEND_QUEUE_FULL,
                                SessionOutput, SessionState)
@@ -34,9 +34,10 @@ CLIENT_KEEPALIVE = 120.0
 
 #: Seconds a channel the router closes (a protocol violation, a client
 #: that does not read) has to read what was written before (its Disconn
-#: last) before it is reset: a peer that does not read cannot hold the
-#: channel open.
-CLOSE_LINGER = VIOLATION_LINGER = 5.0
+#: last) before it is closed at once: a peer that does not read cannot
+#: hold the channel open. Any other close (DisconnRqst, a redirection)
+#: is closed so once nothing was written for that long.
+VIOLATION_LINGER = CLOSE_LINGER
 
 #: The longest packet a channel may send before its session is connected
 #: (ConnRqst, or UNotify on a session-less channel, as a UDP datagram): a
@@ -61,7 +62,8 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
 
     #: A graceful close over plain TCP reads and discards the client's
     #: input until it closes, CLOSE_LINGER seconds at most after everything
-    #: was written (``lingerWritten``), so that closing never resets it.
+    #: was written (``lingerWritten``), so that closing never resets it;
+    #: writing everything is bounded too (``close``).
     lingering_close = True
 
     #: The connection's ticket in the router's connection budget, when a
@@ -72,7 +74,6 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
         super().__init__()
         self.session = None
         self._timeout = None
-        self._linger = None
         #: Bytes of our own frames written last (DropWarn, Disconn) when
         #: the router closed the channel: not deliveries, if left unsent.
         self._tail = 0
@@ -116,7 +117,7 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
             self.log.info("closing silent channel from {peer}", peer=self.peer)
             self._stopped = True
             self.close()
-            self._linger_for("being closed for silence")
+            self._linger_for("being closed for silence")    # a deadline, not by progress
 
     def _cancel_timeout(self):
         if self._timeout is not None and self._timeout.active():
@@ -126,9 +127,6 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
     def connectionLost(self, reason=None):
         super().connectionLost(reason)
         self._cancel_timeout()
-        if self._linger is not None and self._linger.active():
-            self._linger.cancel()
-        self._linger = None
         if self.queue is not None:
             self.discardQueue()      # counted before the session's end is logged
             if self.queue.budget is not None:
@@ -235,6 +233,19 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
     #: Deliveries go straight through (the hot path: no extra call).
     send_encoded = QueuedFramedProtocol.writeOrQueue
 
+    def close(self):
+        """Close gracefully once everything queued is written (DisconnRply
+        or a Disconn last: a DisconnRqst, a redirection, too many protocol
+        errors), bounded by progress: once CLOSE_LINGER seconds pass in
+        which the client took nothing more of it, what is left is counted
+        and the channel closed at once (``closeTookTooLong``), so a client
+        that stops reading cannot hold it, and one reading a long queue
+        slowly is not cut. While the router stops, ``shutdown-grace``
+        bounds it instead (``cutOff``)."""
+        super().close()
+        if not getattr(self.factory.router, "closing", False):
+            self._linger_for("being closed", progress=True)
+
     def drop(self):
         """A protocol violation (``SessionOutput.drop``): nothing more is
         read (not even the rest of this read: each further frame would log
@@ -262,22 +273,30 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
 
     def lingerWritten(self):
         """A graceful close wrote everything and sent end of file: the client
-        has CLOSE_LINGER seconds to close its end (unless a linger runs
+        has CLOSE_LINGER seconds to close its end (unless a deadline runs
         already), its input read and discarded meanwhile."""
         self._linger_for("being closed")
 
-    def _linger_for(self, why):
-        if self.transport is not None and self._linger is None:
-            self._linger = self.factory.clock.callLater(CLOSE_LINGER, self._linger_over, why)
+    def _linger_for(self, why, progress=False):
+        """Bound the close (``boundClose``): CLOSE_LINGER seconds from now,
+        or with ``progress`` once CLOSE_LINGER seconds pass with nothing
+        more written."""
+        self.boundClose(CLOSE_LINGER, why, progress)
+
+    def closeClock(self):
+        return self.factory.clock
+
+    def closeTookTooLong(self, why, progress):
+        self._linger_over(why, f"it took nothing more of what it was sent for "
+                               f"{CLOSE_LINGER:g} s while {why}" if progress else None)
 
     def _linger_over(self, why, cause=None):
         """The close took too long (or ``cause``): what the transport still
         holds is counted (``_count_unsent``) and the channel closed at once
         (over TCP and TLS without a reset, so what the kernel holds still
-        reaches a client that reads later)."""
-        if self._linger is not None and self._linger.active():
-            self._linger.cancel()
-        self._linger = None
+        reaches a client that reads later); what is still queued is
+        counted as it is dropped."""
+        self.cancelCloseBound()
         if self.transport is None:
             return
         if cause is None:

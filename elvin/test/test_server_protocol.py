@@ -675,6 +675,70 @@ class LossAccountingTests(unittest.TestCase):
         (line,) = self.lines("at once")
         self.assertIn("counted as 5 dropped deliveries", line)
 
+    def test_disconn_rqst_from_a_client_that_stops_reading_is_bounded(self):
+        """A client that sends DisconnRqst with deliveries still queued (its
+        transport paused, within its queue's limit) and never reads again
+        is closed at once after CLOSE_LINGER seconds in which nothing more
+        was written, what it was not sent counted as dropped and logged."""
+        from elvin.protocols.server import CLOSE_LINGER
+        stuck, stuck_t = self.connected()
+        stuck.pauseProducing()                            # the client stops reading
+        self.publish(20)
+        self.assertEqual(len(stuck.queue), 20)
+        stuck.dataReceived(frame(elvin_packets.DisconnRqst(9)))
+        self.clock.advance(CLOSE_LINGER - 0.1)
+        self.assertFalse(stuck_t.disconnecting)           # (a period without progress)
+        self.clock.advance(CLOSE_LINGER)
+        self.assertTrue(stuck_t.disconnected)
+        self.assertEqual(stuck.session.discarded, 20)     # what was queued
+        self.assertEqual(self.totals()["dropped_deliveries"], 20)
+        (line,) = self.lines("at once")
+        self.assertIn(f"it took nothing more of what it was sent for {CLOSE_LINGER:g} s "
+                      "while being closed", line)
+        stuck.connectionLost(None)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.assert_books_balance()
+
+    def test_disconn_rqst_from_a_slow_but_steady_reader_is_not_cut(self):
+        """A client reading its queue after DisconnRqst slowly, but taking
+        something every few seconds, gets all of it, then the reply."""
+        from elvin.protocols.server import CLOSE_LINGER
+        slow, slow_t = self.connected()
+        slow.pauseProducing()
+        self.publish(20)
+        slow.dataReceived(frame(elvin_packets.DisconnRqst(9)))
+        written = slow_t.writeSequence
+
+        def write_one(data):                              # the kernel takes one frame
+            written(data)
+            slow.pauseProducing()
+        slow_t.writeSequence = write_one
+        for _ in range(25):
+            self.clock.advance(CLOSE_LINGER * 0.9)
+            slow.resumeProducing()
+            if not slow.queue:
+                break
+        self.assertGreater(self.clock.seconds(), 15 * CLOSE_LINGER)
+        self.assertFalse(slow_t.disconnected)
+        self.assertTrue(slow_t.disconnecting)             # closed gracefully, all written
+        *delivered, reply = unframe(slow_t.value())
+        self.assertEqual(len(delivered), 20)
+        self.assertEqual(reply, elvin_packets.DisconnRply(9))
+        slow.connectionLost(None)
+        self.assertEqual(self.totals()["dropped_deliveries"], 0)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
+    def test_closes_while_the_router_stops_are_left_to_shutdown_grace(self):
+        from elvin.protocols.server import CLOSE_LINGER
+        stuck, stuck_t = self.connected()
+        stuck.pauseProducing()
+        self.publish(3)
+        self.h.router.shutdown()
+        self.clock.advance(3 * CLOSE_LINGER)
+        self.assertFalse(stuck_t.disconnecting)
+        self.assertTrue(stuck.cutOff())
+        self.assertTrue(stuck_t.disconnected)
+
     def test_slow_client_that_reads_is_not_reset(self):
         slow, slow_t = self.connected({"Send-Queue.Max-Length": 4096,
                                        "Send-Queue.Drop-Policy": "none"})
