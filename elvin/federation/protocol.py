@@ -26,7 +26,7 @@ from elvin.federation import packets as fed_packets
 from elvin.federation.dial import DialledPeer
 from elvin.federation.link import FederationLink, LinkState
 from elvin.protocols import packets
-from elvin.protocols.output import QueuedFramedProtocol
+from elvin.protocols.output import CLOSE_LINGER, CLOSING_MAX_DISCARD, QueuedFramedProtocol
 from elvin.protocols.xdr import DecodeError
 from elvin.core.sendqueue import SendQueue
 from elvin.uri import EwafURI, parse_ewaf
@@ -63,6 +63,13 @@ class FederationProtocol(QueuedFramedProtocol):
     log = Logger()
     #: The configured link this connection was dialled for, if any.
     dial = None
+
+    #: A graceful close over plain TCP lingers, as a client channel's: the
+    #: peer's input is read and thrown away, our side is shut once
+    #: everything is written, and the socket closed when the peer closes
+    #: its end; so the peer reads all we wrote, where a reset made its
+    #: kernel throw away what it had not read. Bounded (``close``).
+    lingering_close = True
 
     #: The TLS handshake has ended (TLS links only).
     _tls_done = False
@@ -272,6 +279,44 @@ class FederationProtocol(QueuedFramedProtocol):
     def abort(self):
         self.drop_unsent()
         super().abort()
+
+    # -- closing -------------------------------------------------------------------
+
+    def close(self):
+        """Close once everything queued is written (a Disconn last, when
+        polite), lingering; bounded as a client channel's close is: once
+        CLOSE_LINGER seconds pass in which the peer took nothing more, or
+        CLOSE_LINGER seconds after everything was written if the peer has
+        not closed its end, or once it has sent CLOSING_MAX_DISCARD bytes
+        more, the link is closed at once, without a reset, and what was
+        still queued is counted as unsent. The liveness check stops: the
+        close has its own bound."""
+        super().close()
+        if self._liveness is not None and self._liveness.active():
+            self._liveness.cancel()
+        self._liveness = None
+        self.boundClose(CLOSE_LINGER, "being closed", progress=True)
+
+    def closeClock(self):
+        return self.clock
+
+    def lingerWritten(self):
+        self.boundClose(CLOSE_LINGER, "being closed")
+
+    def closeTookTooLong(self, why, progress):
+        undone = "took nothing more of what it was sent" if progress else "did not close its end"
+        self._closed_at_once(f"the peer {undone} for {CLOSE_LINGER:g} s while {why}")
+
+    def discardedTooMuch(self):
+        self._closed_at_once(f"the peer sent over {CLOSING_MAX_DISCARD} bytes while the "
+                             "link was closed")
+
+    def _closed_at_once(self, cause):
+        link = self.link
+        self.log.info("federation link {peer}: closing at once: {cause}",
+                      peer=(link.peer_domain or link.peer_host) if link is not None else "?",
+                      cause=cause)
+        self.resetKeepingSent()     # (abort: what is queued is counted as unsent)
 
     # -- input -------------------------------------------------------------------
 

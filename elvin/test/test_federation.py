@@ -1329,3 +1329,83 @@ class LinkLossDropWarnTests(unittest.TestCase):
         self.link.sent_filter = filters.FALSE
         self.link.connection_lost("liveness")
         self.assertEqual(self.dropwarns("subscriber"), 0)
+
+
+class LingeringCloseTests(unittest.TestCase):
+    """A link the router closes while its peer is still sending lingers, as
+    a client channel does (over real loopback sockets: an in-memory
+    transport shows no reset): the peer reads everything written before
+    the close, the Disconn last, then end of file, where closing with its
+    input unread made our kernel reset the connection and the peer's
+    throw away what it had not read."""
+
+    TEST_CONNS = 2000
+
+    def setUp(self):
+        self.manager = FederationManager(Router(), "ours.test",
+                                         [FederationClass("Peer", hosts=["*"])], None,
+                                         reactor, debounce=0)
+        self.addCleanup(self.manager.shutdown)
+        port = reactor.listenTCP(0, AcceptorFactory(self.manager, keepalive=0),
+                                 interface="127.0.0.1")
+        self.addCleanup(port.stopListening)
+        self.port = port.getHost().port
+
+    def peer(self):
+        """A peer that asks for a link, then sends ConfConn for 0.5 s
+        without reading, then reads to the end: (packets read, how it
+        ended)."""
+        import socket
+        import time
+
+        def run():
+            sock = socket.create_connection(("127.0.0.1", self.port))
+            sock.settimeout(2)
+            try:
+                data = packets.encode(fed_packets.FedConnRqst(1, 1, 0, "peer.test"))
+                sock.sendall(struct.pack(">I", len(data)) + data)
+                conf = packets.encode(packets.ConfConn())
+                conf = struct.pack(">I", len(conf)) + conf
+                end, how = time.monotonic() + 0.5, "eof"
+                try:
+                    while time.monotonic() < end:
+                        sock.sendall(conf * 16)
+                        time.sleep(0.002)
+                except OSError:                           # reset while sending
+                    how = "reset"
+                received = b""
+                try:
+                    while True:
+                        chunk = sock.recv(65536)
+                        if not chunk:
+                            break
+                        received += chunk
+                except OSError:
+                    how = "reset"
+                got = []
+                while len(received) >= 4:
+                    (length,) = struct.unpack(">I", received[:4])
+                    if len(received) < 4 + length:
+                        break
+                    got.append(fed_packets.decode(received[4:4 + length]))
+                    received = received[4 + length:]
+                return got, how
+            finally:
+                sock.close()
+        from twisted.internet import threads
+        return threads.deferToThread(run)
+
+    @defer.inlineCallbacks
+    def test_a_peer_still_sending_reads_all_it_was_written(self):
+        done = self.peer()
+        yield wait_until(lambda: self.manager.links and all(
+            l.state == l.UP for l in self.manager.links), timeout=2)
+        (link,) = self.manager.links
+        for _ in range(self.TEST_CONNS):
+            link.output.send(packets.TestConn())
+        link.close("shutdown")
+        got, how = yield done
+        self.assertEqual((sum(type(p) is packets.TestConn for p in got), how),
+                         (self.TEST_CONNS, "eof"))
+        self.assertIsInstance(got[0], fed_packets.FedConnRply)
+        self.assertEqual(got[-1], packets.Disconn(1, "shutdown"))
