@@ -289,6 +289,7 @@ class QueuedFramedProtocol(FramedProtocol):
 
     def connectionLost(self, reason=None):
         super().connectionLost(reason)
+        self._lost = True
         self.cancelCloseBound()
         self.releaseKeptSocket()       # Twisted has closed its own descriptor
 
@@ -299,6 +300,8 @@ class QueuedFramedProtocol(FramedProtocol):
     #: ``written()`` at the last look, for a close bounded by progress
     #: (None: bounded by a deadline).
     _close_mark = None
+    #: The connection is gone (a transport may end it while it is closed).
+    _lost = False
 
     def closeClock(self):
         """The clock timing a close (override)."""
@@ -320,7 +323,7 @@ class QueuedFramedProtocol(FramedProtocol):
             if progress or self._close_mark is None:
                 return
             self.cancelCloseBound()
-        if self.transport is None:
+        if self.transport is None or self._lost:
             return
         self._close_mark = self.written() if progress else None
         self._close_bound = self.closeClock().callLater(seconds, self._close_due, seconds,
