@@ -39,7 +39,8 @@ from elvin.core.router import RouterObserver
 #: Why a link goes down after a closing handshake (our Disconn or the
 #: peer's, each written after what was queued): nothing was in flight, so
 #: no subscriber is warned of a loss.
-POLITE_ENDS = frozenset(("shutdown", "federation class removed", "disconnected by peer"))
+POLITE_ENDS = frozenset(("shutdown", "federation class removed", "federation link removed",
+                         "disconnected by peer"))
 
 __all__ = ["FederationClass", "FederationManager", "host_matches"]
 

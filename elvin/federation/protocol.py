@@ -16,7 +16,7 @@ import socket
 import struct
 
 from twisted.application.internet import ClientService
-from twisted.internet import error, protocol
+from twisted.internet import defer, error, protocol, task
 from twisted.internet.interfaces import IHandshakeListener
 from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOProtocol
@@ -73,6 +73,8 @@ class FederationProtocol(QueuedFramedProtocol):
 
     #: The TLS handshake has ended (TLS links only).
     _tls_done = False
+    #: Deferreds fired when the connection is lost (``when_lost``).
+    _lost_waiters: tuple = ()
     #: The first bytes the peer sent, for saying what it is if the link
     #: fails before it comes up.
     _first_bytes = b""
@@ -242,6 +244,12 @@ class FederationProtocol(QueuedFramedProtocol):
         super().frameTooLong(length)
 
     def connectionLost(self, reason=None):
+        live = getattr(self.factory, "live", None)
+        if live is not None:
+            live.discard(self)
+        for waiter in self._lost_waiters:
+            waiter.callback(None)
+        self._lost_waiters = ()
         link = self.link
         if link is not None and link.state in (link.CONNECTING, link.AWAITING_REQUEST):
             self._failed_to_start(reason)
@@ -299,6 +307,12 @@ class FederationProtocol(QueuedFramedProtocol):
 
     def closeClock(self):
         return self.clock
+
+    def when_lost(self):
+        """A Deferred that fires once the connection is lost."""
+        waiter = defer.Deferred()
+        self._lost_waiters = (*self._lost_waiters, waiter)
+        return waiter
 
     def lingerWritten(self):
         self.boundClose(CLOSE_LINGER, "being closed")
@@ -418,12 +432,16 @@ class ConnectorFactory(protocol.Factory):
         self.backoff = None
         #: The configured link the status shows (``connector_service``).
         self.dial = None
+        #: Its connections not yet lost (``_Keeper.stopService`` closes
+        #: them politely first).
+        self.live = set()
 
     def buildProtocol(self, addr):
         proto = FederationProtocol(self.manager, True, self.fed_class, self.keepalive)
         proto.factory = self
         proto.dial = self.dial
         proto.on_up = self._link_up
+        self.live.add(proto)
         return proto
 
     def _link_up(self):
@@ -499,11 +517,33 @@ class _Keeper(ClientService):
             dialled.append(self.dial)
         super().startService()
 
+    #: Why a link still up is closed when the keeper stops: a reload that
+    #: removed its URI (the router's shutdown closes its links itself).
+    end_reason = "federation link removed"
+
     def stopService(self):
+        """Closes the link politely first, if one is connected (a Disconn
+        after what is queued, lingering: ``FederationProtocol.close``,
+        bounded), and stops once its connection is lost: ClientService
+        alone would drop the connection with the peer's input unread, a
+        reset, and wait for a peer that does not read without bound."""
         dialled = self._dialled()
         if dialled is not None and self.dial in dialled:
             dialled.remove(self.dial)
-        return super().stopService()
+        live = list(getattr(self.factory, "live", ()))
+        if not live:
+            return super().stopService()
+        lost = [proto.when_lost() for proto in live]
+        for proto in live:
+            if proto.link is not None and proto.link.state != proto.link.CLOSED:
+                proto.link.close(self.end_reason)
+            elif not proto.closing:
+                proto.close()
+        stop = super().stopService
+        # After ClientService has seen the connection go (it then waits to
+        # redial, which stopping cancels).
+        return defer.gatherResults(lost).addCallback(
+            lambda _: task.deferLater(self.clock, 0, stop))
 
 
 def connector_service(reactor, endpoint, factory, initial_delay=0.5, max_delay=30.0,
@@ -523,6 +563,7 @@ def connector_service(reactor, endpoint, factory, initial_delay=0.5, max_delay=3
                      clock=reactor)
     keeper.factory = factory
     keeper.dial = dial
+    keeper.clock = reactor
     return keeper
 
 

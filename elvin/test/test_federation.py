@@ -1364,32 +1364,8 @@ class LingeringCloseTests(unittest.TestCase):
             try:
                 data = packets.encode(fed_packets.FedConnRqst(1, 1, 0, "peer.test"))
                 sock.sendall(struct.pack(">I", len(data)) + data)
-                conf = packets.encode(packets.ConfConn())
-                conf = struct.pack(">I", len(conf)) + conf
-                end, how = time.monotonic() + 0.5, "eof"
-                try:
-                    while time.monotonic() < end:
-                        sock.sendall(conf * 16)
-                        time.sleep(0.002)
-                except OSError:                           # reset while sending
-                    how = "reset"
-                received = b""
-                try:
-                    while True:
-                        chunk = sock.recv(65536)
-                        if not chunk:
-                            break
-                        received += chunk
-                except OSError:
-                    how = "reset"
-                got = []
-                while len(received) >= 4:
-                    (length,) = struct.unpack(">I", received[:4])
-                    if len(received) < 4 + length:
-                        break
-                    got.append(fed_packets.decode(received[4:4 + length]))
-                    received = received[4 + length:]
-                return got, how
+                how = _send_unread(sock, 0.5)
+                return _read_to_end(sock, how)
             finally:
                 sock.close()
         from twisted.internet import threads
@@ -1409,3 +1385,137 @@ class LingeringCloseTests(unittest.TestCase):
                          (self.TEST_CONNS, "eof"))
         self.assertIsInstance(got[0], fed_packets.FedConnRply)
         self.assertEqual(got[-1], packets.Disconn(1, "shutdown"))
+
+
+class RemovedLinkCloseTests(unittest.TestCase):
+    """A configured link a reload removes (its keeper stopped) is closed
+    politely and lingering: the peer reads what was queued and a Disconn,
+    then end of file, where ClientService alone dropped the connection
+    with the peer's input unread (a reset); and the keeper's stop is
+    bounded when the peer never reads."""
+
+    def setUp(self):
+        import socket
+        self.manager = FederationManager(Router(), "ours.test",
+                                         [FederationClass("Peer", hosts=["*"])], None,
+                                         reactor, debounce=0)
+        self.addCleanup(self.manager.shutdown)
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))
+        self.server.listen(1)
+        self.server.settimeout(5)
+        self.addCleanup(self.server.close)
+
+    def keeper(self):
+        factory = ConnectorFactory(self.manager, self.manager.classes["Peer"], keepalive=0)
+        endpoint = endpoints.TCP4ClientEndpoint(reactor, "127.0.0.1",
+                                                self.server.getsockname()[1])
+        keeper = connector_service(reactor, endpoint, factory, name="ewaf://peer.test")
+        keeper.startService()
+        return keeper
+
+    def peer(self, reads):
+        """Accepts our link and brings it up, sends ConfConn for 0.3 s
+        without reading, then (``reads``) reads to the end: (packets read,
+        how it ended); else holds the socket unread until ``release``."""
+        import threading
+        import time
+        self.release = threading.Event()
+
+        def run():
+            sock, _ = self.server.accept()
+            sock.settimeout(3)
+            try:
+                header = sock.recv(4, socket_waitall())
+                request = fed_packets.decode(sock.recv(struct.unpack(">I", header)[0],
+                                                       socket_waitall()))
+                reply = packets.encode(fed_packets.FedConnRply(request.xid, "peer.test"))
+                sock.sendall(struct.pack(">I", len(reply)) + reply)
+                how = _send_unread(sock, 0.3)
+                if not reads:
+                    self.release.wait(5)
+                    return [], "unread"
+                return _read_to_end(sock, how)
+            finally:
+                sock.close()
+        from twisted.internet import threads
+        return threads.deferToThread(run)
+
+    @defer.inlineCallbacks
+    def test_the_peer_reads_all_then_a_disconn_then_end_of_file(self):
+        done = self.peer(reads=True)
+        keeper = self.keeper()
+        yield wait_until(lambda: self.manager.links and all(
+            l.state == l.UP for l in self.manager.links), timeout=3)
+        (link,) = self.manager.links
+        for _ in range(2000):
+            link.output.send(packets.TestConn())
+        yield keeper.stopService()
+        got, how = yield done
+        self.assertEqual((sum(type(p) is packets.TestConn for p in got), how), (2000, "eof"))
+        self.assertEqual(got[-1], packets.Disconn(1, "federation link removed"))
+        self.assertFalse(keeper.running)
+        self.assertEqual(self.manager.links, [])
+
+    @defer.inlineCallbacks
+    def test_stopping_is_bounded_when_the_peer_never_reads(self):
+        self.patch(fedproto, "CLOSE_LINGER", 0.2)
+        done = self.peer(reads=False)
+        keeper = self.keeper()
+        yield wait_until(lambda: self.manager.links and all(
+            l.state == l.UP for l in self.manager.links), timeout=3)
+        (link,) = self.manager.links
+        big = packets.Nack(1, 2001, "x" * 60_000, ())
+        for _ in range(120):           # 7 MB: more than loopback's socket buffers
+            link.output.send(big)
+        started = reactor.seconds()
+        try:
+            yield keeper.stopService()
+            self.assertLess(reactor.seconds() - started, 2.0)
+            self.assertFalse(keeper.running)
+        finally:
+            self.release.set()
+        yield done
+
+
+def socket_waitall():
+    import socket
+    return socket.MSG_WAITALL
+
+
+def _send_unread(sock, seconds):
+    """Send ConfConns for ``seconds`` without reading: "eof" so far, or
+    "reset" if sending failed."""
+    import time
+    conf = packets.encode(packets.ConfConn())
+    conf = struct.pack(">I", len(conf)) + conf
+    end = time.monotonic() + seconds
+    try:
+        while time.monotonic() < end:
+            sock.sendall(conf * 16)
+            time.sleep(0.002)
+    except OSError:                           # reset while sending
+        return "reset"
+    return "eof"
+
+
+def _read_to_end(sock, how):
+    """Read ``sock`` to its end: (the federation packets read, ``how``, or
+    "reset" if reading failed)."""
+    received = b""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            received += chunk
+    except OSError:
+        how = "reset"
+    got = []
+    while len(received) >= 4:
+        (length,) = struct.unpack(">I", received[:4])
+        if len(received) < 4 + length:
+            break
+        got.append(fed_packets.decode(received[4:4 + length]))
+        received = received[4 + length:]
+    return got, how
