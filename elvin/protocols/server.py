@@ -144,13 +144,17 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
 
     def frameReceived(self, data):
         pkt_id = _packet_id(data)[0]
+        # An array over the connection's limit for it is not decoded
+        # (ConnectionOptions.count_limits, packets.UnreadArray): the session
+        # answers it as if it were.
         if pkt_id == _NOTIFY_EMIT and self.session.state is _CONNECTED:
             # The hot path: a NotifyEmit on a session goes straight to the
             # session as its fields, without building the packet or
             # dispatching on its type: every notification takes this path
             # (docs/performance.md).
             try:
-                attributes, deliver_insecure, keys, end = packets.notify_emit_fields(data)
+                attributes, deliver_insecure, keys, end = packets.notify_emit_fields(
+                    data, self.session.options.count_limits)
             except DecodeError as e:
                 self._undecodable(data, e)
                 return
@@ -164,7 +168,7 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
             self.session.decode_failed(f"packet id {pkt_id} is not one a client sends")
             return
         try:
-            packet = packets.decode(data)
+            packet = packets.decode(data, None, self.session.options.count_limits)
         except DecodeError as e:
             self._undecodable(data, e)
             return
@@ -185,7 +189,8 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
             self.session.bad_utf8(_packet_id(data)[0], xid, error.offset, str(error))
             return
         try:
-            packet, problem = packets.notification_repeating(data, error)
+            packet, problem = packets.notification_repeating(
+                data, error, limits=self.session.options.count_limits)
         except DecodeError as e:
             self.session.decode_failed(str(e))
             return
