@@ -36,6 +36,7 @@ Wire decisions beyond the XDR primitives (see ``xdr``'s docstring):
 
 import operator
 import struct
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import ClassVar
@@ -54,7 +55,7 @@ __all__ = [
     "SubDelNotify", "Keys", "UnreadArray", "UnknownPacketError", "DecodeError",
     "EncodeError", "RepeatedNameError", "encode", "decode", "notification_repeating",
     "encode_attributes", "decode_notify_emit",
-    "notify_emit_fields",
+    "notify_emit_fields", "notify_emit_limits_from",
     "encode_notify_deliver_from", "define", "register", "Registry",
     "CLIENT", "WireType", "ID32", "UINT32", "INT32", "ID64", "UINT8",
     "UINT16", "BOOLEAN", "STRING", "NAME_VALUES", "OPTIONS", "VALUES", "STRINGS",
@@ -706,6 +707,25 @@ def notify_emit_fields(data, limits=None):
 
 
 _NOTIFY_EMIT_ATTRIBUTES = "NotifyEmit.attributes"
+_NOTIFY_EMIT_KEYS = "NotifyEmit.keys"
+
+
+def notify_emit_limits_from(limits):
+    """The length of the shortest NotifyEmit that could hold an array over
+    ``limits`` (None: no limits): a shorter one can be decoded without
+    them (the router's hot path). Over Attribute.Max-Count A it takes
+    A + 1 attributes of 12 bytes after the pkt_id and count; over K keys,
+    K + 1 of 4 bytes after the pkt_id, an empty attribute array, the
+    boolean and a Keys header of 16 bytes."""
+    if not limits:
+        return sys.maxsize
+    shortest = sys.maxsize
+    attributes, keys = limits.get(_NOTIFY_EMIT_ATTRIBUTES), limits.get(_NOTIFY_EMIT_KEYS)
+    if attributes is not None:
+        shortest = 8 + 12 * (attributes + 1)
+    if keys is not None:
+        shortest = min(shortest, 28 + 4 * (keys + 1))
+    return shortest
 
 
 def _unread(data, min_item_size, what, limits):

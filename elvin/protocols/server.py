@@ -68,6 +68,11 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
     #: listener's gate admitted it (elvin.protocols.gate); None in a tunnel.
     admission = None
 
+    #: The shortest NotifyEmit that could hold an array over the
+    #: connection's limits (``packets.notify_emit_limits_from``), set by
+    #: ``configure``: shorter ones are decoded without them.
+    _emit_limits_from = 0
+
     def __init__(self):
         super().__init__()
         self.session = None
@@ -151,10 +156,14 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
             # The hot path: a NotifyEmit on a session goes straight to the
             # session as its fields, without building the packet or
             # dispatching on its type: every notification takes this path
-            # (docs/performance.md).
+            # (docs/performance.md). One too short to hold an array over
+            # the limits (almost all) is decoded without them.
             try:
-                attributes, deliver_insecure, keys, end = packets.notify_emit_fields(
-                    data, self.session.options.count_limits)
+                if len(data) < self._emit_limits_from:
+                    attributes, deliver_insecure, keys, end = packets.notify_emit_fields(data)
+                else:
+                    attributes, deliver_insecure, keys, end = packets.notify_emit_fields(
+                        data, self.session.options.count_limits)
             except DecodeError as e:
                 self._undecodable(data, e)
                 return
@@ -371,6 +380,9 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
                 pass
 
     def configure(self, options):
+        # (Called when a session is connected and whenever its options
+        # change: the NotifyEmit fast path runs only on a connected one.)
+        self._emit_limits_from = packets.notify_emit_limits_from(options.count_limits)
         self._apply_nodelay(options)
         self.max_frame_length = options["Packet.Max-Length"]
         self.queue.configure(options["Send-Queue.Max-Length"],

@@ -8,6 +8,7 @@ counts the items decoded: work, not time (the time is in
 bench/count_limits.py)."""
 
 import itertools
+import sys
 import struct
 
 from twisted.internet.task import Clock
@@ -347,3 +348,32 @@ class DecoderLimitTests(unittest.TestCase):
             self.assertEqual((insecure, keys, end), (False, P.Keys.EMPTY, 0))
             self.assertEqual(P.notify_emit_fields(data, {"NotifyEmit.attributes": 2})[0],
                              {"a": 1, "b": 2})
+
+    def test_the_shortest_notifications_over_a_limit(self):
+        # The router decodes a NotifyEmit shorter than notify_emit_limits_from
+        # without limits: none so short can hold an array over them.
+        limits = {"NotifyEmit.attributes": 16, "NotifyEmit.keys": 3}
+        shortest = P.notify_emit_limits_from(limits)
+        over_attributes = _u32(P.NotifyEmit.ID, 17) + (_opaque(b"") + _u32(1, 7)) * 17 + _u32(1, 0)
+        over_keys = _u32(P.NotifyEmit.ID, 0, 1, 1, SHA1_PRODUCER, 1, 4) + _opaque(b"") * 4
+        self.assertEqual(min(len(over_attributes), len(over_keys)), shortest)
+        self.assertIsInstance(P.notify_emit_fields(over_attributes, limits)[0], P.UnreadArray)
+        self.assertIsInstance(P.notify_emit_fields(over_keys, limits)[2], P.UnreadArray)
+        self.assertEqual(P.notify_emit_limits_from(None), sys.maxsize)
+
+
+class NegotiatedLimitTests(unittest.TestCase):
+    def test_a_limit_negotiated_lower_holds_the_shortest_packet_over_it(self):
+        answers = _Answers()
+        proto, transport = answers.harness.client()
+        proto.dataReceived(frame(P.ConnRqst(1, 4, 0, {"Attribute.Max-Count": 16})))
+        transport.clear()
+        work = _Work(self)
+        data = _u32(P.NotifyEmit.ID, 17) + (_opaque(b"") + _u32(1, 7)) * 17 + _u32(1, 0)
+        proto.dataReceived(_u32(len(data)) + data)
+        self.assertEqual(work.items, 0)
+        self.assertEqual(answers.ignored, ["more than Attribute.Max-Count (16) attributes"])
+        # QosRqst: the limits follow.
+        proto.dataReceived(frame(P.QosRqst(2, {"Attribute.Max-Count": 17})))
+        proto.dataReceived(_u32(len(data)) + data)
+        self.assertEqual(answers.ignored[1:], ["attribute name '' repeated"])
