@@ -101,7 +101,7 @@ class _Work:
     one, NameValue arrays by their length (compiled or not); only while
     ``on`` (``_Answers.to`` sets it while the router reads)."""
 
-    on = True
+    on = False
 
     def __init__(self, test):
         self.items = 0
@@ -282,6 +282,7 @@ class CountLimitTests(unittest.TestCase):
 
         for data in (_unotify(_ATTRIBUTES + 1), _unotify(1, _CONNECTION_KEYS + 1)):
             work = _Work(self)
+            work.on = True
             answer = received(data, True)
             self.assertLessEqual(work.items, 1)
             self.assertEqual(answer, received(data, False))
@@ -302,6 +303,7 @@ class CountLimitTests(unittest.TestCase):
         bystander, bystander_t = answers.connected()
         bomb = _qnch_add(_fill(_qnch_add))
         work = _Work(self)
+        work.on = True
         attacker.dataReceived(_u32(len(bomb)) + bomb)
         bystander.dataReceived(frame(P.SubAddRqst(3, "require(a)", True, P.Keys.EMPTY)))
         attacker.dataReceived(_u32(len(bomb)) + bomb)
@@ -369,6 +371,7 @@ class NegotiatedLimitTests(unittest.TestCase):
         proto.dataReceived(frame(P.ConnRqst(1, 4, 0, {"Attribute.Max-Count": 16})))
         transport.clear()
         work = _Work(self)
+        work.on = True
         data = _u32(P.NotifyEmit.ID, 17) + (_opaque(b"") + _u32(1, 7)) * 17 + _u32(1, 0)
         proto.dataReceived(_u32(len(data)) + data)
         self.assertEqual(work.items, 0)
@@ -377,3 +380,52 @@ class NegotiatedLimitTests(unittest.TestCase):
         proto.dataReceived(frame(P.QosRqst(2, {"Attribute.Max-Count": 17})))
         proto.dataReceived(_u32(len(data)) + data)
         self.assertEqual(answers.ignored[1:], ["attribute name '' repeated"])
+
+
+class ProxyCountLimitTests(unittest.TestCase):
+    """The proxy's client side (the same server protocol, its own
+    handlers and limits: elvin.proxy.state.COUNT_LIMITED_FIELDS)."""
+
+    def answer(self, data, limited, work=None):
+        from twisted.internet.testing import StringTransport
+        from elvin.proxy.core import ProxyCore
+        from elvin.proxy.protocol import ProxyServerFactory
+        from elvin.proxy.store import Store
+        from elvin.test.test_proxy_core import Clock as CoreClock, InProcessUpstream
+        upstream = InProcessUpstream()
+        core = ProxyCore(Store(":memory:"), upstream, clock=CoreClock())
+        upstream.core = core
+        upstream.up()
+        self.addCleanup(upstream.down)
+        if not limited:
+            core.new_options = lambda: ConnectionOptions(core.option_specs)
+        protocol = ProxyServerFactory(core, Clock(), 30).buildProtocol(None)
+        transport = StringTransport()
+        protocol.makeConnection(transport)
+        protocol.dataReceived(frame(P.ConnRqst(1, 4, 0, {})))
+        transport.clear()
+        if work is not None:
+            work.on = True
+        protocol.dataReceived(_u32(len(data)) + data)
+        if work is not None:
+            work.on = False
+        return unframe(transport.value()), transport.disconnecting
+
+    def test_the_proxy_answers_as_before(self):
+        attributes = _notify_emit(_ATTRIBUTES + 1)
+        for data, option in ((_qnch_add(_ATTRIBUTES + 1), None),
+                             (_sub_add(_CONNECTION_KEYS + 1), "Connection.Max-Keys"),
+                             (_sec_rqst(_CONNECTION_KEYS + 1), "Connection.Max-Keys"),
+                             (attributes, None)):
+            work = _Work(self)
+            answer = self.answer(data, True, work)
+            read, work.items = work.items, 0
+            self.assertEqual(answer, self.answer(data, False, work))
+            self.assertLess(read, work.items)
+            self.assertLessEqual(read, 1)
+            if option is not None:
+                ((nack,), _) = answer
+                self.assertEqual((nack.error, nack.args), (errors.QOS_LIMIT, (option,)))
+        ((nack,), _) = self.answer(_qnch_add(_ATTRIBUTES + 1), True)
+        self.assertEqual(nack.error, errors.NOT_IMPL)
+        self.assertEqual(self.answer(attributes, True), ([], False))
