@@ -161,11 +161,17 @@ class ConnectionOptions:
     """The options in force for one connection, and how to negotiate them.
 
     ``specs`` lets the router's configuration change defaults and ranges.
+    ``count_fields``: the arrays a client sends that an option bounds, as
+    a mapping of the decoder's name for each (``"NotifyEmit.attributes"``)
+    to the option; ``count_limits`` is then that mapping with the options'
+    values in force, for ``packets.decode`` to leave an array over its
+    limit unread (None without ``count_fields``).
     """
 
-    def __init__(self, specs=None, key_schemes=()):
+    def __init__(self, specs=None, key_schemes=(), count_fields=None):
         self.specs = dict(OPTIONS if specs is None else specs)
         self.key_schemes = tuple(key_schemes)
+        self.count_fields = count_fields
         self.values = {name: spec.default for name, spec in self.specs.items()}
         self._limits_changed()
 
@@ -223,6 +229,9 @@ class ConnectionOptions:
                                  min(values["Attribute.Name.Max-Length"],
                                      values["Attribute.String.Max-Length"],
                                      values["Attribute.Opaque.Max-Length"]))
+        fields = self.count_fields
+        self.count_limits = None if fields is None else {
+            what: values[option] for what, option in fields.items()}
 
     def _informational(self, standard):
         if standard == "Vendor-Identification":

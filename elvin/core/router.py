@@ -455,7 +455,7 @@ class Router(SessionHost):
         self._heavy_quiet.pop(session, None)
 
     def new_options(self):
-        return ConnectionOptions(self.option_specs, self.key_schemes())
+        return ConnectionOptions(self.option_specs, self.key_schemes(), COUNT_LIMITED_FIELDS)
 
     def key_schemes(self):
         return SUPPORTED_KEY_SCHEMES
@@ -1400,8 +1400,12 @@ class ClientSession:
                                 "a quench needs at least one attribute name")
             return
         # A quench is "a set of named attributes" (section 5.4.4): one named twice in a
-        # request is the same name, in QnchAddRqst as in QnchModRqst.
-        names = tuple(dict.fromkeys(packet.names))
+        # request is the same name, in QnchAddRqst as in QnchModRqst. More names
+        # than Attribute.Max-Count, repeated or not, were left unread (an
+        # UnreadArray: _quench_problem refuses it for its count).
+        names = packet.names
+        if type(names) is not packets.UnreadArray:
+            names = tuple(dict.fromkeys(names))
         if self._quench_problem(packet.xid, names, len(self.quenches) + 1):
             return
         keys = self._keys(packet.xid, packet.keys, PRODUCER, _SUBSCRIPTION_KEYS)
@@ -1714,6 +1718,33 @@ class ClientSession:
 
 _CONNECTION_KEYS = "Connection.Max-Keys"
 _SUBSCRIPTION_KEYS = "Subscription.Max-Keys"
+
+#: The arrays a client sends that one of its connection's options bounds
+#: (``ConnectionOptions.count_fields``): one over its limit is left unread
+#: (``packets.UnreadArray``), so a packet's decoding costs what its limits
+#: allow, not what its length does, and is answered as if read: a request
+#: Nacked (QOS_LIMIT, naming the option), a notification ignored (7.3.3).
+#: A Keys field is held to its number of keys; a quench's names are
+#: counted as sent, a repeated one too. (A ConnRqst's arrive in at most
+#: PRE_CONNECT_MAX_PACKET bytes and set the limits; a QosRqst's options
+#: are not bounded: the unknown ones are ignored.)
+COUNT_LIMITED_FIELDS = {
+    "NotifyEmit.attributes": "Attribute.Max-Count",
+    "UNotify.attributes": "Attribute.Max-Count",
+    "QnchAddRqst.names": "Attribute.Max-Count",
+    "NotifyEmit.keys": _CONNECTION_KEYS,
+    "UNotify.keys": _CONNECTION_KEYS,
+    "SecRqst.add_nfn_keys": _CONNECTION_KEYS,
+    "SecRqst.del_nfn_keys": _CONNECTION_KEYS,
+    "SecRqst.add_sub_keys": _CONNECTION_KEYS,
+    "SecRqst.del_sub_keys": _CONNECTION_KEYS,
+    "SubAddRqst.keys": _SUBSCRIPTION_KEYS,
+    "SubModRqst.add_keys": _SUBSCRIPTION_KEYS,
+    "SubModRqst.del_keys": _SUBSCRIPTION_KEYS,
+    "QnchAddRqst.keys": _SUBSCRIPTION_KEYS,
+    "QnchModRqst.add_keys": _SUBSCRIPTION_KEYS,
+    "QnchModRqst.del_keys": _SUBSCRIPTION_KEYS,
+}
 
 
 def _deliveries(count):

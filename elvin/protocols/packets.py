@@ -26,15 +26,23 @@ Wire decisions beyond the XDR primitives (see ``xdr``'s docstring):
   (Avis wants 1 for single and 2 for dual schemes) or scheme ids.
 * NotifyEmit with no attributes is accepted although 8.2.3.5 says n > 0:
   that too is for the session to decide.
+* ``decode(data, limits=...)`` takes the receiver's limits on the arrays
+  a packet holds (``xdr.Reader``'s ``limits``, by ``Class.field``; a Keys
+  field is held to its number of keys): an array over its limit is not
+  read, and the packet comes back with an ``UnreadArray`` in that field
+  and the fields after it empty, for the session to answer as it would
+  the decoded packet (a router: ``ConnectionOptions.count_limits``).
 """
 
 import operator
 import struct
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
-from elvin.protocols.xdr import DecodeError, EncodeError, Reader, RepeatedNameError, Writer
+from elvin.protocols.xdr import (CountOverLimit, DecodeError, EncodeError, Reader,
+                                  RepeatedNameError, Writer)
 from elvin.protocols.xdr import _accelerated_name_values as _compiled_name_values
 from elvin.values import Int64 as _Int64
 
@@ -44,10 +52,10 @@ __all__ = [
     "SubAddRqst", "SubModRqst", "SubDelRqst", "SubRply", "DropWarn",
     "TestConn", "ConfConn", "QosRqst", "QosRply", "QnchAddRqst",
     "QnchModRqst", "QnchDelRqst", "QnchRply", "SubAddNotify", "SubModNotify",
-    "SubDelNotify", "Keys", "UnknownPacketError", "DecodeError",
+    "SubDelNotify", "Keys", "UnreadArray", "UnknownPacketError", "DecodeError",
     "EncodeError", "RepeatedNameError", "encode", "decode", "notification_repeating",
     "encode_attributes", "decode_notify_emit",
-    "notify_emit_fields",
+    "notify_emit_fields", "notify_emit_limits_from",
     "encode_notify_deliver_from", "define", "register", "Registry",
     "CLIENT", "WireType", "ID32", "UINT32", "INT32", "ID64", "UINT8",
     "UINT16", "BOOLEAN", "STRING", "NAME_VALUES", "OPTIONS", "VALUES", "STRINGS",
@@ -189,19 +197,71 @@ def _write_keys(writer, keys):
                 writer.opaque(key)
 
 
-def _read_keys(reader):
+def _read_keys(reader, what=None):
+    """A Keys field. With a limit in ``reader.limits`` for ``what`` (the
+    field), the keys are counted as their counts are read, and
+    CountOverLimit is raised as soon as there are more, before they are
+    read."""
     n = reader.count(8, "Keys scheme")
     if n == 0:
         return Keys.EMPTY
+    limits = reader.limits
+    limit = None if limits is None else limits.get(what)
+    total = 0
     entries = []
     for _ in range(n):
         scheme = reader.uint32("key scheme id")
         sets = []
         for _ in range(reader.count(4, "key set")):
             opaque = reader.opaque
-            sets.append(tuple([opaque("key") for _ in range(reader.count(4, "key"))]))
+            pos = reader.pos
+            count = reader.count(4, "key")
+            if limit is not None:
+                total += count
+                if total > limit:
+                    raise CountOverLimit(what, total, limit, pos)
+            sets.append(tuple([opaque("key") for _ in range(count)]))
         entries.append((scheme, tuple(sets)))
     return Keys._trusted(tuple(entries))
+
+
+class UnreadArray:
+    """An array field left unread because its count is over the receiver's
+    limit for it (``xdr.CountOverLimit``): a stand-in the session answers
+    as it would the decoded array. Its ``len`` (and, for a Keys field,
+    ``key_count()``) is the count read (for Keys, the keys counted until
+    the limit was passed), so every check of the count sees it over the
+    limit; it has no items."""
+
+    __slots__ = ("what", "count", "limit")
+
+    def __init__(self, what, count, limit):
+        self.what = what
+        self.count = count
+        self.limit = limit
+
+    @classmethod
+    def of(cls, error):
+        """The stand-in for the array ``error`` (a CountOverLimit) refused."""
+        return cls(error.what, error.count, error.limit)
+
+    def __len__(self):
+        return self.count
+
+    def key_count(self):
+        return self.count
+
+    def __iter__(self):
+        return iter(())
+
+    def items(self):
+        return iter(())
+
+    def entries(self):
+        return ()
+
+    def __repr__(self):
+        return f"<UnreadArray {self.what}: {self.count} items, over {self.limit}>"
 
 
 # -- wire types ------------------------------------------------------------
@@ -214,16 +274,19 @@ class WireType:
     step); the others a reader and a writer function.
     """
 
-    __slots__ = ("name", "code", "limit", "read", "write", "convert")
+    __slots__ = ("name", "code", "limit", "read", "write", "convert", "empty")
 
     def __init__(self, name, code=None, limit=None, read=None, write=None,
-                 convert=None):
+                 convert=None, empty=None):
         self.name = name
         self.code = code          # struct format char for fixed-size types
         self.limit = limit        # largest legal value, if narrower than code
         self.read = read          # read(reader, what) for variable types
         self.write = write        # write(writer, value) for variable types
         self.convert = convert    # normalise a constructor argument
+        #: the value standing in for the field when it was not read (after
+        #: an UnreadArray)
+        self.empty = (0 if code is not None else "") if empty is None else empty
 
     def __repr__(self):
         return self.name
@@ -251,22 +314,22 @@ INT32 = WireType("int32", "i")
 ID64 = WireType("id64", "Q")
 UINT8 = WireType("uint8", "I", limit=0xFF)
 UINT16 = WireType("uint16", "I", limit=0xFFFF)
-BOOLEAN = WireType("boolean", "I", limit=1, convert=_bool)
+BOOLEAN = WireType("boolean", "I", limit=1, convert=_bool, empty=False)
 STRING = WireType("string", read=Reader.string, write=Writer.string)
 NAME_VALUES = WireType("NameValue[]", read=Reader.name_values,
-                       write=Writer.name_values, convert=_dict)
+                       write=Writer.name_values, convert=_dict, empty={})
 #: A connection options table: a NameValue array whose repeated name
 #: takes its last value (``Reader.options``).
 OPTIONS = WireType("options", read=Reader.options, write=Writer.name_values,
-                   convert=_dict)
+                   convert=_dict, empty={})
 VALUES = WireType("Value[]", read=Reader.values, write=Writer.values,
-                  convert=_tuple)
+                  convert=_tuple, empty=())
 STRINGS = WireType("string[]", read=Reader.strings, write=Writer.strings,
-                   convert=_tuple)
+                   convert=_tuple, empty=())
 ID64S = WireType("id64[]", read=Reader.uint64s, write=Writer.uint64s,
-                 convert=_tuple)
-KEYS = WireType("Keys", read=lambda r, what: _read_keys(r),
-                write=_write_keys, convert=_keys)
+                 convert=_tuple, empty=())
+KEYS = WireType("Keys", read=_read_keys, write=_write_keys, convert=_keys,
+                empty=Keys.EMPTY)
 SUBAST = WireType("SubAST", read=lambda r, what: r.ast(None, what),
                   write=lambda w, node: w.ast(node))
 
@@ -325,13 +388,25 @@ def _compile(cls, layout):
     flush()
     steps = tuple(steps)
     build = _builder(cls, [name for name, _ in layout])
+    empties = tuple(wire.empty for _, wire in layout)
+
+    def unread(reader, args, error):
+        # An array over the reader's limit: the packet with a stand-in for
+        # it and the fields after it empty, the rest of the data unread.
+        args.append(UnreadArray.of(error))
+        args.extend(empties[len(args):])
+        reader.pos = reader.end
+        return build(args)
 
     def decoder(reader):
         buf = reader._buf
         args = []
         for st, names, checks, read, _, what in steps:
             if st is None:
-                args.append(read(reader, what))
+                try:
+                    args.append(read(reader, what))
+                except CountOverLimit as e:
+                    return unread(reader, args, e)
                 continue
             pos = reader.pos
             size = st.size
@@ -441,10 +516,10 @@ class Registry:
         self._decoders[pkt_id] = (packet_class, decoder)
         return packet_class
 
-    def decode(self, data, repeats=None):
-        """Decode one whole packet (no framing header). ``repeats``: see
-        ``decode``."""
-        reader = Reader(data, repeats=repeats)
+    def decode(self, data, repeats=None, limits=None):
+        """Decode one whole packet (no framing header). ``repeats`` and
+        ``limits``: see ``decode``."""
+        reader = Reader(data, repeats=repeats, limits=limits)
         if reader.end < 4:
             raise DecodeError(f"packet of {reader.end} bytes has no pkt_id", 0)
         pkt_id = reader.int32("pkt_id")
@@ -515,20 +590,22 @@ def encode(packet):
     return writer.getvalue()
 
 
-def decode(data, repeats=None):
+def decode(data, repeats=None, limits=None):
     """Decode one client-protocol packet (no framing header).
 
     A name repeated in a notification's attributes is a RepeatedNameError;
     with ``repeats`` a list, its last value is taken instead and the name
-    added to ``repeats`` (see ``notification_repeating``)."""
+    added to ``repeats`` (see ``notification_repeating``). ``limits``: the
+    most items an array may hold, by ``Class.field`` (see the module
+    docstring): one over it is an ``UnreadArray``."""
     if data[:4] == _SUB_ADD_RQST_ID:
-        packet = _decode_sub_add_rqst(data)
+        packet = _decode_sub_add_rqst(data, limits)
         if packet is not None:
             return packet
-    return CLIENT.decode(data, repeats)
+    return CLIENT.decode(data, repeats, limits)
 
 
-def notification_repeating(data, error, decoder=None):
+def notification_repeating(data, error, decoder=None, limits=None):
     """``(packet, problem)`` for ``data``, whose decoding raised ``error``
     (a DecodeError), when that is only a repeated attribute name: the
     packet decoded with each repeated name's last value, and why it is
@@ -536,25 +613,33 @@ def notification_repeating(data, error, decoder=None):
     to be ignored, not a violation (7.3.2): the packet was unmarshalled.
     Raises ``error`` again, or the DecodeError of whatever else is wrong
     with the packet, when it cannot be used. ``decoder(data, repeats)``:
-    the registry's (default: the client protocol's ``decode``)."""
+    the registry's (default: the client protocol's ``decode``, with
+    ``limits``)."""
     if not isinstance(error, RepeatedNameError):
         raise error
     repeats = []
-    packet = (decode if decoder is None else decoder)(data, repeats)
+    if decoder is None:
+        packet = decode(data, repeats, limits)
+    else:
+        packet = decoder(data, repeats)
     names = ", ".join(repr(name) for name in dict.fromkeys(repeats))
     return packet, f"attribute name{'s' if len(set(repeats)) > 1 else ''} {names} repeated"
 
 
-def _decode_sub_add_rqst(data):
+def _decode_sub_add_rqst(data, limits=None):
     """A SubAddRqst read field by field (every placement takes this path),
-    or None for anything the general decoder should read and word."""
-    reader = Reader(data, 4)
+    or None for anything the general decoder should read and word (or
+    leave unread)."""
+    reader = Reader(data, 4, limits=limits)
     try:
         (xid,) = _ID32.unpack_from(data, 4)
         reader.pos = 8
         expression = reader.string("SubAddRqst.expression")
         accept_insecure = reader.boolean("SubAddRqst.accept_insecure")
-        keys = _read_keys(reader)
+        keys = _read_keys(reader, "SubAddRqst.keys")
+    except CountOverLimit as e:
+        keys = UnreadArray.of(e)
+        reader.pos = reader.end
     except (DecodeError, struct.error):
         return None
     if reader.pos != reader.end:
@@ -575,12 +660,21 @@ def decode_notify_emit(data):
     return notify_emit_fields(data)[:3]
 
 
-def notify_emit_fields(data):
+def notify_emit_fields(data, limits=None):
     """``decode_notify_emit``'s fields and ``attributes_end``, because every
     notification a router routes takes this path: when the compiled
     decoder read the NameValue array (it takes only zero padding),
     ``data[4:attributes_end]`` is the array's canonical encoding, which a
-    delivery may carry as it is; otherwise ``attributes_end`` is 0."""
+    delivery may carry as it is; otherwise ``attributes_end`` is 0.
+    ``limits``: as ``decode``'s; an array over its limit is an
+    ``UnreadArray`` (and the fields after it empty)."""
+    if limits is not None:
+        limit = limits.get(_NOTIFY_EMIT_ATTRIBUTES)
+        # (A packet this short cannot hold a count over the limit.)
+        if limit is not None and len(data) >= 12 * limit + 20:
+            unread = _unread(data, 12, _NOTIFY_EMIT_ATTRIBUTES, limits)
+            if unread is not None:
+                return unread, False, Keys.EMPTY, 0
     got = None
     if _compiled_name_values is not None:
         got = _compiled_name_values(data, 4, len(data), _Int64)
@@ -599,15 +693,52 @@ def notify_emit_fields(data):
                 return attributes, True, Keys.EMPTY, end
             if tail == _SECURE_NO_KEYS:
                 return attributes, False, Keys.EMPTY, end
-        reader = Reader(data, pos)
+        reader = Reader(data, pos, limits=limits)
         deliver_insecure = reader.boolean("NotifyEmit.deliver_insecure")
-        keys = _read_keys(reader)
+        keys = _read_keys(reader, "NotifyEmit.keys")
+    except CountOverLimit as e:
+        return attributes, deliver_insecure, UnreadArray.of(e), end
     except (DecodeError, struct.error):
         reader = None
     if reader is None or reader.pos != reader.end:
-        packet = decode(data)      # raises the canonical error
+        packet = decode(data, None, limits)      # raises the canonical error
         return packet.attributes, packet.deliver_insecure, packet.keys, 0
     return attributes, deliver_insecure, keys, end
+
+
+_NOTIFY_EMIT_ATTRIBUTES = "NotifyEmit.attributes"
+_NOTIFY_EMIT_KEYS = "NotifyEmit.keys"
+
+
+def notify_emit_limits_from(limits):
+    """The length of the shortest NotifyEmit that could hold an array over
+    ``limits`` (None: no limits): a shorter one can be decoded without
+    them (the router's hot path). Over Attribute.Max-Count A it takes
+    A + 1 attributes of 12 bytes after the pkt_id and count; over K keys,
+    K + 1 of 4 bytes after the pkt_id, an empty attribute array, the
+    boolean and a Keys header of 16 bytes."""
+    if not limits:
+        return sys.maxsize
+    shortest = sys.maxsize
+    attributes, keys = limits.get(_NOTIFY_EMIT_ATTRIBUTES), limits.get(_NOTIFY_EMIT_KEYS)
+    if attributes is not None:
+        shortest = 8 + 12 * (attributes + 1)
+    if keys is not None:
+        shortest = min(shortest, 28 + 4 * (keys + 1))
+    return shortest
+
+
+def _unread(data, min_item_size, what, limits):
+    """An UnreadArray for the array whose count is at offset 4 of ``data``
+    when the count is over ``limits[what]``; None when it is not, or is
+    wrong in itself (the decoders word that)."""
+    try:
+        Reader(data, 4, limits=limits).count(min_item_size, what)
+    except CountOverLimit as e:
+        return UnreadArray.of(e)
+    except DecodeError:
+        pass
+    return None
 
 
 def encode_attributes(attributes):

@@ -70,6 +70,11 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
     #: listener's gate admitted it (elvin.protocols.gate); None in a tunnel.
     admission = None
 
+    #: The shortest NotifyEmit that could hold an array over the
+    #: connection's limits (``packets.notify_emit_limits_from``), set by
+    #: ``configure``: shorter ones are decoded without them.
+    _emit_limits_from = 0
+
     def __init__(self):
         super().__init__()
         self.session = None
@@ -142,13 +147,21 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
 
     def frameReceived(self, data):
         pkt_id = _packet_id(data)[0]
+        # An array over the connection's limit for it is not decoded
+        # (ConnectionOptions.count_limits, packets.UnreadArray): the session
+        # answers it as if it were.
         if pkt_id == _NOTIFY_EMIT and self.session.state is _CONNECTED:
             # The hot path: a NotifyEmit on a session goes straight to the
             # session as its fields, without building the packet or
             # dispatching on its type: every notification takes this path
-            # (docs/performance.md).
+            # (docs/performance.md). One too short to hold an array over
+            # the limits (almost all) is decoded without them.
             try:
-                attributes, deliver_insecure, keys, end = packets.notify_emit_fields(data)
+                if len(data) < self._emit_limits_from:
+                    attributes, deliver_insecure, keys, end = packets.notify_emit_fields(data)
+                else:
+                    attributes, deliver_insecure, keys, end = packets.notify_emit_fields(
+                        data, self.session.options.count_limits)
             except DecodeError as e:
                 self._undecodable(data, e)
                 return
@@ -162,7 +175,7 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
             self.session.decode_failed(f"packet id {pkt_id} is not one a client sends")
             return
         try:
-            packet = packets.decode(data)
+            packet = packets.decode(data, None, self.session.options.count_limits)
         except DecodeError as e:
             self._undecodable(data, e)
             return
@@ -183,7 +196,8 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
             self.session.bad_utf8(_packet_id(data)[0], xid, error.offset, str(error))
             return
         try:
-            packet, problem = packets.notification_repeating(data, error)
+            packet, problem = packets.notification_repeating(
+                data, error, limits=self.session.options.count_limits)
         except DecodeError as e:
             self.session.decode_failed(str(e))
             return
@@ -385,6 +399,9 @@ class ElvinServerProtocol(QueuedFramedProtocol, SessionOutput):
                 pass
 
     def configure(self, options):
+        # (Called when a session is connected and whenever its options
+        # change: the NotifyEmit fast path runs only on a connected one.)
+        self._emit_limits_from = packets.notify_emit_limits_from(options.count_limits)
         self._apply_nodelay(options)
         self.max_frame_length = options["Packet.Max-Length"]
         self.queue.configure(options["Send-Queue.Max-Length"],

@@ -114,8 +114,10 @@ class UNotifyDatagramProtocol(protocol.DatagramProtocol):
             self.log.debug("dropped oversize datagram ({size} bytes) from {peer}",
                            size=len(data), peer=peer)
             return
+        session = self._unotify_session()
         try:
-            packet = packets.decode(data)
+            # Its arrays held to the session's limits (an UnreadArray over them).
+            packet = packets.decode(data, None, session.options.count_limits)
         except DecodeError as e:
             counters["malformed"] += 1
             self.log.debug("dropped malformed datagram from {peer}: {why}", peer=peer,
@@ -131,7 +133,6 @@ class UNotifyDatagramProtocol(protocol.DatagramProtocol):
             self.log.debug("dropped {kind} datagram from {peer} (only UNotify is "
                            "accepted over UDP)", kind=type(packet).__name__, peer=peer)
             return
-        session = self._unotify_session()
         session.peer = peer
         stats = self.router.stats
         routed, rejected = stats["unotify"], stats["rejected_notifications"]

@@ -24,7 +24,10 @@ or vague; cross-checked against the Avis router's XdrCoding):
   written as zeros.
 * Arrays: an int32 count, then the items. A negative count, or one larger
   than the remaining bytes could hold at the item's minimum encoded size,
-  is rejected before anything is allocated.
+  is rejected before anything is allocated. A Reader given ``limits``
+  (the receiver's, e.g. a connection's Attribute.Max-Count) refuses a
+  count over its limit the same way, before any item is read
+  (``CountOverLimit``).
 * A typed Value is a value_typecode enum (int32=1, int64=2, real64=3,
   string=4, opaque=5) then the value. Decoded: int32 -> int, int64 ->
   elvin.values.Int64, real64 -> float, string -> str, opaque -> bytes.
@@ -60,7 +63,8 @@ import struct
 from elvin import values as _values
 from elvin.subscription.ast import Kind, LEAF_KINDS, Node
 
-__all__ = ["DecodeError", "BadUTF8Error", "RepeatedNameError", "EncodeError", "Writer",
+__all__ = ["DecodeError", "BadUTF8Error", "RepeatedNameError", "CountOverLimit",
+           "EncodeError", "Writer",
            "Reader",
            "MAX_AST_DEPTH", "SPEC_AST_TYPECODES", "AVIS_AST_TYPECODES",
            "AMBIGUOUS_AST_CODES", "RawSubAST",
@@ -95,6 +99,23 @@ class RepeatedNameError(DecodeError):
     def __init__(self, message, offset, name):
         super().__init__(message, offset)
         self.name = name
+
+
+class CountOverLimit(Exception):
+    """An array's count is over the limit a Reader's ``limits`` set for it
+    (``what``, the name it is read under): raised once the count is read,
+    before any of its items is. Not a DecodeError: the packet may be well
+    formed; it is over a limit the receiver sets (the session answers it
+    as for the decoded packet: ``packets.UnreadArray``). ``count`` is the
+    count read (for a Keys field, the keys counted so far), ``offset``
+    where it is."""
+
+    def __init__(self, what, count, limit, offset):
+        super().__init__(f"{what}: {count} items, over the limit of {limit}, at offset {offset}")
+        self.what = what
+        self.count = count
+        self.limit = limit
+        self.offset = offset
 
 
 class EncodeError(ValueError):
@@ -474,11 +495,16 @@ class Reader:
 
     ``pos`` is the offset of the next item. Every read checks the remaining
     length first and raises DecodeError naming the item and its offset.
+
+    ``limits``: None, or a mapping of array names (the ``what`` an array
+    is read under, e.g. ``"NotifyEmit.attributes"``) to the most items
+    the array may hold: a count over it, once checked against the bytes
+    left like any count, raises ``CountOverLimit`` before any item is read.
     """
 
-    __slots__ = ("_buf", "pos", "end", "repeats")
+    __slots__ = ("_buf", "pos", "end", "repeats", "limits")
 
-    def __init__(self, data, offset=0, repeats=None):
+    def __init__(self, data, offset=0, repeats=None, limits=None):
         if isinstance(data, memoryview):
             data = data.tobytes()  # one copy, so slices have a fast .decode()
         elif not isinstance(data, (bytes, bytearray)):
@@ -489,6 +515,7 @@ class Reader:
         #: None: a repeated name in a NameValue array is a RepeatedNameError;
         #: a list: the last value is taken and the name appended to it.
         self.repeats = repeats
+        self.limits = limits
 
     @property
     def remaining(self):
@@ -538,7 +565,8 @@ class Reader:
         return value == 1
 
     def count(self, min_item_size, what="array"):
-        """An array length, checked against the bytes left to hold it."""
+        """An array length, checked against the bytes left to hold it,
+        then against ``limits`` (``CountOverLimit``)."""
         pos = self.pos
         if pos + 4 > self.end:
             raise DecodeError(f"truncated {what} count", pos)
@@ -549,6 +577,11 @@ class Reader:
         if n * min_item_size > self.end - pos - 4:
             raise DecodeError(f"{what} count {n} is impossible with "
                               f"{self.end - pos - 4} bytes left", pos)
+        limits = self.limits
+        if limits is not None:
+            limit = limits.get(what)
+            if limit is not None and n > limit:
+                raise CountOverLimit(what, n, limit, pos)
         return n
 
     def _length(self, what):
@@ -618,6 +651,11 @@ class Reader:
         the error messages.
         """
         if _accelerated_name_values is not None:
+            if self.limits is not None and what in self.limits:
+                # The compiled decoder reads its own count: checked first.
+                pos = self.pos
+                self.count(12, what)
+                self.pos = pos
             got = _accelerated_name_values(self._buf, self.pos, self.end, _Int64)
             if got is not None:
                 result, self.pos = got

@@ -32,7 +32,34 @@ from elvin.proxy.store import Store
 if TYPE_CHECKING:
     from elvin.proxy.core import ProxyCore
 
-__all__ = ["CoreState", "ClientState"]
+__all__ = ["CoreState", "ClientState", "COUNT_LIMITED_FIELDS"]
+
+_CONNECTION_KEYS = "Connection.Max-Keys"
+_ATTRIBUTES = "Attribute.Max-Count"
+
+#: The arrays a client sends that the proxy bounds as the router does
+#: (elvin.core.router.COUNT_LIMITED_FIELDS), by the option its requests
+#: check them against: every request's keys by Connection.Max-Keys; a
+#: quench's fields by any (a quench is refused whatever it holds). A
+#: notification's keys are not: the proxy passes them upstream, where
+#: the router holds them to its own limit.
+COUNT_LIMITED_FIELDS = {
+    "NotifyEmit.attributes": _ATTRIBUTES,
+    "UNotify.attributes": _ATTRIBUTES,
+    "SecRqst.add_nfn_keys": _CONNECTION_KEYS,
+    "SecRqst.del_nfn_keys": _CONNECTION_KEYS,
+    "SecRqst.add_sub_keys": _CONNECTION_KEYS,
+    "SecRqst.del_sub_keys": _CONNECTION_KEYS,
+    "SubAddRqst.keys": _CONNECTION_KEYS,
+    "SubModRqst.add_keys": _CONNECTION_KEYS,
+    "SubModRqst.del_keys": _CONNECTION_KEYS,
+    "QnchAddRqst.names": _ATTRIBUTES,
+    "QnchAddRqst.keys": _CONNECTION_KEYS,
+    "QnchModRqst.names_add": _ATTRIBUTES,
+    "QnchModRqst.names_del": _ATTRIBUTES,
+    "QnchModRqst.add_keys": _CONNECTION_KEYS,
+    "QnchModRqst.del_keys": _CONNECTION_KEYS,
+}
 
 
 class CoreState(SessionHost):
@@ -156,7 +183,7 @@ class CoreState(SessionHost):
         return len(self.sessions)
 
     def new_options(self) -> ConnectionOptions:
-        return ConnectionOptions(self.option_specs, SUPPORTED_KEY_SCHEMES)
+        return ConnectionOptions(self.option_specs, SUPPORTED_KEY_SCHEMES, COUNT_LIMITED_FIELDS)
 
     def deliveries_lost(self, count: int) -> None:
         """Nothing here: the proxy adds a client's ``dropped`` to its

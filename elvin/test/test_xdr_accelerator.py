@@ -246,6 +246,32 @@ class AcceleratorTests(unittest.TestCase):
             self.assertEqual(got[1], expected[1])
             self.assertTrue(_same(got[0], expected[0]))
 
+    @settings(max_examples=300, deadline=None)
+    @given(_attributes, st.integers(0, 13), st.integers(0, 64),
+           st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=2))
+    def test_a_count_over_its_limit_is_refused_alike(self, attributes, limit, cut, flips):
+        # The compiled decoder reads its own count: Reader.name_values checks
+        # the limit ahead of it, as the pure-Python count does.
+        data = bytearray(Writer().name_values(attributes).getvalue())
+        for where, byte in flips:
+            data[where % len(data)] = byte
+        data = bytes(data[: max(0, len(data) - cut)]) if cut % 3 == 0 else bytes(data)
+
+        def read():
+            try:
+                got = Reader(data, limits={"attribute": limit}).name_values("attribute")
+            except xdr.CountOverLimit as e:
+                return ("over", e.count, e.limit, e.offset)
+            except DecodeError as e:
+                return ("error", type(e), str(e))
+            return ("read", sorted(got.items(), key=repr), len(got))
+
+        compiled = read()
+        self.patch(xdr, "_accelerated_name_values", None)
+        self.assertEqual(compiled, read())
+        if len(attributes) > limit and not flips and cut % 3:
+            self.assertEqual(compiled[0], "over")
+
     def test_each_problem_falls_back(self):
         def array(*items):
             return struct.pack(">i", len(items)) + b"".join(items)
