@@ -429,6 +429,12 @@ class FederationLink:
             return
         attributes = packet.attributes
         problem = notification_problem(self._limits, attributes) if self._limits else None
+        if problem is None and self._limits:
+            # As a client's NotifyEmit: more keys than Connection.Max-Keys
+            # are not hashed (200,000 keys took half a second).
+            most = self._limits.get("Connection.Max-Keys")
+            if most is not None and packet.keys.key_count() > most:
+                problem = f"more than Connection.Max-Keys ({most}) keys"
         if problem is not None or not self.fed_class.import_filter.matches(attributes):
             self._drop_import(packet, problem)
             return

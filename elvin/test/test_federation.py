@@ -391,6 +391,33 @@ class LoopTests(FederationTestCase):
         self.assertEqual(link.state, link.CLOSED)
 
     @defer.inlineCallbacks
+    def test_fednotify_with_more_keys_than_a_client_may_send_is_dropped_unhashed(self):
+        """As a client's NotifyEmit: a FedNotify carrying more keys than
+        Connection.Max-Keys is dropped at import (counted), its keys never
+        hashed, and the link kept."""
+        from elvin.core import keys as core_keys
+        from elvin.federation import packets as fed_packets
+        from elvin.protocols import packets
+        link, consumer, got = yield self.linked_consumer()
+        most = link._limits["Connection.Max-Keys"]
+        hashed = []
+        original = core_keys.KeyRing.from_wire
+        self.patch(core_keys.KeyRing, "from_wire",
+                   classmethod(lambda cls, wire, role: hashed.append(wire.key_count())
+                               or original(wire, role)))
+        bomb = packets.Keys({core_keys.SHA1_PRODUCER: [[bytes([i % 256, i // 256])
+                                                        for i in range(most + 1)]]})
+        link.packet_received(fed_packets.FedNotify({"x": 1}, True, bomb, ("a.test",)))
+        link.packet_received(fed_packets.FedNotify({"x": 2}, True, packets.Keys.EMPTY,
+                                                   ("a.test",)))
+        yield wait_until(lambda: got)
+        yield consumer.test_connection()
+        self.assertEqual([n["x"] for n in got], [2])
+        self.assertNotIn(most + 1, hashed)
+        self.assertEqual(link.state, link.UP)
+        self.assertEqual(link.stats["suppressed"], 1)
+
+    @defer.inlineCallbacks
     def test_fednotify_holding_nul_is_a_violation_as_bad_utf8_is(self):
         """A string holding a NUL is not a string (client protocol 6.1.4):
         a FedNotify with one ends the link, as one with a string that is
