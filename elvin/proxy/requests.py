@@ -316,6 +316,11 @@ class Requests(Receiving):
     def _emit_upstream(self, attributes, deliver_insecure, wire_keys, connection_keys, size=None):
         problem = notification_problem(self.options, attributes, size)
         if problem is None and wire_keys:
+            # Counted before any is hashed, as the router does.
+            most = self.options["Connection.Max-Keys"]
+            if wire_keys.key_count() > most:
+                problem = f"more keys than Connection.Max-Keys ({most})"
+        if problem is None and wire_keys:
             try:
                 KeyRing.from_wire(wire_keys, PRODUCER)
             except ElvinError as e:

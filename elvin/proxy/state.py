@@ -40,12 +40,14 @@ _ATTRIBUTES = "Attribute.Max-Count"
 #: The arrays a client sends that the proxy bounds as the router does
 #: (elvin.core.router.COUNT_LIMITED_FIELDS), by the option its requests
 #: check them against: every request's keys by Connection.Max-Keys; a
-#: quench's fields by any (a quench is refused whatever it holds). A
-#: notification's keys are not: the proxy passes them upstream, where
-#: the router holds them to its own limit.
+#: quench's fields by any (a quench is refused whatever it holds); a
+#: notification's keys by Connection.Max-Keys, as the router holds them
+#: (the proxy checks them before passing them upstream).
 COUNT_LIMITED_FIELDS = {
     "NotifyEmit.attributes": _ATTRIBUTES,
     "UNotify.attributes": _ATTRIBUTES,
+    "NotifyEmit.keys": _CONNECTION_KEYS,
+    "UNotify.keys": _CONNECTION_KEYS,
     "SecRqst.add_nfn_keys": _CONNECTION_KEYS,
     "SecRqst.del_nfn_keys": _CONNECTION_KEYS,
     "SecRqst.add_sub_keys": _CONNECTION_KEYS,

@@ -429,3 +429,15 @@ class ProxyCountLimitTests(unittest.TestCase):
         ((nack,), _) = self.answer(_qnch_add(_ATTRIBUTES + 1), True)
         self.assertEqual(nack.error, errors.NOT_IMPL)
         self.assertEqual(self.answer(attributes, True), ([], False))
+
+    def test_a_notification_over_connection_max_keys_is_not_passed_upstream(self):
+        from elvin.proxy.core import ProxyCore
+        forwarded = []
+        self.patch(ProxyCore, "forward", lambda core, *args: forwarded.append(args))
+        self.answer(_notify_emit(1, keys=_CONNECTION_KEYS), True)
+        self.assertEqual(len(forwarded), 1)          # at the limit: passed on
+        work = _Work(self)
+        self.assertEqual(self.answer(_notify_emit(1, keys=_CONNECTION_KEYS + 1), True, work),
+                         ([], False))                # ignored (7.3.3), unanswered
+        self.assertEqual(len(forwarded), 1)
+        self.assertLessEqual(work.items, 1)          # its keys never read, nor hashed
