@@ -1354,6 +1354,14 @@ class ClientSession:
             self.send(packets.ConfConn())
 
     def _qos_rqst(self, packet):
+        if type(packet.options) is packets.UnreadArray:
+            # More entries than Attribute.Max-Count (there are 17 options):
+            # left unread, as an over-long attribute list is.
+            self.protocol_error(packet.xid, errors.QOS_LIMIT,
+                                f"more options than Attribute.Max-Count "
+                                f"({self.options['Attribute.Max-Count']})",
+                                ("Attribute.Max-Count",))
+            return
         # The ranges in force now: a ceiling lowered by a reload bounds what
         # a live session asks for next.
         self.options.specs = self.router.option_specs
@@ -1434,6 +1442,15 @@ class ClientSession:
                                 f"no such quench: {packet.quench_id}",
                                 (_id_arg(packet.quench_id),))
             return
+        # A list of more names than Attribute.Max-Count was left unread
+        # (counted as sent, as in QnchAddRqst): no quench holds that many.
+        for given in (packet.names_add, packet.names_del):
+            if type(given) is packets.UnreadArray:
+                most = self.options["Attribute.Max-Count"]
+                self.protocol_error(packet.xid, errors.QOS_LIMIT,
+                                    f"quench over Attribute.Max-Count ({most})",
+                                    ("Attribute.Max-Count",))
+                return
         # ATTR_EXISTS and NO_SUCH_ATTR are about the quench as it was: a
         # name given twice in one list is given once (see _qnch_add).
         names = set(quench.names)
@@ -1725,13 +1742,17 @@ _SUBSCRIPTION_KEYS = "Subscription.Max-Keys"
 #: allow, not what its length does, and is answered as if read: a request
 #: Nacked (QOS_LIMIT, naming the option), a notification ignored (7.3.3).
 #: A Keys field is held to its number of keys; a quench's names are
-#: counted as sent, a repeated one too. (A ConnRqst's arrive in at most
-#: PRE_CONNECT_MAX_PACKET bytes and set the limits; a QosRqst's options
-#: are not bounded: the unknown ones are ignored.)
+#: counted as sent, a repeated one too; a QosRqst's options, of which
+#: there are 17, by Attribute.Max-Count as a notification's attributes.
+#: (A ConnRqst's arrive in at most PRE_CONNECT_MAX_PACKET bytes and set
+#: the limits.)
 COUNT_LIMITED_FIELDS = {
     "NotifyEmit.attributes": "Attribute.Max-Count",
     "UNotify.attributes": "Attribute.Max-Count",
     "QnchAddRqst.names": "Attribute.Max-Count",
+    "QnchModRqst.names_add": "Attribute.Max-Count",
+    "QnchModRqst.names_del": "Attribute.Max-Count",
+    "QosRqst.options": "Attribute.Max-Count",
     "NotifyEmit.keys": _CONNECTION_KEYS,
     "UNotify.keys": _CONNECTION_KEYS,
     "SecRqst.add_nfn_keys": _CONNECTION_KEYS,

@@ -197,22 +197,41 @@ def _write_keys(writer, keys):
                 writer.opaque(key)
 
 
+#: The scheme entries and key sets a Keys field under a limit of L keys may
+#: hold: max(L, this) together (3 schemes, a set or two each, is usual).
+KEY_FIELD_MIN_SHAPES = 64
+
+
 def _read_keys(reader, what=None):
     """A Keys field. With a limit in ``reader.limits`` for ``what`` (the
     field), the keys are counted as their counts are read, and
     CountOverLimit is raised as soon as there are more, before they are
     read."""
+    pos = reader.pos
     n = reader.count(8, "Keys scheme")
     if n == 0:
         return Keys.EMPTY
     limits = reader.limits
     limit = None if limits is None else limits.get(what)
+    if limit is not None:
+        # Scheme entries and key sets hold no key and may be empty: held to
+        # their own bound, so the field's decoding is bounded by its limit
+        # whatever it holds; past it the field is answered as over its limit.
+        shapes = max(limit, KEY_FIELD_MIN_SHAPES) - n
+        if shapes < 0:
+            raise CountOverLimit(what, limit + 1, limit, pos)
     total = 0
     entries = []
     for _ in range(n):
         scheme = reader.uint32("key scheme id")
         sets = []
-        for _ in range(reader.count(4, "key set")):
+        pos = reader.pos
+        set_count = reader.count(4, "key set")
+        if limit is not None:
+            shapes -= set_count
+            if shapes < 0:
+                raise CountOverLimit(what, limit + 1, limit, pos)
+        for _ in range(set_count):
             opaque = reader.opaque
             pos = reader.pos
             count = reader.count(4, "key")

@@ -199,6 +199,13 @@ class Requests(Receiving):
 
     def _qos_rqst(self, packet):
         xid = packet.xid
+        if type(packet.options) is packets.UnreadArray:
+            # Left unread, as the router leaves one (its _qos_rqst).
+            self.protocol_error(xid, errors.QOS_LIMIT,
+                                f"more options than Attribute.Max-Count "
+                                f"({self.options['Attribute.Max-Count']})",
+                                ("Attribute.Max-Count",))
+            return
         standard, proxy = split_options(packet.options)
         changes: List[Tuple[str, Any, Optional[int]]] = []
         for option, value in proxy.items():

@@ -382,6 +382,87 @@ class NegotiatedLimitTests(unittest.TestCase):
         self.assertEqual(answers.ignored[1:], ["attribute name '' repeated"])
 
 
+class UnboundedArrayTests(unittest.TestCase):
+    """Arrays whose count no option held to before are held too, so that no
+    client packet's decoding grows with its length: a QuenchModRqst's name
+    lists and a QosRqst's options by Attribute.Max-Count, a Keys field's
+    scheme entries and key sets by its key limit (at least
+    KEY_FIELD_MIN_SHAPES)."""
+
+    def counting_reads(self):
+        """The array counts the decoders read while ``work.on``."""
+        work = _Work(self)
+        count = xdr.Reader.count
+
+        def counted(reader, *args, **kwargs):
+            work.items += work.on
+            return count(reader, *args, **kwargs)
+        self.patch(xdr.Reader, "count", counted)
+        return work
+
+    def quench_change(self, add=0, delete=0):
+        # (names the quench of _qnch_add(1), "0000", does not have)
+        return P.encode(P.QnchModRqst(8, 1, tuple(_names(add + 1)[1:]),
+                                      tuple(_names(delete + 1)[1:]), True))
+
+    def test_a_quench_change_of_more_names_than_attribute_max_count(self):
+        for add, delete in ((_ATTRIBUTES + 1, 0), (0, _ATTRIBUTES + 1)):
+            work = _Work(self)
+            (reply, nack), closed, _, _, _ = _Answers(work=work).to(
+                _qnch_add(1), self.quench_change(add, delete))
+            self.assertIsInstance(reply, P.QnchRply)
+            self.assertEqual(reply.quench_id, 1)
+            self.assertEqual((nack.xid, nack.error, nack.args),
+                             (8, errors.QOS_LIMIT, ("Attribute.Max-Count",)))
+            self.assertEqual(nack.message, f"quench over Attribute.Max-Count ({_ATTRIBUTES})")
+            self.assertEqual(work.items, 1)          # the quench's one name
+        # Within it, as before (here: the names it would add are new).
+        (_, reply), _, _, _, _ = _Answers().to(_qnch_add(1), self.quench_change(add=3))
+        self.assertIsInstance(reply, P.QnchRply)
+        big = self.quench_change(add=_fill(lambda n: self.quench_change(add=n)))
+        work = _Work(self)
+        (_, nack), _, _, _, _ = _Answers(work=work).to(_qnch_add(1), big)
+        self.assertEqual(nack.error, errors.QOS_LIMIT)
+        self.assertLessEqual(work.items, 1)
+
+    def test_a_qos_request_of_more_options_than_attribute_max_count(self):
+        def qos(count):
+            return _u32(P.QosRqst.ID, 7) + _attributes(_names(count))
+        (reply,), _, _, _, _ = _Answers().to(qos(_ATTRIBUTES))
+        self.assertIsInstance(reply, P.QosRply)     # unknown options ignored
+        work = _Work(self)
+        answer = _Answers(work=work).to(qos(_fill(qos)))
+        nack = CountLimitTests.assertNacked(self, answer, "Attribute.Max-Count")
+        self.assertEqual(nack.message,
+                         f"more options than Attribute.Max-Count ({_ATTRIBUTES})")
+        self.assertEqual(work.items, 0)
+
+    def test_a_keys_field_of_empty_key_sets_is_bounded(self):
+        from elvin.protocols.packets import KEY_FIELD_MIN_SHAPES
+
+        def empty_sets(count):
+            return (_u32(P.SubAddRqst.ID, 7) + _opaque(b"require(a)") + _u32(1)
+                    + _u32(1, SHA1_CONSUMER, count) + _u32(0) * count)
+        # Within the bound, answered as before (a consumer key scheme takes
+        # one key set: Nack 1005); past it, as over the key limit.
+        within = _SUBSCRIPTION_KEYS - 1
+        self.assertEqual(_Answers().to(empty_sets(within)),
+                         _Answers(limited=False).to(empty_sets(within)))
+        self.assertEqual(_Answers().to(empty_sets(within))[0][0].error, 1005)
+        self.assertGreater(_SUBSCRIPTION_KEYS, KEY_FIELD_MIN_SHAPES)
+        work = self.counting_reads()
+        answer = _Answers(work=work).to(empty_sets(_fill(empty_sets)))
+        CountLimitTests.assertNacked(self, answer, "Subscription.Max-Keys")
+        self.assertLessEqual(work.items, 3)       # the scheme and set counts only
+        # Many scheme entries, each of no key set, likewise.
+        many = (_u32(P.SubAddRqst.ID, 7) + _opaque(b"require(a)") + _u32(1)
+                + _u32(200_000) + _u32(SHA1_CONSUMER, 0) * 200_000)
+        work = self.counting_reads()
+        CountLimitTests.assertNacked(self, _Answers(work=work).to(many),
+                                     "Subscription.Max-Keys")
+        self.assertLessEqual(work.items, 2)
+
+
 class ProxyCountLimitTests(unittest.TestCase):
     """The proxy's client side (the same server protocol, its own
     handlers and limits: elvin.proxy.state.COUNT_LIMITED_FIELDS)."""
@@ -441,3 +522,11 @@ class ProxyCountLimitTests(unittest.TestCase):
                          ([], False))                # ignored (7.3.3), unanswered
         self.assertEqual(len(forwarded), 1)
         self.assertLessEqual(work.items, 1)          # its keys never read, nor hashed
+
+    def test_a_qos_request_of_more_options_than_attribute_max_count(self):
+        data = _u32(P.QosRqst.ID, 7) + _attributes(_names(_ATTRIBUTES + 1))
+        work = _Work(self)
+        ((nack,), closed) = self.answer(data, True, work)
+        self.assertEqual((nack.error, nack.args, closed),
+                         (errors.QOS_LIMIT, ("Attribute.Max-Count",), False))
+        self.assertEqual(work.items, 0)
