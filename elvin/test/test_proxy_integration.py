@@ -88,11 +88,15 @@ class ProxyIntegrationTest(unittest.TestCase):
         self.proxy_port = int(self.proxy_uri.rsplit(":", 1)[1])
         self.addCleanup(lambda: stop_router(self.proxy))
         self.connections = []
+        # (cleanups run last first: the test's clients close before the
+        # proxy and router are stopped, which otherwise linger, blocking
+        # this process, until these clients close, up to 5 s)
+        self.addCleanup(self.close_connections)
         return defer.ensureDeferred(upstream_ready(self.proxy_uri, self.router_uri))
 
-    def tearDown(self):
-        # (Trial runs the cleanups first: the router and proxy may be
-        # stopping as these close, so a close they never confirm is fine.)
+    def close_connections(self):
+        # (a test may have stopped the proxy or router a client is on, so a
+        # close they never confirm is fine)
         return defer.DeferredList([c.close().addErrback(lambda f: f.trap(CloseUnconfirmed))
                                    for c in self.connections if not c.is_closed])
 

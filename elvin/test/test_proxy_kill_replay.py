@@ -25,7 +25,7 @@ class ProxyKilledMidReplayTest(unittest.TestCase):
     # (neither a subclass nor the class imported here: trial would run
     # their tests again in this module).
     setUp = integration.ProxyIntegrationTest.setUp
-    tearDown = integration.ProxyIntegrationTest.tearDown
+    close_connections = integration.ProxyIntegrationTest.close_connections
     connect = integration.ProxyIntegrationTest.connect
     publisher = integration.ProxyIntegrationTest.publisher
 

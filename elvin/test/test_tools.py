@@ -3,7 +3,9 @@
 A real router (elvin.core.router.Router behind ElvinServerFactory) listens on
 loopback in the test's reactor; the tools run as subprocesses
 (``python -m elvin.tools.notify`` / ``elvin.tools.subscribe`` from the
-repository root, so they use the working tree) and talk to it over TCP.
+repository root, so they use the working tree) or, where the process is not
+the point, on the test's reactor with their standard streams in memory
+(``ToolTestCase.tool_here``), and talk to it over TCP.
 """
 
 import math
@@ -112,6 +114,38 @@ class ToolTestCase(unittest.TestCase):
             parse_options(importlib.import_module(f"elvin.tools.{name}").Options, list(args))
         return err.getvalue().encode(), raised.exception.code
 
+    @defer.inlineCallbacks
+    def tool_here(self, name, *args, stdin=b""):
+        """(out, err, code) of ``elvin.tools.NAME ARGS`` run as its main runs
+        it (``common.outcome``) but on this process's reactor, its standard
+        streams in memory: for tests of what the tool does, where the
+        process is not the point (starting one is most of such a test's
+        time). The process tests above stay for what only a process shows."""
+        import importlib
+        import io
+        import logging
+        from elvin.tools import common
+        tool = importlib.import_module(f"elvin.tools.{name}")
+        out, err = io.BytesIO(), io.BytesIO()
+        self.patch(sys, "stdout", io.TextIOWrapper(out, encoding="utf-8", write_through=True))
+        self.patch(sys, "stderr", io.TextIOWrapper(err, encoding="utf-8", write_through=True))
+        self.patch(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
+        try:
+            options = common.parse_options(tool.Options, list(args))
+        except SystemExit as e:
+            return out.getvalue(), err.getvalue(), e.code
+        # What the tool's own reactor would close as it stops (common.closing)
+        left = []
+        self.patch(tool, "closing", lambda reactor, conn: left.append(conn))
+        handler = common.quiet_library_warnings(options.name)
+        try:
+            code = yield common.outcome(reactor, options, tool.body)
+            for conn in left:
+                yield common.close_politely(reactor, conn)
+        finally:
+            logging.getLogger("elvin").removeHandler(handler)
+        return out.getvalue(), err.getvalue(), code
+
     def tool_with_stdin(self, name, stdin, *args):
         proc = _ToolProcess(stdin)
         reactor.spawnProcess(proc, sys.executable,
@@ -177,7 +211,7 @@ class NotifyTests(ToolTestCase):
     @defer.inlineCallbacks
     def test_arguments_not_matching(self):
         received = yield self.collect('Group == "chat"')
-        result = yield self.tool("notify", "-e", self.uri, 'Group: "news"')
+        result = yield self.tool_here("notify", "-e", self.uri, 'Group: "news"')
         self.assertSucceeded(result)
         self.assertEqual(self.router.stats["notifications"], 1)
         self.assertEqual(received, [])
@@ -210,14 +244,14 @@ class NotifyTests(ToolTestCase):
 
     @defer.inlineCallbacks
     def test_empty_stdin(self):
-        result = yield self.tool_with_stdin("notify", b"", "-e", self.uri)
+        result = yield self.tool_here("notify", "-e", self.uri, stdin=b"")
         self.assertSucceeded(result)
         self.assertEqual(self.router.stats["notifications"], 0)
 
     @defer.inlineCallbacks
     def test_unreliable(self):
         received = yield self.collect('Kind == "udp-ish"')
-        result = yield self.tool("notify", "-e", self.uri, "--unreliable",
+        result = yield self.tool_here("notify", "-e", self.uri, "--unreliable",
                                  'Kind: "udp-ish"', "N: 7L")
         self.assertSucceeded(result)
         yield wait_until(lambda: received)
@@ -228,8 +262,8 @@ class NotifyTests(ToolTestCase):
     @defer.inlineCallbacks
     def test_unreliable_stdin_short_option(self):
         received = yield self.collect("require(N)")
-        result = yield self.tool_with_stdin("notify", b"N: 1\n---\nN: 2\n",
-                                            "-u", "-e", self.uri)
+        result = yield self.tool_here("notify", "-u", "-e", self.uri,
+                                      stdin=b"N: 1\n---\nN: 2\n")
         self.assertSucceeded(result)
         yield wait_until(lambda: len(received) >= 2)
         self.assertEqual(sorted(n["N"] for n in received), [1, 2])
@@ -237,7 +271,7 @@ class NotifyTests(ToolTestCase):
 
     @defer.inlineCallbacks
     def test_bad_argument(self):
-        out, err, code = yield self.tool("notify", "-e", self.uri, "Num 42")
+        out, err, code = yield self.tool_here("notify", "-e", self.uri, "Num 42")
         self.assertEqual(code, 1)
         self.assertIn(b"error:", err)
         self.assertIn(b"Num 42", err)
@@ -246,7 +280,7 @@ class NotifyTests(ToolTestCase):
 
     @defer.inlineCallbacks
     def test_bad_value_argument(self):
-        out, err, code = yield self.tool("notify", "-e", self.uri, "Group: chat")
+        out, err, code = yield self.tool_here("notify", "-e", self.uri, "Group: chat")
         self.assertEqual(code, 1)
         self.assertIn(b"quotes", err)
         self.assertEqual(self.router.stats["notifications"], 0)
@@ -257,8 +291,8 @@ class NotifyTests(ToolTestCase):
         refused naming it and its lines (Avis's ep keeps the last value
         without a word), exit 1; those read before it were sent."""
         received = yield self.collect("require(A)")
-        out, err, code = yield self.tool_with_stdin(
-            "notify", b"A: 1\n---\nA: 2\nB: 1\nA: 3\n---\nA: 4\n", "-e", self.uri)
+        out, err, code = yield self.tool_here(
+            "notify", "-e", self.uri, stdin=b"A: 1\n---\nA: 2\nB: 1\nA: 3\n---\nA: 4\n")
         self.assertEqual((code, err), (1, b"elvin-notify: error: <stdin>:5: attribute A is "
                                           b"given twice in one notification (first at line "
                                           b"3): a notification holds each name once\n"))
@@ -278,8 +312,8 @@ class NotifyTests(ToolTestCase):
         """A bad line stops elvin-notify with the line number; notifications
         read before it have been emitted (stdin is streamed, not slurped)."""
         received = yield self.collect("require(A) || require(B)")
-        out, err, code = yield self.tool_with_stdin(
-            "notify", b"A: 1\n---\nB: 2\nC: nonsense\n", "-e", self.uri)
+        out, err, code = yield self.tool_here(
+            "notify", "-e", self.uri, stdin=b"A: 1\n---\nB: 2\nC: nonsense\n")
         self.assertEqual(code, 1)
         self.assertIn(b"error: <stdin>:4:", err)
         self.assertIn(b"nonsense", err)
@@ -299,8 +333,8 @@ class NotifyTests(ToolTestCase):
                  ('T: 2\nS: "' + "x" * 1_100_000 + '"\n', b"Attribute.String.Max-Length"),
                  ("T: 2\nO: [" + "ab" * 1_100_000 + "]\n", b"Attribute.Opaque.Max-Length")]
         for body, named in cases:
-            out, err, code = yield self.tool_with_stdin(
-                "notify", ("T: 1\n---\n" + body + "---\nT: 3\n").encode(), "-e", self.uri)
+            out, err, code = yield self.tool_here(
+                "notify", "-e", self.uri, stdin=("T: 1\n---\n" + body + "---\nT: 3\n").encode())
             self.assertEqual(code, 1, err[:300])
             self.assertTrue(err.startswith(b"elvin-notify: error: <stdin>:3: "), err[:300])
             self.assertIn(named, err)
@@ -309,14 +343,14 @@ class NotifyTests(ToolTestCase):
 
     @defer.inlineCallbacks
     def test_stdin_not_utf8_names_the_line(self):
-        out, err, code = yield self.tool_with_stdin(
-            "notify", b'A: 1\n---\nB: "caf\xe9"\n', "-e", self.uri)
+        out, err, code = yield self.tool_here(
+            "notify", "-e", self.uri, stdin=b'A: 1\n---\nB: "caf\xe9"\n')
         self.assertEqual((code, err), (1, b"elvin-notify: error: <stdin>:3: not UTF-8 text "
                                           b"(byte 0xe9 at column 8)\n"))
 
     @defer.inlineCallbacks
     def test_over_the_limits_as_arguments(self):
-        out, err, code = yield self.tool(
+        out, err, code = yield self.tool_here(
             "notify", "-e", self.uri, *[f"a{i}: 1" for i in range(300)])
         self.assertEqual(code, 1)
         self.assertIn(b"error: the arguments: 300 attributes", err)
@@ -325,7 +359,7 @@ class NotifyTests(ToolTestCase):
     @defer.inlineCallbacks
     def test_unreachable_router(self):
         uri = yield self.unused_uri()
-        out, err, code = yield self.tool("notify", "-e", uri, "A: 1")
+        out, err, code = yield self.tool_here("notify", "-e", uri, "A: 1")
         self.assertNotEqual(code, 0)
         self.assertIn(b"error:", err)
         self.assertIn(b"refused", err.lower())
@@ -334,7 +368,7 @@ class NotifyTests(ToolTestCase):
     @defer.inlineCallbacks
     def test_unreachable_router_unreliable(self):
         uri = yield self.unused_uri()
-        out, err, code = yield self.tool("notify", "-e", uri, "-u", "A: 1")
+        out, err, code = yield self.tool_here("notify", "-e", uri, "-u", "A: 1")
         self.assertNotEqual(code, 0)
         self.assertIn(b"refused", err.lower())
         self.assertIn(uri.encode(), err)
@@ -372,7 +406,7 @@ class NotifyTests(ToolTestCase):
         self.addCleanup(silent.stopListening)
         uri = f"elvin:/secure/127.0.0.1:{silent.getHost().port}"
         started = reactor.seconds()
-        out, err, code = yield self.tool("notify", "-e", uri, "-u", "-t", "1", "A: 1")
+        out, err, code = yield self.tool_here("notify", "-e", uri, "-u", "-t", "1", "A: 1")
         self.assertEqual(code, 1, err)
         self.assertIn(b"did not finish the TLS handshake within 1 s", err)
         self.assertLess(reactor.seconds() - started, 8)
@@ -416,11 +450,12 @@ class NotifyTests(ToolTestCase):
 class SubscribeTests(ToolTestCase):
 
     def start_subscriber(self, *args):
-        return self.tool("subscribe", "-e", self.uri, *args)
+        return self.tool_here("subscribe", "-e", self.uri, *args)
 
     @defer.inlineCallbacks
     def test_count(self):
-        running = self.start_subscriber("-n", "2", 'Group == "chat"')
+        # (the tool as a process: the others run it in this one)
+        running = self.tool("subscribe", "-e", self.uri, "-n", "2", 'Group == "chat"')
         yield self.wait_for_subscriptions(1)
         conn = yield self.connect()
         conn.notify({"Group": "chat", "Num": 1})
@@ -464,7 +499,7 @@ class SubscribeTests(ToolTestCase):
         out = self.assertSucceeded((yield running))
 
         received = yield self.collect('Topic == "relay"')
-        result = yield self.tool_with_stdin("notify", out, "-e", self.uri)
+        result = yield self.tool_here("notify", "-e", self.uri, stdin=out)
         self.assertSucceeded(result)
         yield wait_until(lambda: len(received) >= 2)
         self.assertEqual(received, [first, second])
@@ -473,8 +508,9 @@ class SubscribeTests(ToolTestCase):
 
     @defer.inlineCallbacks
     def test_notify_to_subscribe(self):
-        """The two-terminal walkthrough: both tools, no library in between."""
-        running = self.start_subscriber("-n", "1", 'Group == "chat"')
+        """The two-terminal walkthrough: both tools, no library in between
+        (two processes)."""
+        running = self.tool("subscribe", "-e", self.uri, "-n", "1", 'Group == "chat"')
         yield self.wait_for_subscriptions(1)
         result = yield self.tool("notify", "-e", self.uri, 'Group: "chat"',
                                  'Message: "hello"')
@@ -517,7 +553,7 @@ class SubscribeTests(ToolTestCase):
     @defer.inlineCallbacks
     def test_unreachable_router(self):
         uri = yield self.unused_uri()
-        out, err, code = yield self.tool("subscribe", "-e", uri, "require(A)")
+        out, err, code = yield self.tool_here("subscribe", "-e", uri, "require(A)")
         self.assertNotEqual(code, 0)
         self.assertEqual(out, b"")
         self.assertIn(b"error:", err)

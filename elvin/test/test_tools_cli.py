@@ -1,6 +1,7 @@
 """The first hour with the tools: they never hang, never lie, end
 well on Ctrl-C and closed pipes, and say what to do. Each test runs the tool
-as a subprocess against servers on loopback, with bounded waits."""
+against servers on loopback, with bounded waits: as a subprocess, or in this
+process where the process is not the point (ToolTestCase.tool_here)."""
 
 import importlib
 import os
@@ -126,7 +127,7 @@ class HangTests(CLITestCase):
         # what may be lost, instead of waiting for ever.
         uri = self.listen(_Hangs)
         started = reactor.seconds()
-        out, err, code = yield self.tool("notify", "-e", uri, "--timeout", "0.5", "a: 1")
+        out, err, code = yield self.tool_here("notify", "-e", uri, "--timeout", "0.5", "a: 1")
         self.assertEqual(code, 1, err)
         self.assertLess(reactor.seconds() - started, 8)
         self.assertEqual(err.count(b"\n"), 1, err)
@@ -141,7 +142,7 @@ class HangTests(CLITestCase):
         for tool, args, what in (("notify", ["a: 1"], b"TestConn after connecting"),
                                  ("subscribe", ["require(a)"], b"SubAddRqst"),
                                  ("quench", ["a"], b"QnchAddRqst")):
-            out, err, code = yield self.tool(tool, "-e", uri, "--timeout", "0.5", *args)
+            out, err, code = yield self.tool_here(tool, "-e", uri, "--timeout", "0.5", *args)
             self.assertEqual(code, 1, err)
             self.assertEqual(err.count(b"\n"), 1, err)
             self.assertIn(b"did not answer within 0.5 s (" + what, err)
@@ -149,7 +150,7 @@ class HangTests(CLITestCase):
     @defer.inlineCallbacks
     def test_http_server_is_named(self):
         uri = self.listen(_HTTPish)
-        out, err, code = yield self.tool("notify", "-e", uri, "a: 1")
+        out, err, code = yield self.tool_here("notify", "-e", uri, "a: 1")
         self.assertEqual(code, 1)
         self.assertIn(f"{uri} answered with something that is not Elvin".encode(), err)
         self.assertIn(b"HTTP/1.1 400", err)
@@ -431,7 +432,7 @@ class UsageTests(CLITestCase):
 
     @defer.inlineCallbacks
     def test_integer_out_of_range(self):
-        out, err, code = yield self.tool("notify", "-e", self.uri,
+        out, err, code = yield self.tool_here("notify", "-e", self.uri,
                                          "Big: 99999999999999999999999")
         self.assertEqual(code, 1)
         self.assertIn(b"out of range", err)
@@ -441,7 +442,7 @@ class UsageTests(CLITestCase):
     def test_refused_names_the_uri(self):
         port = free_port()
         uri = f"elvin://127.0.0.1:{port}"
-        out, err, code = yield self.tool("notify", "-e", uri, "a: 1")
+        out, err, code = yield self.tool_here("notify", "-e", uri, "a: 1")
         self.assertEqual(code, 1)
         self.assertIn(f"{uri}: connection refused".encode(), err)
 

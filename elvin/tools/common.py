@@ -197,16 +197,20 @@ class _Interrupt:
             self.reactor.stop()
 
 
+def close_politely(reactor, conn):
+    """Close ``conn`` (DisconnRqst) unless it is closed: a Deferred firing
+    once the router answers, or after 2 s (None if it was closed)."""
+    if conn._closed:
+        return None
+    d = conn.close()
+    d.addTimeout(2.0, reactor)
+    d.addErrback(lambda _: None)
+    return d
+
+
 def closing(reactor, conn):
-    """Close ``conn`` politely (DisconnRqst) when the reactor is stopped."""
-    def close():
-        if conn._closed:
-            return None
-        d = conn.close()
-        d.addTimeout(2.0, reactor)
-        d.addErrback(lambda _: None)
-        return d
-    reactor.addSystemEventTrigger("before", "shutdown", close)
+    """Close ``conn`` politely when the reactor is stopped."""
+    reactor.addSystemEventTrigger("before", "shutdown", close_politely, reactor, conn)
 
 
 class RouterSilent(Exception):
@@ -250,6 +254,7 @@ def quiet_library_warnings(name):
     handler.setLevel(logging.ERROR)
     handler.setFormatter(logging.Formatter(f"{name}: %(message)s"))
     logging.getLogger("elvin").addHandler(handler)
+    return handler
 
 
 async def _with_uri(reactor, options, body):
@@ -293,11 +298,24 @@ def parse_options(options_class, argv=None):
     return options
 
 
+def outcome(reactor, options, body, interrupted=lambda: False):
+    """Run ``body(reactor, options)`` (a coroutine) once the router's URI is
+    known: a Deferred firing with the tool's exit status, 0 on success, when
+    stdout is closed and once ``interrupted()`` (Ctrl-C); 1, with one line
+    on stderr, on any error (stdout failing too: a full disk)."""
+    d = defer.ensureDeferred(_with_uri(reactor, options, body))
+
+    def failed(failure):
+        if interrupted() or failure.check(StdoutClosed, defer.CancelledError):
+            return 0
+        sys.stderr.write(f"{options.name}: error: {describe_error(failure.value)}\n")
+        return 1
+    return d.addCallbacks(lambda _: 0, failed)
+
+
 def run(options_class, body, argv=None):
-    """Parse options, run ``body(reactor, options)`` (a coroutine) and exit:
-    0 on success, on Ctrl-C and when stdout is closed; 1 with one line on
-    stderr on any error (stdout failing too: a full disk); 2 for usage
-    errors."""
+    """Parse options, run ``body(reactor, options)`` (a coroutine) and exit
+    with its status (``outcome``); 2 for usage errors."""
     options = parse_options(options_class, argv)
     quiet_library_warnings(options.name)
     status = {"code": 0}
@@ -308,15 +326,8 @@ def run(options_class, body, argv=None):
         # it starts), so ours replace them.
         reactor.callWhenRunning(reactor.callLater, 0, interrupt.install)
         options["_reactor_interrupt"] = interrupt
-        d = defer.ensureDeferred(_with_uri(reactor, options, body))
-
-        def failed(failure):
-            if interrupt.interrupted or failure.check(StdoutClosed, defer.CancelledError):
-                return None
-            sys.stderr.write(f"{options.name}: error: {describe_error(failure.value)}\n")
-            status["code"] = 1
-        d.addErrback(failed)
-        return d
+        d = outcome(reactor, options, body, lambda: interrupt.interrupted)
+        return d.addCallback(lambda code: status.update(code=code))
     try:
         task.react(main)
     except SystemExit as e:
