@@ -67,27 +67,49 @@ class Keeping(CoreState):
         if self.clock() < self.store_down_until:
             return False
         drops, self.unsaved_drops = self.unsaved_drops, collections.Counter()
+        gaps, self.unsaved_gaps = self.unsaved_gaps, collections.Counter()
         try:
-            for name, count in drops.items():
-                if name in self.named:
-                    self.store.add_dropped(name, count)
+            with self.store.batch():
+                for name, count in drops.items():
+                    if name in self.named:
+                        self.store.add_dropped(name, count, gaps[name])
         except StoreFailed as e:
             self.unsaved_drops.update(drops)
+            self.unsaved_gaps.update(gaps)
             self.store_failed(e)
             return False
         self.store_down_until = None
         self.log.info("proxy database {db}: writing again", db=self.store.path)
         return True
 
-    def take_dropped(self, name: str) -> int:
-        """Drops to tell the session's next client of (and forget)."""
-        unsaved = self.unsaved_drops.pop(name, 0)
+    def add_gaps(self, names, count: int) -> None:
+        """The sessions named missed notifications in ``count`` gaps of
+        unknown size each: each gap counted as one drop, and as a gap, for
+        the session's next client (in one transaction, however many
+        sessions; kept in memory while the store cannot write)."""
+        if self.store_down_until is None:
+            try:
+                with self.store.batch():
+                    for name in names:
+                        self.store.add_dropped(name, count, count)
+                return
+            except StoreFailed as e:
+                self.store_failed(e)
+        for name in names:
+            self.unsaved_drops[name] += count
+            self.unsaved_gaps[name] += count
+
+    def take_dropped(self, name: str) -> Tuple[int, int]:
+        """Drops to tell the session's next client of (and forget), and how
+        many of them are gaps of unknown size."""
+        unsaved = self.unsaved_drops.pop(name, 0), self.unsaved_gaps.pop(name, 0)
         try:
-            return self.store.take_dropped(name) + unsaved
+            dropped, gaps = self.store.take_dropped(name)
         except StoreFailed as e:
             self.store_failed(e)
             row = self.store.session(name)
-            return (row.dropped if row else 0) + unsaved
+            dropped, gaps = (row.dropped, row.gaps) if row else (0, 0)
+        return dropped + unsaved[0], gaps + unsaved[1]
 
     def upstream_notification(self, attributes, secure_ids, insecure_ids) -> None:
         """A NotifyDeliver from upstream: deliver one copy to each connected

@@ -191,7 +191,7 @@ class UpstreamDropTest(SubscribedCase):
         away, away_out = self.join("away")
         packets = away_out.take()
         joined = [e for e in self.events(packets) if e[EVENT] == "joined"]
-        self.assertEqual(joined[0]["Proxy.Dropped"], 1)
+        self.assertEqual((joined[0]["Proxy.Dropped"], joined[0]["Proxy.Gaps"]), (1, 1))
         self.assertTrue(any(isinstance(p, elvin_packets.DropWarn) for p in packets))
 
 
@@ -421,7 +421,7 @@ class LimitsTest(unittest.TestCase):
         self.assertEqual(store.total_bytes(), store.db.execute(
             "SELECT sum(length(body)) FROM notifications").fetchone()[0])
         kept = store.stored_count("a") + store.stored_count("b")
-        self.assertEqual(store.take_dropped("a") + store.take_dropped("b"), 40 - kept)
+        self.assertEqual(store.take_dropped("a")[0] + store.take_dropped("b")[0], 40 - kept)
 
 
 class SweepAndExpiryTest(ProxyCoreCase):
@@ -695,7 +695,7 @@ class GapTest(SubscribedCase):
         client, out = self.join("s")
         packets = out.take()
         (joined,) = [e for e in self.events(packets) if e[EVENT] == "joined"]
-        self.assertEqual(joined["Proxy.Dropped"], 1)
+        self.assertEqual((joined["Proxy.Dropped"], joined["Proxy.Gaps"]), (1, 1))
         self.assertEqual(sum(isinstance(p, elvin_packets.DropWarn) for p in packets), 1)
         empty, out = self.join("empty")
         packets = out.take()
@@ -740,6 +740,7 @@ class GapTest(SubscribedCase):
         client, out = self.join("s")
         (joined,) = [e for e in self.events(out.take()) if e[EVENT] == "joined"]
         self.assertEqual(joined["Proxy.Dropped"], 3)    # two outages, one restart
+        self.assertEqual(joined["Proxy.Gaps"], 3)       # all three of unknown size
         self.flushLoggedErrors()
 
     def test_the_metric_counts_by_cause(self):
@@ -759,7 +760,7 @@ class GapTest(SubscribedCase):
         self.subscribe(client, out, "require(n)")
         client.connection_lost()
 
-        def full(name, count):
+        def full(name, count, gaps=0):
             raise StoreFailed("database or disk is full")
         self.patch(self.store, "add_dropped", full)
         self.upstream.down()
@@ -768,5 +769,5 @@ class GapTest(SubscribedCase):
         self.assertEqual(self.gaps(), (1, 0))
         client, out = self.join("s")
         (joined,) = [e for e in self.events(out.take()) if e[EVENT] == "joined"]
-        self.assertEqual(joined["Proxy.Dropped"], 1)
+        self.assertEqual((joined["Proxy.Dropped"], joined["Proxy.Gaps"]), (1, 1))
         self.flushLoggedErrors()

@@ -54,10 +54,13 @@ class GapCase(ProxyCoreCase):
             got += more
         return got
 
-    def joined_dropped(self, name="phone"):
+    def joined_dropped(self, name="phone", gaps=0):
+        """The next client's ``Proxy.Dropped``, checking that ``gaps`` of
+        it are gaps of unknown size (``Proxy.Gaps``)."""
         client, out = self.join(name)
         (joined,) = [e for e in self.events(out.take()) if e[EVENT] == "joined"]
         client.connection_lost()
+        self.assertEqual(joined["Proxy.Gaps"], gaps)
         return joined["Proxy.Dropped"]
 
 
@@ -79,6 +82,18 @@ class SessionCapGapTest(GapCase):
         self.assertEqual(len(got) - 1 + 8 + 32, 50)      # received + counted
         phone.connection_lost()
         self.assertEqual(self.joined_dropped(), 32)
+        self.flushLoggedErrors()
+
+    def test_the_next_client_is_told_a_cap_s_count_and_a_gap_apart(self):
+        """Proxy.Dropped counts the cap's notifications and the gap of
+        unknown size as one; Proxy.Gaps says how many of it are gaps."""
+        phone, out = self.device(8)
+        phone.connection_lost()
+        for n in range(15):
+            self.publish({"n": n})
+        self.core.upstream_dropwarn()
+        self.assertEqual(self.joined_dropped(gaps=1), 5 + 1)
+        self.assertEqual(self.joined_dropped(), 0)        # told once
         self.flushLoggedErrors()
 
     def test_in_flight_rows_kept_by_the_cap_go_when_acknowledged(self):
@@ -196,7 +211,7 @@ class OtherGapsTest(GapCase):
         self.core.upstream_dropwarn()
         self.assertNotIn(DW, stream(out.take()))
         phone.connection_lost()
-        self.assertEqual(self.joined_dropped(), 1)        # told to the next client
+        self.assertEqual(self.joined_dropped(gaps=1), 1)  # told to the next client
         self.flushLoggedErrors()
 
     def test_a_device_told_of_an_upstream_gap_leaves_nothing_counted(self):

@@ -527,3 +527,23 @@ class GapReporterTests(unittest.TestCase):
         self.reporter.dropwarn()
         (line,) = self.lines()
         self.assertIn("reports 1 notification lost from session 's'", line)
+
+    def test_gaps_of_unknown_size_are_not_told_as_notifications(self):
+        """Proxy.Gaps of Proxy.Dropped are gaps (a restart, an outage),
+        each counted as one: told apart from the notifications counted."""
+        told = {}
+        for dropped, gaps in ((1, 1), (7, 2), (3, None)):
+            self.reporter.conn = self.conn
+            self.conn.sessions = {"s2": self.JoinedSession("s2", dropped=dropped, gaps=gaps)}
+            self.reporter.joined()
+            (told[dropped],) = self.lines()
+        self.assertIn("the proxy reports notifications lost from session 's2' in 1 gap of "
+                      "unknown size while no client of it was connected (the proxy "
+                      "restarting", told[1])
+        self.assertNotIn("1 notification lost", told[1])
+        self.assertIn("the proxy reports 5 notifications lost from session 's2', and more in "
+                      "2 gaps of unknown size, while", told[7])
+        self.assertIn("(a limit or a full disk; the proxy restarting", told[7])
+        # a proxy that does not send Proxy.Gaps: its count, not called notifications
+        self.assertIn("the proxy reports 3 lost from session 's2'", told[3])
+        self.assertIn("gaps of unknown size, each counted as one", told[3])
