@@ -181,9 +181,10 @@ class Keeping(CoreState):
             return None
         if note is not None:
             self.newest_note = note
-            self.counters.stored += 1
             if self._holding:
-                self._turn.append(keep)
+                self._turn.append(keep)     # counted as stored once committed
+            else:
+                self.counters.stored += 1
         dropped = store.take_cap_dropped()
         if dropped:
             self._cap_gaps(dropped)
@@ -257,6 +258,7 @@ class Keeping(CoreState):
         if self._holding:
             try:
                 self.store.release()
+                self.counters.stored += len(self._turn)
             except StoreFailed as e:
                 self.store_failed(e)          # abandons the turn
             self._holding = False

@@ -341,9 +341,12 @@ class Store:
         self._lagging: Set[Tuple[str, int]] = set()
         #: Notifications taken from sessions since the store opened, to stay
         #: under max_stored / max_stored_bytes, and under max_total_bytes
-        #: (each counted once per session it was taken from).
+        #: (each counted once per session it was taken from), counted as
+        #: their transaction commits (``_caps_uncommitted`` until then: a
+        #: transaction rolled back dropped nothing).
         self.dropped_session_cap = 0
         self.dropped_total_cap = 0
+        self._caps_uncommitted = [0, 0]
         #: Sessions whose capped subscriptions were checked since the store
         #: opened (a previous run may have left some beyond their cap).
         self._checked: Set[str] = set()
@@ -523,11 +526,25 @@ class Store:
             if _cannot_write(e):
                 raise StoreFailed(str(e)) from None
             raise
+        self._count_caps()
+
+    def _count_caps(self, session_cap: int = 0, total_cap: int = 0) -> None:
+        """Notifications the caps took: counted now if nothing can roll
+        them back, else once the transaction commits."""
+        uncommitted = self._caps_uncommitted
+        uncommitted[0] += session_cap
+        uncommitted[1] += total_cap
+        if not self.db.in_transaction:
+            self.dropped_session_cap += uncommitted[0]
+            self.dropped_total_cap += uncommitted[1]
+            uncommitted[:] = [0, 0]
 
     def _rolled_back(self) -> None:
         """The transaction is gone: counts are made again from what is there."""
         if self.db.in_transaction:
             self.db.execute("ROLLBACK")
+        self._caps_uncommitted[:] = [0, 0]
+        self._cap_dropped.clear()   # the rows they were are back
         self._owed.clear()
         self._sub_rows.clear()
         self._several.clear()
@@ -1062,7 +1079,7 @@ class Store:
                 size -= note_size
         if over:
             self._drop_notes(session, over)
-            self.dropped_session_cap += len(over)
+            self._count_caps(session_cap=len(over))
 
     def _drop_notes(self, session: str, notes: Sequence[int]) -> None:
         """Take these notifications from the session, counted as dropped."""
@@ -1125,7 +1142,7 @@ class Store:
                 by_session.setdefault(session, []).append(note)
             for session, notes in by_session.items():
                 self._drop_notes(session, notes)
-                self.dropped_total_cap += len(notes)
+                self._count_caps(total_cap=len(notes))
             self._collect(oldest)       # any kept for nobody
 
     def add_dropped(self, session: str, count: int, gaps: int = 0) -> None:

@@ -520,6 +520,45 @@ class DiskFullTest(ProxyCoreCase):
         self.assertIn(1000, values(out.take()))
 
 
+    def stored_or_not(self, published):
+        """``stored`` counts what is in the database, and with ``not_stored``
+        every notification published."""
+        counters = self.core.counters
+        rows = self.store.db.execute("SELECT count(*) FROM notifications").fetchone()[0]
+        self.assertEqual(counters.stored, rows)
+        self.assertEqual(counters.stored + counters.not_stored, published)
+        (joined,) = [e for e in self.events(self.join("phone")[1].take())
+                     if e[EVENT] == "joined"]
+        self.assertEqual(joined["Proxy.Dropped"], counters.not_stored)
+
+    def test_a_turn_rolled_back_is_not_counted_as_stored(self):
+        reactor = self.left_subscribed()
+        for n in range(3):
+            self.publish({"n": n})
+        reactor.advance(0)
+        pages = self.store.db.execute("PRAGMA page_count").fetchone()[0]
+        self.store.db.execute(f"PRAGMA max_page_count = {pages}")
+        for n in range(3, 400):               # one turn: it fills the disk part way
+            self.publish({"n": n, "pad": "x" * 200})
+        reactor.advance(0)
+        self.assertEqual(self.core.counters.store_failed, 1)
+        self.assertEqual(self.core.counters.stored, 3)
+        self.stored_or_not(400)
+
+    def test_a_turn_whose_commit_fails_is_not_counted_as_stored(self):
+        reactor = self.left_subscribed()
+        writable = self.refuse_commits()
+        for n in range(5):
+            self.publish({"n": n})
+        reactor.advance(0)
+        self.assertEqual(self.core.counters.store_failed, 1)
+        self.assertEqual(self.core.counters.stored, 0)
+        writable()
+        self.clock.now += 2
+        self.publish({"n": 5})
+        reactor.advance(0)
+        self.stored_or_not(6)
+
     def test_no_session_is_created_while_the_store_cannot_write(self):
         reactor = ReactorClock()
         self.core.call_later = reactor.callLater

@@ -115,6 +115,28 @@ class SessionCapGapTest(GapCase):
         self.assertEqual(got, list(range(40)))
         self.assertEqual(snapshot(self.core)["dropped"]["session_cap"], 0)
 
+    def test_a_turn_rolled_back_drops_nothing_by_the_cap(self):
+        """The cap's drops in a reactor turn whose commit fails are rolled
+        back with it: every notification of the turn is counted once, as
+        not stored, and the cap counts none of them."""
+        reactor = self.left_subscribed()
+        writable = self.refuse_commits()
+        for n in range(30):                       # the cap (10) drops 20 in the turn
+            self.publish({"n": n})
+        reactor.advance(0)
+        writable()
+        dropped = snapshot(self.core)["dropped"]
+        self.assertEqual((self.core.counters.stored, dropped["session_cap"],
+                          dropped["not_stored"]), (0, 0, 30))
+        self.clock.now += 2                       # writable again
+        for n in range(30, 45):
+            self.publish({"n": n})
+        reactor.advance(0)
+        dropped = snapshot(self.core)["dropped"]
+        self.assertEqual((self.core.counters.stored, dropped["session_cap"]), (15, 5))
+        self.assertEqual(self.joined_dropped(), 30 + 5)
+        self.flushLoggedErrors()
+
     def test_a_non_acknowledging_client_mid_replay_is_warned_at_the_gap(self):
         reactor = ReactorClock()
         self.core.call_later = reactor.callLater
