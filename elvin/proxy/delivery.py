@@ -69,10 +69,8 @@ class Keeping(CoreState):
         drops, self.unsaved_drops = self.unsaved_drops, collections.Counter()
         gaps, self.unsaved_gaps = self.unsaved_gaps, collections.Counter()
         try:
-            with self.store.batch():
-                for name, count in drops.items():
-                    if name in self.named:
-                        self.store.add_dropped(name, count, gaps[name])
+            self._add_dropped([(name, count, gaps[name]) for name, count in drops.items()
+                               if name in self.named])
         except StoreFailed as e:
             self.unsaved_drops.update(drops)
             self.unsaved_gaps.update(gaps)
@@ -89,15 +87,25 @@ class Keeping(CoreState):
         sessions; kept in memory while the store cannot write)."""
         if self.store_down_until is None:
             try:
-                with self.store.batch():
-                    for name in names:
-                        self.store.add_dropped(name, count, count)
+                self._add_dropped([(name, count, count) for name in names])
                 return
             except StoreFailed as e:
                 self.store_failed(e)
-        for name in names:
+        self._unsaved([(name, count, count) for name in names])
+
+    def _add_dropped(self, counts) -> None:
+        """Add ``(session, drops, gaps)`` to the sessions' counts, in one
+        transaction; in a turn's, kept to count again should it roll back."""
+        with self.store.batch():
+            for name, count, gaps in counts:
+                self.store.add_dropped(name, count, gaps)
+        if self._holding:
+            self._turn_drops.extend(counts)
+
+    def _unsaved(self, counts) -> None:
+        for name, count, gaps in counts:
             self.unsaved_drops[name] += count
-            self.unsaved_gaps[name] += count
+            self.unsaved_gaps[name] += gaps
 
     def take_dropped(self, name: str) -> Tuple[int, int]:
         """Drops to tell the session's next client of (and forget), and how
@@ -251,6 +259,8 @@ class Keeping(CoreState):
         for earlier in self._turn:
             self._not_kept(earlier)
         self._turn = []
+        self._unsaved(self._turn_drops)     # rolled back with the turn
+        self._turn_drops = []
         self._held = [(client, data, None) for client, data, _ in self._held]
         # (a DropWarn held among them, data None, stays in its place)
 
@@ -263,6 +273,7 @@ class Keeping(CoreState):
                 self.store_failed(e)          # abandons the turn
             self._holding = False
             self._turn = []
+            self._turn_drops = []
         held, self._held = self._held, []
         for client, data, note in held:
             if data is None:

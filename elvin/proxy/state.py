@@ -145,6 +145,9 @@ class CoreState(SessionHost):
         self._sweeping = False
         #: What this turn's transaction stored (``keep`` of each), until it commits.
         self._turn: List[Dict[str, Any]] = []
+        #: Drop counts written in this turn's transaction (session, drops,
+        #: gaps): counted again in memory if it is rolled back.
+        self._turn_drops: List[Tuple[str, int, int]] = []
         #: As the router's: Nacks by code and the latest refusals.
         self.nacks = collections.Counter()
         self.refusals = collections.deque(maxlen=50)

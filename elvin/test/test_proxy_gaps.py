@@ -236,6 +236,18 @@ class OtherGapsTest(GapCase):
         self.assertEqual(self.joined_dropped(gaps=1), 1)  # told to the next client
         self.flushLoggedErrors()
 
+    def test_a_gap_counted_in_a_turn_rolled_back_is_still_told(self):
+        """A gap counted for a session inside a reactor turn whose commit
+        the disk refuses is rolled back with it: it is counted again."""
+        reactor = self.left_subscribed()
+        writable = self.refuse_commits()
+        self.publish({"n": 0})                    # the turn's transaction is open
+        self.core.upstream_dropwarn()             # the session's gap, counted in it
+        reactor.advance(0)                        # its commit refused
+        writable()
+        self.assertEqual(self.joined_dropped(gaps=1), 1 + 1)     # the notification, the gap
+        self.flushLoggedErrors()
+
     def test_a_device_told_of_an_upstream_gap_leaves_nothing_counted(self):
         phone, out = self.device(4)
         for n in range(6):
