@@ -271,6 +271,7 @@ class Lifecycle:
         #: is unconfirmed.
         self._written = [0, 0]
         self._confirmed = (0, 0)
+        self._channels = 0
         self._marks: Dict[int, Tuple[int, int]] = {}
         self._ping_marks: List[Tuple[int, int]] = []
         self._close_confirmed = False
@@ -368,6 +369,18 @@ class Lifecycle:
         return (self._written[0] - self._confirmed[0],
                 self._written[1] - self._confirmed[1])
 
+    @property
+    def writes(self) -> Tuple[int, int, int]:
+        """(written, confirmed, channel): packets the program's sends have
+        written, how many of them the router has confirmed (it answered a
+        request written after them), and the channel's number (1 for the
+        first, one more for each reconnection or redirection). A program
+        that notes ``written`` and ``channel`` after a send knows the
+        router has it once ``confirmed`` reaches that count on that
+        channel; a new channel takes what the lost one left unconfirmed as
+        settled, so what was sent on an earlier one stays unknown."""
+        return self._written[0], self._confirmed[0], self._channels
+
     def _confirm(self, mark: Tuple[int, int]) -> None:
         if mark[0] > self._confirmed[0]:
             self._confirmed = mark
@@ -407,6 +420,7 @@ class Lifecycle:
         self.session.send = send
         # What a lost channel left unconfirmed is not this one's to answer for.
         self._confirmed = (self._written[0], self._written[1])
+        self._channels += 1
         self._marks.clear()
         self._ping_marks.clear()
         self.session.channel_changed()

@@ -284,18 +284,29 @@ class SessionSubscription:
 
 class JoinedSession:
     """A proxy session this connection joined: what the proxy said when we
-    joined (``stored``: notifications kept for it, ``dropped``: lost to its
-    limits since its last client, ``admin``: may we change it)."""
+    joined (``stored``: notifications kept for it, ``dropped``: lost since
+    its last client, ``gaps``: how many of ``dropped`` are gaps of unknown
+    size, each counted as one, None from a proxy that does not say,
+    ``lost``: the notifications counted, the rest, ``admin``: may we
+    change it)."""
 
     def __init__(self, name: str, stored: int = 0, dropped: int = 0,
-                 admin: bool = False) -> None:
+                 admin: bool = False, gaps: Optional[int] = 0) -> None:
         self.name = name
         self.stored = stored
         self.dropped = dropped
         self.admin = admin
+        self.gaps = gaps
+
+    @property
+    def lost(self) -> int:
+        """Notifications the proxy counted as lost (``dropped`` without
+        the gaps of unknown size)."""
+        return max(0, self.dropped - (self.gaps or 0))
 
     def __repr__(self) -> str:
-        return f"<JoinedSession {self.name!r} stored={self.stored} dropped={self.dropped}>"
+        return (f"<JoinedSession {self.name!r} stored={self.stored} dropped={self.dropped} "
+                f"gaps={self.gaps}>")
 
 
 class Reconnect:
@@ -1197,9 +1208,11 @@ class ClientState:
         elif kind == "subscription-removed" and isinstance(sub_id, int):
             self.session_subscriptions.pop(sub_id, None)
         elif kind == "joined" and isinstance(session, str):
+            gaps = event.get("Proxy.Gaps")    # (a proxy that does not say: None)
             self.sessions[session] = JoinedSession(
                 session, int(event.get("Proxy.Stored", 0)), int(event.get("Proxy.Dropped", 0)),
-                bool(event.get("Proxy.Admin", 0)))
+                bool(event.get("Proxy.Admin", 0)),
+                None if gaps is None else int(gaps))
             self._awaiting_joins.discard(session)
             if not self._awaiting_joins and self._joins_done is not None:
                 done, self._joins_done = self._joins_done, None

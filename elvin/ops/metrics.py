@@ -177,7 +177,11 @@ class RouterCollector:
         nodes = GaugeMetricFamily("elvin_federation_pull_filter_nodes",
                                   "Nodes in the pull filter the peer sent.", labels=["peer"])
         carried = CounterMetricFamily("elvin_federation_notifications",
-                                      "Notifications over the link, by direction.",
+                                      "FedNotify over the link, by direction: in: received "
+                                      "from the peer; out: queued for the peer (those "
+                                      "still queued when the link went down are counted "
+                                      "again as dropped, cause unsent: out - unsent were "
+                                      "written to the socket).",
                                       labels=["peer", "direction"])
         dropped = CounterMetricFamily("elvin_federation_dropped",
                                       "Notifications not carried, by cause: from the peer "

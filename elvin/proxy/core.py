@@ -87,7 +87,7 @@ class ProxyCore(PasswordChecks, UpstreamRelay):
             session.clients.discard(client)
             if untold and session.persistent and session.name in self.named:
                 # Gaps it left before reaching: its session's next client is told.
-                self.write(self.store.add_dropped, session.name, untold)
+                self.add_gaps([session.name], untold)
             if not session.persistent:
                 for sub in list(session.subscriptions.values()):
                     self.remove_subscription(sub)

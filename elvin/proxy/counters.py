@@ -30,7 +30,9 @@ class ProxyCounters:
                  "upstream_gaps", "restart_gaps", "upstream_timeouts")
 
     def __init__(self) -> None:
-        #: notifications stored (one copy, however many sessions keep it)
+        #: notifications stored (one copy, however many sessions keep it),
+        #: counted as their transaction commits: one rolled back (a full
+        #: disk) counts in ``not_stored`` instead, never in both
         self.stored = 0
         #: stored notifications written to joining clients
         self.replayed = 0
@@ -136,7 +138,9 @@ class ProxyCollector:
         status = self.source()
         for name, key, text in (
                 ("elvin_proxy_stored", "stored",
-                 "Notifications stored (one copy however many sessions keep it)."),
+                 "Notifications stored (one copy however many sessions keep it), "
+                 "counted once committed: one the database could not take counts "
+                 "as dropped (not_stored) instead."),
                 ("elvin_proxy_replayed", "replayed",
                  "Stored notifications written to joining clients."),
                 ("elvin_proxy_delivered", "delivered",

@@ -67,27 +67,57 @@ class Keeping(CoreState):
         if self.clock() < self.store_down_until:
             return False
         drops, self.unsaved_drops = self.unsaved_drops, collections.Counter()
+        gaps, self.unsaved_gaps = self.unsaved_gaps, collections.Counter()
         try:
-            for name, count in drops.items():
-                if name in self.named:
-                    self.store.add_dropped(name, count)
+            self._add_dropped([(name, count, gaps[name]) for name, count in drops.items()
+                               if name in self.named])
         except StoreFailed as e:
             self.unsaved_drops.update(drops)
+            self.unsaved_gaps.update(gaps)
             self.store_failed(e)
             return False
         self.store_down_until = None
         self.log.info("proxy database {db}: writing again", db=self.store.path)
         return True
 
-    def take_dropped(self, name: str) -> int:
-        """Drops to tell the session's next client of (and forget)."""
-        unsaved = self.unsaved_drops.pop(name, 0)
+    def add_gaps(self, names, count: int) -> None:
+        """The sessions named missed notifications in ``count`` gaps of
+        unknown size each: each gap counted as one drop, and as a gap, for
+        the session's next client (in one transaction, however many
+        sessions; kept in memory while the store cannot write)."""
+        if self.store_down_until is None:
+            try:
+                self._add_dropped([(name, count, count) for name in names])
+                return
+            except StoreFailed as e:
+                self.store_failed(e)
+        self._unsaved([(name, count, count) for name in names])
+
+    def _add_dropped(self, counts) -> None:
+        """Add ``(session, drops, gaps)`` to the sessions' counts, in one
+        transaction; in a turn's, kept to count again should it roll back."""
+        with self.store.batch():
+            for name, count, gaps in counts:
+                self.store.add_dropped(name, count, gaps)
+        if self._holding:
+            self._turn_drops.extend(counts)
+
+    def _unsaved(self, counts) -> None:
+        for name, count, gaps in counts:
+            self.unsaved_drops[name] += count
+            self.unsaved_gaps[name] += gaps
+
+    def take_dropped(self, name: str) -> Tuple[int, int]:
+        """Drops to tell the session's next client of (and forget), and how
+        many of them are gaps of unknown size."""
+        unsaved = self.unsaved_drops.pop(name, 0), self.unsaved_gaps.pop(name, 0)
         try:
-            return self.store.take_dropped(name) + unsaved
+            dropped, gaps = self.store.take_dropped(name)
         except StoreFailed as e:
             self.store_failed(e)
             row = self.store.session(name)
-            return (row.dropped if row else 0) + unsaved
+            dropped, gaps = (row.dropped, row.gaps) if row else (0, 0)
+        return dropped + unsaved[0], gaps + unsaved[1]
 
     def upstream_notification(self, attributes, secure_ids, insecure_ids) -> None:
         """A NotifyDeliver from upstream: deliver one copy to each connected
@@ -159,9 +189,10 @@ class Keeping(CoreState):
             return None
         if note is not None:
             self.newest_note = note
-            self.counters.stored += 1
             if self._holding:
-                self._turn.append(keep)
+                self._turn.append(keep)     # counted as stored once committed
+            else:
+                self.counters.stored += 1
         dropped = store.take_cap_dropped()
         if dropped:
             self._cap_gaps(dropped)
@@ -228,6 +259,8 @@ class Keeping(CoreState):
         for earlier in self._turn:
             self._not_kept(earlier)
         self._turn = []
+        self._unsaved(self._turn_drops)     # rolled back with the turn
+        self._turn_drops = []
         self._held = [(client, data, None) for client, data, _ in self._held]
         # (a DropWarn held among them, data None, stays in its place)
 
@@ -235,10 +268,12 @@ class Keeping(CoreState):
         if self._holding:
             try:
                 self.store.release()
+                self.counters.stored += len(self._turn)
             except StoreFailed as e:
                 self.store_failed(e)          # abandons the turn
             self._holding = False
             self._turn = []
+            self._turn_drops = []
         held, self._held = self._held, []
         for client, data, note in held:
             if data is None:

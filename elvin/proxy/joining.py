@@ -254,13 +254,13 @@ class Joining(Requests):
                 keys = session.keys_event()
                 if keys is not None:
                     self.send_event(keys)
-            lost = core.take_dropped(session.name)
+            lost, gaps = core.take_dropped(session.name)
             dropped += lost
             self.send_event({EVENT: "joined", SESSION: session.name,
                              "Proxy.Subscriptions": len(session.subscriptions),
                              "Proxy.Stored": store.unexpired_count(session.name,
                                                                    core.clock()),
-                             "Proxy.Dropped": lost,
+                             "Proxy.Dropped": lost, "Proxy.Gaps": gaps,
                              "Proxy.Admin": int(session.name in self.admin)})
         if dropped:
             self.send(packets.DropWarn())

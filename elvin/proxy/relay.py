@@ -29,7 +29,6 @@ from elvin.core.keys import KeyRing
 from elvin.protocols import packets
 from elvin.proxy.model import ProxySubscription
 from elvin.proxy.delivery import Keeping
-from elvin.proxy.store import StoreFailed
 
 __all__ = ["UpstreamRelay", "MAX_PLACE_RETRY"]
 
@@ -336,8 +335,8 @@ class UpstreamRelay(Keeping):
         """Notifications may have been lost to every session with
         subscriptions (or to those of ``only``), how many nobody knows: its
         connected clients are told by a DropWarn now, and a session without
-        any by one drop more in ``Proxy.Dropped`` and a DropWarn to its next
-        client. Returns the sessions concerned, the clients told now and
+        any by one drop more in ``Proxy.Dropped`` (and one gap more in
+        ``Proxy.Gaps``) and a DropWarn to its next client. Returns the sessions concerned, the clients told now and
         the sessions whose next client will be."""
         told: set = set()
         unseen = []
@@ -359,17 +358,8 @@ class UpstreamRelay(Keeping):
                 told.add(client)
             if client in told:
                 client.drop_warn()
-        unsaved = unseen
-        if unseen and self.store_down_until is None:
-            try:
-                with self.store.batch():         # one transaction, however many
-                    for name in unseen:
-                        self.store.add_dropped(name, 1)
-                unsaved = []
-            except StoreFailed as e:
-                self.store_failed(e)
-        for name in unsaved:
-            self.unsaved_drops[name] += 1
+        if unseen:
+            self.add_gaps(unseen, 1)
         return sessions, len(told), len(unseen)
 
 

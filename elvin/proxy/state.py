@@ -131,9 +131,11 @@ class CoreState(SessionHost):
         self.counters = ProxyCounters()
         self._ignored_log = LogLimiter(clock)
         #: While the store cannot write (disk full): when to try again, and
-        #: each session's notifications not stored meanwhile.
+        #: each session's drops not stored meanwhile (``unsaved_gaps`` of
+        #: them gaps of unknown size).
         self.store_down_until: Optional[float] = None
         self.unsaved_drops: Dict[str, int] = collections.Counter()
+        self.unsaved_gaps: Dict[str, int] = collections.Counter()
         #: Whether the upstream connection has been lost since it was last made
         #: (its next one announces the gap: elvin.proxy.relay).
         self.upstream_lost = False
@@ -143,6 +145,9 @@ class CoreState(SessionHost):
         self._sweeping = False
         #: What this turn's transaction stored (``keep`` of each), until it commits.
         self._turn: List[Dict[str, Any]] = []
+        #: Drop counts written in this turn's transaction (session, drops,
+        #: gaps): counted again in memory if it is rolled back.
+        self._turn_drops: List[Tuple[str, int, int]] = []
         #: As the router's: Nacks by code and the latest refusals.
         self.nacks = collections.Counter()
         self.refusals = collections.deque(maxlen=50)

@@ -68,7 +68,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     keys        BLOB,
     dropped     INTEGER NOT NULL DEFAULT 0,
     last_seen   REAL,
-    creator     TEXT
+    creator     TEXT,
+    gaps        INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS subscriptions (
     session          TEXT NOT NULL REFERENCES sessions(name) ON DELETE CASCADE,
@@ -125,6 +126,7 @@ _ADDED_COLUMNS = (
     ("sessions", "last_seen", "REAL"),
     ("notifications", "sealed", "INTEGER NOT NULL DEFAULT 0"),
     ("sessions", "creator", "TEXT"),
+    ("sessions", "gaps", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 #: Pages of write-ahead log between checkpoints (about 40 MB of log).
@@ -242,20 +244,23 @@ def _ids(text: Any) -> Tuple[int, ...]:
 
 
 class SessionRecord:
-    """A session as stored: its name, password hashes, keys, drop count,
-    and the host whose client created it (None: not known, a session from
-    before hosts were kept)."""
+    """A session as stored: its name, password hashes, keys, drop count
+    (``gaps`` of it gaps of unknown size, each counted as one), and the
+    host whose client created it (None: not known, a session from before
+    hosts were kept)."""
 
-    __slots__ = ("name", "join_hash", "admin_hash", "keys", "dropped", "creator")
+    __slots__ = ("name", "join_hash", "admin_hash", "keys", "dropped", "creator", "gaps")
 
     def __init__(self, name: str, join_hash: Optional[bytes], admin_hash: Optional[bytes],
-                 keys: Optional[bytes], dropped: int, creator: Optional[str] = None) -> None:
+                 keys: Optional[bytes], dropped: int, creator: Optional[str] = None,
+                 gaps: int = 0) -> None:
         self.name = name
         self.join_hash = join_hash
         self.admin_hash = admin_hash
         self.keys = keys
         self.dropped = dropped
         self.creator = creator
+        self.gaps = gaps
 
 
 class Store:
@@ -336,9 +341,12 @@ class Store:
         self._lagging: Set[Tuple[str, int]] = set()
         #: Notifications taken from sessions since the store opened, to stay
         #: under max_stored / max_stored_bytes, and under max_total_bytes
-        #: (each counted once per session it was taken from).
+        #: (each counted once per session it was taken from), counted as
+        #: their transaction commits (``_caps_uncommitted`` until then: a
+        #: transaction rolled back dropped nothing).
         self.dropped_session_cap = 0
         self.dropped_total_cap = 0
+        self._caps_uncommitted = [0, 0]
         #: Sessions whose capped subscriptions were checked since the store
         #: opened (a previous run may have left some beyond their cap).
         self._checked: Set[str] = set()
@@ -518,11 +526,25 @@ class Store:
             if _cannot_write(e):
                 raise StoreFailed(str(e)) from None
             raise
+        self._count_caps()
+
+    def _count_caps(self, session_cap: int = 0, total_cap: int = 0) -> None:
+        """Notifications the caps took: counted now if nothing can roll
+        them back, else once the transaction commits."""
+        uncommitted = self._caps_uncommitted
+        uncommitted[0] += session_cap
+        uncommitted[1] += total_cap
+        if not self.db.in_transaction:
+            self.dropped_session_cap += uncommitted[0]
+            self.dropped_total_cap += uncommitted[1]
+            uncommitted[:] = [0, 0]
 
     def _rolled_back(self) -> None:
         """The transaction is gone: counts are made again from what is there."""
         if self.db.in_transaction:
             self.db.execute("ROLLBACK")
+        self._caps_uncommitted[:] = [0, 0]
+        self._cap_dropped.clear()   # the rows they were are back
         self._owed.clear()
         self._sub_rows.clear()
         self._several.clear()
@@ -708,12 +730,12 @@ class Store:
         return SessionRecord(name, join_hash, admin_hash, None, 0, creator)
 
     def session(self, name: str) -> Optional[SessionRecord]:
-        row = self.db.execute("SELECT name, join_hash, admin_hash, keys, dropped, creator "
+        row = self.db.execute("SELECT name, join_hash, admin_hash, keys, dropped, creator, gaps "
                               "FROM sessions WHERE name = ?", (name,)).fetchone()
         if not row:
             return None
         return SessionRecord(row[0], row[1], row[2], self._open_keys(name, row[3]), row[4],
-                             row[5])
+                             row[5], row[6])
 
     def sessions(self) -> List[str]:
         return [name for (name,) in self.db.execute("SELECT name FROM sessions ORDER BY name")]
@@ -1057,7 +1079,7 @@ class Store:
                 size -= note_size
         if over:
             self._drop_notes(session, over)
-            self.dropped_session_cap += len(over)
+            self._count_caps(session_cap=len(over))
 
     def _drop_notes(self, session: str, notes: Sequence[int]) -> None:
         """Take these notifications from the session, counted as dropped."""
@@ -1120,24 +1142,26 @@ class Store:
                 by_session.setdefault(session, []).append(note)
             for session, notes in by_session.items():
                 self._drop_notes(session, notes)
-                self.dropped_total_cap += len(notes)
+                self._count_caps(total_cap=len(notes))
             self._collect(oldest)       # any kept for nobody
 
-    def add_dropped(self, session: str, count: int) -> None:
-        """Count ``count`` more of the session's notifications as lost."""
+    def add_dropped(self, session: str, count: int, gaps: int = 0) -> None:
+        """Count ``count`` more of the session's notifications as lost, of
+        them ``gaps`` gaps of unknown size (each counted as one)."""
         with self.batch():
-            self.db.execute("UPDATE sessions SET dropped = dropped + ? WHERE name = ?",
-                            (count, session))
+            self.db.execute("UPDATE sessions SET dropped = dropped + ?, gaps = gaps + ? "
+                            "WHERE name = ?", (count, gaps, session))
 
-    def take_dropped(self, session: str) -> int:
-        """How many of the session's notifications were dropped to stay
-        under its caps since this was last asked (then zero)."""
+    def take_dropped(self, session: str) -> Tuple[int, int]:
+        """The session's drop count since this was last asked (then zero),
+        and how many of it are gaps of unknown size (``add_dropped``)."""
         with self.batch():
-            row = self.db.execute("SELECT dropped FROM sessions WHERE name = ?",
+            row = self.db.execute("SELECT dropped, gaps FROM sessions WHERE name = ?",
                                   (session,)).fetchone()
-            if row and row[0]:
-                self.db.execute("UPDATE sessions SET dropped = 0 WHERE name = ?", (session,))
-        return row[0] if row else 0
+            if row and (row[0] or row[1]):
+                self.db.execute("UPDATE sessions SET dropped = 0, gaps = 0 WHERE name = ?",
+                                (session,))
+        return (row[0], row[1]) if row else (0, 0)
 
     def pending(self, session: str, client: str, now: float,
                 limit: int = 1000) -> List[StoredNotification]:

@@ -1123,17 +1123,23 @@ class HandshakeLivenessTests(unittest.TestCase):
         self.play(pump, 0.1)
         self.assertEqual(ours.max_frame_length, fed_packets.MAX_PACKET_LENGTH)
 
-    def test_losses_are_logged_and_outlive_the_link(self):
-        """A peer that does not read: each notification its full queue
-        refuses is counted (overload) and logged at most once per 10 s;
-        what was queued when the link went is counted (unsent); the
-        router-wide totals (``losses``) keep both after the link is gone."""
+    def peer_taking_everything(self):
+        """A scripted peer linked to us (no keepalive) whose filter takes
+        every notification: (peer, our protocol, pump, our link)."""
         peer = _ScriptedPeer()
         ours, pump = self.accepted(peer, keepalive=0.0)
         peer.send(fed_packets.FedConnRqst(1, 1, 0, "peer.test"))
         peer.send(fed_packets.FedSubReplace(2, filters.to_wire(filters.TRUE)))
         self.play(pump, 0.1)
         (link,) = self.manager.links
+        return peer, ours, pump, link
+
+    def test_losses_are_logged_and_outlive_the_link(self):
+        """A peer that does not read: each notification its full queue
+        refuses is counted (overload) and logged at most once per 10 s;
+        what was queued when the link went is counted (unsent); the
+        router-wide totals (``losses``) keep both after the link is gone."""
+        _, ours, _, link = self.peer_taking_everything()
         full = [False]
         real = ours.send_encoded
         ours.send_encoded = lambda data, droppable: (
@@ -1151,6 +1157,31 @@ class HandshakeLivenessTests(unittest.TestCase):
                          (3, 1))
         (down,) = self.log.having("federation link down")
         self.assertIn("notifications lost: overload 3, unsent 1", down)
+
+    def test_out_counts_what_was_queued_and_out_less_unsent_what_was_written(self):
+        """``out`` counts a FedNotify as it is queued for the peer; those
+        still queued when the link goes are counted again as ``unsent``, so
+        ``out - unsent`` were written to the socket (docs/federation.md,
+        "Losses on a link"), as the metric's help text says."""
+        from elvin.ops.metrics import registry_for
+        from elvin.ops.status import snapshot
+        peer, ours, pump, link = self.peer_taking_everything()
+        for n in range(3):
+            self.router.route({"n": n}, True)
+        self.play(pump, 0.1)
+        ours.pauseProducing()                     # as a full socket buffer does
+        for n in range(3, 7):
+            self.router.route({"n": n}, True)
+        self.play(pump, 0.1)
+        ours.connectionLost(None)
+        written = [p for p in peer.received if isinstance(p, fed_packets.FedNotify)]
+        self.assertEqual((link.stats["out"], link.stats["unsent"], len(written)), (7, 4, 3))
+        self.assertEqual(link.stats["out"] - link.stats["unsent"], len(written))
+        (family,) = [f for f in registry_for(lambda: snapshot(
+            self.router, self.manager, started=0, domain="ours.test")).collect()
+            if f.name == "elvin_federation_notifications"]
+        self.assertIn("out: queued for the peer", family.documentation)
+        self.assertIn("out - unsent were written", family.documentation)
 
     def test_queued_notifications_lost_with_a_silent_link_are_traced(self):
         """A peer gone silent is closed by the liveness rule: what its send

@@ -148,6 +148,29 @@ class ProxyCoreCase(unittest.TestCase):
         protocol.connectionLost(None)
         return elvin_packets.decode(reply[4:4 + struct.unpack(">I", reply[:4])[0]])
 
+    def left_subscribed(self, name="phone"):
+        """Session ``name`` subscribed to ``require(n)`` with no client, on a
+        core whose reactor turns are a Clock's: returned, for ``advance``."""
+        from twisted.internet.task import Clock as ReactorClock
+        reactor = ReactorClock()
+        self.core.call_later = reactor.callLater
+        client, out = self.join(name)
+        self.subscribe(client, out, "require(n)")
+        client.connection_lost()
+        return reactor
+
+    def refuse_commits(self):
+        """Each reactor turn's COMMIT refused, as by a full disk (its
+        transaction rolled back), until the function returned is called."""
+        from elvin.proxy.store import StoreFailed
+        store, release = self.store, self.store.release
+
+        def full():
+            store.abandon()
+            raise StoreFailed("database or disk is full")
+        store.release = full
+        return lambda: setattr(store, "release", release)
+
     def restart(self, **limits):
         """A new proxy on the same store (as after kill -9 and a restart)."""
         self.upstream.down()

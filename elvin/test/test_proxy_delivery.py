@@ -191,7 +191,7 @@ class UpstreamDropTest(SubscribedCase):
         away, away_out = self.join("away")
         packets = away_out.take()
         joined = [e for e in self.events(packets) if e[EVENT] == "joined"]
-        self.assertEqual(joined[0]["Proxy.Dropped"], 1)
+        self.assertEqual((joined[0]["Proxy.Dropped"], joined[0]["Proxy.Gaps"]), (1, 1))
         self.assertTrue(any(isinstance(p, elvin_packets.DropWarn) for p in packets))
 
 
@@ -421,7 +421,7 @@ class LimitsTest(unittest.TestCase):
         self.assertEqual(store.total_bytes(), store.db.execute(
             "SELECT sum(length(body)) FROM notifications").fetchone()[0])
         kept = store.stored_count("a") + store.stored_count("b")
-        self.assertEqual(store.take_dropped("a") + store.take_dropped("b"), 40 - kept)
+        self.assertEqual(store.take_dropped("a")[0] + store.take_dropped("b")[0], 40 - kept)
 
 
 class SweepAndExpiryTest(ProxyCoreCase):
@@ -519,6 +519,45 @@ class DiskFullTest(ProxyCoreCase):
         reactor.advance(0)
         self.assertIn(1000, values(out.take()))
 
+
+    def stored_or_not(self, published):
+        """``stored`` counts what is in the database, and with ``not_stored``
+        every notification published."""
+        counters = self.core.counters
+        rows = self.store.db.execute("SELECT count(*) FROM notifications").fetchone()[0]
+        self.assertEqual(counters.stored, rows)
+        self.assertEqual(counters.stored + counters.not_stored, published)
+        (joined,) = [e for e in self.events(self.join("phone")[1].take())
+                     if e[EVENT] == "joined"]
+        self.assertEqual(joined["Proxy.Dropped"], counters.not_stored)
+
+    def test_a_turn_rolled_back_is_not_counted_as_stored(self):
+        reactor = self.left_subscribed()
+        for n in range(3):
+            self.publish({"n": n})
+        reactor.advance(0)
+        pages = self.store.db.execute("PRAGMA page_count").fetchone()[0]
+        self.store.db.execute(f"PRAGMA max_page_count = {pages}")
+        for n in range(3, 400):               # one turn: it fills the disk part way
+            self.publish({"n": n, "pad": "x" * 200})
+        reactor.advance(0)
+        self.assertEqual(self.core.counters.store_failed, 1)
+        self.assertEqual(self.core.counters.stored, 3)
+        self.stored_or_not(400)
+
+    def test_a_turn_whose_commit_fails_is_not_counted_as_stored(self):
+        reactor = self.left_subscribed()
+        writable = self.refuse_commits()
+        for n in range(5):
+            self.publish({"n": n})
+        reactor.advance(0)
+        self.assertEqual(self.core.counters.store_failed, 1)
+        self.assertEqual(self.core.counters.stored, 0)
+        writable()
+        self.clock.now += 2
+        self.publish({"n": 5})
+        reactor.advance(0)
+        self.stored_or_not(6)
 
     def test_no_session_is_created_while_the_store_cannot_write(self):
         reactor = ReactorClock()
@@ -695,7 +734,7 @@ class GapTest(SubscribedCase):
         client, out = self.join("s")
         packets = out.take()
         (joined,) = [e for e in self.events(packets) if e[EVENT] == "joined"]
-        self.assertEqual(joined["Proxy.Dropped"], 1)
+        self.assertEqual((joined["Proxy.Dropped"], joined["Proxy.Gaps"]), (1, 1))
         self.assertEqual(sum(isinstance(p, elvin_packets.DropWarn) for p in packets), 1)
         empty, out = self.join("empty")
         packets = out.take()
@@ -740,6 +779,7 @@ class GapTest(SubscribedCase):
         client, out = self.join("s")
         (joined,) = [e for e in self.events(out.take()) if e[EVENT] == "joined"]
         self.assertEqual(joined["Proxy.Dropped"], 3)    # two outages, one restart
+        self.assertEqual(joined["Proxy.Gaps"], 3)       # all three of unknown size
         self.flushLoggedErrors()
 
     def test_the_metric_counts_by_cause(self):
@@ -759,7 +799,7 @@ class GapTest(SubscribedCase):
         self.subscribe(client, out, "require(n)")
         client.connection_lost()
 
-        def full(name, count):
+        def full(name, count, gaps=0):
             raise StoreFailed("database or disk is full")
         self.patch(self.store, "add_dropped", full)
         self.upstream.down()
@@ -768,5 +808,5 @@ class GapTest(SubscribedCase):
         self.assertEqual(self.gaps(), (1, 0))
         client, out = self.join("s")
         (joined,) = [e for e in self.events(out.take()) if e[EVENT] == "joined"]
-        self.assertEqual(joined["Proxy.Dropped"], 1)
+        self.assertEqual((joined["Proxy.Dropped"], joined["Proxy.Gaps"]), (1, 1))
         self.flushLoggedErrors()

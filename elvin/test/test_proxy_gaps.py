@@ -54,10 +54,13 @@ class GapCase(ProxyCoreCase):
             got += more
         return got
 
-    def joined_dropped(self, name="phone"):
+    def joined_dropped(self, name="phone", gaps=0):
+        """The next client's ``Proxy.Dropped``, checking that ``gaps`` of
+        it are gaps of unknown size (``Proxy.Gaps``)."""
         client, out = self.join(name)
         (joined,) = [e for e in self.events(out.take()) if e[EVENT] == "joined"]
         client.connection_lost()
+        self.assertEqual(joined["Proxy.Gaps"], gaps)
         return joined["Proxy.Dropped"]
 
 
@@ -81,6 +84,18 @@ class SessionCapGapTest(GapCase):
         self.assertEqual(self.joined_dropped(), 32)
         self.flushLoggedErrors()
 
+    def test_the_next_client_is_told_a_cap_s_count_and_a_gap_apart(self):
+        """Proxy.Dropped counts the cap's notifications and the gap of
+        unknown size as one; Proxy.Gaps says how many of it are gaps."""
+        phone, out = self.device(8)
+        phone.connection_lost()
+        for n in range(15):
+            self.publish({"n": n})
+        self.core.upstream_dropwarn()
+        self.assertEqual(self.joined_dropped(gaps=1), 5 + 1)
+        self.assertEqual(self.joined_dropped(), 0)        # told once
+        self.flushLoggedErrors()
+
     def test_in_flight_rows_kept_by_the_cap_go_when_acknowledged(self):
         phone, out = self.device(8)
         for n in range(30):
@@ -99,6 +114,28 @@ class SessionCapGapTest(GapCase):
             self.ack(phone, phone._sent)
         self.assertEqual(got, list(range(40)))
         self.assertEqual(snapshot(self.core)["dropped"]["session_cap"], 0)
+
+    def test_a_turn_rolled_back_drops_nothing_by_the_cap(self):
+        """The cap's drops in a reactor turn whose commit fails are rolled
+        back with it: every notification of the turn is counted once, as
+        not stored, and the cap counts none of them."""
+        reactor = self.left_subscribed()
+        writable = self.refuse_commits()
+        for n in range(30):                       # the cap (10) drops 20 in the turn
+            self.publish({"n": n})
+        reactor.advance(0)
+        writable()
+        dropped = snapshot(self.core)["dropped"]
+        self.assertEqual((self.core.counters.stored, dropped["session_cap"],
+                          dropped["not_stored"]), (0, 0, 30))
+        self.clock.now += 2                       # writable again
+        for n in range(30, 45):
+            self.publish({"n": n})
+        reactor.advance(0)
+        dropped = snapshot(self.core)["dropped"]
+        self.assertEqual((self.core.counters.stored, dropped["session_cap"]), (15, 5))
+        self.assertEqual(self.joined_dropped(), 30 + 5)
+        self.flushLoggedErrors()
 
     def test_a_non_acknowledging_client_mid_replay_is_warned_at_the_gap(self):
         reactor = ReactorClock()
@@ -196,7 +233,19 @@ class OtherGapsTest(GapCase):
         self.core.upstream_dropwarn()
         self.assertNotIn(DW, stream(out.take()))
         phone.connection_lost()
-        self.assertEqual(self.joined_dropped(), 1)        # told to the next client
+        self.assertEqual(self.joined_dropped(gaps=1), 1)  # told to the next client
+        self.flushLoggedErrors()
+
+    def test_a_gap_counted_in_a_turn_rolled_back_is_still_told(self):
+        """A gap counted for a session inside a reactor turn whose commit
+        the disk refuses is rolled back with it: it is counted again."""
+        reactor = self.left_subscribed()
+        writable = self.refuse_commits()
+        self.publish({"n": 0})                    # the turn's transaction is open
+        self.core.upstream_dropwarn()             # the session's gap, counted in it
+        reactor.advance(0)                        # its commit refused
+        writable()
+        self.assertEqual(self.joined_dropped(gaps=1), 1 + 1)     # the notification, the gap
         self.flushLoggedErrors()
 
     def test_a_device_told_of_an_upstream_gap_leaves_nothing_counted(self):

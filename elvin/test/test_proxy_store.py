@@ -135,8 +135,8 @@ class StoreTests(unittest.TestCase):
         for i in range(5):
             s.store({"n": i}, {"phone": [1]}, now=i)
         self.assertEqual([n.attributes["n"] for n in s.pending("phone", "d", now=9)], [2, 3, 4])
-        self.assertEqual(s.take_dropped("phone"), 2)
-        self.assertEqual(s.take_dropped("phone"), 0)
+        self.assertEqual(s.take_dropped("phone"), (2, 0))     # notifications, no gap
+        self.assertEqual(s.take_dropped("phone"), (0, 0))
 
     def test_removing_a_subscription_or_session_reclaims(self):
         s = self.store
@@ -260,7 +260,7 @@ class CountKeepingTests(unittest.TestCase):
         kept = [note.attributes["n"] for note in store.pending("s", "c", now=20)]
         self.assertEqual(kept, list(range(10 - len(kept), 10)))
         self.assertLess(len(kept), 10)
-        self.assertEqual(store.take_dropped("s"), 10 - len(kept))
+        self.assertEqual(store.take_dropped("s"), (10 - len(kept), 0))
 
 
 class EarlierDatabaseTests(unittest.TestCase):
@@ -301,17 +301,36 @@ class EarlierDatabaseTests(unittest.TestCase):
         self.addCleanup(again.close)
         self.assertEqual(again.sealed_at_open, 0)
 
-    def test_sessions_from_before_creators_were_kept_have_none(self):
+    def session_from_before(self, column, dropped=0):
+        """A store with session "old" (``dropped`` counted), opened again
+        after ``column`` of its sessions table was taken away, as a
+        database from before that column was added."""
         import sqlite3
         path = os.path.abspath(self.mktemp() + ".sqlite3")
         s = Store(path)
         s.create_session("old")
+        s.add_dropped("old", dropped)
         s.close()
         db = sqlite3.connect(path, isolation_level=None)
-        db.execute("ALTER TABLE sessions DROP COLUMN creator")
+        db.execute(f"ALTER TABLE sessions DROP COLUMN {column}")
         db.close()
         s = Store(path)
         self.addCleanup(s.close)
+        return s
+
+    def test_sessions_from_before_creators_were_kept_have_none(self):
+        s = self.session_from_before("creator")
         self.assertIsNone(s.session("old").creator)
         s.add_session("new", None, None, now=1, creator="10.0.0.1")
         self.assertEqual(s.session("new").creator, "10.0.0.1")
+
+    def test_gaps_are_counted_apart_and_a_database_from_before_takes_them(self):
+        """A gap of unknown size counts one drop and one gap; a session's
+        drops from before gaps were kept apart are all notifications."""
+        s = self.session_from_before("gaps", dropped=5)
+        self.assertEqual(s.take_dropped("old"), (5, 0))
+        s.add_dropped("old", 3)                  # three notifications
+        s.add_dropped("old", 2, 2)               # two gaps
+        self.assertEqual((s.session("old").dropped, s.session("old").gaps), (5, 2))
+        self.assertEqual(s.take_dropped("old"), (5, 2))
+        self.assertEqual(s.take_dropped("old"), (0, 0))

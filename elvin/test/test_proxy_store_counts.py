@@ -78,13 +78,13 @@ class TrimTests(unittest.TestCase):
         store.put_subscription("s", 1, "require(n)", max_count=2)
         for n in range(10):
             store.store({"n": n}, {"s": [1]}, now=n)
-        self.assertEqual(store.take_dropped("s"), 0)
+        self.assertEqual(store.take_dropped("s"), (0, 0))
         self.assertEqual([n for n, _ in self.kept(store, "s")], [8, 9])
         store.put_subscription("s", 2, "require(m)")
         for n in range(10, 20):
             store.store({"n": n}, {"s": [2]}, now=n)
         # 2 of sub 1 and 10 of sub 2 against a cap of 6: the 6 oldest dropped
-        self.assertEqual(store.take_dropped("s"), 6)
+        self.assertEqual(store.take_dropped("s"), (6, 0))
         self.assertEqual([n for n, _ in self.kept(store, "s")], [14, 15, 16, 17, 18, 19])
         self.assertCountsExact(store)
 

@@ -440,6 +440,44 @@ class NotifyTests(ToolTestCase):
         self.assertEqual(received, [{"D": 11}])
         self.assertEqual(self.router.stats["notifications"], 0)
 
+    @defer.inlineCallbacks
+    def test_a_lost_connection_says_how_far_the_router_got(self):
+        """The router goes away mid-relay: the error says the last line of
+        what the router confirmed having, of what was sent, and of what
+        was read, and where to resume (in process: the tool's body on this
+        reactor, its stdin a pipe)."""
+        from elvin.tools import notify
+        conn = yield client.connect(self.uri, reactor=reactor)
+        self.connections.append(conn)
+        received = []
+        yield conn.subscribe("require(n)", lambda n: received.append(n["n"]))
+        read_end, write_end = os.pipe()
+        stdin, feed = os.fdopen(read_end, "r"), os.fdopen(write_end, "w")
+        self.addCleanup(feed.close)               # (the reading thread then ends)
+        self.patch(sys, "stdin", stdin)
+        options = notify.Options()
+        options.parseOptions(["-e", self.uri])
+        relay = defer.ensureDeferred(notify.body(reactor, options))
+        feed.write("n: 1\n---\nn: 2\n---\n")    # lines 1-4
+        feed.flush()
+        yield wait_until(lambda: "_progress" in options and options["_progress"].confirmed() == 4)
+        self.assertEqual(received, [1, 2])
+        subscriber_side, tool_side = self.factory.protocols
+        tool_side.transport.pauseProducing()     # the router reads no more ...
+        feed.write("n: 3\n---\nn: 4\n")         # lines 5-6 sent, 7 read
+        feed.flush()
+        yield wait_until(lambda: options["_progress"].sent == 6 and options["_progress"].read == 7)
+        tool_side.transport.abortConnection()    # ... and goes away
+        with self.assertRaises(client.ConnectionClosed) as raised:
+            yield relay
+        self.assertEqual(received, [1, 2])
+        told = str(raised.exception)
+        self.assertIn("was lost; the router confirmed having the notifications of <stdin> up "
+                      "to line 4; those sent after, to line 6, may not have reached it; "
+                      "read to line 7: resume from line 5 to send again what is not "
+                      "confirmed (some may arrive twice), or from line 7 to send nothing "
+                      "twice (some may be lost)", told)
+
     def test_bad_uri_is_usage_error(self):
         err, code = self.usage_error("notify", "-e", "http://nowhere", "A: 1")
         self.assertEqual(code, 2)

@@ -528,3 +528,66 @@ class GapReporterTests(unittest.TestCase):
         self.reporter.dropwarn()
         (line,) = self.lines()
         self.assertIn("reports 1 notification lost from session 's'", line)
+
+    def test_gaps_of_unknown_size_are_not_told_as_notifications(self):
+        """Proxy.Gaps of Proxy.Dropped are gaps (a restart, an outage),
+        each counted as one: told apart from the notifications counted."""
+        told = {}
+        for dropped, gaps in ((1, 1), (7, 2), (3, None)):
+            self.reporter.conn = self.conn
+            self.conn.sessions = {"s2": self.JoinedSession("s2", dropped=dropped, gaps=gaps)}
+            self.reporter.joined()
+            (told[dropped],) = self.lines()
+        self.assertIn("the proxy reports notifications lost from session 's2' in 1 gap of "
+                      "unknown size while no client of it was connected (the proxy "
+                      "restarting", told[1])
+        self.assertNotIn("1 notification lost", told[1])
+        self.assertIn("the proxy reports 5 notifications lost from session 's2', and more in "
+                      "2 gaps of unknown size, while", told[7])
+        self.assertIn("(a limit or a full disk; the proxy restarting", told[7])
+        # a proxy that does not send Proxy.Gaps: its count, not called notifications
+        self.assertIn("the proxy reports 3 lost from session 's2'", told[3])
+        self.assertIn("gaps of unknown size, each counted as one", told[3])
+
+
+class NotifyProgressTests(unittest.TestCase):
+    """elvin-notify's account of how far a relay from stdin got
+    (``notify.Progress``), on a stand-in connection."""
+
+    def test_only_a_channel_s_own_confirmations_count(self):
+        from types import SimpleNamespace
+        from elvin.tools.notify import Progress
+        lifecycle = SimpleNamespace(writes=(1, 1, 1))         # (written, confirmed, channel)
+        progress = Progress(SimpleNamespace(lifecycle=lifecycle))
+        for written, last in ((2, 3), (3, 6)):                # lines 1-3 and 4-6 sent
+            lifecycle.writes = (written, 1, 1)
+            progress.emitted(last)
+        lifecycle.writes = (4, 2, 1)                          # a TestConn after the first
+        self.assertEqual(progress.confirmed(), 3)
+        lifecycle.writes = (5, 5, 2)         # redirected: the new channel settles the old
+        progress.emitted(9)
+        lifecycle.writes = (6, 6, 2)
+        progress.read = 10
+        self.assertEqual(progress.confirmed(), 3)             # lines 4-6 went unconfirmed
+        self.assertEqual(progress.told(),
+                         "the router confirmed having the notifications of <stdin> up to "
+                         "line 3; those sent after, to line 9, may not have reached it; read "
+                         "to line 10: resume from line 4 to send again what is not confirmed "
+                         "(some may arrive twice), or from line 10 to send nothing twice "
+                         "(some may be lost)")
+
+    def test_everything_confirmed_or_nothing_sent(self):
+        from types import SimpleNamespace
+        from elvin.tools.notify import Progress
+        lifecycle = SimpleNamespace(writes=(1, 1, 1))
+        progress = Progress(SimpleNamespace(lifecycle=lifecycle))
+        progress.read = 2                                     # a notification not ended
+        self.assertEqual(progress.told(), "the router confirmed none of the notifications "
+                                          "of <stdin>; read to line 2: resume from line 1")
+        lifecycle.writes = (2, 1, 1)
+        progress.emitted(3)
+        progress.read = 4
+        lifecycle.writes = (3, 3, 1)
+        self.assertEqual(progress.told(), "the router confirmed having the notifications of "
+                                          "<stdin> up to line 3; read to line 4: resume from "
+                                          "line 4")

@@ -92,7 +92,8 @@ def bare_name_warnings(expression):
 class GapReporter:
     """Tells the user, one line on stderr each, of notifications the proxy
     or the router says were lost: a session's ``Proxy.Dropped`` on joining
-    (and the DropWarn that follows it: one line, with the count) and each
+    (and the DropWarn that follows it: one line, with the count and the
+    gaps of unknown size apart, ``lost_line``) and each
     later DropWarn (no count: a DropWarn carries none). Without it, a gap in
     what is printed would look like nothing having matched. ``conn`` is set
     once connected (a DropWarn may come first: it is held until then)."""
@@ -124,10 +125,7 @@ class GapReporter:
             self._told[id(joined)] = joined
             if joined.dropped:
                 self._owed += 1
-                self._line(f"the proxy reports {joined.dropped} notification"
-                           f"{'' if joined.dropped == 1 else 's'} lost from session "
-                           f"{joined.name!r} while no client of it was connected "
-                           "(a limit, a full disk, the router or the proxy restarting)")
+                self._line(lost_line(joined))
         early, self._early = self._early, 0
         for _ in range(early):
             self.dropwarn()
@@ -143,6 +141,32 @@ class GapReporter:
             return
         self._line("the router or proxy reports notifications lost here (a DropWarn; "
                    "it does not say how many)")
+
+
+def lost_line(joined):
+    """What a session's ``Proxy.Dropped`` on joining says: the
+    notifications the proxy counted apart from its gaps of unknown size
+    (``Proxy.Gaps``: each counted as one, and one may hide thousands)."""
+    if joined.gaps is None:         # a proxy that does not tell them apart
+        return (f"the proxy reports {joined.dropped} lost from session {joined.name!r} while "
+                "no client of it was connected (notifications lost to a limit or a full "
+                "disk, and gaps of unknown size, each counted as one: the proxy or its "
+                "router restarting)")
+    gaps = f"{joined.gaps} gap{'' if joined.gaps == 1 else 's'} of unknown size"
+    why = []
+    if joined.lost:
+        text = f"{joined.lost} notification{'' if joined.lost == 1 else 's'} lost"
+        text += f" from session {joined.name!r}"
+        if joined.gaps:
+            text += f", and more in {gaps},"
+        why.append("a limit or a full disk")
+    else:
+        text = f"notifications lost from session {joined.name!r} in {gaps}"
+    if joined.gaps:
+        why.append("the proxy restarting, or its router restarting, out of reach "
+                   "or dropping notifications for it")
+    return (f"the proxy reports {text} while no client of it was connected "
+            f"({'; '.join(why)})")
 
 
 async def body(reactor, options):
