@@ -163,10 +163,16 @@ class ConnectionOptions:
     ``specs`` lets the router's configuration change defaults and ranges.
     ``count_fields``: the arrays a client sends that an option bounds, as
     a mapping of the decoder's name for each (``"NotifyEmit.attributes"``)
-    to the option; ``count_limits`` is then that mapping with the options'
+    to the option (or to ``(option, floor)``: the option's value, at least
+    ``floor``); ``count_limits`` is then that mapping with the options'
     values in force, for ``packets.decode`` to leave an array over its
     limit unread (None without ``count_fields``).
     """
+
+    #: A QosRqst may name every option (17, and their old names) whatever
+    #: Attribute.Max-Count is (its least is 16): its options are held to
+    #: Attribute.Max-Count or this, whichever is more.
+    QOS_OPTIONS_FLOOR = 64
 
     def __init__(self, specs=None, key_schemes=(), count_fields=None):
         self.specs = dict(OPTIONS if specs is None else specs)
@@ -231,7 +237,8 @@ class ConnectionOptions:
                                      values["Attribute.Opaque.Max-Length"]))
         fields = self.count_fields
         self.count_limits = None if fields is None else {
-            what: values[option] for what, option in fields.items()}
+            what: (values[option] if type(option) is str else max(values[option[0]], option[1]))
+            for what, option in fields.items()}
 
     def _informational(self, standard):
         if standard == "Vendor-Identification":

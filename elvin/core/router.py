@@ -1358,8 +1358,9 @@ class ClientSession:
             # More entries than Attribute.Max-Count (there are 17 options):
             # left unread, as an over-long attribute list is.
             self.protocol_error(packet.xid, errors.QOS_LIMIT,
-                                f"more options than Attribute.Max-Count "
-                                f"({self.options['Attribute.Max-Count']})",
+                                f"more options than Attribute.Max-Count or "
+                                f"{ConnectionOptions.QOS_OPTIONS_FLOOR}, whichever is more "
+                                f"({packet.options.limit})",
                                 ("Attribute.Max-Count",))
             return
         # The ranges in force now: a ceiling lowered by a reload bounds what
@@ -1752,7 +1753,7 @@ COUNT_LIMITED_FIELDS = {
     "QnchAddRqst.names": "Attribute.Max-Count",
     "QnchModRqst.names_add": "Attribute.Max-Count",
     "QnchModRqst.names_del": "Attribute.Max-Count",
-    "QosRqst.options": "Attribute.Max-Count",
+    "QosRqst.options": ("Attribute.Max-Count", ConnectionOptions.QOS_OPTIONS_FLOOR),
     "NotifyEmit.keys": _CONNECTION_KEYS,
     "UNotify.keys": _CONNECTION_KEYS,
     "SecRqst.add_nfn_keys": _CONNECTION_KEYS,

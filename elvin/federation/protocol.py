@@ -26,7 +26,8 @@ from elvin.federation import packets as fed_packets
 from elvin.federation.dial import DialledPeer
 from elvin.federation.link import FederationLink, LinkState
 from elvin.protocols import packets
-from elvin.protocols.output import CLOSE_LINGER, CLOSING_MAX_DISCARD, QueuedFramedProtocol
+from elvin.protocols.output import (CLOSE_LINGER, CLOSING_MAX_DISCARD, QueuedFramedProtocol,
+                                    unsent_bytes, unsent_frames)
 from elvin.protocols.xdr import DecodeError
 from elvin.core.sendqueue import SendQueue
 from elvin.uri import EwafURI, parse_ewaf
@@ -75,6 +76,9 @@ class FederationProtocol(QueuedFramedProtocol):
     _tls_done = False
     #: Deferreds fired when the connection is lost (``when_lost``).
     _lost_waiters: tuple = ()
+    #: Frames Twisted held unwritten when the link was closed at once
+    #: (estimated; counted as unsent by ``drop_unsent``).
+    _held_unwritten = 0
     #: The first bytes the peer sent, for saying what it is if the link
     #: fails before it comes up.
     _first_bytes = b""
@@ -272,7 +276,8 @@ class FederationProtocol(QueuedFramedProtocol):
         goes down where the queue is to be dropped, so that its log line,
         totals and trace record count them; what a link closed politely
         still held when its connection ended is counted after."""
-        unsent = self.queue.clear()
+        unsent = self.queue.clear() + self._held_unwritten
+        self._held_unwritten = 0
         link = self.link
         if link is None or not unsent:
             return
@@ -280,8 +285,9 @@ class FederationProtocol(QueuedFramedProtocol):
         if link.state == link.CLOSED:
             # already down (closed politely): add to the totals of links gone
             self.manager.gone_losses["unsent"] += unsent
-            self.log.warn("federation link {domain}: {n} notifications still queued when "
-                          "its connection ended were not sent (unsent)",
+            self.log.warn("federation link {domain}: {n} notifications still queued (or "
+                          "held unwritten, estimated) when its connection ended were not "
+                          "sent (unsent)",
                           domain=link.peer_domain or link.peer_host, n=unsent)
 
     def abort(self):
@@ -330,6 +336,12 @@ class FederationProtocol(QueuedFramedProtocol):
         self.log.info("federation link {peer}: closing at once: {cause}",
                       peer=(link.peer_domain or link.peer_host) if link is not None else "?",
                       cause=cause)
+        # What Twisted still holds goes with the connection: estimated in
+        # frames, as for a client channel (unsent_frames), and counted with
+        # what is queued as unsent when the link is aborted (drop_unsent).
+        self.noteQueueMean()
+        self._held_unwritten = unsent_frames(unsent_bytes(self.transport) or 0, 0,
+                                             self.meanFrame())
         self.resetKeepingSent()     # (abort: what is queued is counted as unsent)
 
     # -- input -------------------------------------------------------------------
@@ -474,11 +486,17 @@ class Backoff:
         #: Attempts since a link was last up (or since the start).
         self.failures = 0
 
+    #: True once the link's keeper stops: ClientService still asks for a
+    #: delay when the last connection ends, but never dials again.
+    stopped = False
+
     def __call__(self, _twisted_count=None):
         """The delay before the next attempt (a ClientService retryPolicy)."""
         self.failures += 1
         delay = min(self.initial_delay * self.factor ** self.failures, self.max_delay)
         delay += self.jitter()
+        if self.stopped:
+            return delay
         self.log.info("federation: redialling {peer} in {delay:.2f} s (attempt {n} "
                       "since a link was up)", peer=self.name, delay=delay,
                       n=self.failures)
@@ -530,6 +548,9 @@ class _Keeper(ClientService):
         dialled = self._dialled()
         if dialled is not None and self.dial in dialled:
             dialled.remove(self.dial)
+        backoff = getattr(self.factory, "backoff", None)
+        if backoff is not None:
+            backoff.stopped = True      # the connection's end is not a redial
         live = list(getattr(self.factory, "live", ()))
         if not live:
             return super().stopService()

@@ -202,8 +202,8 @@ class Requests(Receiving):
         if type(packet.options) is packets.UnreadArray:
             # Left unread, as the router leaves one (its _qos_rqst).
             self.protocol_error(xid, errors.QOS_LIMIT,
-                                f"more options than Attribute.Max-Count "
-                                f"({self.options['Attribute.Max-Count']})",
+                                f"more options than Attribute.Max-Count or 64, whichever "
+                                f"is more ({packet.options.limit})",
                                 ("Attribute.Max-Count",))
             return
         standard, proxy = split_options(packet.options)

@@ -48,7 +48,7 @@ COUNT_LIMITED_FIELDS = {
     "UNotify.attributes": _ATTRIBUTES,
     "NotifyEmit.keys": _CONNECTION_KEYS,
     "UNotify.keys": _CONNECTION_KEYS,
-    "QosRqst.options": _ATTRIBUTES,
+    "QosRqst.options": (_ATTRIBUTES, ConnectionOptions.QOS_OPTIONS_FLOOR),
     "SecRqst.add_nfn_keys": _CONNECTION_KEYS,
     "SecRqst.del_nfn_keys": _CONNECTION_KEYS,
     "SecRqst.add_sub_keys": _CONNECTION_KEYS,

@@ -433,9 +433,32 @@ class UnboundedArrayTests(unittest.TestCase):
         work = _Work(self)
         answer = _Answers(work=work).to(qos(_fill(qos)))
         nack = CountLimitTests.assertNacked(self, answer, "Attribute.Max-Count")
-        self.assertEqual(nack.message,
-                         f"more options than Attribute.Max-Count ({_ATTRIBUTES})")
+        self.assertEqual(nack.message, "more options than Attribute.Max-Count or 64, "
+                                       f"whichever is more ({_ATTRIBUTES})")
         self.assertEqual(work.items, 0)
+
+    def test_a_qos_request_may_name_every_option_at_the_least_attribute_max_count(self):
+        from elvin.core.options import COMPAT_NAMES, OPTIONS
+        # Every option under its name and its old one (section 7.5.3), as
+        # a client that speaks both would ask.
+        every = {name: spec.default for name, spec in OPTIONS.items()}
+        every["Attribute.Max-Count"] = 16
+        for old, name in COMPAT_NAMES.items():
+            if name in every and old != "router.coalesce-delay":
+                every[old] = every[name]
+        answers = _Answers()
+        proto, transport = answers.connected()
+        for options in ({"Attribute.Max-Count": 16}, every):
+            data = P.encode(P.QosRqst(7, options))
+            proto.dataReceived(_u32(len(data)) + data)
+            (reply,) = unframe(transport.value())
+            transport.clear()
+            self.assertIsInstance(reply, P.QosRply)
+        self.assertGreater(len(every), 16)
+        data = _u32(P.QosRqst.ID, 7) + _attributes(_names(65))
+        proto.dataReceived(_u32(len(data)) + data)
+        (nack,) = unframe(transport.value())
+        self.assertEqual((nack.error, nack.message[-4:]), (errors.QOS_LIMIT, "(64)"))
 
     def test_a_keys_field_of_empty_key_sets_is_bounded(self):
         from elvin.protocols.packets import KEY_FIELD_MIN_SHAPES
