@@ -689,8 +689,8 @@ def notify_emit_fields(data, limits=None):
     ``UnreadArray`` (and the fields after it empty)."""
     if limits is not None:
         limit = limits.get(_NOTIFY_EMIT_ATTRIBUTES)
-        # (A packet this short cannot hold a count over the limit.)
-        if limit is not None and len(data) >= 12 * limit + 20:
+        # (A packet shorter cannot hold a count over the limit.)
+        if limit is not None and len(data) >= _shortest_over_attributes(limit):
             unread = _unread(data, 12, _NOTIFY_EMIT_ATTRIBUTES, limits)
             if unread is not None:
                 return unread, False, Keys.EMPTY, 0
@@ -741,10 +741,16 @@ def notify_emit_limits_from(limits):
     shortest = sys.maxsize
     attributes, keys = limits.get(_NOTIFY_EMIT_ATTRIBUTES), limits.get(_NOTIFY_EMIT_KEYS)
     if attributes is not None:
-        shortest = 8 + 12 * (attributes + 1)
+        shortest = _shortest_over_attributes(attributes)
     if keys is not None:
         shortest = min(shortest, 28 + 4 * (keys + 1))
     return shortest
+
+
+def _shortest_over_attributes(limit):
+    """The shortest NotifyEmit holding more than ``limit`` attributes: the
+    pkt_id and count, then ``limit + 1`` of at least 12 bytes."""
+    return 8 + 12 * (limit + 1)
 
 
 def _unread(data, min_item_size, what, limits):

@@ -1432,8 +1432,7 @@ class LingeringCloseTests(unittest.TestCase):
     @defer.inlineCallbacks
     def test_a_peer_still_sending_reads_all_it_was_written(self):
         done = self.peer()
-        yield wait_until(lambda: self.manager.links and all(
-            l.state == l.UP for l in self.manager.links), timeout=2)
+        yield _links_up(self.manager, 2)
         (link,) = self.manager.links
         for _ in range(self.TEST_CONNS):
             link.output.send(packets.TestConn())
@@ -1503,8 +1502,7 @@ class RemovedLinkCloseTests(unittest.TestCase):
     def test_the_peer_reads_all_then_a_disconn_then_end_of_file(self):
         done = self.peer(reads=True)
         keeper = self.keeper()
-        yield wait_until(lambda: self.manager.links and all(
-            l.state == l.UP for l in self.manager.links), timeout=3)
+        yield _links_up(self.manager, 3)
         (link,) = self.manager.links
         for _ in range(2000):
             link.output.send(packets.TestConn())
@@ -1526,8 +1524,7 @@ class RemovedLinkCloseTests(unittest.TestCase):
         self.patch(fedproto, "CLOSE_LINGER", 0.2)
         done = self.peer(reads=False)
         keeper = self.keeper()
-        yield wait_until(lambda: self.manager.links and all(
-            l.state == l.UP for l in self.manager.links), timeout=3)
+        yield _links_up(self.manager, 3)
         (link,) = self.manager.links
         big = packets.Nack(1, 2001, "x" * 60_000, ())
         for _ in range(240):           # 14 MB: more than loopback's socket buffers
@@ -1543,6 +1540,12 @@ class RemovedLinkCloseTests(unittest.TestCase):
         # What Twisted still held when the link was cut is counted (an
         # estimate in frames), where it went uncounted.
         self.assertGreaterEqual(link.stats["unsent"], 1)
+
+
+def _links_up(manager, timeout):
+    """A Deferred firing once ``manager`` has links and all are up."""
+    return wait_until(lambda: manager.links and all(
+        link.state == link.UP for link in manager.links), timeout=timeout)
 
 
 def socket_waitall():
